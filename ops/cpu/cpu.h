@@ -1,0 +1,68 @@
+/* The CPU backend: one kernel per op (ops/ops.h gives each op's contract),
+ * fp32, deterministic at a given thread count. Threads come from OpenMP
+ * (static schedules, fixed reduction order); OpenBLAS is the OpenMP build and
+ * is only called outside our own parallel regions, so there is one pool. */
+#ifndef CK_CPU_H
+#define CK_CPU_H
+
+#include "../ops.h"
+
+#define CK_CPU_KERNEL(name) \
+    void name(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout, const ck_view *in, int nin)
+
+/* Threads kernels may use (omp_get_max_threads()); workspace rules scale by it. */
+int ck_cpu_threads(void);
+
+extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
+
+/* matmul.c */
+CK_CPU_KERNEL(ck_cpu_matmul);
+CK_CPU_KERNEL(ck_cpu_linear);
+/* conv2d.c */
+CK_CPU_KERNEL(ck_cpu_conv2d);
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data);
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter);
+/* norm.c */
+CK_CPU_KERNEL(ck_cpu_group_norm);
+CK_CPU_KERNEL(ck_cpu_group_norm_bwd);
+CK_CPU_KERNEL(ck_cpu_layer_norm);
+CK_CPU_KERNEL(ck_cpu_layer_norm_bwd);
+/* activation.c */
+CK_CPU_KERNEL(ck_cpu_silu);
+CK_CPU_KERNEL(ck_cpu_silu_bwd);
+CK_CPU_KERNEL(ck_cpu_gelu);
+CK_CPU_KERNEL(ck_cpu_gelu_bwd);
+CK_CPU_KERNEL(ck_cpu_geglu);
+CK_CPU_KERNEL(ck_cpu_geglu_bwd);
+CK_CPU_KERNEL(ck_cpu_softmax);
+CK_CPU_KERNEL(ck_cpu_softmax_bwd);
+/* attention.c */
+CK_CPU_KERNEL(ck_cpu_attention);
+CK_CPU_KERNEL(ck_cpu_attention_bwd);
+/* elementwise.c */
+CK_CPU_KERNEL(ck_cpu_add);
+CK_CPU_KERNEL(ck_cpu_sub);
+CK_CPU_KERNEL(ck_cpu_mul);
+CK_CPU_KERNEL(ck_cpu_scale);
+CK_CPU_KERNEL(ck_cpu_reduce_to);
+CK_CPU_KERNEL(ck_cpu_fill);
+/* layout.c */
+CK_CPU_KERNEL(ck_cpu_concat);
+CK_CPU_KERNEL(ck_cpu_slice);
+CK_CPU_KERNEL(ck_cpu_reshape);
+CK_CPU_KERNEL(ck_cpu_permute);
+CK_CPU_KERNEL(ck_cpu_upsample2x);
+CK_CPU_KERNEL(ck_cpu_upsample2x_bwd);
+/* loss.c */
+CK_CPU_KERNEL(ck_cpu_mean);
+CK_CPU_KERNEL(ck_cpu_mean_bwd);
+CK_CPU_KERNEL(ck_cpu_mse_loss);
+CK_CPU_KERNEL(ck_cpu_mse_loss_bwd);
+/* embedding.c */
+CK_CPU_KERNEL(ck_cpu_timestep_embedding);
+CK_CPU_KERNEL(ck_cpu_dropout);
+/* optim.c */
+CK_CPU_KERNEL(ck_cpu_sgd_step);
+CK_CPU_KERNEL(ck_cpu_adamw_step);
+
+#endif

@@ -1,0 +1,193 @@
+/* Data movement on the CPU: concat, slice, reshape, permute and nearest 2x
+ * upsampling (with its backward). Everything but the upsample backward is a pure
+ * copy; each output element is written by one thread. */
+#include "cpu.h"
+
+#include <omp.h>
+#include <string.h>
+
+#define PAR_MIN 32768
+
+static int norm_dim(int64_t d, int ndim) { return (int)(d < 0 ? d + ndim : d); }
+
+static int64_t prod(const int64_t *s, int from, int to)
+{
+    int64_t n = 1;
+    for (int d = from; d < to; d++) n *= s[d];
+    return n;
+}
+
+/* A large copy split into blocks so more than one core streams memory. */
+static void copy_floats(float *dst, const float *src, int64_t n)
+{
+    const int64_t B = 1 << 16;
+    const int64_t nb = (n + B - 1) / B;
+#pragma omp parallel for schedule(static) if (n > 4 * B)
+    for (int64_t i = 0; i < nb; i++) {
+        const int64_t lo = i * B, len = n - lo < B ? n - lo : B;
+        memcpy(dst + lo, src + lo, (size_t)len * sizeof(float));
+    }
+}
+
+// a is (P,A,Q), b is (P,B,Q) around dim i0; out is (P,A+B,Q).
+CK_CPU_KERNEL(ck_cpu_concat)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const int d = norm_dim(p->i[0], out[0].ndim);
+    const int64_t P = prod(out[0].shape, 0, d), Q = prod(out[0].shape, d + 1, out[0].ndim);
+    const int64_t AQ = in[0].shape[d] * Q, BQ = in[1].shape[d] * Q;
+    const float *a = in[0].data, *b = in[1].data;
+    float *y = out[0].data;
+    if (P == 1) {
+        copy_floats(y, a, AQ);
+        copy_floats(y + AQ, b, BQ);
+        return;
+    }
+#pragma omp parallel for schedule(static) if (P * (AQ + BQ) > PAR_MIN)
+    for (int64_t i = 0; i < P; i++) {
+        memcpy(y + i * (AQ + BQ), a + i * AQ, (size_t)AQ * sizeof(float));
+        memcpy(y + i * (AQ + BQ) + AQ, b + i * BQ, (size_t)BQ * sizeof(float));
+    }
+}
+
+// x is (P,X,Q) around dim i0; out is (P,i2,Q), entries i1 .. i1+i2-1 of that dim.
+CK_CPU_KERNEL(ck_cpu_slice)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const int d = norm_dim(p->i[0], in[0].ndim);
+    const int64_t P = prod(in[0].shape, 0, d), Q = prod(in[0].shape, d + 1, in[0].ndim);
+    const int64_t XQ = in[0].shape[d] * Q, LQ = p->i[2] * Q, off = p->i[1] * Q;
+    const float *x = in[0].data;
+    float *y = out[0].data;
+    if (P == 1) {
+        copy_floats(y, x + off, LQ);
+        return;
+    }
+#pragma omp parallel for schedule(static) if (P * LQ > PAR_MIN)
+    for (int64_t i = 0; i < P; i++) memcpy(y + i * LQ, x + i * XQ + off, (size_t)LQ * sizeof(float));
+}
+
+// x is any shape; out has the same number of elements (possibly the same buffer).
+CK_CPU_KERNEL(ck_cpu_reshape)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    if (out[0].data == in[0].data) return;
+    copy_floats(out[0].data, in[0].data, ck_view_numel(&in[0]));
+}
+
+#define TILE 32
+
+// x is (d0..dn-1); out is (d_i0 .. d_i(n-1)): out dim j is input dim p->i[j].
+CK_CPU_KERNEL(ck_cpu_permute)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const ck_view *x = &in[0];
+    const int nd = x->ndim;
+    const int64_t n = ck_view_numel(x);
+    if (n == 0) return;
+
+    int64_t istride[CK_MAX_DIMS], s = 1;
+    for (int d = nd - 1; d >= 0; d--) istride[d] = s, s *= x->shape[d];
+    // In output order: sizes and input strides, dropping size-1 dims and merging
+    // neighbours that stay adjacent in the input, so the loops below see as few
+    // and as long dims as possible.
+    int m = 0;
+    int64_t sz[CK_MAX_DIMS], st[CK_MAX_DIMS];
+    for (int j = 0; j < nd; j++) {
+        const int64_t e = x->shape[p->i[j]], t = istride[p->i[j]];
+        if (e == 1) continue;
+        if (m > 0 && st[m - 1] == t * e) {
+            sz[m - 1] *= e, st[m - 1] = t;
+        } else {
+            sz[m] = e, st[m] = t, m++;
+        }
+    }
+    const float *src = x->data;
+    float *dst = out[0].data;
+    if (m <= 1) {
+        copy_floats(dst, src, n);
+        return;
+    }
+
+    if (st[m - 1] == 1) {
+        // The innermost output dim is contiguous in the input: copy runs of L,
+        // each thread walking its share of runs with an odometer.
+        const int64_t L = sz[m - 1], R = n / L;
+#pragma omp parallel if (n > PAR_MIN)
+        {
+            const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+            const int64_t lo = R * t / nt, hi = R * (t + 1) / nt;
+            int64_t idx[CK_MAX_DIMS], off = 0, r0 = lo;
+            for (int j = m - 2; j >= 0; j--) idx[j] = r0 % sz[j], r0 /= sz[j], off += idx[j] * st[j];
+            for (int64_t r = lo; r < hi; r++) {
+                memcpy(dst + r * L, src + off, (size_t)L * sizeof(float));
+                for (int j = m - 2; j >= 0; j--) {
+                    off += st[j];
+                    if (++idx[j] < sz[j]) break;
+                    off -= st[j] * sz[j];
+                    idx[j] = 0;
+                }
+            }
+        }
+        return;
+    }
+
+    // Otherwise some output dim k is the contiguous input dim: transpose TILE x TILE
+    // blocks of (k, last) so both reads and writes stay within a few cache lines.
+    int k = 0;
+    while (st[k] != 1) k++;
+    int64_t ost[CK_MAX_DIMS];
+    s = 1;
+    for (int j = m - 1; j >= 0; j--) ost[j] = s, s *= sz[j];
+    const int64_t K = sz[k], L = sz[m - 1], sl = st[m - 1], ok = ost[k];
+    const int64_t tk = (K + TILE - 1) / TILE, tl = (L + TILE - 1) / TILE;
+    const int64_t units = n / (K * L) * tk * tl;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t u = 0; u < units; u++) {
+        int64_t r = u / (tk * tl);
+        const int64_t bk = (u / tl) % tk * TILE, bl = u % tl * TILE;
+        int64_t io = 0, oo = 0;
+        for (int j = m - 2; j >= 0; j--) {
+            if (j == k) continue;
+            const int64_t i = r % sz[j];
+            r /= sz[j], io += i * st[j], oo += i * ost[j];
+        }
+        const int64_t ek = bk + TILE < K ? bk + TILE : K, el = bl + TILE < L ? bl + TILE : L;
+        for (int64_t a = bk; a < ek; a++) {
+            float *drow = dst + oo + a * ok;
+            const float *scol = src + io + a;
+            for (int64_t b = bl; b < el; b++) drow[b] = scol[b * sl];
+        }
+    }
+}
+
+// x is (N,C,H,W); out is (N,C,2H,2W), each pixel repeated over a 2x2 block.
+CK_CPU_KERNEL(ck_cpu_upsample2x)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const int64_t W = in[0].shape[3], rows = in[0].shape[0] * in[0].shape[1] * in[0].shape[2];
+    const float *x = in[0].data;
+    float *y = out[0].data;
+#pragma omp parallel for schedule(static) if (rows * W > PAR_MIN / 4)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = x + r * W;
+        float *d = y + r * 4 * W;
+        for (int64_t w = 0; w < W; w++) d[2 * w] = s[w], d[2 * w + 1] = s[w];
+        memcpy(d + 2 * W, d, (size_t)(2 * W) * sizeof(float));
+    }
+}
+
+// dy is (N,C,2H,2W); out dx is (N,C,H,W), the sum of each 2x2 block.
+CK_CPU_KERNEL(ck_cpu_upsample2x_bwd)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const int64_t W = out[0].shape[3], rows = out[0].shape[0] * out[0].shape[1] * out[0].shape[2];
+    const float *dy = in[0].data;
+    float *dx = out[0].data;
+#pragma omp parallel for schedule(static) if (rows * W > PAR_MIN / 4)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *d0 = dy + r * 4 * W, *d1 = d0 + 2 * W;
+        float *s = dx + r * W;
+        for (int64_t w = 0; w < W; w++) s[w] = (d0[2 * w] + d0[2 * w + 1]) + (d1[2 * w] + d1[2 * w + 1]);
+    }
+}

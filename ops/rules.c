@@ -1,0 +1,478 @@
+/* Shape, workspace and cost rules of every op: the one place that knows what an
+ * op accepts. Graph construction calls ck_op_infer, the planner ck_op_workspace,
+ * the policies ck_op_flops. */
+#include "ops.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const names[CK_OP_COUNT] = {
+    [CK_OP_NONE] = "none",
+    [CK_OP_MATMUL] = "matmul",
+    [CK_OP_LINEAR] = "linear",
+    [CK_OP_CONV2D] = "conv2d",
+    [CK_OP_CONV2D_BWD_DATA] = "conv2d_bwd_data",
+    [CK_OP_CONV2D_BWD_FILTER] = "conv2d_bwd_filter",
+    [CK_OP_GROUP_NORM] = "group_norm",
+    [CK_OP_GROUP_NORM_BWD] = "group_norm_bwd",
+    [CK_OP_LAYER_NORM] = "layer_norm",
+    [CK_OP_LAYER_NORM_BWD] = "layer_norm_bwd",
+    [CK_OP_SILU] = "silu",
+    [CK_OP_SILU_BWD] = "silu_bwd",
+    [CK_OP_GELU] = "gelu",
+    [CK_OP_GELU_BWD] = "gelu_bwd",
+    [CK_OP_GEGLU] = "geglu",
+    [CK_OP_GEGLU_BWD] = "geglu_bwd",
+    [CK_OP_SOFTMAX] = "softmax",
+    [CK_OP_SOFTMAX_BWD] = "softmax_bwd",
+    [CK_OP_ATTENTION] = "attention",
+    [CK_OP_ATTENTION_BWD] = "attention_bwd",
+    [CK_OP_ADD] = "add",
+    [CK_OP_SUB] = "sub",
+    [CK_OP_MUL] = "mul",
+    [CK_OP_SCALE] = "scale",
+    [CK_OP_REDUCE_TO] = "reduce_to",
+    [CK_OP_CONCAT] = "concat",
+    [CK_OP_SLICE] = "slice",
+    [CK_OP_RESHAPE] = "reshape",
+    [CK_OP_PERMUTE] = "permute",
+    [CK_OP_UPSAMPLE2X] = "upsample2x",
+    [CK_OP_UPSAMPLE2X_BWD] = "upsample2x_bwd",
+    [CK_OP_MEAN] = "mean",
+    [CK_OP_MEAN_BWD] = "mean_bwd",
+    [CK_OP_MSE_LOSS] = "mse_loss",
+    [CK_OP_MSE_LOSS_BWD] = "mse_loss_bwd",
+    [CK_OP_TIMESTEP_EMBEDDING] = "timestep_embedding",
+    [CK_OP_DROPOUT] = "dropout",
+    [CK_OP_FILL] = "fill",
+    [CK_OP_SGD_STEP] = "sgd_step",
+    [CK_OP_ADAMW_STEP] = "adamw_step",
+};
+
+const char *ck_op_name(enum ck_op op)
+{
+    if (op <= CK_OP_NONE || op >= CK_OP_COUNT || !names[op]) return "?";
+    return names[op];
+}
+
+int ck_op_nout(enum ck_op op)
+{
+    switch (op) {
+    case CK_OP_GROUP_NORM_BWD:
+    case CK_OP_LAYER_NORM_BWD:
+    case CK_OP_ATTENTION_BWD:
+    case CK_OP_ADAMW_STEP: return 3;
+    case CK_OP_CONV2D_BWD_FILTER:
+    case CK_OP_MSE_LOSS_BWD: return 2;
+    default: return 1;
+    }
+}
+
+int ck_shape_eq(const ck_shape *a, const ck_shape *b)
+{
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->d[i] != b->d[i]) return 0;
+    return 1;
+}
+
+const char *ck_shape_str(const ck_shape *s, char *buf, size_t len)
+{
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, len - k, "[");
+    for (int i = 0; i < s->ndim && k < len; i++)
+        k += (size_t)snprintf(buf + k, len - k, i ? ", %lld" : "%lld", (long long)s->d[i]);
+    if (k < len) snprintf(buf + k, len - k, "]");
+    return buf;
+}
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+#define FAIL(...) return fail(err, errlen, __VA_ARGS__)
+#define SH(s, buf) ck_shape_str((s), buf, sizeof buf)
+
+static int want_nin(int nin, int lo, int hi, char *err, size_t errlen)
+{
+    if (nin < lo || nin > hi) {
+        if (lo == hi) FAIL("takes %d inputs, got %d", lo, nin);
+        FAIL("takes %d to %d inputs, got %d", lo, hi, nin);
+    }
+    return 0;
+}
+
+static int same_shape(const ck_shape *a, const ck_shape *b, const char *an, const char *bn, char *err,
+                      size_t errlen)
+{
+    char x[96], y[96];
+    if (!ck_shape_eq(a, b)) FAIL("%s has shape %s, %s has shape %s", an, SH(a, x), bn, SH(b, y));
+    return 0;
+}
+
+/* numpy broadcasting, shapes aligned on the right */
+static int broadcast(const ck_shape *a, const ck_shape *b, ck_shape *o, char *err, size_t errlen)
+{
+    char x[96], y[96];
+    int n = a->ndim > b->ndim ? a->ndim : b->ndim;
+    o->ndim = n;
+    for (int i = 0; i < n; i++) {
+        int ia = a->ndim - n + i, ib = b->ndim - n + i;
+        int64_t da = ia >= 0 ? a->d[ia] : 1, db = ib >= 0 ? b->d[ib] : 1;
+        if (da != db && da != 1 && db != 1) FAIL("shapes %s and %s do not broadcast", SH(a, x), SH(b, y));
+        o->d[i] = da == 1 ? db : da;
+    }
+    return 0;
+}
+
+static int conv_out(const ck_op_params *p, const ck_shape *x, const ck_shape *w, ck_shape *o, char *err,
+                    size_t errlen)
+{
+    char a[96], b[96];
+    if (x->ndim != 4) FAIL("input must be 4-D (N, C, H, W), got %s", SH(x, a));
+    if (w->ndim != 4) FAIL("weight must be 4-D (O, C, KH, KW), got %s", SH(w, a));
+    if (x->d[1] != w->d[1])
+        FAIL("input has %lld channels, weight expects %lld", (long long)x->d[1], (long long)w->d[1]);
+    if (p->i[0] < 1 || p->i[1] < 1 || p->i[2] < 0 || p->i[3] < 0) FAIL("stride must be >= 1 and padding >= 0");
+    int64_t hp = x->d[2] + 2 * p->i[2] - w->d[2], wp = x->d[3] + 2 * p->i[3] - w->d[3];
+    if (hp < 0 || wp < 0) FAIL("kernel %s larger than padded input %s", SH(w, a), SH(x, b));
+    o->ndim = 4;
+    o->d[0] = x->d[0];
+    o->d[1] = w->d[0];
+    o->d[2] = hp / p->i[0] + 1;
+    o->d[3] = wp / p->i[1] + 1;
+    return 0;
+}
+
+static int norm_check(enum ck_op op, const ck_op_params *p, const ck_shape *x, const ck_shape *gamma,
+                      const ck_shape *beta, char *err, size_t errlen)
+{
+    char a[96];
+    int64_t c;
+    if (op == CK_OP_GROUP_NORM || op == CK_OP_GROUP_NORM_BWD) {
+        if (x->ndim < 2) FAIL("input must be (N, C, ...), got %s", SH(x, a));
+        c = x->d[1];
+        if (p->i[0] < 1 || c % p->i[0]) FAIL("%lld channels do not split into %lld groups", (long long)c, (long long)p->i[0]);
+    } else {
+        if (x->ndim < 1) FAIL("input must have at least one dim");
+        c = x->d[x->ndim - 1];
+    }
+    if (gamma->ndim != 1 || gamma->d[0] != c)
+        FAIL("weight has shape %s, input has %lld channels", SH(gamma, a), (long long)c);
+    if (beta && (beta->ndim != 1 || beta->d[0] != c))
+        FAIL("bias has shape %s, input has %lld channels", SH(beta, a), (long long)c);
+    return 0;
+}
+
+static int attn_check(const ck_op_params *p, const ck_shape *q, const ck_shape *k, const ck_shape *v, char *err,
+                      size_t errlen)
+{
+    char a[96], b[96];
+    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3) FAIL("q, k, v must be 3-D (B, L, H*D)");
+    if (q->d[0] != k->d[0] || k->d[0] != v->d[0]) FAIL("batch differs: q %s, k %s", SH(q, a), SH(k, b));
+    if (!ck_shape_eq(k, v)) FAIL("k has shape %s, v has shape %s", SH(k, a), SH(v, b));
+    if (q->d[2] != k->d[2]) FAIL("q has %lld features, k has %lld", (long long)q->d[2], (long long)k->d[2]);
+    if (p->i[0] < 1 || q->d[2] % p->i[0])
+        FAIL("%lld features do not split into %lld heads", (long long)q->d[2], (long long)p->i[0]);
+    return 0;
+}
+
+static int matmul_out(const ck_op_params *p, const ck_shape *a, const ck_shape *b, ck_shape *o, char *err,
+                      size_t errlen)
+{
+    char x[96], y[96];
+    if (a->ndim < 2 || b->ndim < 2) FAIL("operands must be at least 2-D, got %s and %s", SH(a, x), SH(b, y));
+    int64_t m = p->i[0] ? a->d[a->ndim - 1] : a->d[a->ndim - 2];
+    int64_t ka = p->i[0] ? a->d[a->ndim - 2] : a->d[a->ndim - 1];
+    int64_t kb = p->i[1] ? b->d[b->ndim - 1] : b->d[b->ndim - 2];
+    int64_t n = p->i[1] ? b->d[b->ndim - 2] : b->d[b->ndim - 1];
+    if (ka != kb) FAIL("inner dims differ: %s x %s", SH(a, x), SH(b, y));
+    if (b->ndim > 2) {
+        if (b->ndim != a->ndim) FAIL("batched operands differ in rank: %s x %s", SH(a, x), SH(b, y));
+        for (int i = 0; i < a->ndim - 2; i++)
+            if (a->d[i] != b->d[i]) FAIL("batch dims differ: %s x %s", SH(a, x), SH(b, y));
+    }
+    *o = *a;
+    o->d[o->ndim - 2] = m;
+    o->d[o->ndim - 1] = n;
+    return 0;
+}
+
+/* The output shape broadcasts to the input shape (the backward of broadcasting). */
+static int reduce_check(const ck_shape *x, const ck_shape *o, char *err, size_t errlen)
+{
+    char a[96], b[96];
+    if (o->ndim > x->ndim) FAIL("cannot reduce %s to %s", SH(x, a), SH(o, b));
+    for (int i = 0; i < o->ndim; i++) {
+        int64_t dx = x->d[x->ndim - o->ndim + i];
+        if (o->d[i] != dx && o->d[i] != 1) FAIL("cannot reduce %s to %s", SH(x, a), SH(o, b));
+    }
+    return 0;
+}
+
+static int check_dim(int64_t dim, int ndim, char *err, size_t errlen)
+{
+    if (dim < 0 || dim >= ndim) FAIL("dim %lld out of range for %d dims", (long long)dim, ndim);
+    return 0;
+}
+
+int ck_op_infer(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, ck_shape *out, char *err,
+                size_t errlen)
+{
+    char a[96], b[96];
+    switch (op) {
+    case CK_OP_MATMUL:
+        if (want_nin(nin, 2, 2, err, errlen)) return -1;
+        return matmul_out(p, &in[0], &in[1], &out[0], err, errlen);
+    case CK_OP_LINEAR:
+        if (want_nin(nin, 2, 3, err, errlen)) return -1;
+        if (in[1].ndim != 2) FAIL("weight must be 2-D (out, in), got %s", SH(&in[1], a));
+        if (in[0].ndim < 1 || in[0].d[in[0].ndim - 1] != in[1].d[1])
+            FAIL("input has %lld features, weight expects %lld", (long long)(in[0].ndim ? in[0].d[in[0].ndim - 1] : 0),
+                 (long long)in[1].d[1]);
+        if (nin == 3 && (in[2].ndim != 1 || in[2].d[0] != in[1].d[0]))
+            FAIL("bias has shape %s, weight has %lld outputs", SH(&in[2], a), (long long)in[1].d[0]);
+        out[0] = in[0];
+        out[0].d[out[0].ndim - 1] = in[1].d[0];
+        return 0;
+    case CK_OP_CONV2D:
+        if (want_nin(nin, 2, 3, err, errlen)) return -1;
+        if (conv_out(p, &in[0], &in[1], &out[0], err, errlen)) return -1;
+        if (nin == 3 && (in[2].ndim != 1 || in[2].d[0] != in[1].d[0]))
+            FAIL("bias has shape %s, weight has %lld outputs", SH(&in[2], a), (long long)in[1].d[0]);
+        return 0;
+    case CK_OP_CONV2D_BWD_DATA: {
+        /* out[0] preset to x's shape */
+        ck_shape y;
+        if (want_nin(nin, 2, 2, err, errlen)) return -1;
+        if (conv_out(p, &out[0], &in[1], &y, err, errlen)) return -1;
+        return same_shape(&in[0], &y, "dy", "conv output", err, errlen);
+    }
+    case CK_OP_CONV2D_BWD_FILTER: {
+        /* out[0] preset to w's shape */
+        ck_shape y;
+        if (want_nin(nin, 2, 2, err, errlen)) return -1;
+        if (conv_out(p, &in[1], &out[0], &y, err, errlen)) return -1;
+        if (same_shape(&in[0], &y, "dy", "conv output", err, errlen)) return -1;
+        out[1].ndim = 1;
+        out[1].d[0] = out[0].d[0];
+        return 0;
+    }
+    case CK_OP_GROUP_NORM:
+    case CK_OP_LAYER_NORM:
+        if (want_nin(nin, 3, 3, err, errlen)) return -1;
+        if (norm_check(op, p, &in[0], &in[1], &in[2], err, errlen)) return -1;
+        out[0] = in[0];
+        return 0;
+    case CK_OP_GROUP_NORM_BWD:
+    case CK_OP_LAYER_NORM_BWD:
+        if (want_nin(nin, 3, 3, err, errlen)) return -1;
+        if (norm_check(op, p, &in[1], &in[2], NULL, err, errlen)) return -1;
+        if (same_shape(&in[0], &in[1], "dy", "x", err, errlen)) return -1;
+        out[0] = in[1];
+        out[1] = in[2];
+        out[2] = in[2];
+        return 0;
+    case CK_OP_SILU:
+    case CK_OP_GELU:
+    case CK_OP_SOFTMAX:
+    case CK_OP_SCALE:
+    case CK_OP_DROPOUT:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (op == CK_OP_SOFTMAX && in[0].ndim < 1) FAIL("input must have at least one dim");
+        if (op == CK_OP_DROPOUT && !(p->f[0] >= 0.0f && p->f[0] < 1.0f)) FAIL("probability %g not in [0, 1)", p->f[0]);
+        out[0] = in[0];
+        return 0;
+    case CK_OP_SILU_BWD:
+    case CK_OP_GELU_BWD:
+    case CK_OP_SOFTMAX_BWD:
+        if (want_nin(nin, 2, 2, err, errlen)) return -1;
+        if (same_shape(&in[0], &in[1], "dy", "x", err, errlen)) return -1;
+        out[0] = in[0];
+        return 0;
+    case CK_OP_GEGLU:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (in[0].ndim < 1 || in[0].d[in[0].ndim - 1] % 2)
+            FAIL("last dim of %s must be even (value and gate halves)", SH(&in[0], a));
+        out[0] = in[0];
+        out[0].d[out[0].ndim - 1] /= 2;
+        return 0;
+    case CK_OP_GEGLU_BWD: {
+        ck_shape y;
+        if (want_nin(nin, 2, 2, err, errlen)) return -1;
+        if (in[1].ndim < 1 || in[1].d[in[1].ndim - 1] % 2) FAIL("last dim of %s must be even", SH(&in[1], a));
+        y = in[1];
+        y.d[y.ndim - 1] /= 2;
+        if (same_shape(&in[0], &y, "dy", "output", err, errlen)) return -1;
+        out[0] = in[1];
+        return 0;
+    }
+    case CK_OP_ATTENTION:
+        if (want_nin(nin, 3, 3, err, errlen)) return -1;
+        if (attn_check(p, &in[0], &in[1], &in[2], err, errlen)) return -1;
+        out[0] = in[0];
+        return 0;
+    case CK_OP_ATTENTION_BWD:
+        if (want_nin(nin, 4, 4, err, errlen)) return -1;
+        if (attn_check(p, &in[1], &in[2], &in[3], err, errlen)) return -1;
+        if (same_shape(&in[0], &in[1], "dout", "q", err, errlen)) return -1;
+        out[0] = in[1];
+        out[1] = in[2];
+        out[2] = in[3];
+        return 0;
+    case CK_OP_ADD:
+    case CK_OP_SUB:
+    case CK_OP_MUL:
+        if (want_nin(nin, 2, 2, err, errlen)) return -1;
+        return broadcast(&in[0], &in[1], &out[0], err, errlen);
+    case CK_OP_REDUCE_TO:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        return reduce_check(&in[0], &out[0], err, errlen);
+    case CK_OP_CONCAT: {
+        if (want_nin(nin, 2, 2, err, errlen)) return -1;
+        if (in[0].ndim != in[1].ndim) FAIL("cannot concat %s and %s", SH(&in[0], a), SH(&in[1], b));
+        if (check_dim(p->i[0], in[0].ndim, err, errlen)) return -1;
+        for (int i = 0; i < in[0].ndim; i++)
+            if (i != p->i[0] && in[0].d[i] != in[1].d[i])
+                FAIL("cannot concat %s and %s along dim %lld", SH(&in[0], a), SH(&in[1], b), (long long)p->i[0]);
+        out[0] = in[0];
+        out[0].d[p->i[0]] += in[1].d[p->i[0]];
+        return 0;
+    }
+    case CK_OP_SLICE:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (check_dim(p->i[0], in[0].ndim, err, errlen)) return -1;
+        if (p->i[1] < 0 || p->i[2] < 0 || p->i[1] + p->i[2] > in[0].d[p->i[0]])
+            FAIL("slice [%lld, %lld) out of range for %s", (long long)p->i[1], (long long)(p->i[1] + p->i[2]),
+                 SH(&in[0], a));
+        out[0] = in[0];
+        out[0].d[p->i[0]] = p->i[2];
+        return 0;
+    case CK_OP_RESHAPE:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (ck_shape_numel(&in[0]) != ck_shape_numel(&out[0]))
+            FAIL("cannot reshape %s to %s", SH(&in[0], a), SH(&out[0], b));
+        return 0;
+    case CK_OP_PERMUTE: {
+        int seen[CK_MAX_DIMS] = {0};
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        out[0].ndim = in[0].ndim;
+        for (int i = 0; i < in[0].ndim; i++) {
+            if (p->i[i] < 0 || p->i[i] >= in[0].ndim || seen[p->i[i]]) FAIL("not a permutation of %d dims", in[0].ndim);
+            seen[p->i[i]] = 1;
+            out[0].d[i] = in[0].d[p->i[i]];
+        }
+        return 0;
+    }
+    case CK_OP_UPSAMPLE2X:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (in[0].ndim != 4) FAIL("input must be 4-D (N, C, H, W), got %s", SH(&in[0], a));
+        out[0] = in[0];
+        out[0].d[2] *= 2;
+        out[0].d[3] *= 2;
+        return 0;
+    case CK_OP_UPSAMPLE2X_BWD:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (in[0].ndim != 4 || in[0].d[2] % 2 || in[0].d[3] % 2) FAIL("dy must be (N, C, 2H, 2W), got %s", SH(&in[0], a));
+        out[0] = in[0];
+        out[0].d[2] /= 2;
+        out[0].d[3] /= 2;
+        return 0;
+    case CK_OP_MEAN:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (ck_shape_numel(&in[0]) == 0) FAIL("mean of an empty tensor");
+        out[0].ndim = 0;
+        return 0;
+    case CK_OP_MEAN_BWD:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (ck_shape_numel(&in[0]) != 1) FAIL("dy must be a scalar");
+        return 0;
+    case CK_OP_MSE_LOSS:
+        if (want_nin(nin, 2, 2, err, errlen)) return -1;
+        if (same_shape(&in[0], &in[1], "prediction", "target", err, errlen)) return -1;
+        out[0].ndim = 0;
+        return 0;
+    case CK_OP_MSE_LOSS_BWD:
+        if (want_nin(nin, 3, 3, err, errlen)) return -1;
+        if (same_shape(&in[1], &in[2], "prediction", "target", err, errlen)) return -1;
+        out[0] = in[1];
+        out[1] = in[2];
+        return 0;
+    case CK_OP_TIMESTEP_EMBEDDING:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (in[0].ndim != 1) FAIL("timesteps must be 1-D (B), got %s", SH(&in[0], a));
+        if (p->i[0] < 2) FAIL("embedding dim must be at least 2");
+        if ((float)(p->i[0] / 2) == p->f[0]) FAIL("downscale_freq_shift equals half the dim");
+        out[0].ndim = 2;
+        out[0].d[0] = in[0].d[0];
+        out[0].d[1] = p->i[0];
+        return 0;
+    case CK_OP_FILL:
+        if (want_nin(nin, 0, 0, err, errlen)) return -1;
+        return 0;
+    case CK_OP_SGD_STEP:
+        if (want_nin(nin, 2, 2, err, errlen)) return -1;
+        if (same_shape(&in[0], &in[1], "parameter", "gradient", err, errlen)) return -1;
+        out[0] = in[0];
+        return 0;
+    case CK_OP_ADAMW_STEP:
+        if (want_nin(nin, 4, 4, err, errlen)) return -1;
+        for (int i = 1; i < 4; i++)
+            if (same_shape(&in[0], &in[i], "parameter", "state", err, errlen)) return -1;
+        out[0] = out[1] = out[2] = in[0];
+        return 0;
+    default: FAIL("unknown op %d", (int)op);
+    }
+}
+
+size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
+                       int nthreads)
+{
+    (void)p;
+    (void)nin;
+    switch (op) {
+    case CK_OP_CONV2D: /* x, w -> y: columns of one image */
+        return (size_t)(in[0].d[1] * in[1].d[2] * in[1].d[3] * out[0].d[2] * out[0].d[3]) * sizeof(float);
+    case CK_OP_CONV2D_BWD_DATA: /* dy, w -> dx */
+        return (size_t)(out[0].d[1] * in[1].d[2] * in[1].d[3] * in[0].d[2] * in[0].d[3]) * sizeof(float);
+    case CK_OP_CONV2D_BWD_FILTER: /* dy, x -> dw */
+        return (size_t)(in[1].d[1] * out[0].d[2] * out[0].d[3] * in[0].d[2] * in[0].d[3]) * sizeof(float);
+    case CK_OP_ATTENTION:
+        return (size_t)nthreads * (size_t)(in[0].d[1] * in[1].d[1]) * sizeof(float);
+    case CK_OP_ATTENTION_BWD:
+        return (size_t)nthreads * 2 * (size_t)(in[1].d[1] * in[2].d[1]) * sizeof(float);
+    default: return 0;
+    }
+}
+
+double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out)
+{
+    (void)nin;
+    double n = out[0].ndim >= 0 ? (double)ck_shape_numel(&out[0]) : 0.0;
+    switch (op) {
+    case CK_OP_MATMUL: {
+        int64_t k = p->i[0] ? in[0].d[in[0].ndim - 2] : in[0].d[in[0].ndim - 1];
+        return 2.0 * n * (double)k;
+    }
+    case CK_OP_LINEAR: return 2.0 * n * (double)in[1].d[1];
+    case CK_OP_CONV2D: return 2.0 * n * (double)(in[1].d[1] * in[1].d[2] * in[1].d[3]);
+    case CK_OP_CONV2D_BWD_DATA: return 2.0 * (double)ck_shape_numel(&in[0]) * (double)(in[1].d[1] * in[1].d[2] * in[1].d[3]);
+    case CK_OP_CONV2D_BWD_FILTER: return 2.0 * (double)ck_shape_numel(&in[0]) * (double)(out[0].d[1] * out[0].d[2] * out[0].d[3]);
+    case CK_OP_ATTENTION: return 4.0 * (double)ck_shape_numel(&in[0]) * (double)in[1].d[1];
+    case CK_OP_ATTENTION_BWD: return 10.0 * (double)ck_shape_numel(&in[1]) * (double)in[2].d[1];
+    case CK_OP_GROUP_NORM:
+    case CK_OP_LAYER_NORM: return 8.0 * n;
+    case CK_OP_GROUP_NORM_BWD:
+    case CK_OP_LAYER_NORM_BWD: return 14.0 * n;
+    case CK_OP_MEAN:
+    case CK_OP_MSE_LOSS: return 3.0 * (double)ck_shape_numel(&in[0]);
+    case CK_OP_ADAMW_STEP: return 12.0 * n;
+    default: return 4.0 * n;
+    }
+}

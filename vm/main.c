@@ -1,0 +1,57 @@
+/* ckrun: the command line over vm/ck.h. Runs one script with its arguments;
+ * every failure is one line on stderr and a non-zero exit. */
+#include "ck.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ckrun [options] SCRIPT.lua [--key value ...]\n"
+            "\n"
+            "Runs a ckrun Lua script. Arguments after the script reach it as the\n"
+            "table `args` (--key value -> args.key; a lone --flag -> true).\n"
+            "\n"
+            "options:\n"
+            "  -h, --help      show this help and exit\n"
+            "  -v, --version   show the version and exit\n"
+            "  -e CODE         run CODE instead of a script file\n");
+}
+
+int main(int argc, char **argv)
+{
+    int i = 1;
+    const char *code = NULL;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--version")) {
+            printf("ckrun %s\n", ck_version());
+            return 0;
+        }
+        if (!strcmp(argv[i], "-e") && i + 1 < argc) {
+            code = argv[++i];
+            continue;
+        }
+        fprintf(stderr, "ckrun: unknown option '%s' (see ckrun --help)\n", argv[i]);
+        return 2;
+    }
+    if (!code && i >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    ck_vm *vm = ck_open(NULL);
+    if (!vm) {
+        fprintf(stderr, "ckrun: out of memory\n");
+        return 1;
+    }
+    int st = code ? ck_run_string(vm, code, "(command line)")
+                  : ck_run_file(vm, argv[i], argc - i - 1, (const char *const *)argv + i + 1);
+    if (st != CK_OK) fprintf(stderr, "ckrun: %s\n", ck_error(vm));
+    fflush(stdout);
+    ck_close(vm);
+    return st == CK_OK ? 0 : 1;
+}

@@ -1,0 +1,236 @@
+/* Compiling a graph into a program: differentiate, append the optimizer, cut
+ * the op lists, plan their memory, allocate the one arena, initialize the
+ * parameters. The op lists are the seam the recompute scheduler works on. */
+#include "program.h"
+
+#include "../ops/cpu/cpu.h"
+#include "../ops/rng.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failf(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+/* Parameters start from the seed and their name, so adding a layer elsewhere
+ * does not change how the others start. */
+static void init_tensor(const ck_tensor *t, float *x, uint64_t seed)
+{
+    int64_t n = ck_shape_numel(&t->shape);
+    uint64_t stream = ck_rng_key(seed, 0, name_hash(t->name ? t->name : ""));
+    switch (t->init) {
+    case CK_INIT_ZEROS: memset(x, 0, sizeof(float) * (size_t)n); break;
+    case CK_INIT_ONES:
+        for (int64_t i = 0; i < n; i++) x[i] = 1.0f;
+        break;
+    case CK_INIT_NORMAL:
+        for (int64_t i = 0; i < n; i++) x[i] = t->init_a + t->init_b * ck_rng_normal(stream, (uint64_t)i);
+        break;
+    case CK_INIT_UNIFORM:
+        for (int64_t i = 0; i < n; i++)
+            x[i] = t->init_a + (t->init_b - t->init_a) * ck_rng_uniform(stream, (uint64_t)i);
+        break;
+    }
+}
+
+static int add_optimizer(ck_graph *g, const ck_compile_opts *o)
+{
+    int nt = g->nt;
+    for (int t = 0; t < nt; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        ck_op_params p = {0};
+        ck_shape outs[CK_MAX_OUT];
+        int want[CK_MAX_OUT] = {0, 0, 0}, in[4] = {t, g->t[t].grad, -1, -1}, nin = 2;
+        enum ck_op op = CK_OP_SGD_STEP;
+        char name[1024];
+        ck_graph_set_scope(g, g->t[t].scope);
+        if (o->optim == CK_OPTIM_ADAMW) {
+            op = CK_OP_ADAMW_STEP;
+            for (int k = 0; k < 2; k++) {
+                snprintf(name, sizeof name, "%s.%s", k ? "exp_avg_sq" : "exp_avg", g->t[t].name);
+                in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &g->t[t].shape, g->t[t].where);
+                if (in[2 + k] < 0) return -1;
+                g->t[in[2 + k]].init = CK_INIT_ZEROS;
+            }
+            nin = 4;
+            p.f[0] = o->beta1;
+            p.f[1] = o->beta2;
+            p.f[2] = o->eps;
+            p.f[3] = o->weight_decay;
+        } else {
+            p.f[0] = o->weight_decay;
+        }
+        for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+        int id = ck_graph_node(g, op, in, nin, &p, outs, want, NULL, g->t[t].where);
+        if (id < 0) return -1;
+        /* updates happen in place: the outputs are the parameter and its state */
+        ck_node *n = &g->n[id];
+        n->phase = CK_PHASE_OPTIMIZER;
+        n->out[0] = t;
+        if (op == CK_OP_ADAMW_STEP) {
+            n->out[1] = in[2];
+            n->out[2] = in[3];
+        }
+    }
+    ck_graph_set_scope(g, "");
+    return 0;
+}
+
+/* Nodes that the sinks need, in graph order (graph order is topological). */
+static int cut_list(const ck_graph *g, const int *sink_nodes, int nsinks, int max_phase, int *list)
+{
+    char *need = calloc((size_t)(g->nn ? g->nn : 1), 1);
+    if (!need) return -1;
+    for (int i = 0; i < nsinks; i++)
+        if (sink_nodes[i] >= 0) need[sink_nodes[i]] = 1;
+    for (int i = g->nn - 1; i >= 0; i--) {
+        if (!need[i] || (int)g->n[i].phase > max_phase) {
+            need[i] = 0;
+            continue;
+        }
+        for (int j = 0; j < g->n[i].nin; j++) {
+            int pn = g->t[g->n[i].in[j]].node;
+            if (pn >= 0) need[pn] = 1;
+        }
+    }
+    int n = 0;
+    for (int i = 0; i < g->nn; i++)
+        if (need[i]) list[n++] = i;
+    free(need);
+    return n;
+}
+
+ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
+{
+    ck_program *p = calloc(1, sizeof *p);
+    int *list = NULL, *sinks = NULL;
+    if (!p) {
+        failf(err, errlen, "out of memory");
+        return NULL;
+    }
+    p->opt = *o;
+    p->opt.outputs = NULL;
+    p->loss = o->loss;
+    p->g = ck_graph_clone(src);
+    if (!p->g) goto oom;
+    ck_graph *g = p->g;
+    int trains = 0;
+    for (int t = 0; t < g->nt; t++) trains |= g->t[t].kind == CK_KIND_PARAM;
+    if (o->loss >= 0 && trains) {
+        if (ck_autodiff(g, o->loss)) {
+            failf(err, errlen, "%s", g->err);
+            goto fail;
+        }
+        if (o->optim != CK_OPTIM_NONE && add_optimizer(g, o)) {
+            failf(err, errlen, "%s", g->err);
+            goto fail;
+        }
+    }
+    p->retain = calloc((size_t)g->nt, sizeof(int));
+    p->poff = malloc(sizeof(int64_t) * (size_t)g->nt);
+    list = malloc(sizeof(int) * (size_t)(g->nn + 1));
+    sinks = malloc(sizeof(int) * (size_t)(g->nn + o->noutputs + 2));
+    if (!p->retain || !p->poff || !list || !sinks) goto oom;
+    for (int i = 0; i < o->noutputs; i++) p->retain[o->outputs[i]] = 1;
+    if (o->loss >= 0) p->retain[o->loss] = 1;
+
+    /* persistent region: parameters, inputs, optimizer state, by graph order */
+    size_t off = 0;
+    for (int t = 0; t < g->nt; t++) {
+        p->poff[t] = -1;
+        if (!ck_is_persistent(g->t[t].kind)) continue;
+        p->poff[t] = (int64_t)off;
+        off += ((size_t)ck_shape_numel(&g->t[t].shape) * sizeof(float) + 63) / 64 * 64;
+    }
+    p->persistent = off;
+
+    int ns = 0, nthreads = ck_cpu_threads();
+    for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
+    if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
+    int n = cut_list(g, sinks, ns, CK_PHASE_FORWARD, list);
+    if (n < 0 || ck_plan_build(&p->eval, g, list, n, p->poff, p->persistent, p->retain, nthreads)) goto oom;
+
+    if (o->loss >= 0 && trains) {
+        for (int t = 0; t < g->nt; t++) {
+            if (g->t[t].kind != CK_KIND_PARAM) continue;
+            int gt = g->t[t].grad;
+            if (o->keep_grads) p->retain[gt] = 1;
+            sinks[ns++] = g->t[gt].node;
+        }
+        for (int i = 0; i < g->nn; i++)
+            if (g->n[i].phase == CK_PHASE_OPTIMIZER) sinks[ns++] = i;
+        n = cut_list(g, sinks, ns, CK_PHASE_OPTIMIZER, list);
+        if (n < 0 || ck_plan_build(&p->train, g, list, n, p->poff, p->persistent, p->retain, nthreads)) goto oom;
+    }
+    p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
+    if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
+    p->arena = aligned_alloc(64, (p->arena_bytes + 63) / 64 * 64 + 64);
+    if (!p->arena) {
+        failf(err, errlen, "cannot allocate the arena of %zu bytes", p->arena_bytes);
+        goto fail;
+    }
+    for (int t = 0; t < g->nt; t++)
+        if (p->poff[t] >= 0) init_tensor(&g->t[t], (float *)(p->arena + p->poff[t]), o->seed);
+    free(list);
+    free(sinks);
+    return p;
+oom:
+    failf(err, errlen, "out of memory while compiling");
+fail:
+    free(list);
+    free(sinks);
+    ck_program_free(p);
+    return NULL;
+}
+
+void ck_program_free(ck_program *p)
+{
+    if (!p) return;
+    ck_plan_free(&p->train);
+    ck_plan_free(&p->eval);
+    ck_graph_free(p->g);
+    free(p->retain);
+    free(p->poff);
+    free(p->arena);
+    free(p);
+}
+
+int ck_program_step(ck_program *p)
+{
+    if (p->train.n == 0) {
+        snprintf(p->err, sizeof p->err, "this program has nothing to train (no loss or no trainable parameter)");
+        return -1;
+    }
+    p->step++;
+    p->last = &p->train;
+    return ck_exec(p, &p->train, p->err, sizeof p->err);
+}
+
+int ck_program_forward(ck_program *p)
+{
+    p->last = &p->eval;
+    return ck_exec(p, &p->eval, p->err, sizeof p->err);
+}
+
+float *ck_program_data(ck_program *p, int t)
+{
+    if (t < 0 || t >= p->g->nt) return NULL;
+    if (p->poff[t] >= 0) return (float *)(p->arena + p->poff[t]);
+    if (!p->last || !p->retain[t] || p->last->off[t] < 0) return NULL;
+    return (float *)(p->arena + p->last->off[t]);
+}

@@ -9,6 +9,7 @@
 #include <lua.h>
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,12 +60,22 @@ static void where(lua_State *L, char *buf, size_t len)
     if (!fallback) snprintf(buf, len, "?");
 }
 
-static int build_error(lua_State *L, const ck_graph *g)
+/* raises "file:line: message" with the user's line (luaL_error would name the
+ * caller's frame, which may be inside the stdlib) */
+static int raise(lua_State *L, const char *fmt, ...)
 {
     char w[256];
+    va_list ap;
     where(L, w, sizeof w);
-    return luaL_error(L, "%s: %s", w, g->err);
+    lua_pushfstring(L, "%s: ", w);
+    va_start(ap, fmt);
+    lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    lua_concat(L, 2);
+    return lua_error(L);
 }
+
+static int build_error(lua_State *L, const ck_graph *g) { return raise(L, "%s", g->err); }
 
 /* ---- graph */
 
@@ -133,9 +144,7 @@ static void read_shape(lua_State *L, int i, ck_shape *s)
         int ok;
         lua_Integer v = lua_tointegerx(L, -1, &ok);
         if (!ok || v < 0) {
-            char w[256];
-            where(L, w, sizeof w);
-            luaL_error(L, "%s: shape entry %d is not a non-negative integer", w, d + 1);
+            raise(L, "shape entry %d is not a non-negative integer", d + 1);
         }
         s->d[d] = v;
         lua_pop(L, 1);
@@ -209,9 +218,7 @@ static int l_param(lua_State *L)
         t->init_a = -bound;
         t->init_b = bound;
     } else {
-        char w[256];
-        where(L, w, sizeof w);
-        return luaL_error(L, "%s: unknown init '%s' (zeros, ones, normal, uniform, kaiming)", w, init);
+        return raise(L, "unknown init '%s' (zeros, ones, normal, uniform, kaiming)", init);
     }
     return 1;
 }
@@ -325,9 +332,7 @@ static int record(lua_State *L, enum ck_op op, const int *argidx, int nin, const
         } else {
             lua_pop(L, 1);
             if (o != lg) {
-                char w[256];
-                where(L, w, sizeof w);
-                return luaL_error(L, "%s: %s: inputs belong to different graphs", w, ck_op_name(op));
+                return raise(L, "%s: inputs belong to different graphs", ck_op_name(op));
             }
         }
         in[i] = t->id;
@@ -404,9 +409,7 @@ static int arith(lua_State *L, enum ck_op op)
     if (!an && !bn) return binary(L, op);
     if (an && bn) return luaL_error(L, "two numbers");
     if (op == CK_OP_MUL) return scale_of(L, an ? 2 : 1, num_or_tensor(L, an ? 1 : 2));
-    char w[256];
-    where(L, w, sizeof w);
-    return luaL_error(L, "%s: %s: adding a number to a tensor is not supported; use a tensor", w, ck_op_name(op));
+    return raise(L, "%s: adding a number to a tensor is not supported; use a tensor", ck_op_name(op));
 }
 
 static int l_add(lua_State *L) { return arith(L, CK_OP_ADD); }
@@ -464,7 +467,7 @@ static int l_conv2d(lua_State *L)
     ck_op_params p = {0};
     int a[3] = {1, 2, 3};
     int has_b = luaL_testudata(L, 3, TENSOR_MT) != NULL;
-    int o = has_b ? 4 : 3;
+    int o = lua_istable(L, 3) ? 3 : 4; /* the bias may be nil or left out */
     int stride = opt_int(L, o, "stride", 1), pad = opt_int(L, o, "padding", 0);
     p.i[0] = p.i[1] = stride;
     p.i[2] = p.i[3] = pad;
@@ -745,9 +748,7 @@ static int l_compile(lua_State *L)
     lua_setiuservalue(L, -2, 1);
     lp->p = ck_compile(lg->g, &o, err, sizeof err);
     if (!lp->p) {
-        char w[256];
-        where(L, w, sizeof w);
-        return luaL_error(L, "%s: compile: %s", w, err);
+        return raise(L, "compile: %s", err);
     }
     return 1;
 }

@@ -1,0 +1,40 @@
+-- Small assertion helpers shared by the Lua tests: each check prints one line,
+-- done() prints "N passed, N failed" and raises when anything failed.
+local M = {passed = 0, failed = 0}
+
+function M.ok(cond, what)
+  if cond then
+    M.passed = M.passed + 1
+    print("ok   " .. what)
+  else
+    M.failed = M.failed + 1
+    print("FAIL " .. what)
+  end
+  return cond
+end
+
+function M.done()
+  print(string.format("%d passed, %d failed", M.passed, M.failed))
+  if M.failed > 0 then error(M.failed .. " checks failed", 0) end
+end
+
+-- deterministic pseudo-random numbers for test data (xorshift, independent of math.random)
+function M.rng(seed)
+  local s = seed * 2654435761 % 4294967296
+  if s == 0 then s = 1 end
+  return function(lo, hi)
+    s = s ~ ((s << 13) & 0xffffffff)
+    s = s ~ (s >> 17)
+    s = s ~ ((s << 5) & 0xffffffff)
+    local u = (s & 0xffffff) / 16777216
+    return (lo or -1) + ((hi or 1) - (lo or -1)) * u
+  end
+end
+
+function M.random_values(r, n, lo, hi)
+  local t = {}
+  for i = 1, n do t[i] = r(lo, hi) end
+  return t
+end
+
+return M

@@ -3,6 +3,7 @@
  * name the script line of the user's call, the op and its scope. */
 #include "ck.h"
 #include "graph.h"
+#include "lua_ck.h"
 #include "program.h"
 
 #include <lauxlib.h>
@@ -40,7 +41,7 @@ static int is_stdlib(const char *src)
            strstr(src, "/share/lua/5.4/ck/") != NULL;
 }
 
-static void where(lua_State *L, char *buf, size_t len)
+void ck_lua_where(lua_State *L, char *buf, size_t len)
 {
     lua_Debug ar;
     const char *fallback = NULL;
@@ -62,11 +63,11 @@ static void where(lua_State *L, char *buf, size_t len)
 
 /* raises "file:line: message" with the user's line (luaL_error would name the
  * caller's frame, which may be inside the stdlib) */
-static int raise(lua_State *L, const char *fmt, ...)
+int ck_lua_raise(lua_State *L, const char *fmt, ...)
 {
     char w[256];
     va_list ap;
-    where(L, w, sizeof w);
+    ck_lua_where(L, w, sizeof w);
     lua_pushfstring(L, "%s: ", w);
     va_start(ap, fmt);
     lua_pushvfstring(L, fmt, ap);
@@ -75,7 +76,7 @@ static int raise(lua_State *L, const char *fmt, ...)
     return lua_error(L);
 }
 
-static int build_error(lua_State *L, const ck_graph *g) { return raise(L, "%s", g->err); }
+static int build_error(lua_State *L, const ck_graph *g) { return ck_lua_raise(L, "%s", g->err); }
 
 /* ---- graph */
 
@@ -144,7 +145,7 @@ static void read_shape(lua_State *L, int i, ck_shape *s)
         int ok;
         lua_Integer v = lua_tointegerx(L, -1, &ok);
         if (!ok || v < 0) {
-            raise(L, "shape entry %d is not a non-negative integer", d + 1);
+            ck_lua_raise(L, "shape entry %d is not a non-negative integer", d + 1);
         }
         s->d[d] = v;
         lua_pop(L, 1);
@@ -160,7 +161,7 @@ static int leaf(lua_State *L, ck_kind kind)
     read_shape(L, 3, &s);
     scope_string(lg, scope, sizeof scope);
     snprintf(full, sizeof full, scope[0] ? "%s.%s" : "%s%s", scope, name);
-    where(L, w, sizeof w);
+    ck_lua_where(L, w, sizeof w);
     int id = ck_graph_leaf(lg->g, kind, full, &s, w);
     if (id < 0) return build_error(L, lg->g);
     push_tensor(L, 1, id);
@@ -218,7 +219,7 @@ static int l_param(lua_State *L)
         t->init_a = -bound;
         t->init_b = bound;
     } else {
-        return raise(L, "unknown init '%s' (zeros, ones, normal, uniform, kaiming)", init);
+        return ck_lua_raise(L, "unknown init '%s' (zeros, ones, normal, uniform, kaiming)", init);
     }
     return 1;
 }
@@ -332,7 +333,7 @@ static int record(lua_State *L, enum ck_op op, const int *argidx, int nin, const
         } else {
             lua_pop(L, 1);
             if (o != lg) {
-                return raise(L, "%s: inputs belong to different graphs", ck_op_name(op));
+                return ck_lua_raise(L, "%s: inputs belong to different graphs", ck_op_name(op));
             }
         }
         in[i] = t->id;
@@ -340,7 +341,7 @@ static int record(lua_State *L, enum ck_op op, const int *argidx, int nin, const
     for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
     if (preset) outs[0] = *preset;
     char w[256];
-    where(L, w, sizeof w);
+    ck_lua_where(L, w, sizeof w);
     if (ck_graph_node(lg->g, op, in, nin, p, outs, NULL, ids, w) < 0) return build_error(L, lg->g);
     push_tensor(L, gidx, ids[0]);
     return 1;
@@ -409,7 +410,7 @@ static int arith(lua_State *L, enum ck_op op)
     if (!an && !bn) return binary(L, op);
     if (an && bn) return luaL_error(L, "two numbers");
     if (op == CK_OP_MUL) return scale_of(L, an ? 2 : 1, num_or_tensor(L, an ? 1 : 2));
-    return raise(L, "%s: adding a number to a tensor is not supported; use a tensor", ck_op_name(op));
+    return ck_lua_raise(L, "%s: adding a number to a tensor is not supported; use a tensor", ck_op_name(op));
 }
 
 static int l_add(lua_State *L) { return arith(L, CK_OP_ADD); }
@@ -687,6 +688,8 @@ static lprogram *check_program(lua_State *L, int i)
     return lp;
 }
 
+ck_program *ck_lua_program(lua_State *L, int i) { return check_program(L, i)->p; }
+
 static int tensor_id(lua_State *L, int i)
 {
     ltensor *t = check_tensor(L, i);
@@ -748,7 +751,7 @@ static int l_compile(lua_State *L)
     lua_setiuservalue(L, -2, 1);
     lp->p = ck_compile(lg->g, &o, err, sizeof err);
     if (!lp->p) {
-        return raise(L, "compile: %s", err);
+        return ck_lua_raise(L, "compile: %s", err);
     }
     return 1;
 }
@@ -762,7 +765,7 @@ static int l_program_gc(lua_State *L)
 }
 
 /* a tensor handle or a name */
-static int program_tensor(lua_State *L, ck_program *p, int i)
+int ck_lua_program_tensor(lua_State *L, ck_program *p, int i)
 {
     if (lua_type(L, i) == LUA_TSTRING) {
         int id = ck_graph_find(p->g, lua_tostring(L, i));
@@ -796,7 +799,7 @@ static int64_t flatten(lua_State *L, int t, float *dst, int64_t n, int64_t k)
 static int l_set(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
-    int id = program_tensor(L, p, 2);
+    int id = ck_lua_program_tensor(L, p, 2);
     ck_tensor *t = &p->g->t[id];
     if (p->poff[id] < 0) return luaL_error(L, "'%s' is not an input or parameter", t->name ? t->name : "tensor");
     float *x = ck_program_data(p, id);
@@ -833,7 +836,7 @@ static float *readable(lua_State *L, ck_program *p, int id)
 static int l_get(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
-    int id = program_tensor(L, p, 2);
+    int id = ck_lua_program_tensor(L, p, 2);
     float *x = readable(L, p, id);
     int64_t n = ck_shape_numel(&p->g->t[id].shape);
     lua_createtable(L, (int)n, 0);
@@ -848,7 +851,7 @@ static int l_get(lua_State *L)
 static int l_scalar(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
-    int id = program_tensor(L, p, 2);
+    int id = ck_lua_program_tensor(L, p, 2);
     lua_Integer i = luaL_optinteger(L, 3, 1);
     luaL_argcheck(L, i >= 1 && i <= ck_shape_numel(&p->g->t[id].shape), 3, "index out of range");
     lua_pushnumber(L, readable(L, p, id)[i - 1]);
@@ -859,7 +862,7 @@ static int l_scalar(lua_State *L)
 static int l_grad(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
-    int id = program_tensor(L, p, 2);
+    int id = ck_lua_program_tensor(L, p, 2);
     int gid = p->g->t[id].grad;
     if (gid < 0) return luaL_error(L, "'%s' has no gradient", p->g->t[id].name ? p->g->t[id].name : "tensor");
     lua_settop(L, 1);
@@ -1025,6 +1028,7 @@ int luaopen_ck(lua_State *L)
 
     luaL_newmetatable(L, PROGRAM_MT);
     luaL_newlib(L, program_methods);
+    ck_lua_st_register(L, lib, lua_gettop(L));
     lua_pushcclosure(L, l_program_index, 1);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_program_newindex);

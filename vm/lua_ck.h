@@ -1,0 +1,22 @@
+/* Internal to the Lua binding: what vm/lua_ck.c shares with the other
+ * binding files (vm/lua_st.c). */
+#ifndef CK_LUA_CK_H
+#define CK_LUA_CK_H
+
+#include "program.h"
+
+#include <lua.h>
+
+/* "file:line" of the user's script line (frames in the shipped stdlib skipped). */
+void ck_lua_where(lua_State *L, char *buf, size_t len);
+/* Raises "file:line: message" with the user's line. */
+int ck_lua_raise(lua_State *L, const char *fmt, ...);
+/* The program at stack index i (raises if it is not one or is closed). */
+ck_program *ck_lua_program(lua_State *L, int i);
+/* A tensor handle or a name at index i, as a tensor id of program p. */
+int ck_lua_program_tensor(lua_State *L, ck_program *p, int i);
+/* vm/lua_st.c: adds safetensors functions to the module table at index lib and
+ * methods to the program method table at index methods. */
+void ck_lua_st_register(lua_State *L, int lib, int methods);
+
+#endif

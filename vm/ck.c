@@ -55,6 +55,10 @@ ck_vm *ck_open(const ck_options *opt)
     }
     lua_State *L = vm->L;
     luaL_openlibs(L);
+    lua_pushboolean(L, vm->opt.plan_only);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
+    lua_pushboolean(L, vm->opt.json);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.json");
     luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
     lua_pushcfunction(L, luaopen_ck);
     lua_setfield(L, -2, "ck");

@@ -40,6 +40,10 @@ typedef struct ck_options {
     /* receives what scripts print (print, io.write); NULL: stdout */
     void (*log)(void *ud, const char *text, size_t len);
     void *log_ud;
+    /* build and plan only: compiled programs allocate nothing and cannot run;
+     * scripts see ck.plan_mode (and ck.json for machine-readable output) */
+    int plan_only;
+    int json;
 } ck_options;
 
 /* ---- life cycle */

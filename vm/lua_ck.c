@@ -9,11 +9,14 @@
 #include <lauxlib.h>
 #include <lua.h>
 
+#include "../ops/rng.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define GRAPH_MT "ck.graph"
 #define TENSOR_MT "ck.tensor"
@@ -743,6 +746,9 @@ static int l_compile(lua_State *L)
     lua_pop(L, 1);
     o.seed = (uint64_t)opt_num(L, 2, "seed", 0);
     o.keep_grads = opt_bool(L, 2, "keep_grads", 0);
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
+    o.plan_only = opt_bool(L, 2, "plan_only", lua_toboolean(L, -1));
+    lua_pop(L, 1);
     char err[512];
     lprogram *lp = lua_newuserdatauv(L, sizeof *lp, 1);
     lp->p = NULL;
@@ -943,6 +949,46 @@ static int l_program_newindex(lua_State *L)
     return 0;
 }
 
+/* ck.random(seed, step, key, index) -> uniform in [0, 1) from the counter-based generator */
+static int l_random(lua_State *L)
+{
+    uint64_t stream = ck_rng_key((uint64_t)luaL_checkinteger(L, 1), (uint64_t)luaL_checkinteger(L, 2),
+                                 (uint64_t)luaL_checkinteger(L, 3));
+    lua_pushnumber(L, ck_rng_uniform(stream, (uint64_t)luaL_checkinteger(L, 4)));
+    return 1;
+}
+
+/* ck.randn(seed, step, key, index) -> standard normal */
+static int l_randn(lua_State *L)
+{
+    uint64_t stream = ck_rng_key((uint64_t)luaL_checkinteger(L, 1), (uint64_t)luaL_checkinteger(L, 2),
+                                 (uint64_t)luaL_checkinteger(L, 3));
+    lua_pushnumber(L, ck_rng_normal(stream, (uint64_t)luaL_checkinteger(L, 4)));
+    return 1;
+}
+
+/* p:randn(tensor, key [, scale]) fills an input with normal numbers keyed by
+ * (seed, step, key); the step is the one the next p:step() will run */
+static int l_fill_randn(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    int id = ck_lua_program_tensor(L, p, 2);
+    uint64_t key = (uint64_t)luaL_checkinteger(L, 3);
+    float scale = (float)luaL_optnumber(L, 4, 1.0);
+    if (p->poff[id] < 0 || !p->arena) return luaL_error(L, "randn: not an input or parameter, or a plan-only program");
+    float *x = ck_program_data(p, id);
+    int64_t n = ck_shape_numel(&p->g->t[id].shape);
+    uint64_t stream = ck_rng_key(p->opt.seed, (uint64_t)(p->step + 1), key);
+    for (int64_t i = 0; i < n; i++) x[i] = scale * ck_rng_normal(stream, (uint64_t)i);
+    return 0;
+}
+
+static int l_isatty(lua_State *L)
+{
+    lua_pushboolean(L, isatty(1));
+    return 1;
+}
+
 static const luaL_Reg op_funcs[] = {
     {"matmul", l_matmul},
     {"linear", l_linear},
@@ -968,6 +1014,9 @@ static const luaL_Reg op_funcs[] = {
     {"timestep_embedding", l_timestep_embedding},
     {"dropout", l_dropout},
     {"freeze", l_freeze},
+    {"random", l_random},
+    {"randn", l_randn},
+    {"isatty", l_isatty},
     {"train", l_train},
     {NULL, NULL},
 };
@@ -995,6 +1044,7 @@ static const luaL_Reg program_methods[] = {
     {"step", l_step},
     {"forward", l_forward},
     {"plan", l_plan},
+    {"randn", l_fill_randn},
     {NULL, NULL},
 };
 
@@ -1043,5 +1093,9 @@ int luaopen_ck(lua_State *L)
     lua_setfield(L, lib, "graph");
     lua_pushstring(L, ck_version());
     lua_setfield(L, lib, "version");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
+    lua_setfield(L, lib, "plan_mode");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.json");
+    lua_setfield(L, lib, "json");
     return 1;
 }

@@ -195,6 +195,40 @@ static ck_st_dtype dtype_arg(lua_State *L, const char *s)
     return CK_ST_F32;
 }
 
+static void add_metadata(lua_State *L, int t, ck_st_writer *w)
+{
+    if (!lua_istable(L, t)) return;
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        lua_pushvalue(L, -2);
+        const char *k = lua_tostring(L, -1), *v = luaL_tolstring(L, -2, NULL);
+        ck_st_writer_meta(w, k, v);
+        lua_pop(L, 3);
+    }
+}
+
+static ck_st_writer *guarded_writer(lua_State *L)
+{
+    ck_st_writer *w = ck_st_writer_new();
+    if (!w) luaL_error(L, "out of memory");
+    /* if anything raises later, the guard's __gc frees the writer */
+    ck_st_writer **guard = lua_newuserdatauv(L, sizeof *guard, 0);
+    *guard = w;
+    luaL_setmetatable(L, WRITER_MT);
+    return w;
+}
+
+static int save_guarded(lua_State *L, int guard_idx, const char *path)
+{
+    ck_st_writer **guard = lua_touserdata(L, guard_idx);
+    char err[512];
+    int rc = ck_st_writer_save(*guard, path, err, sizeof err);
+    ck_st_writer_free(*guard);
+    *guard = NULL;
+    if (rc) return ck_lua_raise(L, "%s", err);
+    return 0;
+}
+
 /* p:save(path, entries, {metadata = {k = v}, dtype = "F32"}) where each entry is
  * {key, tensor_or_name} or {key, value = number} (a 0-dim tensor). The file is
  * replaced atomically: a failed save leaves an existing file as it was. */
@@ -209,12 +243,8 @@ static int l_save(lua_State *L)
         if (lua_isstring(L, -1)) dtype = dtype_arg(L, lua_tostring(L, -1));
         lua_pop(L, 1);
     }
-    ck_st_writer *w = ck_st_writer_new();
-    if (!w) return luaL_error(L, "out of memory");
-    /* if anything below raises, the guard's __gc frees the writer */
-    ck_st_writer **guard = lua_newuserdatauv(L, sizeof *guard, 0);
-    *guard = w;
-    luaL_setmetatable(L, WRITER_MT);
+    ck_st_writer *w = guarded_writer(L);
+    int guard = lua_gettop(L);
     int n = (int)luaL_len(L, 3);
     for (int i = 1; i <= n; i++) {
         lua_geti(L, 3, i);
@@ -239,23 +269,53 @@ static int l_save(lua_State *L)
     }
     if (lua_istable(L, 4)) {
         lua_getfield(L, 4, "metadata");
-        if (lua_istable(L, -1)) {
-            lua_pushnil(L);
-            while (lua_next(L, -2)) {
-                lua_pushvalue(L, -2);
-                const char *k = lua_tostring(L, -1), *v = luaL_tolstring(L, -2, NULL);
-                ck_st_writer_meta(w, k, v);
-                lua_pop(L, 3);
-            }
-        }
+        add_metadata(L, lua_gettop(L), w);
         lua_pop(L, 1);
     }
-    char err[512];
-    int rc = ck_st_writer_save(w, path, err, sizeof err);
-    ck_st_writer_free(w);
-    *guard = NULL;
-    if (rc) return ck_lua_raise(L, "%s", err);
-    return 0;
+    return save_guarded(L, guard, path);
+}
+
+/* ck.write_safetensors(path, {{key, shape, values}, ...} [, metadata [, dtype]]):
+ * values a flat list of numbers; saved atomically */
+static int l_write(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    ck_st_dtype dtype = lua_isstring(L, 4) ? dtype_arg(L, lua_tostring(L, 4)) : CK_ST_F32;
+    ck_st_writer *w = guarded_writer(L);
+    int guard = lua_gettop(L);
+    int n = (int)luaL_len(L, 2);
+    for (int i = 1; i <= n; i++) {
+        lua_geti(L, 2, i);
+        int e = lua_gettop(L);
+        luaL_checktype(L, e, LUA_TTABLE);
+        lua_geti(L, e, 1);
+        const char *key = luaL_checkstring(L, -1);
+        lua_geti(L, e, 2);
+        luaL_checktype(L, -1, LUA_TTABLE);
+        int64_t shape[CK_ST_MAX_DIMS], numel = 1;
+        int nd = (int)luaL_len(L, -1);
+        if (nd > CK_ST_MAX_DIMS) return ck_lua_raise(L, "'%s': too many dims", key);
+        for (int d = 0; d < nd; d++) {
+            lua_geti(L, -1, d + 1);
+            shape[d] = luaL_checkinteger(L, -1);
+            numel *= shape[d];
+            lua_pop(L, 1);
+        }
+        lua_geti(L, e, 3);
+        luaL_checktype(L, -1, LUA_TTABLE);
+        if (luaL_len(L, -1) != numel) return ck_lua_raise(L, "'%s': %d values for %d elements", key, (int)luaL_len(L, -1), (int)numel);
+        float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(numel ? numel : 1), 0);
+        for (int64_t k = 0; k < numel; k++) {
+            lua_geti(L, -2, k + 1);
+            x[k] = (float)luaL_checknumber(L, -1);
+            lua_pop(L, 1);
+        }
+        ck_st_writer_add(w, key, dtype, nd, shape, x);
+        lua_settop(L, e - 1);
+    }
+    add_metadata(L, 3, w);
+    return save_guarded(L, guard, path);
 }
 
 static int l_writer_gc(lua_State *L)
@@ -282,6 +342,8 @@ void ck_lua_st_register(lua_State *L, int lib, int methods)
     lua_pop(L, 1);
     lua_pushcfunction(L, l_open);
     lua_setfield(L, lib, "safetensors");
+    lua_pushcfunction(L, l_write);
+    lua_setfield(L, lib, "write_safetensors");
     static const luaL_Reg prog[] = {
         {"load", l_load}, {"load_sample", l_load_sample}, {"save", l_save}, {NULL, NULL},
     };

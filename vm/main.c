@@ -16,13 +16,16 @@ static void usage(FILE *f)
             "options:\n"
             "  -h, --help      show this help and exit\n"
             "  -v, --version   show the version and exit\n"
-            "  -e CODE         run CODE instead of a script file\n");
+            "  -e CODE         run CODE instead of a script file\n"
+            "  --plan          build and plan only: print the plan, allocate and run nothing\n"
+            "  --json          with --plan: print the plan as one JSON object\n");
 }
 
 int main(int argc, char **argv)
 {
     int i = 1;
     const char *code = NULL;
+    ck_options opt = {0};
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -31,6 +34,14 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--version")) {
             printf("ckrun %s\n", ck_version());
             return 0;
+        }
+        if (!strcmp(argv[i], "--plan")) {
+            opt.plan_only = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--json")) {
+            opt.json = 1;
+            continue;
         }
         if (!strcmp(argv[i], "-e") && i + 1 < argc) {
             code = argv[++i];
@@ -43,7 +54,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    ck_vm *vm = ck_open(NULL);
+    ck_vm *vm = ck_open(&opt);
     if (!vm) {
         fprintf(stderr, "ckrun: out of memory\n");
         return 1;

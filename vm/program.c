@@ -179,6 +179,11 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     }
     p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
+    if (o->plan_only) {
+        free(list);
+        free(sinks);
+        return p;
+    }
     p->arena = aligned_alloc(64, (p->arena_bytes + 63) / 64 * 64 + 64);
     if (!p->arena) {
         failf(err, errlen, "cannot allocate the arena of %zu bytes", p->arena_bytes);
@@ -210,8 +215,16 @@ void ck_program_free(ck_program *p)
     free(p);
 }
 
+static int runnable(ck_program *p)
+{
+    if (p->arena) return 1;
+    snprintf(p->err, sizeof p->err, "this program was compiled for planning only and cannot run");
+    return 0;
+}
+
 int ck_program_step(ck_program *p)
 {
+    if (!runnable(p)) return -1;
     if (p->train.n == 0) {
         snprintf(p->err, sizeof p->err, "this program has nothing to train (no loss or no trainable parameter)");
         return -1;
@@ -223,13 +236,14 @@ int ck_program_step(ck_program *p)
 
 int ck_program_forward(ck_program *p)
 {
+    if (!runnable(p)) return -1;
     p->last = &p->eval;
     return ck_exec(p, &p->eval, p->err, sizeof p->err);
 }
 
 float *ck_program_data(ck_program *p, int t)
 {
-    if (t < 0 || t >= p->g->nt) return NULL;
+    if (t < 0 || t >= p->g->nt || !p->arena) return NULL;
     if (p->poff[t] >= 0) return (float *)(p->arena + p->poff[t]);
     if (!p->last || !p->retain[t] || p->last->off[t] < 0) return NULL;
     return (float *)(p->arena + p->last->off[t]);

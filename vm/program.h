@@ -16,6 +16,7 @@ typedef struct ck_compile_opts {
     float lr, beta1, beta2, eps, weight_decay;
     uint64_t seed;
     int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
+    int plan_only;     /* plan, allocate nothing: the program cannot run */
 } ck_compile_opts;
 
 /* One op list and where each tensor it touches lives in the arena. */

@@ -1,0 +1,259 @@
+/* Activations on the CPU: SiLU, GELU (erf or tanh form), GEGLU and softmax over
+ * the last dim, forward and backward. Each output comes from one thread in a fixed
+ * order; exp and erf are inline polynomials so the loops vectorize (libm's do not). */
+#include "cpu.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define SQRT1_2 0.70710678118654752440f     /* 1/sqrt(2) */
+#define INV_SQRT_2PI 0.39894228040143267794f /* 1/sqrt(2 pi) */
+#define SQRT_2_PI 0.79788456080286535588f    /* sqrt(2/pi) */
+#define GELU_KAPPA 0.044715f
+
+/* Elementwise loops with transcendentals pay for threads earlier than plain
+ * arithmetic does. */
+#define PAR_MIN 16384
+
+static inline uint32_t bits_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static inline float float_of(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* e^x within 2 ulp (Cephes expf polynomial). Inputs are clamped to [-87, 88] so
+ * 2^n stays a normal float: below, results are ~1e-38 instead of 0; above, ~1.6e38
+ * instead of inf. The clamp and the NaN pass-through compare bit patterns as
+ * integers: float compares may trap, which stops GCC from vectorizing selects. */
+static inline float exp_c(float x)
+{
+    const uint32_t u = bits_of(x);
+    const uint32_t lim = (u >> 31) ? 0xC2AE0000u /* -87 */ : 0x42B00000u /* 88 */;
+    const float c = float_of(u < lim ? u : lim);
+    const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(c / ln 2) */
+    float r = c - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * (r * r) + r + 1.0f;
+    const uint32_t e = bits_of(y * float_of((uint32_t)((int32_t)n + 127) << 23));
+    const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+    return float_of((u & nan) | (e & ~nan));
+}
+
+/* erf(x) within ~5e-7 absolute (Eigen's rational fit on [-4, 4]; beyond, erf is
+ * +-1 in float). NaN comes out as +-1: every caller multiplies by x, which
+ * carries the NaN through. */
+static inline float erf_c(float x)
+{
+    const uint32_t u = bits_of(x), a = u & 0x7fffffffu;
+    const float xc = float_of((a < 0x40800000u ? a : 0x40800000u) | (u & 0x80000000u));
+    const float x2 = xc * xc;
+    float p = x2 * -2.72614225801306e-10f + 2.77068142495902e-08f;
+    p = x2 * p + -2.10102402082508e-06f;
+    p = x2 * p + -5.69250639462346e-05f;
+    p = x2 * p + -7.34990630326855e-04f;
+    p = x2 * p + -2.95459980854025e-03f;
+    p = x2 * p + -1.60960333262415e-02f;
+    float q = x2 * -1.45660718464996e-05f + -2.13374055278905e-04f;
+    q = x2 * q + -1.68282697438203e-03f;
+    q = x2 * q + -7.37332916720468e-03f;
+    q = x2 * q + -1.42647390514189e-02f;
+    return xc * p / q;
+}
+
+static inline float sigmoid_c(float x)
+{
+    return 1.0f / (1.0f + exp_c(-x));
+}
+
+/* The tanh form uses 0.5 (1 + tanh(u)) = sigmoid(2u), which has no cancellation. */
+static inline float gelu_c(float x, int approx)
+{
+    if (approx) return x * sigmoid_c(2.0f * SQRT_2_PI * (x + GELU_KAPPA * x * x * x));
+    return 0.5f * x * (1.0f + erf_c(x * SQRT1_2));
+}
+
+/* d gelu / dx. Tanh form: with s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 kappa x^2),
+ * d/dx [x s] = s + 2 x s (1 - s) u' (torch's 0.5(1+t) + 0.5x(1-t^2)u', rewritten). */
+static inline float gelu_grad_c(float x, int approx)
+{
+    const float x2 = x * x;
+    if (approx) {
+        const float s = sigmoid_c(2.0f * SQRT_2_PI * (x + GELU_KAPPA * x2 * x));
+        return s + 2.0f * x * s * (1.0f - s) * SQRT_2_PI * (1.0f + 3.0f * GELU_KAPPA * x2);
+    }
+    return 0.5f * (1.0f + erf_c(x * SQRT1_2)) + x * INV_SQRT_2PI * exp_c(-0.5f * x2);
+}
+
+/* Sum in double over interleaved lanes: vectorizes without reassociating, and
+ * the order is fixed by the index alone. */
+static double sum_f(const float *x, int64_t n)
+{
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += x[i + l];
+    double s = 0;
+    for (; i < n; i++) s += x[i];
+    for (int l = 0; l < 8; l++) s += acc[l];
+    return s;
+}
+
+static double dot_f(const float *a, const float *b, int64_t n)
+{
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += (double)a[i + l] * b[i + l];
+    double s = 0;
+    for (; i < n; i++) s += (double)a[i] * b[i];
+    for (int l = 0; l < 8; l++) s += acc[l];
+    return s;
+}
+
+// x is any shape; y is like x.
+CK_CPU_KERNEL(ck_cpu_silu)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const float *x = in[0].data;
+    float *y = out[0].data;
+    const int64_t n = ck_view_numel(&in[0]);
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * sigmoid_c(x[i]);
+}
+
+// dy and x are any shape (the same); dx is like x.
+CK_CPU_KERNEL(ck_cpu_silu_bwd)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const float *dy = in[0].data, *x = in[1].data;
+    float *dx = out[0].data;
+    const int64_t n = ck_view_numel(&in[1]);
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const float s = sigmoid_c(x[i]);
+        dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+    }
+}
+
+// x is any shape; y is like x.
+CK_CPU_KERNEL(ck_cpu_gelu)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const float *x = in[0].data;
+    float *y = out[0].data;
+    const int64_t n = ck_view_numel(&in[0]);
+    const int approx = p->i[0] != 0;
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = gelu_c(x[i], approx);
+}
+
+// dy and x are any shape (the same); dx is like x.
+CK_CPU_KERNEL(ck_cpu_gelu_bwd)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const float *dy = in[0].data, *x = in[1].data;
+    float *dx = out[0].data;
+    const int64_t n = ck_view_numel(&in[1]);
+    const int approx = p->i[0] != 0;
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_grad_c(x[i], approx);
+}
+
+// x is (..,2D): hidden = x[..,:D], gate = x[..,D:]; y is (..,D) = hidden * gelu(gate).
+CK_CPU_KERNEL(ck_cpu_geglu)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const float *x = in[0].data;
+    float *y = out[0].data;
+    const int64_t D = out[0].shape[out[0].ndim - 1];
+    if (D == 0) return;
+    const int64_t R = ck_view_numel(&out[0]) / D;
+    const int approx = p->i[0] != 0;
+#pragma omp parallel for schedule(static) if (R * D > PAR_MIN)
+    for (int64_t r = 0; r < R; r++) {
+        const float *h = x + r * 2 * D, *g = h + D;
+        float *yr = y + r * D;
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) yr[j] = h[j] * gelu_c(g[j], approx);
+    }
+}
+
+// dy is (..,D), x is (..,2D); dx is (..,2D).
+CK_CPU_KERNEL(ck_cpu_geglu_bwd)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const float *dy = in[0].data, *x = in[1].data;
+    float *dx = out[0].data;
+    const int64_t D = in[0].shape[in[0].ndim - 1];
+    if (D == 0) return;
+    const int64_t R = ck_view_numel(&in[0]) / D;
+    const int approx = p->i[0] != 0;
+#pragma omp parallel for schedule(static) if (R * D > PAR_MIN)
+    for (int64_t r = 0; r < R; r++) {
+        const float *h = x + r * 2 * D, *g = h + D, *dyr = dy + r * D;
+        float *dh = dx + r * 2 * D, *dg = dh + D;
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) {
+            dh[j] = dyr[j] * gelu_c(g[j], approx);
+            dg[j] = dyr[j] * h[j] * gelu_grad_c(g[j], approx);
+        }
+    }
+}
+
+// x is (..,C); y is like x, each row of C a softmax.
+CK_CPU_KERNEL(ck_cpu_softmax)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const float *x = in[0].data;
+    float *y = out[0].data;
+    const int64_t C = in[0].shape[in[0].ndim - 1];
+    if (C == 0) return;
+    const int64_t R = ck_view_numel(&in[0]) / C;
+#pragma omp parallel for schedule(static) if (R * C > PAR_MIN)
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = x + r * C;
+        float *yr = y + r * C;
+        // The max is exact in any order, so the simd reduction keeps determinism.
+        float mx = xr[0];
+#pragma omp simd reduction(max : mx)
+        for (int64_t c = 1; c < C; c++) mx = xr[c] > mx ? xr[c] : mx;
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++) yr[c] = exp_c(xr[c] - mx);
+        const float inv = (float)(1.0 / sum_f(yr, C));
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++) yr[c] *= inv;
+    }
+}
+
+// dy and y (the forward output) are (..,C); dx is like y: y * (dy - sum(dy * y)) per row.
+CK_CPU_KERNEL(ck_cpu_softmax_bwd)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const float *dy = in[0].data, *y = in[1].data;
+    float *dx = out[0].data;
+    const int64_t C = in[1].shape[in[1].ndim - 1];
+    if (C == 0) return;
+    const int64_t R = ck_view_numel(&in[1]) / C;
+#pragma omp parallel for schedule(static) if (R * C > 32768)
+    for (int64_t r = 0; r < R; r++) {
+        const float *dyr = dy + r * C, *yr = y + r * C;
+        float *dxr = dx + r * C;
+        const float s = (float)dot_f(dyr, yr, C);
+#pragma omp simd
+        for (int64_t c = 0; c < C; c++) dxr[c] = yr[c] * (dyr[c] - s);
+    }
+}

@@ -17,6 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <time.h>
 
 #define GRAPH_MT "ck.graph"
 #define TENSOR_MT "ck.tensor"
@@ -801,7 +805,8 @@ static int64_t flatten(lua_State *L, int t, float *dst, int64_t n, int64_t k)
     return k;
 }
 
-/* p:set(tensor|name, values): a number fills; a (nested) table gives every element */
+/* p:set(tensor|name, values [, index]): a number fills; a (nested) table gives
+ * every element; with index, only that entry of the batch (the first dim) */
 static int l_set(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
@@ -810,6 +815,13 @@ static int l_set(lua_State *L)
     if (p->poff[id] < 0) return luaL_error(L, "'%s' is not an input or parameter", t->name ? t->name : "tensor");
     float *x = ck_program_data(p, id);
     int64_t n = ck_shape_numel(&t->shape);
+    if (!x) return luaL_error(L, "set: a plan-only program holds no values");
+    if (!lua_isnoneornil(L, 4)) { /* one entry of the batch (first dim), 1-based */
+        lua_Integer b = luaL_checkinteger(L, 4);
+        luaL_argcheck(L, t->shape.ndim >= 1 && b >= 1 && b <= t->shape.d[0], 4, "index out of the batch");
+        n /= t->shape.d[0];
+        x += (b - 1) * n;
+    }
     if (lua_isnumber(L, 3)) {
         float v = (float)lua_tonumber(L, 3);
         for (int64_t i = 0; i < n; i++) x[i] = v;
@@ -820,8 +832,8 @@ static int l_set(lua_State *L)
     int64_t k = flatten(L, 3, tmp, n, 0);
     if (k != n) {
         char s[128];
-        return luaL_error(L, "'%s' %s has %d elements, got %d values", t->name ? t->name : "tensor",
-                          ck_shape_str(&t->shape, s, sizeof s), (int)n, (int)k);
+        return luaL_error(L, "'%s' %s%s has %d elements, got %d values", t->name ? t->name : "tensor",
+                          ck_shape_str(&t->shape, s, sizeof s), lua_isnoneornil(L, 4) ? "" : " entry", (int)n, (int)k);
     }
     memcpy(x, tmp, sizeof(float) * (size_t)n);
     return 0;
@@ -967,8 +979,8 @@ static int l_randn(lua_State *L)
     return 1;
 }
 
-/* p:randn(tensor, key [, scale]) fills an input with normal numbers keyed by
- * (seed, step, key); the step is the one the next p:step() will run */
+/* p:randn(tensor, key [, scale [, step]]) fills an input with normal numbers keyed
+ * by (seed, step, key); the step defaults to the one the next p:step() runs */
 static int l_fill_randn(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
@@ -978,9 +990,79 @@ static int l_fill_randn(lua_State *L)
     if (p->poff[id] < 0 || !p->arena) return luaL_error(L, "randn: not an input or parameter, or a plan-only program");
     float *x = ck_program_data(p, id);
     int64_t n = ck_shape_numel(&p->g->t[id].shape);
-    uint64_t stream = ck_rng_key(p->opt.seed, (uint64_t)(p->step + 1), key);
+    lua_Integer step = luaL_optinteger(L, 5, p->step + 1);
+    uint64_t stream = ck_rng_key(p->opt.seed, (uint64_t)step, key);
     for (int64_t i = 0; i < n; i++) x[i] = scale * ck_rng_normal(stream, (uint64_t)i);
     return 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* ck.listdir(dir) -> sorted list of entry names (no "." or ".."), or nil, message */
+static int l_listdir(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    DIR *d = opendir(path);
+    if (!d) {
+        luaL_pushfail(L);
+        lua_pushfstring(L, "cannot read directory '%s': %s", path, strerror(errno));
+        return 2;
+    }
+    lua_newtable(L);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            lua_pushstring(L, e->d_name);
+            lua_rawseti(L, -2, ++n);
+        }
+    closedir(d);
+    const char **names = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n ? n : 1), 0);
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, -2, i + 1);
+        names[i] = lua_tostring(L, -1);
+        lua_pop(L, 1); /* the string stays alive in the table */
+    }
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_pushstring(L, names[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+/* ck.mkdir(path): creates the directory and its parents; true, or nil, message */
+static int l_mkdir(lua_State *L)
+{
+    char buf[4096];
+    const char *path = luaL_checkstring(L, 1);
+    luaL_argcheck(L, strlen(path) < sizeof buf, 1, "path too long");
+    strcpy(buf, path);
+    for (char *q = buf + 1;; q++) {
+        char c = *q;
+        if (c == '/' || c == 0) {
+            *q = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+                luaL_pushfail(L);
+                lua_pushfstring(L, "cannot create directory '%s': %s", buf, strerror(errno));
+                return 2;
+            }
+            *q = c;
+        }
+        if (!c) break;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* ck.now() -> seconds on a monotonic clock */
+static int l_now(lua_State *L)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (lua_Number)ts.tv_sec + 1e-9 * (lua_Number)ts.tv_nsec);
+    return 1;
 }
 
 static int l_isatty(lua_State *L)
@@ -1017,6 +1099,9 @@ static const luaL_Reg op_funcs[] = {
     {"random", l_random},
     {"randn", l_randn},
     {"isatty", l_isatty},
+    {"now", l_now},
+    {"listdir", l_listdir},
+    {"mkdir", l_mkdir},
     {"train", l_train},
     {NULL, NULL},
 };

@@ -3,7 +3,9 @@
 #include "ck.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -21,8 +23,21 @@ static void usage(FILE *f)
             "  --json          with --plan: print the plan as one JSON object\n");
 }
 
+/* OpenMP threads that spin while they wait steal the cores that OpenBLAS and
+ * the other threads need (a UNet step here ran 17x slower with spinning waits
+ * under load). libgomp reads its settings when it loads, before main, so the
+ * policy is set by running ckrun again with it in the environment. */
+static void passive_openmp(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY")) return;
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);
+    /* if that fails, run with the default policy */
+}
+
 int main(int argc, char **argv)
 {
+    passive_openmp(argv);
     int i = 1;
     const char *code = NULL;
     ck_options opt = {0};

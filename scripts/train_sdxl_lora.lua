@@ -1,0 +1,161 @@
+-- Train a LoRA adapter on an SDXL UNet with the diffusion objective on cached
+-- latents and text embeddings; write it as .safetensors in kohya's naming (what
+-- ComfyUI, A1111 and diffusers load) or diffusers/PEFT naming.
+--
+--   ckrun scripts/train_sdxl_lora.lua                      sdxl-tiny, synthetic data
+--   ckrun scripts/train_sdxl_lora.lua --size full --data DIR --weights unet.safetensors
+--   ckrun --plan --json scripts/train_sdxl_lora.lua --size full
+--
+-- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
+-- --batch N, --steps N, --lr X, --rank N, --alpha X, --targets default|kohya|a,b,c,
+-- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
+-- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size).
+local ck = require "ck"
+local unet = require "ck.unet"
+local lora = require "ck.lora"
+local diffusion = require "ck.diffusion"
+local data = require "ck.data"
+local progress = require "ck.progress"
+
+local a = args or {}
+local function opt(name, default)
+  local v = a[name]
+  if v == nil then return default end
+  return v
+end
+
+local size = opt("size", "tiny")
+if size ~= "tiny" and size ~= "full" then error("--size must be tiny or full, got '" .. tostring(size) .. "'") end
+local config = unet.config(size == "full" and "sdxl" or "sdxl-tiny")
+local resolution = opt("resolution", size == "full" and 1024 or 256)
+if math.type(resolution) ~= "integer" or resolution % 64 ~= 0 then
+  error("--resolution must be a multiple of 64 pixels, got " .. tostring(resolution))
+end
+local latent = resolution // 8
+local batch = opt("batch", size == "full" and 1 or 2)
+local steps = opt("steps", 300)
+local seed = opt("seed", 1)
+local rank = opt("rank", 4)
+local alpha = opt("alpha", rank)
+local targets = opt("targets", "default")
+if targets ~= "default" and targets ~= "kohya" then
+  local list = {}
+  for t in tostring(targets):gmatch("[^,]+") do list[#list + 1] = t end
+  targets = list
+end
+local format = opt("lora-format", "kohya")
+if format ~= "kohya" and format ~= "peft" then error("--lora-format must be kohya or peft, got '" .. tostring(format) .. "'") end
+local out = opt("out", "out/lora.safetensors")
+local lr = opt("lr", 1e-3)
+local tokens = 77
+local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+
+-- model: frozen base, trainable adapters
+local model = unet.UNet2DConditionModel(config)
+model:freeze()
+local adapter = lora.attach(model, {rank = rank, alpha = alpha, targets = targets})
+
+local g = ck.graph()
+local objective = diffusion.objective{prediction = opt("prediction", "eps"), noise_offset = opt("noise-offset", 0),
+                                      min_snr_gamma = opt("min-snr-gamma", nil)}
+objective.seed = seed
+local inputs = {
+  prompt_embeds = g:input("prompt_embeds", {batch, tokens, config.cross_attention_dim}),
+  pooled_prompt_embeds = g:input("pooled_prompt_embeds", {batch, pooled_dim}),
+  time_ids = g:input("time_ids", {batch, 6}),
+}
+local loss = objective:build(g, {batch, config.in_channels, latent, latent}, function(noisy, t)
+  return model:forward(g, noisy, t, inputs.prompt_embeds, inputs.pooled_prompt_embeds, inputs.time_ids)
+end)
+inputs.latents = objective.inputs.latents
+inputs.noise = objective.inputs.noise
+
+local param_count, trainable_count = g:param_count()
+local p = g:compile{loss = loss, optimizer = "adamw", lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed}
+
+if ck.plan_mode then
+  local plan = p:plan()
+  if ck.json then
+    print(string.format('{"script": "train_sdxl_lora", "size": "%s", "resolution": %d, "batch": %d, ' ..
+      '"param_count": %d, "trainable_param_count": %d, "lora_modules": %d, "ops": %d, ' ..
+      '"peak_bytes": %d, "persistent_bytes": %d, "transient_bytes": %d, "workspace_bytes": %d}',
+      size, resolution, batch, param_count, trainable_count, #adapter.paths, plan.ops, plan.peak,
+      plan.persistent, plan.transient, plan.workspace))
+  else
+    print(string.format("sdxl %s at %dx%d, batch %d: %d parameters, %d trainable (LoRA on %d modules)",
+      size, resolution, resolution, batch, param_count, trainable_count, #adapter.paths))
+    print(string.format("plan: %d ops, peak %.1f MiB (persistent %.1f MiB, transient %.1f MiB)", plan.ops,
+      plan.peak / 2 ^ 20, plan.persistent / 2 ^ 20, plan.transient / 2 ^ 20))
+  end
+  return
+end
+
+-- base weights: by diffusers key, shape-checked; otherwise the seeded init
+if a.weights then
+  local f <close> = ck.safetensors(a.weights)
+  local map = {}
+  for _, t in ipairs(g:params()) do
+    if t.kind == "frozen" then map[t.name] = t.name end
+  end
+  p:load(f, map)
+end
+
+local dataset = data.latents(opt("data", "synthetic"), {batch = batch, seed = seed, n = opt("samples", 16),
+  height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
+do -- the data must fit the model
+  local s = dataset:shapes()
+  local want = {latents = {config.in_channels, latent, latent}, prompt_embeds = {tokens, config.cross_attention_dim},
+                pooled_prompt_embeds = {pooled_dim}}
+  for name, shape in pairs(want) do
+    if table.concat(s[name], ",") ~= table.concat(shape, ",") then
+      error(string.format("dataset '%s': %s has shape [%s], the model expects [%s]", tostring(opt("data", "synthetic")),
+        name, table.concat(s[name], ", "), table.concat(shape, ", ")))
+    end
+  end
+end
+
+-- fixed validation batches: the first samples in file order, fixed noise and timesteps
+local val_every = opt("val-every", 0)
+local function validate()
+  local total, nb = 0, math.max(1, math.min(2, dataset.n // batch))
+  for v = 1, nb do
+    local idx = {}
+    for b = 1, batch do idx[b] = (v - 1) * batch + b end
+    local given = dataset:load(p, inputs, idx)
+    objective:prepare(p, given, -v)
+    total = total + p:forward()
+  end
+  return total / nb
+end
+
+print(string.format("training LoRA rank %d on %d modules of sdxl-%s (%d parameters, %d trainable), %dx%d, batch %d, %d steps",
+  rank, #adapter.paths, size, param_count, trainable_count, resolution, resolution, batch, steps))
+local bar = progress.new(steps)
+local first, window, recent = nil, {}, 0
+for step = 1, steps do
+  local given = dataset:load(p, inputs, dataset:next_indices())
+  objective:prepare(p, given)
+  local l = p:step()
+  if l ~= l or l == math.huge or l == -math.huge then
+    error(string.format("step %d: loss is not finite (%s); nothing was saved", step, tostring(l)))
+  end
+  first = first or l
+  window[#window + 1] = l
+  recent = recent + l
+  if #window > 20 then recent = recent - table.remove(window, 1) end
+  bar:update(step, l)
+  if val_every > 0 and step % val_every == 0 then
+    bar:print(string.format("step %d: validation loss %.4f", step, validate()))
+  end
+end
+local final = recent / #window
+print(string.format("loss: first step %.4f, mean of the last %d steps %.4f", first, #window, final))
+
+local dir = out:match("^(.*)/[^/]*$")
+if dir and dir ~= "" then assert(ck.mkdir(dir)) end
+lora.save(p, adapter, out, {format = format, metadata = {
+  ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_seed = tostring(seed),
+  ss_resolution = string.format("(%d, %d)", resolution, resolution), ss_gradient_checkpointing = "False",
+  ss_training_comment = "trained with ckrun " .. ck.version,
+}})
+print("wrote " .. out)

@@ -1,0 +1,136 @@
+-- Datasets of cached latents and text embeddings: a folder of .safetensors
+-- files, one per sample (latents [4, h, w], prompt_embeds [77, D],
+-- pooled_prompt_embeds [P], time_ids [6], optionally noise [4, h, w] and
+-- timesteps [1]), or a deterministic synthetic set made in memory. Shuffled
+-- with a seed, batched, repeated by epochs.
+local ck = require "ck"
+
+local M = {}
+
+local Dataset = {}
+Dataset.__index = Dataset
+
+M.FIELDS = {"latents", "prompt_embeds", "pooled_prompt_embeds", "time_ids"}
+
+-- Deterministic synthetic sample i (1-based): smooth latents with a few random
+-- frequencies and phases, and text embeddings drawn from the generator. Each
+-- value is a pure function of (seed, i), so every run sees the same data.
+function M.synthetic_sample(i, o)
+  local seed, C, H, W = o.seed or 1, 4, o.height, o.width
+  local D, P, T = o.cross_attention_dim, o.pooled_dim, o.tokens or 77
+  local key = 0x5000 + i
+  local function u(k) return ck.random(seed, 0, key, k) end
+  local lat = {}
+  for c = 0, C - 1 do
+    local fy, fx = 1 + math.floor(u(4 * c) * 3), 1 + math.floor(u(4 * c + 1) * 3)
+    local py, px = u(4 * c + 2) * 2 * math.pi, u(4 * c + 3) * 2 * math.pi
+    for y = 0, H - 1 do
+      for x = 0, W - 1 do
+        lat[#lat + 1] = math.sin(2 * math.pi * fy * y / H + py) * math.cos(2 * math.pi * fx * x / W + px)
+      end
+    end
+  end
+  local pe, pooled = {}, {}
+  for k = 1, T * D do pe[k] = 0.5 * ck.randn(seed, 1, key, k) end
+  for k = 1, P do pooled[k] = 0.5 * ck.randn(seed, 2, key, k) end
+  local px_h, px_w = H * 8, W * 8
+  return {
+    latents = {{C, H, W}, lat},
+    prompt_embeds = {{T, D}, pe},
+    pooled_prompt_embeds = {{P}, pooled},
+    time_ids = {{6}, {px_h, px_w, 0, 0, px_h, px_w}},
+  }
+end
+
+-- src: a directory or "synthetic". o: batch, seed, and for synthetic: n, height,
+-- width (latent size), cross_attention_dim, pooled_dim.
+function M.latents(src, o)
+  o = o or {}
+  local self = setmetatable({batch = o.batch or 1, seed = o.seed or 1, epoch = 0, pos = 0}, Dataset)
+  if src == nil or src == "synthetic" then
+    self.synthetic = true
+    self.n = o.n or 16
+    self.samples = {}
+    for i = 1, self.n do self.samples[i] = M.synthetic_sample(i, o) end
+  else
+    local names, err = ck.listdir(src)
+    if not names then error(err, 2) end
+    self.files = {}
+    for _, name in ipairs(names) do
+      if name:match("%.safetensors$") then self.files[#self.files + 1] = src .. "/" .. name end
+    end
+    if #self.files == 0 then error("dataset '" .. src .. "' has no .safetensors files", 2) end
+    self.n = #self.files
+  end
+  if self.n < self.batch then error(string.format("dataset has %d samples, fewer than the batch of %d", self.n, self.batch), 2) end
+  self:shuffle()
+  return self
+end
+
+-- Fisher-Yates with the generator keyed by (seed, epoch)
+function Dataset:shuffle()
+  local order = {}
+  for i = 1, self.n do order[i] = i end
+  for i = self.n, 2, -1 do
+    local j = 1 + math.floor(ck.random(self.seed, self.epoch, 0x6000, i) * i)
+    order[i], order[j] = order[j], order[i]
+  end
+  self.order = order
+end
+
+-- the sample indices of the next batch; a new epoch reshuffles
+function Dataset:next_indices()
+  if self.pos + self.batch > self.n then
+    self.epoch = self.epoch + 1
+    self.pos = 0
+    self:shuffle()
+  end
+  local idx = {}
+  for b = 1, self.batch do idx[b] = self.order[self.pos + b] end
+  self.pos = self.pos + self.batch
+  return idx
+end
+
+-- Loads the samples `idx` into the program's inputs (a table field name ->
+-- tensor). Returns what the samples carried themselves: {noise = true,
+-- timesteps = {...}} when every sample had them.
+function Dataset:load(p, inputs, idx)
+  local given = {}
+  local all_noise, all_t, ts = true, true, {}
+  for b, i in ipairs(idx) do
+    if self.synthetic then
+      local s = self.samples[i]
+      for _, f in ipairs(M.FIELDS) do p:set(inputs[f], s[f][2], b) end
+      all_noise, all_t = false, false
+    else
+      local path = self.files[i]
+      local f <close> = ck.safetensors(path)
+      for _, name in ipairs(M.FIELDS) do
+        if not f:has(name) then error(path .. ": missing tensor '" .. name .. "'", 0) end
+        p:load_sample(inputs[name], b, f, name)
+      end
+      if f:has("noise") and inputs.noise then p:load_sample(inputs.noise, b, f, "noise") else all_noise = false end
+      if f:has("timesteps") then ts[b] = f:read("timesteps")[1] else all_t = false end
+    end
+  end
+  if all_noise then given.noise = true end
+  if all_t then given.timesteps = ts end
+  return given
+end
+
+-- the sample shapes, from the first sample
+function Dataset:shapes()
+  if self.synthetic then
+    local s = self.samples[1]
+    return {latents = s.latents[1], prompt_embeds = s.prompt_embeds[1], pooled_prompt_embeds = s.pooled_prompt_embeds[1]}
+  end
+  local f <close> = ck.safetensors(self.files[1])
+  local out = {}
+  for _, name in ipairs(M.FIELDS) do
+    if not f:has(name) then error(self.files[1] .. ": missing tensor '" .. name .. "'", 0) end
+    out[name] = f:shape(name)
+  end
+  return out
+end
+
+return M

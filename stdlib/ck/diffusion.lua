@@ -1,0 +1,119 @@
+-- The diffusion training objective: DDPM noise schedule (scaled_linear betas),
+-- epsilon or v prediction, noise offset and min-SNR-gamma weighting. The noisy
+-- latents, the target and the weighted loss are ops in the graph; per-sample
+-- timesteps and schedule coefficients are inputs set before each step, drawn
+-- from the counter-based generator keyed by (seed, step).
+local ck = require "ck"
+
+local M = {}
+
+-- keys of the random streams (distinct from op keys, which are node indices)
+local KEY_TIMESTEP, KEY_NOISE, KEY_OFFSET = 0x7100, 0x7200, 0x7300
+
+-- alphas_cumprod[t + 1] for t = 0 .. n - 1; scaled_linear is linear in sqrt(beta)
+function M.alphas_cumprod(schedule, n, beta_start, beta_end)
+  schedule = schedule or "scaled_linear"
+  n, beta_start, beta_end = n or 1000, beta_start or 0.00085, beta_end or 0.012
+  local out, prod = {}, 1.0
+  for i = 0, n - 1 do
+    local beta
+    if schedule == "scaled_linear" then
+      local s = math.sqrt(beta_start) + (math.sqrt(beta_end) - math.sqrt(beta_start)) * i / (n - 1)
+      beta = s * s
+    elseif schedule == "linear" then
+      beta = beta_start + (beta_end - beta_start) * i / (n - 1)
+    else
+      error("unknown noise schedule '" .. tostring(schedule) .. "' (scaled_linear, linear)", 2)
+    end
+    prod = prod * (1 - beta)
+    out[i + 1] = prod
+  end
+  return out
+end
+
+local Objective = {}
+Objective.__index = Objective
+
+-- o: prediction = "eps" | "v", schedule, num_train_timesteps, beta_start, beta_end,
+--    noise_offset (0), min_snr_gamma (nil: plain MSE)
+function M.objective(o)
+  o = o or {}
+  local self = setmetatable({}, Objective)
+  self.prediction = o.prediction or "eps"
+  if self.prediction ~= "eps" and self.prediction ~= "v" then
+    error("prediction must be 'eps' or 'v', got '" .. tostring(self.prediction) .. "'", 2)
+  end
+  self.n = o.num_train_timesteps or 1000
+  self.abar = M.alphas_cumprod(o.schedule, self.n, o.beta_start, o.beta_end)
+  self.noise_offset = o.noise_offset or 0
+  self.min_snr_gamma = o.min_snr_gamma
+  return self
+end
+
+M.eps = function(o) o = o or {}; o.prediction = "eps"; return M.objective(o) end
+M.v = function(o) o = o or {}; o.prediction = "v"; return M.objective(o) end
+
+-- Records the objective around model_fn(noisy, timesteps) -> prediction.
+-- shape: the latents' shape {B, C, H, W}. Returns the loss tensor.
+function Objective:build(g, shape, model_fn)
+  local B = shape[1]
+  local x0 = g:input("latents", shape)
+  local noise = g:input("noise", shape)
+  local t = g:input("timesteps", {B})
+  local sa = g:input("sqrt_alpha_prod", {B, 1, 1, 1})
+  local sb = g:input("sqrt_one_minus_alpha_prod", {B, 1, 1, 1})
+  local w = g:input("loss_weight", {B, 1, 1, 1})
+  self.inputs = {latents = x0, noise = noise, timesteps = t, sa = sa, sb = sb, weight = w}
+  if self.noise_offset ~= 0 then
+    local off = g:input("noise_offset", {B, shape[2], 1, 1})
+    self.inputs.offset = off
+    noise = noise + off
+  end
+  self.shape = shape
+  local noisy = x0 * sa + noise * sb
+  local pred = model_fn(noisy, t)
+  local target = noise
+  if self.prediction == "v" then target = noise * sa - x0 * sb end
+  local d = pred - target
+  self.loss = ck.mean(d * d * w)
+  self.prediction_tensor = pred
+  return self.loss
+end
+
+-- per-sample loss weight: min-SNR-gamma (Hang et al. 2023) or 1
+function Objective:weight(t)
+  if not self.min_snr_gamma then return 1 end
+  local a = self.abar[t + 1]
+  local snr = a / (1 - a)
+  local m = math.min(snr, self.min_snr_gamma)
+  if self.prediction == "v" then return m / (snr + 1) end
+  return m / snr
+end
+
+-- Sets timesteps, noise and coefficients for the step about to run.
+-- given: optional per-sample overrides {timesteps = {..}, noise = true (already loaded)}.
+-- step: the generator's step (default: the program's next step).
+function Objective:prepare(p, given, step)
+  given = given or {}
+  step = step or (p.steps + 1)
+  local seed = self.seed or 0
+  local B = self.shape[1]
+  local ts, sa, sb, w = {}, {}, {}, {}
+  for b = 1, B do
+    local t = given.timesteps and given.timesteps[b]
+    if not t then t = math.floor(ck.random(seed, step, KEY_TIMESTEP, b - 1) * self.n) end
+    t = math.max(0, math.min(self.n - 1, math.floor(t)))
+    ts[b] = t
+    local a = self.abar[t + 1]
+    sa[b], sb[b], w[b] = math.sqrt(a), math.sqrt(1 - a), self:weight(t)
+  end
+  p:set(self.inputs.timesteps, ts)
+  p:set(self.inputs.sa, sa)
+  p:set(self.inputs.sb, sb)
+  p:set(self.inputs.weight, w)
+  if not given.noise then p:randn(self.inputs.noise, KEY_NOISE, 1.0, step) end
+  if self.inputs.offset then p:randn(self.inputs.offset, KEY_OFFSET, self.noise_offset, step) end
+  return ts
+end
+
+return M

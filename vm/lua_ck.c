@@ -816,7 +816,8 @@ static int l_set(lua_State *L)
     float *x = ck_program_data(p, id);
     int64_t n = ck_shape_numel(&t->shape);
     if (!x) return luaL_error(L, "set: a plan-only program holds no values");
-    if (!lua_isnoneornil(L, 4)) { /* one entry of the batch (first dim), 1-based */
+    int entry = !lua_isnoneornil(L, 4);
+    if (entry) { /* one entry of the batch (first dim), 1-based */
         lua_Integer b = luaL_checkinteger(L, 4);
         luaL_argcheck(L, t->shape.ndim >= 1 && b >= 1 && b <= t->shape.d[0], 4, "index out of the batch");
         n /= t->shape.d[0];
@@ -833,7 +834,7 @@ static int l_set(lua_State *L)
     if (k != n) {
         char s[128];
         return luaL_error(L, "'%s' %s%s has %d elements, got %d values", t->name ? t->name : "tensor",
-                          ck_shape_str(&t->shape, s, sizeof s), lua_isnoneornil(L, 4) ? "" : " entry", (int)n, (int)k);
+                          ck_shape_str(&t->shape, s, sizeof s), entry ? " entry" : "", (int)n, (int)k);
     }
     memcpy(x, tmp, sizeof(float) * (size_t)n);
     return 0;

@@ -79,23 +79,29 @@ static inline float sigmoid_c(float x)
     return 1.0f / (1.0f + exp_c(-x));
 }
 
-/* The tanh form uses 0.5 (1 + tanh(u)) = sigmoid(2u), which has no cancellation. */
-static inline float gelu_c(float x, int approx)
+static inline float gelu_erf(float x)
 {
-    if (approx) return x * sigmoid_c(2.0f * SQRT_2_PI * (x + GELU_KAPPA * x * x * x));
     return 0.5f * x * (1.0f + erf_c(x * SQRT1_2));
 }
 
-/* d gelu / dx. Tanh form: with s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 kappa x^2),
- * d/dx [x s] = s + 2 x s (1 - s) u' (torch's 0.5(1+t) + 0.5x(1-t^2)u', rewritten). */
-static inline float gelu_grad_c(float x, int approx)
+/* 0.5 (1 + tanh(u)) is sigmoid(2u), which has no cancellation. */
+static inline float gelu_tanh(float x)
+{
+    return x * sigmoid_c(2.0f * SQRT_2_PI * (x + GELU_KAPPA * x * x * x));
+}
+
+static inline float gelu_erf_grad(float x)
+{
+    return 0.5f * (1.0f + erf_c(x * SQRT1_2)) + x * INV_SQRT_2PI * exp_c(-0.5f * x * x);
+}
+
+/* With s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 kappa x^2): d/dx [x s] = s + 2 x s (1 - s) u',
+ * torch's 0.5 (1 + t) + 0.5 x (1 - t^2) u' rewritten. */
+static inline float gelu_tanh_grad(float x)
 {
     const float x2 = x * x;
-    if (approx) {
-        const float s = sigmoid_c(2.0f * SQRT_2_PI * (x + GELU_KAPPA * x2 * x));
-        return s + 2.0f * x * s * (1.0f - s) * SQRT_2_PI * (1.0f + 3.0f * GELU_KAPPA * x2);
-    }
-    return 0.5f * (1.0f + erf_c(x * SQRT1_2)) + x * INV_SQRT_2PI * exp_c(-0.5f * x2);
+    const float s = sigmoid_c(2.0f * SQRT_2_PI * (x + GELU_KAPPA * x2 * x));
+    return s + 2.0f * x * s * (1.0f - s) * SQRT_2_PI * (1.0f + 3.0f * GELU_KAPPA * x2);
 }
 
 /* Sum in double over interleaved lanes: vectorizes without reassociating, and
@@ -122,6 +128,21 @@ static double dot_f(const float *a, const float *b, int64_t n)
     for (; i < n; i++) s += (double)a[i] * b[i];
     for (int l = 0; l < 8; l++) s += acc[l];
     return s;
+}
+
+/* Largest of n >= 1 values over interleaved lanes (vectorizes in GCC and clang alike;
+ * the max is exact, so the lane split does not change it). */
+static float max_f(const float *x, int64_t n)
+{
+    float m[8];
+    for (int l = 0; l < 8; l++) m[l] = x[0];
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+    float r = m[0];
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    for (int l = 1; l < 8; l++) r = m[l] > r ? m[l] : r;
+    return r;
 }
 
 // x is any shape; y is like x.
@@ -156,9 +177,14 @@ CK_CPU_KERNEL(ck_cpu_gelu)
     const float *x = in[0].data;
     float *y = out[0].data;
     const int64_t n = ck_view_numel(&in[0]);
-    const int approx = p->i[0] != 0;
+    // One loop per form: a branch inside would stop the loop vectorizing.
+    if (p->i[0]) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) y[i] = gelu_c(x[i], approx);
+        for (int64_t i = 0; i < n; i++) y[i] = gelu_tanh(x[i]);
+    } else {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+        for (int64_t i = 0; i < n; i++) y[i] = gelu_erf(x[i]);
+    }
 }
 
 // dy and x are any shape (the same); dx is like x.
@@ -168,9 +194,13 @@ CK_CPU_KERNEL(ck_cpu_gelu_bwd)
     const float *dy = in[0].data, *x = in[1].data;
     float *dx = out[0].data;
     const int64_t n = ck_view_numel(&in[1]);
-    const int approx = p->i[0] != 0;
+    if (p->i[0]) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_grad_c(x[i], approx);
+        for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_tanh_grad(x[i]);
+    } else {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+        for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_erf_grad(x[i]);
+    }
 }
 
 // x is (..,2D): hidden = x[..,:D], gate = x[..,D:]; y is (..,D) = hidden * gelu(gate).
@@ -187,8 +217,13 @@ CK_CPU_KERNEL(ck_cpu_geglu)
     for (int64_t r = 0; r < R; r++) {
         const float *h = x + r * 2 * D, *g = h + D;
         float *yr = y + r * D;
+        if (approx) {
 #pragma omp simd
-        for (int64_t j = 0; j < D; j++) yr[j] = h[j] * gelu_c(g[j], approx);
+            for (int64_t j = 0; j < D; j++) yr[j] = h[j] * gelu_tanh(g[j]);
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < D; j++) yr[j] = h[j] * gelu_erf(g[j]);
+        }
     }
 }
 
@@ -206,10 +241,18 @@ CK_CPU_KERNEL(ck_cpu_geglu_bwd)
     for (int64_t r = 0; r < R; r++) {
         const float *h = x + r * 2 * D, *g = h + D, *dyr = dy + r * D;
         float *dh = dx + r * 2 * D, *dg = dh + D;
+        if (approx) {
 #pragma omp simd
-        for (int64_t j = 0; j < D; j++) {
-            dh[j] = dyr[j] * gelu_c(g[j], approx);
-            dg[j] = dyr[j] * h[j] * gelu_grad_c(g[j], approx);
+            for (int64_t j = 0; j < D; j++) {
+                dh[j] = dyr[j] * gelu_tanh(g[j]);
+                dg[j] = dyr[j] * h[j] * gelu_tanh_grad(g[j]);
+            }
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < D; j++) {
+                dh[j] = dyr[j] * gelu_erf(g[j]);
+                dg[j] = dyr[j] * h[j] * gelu_erf_grad(g[j]);
+            }
         }
     }
 }
@@ -227,10 +270,7 @@ CK_CPU_KERNEL(ck_cpu_softmax)
     for (int64_t r = 0; r < R; r++) {
         const float *xr = x + r * C;
         float *yr = y + r * C;
-        // The max is exact in any order, so the simd reduction keeps determinism.
-        float mx = xr[0];
-#pragma omp simd reduction(max : mx)
-        for (int64_t c = 1; c < C; c++) mx = xr[c] > mx ? xr[c] : mx;
+        const float mx = max_f(xr, C);
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) yr[c] = exp_c(xr[c] - mx);
         const float inv = (float)(1.0 / sum_f(yr, C));

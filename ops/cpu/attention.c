@@ -1,17 +1,25 @@
 /* Multi-head scaled dot-product attention on the CPU, forward and backward.
- * Heads are columns of the (B,L,H*D) projections; per (batch, head) the products
- * are OpenBLAS sgemms on strided views, the row softmax our own OpenMP loop. */
+ * Heads are columns of the (B,L,H*D) projections. Each (batch, head) pair is
+ * computed whole by one schedule, in a fixed order, so results are deterministic. */
 #include "cpu.h"
 
 #include <assert.h>
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
+#include <stdint.h>
 #include <string.h>
 
-/* The pairs run one after another so each sgemm gets all of OpenBLAS's threads:
- * a single-threaded sgemm beats our best plain loops about 4x, and OpenBLAS is
- * only called outside our parallel regions. The workspace rule reserves one
- * score matrix per thread; this layout uses the first one (two in the backward). */
+/* Every product is an OpenBLAS sgemm on strided head views. Two schedules:
+ * - pairs in parallel, each pair whole on one thread, which first drops its own
+ *   OpenMP thread count to 1 so that OpenBLAS (the OpenMP build, which sizes itself
+ *   by omp_get_max_threads()) runs single-threaded there; the thread uses its
+ *   slice of the workspace. Taken when there are at least as many pairs as
+ *   threads, or a pair is too small for sgemm's own threading to pay off;
+ * - otherwise pairs one after another, each sgemm with all OpenBLAS threads
+ *   (called outside our parallel regions) and the softmax rows split over ours.
+ * Each pair is computed in one fixed order either way. */
+#define SMALL_PAIR ((int64_t)1 << 20) /* LQ * LK * D at or below which pairs run in parallel */
 
 typedef struct att_geom {
     int64_t B, LQ, LK, H, D, HD;
@@ -29,35 +37,145 @@ static att_geom geom(const ck_op_params *p, const ck_view *q, const ck_view *k)
     return g;
 }
 
-/* Rows of s (rows x cols) replaced by their softmax. */
-static void softmax_rows(float *s, int64_t rows, int64_t cols)
+static inline uint32_t bits_of(float x)
 {
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
-    for (int64_t i = 0; i < rows; i++) {
-        float *r = s + i * cols;
-        float mx = r[0];
-        for (int64_t j = 1; j < cols; j++) mx = r[j] > mx ? r[j] : mx;
-        double sum = 0;
-        for (int64_t j = 0; j < cols; j++) {
-            r[j] = expf(r[j] - mx);
-            sum += r[j];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int64_t j = 0; j < cols; j++) r[j] *= inv;
-    }
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
 }
 
-/* P (LQ x LK) = softmax(scale * Q K^T) of head h of batch b. */
-static void probs(const att_geom *g, const float *qb, const float *kb, float *P)
+static inline float float_of(uint32_t u)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->LQ, (int)g->LK, (int)g->D, g->scale, qb,
-                (int)g->HD, kb, (int)g->HD, 0.0f, P, (int)g->LK);
-    softmax_rows(P, g->LQ, g->LK);
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* e^x within 2 ulp, vectorizable; the same as activation.c's (see there). */
+static inline float exp_c(float x)
+{
+    const uint32_t u = bits_of(x);
+    const uint32_t lim = (u >> 31) ? 0xC2AE0000u /* -87 */ : 0x42B00000u /* 88 */;
+    const float c = float_of(u < lim ? u : lim);
+    const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(c / ln 2) */
+    float r = c - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * (r * r) + r + 1.0f;
+    const uint32_t e = bits_of(y * float_of((uint32_t)((int32_t)n + 127) << 23));
+    const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+    return float_of((u & nan) | (e & ~nan));
+}
+
+/* Sum of a[i] * b[i] (of a[i] when b is NULL) in double over interleaved lanes:
+ * vectorizes without reassociating, in an order fixed by the index alone. */
+static double dot_f(const float *a, const float *b, int64_t n)
+{
+    double acc[8] = {0}, s = 0;
+    int64_t i = 0;
+    if (!b) {
+        for (; i + 8 <= n; i += 8)
+            for (int l = 0; l < 8; l++) acc[l] += a[i + l];
+        for (; i < n; i++) s += a[i];
+    } else {
+        for (; i + 8 <= n; i += 8)
+            for (int l = 0; l < 8; l++) acc[l] += (double)a[i + l] * b[i + l];
+        for (; i < n; i++) s += (double)a[i] * b[i];
+    }
+    for (int l = 0; l < 8; l++) s += acc[l];
+    return s;
+}
+
+/* Largest of n >= 1 values over interleaved lanes (vectorizes in GCC and clang alike;
+ * the max is exact, so the lane split does not change it). */
+static float max_f(const float *x, int64_t n)
+{
+    float m[8];
+    for (int l = 0; l < 8; l++) m[l] = x[0];
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+    float r = m[0];
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    for (int l = 1; l < 8; l++) r = m[l] > r ? m[l] : r;
+    return r;
+}
+
+static void softmax_row(float *r, int64_t n)
+{
+    const float mx = max_f(r, n);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) r[j] = exp_c(r[j] - mx);
+    const float inv = (float)(1.0 / dot_f(r, NULL, n));
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) r[j] *= inv;
+}
+
+/* Row r of dS (holding dP on entry) := scale * P * (dP - sum(dP * P)). */
+static void dsoftmax_row(float *dr, const float *pr, int64_t n, float scale)
+{
+    const float t = (float)dot_f(dr, pr, n);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) dr[j] = scale * pr[j] * (dr[j] - t);
 }
 
 static void zero(float *x, int64_t n)
 {
     if (x && n > 0) memset(x, 0, (size_t)n * sizeof(float));
+}
+
+/* Slices of the workspace the pair-parallel schedule may use (one per thread),
+ * or 0 when it should not run: too few pairs for the threads and big pairs. */
+static int pair_threads(const ck_kctx *ctx, size_t slice_bytes, int64_t pairs, int64_t pair_size)
+{
+    const int nt = omp_get_max_threads();
+    if (pairs < nt && pair_size > SMALL_PAIR) return 0;
+    const size_t slices = ctx->ws_bytes / slice_bytes;
+    assert(slices >= 1);
+    return slices < (size_t)nt ? (int)slices : nt;
+}
+
+/* One pair's forward into o: P (LQ x LK scratch) = softmax(scale q k^T), o = P v.
+ * par: split the softmax rows over threads (only when called outside a region). */
+static void pair_fwd(const att_geom *g, const float *q, const float *k, const float *v, float *o, float *P, int par)
+{
+    const int64_t LQ = g->LQ, LK = g->LK;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)LQ, (int)LK, (int)g->D, g->scale, q, (int)g->HD, k,
+                (int)g->HD, 0.0f, P, (int)LK);
+#pragma omp parallel for schedule(static) if (par && LQ * LK > 16384)
+    for (int64_t i = 0; i < LQ; i++) softmax_row(P + i * LK, LK);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)LQ, (int)g->D, (int)LK, 1.0f, P, (int)LK, v,
+                (int)g->HD, 0.0f, o, (int)g->HD);
+}
+
+/* One pair's backward; P and dS are LQ x LK scratch; any of dq, dk, dv may be NULL. */
+static void pair_bwd(const att_geom *g, const float *dout, const float *q, const float *k, const float *v,
+                     float *dq, float *dk, float *dv, float *P, float *dS, int par)
+{
+    const int64_t LQ = g->LQ, LK = g->LK, D = g->D, HD = g->HD;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)LQ, (int)LK, (int)D, g->scale, q, (int)HD, k, (int)HD,
+                0.0f, P, (int)LK);
+#pragma omp parallel for schedule(static) if (par && LQ * LK > 16384)
+    for (int64_t i = 0; i < LQ; i++) softmax_row(P + i * LK, LK);
+    if (dv)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)LK, (int)D, (int)LQ, 1.0f, P, (int)LK, dout,
+                    (int)HD, 0.0f, dv, (int)HD);
+    if (!dq && !dk) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)LQ, (int)LK, (int)D, 1.0f, dout, (int)HD, v, (int)HD,
+                0.0f, dS, (int)LK);
+#pragma omp parallel for schedule(static) if (par && LQ * LK > 16384)
+    for (int64_t i = 0; i < LQ; i++) dsoftmax_row(dS + i * LK, P + i * LK, LK, g->scale);
+    if (dq)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)LQ, (int)D, (int)LK, 1.0f, dS, (int)LK, k,
+                    (int)HD, 0.0f, dq, (int)HD);
+    if (dk)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)LK, (int)D, (int)LQ, 1.0f, dS, (int)LK, q,
+                    (int)HD, 0.0f, dk, (int)HD);
 }
 
 // q is (B,LQ,H*D), k and v are (B,LK,H*D); o is (B,LQ,H*D). Head h is columns h*D..h*D+D-1.
@@ -67,72 +185,76 @@ CK_CPU_KERNEL(ck_cpu_attention)
     const att_geom g = geom(p, &in[0], &in[1]);
     const float *q = in[0].data, *k = in[1].data, *v = in[2].data;
     float *o = out[0].data;
-    if (g.B * g.LQ * g.HD == 0) return;
-    if (g.LK == 0) {
-        zero(o, g.B * g.LQ * g.HD);
+    const int64_t LQ = g.LQ, LK = g.LK, D = g.D, HD = g.HD, pairs = g.B * g.H;
+    if (g.B * LQ * HD == 0) return;
+    if (LK == 0) {
+        zero(o, g.B * LQ * HD);
         return;
     }
-    assert(ctx->ws_bytes >= (size_t)(g.LQ * g.LK) * sizeof(float));
-    float *P = ctx->ws;
+    const size_t slice = (size_t)(LQ * LK);
+    float *ws = ctx->ws;
+    assert(ctx->ws_bytes >= slice * sizeof(float));
 
-    for (int64_t b = 0; b < g.B; b++)
-        for (int64_t h = 0; h < g.H; h++) {
-            const int64_t qo = b * g.LQ * g.HD + h * g.D, ko = b * g.LK * g.HD + h * g.D;
-            probs(&g, q + qo, k + ko, P);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g.LQ, (int)g.D, (int)g.LK, 1.0f, P,
-                        (int)g.LK, v + ko, (int)g.HD, 0.0f, o + qo, (int)g.HD);
+    const int nt = pair_threads(ctx, slice * sizeof(float), pairs, LQ * LK * D);
+    if (nt > 0) {
+#pragma omp parallel num_threads(nt) if (pairs > 1 && pairs * LQ * LK * D > 32768)
+        {
+            omp_set_num_threads(1); // this thread's OpenBLAS calls: single-threaded
+            float *P = ws + (size_t)omp_get_thread_num() * slice;
+#pragma omp for schedule(static)
+            for (int64_t pr = 0; pr < pairs; pr++) {
+                const int64_t qo = (pr / g.H) * LQ * HD + (pr % g.H) * D, ko = (pr / g.H) * LK * HD + (pr % g.H) * D;
+                pair_fwd(&g, q + qo, k + ko, v + ko, o + qo, P, 0);
+            }
         }
+        return;
+    }
+    for (int64_t pr = 0; pr < pairs; pr++) {
+        const int64_t qo = (pr / g.H) * LQ * HD + (pr % g.H) * D, ko = (pr / g.H) * LK * HD + (pr % g.H) * D;
+        pair_fwd(&g, q + qo, k + ko, v + ko, o + qo, ws, 1);
+    }
 }
 
 // dout and q are (B,LQ,H*D), k and v are (B,LK,H*D); dq is like q, dk and dv like k.
+// With P = softmax(scale q k^T): dv = P^T dout, dS = P * (dP - rowsum(dP * P)) for
+// dP = dout v^T, dq = scale dS k, dk = scale dS^T q.
 CK_CPU_KERNEL(ck_cpu_attention_bwd)
 {
     (void)nin;
     const att_geom g = geom(p, &in[1], &in[2]);
     const float *dout = in[0].data, *q = in[1].data, *k = in[2].data, *v = in[3].data;
     float *dq = out[0].data, *dk = nout > 1 ? out[1].data : NULL, *dv = nout > 2 ? out[2].data : NULL;
-    if (g.B * g.HD == 0) return;
-    if (g.LQ == 0 || g.LK == 0) {
+    const int64_t LQ = g.LQ, LK = g.LK, D = g.D, HD = g.HD, pairs = g.B * g.H;
+    if (g.B * HD == 0) return;
+    if (LQ == 0 || LK == 0) {
         // No scores: o did not depend on anything, so every gradient is zero.
-        zero(dq, g.B * g.LQ * g.HD);
-        zero(dk, g.B * g.LK * g.HD);
-        zero(dv, g.B * g.LK * g.HD);
+        zero(dq, g.B * LQ * HD);
+        zero(dk, g.B * LK * HD);
+        zero(dv, g.B * LK * HD);
         return;
     }
-    assert(ctx->ws_bytes >= (size_t)(2 * g.LQ * g.LK) * sizeof(float));
-    const int64_t LQ = g.LQ, LK = g.LK;
-    float *P = ctx->ws, *dS = P + LQ * LK;
+    const size_t slice = (size_t)(2 * LQ * LK);
+    float *ws = ctx->ws;
+    assert(ctx->ws_bytes >= slice * sizeof(float));
 
-    for (int64_t b = 0; b < g.B; b++)
-        for (int64_t h = 0; h < g.H; h++) {
-            const int64_t qo = b * LQ * g.HD + h * g.D, ko = b * LK * g.HD + h * g.D;
-            probs(&g, q + qo, k + ko, P);
-            if (dv)
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)LK, (int)g.D, (int)LQ, 1.0f, P,
-                            (int)LK, dout + qo, (int)g.HD, 0.0f, dv + ko, (int)g.HD);
-            if (!dq && !dk) continue;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)LQ, (int)LK, (int)g.D, 1.0f, dout + qo,
-                        (int)g.HD, v + ko, (int)g.HD, 0.0f, dS, (int)LK);
-            // dS = scale * P * (dP - rowsum(dP * P)); the scale is folded in here once.
-#pragma omp parallel for schedule(static) if (LQ * LK > 32768)
-            for (int64_t i = 0; i < LQ; i++) {
-                const float *pr = P + i * LK;
-                float *dr = dS + i * LK;
-                double acc[8] = {0};
-                int64_t j = 0;
-                for (; j + 8 <= LK; j += 8)
-                    for (int l = 0; l < 8; l++) acc[l] += (double)dr[j + l] * pr[j + l];
-                double s = 0;
-                for (; j < LK; j++) s += (double)dr[j] * pr[j];
-                for (int l = 0; l < 8; l++) s += acc[l];
-                const float sf = (float)s;
-                for (j = 0; j < LK; j++) dr[j] = g.scale * pr[j] * (dr[j] - sf);
+    const int nt = pair_threads(ctx, slice * sizeof(float), pairs, LQ * LK * D);
+    if (nt > 0) {
+#pragma omp parallel num_threads(nt) if (pairs > 1 && pairs * LQ * LK * D > 32768)
+        {
+            omp_set_num_threads(1); // this thread's OpenBLAS calls: single-threaded
+            float *P = ws + (size_t)omp_get_thread_num() * slice;
+#pragma omp for schedule(static)
+            for (int64_t pr = 0; pr < pairs; pr++) {
+                const int64_t qo = (pr / g.H) * LQ * HD + (pr % g.H) * D, ko = (pr / g.H) * LK * HD + (pr % g.H) * D;
+                pair_bwd(&g, dout + qo, q + qo, k + ko, v + ko, dq ? dq + qo : NULL, dk ? dk + ko : NULL,
+                         dv ? dv + ko : NULL, P, P + LQ * LK, 0);
             }
-            if (dq)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)LQ, (int)g.D, (int)LK, 1.0f, dS,
-                            (int)LK, k + ko, (int)g.HD, 0.0f, dq + qo, (int)g.HD);
-            if (dk)
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)LK, (int)g.D, (int)LQ, 1.0f, dS,
-                            (int)LK, q + qo, (int)g.HD, 0.0f, dk + ko, (int)g.HD);
         }
+        return;
+    }
+    for (int64_t pr = 0; pr < pairs; pr++) {
+        const int64_t qo = (pr / g.H) * LQ * HD + (pr % g.H) * D, ko = (pr / g.H) * LK * HD + (pr % g.H) * D;
+        pair_bwd(&g, dout + qo, q + qo, k + ko, v + ko, dq ? dq + qo : NULL, dk ? dk + ko : NULL, dv ? dv + ko : NULL,
+                 ws, ws + LQ * LK, 1);
+    }
 }

@@ -107,6 +107,7 @@ CK_CPU_KERNEL(ck_cpu_group_norm)
             const float a = rs * gamma[c0 + c], b = beta[c0 + c];
             const float *xc = xg + c * S;
             float *yc = yg + c * S;
+#pragma omp simd
             for (int64_t s = 0; s < S; s++) yc[s] = (xc[s] - m) * a + b;
         }
     }
@@ -139,6 +140,7 @@ static void gn_bwd_group(const float *dy, const float *x, const float *gamma, fl
         const float gc = gamma[c];
         const float *dyc = dy + c * S, *xc = x + c * S;
         float *dxc = dx + c * S;
+#pragma omp simd
         for (int64_t s = 0; s < S; s++) dxc[s] = (gc * dyc[s] - mg) * rs - (xc[s] - m) * k2;
     }
 }
@@ -201,6 +203,7 @@ CK_CPU_KERNEL(ck_cpu_layer_norm)
         float *yr = y + r * C;
         float m, rs;
         stats(xr, C, eps, &m, &rs);
+#pragma omp simd
         for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
     }
 }
@@ -226,6 +229,7 @@ static void ln_bwd_row(const float *dy, const float *x, const float *gamma, floa
     for (int l = 0; l < LANES; l++) sg += a[l], sgx += b[l];
     const float mg = (float)(sg / (double)C);
     const float k2 = (float)((double)rs * rs * rs * sgx / (double)C);
+#pragma omp simd
     for (c = 0; c < C; c++) dx[c] = (gamma[c] * dy[c] - mg) * rs - (x[c] - m) * k2;
 }
 
@@ -272,6 +276,7 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
                 float m, rs;
                 stats(xr, C, eps, &m, &rs);
                 if (dx && c0 == 0) ln_bwd_row(dyr, xr, gamma, dx + r * C, C, m, rs);
+#pragma omp simd
                 for (int64_t c = 0; c < cw; c++) {
                     pg[c] += (double)dyr[c0 + c] * ((xr[c0 + c] - m) * rs);
                     pb[c] += dyr[c0 + c];

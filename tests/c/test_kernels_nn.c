@@ -66,14 +66,17 @@ static ck_op_params params(int64_t i0, float f0)
     return p;
 }
 
-static float *g_ws;
-static size_t g_ws_bytes;
+/* Workspaces sized exactly by the ops.h rules (separate blocks, so an overrun is
+ * an overrun under a sanitizer): ATTENTION's and ATTENTION_BWD's. */
+static float *g_ws_fwd, *g_ws_bwd;
+static size_t g_ws_fwd_bytes, g_ws_bwd_bytes;
 
 static void call(ck_kernel_fn k, const ck_op_params *p, ck_view *out, int nout, const ck_view *in, int nin)
 {
     ck_kctx ctx;
     memset(&ctx, 0, sizeof ctx);
-    ctx.ws = g_ws, ctx.ws_bytes = g_ws_bytes;
+    const int bwd = k == ck_cpu_attention_bwd;
+    ctx.ws = bwd ? g_ws_bwd : g_ws_fwd, ctx.ws_bytes = bwd ? g_ws_bwd_bytes : g_ws_fwd_bytes;
     k(&ctx, p, out, nout, in, nin);
 }
 
@@ -464,6 +467,56 @@ static void test_softmax(int64_t R, int64_t C, float spread)
     free(x), free(dy), free(y), free(dx), free(ry), free(rdx), free(yy), free(dx2);
 }
 
+/* Extremes and NaN through the polynomial exp/erf: saturate like libm, NaN stays NaN. */
+static void test_special(void)
+{
+    static const float xs[9] = {-1e4f, -100.0f, -20.0f, -3.0f, 0.0f, 2.5f, 20.0f, 100.0f, 1e4f};
+    const int64_t shape[1] = {10};
+    float x[10], dy[10], y[10], dx[10];
+    for (int i = 0; i < 9; i++) x[i] = xs[i], dy[i] = 1.0f;
+    x[9] = NAN, dy[9] = 1.0f;
+    const struct {
+        const char *name;
+        ck_kernel_fn f, b;
+        int64_t i0;
+        int kind;
+    } cases[3] = {{"silu", ck_cpu_silu, ck_cpu_silu_bwd, 0, 0},
+                  {"gelu erf", ck_cpu_gelu, ck_cpu_gelu_bwd, 0, 1},
+                  {"gelu tanh", ck_cpu_gelu, ck_cpu_gelu_bwd, 1, 1}};
+    for (int c = 0; c < 3; c++) {
+        ck_op_params p = params(cases[c].i0, 0);
+        ck_view fin[1] = {view(x, 1, shape)}, fout[1] = {view(y, 1, shape)};
+        ck_view bin[2] = {view(dy, 1, shape), view(x, 1, shape)}, bout[1] = {view(dx, 1, shape)};
+        call(cases[c].f, &p, fout, 1, fin, 1);
+        call(cases[c].b, &p, bout, 1, bin, 2);
+        int ok = isnan(y[9]) && isnan(dx[9]);
+        for (int i = 0; i < 9; i++) {
+            const double v = x[i];
+            double r, d;
+            if (cases[c].kind == 0) {
+                r = silu_d(v);
+                d = (silu_d(v + 1e-4) - silu_d(v - 1e-4)) / 2e-4;
+            } else {
+                r = gelu_d(v, (int)cases[c].i0);
+                d = (gelu_d(v + 1e-4, (int)cases[c].i0) - gelu_d(v - 1e-4, (int)cases[c].i0)) / 2e-4;
+            }
+            ok = ok && fabs(y[i] - r) <= 1e-5 * fabs(r) + 1e-6 && fabs(dx[i] - d) <= 1e-4 * fabs(d) + 1e-6;
+        }
+        char name[96];
+        snprintf(name, sizeof name, "%s at +-1e4, +-100, +-20 and NaN", cases[c].name);
+        check_true(name, ok);
+    }
+    // Rows: a 2000 spread, a -inf (masked) entry, a NaN.
+    float sx[9] = {1000.0f, -1000.0f, 0.0f, -INFINITY, 0.0f, 0.0f, NAN, 1.0f, 2.0f}, sy[9];
+    const int64_t ss[2] = {3, 3};
+    ck_op_params p = params(0, 0);
+    ck_view fin[1] = {view(sx, 2, ss)}, fout[1] = {view(sy, 2, ss)};
+    call(ck_cpu_softmax, &p, fout, 1, fin, 1);
+    const int ok = sy[0] == 1.0f && sy[1] < 1e-30f && sy[2] < 1e-30f && sy[3] < 1e-30f && sy[4] == 0.5f &&
+                   sy[5] == 0.5f && isnan(sy[6]) && isnan(sy[7]) && isnan(sy[8]);
+    check_true("softmax with 2000 spread, -inf and NaN", ok);
+}
+
 /* ---------------- attention ---------------- */
 
 static void ref_attention(const float *q, const float *k, const float *v, const float *dO, int64_t B, int64_t LQ,
@@ -538,8 +591,9 @@ static void test_attention(int64_t B, int64_t LQ, int64_t LK, int64_t H, int64_t
     double *ro = dzeros(nq), *rdq = dzeros(nq), *rdk = dzeros(nk), *rdv = dzeros(nk);
     ref_attention(q, k, v, dO, B, LQ, LK, H, D, scale, ro, rdq, rdk, rdv);
 
-    g_ws_bytes = (size_t)omp_get_max_threads() * 2 * LQ * LK * sizeof(float);
-    g_ws = malloc(g_ws_bytes);
+    g_ws_fwd_bytes = (size_t)omp_get_max_threads() * LQ * LK * sizeof(float);
+    g_ws_bwd_bytes = 2 * g_ws_fwd_bytes;
+    g_ws_fwd = malloc(g_ws_fwd_bytes), g_ws_bwd = malloc(g_ws_bwd_bytes);
     ck_op_params p = params(H, scale_param);
     ck_view fin[3] = {view(q, 3, qs), view(k, 3, ks), view(v, 3, ks)}, fout[1] = {view(o, 3, qs)};
     ck_view bin[4] = {view(dO, 3, qs), view(q, 3, qs), view(k, 3, ks), view(v, 3, ks)};
@@ -563,9 +617,22 @@ static void test_attention(int64_t B, int64_t LQ, int64_t LK, int64_t H, int64_t
     ck_view bout2[3] = {view(dq2, 3, qs), view(dk2, 3, ks), view(dv2, 3, ks)};
     call(ck_cpu_attention, &p, fdout, 1, fin, 3);
     call(ck_cpu_attention_bwd, &p, bout2, 3, bin, 4);
-    snprintf(name, sizeof name, "attention %s deterministic", tag);
-    check_true(name, !memcmp(o, oo, nq * 4) && !memcmp(dq, dq2, nq * 4) && !memcmp(dk, dk2, nk * 4) &&
-                         !memcmp(dv, dv2, nk * 4));
+    int same = !memcmp(o, oo, nq * 4) && !memcmp(dq, dq2, nq * 4) && !memcmp(dk, dk2, nk * 4) &&
+               !memcmp(dv, dv2, nk * 4);
+    // Small pairs always run one pair per thread with single-threaded sgemm, so the
+    // thread count cannot matter; large ones may use OpenBLAS's threads, not checked.
+    const int nt = omp_get_max_threads(), small = LQ * LK * D <= (1 << 20);
+    if (small) {
+        omp_set_num_threads(1);
+        call(ck_cpu_attention, &p, fdout, 1, fin, 3);
+        call(ck_cpu_attention_bwd, &p, bout2, 3, bin, 4);
+        omp_set_num_threads(nt);
+        same = same && !memcmp(o, oo, nq * 4) && !memcmp(dq, dq2, nq * 4) && !memcmp(dk, dk2, nk * 4) &&
+               !memcmp(dv, dv2, nk * 4);
+    }
+    snprintf(name, sizeof name, "attention %s deterministic (twice%s)", tag,
+             small ? ", and 1 thread vs max" : "");
+    check_true(name, same);
 
     memset(dq2, 0, nq * 4), memset(dk2, 0, nk * 4), memset(dv2, 0, nk * 4);
     bout2[0].data = NULL, bout2[1].data = NULL;
@@ -578,7 +645,8 @@ static void test_attention(int64_t B, int64_t LQ, int64_t LK, int64_t H, int64_t
     snprintf(name, sizeof name, "attention %s bwd with unwanted outputs", tag);
     check_true(name, ok);
 
-    free(g_ws), g_ws = NULL, g_ws_bytes = 0;
+    free(g_ws_fwd), free(g_ws_bwd);
+    g_ws_fwd = g_ws_bwd = NULL, g_ws_fwd_bytes = g_ws_bwd_bytes = 0;
     free(q), free(k), free(v), free(dO), free(o), free(dq), free(dk), free(dv), free(oo);
     free(ro), free(rdq), free(rdk), free(rdv), free(dq2), free(dk2), free(dv2);
 }
@@ -621,11 +689,16 @@ int main(void)
     test_softmax(5, 17, 3.0f);
     test_softmax(3, 1, 1.0f);
     test_softmax(257, 131, 20.0f);
+    test_special();
     test_attention(2, 9, 9, 1, 5, 0.0f);
     test_attention(2, 17, 5, 3, 7, 0.0f);
     test_attention(1, 5, 17, 3, 7, 0.3f);
     test_attention(2, 13, 13, 3, 9, 0.0f);
     test_attention(2, 200, 201, 2, 9, 0.0f);
+    // Pairs above SMALL_PAIR (LQ*LK*D > 2^20): fewer pairs than threads run one
+    // after another with threaded sgemm, the rest one pair per thread.
+    test_attention(1, 130, 131, 1, 65, 0.0f);
+    test_attention(2, 300, 77, 2, 49, 0.0f);
     printf("%d passed, %d failed\n", npass, nfail);
     return nfail ? 1 : 0;
 }

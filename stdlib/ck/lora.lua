@@ -1,0 +1,221 @@
+-- LoRA adapters on ck.nn Linear modules (y = W x + b + alpha/rank * up(down(x)))
+-- and the names users' tools expect: kohya's SGM-based names and PEFT's.
+-- Writing files is done elsewhere; this module only adapts and names.
+local ck = require "ck"
+local nn = require "ck.nn"
+
+local lora = {}
+
+lora.DEFAULT_TARGETS = {"to_q", "to_k", "to_v", "to_out.0"}
+-- kohya adapts every Linear inside each Transformer2DModel
+lora.KOHYA_TARGETS = {"to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2", "proj_in", "proj_out"}
+
+local function split(path)
+  local t = {}
+  for c in path:gmatch("[^.]+") do t[#t + 1] = c end
+  return t
+end
+
+-- true when the components of target are the last components of path
+local function tail_matches(parts, target)
+  local tp = split(target)
+  if #tp > #parts then return false end
+  for i = 1, #tp do
+    if parts[#parts - #tp + i] ~= tp[i] then return false end
+  end
+  return true
+end
+
+local function adapted_forward(self, g, x)
+  local a = self.lora
+  local y = nn.Linear.updateOutput(self, g, x)
+  -- kohya's init: lora_down kaiming-uniform (U(+-1/sqrt(in))), lora_up zeros, so a
+  -- fresh adapter leaves the output unchanged
+  local down = g:param("lora_down.weight", {a.rank, self.in_features}, {trainable = true, init = "kaiming"})
+  local up = g:param("lora_up.weight", {self.out_features, a.rank}, {trainable = true, init = "zeros"})
+  local d = ck.linear(ck.linear(x, down), up)
+  if a.scale ~= 1 then d = d * a.scale end
+  return y + d
+end
+
+-- lora.attach(model, {rank=4, alpha=rank, targets={...} | "kohya" | "default"})
+-- marks every Linear whose path ends in a target; call before model:forward.
+-- Returns a handle: rank, alpha, scale, targets, paths (diffusers module paths,
+-- tree order), adapters ({path, module, in_features, out_features, down, up}
+-- with down/up the parameter names), param_count().
+function lora.attach(model, opts)
+  opts = opts or {}
+  local rank = opts.rank or 4
+  local alpha = opts.alpha or rank
+  local targets = opts.targets or lora.DEFAULT_TARGETS
+  if targets == "kohya" then targets = lora.KOHYA_TARGETS end
+  if targets == "default" then targets = lora.DEFAULT_TARGETS end
+  assert(type(targets) == "table" and #targets > 0, "lora.attach: targets must be a non-empty list")
+  assert(math.type(rank) == "integer" and rank > 0, "lora.attach: rank must be a positive integer")
+  local h = {rank = rank, alpha = alpha, scale = alpha / rank, targets = targets, paths = {}, adapters = {},
+             config = model.config}
+  for _, e in ipairs(model:named_modules(opts.prefix or "")) do
+    local path, m = e[1], e[2]
+    if getmetatable(m) == nn.Linear then
+      local parts = split(path)
+      for _, t in ipairs(targets) do
+        if tail_matches(parts, t) then
+          if m.lora then error("lora.attach: '" .. path .. "' already has an adapter", 2) end
+          m.lora = {rank = rank, alpha = alpha, scale = alpha / rank}
+          m.updateOutput = adapted_forward
+          h.paths[#h.paths + 1] = path
+          h.adapters[#h.adapters + 1] = {path = path, module = m, in_features = m.in_features,
+            out_features = m.out_features, down = path .. ".lora_down.weight", up = path .. ".lora_up.weight"}
+          break
+        end
+      end
+    end
+  end
+  function h.param_count()
+    local n = 0
+    for _, a in ipairs(h.adapters) do n = n + rank * (a.in_features + a.out_features) end
+    return n
+  end
+  return h
+end
+
+---- names
+
+local resnet_parts = {
+  norm1 = "in_layers.0", conv1 = "in_layers.2", time_emb_proj = "emb_layers.1",
+  norm2 = "out_layers.0", conv2 = "out_layers.3", conv_shortcut = "skip_connection",
+}
+
+local function resnet_rest(rest)
+  if rest == "" then return "" end
+  local first, more = rest:match("^%.([^.]+)(.*)$")
+  return "." .. (resnet_parts[first] or first) .. more
+end
+
+-- lora.sgm_path(diffusers module path [, config]) -> the Stability (SGM) path,
+-- e.g. down_blocks.1.attentions.0.proj_in -> input_blocks.4.1.proj_in.
+-- config (diffusers keys) gives layers_per_block and which up blocks have
+-- attention; the default is SDXL's layout.
+function lora.sgm_path(path, config)
+  local lpb = config and config.layers_per_block or 2
+  assert(type(lpb) == "number", "sgm_path: layers_per_block must be one number")
+  local up_types = config and config.up_block_types or {"CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"}
+  local n = lpb + 1
+  local fixed = {
+    {"^conv_in", "input_blocks.0.0"},
+    {"^time_embedding%.linear_1", "time_embed.0"},
+    {"^time_embedding%.linear_2", "time_embed.2"},
+    {"^add_embedding%.linear_1", "label_emb.0.0"},
+    {"^add_embedding%.linear_2", "label_emb.0.2"},
+    {"^conv_norm_out", "out.0"},
+    {"^conv_out", "out.2"},
+  }
+  for _, f in ipairs(fixed) do
+    local s, e = path:find(f[1])
+    if s and (e == #path or path:sub(e + 1, e + 1) == ".") then return f[2] .. path:sub(e + 1) end
+  end
+  local i, j, rest = path:match("^down_blocks%.(%d+)%.resnets%.(%d+)(.*)$")
+  if i then return string.format("input_blocks.%d.0", 1 + n * i + j) .. resnet_rest(rest) end
+  i, j, rest = path:match("^down_blocks%.(%d+)%.attentions%.(%d+)(.*)$")
+  if i then return string.format("input_blocks.%d.1", 1 + n * i + j) .. rest end
+  i, rest = path:match("^down_blocks%.(%d+)%.downsamplers%.0%.conv(.*)$")
+  if i then return string.format("input_blocks.%d.0.op", n * (i + 1)) .. rest end
+  j, rest = path:match("^mid_block%.resnets%.(%d+)(.*)$")
+  if j then return string.format("middle_block.%d", 2 * j) .. resnet_rest(rest) end
+  j, rest = path:match("^mid_block%.attentions%.(%d+)(.*)$")
+  if j then return string.format("middle_block.%d", 2 * j + 1) .. rest end
+  i, j, rest = path:match("^up_blocks%.(%d+)%.resnets%.(%d+)(.*)$")
+  if i then return string.format("output_blocks.%d.0", n * i + j) .. resnet_rest(rest) end
+  i, j, rest = path:match("^up_blocks%.(%d+)%.attentions%.(%d+)(.*)$")
+  if i then return string.format("output_blocks.%d.1", n * i + j) .. rest end
+  i, rest = path:match("^up_blocks%.(%d+)%.upsamplers%.0%.conv(.*)$")
+  if i then
+    local t = up_types[tonumber(i) + 1] or ""
+    local slot = t:find("CrossAttn", 1, true) and 2 or 1
+    return string.format("output_blocks.%d.%d.conv", n * i + lpb, slot) .. rest
+  end
+  error("sgm_path: no SGM name for '" .. path .. "'", 2)
+end
+
+-- lora.kohya_name(path [, config]): "lora_unet_" .. SGM path with dots as underscores
+function lora.kohya_name(path, config)
+  return "lora_unet_" .. lora.sgm_path(path, config):gsub("%.", "_")
+end
+
+-- lora.peft_name(path): diffusers/PEFT module name; keys are NAME.lora_A.weight / NAME.lora_B.weight
+function lora.peft_name(path) return "unet." .. path end
+
+---- files
+
+-- The file keys of an adapter: a list of {key, parameter name} and
+-- {key, value = alpha} entries, in kohya's naming (default) or PEFT's.
+function lora.entries(h, format)
+  local out = {}
+  for _, ad in ipairs(h.adapters) do
+    if format == "peft" then
+      local name = lora.peft_name(ad.path)
+      out[#out + 1] = {name .. ".lora_A.weight", ad.down}
+      out[#out + 1] = {name .. ".lora_B.weight", ad.up}
+    else
+      local name = lora.kohya_name(ad.path, h.config)
+      out[#out + 1] = {name .. ".lora_down.weight", ad.down}
+      out[#out + 1] = {name .. ".lora_up.weight", ad.up}
+      out[#out + 1] = {name .. ".alpha", value = h.alpha}
+    end
+  end
+  return out
+end
+
+-- lora.save(program, handle, path, {format = "kohya" | "peft", metadata = {...}, dtype = "F32"})
+-- writes the adapter atomically, with kohya's ss_* and ModelSpec metadata.
+function lora.save(p, h, path, o)
+  o = o or {}
+  local format = o.format or "kohya"
+  local meta = {}
+  if format == "kohya" then
+    meta = {
+      ss_network_module = "networks.lora",
+      ss_network_dim = tostring(h.rank),
+      ss_network_alpha = tostring(h.alpha),
+      ss_base_model_version = "sdxl_base_v1-0",
+      ss_v2 = "False",
+      ss_network_args = "{}",
+      ["modelspec.sai_model_spec"] = "1.0.0",
+      ["modelspec.architecture"] = "stable-diffusion-xl-v1-base/lora",
+      ["modelspec.implementation"] = "https://github.com/Stability-AI/generative-models",
+      ["modelspec.title"] = o.title or "ckrun LoRA",
+    }
+  elseif format == "peft" then
+    meta = {format = "pt", lora_rank = tostring(h.rank), lora_alpha = tostring(h.alpha)}
+  else
+    error("unknown LoRA format '" .. tostring(format) .. "' (kohya, peft)", 2)
+  end
+  for k, v in pairs(o.metadata or {}) do meta[k] = v end
+  p:save(path, lora.entries(h, format), {metadata = meta, dtype = o.dtype})
+end
+
+-- lora.load(program, handle, path): loads an adapter saved in either naming
+-- (found from the keys); a missing or misshaped key, or a kohya alpha that
+-- differs from the handle's, is an error naming it.
+function lora.load(p, h, path)
+  local f <close> = ck.safetensors(path)
+  local first = h.adapters[1]
+  local format = "kohya"
+  if first and f:has(lora.peft_name(first.path) .. ".lora_A.weight") then format = "peft" end
+  local map = {}
+  for _, e in ipairs(lora.entries(h, format)) do
+    if e.value then
+      if not f:has(e[1]) then error(path .. ": missing tensor '" .. e[1] .. "'", 2) end
+      local a = f:read(e[1])[1]
+      if math.abs(a - e.value) > 1e-6 * math.max(1, math.abs(a)) then
+        error(string.format("%s: '%s' is %g, the adapter has alpha %g", path, e[1], a, e.value), 2)
+      end
+    else
+      map[e[2]] = e[1]
+    end
+  end
+  p:load(f, map)
+  return format
+end
+
+return lora

@@ -24,7 +24,7 @@ test: build
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure
 
 run: build
-	$(BUILD)/ckrun scripts/demo.lua
+	$(BUILD)/ckrun scripts/train_sdxl_lora.lua
 
 bench: build
 	bash bench/kernels.sh

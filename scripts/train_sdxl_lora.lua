@@ -46,7 +46,12 @@ end
 local format = opt("lora-format", "kohya")
 if format ~= "kohya" and format ~= "peft" then error("--lora-format must be kohya or peft, got '" .. tostring(format) .. "'") end
 local out = opt("out", "out/lora.safetensors")
-local lr = opt("lr", 1e-3)
+local lr = opt("lr", 3e-3)
+-- A LoRA on a randomly initialized base cannot learn epsilon prediction: the
+-- full-resolution levels of the UNet have no attention, so nothing adapted can
+-- pass the noise through. v-prediction's target holds the latents, which the
+-- adapters can learn; so a run without --weights defaults to v.
+local prediction = opt("prediction", a.weights and "eps" or "v")
 local tokens = 77
 local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
 
@@ -56,7 +61,7 @@ model:freeze()
 local adapter = lora.attach(model, {rank = rank, alpha = alpha, targets = targets})
 
 local g = ck.graph()
-local objective = diffusion.objective{prediction = opt("prediction", "eps"), noise_offset = opt("noise-offset", 0),
+local objective = diffusion.objective{prediction = prediction, noise_offset = opt("noise-offset", 0),
                                       min_snr_gamma = opt("min-snr-gamma", nil)}
 objective.seed = seed
 local inputs = {
@@ -70,16 +75,17 @@ end)
 inputs.latents = objective.inputs.latents
 inputs.noise = objective.inputs.noise
 
-local param_count, trainable_count = g:param_count()
+local all_count, trainable_count = g:param_count()
+local param_count = all_count - adapter.param_count() -- the UNet's own parameters
 local p = g:compile{loss = loss, optimizer = "adamw", lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed}
 
 if ck.plan_mode then
   local plan = p:plan()
   if ck.json then
     print(string.format('{"script": "train_sdxl_lora", "size": "%s", "resolution": %d, "batch": %d, ' ..
-      '"param_count": %d, "trainable_param_count": %d, "lora_modules": %d, "ops": %d, ' ..
+      '"param_count": %d, "trainable_param_count": %d, "lora_param_count": %d, "lora_modules": %d, "ops": %d, ' ..
       '"peak_bytes": %d, "persistent_bytes": %d, "transient_bytes": %d, "workspace_bytes": %d}',
-      size, resolution, batch, param_count, trainable_count, #adapter.paths, plan.ops, plan.peak,
+      size, resolution, batch, param_count, trainable_count, adapter.param_count(), #adapter.paths, plan.ops, plan.peak,
       plan.persistent, plan.transient, plan.workspace))
   else
     print(string.format("sdxl %s at %dx%d, batch %d: %d parameters, %d trainable (LoRA on %d modules)",
@@ -103,13 +109,13 @@ end
 local dataset = data.latents(opt("data", "synthetic"), {batch = batch, seed = seed, n = opt("samples", 16),
   height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
 do -- the data must fit the model
-  local s = dataset:shapes()
+  local s, source = dataset:shapes()
   local want = {latents = {config.in_channels, latent, latent}, prompt_embeds = {tokens, config.cross_attention_dim},
                 pooled_prompt_embeds = {pooled_dim}}
   for name, shape in pairs(want) do
     if table.concat(s[name], ",") ~= table.concat(shape, ",") then
-      error(string.format("dataset '%s': %s has shape [%s], the model expects [%s]", tostring(opt("data", "synthetic")),
-        name, table.concat(s[name], ", "), table.concat(shape, ", ")))
+      error(string.format("%s: tensor '%s' has shape [%s], the model expects [%s]", source, name,
+        table.concat(s[name], ", "), table.concat(shape, ", ")))
     end
   end
 end
@@ -128,8 +134,11 @@ local function validate()
   return total / nb
 end
 
-print(string.format("training LoRA rank %d on %d modules of sdxl-%s (%d parameters, %d trainable), %dx%d, batch %d, %d steps",
-  rank, #adapter.paths, size, param_count, trainable_count, resolution, resolution, batch, steps))
+print(string.format("training LoRA rank %d on %d modules of sdxl-%s (%d parameters, %d trainable), %dx%d, batch %d, " ..
+  "%d steps, %s-prediction", rank, #adapter.paths, size, param_count, trainable_count, resolution, resolution, batch, steps,
+  prediction))
+local val_before = validate()
+if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_before)) end
 local bar = progress.new(steps)
 local first, window, recent = nil, {}, 0
 for step = 1, steps do
@@ -148,8 +157,8 @@ for step = 1, steps do
     bar:print(string.format("step %d: validation loss %.4f", step, validate()))
   end
 end
-local final = recent / #window
-print(string.format("loss: first step %.4f, mean of the last %d steps %.4f", first, #window, final))
+print(string.format("training loss: first step %.4f, mean of the last %d steps %.4f", first, #window, recent / #window))
+print(string.format("validation loss (fixed batches): before %.4f, after %.4f", val_before, validate()))
 
 local dir = out:match("^(.*)/[^/]*$")
 if dir and dir ~= "" then assert(ck.mkdir(dir)) end

@@ -26,7 +26,7 @@ function M.synthetic_sample(i, o)
     local py, px = u(4 * c + 2) * 2 * math.pi, u(4 * c + 3) * 2 * math.pi
     for y = 0, H - 1 do
       for x = 0, W - 1 do
-        lat[#lat + 1] = math.sin(2 * math.pi * fy * y / H + py) * math.cos(2 * math.pi * fx * x / W + px)
+        lat[#lat + 1] = 2 * math.sin(2 * math.pi * fy * y / H + py) * math.cos(2 * math.pi * fx * x / W + px)
       end
     end
   end
@@ -118,11 +118,12 @@ function Dataset:load(p, inputs, idx)
   return given
 end
 
--- the sample shapes, from the first sample
+-- the sample shapes, from the first sample, and where they come from
 function Dataset:shapes()
   if self.synthetic then
     local s = self.samples[1]
-    return {latents = s.latents[1], prompt_embeds = s.prompt_embeds[1], pooled_prompt_embeds = s.pooled_prompt_embeds[1]}
+    return {latents = s.latents[1], prompt_embeds = s.prompt_embeds[1], pooled_prompt_embeds = s.pooled_prompt_embeds[1]},
+      "synthetic sample 1"
   end
   local f <close> = ck.safetensors(self.files[1])
   local out = {}
@@ -130,7 +131,7 @@ function Dataset:shapes()
     if not f:has(name) then error(self.files[1] .. ": missing tensor '" .. name .. "'", 0) end
     out[name] = f:shape(name)
   end
-  return out
+  return out, self.files[1]
 end
 
 return M

@@ -140,11 +140,13 @@ print(string.format("training LoRA rank %d on %d modules of sdxl-%s (%d paramete
 local val_before = validate()
 if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_before)) end
 local bar = progress.new(steps)
-local first, window, recent = nil, {}, 0
+local first, window, recent, step_time = nil, {}, 0, 0
 for step = 1, steps do
+  local t0 = ck.now()
   local given = dataset:load(p, inputs, dataset:next_indices())
   objective:prepare(p, given)
   local l = p:step()
+  if step > 1 then step_time = step_time + (ck.now() - t0) end
   if l ~= l or l == math.huge or l == -math.huge then
     error(string.format("step %d: loss is not finite (%s); nothing was saved", step, tostring(l)))
   end
@@ -156,6 +158,9 @@ for step = 1, steps do
   if val_every > 0 and step % val_every == 0 then
     bar:print(string.format("step %d: validation loss %.4f", step, validate()))
   end
+end
+if steps > 1 then
+  print(string.format("step time: %.1f ms (mean of steps 2-%d, data loading included)", 1e3 * step_time / (steps - 1), steps))
 end
 print(string.format("training loss: first step %.4f, mean of the last %d steps %.4f", first, #window, recent / #window))
 print(string.format("validation loss (fixed batches): before %.4f, after %.4f", val_before, validate()))

@@ -59,6 +59,13 @@ ck_vm *ck_open(const ck_options *opt)
     lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
     lua_pushboolean(L, vm->opt.json);
     lua_setfield(L, LUA_REGISTRYINDEX, "ck.json");
+    lua_pushstring(L, vm->opt.plan_policies);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_policies");
+    lua_pushstring(L, vm->opt.plan_svg);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_svg");
+    if (vm->opt.plan_max_batch > 0) lua_pushnumber(L, vm->opt.plan_max_batch);
+    else lua_pushnil(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_max_batch");
     luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
     lua_pushcfunction(L, luaopen_ck);
     lua_setfield(L, -2, "ck");

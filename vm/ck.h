@@ -44,6 +44,13 @@ typedef struct ck_options {
      * scripts see ck.plan_mode (and ck.json for machine-readable output) */
     int plan_only;
     int json;
+    /* with plan_only, what the plan report holds (scripts see ck.plan_policies,
+     * ck.plan_svg, ck.plan_max_batch): policies to compare side by side
+     * ("none,diffusers,budget:62%"), an SVG memory timeline to write, and a
+     * memory size for which to report the largest batch that fits (0: none) */
+    const char *plan_policies;
+    const char *plan_svg;
+    double plan_max_batch;
 } ck_options;
 
 /* ---- life cycle */

@@ -16,11 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-#include <dirent.h>
-#include <errno.h>
-#include <sys/stat.h>
-#include <time.h>
 
 #define GRAPH_MT "ck.graph"
 #define TENSOR_MT "ck.tensor"
@@ -997,81 +992,6 @@ static int l_fill_randn(lua_State *L)
     return 0;
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* ck.listdir(dir) -> sorted list of entry names (no "." or ".."), or nil, message */
-static int l_listdir(lua_State *L)
-{
-    const char *path = luaL_checkstring(L, 1);
-    DIR *d = opendir(path);
-    if (!d) {
-        luaL_pushfail(L);
-        lua_pushfstring(L, "cannot read directory '%s': %s", path, strerror(errno));
-        return 2;
-    }
-    lua_newtable(L);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            lua_pushstring(L, e->d_name);
-            lua_rawseti(L, -2, ++n);
-        }
-    closedir(d);
-    const char **names = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n ? n : 1), 0);
-    for (int i = 0; i < n; i++) {
-        lua_rawgeti(L, -2, i + 1);
-        names[i] = lua_tostring(L, -1);
-        lua_pop(L, 1); /* the string stays alive in the table */
-    }
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
-    lua_createtable(L, n, 0);
-    for (int i = 0; i < n; i++) {
-        lua_pushstring(L, names[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    return 1;
-}
-
-/* ck.mkdir(path): creates the directory and its parents; true, or nil, message */
-static int l_mkdir(lua_State *L)
-{
-    char buf[4096];
-    const char *path = luaL_checkstring(L, 1);
-    luaL_argcheck(L, strlen(path) < sizeof buf, 1, "path too long");
-    strcpy(buf, path);
-    for (char *q = buf + 1;; q++) {
-        char c = *q;
-        if (c == '/' || c == 0) {
-            *q = 0;
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
-                luaL_pushfail(L);
-                lua_pushfstring(L, "cannot create directory '%s': %s", buf, strerror(errno));
-                return 2;
-            }
-            *q = c;
-        }
-        if (!c) break;
-    }
-    lua_pushboolean(L, 1);
-    return 1;
-}
-
-/* ck.now() -> seconds on a monotonic clock */
-static int l_now(lua_State *L)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    lua_pushnumber(L, (lua_Number)ts.tv_sec + 1e-9 * (lua_Number)ts.tv_nsec);
-    return 1;
-}
-
-static int l_isatty(lua_State *L)
-{
-    lua_pushboolean(L, isatty(1));
-    return 1;
-}
-
 static const luaL_Reg op_funcs[] = {
     {"matmul", l_matmul},
     {"linear", l_linear},
@@ -1099,10 +1019,6 @@ static const luaL_Reg op_funcs[] = {
     {"freeze", l_freeze},
     {"random", l_random},
     {"randn", l_randn},
-    {"isatty", l_isatty},
-    {"now", l_now},
-    {"listdir", l_listdir},
-    {"mkdir", l_mkdir},
     {"train", l_train},
     {NULL, NULL},
 };
@@ -1177,11 +1093,18 @@ int luaopen_ck(lua_State *L)
 
     lua_pushcfunction(L, l_graph_new);
     lua_setfield(L, lib, "graph");
+    ck_lua_fs_register(L, lib);
     lua_pushstring(L, ck_version());
     lua_setfield(L, lib, "version");
     lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
     lua_setfield(L, lib, "plan_mode");
     lua_getfield(L, LUA_REGISTRYINDEX, "ck.json");
     lua_setfield(L, lib, "json");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_policies");
+    lua_setfield(L, lib, "plan_policies");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_svg");
+    lua_setfield(L, lib, "plan_svg");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_max_batch");
+    lua_setfield(L, lib, "plan_max_batch");
     return 1;
 }

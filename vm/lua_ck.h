@@ -18,5 +18,7 @@ int ck_lua_program_tensor(lua_State *L, ck_program *p, int i);
 /* vm/lua_st.c: adds safetensors functions to the module table at index lib and
  * methods to the program method table at index methods. */
 void ck_lua_st_register(lua_State *L, int lib, int methods);
+/* vm/lua_fs.c: ck.listdir, ck.mkdir, ck.isatty, ck.now */
+void ck_lua_fs_register(lua_State *L, int lib);
 
 #endif

@@ -20,7 +20,12 @@ static void usage(FILE *f)
             "  -v, --version   show the version and exit\n"
             "  -e CODE         run CODE instead of a script file\n"
             "  --plan          build and plan only: print the plan, allocate and run nothing\n"
-            "  --json          with --plan: print the plan as one JSON object\n");
+            "  --json          with --plan: print the plan as one JSON object\n"
+            "  --policies LIST with --plan: compare checkpoint policies, e.g.\n"
+            "                  none,diffusers,selective,budget:62%%,budget:4GiB\n"
+            "  --max-batch SIZE  with --plan: the largest batch whose plan fits SIZE\n"
+            "                  (bytes, or with a unit: 24GiB, 512MiB)\n"
+            "  --svg FILE      with --plan: write the memory timeline as SVG\n");
 }
 
 /* OpenMP threads that spin while they wait steal the cores that OpenBLAS and
@@ -56,6 +61,29 @@ int main(int argc, char **argv)
         }
         if (!strcmp(argv[i], "--json")) {
             opt.json = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--policies") && i + 1 < argc) {
+            opt.plan_policies = argv[++i];
+            continue;
+        }
+        if (!strcmp(argv[i], "--svg") && i + 1 < argc) {
+            opt.plan_svg = argv[++i];
+            continue;
+        }
+        if (!strcmp(argv[i], "--max-batch") && i + 1 < argc) {
+            char *end;
+            double v = strtod(argv[++i], &end);
+            double unit = !strcmp(end, "") || !strcmp(end, "B") ? 1
+                        : !strcmp(end, "KiB") ? 1024.0
+                        : !strcmp(end, "MiB") ? 1048576.0
+                        : !strcmp(end, "GiB") ? 1073741824.0
+                        : !strcmp(end, "GB") ? 1e9 : -1;
+            if (unit < 0 || v <= 0) {
+                fprintf(stderr, "ckrun: --max-batch wants a size such as 24GiB, got '%s'\n", argv[i]);
+                return 2;
+            }
+            opt.plan_max_batch = v * unit;
             continue;
         }
         if (!strcmp(argv[i], "-e") && i + 1 < argc) {

@@ -19,6 +19,10 @@ int ck_exec(ck_program *p, const ck_plan *pl, char *err, size_t errlen)
     ck_kctx ctx = {p->opt.seed, p->step, p->opt.lr, NULL, 0};
     for (int i = 0; i < pl->n; i++) {
         const ck_node *n = &p->g->n[pl->nodes[i]];
+        if (p->interrupt && *p->interrupt) {
+            snprintf(err, errlen, "interrupted");
+            return -1;
+        }
         ck_view in[CK_MAX_IN], out[CK_MAX_OUT] = {{0}};
         ck_kernel_fn k = ck_cpu_kernels[n->op];
         if (!k) {

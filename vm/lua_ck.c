@@ -758,6 +758,10 @@ static int l_compile(lua_State *L)
     if (!lp->p) {
         return ck_lua_raise(L, "compile: %s", err);
     }
+    /* a host that embeds the VM may stop runs through this flag (vm/ck.c) */
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.interrupt");
+    lp->p->interrupt = lua_touserdata(L, -1);
+    lua_pop(L, 1);
     return 1;
 }
 

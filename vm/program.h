@@ -45,6 +45,8 @@ typedef struct ck_program {
     ck_compile_opts opt;
     int64_t step;      /* steps taken */
     const ck_plan *last;
+    /* set from another thread to stop a run between two ops (NULL: never) */
+    const volatile int *interrupt;
     char err[512];
 } ck_program;
 

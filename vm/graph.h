@@ -18,7 +18,7 @@ typedef enum ck_kind {
 
 typedef enum ck_init { CK_INIT_ZEROS = 0, CK_INIT_ONES, CK_INIT_NORMAL, CK_INIT_UNIFORM } ck_init;
 
-typedef enum ck_phase { CK_PHASE_FORWARD = 0, CK_PHASE_BACKWARD, CK_PHASE_OPTIMIZER } ck_phase;
+typedef enum ck_phase { CK_PHASE_FORWARD = 0, CK_PHASE_BACKWARD, CK_PHASE_OPTIMIZER, CK_PHASE_RECOMPUTE } ck_phase;
 
 typedef struct ck_tensor {
     ck_shape shape;

@@ -925,20 +925,37 @@ static void set_int(lua_State *L, const char *k, lua_Integer v)
     lua_setfield(L, -2, k);
 }
 
-/* p:plan() -> {peak=, persistent=, transient=, workspace=, ops=, by kind...} of the training list
- * (the forward list when nothing trains) */
+static void set_num(lua_State *L, const char *k, double v)
+{
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* p:plan() -> the plan of the training list (the forward list when nothing
+ * trains): peak (the arena's high-water mark), live_peak, persistent,
+ * transient, workspace, arena, ops, recompute_ops, activation_bytes,
+ * step_flops, recompute_flops, and at_peak = {category = bytes live at the peak} */
 static int l_plan(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
     const ck_plan *pl = p->train.n ? &p->train : &p->eval;
+    int nrec = 0;
+    for (int i = 0; i < pl->n; i++) nrec += pl->ops[i].phase == CK_PHASE_RECOMPUTE;
     lua_newtable(L);
     set_int(L, "peak", (lua_Integer)pl->peak);
+    set_int(L, "live_peak", (lua_Integer)pl->live_peak);
     set_int(L, "persistent", (lua_Integer)p->persistent);
     set_int(L, "transient", (lua_Integer)pl->transient);
     set_int(L, "workspace", (lua_Integer)pl->workspace);
     set_int(L, "arena", (lua_Integer)p->arena_bytes);
     set_int(L, "ops", pl->n);
-    for (int k = 0; k < CK_KIND_COUNT; k++) set_int(L, kind_names[k], (lua_Integer)pl->by_kind[k]);
+    set_int(L, "recompute_ops", nrec);
+    set_int(L, "activation_bytes", (lua_Integer)pl->activation_bytes);
+    set_num(L, "step_flops", pl->step_flops);
+    set_num(L, "recompute_flops", pl->recompute_flops);
+    lua_newtable(L);
+    for (int c = 0; c < CK_CAT_COUNT; c++) set_int(L, ck_cat_names[c], (lua_Integer)pl->at_peak[c]);
+    lua_setfield(L, -2, "at_peak");
     return 1;
 }
 

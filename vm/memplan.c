@@ -1,6 +1,8 @@
-/* The memory plan of one op list: liveness of every transient tensor and
- * workspace, then offsets in one arena (largest first, best-fit gap among the
- * buffers live at the same time). Persistent tensors sit below, at fixed offsets. */
+/* The memory plan of one scheduled op list: liveness of every transient tensor
+ * and workspace, then offsets in one arena (largest first, best-fit gap among
+ * the buffers live at the same time). Persistent tensors sit below, at fixed
+ * offsets. The peak is the arena's exact high-water mark: the end of the
+ * highest byte any op touches. */
 #include "program.h"
 
 #include <stdlib.h>
@@ -8,8 +10,11 @@
 
 #define ALIGN 64
 
+const char *const ck_cat_names[CK_CAT_COUNT] = {"frozen", "trainable", "gradients", "optimizer_state", "inputs",
+                                                "activations", "recomputed", "workspace"};
+
 typedef struct buf {
-    int64_t size, off;
+    int64_t size, off; /* size: the bytes used, placed on ALIGN boundaries */
     int first, last;
     int tensor; /* -1: the workspace of list position `first` */
 } buf;
@@ -21,10 +26,33 @@ int ck_is_persistent(ck_kind k)
 
 static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
+size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id)
+{
+    return (size_t)ck_shape_numel(&g->t[pl->origin[id]].shape) * sizeof(float);
+}
+
+ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
+{
+    if (id >= g->nt) return CK_CAT_RECOMPUTED;
+    const ck_tensor *t = &g->t[id];
+    switch (t->kind) {
+    case CK_KIND_FROZEN: return CK_CAT_FROZEN;
+    case CK_KIND_PARAM: return CK_CAT_TRAINABLE;
+    case CK_KIND_GRAD: return CK_CAT_GRADIENTS;
+    case CK_KIND_OPTSTATE: return CK_CAT_OPTSTATE;
+    case CK_KIND_INPUT: return CK_CAT_INPUTS;
+    default: break;
+    }
+    (void)pl;
+    if (t->node >= 0 && g->n[t->node].phase != CK_PHASE_FORWARD) return CK_CAT_GRADIENTS;
+    return CK_CAT_ACTIVATIONS;
+}
+
 static int by_size(const void *a, const void *b)
 {
     const buf *x = a, *y = b;
-    if (x->size != y->size) return x->size > y->size ? -1 : 1;
+    int64_t sx = align_up(x->size), sy = align_up(y->size);
+    if (sx != sy) return sx > sy ? -1 : 1;
     if (x->first != y->first) return x->first < y->first ? -1 : 1;
     return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
 }
@@ -37,102 +65,190 @@ static int by_off(const void *a, const void *b)
 
 void ck_plan_free(ck_plan *pl)
 {
-    free(pl->nodes);
+    free(pl->ops);
+    free(pl->origin);
     free(pl->off);
     free(pl->ws_off);
     free(pl->ws_bytes);
     memset(pl, 0, sizeof *pl);
 }
 
-int ck_plan_build(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const int64_t *poff, size_t persistent,
-                  const int *retain, int nthreads)
+static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, int nthreads)
 {
-    memset(pl, 0, sizeof *pl);
-    pl->n = n;
-    pl->nodes = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    pl->off = malloc(sizeof(int64_t) * (size_t)(g->nt ? g->nt : 1));
-    pl->ws_off = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
-    pl->ws_bytes = calloc((size_t)(n ? n : 1), sizeof(size_t));
-    int *first = malloc(sizeof(int) * (size_t)(g->nt ? g->nt : 1));
-    int *last = malloc(sizeof(int) * (size_t)(g->nt ? g->nt : 1));
-    buf *bufs = malloc(sizeof(buf) * (size_t)(g->nt + n + 1));
-    buf **live = malloc(sizeof(buf *) * (size_t)(g->nt + n + 1));
-    int rc = -1;
-    if (!pl->nodes || !pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !bufs || !live) goto out;
-    memcpy(pl->nodes, nodes, sizeof(int) * (size_t)n);
-    for (int t = 0; t < g->nt; t++) {
-        first[t] = -1;
-        last[t] = -1;
-        pl->off[t] = -1;
-    }
-    for (int i = 0; i < n; i++) {
-        const ck_node *nd = &g->n[nodes[i]];
-        int ids[CK_MAX_IN + CK_MAX_OUT], k = 0;
-        for (int j = 0; j < nd->nin; j++) ids[k++] = nd->in[j];
-        for (int j = 0; j < nd->nout; j++)
-            if (nd->out[j] >= 0) ids[k++] = nd->out[j];
-        for (int j = 0; j < k; j++) {
-            int t = ids[j];
+    const ck_op_ref *r = &pl->ops[i];
+    const ck_node *nd = &g->n[r->node];
+    ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
+    for (int j = 0; j < r->nin; j++) ins[j] = g->t[pl->origin[r->in[j]]].shape;
+    for (int j = 0; j < r->nout; j++) outs[j] = r->out[j] >= 0 ? g->t[pl->origin[r->out[j]]].shape : ins[0];
+    return ck_op_workspace(nd->op, &nd->p, ins, r->nin, outs, nthreads);
+}
+
+/* first and last list positions of every tensor id; retained ones live to the end */
+static void liveness(const ck_plan *pl, const int *retain, int *first, int *last)
+{
+    for (int t = 0; t < pl->ntensors; t++) first[t] = last[t] = -1;
+    for (int i = 0; i < pl->n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        for (int j = 0; j < r->nin + r->nout; j++) {
+            int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
+            if (t < 0) continue;
             if (first[t] < 0) first[t] = i;
             last[t] = i;
         }
-        ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
-        for (int j = 0; j < nd->nin; j++) ins[j] = g->t[nd->in[j]].shape;
-        for (int j = 0; j < nd->nout; j++)
-            outs[j] = nd->out[j] >= 0 ? g->t[nd->out[j]].shape : ins[0];
-        pl->ws_bytes[i] = ck_op_workspace(nd->op, &nd->p, ins, nd->nin, outs, nthreads);
     }
+    for (int t = 0; t < pl->ntensors; t++)
+        if (first[t] >= 0 && retain && t < pl->ntensors && retain[pl->origin[t]] && pl->origin[t] == t) last[t] = pl->n;
+}
+
+/* Bytes live at each position, by category, from liveness (no placement):
+ * adds into cat[i * CK_CAT_COUNT + c] when cat is given; returns the peak. */
+static size_t sweep(ck_plan *pl, const ck_graph *g, size_t persistent, const int *first, const int *last,
+                    const size_t *ws, size_t *cat, int *peak_at)
+{
+    int n = pl->n;
+    int64_t *delta = calloc((size_t)(n + 2) * CK_CAT_COUNT, sizeof(int64_t));
+    if (!delta) return 0;
+    for (int t = 0; t < pl->ntensors; t++) {
+        if (first[t] < 0 || (t < g->nt && ck_is_persistent(g->t[t].kind))) continue;
+        ck_cat c = ck_tensor_cat(pl, g, t);
+        int64_t b = (int64_t)ck_plan_tensor_bytes(pl, g, t);
+        delta[(size_t)first[t] * CK_CAT_COUNT + c] += b;
+        delta[(size_t)(last[t] + 1) * CK_CAT_COUNT + c] -= b;
+    }
+    for (int i = 0; i < n; i++) {
+        delta[(size_t)i * CK_CAT_COUNT + CK_CAT_WORKSPACE] += (int64_t)ws[i];
+        delta[(size_t)(i + 1) * CK_CAT_COUNT + CK_CAT_WORKSPACE] -= (int64_t)ws[i];
+    }
+    int64_t live[CK_CAT_COUNT] = {0};
+    size_t best = 0;
+    int at = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t sum = 0;
+        for (int c = 0; c < CK_CAT_COUNT; c++) {
+            live[c] += delta[(size_t)i * CK_CAT_COUNT + c];
+            sum += live[c];
+            if (cat) cat[(size_t)i * CK_CAT_COUNT + c] = (size_t)live[c];
+        }
+        if ((size_t)sum > best) {
+            best = (size_t)sum;
+            at = i;
+        }
+    }
+    free(delta);
+    if (peak_at) *peak_at = at;
+    return persistent + best;
+}
+
+size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads)
+{
+    int *first = malloc(sizeof(int) * (size_t)pl->ntensors), *last = malloc(sizeof(int) * (size_t)pl->ntensors);
+    size_t *ws = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1));
+    size_t peak = 0;
+    if (first && last && ws) {
+        liveness(pl, retain, first, last);
+        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, nthreads);
+        peak = sweep((ck_plan *)pl, g, persistent, first, last, ws, NULL, NULL);
+    }
+    free(first);
+    free(last);
+    free(ws);
+    return peak;
+}
+
+int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
+                   int nthreads)
+{
+    int n = pl->n, nt = pl->ntensors, rc = -1;
+    pl->off = malloc(sizeof(int64_t) * (size_t)nt);
+    pl->ws_off = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    pl->ws_bytes = calloc((size_t)(n ? n : 1), sizeof(size_t));
+    int *first = malloc(sizeof(int) * (size_t)nt), *last = malloc(sizeof(int) * (size_t)nt);
+    buf *bufs = malloc(sizeof(buf) * (size_t)(nt + n + 1));
+    buf **live = malloc(sizeof(buf *) * (size_t)(nt + n + 1));
+    size_t *cat = NULL;
+    if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !bufs || !live) goto out;
+    liveness(pl, retain, first, last);
+    for (int i = 0; i < n; i++) pl->ws_bytes[i] = workspace_of(pl, g, i, nthreads);
+
     int nb = 0;
-    for (int t = 0; t < g->nt; t++) {
+    for (int t = 0; t < nt; t++) {
+        pl->off[t] = -1;
         if (first[t] < 0) continue;
-        size_t bytes = (size_t)ck_shape_numel(&g->t[t].shape) * sizeof(float);
-        if (ck_is_persistent(g->t[t].kind)) {
+        if (t < g->nt && ck_is_persistent(g->t[t].kind)) {
             pl->off[t] = poff[t];
-            pl->by_kind[g->t[t].kind] += bytes;
             continue;
         }
-        pl->by_kind[g->t[t].kind] += bytes;
-        bufs[nb++] = (buf){align_up((int64_t)(bytes ? bytes : 1)), 0, first[t], retain && retain[t] ? n : last[t], t};
+        bufs[nb++] = (buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t};
     }
     for (int i = 0; i < n; i++) {
         pl->ws_off[i] = -1;
-        if (pl->ws_bytes[i]) bufs[nb++] = (buf){align_up((int64_t)pl->ws_bytes[i]), 0, i, i, -1};
+        if (pl->ws_bytes[i]) bufs[nb++] = (buf){(int64_t)pl->ws_bytes[i], 0, i, i, -1};
+        if (pl->ws_bytes[i] > pl->workspace) pl->workspace = pl->ws_bytes[i];
     }
     qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
-    int64_t top = 0;
+    int64_t base = align_up((int64_t)persistent), top = 0;
     for (int b = 0; b < nb; b++) {
         int nl = 0;
         for (int c = 0; c < b; c++)
             if (bufs[c].first <= bufs[b].last && bufs[b].first <= bufs[c].last) live[nl++] = &bufs[c];
         qsort(live, (size_t)nl, sizeof *live, by_off);
-        int64_t best = -1, best_gap = INT64_MAX, at = 0;
+        int64_t best = -1, best_gap = INT64_MAX, at = 0, need = align_up(bufs[b].size);
         for (int c = 0; c < nl; c++) {
             int64_t gap = live[c]->off - at;
-            if (gap >= bufs[b].size && gap < best_gap) {
+            if (gap >= need && gap < best_gap) {
                 best = at;
                 best_gap = gap;
             }
-            if (live[c]->off + live[c]->size > at) at = live[c]->off + live[c]->size;
+            int64_t end = live[c]->off + align_up(live[c]->size);
+            if (end > at) at = end;
         }
         bufs[b].off = best >= 0 ? best : at;
+        /* the high-water mark counts the bytes used, not the alignment after them */
         if (bufs[b].off + bufs[b].size > top) top = bufs[b].off + bufs[b].size;
     }
-    int64_t base = align_up((int64_t)persistent);
     for (int b = 0; b < nb; b++) {
         if (bufs[b].tensor >= 0) pl->off[bufs[b].tensor] = base + bufs[b].off;
         else pl->ws_off[bufs[b].first] = base + bufs[b].off;
     }
-    /* the largest workspace that is live at one position */
-    for (int i = 0; i < n; i++)
-        if (pl->ws_bytes[i] > pl->workspace) pl->workspace = pl->ws_bytes[i];
     pl->transient = (size_t)top;
-    pl->peak = (size_t)base + (size_t)top;
+    pl->peak = nb ? (size_t)(base + top) : persistent;
+
+    cat = malloc(sizeof(size_t) * (size_t)(n ? n : 1) * CK_CAT_COUNT);
+    if (!cat) goto out;
+    pl->live_peak = sweep(pl, g, persistent, first, last, pl->ws_bytes, cat, &pl->peak_at);
+    if (n) memcpy(pl->at_peak, cat + (size_t)pl->peak_at * CK_CAT_COUNT, sizeof pl->at_peak);
+    for (int t = 0; t < g->nt && t < nt; t++)
+        if (first[t] >= 0 && ck_is_persistent(g->t[t].kind))
+            pl->at_peak[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
+
+    /* forward activations still live when the first non-forward op runs */
+    int turn = n;
+    for (int i = 0; i < n; i++)
+        if (pl->ops[i].phase != CK_PHASE_FORWARD) {
+            turn = i;
+            break;
+        }
+    pl->activation_bytes = 0;
+    for (int t = 0; t < g->nt; t++)
+        if (first[t] >= 0 && first[t] < turn && last[t] >= turn && ck_tensor_cat(pl, g, t) == CK_CAT_ACTIVATIONS)
+            pl->activation_bytes += ck_plan_tensor_bytes(pl, g, t);
+    pl->step_flops = pl->recompute_flops = 0;
+    for (int i = 0; i < n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        const ck_node *nd = &g->n[r->node];
+        ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
+        for (int j = 0; j < r->nin; j++) ins[j] = g->t[pl->origin[r->in[j]]].shape;
+        for (int j = 0; j < r->nout; j++) outs[j] = r->out[j] >= 0 ? g->t[pl->origin[r->out[j]]].shape : ins[0];
+        double f = ck_op_flops(nd->op, &nd->p, ins, r->nin, outs);
+        pl->step_flops += f;
+        if (r->phase == CK_PHASE_RECOMPUTE) pl->recompute_flops += f;
+    }
     rc = 0;
 out:
     free(first);
     free(last);
     free(bufs);
     free(live);
-    if (rc) ck_plan_free(pl);
+    free(cat);
     return rc;
 }

@@ -118,7 +118,8 @@ static int cut_list(const ck_graph *g, const int *sink_nodes, int nsinks, int ma
 ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
 {
     ck_program *p = calloc(1, sizeof *p);
-    int *list = NULL, *sinks = NULL;
+    int *list = NULL, *sinks = NULL, *cand = NULL;
+    unsigned char *recompute = NULL;
     if (!p) {
         failf(err, errlen, "out of memory");
         return NULL;
@@ -163,7 +164,9 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
     if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
     int n = cut_list(g, sinks, ns, CK_PHASE_FORWARD, list);
-    if (n < 0 || ck_plan_build(&p->eval, g, list, n, p->poff, p->persistent, p->retain, nthreads)) goto oom;
+    if (n < 0 || ck_schedule(&p->eval, g, list, n, NULL) ||
+        ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, nthreads))
+        goto oom;
 
     if (o->loss >= 0 && trains) {
         for (int t = 0; t < g->nt; t++) {
@@ -175,15 +178,22 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         for (int i = 0; i < g->nn; i++)
             if (g->n[i].phase == CK_PHASE_OPTIMIZER) sinks[ns++] = i;
         n = cut_list(g, sinks, ns, CK_PHASE_OPTIMIZER, list);
-        if (n < 0 || ck_plan_build(&p->train, g, list, n, p->poff, p->persistent, p->retain, nthreads)) goto oom;
+        if (n < 0) goto oom;
+        if (o->decide) {
+            recompute = calloc((size_t)g->nt, 1);
+            cand = malloc(sizeof(int) * (size_t)g->nt);
+            if (!recompute || !cand) goto oom;
+            int nc = ck_saved_activations(g, cand);
+            if (nc < 0) goto oom;
+            if (o->decide(o->decide_ud, g, cand, nc, recompute, err, errlen)) goto fail;
+        }
+        if (ck_schedule(&p->train, g, list, n, recompute) ||
+            ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, nthreads))
+            goto oom;
     }
     p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
-    if (o->plan_only) {
-        free(list);
-        free(sinks);
-        return p;
-    }
+    if (o->plan_only) goto done;
     p->arena = aligned_alloc(64, (p->arena_bytes + 63) / 64 * 64 + 64);
     if (!p->arena) {
         failf(err, errlen, "cannot allocate the arena of %zu bytes", p->arena_bytes);
@@ -191,14 +201,19 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     }
     for (int t = 0; t < g->nt; t++)
         if (p->poff[t] >= 0) init_tensor(&g->t[t], (float *)(p->arena + p->poff[t]), o->seed);
+done:
     free(list);
     free(sinks);
+    free(cand);
+    free(recompute);
     return p;
 oom:
     failf(err, errlen, "out of memory while compiling");
 fail:
     free(list);
     free(sinks);
+    free(cand);
+    free(recompute);
     ck_program_free(p);
     return NULL;
 }

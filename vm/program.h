@@ -6,6 +6,11 @@
 
 #include "graph.h"
 
+/* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead
+ * of keeping it. Only forward activations that backward reads are candidates. */
+typedef int (*ck_decide_fn)(void *ud, const ck_graph *g, const int *candidates, int ncand, unsigned char *recompute,
+                            char *err, size_t errlen);
+
 typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW } ck_optim;
 
 typedef struct ck_compile_opts {
@@ -17,20 +22,49 @@ typedef struct ck_compile_opts {
     uint64_t seed;
     int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
     int plan_only;     /* plan, allocate nothing: the program cannot run */
+    ck_decide_fn decide; /* the checkpoint policy; NULL keeps every activation */
+    void *decide_ud;
 } ck_compile_opts;
+
+/* One entry of an op list: a graph node run on the tensors named here. A
+ * recompute entry reruns a forward node and writes a copy of its output, a
+ * tensor id >= g->nt whose origin is the forward tensor; backward entries read
+ * such copies in place of the forward tensors that were not kept. */
+typedef struct ck_op_ref {
+    int node;
+    ck_phase phase;
+    int nin, nout;
+    int in[CK_MAX_IN];
+    int out[CK_MAX_OUT]; /* -1: slot unwanted */
+} ck_op_ref;
+
+/* What the memory plan reports, by category. */
+typedef enum ck_cat {
+    CK_CAT_FROZEN = 0, CK_CAT_TRAINABLE, CK_CAT_GRADIENTS, CK_CAT_OPTSTATE, CK_CAT_INPUTS,
+    CK_CAT_ACTIVATIONS, CK_CAT_RECOMPUTED, CK_CAT_WORKSPACE, CK_CAT_COUNT
+} ck_cat;
+
+extern const char *const ck_cat_names[CK_CAT_COUNT];
 
 /* One op list and where each tensor it touches lives in the arena. */
 typedef struct ck_plan {
     int n;
-    int *nodes;         /* node ids in run order */
-    int64_t *off;       /* per tensor: byte offset in the arena, -1 if the list does not touch it */
-    int64_t *ws_off;    /* per list position: workspace offset, -1 if none */
+    ck_op_ref *ops;
+    int ntensors;        /* graph tensors plus recomputed copies */
+    int *origin;         /* per tensor id: the graph tensor it holds (itself, or what a copy recomputes) */
+    int64_t *off;        /* per tensor id: byte offset in the arena, -1 if the list does not touch it */
+    int64_t *ws_off;     /* per list position: workspace offset, -1 if none */
     size_t *ws_bytes;
-    size_t transient;   /* bytes above the persistent region */
-    size_t peak;        /* persistent + transient */
-    size_t by_kind[CK_KIND_COUNT];
-    size_t workspace;   /* largest workspace live at once */
+    size_t transient;    /* bytes above the persistent region */
+    size_t peak;         /* the arena's high-water mark: persistent + transient */
+    size_t live_peak;    /* the most bytes live at once (peak minus fragmentation) */
+    int peak_at;         /* list position where live bytes are the most */
+    size_t at_peak[CK_CAT_COUNT]; /* live bytes at peak_at, by category */
+    size_t activation_bytes; /* forward activations held across the turn to backward */
+    size_t workspace;    /* largest workspace */
+    double step_flops, recompute_flops;
 } ck_plan;
+
 
 typedef struct ck_program {
     ck_graph *g;
@@ -59,13 +93,29 @@ int ck_program_forward(ck_program *p);
 /* Where a tensor's values are now, or NULL if the last run did not keep it. */
 float *ck_program_data(ck_program *p, int t);
 
-/* vm/memplan.c: the liveness-based plan of one op list. */
-int ck_plan_build(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const int64_t *poff, size_t persistent,
-                  const int *retain, int nthreads);
+/* vm/schedule.c: the op list of the given graph nodes (forward nodes first, in
+ * graph order, then the rest), with recompute entries placed before the first
+ * backward use of every tensor marked in recompute (NULL: none). */
+int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const unsigned char *recompute);
+/* Forward activations that backward nodes read: the checkpoint candidates.
+ * Returns their count; ids into out (g->nt entries at most). */
+int ck_saved_activations(const ck_graph *g, int *out);
+
+/* vm/memplan.c: liveness over a scheduled list, then offsets in one arena. */
+int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
+                   int nthreads);
+/* The most bytes live at once, without placing anything (fast; for searches). */
+size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads);
 void ck_plan_free(ck_plan *pl);
 int ck_is_persistent(ck_kind k);
+ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
+/* bytes of tensor id (a graph tensor or a recomputed copy) */
+size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id);
 
 /* vm/exec.c: runs one list on the CPU backend. */
 int ck_exec(ck_program *p, const ck_plan *pl, char *err, size_t errlen);
+/* One training step on an arena first filled with a sentinel; *high_water gets
+ * the offset just past the last byte the step wrote: the measured peak. */
+int ck_program_step_measured(ck_program *p, size_t *high_water);
 
 #endif

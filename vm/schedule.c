@@ -1,0 +1,145 @@
+/* The scheduler: turns graph nodes and a checkpoint decision into one op list.
+ * Forward nodes run first. A forward activation marked for recompute is not
+ * kept for backward: right before the first backward op that reads it, its
+ * producer runs again (and so, first, do the producers of any marked inputs),
+ * writing a copy that later backward ops share. Each recomputed op runs once;
+ * random ops replay the same numbers because their keys are node parameters;
+ * optimizer updates are never recomputed. */
+#include "program.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct sched {
+    const ck_graph *g;
+    const unsigned char *recompute;
+    ck_plan *pl;
+    int cap_ops, cap_t;
+    int *copy; /* per graph tensor: its recomputed copy, -1 */
+} sched;
+
+static int push(sched *s, const ck_op_ref *r)
+{
+    if (s->pl->n == s->cap_ops) {
+        int cap = s->cap_ops ? 2 * s->cap_ops : 256;
+        ck_op_ref *ops = realloc(s->pl->ops, sizeof *ops * (size_t)cap);
+        if (!ops) return -1;
+        s->pl->ops = ops;
+        s->cap_ops = cap;
+    }
+    s->pl->ops[s->pl->n++] = *r;
+    return 0;
+}
+
+static int marked(const sched *s, int t)
+{
+    return s->recompute && t < s->g->nt && s->recompute[t] && s->g->t[t].node >= 0 &&
+           s->g->n[s->g->t[t].node].phase == CK_PHASE_FORWARD;
+}
+
+static int new_copy(sched *s, int origin)
+{
+    ck_plan *pl = s->pl;
+    if (pl->ntensors == s->cap_t) {
+        int cap = 2 * s->cap_t;
+        int *o = realloc(pl->origin, sizeof(int) * (size_t)cap);
+        if (!o) return -1;
+        pl->origin = o;
+        s->cap_t = cap;
+    }
+    pl->origin[pl->ntensors] = origin;
+    return pl->ntensors++;
+}
+
+/* the copy of marked tensor t, recomputing it (and its marked inputs) if needed */
+static int materialize(sched *s, int t)
+{
+    if (s->copy[t] >= 0) return s->copy[t];
+    const ck_node *n = &s->g->n[s->g->t[t].node];
+    ck_op_ref r = {0};
+    r.node = s->g->t[t].node;
+    r.phase = CK_PHASE_RECOMPUTE;
+    r.nin = n->nin;
+    r.nout = n->nout;
+    for (int j = 0; j < n->nin; j++) {
+        int u = n->in[j];
+        r.in[j] = marked(s, u) ? materialize(s, u) : u;
+        if (r.in[j] < 0) return -1;
+    }
+    for (int k = 0; k < n->nout; k++) {
+        r.out[k] = -1;
+        if (n->out[k] < 0) continue;
+        r.out[k] = new_copy(s, n->out[k]);
+        if (r.out[k] < 0) return -1;
+        s->copy[n->out[k]] = r.out[k];
+    }
+    if (push(s, &r)) return -1;
+    return s->copy[t];
+}
+
+static ck_op_ref ref_of(const ck_graph *g, int id)
+{
+    const ck_node *n = &g->n[id];
+    ck_op_ref r;
+    r.node = id;
+    r.phase = n->phase;
+    r.nin = n->nin;
+    r.nout = n->nout;
+    memcpy(r.in, n->in, sizeof r.in);
+    memcpy(r.out, n->out, sizeof r.out);
+    return r;
+}
+
+int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const unsigned char *recompute)
+{
+    sched s = {g, recompute, pl, 0, 0, NULL};
+    memset(pl, 0, sizeof *pl);
+    s.cap_t = g->nt + 64;
+    pl->ntensors = g->nt;
+    pl->origin = malloc(sizeof(int) * (size_t)s.cap_t);
+    s.copy = malloc(sizeof(int) * (size_t)(g->nt ? g->nt : 1));
+    if (!pl->origin || !s.copy) goto fail;
+    for (int t = 0; t < g->nt; t++) {
+        pl->origin[t] = t;
+        s.copy[t] = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (g->n[nodes[i]].phase != CK_PHASE_FORWARD) continue;
+        ck_op_ref r = ref_of(g, nodes[i]);
+        if (push(&s, &r)) goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+        if (g->n[nodes[i]].phase == CK_PHASE_FORWARD) continue;
+        ck_op_ref r = ref_of(g, nodes[i]);
+        for (int j = 0; j < r.nin; j++)
+            if (marked(&s, r.in[j]) && (r.in[j] = materialize(&s, r.in[j])) < 0) goto fail;
+        if (push(&s, &r)) goto fail;
+    }
+    free(s.copy);
+    return 0;
+fail:
+    free(s.copy);
+    ck_plan_free(pl);
+    return -1;
+}
+
+int ck_saved_activations(const ck_graph *g, int *out)
+{
+    char *seen = calloc((size_t)(g->nt ? g->nt : 1), 1);
+    if (!seen) return -1;
+    int k = 0;
+    for (int i = 0; i < g->nn; i++) {
+        const ck_node *n = &g->n[i];
+        if (n->phase == CK_PHASE_FORWARD) continue;
+        for (int j = 0; j < n->nin; j++) {
+            int t = n->in[j];
+            if (seen[t] || g->t[t].kind != CK_KIND_ACT || g->t[t].node < 0) continue;
+            if (g->n[g->t[t].node].phase != CK_PHASE_FORWARD) continue;
+            seen[t] = 1;
+        }
+    }
+    for (int t = 0; t < g->nt; t++)
+        if (seen[t]) out[k++] = t;
+    free(seen);
+    return k;
+}

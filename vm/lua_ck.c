@@ -5,6 +5,7 @@
 #include "graph.h"
 #include "lua_ck.h"
 #include "program.h"
+#include "../ops/cpu/cpu.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -748,6 +749,9 @@ static int l_compile(lua_State *L)
     lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
     o.plan_only = opt_bool(L, 2, "plan_only", lua_toboolean(L, -1));
     lua_pop(L, 1);
+    lua_getfield(L, 2, "checkpoint");
+    ck_lua_policy policy;
+    ck_lua_policy_opts(L, -1, &policy, &o);
     char err[512];
     lprogram *lp = lua_newuserdatauv(L, sizeof *lp, 1);
     lp->p = NULL;
@@ -903,13 +907,43 @@ static int push_loss(lua_State *L, ck_program *p)
     return 1;
 }
 
-/* p:step([{lr=}]) -> loss */
+/* p:step([{lr=, measure=}]) -> loss; with measure = true also the arena's
+ * measured high-water mark (bytes), found by scanning a sentinel fill */
 static int l_step(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
     if (lua_istable(L, 2)) p->opt.lr = (float)opt_num(L, 2, "lr", p->opt.lr);
+    if (opt_bool(L, 2, "measure", 0)) {
+        size_t hw = 0;
+        if (ck_program_step_measured(p, &hw)) return luaL_error(L, "%s", p->err);
+        if (!push_loss(L, p)) lua_pushnil(L);
+        lua_pushinteger(L, (lua_Integer)hw);
+        return 2;
+    }
     if (ck_program_step(p)) return luaL_error(L, "%s", p->err);
     return push_loss(L, p);
+}
+
+/* p:checksum(tensor|name [, "grad"]) -> hex digest of the bytes (FNV-1a 64) of a
+ * tensor or of its gradient (compile with keep_grads): bitwise comparisons
+ * without copying values into Lua */
+static int l_checksum(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    int id = ck_lua_program_tensor(L, p, 2);
+    if (lua_isstring(L, 3) && strcmp(lua_tostring(L, 3), "grad") == 0) {
+        id = p->g->t[id].grad;
+        if (id < 0) return luaL_error(L, "no gradient");
+    }
+    const unsigned char *x = (const unsigned char *)ck_program_data(p, id);
+    if (!x) return luaL_error(L, "tensor is not readable now");
+    size_t n = (size_t)ck_shape_numel(&p->g->t[id].shape) * sizeof(float);
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ x[i]) * 1099511628211ULL;
+    char buf[17];
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+    lua_pushstring(L, buf);
+    return 1;
 }
 
 static int l_forward(lua_State *L)
@@ -956,6 +990,34 @@ static int l_plan(lua_State *L)
     lua_newtable(L);
     for (int c = 0; c < CK_CAT_COUNT; c++) set_int(L, ck_cat_names[c], (lua_Integer)pl->at_peak[c]);
     lua_setfield(L, -2, "at_peak");
+    return 1;
+}
+
+/* p:timeline() -> {phase = {"forward"|"recompute"|"backward"|"optimizer", ...},
+ * <category> = {live bytes at each op, ...}, ...} of the training list */
+static int l_timeline(lua_State *L)
+{
+    static const char *const phases[] = {"forward", "backward", "optimizer", "recompute"};
+    ck_program *p = check_program(L, 1)->p;
+    const ck_plan *pl = p->train.n ? &p->train : &p->eval;
+    size_t *cat = ck_plan_timeline(pl, p->g, p->persistent, p->retain, ck_cpu_threads());
+    if (!cat) return luaL_error(L, "out of memory");
+    lua_newtable(L);
+    lua_createtable(L, pl->n, 0);
+    for (int i = 0; i < pl->n; i++) {
+        lua_pushstring(L, phases[pl->ops[i].phase]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "phase");
+    for (int c = 0; c < CK_CAT_COUNT; c++) {
+        lua_createtable(L, pl->n, 0);
+        for (int i = 0; i < pl->n; i++) {
+            lua_pushinteger(L, (lua_Integer)cat[(size_t)i * CK_CAT_COUNT + c]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, ck_cat_names[c]);
+    }
+    free(cat);
     return 1;
 }
 
@@ -1068,6 +1130,8 @@ static const luaL_Reg program_methods[] = {
     {"forward", l_forward},
     {"plan", l_plan},
     {"randn", l_fill_randn},
+    {"checksum", l_checksum},
+    {"timeline", l_timeline},
     {NULL, NULL},
 };
 

@@ -3,6 +3,7 @@
 #ifndef CK_LUA_CK_H
 #define CK_LUA_CK_H
 
+#include "policy.h"
 #include "program.h"
 
 #include <lua.h>
@@ -18,6 +19,18 @@ int ck_lua_program_tensor(lua_State *L, ck_program *p, int i);
 /* vm/lua_st.c: adds safetensors functions to the module table at index lib and
  * methods to the program method table at index methods. */
 void ck_lua_st_register(lua_State *L, int lib, int methods);
+/* vm/lua_policy.c: the checkpoint policy of a compile table. */
+typedef struct ck_lua_policy {
+    lua_State *L;
+    int fn;                    /* stack index of a function policy, 0 if none */
+    char defined[300];         /* "defined at file:line" of a function policy */
+    ck_policy pol;
+    const char *patterns[64];  /* blocks: strings held by the policy table */
+} ck_lua_policy;
+/* Reads the policy at stack index idx (nil, a policy table or a function) into
+ * lp and sets o->decide; raises on a malformed policy. The value must stay on
+ * the stack until the compile is done. */
+int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts *o);
 /* vm/lua_fs.c: ck.listdir, ck.mkdir, ck.isatty, ck.now */
 void ck_lua_fs_register(lua_State *L, int lib);
 

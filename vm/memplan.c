@@ -73,14 +73,28 @@ void ck_plan_free(ck_plan *pl)
     memset(pl, 0, sizeof *pl);
 }
 
-static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, int nthreads)
+/* the shapes entry i reads and writes (an unwanted output gets the first input's) */
+static void shapes_of(const ck_plan *pl, const ck_graph *g, int i, ck_shape *ins, ck_shape *outs)
 {
     const ck_op_ref *r = &pl->ops[i];
-    const ck_node *nd = &g->n[r->node];
-    ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     for (int j = 0; j < r->nin; j++) ins[j] = g->t[pl->origin[r->in[j]]].shape;
     for (int j = 0; j < r->nout; j++) outs[j] = r->out[j] >= 0 ? g->t[pl->origin[r->out[j]]].shape : ins[0];
-    return ck_op_workspace(nd->op, &nd->p, ins, r->nin, outs, nthreads);
+}
+
+static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, int nthreads)
+{
+    const ck_node *nd = &g->n[pl->ops[i].node];
+    ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
+    shapes_of(pl, g, i, ins, outs);
+    return ck_op_workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, nthreads);
+}
+
+double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)
+{
+    const ck_node *nd = &g->n[pl->ops[i].node];
+    ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
+    shapes_of(pl, g, i, ins, outs);
+    return ck_op_flops(nd->op, &nd->p, ins, pl->ops[i].nin, outs);
 }
 
 /* first and last list positions of every tensor id; retained ones live to the end */
@@ -153,6 +167,30 @@ size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent
     free(last);
     free(ws);
     return peak;
+}
+
+size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads)
+{
+    int *first = malloc(sizeof(int) * (size_t)pl->ntensors), *last = malloc(sizeof(int) * (size_t)pl->ntensors);
+    size_t *ws = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1));
+    size_t *cat = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1) * CK_CAT_COUNT);
+    if (first && last && ws && cat) {
+        liveness(pl, retain, first, last);
+        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, nthreads);
+        sweep((ck_plan *)pl, g, persistent, first, last, ws, cat, NULL);
+        size_t fixed[CK_CAT_COUNT] = {0};
+        for (int t = 0; t < g->nt; t++)
+            if (first[t] >= 0 && ck_is_persistent(g->t[t].kind)) fixed[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
+        for (int i = 0; i < pl->n; i++)
+            for (int c = 0; c < CK_CAT_COUNT; c++) cat[(size_t)i * CK_CAT_COUNT + c] += fixed[c];
+    } else {
+        free(cat);
+        cat = NULL;
+    }
+    free(first);
+    free(last);
+    free(ws);
+    return cat;
 }
 
 int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
@@ -234,14 +272,9 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
             pl->activation_bytes += ck_plan_tensor_bytes(pl, g, t);
     pl->step_flops = pl->recompute_flops = 0;
     for (int i = 0; i < n; i++) {
-        const ck_op_ref *r = &pl->ops[i];
-        const ck_node *nd = &g->n[r->node];
-        ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
-        for (int j = 0; j < r->nin; j++) ins[j] = g->t[pl->origin[r->in[j]]].shape;
-        for (int j = 0; j < r->nout; j++) outs[j] = r->out[j] >= 0 ? g->t[pl->origin[r->out[j]]].shape : ins[0];
-        double f = ck_op_flops(nd->op, &nd->p, ins, r->nin, outs);
+        double f = ck_plan_op_flops(pl, g, i);
         pl->step_flops += f;
-        if (r->phase == CK_PHASE_RECOMPUTE) pl->recompute_flops += f;
+        if (pl->ops[i].phase == CK_PHASE_RECOMPUTE) pl->recompute_flops += f;
     }
     rc = 0;
 out:

@@ -185,7 +185,8 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             if (!recompute || !cand) goto oom;
             int nc = ck_saved_activations(g, cand);
             if (nc < 0) goto oom;
-            if (o->decide(o->decide_ud, g, cand, nc, recompute, err, errlen)) goto fail;
+            ck_decide_ctx dc = {g, list, n, cand, nc, p->poff, p->persistent, p->retain, nthreads};
+            if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
         }
         if (ck_schedule(&p->train, g, list, n, recompute) ||
             ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, nthreads))
@@ -216,6 +217,25 @@ fail:
     free(recompute);
     ck_program_free(p);
     return NULL;
+}
+
+int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops)
+{
+    ck_plan pl;
+    if (ck_schedule(&pl, c->g, c->nodes, c->n, recompute)) return -1;
+    int rc = 0;
+    if (exact) {
+        rc = ck_plan_memory(&pl, c->g, c->poff, c->persistent, c->retain, c->nthreads);
+        *peak = pl.peak;
+        *flops = pl.recompute_flops;
+    } else {
+        *peak = ck_plan_live_peak(&pl, c->g, c->persistent, c->retain, c->nthreads);
+        *flops = 0;
+        for (int i = 0; i < pl.n; i++)
+            if (pl.ops[i].phase == CK_PHASE_RECOMPUTE) *flops += ck_plan_op_flops(&pl, c->g, i);
+    }
+    ck_plan_free(&pl);
+    return rc;
 }
 
 void ck_program_free(ck_program *p)

@@ -6,10 +6,28 @@
 
 #include "graph.h"
 
+/* What a checkpoint policy sees: the differentiated graph, the training list
+ * before scheduling, and the candidates (ck_saved_activations). It can
+ * schedule and plan trial decisions with ck_decide_eval. */
+typedef struct ck_decide_ctx {
+    const ck_graph *g;
+    const int *nodes;
+    int n;
+    const int *cand;
+    int ncand;
+    const int64_t *poff;
+    size_t persistent;
+    const int *retain;
+    int nthreads;
+} ck_decide_ctx;
+
 /* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead
- * of keeping it. Only forward activations that backward reads are candidates. */
-typedef int (*ck_decide_fn)(void *ud, const ck_graph *g, const int *candidates, int ncand, unsigned char *recompute,
-                            char *err, size_t errlen);
+ * of keeping it. Returns 0, or -1 with a message. */
+typedef int (*ck_decide_fn)(void *ud, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen);
+
+/* The peak and recompute FLOPs of one trial decision; exact: place every byte
+ * (the true peak), otherwise the most bytes live at once (a lower bound, fast). */
+int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops);
 
 typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW } ck_optim;
 
@@ -97,8 +115,10 @@ float *ck_program_data(ck_program *p, int t);
  * graph order, then the rest), with recompute entries placed before the first
  * backward use of every tensor marked in recompute (NULL: none). */
 int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const unsigned char *recompute);
-/* Forward activations that backward nodes read: the checkpoint candidates.
- * Returns their count; ids into out (g->nt entries at most). */
+/* The checkpoint candidates: every forward activation. Marking one that
+ * backward reads frees it after the forward pass; marking one that only a
+ * recomputation reads lets that recomputation make it again instead of
+ * holding it. Returns their count; ids into out (g->nt entries at most). */
 int ck_saved_activations(const ck_graph *g, int *out);
 
 /* vm/memplan.c: liveness over a scheduled list, then offsets in one arena. */
@@ -106,9 +126,14 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
                    int nthreads);
 /* The most bytes live at once, without placing anything (fast; for searches). */
 size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads);
+/* Live bytes at every list position by category (persistent ones included):
+ * n * CK_CAT_COUNT entries, malloc'd; NULL on out of memory. */
+size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads);
 void ck_plan_free(ck_plan *pl);
 int ck_is_persistent(ck_kind k);
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
+/* FLOPs of list entry i */
+double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i);
 /* bytes of tensor id (a graph tensor or a recomputed copy) */
 size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id);
 

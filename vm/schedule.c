@@ -125,21 +125,9 @@ fail:
 
 int ck_saved_activations(const ck_graph *g, int *out)
 {
-    char *seen = calloc((size_t)(g->nt ? g->nt : 1), 1);
-    if (!seen) return -1;
     int k = 0;
-    for (int i = 0; i < g->nn; i++) {
-        const ck_node *n = &g->n[i];
-        if (n->phase == CK_PHASE_FORWARD) continue;
-        for (int j = 0; j < n->nin; j++) {
-            int t = n->in[j];
-            if (seen[t] || g->t[t].kind != CK_KIND_ACT || g->t[t].node < 0) continue;
-            if (g->n[g->t[t].node].phase != CK_PHASE_FORWARD) continue;
-            seen[t] = 1;
-        }
-    }
     for (int t = 0; t < g->nt; t++)
-        if (seen[t]) out[k++] = t;
-    free(seen);
+        if (g->t[t].kind == CK_KIND_ACT && g->t[t].node >= 0 && g->n[g->t[t].node].phase == CK_PHASE_FORWARD)
+            out[k++] = t;
     return k;
 }

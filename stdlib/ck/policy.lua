@@ -1,0 +1,103 @@
+-- Checkpoint policies for g:compile{checkpoint = ...}: which activations
+-- backward keeps and which it recomputes. Each constructor returns a policy
+-- table that the C core (vm/policy.c) decides on; a plain Lua function
+-- function(t) return "save" | "recompute" end is a policy too, called once per
+-- candidate with {op, scope, shape, bytes, flops, block, where}.
+local M = {}
+
+local UNITS = {B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KiB = 2 ^ 10, MiB = 2 ^ 20, GiB = 2 ^ 30, TiB = 2 ^ 40}
+
+-- "15 GiB", "512MiB", 1e9 -> bytes
+function M.bytes(v)
+  if type(v) == "number" then
+    if v <= 0 then error("a size must be positive, got " .. v, 3) end
+    return v
+  end
+  local n, unit = tostring(v):match("^%s*([%d.]+)%s*(%a*)%s*$")
+  local f = UNITS[unit ~= "" and unit or "B"]
+  if not n or not tonumber(n) or not f then
+    error("not a size: '" .. tostring(v) .. "' (use bytes or a unit: 15 GiB, 512 MiB)", 3)
+  end
+  return tonumber(n) * f
+end
+
+function M.none() return {kind = "none"} end
+
+-- recompute the inside of every scope that matches a pattern ('*' is one
+-- dotted component): blocks{"down_blocks.2", "mid_block", "up_blocks.*.attentions.*"}
+function M.blocks(patterns)
+  if type(patterns) == "string" then patterns = {patterns} end
+  if type(patterns) ~= "table" or #patterns == 0 then error("blocks: give a list of scope patterns", 2) end
+  return {kind = "blocks", patterns = patterns}
+end
+
+-- diffusers' gradient checkpointing: every ResnetBlock2D and every BasicTransformerBlock
+M.DIFFUSERS_BLOCKS = {
+  "*.*.resnets.*", "mid_block.resnets.*",
+  "*.*.attentions.*.transformer_blocks.*", "mid_block.attentions.*.transformer_blocks.*",
+}
+function M.diffusers() return M.blocks(M.DIFFUSERS_BLOCKS) end
+
+-- every n-th block of the block sequence (diffusers' blocks in forward order)
+function M.every_n(n)
+  if math.type(n) ~= "integer" or n < 1 then error("every_n: n must be a positive integer", 2) end
+  return {kind = "every_n", n = n}
+end
+
+-- Chen et al. 2016: the block sequence cut into ceil(sqrt(n)) segments
+function M.sqrt_n() return {kind = "sqrt_n"} end
+
+-- recompute the outputs of cheap ops; keep matmul, conv and attention outputs
+function M.selective(o)
+  return {kind = "selective", recompute = o and o.recompute}
+end
+
+-- the least recompute FLOPs whose planned peak fits: budget("15 GiB"), budget(1e9), budget("62%") of none's peak
+function M.budget(v)
+  local pct = type(v) == "string" and v:match("^%s*([%d.]+)%%%s*$")
+  if pct then
+    local f = tonumber(pct) / 100
+    if not f or f <= 0 then error("budget: bad percentage '" .. v .. "'", 2) end
+    return {kind = "budget", fraction = f, label = v}
+  end
+  return {kind = "budget", bytes = M.bytes(v), label = tostring(v)}
+end
+
+-- no recompute if the plan fits the device with headroom, else the cheapest plan that fits
+function M.auto(o)
+  o = o or {}
+  if not o.device then error("auto: give device = bytes (or a size such as '24 GiB')", 2) end
+  return {kind = "auto", device = M.bytes(o.device), headroom = o.headroom or 0.1}
+end
+
+-- "none", "diffusers", "selective", "sqrt_n", "every_n:2", "budget:62%", "budget:4GiB", "blocks:mid_block"
+function M.parse(s)
+  local name, arg = tostring(s):match("^%s*([%w_]+)%s*:?%s*(.-)%s*$")
+  if name == "none" then return M.none()
+  elseif name == "diffusers" then return M.diffusers()
+  elseif name == "selective" then return M.selective()
+  elseif name == "sqrt_n" then return M.sqrt_n()
+  elseif name == "every_n" then return M.every_n(math.tointeger(tonumber(arg)) or 2)
+  elseif name == "budget" and arg ~= "" then return M.budget(arg)
+  elseif name == "blocks" and arg ~= "" then
+    local pats = {}
+    for p in arg:gmatch("[^,;]+") do pats[#pats + 1] = p end
+    return M.blocks(pats)
+  end
+  error("unknown checkpoint policy '" .. tostring(s) ..
+    "' (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN)", 2)
+end
+
+-- a short name for tables and reports
+function M.name(p)
+  if type(p) == "function" then return "function" end
+  if p.kind == "budget" then return "budget:" .. p.label end
+  if p.kind == "every_n" then return "every_n:" .. p.n end
+  if p.kind == "blocks" then
+    if p.patterns == M.DIFFUSERS_BLOCKS then return "diffusers" end
+    return "blocks:" .. table.concat(p.patterns, ",")
+  end
+  return p.kind
+end
+
+return M

@@ -9,13 +9,15 @@
 -- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
 -- --batch N, --steps N, --lr X, --rank N, --alpha X, --targets default|kohya|a,b,c,
 -- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
--- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size).
+-- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
+-- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN).
 local ck = require "ck"
 local unet = require "ck.unet"
 local lora = require "ck.lora"
 local diffusion = require "ck.diffusion"
 local data = require "ck.data"
 local progress = require "ck.progress"
+local policy = require "ck.policy"
 
 local a = args or {}
 local function opt(name, default)
@@ -55,44 +57,52 @@ local prediction = opt("prediction", a.weights and "eps" or "v")
 local tokens = 77
 local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
 
--- model: frozen base, trainable adapters
-local model = unet.UNet2DConditionModel(config)
-model:freeze()
-local adapter = lora.attach(model, {rank = rank, alpha = alpha, targets = targets})
+local checkpoint = policy.parse(opt("checkpoint", "none"))
 
-local g = ck.graph()
-local objective = diffusion.objective{prediction = prediction, noise_offset = opt("noise-offset", 0),
-                                      min_snr_gamma = opt("min-snr-gamma", nil)}
-objective.seed = seed
-local inputs = {
-  prompt_embeds = g:input("prompt_embeds", {batch, tokens, config.cross_attention_dim}),
-  pooled_prompt_embeds = g:input("pooled_prompt_embeds", {batch, pooled_dim}),
-  time_ids = g:input("time_ids", {batch, 6}),
-}
-local loss = objective:build(g, {batch, config.in_channels, latent, latent}, function(noisy, t)
-  return model:forward(g, noisy, t, inputs.prompt_embeds, inputs.pooled_prompt_embeds, inputs.time_ids)
-end)
-inputs.latents = objective.inputs.latents
-inputs.noise = objective.inputs.noise
+-- The model, its adapters, the objective and the compiled program for one
+-- batch size and checkpoint policy (plan_only: nothing allocated).
+local function build(batch, checkpoint, plan_only)
+  local r = {}
+  r.model = unet.UNet2DConditionModel(config)
+  r.model:freeze()
+  r.adapter = lora.attach(r.model, {rank = rank, alpha = alpha, targets = targets})
+  local g = ck.graph()
+  r.graph = g
+  r.objective = diffusion.objective{prediction = prediction, noise_offset = opt("noise-offset", 0),
+                                    min_snr_gamma = opt("min-snr-gamma", nil)}
+  r.objective.seed = seed
+  r.inputs = {
+    prompt_embeds = g:input("prompt_embeds", {batch, tokens, config.cross_attention_dim}),
+    pooled_prompt_embeds = g:input("pooled_prompt_embeds", {batch, pooled_dim}),
+    time_ids = g:input("time_ids", {batch, 6}),
+  }
+  local loss = r.objective:build(g, {batch, config.in_channels, latent, latent}, function(noisy, t)
+    return r.model:forward(g, noisy, t, r.inputs.prompt_embeds, r.inputs.pooled_prompt_embeds, r.inputs.time_ids)
+  end)
+  r.inputs.latents = r.objective.inputs.latents
+  r.inputs.noise = r.objective.inputs.noise
+  r.program = g:compile{loss = loss, optimizer = "adamw", lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed,
+                        checkpoint = checkpoint, plan_only = plan_only}
+  return r
+end
 
+local run = build(batch, checkpoint, ck.plan_mode)
+local adapter, objective, inputs, p, g = run.adapter, run.objective, run.inputs, run.program, run.graph
 local all_count, trainable_count = g:param_count()
 local param_count = all_count - adapter.param_count() -- the UNet's own parameters
-local p = g:compile{loss = loss, optimizer = "adamw", lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed}
 
 if ck.plan_mode then
-  local plan = p:plan()
-  if ck.json then
-    print(string.format('{"script": "train_sdxl_lora", "size": "%s", "resolution": %d, "batch": %d, ' ..
-      '"param_count": %d, "trainable_param_count": %d, "lora_param_count": %d, "lora_modules": %d, "ops": %d, ' ..
-      '"peak_bytes": %d, "persistent_bytes": %d, "transient_bytes": %d, "workspace_bytes": %d}',
-      size, resolution, batch, param_count, trainable_count, adapter.param_count(), #adapter.paths, plan.ops, plan.peak,
-      plan.persistent, plan.transient, plan.workspace))
-  else
-    print(string.format("sdxl %s at %dx%d, batch %d: %d parameters, %d trainable (LoRA on %d modules)",
-      size, resolution, resolution, batch, param_count, trainable_count, #adapter.paths))
-    print(string.format("plan: %d ops, peak %.1f MiB (persistent %.1f MiB, transient %.1f MiB)", plan.ops,
-      plan.peak / 2 ^ 20, plan.persistent / 2 ^ 20, plan.transient / 2 ^ 20))
-  end
+  require("ck.plan").report{
+    info = {
+      {"script", "train_sdxl_lora"}, {"size", size}, {"resolution", resolution}, {"batch", batch},
+      {"param_count", param_count}, {"trainable_param_count", trainable_count},
+      {"lora_param_count", adapter.param_count()}, {"lora_modules", #adapter.paths},
+    },
+    program = p,
+    checkpoint = checkpoint,
+    batch = batch,
+    build = function(b, pol) return build(b, pol, true).program end,
+  }
   return
 end
 
@@ -169,7 +179,8 @@ local dir = out:match("^(.*)/[^/]*$")
 if dir and dir ~= "" then assert(ck.mkdir(dir)) end
 lora.save(p, adapter, out, {format = format, metadata = {
   ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_seed = tostring(seed),
-  ss_resolution = string.format("(%d, %d)", resolution, resolution), ss_gradient_checkpointing = "False",
+  ss_resolution = string.format("(%d, %d)", resolution, resolution),
+  ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
   ss_training_comment = "trained with ckrun " .. ck.version,
 }})
 print("wrote " .. out)

@@ -200,7 +200,9 @@ function Attention:updateOutput(g, x, context)
   local q = self.to_q:forward(g, x)
   local k = self.to_k:forward(g, context)
   local v = self.to_v:forward(g, context)
-  return self.to_out:forward(g, ck.attention(q, k, v, self.heads))
+  local out = self.to_out:forward(g, ck.attention(q, k, v, self.heads))
+  if (self.dropout or 0) > 0 then out = ck.dropout(out, self.dropout) end -- to_out.1
+  return out
 end
 
 ---- GEGLU{dim_in, dim_out}: proj to 2*dim_out, then first half * gelu(second half)
@@ -214,7 +216,7 @@ end
 
 function GEGLU:updateOutput(g, x) return ck.geglu(self.proj:forward(g, x)) end
 
----- FeedForward{dim, mult=4}: net.0 (GEGLU), net.1 (dropout, absent), net.2 (Linear)
+---- FeedForward{dim, mult=4}: net.0 (GEGLU), net.1 (dropout when self.dropout > 0), net.2 (Linear)
 
 local FeedForward = nn.class("FeedForward")
 nn.FeedForward = FeedForward
@@ -226,7 +228,11 @@ function FeedForward:init(o)
   self.out = self:add("net.2", Linear{inner, o.dim_out or dim})
 end
 
-function FeedForward:updateOutput(g, x) return self.out:forward(g, self.act:forward(g, x)) end
+function FeedForward:updateOutput(g, x)
+  local h = self.act:forward(g, x)
+  if (self.dropout or 0) > 0 then h = ck.dropout(h, self.dropout) end -- net.1
+  return self.out:forward(g, h)
+end
 
 ---- Timesteps{num_channels, flip_sin_to_cos, downscale_freq_shift}: t [N] -> [N, num_channels]
 

@@ -97,7 +97,9 @@ function ResnetBlock2D:updateOutput(g, x, temb)
   local t = self.time_emb_proj:forward(g, ck.silu(temb))
   local ts = t.shape
   h = h + ck.reshape(t, {ts[1], ts[2], 1, 1})
-  h = self.conv2:forward(g, ck.silu(self.norm2:forward(g, h)))
+  h = ck.silu(self.norm2:forward(g, h))
+  if (self.dropout or 0) > 0 then h = ck.dropout(h, self.dropout) end
+  h = self.conv2:forward(g, h)
   if self.conv_shortcut then x = self.conv_shortcut:forward(g, x) end
   return x + h
 end
@@ -387,6 +389,14 @@ function UNet2DConditionModel:init(config)
   self.conv_norm_out = self:add("conv_norm_out", nn.GroupNorm{groups, boc[1], eps = eps})
   self.conv_act = self:add("conv_act", nn.SiLU{})
   self.conv_out = self:add("conv_out", nn.Conv2d{boc[1], c.out_channels, 3, padding = 1})
+  -- config.dropout (diffusers' resnet dropout; here also attention to_out.1 and ff net.1)
+  if (c.dropout or 0) > 0 then
+    for _, e in ipairs(self:named_modules()) do
+      local m = e[2]
+      local mt = getmetatable(m)
+      if mt == ResnetBlock2D or mt == nn.Attention or mt == nn.FeedForward then m.dropout = c.dropout end
+    end
+  end
 end
 
 -- sample [B, in, H, W], timesteps [B], encoder_hidden_states [B, S, cross_attention_dim],

@@ -219,12 +219,32 @@ static int decide_regions(const ck_policy *pol, const ck_decide_ctx *c, unsigned
     return 0;
 }
 
-static void decide_selective(const unsigned char *ops, const ck_decide_ctx *c, unsigned char *recompute)
+/* Recomputes the outputs of the listed ops, but only where that holds nothing
+ * new: each input must be a leaf, kept for backward anyway, or itself
+ * recomputed. (Recomputing x + y where neither x nor y is otherwise kept would
+ * hold both to save one.) Candidates come in graph order, inputs first. */
+static int decide_selective(const unsigned char *ops, const ck_decide_ctx *c, unsigned char *recompute)
 {
+    const ck_graph *g = c->g;
+    unsigned char *kept = calloc((size_t)(g->nt ? g->nt : 1), 1);
+    if (!kept) return -1;
+    for (int i = 0; i < c->n; i++) {
+        const ck_node *nd = &g->n[c->nodes[i]];
+        if (nd->phase == CK_PHASE_FORWARD) continue;
+        for (int j = 0; j < nd->nin; j++) kept[nd->in[j]] = 1;
+    }
     for (int k = 0; k < c->ncand; k++) {
         int t = c->cand[k];
-        recompute[t] = ops[c->g->n[c->g->t[t].node].op];
+        const ck_node *nd = &g->n[g->t[t].node];
+        int ok = ops[nd->op];
+        for (int j = 0; ok && j < nd->nin; j++) {
+            int u = nd->in[j];
+            ok = g->t[u].kind != CK_KIND_ACT || recompute[u] || kept[u];
+        }
+        recompute[t] = (unsigned char)ok;
     }
+    free(kept);
+    return 0;
 }
 
 /* ---- budget */
@@ -365,7 +385,12 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
     case CK_POLICY_BLOCKS:
     case CK_POLICY_EVERY_N:
     case CK_POLICY_SQRT_N: return decide_regions(pol, c, recompute, err, errlen);
-    case CK_POLICY_SELECTIVE: decide_selective(pol->ops, c, recompute); return 0;
+    case CK_POLICY_SELECTIVE:
+        if (decide_selective(pol->ops, c, recompute)) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        return 0;
     case CK_POLICY_BUDGET: {
         double budget = pol->budget;
         if (pol->budget_fraction > 0) {

@@ -288,6 +288,16 @@ static int by_score(const void *a, const void *b)
 }
 
 #define EXHAUSTIVE_MAX 14
+#define PRUNE_TRIALS 32
+
+/* FLOPs to recompute t once from its inputs */
+static double producer_flops(const ck_graph *g, int t)
+{
+    const ck_node *nd = &g->n[g->t[t].node];
+    ck_shape ins[CK_MAX_IN], out = g->t[t].shape;
+    for (int j = 0; j < nd->nin; j++) ins[j] = g->t[nd->in[j]].shape;
+    return ck_op_flops(nd->op, &nd->p, ins, nd->nin, &out);
+}
 
 static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, size_t errlen)
 {
@@ -323,11 +333,7 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
     /* greedy: the most bytes per recompute FLOP first; the shortest prefix that fits */
     for (int k = 0; k < c->ncand; k++) {
         int t = c->cand[k];
-        const ck_node *nd = &g->n[g->t[t].node];
-        ck_shape ins[CK_MAX_IN], out = g->t[t].shape;
-        for (int j = 0; j < nd->nin; j++) ins[j] = g->t[nd->in[j]].shape;
-        double f = ck_op_flops(nd->op, &nd->p, ins, nd->nin, &out);
-        order[k] = (scored){t, (double)ck_shape_numel(&out) / (f + 1.0)};
+        order[k] = (scored){t, (double)ck_shape_numel(&g->t[t].shape) / (producer_flops(g, t) + 1.0)};
     }
     qsort(order, (size_t)c->ncand, sizeof *order, by_score);
     int lo = 0, hi = c->ncand; /* smallest prefix whose live peak fits */
@@ -349,6 +355,21 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
         int fit = consider(c, mark, budget, b);
         if (fit < 0) goto out;
         if (fit || k == c->ncand) break;
+    }
+    /* then keep, one at a time, the marked tensors that cost the most to
+     * recompute, as long as the plan still fits: less recompute at the budget */
+    if (b->found) {
+        memcpy(mark, b->mark, (size_t)g->nt);
+        int n = 0;
+        for (int k = 0; k < c->ncand; k++)
+            if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
+        qsort(order, (size_t)n, sizeof *order, by_score);
+        for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
+            mark[order[k].t] = 0;
+            int fit = consider(c, mark, budget, b);
+            if (fit < 0) goto out;
+            if (!fit) mark[order[k].t] = 1;
+        }
     }
     rc = 0;
 out:

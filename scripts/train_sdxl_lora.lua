@@ -10,7 +10,8 @@
 -- --batch N, --steps N, --lr X, --rank N, --alpha X, --targets default|kohya|a,b,c,
 -- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
 -- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
--- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN).
+-- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
+-- --storage fp32|bf16 (bf16: 16-bit activations and frozen weights; plans only on the CPU).
 local ck = require "ck"
 local unet = require "ck.unet"
 local lora = require "ck.lora"
@@ -82,7 +83,7 @@ local function build(batch, checkpoint, plan_only)
   r.inputs.latents = r.objective.inputs.latents
   r.inputs.noise = r.objective.inputs.noise
   r.program = g:compile{loss = loss, optimizer = "adamw", lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed,
-                        checkpoint = checkpoint, plan_only = plan_only}
+                        checkpoint = checkpoint, plan_only = plan_only, storage = opt("storage", "fp32")}
   return r
 end
 

@@ -64,6 +64,12 @@ void ck_graph_set_scope(ck_graph *g, const char *scope);
 int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *shape, const char *where);
 int ck_graph_find(const ck_graph *g, const char *name);
 
+/* bytes one tensor holds in its dtype */
+static inline size_t ck_tensor_bytes(const ck_tensor *t)
+{
+    return (size_t)ck_shape_numel(&t->shape) * (t->dtype == CK_F32 ? 4u : 2u);
+}
+
 /* Adds a node; infers the output shapes (outs[k] preset with ndim >= 0 asks for that
  * shape, which the rule checks). Fills out_ids with the new tensors (or -1 for an
  * unwanted slot: want == NULL means every slot is wanted). Returns the node id, or

@@ -749,6 +749,12 @@ static int l_compile(lua_State *L)
     lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
     o.plan_only = opt_bool(L, 2, "plan_only", lua_toboolean(L, -1));
     lua_pop(L, 1);
+    lua_getfield(L, 2, "storage");
+    const char *storage = luaL_optstring(L, -1, "fp32");
+    if (!strcmp(storage, "bf16")) o.storage = CK_BF16;
+    else if (!strcmp(storage, "fp16")) o.storage = CK_F16;
+    else if (strcmp(storage, "fp32")) return ck_lua_raise(L, "compile: storage must be fp32, bf16 or fp16, got '%s'", storage);
+    lua_pop(L, 1);
     lua_getfield(L, 2, "checkpoint");
     ck_lua_policy policy;
     ck_lua_policy_opts(L, -1, &policy, &o);

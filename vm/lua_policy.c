@@ -44,7 +44,7 @@ static int decide_function(void *ud, const ck_decide_ctx *c, unsigned char *reco
             lua_rawseti(L, -2, d + 1);
         }
         lua_setfield(L, -2, "shape");
-        lua_pushinteger(L, ck_shape_numel(&x->shape) * (lua_Integer)sizeof(float));
+        lua_pushinteger(L, (lua_Integer)ck_tensor_bytes(x));
         lua_setfield(L, -2, "bytes");
         lua_pushnumber(L, ck_op_flops(nd->op, &nd->p, ins, nd->nin, &x->shape));
         lua_setfield(L, -2, "flops");

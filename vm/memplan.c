@@ -28,7 +28,7 @@ static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
 size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id)
 {
-    return (size_t)ck_shape_numel(&g->t[pl->origin[id]].shape) * sizeof(float);
+    return ck_tensor_bytes(&g->t[pl->origin[id]]);
 }
 
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
@@ -55,12 +55,6 @@ static int by_size(const void *a, const void *b)
     if (sx != sy) return sx > sy ? -1 : 1;
     if (x->first != y->first) return x->first < y->first ? -1 : 1;
     return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
-}
-
-static int by_off(const void *a, const void *b)
-{
-    const buf *x = *(buf *const *)a, *y = *(buf *const *)b;
-    return x->off < y->off ? -1 : x->off > y->off;
 }
 
 void ck_plan_free(ck_plan *pl)
@@ -224,25 +218,35 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
         if (pl->ws_bytes[i] > pl->workspace) pl->workspace = pl->ws_bytes[i];
     }
     qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
+    /* placed buffers are kept sorted by offset: each new one walks them once,
+     * looking only at those live at the same time */
     int64_t base = align_up((int64_t)persistent), top = 0;
+    int np = 0;
     for (int b = 0; b < nb; b++) {
-        int nl = 0;
-        for (int c = 0; c < b; c++)
-            if (bufs[c].first <= bufs[b].last && bufs[b].first <= bufs[c].last) live[nl++] = &bufs[c];
-        qsort(live, (size_t)nl, sizeof *live, by_off);
         int64_t best = -1, best_gap = INT64_MAX, at = 0, need = align_up(bufs[b].size);
-        for (int c = 0; c < nl; c++) {
-            int64_t gap = live[c]->off - at;
+        for (int c = 0; c < np; c++) {
+            const buf *o = live[c];
+            if (o->first > bufs[b].last || bufs[b].first > o->last) continue;
+            int64_t gap = o->off - at;
             if (gap >= need && gap < best_gap) {
                 best = at;
                 best_gap = gap;
             }
-            int64_t end = live[c]->off + align_up(live[c]->size);
+            int64_t end = o->off + align_up(o->size);
             if (end > at) at = end;
         }
         bufs[b].off = best >= 0 ? best : at;
         /* the high-water mark counts the bytes used, not the alignment after them */
         if (bufs[b].off + bufs[b].size > top) top = bufs[b].off + bufs[b].size;
+        int lo = 0, hi = np;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (live[mid]->off <= bufs[b].off) lo = mid + 1;
+            else hi = mid;
+        }
+        memmove(live + lo + 1, live + lo, sizeof *live * (size_t)(np - lo));
+        live[lo] = &bufs[b];
+        np++;
     }
     for (int b = 0; b < nb; b++) {
         if (bufs[b].tensor >= 0) pl->off[bufs[b].tensor] = base + bufs[b].off;

@@ -288,7 +288,7 @@ static int by_score(const void *a, const void *b)
 }
 
 #define EXHAUSTIVE_MAX 14
-#define PRUNE_TRIALS 32
+#define PRUNE_TRIALS 128
 
 /* FLOPs to recompute t once from its inputs */
 static double producer_flops(const ck_graph *g, int t)
@@ -357,18 +357,35 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
         if (fit || k == c->ncand) break;
     }
     /* then keep, one at a time, the marked tensors that cost the most to
-     * recompute, as long as the plan still fits: less recompute at the budget */
+     * recompute, while the plan still fits: less recompute at the budget.
+     * Trials use the fast live peak plus the fragmentation of the best plan;
+     * the result is placed exactly, and cut back to what fits if needed. */
     if (b->found) {
         memcpy(mark, b->mark, (size_t)g->nt);
-        int n = 0;
+        size_t live;
+        double flops;
+        if (ck_decide_eval(c, mark, 0, &live, &flops)) goto out;
+        size_t frag = b->peak > live ? b->peak - live : 0;
+        int n = 0, na = 0;
         for (int k = 0; k < c->ncand; k++)
             if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
         qsort(order, (size_t)n, sizeof *order, by_score);
         for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
             mark[order[k].t] = 0;
+            if (ck_decide_eval(c, mark, 0, &live, &flops)) goto out;
+            if (live + frag <= budget) order[na++] = order[k]; /* accepted, in order */
+            else mark[order[k].t] = 1;
+        }
+        /* the longest run of accepted changes whose placed plan fits */
+        int lo = 0, hi = na;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            memcpy(mark, b->mark, (size_t)g->nt);
+            for (int k = 0; k < mid; k++) mark[order[k].t] = 0;
             int fit = consider(c, mark, budget, b);
             if (fit < 0) goto out;
-            if (!fit) mark[order[k].t] = 1;
+            if (fit) lo = mid;
+            else hi = mid - 1;
         }
     }
     rc = 0;

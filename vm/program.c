@@ -142,6 +142,19 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             goto fail;
         }
     }
+    if (o->storage != CK_F32) {
+        /* mixed precision as the CUDA backend runs it: activations, their
+         * gradients, inputs and frozen weights in 16 bits; trainable weights,
+         * their gradients and the optimizer state stay fp32 */
+        if (!o->plan_only) {
+            failf(err, errlen, "16-bit storage runs on the CUDA backend only; on the CPU use it with --plan");
+            goto fail;
+        }
+        for (int t = 0; t < g->nt; t++) {
+            ck_kind k = g->t[t].kind;
+            if (k == CK_KIND_ACT || k == CK_KIND_INPUT || k == CK_KIND_FROZEN) g->t[t].dtype = o->storage;
+        }
+    }
     p->retain = calloc((size_t)g->nt, sizeof(int));
     p->poff = malloc(sizeof(int64_t) * (size_t)g->nt);
     list = malloc(sizeof(int) * (size_t)(g->nn + 1));
@@ -156,7 +169,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         p->poff[t] = -1;
         if (!ck_is_persistent(g->t[t].kind)) continue;
         p->poff[t] = (int64_t)off;
-        off += ((size_t)ck_shape_numel(&g->t[t].shape) * sizeof(float) + 63) / 64 * 64;
+        off += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
     }
     p->persistent = off;
 

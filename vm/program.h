@@ -40,6 +40,7 @@ typedef struct ck_compile_opts {
     uint64_t seed;
     int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
     int plan_only;     /* plan, allocate nothing: the program cannot run */
+    ck_dtype storage;  /* CK_BF16 / CK_F16: plan 16-bit activations and frozen weights (plan_only) */
     ck_decide_fn decide; /* the checkpoint policy; NULL keeps every activation */
     void *decide_ud;
 } ck_compile_opts;

@@ -91,21 +91,35 @@ double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)
     return ck_op_flops(nd->op, &nd->p, ins, pl->ops[i].nin, outs);
 }
 
-/* first and last list positions of every tensor id; retained ones live to the end */
-static void liveness(const ck_plan *pl, const int *retain, int *first, int *last)
+/* A reshape's output is its input seen with another shape: both share one
+ * buffer. root[t] names the tensor whose buffer t uses (itself if it owns one). */
+static void alias_roots(const ck_plan *pl, const ck_graph *g, int *root)
 {
+    for (int t = 0; t < pl->ntensors; t++) root[t] = t;
+    for (int i = 0; i < pl->n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        if (g->n[r->node].op == CK_OP_RESHAPE && r->out[0] >= 0) root[r->out[0]] = root[r->in[0]];
+    }
+}
+
+/* First and last list positions of every buffer, by root (aliases fold into
+ * their root and get first = -1); retained tensors live to the end. */
+static void liveness(const ck_plan *pl, const ck_graph *g, const int *retain, int *first, int *last, int *root)
+{
+    alias_roots(pl, g, root);
     for (int t = 0; t < pl->ntensors; t++) first[t] = last[t] = -1;
     for (int i = 0; i < pl->n; i++) {
         const ck_op_ref *r = &pl->ops[i];
         for (int j = 0; j < r->nin + r->nout; j++) {
             int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
             if (t < 0) continue;
+            t = root[t];
             if (first[t] < 0) first[t] = i;
             last[t] = i;
         }
     }
-    for (int t = 0; t < pl->ntensors; t++)
-        if (first[t] >= 0 && retain && t < pl->ntensors && retain[pl->origin[t]] && pl->origin[t] == t) last[t] = pl->n;
+    for (int t = 0; t < g->nt; t++)
+        if (retain && retain[t] && first[root[t]] >= 0) last[root[t]] = pl->n;
 }
 
 /* Bytes live at each position, by category, from liveness (no placement):
@@ -150,15 +164,17 @@ static size_t sweep(ck_plan *pl, const ck_graph *g, size_t persistent, const int
 size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads)
 {
     int *first = malloc(sizeof(int) * (size_t)pl->ntensors), *last = malloc(sizeof(int) * (size_t)pl->ntensors);
+    int *root = malloc(sizeof(int) * (size_t)pl->ntensors);
     size_t *ws = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1));
     size_t peak = 0;
-    if (first && last && ws) {
-        liveness(pl, retain, first, last);
+    if (first && last && root && ws) {
+        liveness(pl, g, retain, first, last, root);
         for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, nthreads);
         peak = sweep((ck_plan *)pl, g, persistent, first, last, ws, NULL, NULL);
     }
     free(first);
     free(last);
+    free(root);
     free(ws);
     return peak;
 }
@@ -166,10 +182,11 @@ size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent
 size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads)
 {
     int *first = malloc(sizeof(int) * (size_t)pl->ntensors), *last = malloc(sizeof(int) * (size_t)pl->ntensors);
+    int *root = malloc(sizeof(int) * (size_t)pl->ntensors);
     size_t *ws = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1));
     size_t *cat = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1) * CK_CAT_COUNT);
-    if (first && last && ws && cat) {
-        liveness(pl, retain, first, last);
+    if (first && last && root && ws && cat) {
+        liveness(pl, g, retain, first, last, root);
         for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, nthreads);
         sweep((ck_plan *)pl, g, persistent, first, last, ws, cat, NULL);
         size_t fixed[CK_CAT_COUNT] = {0};
@@ -183,6 +200,7 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
     }
     free(first);
     free(last);
+    free(root);
     free(ws);
     return cat;
 }
@@ -195,11 +213,12 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
     pl->ws_off = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
     pl->ws_bytes = calloc((size_t)(n ? n : 1), sizeof(size_t));
     int *first = malloc(sizeof(int) * (size_t)nt), *last = malloc(sizeof(int) * (size_t)nt);
+    int *root = malloc(sizeof(int) * (size_t)nt);
     buf *bufs = malloc(sizeof(buf) * (size_t)(nt + n + 1));
     buf **live = malloc(sizeof(buf *) * (size_t)(nt + n + 1));
     size_t *cat = NULL;
-    if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !bufs || !live) goto out;
-    liveness(pl, retain, first, last);
+    if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs || !live) goto out;
+    liveness(pl, g, retain, first, last, root);
     for (int i = 0; i < n; i++) pl->ws_bytes[i] = workspace_of(pl, g, i, nthreads);
 
     int nb = 0;
@@ -252,6 +271,8 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
         if (bufs[b].tensor >= 0) pl->off[bufs[b].tensor] = base + bufs[b].off;
         else pl->ws_off[bufs[b].first] = base + bufs[b].off;
     }
+    for (int t = 0; t < nt; t++)
+        if (root[t] != t) pl->off[t] = pl->off[root[t]];
     pl->transient = (size_t)top;
     pl->peak = nb ? (size_t)(base + top) : persistent;
 
@@ -284,6 +305,7 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
 out:
     free(first);
     free(last);
+    free(root);
     free(bufs);
     free(live);
     free(cat);

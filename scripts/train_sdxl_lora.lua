@@ -11,7 +11,8 @@
 -- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
 -- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
 -- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
--- --storage fp32|bf16 (bf16: 16-bit activations and frozen weights; plans only on the CPU).
+-- --storage fp32|bf16 (bf16: 16-bit activations and frozen weights; plans only on the CPU),
+-- --save-every N, --state-dir DIR (out/state), --keep-states K (3), --resume [DIR].
 local ck = require "ck"
 local unet = require "ck.unet"
 local lora = require "ck.lora"
@@ -19,6 +20,7 @@ local diffusion = require "ck.diffusion"
 local data = require "ck.data"
 local progress = require "ck.progress"
 local policy = require "ck.policy"
+local state = require "ck.state"
 
 local a = args or {}
 local function opt(name, default)
@@ -150,14 +152,28 @@ print(string.format("training LoRA rank %d on %d modules of sdxl-%s (%d paramete
   prediction))
 local val_before = validate()
 if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_before)) end
+-- resume: the saved step, adapter, optimizer state and data position
+local save_every, state_dir = opt("save-every", 0), opt("state-dir", "out/state")
+local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
+                  prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets}
+if a.resume then
+  local from = a.resume == true and state_dir or a.resume
+  local path = state.latest(from) or error("--resume: no saved state in '" .. tostring(from) .. "'")
+  local meta = state.load(p, path, settings)
+  dataset.epoch, dataset.pos = tonumber(meta["data.epoch"]), tonumber(meta["data.pos"])
+  dataset:shuffle()
+  print(string.format("resumed from %s at step %d", path, p.steps))
+end
+local start = p.steps + 1
+
 local bar = progress.new(steps)
 local first, window, recent, step_time = nil, {}, 0, 0
-for step = 1, steps do
+for step = start, steps do
   local t0 = ck.now()
   local given = dataset:load(p, inputs, dataset:next_indices())
   objective:prepare(p, given)
   local l = p:step()
-  if step > 1 then step_time = step_time + (ck.now() - t0) end
+  if step > start then step_time = step_time + (ck.now() - t0) end
   if l ~= l or l == math.huge or l == -math.huge then
     error(string.format("step %d: loss is not finite (%s); nothing was saved", step, tostring(l)))
   end
@@ -169,11 +185,19 @@ for step = 1, steps do
   if val_every > 0 and step % val_every == 0 then
     bar:print(string.format("step %d: validation loss %.4f", step, validate()))
   end
+  if save_every > 0 and step % save_every == 0 and step < steps then
+    local meta = {["data.epoch"] = dataset.epoch, ["data.pos"] = dataset.pos}
+    for k, v in pairs(settings) do meta[k] = v end
+    state.save(p, state_dir, meta, opt("keep-states", 3))
+  end
 end
-if steps > 1 then
-  print(string.format("step time: %.1f ms (mean of steps 2-%d, data loading included)", 1e3 * step_time / (steps - 1), steps))
+if steps > start then
+  print(string.format("step time: %.1f ms (mean of steps %d-%d, data loading included)", 1e3 * step_time / (steps - start),
+    start + 1, steps))
 end
-print(string.format("training loss: first step %.4f, mean of the last %d steps %.4f", first, #window, recent / #window))
+if first then
+  print(string.format("training loss: first step %.4f, mean of the last %d steps %.4f", first, #window, recent / #window))
+end
 print(string.format("validation loss (fixed batches): before %.4f, after %.4f", val_before, validate()))
 
 local dir = out:match("^(.*)/[^/]*$")

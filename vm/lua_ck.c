@@ -1027,6 +1027,23 @@ static int l_timeline(lua_State *L)
     return 1;
 }
 
+/* p:state_tensors() -> names of what a training state holds: trainable
+ * parameters and optimizer state, in graph order */
+static int l_state_tensors(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    lua_newtable(L);
+    int k = 0;
+    for (int t = 0; t < p->g->nt; t++) {
+        ck_kind kind = p->g->t[t].kind;
+        if ((kind == CK_KIND_PARAM || kind == CK_KIND_OPTSTATE) && p->g->t[t].name) {
+            lua_pushstring(L, p->g->t[t].name);
+            lua_rawseti(L, -2, ++k);
+        }
+    }
+    return 1;
+}
+
 static int l_program_index(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
@@ -1042,6 +1059,11 @@ static int l_program_newindex(lua_State *L)
     ck_program *p = check_program(L, 1)->p;
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "lr") == 0) p->opt.lr = (float)luaL_checknumber(L, 3);
+    else if (strcmp(k, "steps") == 0) { /* restoring a saved training state */
+        lua_Integer n = luaL_checkinteger(L, 3);
+        luaL_argcheck(L, n >= 0, 3, "steps must be >= 0");
+        p->step = n;
+    }
     else return luaL_error(L, "cannot set '%s' on a program", k);
     return 0;
 }
@@ -1138,6 +1160,7 @@ static const luaL_Reg program_methods[] = {
     {"randn", l_fill_randn},
     {"checksum", l_checksum},
     {"timeline", l_timeline},
+    {"state_tensors", l_state_tensors},
     {NULL, NULL},
 };
 

@@ -1,32 +1,620 @@
 -- The plan report of `ckrun --plan`: what a compiled program will use, without
--- running it. (Placeholder: one policy, text or JSON.)
+-- running it. One row per checkpoint policy (--policies), the largest batch
+-- that fits (--max-batch), a memory timeline as SVG (--svg), text or JSON.
 local ck = require "ck"
 local policy = require "ck.policy"
 
 local M = {}
 
-local function json_value(v)
-  if type(v) == "string" then return string.format("%q", v) end
-  if math.type(v) == "integer" then return tostring(v) end
-  return string.format("%.17g", v)
+local MiB, GiB = 2 ^ 20, 2 ^ 30
+
+-- bottom to top in the timeline: what lives all step first
+M.CATEGORIES = {"frozen", "trainable", "optimizer_state", "inputs", "gradients", "activations", "recomputed",
+                "workspace"}
+M.COLORS = {frozen = "#9d9d9d", trainable = "#4e79a7", optimizer_state = "#76b7b2", inputs = "#edc948",
+            gradients = "#e15759", activations = "#59a14f", recomputed = "#f28e2b", workspace = "#b07aa1"}
+M.PHASES = {"forward", "recompute", "backward", "optimizer"}
+M.PHASE_COLORS = {forward = "#4e79a7", recompute = "#f28e2b", backward = "#b07aa1", optimizer = "#7f7f7f"}
+local SHORT = {frozen = "frozen", trainable = "trainable", optimizer_state = "optimizer", inputs = "inputs",
+               gradients = "gradients", activations = "activations", recomputed = "recomputed", workspace = "workspace"}
+
+---- small helpers, shared with scripts/policy_sweep.lua
+
+-- errors raised by compile carry the builder's file:line; a table row wants the message
+function M.strip_where(msg)
+  msg = tostring(msg)
+  msg = msg:gsub("^[^\n:]+:%d+: ", "")
+  return (msg:gsub("^compile: ", ""))
 end
 
-function M.report(o)
-  local pl = o.program:plan()
-  local info = o.info or {}
-  if ck.json then
-    local parts = {}
-    for _, kv in ipairs(info) do parts[#parts + 1] = string.format('"%s": %s', kv[1], json_value(kv[2])) end
-    for _, k in ipairs{"peak", "persistent", "transient", "workspace"} do
-      parts[#parts + 1] = string.format('"%s_bytes": %d', k, pl[k])
-    end
-    parts[#parts + 1] = string.format('"ops": %d', pl.ops)
-    print("{" .. table.concat(parts, ", ") .. "}")
-  else
-    for _, kv in ipairs(info) do print(string.format("%-24s %s", kv[1], tostring(kv[2]))) end
-    print(string.format("%-24s %s", "checkpoint", policy.name(o.checkpoint)))
-    print(string.format("%-24s %.1f MiB", "peak", pl.peak / 2 ^ 20))
+function M.fmt_bytes(b)
+  if b >= 10 * GiB then return string.format("%.2f GiB", b / GiB) end
+  if b >= MiB then return string.format("%.1f MiB", b / MiB) end
+  if b >= 1024 then return string.format("%.1f KiB", b / 1024) end
+  return string.format("%d B", b)
+end
+
+local function json_string(s)
+  return '"' .. tostring(s):gsub('[%c"\\]', function(c)
+    local named = {['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t"}
+    return named[c] or string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+-- JSON for strings, numbers, booleans, lists, and objects given as ordered
+-- lists of {key, value} pairs (tag them with M.object)
+local OBJECT = {}
+function M.object(pairs_) return setmetatable(pairs_, OBJECT) end
+
+function M.json(v)
+  local t = type(v)
+  if t == "string" then return json_string(v) end
+  if t == "boolean" then return tostring(v) end
+  if t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then return "null" end
+    if math.type(v) == "integer" then return tostring(v) end
+    if v == math.floor(v) and math.abs(v) < 2 ^ 63 then return string.format("%d", v) end
+    return string.format("%.17g", v)
   end
+  if t == "table" then
+    local parts = {}
+    if getmetatable(v) == OBJECT then
+      for _, kv in ipairs(v) do
+        if kv[2] ~= nil then parts[#parts + 1] = json_string(kv[1]) .. ": " .. M.json(kv[2]) end
+      end
+      return "{" .. table.concat(parts, ", ") .. "}"
+    end
+    for i = 1, #v do parts[i] = M.json(v[i]) end
+    return "[" .. table.concat(parts, ", ") .. "]"
+  end
+  return "null"
+end
+
+function M.xml_escape(s)
+  return (tostring(s):gsub("[&<>\"]", {["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;"}))
+end
+
+-- write the whole file next to its final name, then rename: a reader never
+-- sees half a file and an old file survives a failed write. Every failure
+-- (the sandbox's refusals included) is one error naming the file.
+local function try(f, ...)
+  local ok, r, err = pcall(f, ...)
+  if not ok then return nil, M.strip_where(r) end
+  return r, err
+end
+
+function M.write_atomic(path, text)
+  local tmp = path .. ".tmp"
+  local f, err = try(io.open, tmp, "wb")
+  local dir = path:match("^(.*)/[^/]*$")
+  if not f and dir and dir ~= "" then -- perhaps the folder is missing
+    if try(ck.mkdir, dir) then f, err = try(io.open, tmp, "wb") end
+  end
+  if not f then error("cannot write '" .. path .. "': " .. tostring(err), 0) end
+  local ok, werr = f:write(text)
+  local closed, cerr = f:close()
+  if not ok or not closed then
+    os.remove(tmp)
+    error("cannot write '" .. path .. "': " .. tostring(werr or cerr), 0)
+  end
+  local renamed, rerr = try(os.rename, tmp, path)
+  if not renamed then
+    try(os.remove, tmp)
+    error("cannot write '" .. path .. "': " .. tostring(rerr), 0)
+  end
+end
+
+-- about n round tick values (1, 2, 5 times a power of ten) covering [0, hi]
+function M.ticks(hi, n)
+  if hi <= 0 then return {0}, 1 end
+  local raw = hi / (n or 5)
+  local p = 10 ^ math.floor(math.log(raw, 10))
+  local step = p
+  for _, m in ipairs{1, 2, 5, 10} do
+    if m * p >= raw then step = m * p; break end
+  end
+  local t = {}
+  for v = 0, hi + step * 1e-9, step do t[#t + 1] = v end
+  return t, step
+end
+
+local function fmt_tick(v)
+  if v == math.floor(v) then return string.format("%d", v) end
+  return string.format("%g", v)
+end
+M.fmt_tick = fmt_tick
+
+---- policies
+
+local HEADS = {none = true, diffusers = true, selective = true, sqrt_n = true, every_n = true, budget = true,
+               blocks = true, auto = true}
+
+-- "none,diffusers,budget:62%,blocks:mid_block,down_blocks.2" -> policy tables.
+-- A comma inside blocks:... continues its pattern list. An unknown name is an
+-- error without a script line: it came from the command line.
+function M.parse_policies(s)
+  local items = {}
+  for piece in tostring(s):gmatch("[^,]+") do
+    local item = piece:match("^%s*(.-)%s*$")
+    local head = item:match("^([%w_]+)")
+    if item ~= "" then
+      if not HEADS[head] and #items > 0 and items[#items]:match("^blocks%s*:") then
+        items[#items] = items[#items] .. "," .. item
+      else
+        items[#items + 1] = item
+      end
+    end
+  end
+  if #items == 0 then error("--policies: give a comma-separated list, e.g. none,diffusers,budget:62%", 0) end
+  local list = {}
+  for i, item in ipairs(items) do
+    local ok, pol = pcall(policy.parse, item)
+    if not ok then error("--policies: " .. M.strip_where(pol), 0) end
+    list[i] = pol
+  end
+  return list
+end
+
+---- one policy's numbers
+
+-- p:plan() as a flat summary; recompute_pct is recompute FLOPs as a share of
+-- the step's FLOPs without recompute
+function M.summary(p)
+  local pl = p:plan()
+  local base = pl.step_flops - pl.recompute_flops
+  return {
+    peak = pl.peak, live_peak = pl.live_peak, persistent = pl.persistent, transient = pl.transient,
+    workspace = pl.workspace, ops = pl.ops, recompute_ops = pl.recompute_ops,
+    activation_bytes = pl.activation_bytes, step_flops = pl.step_flops, recompute_flops = pl.recompute_flops,
+    recompute_pct = base > 0 and 100 * pl.recompute_flops / base or 0, at_peak = pl.at_peak,
+  }
+end
+
+-- The largest batch whose planned peak fits limit: doubling, then bisection.
+-- peak_of(b) -> peak bytes, or nil and a message when b cannot be planned.
+-- A budget that nothing fits says the smallest peak it could plan; while that
+-- is within the limit a larger batch may still plan (a percentage budget grows
+-- with the batch faster than the least peak does), so the doubling goes on.
+-- Returns {batch = largest fitting batch or 0, peak = its peak, next = the
+-- first batch that does not fit, next_peak = its peak or nil, next_error, capped}.
+local MAX_BATCH_CAP = 4096
+function M.search_batch(peak_of, limit)
+  local cache = {}
+  local function get(b)
+    if cache[b] == nil then
+      local pk, err = peak_of(b)
+      local least = err and tonumber(tostring(err):match("smallest peak.-%((%d+) bytes%)"))
+      cache[b] = {peak = pk, err = err, least = least}
+    end
+    return cache[b]
+  end
+  local function fits(b)
+    local r = get(b)
+    return r.peak ~= nil and r.peak <= limit
+  end
+  local function hopeless(b)
+    local r = get(b)
+    return r.peak ~= nil or not r.least or r.least > limit
+  end
+  local lo = 1
+  while not fits(lo) do
+    if hopeless(lo) or lo >= MAX_BATCH_CAP then
+      local r = get(lo)
+      return {batch = 0, next = lo, next_peak = r.peak, next_error = r.err, first = get(1)}
+    end
+    lo = lo * 2
+  end
+  local hi = lo * 2
+  while fits(hi) do
+    lo = hi
+    if hi >= MAX_BATCH_CAP then return {batch = hi, peak = get(hi).peak, capped = true} end
+    hi = hi * 2
+  end
+  while hi - lo > 1 do
+    local mid = (lo + hi) // 2
+    if fits(mid) then lo = mid else hi = mid end
+  end
+  return {batch = lo, peak = get(lo).peak, next = hi, next_peak = get(hi).peak, next_error = get(hi).err}
+end
+
+---- the memory timeline as SVG
+
+-- per bucket of consecutive ops, the op with the most live bytes: the stacked
+-- total of a bucket is the true maximum over it, so peaks survive
+local function downsample(tl, cats, n, buckets)
+  local totals = {}
+  for i = 1, n do
+    local s = 0
+    for _, c in ipairs(cats) do s = s + tl[c][i] end
+    totals[i] = s
+  end
+  local nb = math.min(n, buckets)
+  local out = {}
+  for j = 1, nb do
+    local a, b = (j - 1) * n // nb + 1, j * n // nb
+    local best = a
+    for i = a + 1, b do
+      if totals[i] > totals[best] then best = i end
+    end
+    out[j] = {x0 = a - 1, x1 = b, op = best}
+  end
+  return out, totals
+end
+
+-- runs of equal phase: {phase, first op, last op}
+local function phase_runs(phases)
+  local runs = {}
+  for i, ph in ipairs(phases) do
+    local r = runs[#runs]
+    if r and r[1] == ph then r[3] = i else runs[#runs + 1] = {ph, i, i} end
+  end
+  return runs
+end
+
+-- panels: {name =, timeline = p:timeline(), summary = M.summary(p)} or {name =, error =}.
+-- opts: title, buckets (default 999: two points each, at most 2000 a layer).
+function M.timeline_svg(panels, opts)
+  opts = opts or {}
+  local W, left, right = 1200, 90, 30
+  local plot_w = W - left - right
+  local top, panel_h, plot_h, strip_h = 78, 330, 230, 12
+  local failed_h = 50
+  local H = top + 10
+  for _, pn in ipairs(panels) do H = H + (pn.summary and panel_h or failed_h) end
+  local out = {}
+  local function add(s, ...) out[#out + 1] = select("#", ...) > 0 and string.format(s, ...) or s end
+  add('<?xml version="1.0" encoding="UTF-8"?>\n')
+  add('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" ' ..
+    'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">\n', W, H, W, H)
+  add('<rect width="100%%" height="100%%" fill="white"/>\n')
+  add('<text x="%d" y="22" font-size="16" font-weight="bold">%s</text>\n', left,
+    M.xml_escape(opts.title or "ckrun memory plan: live bytes over the op list"))
+  -- legend: categories, then phases
+  local lx = left
+  for _, c in ipairs(M.CATEGORIES) do
+    add('<rect x="%d" y="34" width="12" height="12" fill="%s"/><text x="%d" y="45">%s</text>\n', lx, M.COLORS[c],
+      lx + 16, (c:gsub("_", " ")))
+    lx = lx + 24 + 7 * #c
+  end
+  lx = left
+  for _, ph in ipairs(M.PHASES) do
+    add('<rect x="%d" y="54" width="12" height="12" fill="%s"/><text x="%d" y="65">%s</text>\n',
+      lx, M.PHASE_COLORS[ph], lx + 16, ph)
+    lx = lx + 30 + 7 * #ph
+  end
+  add('<line x1="%d" y1="60" x2="%d" y2="60" stroke="#d62728" stroke-width="1.5" stroke-dasharray="6,3"/>' ..
+    '<text x="%d" y="65">planned peak (arena)</text>\n', lx + 10, lx + 40, lx + 46)
+
+  -- one y scale for every panel, so panels compare at a glance
+  local ymax = 0
+  for _, pn in ipairs(panels) do
+    if pn.summary then ymax = math.max(ymax, pn.summary.peak) end
+  end
+  ymax = ymax / MiB
+  local ticks, step = M.ticks(ymax * 1.08, 5)
+  local ytop = ticks[#ticks]
+  if ytop < ymax * 1.02 then ytop = ytop + step; ticks[#ticks + 1] = ytop end
+
+  local y0 = top
+  for k, pn in ipairs(panels) do
+    local py0, py1 = y0 + 22 + strip_h + 4, y0 + 22 + strip_h + 4 + plot_h -- plot top and bottom
+    add('<g class="panel" id="panel-%d">\n', k)
+    if not pn.summary then
+      add('<text x="%d" y="%d" font-size="14" font-weight="bold">%s</text>\n', left, y0 + 14, M.xml_escape(pn.name))
+      add('<text x="%d" y="%d" fill="#d62728">not planned: %s</text>\n', left, y0 + 34, M.xml_escape(pn.error or "?"))
+    else
+      local s, tl = pn.summary, pn.timeline
+      local n = #tl.phase
+      add('<text x="%d" y="%d"><tspan font-size="14" font-weight="bold">%s</tspan>  peak %s, held for backward %s, ' ..
+        'recompute %.1f%% of the step\'s FLOPs, %d ops</text>\n', left, y0 + 14, M.xml_escape(pn.name),
+        M.fmt_bytes(s.peak), M.fmt_bytes(s.activation_bytes), s.recompute_pct, n)
+      local function X(op) return left + plot_w * op / math.max(n, 1) end
+      local function Y(bytes) return py1 - plot_h * (bytes / MiB) / ytop end
+      -- phases: a strip above the plot and light bands behind it
+      for _, r in ipairs(phase_runs(tl.phase)) do
+        local x0, x1 = X(r[2] - 1), X(r[3])
+        local wdt = math.max(x1 - x0, 0.5)
+        local col = M.PHASE_COLORS[r[1]] or "#cccccc"
+        add('<rect x="%.1f" y="%d" width="%.2f" height="%d" fill="%s"><title>%s: ops %d-%d</title></rect>\n',
+          x0, y0 + 22, wdt, strip_h, col, r[1], r[2], r[3])
+        add('<rect x="%.1f" y="%d" width="%.2f" height="%d" fill="%s" fill-opacity="0.08"/>\n', x0, py0, wdt, plot_h, col)
+      end
+      -- grid and y axis (MiB)
+      for _, v in ipairs(ticks) do
+        local y = py1 - plot_h * v / ytop
+        add('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e0e0e0"/>' ..
+          '<text x="%d" y="%.1f" text-anchor="end">%s</text>\n', left, y, left + plot_w, y, left - 6, y + 4, fmt_tick(v))
+      end
+      add('<text transform="translate(%d,%d) rotate(-90)" text-anchor="middle">memory (MiB)</text>\n', left - 58,
+        (py0 + py1) // 2)
+      -- stacked categories: each drawn as the area under its cumulative top,
+      -- highest first, so every path needs only one line of points
+      local cats = {}
+      for _, c in ipairs(M.CATEGORIES) do
+        if tl[c] then cats[#cats + 1] = c end
+      end
+      local extra = {}
+      for c in pairs(tl) do
+        if c ~= "phase" and not M.COLORS[c] then extra[#extra + 1] = c end
+      end
+      table.sort(extra)
+      for _, c in ipairs(extra) do cats[#cats + 1] = c end
+      local buckets, totals = downsample(tl, cats, n, opts.buckets or 999)
+      local layers, cum = {}, {}
+      for j = 1, #buckets do cum[j] = 0 end
+      for ci, c in ipairs(cats) do
+        local any = false
+        for j, bk in ipairs(buckets) do
+          local v = tl[c][bk.op]
+          if v > 0 then any = true end
+          cum[j] = cum[j] + v
+        end
+        if any then
+          local top_ = {}
+          for j = 1, #buckets do top_[j] = cum[j] end
+          layers[#layers + 1] = {name = c, top = top_, color = M.COLORS[c] or string.format("hsl(%d,50%%,60%%)", ci * 47)}
+        end
+      end
+      for li = #layers, 1, -1 do
+        local L = layers[li]
+        -- a step per bucket; a run of buckets at one height is one segment
+        local pts = {string.format("M%.1f,%.1f", X(0), py1)}
+        local j = 1
+        while j <= #buckets do
+          local k, v = j, L.top[j]
+          while k < #buckets and L.top[k + 1] == v do k = k + 1 end
+          local y = Y(v)
+          pts[#pts + 1] = string.format("V%.1fH%.1f", y, X(buckets[k].x1))
+          j = k + 1
+        end
+        pts[#pts + 1] = string.format("V%.1fZ", py1)
+        add('<path class="cat" d="%s" fill="%s" stroke="none"><title>%s</title></path>\n', table.concat(pts, " "),
+          L.color, L.name)
+      end
+      -- x axis: op index
+      add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>\n', left, py1, left + plot_w, py1)
+      add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>\n', left, py0, left, py1)
+      local xt = M.ticks(n, 10)
+      for _, v in ipairs(xt) do
+        if v <= n then
+          add('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#333"/><text x="%.1f" y="%d" text-anchor="middle">%s</text>\n',
+            X(v), py1, X(v), py1 + 4, X(v), py1 + 17, fmt_tick(v))
+        end
+      end
+      add('<text x="%d" y="%d" text-anchor="middle">op (in execution order)</text>\n', left + plot_w // 2, py1 + 33)
+      -- the planned peak (arena high-water mark) and where the live bytes top out
+      local yp = Y(s.peak)
+      add('<line class="peak" x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#d62728" stroke-width="1.5" ' ..
+        'stroke-dasharray="6,3"/>\n', left, yp, left + plot_w, yp)
+      local at = 1
+      for i = 2, n do
+        if totals[i] > totals[at] then at = i end
+      end
+      local xa = X(at - 0.5)
+      add('<circle cx="%.1f" cy="%.1f" r="4" fill="#d62728"/>\n', xa, Y(totals[at]))
+      local label = string.format("peak %.1f MiB (live %.1f MiB at op %d, %s)", s.peak / MiB, totals[at] / MiB, at,
+        tl.phase[at])
+      local anchor = xa > left + plot_w * 0.6 and "end" or "start"
+      add('<text x="%.1f" y="%.1f" fill="#d62728" text-anchor="%s">%s</text>\n', xa + (anchor == "end" and -8 or 8),
+        yp - 6, anchor, M.xml_escape(label))
+    end
+    add('</g>\n')
+    y0 = y0 + (pn.summary and panel_h or failed_h)
+  end
+  add('</svg>\n')
+  return table.concat(out)
+end
+
+---- the report
+
+local function own_name(o)
+  if o.checkpoint == nil then return "none" end
+  return policy.name(o.checkpoint)
+end
+
+-- plans every row; a policy that cannot be planned keeps its error in its row
+local function plan_rows(o, list, want_timeline)
+  local rows = {}
+  local own = own_name(o)
+  for _, pol in ipairs(list) do
+    local row = {name = policy.name(pol), policy = pol}
+    local p
+    if row.name == own and o.program then
+      p = o.program
+    elseif o.build then
+      local ok, r = pcall(o.build, o.batch, pol)
+      if ok then p = r else row.error = M.strip_where(r) end
+    else
+      row.error = "this script gives plan.report no build function, so it plans only its own policy"
+    end
+    if p then
+      row.summary = M.summary(p)
+      if want_timeline then row.timeline = p:timeline() end
+    end
+    rows[#rows + 1] = row
+  end
+  return rows
+end
+
+local function max_batch(o, row, limit)
+  local function peak_of(b)
+    if b == o.batch and row.summary then return row.summary.peak end
+    if not o.build then return nil, "this script gives plan.report no build function" end
+    local ok, p = pcall(o.build, b, row.policy)
+    if not ok then return nil, M.strip_where(p) end
+    local pk = p:plan().peak
+    p = nil
+    collectgarbage()
+    return pk
+  end
+  return M.search_batch(peak_of, limit)
+end
+
+local function at_peak_object(ap)
+  local t = {}
+  for _, c in ipairs(M.CATEGORIES) do
+    if ap[c] then t[#t + 1] = {c, ap[c]} end
+  end
+  return M.object(t)
+end
+
+local function print_json(o, rows, limit, svg)
+  local parts = {}
+  for _, kv in ipairs(o.info or {}) do parts[#parts + 1] = {kv[1], kv[2]} end
+  local first
+  for _, r in ipairs(rows) do
+    if r.summary then first = r; break end
+  end
+  if first then
+    local s = first.summary
+    parts[#parts + 1] = {"checkpoint", first.name}
+    for _, k in ipairs{"peak", "live_peak", "persistent", "transient", "workspace"} do
+      parts[#parts + 1] = {k .. "_bytes", s[k]}
+    end
+    parts[#parts + 1] = {"ops", s.ops}
+  end
+  if limit then
+    parts[#parts + 1] = {"max_batch_limit_bytes", limit}
+    if first and first.max_batch then parts[#parts + 1] = {"max_batch", first.max_batch.batch} end
+  end
+  local list = {}
+  for _, r in ipairs(rows) do
+    local e = {{"name", r.name}}
+    if r.summary then
+      local s = r.summary
+      for _, kv in ipairs{{"peak_bytes", s.peak}, {"live_peak_bytes", s.live_peak}, {"persistent_bytes", s.persistent},
+        {"transient_bytes", s.transient}, {"workspace_bytes", s.workspace}, {"activation_bytes", s.activation_bytes},
+        {"step_flops", s.step_flops}, {"recompute_flops", s.recompute_flops}, {"recompute_pct", s.recompute_pct},
+        {"ops", s.ops}, {"recompute_ops", s.recompute_ops}, {"at_peak", at_peak_object(s.at_peak)}} do
+        e[#e + 1] = kv
+      end
+      local mb = r.max_batch
+      if mb then
+        e[#e + 1] = {"max_batch", mb.batch}
+        e[#e + 1] = {"max_batch_peak_bytes", mb.peak}
+        if mb.batch == 0 then
+          e[#e + 1] = {"batch1_peak_bytes", mb.first.peak}
+          e[#e + 1] = {"batch1_error", mb.first.err}
+        elseif mb.next then
+          e[#e + 1] = {"next_batch_peak_bytes", mb.next_peak}
+          e[#e + 1] = {"next_batch_error", mb.next_error}
+        end
+        if mb.capped then e[#e + 1] = {"max_batch_capped", true} end
+      end
+    else
+      e[#e + 1] = {"error", r.error}
+    end
+    list[#list + 1] = M.object(e)
+  end
+  parts[#parts + 1] = {"policies", list}
+  if svg then parts[#parts + 1] = {"svg", svg} end
+  print(M.json(M.object(parts)))
+end
+
+local function print_text(o, rows, limit, svg)
+  for _, kv in ipairs(o.info or {}) do print(string.format("%-24s %s", kv[1], tostring(kv[2]))) end
+  local first
+  for _, r in ipairs(rows) do
+    if r.summary then first = r; break end
+  end
+  if #rows == 1 then print(string.format("%-24s %s", "checkpoint", rows[1].name)) end
+  if first then
+    local s = first.summary
+    local lbl = #rows > 1 and " (" .. first.name .. ")" or ""
+    print(string.format("%-24s %s%s", "persistent", M.fmt_bytes(s.persistent), lbl))
+    print(string.format("%-24s %s at the peak%s", "transient", M.fmt_bytes(s.transient), lbl))
+    print(string.format("%-24s %d%s", "ops", s.ops, lbl))
+  end
+  -- one unit for the whole table
+  local big = 0
+  for _, r in ipairs(rows) do
+    if r.summary then big = math.max(big, r.summary.peak) end
+  end
+  local unit, uname = MiB, "MiB"
+  if big >= 10 * GiB then unit, uname = GiB, "GiB" end
+  local dec = unit == GiB and "%.2f" or "%.1f"
+  local namew = 12
+  for _, r in ipairs(rows) do namew = math.max(namew, #r.name) end
+  local cols = {}
+  for _, c in ipairs(M.CATEGORIES) do cols[#cols + 1] = string.format("%12s", SHORT[c]) end
+  print("")
+  print(string.format("%-" .. namew .. "s %10s %10s %10s  | at the peak (%s):", "", "peak", "held for", "recompute",
+    uname))
+  print(string.format("%-" .. namew .. "s %10s %10s %10s  |%s", "policy", uname, "bwd " .. uname, "FLOPs",
+    table.concat(cols)))
+  for _, r in ipairs(rows) do
+    if r.summary then
+      local s = r.summary
+      local cells = {}
+      for _, c in ipairs(M.CATEGORIES) do cells[#cells + 1] = string.format("%12" .. dec:sub(2), (s.at_peak[c] or 0) / unit) end
+      print(string.format("%-" .. namew .. "s %10" .. dec:sub(2) .. " %10" .. dec:sub(2) .. " %9.1f%%  |%s", r.name,
+        s.peak / unit, s.activation_bytes / unit, s.recompute_pct, table.concat(cells)))
+    else
+      print(string.format("%-" .. namew .. "s error: %s", r.name, r.error))
+    end
+  end
+  if limit then
+    print("")
+    print(string.format("largest batch whose planned peak fits %s:", M.fmt_bytes(limit)))
+    for _, r in ipairs(rows) do
+      local mb = r.max_batch
+      if mb then
+        local line
+        if mb.batch == 0 then
+          local f = mb.first
+          line = "even batch 1 does not fit: " ..
+            (f.peak and ("it needs " .. M.fmt_bytes(f.peak)) or ("it cannot be planned: " .. tostring(f.err)))
+          if mb.next ~= 1 then line = line .. string.format(" (nor does any batch up to %d)", mb.next) end
+        elseif mb.capped then
+          line = string.format("at least %d (peak %s; the search stops there)", mb.batch, M.fmt_bytes(mb.peak))
+        else
+          line = string.format("batch %d (peak %s; batch %d %s)", mb.batch, M.fmt_bytes(mb.peak), mb.next,
+            mb.next_peak and ("needs " .. M.fmt_bytes(mb.next_peak)) or ("cannot be planned: " .. tostring(mb.next_error)))
+        end
+        print(string.format("  %-" .. namew .. "s %s", r.name, line))
+      end
+    end
+  end
+  if svg then print("memory timeline written to " .. svg) end
+end
+
+-- o: info = {{key, value}, ...}, program (compiled under checkpoint), checkpoint,
+-- batch, build = function(batch, policy) -> a plan_only program, and policies
+-- (a list to report when the command line gives no --policies; default: checkpoint)
+function M.report(o)
+  assert(type(o) == "table" and o.program, "plan.report: give {program = ..., checkpoint = ..., info = ...}")
+  local list = ck.plan_policies and M.parse_policies(ck.plan_policies) or o.policies or {o.checkpoint or policy.none()}
+  local svg = ck.plan_svg
+  local rows = plan_rows(o, list, svg ~= nil)
+  local failed, errors = 0, {}
+  for _, r in ipairs(rows) do
+    if not r.summary then
+      failed = failed + 1
+      errors[#errors + 1] = r.name .. ": " .. r.error
+    end
+  end
+  if failed == #rows then
+    error(#rows == 1 and ("cannot plan " .. errors[1]) or ("no policy could be planned (" .. table.concat(errors, "; ") .. ")"), 0)
+  end
+  local limit = ck.plan_max_batch
+  if limit then
+    for _, r in ipairs(rows) do
+      if r.summary then r.max_batch = max_batch(o, r, limit) end
+    end
+  end
+  if svg then
+    local title = "ckrun memory plan"
+    for _, kv in ipairs(o.info or {}) do
+      if kv[1] == "script" or kv[1] == "size" or kv[1] == "resolution" or kv[1] == "batch" then
+        title = title .. ", " .. kv[1] .. " " .. tostring(kv[2])
+      end
+    end
+    local panels = {}
+    for _, r in ipairs(rows) do panels[#panels + 1] = {name = r.name, summary = r.summary, timeline = r.timeline, error = r.error} end
+    M.write_atomic(svg, M.timeline_svg(panels, {title = title}))
+  end
+  if ck.json then print_json(o, rows, limit, svg) else print_text(o, rows, limit, svg) end
+  return rows
 end
 
 return M

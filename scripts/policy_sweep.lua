@@ -1,0 +1,364 @@
+-- Policy experiments: compile one SDXL UNet LoRA training step under every
+-- built-in checkpoint policy and a range of budgets, run a few steps of each on
+-- the CPU, and compare the planned peak with the arena's measured high-water
+-- mark, the recompute FLOPs and the measured step time; write the Pareto front
+-- (peak against recompute FLOPs) as SVG.
+--
+--   ckrun scripts/policy_sweep.lua                          sdxl-tiny, 64x64 latents, batch 1
+--   ckrun scripts/policy_sweep.lua --resolution 256 --batch 2 --budgets 80%,62%
+--   ckrun --plan scripts/policy_sweep.lua                   plan the same policies, run nothing
+--
+-- Options: --size tiny|full, --resolution PX (512), --batch N (1), --lora true|false
+-- (true: rank --rank 4 adapters on a frozen base, as train_sdxl_lora.lua; false:
+-- train every parameter), --rank N, --steps N (3; the first also measures the
+-- arena, the others are timed), --svg FILE (out/policy_sweep.svg),
+-- --budgets LIST ("90%,80%,70%,62%,55%"; percentages of none's peak or sizes),
+-- --policies LIST (the fixed policies; default none,diffusers,selective,sqrt_n,every_n:2,every_n:3),
+-- --seed N. Exits non-zero when a predicted peak differs from the measured one,
+-- or a loss differs from none's (recompute must not change a bit).
+local ck = require "ck"
+local unet = require "ck.unet"
+local lora = require "ck.lora"
+local diffusion = require "ck.diffusion"
+local data = require "ck.data"
+local policy = require "ck.policy"
+local plan = require "ck.plan"
+
+local a = args or {}
+local function opt(name, default)
+  local v = a[name]
+  if v == nil then return default end
+  return v
+end
+local function flag(name, default)
+  local v = opt(name, default)
+  if v == true or v == "true" or v == 1 or v == "yes" then return true end
+  if v == false or v == "false" or v == 0 or v == "no" then return false end
+  error("--" .. name .. " must be true or false, got '" .. tostring(v) .. "'", 0)
+end
+
+local size = opt("size", "tiny")
+if size ~= "tiny" and size ~= "full" then error("--size must be tiny or full, got '" .. tostring(size) .. "'", 0) end
+local config = unet.config(size == "full" and "sdxl" or "sdxl-tiny")
+local resolution = opt("resolution", 512)
+if math.type(resolution) ~= "integer" or resolution % 64 ~= 0 or resolution <= 0 then
+  error("--resolution must be a positive multiple of 64 pixels, got " .. tostring(resolution), 0)
+end
+local latent = resolution // 8
+local batch = opt("batch", 1)
+if math.type(batch) ~= "integer" or batch < 1 then error("--batch must be a positive integer", 0) end
+local use_lora = flag("lora", true)
+local rank = opt("rank", 4)
+local steps = opt("steps", 3)
+if math.type(steps) ~= "integer" or steps < 1 then error("--steps must be a positive integer", 0) end
+local svg_path = opt("svg", "out/policy_sweep.svg")
+local seed = opt("seed", 1)
+local tokens = 77
+local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+
+-- the policies: fixed ones, then one budget per entry of --budgets
+local names = {}
+for n in tostring(opt("policies", "none,diffusers,selective,sqrt_n,every_n:2,every_n:3")):gmatch("[^,]+") do
+  names[#names + 1] = n:match("^%s*(.-)%s*$")
+end
+local budgets = opt("budgets", "90%,80%,70%,62%,55%")
+if budgets ~= "" and budgets ~= "none" then
+  for b in tostring(budgets):gmatch("[^,]+") do names[#names + 1] = "budget:" .. b:match("^%s*(.-)%s*$") end
+end
+local policies = plan.parse_policies(table.concat(names, ","))
+
+-- one training step of the LoRA (or full) fine-tune, as train_sdxl_lora.lua builds it
+local function build(b, checkpoint, plan_only)
+  local r = {}
+  local model = unet.UNet2DConditionModel(config)
+  if use_lora then
+    model:freeze()
+    r.adapter = lora.attach(model, {rank = rank, alpha = rank})
+  end
+  local g = ck.graph()
+  r.graph = g
+  r.objective = diffusion.objective{prediction = "v"}
+  r.objective.seed = seed
+  r.inputs = {
+    prompt_embeds = g:input("prompt_embeds", {b, tokens, config.cross_attention_dim}),
+    pooled_prompt_embeds = g:input("pooled_prompt_embeds", {b, pooled_dim}),
+    time_ids = g:input("time_ids", {b, 6}),
+  }
+  local loss = r.objective:build(g, {b, config.in_channels, latent, latent}, function(noisy, t)
+    return model:forward(g, noisy, t, r.inputs.prompt_embeds, r.inputs.pooled_prompt_embeds, r.inputs.time_ids)
+  end)
+  r.inputs.latents = r.objective.inputs.latents
+  r.program = g:compile{loss = loss, optimizer = "adamw", lr = 1e-4, weight_decay = 1e-2, seed = seed,
+                        checkpoint = checkpoint, plan_only = plan_only}
+  return r
+end
+
+local what = string.format("sdxl-%s, %dx%d latents, batch %d, %s", size, latent, latent, batch,
+  use_lora and string.format("LoRA rank %d", rank) or "full fine-tune")
+
+if ck.plan_mode then
+  -- plan the sweep's policies (or --policies from the command line), run nothing
+  local r = build(batch, policies[1], true)
+  local all, trainable = r.graph:param_count()
+  plan.report{
+    info = {{"script", "policy_sweep"}, {"size", size}, {"resolution", resolution}, {"batch", batch},
+            {"param_count", all}, {"trainable_param_count", trainable}},
+    program = r.program, checkpoint = policies[1], batch = batch, policies = policies,
+    build = function(b, pol) return build(b, pol, true).program end,
+  }
+  return
+end
+
+local dataset = data.latents("synthetic", {batch = batch, seed = seed, n = batch, height = latent, width = latent,
+  cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
+local indices = {}
+for i = 1, batch do indices[i] = i end
+
+local function median(t)
+  if #t == 0 then return nil end
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  local m = (#s + 1) // 2
+  if #s % 2 == 1 then return s[m] end
+  return (s[m] + s[m + 1]) / 2
+end
+
+local MiB = 2 ^ 20
+print(string.format("policy sweep: %s, %d steps per policy (step 1 measures the arena%s)", what, steps,
+  steps == 1 and ", none is timed" or steps == 2 and ", step 2 is timed" or string.format(", steps 2-%d are timed", steps)))
+print(string.format("%-14s %12s %12s %6s %10s %10s %8s %6s", "policy", "predicted", "measured", "", "recompute",
+  "step", "time vs", "loss ="))
+print(string.format("%-14s %12s %12s %6s %10s %10s %8s %6s", "", "peak MiB", "peak MiB", "", "FLOPs %", "ms", "none",
+  "none"))
+
+-- Step 1 of each policy measures the arena's high-water mark right after its
+-- compile. The timed steps then run round-robin over the policies, so load
+-- from other processes falls on every policy alike; programs whose arenas
+-- together would pass KEEP_BYTES run their timed steps at once and are freed.
+local KEEP_BYTES = 4 * 2 ^ 30
+local rows, kept, kept_bytes = {}, {}, 0
+
+local function one_step(row, step)
+  local r, p = row.run, row.run.program
+  local given = dataset:load(p, r.inputs, indices)
+  r.objective:prepare(p, given)
+  local t0 = ck.now()
+  if step == 1 then
+    row.loss, row.measured = p:step{measure = true}
+  else
+    row.loss = p:step()
+    row.times[#row.times + 1] = ck.now() - t0
+  end
+end
+
+for _, pol in ipairs(policies) do
+  local row = {name = policy.name(pol), budget = pol.kind == "budget", times = {}}
+  local ok, r = pcall(build, batch, pol, false)
+  if not ok then
+    row.error = plan.strip_where(r)
+  else
+    row.run = r
+    row.summary = plan.summary(r.program)
+    one_step(row, 1)
+    if kept_bytes + row.summary.peak <= KEEP_BYTES then
+      kept[#kept + 1] = row
+      kept_bytes = kept_bytes + row.summary.peak
+    else
+      for step = 2, steps do one_step(row, step) end
+      row.run = nil
+    end
+  end
+  rows[#rows + 1] = row
+  r = nil
+  collectgarbage()
+end
+for step = 2, steps do
+  for _, row in ipairs(kept) do one_step(row, step) end
+end
+for _, row in ipairs(kept) do row.run = nil end
+collectgarbage()
+
+local base_time, base_loss
+for _, row in ipairs(rows) do
+  if row.name == "none" and row.summary then
+    base_time, base_loss = median(row.times), row.loss
+  end
+end
+local mismatches, loss_diffs = {}, {}
+for _, row in ipairs(rows) do
+  if row.error then
+    print(string.format("%-14s error: %s", row.name, row.error))
+  else
+    row.time = median(row.times)
+    row.match = row.measured == row.summary.peak
+    if not row.match then mismatches[#mismatches + 1] = row.name end
+    local loss_ok = base_loss == nil or row.loss == base_loss
+    if not loss_ok then loss_diffs[#loss_diffs + 1] = row.name end
+    print(string.format("%-14s %12.3f %12.3f %6s %9.1f%% %10s %8s %6s", row.name, row.summary.peak / MiB,
+      row.measured / MiB, row.match and "ok" or "MISMATCH", row.summary.recompute_pct,
+      row.time and string.format("%.0f", row.time * 1e3) or "-",
+      (row.time and base_time) and string.format("x%.2f", row.time / base_time) or "-",
+      base_loss == nil and "-" or (loss_ok and "yes" or "NO")))
+  end
+end
+
+-- the Pareto front: no other point has a lower-or-equal peak and
+-- lower-or-equal recompute, one of them strictly lower
+local points = {}
+for _, row in ipairs(rows) do
+  if row.summary then points[#points + 1] = row end
+end
+for _, p in ipairs(points) do
+  p.front = true
+  for _, q in ipairs(points) do
+    local sp, sq = p.summary, q.summary
+    if q ~= p and sq.peak <= sp.peak and sq.recompute_flops <= sp.recompute_flops
+       and (sq.peak < sp.peak or sq.recompute_flops < sp.recompute_flops) then
+      p.front = false
+      break
+    end
+  end
+end
+local front = {}
+for _, p in ipairs(points) do
+  if p.front then front[#front + 1] = p end
+end
+table.sort(front, function(x, y) return x.summary.recompute_pct < y.summary.recompute_pct end)
+local fnames = {}
+for _, p in ipairs(front) do fnames[#fnames + 1] = p.name end
+print("Pareto front (peak against recompute FLOPs): " .. table.concat(fnames, ", "))
+
+local function pareto_svg()
+  local W, H, left, right, top, bottom = 900, 560, 90, 200, 60, 60
+  local pw, ph = W - left - right, H - top - bottom
+  local xmax, ymax, ymin = 0, 0, math.huge
+  for _, p in ipairs(points) do
+    xmax = math.max(xmax, p.summary.recompute_pct)
+    ymax = math.max(ymax, p.summary.peak / MiB)
+    ymin = math.min(ymin, p.summary.peak / MiB)
+  end
+  local xt, xs = plan.ticks(math.max(xmax * 1.05, 1), 6)
+  local xtop = xt[#xt]
+  if xtop < xmax * 1.02 then xtop = xtop + xs; xt[#xt + 1] = xtop end
+  -- the y axis starts below the lowest peak, not at zero: the differences matter
+  local span = math.max(ymax - ymin, ymax * 0.05)
+  local _, ys = plan.ticks(span * 1.3, 6)
+  local ybot = math.max(0, math.floor((ymin - span * 0.15) / ys) * ys)
+  local ytop = math.ceil((ymax + span * 0.1) / ys) * ys
+  local function X(v) return left + pw * v / xtop end
+  local function Y(v) return top + ph * (1 - (v - ybot) / (ytop - ybot)) end
+  local o = {}
+  local function add(s, ...) o[#o + 1] = select("#", ...) > 0 and string.format(s, ...) or s end
+  add('<?xml version="1.0" encoding="UTF-8"?>\n')
+  add('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" ' ..
+    'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">\n', W, H, W, H)
+  add('<rect width="100%%" height="100%%" fill="white"/>\n')
+  add('<text x="%d" y="24" font-size="16" font-weight="bold">Checkpoint policies: planned peak against recompute</text>\n', left)
+  add('<text x="%d" y="42">%s; labels: policy and measured step time relative to none</text>\n', left,
+    plan.xml_escape(what))
+  for _, v in ipairs(xt) do
+    add('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#e6e6e6"/><text x="%.1f" y="%d" text-anchor="middle">%s</text>\n',
+      X(v), top, X(v), top + ph, X(v), top + ph + 17, plan.fmt_tick(v))
+  end
+  for v = ybot, ytop + ys * 1e-9, ys do
+    add('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e6e6e6"/><text x="%d" y="%.1f" text-anchor="end">%s</text>\n',
+      left, Y(v), left + pw, Y(v), left - 6, Y(v) + 4, plan.fmt_tick(v))
+  end
+  add('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#333"/>\n', left, top, pw, ph)
+  add('<text x="%d" y="%d" text-anchor="middle">recompute FLOPs (%% of the step without recompute)</text>\n',
+    left + pw // 2, top + ph + 40)
+  add('<text transform="translate(%d,%d) rotate(-90)" text-anchor="middle">planned peak (MiB)</text>\n', left - 60,
+    top + ph // 2)
+  -- the front as a staircase: from each point, right at its peak to the next
+  if #front > 0 then
+    local d = {}
+    for i, p in ipairs(front) do
+      local x, y = X(p.summary.recompute_pct), Y(p.summary.peak / MiB)
+      if i == 1 then d[#d + 1] = string.format("M%.1f,%.1f", x, y)
+      else d[#d + 1] = string.format("V%.1fH%.1f", y, x) end
+    end
+    add('<path class="front" d="%s" fill="none" stroke="#d62728" stroke-width="2"/>\n', table.concat(d, " "))
+  end
+  -- points; policies that plan the same peak and FLOPs share one label
+  local labels, placed = {}, {}
+  for _, p in ipairs(points) do
+    local x, y = X(p.summary.recompute_pct), Y(p.summary.peak / MiB)
+    local fill = p.front and "#d62728" or "white"
+    local stroke = p.front and "#d62728" or "#555"
+    local tip = string.format("%s: peak %.2f MiB, recompute %.2f%%%s", p.name, p.summary.peak / MiB,
+      p.summary.recompute_pct, (p.time and base_time) and string.format(", step time x%.2f of none", p.time / base_time) or "")
+    if p.budget then
+      add('<rect class="point" x="%.1f" y="%.1f" width="9" height="9" transform="rotate(45 %.1f %.1f)" fill="%s" ' ..
+        'stroke="%s" stroke-width="1.5"><title>%s</title></rect>\n', x - 4.5, y - 4.5, x, y, fill, stroke,
+        plan.xml_escape(tip))
+    else
+      add('<circle class="point" cx="%.1f" cy="%.1f" r="5" fill="%s" stroke="%s" stroke-width="1.5"><title>%s</title></circle>\n',
+        x, y, fill, stroke, plan.xml_escape(tip))
+    end
+    local text = p.name
+    if p.time and base_time and p.name ~= "none" then text = text .. string.format(" x%.2f", p.time / base_time) end
+    local key = string.format("%.1f,%.1f", x, y)
+    local l = labels[key]
+    if l then
+      l.text = l.text .. " = " .. text
+      l.front = l.front or p.front
+    else
+      l = {x = x, y = y, text = text, front = p.front}
+      labels[key] = l
+      labels[#labels + 1] = l
+    end
+  end
+  -- labels right of their point, nudged up or down until they overlap no other
+  for _, l in ipairs(labels) do
+    local w = 6.6 * #l.text
+    local lx = l.x + 8
+    if lx + w > W - 10 then lx = l.x - 8 - w end
+    local ly
+    for _, dy in ipairs{-6, 12, -20, 26, -34, 40, -48, 54} do
+      local cand = l.y + dy
+      local clash = false
+      for _, q in ipairs(placed) do
+        if lx < q.x1 and lx + w > q.x0 and cand - 11 < q.y1 and cand + 3 > q.y0 then clash = true; break end
+      end
+      if not clash then ly = cand; break end
+    end
+    ly = ly or l.y - 6
+    placed[#placed + 1] = {x0 = lx, x1 = lx + w, y0 = ly - 11, y1 = ly + 3}
+    add('<text x="%.1f" y="%.1f" fill="%s">%s</text>\n', lx, ly, l.front and "#d62728" or "#333", plan.xml_escape(l.text))
+  end
+  -- legend
+  local lx, ly = left + pw + 20, top + 10
+  add('<circle cx="%d" cy="%d" r="5" fill="white" stroke="#555" stroke-width="1.5"/><text x="%d" y="%d">fixed policy</text>\n',
+    lx + 5, ly, lx + 16, ly + 4)
+  add('<rect x="%.1f" y="%.1f" width="9" height="9" transform="rotate(45 %d %d)" fill="white" stroke="#555" ' ..
+    'stroke-width="1.5"/><text x="%d" y="%d">budget</text>\n', lx + 0.5, ly + 20 - 4.5, lx + 5, ly + 20, lx + 16, ly + 24)
+  add('<circle cx="%d" cy="%d" r="5" fill="#d62728"/><text x="%d" y="%d">on the Pareto front</text>\n', lx + 5,
+    ly + 40, lx + 16, ly + 44)
+  add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#d62728" stroke-width="2"/><text x="%d" y="%d">front</text>\n',
+    lx, ly + 60, lx + 12, ly + 60, lx + 16, ly + 64)
+  local fy = ly + 100
+  for _, row in ipairs(rows) do
+    if row.error then
+      add('<text x="%d" y="%d" fill="#d62728" font-size="11">%s: not planned</text>\n', lx, fy, plan.xml_escape(row.name))
+      fy = fy + 16
+    end
+  end
+  add('</svg>\n')
+  return table.concat(o)
+end
+
+if #points > 0 then
+  plan.write_atomic(svg_path, pareto_svg())
+  print("wrote " .. svg_path)
+end
+
+if #points == 0 then error("no policy could be compiled", 0) end
+if #mismatches > 0 then
+  error("MISMATCH: the measured arena high-water mark differs from the planned peak for " ..
+    table.concat(mismatches, ", "), 0)
+end
+if #loss_diffs > 0 then
+  error("MISMATCH: the loss after " .. steps .. " steps differs from none's for " .. table.concat(loss_diffs, ", ") ..
+    " (recompute must not change a bit)", 0)
+end

@@ -1,0 +1,64 @@
+-- Training states for exact resume: trainable parameters, optimizer state and
+-- the step in one .safetensors file per save (written atomically: temp file,
+-- fsync, rename), with the data position and the run's settings as metadata.
+-- The newest K files are kept; any one of them resumes the run.
+local ck = require "ck"
+
+local M = {}
+
+local function name_of(step) return string.format("state-%09d.safetensors", step) end
+
+-- the saved states in dir, oldest first
+function M.list(dir)
+  local names = ck.listdir(dir)
+  local out = {}
+  for _, n in ipairs(names or {}) do
+    if n:match("^state%-%d+%.safetensors$") then out[#out + 1] = dir .. "/" .. n end
+  end
+  table.sort(out)
+  return out
+end
+
+-- meta: a table of strings (settings, data position); keep: how many to keep
+function M.save(p, dir, meta, keep)
+  assert(ck.mkdir(dir))
+  local entries = {}
+  for _, name in ipairs(p:state_tensors()) do entries[#entries + 1] = {name, name} end
+  local md = {["ck.step"] = tostring(p.steps)}
+  for k, v in pairs(meta or {}) do md[k] = tostring(v) end
+  p:save(dir .. "/" .. name_of(p.steps), entries, {metadata = md})
+  local all = M.list(dir)
+  for i = 1, #all - (keep or 3) do os.remove(all[i]) end
+end
+
+-- the newest state in dir that opens (a file cut short by a crash is passed over)
+function M.latest(dir)
+  local all = M.list(dir)
+  for i = #all, 1, -1 do
+    local ok, f = pcall(ck.safetensors, all[i])
+    if ok then
+      f:close()
+      return all[i]
+    end
+  end
+  return nil
+end
+
+-- Loads a state into p and returns its metadata; settings (a table of strings)
+-- must match those saved.
+function M.load(p, path, settings)
+  local f <close> = ck.safetensors(path)
+  local meta = f:metadata()
+  for k, v in pairs(settings or {}) do
+    if meta[k] ~= tostring(v) then
+      error(string.format("%s: saved with %s = %s, this run has %s", path, k, tostring(meta[k]), tostring(v)), 2)
+    end
+  end
+  local map = {}
+  for _, name in ipairs(p:state_tensors()) do map[name] = name end
+  p:load(f, map)
+  p.steps = math.tointeger(tonumber(meta["ck.step"])) or error(path .. ": no step in the state", 2)
+  return meta
+end
+
+return M

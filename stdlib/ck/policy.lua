@@ -77,7 +77,10 @@ function M.parse(s)
   elseif name == "diffusers" then return M.diffusers()
   elseif name == "selective" then return M.selective()
   elseif name == "sqrt_n" then return M.sqrt_n()
-  elseif name == "every_n" then return M.every_n(math.tointeger(tonumber(arg)) or 2)
+  elseif name == "every_n" then
+    local n = arg == "" and 2 or math.tointeger(tonumber(arg))
+    if not n or n < 1 then error("every_n: '" .. arg .. "' is not a positive integer", 2) end
+    return M.every_n(n)
   elseif name == "budget" and arg ~= "" then return M.budget(arg)
   elseif name == "blocks" and arg ~= "" then
     local pats = {}

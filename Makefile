@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 DEB_PACKAGES := cmake make gcc pkg-config lua5.4 liblua5.4-dev libopenblas-openmp-dev
 
-.PHONY: run test build deps bench clean
+.PHONY: run test build deps bench clean install
 
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -22,6 +22,10 @@ build: deps
 
 test: build
 	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure
+
+# make install [PREFIX=/usr/local]: ckrun, libck, ck.h, ck.pc, ck.so and the stdlib
+install: build
+	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX))
 
 run: build
 	$(BUILD)/ckrun scripts/train_sdxl_lora.lua

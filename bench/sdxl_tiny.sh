@@ -6,15 +6,16 @@ cd "$(dirname "$0")/.."
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build --target ckrun -j "$(nproc)" >/dev/null
 steps=${STEPS:-60}
+mkdir -p out
 echo "| latents | batch | step time (ms) | max RSS (MiB) | planned peak (MiB) |"
 echo "|---|---|---|---|---|"
 for cfg in "256 2" "512 1"; do
   set -- $cfg
   plan=$(build/ckrun --plan --json scripts/train_sdxl_lora.lua --resolution "$1" --batch "$2" | sed -E 's/.*"peak_bytes": ([0-9]+).*/\1/')
   out=$( { /usr/bin/time -f "RSS %M" build/ckrun scripts/train_sdxl_lora.lua --resolution "$1" --batch "$2" \
-           --steps "$steps" --out /tmp/ck_bench_lora.safetensors > /tmp/ck_bench.out; } 2>&1 )
-  ms=$(sed -nE 's/^step time: ([0-9.]+) ms.*/\1/p' /tmp/ck_bench.out)
+           --steps "$steps" --out out/.bench_lora.safetensors > out/.bench_sdxl_tiny.out; } 2>&1 )
+  ms=$(sed -nE 's/^step time: ([0-9.]+) ms.*/\1/p' out/.bench_sdxl_tiny.out)
   rss=$(echo "$out" | sed -nE 's/^RSS ([0-9]+)/\1/p')
   echo "| $(( $1 / 8 ))x$(( $1 / 8 )) | $2 | $ms | $(( rss / 1024 )) | $(( plan / 1048576 )) |"
 done
-rm -f /tmp/ck_bench_lora.safetensors /tmp/ck_bench.out
+rm -f out/.bench_lora.safetensors out/.bench_sdxl_tiny.out

@@ -165,7 +165,7 @@ int ck_graph_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_o
     n->nin = nin;
     n->nout = nout;
     n->p = *p;
-    memcpy(n->in, in, sizeof(int) * (size_t)nin);
+    if (nin) memcpy(n->in, in, sizeof(int) * (size_t)nin);
     int needs = 0;
     if (differentiable(op))
         for (int i = 0; i < nin; i++) needs |= g->t[in[i]].needs_grad;

@@ -796,12 +796,14 @@ int ck_lua_program_tensor(lua_State *L, ck_program *p, int i)
     return id;
 }
 
-static int64_t flatten(lua_State *L, int t, float *dst, int64_t n, int64_t k)
+static int64_t flatten(lua_State *L, int t, float *dst, int64_t n, int64_t k, int depth)
 {
+    if (depth > CK_MAX_DIMS + 1) luaL_error(L, "values nested too deep (deeper than any tensor)");
+    luaL_checkstack(L, 4, "values nested too deep");
     int len = (int)luaL_len(L, t);
     for (int i = 1; i <= len; i++) {
         lua_geti(L, t, i);
-        if (lua_istable(L, -1)) k = flatten(L, lua_gettop(L), dst, n, k);
+        if (lua_istable(L, -1)) k = flatten(L, lua_gettop(L), dst, n, k, depth + 1);
         else {
             int ok;
             lua_Number v = lua_tonumberx(L, -1, &ok);
@@ -839,7 +841,7 @@ static int l_set(lua_State *L)
     }
     luaL_checktype(L, 3, LUA_TTABLE);
     float *tmp = lua_newuserdatauv(L, sizeof(float) * (size_t)(n ? n : 1), 0);
-    int64_t k = flatten(L, 3, tmp, n, 0);
+    int64_t k = flatten(L, 3, tmp, n, 0, 0);
     if (k != n) {
         char s[128];
         return luaL_error(L, "'%s' %s%s has %d elements, got %d values", t->name ? t->name : "tensor",

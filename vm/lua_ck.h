@@ -34,4 +34,27 @@ int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts
 /* vm/lua_fs.c: ck.listdir, ck.mkdir, ck.isatty, ck.now */
 void ck_lua_fs_register(lua_State *L, int lib);
 
+/* vm/runlimits.c: calls the function below the nargs arguments on top of the
+ * stack like lua_call, under the VM's instruction budget for callbacks (use it
+ * for every script function the runtime calls while compiling: policies,
+ * cadences). Past the budget it raises "file:line: callback ran past its
+ * instruction budget ..." naming the callback's line, an error pcall in the
+ * script cannot swallow. Returns the number of results (nres, or all of them
+ * with LUA_MULTRET). Outside a VM (a stock lua5.4) it is lua_call. */
+int ck_lua_call_limited(lua_State *L, int nargs, int nres);
+/* The same for C code that must not be unwound: returns lua_pcall's status,
+ * with the error message on top. A budget error still reaches the host: the
+ * next Lua instruction anywhere in the VM raises it again. */
+int ck_lua_pcall_limited(lua_State *L, int nargs, int nres);
+/* ck.call_limited(fn, ...): the same from Lua */
+void ck_lua_limits_register(lua_State *L, int lib);
+/* vm/sandbox.c: raises "file:line: reading 'path' is denied ... (--allow-read
+ * DIR allows it)" unless the VM's sandbox is off or allows the access; every
+ * function that opens a file by name calls it first. DIR: the path is a
+ * directory (the hint names it rather than its parent). */
+#define CK_ACCESS_READ 1
+#define CK_ACCESS_WRITE 2
+#define CK_ACCESS_DIR 4
+void ck_lua_check_path(lua_State *L, const char *path, int access);
+
 #endif

@@ -1,5 +1,6 @@
 /* Files, directories and clocks for scripts: the only ways a script reaches
- * the file system besides safetensors (vm/lua_st.c). */
+ * the file system besides safetensors (vm/lua_st.c) and the sandbox's checked
+ * io.open (vm/sandbox.c). Every path goes through the sandbox first. */
 #include "lua_ck.h"
 
 #include <lauxlib.h>
@@ -18,6 +19,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 static int l_listdir(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
+    ck_lua_check_path(L, path, CK_ACCESS_READ | CK_ACCESS_DIR);
     DIR *d = opendir(path);
     if (!d) {
         luaL_pushfail(L);
@@ -54,6 +56,7 @@ static int l_mkdir(lua_State *L)
     char buf[4096];
     const char *path = luaL_checkstring(L, 1);
     luaL_argcheck(L, strlen(path) < sizeof buf, 1, "path too long");
+    ck_lua_check_path(L, path, CK_ACCESS_WRITE | CK_ACCESS_DIR);
     strcpy(buf, path);
     for (char *q = buf + 1;; q++) {
         char c = *q;
@@ -95,4 +98,6 @@ void ck_lua_fs_register(lua_State *L, int lib)
     lua_pushvalue(L, lib);
     luaL_setfuncs(L, funcs, 0);
     lua_pop(L, 1);
+    /* ck.call_limited (vm/runlimits.c) rides along until luaopen_ck registers it */
+    ck_lua_limits_register(L, lua_absindex(L, lib));
 }

@@ -52,7 +52,7 @@ static int decide_function(void *ud, const ck_decide_ctx *c, unsigned char *reco
         lua_setfield(L, -2, "block");
         lua_pushstring(L, x->where);
         lua_setfield(L, -2, "where");
-        if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+        if (ck_lua_pcall_limited(L, 1, 1) != LUA_OK) { /* under the callback instruction budget */
             snprintf(err, errlen, "checkpoint policy: %s", lua_tostring(L, -1));
             lua_pop(L, 1);
             return -1;

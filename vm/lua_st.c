@@ -30,6 +30,7 @@ static int l_open(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
     char err[512];
+    ck_lua_check_path(L, path, CK_ACCESS_READ);
     lstfile *lf = lua_newuserdatauv(L, sizeof *lf, 0);
     lf->f = NULL;
     luaL_setmetatable(L, STFILE_MT);
@@ -237,6 +238,7 @@ static int l_save(lua_State *L)
     ck_program *p = ck_lua_program(L, 1);
     const char *path = luaL_checkstring(L, 2);
     luaL_checktype(L, 3, LUA_TTABLE);
+    ck_lua_check_path(L, path, CK_ACCESS_WRITE);
     ck_st_dtype dtype = CK_ST_F32;
     if (lua_istable(L, 4)) {
         lua_getfield(L, 4, "dtype");
@@ -281,6 +283,7 @@ static int l_write(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
+    ck_lua_check_path(L, path, CK_ACCESS_WRITE);
     ck_st_dtype dtype = lua_isstring(L, 4) ? dtype_arg(L, lua_tostring(L, 4)) : CK_ST_F32;
     ck_st_writer *w = guarded_writer(L);
     int guard = lua_gettop(L);

@@ -1,7 +1,9 @@
-/* ckrun: the command line over vm/ck.h. Runs one script with its arguments;
- * every failure is one line on stderr and a non-zero exit. */
+/* ckrun: the command line over vm/ck.h. Runs one script with its arguments in
+ * a sandboxed VM; every failure is one line on stderr and a non-zero exit. */
 #include "ck.h"
 
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +27,20 @@ static void usage(FILE *f)
             "                  none,diffusers,selective,budget:62%%,budget:4GiB\n"
             "  --max-batch SIZE  with --plan: the largest batch whose plan fits SIZE\n"
             "                  (bytes, or with a unit: 24GiB, 512MiB)\n"
-            "  --svg FILE      with --plan: write the memory timeline as SVG\n");
+            "  --svg FILE      with --plan: write the memory timeline as SVG\n"
+            "\n"
+            "sandbox and limits (the sandbox is on unless --trust):\n"
+            "  --allow-read DIR   scripts may also read under DIR (default: the working\n"
+            "                     directory and the script's directory)\n"
+            "  --allow-write DIR  scripts may also write (and read) under DIR (default:\n"
+            "                     the working directory)\n"
+            "  --trust         no sandbox: all of Lua's libraries, any file\n"
+            "  --max-heap SIZE the Lua heap's limit (default 1GiB in the sandbox; none)\n"
+            "  --callback-budget N  Lua instructions a compile-time callback may run\n"
+            "                  (default 100000000; none)\n"
+            "  --device NAME   the device to run on (cpu)\n"
+            "\n"
+            "Ctrl-C stops the run between two ops; a second Ctrl-C kills it.\n");
 }
 
 /* OpenMP threads that spin while they wait steal the cores that OpenBLAS and
@@ -40,58 +55,90 @@ static void passive_openmp(char **argv)
     /* if that fails, run with the default policy */
 }
 
+/* bytes from "24GiB", "512MiB", "1e9"; -1 if malformed */
+static double parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    double unit = !strcmp(end, "") || !strcmp(end, "B") ? 1
+                : !strcmp(end, "KiB") ? 1024.0
+                : !strcmp(end, "MiB") ? 1048576.0
+                : !strcmp(end, "GiB") ? 1073741824.0
+                : !strcmp(end, "GB") ? 1e9 : -1;
+    return unit < 0 || end == s || v <= 0 ? -1 : v * unit;
+}
+
+/* the VM a Ctrl-C interrupts (ck_interrupt is safe in a signal handler) */
+static ck_vm *volatile running;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    if (running) ck_interrupt(running);
+}
+
 int main(int argc, char **argv)
 {
     passive_openmp(argv);
     int i = 1;
     const char *code = NULL;
     ck_options opt = {0};
+    const char **reads = calloc((size_t)argc + 1, sizeof *reads);
+    const char **writes = calloc((size_t)argc + 1, sizeof *writes);
+    int nreads = 0, nwrites = 0;
+    if (!reads || !writes) {
+        fprintf(stderr, "ckrun: out of memory\n");
+        return 1;
+    }
+    opt.allow_read = reads;
+    opt.allow_write = writes;
     for (; i < argc && argv[i][0] == '-'; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+        const char *a = argv[i];
+        int more = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         }
-        if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--version")) {
+        if (!strcmp(a, "-v") || !strcmp(a, "--version")) {
             printf("ckrun %s\n", ck_version());
             return 0;
         }
-        if (!strcmp(argv[i], "--plan")) {
-            opt.plan_only = 1;
-            continue;
-        }
-        if (!strcmp(argv[i], "--json")) {
-            opt.json = 1;
-            continue;
-        }
-        if (!strcmp(argv[i], "--policies") && i + 1 < argc) {
-            opt.plan_policies = argv[++i];
-            continue;
-        }
-        if (!strcmp(argv[i], "--svg") && i + 1 < argc) {
-            opt.plan_svg = argv[++i];
-            continue;
-        }
-        if (!strcmp(argv[i], "--max-batch") && i + 1 < argc) {
-            char *end;
-            double v = strtod(argv[++i], &end);
-            double unit = !strcmp(end, "") || !strcmp(end, "B") ? 1
-                        : !strcmp(end, "KiB") ? 1024.0
-                        : !strcmp(end, "MiB") ? 1048576.0
-                        : !strcmp(end, "GiB") ? 1073741824.0
-                        : !strcmp(end, "GB") ? 1e9 : -1;
-            if (unit < 0 || v <= 0) {
+        if (!strcmp(a, "--plan")) opt.plan_only = 1;
+        else if (!strcmp(a, "--json")) opt.json = 1;
+        else if (!strcmp(a, "--trust")) opt.trust = 1;
+        else if (!strcmp(a, "--policies") && more) opt.plan_policies = argv[++i];
+        else if (!strcmp(a, "--svg") && more) opt.plan_svg = argv[++i];
+        else if (!strcmp(a, "-e") && more) code = argv[++i];
+        else if (!strcmp(a, "--allow-read") && more) reads[nreads++] = argv[++i];
+        else if (!strcmp(a, "--allow-write") && more) writes[nwrites++] = argv[++i];
+        else if (!strcmp(a, "--device") && more) opt.device = argv[++i];
+        else if (!strcmp(a, "--max-batch") && more) {
+            double v = parse_size(argv[++i]);
+            if (v < 0) {
                 fprintf(stderr, "ckrun: --max-batch wants a size such as 24GiB, got '%s'\n", argv[i]);
                 return 2;
             }
-            opt.plan_max_batch = v * unit;
-            continue;
+            opt.plan_max_batch = v;
+        } else if (!strcmp(a, "--max-heap") && more) {
+            double v = !strcmp(argv[++i], "none") ? (double)SIZE_MAX : parse_size(argv[i]);
+            if (v < 0) {
+                fprintf(stderr, "ckrun: --max-heap wants a size such as 512MiB or 'none', got '%s'\n", argv[i]);
+                return 2;
+            }
+            opt.heap_limit = v >= (double)SIZE_MAX ? SIZE_MAX : (size_t)v;
+        } else if (!strcmp(a, "--callback-budget") && more) {
+            char *end;
+            const char *s = argv[++i];
+            long long n = !strcmp(s, "none") ? -1 : strtoll(s, &end, 10);
+            if (strcmp(s, "none") && (end == s || *end || n <= 0)) {
+                fprintf(stderr, "ckrun: --callback-budget wants a number of instructions or 'none', got '%s'\n", s);
+                return 2;
+            }
+            opt.callback_budget = n;
+        } else {
+            fprintf(stderr, "ckrun: unknown option '%s' (see ckrun --help)\n", a);
+            return 2;
         }
-        if (!strcmp(argv[i], "-e") && i + 1 < argc) {
-            code = argv[++i];
-            continue;
-        }
-        fprintf(stderr, "ckrun: unknown option '%s' (see ckrun --help)\n", argv[i]);
-        return 2;
     }
     if (!code && i >= argc) {
         usage(stderr);
@@ -102,10 +149,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckrun: out of memory\n");
         return 1;
     }
-    int st = code ? ck_run_string(vm, code, "(command line)")
+    int st = ck_status(vm);
+    if (st == CK_OK) {
+        running = vm;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigint;
+        sa.sa_flags = SA_RESETHAND; /* a second Ctrl-C kills */
+        sigaction(SIGINT, &sa, NULL);
+        st = code ? ck_run_string(vm, code, "(command line)")
                   : ck_run_file(vm, argv[i], argc - i - 1, (const char *const *)argv + i + 1);
+        signal(SIGINT, SIG_DFL);
+        running = NULL;
+    }
     if (st != CK_OK) fprintf(stderr, "ckrun: %s\n", ck_error(vm));
     fflush(stdout);
     ck_close(vm);
-    return st == CK_OK ? 0 : 1;
+    free(reads);
+    free(writes);
+    return st == CK_OK ? 0 : st == CK_EINTR ? 130 : 1;
 }

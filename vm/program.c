@@ -63,7 +63,8 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o)
             op = CK_OP_ADAMW_STEP;
             for (int k = 0; k < 2; k++) {
                 snprintf(name, sizeof name, "%s.%s", k ? "exp_avg_sq" : "exp_avg", g->t[t].name);
-                in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &g->t[t].shape, g->t[t].where);
+                ck_shape shape = g->t[t].shape; /* ck_graph_leaf may move g->t */
+                in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape, g->t[t].where);
                 if (in[2 + k] < 0) return -1;
                 g->t[in[2 + k]].init = CK_INIT_ZEROS;
             }

@@ -8,8 +8,8 @@ local T = require "check"
 local unet = require "ck.unet"
 local lora = require "ck.lora"
 
-local tmp = os.tmpname()
-os.remove(tmp)
+-- a fresh directory under the working directory, which the sandbox lets scripts write
+local tmp = string.format("out/test_sdxl_files.%d", math.floor(ck.now() * 1e6))
 assert(ck.mkdir(tmp))
 local function path(name) return tmp .. "/" .. name end
 

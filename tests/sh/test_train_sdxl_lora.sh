@@ -9,6 +9,7 @@ trap 'rm -rf "$dir"' EXIT
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
 S=scripts/train_sdxl_lora.lua
+# runs that read or write $dir (outside the working directory) say so to the sandbox: --allow-write "$dir"
 
 json=$("$CKRUN" --plan --json $S --size full)
 echo "$json" | grep -q '"param_count": 2567463684,' ; ok $? "full SDXL build-only: param_count 2567463684"
@@ -18,32 +19,32 @@ echo "$json" | grep -q '"param_count": 8011332,' ; ok $? "sdxl-tiny build-only: 
 [ "$(echo "$json" | wc -l)" = 1 ] ; ok $? "--plan --json prints one line"
 
 # training: validation loss on fixed batches falls well below its start
-out=$("$CKRUN" $S --steps 200 --targets kohya --rank 8 --samples 8 --out "$dir/lora.safetensors") ; rc=$?
+out=$("$CKRUN" --allow-write "$dir" $S --steps 200 --targets kohya --rank 8 --samples 8 --out "$dir/lora.safetensors") ; rc=$?
 ok $rc "a 200-step run exits 0"
 line=$(echo "$out" | grep '^validation loss')
 before=$(echo "$line" | sed -E 's/.*before ([0-9.]+),.*/\1/')
 after=$(echo "$line" | sed -E 's/.*after ([0-9.]+)$/\1/')
 awk -v b="$before" -v a="$after" 'BEGIN { exit !(a < 0.9 * b) }' ; ok $? "validation loss falls by more than 10% ($line)"
 [ -s "$dir/lora.safetensors" ] ; ok $? "the adapter file is written"
-"$CKRUN" -e "local ck = require 'ck'; local f = ck.safetensors('$dir/lora.safetensors')
+"$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'; local f = ck.safetensors('$dir/lora.safetensors')
 assert(f:has('lora_unet_input_blocks_4_1_transformer_blocks_0_ff_net_0_proj.lora_up.weight'))
 assert(f:metadata().ss_max_train_steps == '200')" ; ok $? "the file uses kohya names and records the run in ss_* metadata"
 
-"$CKRUN" $S --steps 2 --lora-format peft --out "$dir/peft.safetensors" >/dev/null
-"$CKRUN" -e "local ck = require 'ck'; local f = ck.safetensors('$dir/peft.safetensors')
+"$CKRUN" --allow-write "$dir" $S --steps 2 --lora-format peft --out "$dir/peft.safetensors" >/dev/null
+"$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'; local f = ck.safetensors('$dir/peft.safetensors')
 assert(f:has('unet.mid_block.attentions.0.transformer_blocks.0.attn1.to_k.lora_A.weight'))" ; ok $? "--lora-format peft writes PEFT names"
 
 # a dataset on disk gives the same samples as --data synthetic
-"$CKRUN" scripts/make_synthetic_data.lua "$dir/data" 4 >/dev/null ; ok $? "make_synthetic_data writes a dataset"
-a=$("$CKRUN" $S --steps 3 --samples 4 --out "$dir/a.safetensors" | grep '^training loss')
-b=$("$CKRUN" $S --steps 3 --data "$dir/data" --out "$dir/b.safetensors" | grep '^training loss')
+"$CKRUN" --allow-write "$dir" scripts/make_synthetic_data.lua "$dir/data" 4 >/dev/null ; ok $? "make_synthetic_data writes a dataset"
+a=$("$CKRUN" --allow-write "$dir" $S --steps 3 --samples 4 --out "$dir/a.safetensors" | grep '^training loss')
+b=$("$CKRUN" --allow-write "$dir" $S --steps 3 --data "$dir/data" --out "$dir/b.safetensors" | grep '^training loss')
 [ -n "$a" ] && [ "$a" = "$b" ] ; ok $? "training on the written dataset matches --data synthetic ($b)"
 
 # bad input: one line on stderr, non-zero exit, nothing written or damaged
 cp "$dir/lora.safetensors" "$dir/keep.safetensors"
 bad() { # name, pattern, args...
   local name=$1 pattern=$2; shift 2
-  "$CKRUN" $S "$@" --out "$dir/lora.safetensors" > /dev/null 2> "$dir/err"
+  "$CKRUN" --allow-write "$dir" $S "$@" --out "$dir/lora.safetensors" > /dev/null 2> "$dir/err"
   local rc=$?
   if [ $rc -ne 0 ] && [ "$(wc -l < "$dir/err")" = 1 ] && grep -qE -- "$pattern" "$dir/err" \
      && cmp -s "$dir/lora.safetensors" "$dir/keep.safetensors"; then
@@ -54,14 +55,14 @@ bad() { # name, pattern, args...
 }
 bad "missing dataset" "cannot read directory '$dir/none'" --data "$dir/none"
 mkdir "$dir/wrong"
-"$CKRUN" -e "local ck = require 'ck'
+"$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'
 ck.write_safetensors('$dir/wrong/000001.safetensors', {{'latents', {4, 16, 16}, (function() local t = {} for i = 1, 1024 do t[i] = 0 end return t end)()},
   {'prompt_embeds', {77, 64}, (function() local t = {} for i = 1, 77 * 64 do t[i] = 0 end return t end)()},
   {'pooled_prompt_embeds', {64}, (function() local t = {} for i = 1, 64 do t[i] = 0 end return t end)()},
   {'time_ids', {6}, {1, 1, 0, 0, 1, 1}}})"
 cp "$dir/wrong/000001.safetensors" "$dir/wrong/000002.safetensors"
 bad "wrong sample shape names the file and the tensor" "wrong/000001.safetensors.*latents.*\[4, 16, 16\].*\[4, 32, 32\]" --data "$dir/wrong"
-"$CKRUN" -e "local ck = require 'ck'; local unet = require 'ck.unet'
+"$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'; local unet = require 'ck.unet'
 local g = ck.graph(); local _, y = unet.build(g, 'sdxl-tiny', {batch = 1, height = 8, width = 8, frozen = true})
 local p = g:compile{outputs = {y}}
 local e = {}
@@ -73,7 +74,7 @@ p:save('$dir/unet.safetensors', e)"
 head -c 100000 "$dir/unet.safetensors" > "$dir/truncated.safetensors"
 bad "truncated weights file" "truncated.safetensors: .*(truncated|size|short|end)" --weights "$dir/truncated.safetensors"
 bad "a non-finite loss stops the run" "step 1: loss is not finite" --weights "$dir/nan.safetensors" --steps 3
-"$CKRUN" $S --weights "$dir/unet.safetensors" --steps 2 --out "$dir/w.safetensors" > /dev/null ; ok $? "a complete weights file loads and trains"
+"$CKRUN" --allow-write "$dir" $S --weights "$dir/unet.safetensors" --steps 2 --out "$dir/w.safetensors" > /dev/null ; ok $? "a complete weights file loads and trains"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --steps 3 --data nan_data --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: step 1: loss is not finite \(nan\); nothing was saved
+-- Training on samples whose latents are NaN stops at the first step and saves nothing.

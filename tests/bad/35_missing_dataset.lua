@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --steps 3 --data no_such_dir --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: cannot read directory 'no_such_dir': No such file or directory
+-- A dataset directory that does not exist.

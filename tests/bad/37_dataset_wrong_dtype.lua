@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --steps 3 --data i32_data --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: .*i32_data/00000[12]\.safetensors: tensor 'latents': dtype I32 cannot be read as fp32
+-- Samples whose latents are integers.

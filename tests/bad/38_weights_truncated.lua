@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --steps 3 --weights truncated.safetensors --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: truncated\.safetensors: 
+-- A truncated weights file for the UNet.

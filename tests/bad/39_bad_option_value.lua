@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 100 --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: --resolution must be a multiple of 64 pixels, got 100
+-- A script option out of range.

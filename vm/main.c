@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <stdint.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,7 +108,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--json")) opt.json = 1;
         else if (!strcmp(a, "--trust")) opt.trust = 1;
         else if (!strcmp(a, "--policies") && more) opt.plan_policies = argv[++i];
-        else if (!strcmp(a, "--svg") && more) opt.plan_svg = argv[++i];
+        else if (!strcmp(a, "--svg") && more) {
+            /* the file named on the command line may be written wherever it is */
+            opt.plan_svg = argv[++i];
+            char *dir = strdup(argv[i]);
+            if (dir) writes[nwrites++] = dirname(dir);
+        }
         else if (!strcmp(a, "-e") && more) code = argv[++i];
         else if (!strcmp(a, "--allow-read") && more) reads[nreads++] = argv[++i];
         else if (!strcmp(a, "--allow-write") && more) writes[nwrites++] = argv[++i];

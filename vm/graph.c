@@ -69,6 +69,21 @@ void ck_graph_set_scope(ck_graph *g, const char *scope)
     g->scope = dupstr(scope ? scope : "");
 }
 
+/* At most 2^40 elements (4 TiB in fp32) in one tensor, so that element and
+ * byte counts never overflow anywhere downstream. */
+#define MAX_NUMEL ((int64_t)1 << 40)
+
+static int too_large(const ck_shape *s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++) {
+        if (s->d[i] == 0) return 0;
+        if (s->d[i] < 0 || s->d[i] > MAX_NUMEL || n > MAX_NUMEL / s->d[i]) return 1;
+        n *= s->d[i];
+    }
+    return 0;
+}
+
 static int new_tensor(ck_graph *g, const ck_shape *s, ck_kind kind, const char *where)
 {
     if (g->nt == g->capt) {
@@ -104,6 +119,12 @@ int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *s
             snprintf(g->err, sizeof g->err, "'%s' has a negative dim", name);
             return -1;
         }
+    if (too_large(shape)) {
+        char b[160];
+        snprintf(g->err, sizeof g->err, "'%s' has shape %s: more than 2^40 elements is too large", name,
+                 ck_shape_str(shape, b, sizeof b));
+        return -1;
+    }
     if (ck_graph_find(g, name) >= 0) {
         snprintf(g->err, sizeof g->err, "'%s' is already defined", name);
         return -1;
@@ -148,6 +169,13 @@ int ck_graph_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_o
             snprintf(g->err, sizeof g->err, "%s: %s", ck_op_name(op), msg);
         return -1;
     }
+    for (int k = 0; k < nout; k++)
+        if (outs[k].ndim >= 0 && too_large(&outs[k])) {
+            char b[160];
+            snprintf(g->err, sizeof g->err, "%s%s%s: output shape %s has more than 2^40 elements: too large",
+                     ck_op_name(op), g->scope[0] ? " in " : "", g->scope, ck_shape_str(&outs[k], b, sizeof b));
+            return -1;
+        }
     if (g->nn == g->capn) {
         int cap = g->capn ? 2 * g->capn : 64;
         ck_node *n = realloc(g->n, sizeof *n * (size_t)cap);

@@ -27,6 +27,12 @@ function M.save(p, dir, meta, keep)
   local md = {["ck.step"] = tostring(p.steps)}
   for k, v in pairs(meta or {}) do md[k] = tostring(v) end
   p:save(dir .. "/" .. name_of(p.steps), entries, {metadata = md})
+  M.prune(dir, keep)
+end
+
+-- removes all but the newest keep states (a run killed between a save and its
+-- prune leaves one more; the next save or resume prunes it)
+function M.prune(dir, keep)
   local all = M.list(dir)
   for i = 1, #all - (keep or 3) do os.remove(all[i]) end
 end

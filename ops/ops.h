@@ -117,6 +117,13 @@ enum ck_op {
      * context. Decoupled decay (AdamW): p -= lr * wd * p; then with bias correction
      * mhat = m / (1 - beta1^t), vhat = v / (1 - beta2^t): p -= lr * mhat / (sqrt(vhat) + eps). */
     CK_OP_ADAMW_STEP,
+    /* in x; out [3] = mean, standard deviation (population) and largest |x| over
+     * all elements; a NaN anywhere makes the mean and absmax NaN. Logging steps
+     * only (vm/logstats.c): a block's activation statistics. */
+    CK_OP_STATS,
+    /* in x; out scalar = sum of x^2 over all elements, accumulated in double.
+     * Logging steps only: a gradient's squared norm. */
+    CK_OP_SUMSQ,
     CK_OP_COUNT
 };
 

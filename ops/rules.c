@@ -48,6 +48,8 @@ static const char *const names[CK_OP_COUNT] = {
     [CK_OP_FILL] = "fill",
     [CK_OP_SGD_STEP] = "sgd_step",
     [CK_OP_ADAMW_STEP] = "adamw_step",
+    [CK_OP_STATS] = "stats",
+    [CK_OP_SUMSQ] = "sumsq",
 };
 
 const char *ck_op_name(enum ck_op op)
@@ -427,6 +429,16 @@ int ck_op_infer(enum ck_op op, const ck_op_params *p, const ck_shape *in, int ni
             if (same_shape(&in[0], &in[i], "parameter", "state", err, errlen)) return -1;
         out[0] = out[1] = out[2] = in[0];
         return 0;
+    case CK_OP_STATS:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (ck_shape_numel(&in[0]) == 0) FAIL("statistics of an empty tensor");
+        out[0].ndim = 1;
+        out[0].d[0] = 3;
+        return 0;
+    case CK_OP_SUMSQ:
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        out[0].ndim = 0;
+        return 0;
     default: FAIL("unknown op %d", (int)op);
     }
 }
@@ -444,9 +456,16 @@ size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in,
     case CK_OP_CONV2D_BWD_FILTER: /* dy, x -> dw */
         return (size_t)(in[1].d[1] * out[0].d[2] * out[0].d[3] * in[0].d[2] * in[0].d[3]) * sizeof(float);
     case CK_OP_ATTENTION:
-        return (size_t)nthreads * (size_t)(in[0].d[1] * in[1].d[1]) * sizeof(float);
-    case CK_OP_ATTENTION_BWD:
-        return (size_t)nthreads * 2 * (size_t)(in[1].d[1] * in[2].d[1]) * sizeof(float);
+    case CK_OP_ATTENTION_BWD: {
+        /* per thread one (two for the backward) block of scores: rows of LQ as
+         * ops/cpu/attention.c's block_rows picks them, times LK */
+        const int bwd = op == CK_OP_ATTENTION_BWD;
+        const int64_t lq = in[bwd].d[1], lk = in[bwd + 1].d[1];
+        int64_t rows = lk > 0 ? 65536 / lk : lq;
+        if (rows < 16) rows = 16;
+        if (rows > lq) rows = lq;
+        return (size_t)nthreads * (size_t)(bwd + 1) * (size_t)(rows * lk) * sizeof(float);
+    }
     default: return 0;
     }
 }
@@ -471,7 +490,9 @@ double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int
     case CK_OP_GROUP_NORM_BWD:
     case CK_OP_LAYER_NORM_BWD: return 14.0 * n;
     case CK_OP_MEAN:
-    case CK_OP_MSE_LOSS: return 3.0 * (double)ck_shape_numel(&in[0]);
+    case CK_OP_MSE_LOSS:
+    case CK_OP_STATS: return 3.0 * (double)ck_shape_numel(&in[0]);
+    case CK_OP_SUMSQ: return 2.0 * (double)ck_shape_numel(&in[0]);
     case CK_OP_ADAMW_STEP: return 12.0 * n;
     default: return 4.0 * n;
     }

@@ -13,12 +13,16 @@
 -- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
 -- --storage fp32|bf16 (bf16: 16-bit activations and frozen weights; plans only on the CPU),
 -- --save-every N, --state-dir DIR (out/state), --keep-states K (3), --resume [DIR].
+-- --log-dir DIR (default runs/<time>: metrics.jsonl and a TensorBoard event file),
+-- --log-every N (gradient norms and memory every N steps, activation statistics
+-- every 5N; default 10; loss, lr and step time every step), --log-async (a writer
+-- thread: a crash loses at most --log-flush seconds of records, default 1).
 local ck = require "ck"
 local unet = require "ck.unet"
 local lora = require "ck.lora"
 local diffusion = require "ck.diffusion"
 local data = require "ck.data"
-local progress = require "ck.progress"
+local log = require "ck.log"
 local policy = require "ck.policy"
 local state = require "ck.state"
 
@@ -160,30 +164,37 @@ if a.resume then
   local from = a.resume == true and state_dir or a.resume
   local path = state.latest(from) or error("--resume: no saved state in '" .. tostring(from) .. "'")
   local meta = state.load(p, path, settings)
+  state.prune(from, opt("keep-states", 3))
   dataset.epoch, dataset.pos = tonumber(meta["data.epoch"]), tonumber(meta["data.pos"])
   dataset:shuffle()
   print(string.format("resumed from %s at step %d", path, p.steps))
 end
 local start = p.steps + 1
 
-local bar = progress.new(steps)
+local log_every = opt("log-every", 10)
+if math.type(log_every) ~= "integer" or log_every < 1 then
+  error("--log-every must be a positive number of steps, got " .. tostring(log_every))
+end
+local log_dir = opt("log-dir", nil) or log.run_dir("runs")
+local logger <close> = log.new{dir = log_dir, every = log_every, async = opt("log-async", false) and true,
+  flush_interval = opt("log-flush", 1), steps = steps, batch = batch, blocks = log.unet_blocks, on_nonfinite = "stop",
+  stop_note = "nothing was saved"}
+logger:write{step = start - 1, val_loss = val_before}
 local first, window, recent, step_time = nil, {}, 0, 0
 for step = start, steps do
   local t0 = ck.now()
   local given = dataset:load(p, inputs, dataset:next_indices())
   objective:prepare(p, given)
-  local l = p:step()
+  local l = logger:step(p) -- a non-finite loss or gradient stops the run here, naming the step and the op
   if step > start then step_time = step_time + (ck.now() - t0) end
-  if l ~= l or l == math.huge or l == -math.huge then
-    error(string.format("step %d: loss is not finite (%s); nothing was saved", step, tostring(l)))
-  end
   first = first or l
   window[#window + 1] = l
   recent = recent + l
   if #window > 20 then recent = recent - table.remove(window, 1) end
-  bar:update(step, l)
   if val_every > 0 and step % val_every == 0 then
-    bar:print(string.format("step %d: validation loss %.4f", step, validate()))
+    local v = validate()
+    logger:write{step = step, val_loss = v}
+    logger:print(string.format("step %d: validation loss %.4f", step, v))
   end
   if save_every > 0 and step % save_every == 0 and step < steps then
     local meta = {["data.epoch"] = dataset.epoch, ["data.pos"] = dataset.pos}
@@ -198,7 +209,11 @@ end
 if first then
   print(string.format("training loss: first step %.4f, mean of the last %d steps %.4f", first, #window, recent / #window))
 end
-print(string.format("validation loss (fixed batches): before %.4f, after %.4f", val_before, validate()))
+local val_after = validate()
+logger:write{step = p.steps, val_loss = val_after}
+print(string.format("validation loss (fixed batches): before %.4f, after %.4f", val_before, val_after))
+logger:close()
+print("wrote logs to " .. log_dir)
 
 local dir = out:match("^(.*)/[^/]*$")
 if dir and dir ~= "" then assert(ck.mkdir(dir)) end

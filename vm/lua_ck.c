@@ -916,11 +916,19 @@ static int push_loss(lua_State *L, ck_program *p)
 }
 
 /* p:step([{lr=, measure=}]) -> loss; with measure = true also the arena's
- * measured high-water mark (bytes), found by scanning a sentinel fill */
+ * measured high-water mark (bytes), found by scanning a sentinel fill.
+ * p:step{stats=, guard=, ...} -> loss, info: a logging step (vm/lua_log.c) */
 static int l_step(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
     if (lua_istable(L, 2)) p->opt.lr = (float)opt_num(L, 2, "lr", p->opt.lr);
+    if (lua_istable(L, 2)) {
+        lua_getfield(L, 2, "stats");
+        lua_getfield(L, 2, "guard");
+        int logging = !lua_isnil(L, -1) || !lua_isnil(L, -2);
+        lua_pop(L, 2);
+        if (logging) return ck_lua_log_step(L, p);
+    }
     if (opt_bool(L, 2, "measure", 0)) {
         size_t hw = 0;
         if (ck_program_step_measured(p, &hw)) return luaL_error(L, "%s", p->err);
@@ -1197,6 +1205,7 @@ int luaopen_ck(lua_State *L)
     luaL_newmetatable(L, PROGRAM_MT);
     luaL_newlib(L, program_methods);
     ck_lua_st_register(L, lib, lua_gettop(L));
+    ck_lua_log_register(L, lib, lua_gettop(L));
     lua_pushcclosure(L, l_program_index, 1);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_program_newindex);

@@ -257,6 +257,11 @@ void ck_program_free(ck_program *p)
     if (!p) return;
     ck_plan_free(&p->train);
     ck_plan_free(&p->eval);
+    for (int k = 0; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
+    for (int b = 0; b < p->nblocks; b++) free(p->blocks[b]);
+    free(p->blocks);
+    free(p->stats);
+    free(p->profile);
     ck_graph_free(p->g);
     free(p->retain);
     free(p->poff);
@@ -273,14 +278,67 @@ static int runnable(ck_program *p)
 
 int ck_program_step(ck_program *p)
 {
+    ck_run_opts o = {0, 0, 0};
+    ck_run_info r;
+    return ck_program_run(p, &o, &r);
+}
+
+/* where the optimizer's entries start: they are the list's tail */
+static int optimizer_start(const ck_plan *pl)
+{
+    int k = pl->n;
+    while (k > 0 && pl->ops[k - 1].phase == CK_PHASE_OPTIMIZER) k--;
+    return k;
+}
+
+/* the loss and, where the update reads them, the gradients are finite */
+static int step_finite(ck_program *p, const ck_plan *pl, int opt_start, ck_run_info *r)
+{
+    const float *loss = ck_program_data(p, p->loss);
+    r->loss_nonfinite = loss && !ck_all_finite(loss, 1);
+    if (r->loss_nonfinite) return 0;
+    if (opt_start == pl->n && !p->opt.keep_grads) return 1; /* no update to guard; gradients may be gone */
+    const ck_graph *g = p->g;
+    for (int t = 0; t < g->nt; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        int gt = g->t[t].grad;
+        if (gt < 0 || pl->off[gt] < 0) continue;
+        if (!ck_all_finite((const float *)(p->arena + pl->off[gt]), ck_shape_numel(&g->t[gt].shape))) return 0;
+    }
+    return 1;
+}
+
+int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
+{
+    memset(r, 0, sizeof *r);
+    r->bad_entry = r->bad_input = -1;
     if (!runnable(p)) return -1;
     if (p->train.n == 0) {
         snprintf(p->err, sizeof p->err, "this program has nothing to train (no loss or no trainable parameter)");
         return -1;
     }
+    const ck_plan *pl = &p->train;
+    if (o->stats) {
+        if (o->stats > CK_STATS_ALL || p->logplan[o->stats].n == 0) {
+            snprintf(p->err, sizeof p->err, "this program computes no such statistics (enable them first)");
+            return -1;
+        }
+        pl = &p->logplan[o->stats];
+    }
     p->step++;
-    p->last = &p->train;
-    return ck_exec(p, &p->train, p->err, sizeof p->err);
+    p->last = pl;
+    r->plan = pl;
+    if (o->measure) ck_arena_fill_sentinel(p);
+    int k = o->guard ? optimizer_start(pl) : pl->n;
+    if (ck_exec_range(p, pl, 0, k, p->err, sizeof p->err)) return -1;
+    if (o->guard && !step_finite(p, pl, k, r)) {
+        r->nonfinite = 1;
+        if (ck_exec_find_nonfinite(p, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) return -1;
+    } else if (ck_exec_range(p, pl, k, pl->n, p->err, sizeof p->err)) {
+        return -1;
+    }
+    if (o->measure) r->high_water = ck_arena_high_water(p);
+    return 0;
 }
 
 int ck_program_forward(ck_program *p)
@@ -294,6 +352,9 @@ float *ck_program_data(ck_program *p, int t)
 {
     if (t < 0 || t >= p->g->nt || !p->arena) return NULL;
     if (p->poff[t] >= 0) return (float *)(p->arena + p->poff[t]);
-    if (!p->last || !p->retain[t] || p->last->off[t] < 0) return NULL;
+    /* in a list scheduled before stat nodes were added, ids above its graph
+     * tensors are recomputed copies, not those nodes' outputs */
+    if (!p->last || !p->retain[t] || t >= p->last->ntensors || p->last->origin[t] != t || p->last->off[t] < 0)
+        return NULL;
     return (float *)(p->arena + p->last->off[t]);
 }

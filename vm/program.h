@@ -85,6 +85,22 @@ typedef struct ck_plan {
 } ck_plan;
 
 
+/* Statistics that logging steps compute (vm/logstats.c), by group. */
+enum { CK_STATS_GRADS = 1, CK_STATS_ACTS = 2, CK_STATS_ALL = 3 };
+
+/* One statistic: a stat node of the graph reducing one tensor. Stat nodes have
+ * phase BACKWARD, so no checkpoint policy sees them; only the logging lists
+ * run them. */
+typedef struct ck_stat {
+    int group;  /* CK_STATS_GRADS: SUMSQ of a parameter's gradient; CK_STATS_ACTS: STATS of a block output */
+    int node;   /* the stat node */
+    int src;    /* the tensor it reduces */
+    int out;    /* its output: [1] squared norm, or [3] mean, std, absmax */
+    int param;  /* grads: the parameter; -1 otherwise */
+    int block;  /* index into ck_program.blocks */
+    int placed; /* 1 when the training list makes src (the logging lists run it) */
+} ck_stat;
+
 typedef struct ck_program {
     ck_graph *g;
     int loss;
@@ -100,6 +116,16 @@ typedef struct ck_program {
     const ck_plan *last;
     /* set from another thread to stop a run between two ops (NULL: never) */
     const volatile int *interrupt;
+    /* logging: the training list plus stat entries, per stats mask ([0] unused,
+     * n == 0 where not built), the statistics and the block names they use */
+    ck_plan logplan[CK_STATS_ALL + 1];
+    ck_stat *stats;
+    int nstats;
+    char **blocks;
+    int nblocks;
+    unsigned stat_groups;
+    /* when non-NULL, seconds spent per op kind (CK_OP_COUNT entries): ck_exec adds to it */
+    double *profile;
     char err[512];
 } ck_program;
 
@@ -109,6 +135,36 @@ void ck_program_free(ck_program *p);
 int ck_program_step(ck_program *p);
 /* The forward pass only. */
 int ck_program_forward(ck_program *p);
+
+/* A training step as a logging script asks for it. */
+typedef struct ck_run_opts {
+    unsigned stats; /* run the logging list of these stat groups (0: the plain list) */
+    int guard;      /* check the loss and the gradients before the update; skip it when any is non-finite */
+    int measure;    /* measure the arena's high-water mark (sentinel fill and scan) */
+} ck_run_opts;
+
+typedef struct ck_run_info {
+    const ck_plan *plan;  /* the list that ran */
+    int nonfinite;        /* guard: the loss or a gradient was non-finite; the update was not applied */
+    int loss_nonfinite;   /* the loss was */
+    int bad_entry;        /* nonfinite: the first list entry whose output held a non-finite value, -1 */
+    int bad_input;        /* a parameter or input of that entry holding non-finite values, -1 */
+    size_t high_water;    /* measure: bytes from the arena's start to the last byte the step wrote */
+} ck_run_info;
+/* 0 or -1 with p->err. On a non-finite step (guard) the list up to the
+ * optimizer runs a second time checking every output, to name the first op
+ * that made a non-finite value; steps that are finite pay for one scan of the
+ * loss and the gradients. */
+int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r);
+
+/* vm/logstats.c: adds the stat nodes of the groups asked for (gradient norms
+ * of every trainable parameter, statistics of every block's output) and builds
+ * a logging list per combination of groups, each planned like the training
+ * list; grows the arena when one needs more. A block is the prefix of a scope
+ * that one of the patterns matches ('*' matches one dotted component), or else
+ * the scope's first component. Once per program. 0 or -1 with err. */
+int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *patterns, int npatterns, char *err,
+                         size_t errlen);
 /* Where a tensor's values are now, or NULL if the last run did not keep it. */
 float *ck_program_data(ck_program *p, int t);
 
@@ -121,6 +177,14 @@ int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const u
  * recomputation reads lets that recomputation make it again instead of
  * holding it. Returns their count; ids into out (g->nt entries at most). */
 int ck_saved_activations(const ck_graph *g, int *out);
+/* The logging variant of a scheduled list: base plus, right after the entry
+ * that writes each stat node's input, that node (activations are reduced
+ * where the forward pass makes them, so recompute holds nothing more). base
+ * was scheduled when the graph had base_nt tensors: its recomputed copies are
+ * renumbered above g->nt. placed[k] (may be NULL) gets 1 for the nodes placed;
+ * a node whose input the list never writes is left out. */
+int ck_schedule_stats(ck_plan *pl, const ck_plan *base, int base_nt, const ck_graph *g, const int *nodes, int n,
+                      int *placed);
 
 /* vm/memplan.c: liveness over a scheduled list, then offsets in one arena. */
 int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
@@ -140,6 +204,19 @@ size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id);
 
 /* vm/exec.c: runs one list on the CPU backend. */
 int ck_exec(ck_program *p, const ck_plan *pl, char *err, size_t errlen);
+/* Runs entries [from, to) of a list. */
+int ck_exec_range(ck_program *p, const ck_plan *pl, int from, int to, char *err, size_t errlen);
+/* Runs entries [0, to) again, scanning each entry's outputs: *entry gets the
+ * first that wrote a non-finite value (-1: none), *input a parameter or input
+ * it read that holds one (-1: none). */
+int ck_exec_find_nonfinite(ck_program *p, const ck_plan *pl, int to, int *entry, int *input, char *err,
+                           size_t errlen);
+/* 1 when every one of the n values is finite */
+int ck_all_finite(const float *x, int64_t n);
+/* The sentinel fill of the transient region and the scan for the last byte
+ * written since (the measured peak). */
+void ck_arena_fill_sentinel(ck_program *p);
+size_t ck_arena_high_water(const ck_program *p);
 /* One training step on an arena first filled with a sentinel; *high_water gets
  * the offset just past the last byte the step wrote: the measured peak. */
 int ck_program_step_measured(ck_program *p, size_t *high_water);

@@ -12,8 +12,9 @@
 #define GELU_KAPPA 0.044715f
 
 /* Elementwise loops with transcendentals pay for threads earlier than plain
- * arithmetic does. */
-#define PAR_MIN 16384
+ * arithmetic does (SiLU: ~0.45 ns an element on one core; a parallel region
+ * costs tens of microseconds). */
+#define PAR_MIN 65536
 
 static inline uint32_t bits_of(float x)
 {

@@ -1,6 +1,8 @@
 /* Multi-head scaled dot-product attention on the CPU, forward and backward.
  * Heads are columns of the (B,L,H*D) projections. Each (batch, head) pair is
- * computed whole by one schedule, in a fixed order, so results are deterministic. */
+ * computed whole by one schedule, in a fixed order, so results are deterministic;
+ * the scores are formed a block of query rows at a time, so the softmax matrix
+ * is never held whole. */
 #include "cpu.h"
 
 #include <assert.h>
@@ -20,6 +22,7 @@
  *   (called outside our parallel regions) and the softmax rows split over ours.
  * Each pair is computed in one fixed order either way. */
 #define SMALL_PAIR ((int64_t)1 << 20) /* LQ * LK * D at or below which pairs run in parallel */
+#define BLOCK_FLOATS 65536            /* scores per block of query rows (256 KiB) */
 
 typedef struct att_geom {
     int64_t B, LQ, LK, H, D, HD;
@@ -129,8 +132,18 @@ static void zero(float *x, int64_t n)
     if (x && n > 0) memset(x, 0, (size_t)n * sizeof(float));
 }
 
-/* Slices of the workspace the pair-parallel schedule may use (one per thread),
- * or 0 when it should not run: too few pairs for the threads and big pairs. */
+/* Query rows per block: a block of scores (rows x LK floats) stays in L2 while it
+ * is formed, normalized and used. Depends on the shapes only, never on the
+ * thread count; ops/rules.c sizes the workspace with the same formula. */
+static int64_t block_rows(int64_t LQ, int64_t LK)
+{
+    int64_t r = LK > 0 ? BLOCK_FLOATS / LK : LQ;
+    if (r < 16) r = 16;
+    return r < LQ ? r : LQ;
+}
+
+/* Threads for the pair-parallel schedule, or 0 when it should not run: fewer
+ * pairs than threads, and big pairs. */
 static int pair_threads(const ck_kctx *ctx, size_t slice_bytes, int64_t pairs, int64_t pair_size)
 {
     const int nt = omp_get_max_threads();
@@ -140,42 +153,53 @@ static int pair_threads(const ck_kctx *ctx, size_t slice_bytes, int64_t pairs, i
     return slices < (size_t)nt ? (int)slices : nt;
 }
 
-/* One pair's forward into o: P (LQ x LK scratch) = softmax(scale q k^T), o = P v.
- * par: split the softmax rows over threads (only when called outside a region). */
-static void pair_fwd(const att_geom *g, const float *q, const float *k, const float *v, float *o, float *P, int par)
+/* One pair's forward into o, R query rows at a time: P (R x LK scratch) =
+ * softmax(scale q k^T), o = P v. par: split the softmax rows over threads (only
+ * when called outside a region). */
+static void pair_fwd(const att_geom *g, const float *q, const float *k, const float *v, float *o, float *P, int64_t R,
+                     int par)
 {
-    const int64_t LQ = g->LQ, LK = g->LK;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)LQ, (int)LK, (int)g->D, g->scale, q, (int)g->HD, k,
-                (int)g->HD, 0.0f, P, (int)LK);
-#pragma omp parallel for schedule(static) if (par && LQ * LK > 16384)
-    for (int64_t i = 0; i < LQ; i++) softmax_row(P + i * LK, LK);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)LQ, (int)g->D, (int)LK, 1.0f, P, (int)LK, v,
-                (int)g->HD, 0.0f, o, (int)g->HD);
+    const int64_t LK = g->LK;
+    for (int64_t i0 = 0; i0 < g->LQ; i0 += R) {
+        const int64_t m = g->LQ - i0 < R ? g->LQ - i0 : R;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)LK, (int)g->D, g->scale, q + i0 * g->HD,
+                    (int)g->HD, k, (int)g->HD, 0.0f, P, (int)LK);
+#pragma omp parallel for schedule(static) if (par && m * LK > 16384)
+        for (int64_t i = 0; i < m; i++) softmax_row(P + i * LK, LK);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)g->D, (int)LK, 1.0f, P, (int)LK, v,
+                    (int)g->HD, 0.0f, o + i0 * g->HD, (int)g->HD);
+    }
 }
 
-/* One pair's backward; P and dS are LQ x LK scratch; any of dq, dk, dv may be NULL. */
+/* One pair's backward, R query rows at a time; P and dS are R x LK scratch; any
+ * of dq, dk, dv may be NULL. dk and dv add up the blocks in order. */
 static void pair_bwd(const att_geom *g, const float *dout, const float *q, const float *k, const float *v,
-                     float *dq, float *dk, float *dv, float *P, float *dS, int par)
+                     float *dq, float *dk, float *dv, float *P, float *dS, int64_t R, int par)
 {
-    const int64_t LQ = g->LQ, LK = g->LK, D = g->D, HD = g->HD;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)LQ, (int)LK, (int)D, g->scale, q, (int)HD, k, (int)HD,
-                0.0f, P, (int)LK);
-#pragma omp parallel for schedule(static) if (par && LQ * LK > 16384)
-    for (int64_t i = 0; i < LQ; i++) softmax_row(P + i * LK, LK);
-    if (dv)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)LK, (int)D, (int)LQ, 1.0f, P, (int)LK, dout,
-                    (int)HD, 0.0f, dv, (int)HD);
-    if (!dq && !dk) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)LQ, (int)LK, (int)D, 1.0f, dout, (int)HD, v, (int)HD,
-                0.0f, dS, (int)LK);
-#pragma omp parallel for schedule(static) if (par && LQ * LK > 16384)
-    for (int64_t i = 0; i < LQ; i++) dsoftmax_row(dS + i * LK, P + i * LK, LK, g->scale);
-    if (dq)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)LQ, (int)D, (int)LK, 1.0f, dS, (int)LK, k,
-                    (int)HD, 0.0f, dq, (int)HD);
-    if (dk)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)LK, (int)D, (int)LQ, 1.0f, dS, (int)LK, q,
-                    (int)HD, 0.0f, dk, (int)HD);
+    const int64_t LK = g->LK, D = g->D, HD = g->HD;
+    for (int64_t i0 = 0; i0 < g->LQ; i0 += R) {
+        const int64_t m = g->LQ - i0 < R ? g->LQ - i0 : R;
+        const float *qb = q + i0 * HD, *db = dout + i0 * HD;
+        const float beta = i0 ? 1.0f : 0.0f;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)LK, (int)D, g->scale, qb, (int)HD, k,
+                    (int)HD, 0.0f, P, (int)LK);
+#pragma omp parallel for schedule(static) if (par && m * LK > 16384)
+        for (int64_t i = 0; i < m; i++) softmax_row(P + i * LK, LK);
+        if (dv)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)LK, (int)D, (int)m, 1.0f, P, (int)LK, db,
+                        (int)HD, beta, dv, (int)HD);
+        if (!dq && !dk) continue;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)LK, (int)D, 1.0f, db, (int)HD, v, (int)HD,
+                    0.0f, dS, (int)LK);
+#pragma omp parallel for schedule(static) if (par && m * LK > 16384)
+        for (int64_t i = 0; i < m; i++) dsoftmax_row(dS + i * LK, P + i * LK, LK, g->scale);
+        if (dq)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)D, (int)LK, 1.0f, dS, (int)LK, k,
+                        (int)HD, 0.0f, dq + i0 * HD, (int)HD);
+        if (dk)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)LK, (int)D, (int)m, 1.0f, dS, (int)LK, qb,
+                        (int)HD, beta, dk, (int)HD);
+    }
 }
 
 // q is (B,LQ,H*D), k and v are (B,LK,H*D); o is (B,LQ,H*D). Head h is columns h*D..h*D+D-1.
@@ -191,7 +215,8 @@ CK_CPU_KERNEL(ck_cpu_attention)
         zero(o, g.B * LQ * HD);
         return;
     }
-    const size_t slice = (size_t)(LQ * LK);
+    const int64_t R = block_rows(LQ, LK);
+    const size_t slice = (size_t)(R * LK);
     float *ws = ctx->ws;
     assert(ctx->ws_bytes >= slice * sizeof(float));
 
@@ -204,14 +229,14 @@ CK_CPU_KERNEL(ck_cpu_attention)
 #pragma omp for schedule(static)
             for (int64_t pr = 0; pr < pairs; pr++) {
                 const int64_t qo = (pr / g.H) * LQ * HD + (pr % g.H) * D, ko = (pr / g.H) * LK * HD + (pr % g.H) * D;
-                pair_fwd(&g, q + qo, k + ko, v + ko, o + qo, P, 0);
+                pair_fwd(&g, q + qo, k + ko, v + ko, o + qo, P, R, 0);
             }
         }
         return;
     }
     for (int64_t pr = 0; pr < pairs; pr++) {
         const int64_t qo = (pr / g.H) * LQ * HD + (pr % g.H) * D, ko = (pr / g.H) * LK * HD + (pr % g.H) * D;
-        pair_fwd(&g, q + qo, k + ko, v + ko, o + qo, ws, 1);
+        pair_fwd(&g, q + qo, k + ko, v + ko, o + qo, ws, R, 1);
     }
 }
 
@@ -233,7 +258,8 @@ CK_CPU_KERNEL(ck_cpu_attention_bwd)
         zero(dv, g.B * LK * HD);
         return;
     }
-    const size_t slice = (size_t)(2 * LQ * LK);
+    const int64_t R = block_rows(LQ, LK);
+    const size_t slice = (size_t)(2 * R * LK);
     float *ws = ctx->ws;
     assert(ctx->ws_bytes >= slice * sizeof(float));
 
@@ -247,7 +273,7 @@ CK_CPU_KERNEL(ck_cpu_attention_bwd)
             for (int64_t pr = 0; pr < pairs; pr++) {
                 const int64_t qo = (pr / g.H) * LQ * HD + (pr % g.H) * D, ko = (pr / g.H) * LK * HD + (pr % g.H) * D;
                 pair_bwd(&g, dout + qo, q + qo, k + ko, v + ko, dq ? dq + qo : NULL, dk ? dk + ko : NULL,
-                         dv ? dv + ko : NULL, P, P + LQ * LK, 0);
+                         dv ? dv + ko : NULL, P, P + R * LK, R, 0);
             }
         }
         return;
@@ -255,6 +281,6 @@ CK_CPU_KERNEL(ck_cpu_attention_bwd)
     for (int64_t pr = 0; pr < pairs; pr++) {
         const int64_t qo = (pr / g.H) * LQ * HD + (pr % g.H) * D, ko = (pr / g.H) * LK * HD + (pr % g.H) * D;
         pair_bwd(&g, dout + qo, q + qo, k + ko, v + ko, dq ? dq + qo : NULL, dk ? dk + ko : NULL, dv ? dv + ko : NULL,
-                 ws, ws + LQ * LK, 1);
+                 ws, ws + R * LK, R, 1);
     }
 }

@@ -64,5 +64,8 @@ CK_CPU_KERNEL(ck_cpu_dropout);
 /* optim.c */
 CK_CPU_KERNEL(ck_cpu_sgd_step);
 CK_CPU_KERNEL(ck_cpu_adamw_step);
+/* stats.c */
+CK_CPU_KERNEL(ck_cpu_stats);
+CK_CPU_KERNEL(ck_cpu_sumsq);
 
 #endif

@@ -6,8 +6,10 @@
 #include <assert.h>
 #include <string.h>
 
-/* Below this many elements one thread beats waking the pool. */
-#define PAR_MIN 32768
+/* Below this many elements one thread beats waking the pool: a core adds ~10
+ * floats a nanosecond, and each parallel region costs tens of microseconds
+ * here (more when other processes hold the other core). */
+#define PAR_MIN (1 << 18)
 /* Output elements per parallel task of the binary ops. */
 #define CHUNK 8192
 /* REDUCE_TO: columns summed together by one task, the parallel tasks aimed for

@@ -6,7 +6,8 @@
 #include <omp.h>
 #include <string.h>
 
-#define PAR_MIN 32768
+/* Below this many elements one thread beats waking the pool (plain copies). */
+#define PAR_MIN (1 << 18)
 
 static int norm_dim(int64_t d, int ndim) { return (int)(d < 0 ? d + ndim : d); }
 

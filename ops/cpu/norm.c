@@ -13,8 +13,8 @@
  * rows) independent of the thread count, so the gamma/beta sums always add the
  * same partials in the same order. */
 #define LN_CHUNKS 64
-/* Columns of gamma/beta partials a thread keeps on its stack (2 x 16 KiB). */
-#define LN_COLS 2048
+/* Chunk x column partials of gamma and beta kept on the stack (2 x 32 KiB). */
+#define LN_PART 4096
 
 static double sum_f(const float *x, int64_t n)
 {
@@ -260,16 +260,19 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
         if (dbeta) memset(dbeta, 0, (size_t)C * sizeof(float));
         return;
     }
-    // gamma/beta gradients sum over rows. Each chunk of rows sums its own partials,
-    // and the ordered section adds the chunks in chunk order; the chunking depends
-    // on R only, so the result does not depend on the thread count. Rows wider than
-    // LN_COLS take several sweeps, recomputing statistics (dx is done on the first).
-    const int64_t nch = R < LN_CHUNKS ? R : LN_CHUNKS;
-    for (int64_t c0 = 0; c0 < C; c0 += LN_COLS) {
-        const int64_t cw = C - c0 < LN_COLS ? C - c0 : LN_COLS;
-#pragma omp parallel for ordered schedule(static, 1) if (R * C > 32768)
+    // gamma/beta gradients sum over rows. Each chunk of rows sums its own partials
+    // into its slot of a table on this stack, and the table is added up in chunk
+    // order after the loop; the chunking depends on R only, so the result does not
+    // depend on the thread count (and no thread waits on another mid-loop). Rows
+    // wider than the table take several sweeps, recomputing statistics (dx is done
+    // on the first).
+    const int64_t nch = R < LN_CHUNKS ? R : LN_CHUNKS, cols = LN_PART / nch;
+    double part[2][LN_PART];
+    for (int64_t c0 = 0; c0 < C; c0 += cols) {
+        const int64_t cw = C - c0 < cols ? C - c0 : cols;
+#pragma omp parallel for schedule(static) if (R * C > 32768)
         for (int64_t k = 0; k < nch; k++) {
-            double pg[LN_COLS], pb[LN_COLS];
+            double *pg = part[0] + k * cw, *pb = part[1] + k * cw;
             for (int64_t c = 0; c < cw; c++) pg[c] = 0, pb[c] = 0;
             for (int64_t r = R * k / nch; r < R * (k + 1) / nch; r++) {
                 const float *dyr = dy + r * C, *xr = x + r * C;
@@ -282,15 +285,12 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
                     pb[c] += dyr[c0 + c];
                 }
             }
-#pragma omp ordered
-            {
-                if (dgamma)
-                    for (int64_t c = 0; c < cw; c++)
-                        dgamma[c0 + c] = (k == 0 ? 0.0f : dgamma[c0 + c]) + (float)pg[c];
-                if (dbeta)
-                    for (int64_t c = 0; c < cw; c++)
-                        dbeta[c0 + c] = (k == 0 ? 0.0f : dbeta[c0 + c]) + (float)pb[c];
-            }
+        }
+        for (int64_t c = 0; c < cw; c++) {
+            double sg = 0, sb = 0;
+            for (int64_t k = 0; k < nch; k++) sg += part[0][k * cw + c], sb += part[1][k * cw + c];
+            if (dgamma) dgamma[c0 + c] = (float)sg;
+            if (dbeta) dbeta[c0 + c] = (float)sb;
         }
     }
 }

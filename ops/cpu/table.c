@@ -45,4 +45,6 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
     [CK_OP_FILL] = ck_cpu_fill,
     [CK_OP_SGD_STEP] = ck_cpu_sgd_step,
     [CK_OP_ADAMW_STEP] = ck_cpu_adamw_step,
+    [CK_OP_STATS] = ck_cpu_stats,
+    [CK_OP_SUMSQ] = ck_cpu_sumsq,
 };

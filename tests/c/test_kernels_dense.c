@@ -501,10 +501,22 @@ int main(void)
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) test_matmul("batched a and b", 2, b2, 1, 4, 17, 6, ta, tb);
     test_matmul("large", 1, b1, 0, 129, 200, 77, 0, 0);
+    /* Above 10 MFLOP the product is split over threads (rows, or columns when
+     * the output is wider than tall); odd sizes leave unequal shares. */
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            test_matmul("split rows", 0, NULL, 0, 251, 201, 211, ta, tb);
+            test_matmul("split columns", 0, NULL, 0, 61, 201, 803, ta, tb);
+        }
+    const int64_t b5[1] = {5};
+    test_matmul("split per-batch b", 1, b1, 1, 131, 121, 211, 1, 0);
+    test_matmul("split per-batch b", 1, b5, 1, 65, 101, 317, 0, 1);
 
     test_linear(2, 3, 7, 5, 1);
     test_linear(2, 3, 7, 5, 0);
     test_linear(5, 67, 33, 130, 1);
+    test_linear(7, 67, 129, 171, 1); /* split over threads */
+    test_linear(7, 67, 129, 171, 0);
 
     const conv_case cases[] = {
         {2, 3, 7, 9, 4, 3, 3, 1, 1, 1, 1, 1},    /* 3x3 same */
@@ -517,6 +529,14 @@ int main(void)
         {2, 3, 5, 6, 2, 5, 3, 3, 1, 0, 1, 1},    /* kernel taller than stride */
         {2, 16, 33, 31, 8, 3, 3, 1, 1, 1, 1, 1}, /* large enough to thread im2col/col2im */
         {2, 32, 24, 20, 16, 1, 1, 1, 1, 0, 0, 1}, /* large 1x1 */
+        /* above 10 MFLOP: split over threads, unequal shares */
+        {2, 16, 17, 19, 80, 3, 3, 1, 1, 1, 1, 1},
+        {2, 24, 25, 27, 40, 3, 3, 1, 1, 1, 1, 1},  /* O < 64: filter gradient via dw^T */
+        {2, 48, 4, 4, 40, 1, 1, 1, 1, 0, 0, 1},    /* 1x1, fewer pixels than channels */
+        {2, 48, 2, 2, 40, 3, 3, 1, 1, 1, 1, 1},    /* 3x3, fewer pixels than channels */
+        {2, 48, 21, 23, 80, 3, 3, 2, 2, 1, 1, 1},  /* stride 2, columns cut mid-row */
+        {2, 64, 20, 22, 96, 1, 1, 1, 1, 0, 0, 0},  /* 1x1 direct */
+        {1, 1, 96, 96, 128, 3, 3, 1, 1, 1, 1, 1},  /* one input channel: a thread has none */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_conv(&cases[i]);
 
@@ -525,10 +545,16 @@ int main(void)
     const int64_t s2[2] = {300, 257};
     test_concat(2, s2, 129, 1);
     test_concat(2, s2, 129, 0);
+    const int64_t s2big[2] = {1200, 257}; /* above the threading threshold */
+    test_concat(2, s2big, 129, 1);
+    test_concat(2, s2big, 129, 0);
     for (int d = 0; d < 4; d++) test_slice(4, s4, d, 1, s4[d] - 2);
     const int64_t s3[3] = {64, 40, 33};
     test_slice(3, s3, 1, 7, 20);
     test_slice(3, s3, 0, 10, 50);
+    const int64_t s3big[3] = {300, 40, 33};
+    test_slice(3, s3big, 1, 7, 30);
+    test_slice(3, s3big, 0, 10, 250);
     test_reshape();
 
     const int p_id[4] = {0, 1, 2, 3}, p_swap[4] = {0, 2, 1, 3}, p_nhwc[4] = {0, 2, 3, 1}, p_rev[4] = {3, 2, 1, 0};
@@ -546,6 +572,10 @@ int main(void)
     test_permute(4, big, p_swap);
     test_permute(4, big, p_nhwc);
     test_permute(4, big, p_rev);
+    const int64_t bigger[4] = {4, 37, 47, 65}; /* above the threading threshold */
+    test_permute(4, bigger, p_swap);
+    test_permute(4, bigger, p_nhwc);
+    test_permute(4, bigger, p_rev);
     const int64_t ones[4] = {1, 70, 1, 90};
     test_permute(4, ones, p_rev);
     const int p2[2] = {1, 0};
@@ -554,6 +584,7 @@ int main(void)
 
     test_upsample(2, 3, 5, 7);
     test_upsample(2, 16, 33, 17);
+    test_upsample(2, 64, 33, 37);
 
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -521,6 +521,42 @@ static void test_thread_count(const char *name, ck_kernel_fn k, shape x, shape x
 }
 #endif
 
+#ifdef _OPENMP
+/* AdamW on n elements from fixed state, at nt threads: param, m, v concatenated. */
+static float *adamw_at(int nt, int64_t n)
+{
+    float *w = rand_buf(n), *g = rand_buf(n), *m = rand_buf(n), *v = rand_buf(n);
+    for (int64_t i = 0; i < n; i++) v[i] *= v[i];
+    ck_op_params p = {{0}, {0.9f, 0.999f, 1e-8f, 0.01f}};
+    ck_kctx ctx = ctx0;
+    ctx.lr = 1e-3f, ctx.step = 7;
+    ck_view outs[3] = {view(w, 1, &n), view(m, 1, &n), view(v, 1, &n)};
+    ck_view ins[4] = {view(w, 1, &n), view(g, 1, &n), view(m, 1, &n), view(v, 1, &n)};
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(nt);
+    ck_cpu_adamw_step(&ctx, &p, outs, 3, ins, 4);
+    omp_set_num_threads(saved);
+    float *all = malloc(sizeof(float) * (size_t)(3 * n));
+    memcpy(all, w, sizeof(float) * (size_t)n);
+    memcpy(all + n, m, sizeof(float) * (size_t)n);
+    memcpy(all + 2 * n, v, sizeof(float) * (size_t)n);
+    free(w), free(g), free(m), free(v);
+    return all;
+}
+
+static void test_adamw_threads(int64_t n)
+{
+    rng_state = 99;
+    float *a = adamw_at(1, n);
+    rng_state = 99;
+    float *b = adamw_at(5, n);
+    char name[120];
+    snprintf(name, sizeof name, "adamw_step n=%lld same bits at 1 and 5 threads", (long long)n);
+    check(name, memcmp(a, b, sizeof(float) * (size_t)(3 * n)) == 0, 0);
+    free(a), free(b);
+}
+#endif
+
 int main(void)
 {
     /* broadcasting: same shape, suffix, per-channel, rank mismatch, both sides */
@@ -543,6 +579,8 @@ int main(void)
     test_binary(S(33, 1, 1025), S(1, 37, 1025));
     test_binary(S(1000, 1), S(1, 997));
     test_binary(S(70001), S(70001));
+    test_binary(S(300001), S(300001));
+    test_binary(S(4, 64, 41, 33), S(64, 1, 1));
 
     test_scale_fill();
 
@@ -580,6 +618,7 @@ int main(void)
     test_sgd();
     test_adamw(1001);
     test_adamw(100003);
+    test_adamw(1000003); /* threaded */
 
 #ifdef _OPENMP
     test_thread_count("reduce_to (200003,3)->(3)", ck_cpu_reduce_to, S(200003, 3), S0, S(3));
@@ -589,6 +628,7 @@ int main(void)
     test_thread_count("mean n=1000003", ck_cpu_mean, S(1000003), S0, S0);
     test_thread_count("mse_loss n=1000003", ck_cpu_mse_loss, S(1000003), S(1000003), S0);
     test_thread_count("add (33,1,1025)+(1,37,1025)", ck_cpu_add, S(33, 1, 1025), S(1, 37, 1025), S(33, 37, 1025));
+    test_adamw_threads(1000003);
 #endif
 
     printf("%d passed, %d failed\n", npass, nfail);

@@ -66,8 +66,9 @@ static ck_op_params params(int64_t i0, float f0)
     return p;
 }
 
-/* Workspaces sized exactly by the ops.h rules (separate blocks, so an overrun is
- * an overrun under a sanitizer): ATTENTION's and ATTENTION_BWD's. */
+/* Workspaces sized exactly by the workspace rules (ck_op_workspace; separate
+ * blocks, so an overrun is an overrun under a sanitizer): ATTENTION's and
+ * ATTENTION_BWD's. */
 static float *g_ws_fwd, *g_ws_bwd;
 static size_t g_ws_fwd_bytes, g_ws_bwd_bytes;
 
@@ -591,10 +592,12 @@ static void test_attention(int64_t B, int64_t LQ, int64_t LK, int64_t H, int64_t
     double *ro = dzeros(nq), *rdq = dzeros(nq), *rdk = dzeros(nk), *rdv = dzeros(nk);
     ref_attention(q, k, v, dO, B, LQ, LK, H, D, scale, ro, rdq, rdk, rdv);
 
-    g_ws_fwd_bytes = (size_t)omp_get_max_threads() * LQ * LK * sizeof(float);
-    g_ws_bwd_bytes = 2 * g_ws_fwd_bytes;
-    g_ws_fwd = malloc(g_ws_fwd_bytes), g_ws_bwd = malloc(g_ws_bwd_bytes);
     ck_op_params p = params(H, scale_param);
+    const ck_shape sq = {3, {B, LQ, HD}}, sk = {3, {B, LK, HD}};
+    const ck_shape fwd_in[3] = {sq, sk, sk}, bwd_in[4] = {sq, sq, sk, sk}, bwd_out[3] = {sq, sk, sk};
+    g_ws_fwd_bytes = ck_op_workspace(CK_OP_ATTENTION, &p, fwd_in, 3, &sq, omp_get_max_threads());
+    g_ws_bwd_bytes = ck_op_workspace(CK_OP_ATTENTION_BWD, &p, bwd_in, 4, bwd_out, omp_get_max_threads());
+    g_ws_fwd = malloc(g_ws_fwd_bytes), g_ws_bwd = malloc(g_ws_bwd_bytes);
     ck_view fin[3] = {view(q, 3, qs), view(k, 3, ks), view(v, 3, ks)}, fout[1] = {view(o, 3, qs)};
     ck_view bin[4] = {view(dO, 3, qs), view(q, 3, qs), view(k, 3, ks), view(v, 3, ks)};
     ck_view bout[3] = {view(dq, 3, qs), view(dk, 3, ks), view(dv, 3, ks)};
@@ -682,13 +685,19 @@ int main(void)
     test_unary("gelu erf", ck_cpu_gelu, ck_cpu_gelu_bwd, 0, 1, 60003);
     test_unary("gelu tanh", ck_cpu_gelu, ck_cpu_gelu_bwd, 1, 1, 99);
     test_unary("gelu tanh", ck_cpu_gelu, ck_cpu_gelu_bwd, 1, 1, 60003);
+    /* above the threading threshold (65536 elements) */
+    test_unary("silu", ck_cpu_silu, ck_cpu_silu_bwd, 0, 0, 100005);
+    test_unary("gelu erf", ck_cpu_gelu, ck_cpu_gelu_bwd, 0, 1, 100005);
+    test_unary("gelu tanh", ck_cpu_gelu, ck_cpu_gelu_bwd, 1, 1, 100005);
     test_geglu(0, 7, 13);
     test_geglu(1, 7, 13);
     test_geglu(0, 301, 67);
     test_geglu(1, 301, 67);
+    test_geglu(0, 301, 331); /* threaded */
     test_softmax(5, 17, 3.0f);
     test_softmax(3, 1, 1.0f);
     test_softmax(257, 131, 20.0f);
+    test_softmax(601, 131, 20.0f); /* threaded */
     test_special();
     test_attention(2, 9, 9, 1, 5, 0.0f);
     test_attention(2, 17, 5, 3, 7, 0.0f);
@@ -699,6 +708,10 @@ int main(void)
     // after another with threaded sgemm, the rest one pair per thread.
     test_attention(1, 130, 131, 1, 65, 0.0f);
     test_attention(2, 300, 77, 2, 49, 0.0f);
+    // Scores formed a block of query rows at a time (65536 / LK rows, at least 16):
+    // several blocks with a short last one, and the 16-row floor.
+    test_attention(1, 300, 1000, 2, 8, 0.0f);
+    test_attention(2, 40, 5000, 1, 4, 0.0f);
     printf("%d passed, %d failed\n", npass, nfail);
     return nfail ? 1 : 0;
 }

@@ -1,0 +1,195 @@
+/* Times the UNet's heaviest ops on the CUDA backend at two scales: sdxl-tiny
+ * with 64x64 latents and full SDXL at 1024x1024 (128x128 latents), batch 1,
+ * fp32, deterministic algorithms (the defaults). One JSON object per line on
+ * stdout, which bench/cuda_ops_torch.py reads to time the same ops in PyTorch:
+ *
+ *   build/bench_cuda_ops [--reps N] [--only tiny|full] > out/cuda_ops.jsonl
+ *
+ * Each op runs on random inputs with the workspace its rule gives one thread
+ * (what a GPU plan would give), twice to warm up, then N times (default 20)
+ * between two syncs; the figure is wall time over N, launch overhead included. */
+#include "cuda/cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct bcase {
+    const char *scale, *label;
+    enum ck_op op;
+    ck_op_params p;
+    int nin;
+    ck_shape in[CK_MAX_IN];
+    ck_shape preset[CK_MAX_OUT];
+} bcase;
+
+#define SH(...) {sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}}
+#define CONV3 {.i = {1, 1, 1, 1}}
+#define GN {.i = {32}, .f = {1e-5f}}
+#define LN {.i = {0}, .f = {1e-5f}}
+#define NOP {.i = {0}}
+/* a forward conv and its two backward ops: x (1,C,S,S), w (C,C,3,3) */
+#define CONV(scale, label, C, S)                                                                                     \
+    {scale, label, CK_OP_CONV2D, CONV3, 3, .in = {SH(1, C, S, S), SH(C, C, 3, 3), SH(C)}},                           \
+        {scale, label, CK_OP_CONV2D_BWD_DATA, CONV3, 2, .in = {SH(1, C, S, S), SH(C, C, 3, 3)},                      \
+         .preset = {SH(1, C, S, S)}},                                                                                \
+        {scale, label, CK_OP_CONV2D_BWD_FILTER, CONV3, 2, .in = {SH(1, C, S, S), SH(1, C, S, S)},                    \
+         .preset = {SH(C, C, 3, 3)}}
+/* attention and its backward: q (1,LQ,HD), k and v (1,LK,HD), H heads */
+#define ATTN(scale, label, LQ, LK, HD, H)                                                                            \
+    {scale, label, CK_OP_ATTENTION, {.i = {H}}, 3, .in = {SH(1, LQ, HD), SH(1, LK, HD), SH(1, LK, HD)}},             \
+        {scale, label, CK_OP_ATTENTION_BWD, {.i = {H}}, 4,                                                           \
+         .in = {SH(1, LQ, HD), SH(1, LQ, HD), SH(1, LK, HD), SH(1, LK, HD)}}
+
+/* The shapes of one resnet (GroupNorm, SiLU, 3x3 conv) and one transformer block
+ * (LayerNorm, self and cross attention, projections, GEGLU feed-forward) at the
+ * levels that cost the most. */
+static const bcase cases[] = {
+    /* sdxl-tiny, 64x64 latents: channels 32/64/128, heads 1/2/4 of 32, context 77 x 64 */
+    CONV("tiny", "conv 32->32 3x3 @64x64", 32, 64),
+    CONV("tiny", "conv 64->64 3x3 @32x32", 64, 32),
+    {"tiny", "group_norm 32 @64x64", CK_OP_GROUP_NORM, GN, 3, .in = {SH(1, 32, 64, 64), SH(32), SH(32)}},
+    {"tiny", "group_norm 32 @64x64", CK_OP_GROUP_NORM_BWD, GN, 3, .in = {SH(1, 32, 64, 64), SH(1, 32, 64, 64), SH(32)}},
+    {"tiny", "silu 32 @64x64", CK_OP_SILU, NOP, 1, .in = {SH(1, 32, 64, 64)}},
+    ATTN("tiny", "self attention L1024 2x32", 1024, 1024, 64, 2),
+    ATTN("tiny", "cross attention L1024x77 2x32", 1024, 77, 64, 2),
+    {"tiny", "to_q 1024x64 -> 64", CK_OP_LINEAR, NOP, 2, .in = {SH(1, 1024, 64), SH(64, 64)}},
+    {"tiny", "ff proj 1024x64 -> 512", CK_OP_LINEAR, NOP, 3, .in = {SH(1, 1024, 64), SH(512, 64), SH(512)}},
+    {"tiny", "layer_norm 1024x64", CK_OP_LAYER_NORM, LN, 3, .in = {SH(1, 1024, 64), SH(64), SH(64)}},
+    {"tiny", "layer_norm 1024x64", CK_OP_LAYER_NORM_BWD, LN, 3, .in = {SH(1, 1024, 64), SH(1, 1024, 64), SH(64)}},
+    {"tiny", "geglu 1024x512", CK_OP_GEGLU, NOP, 1, .in = {SH(1, 1024, 512)}},
+    {"tiny", "geglu 1024x512", CK_OP_GEGLU_BWD, NOP, 2, .in = {SH(1, 1024, 256), SH(1, 1024, 512)}},
+    /* SDXL at 1024x1024: channels 320/640/1280, heads 5/10/20 of 64, context 77 x 2048 */
+    CONV("full", "conv 320->320 3x3 @128x128", 320, 128),
+    CONV("full", "conv 640->640 3x3 @64x64", 640, 64),
+    CONV("full", "conv 1280->1280 3x3 @32x32", 1280, 32),
+    {"full", "group_norm 320 @128x128", CK_OP_GROUP_NORM, GN, 3, .in = {SH(1, 320, 128, 128), SH(320), SH(320)}},
+    {"full", "group_norm 320 @128x128", CK_OP_GROUP_NORM_BWD, GN, 3,
+     .in = {SH(1, 320, 128, 128), SH(1, 320, 128, 128), SH(320)}},
+    {"full", "silu 320 @128x128", CK_OP_SILU, NOP, 1, .in = {SH(1, 320, 128, 128)}},
+    ATTN("full", "self attention L4096 10x64", 4096, 4096, 640, 10),
+    ATTN("full", "cross attention L4096x77 10x64", 4096, 77, 640, 10),
+    ATTN("full", "self attention L1024 20x64", 1024, 1024, 1280, 20),
+    {"full", "to_q 4096x640 -> 640", CK_OP_LINEAR, NOP, 2, .in = {SH(1, 4096, 640), SH(640, 640)}},
+    {"full", "to_k 77x2048 -> 640", CK_OP_LINEAR, NOP, 2, .in = {SH(1, 77, 2048), SH(640, 2048)}},
+    {"full", "ff proj 4096x640 -> 5120", CK_OP_LINEAR, NOP, 3, .in = {SH(1, 4096, 640), SH(5120, 640), SH(5120)}},
+    {"full", "ff out 4096x2560 -> 640", CK_OP_LINEAR, NOP, 3, .in = {SH(1, 4096, 2560), SH(640, 2560), SH(640)}},
+    {"full", "dW of ff proj (5120x640 over 4096)", CK_OP_MATMUL, {.i = {1, 0}}, 2, .in = {SH(4096, 5120), SH(4096, 640)}},
+    {"full", "layer_norm 4096x640", CK_OP_LAYER_NORM, LN, 3, .in = {SH(1, 4096, 640), SH(640), SH(640)}},
+    {"full", "layer_norm 4096x640", CK_OP_LAYER_NORM_BWD, LN, 3, .in = {SH(1, 4096, 640), SH(1, 4096, 640), SH(640)}},
+    {"full", "geglu 4096x5120", CK_OP_GEGLU, NOP, 1, .in = {SH(1, 4096, 5120)}},
+    {"full", "geglu 4096x5120", CK_OP_GEGLU_BWD, NOP, 2, .in = {SH(1, 4096, 2560), SH(1, 4096, 5120)}},
+};
+
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void print_shape(const ck_shape *s)
+{
+    printf("[");
+    for (int d = 0; d < s->ndim; d++) printf(d ? ",%lld" : "%lld", (long long)s->d[d]);
+    printf("]");
+}
+
+int main(int argc, char **argv)
+{
+    int reps = 20;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--reps N] [--only tiny|full]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (ck_cuda_device_count() == 0) {
+        fprintf(stderr, "bench_cuda_ops: no CUDA device\n");
+        return 1;
+    }
+    ck_cuda_ctx *c = ck_cuda_open(0);
+    if (!c) {
+        fprintf(stderr, "bench_cuda_ops: %s\n", ck_cuda_last_error());
+        return 1;
+    }
+    int failures = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const bcase *b = &cases[i];
+        if (only && strcmp(only, b->scale)) continue;
+        char err[256];
+        const int nout = ck_op_nout(b->op);
+        ck_shape out[CK_MAX_OUT];
+        memset(out, 0, sizeof out);
+        for (int k = 0; k < nout; k++) out[k] = b->preset[k];
+        if (ck_op_infer(b->op, &b->p, b->in, b->nin, out, err, sizeof err)) {
+            fprintf(stderr, "bench_cuda_ops: %s: %s\n", b->label, err);
+            return 1;
+        }
+        ck_view vin[CK_MAX_IN], vout[CK_MAX_OUT];
+        memset(vin, 0, sizeof vin);
+        memset(vout, 0, sizeof vout);
+        for (int j = 0; j < b->nin; j++) {
+            const int64_t n = ck_shape_numel(&b->in[j]);
+            float *h = malloc(sizeof(float) * (size_t)n);
+            uint64_t s = 0x9E3779B97F4A7C15ull + (uint64_t)j;
+            for (int64_t e = 0; e < n; e++) {
+                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                h[e] = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+            }
+            vin[j].data = ck_cuda_alloc(sizeof(float) * (size_t)n);
+            ck_cuda_upload(vin[j].data, h, sizeof(float) * (size_t)n);
+            free(h);
+            vin[j].ndim = b->in[j].ndim;
+            memcpy(vin[j].shape, b->in[j].d, sizeof b->in[j].d);
+        }
+        for (int k = 0; k < nout; k++) {
+            vout[k].ndim = out[k].ndim;
+            memcpy(vout[k].shape, out[k].d, sizeof out[k].d);
+            vout[k].data = ck_cuda_alloc(sizeof(float) * (size_t)ck_shape_numel(&out[k]));
+        }
+        const size_t ws = ck_op_workspace(b->op, &b->p, b->in, b->nin, out, 1);
+        ck_kctx kctx = {1, 1, 1e-4f, ws ? ck_cuda_alloc(ws) : NULL, ws};
+        double ms = -1;
+        for (int r = 0; r < 2; r++) ck_cuda_kernels[b->op](&kctx, &b->p, vout, nout, vin, b->nin);
+        if (!ck_cuda_failed() && !ck_cuda_sync()) {
+            const double t0 = now();
+            for (int r = 0; r < reps; r++) ck_cuda_kernels[b->op](&kctx, &b->p, vout, nout, vin, b->nin);
+            if (!ck_cuda_sync()) ms = (now() - t0) * 1e3 / reps;
+        }
+        const double flops = ck_op_flops(b->op, &b->p, b->in, b->nin, out);
+        printf("{\"scale\": \"%s\", \"label\": \"%s\", \"op\": \"%s\", \"i\": [", b->scale, b->label,
+               ck_op_name(b->op));
+        for (int k = 0; k < 8; k++) printf(k ? ", %lld" : "%lld", (long long)b->p.i[k]);
+        printf("], \"f\": [%g, %g, %g, %g], \"in\": [", b->p.f[0], b->p.f[1], b->p.f[2], b->p.f[3]);
+        for (int j = 0; j < b->nin; j++) {
+            if (j) printf(", ");
+            print_shape(&b->in[j]);
+        }
+        printf("], \"out\": [");
+        for (int k = 0; k < nout; k++) {
+            if (k) printf(", ");
+            print_shape(&out[k]);
+        }
+        printf("], \"workspace_bytes\": %zu, \"flops\": %.0f, \"ms\": %.4f", ws, flops, ms);
+        if (ms < 0) {
+            printf(", \"error\": \"%s\"", ck_cuda_last_error());
+            ck_cuda_clear_error();
+            failures++;
+        }
+        printf("}\n");
+        fflush(stdout);
+        for (int j = 0; j < b->nin; j++) ck_cuda_free(vin[j].data);
+        for (int k = 0; k < nout; k++) ck_cuda_free(vout[k].data);
+        ck_cuda_free(kctx.ws);
+    }
+    ck_cuda_close(c);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,183 @@
+"""The PyTorch side of bench/gpu_check.sh: times the ops bench_cuda_ops timed,
+on the same shapes, in PyTorch on the same GPU, and prints one markdown table.
+
+  build/bench_cuda_ops > out/cuda_ops.jsonl
+  python3 bench/cuda_ops_torch.py out/cuda_ops.jsonl
+
+PyTorch runs fp32 with TF32 off and cuDNN's deterministic algorithms (ckrun's
+defaults). Times are CUDA-event medians of --reps runs after two warm-ups. A
+backward is timed as PyTorch's own backward kernel where aten has one that takes
+the forward's saved statistics (group/layer norm: ckrun recomputes them, which
+the ratio includes); attention's backward is autograd's forward + backward
+minus the forward.
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def timed(fn, reps):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def rand(shape):
+    return torch.rand(*shape, device="cuda") * 2 - 1
+
+
+def attention_inputs(rec):
+    (q, k, v), heads = rec["in"][-3:], rec["i"][0]
+    B, LQ, HD = q
+    LK, D = k[1], HD // heads
+    tq = rand(q).view(B, LQ, heads, D).transpose(1, 2)
+    tk = rand(k).view(B, LK, heads, D).transpose(1, 2)
+    tv = rand(v).view(B, LK, heads, D).transpose(1, 2)
+    return tq, tk, tv
+
+
+def torch_fn(rec):
+    """A closure running rec's op in PyTorch, or None when there is no counterpart."""
+    op, i, f, ins = rec["op"], rec["i"], rec["f"], rec["in"]
+    if op == "linear":
+        x, w = rand(ins[0]), rand(ins[1])
+        b = rand(ins[2]) if len(ins) > 2 else None
+        return lambda: F.linear(x, w, b)
+    if op == "matmul":
+        a, b = rand(ins[0]), rand(ins[1])
+        a = a.transpose(-1, -2) if i[0] else a
+        b = b.transpose(-1, -2) if i[1] else b
+        return lambda: torch.matmul(a, b)
+    if op in ("conv2d", "conv2d_bwd_data", "conv2d_bwd_filter"):
+        stride, padding = (i[0], i[1]), (i[2], i[3])
+        if op == "conv2d":
+            x, w = rand(ins[0]), rand(ins[1])
+            b = rand(ins[2]) if len(ins) > 2 else None
+            return lambda: F.conv2d(x, w, b, stride, padding)
+        if op == "conv2d_bwd_data":
+            dy, w, xs = rand(ins[0]), rand(ins[1]), rec["out"][0]
+            return lambda: torch.nn.grad.conv2d_input(xs, w, dy, stride, padding)
+        dy, x, ws = rand(ins[0]), rand(ins[1]), rec["out"][0]
+        return lambda: (torch.nn.grad.conv2d_weight(x, ws, dy, stride, padding), dy.sum((0, 2, 3)))
+    if op == "group_norm":
+        x, g, b = rand(ins[0]), rand(ins[1]), rand(ins[2])
+        return lambda: F.group_norm(x, i[0], g, b, f[0])
+    if op == "group_norm_bwd":
+        dy, x, g = rand(ins[0]), rand(ins[1]), rand(ins[2])
+        N, C = x.shape[0], x.shape[1]
+        HW = x.numel() // (N * C)
+        _, mean, rstd = torch.ops.aten.native_group_norm(x, g, None, N, C, HW, i[0], f[0])
+        return lambda: torch.ops.aten.native_group_norm_backward(dy, x, mean, rstd, g, N, C, HW, i[0],
+                                                                 [True, True, True])
+    if op == "layer_norm":
+        x, g, b = rand(ins[0]), rand(ins[1]), rand(ins[2])
+        return lambda: F.layer_norm(x, (x.shape[-1],), g, b, f[0])
+    if op == "layer_norm_bwd":
+        dy, x, g = rand(ins[0]), rand(ins[1]), rand(ins[2])
+        b = torch.zeros_like(g)
+        shape = [x.shape[-1]]
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, g, b, f[0])
+        return lambda: torch.ops.aten.native_layer_norm_backward(dy, x, shape, mean, rstd, g, b, [True, True, True])
+    if op == "attention":
+        q, k, v = attention_inputs(rec)
+        scale = f[0] or None
+        return lambda: F.scaled_dot_product_attention(q, k, v, scale=scale)
+    if op == "attention_bwd":
+        q, k, v = (t.detach().requires_grad_() for t in attention_inputs(rec))
+        dout = rand(rec["in"][0]).view(q.shape[0], q.shape[2], q.shape[1], q.shape[3]).transpose(1, 2)
+        scale = f[0] or None
+
+        def fwd_bwd():
+            o = F.scaled_dot_product_attention(q, k, v, scale=scale)
+            torch.autograd.grad(o, (q, k, v), dout)
+
+        def fwd():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+        return (fwd_bwd, fwd)
+    if op == "geglu":
+        x = rand(ins[0])
+        approx = "tanh" if i[0] else "none"
+        return lambda: (lambda h, g: h * F.gelu(g, approximate=approx))(*x.chunk(2, -1))
+    if op == "geglu_bwd":
+        dy = rand(ins[0])
+        x = rand(ins[1]).requires_grad_()
+        approx = "tanh" if i[0] else "none"
+
+        def fwd_bwd():
+            h, g = x.chunk(2, -1)
+            torch.autograd.grad(h * F.gelu(g, approximate=approx), x, dy)
+
+        def fwd():
+            with torch.no_grad():
+                h, g = x.chunk(2, -1)
+                h * F.gelu(g, approximate=approx)
+
+        return (fwd_bwd, fwd)
+    if op == "silu":
+        x = rand(ins[0])
+        return lambda: F.silu(x)
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("jsonl", nargs="?", default="-")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("cuda_ops_torch.py: torch sees no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    src = sys.stdin if args.jsonl == "-" else open(args.jsonl)
+    recs = [json.loads(line) for line in src if line.strip()]
+
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}, fp32, TF32 off, cuDNN deterministic")
+    print()
+    print("| scale | op | shapes | ckrun ms | PyTorch ms | ckrun / PyTorch | ckrun TFLOP/s |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    tot = {}
+    for rec in recs:
+        ms = rec["ms"]
+        fn = torch_fn(rec)
+        tms = None
+        if fn is not None:
+            torch.manual_seed(0)
+            if isinstance(fn, tuple):
+                tms = max(timed(fn[0], args.reps) - timed(fn[1], args.reps), 0.0)
+            else:
+                tms = timed(fn, args.reps)
+            del fn
+            torch.cuda.empty_cache()
+        tf = rec["flops"] / (ms * 1e9) if ms > 0 else float("nan")
+        ratio = f"{ms / tms:.2f}" if tms and ms > 0 else "-"
+        cell = f"{ms:.3f}" if ms >= 0 else "FAILED: " + rec.get("error", "")
+        tcell = f"{tms:.3f}" if tms is not None else "-"
+        print(f"| {rec['scale']} | {rec['op']} | {rec['label']} | {cell} | {tcell} | {ratio} | {tf:.1f} |")
+        if ms > 0 and tms:
+            t = tot.setdefault(rec["scale"], [0.0, 0.0])
+            t[0] += ms
+            t[1] += tms
+    print()
+    for scale, (a, b) in tot.items():
+        print(f"{scale}: the ops above take {a:.2f} ms in ckrun, {b:.2f} ms in PyTorch ({a / b:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

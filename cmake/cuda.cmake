@@ -1,0 +1,100 @@
+# The CUDA backend (ops/cuda) and its tests. Everything here is optional: a
+# machine without the CUDA toolkit builds the CPU runtime as before.
+#
+# - ck_cuda: ops/cuda/*.cu for sm_90 (SASS) plus compute_90 PTX, with cuBLAS
+#   and cuDNN; defines CK_HAVE_CUDA for whoever links it. Built when nvcc,
+#   cuBLAS and cuDNN are found (under /usr/local/cuda unless told otherwise).
+# - test_cuda_table: every op with a CPU kernel has a CUDA kernel (no device needed).
+# - test_cuda_ops: every op on both backends, compared; skipped (exit 77) without a device.
+# - bench_cuda_ops (not built by default): per-op timings, see bench/gpu_check.sh.
+# - test_cuda_ops_emu: the same comparison with ops/cuda built as C++ against
+#   tests/cuda_emu, which runs the kernels on the CPU. Needs only a C++ compiler.
+include(CheckLanguage)
+
+option(CK_CUDA "build the CUDA backend when the toolkit is found" ON)
+option(CK_CUDA_EMU "test the CUDA kernels under the CPU emulator (tests/cuda_emu)" ON)
+
+file(GLOB CK_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/ops/cuda/*.cu)
+set(CK_CUDA_FOUND FALSE)
+
+if(CK_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    # set before enable_language, so CMake does not probe for a default
+    # architecture (CUDA 13 no longer builds the old defaults)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit)
+    find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+    find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/local/cuda/lib)
+    if(CUDAToolkit_FOUND AND TARGET CUDA::cublas AND CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
+      set(CK_CUDA_FOUND TRUE)
+    else()
+      message(STATUS "CUDA backend: off (cuBLAS or cuDNN not found)")
+    endif()
+  else()
+    message(STATUS "CUDA backend: off (no nvcc)")
+  endif()
+endif()
+
+if(CK_CUDA_FOUND)
+  message(STATUS "CUDA backend: on (CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, ${CUDNN_LIBRARY})")
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  add_library(ck_cuda STATIC ${CK_CUDA_SOURCES} ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
+  target_include_directories(ck_cuda PUBLIC ${CMAKE_SOURCE_DIR}/ops ${CUDNN_INCLUDE_DIR})
+  target_compile_definitions(ck_cuda PUBLIC CK_HAVE_CUDA)
+  target_compile_options(ck_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 -lineinfo -Xcompiler=-Wall>)
+  target_link_libraries(ck_cuda PUBLIC CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY})
+
+  # per-op timings against PyTorch (bench/gpu_check.sh)
+  add_executable(bench_cuda_ops EXCLUDE_FROM_ALL ${CMAKE_SOURCE_DIR}/bench/cuda_ops.c)
+  target_link_libraries(bench_cuda_ops PRIVATE ck_cuda ck_static)
+endif()
+
+foreach(name test_cuda_ops test_cuda_table)
+  if(TARGET ${name})
+    if(CK_CUDA_FOUND)
+      target_link_libraries(${name} PRIVATE ck_cuda)
+      # made before CUDA was enabled; they link CUDA objects (no device code of their own)
+      set_target_properties(${name} PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
+    endif()
+    # without the toolkit, or without a device, these print SKIP and exit 77
+    set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
+endforeach()
+
+if(CK_CUDA_EMU)
+  check_language(CXX)
+  if(CMAKE_CXX_COMPILER)
+    enable_language(CXX)
+    # each .cu compiled as C++ through a one-line wrapper (a source file can be
+    # of one language only, and ck_cuda compiles the same files as CUDA)
+    set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
+    foreach(cu ${CK_CUDA_SOURCES})
+      get_filename_component(stem ${cu} NAME_WE)
+      set(wrapper ${CMAKE_BINARY_DIR}/cuda_emu/${stem}.cpp)
+      file(CONFIGURE OUTPUT ${wrapper} CONTENT "#include \"${cu}\"\n")
+      list(APPEND emu_sources ${wrapper})
+    endforeach()
+    add_library(ck_cuda_emu STATIC ${emu_sources})
+    set_target_properties(ck_cuda_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+    # never ops/cuda itself: its cuda.h would shadow the toolkit's
+    target_include_directories(ck_cuda_emu PUBLIC ${CMAKE_SOURCE_DIR}/ops ${CMAKE_SOURCE_DIR}/tests/cuda_emu)
+    target_compile_definitions(ck_cuda_emu PUBLIC CK_CUDA_EMU)
+    target_compile_options(ck_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O2 -Wno-unknown-pragmas -Wno-unused-parameter>)
+
+    add_executable(test_cuda_ops_emu ${CMAKE_SOURCE_DIR}/tests/c/test_cuda_ops.c)
+    target_include_directories(test_cuda_ops_emu PRIVATE ${CMAKE_SOURCE_DIR}/ops)
+    target_link_libraries(test_cuda_ops_emu PRIVATE ck_cuda_emu ck_static)
+    set_target_properties(test_cuda_ops_emu PROPERTIES LINKER_LANGUAGE CXX)
+    add_test(NAME test_cuda_ops_emu COMMAND test_cuda_ops_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  else()
+    message(STATUS "CUDA emulator tests: off (no C++ compiler)")
+  endif()
+endif()

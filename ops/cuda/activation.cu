@@ -1,0 +1,281 @@
+/* Activations on the GPU: SiLU, GELU (erf or tanh form), GEGLU and softmax over
+ * the last dim, forward and backward, in the same formulas as
+ * ops/cpu/activation.c (device expf and erff instead of its polynomials).
+ * Kernels are templated on the storage type; arithmetic is fp32. */
+#include "common.cuh"
+
+#include <math.h>
+
+#define THREADS 256
+#define SQRT1_2 0.70710678118654752440f
+#define INV_SQRT_2PI 0.39894228040143267794f
+#define SQRT_2_PI 0.79788456080286535588f
+#define GELU_KAPPA 0.044715f
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float gelu_f(float x, int approx)
+{
+    /* 0.5 (1 + tanh(u)) is sigmoid(2u), which has no cancellation */
+    if (approx) return x * sigmoid_f(2.0f * SQRT_2_PI * (x + GELU_KAPPA * x * x * x));
+    return 0.5f * x * (1.0f + erff(x * SQRT1_2));
+}
+
+__device__ __forceinline__ float gelu_grad_f(float x, int approx)
+{
+    if (approx) {
+        const float x2 = x * x;
+        const float s = sigmoid_f(2.0f * SQRT_2_PI * (x + GELU_KAPPA * x2 * x));
+        return s + 2.0f * x * s * (1.0f - s) * SQRT_2_PI * (1.0f + 3.0f * GELU_KAPPA * x2);
+    }
+    return 0.5f * (1.0f + erff(x * SQRT1_2)) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+
+#define GRID_STRIDE(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS) silu_kernel(T *y, const T *x, int64_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        const float v = ck_ld(x + i);
+        ck_st(y + i, v * sigmoid_f(v));
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS) silu_bwd_kernel(T *dx, const T *dy, const T *x, int64_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        const float v = ck_ld(x + i), s = sigmoid_f(v);
+        ck_st(dx + i, ck_ld(dy + i) * s * (1.0f + v * (1.0f - s)));
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS) gelu_kernel(T *y, const T *x, int64_t n, int approx)
+{
+    GRID_STRIDE(i, n) ck_st(y + i, gelu_f(ck_ld(x + i), approx));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS) gelu_bwd_kernel(T *dx, const T *dy, const T *x, int64_t n, int approx)
+{
+    GRID_STRIDE(i, n) ck_st(dx + i, ck_ld(dy + i) * gelu_grad_f(ck_ld(x + i), approx));
+}
+
+// x (R, 2D) = [hidden | gate]; y (R, D) = hidden * gelu(gate)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) geglu_kernel(T *y, const T *x, int64_t D, int64_t n, int approx)
+{
+    GRID_STRIDE(i, n)
+    {
+        const int64_t r = i / D, j = i % D;
+        const T *h = x + r * 2 * D + j;
+        ck_st(y + i, ck_ld(h) * gelu_f(ck_ld(h + D), approx));
+    }
+}
+
+// dy (R, D), x (R, 2D); dx (R, 2D)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) geglu_bwd_kernel(T *dx, const T *dy, const T *x, int64_t D, int64_t n,
+                                                            int approx)
+{
+    GRID_STRIDE(i, n)
+    {
+        const int64_t r = i / D, j = i % D;
+        const T *h = x + r * 2 * D + j;
+        T *dh = dx + r * 2 * D + j;
+        const float hv = ck_ld(h), gv = ck_ld(h + D), d = ck_ld(dy + i);
+        ck_st(dh, d * gelu_f(gv, approx));
+        ck_st(dh + D, d * hv * gelu_grad_f(gv, approx));
+    }
+}
+
+/* A warp per row of C: the max, the sum of exponentials, then the row. Each
+ * element is read and written by one lane, so y may be x. */
+template <typename T>
+__global__ void __launch_bounds__(THREADS) softmax_rows(T *y, const T *x, int64_t R, int64_t C)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (THREADS / 32);
+    for (int64_t r = (int64_t)blockIdx.x * (THREADS / 32) + threadIdx.x / 32; r < R; r += warps) {
+        const T *xr = x + r * C;
+        T *yr = y + r * C;
+        float m = -INFINITY;
+        for (int64_t c = lane; c < C; c += 32) m = fmaxf(m, ck_ld(xr + c));
+        m = ck_warp_max(m);
+        float s = 0.0f;
+        for (int64_t c = lane; c < C; c += 32) s += expf(ck_ld(xr + c) - m);
+        const float inv = 1.0f / ck_warp_sum(s);
+        for (int64_t c = lane; c < C; c += 32) ck_st(yr + c, expf(ck_ld(xr + c) - m) * inv);
+    }
+}
+
+/* dx = scale * y * (dy - sum(dy * y)) per row; dx may be dy. */
+template <typename T>
+__global__ void __launch_bounds__(THREADS) dsoftmax_rows(T *dx, const T *dy, const T *y, int64_t R, int64_t C,
+                                                         float scale)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (THREADS / 32);
+    for (int64_t r = (int64_t)blockIdx.x * (THREADS / 32) + threadIdx.x / 32; r < R; r += warps) {
+        const T *dyr = dy + r * C, *yr = y + r * C;
+        T *dxr = dx + r * C;
+        float s = 0.0f;
+        for (int64_t c = lane; c < C; c += 32) s += ck_ld(dyr + c) * ck_ld(yr + c);
+        s = ck_warp_sum(s);
+        for (int64_t c = lane; c < C; c += 32) {
+            const float yv = ck_ld(yr + c);
+            ck_st(dxr + c, scale * yv * (ck_ld(dyr + c) - s));
+        }
+    }
+}
+
+void ck_cuda_softmax_rows(ck_cuda_ctx *c, float *y, const float *x, int64_t R, int64_t C)
+{
+    if (R * C == 0) return;
+    ck_launch(softmax_rows<float>, ck_grid(R, THREADS / 32), THREADS, c->stream, y, x, R, C);
+}
+
+void ck_cuda_dsoftmax_rows(ck_cuda_ctx *c, float *dx, const float *dy, const float *y, int64_t R, int64_t C, float scale)
+{
+    if (R * C == 0) return;
+    ck_launch(dsoftmax_rows<float>, ck_grid(R, THREADS / 32), THREADS, c->stream, dx, dy, y, R, C, scale);
+}
+
+/* The ops on storage type T: every tensor of the op is T (float, or bf16 seen
+ * through the view's float pointer). */
+#define DATA(v) ((T *)(v).data)
+#define CDATA(v) ((const T *)(v).data)
+
+// x is any shape; y is like x.
+template <typename T>
+static void silu_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    (void)p;
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[0]);
+    if (n == 0) return;
+    ck_launch(silu_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), n);
+    ck_cuda_end(c, name);
+}
+
+// dy and x are any shape (the same); dx is like x.
+template <typename T>
+static void silu_bwd_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    (void)p;
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[1]);
+    if (n == 0) return;
+    ck_launch(silu_bwd_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), CDATA(in[1]), n);
+    ck_cuda_end(c, name);
+}
+
+template <typename T>
+static void gelu_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[0]);
+    if (n == 0) return;
+    ck_launch(gelu_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), n,
+              (int)(p->i[0] != 0));
+    ck_cuda_end(c, name);
+}
+
+template <typename T>
+static void gelu_bwd_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[1]);
+    if (n == 0) return;
+    ck_launch(gelu_bwd_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), CDATA(in[1]), n,
+              (int)(p->i[0] != 0));
+    ck_cuda_end(c, name);
+}
+
+// x is (..,2D); y is (..,D)
+template <typename T>
+static void geglu_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t D = out[0].shape[out[0].ndim - 1], n = ck_view_numel(&out[0]);
+    if (n == 0) return;
+    ck_launch(geglu_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), D, n,
+              (int)(p->i[0] != 0));
+    ck_cuda_end(c, name);
+}
+
+// dy is (..,D), x is (..,2D); dx is (..,2D)
+template <typename T>
+static void geglu_bwd_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t D = in[0].shape[in[0].ndim - 1], n = ck_view_numel(&in[0]);
+    if (n == 0) return;
+    ck_launch(geglu_bwd_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), CDATA(in[1]), D,
+              n, (int)(p->i[0] != 0));
+    ck_cuda_end(c, name);
+}
+
+// x is (..,C); y is like x, each row of C a softmax
+template <typename T>
+static void softmax_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    (void)p;
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t C = in[0].shape[in[0].ndim - 1];
+    if (C == 0) return;
+    const int64_t R = ck_view_numel(&in[0]) / C;
+    if (R == 0) return;
+    ck_launch(softmax_rows<T>, ck_grid(R, THREADS / 32), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), R, C);
+    ck_cuda_end(c, name);
+}
+
+// dy and y (the forward output) are (..,C); dx = y * (dy - sum(dy * y)) per row
+template <typename T>
+static void softmax_bwd_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    (void)p;
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t C = in[1].shape[in[1].ndim - 1];
+    if (C == 0) return;
+    const int64_t R = ck_view_numel(&in[1]) / C;
+    if (R == 0) return;
+    ck_launch(dsoftmax_rows<T>, ck_grid(R, THREADS / 32), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), CDATA(in[1]),
+              R, C, 1.0f);
+    ck_cuda_end(c, name);
+}
+
+/* fp32 and bf16 entry points of each op */
+#define ENTRY(fn, run)                                                                                                 \
+    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn)                                                                            \
+    {                                                                                                                  \
+        (void)ctx, (void)nout, (void)nin;                                                                              \
+        run<float>(#fn, p, out, in);                                                                                   \
+    }                                                                                                                  \
+    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_bf16)                                                                     \
+    {                                                                                                                  \
+        (void)ctx, (void)nout, (void)nin;                                                                              \
+        run<__nv_bfloat16>(#fn "_bf16", p, out, in);                                                                   \
+    }
+
+ENTRY(silu, silu_op)
+ENTRY(silu_bwd, silu_bwd_op)
+ENTRY(gelu, gelu_op)
+ENTRY(gelu_bwd, gelu_bwd_op)
+ENTRY(geglu, geglu_op)
+ENTRY(geglu_bwd, geglu_bwd_op)
+ENTRY(softmax, softmax_op)
+ENTRY(softmax_bwd, softmax_bwd_op)

@@ -1,0 +1,166 @@
+/* The CUDA backend: the ops of ops/ops.h on one NVIDIA GPU, through cuBLAS,
+ * cuDNN and our own kernels. Kernels have the CPU's signature (ck_kernel_fn):
+ * every ck_view data pointer is a device pointer and ctx->ws device workspace
+ * placed by the plan. They never allocate; their stream, library handles and
+ * options come from the calling thread's bound context (ck_cuda_bind).
+ *
+ *   ck_cuda_ctx *c = ck_cuda_open(0);            // NULL: ck_cuda_last_error()
+ *   ck_cuda_bind(c);
+ *   float *arena = ck_cuda_alloc(bytes);
+ *   ck_cuda_kernels[CK_OP_SILU](&kctx, &params, out, 1, in, 1);
+ *   if (ck_cuda_failed() || ck_cuda_sync()) puts(ck_cuda_last_error());
+ */
+#ifndef CK_CUDA_H
+#define CK_CUDA_H
+
+#include "../ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ck_cuda_ctx ck_cuda_ctx;
+
+/* Devices present; 0 when there are none or no driver (not an error). */
+int ck_cuda_device_count(void);
+
+/* Opens `device`: a stream, cuBLAS and cuDNN handles, their descriptors and a
+ * fixed reduction scratch (CK_CUDA_SCRATCH_BYTES). Binds it to the calling
+ * thread. NULL on failure, with the reason in ck_cuda_last_error(). */
+ck_cuda_ctx *ck_cuda_open(int device);
+void ck_cuda_close(ck_cuda_ctx *c);
+/* The calling thread's current context (and its device); NULL unbinds. */
+void ck_cuda_bind(ck_cuda_ctx *c);
+ck_cuda_ctx *ck_cuda_current(void);
+
+/* Device memory the context allocates at open, outside any plan (a fixed
+ * cost, like the handles' own): the reduction scratch that scalar reductions
+ * (mean, mse_loss, stats, sumsq, reduce_to, bias gradients) use for their
+ * per-block partials, and cuBLAS's workspace (set with cublasSetWorkspace, so
+ * cuBLAS never grows a pool of its own; the plan gives products none, and
+ * cuBLAS may fail with no workspace at all). */
+#define CK_CUDA_SCRATCH_BYTES ((size_t)1 << 18)
+#define CK_CUDA_BLAS_WS_BYTES ((size_t)4 << 20)
+
+/* Deterministic algorithms (default 1): cuDNN's deterministic convolution
+ * algorithms; 0 takes cuDNN's heuristic first choice that fits the planned
+ * workspace. Our own kernels are deterministic either way. */
+void ck_cuda_set_deterministic(ck_cuda_ctx *c, int on);
+/* TF32 tensor cores for fp32 products and convolutions (default 0: exact fp32). */
+void ck_cuda_set_tf32(ck_cuda_ctx *c, int on);
+/* Convolutions through our own im2col + cuBLAS path, which they take anyway
+ * when no cuDNN algorithm fits the planned workspace (default 0; for tests). */
+void ck_cuda_set_conv_im2col(ck_cuda_ctx *c, int on);
+/* Synchronize after every op so an asynchronous fault names its op
+ * (default 0; the environment variable CK_CUDA_SYNC=1 turns it on at open). */
+void ck_cuda_set_sync_each_op(ck_cuda_ctx *c, int on);
+
+/* The first failure on this thread since the last clear, naming the op, e.g.
+ * "conv2d: cudnnConvolutionForward: CUDNN_STATUS_BAD_PARAM". Kernels called
+ * while a failure is pending do nothing, so the first cause is kept. */
+const char *ck_cuda_last_error(void);
+int ck_cuda_failed(void);
+void ck_cuda_clear_error(void);
+
+/* Memory and copies on the current context's device and stream. Copies
+ * return when done. 0, or -1 with ck_cuda_last_error(). */
+void *ck_cuda_alloc(size_t bytes);
+void ck_cuda_free(void *p);
+int ck_cuda_upload(void *dst_dev, const void *src_host, size_t bytes);
+int ck_cuda_download(void *dst_host, const void *src_dev, size_t bytes);
+int ck_cuda_memset(void *dst_dev, int byte, size_t bytes);
+/* Waits for every op queued so far; an asynchronous fault names the last op queued. */
+int ck_cuda_sync(void);
+/* cudaMemGetInfo of the current device. */
+int ck_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+
+/* arena.cu: for the executor's measured peaks and step guard on a device arena.
+ * Fill nwords 32-bit words with v; the highest word index in [lo, hi) whose
+ * value is not v, plus one (lo when none); whether n floats are all finite. */
+int ck_cuda_fill_u32(void *dst, uint32_t v, size_t nwords);
+int ck_cuda_high_water(const void *base, size_t lo, size_t hi, uint32_t v, size_t *top);
+int ck_cuda_all_finite(const float *x, int64_t n, int *finite);
+
+/* op -> kernel, as ck_cpu_kernels; NULL where the CUDA backend lacks the op. */
+extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
+
+/* The same ops with every tensor in bf16 storage (the views' data pointers
+ * point at __nv_bfloat16; arithmetic stays fp32), for the ops where that is
+ * one instantiation away: activations, softmax, broadcasting add/sub/mul,
+ * scale and fill. NULL elsewhere. */
+extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
+
+#define CK_CUDA_KERNEL(name) \
+    void name(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout, const ck_view *in, int nin)
+
+/* matmul.cu */
+CK_CUDA_KERNEL(ck_cuda_matmul);
+CK_CUDA_KERNEL(ck_cuda_linear);
+/* conv2d.cu */
+CK_CUDA_KERNEL(ck_cuda_conv2d);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter);
+/* norm.cu */
+CK_CUDA_KERNEL(ck_cuda_group_norm);
+CK_CUDA_KERNEL(ck_cuda_group_norm_bwd);
+CK_CUDA_KERNEL(ck_cuda_layer_norm);
+CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd);
+/* activation.cu */
+CK_CUDA_KERNEL(ck_cuda_silu);
+CK_CUDA_KERNEL(ck_cuda_silu_bwd);
+CK_CUDA_KERNEL(ck_cuda_gelu);
+CK_CUDA_KERNEL(ck_cuda_gelu_bwd);
+CK_CUDA_KERNEL(ck_cuda_geglu);
+CK_CUDA_KERNEL(ck_cuda_geglu_bwd);
+CK_CUDA_KERNEL(ck_cuda_softmax);
+CK_CUDA_KERNEL(ck_cuda_softmax_bwd);
+CK_CUDA_KERNEL(ck_cuda_silu_bf16);
+CK_CUDA_KERNEL(ck_cuda_silu_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_gelu_bf16);
+CK_CUDA_KERNEL(ck_cuda_gelu_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_geglu_bf16);
+CK_CUDA_KERNEL(ck_cuda_geglu_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_softmax_bf16);
+CK_CUDA_KERNEL(ck_cuda_softmax_bwd_bf16);
+/* attention.cu */
+CK_CUDA_KERNEL(ck_cuda_attention);
+CK_CUDA_KERNEL(ck_cuda_attention_bwd);
+/* elementwise.cu */
+CK_CUDA_KERNEL(ck_cuda_add);
+CK_CUDA_KERNEL(ck_cuda_sub);
+CK_CUDA_KERNEL(ck_cuda_mul);
+CK_CUDA_KERNEL(ck_cuda_scale);
+CK_CUDA_KERNEL(ck_cuda_reduce_to);
+CK_CUDA_KERNEL(ck_cuda_fill);
+CK_CUDA_KERNEL(ck_cuda_add_bf16);
+CK_CUDA_KERNEL(ck_cuda_sub_bf16);
+CK_CUDA_KERNEL(ck_cuda_mul_bf16);
+CK_CUDA_KERNEL(ck_cuda_scale_bf16);
+CK_CUDA_KERNEL(ck_cuda_fill_bf16);
+/* layout.cu */
+CK_CUDA_KERNEL(ck_cuda_concat);
+CK_CUDA_KERNEL(ck_cuda_slice);
+CK_CUDA_KERNEL(ck_cuda_reshape);
+CK_CUDA_KERNEL(ck_cuda_permute);
+CK_CUDA_KERNEL(ck_cuda_upsample2x);
+CK_CUDA_KERNEL(ck_cuda_upsample2x_bwd);
+/* loss.cu */
+CK_CUDA_KERNEL(ck_cuda_mean);
+CK_CUDA_KERNEL(ck_cuda_mean_bwd);
+CK_CUDA_KERNEL(ck_cuda_mse_loss);
+CK_CUDA_KERNEL(ck_cuda_mse_loss_bwd);
+/* embedding.cu */
+CK_CUDA_KERNEL(ck_cuda_timestep_embedding);
+CK_CUDA_KERNEL(ck_cuda_dropout);
+/* optim.cu */
+CK_CUDA_KERNEL(ck_cuda_sgd_step);
+CK_CUDA_KERNEL(ck_cuda_adamw_step);
+/* stats.cu */
+CK_CUDA_KERNEL(ck_cuda_stats);
+CK_CUDA_KERNEL(ck_cuda_sumsq);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,105 @@
+/* Sinusoidal timestep embedding and dropout on the GPU. The embedding rounds
+ * each step to float as ops/cpu/embedding.c does (exp, sin and cos in double,
+ * then rounded, to match the host's correctly rounded libm). Dropout draws the
+ * same counter-based numbers as ops/rng.h, so the CPU and GPU masks agree bit
+ * for bit (test_cuda_ops compares them). */
+#include "common.cuh"
+
+#define THREADS 256
+
+/* ops/rng.h on the device: splitmix64's finalizer. Must stay identical. */
+__device__ __forceinline__ uint64_t rng_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ float rng_uniform(uint64_t stream, uint64_t counter)
+{
+    return (float)(rng_mix(stream ^ rng_mix(counter)) >> 40) * (1.0f / 16777216.0f);
+}
+
+static uint64_t host_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* ck_rng_key */
+static uint64_t host_key(uint64_t seed, uint64_t step, uint64_t key)
+{
+    return host_mix(host_mix(host_mix(seed) ^ step) ^ key);
+}
+
+// t (B); y (B, dim): [sin | cos] (or [cos | sin] when flipped), a zero column when dim is odd
+__global__ void __launch_bounds__(THREADS) timestep_kernel(float *y, const float *t, int64_t B, int64_t dim, int flip,
+                                                           float neg_log, float denom, float scale)
+{
+    const int64_t half = dim / 2, n = B * dim;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = i / dim, col = i % dim;
+        if (col >= 2 * half) {
+            y[i] = 0.0f;
+            continue;
+        }
+        const int second = col >= half;
+        const int64_t j = second ? col - half : col;
+        const float e = neg_log * (float)j / denom;
+        const float freq = (float)exp((double)e);
+        const float arg = scale * (t[b] * freq);
+        const int is_sin = second == flip;
+        y[i] = is_sin ? (float)sin((double)arg) : (float)cos((double)arg);
+    }
+}
+
+// t is (B); y is (B, dim); diffusers' get_timestep_embedding
+extern "C" CK_CUDA_KERNEL(ck_cuda_timestep_embedding)
+{
+    (void)ctx, (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("timestep_embedding");
+    if (!c) return;
+    const int64_t B = ck_view_numel(&in[0]), dim = p->i[0], half = dim / 2;
+    if (B * dim == 0) return;
+    const float neg_log = (float)(-log((double)p->f[1]));
+    const float denom = (float)((double)half - (double)p->f[0]);
+    ck_launch(timestep_kernel, ck_grid(B * dim, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data, B,
+              dim, (int)(p->i[1] != 0), neg_log, denom, p->f[2]);
+    ck_cuda_end(c, "timestep_embedding");
+}
+
+__global__ void __launch_bounds__(THREADS) dropout_kernel(float *y, const float *x, uint64_t key, float drop,
+                                                          float keep_scale, int64_t n)
+{
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const float m = rng_uniform(key, (uint64_t)e) >= drop ? keep_scale : 0.0f;
+        y[e] = x[e] * m;
+    }
+}
+
+/* x, y any shape, same numel: y = x * mask / (1 - p), element e kept when
+ * u(key, e) >= p. Run on dy with the same context and params, it is the backward. */
+extern "C" CK_CUDA_KERNEL(ck_cuda_dropout)
+{
+    (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("dropout");
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[0]);
+    if (n == 0) return;
+    const float drop = p->f[0];
+    if (drop <= 0.0f) {
+        if (out[0].data != in[0].data)
+            CK_CU("dropout", cudaMemcpyAsync(out[0].data, in[0].data, sizeof(float) * (size_t)n,
+                                             cudaMemcpyDeviceToDevice, c->stream));
+        ck_cuda_end(c, "dropout");
+        return;
+    }
+    const float keep_scale = drop < 1.0f ? 1.0f / (1.0f - drop) : 0.0f;
+    const uint64_t key = host_key(ctx->seed, (uint64_t)ctx->step, (uint64_t)p->i[0]);
+    ck_launch(dropout_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data, key,
+              drop, keep_scale, n);
+    ck_cuda_end(c, "dropout");
+}

@@ -1,0 +1,224 @@
+/* Data movement on the GPU: concat, slice, reshape, permute and nearest 2x
+ * upsampling (with its backward). Concat and slice are 2-D copies by the
+ * runtime; permute gathers, or transposes through shared-memory tiles when the
+ * input's contiguous dim is not the output's. All but the upsample backward
+ * are exact copies. */
+#include "common.cuh"
+
+#define THREADS 256
+#define TILE 32
+
+static int norm_dim(int64_t d, int ndim) { return (int)(d < 0 ? d + ndim : d); }
+
+static int64_t prod(const int64_t *s, int from, int to)
+{
+    int64_t n = 1;
+    for (int d = from; d < to; d++) n *= s[d];
+    return n;
+}
+
+/* height rows of width floats, between pitches (in floats) */
+static int copy_rows(ck_cuda_ctx *c, const char *op, float *dst, int64_t dpitch, const float *src, int64_t spitch,
+                     int64_t width, int64_t height)
+{
+    if (width == 0 || height == 0) return 1;
+    if (height == 1 || (width == dpitch && width == spitch))
+        return CK_CU(op, cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)(width * height), cudaMemcpyDeviceToDevice,
+                                         c->stream));
+    return CK_CU(op, cudaMemcpy2DAsync(dst, sizeof(float) * (size_t)dpitch, src, sizeof(float) * (size_t)spitch,
+                                       sizeof(float) * (size_t)width, (size_t)height, cudaMemcpyDeviceToDevice,
+                                       c->stream));
+}
+
+// a is (P,A,Q), b is (P,B,Q) around dim i0; out is (P,A+B,Q).
+extern "C" CK_CUDA_KERNEL(ck_cuda_concat)
+{
+    (void)ctx, (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("concat");
+    if (!c) return;
+    const int d = norm_dim(p->i[0], out[0].ndim);
+    const int64_t P = prod(out[0].shape, 0, d), Q = prod(out[0].shape, d + 1, out[0].ndim);
+    const int64_t AQ = in[0].shape[d] * Q, BQ = in[1].shape[d] * Q;
+    if (copy_rows(c, "concat", out[0].data, AQ + BQ, in[0].data, AQ, AQ, P))
+        copy_rows(c, "concat", out[0].data + AQ, AQ + BQ, in[1].data, BQ, BQ, P);
+    ck_cuda_end(c, "concat");
+}
+
+// x is (P,X,Q) around dim i0; out is (P,i2,Q), entries i1 .. i1+i2-1 of that dim.
+extern "C" CK_CUDA_KERNEL(ck_cuda_slice)
+{
+    (void)ctx, (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("slice");
+    if (!c) return;
+    const int d = norm_dim(p->i[0], in[0].ndim);
+    const int64_t P = prod(in[0].shape, 0, d), Q = prod(in[0].shape, d + 1, in[0].ndim);
+    const int64_t XQ = in[0].shape[d] * Q, LQ = p->i[2] * Q, off = p->i[1] * Q;
+    copy_rows(c, "slice", out[0].data, LQ, in[0].data + off, XQ, LQ, P);
+    ck_cuda_end(c, "slice");
+}
+
+// x is any shape; out has the same number of elements (possibly the same buffer).
+extern "C" CK_CUDA_KERNEL(ck_cuda_reshape)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("reshape");
+    if (!c) return;
+    if (out[0].data != in[0].data) copy_rows(c, "reshape", out[0].data, 0, in[0].data, 0, ck_view_numel(&in[0]), 1);
+    ck_cuda_end(c, "reshape");
+}
+
+/* Output dims (merged, size-1 dropped) with their input strides. */
+struct perm {
+    int m;
+    int64_t sz[CK_MAX_DIMS], st[CK_MAX_DIMS];
+};
+
+// out[i] = in[offset of i's index over p.sz, at strides p.st]
+template <typename I>
+__global__ void __launch_bounds__(THREADS) permute_gather(float *y, const float *x, perm pm, I n)
+{
+    I sz[CK_MAX_DIMS], st[CK_MAX_DIMS];
+    for (int d = 0; d < pm.m; d++) sz[d] = (I)pm.sz[d], st[d] = (I)pm.st[d];
+    for (I i = (I)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (I)(gridDim.x * blockDim.x)) {
+        I rem = i, off = 0;
+        for (int d = pm.m - 1; d >= 0; d--) {
+            off += rem % sz[d] * st[d];
+            rem /= sz[d];
+        }
+        y[i] = x[off];
+    }
+}
+
+/* Output dim k is the input's contiguous dim and the output's last dim L is
+ * not: TILE x TILE blocks of (k, last) go through shared memory, read along k
+ * and written along L, both coalesced. Block (TILE, 8); blockIdx.x walks
+ * (rest, tile of k, tile of L), rest over the other dims. */
+__global__ void __launch_bounds__(TILE * 8) permute_tiled(float *y, const float *x, perm pm, int k, perm ost, int64_t tk,
+                                                          int64_t tl)
+{
+    __shared__ float tile[TILE][TILE + 1];
+    const int last = pm.m - 1;
+    const int64_t K = pm.sz[k], L = pm.sz[last], sl = pm.st[last], ok = ost.st[k];
+    int64_t u = blockIdx.x;
+    const int64_t bl = u % tl * TILE;
+    u /= tl;
+    const int64_t bk = u % tk * TILE;
+    u /= tk;
+    int64_t io = 0, oo = 0;
+    for (int j = last - 1; j >= 0; j--) {
+        if (j == k) continue;
+        const int64_t idx = u % pm.sz[j];
+        u /= pm.sz[j];
+        io += idx * pm.st[j];
+        oo += idx * ost.st[j];
+    }
+    // read: threadIdx.x runs along k (input stride 1)
+    for (int r = threadIdx.y; r < TILE; r += 8) {
+        const int64_t a = bk + threadIdx.x, b = bl + r;
+        if (a < K && b < L) tile[r][threadIdx.x] = x[io + a + b * sl];
+    }
+    __syncthreads();
+    // write: threadIdx.x runs along L (output stride 1)
+    for (int r = threadIdx.y; r < TILE; r += 8) {
+        const int64_t a = bk + r, b = bl + threadIdx.x;
+        if (a < K && b < L) y[oo + a * ok + b] = tile[threadIdx.x][r];
+    }
+}
+
+// x is (d0..dn-1); out is (d_i0 .. d_i(n-1)): out dim j is input dim p->i[j].
+extern "C" CK_CUDA_KERNEL(ck_cuda_permute)
+{
+    (void)ctx, (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("permute");
+    if (!c) return;
+    const ck_view *x = &in[0];
+    const int nd = x->ndim;
+    const int64_t n = ck_view_numel(x);
+    if (n == 0) return;
+    int64_t istride[CK_MAX_DIMS], s = 1;
+    for (int d = nd - 1; d >= 0; d--) istride[d] = s, s *= x->shape[d];
+    perm pm;
+    pm.m = 0;
+    for (int j = 0; j < nd; j++) {
+        const int64_t e = x->shape[p->i[j]], t = istride[p->i[j]];
+        if (e == 1) continue;
+        if (pm.m > 0 && pm.st[pm.m - 1] == t * e) {
+            pm.sz[pm.m - 1] *= e, pm.st[pm.m - 1] = t;
+        } else {
+            pm.sz[pm.m] = e, pm.st[pm.m] = t, pm.m++;
+        }
+    }
+    if (pm.m <= 1) {
+        copy_rows(c, "permute", out[0].data, 0, x->data, 0, n, 1);
+        ck_cuda_end(c, "permute");
+        return;
+    }
+    const int last = pm.m - 1;
+    int k = 0;
+    while (k < last && pm.st[k] != 1) k++;
+    if (pm.st[last] != 1 && k < last) {
+        perm ost = pm;
+        s = 1;
+        for (int j = last; j >= 0; j--) ost.st[j] = s, s *= pm.sz[j];
+        const int64_t tk = (pm.sz[k] + TILE - 1) / TILE, tl = (pm.sz[last] + TILE - 1) / TILE;
+        const int64_t units = n / (pm.sz[k] * pm.sz[last]) * tk * tl;
+        if (units < 0x7fffffffLL) {
+            ck_launch(permute_tiled, dim3((unsigned)units), dim3(TILE, 8), c->stream, out[0].data,
+                      (const float *)x->data, pm, k, ost, tk, tl);
+            ck_cuda_end(c, "permute");
+            return;
+        }
+    }
+    if (n < ((int64_t)1 << 31))
+        ck_launch(permute_gather<uint32_t>, ck_grid(n, THREADS), THREADS, c->stream, out[0].data,
+                  (const float *)x->data, pm, (uint32_t)n);
+    else
+        ck_launch(permute_gather<int64_t>, ck_grid(n, THREADS), THREADS, c->stream, out[0].data,
+                  (const float *)x->data, pm, n);
+    ck_cuda_end(c, "permute");
+}
+
+// x is (R, W) rows of N*C*H; y is (R, 2, 2W): each pixel repeated over a 2x2 block
+__global__ void __launch_bounds__(THREADS) upsample_kernel(float *y, const float *x, int64_t W, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t ow = i % (2 * W), r = i / (4 * W);
+        y[i] = x[r * W + ow / 2];
+    }
+}
+
+// dy is (R, 2, 2W); dx is (R, W), the sum of each 2x2 block in the CPU's order
+__global__ void __launch_bounds__(THREADS) upsample_bwd_kernel(float *dx, const float *dy, int64_t W, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / W, w = i % W;
+        const float *d0 = dy + r * 4 * W, *d1 = d0 + 2 * W;
+        dx[i] = (d0[2 * w] + d0[2 * w + 1]) + (d1[2 * w] + d1[2 * w + 1]);
+    }
+}
+
+// x is (N,C,H,W); out is (N,C,2H,2W)
+extern "C" CK_CUDA_KERNEL(ck_cuda_upsample2x)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("upsample2x");
+    if (!c) return;
+    const int64_t n = ck_view_numel(&out[0]);
+    if (n == 0) return;
+    ck_launch(upsample_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data,
+              in[0].shape[3], n);
+    ck_cuda_end(c, "upsample2x");
+}
+
+// dy is (N,C,2H,2W); out dx is (N,C,H,W)
+extern "C" CK_CUDA_KERNEL(ck_cuda_upsample2x_bwd)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("upsample2x_bwd");
+    if (!c) return;
+    const int64_t n = ck_view_numel(&out[0]);
+    if (n == 0) return;
+    ck_launch(upsample_bwd_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data,
+              out[0].shape[3], n);
+    ck_cuda_end(c, "upsample2x_bwd");
+}

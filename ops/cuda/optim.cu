@@ -1,0 +1,78 @@
+/* Optimizer steps on the GPU, updating parameters and moments in place (out[k]
+ * is the same buffer as the matching input). The scalars are formed on the host
+ * in double and rounded where torch.optim rounds them, exactly as
+ * ops/cpu/optim.c does; the per-element order follows torch's. */
+#include "common.cuh"
+
+#define THREADS 256
+
+__global__ void __launch_bounds__(THREADS) sgd_kernel(float *pw, const float *pr, const float *g, float lr, float wd,
+                                                      int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        pw[i] = pr[i] - lr * (g[i] + wd * pr[i]);
+}
+
+/* param, grad any shape, same numel; out param is in param's buffer.
+ * Torch's SGD with weight decay: g += wd * p; p += -lr * g. */
+extern "C" CK_CUDA_KERNEL(ck_cuda_sgd_step)
+{
+    (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("sgd_step");
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[0]);
+    if (n == 0) return;
+    ck_launch(sgd_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data,
+              (const float *)in[1].data, ctx->lr, p->f[0], n);
+    ck_cuda_end(c, "sgd_step");
+}
+
+struct adamw_scalars {
+    float decay, w1, w1c, w2, beta2, neg_step, bc2_sqrt, eps;
+    int lerp_low;
+};
+
+__global__ void __launch_bounds__(THREADS) adamw_kernel(float *pw, float *mw, float *vw, const float *pr,
+                                                        const float *grad, const float *mr, const float *vr,
+                                                        adamw_scalars s, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = grad[i], m0 = mr[i];
+        const float m = s.lerp_low ? m0 + s.w1 * (g - m0) : g - (g - m0) * s.w1c;
+        const float v = vr[i] * s.beta2 + s.w2 * g * g;
+        const float denom = sqrtf(v) / s.bc2_sqrt + s.eps;
+        pw[i] = pr[i] * s.decay + s.neg_step * m / denom;
+        mw[i] = m;
+        vw[i] = v;
+    }
+}
+
+/* param, grad, m, v any shape, same numel; out param, m, v in the inputs' buffers.
+ * torch.optim.AdamW (single-tensor path), t = ctx->step:
+ *   p *= 1 - lr*wd;  m = lerp(m, g, 1 - b1);  v = v*b2 + (1 - b2)*g*g;
+ *   denom = sqrt(v) / sqrt(1 - b2^t) + eps;  p += (-lr / (1 - b1^t)) * m / denom. */
+extern "C" CK_CUDA_KERNEL(ck_cuda_adamw_step)
+{
+    (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("adamw_step");
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[0]);
+    if (n == 0) return;
+    const double lr = ctx->lr, b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
+    const double t = (double)(ctx->step > 0 ? ctx->step : 1);
+    adamw_scalars s;
+    s.eps = p->f[2];
+    s.beta2 = p->f[1];
+    s.decay = (float)(1.0 - lr * wd);
+    s.w1 = (float)(1.0 - b1);
+    s.w2 = (float)(1.0 - b2);
+    s.neg_step = (float)(-(lr / (1.0 - pow(b1, t))));
+    s.bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    /* torch's lerp switches form at weight 0.5 to stay exact at weight 1 */
+    s.lerp_low = fabsf(s.w1) < 0.5f;
+    s.w1c = 1.0f - s.w1;
+    ck_launch(adamw_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, out[1].data, out[2].data,
+              (const float *)in[0].data, (const float *)in[1].data, (const float *)in[2].data,
+              (const float *)in[3].data, s, n);
+    ck_cuda_end(c, "adamw_step");
+}

@@ -1,0 +1,576 @@
+/* Every op forward and backward on both backends, on the same random inputs
+ * (odd sizes included), compared: the CUDA results are copied back
+ * (ck_cuda_download, a cudaMemcpy) and must agree with the CPU kernels, which
+ * are the reference. Also: the CUDA kernels fit the workspace the plan's rule
+ * gives with one thread (the least any plan gives), never write past their
+ * outputs, give bitwise the same result when run twice, and name the op when
+ * they fail.
+ *
+ * Tolerance: max |gpu - cpu| <= tol * max |cpu| over each output. fp32 ops
+ * 1e-4 (the issue's bound); data movement, dropout (the same counter-based
+ * mask), fill and plain arithmetic 0 or 1e-6 (the same float operations, at
+ * most an FMA apart). TF32 cases 1e-2 (10 mantissa bits); bf16 storage 1e-2
+ * (the output's own rounding is 2^-9), against the CPU fed the same rounded inputs.
+ *
+ * Built three ways: against ck_cuda (CK_HAVE_CUDA; skipped, exit 77, without
+ * a device), against the CPU emulator of tests/cuda_emu (CK_CUDA_EMU; small
+ * shapes unless CK_TEST_BIG=1), or without either (skipped). */
+#include "cpu/cpu.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(CK_HAVE_CUDA) || defined(CK_CUDA_EMU)
+#include "cuda/cuda.h"
+
+#define POISON 777.0f
+
+enum fill_kind { UNIFORM = 0, POSITIVE, TIMESTEPS, WIDE };
+
+typedef struct tcase {
+    const char *label;
+    enum ck_op op;
+    ck_op_params p;
+    int nin;
+    ck_shape in[CK_MAX_IN];
+    ck_shape preset[CK_MAX_OUT]; /* output shapes the caller sets (reshape, reduce_to, ...) */
+    unsigned unwanted;           /* bit k: output k not wanted */
+    int kind[CK_MAX_IN];
+    double tol;
+    int alias[CK_MAX_OUT]; /* in-place optimizers: output k is input alias[k]-1 (0: its own buffer) */
+    int big;               /* device only: too slow for the emulator */
+} tcase;
+
+static int passed, failed, skipped;
+
+static void report(int ok, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s: ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    ok ? passed++ : failed++;
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float frand(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static void fill(float *x, int64_t n, int kind)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float u = frand();
+        x[i] = kind == POSITIVE ? fabsf(u) * 0.01f : kind == TIMESTEPS ? (u + 1.0f) * 499.5f : kind == WIDE ? 4.0f * u : u;
+    }
+}
+
+static ck_view view(float *data, const ck_shape *s)
+{
+    ck_view v;
+    memset(&v, 0, sizeof v);
+    v.data = data, v.ndim = s->ndim;
+    for (int d = 0; d < s->ndim; d++) v.shape[d] = s->d[d];
+    return v;
+}
+
+/* bf16 storage: round to nearest even, and back */
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float from_bf16(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* n elements of es bytes (4: fp32, 2: bf16) on the device, then GUARD_BYTES of 0xA5 */
+#define GUARD_BYTES 64
+static void upload(void *d, const float *h, int64_t n, int es)
+{
+    if (es == 4) {
+        ck_cuda_upload(d, h, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) b[i] = to_bf16(h[i]);
+    ck_cuda_upload(d, b, sizeof(uint16_t) * (size_t)n);
+    free(b);
+}
+static void download(float *h, const void *d, int64_t n, int es)
+{
+    if (es == 4) {
+        ck_cuda_download(h, d, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(n + 1));
+    ck_cuda_download(b, d, sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) h[i] = from_bf16(b[i]);
+    free(b);
+}
+static float *dev_alloc(int64_t n, int es)
+{
+    const size_t bytes = (size_t)n * (size_t)es;
+    float *d = ck_cuda_alloc(bytes + GUARD_BYTES);
+    float *h = malloc(sizeof(float) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) h[i] = POISON;
+    upload(d, h, n, es);
+    free(h);
+    unsigned char g[GUARD_BYTES];
+    memset(g, 0xA5, sizeof g);
+    ck_cuda_upload((char *)d + bytes, g, sizeof g);
+    return d;
+}
+static int dev_guard_ok(const float *d, int64_t n, int es)
+{
+    unsigned char g[GUARD_BYTES];
+    ck_cuda_download(g, (const char *)d + (size_t)n * (size_t)es, sizeof g);
+    for (int i = 0; i < GUARD_BYTES; i++)
+        if (g[i] != 0xA5) return 0;
+    return 1;
+}
+
+static double rel_err(const float *got, const float *ref, int64_t n)
+{
+    double e = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= e)) e = d; /* NaN propagates */
+        if (fabs(ref[i]) > m) m = fabs(ref[i]);
+    }
+    return m > 0 ? e / m : e;
+}
+
+static const ck_kctx base_ctx = {42, 3, 1e-3f, NULL, 0};
+
+/* Runs one case on both backends and reports. bf16: every tensor in bf16
+ * storage on the device (ck_cuda_kernels_bf16), the CPU fed the same rounded
+ * inputs. */
+static void run_case(const tcase *t, int bf16)
+{
+    const int es = bf16 ? 2 : 4;
+    const ck_kernel_fn *table = bf16 ? ck_cuda_kernels_bf16 : ck_cuda_kernels;
+    char err[256];
+    const enum ck_op op = t->op;
+    const int nin = t->nin, nout = ck_op_nout(op);
+    ck_shape out[CK_MAX_OUT];
+    memset(out, 0, sizeof out);
+    for (int k = 0; k < nout; k++) out[k] = t->preset[k];
+    if (ck_op_infer(op, &t->p, t->in, nin, out, err, sizeof err)) {
+        report(0, "%s: bad test shapes: %s", t->label, err);
+        return;
+    }
+    int64_t nin_el[CK_MAX_IN], nout_el[CK_MAX_OUT];
+    float *hin[CK_MAX_IN] = {0}, *cpu_in[CK_MAX_IN] = {0}, *din[CK_MAX_IN] = {0};
+    float *cpu_out[CK_MAX_OUT] = {0}, *dout[CK_MAX_OUT] = {0}, *got[CK_MAX_OUT] = {0}, *got2[CK_MAX_OUT] = {0};
+    for (int j = 0; j < nin; j++) {
+        nin_el[j] = ck_shape_numel(&t->in[j]);
+        hin[j] = malloc(sizeof(float) * (size_t)(nin_el[j] + 1));
+        cpu_in[j] = malloc(sizeof(float) * (size_t)(nin_el[j] + 1));
+        fill(hin[j], nin_el[j], t->kind[j]);
+        if (bf16)
+            for (int64_t i = 0; i < nin_el[j]; i++) hin[j][i] = from_bf16(to_bf16(hin[j][i]));
+        memcpy(cpu_in[j], hin[j], sizeof(float) * (size_t)nin_el[j]);
+        din[j] = dev_alloc(nin_el[j], es);
+        upload(din[j], hin[j], nin_el[j], es);
+    }
+    for (int k = 0; k < nout; k++) {
+        nout_el[k] = ck_shape_numel(&out[k]);
+        got[k] = malloc(sizeof(float) * (size_t)(nout_el[k] + 1));
+        got2[k] = malloc(sizeof(float) * (size_t)(nout_el[k] + 1));
+        if (t->unwanted >> k & 1) continue;
+        if (t->alias[k]) {
+            cpu_out[k] = cpu_in[t->alias[k] - 1];
+            dout[k] = din[t->alias[k] - 1];
+        } else {
+            cpu_out[k] = malloc(sizeof(float) * (size_t)(nout_el[k] + 1));
+            for (int64_t i = 0; i < nout_el[k]; i++) cpu_out[k][i] = POISON;
+            dout[k] = dev_alloc(nout_el[k], es);
+        }
+    }
+
+    // CPU reference
+    const size_t cpu_ws = ck_op_workspace(op, &t->p, t->in, nin, out, ck_cpu_threads());
+    void *cws = cpu_ws ? malloc(cpu_ws) : NULL;
+    ck_kctx cctx = base_ctx;
+    cctx.ws = cws, cctx.ws_bytes = cpu_ws;
+    ck_view vin[CK_MAX_IN], vout[CK_MAX_OUT];
+    for (int j = 0; j < nin; j++) vin[j] = view(cpu_in[j], &t->in[j]);
+    for (int k = 0; k < nout; k++) vout[k] = view(cpu_out[k], &out[k]);
+    ck_cpu_kernels[op](&cctx, &t->p, vout, nout, vin, nin);
+
+    // CUDA, with the workspace of a one-thread plan
+    const size_t gws = ck_op_workspace(op, &t->p, t->in, nin, out, 1);
+    float *dws = gws ? dev_alloc((int64_t)((gws + 3) / 4), 4) : NULL;
+    ck_kctx gctx = base_ctx;
+    gctx.ws = dws, gctx.ws_bytes = gws;
+    for (int j = 0; j < nin; j++) vin[j] = view(din[j], &t->in[j]);
+    for (int k = 0; k < nout; k++) vout[k] = view(dout[k], &out[k]);
+    int ok = 1;
+    for (int run = 0; run < 2 && ok; run++) {
+        if (run == 1)
+            for (int j = 0; j < nin; j++) upload(din[j], hin[j], nin_el[j], es);
+        table[op](&gctx, &t->p, vout, nout, vin, nin);
+        if (ck_cuda_failed() || ck_cuda_sync()) {
+            report(0, "%s: %s", t->label, ck_cuda_last_error());
+            ck_cuda_clear_error();
+            ok = 0;
+            break;
+        }
+        for (int k = 0; k < nout; k++)
+            if (dout[k]) download(run ? got2[k] : got[k], dout[k], nout_el[k], es);
+    }
+    if (ok) {
+        double worst = 0;
+        int bitwise = 1, guards = 1;
+        for (int k = 0; k < nout; k++) {
+            if (!dout[k]) continue;
+            const double e = rel_err(got[k], cpu_out[k], nout_el[k]);
+            if (!(e <= worst)) worst = e;
+            bitwise &= memcmp(got[k], got2[k], sizeof(float) * (size_t)nout_el[k]) == 0;
+            guards &= dev_guard_ok(dout[k], nout_el[k], es);
+        }
+        for (int j = 0; j < nin; j++) guards &= dev_guard_ok(din[j], nin_el[j], es);
+        if (dws) guards &= dev_guard_ok(dws, (int64_t)((gws + 3) / 4), 4);
+        const double tol = bf16 ? 1e-2 : t->tol;
+        report(worst <= tol && bitwise && guards, "%s%s: rel err %.2e (tol %.0e)%s%s", t->label, bf16 ? ", bf16" : "",
+               worst, tol,
+               bitwise ? "" : ", differs between two runs", guards ? "" : ", wrote past a buffer");
+    }
+
+    for (int j = 0; j < nin; j++) free(hin[j]), free(cpu_in[j]), ck_cuda_free(din[j]);
+    for (int k = 0; k < nout; k++) {
+        if (!t->alias[k]) free(cpu_out[k]), ck_cuda_free(dout[k]);
+        free(got[k]), free(got2[k]);
+    }
+    free(cws);
+    ck_cuda_free(dws);
+}
+
+#define SH(...) {sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}}
+#define SCALAR {0, {0}}
+#define F32 1e-4
+#define EXACT 0.0
+#define ARITH 1e-6
+
+static const tcase cases[] = {
+    /* matmul.cu */
+    {"matmul [3,5,7] x [7,4]", CK_OP_MATMUL, {.i = {0}}, 2, {SH(3, 5, 7), SH(7, 4)}, .tol = F32},
+    {"matmul transposed a, batched b", CK_OP_MATMUL, {.i = {1, 0}}, 2, {SH(2, 7, 5), SH(2, 7, 3)}, .tol = F32},
+    {"matmul transposed b", CK_OP_MATMUL, {.i = {0, 1}}, 2, {SH(2, 3, 9, 6), SH(11, 6)}, .tol = F32},
+    {"matmul both transposed, batched", CK_OP_MATMUL, {.i = {1, 1}}, 2, {SH(3, 6, 5), SH(3, 4, 6)}, .tol = F32},
+    {"matmul inner dim 0", CK_OP_MATMUL, {.i = {0}}, 2, {SH(3, 0), SH(0, 4)}, .tol = EXACT},
+    {"matmul [2,128,320] x [320,640]", CK_OP_MATMUL, {.i = {0}}, 2, {SH(2, 128, 320), SH(320, 640)}, .tol = F32, .big = 1},
+    {"linear with bias", CK_OP_LINEAR, {.i = {0}}, 3, {SH(2, 5, 7), SH(6, 7), SH(6)}, .tol = F32},
+    {"linear without bias", CK_OP_LINEAR, {.i = {0}}, 2, {SH(13, 3), SH(5, 3)}, .tol = F32},
+    {"linear [4096,640] x [640,640]^T + b", CK_OP_LINEAR, {.i = {0}}, 3, {SH(4096, 640), SH(640, 640), SH(640)}, .tol = F32,
+     .big = 1},
+    /* conv2d.cu */
+    {"conv2d 3x3 pad 1 bias", CK_OP_CONV2D, {.i = {1, 1, 1, 1}}, 3, {SH(2, 3, 9, 7), SH(5, 3, 3, 3), SH(5)}, .tol = F32},
+    {"conv2d 3x3 stride 2 pad 1", CK_OP_CONV2D, {.i = {2, 2, 1, 1}}, 2, {SH(2, 4, 9, 8), SH(3, 4, 3, 3)}, .tol = F32},
+    {"conv2d 1x1 bias", CK_OP_CONV2D, {.i = {1, 1, 0, 0}}, 3, {SH(1, 3, 5, 5), SH(4, 3, 1, 1), SH(4)}, .tol = F32},
+    {"conv2d 3x2 stride (2,1) pad (0,1)", CK_OP_CONV2D, {.i = {2, 1, 0, 1}}, 2, {SH(2, 2, 7, 5), SH(3, 2, 3, 2)}, .tol = F32},
+    {"conv2d [2,320,64,64] 3x3", CK_OP_CONV2D, {.i = {1, 1, 1, 1}}, 3, {SH(2, 320, 64, 64), SH(320, 320, 3, 3), SH(320)},
+     .tol = F32, .big = 1},
+    {"conv2d_bwd_data 3x3 pad 1", CK_OP_CONV2D_BWD_DATA, {.i = {1, 1, 1, 1}}, 2, {SH(2, 5, 9, 7), SH(5, 3, 3, 3)},
+     {SH(2, 3, 9, 7)}, .tol = F32},
+    {"conv2d_bwd_data 3x3 stride 2", CK_OP_CONV2D_BWD_DATA, {.i = {2, 2, 1, 1}}, 2, {SH(2, 3, 5, 4), SH(3, 4, 3, 3)},
+     {SH(2, 4, 9, 8)}, .tol = F32},
+    {"conv2d_bwd_data 3x2 stride (2,1)", CK_OP_CONV2D_BWD_DATA, {.i = {2, 1, 0, 1}}, 2, {SH(2, 3, 3, 6), SH(3, 2, 3, 2)},
+     {SH(2, 2, 7, 5)}, .tol = F32},
+    {"conv2d_bwd_data [2,320,64,64]", CK_OP_CONV2D_BWD_DATA, {.i = {1, 1, 1, 1}}, 2, {SH(2, 320, 64, 64), SH(320, 320, 3, 3)},
+     {SH(2, 320, 64, 64)}, .tol = F32, .big = 1},
+    {"conv2d_bwd_filter dw and db", CK_OP_CONV2D_BWD_FILTER, {.i = {1, 1, 1, 1}}, 2, {SH(2, 5, 9, 7), SH(2, 3, 9, 7)},
+     {SH(5, 3, 3, 3)}, .tol = F32},
+    {"conv2d_bwd_filter stride 2, db unwanted", CK_OP_CONV2D_BWD_FILTER, {.i = {2, 2, 1, 1}}, 2,
+     {SH(2, 3, 5, 4), SH(2, 4, 9, 8)}, {SH(3, 4, 3, 3)}, .unwanted = 2, .tol = F32},
+    {"conv2d_bwd_filter db only", CK_OP_CONV2D_BWD_FILTER, {.i = {1, 1, 0, 0}}, 2, {SH(3, 4, 6, 5), SH(3, 2, 6, 5)},
+     {SH(4, 2, 1, 1)}, .unwanted = 1, .tol = F32},
+    {"conv2d_bwd_filter 1x1", CK_OP_CONV2D_BWD_FILTER, {.i = {1, 1, 0, 0}}, 2, {SH(1, 4, 5, 5), SH(1, 3, 5, 5)},
+     {SH(4, 3, 1, 1)}, .tol = F32},
+    {"conv2d_bwd_filter [2,320,64,64]", CK_OP_CONV2D_BWD_FILTER, {.i = {1, 1, 1, 1}}, 2,
+     {SH(2, 320, 64, 64), SH(2, 320, 64, 64)}, {SH(320, 320, 3, 3)}, .tol = F32, .big = 1},
+    /* norm.cu */
+    {"group_norm [2,6,5,3] 3 groups", CK_OP_GROUP_NORM, {.i = {3}, .f = {1e-5f}}, 3, {SH(2, 6, 5, 3), SH(6), SH(6)}, .tol = F32},
+    {"group_norm [3,8] 4 groups", CK_OP_GROUP_NORM, {.i = {4}, .f = {1e-6f}}, 3, {SH(3, 8), SH(8), SH(8)}, .tol = F32},
+    {"group_norm [1,64,32,32] 32 groups", CK_OP_GROUP_NORM, {.i = {32}, .f = {1e-5f}}, 3, {SH(1, 64, 32, 32), SH(64), SH(64)},
+     .tol = F32},
+    {"group_norm [2,640,64,64] 32 groups", CK_OP_GROUP_NORM, {.i = {32}, .f = {1e-5f}}, 3, {SH(2, 640, 64, 64), SH(640), SH(640)},
+     .tol = F32, .big = 1},
+    {"group_norm_bwd all", CK_OP_GROUP_NORM_BWD, {.i = {3}, .f = {1e-5f}}, 3, {SH(3, 6, 5, 3), SH(3, 6, 5, 3), SH(6)}, .tol = F32},
+    {"group_norm_bwd dx only", CK_OP_GROUP_NORM_BWD, {.i = {2}, .f = {1e-5f}}, 3, {SH(2, 4, 7), SH(2, 4, 7), SH(4)},
+     .unwanted = 6, .tol = F32},
+    {"group_norm_bwd dgamma dbeta only", CK_OP_GROUP_NORM_BWD, {.i = {2}, .f = {1e-5f}}, 3, {SH(2, 4, 7), SH(2, 4, 7), SH(4)},
+     .unwanted = 1, .tol = F32},
+    {"group_norm_bwd [1,64,32,32]", CK_OP_GROUP_NORM_BWD, {.i = {32}, .f = {1e-5f}}, 3,
+     {SH(1, 64, 32, 32), SH(1, 64, 32, 32), SH(64)}, .tol = F32},
+    {"group_norm_bwd [2,640,64,64]", CK_OP_GROUP_NORM_BWD, {.i = {32}, .f = {1e-5f}}, 3,
+     {SH(2, 640, 64, 64), SH(2, 640, 64, 64), SH(640)}, .tol = F32, .big = 1},
+    {"layer_norm [3,5,37]", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(3, 5, 37), SH(37), SH(37)}, .tol = F32},
+    {"layer_norm [1,300,64]", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(1, 300, 64), SH(64), SH(64)}, .tol = F32},
+    {"layer_norm C 2100", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(3, 2100), SH(2100), SH(2100)}, .tol = F32},
+    {"layer_norm_bwd chunked [3,5,37]", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3, {SH(3, 5, 37), SH(3, 5, 37), SH(37)},
+     .tol = F32},
+    {"layer_norm_bwd chunked [1,300,64]", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
+     {SH(1, 300, 64), SH(1, 300, 64), SH(64)}, .tol = F32},
+    {"layer_norm_bwd 2 rows (column tiles)", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3, {SH(2, 45), SH(2, 45), SH(45)},
+     .tol = F32},
+    {"layer_norm_bwd dx unwanted (column tiles)", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
+     {SH(9, 40), SH(9, 40), SH(40)}, .unwanted = 1, .tol = F32},
+    {"layer_norm_bwd dx only", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3, {SH(7, 33), SH(7, 33), SH(33)}, .unwanted = 6,
+     .tol = F32},
+    {"layer_norm_bwd [2,4096,640]", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
+     {SH(2, 4096, 640), SH(2, 4096, 640), SH(640)}, .tol = F32, .big = 1},
+    /* activation.cu */
+    {"silu", CK_OP_SILU, {.i = {0}}, 1, {SH(3, 333)}, .kind = {WIDE}, .tol = F32},
+    {"silu_bwd", CK_OP_SILU_BWD, {.i = {0}}, 2, {SH(3, 333), SH(3, 333)}, .kind = {UNIFORM, WIDE}, .tol = F32},
+    {"gelu erf", CK_OP_GELU, {.i = {0}}, 1, {SH(1001)}, .kind = {WIDE}, .tol = F32},
+    {"gelu tanh", CK_OP_GELU, {.i = {1}}, 1, {SH(1001)}, .kind = {WIDE}, .tol = F32},
+    {"gelu_bwd erf", CK_OP_GELU_BWD, {.i = {0}}, 2, {SH(1001), SH(1001)}, .kind = {UNIFORM, WIDE}, .tol = F32},
+    {"gelu_bwd tanh", CK_OP_GELU_BWD, {.i = {1}}, 2, {SH(1001), SH(1001)}, .kind = {UNIFORM, WIDE}, .tol = F32},
+    {"geglu erf", CK_OP_GEGLU, {.i = {0}}, 1, {SH(3, 7, 18)}, .kind = {WIDE}, .tol = F32},
+    {"geglu tanh", CK_OP_GEGLU, {.i = {1}}, 1, {SH(5, 22)}, .kind = {WIDE}, .tol = F32},
+    {"geglu_bwd erf", CK_OP_GEGLU_BWD, {.i = {0}}, 2, {SH(3, 7, 9), SH(3, 7, 18)}, .kind = {UNIFORM, WIDE}, .tol = F32},
+    {"geglu_bwd tanh", CK_OP_GEGLU_BWD, {.i = {1}}, 2, {SH(5, 11), SH(5, 22)}, .kind = {UNIFORM, WIDE}, .tol = F32},
+    {"softmax [7,33]", CK_OP_SOFTMAX, {.i = {0}}, 1, {SH(7, 33)}, .kind = {WIDE}, .tol = F32},
+    {"softmax [3,1500]", CK_OP_SOFTMAX, {.i = {0}}, 1, {SH(3, 1500)}, .kind = {WIDE}, .tol = F32},
+    {"softmax_bwd", CK_OP_SOFTMAX_BWD, {.i = {0}}, 2, {SH(7, 33), SH(7, 33)}, .tol = F32},
+    /* attention.cu: head dims 4 (one thread a row), 40 (two), 100 (four), 160 (cuBLAS) */
+    {"attention D 4, cross", CK_OP_ATTENTION, {.i = {3}}, 3, {SH(2, 9, 12), SH(2, 11, 12), SH(2, 11, 12)}, .tol = F32},
+    {"attention D 40, self, 37 rows", CK_OP_ATTENTION, {.i = {2}}, 3, {SH(1, 37, 80), SH(1, 37, 80), SH(1, 37, 80)},
+     .tol = F32},
+    {"attention D 100, scale 0.3", CK_OP_ATTENTION, {.i = {1}, .f = {0.3f}}, 3, {SH(2, 5, 100), SH(2, 70, 100), SH(2, 70, 100)},
+     .tol = F32},
+    {"attention D 160 (cuBLAS)", CK_OP_ATTENTION, {.i = {2}}, 3, {SH(1, 13, 320), SH(1, 17, 320), SH(1, 17, 320)},
+     .tol = F32},
+    {"attention [2,1024,640] 10 heads", CK_OP_ATTENTION, {.i = {10}}, 3,
+     {SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640)}, .tol = F32, .big = 1},
+    {"attention [2,4096,640] x 77 keys", CK_OP_ATTENTION, {.i = {10}}, 3, {SH(2, 4096, 640), SH(2, 77, 640), SH(2, 77, 640)},
+     .tol = F32, .big = 1},
+    {"attention_bwd D 4, cross", CK_OP_ATTENTION_BWD, {.i = {3}}, 4,
+     {SH(2, 9, 12), SH(2, 9, 12), SH(2, 11, 12), SH(2, 11, 12)}, .tol = F32},
+    {"attention_bwd D 40, 37 rows", CK_OP_ATTENTION_BWD, {.i = {2}}, 4,
+     {SH(1, 37, 80), SH(1, 37, 80), SH(1, 37, 80), SH(1, 37, 80)}, .tol = F32},
+    {"attention_bwd D 100, dk unwanted", CK_OP_ATTENTION_BWD, {.i = {1}, .f = {0.3f}}, 4,
+     {SH(2, 5, 100), SH(2, 5, 100), SH(2, 70, 100), SH(2, 70, 100)}, .unwanted = 2, .tol = F32},
+    {"attention_bwd D 160 (cuBLAS)", CK_OP_ATTENTION_BWD, {.i = {2}}, 4,
+     {SH(1, 13, 320), SH(1, 13, 320), SH(1, 17, 320), SH(1, 17, 320)}, .tol = F32},
+    {"attention_bwd [2,1024,640] 10 heads", CK_OP_ATTENTION_BWD, {.i = {10}}, 4,
+     {SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640)}, .tol = F32, .big = 1},
+    /* elementwise.cu */
+    {"add same shape", CK_OP_ADD, {.i = {0}}, 2, {SH(3, 7, 5), SH(3, 7, 5)}, .tol = EXACT},
+    {"add row bias", CK_OP_ADD, {.i = {0}}, 2, {SH(4, 6, 9), SH(9)}, .tol = EXACT},
+    {"add channel bias", CK_OP_ADD, {.i = {0}}, 2, {SH(2, 5, 3, 4), SH(5, 1, 1)}, .tol = EXACT},
+    {"sub both broadcast", CK_OP_SUB, {.i = {0}}, 2, {SH(1, 5, 1, 1), SH(2, 1, 3, 4)}, .tol = EXACT},
+    {"mul [N,1,H,W] x [N,C,1,1]", CK_OP_MUL, {.i = {0}}, 2, {SH(2, 1, 3, 4), SH(2, 5, 1, 1)}, .tol = EXACT},
+    {"mul by a one-element tensor", CK_OP_MUL, {.i = {0}}, 2, {SH(6, 7), SH(1)}, .tol = EXACT},
+    {"scale", CK_OP_SCALE, {.i = {0}, .f = {-0.37f}}, 1, {SH(5, 77)}, .tol = EXACT},
+    {"fill", CK_OP_FILL, {.i = {0}, .f = {2.5f}}, 0, {SCALAR}, {SH(3, 11)}, .tol = EXACT},
+    {"reduce_to channels", CK_OP_REDUCE_TO, {.i = {0}}, 1, {SH(2, 5, 3, 4)}, {SH(5, 1, 1)}, .tol = F32},
+    {"reduce_to rows", CK_OP_REDUCE_TO, {.i = {0}}, 1, {SH(40, 9)}, {SH(9)}, .tol = F32},
+    {"reduce_to (1,1,C)", CK_OP_REDUCE_TO, {.i = {0}}, 1, {SH(3, 50, 7)}, {SH(1, 1, 7)}, .tol = F32},
+    {"reduce_to last dim", CK_OP_REDUCE_TO, {.i = {0}}, 1, {SH(6, 333)}, {SH(6, 1)}, .tol = F32},
+    {"reduce_to everything", CK_OP_REDUCE_TO, {.i = {0}}, 1, {SH(3, 4, 1000)}, {SH(1)}, .tol = F32},
+    {"reduce_to nothing", CK_OP_REDUCE_TO, {.i = {0}}, 1, {SH(3, 4)}, {SH(3, 4)}, .tol = EXACT},
+    {"reduce_to [2,16384,320] -> [320]", CK_OP_REDUCE_TO, {.i = {0}}, 1, {SH(2, 16384, 320)}, {SH(320)}, .tol = F32,
+     .big = 1},
+    /* layout.cu */
+    {"concat dim 1", CK_OP_CONCAT, {.i = {1}}, 2, {SH(2, 3, 4, 5), SH(2, 2, 4, 5)}, .tol = EXACT},
+    {"concat dim 0", CK_OP_CONCAT, {.i = {0}}, 2, {SH(2, 7), SH(3, 7)}, .tol = EXACT},
+    {"concat last dim", CK_OP_CONCAT, {.i = {2}}, 2, {SH(3, 4, 5), SH(3, 4, 2)}, .tol = EXACT},
+    {"slice dim 1", CK_OP_SLICE, {.i = {1, 2, 3}}, 1, {SH(2, 7, 4)}, .tol = EXACT},
+    {"slice dim 0", CK_OP_SLICE, {.i = {0, 1, 2}}, 1, {SH(4, 9)}, .tol = EXACT},
+    {"reshape", CK_OP_RESHAPE, {.i = {0}}, 1, {SH(2, 3, 10)}, {SH(6, 10)}, .tol = EXACT},
+    {"permute (0,2,1,3)", CK_OP_PERMUTE, {.i = {0, 2, 1, 3}}, 1, {SH(2, 5, 7, 3)}, .tol = EXACT},
+    {"permute (0,2,3,1)", CK_OP_PERMUTE, {.i = {0, 2, 3, 1}}, 1, {SH(2, 37, 5, 9)}, .tol = EXACT},
+    {"permute (0,3,1,2)", CK_OP_PERMUTE, {.i = {0, 3, 1, 2}}, 1, {SH(2, 5, 9, 37)}, .tol = EXACT},
+    {"permute (2,1,0)", CK_OP_PERMUTE, {.i = {2, 1, 0}}, 1, {SH(33, 3, 40)}, .tol = EXACT},
+    {"permute identity", CK_OP_PERMUTE, {.i = {0, 1}}, 1, {SH(3, 4)}, .tol = EXACT},
+    {"upsample2x", CK_OP_UPSAMPLE2X, {.i = {0}}, 1, {SH(2, 3, 5, 7)}, .tol = EXACT},
+    {"upsample2x_bwd", CK_OP_UPSAMPLE2X_BWD, {.i = {0}}, 1, {SH(2, 3, 10, 14)}, .tol = EXACT},
+    /* loss.cu */
+    {"mean", CK_OP_MEAN, {.i = {0}}, 1, {SH(3, 1001)}, .tol = F32},
+    {"mean of 100000", CK_OP_MEAN, {.i = {0}}, 1, {SH(100000)}, .tol = F32},
+    {"mean_bwd", CK_OP_MEAN_BWD, {.i = {0}}, 1, {SCALAR}, {SH(4, 33)}, .tol = EXACT},
+    {"mse_loss", CK_OP_MSE_LOSS, {.i = {0}}, 2, {SH(2, 4, 9, 9), SH(2, 4, 9, 9)}, .tol = F32},
+    {"mse_loss_bwd both", CK_OP_MSE_LOSS_BWD, {.i = {0}}, 3, {SCALAR, SH(2, 4, 9), SH(2, 4, 9)}, .tol = EXACT},
+    {"mse_loss_bwd da only", CK_OP_MSE_LOSS_BWD, {.i = {0}}, 3, {SCALAR, SH(31), SH(31)}, .unwanted = 2, .tol = EXACT},
+    {"mse_loss_bwd db only", CK_OP_MSE_LOSS_BWD, {.i = {0}}, 3, {SCALAR, SH(31), SH(31)}, .unwanted = 1, .tol = EXACT},
+    /* embedding.cu */
+    {"timestep_embedding 320 flipped", CK_OP_TIMESTEP_EMBEDDING, {.i = {320, 1}, .f = {0.0f, 10000.0f, 1.0f}}, 1, {SH(5)},
+     .kind = {TIMESTEPS}, .tol = F32},
+    {"timestep_embedding 33, shift 1", CK_OP_TIMESTEP_EMBEDDING, {.i = {33, 0}, .f = {1.0f, 10000.0f, 1.0f}}, 1, {SH(3)},
+     .kind = {TIMESTEPS}, .tol = F32},
+    {"dropout p 0.25 (same mask)", CK_OP_DROPOUT, {.i = {7}, .f = {0.25f}}, 1, {SH(3, 1001)}, .tol = EXACT},
+    {"dropout p 0", CK_OP_DROPOUT, {.i = {7}, .f = {0.0f}}, 1, {SH(50)}, .tol = EXACT},
+    /* optim.cu */
+    {"sgd_step", CK_OP_SGD_STEP, {.i = {0}, .f = {0.01f}}, 2, {SH(7, 9), SH(7, 9)}, .tol = ARITH, .alias = {1}},
+    {"adamw_step", CK_OP_ADAMW_STEP, {.i = {0}, .f = {0.9f, 0.999f, 1e-8f, 0.01f}}, 4, {SH(5, 13), SH(5, 13), SH(5, 13), SH(5, 13)},
+     .kind = {UNIFORM, UNIFORM, UNIFORM, POSITIVE}, .tol = 1e-5, .alias = {1, 3, 4}},
+    /* stats.cu */
+    {"stats", CK_OP_STATS, {.i = {0}}, 1, {SH(3, 5, 701)}, .tol = F32},
+    {"sumsq", CK_OP_SUMSQ, {.i = {0}}, 1, {SH(100003)}, .tol = F32},
+};
+
+/* The cases of the given ops again under another setting of the context. */
+static void rerun(const enum ck_op *ops, const char *what, double tol, int emulated)
+{
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tcase t = cases[i];
+        int hit = 0;
+        for (int k = 0; ops[k] != CK_OP_NONE; k++) hit |= t.op == ops[k];
+        if (!hit || (t.big && emulated)) continue;
+        char label[160];
+        snprintf(label, sizeof label, "%s, %s", t.label, what);
+        t.label = label;
+        if (tol > 0) t.tol = tol;
+        run_case(&t, 0);
+    }
+}
+
+/* A kernel with no context bound fails and names the op; nothing runs. */
+static void unbound_context_names_the_op(ck_cuda_ctx *c)
+{
+    float *d = ck_cuda_alloc(64);
+    ck_view v = {d, 1, {4}};
+    ck_cuda_bind(NULL);
+    ck_cuda_kernels[CK_OP_SILU](&base_ctx, &(ck_op_params){.i = {0}}, &v, 1, &v, 1);
+    const int ok = ck_cuda_failed() && strstr(ck_cuda_last_error(), "silu") &&
+                   strstr(ck_cuda_last_error(), "no CUDA context");
+    report(ok, "unbound context: \"%s\"", ck_cuda_last_error());
+    ck_cuda_clear_error();
+    ck_cuda_bind(c);
+    ck_cuda_free(d);
+}
+
+/* A workspace smaller than the rule's is refused with the op's name, and the
+ * first failure is kept while later ops do nothing. */
+static void short_workspace_names_the_op(void)
+{
+    const int64_t n = 2 * 9 * 12;
+    float *d = ck_cuda_alloc(sizeof(float) * (size_t)n * 4);
+    ck_view in[4], out[3];
+    for (int j = 0; j < 4; j++) in[j] = (ck_view){d + j * (n / 2), 3, {2, 9, 6}};
+    for (int k = 0; k < 3; k++) out[k] = in[k];
+    ck_op_params p = {.i = {2}};
+    ck_kctx ctx = base_ctx; /* no workspace at all */
+    ck_cuda_kernels[CK_OP_ATTENTION_BWD](&ctx, &p, out, 3, in, 4);
+    ck_cuda_kernels[CK_OP_SILU](&ctx, &p, out, 1, in, 1);
+    const int ok = ck_cuda_failed() && strncmp(ck_cuda_last_error(), "attention_bwd: ", 15) == 0;
+    report(ok, "short workspace: \"%s\"", ck_cuda_last_error());
+    ck_cuda_clear_error();
+    ck_cuda_free(d);
+}
+
+/* The executor's arena helpers: sentinel fill and high-water scan (measured
+ * peaks), and the finiteness check (the step guard). */
+static void arena_helpers(void)
+{
+    const size_t n = 100000;
+    const uint32_t sentinel = 0x7fa5a5a5u, mark = 1;
+    uint32_t *w = ck_cuda_alloc(n * 4);
+    size_t top = 0, empty = 0;
+    int ok = ck_cuda_fill_u32(w, sentinel, n) == 0 && ck_cuda_high_water(w, 100, n, sentinel, &empty) == 0;
+    ok = ok && ck_cuda_upload(w + 1234, &mark, 4) == 0 && ck_cuda_upload(w + 77777, &mark, 4) == 0 &&
+         ck_cuda_high_water(w, 100, n, sentinel, &top) == 0;
+    report(ok && empty == 100 && top == 77778, "high water: %zu words (expect 77778), untouched %zu (expect 100)", top,
+           empty);
+    ck_cuda_free(w);
+
+    float *h = malloc(sizeof(float) * n), *d = ck_cuda_alloc(sizeof(float) * n);
+    fill(h, (int64_t)n, WIDE);
+    int fin[3] = {-1, -1, -1};
+    ck_cuda_upload(d, h, sizeof(float) * n);
+    ck_cuda_all_finite(d, (int64_t)n, &fin[0]);
+    h[n - 7] = INFINITY;
+    ck_cuda_upload(d, h, sizeof(float) * n);
+    ck_cuda_all_finite(d, (int64_t)n, &fin[1]);
+    h[n - 7] = 0.0f, h[3] = NAN;
+    ck_cuda_upload(d, h, sizeof(float) * n);
+    ck_cuda_all_finite(d, (int64_t)n, &fin[2]);
+    report(!ck_cuda_failed() && fin[0] == 1 && fin[1] == 0 && fin[2] == 0, "all_finite: %d %d %d (expect 1 0 0)",
+           fin[0], fin[1], fin[2]);
+    ck_cuda_clear_error();
+    free(h);
+    ck_cuda_free(d);
+}
+
+int main(void)
+{
+    if (ck_cuda_device_count() == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    ck_cuda_ctx *c = ck_cuda_open(0);
+    if (!c) {
+        printf("FAIL: %s\n", ck_cuda_last_error());
+        return 1;
+    }
+#ifdef CK_CUDA_EMU
+    printf("(the CUDA kernels under the CPU emulator: not a GPU run)\n");
+    /* CK_TEST_BIG=1: the device-size cases too (minutes) */
+    const char *big = getenv("CK_TEST_BIG");
+    const int emulated = !(big && big[0] == '1');
+#else
+    const int emulated = 0;
+#endif
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].big && emulated) {
+            skipped++;
+            continue;
+        }
+        run_case(&cases[i], 0);
+    }
+    // bf16 storage, where the op has it
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (ck_cuda_kernels_bf16[cases[i].op] && !(cases[i].big && emulated)) run_case(&cases[i], 1);
+
+    // cuDNN's heuristic choice (determinism off), our im2col path, TF32 products
+    static const enum ck_op convs[] = {CK_OP_CONV2D, CK_OP_CONV2D_BWD_DATA, CK_OP_CONV2D_BWD_FILTER, CK_OP_NONE};
+    static const enum ck_op products[] = {CK_OP_CONV2D, CK_OP_MATMUL, CK_OP_LINEAR, CK_OP_NONE};
+    ck_cuda_set_deterministic(c, 0);
+    rerun(convs, "heuristic algorithm", 0, emulated);
+    ck_cuda_set_deterministic(c, 1);
+    ck_cuda_set_conv_im2col(c, 1);
+    rerun(convs, "im2col", 0, emulated);
+    ck_cuda_set_conv_im2col(c, 0);
+    ck_cuda_set_tf32(c, 1);
+    rerun(products, "TF32", 1e-2, emulated);
+    ck_cuda_set_tf32(c, 0);
+
+    arena_helpers();
+    unbound_context_names_the_op(c);
+    short_workspace_names_the_op();
+
+    int covered[CK_OP_COUNT] = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) covered[cases[i].op] = 1;
+    for (int op = 1; op < CK_OP_COUNT; op++)
+        if (ck_cpu_kernels[op] && !covered[op]) report(0, "%s has no test case here", ck_op_name((enum ck_op)op));
+
+    ck_cuda_close(c);
+    printf("%d passed, %d failed", passed, failed);
+    if (skipped) printf(", %d device-only cases skipped", skipped);
+    printf("\n");
+    return failed ? 1 : 0;
+}
+
+#else
+int main(void)
+{
+    printf("SKIP: built without the CUDA toolkit\n");
+    return 77;
+}
+#endif

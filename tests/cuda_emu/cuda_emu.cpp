@@ -1,0 +1,568 @@
+/* The emulator behind cuda_emu.h: a fiber per CUDA thread (ucontext), blocks
+ * in order, and the runtime, cuBLAS and cuDNN calls ops/cuda makes. */
+#include "cuda_emu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <ucontext.h>
+
+#include <vector>
+
+uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+
+namespace {
+
+enum state { RUN, AT_BLOCK, AT_WARP, DONE };
+
+struct fiber {
+    ucontext_t ctx;
+    char *stack;
+    int state;
+    unsigned tid;
+    long nbar; /* __syncthreads calls in this block */
+};
+
+const size_t STACK = 256 * 1024;
+ucontext_t sched;
+std::vector<fiber> fibers;
+fiber *cur;
+const std::function<void()> *body;
+uint64_t xchg[1024];
+cudaError_t last_error = cudaSuccess;
+
+[[noreturn]] void die(const char *msg)
+{
+    fprintf(stderr, "cuda_emu: %s (block %u,%u,%u thread %u)\n", msg, blockIdx.x, blockIdx.y, blockIdx.z,
+            cur ? cur->tid : 0u);
+    abort();
+}
+
+void trampoline()
+{
+    (*body)();
+    cur->state = DONE;
+}
+
+void set_thread(const fiber &f)
+{
+    threadIdx.x = f.tid % blockDim.x;
+    threadIdx.y = f.tid / blockDim.x % blockDim.y;
+    threadIdx.z = f.tid / (blockDim.x * blockDim.y);
+}
+
+void yield(int st)
+{
+    if (!cur) die("barrier or shuffle outside a kernel");
+    cur->state = st;
+    fiber *me = cur;
+    swapcontext(&me->ctx, &sched);
+}
+
+void run_block(unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        fiber &f = fibers[i];
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack;
+        f.ctx.uc_stack.ss_size = STACK;
+        f.ctx.uc_link = &sched;
+        makecontext(&f.ctx, trampoline, 0);
+        f.state = RUN;
+        f.tid = i;
+        f.nbar = 0;
+    }
+    for (;;) {
+        for (unsigned i = 0; i < n; i++) {
+            if (fibers[i].state != RUN) continue;
+            cur = &fibers[i];
+            set_thread(*cur);
+            swapcontext(&sched, &cur->ctx);
+        }
+        cur = NULL;
+        unsigned done = 0, at_block = 0;
+        for (unsigned i = 0; i < n; i++) {
+            done += fibers[i].state == DONE;
+            at_block += fibers[i].state == AT_BLOCK;
+        }
+        if (done == n) break;
+        if (at_block == n - done) {
+            if (done) die("__syncthreads reached after some threads of the block returned");
+            for (unsigned i = 0; i < n; i++) fibers[i].state = RUN;
+            continue;
+        }
+        int released = 0;
+        for (unsigned w = 0; w * 32 < n; w++) {
+            const unsigned lo = w * 32, hi = lo + 32 < n ? lo + 32 : n;
+            unsigned waiting = 0, gone = 0;
+            for (unsigned i = lo; i < hi; i++) waiting += fibers[i].state == AT_WARP, gone += fibers[i].state == DONE;
+            if (waiting && gone) die("warp shuffle with lanes that returned");
+            if (waiting == hi - lo) {
+                for (unsigned i = lo; i < hi; i++) fibers[i].state = RUN;
+                released = 1;
+            }
+        }
+        if (!released) die("deadlock: threads wait at different barriers (a divergent __syncthreads or shuffle)");
+    }
+    long nb = fibers[0].nbar;
+    for (unsigned i = 1; i < n; i++)
+        if (fibers[i].nbar != nb) die("threads of one block passed different numbers of __syncthreads");
+}
+
+} // namespace
+
+void ck_emu_launch(dim3 grid, dim3 block, const std::function<void()> &f)
+{
+    const unsigned long long n = (unsigned long long)block.x * block.y * block.z;
+    if (n == 0 || n > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+        grid.z > 65535 || grid.x > 0x7fffffffu) {
+        if (last_error == cudaSuccess) last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    if (cur) die("kernel launched from inside a kernel");
+    while (fibers.size() < n) {
+        fiber f = {};
+        f.stack = (char *)malloc(STACK);
+        if (!f.stack) die("out of memory for fiber stacks");
+        fibers.push_back(f);
+    }
+    gridDim = grid;
+    blockDim = block;
+    body = &f;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx.x = x, blockIdx.y = y, blockIdx.z = z;
+                run_block((unsigned)n);
+            }
+    body = NULL;
+}
+
+void __syncthreads(void)
+{
+    if (cur) cur->nbar++;
+    yield(AT_BLOCK);
+}
+
+void __syncwarp(unsigned) { yield(AT_WARP); }
+
+uint64_t ck_emu_exchange(uint64_t v, int, int mode, int arg, int width)
+{
+    if (!cur) die("shuffle outside a kernel");
+    const unsigned t = cur->tid, lane = t & 31, base = t - lane;
+    const unsigned n = blockDim.x * blockDim.y * blockDim.z;
+    const unsigned lanes = n - base < 32 ? n - base : 32;
+    if (width <= 0 || width > 32 || (width & (width - 1))) die("shuffle width not a power of 2 up to 32");
+    xchg[t] = v;
+    yield(AT_WARP);
+    unsigned src = lane;
+    const unsigned seg = lane & ~(unsigned)(width - 1);
+    if (mode == 0) {
+        src = lane ^ (unsigned)arg;
+        if ((src & ~(unsigned)(width - 1)) != seg) src = lane;
+    } else if (mode == 1) {
+        if ((lane - seg) + (unsigned)arg < (unsigned)width) src = lane + (unsigned)arg;
+    } else {
+        src = seg + ((unsigned)arg & (unsigned)(width - 1));
+    }
+    if (src >= lanes) die("shuffle from a lane past the end of the block");
+    const uint64_t r = xchg[base + src];
+    yield(AT_WARP);
+    return r;
+}
+
+/* ---- runtime ---- */
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    }
+    return "unknown error";
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaGetDeviceCount(int *n)
+{
+    *n = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
+{
+    static int dummy;
+    *s = (cudaStream_t)&dummy;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+cudaError_t cudaMalloc(void **p, size_t bytes)
+{
+    *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind, cudaStream_t)
+{
+    if (bytes && (!dst || !src)) return cudaErrorInvalidValue;
+    memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind, cudaStream_t)
+{
+    if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+    for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t)
+{
+    memset(dst, v, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = (size_t)1 << 34;
+    *total_bytes = (size_t)1 << 34;
+    return cudaSuccess;
+}
+
+/* ---- cuBLAS: column-major, as documented ---- */
+
+struct ck_emu_blas {
+    int unused;
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t *h)
+{
+    *h = new ck_emu_blas();
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t h)
+{
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *, size_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetPointerMode(cublasHandle_t, cublasPointerMode_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                         int k, const float *alpha, const float *A, int lda, long long sa,
+                                         const float *B, int ldb, long long sb, const float *beta, float *C, int ldc,
+                                         long long sc, int batch)
+{
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    const int arows = ta == CUBLAS_OP_N ? m : k, brows = tb == CUBLAS_OP_N ? k : n;
+    if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) ||
+        ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    for (int b = 0; b < batch; b++) {
+        const float *a = A + b * sa, *bb = B + b * sb;
+        float *c = C + b * sc;
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double s = 0;
+                for (int l = 0; l < k; l++) {
+                    const float av = ta == CUBLAS_OP_N ? a[i + (long)l * lda] : a[l + (long)i * lda];
+                    const float bv = tb == CUBLAS_OP_N ? bb[l + (long)j * ldb] : bb[j + (long)l * ldb];
+                    s += (double)av * bv;
+                }
+                float *cij = c + i + (long)j * ldc;
+                *cij = (float)(*alpha * s + (*beta == 0.0f ? 0.0 : (double)*beta * *cij));
+            }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ---- cuDNN: NCHW fp32 convolution, as documented ---- */
+
+struct ck_emu_dnn {
+    int unused;
+};
+struct ck_emu_tensor {
+    int set, n, c, h, w;
+};
+struct ck_emu_conv {
+    int set, ph, pw, sh, sw, dh, dw, mode;
+};
+
+size_t ck_emu_conv_ws[3][8] = {
+    /* fwd: implicit gemm needs none, precomp a little, the rest too much */
+    {0, 4096, 1u << 30, 1u << 30, 1u << 30, 1u << 30, 1u << 30, 1u << 30},
+    /* bwd data */
+    {0, 2048, 1u << 30, 1u << 30, 1u << 30, 1u << 30, 1u << 30, 1u << 30},
+    /* bwd filter */
+    {0, 1024, 1u << 30, 0, 1u << 30, 1u << 30, 1u << 30, 1u << 30},
+};
+int ck_emu_last_algo[3] = {-1, -1, -1};
+
+const char *cudnnGetErrorString(cudnnStatus_t s)
+{
+    switch (s) {
+    case CUDNN_STATUS_SUCCESS: return "CUDNN_STATUS_SUCCESS";
+    case CUDNN_STATUS_BAD_PARAM: return "CUDNN_STATUS_BAD_PARAM";
+    case CUDNN_STATUS_NOT_SUPPORTED: return "CUDNN_STATUS_NOT_SUPPORTED";
+    }
+    return "CUDNN_STATUS_UNKNOWN";
+}
+cudnnStatus_t cudnnCreate(cudnnHandle_t *h)
+{
+    *h = new ck_emu_dnn();
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDestroy(cudnnHandle_t h)
+{
+    delete h;
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetStream(cudnnHandle_t, cudaStream_t) { return CUDNN_STATUS_SUCCESS; }
+cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *d)
+{
+    *d = new ck_emu_tensor();
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d)
+{
+    delete d;
+    return CUDNN_STATUS_SUCCESS;
+}
+static cudnnStatus_t set4(ck_emu_tensor *d, int n, int c, int h, int w)
+{
+    if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
+    *d = {1, n, c, h, w};
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t, cudnnDataType_t, int n, int c,
+                                         int h, int w)
+{
+    return set4(d, n, c, h, w);
+}
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *d) { return cudnnCreateTensorDescriptor(d); }
+cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) { return cudnnDestroyTensorDescriptor(d); }
+cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t, cudnnTensorFormat_t, int k, int c,
+                                         int h, int w)
+{
+    return set4(d, k, c, h, w);
+}
+cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t *d)
+{
+    *d = new ck_emu_conv();
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d)
+{
+    delete d;
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, int ph, int pw, int u, int v, int dh,
+                                              int dw, cudnnConvolutionMode_t mode, cudnnDataType_t)
+{
+    if (ph < 0 || pw < 0 || u <= 0 || v <= 0 || dh <= 0 || dw <= 0) return CUDNN_STATUS_BAD_PARAM;
+    *d = {1, ph, pw, u, v, dh, dw, (int)mode};
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t, cudnnMathType_t) { return CUDNN_STATUS_SUCCESS; }
+
+/* x, w and y agree with the convolution; the output size is computed */
+static cudnnStatus_t geometry(const ck_emu_conv *cv, const ck_emu_tensor *x, const ck_emu_tensor *w,
+                              const ck_emu_tensor *y)
+{
+    if (!cv->set || !x->set || !w->set || (y && !y->set)) return CUDNN_STATUS_BAD_PARAM;
+    if (cv->mode != CUDNN_CROSS_CORRELATION || cv->dh != 1 || cv->dw != 1) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (x->c != w->c) return CUDNN_STATUS_BAD_PARAM;
+    const int ho = (x->h + 2 * cv->ph - w->h) / cv->sh + 1, wo = (x->w + 2 * cv->pw - w->w) / cv->sw + 1;
+    if (ho <= 0 || wo <= 0) return CUDNN_STATUS_BAD_PARAM;
+    if (y && (y->n != x->n || y->c != w->n || y->h != ho || y->w != wo)) return CUDNN_STATUS_BAD_PARAM;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescriptor_t cv,
+                                                    const cudnnTensorDescriptor_t x, const cudnnFilterDescriptor_t w,
+                                                    int *n, int *c, int *h, int *wo)
+{
+    cudnnStatus_t s = geometry(cv, x, w, NULL);
+    if (s) return s;
+    *n = x->n, *c = w->n;
+    *h = (x->h + 2 * cv->ph - w->h) / cv->sh + 1;
+    *wo = (x->w + 2 * cv->pw - w->w) / cv->sw + 1;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                      const cudnnFilterDescriptor_t w,
+                                                      const cudnnConvolutionDescriptor_t cv,
+                                                      const cudnnTensorDescriptor_t y, cudnnConvolutionFwdAlgo_t algo,
+                                                      size_t *bytes)
+{
+    cudnnStatus_t s = geometry(cv, x, w, y);
+    if (s) return s;
+    *bytes = ck_emu_conv_ws[0][algo];
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t, const cudnnFilterDescriptor_t w,
+                                                           const cudnnTensorDescriptor_t dy,
+                                                           const cudnnConvolutionDescriptor_t cv,
+                                                           const cudnnTensorDescriptor_t dx,
+                                                           cudnnConvolutionBwdDataAlgo_t algo, size_t *bytes)
+{
+    cudnnStatus_t s = geometry(cv, dx, w, dy);
+    if (s) return s;
+    *bytes = ck_emu_conv_ws[1][algo];
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                             const cudnnTensorDescriptor_t dy,
+                                                             const cudnnConvolutionDescriptor_t cv,
+                                                             const cudnnFilterDescriptor_t dw,
+                                                             cudnnConvolutionBwdFilterAlgo_t algo, size_t *bytes)
+{
+    cudnnStatus_t s = geometry(cv, x, dw, dy);
+    if (s) return s;
+    *bytes = ck_emu_conv_ws[2][algo];
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* heuristics: a fixed order, the non-deterministic choice first where there is one */
+cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                     const cudnnFilterDescriptor_t w,
+                                                     const cudnnConvolutionDescriptor_t cv,
+                                                     const cudnnTensorDescriptor_t y, const int requested,
+                                                     int *returned, cudnnConvolutionFwdAlgoPerf_t *perf)
+{
+    cudnnStatus_t s = geometry(cv, x, w, y);
+    if (s) return s;
+    const cudnnConvolutionFwdAlgo_t order[] = {CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                                               CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM};
+    int k = 0;
+    for (; k < 3 && k < requested; k++)
+        perf[k] = {order[k], CUDNN_STATUS_SUCCESS, 1.0f, ck_emu_conv_ws[0][order[k]], CUDNN_DETERMINISTIC,
+                   CUDNN_FMA_MATH, {0, 0, 0}};
+    *returned = k;
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t, const cudnnFilterDescriptor_t w,
+                                                          const cudnnTensorDescriptor_t dy,
+                                                          const cudnnConvolutionDescriptor_t cv,
+                                                          const cudnnTensorDescriptor_t dx, const int requested,
+                                                          int *returned, cudnnConvolutionBwdDataAlgoPerf_t *perf)
+{
+    cudnnStatus_t s = geometry(cv, dx, w, dy);
+    if (s) return s;
+    const cudnnConvolutionBwdDataAlgo_t order[] = {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1};
+    int k = 0;
+    for (; k < 2 && k < requested; k++)
+        perf[k] = {order[k], CUDNN_STATUS_SUCCESS, 1.0f, ck_emu_conv_ws[1][order[k]],
+                   k ? CUDNN_DETERMINISTIC : CUDNN_NON_DETERMINISTIC, CUDNN_FMA_MATH, {0, 0, 0}};
+    *returned = k;
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t, const cudnnTensorDescriptor_t x,
+                                                            const cudnnTensorDescriptor_t dy,
+                                                            const cudnnConvolutionDescriptor_t cv,
+                                                            const cudnnFilterDescriptor_t dw, const int requested,
+                                                            int *returned, cudnnConvolutionBwdFilterAlgoPerf_t *perf)
+{
+    cudnnStatus_t s = geometry(cv, x, dw, dy);
+    if (s) return s;
+    const cudnnConvolutionBwdFilterAlgo_t order[] = {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+                                                     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1};
+    int k = 0;
+    for (; k < 2 && k < requested; k++)
+        perf[k] = {order[k], CUDNN_STATUS_SUCCESS, 1.0f, ck_emu_conv_ws[2][order[k]],
+                   k ? CUDNN_DETERMINISTIC : CUDNN_NON_DETERMINISTIC, CUDNN_FMA_MATH, {0, 0, 0}};
+    *returned = k;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* y (N,K,HO,WO) += sum over c, r, s of x(n, c, ho*sh-ph+r, wo*sw-pw+s) w(k, c, r, s), in the
+ * three roles: out = alpha * result + beta * out */
+enum conv_role { FWD, BWD_DATA, BWD_FILTER };
+
+static void conv_loops(conv_role role, const ck_emu_conv *cv, const ck_emu_tensor *xd, const ck_emu_tensor *wd,
+                       const ck_emu_tensor *yd, const float *x, const float *w, const float *y, float *out,
+                       float alpha, float beta)
+{
+    const int N = xd->n, C = xd->c, H = xd->h, W = xd->w, K = wd->n, R = wd->h, S = wd->w, HO = yd->h, WO = yd->w;
+    const long total = role == FWD ? (long)N * K * HO * WO : role == BWD_DATA ? (long)N * C * H * W : (long)K * C * R * S;
+    std::vector<double> acc((size_t)total, 0.0);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++)
+            for (int ho = 0; ho < HO; ho++)
+                for (int wo = 0; wo < WO; wo++)
+                    for (int c = 0; c < C; c++)
+                        for (int r = 0; r < R; r++)
+                            for (int s = 0; s < S; s++) {
+                                const int ih = ho * cv->sh - cv->ph + r, iw = wo * cv->sw - cv->pw + s;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                const long xi = (((long)n * C + c) * H + ih) * W + iw;
+                                const long wi = (((long)k * C + c) * R + r) * S + s;
+                                const long yi = (((long)n * K + k) * HO + ho) * WO + wo;
+                                if (role == FWD)
+                                    acc[yi] += (double)x[xi] * w[wi];
+                                else if (role == BWD_DATA)
+                                    acc[xi] += (double)y[yi] * w[wi];
+                                else
+                                    acc[wi] += (double)y[yi] * x[xi];
+                            }
+    for (long i = 0; i < total; i++) out[i] = (float)(alpha * acc[i] + (beta == 0.0f ? 0.0 : (double)beta * out[i]));
+}
+
+cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, const cudnnTensorDescriptor_t xd,
+                                      const void *x, const cudnnFilterDescriptor_t wd, const void *w,
+                                      const cudnnConvolutionDescriptor_t cv, cudnnConvolutionFwdAlgo_t algo, void *ws,
+                                      size_t ws_bytes, const void *beta, const cudnnTensorDescriptor_t yd, void *y)
+{
+    cudnnStatus_t s = geometry(cv, xd, wd, yd);
+    if (s) return s;
+    if (!h || ws_bytes < ck_emu_conv_ws[0][algo] || (ck_emu_conv_ws[0][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
+    ck_emu_last_algo[0] = algo;
+    conv_loops(FWD, cv, xd, wd, yd, (const float *)x, (const float *)w, NULL, (float *)y, *(const float *)alpha,
+               *(const float *)beta);
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, const cudnnFilterDescriptor_t wd,
+                                           const void *w, const cudnnTensorDescriptor_t dyd, const void *dy,
+                                           const cudnnConvolutionDescriptor_t cv, cudnnConvolutionBwdDataAlgo_t algo,
+                                           void *ws, size_t ws_bytes, const void *beta,
+                                           const cudnnTensorDescriptor_t dxd, void *dx)
+{
+    cudnnStatus_t s = geometry(cv, dxd, wd, dyd);
+    if (s) return s;
+    if (!h || ws_bytes < ck_emu_conv_ws[1][algo] || (ck_emu_conv_ws[1][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
+    ck_emu_last_algo[1] = algo;
+    conv_loops(BWD_DATA, cv, dxd, wd, dyd, NULL, (const float *)w, (const float *)dy, (float *)dx,
+               *(const float *)alpha, *(const float *)beta);
+    return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha, const cudnnTensorDescriptor_t xd,
+                                             const void *x, const cudnnTensorDescriptor_t dyd, const void *dy,
+                                             const cudnnConvolutionDescriptor_t cv,
+                                             cudnnConvolutionBwdFilterAlgo_t algo, void *ws, size_t ws_bytes,
+                                             const void *beta, const cudnnFilterDescriptor_t dwd, void *dw)
+{
+    cudnnStatus_t s = geometry(cv, xd, dwd, dyd);
+    if (s) return s;
+    if (!h || ws_bytes < ck_emu_conv_ws[2][algo] || (ck_emu_conv_ws[2][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
+    ck_emu_last_algo[2] = algo;
+    conv_loops(BWD_FILTER, cv, xd, dwd, dyd, (const float *)x, NULL, (const float *)dy, (float *)dw,
+               *(const float *)alpha, *(const float *)beta);
+    return CUDNN_STATUS_SUCCESS;
+}

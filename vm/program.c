@@ -330,11 +330,16 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
     r->plan = pl;
     if (o->measure) ck_arena_fill_sentinel(p);
     int k = o->guard ? optimizer_start(pl) : pl->n;
-    if (ck_exec_range(p, pl, 0, k, p->err, sizeof p->err)) return -1;
+    /* a run that fails stops before the updates (exec.c): the step did not happen */
+    if (ck_exec_range(p, pl, 0, k, p->err, sizeof p->err)) {
+        p->step--;
+        return -1;
+    }
     if (o->guard && !step_finite(p, pl, k, r)) {
         r->nonfinite = 1;
         if (ck_exec_find_nonfinite(p, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) return -1;
     } else if (ck_exec_range(p, pl, k, pl->n, p->err, sizeof p->err)) {
+        p->step--;
         return -1;
     }
     if (o->measure) r->high_water = ck_arena_high_water(p);

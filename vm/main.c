@@ -86,10 +86,12 @@ int main(int argc, char **argv)
     ck_options opt = {0};
     const char **reads = calloc((size_t)argc + 1, sizeof *reads);
     const char **writes = calloc((size_t)argc + 1, sizeof *writes);
-    int nreads = 0, nwrites = 0;
-    if (!reads || !writes) {
+    char **owned = calloc((size_t)argc + 1, sizeof *owned); /* copies for dirname() */
+    int nreads = 0, nwrites = 0, nowned = 0, rc = 1;
+    ck_vm *vm = NULL;
+    if (!reads || !writes || !owned) {
         fprintf(stderr, "ckrun: out of memory\n");
-        return 1;
+        goto done;
     }
     opt.allow_read = reads;
     opt.allow_write = writes;
@@ -98,11 +100,13 @@ int main(int argc, char **argv)
         int more = i + 1 < argc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
-            return 0;
+            rc = 0;
+            goto done;
         }
         if (!strcmp(a, "-v") || !strcmp(a, "--version")) {
             printf("ckrun %s\n", ck_version());
-            return 0;
+            rc = 0;
+            goto done;
         }
         if (!strcmp(a, "--plan")) opt.plan_only = 1;
         else if (!strcmp(a, "--json")) opt.json = 1;
@@ -112,7 +116,7 @@ int main(int argc, char **argv)
             /* the file named on the command line may be written wherever it is */
             opt.plan_svg = argv[++i];
             char *dir = strdup(argv[i]);
-            if (dir) writes[nwrites++] = dirname(dir);
+            if (dir) writes[nwrites++] = dirname(owned[nowned++] = dir);
         }
         else if (!strcmp(a, "-e") && more) code = argv[++i];
         else if (!strcmp(a, "--allow-read") && more) reads[nreads++] = argv[++i];
@@ -122,14 +126,16 @@ int main(int argc, char **argv)
             double v = parse_size(argv[++i]);
             if (v < 0) {
                 fprintf(stderr, "ckrun: --max-batch wants a size such as 24GiB, got '%s'\n", argv[i]);
-                return 2;
+                rc = 2;
+                goto done;
             }
             opt.plan_max_batch = v;
         } else if (!strcmp(a, "--max-heap") && more) {
             double v = !strcmp(argv[++i], "none") ? (double)SIZE_MAX : parse_size(argv[i]);
             if (v < 0) {
                 fprintf(stderr, "ckrun: --max-heap wants a size such as 512MiB or 'none', got '%s'\n", argv[i]);
-                return 2;
+                rc = 2;
+                goto done;
             }
             opt.heap_limit = v >= (double)SIZE_MAX ? SIZE_MAX : (size_t)v;
         } else if (!strcmp(a, "--callback-budget") && more) {
@@ -138,22 +144,25 @@ int main(int argc, char **argv)
             long long n = !strcmp(s, "none") ? -1 : strtoll(s, &end, 10);
             if (strcmp(s, "none") && (end == s || *end || n <= 0)) {
                 fprintf(stderr, "ckrun: --callback-budget wants a number of instructions or 'none', got '%s'\n", s);
-                return 2;
+                rc = 2;
+                goto done;
             }
             opt.callback_budget = n;
         } else {
             fprintf(stderr, "ckrun: unknown option '%s' (see ckrun --help)\n", a);
-            return 2;
+            rc = 2;
+            goto done;
         }
     }
     if (!code && i >= argc) {
         usage(stderr);
-        return 2;
+        rc = 2;
+        goto done;
     }
-    ck_vm *vm = ck_open(&opt);
+    vm = ck_open(&opt);
     if (!vm) {
         fprintf(stderr, "ckrun: out of memory\n");
-        return 1;
+        goto done;
     }
     int st = ck_status(vm);
     if (st == CK_OK) {
@@ -170,8 +179,12 @@ int main(int argc, char **argv)
     }
     if (st != CK_OK) fprintf(stderr, "ckrun: %s\n", ck_error(vm));
     fflush(stdout);
+    rc = st == CK_OK ? 0 : st == CK_EINTR ? 130 : 1;
+done:
     ck_close(vm);
+    for (int k = 0; k < nowned; k++) free(owned[k]);
+    free(owned);
     free(reads);
     free(writes);
-    return st == CK_OK ? 0 : st == CK_EINTR ? 130 : 1;
+    return rc;
 }

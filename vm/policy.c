@@ -109,6 +109,7 @@ static int match_regions(const ck_decide_ctx *c, const char *const *pats, int np
     char *used = calloc((size_t)(np ? np : 1), 1);
     if (!r->of_node || !used) {
         free(used);
+        regions_free(r);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -122,6 +123,7 @@ static int match_regions(const ck_decide_ctx *c, const char *const *pats, int np
             int id = region_id(r, nd->scope, m);
             if (id < 0) {
                 free(used);
+                regions_free(r);
                 snprintf(err, errlen, "out of memory");
                 return -1;
             }
@@ -133,6 +135,7 @@ static int match_regions(const ck_decide_ctx *c, const char *const *pats, int np
         if (!used[k]) {
             snprintf(err, errlen, "blocks: pattern '%s' matches no scope of the model", pats[k]);
             free(used);
+            regions_free(r);
             return -1;
         }
     free(used);

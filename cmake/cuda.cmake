@@ -40,6 +40,8 @@ if(CK_CUDA)
   else()
     message(STATUS "CUDA backend: off (no nvcc)")
   endif()
+else()
+  message(STATUS "CUDA backend: off (CK_CUDA=OFF)")
 endif()
 
 if(CK_CUDA_FOUND)

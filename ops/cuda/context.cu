@@ -103,21 +103,24 @@ static void apply_math(ck_cuda_ctx *c)
     CK_BLAS("cuda_open", cublasSetMathMode(c->blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 
+/* Teardown failures are recorded too (a fault that surfaces only here still
+ * deserves a name), but never stop the rest of the teardown. */
 extern "C" void ck_cuda_close(ck_cuda_ctx *c)
 {
     if (!c) return;
+    const char *op = "cuda_close";
     if (current == c) current = NULL;
-    cudaSetDevice(c->device);
-    if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->conv) cudnnDestroyConvolutionDescriptor(c->conv);
-    if (c->fw) cudnnDestroyFilterDescriptor(c->fw);
-    if (c->ty) cudnnDestroyTensorDescriptor(c->ty);
-    if (c->tx) cudnnDestroyTensorDescriptor(c->tx);
-    if (c->dnn) cudnnDestroy(c->dnn);
-    if (c->blas) cublasDestroy(c->blas);
-    if (c->scratch) cudaFree(c->scratch);
-    if (c->blas_ws) cudaFree(c->blas_ws);
-    if (c->stream) cudaStreamDestroy(c->stream);
+    CK_CU(op, cudaSetDevice(c->device));
+    if (c->stream) CK_CU(op, cudaStreamSynchronize(c->stream));
+    if (c->conv) CK_DNN(op, cudnnDestroyConvolutionDescriptor(c->conv));
+    if (c->fw) CK_DNN(op, cudnnDestroyFilterDescriptor(c->fw));
+    if (c->ty) CK_DNN(op, cudnnDestroyTensorDescriptor(c->ty));
+    if (c->tx) CK_DNN(op, cudnnDestroyTensorDescriptor(c->tx));
+    if (c->dnn) CK_DNN(op, cudnnDestroy(c->dnn));
+    if (c->blas) CK_BLAS(op, cublasDestroy(c->blas));
+    if (c->scratch) CK_CU(op, cudaFree(c->scratch));
+    if (c->blas_ws) CK_CU(op, cudaFree(c->blas_ws));
+    if (c->stream) CK_CU(op, cudaStreamDestroy(c->stream));
     free(c);
 }
 

@@ -24,9 +24,9 @@ typedef struct ck_cuda_ctx ck_cuda_ctx;
 /* Devices present; 0 when there are none or no driver (not an error). */
 int ck_cuda_device_count(void);
 
-/* Opens `device`: a stream, cuBLAS and cuDNN handles, their descriptors and a
- * fixed reduction scratch (CK_CUDA_SCRATCH_BYTES). Binds it to the calling
- * thread. NULL on failure, with the reason in ck_cuda_last_error(). */
+/* Opens `device`: a stream, cuBLAS and cuDNN handles, their descriptors, and
+ * the fixed buffers below. Binds it to the calling thread. NULL on failure,
+ * with the reason in ck_cuda_last_error(). */
 ck_cuda_ctx *ck_cuda_open(int device);
 void ck_cuda_close(ck_cuda_ctx *c);
 /* The calling thread's current context (and its device); NULL unbinds. */

@@ -45,6 +45,23 @@ typedef struct tcase {
 } tcase;
 
 static int passed, failed, skipped;
+/* CK_TEST_MATCH=a|b: only the cases whose label contains a or b */
+static const char *match;
+
+static int selected(const char *label)
+{
+    if (!match || !*match) return 1;
+    const char *m = match;
+    while (*m) {
+        const char *e = strchr(m, '|');
+        const size_t n = e ? (size_t)(e - m) : strlen(m);
+        for (const char *l = label; *l; l++)
+            if (n && strncmp(l, m, n) == 0) return 1;
+        if (!e) break;
+        m = e + 1;
+    }
+    return 0;
+}
 
 static void report(int ok, const char *fmt, ...)
 {
@@ -161,6 +178,7 @@ static const ck_kctx base_ctx = {42, 3, 1e-3f, NULL, 0};
  * inputs. */
 static void run_case(const tcase *t, int bf16)
 {
+    if (!selected(t->label)) return;
     const int es = bf16 ? 2 : 4;
     const ck_kernel_fn *table = bf16 ? ck_cuda_kernels_bf16 : ck_cuda_kernels;
     char err[256];
@@ -514,6 +532,8 @@ int main(void)
         printf("SKIP: no CUDA device\n");
         return 77;
     }
+    match = getenv("CK_TEST_MATCH");
+    setvbuf(stdout, NULL, _IOLBF, 0);
     ck_cuda_ctx *c = ck_cuda_open(0);
     if (!c) {
         printf("FAIL: %s\n", ck_cuda_last_error());

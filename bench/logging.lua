@@ -22,6 +22,7 @@
 -- of the rest of the step; other load slows both alike.
 --
 --   ckrun --allow-write DIR bench/logging.lua [--rounds 10] [--pairs 60] [--resolution 512] [--dir DIR]
+--         [--tables setups,pairs,work]
 local ck = require "ck"
 local unet = require "ck.unet"
 local lora = require "ck.lora"
@@ -36,6 +37,8 @@ local pairs_n = a.pairs or 60
 local resolution = a.resolution or 512
 local root = a.dir or "out/bench_logging"
 local latent = resolution // 8
+local tables = {}
+for t in tostring(a.tables or "setups,pairs,work"):gmatch("[^,]+") do tables[t] = true end
 local config = unet.config("sdxl-tiny")
 local tokens = 77
 local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
@@ -97,24 +100,6 @@ local function step(s)
   return ck.now() - t0, os.clock() - c0
 end
 
-for _, s in ipairs(setups) do
-  step(s) -- warm-up
-  s.cpu = {}
-end
-for r = 1, rounds do
-  for _, s in ipairs(setups) do s.times[r], s.cpu[r] = step(s) end
-end
--- measured high-water mark of the list each setup's logging steps run
-for _, s in ipairs(setups) do
-  if s.logger then
-    local _, info = s.p:step{stats = "all", guard = true, measure = true}
-    s.measured = info.high_water
-  else
-    s.measured = select(2, s.p:step{measure = true})
-  end
-  if s.logger then s.logger:close() end
-end
-
 local function median(t)
   local c = {}
   for i, v in ipairs(t) do c[i] = v end
@@ -122,6 +107,7 @@ local function median(t)
   local m = (#c + 1) // 2
   return #c % 2 == 1 and c[m] or (c[m] + c[m + 1]) / 2
 end
+
 local function ratio(x, y, what)
   local r = {}
   for i = 1, #x[what] do r[i] = x[what][i] / y[what][i] end
@@ -129,22 +115,47 @@ local function ratio(x, y, what)
 end
 
 local MiB = 2 ^ 20
-print(string.format("sdxl-tiny, %dx%d latents, batch 1, LoRA rank 4, AdamW; %d rounds", latent, latent, rounds))
-print("| setup | step time (ms, median) | vs B (wall) | vs B (CPU) | logging cost vs same policy unlogged (wall / CPU) | planned peak (MiB) | measured peak (MiB) |")
-print("|---|---|---|---|---|---|---|")
-for _, s in ipairs(setups) do
-  local base = s.checkpoint == none and by.A0 or by.B
-  local planned = s.log_peak and string.format("%.2f (plain list %.2f)", s.log_peak / MiB, s.plain_peak / MiB) or
-    string.format("%.2f", s.plain_peak / MiB)
-  local cost = s == base and "-" or string.format("%+.2f%% / %+.2f%%", 100 * (ratio(s, base, "times") - 1),
-    100 * (ratio(s, base, "cpu") - 1))
-  print(string.format("| %s: %s | %.1f | %.4f | %.4f | %s | %s | %.2f |", s.name, s.what, 1e3 * median(s.times),
-    ratio(s, by.B, "times"), ratio(s, by.B, "cpu"), cost, planned, s.measured / MiB))
+
+-- ---- the setups, round-robin
+local function table_setups()
+  for _, s in ipairs(setups) do
+    step(s) -- warm-up
+    s.cpu = {}
+  end
+  for r = 1, rounds do
+    for _, s in ipairs(setups) do s.times[r], s.cpu[r] = step(s) end
+  end
+  -- the measured high-water mark of the list each setup's logging steps run
+  for _, s in ipairs(setups) do
+    if s.logger then
+      local _, info = s.p:step{stats = "all", guard = true, measure = true}
+      s.measured = info.high_water
+    else
+      s.measured = select(2, s.p:step{measure = true})
+    end
+  end
+  print(string.format("sdxl-tiny, %dx%d latents, batch 1, LoRA rank 4, AdamW; %d rounds", latent, latent, rounds))
+  print("| setup | step time (ms, median) | vs B (wall) | vs B (CPU) | logging cost vs same policy unlogged (wall / CPU) " ..
+    "| planned peak (MiB) | measured peak (MiB) |")
+  print("|---|---|---|---|---|---|---|")
+  for _, s in ipairs(setups) do
+    local base = s.checkpoint == none and by.A0 or by.B
+    local planned = s.log_peak and string.format("%.2f (plain list %.2f)", s.log_peak / MiB, s.plain_peak / MiB) or
+      string.format("%.2f", s.plain_peak / MiB)
+    local cost = s == base and "-" or string.format("%+.2f%% / %+.2f%%", 100 * (ratio(s, base, "times") - 1),
+      100 * (ratio(s, base, "cpu") - 1))
+    print(string.format("| %s: %s | %.1f | %.4f | %.4f | %s | %s | %.2f |", s.name, s.what, 1e3 * median(s.times),
+      ratio(s, by.B, "times"), ratio(s, by.B, "cpu"), cost, planned, s.measured / MiB))
+  end
 end
 
--- ---- the cost of logging, in adjacent pairs
+-- ---- the cost of logging, in adjacent pairs on one program
 local function paired(p, loggers)
-  local plain = function() local t0, c0 = ck.now(), os.clock(); p:step(); return ck.now() - t0, os.clock() - c0 end
+  local plain = function()
+    local t0, c0 = ck.now(), os.clock()
+    p:step()
+    return ck.now() - t0, os.clock() - c0
+  end
   local res = {}
   for _, l in ipairs(loggers) do res[l.name] = {wall = {}, cpu = {}} end
   local w0, c0 = plain()
@@ -162,52 +173,67 @@ local function paired(p, loggers)
   return res
 end
 
-print()
-print(string.format("Logging cost in adjacent pairs (%d pairs each; a logging step against its plain neighbours):", pairs_n))
-print("| policy | logging | cost (wall, median) | cost (CPU, median) |")
-print("|---|---|---|---|")
-for _, pol in ipairs{{"none", by.A0.p}, {"diffusers", by.B.p}} do
-  local p = pol[2]
-  local ls = {
-    {name = "every step, sync", n = 1, logger = log.new{dir = root .. "/pair_sync_" .. pol[1], metrics = everything(1), blocks = log.unet_blocks}},
-    {name = "every step, async", n = 1, logger = log.new{dir = root .. "/pair_async_" .. pol[1], metrics = everything(1), blocks = log.unet_blocks, async = true}},
-    {name = "every 5 steps, sync (per step, over 5)", n = 5, logger = log.new{dir = root .. "/pair_5_" .. pol[1], metrics = everything(5), blocks = log.unet_blocks}},
-  }
-  for _, l in ipairs(ls) do l.logger:attach(p) end
-  local res = paired(p, ls)
-  for _, l in ipairs(ls) do
-    print(string.format("| %s | %s | %+.2f%% | %+.2f%% |", pol[1], l.name, 100 * (median(res[l.name].wall) - 1),
-      100 * (median(res[l.name].cpu) - 1)))
-    l.logger:close()
+local function table_pairs()
+  print()
+  print(string.format("Logging cost in adjacent pairs (%d pairs each; a logging step against its plain neighbours):", pairs_n))
+  print("| policy | logging | cost (wall, median) | cost (CPU, median) |")
+  print("|---|---|---|---|")
+  for _, pol in ipairs{{"none", by.A0.p}, {"diffusers", by.B.p}} do
+    local p = pol[2]
+    local function logger(name, n, async)
+      return log.new{dir = root .. "/pair_" .. name .. "_" .. pol[1], metrics = everything(n), blocks = log.unet_blocks,
+                     async = async}
+    end
+    local ls = {
+      {name = "every step, sync", n = 1, logger = logger("sync", 1, false)},
+      {name = "every step, async", n = 1, logger = logger("async", 1, true)},
+      {name = "every 5 steps, sync (per step, over 5)", n = 5, logger = logger("5", 5, false)},
+    }
+    for _, l in ipairs(ls) do l.logger:attach(p) end
+    local res = paired(p, ls)
+    for _, l in ipairs(ls) do
+      print(string.format("| %s | %s | %+.2f%% | %+.2f%% |", pol[1], l.name, 100 * (median(res[l.name].wall) - 1),
+        100 * (median(res[l.name].cpu) - 1)))
+      l.logger:close()
+    end
   end
 end
 
 -- ---- the work of logging, timed inside logging steps
-print()
-print(string.format("The work of logging every step, timed inside %d logging steps (median per step):", pairs_n))
-print("| policy | mode | step without logging (ms) | statistics ops (ms) | logger around the step (ms) | cost |")
-print("|---|---|---|---|---|---|")
-for _, pol in ipairs{{"none", by.A0.p}, {"diffusers", by.B.p}} do
-  for _, async in ipairs{false, true} do
-    local p = pol[2]
-    local lg = log.new{dir = root .. "/work_" .. pol[1] .. (async and "_async" or ""), metrics = everything(1),
-                       blocks = log.unet_blocks, async = async}
-    lg:attach(p)
-    local rest, stats, around, cost = {}, {}, {}, {}
-    for i = 1, pairs_n do
-      p:profile(true)
-      local t0 = ck.now()
-      local _, info = lg:step(p)
-      local total = ck.now() - t0
-      local prof = p:profile()
-      p:profile(false)
-      local st = (prof.stats or 0) + (prof.sumsq or 0)
-      local ar = total - info.step_time
-      rest[i], stats[i], around[i] = total - st - ar, st, ar
-      cost[i] = (st + ar) / rest[i]
+local function table_work()
+  print()
+  print(string.format("The work of logging every step, timed inside %d logging steps (median per step):", pairs_n))
+  print("| policy | mode | step without logging (ms) | statistics ops (ms) | logger around the step (ms) | cost |")
+  print("|---|---|---|---|---|---|")
+  for _, pol in ipairs{{"none", by.A0.p}, {"diffusers", by.B.p}} do
+    for _, async in ipairs{false, true} do
+      local p = pol[2]
+      local lg = log.new{dir = root .. "/work_" .. pol[1] .. (async and "_async" or ""), metrics = everything(1),
+                         blocks = log.unet_blocks, async = async}
+      lg:attach(p)
+      local rest, stats, around, cost = {}, {}, {}, {}
+      for i = 1, pairs_n do
+        p:profile(true)
+        local t0 = ck.now()
+        local _, info = lg:step(p)
+        local total = ck.now() - t0
+        local prof = p:profile()
+        p:profile(false)
+        local st = (prof.stats or 0) + (prof.sumsq or 0)
+        local ar = total - info.step_time
+        rest[i], stats[i], around[i] = total - st - ar, st, ar
+        cost[i] = (st + ar) / rest[i]
+      end
+      lg:close()
+      print(string.format("| %s | %s | %.1f | %.3f | %.3f | %.2f%% |", pol[1], async and "async" or "sync",
+        1e3 * median(rest), 1e3 * median(stats), 1e3 * median(around), 100 * median(cost)))
     end
-    lg:close()
-    print(string.format("| %s | %s | %.1f | %.3f | %.3f | %.2f%% |", pol[1], async and "async" or "sync",
-      1e3 * median(rest), 1e3 * median(stats), 1e3 * median(around), 100 * median(cost)))
   end
 end
+
+if tables.setups then table_setups() end
+for _, s in ipairs(setups) do
+  if s.logger then s.logger:close() end
+end
+if tables.pairs then table_pairs() end
+if tables.work then table_work() end

@@ -10,5 +10,6 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} build/ckrun --allow-write "$logs" bench/logging.lua \
-  --rounds "${ROUNDS:-30}" --resolution "${RESOLUTION:-512}" --dir "$logs"
+  --rounds "${ROUNDS:-30}" --pairs "${PAIRS:-60}" --resolution "${RESOLUTION:-512}" \
+  --tables "${TABLES:-setups,pairs,work}" --dir "$logs"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -7,8 +7,11 @@
 
 #include <math.h>
 
-/* Below this many elements one thread beats waking the pool. */
-#define PAR_MIN 32768
+/* Below this many elements one thread beats waking the pool: block outputs
+ * are read right after the op that made them, from cache, and a statistic
+ * that waited for a sleeping (or, on a busy machine, descheduled) thread
+ * would cost more than its reads. */
+#define PAR_MIN 262144
 #define SEG_MAX 64
 #define SEG_MIN_ELEMS 16384
 

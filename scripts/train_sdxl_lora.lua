@@ -160,10 +160,12 @@ if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_be
 local save_every, state_dir = opt("save-every", 0), opt("state-dir", "out/state")
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
                   prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets}
+local resumed_log_dir
 if a.resume then
   local from = a.resume == true and state_dir or a.resume
   local path = state.latest(from) or error("--resume: no saved state in '" .. tostring(from) .. "'")
   local meta = state.load(p, path, settings)
+  resumed_log_dir = meta["log.dir"]
   state.prune(from, opt("keep-states", 3))
   dataset.epoch, dataset.pos = tonumber(meta["data.epoch"]), tonumber(meta["data.pos"])
   dataset:shuffle()
@@ -175,11 +177,13 @@ local log_every = opt("log-every", 10)
 if math.type(log_every) ~= "integer" or log_every < 1 then
   error("--log-every must be a positive number of steps, got " .. tostring(log_every))
 end
-local log_dir = opt("log-dir", nil) or log.run_dir("runs")
+-- a resumed run continues the log it had (without the steps after its state)
+local log_dir = opt("log-dir", nil) or resumed_log_dir or log.run_dir("runs")
+if start > 1 then log.rewind(log_dir, start - 1) end
 local logger <close> = log.new{dir = log_dir, every = log_every, async = opt("log-async", false) and true,
   flush_interval = opt("log-flush", 1), steps = steps, batch = batch, blocks = log.unet_blocks, on_nonfinite = "stop",
   stop_note = "nothing was saved"}
-logger:write{step = start - 1, val_loss = val_before}
+if start == 1 then logger:write{step = 0, val_loss = val_before} end
 local first, window, recent, step_time = nil, {}, 0, 0
 for step = start, steps do
   local t0 = ck.now()
@@ -197,8 +201,9 @@ for step = start, steps do
     logger:print(string.format("step %d: validation loss %.4f", step, v))
   end
   if save_every > 0 and step % save_every == 0 and step < steps then
-    local meta = {["data.epoch"] = dataset.epoch, ["data.pos"] = dataset.pos}
+    local meta = {["data.epoch"] = dataset.epoch, ["data.pos"] = dataset.pos, ["log.dir"] = log_dir}
     for k, v in pairs(settings) do meta[k] = v end
+    logger:flush(true) -- the log holds every step the state holds
     state.save(p, state_dir, meta, opt("keep-states", 3))
   end
 end

@@ -405,4 +405,25 @@ end
 
 Logger.__close = Logger.close
 
+-- Drops the records of steps after `step` from dir/metrics.jsonl, so that a
+-- run resumed from a state saved at `step` continues its log without
+-- duplicated steps. Only whole records (a line that ends its object) are kept;
+-- the file is written anew and renamed into place.
+function M.rewind(dir, step)
+  local path = dir .. "/metrics.jsonl"
+  local f = io.open(path, "rb")
+  if not f then return end
+  local keep = {}
+  for line in f:lines() do
+    local s = tonumber(line:match('^{"step":(%-?%d+)'))
+    if s and s <= step and line:sub(-1) == "}" then keep[#keep + 1] = line .. "\n" end
+  end
+  f:close()
+  local tmp = path .. ".rewind"
+  local o = assert(io.open(tmp, "wb"))
+  o:write(table.concat(keep))
+  o:close()
+  assert(os.rename(tmp, path))
+end
+
 return M

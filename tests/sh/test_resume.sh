@@ -1,22 +1,23 @@
 # Kill and resume: a run of N steps that is SIGKILLed at arbitrary moments
 # (during steps or state saves) and resumed from its last state ends with an
-# adapter file byte-identical to an uninterrupted run of N steps.
+# adapter file byte-identical to an uninterrupted run of N steps, and its log
+# holds every step once.
 set -u
 dir=out/.test_resume.$$
 mkdir -p "$dir"
 trap 'rm -rf "$dir"' EXIT
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
-S="scripts/train_sdxl_lora.lua --resolution 128 --steps 40 --samples 6 --save-every 2 --keep-states 2"
+S="scripts/train_sdxl_lora.lua --resolution 128 --steps 40 --samples 6 --save-every 2 --keep-states 2 --log-every 1"
 
-"$CKRUN" $S --out "$dir/straight.safetensors" > /dev/null ; ok $? "an uninterrupted run of 40 steps"
+"$CKRUN" $S --log-dir "$dir/straight_log" --out "$dir/straight.safetensors" > /dev/null ; ok $? "an uninterrupted run of 40 steps"
 
 # kill at spread-out moments, resume until a run finishes
 kills=0 resumes=0
 for delay in 0.9 1.3 0.7 1.6 1.1 0.5; do
   args=""
   [ -d "$dir/state" ] && ls "$dir/state"/state-*.safetensors > /dev/null 2>&1 && args="--resume $dir/state"
-  "$CKRUN" $S --state-dir "$dir/state" --out "$dir/resumed.safetensors" $args > "$dir/log" 2>&1 &
+  "$CKRUN" $S --state-dir "$dir/state" --log-dir "$dir/resumed_log" --out "$dir/resumed.safetensors" $args > "$dir/log" 2>&1 &
   pid=$!
   sleep "$delay"
   if kill -9 $pid 2> /dev/null; then kills=$((kills+1)); fi
@@ -26,12 +27,15 @@ for delay in 0.9 1.3 0.7 1.6 1.1 0.5; do
 done
 # finish the run
 while [ ! -s "$dir/resumed.safetensors" ]; do
-  "$CKRUN" $S --state-dir "$dir/state" --out "$dir/resumed.safetensors" --resume "$dir/state" > "$dir/log" 2>&1 || { cat "$dir/log"; break; }
+  "$CKRUN" $S --state-dir "$dir/state" --log-dir "$dir/resumed_log" --out "$dir/resumed.safetensors" --resume "$dir/state" > "$dir/log" 2>&1 || { cat "$dir/log"; break; }
   resumes=$((resumes+1))
 done
 [ "$kills" -ge 2 ] ; ok $? "the run was killed $kills times and resumed $resumes times"
 cmp -s "$dir/straight.safetensors" "$dir/resumed.safetensors" ; ok $? "the resumed adapter is byte-identical to the uninterrupted one"
 [ "$(ls "$dir/state" | grep -c '^state-')" -le 2 ] ; ok $? "only the last 2 states are kept"
+steps() { grep -o '^{"step":[0-9]*' "$1" | cut -d: -f2 | tr '\n' ' '; }
+[ -n "$(steps "$dir/resumed_log/metrics.jsonl")" ] && [ "$(steps "$dir/resumed_log/metrics.jsonl")" = "$(steps "$dir/straight_log/metrics.jsonl")" ]
+ok $? "the resumed run's log has the uninterrupted run's steps, each once: $(steps "$dir/resumed_log/metrics.jsonl" | cut -c1-60)..."
 out=$("$CKRUN" $S --state-dir "$dir/state" --resume "$dir/state" --batch 1 --out "$dir/x.safetensors" 2>&1)
 echo "$out" | grep -q "saved with batch = 2, this run has 1" ; ok $? "resuming with other settings is refused: $out"
 out=$("$CKRUN" $S --resume "$dir/nothing" --out "$dir/x.safetensors" 2>&1)

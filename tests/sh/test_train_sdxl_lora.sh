@@ -5,10 +5,11 @@
 # exit and no damaged output.
 set -u
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+logs=out/.test_train_logs.$$
+trap 'rm -rf "$dir" "$logs"' EXIT
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
-S=scripts/train_sdxl_lora.lua
+S="scripts/train_sdxl_lora.lua --log-dir $logs"
 # runs that read or write $dir (outside the working directory) say so to the sandbox: --allow-write "$dir"
 
 json=$("$CKRUN" --plan --json $S --size full)

@@ -141,6 +141,7 @@ static int conv_out(const ck_op_params *p, const ck_shape *x, const ck_shape *w,
     if (w->ndim != 4) FAIL("weight must be 4-D (O, C, KH, KW), got %s", SH(w, a));
     if (x->d[1] != w->d[1])
         FAIL("input has %lld channels, weight expects %lld", (long long)x->d[1], (long long)w->d[1]);
+    if (w->d[2] < 1 || w->d[3] < 1) FAIL("kernel %s has no taps", SH(w, a));
     if (p->i[0] < 1 || p->i[1] < 1 || p->i[2] < 0 || p->i[3] < 0) FAIL("stride must be >= 1 and padding >= 0");
     int64_t hp = x->d[2] + 2 * p->i[2] - w->d[2], wp = x->d[3] + 2 * p->i[3] - w->d[3];
     if (hp < 0 || wp < 0) FAIL("kernel %s larger than padded input %s", SH(w, a), SH(x, b));

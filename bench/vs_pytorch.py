@@ -575,7 +575,7 @@ def main():
             c, t = statistics.median(ct), statistics.median(tt)
             med[pol] = (c, t)
             hc, hp = ck.info["activation_bytes"], held_pt[pol]
-            print("| %dx%dx%dx%d | %s | %s | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f |" % (
+            print("| %dx%dx%dx%d | %s | %s | %.1f | %.1f | %.2f | %.2f | %.2f | %.4f |" % (
                 batch, 4, latent, latent, "LoRA rank 4" if use_lora else "full", pol, 1e3 * c, 1e3 * t, c / t,
                 hc / 2 ** 20, hp / 2 ** 20, hc / hp))
             print("<!-- held bytes %s: ckrun %d PyTorch %d -->" % (pol, hc, hp))

@@ -464,6 +464,7 @@ size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in,
         const int64_t lq = in[bwd].d[1], lk = in[bwd + 1].d[1];
         int64_t rows = lk > 0 ? 65536 / lk : lq;
         if (rows < 16) rows = 16;
+        if (rows > 1024) rows = 1024;
         if (rows > lq) rows = lq;
         return (size_t)nthreads * (size_t)(bwd + 1) * (size_t)(rows * lk) * sizeof(float);
     }

@@ -625,10 +625,9 @@ static int build(parser *p)
     return 0;
 }
 
-ck_st_file *ck_st_open(const char *path, char *err, size_t errlen)
+/* A file with its path copied in, or NULL (with a message) when out of memory. */
+static ck_st_file *new_file(const char *path, char *err, size_t errlen)
 {
-    if (err && errlen) err[0] = 0;
-    if (!path) { fail(err, errlen, NULL, "no path given"); return NULL; }
     ck_st_file *f = calloc(1, sizeof *f);
     size_t plen = strlen(path) + 1;
     if (!f || !(f->path = malloc(plen))) {
@@ -637,6 +636,38 @@ ck_st_file *ck_st_open(const char *path, char *err, size_t errlen)
         return NULL;
     }
     memcpy(f->path, path, plen);
+    return f;
+}
+
+/* Validates f->buf (f->size bytes, owned by f); both ways of opening end here. */
+static int parse_file(ck_st_file *f, char *err, size_t errlen)
+{
+    const char *path = f->path;
+    if (f->size < 8)
+        return fail(err, errlen, path, "file is %zu bytes, too short for the 8-byte header length (truncated?)",
+                    f->size);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | f->buf[i];
+    if (hlen > CK_ST_MAX_HEADER)
+        return fail(err, errlen, path, "header length %" PRIu64 " is too large (limit %d)", hlen, CK_ST_MAX_HEADER);
+    if (hlen > f->size - 8)
+        return fail(err, errlen, path, "header length %" PRIu64 " reaches beyond the end of the file "
+                    "(only %zu bytes follow it; truncated?)", hlen, f->size - 8);
+    f->arena = malloc((size_t)hlen + 1);
+    if (!f->arena) return fail(err, errlen, path, "out of memory reading the header");
+    parser p = {
+        .f = f, .err = err, .errlen = errlen, .s = f->buf + 8, .n = (size_t)hlen,
+        .datasize = (uint64_t)(f->size - 8 - (size_t)hlen),
+    };
+    return build(&p);
+}
+
+ck_st_file *ck_st_open(const char *path, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!path) { fail(err, errlen, NULL, "no path given"); return NULL; }
+    ck_st_file *f = new_file(path, err, errlen);
+    if (!f) return NULL;
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         fail(err, errlen, path, "cannot open: %s", strerror(errno));
@@ -679,28 +710,30 @@ ck_st_file *ck_st_open(const char *path, char *err, size_t errlen)
         else fail(err, errlen, path, "file shrank while being read (truncated?)");
         goto bail;
     }
+    if (parse_file(f, err, errlen)) goto bail;
+    return f;
+bail:
+    ck_st_close(f);
+    return NULL;
+}
 
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | f->buf[i];
-    if (hlen > CK_ST_MAX_HEADER) {
-        fail(err, errlen, path, "header length %" PRIu64 " is too large (limit %d)", hlen, CK_ST_MAX_HEADER);
+ck_st_file *ck_st_open_memory(const void *buf, size_t len, const char *name, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!name) name = "(memory)";
+    if (!buf && len) { fail(err, errlen, name, "no buffer given"); return NULL; }
+    ck_st_file *f = new_file(name, err, errlen);
+    if (!f) return NULL;
+    /* A copy, so that tensors live until ck_st_close whatever the caller
+     * does with its buffer. */
+    f->size = len;
+    f->buf = malloc(len ? len : 1);
+    if (!f->buf) {
+        fail(err, errlen, name, "out of memory reading %zu bytes", len);
         goto bail;
     }
-    if (hlen > f->size - 8) {
-        fail(err, errlen, path, "header length %" PRIu64 " reaches beyond the end of the file "
-             "(only %zu bytes follow it; truncated?)", hlen, f->size - 8);
-        goto bail;
-    }
-    f->arena = malloc((size_t)hlen + 1);
-    if (!f->arena) {
-        fail(err, errlen, path, "out of memory reading the header");
-        goto bail;
-    }
-    parser p = {
-        .f = f, .err = err, .errlen = errlen, .s = f->buf + 8, .n = (size_t)hlen,
-        .datasize = (uint64_t)(f->size - 8 - (size_t)hlen),
-    };
-    if (build(&p)) goto bail;
+    if (len) memcpy(f->buf, buf, len);
+    if (parse_file(f, err, errlen)) goto bail;
     return f;
 bail:
     ck_st_close(f);

@@ -36,6 +36,9 @@ typedef struct ck_st_file ck_st_file;
 
 /* Reads the whole file and validates it; NULL with a message on any problem. */
 ck_st_file *ck_st_open(const char *path, char *err, size_t errlen);
+/* The same from len bytes in memory, which are copied; name stands for the
+ * path in messages (NULL: "(memory)"). */
+ck_st_file *ck_st_open_memory(const void *buf, size_t len, const char *name, char *err, size_t errlen);
 void ck_st_close(ck_st_file *f);
 
 /* Tensors in the order of their data in the file. */

@@ -153,7 +153,7 @@ CK_CPU_KERNEL(ck_cpu_silu)
     const float *x = in[0].data;
     float *y = out[0].data;
     const int64_t n = ck_view_numel(&in[0]);
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * sigmoid_c(x[i]);
 }
 
@@ -164,7 +164,7 @@ CK_CPU_KERNEL(ck_cpu_silu_bwd)
     const float *dy = in[0].data, *x = in[1].data;
     float *dx = out[0].data;
     const int64_t n = ck_view_numel(&in[1]);
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float s = sigmoid_c(x[i]);
         dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
@@ -180,10 +180,10 @@ CK_CPU_KERNEL(ck_cpu_gelu)
     const int64_t n = ck_view_numel(&in[0]);
     // One loop per form: a branch inside would stop the loop vectorizing.
     if (p->i[0]) {
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n > PAR_MIN)
         for (int64_t i = 0; i < n; i++) y[i] = gelu_tanh(x[i]);
     } else {
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n > PAR_MIN)
         for (int64_t i = 0; i < n; i++) y[i] = gelu_erf(x[i]);
     }
 }
@@ -196,10 +196,10 @@ CK_CPU_KERNEL(ck_cpu_gelu_bwd)
     float *dx = out[0].data;
     const int64_t n = ck_view_numel(&in[1]);
     if (p->i[0]) {
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n > PAR_MIN)
         for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_tanh_grad(x[i]);
     } else {
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+#pragma omp parallel for simd schedule(static) if (parallel: n > PAR_MIN)
         for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_erf_grad(x[i]);
     }
 }

@@ -23,6 +23,7 @@
  * Each pair is computed in one fixed order either way. */
 #define SMALL_PAIR ((int64_t)1 << 20) /* LQ * LK * D at or below which pairs run in parallel */
 #define BLOCK_FLOATS 65536            /* scores per block of query rows (256 KiB) */
+#define BLOCK_ROWS_MAX 1024           /* and at most this many rows */
 
 typedef struct att_geom {
     int64_t B, LQ, LK, H, D, HD;
@@ -109,12 +110,18 @@ static float max_f(const float *x, int64_t n)
     return r;
 }
 
-static void softmax_row(float *r, int64_t n)
+/* r := exp(r - max r); returns 1 / sum of the exponentials. */
+static float exp_row(float *r, int64_t n)
 {
     const float mx = max_f(r, n);
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) r[j] = exp_c(r[j] - mx);
-    const float inv = (float)(1.0 / dot_f(r, NULL, n));
+    return (float)(1.0 / dot_f(r, NULL, n));
+}
+
+static void softmax_row(float *r, int64_t n)
+{
+    const float inv = exp_row(r, n);
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) r[j] *= inv;
 }
@@ -139,6 +146,7 @@ static int64_t block_rows(int64_t LQ, int64_t LK)
 {
     int64_t r = LK > 0 ? BLOCK_FLOATS / LK : LQ;
     if (r < 16) r = 16;
+    if (r > BLOCK_ROWS_MAX) r = BLOCK_ROWS_MAX;
     return r < LQ ? r : LQ;
 }
 
@@ -153,21 +161,26 @@ static int pair_threads(const ck_kctx *ctx, size_t slice_bytes, int64_t pairs, i
     return slices < (size_t)nt ? (int)slices : nt;
 }
 
-/* One pair's forward into o, R query rows at a time: P (R x LK scratch) =
- * softmax(scale q k^T), o = P v. par: split the softmax rows over threads (only
- * when called outside a region). */
+/* One pair's forward into o, R query rows at a time: E (R x LK scratch) =
+ * exp(scale q k^T - row max), o = (E v) / rowsum(E): the normalization is
+ * applied to the D outputs of a row rather than to its LK scores. par: split
+ * the rows over threads (only when called outside a region). */
 static void pair_fwd(const att_geom *g, const float *q, const float *k, const float *v, float *o, float *P, int64_t R,
                      int par)
 {
-    const int64_t LK = g->LK;
+    const int64_t LK = g->LK, D = g->D, HD = g->HD;
+    float inv[BLOCK_ROWS_MAX];
     for (int64_t i0 = 0; i0 < g->LQ; i0 += R) {
         const int64_t m = g->LQ - i0 < R ? g->LQ - i0 : R;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)LK, (int)g->D, g->scale, q + i0 * g->HD,
-                    (int)g->HD, k, (int)g->HD, 0.0f, P, (int)LK);
+        float *ob = o + i0 * HD;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)LK, (int)D, g->scale, q + i0 * HD, (int)HD,
+                    k, (int)HD, 0.0f, P, (int)LK);
 #pragma omp parallel for schedule(static) if (par && m * LK > 16384)
-        for (int64_t i = 0; i < m; i++) softmax_row(P + i * LK, LK);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)g->D, (int)LK, 1.0f, P, (int)LK, v,
-                    (int)g->HD, 0.0f, o + i0 * g->HD, (int)g->HD);
+        for (int64_t i = 0; i < m; i++) inv[i] = exp_row(P + i * LK, LK);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)D, (int)LK, 1.0f, P, (int)LK, v, (int)HD,
+                    0.0f, ob, (int)HD);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t d = 0; d < D; d++) ob[i * HD + d] *= inv[i];
     }
 }
 

@@ -708,10 +708,11 @@ int main(void)
     // after another with threaded sgemm, the rest one pair per thread.
     test_attention(1, 130, 131, 1, 65, 0.0f);
     test_attention(2, 300, 77, 2, 49, 0.0f);
-    // Scores formed a block of query rows at a time (65536 / LK rows, at least 16):
+    // Scores formed a block of query rows at a time (65536 / LK rows, 16 to 1024):
     // several blocks with a short last one, and the 16-row floor.
     test_attention(1, 300, 1000, 2, 8, 0.0f);
     test_attention(2, 40, 5000, 1, 4, 0.0f);
+    test_attention(1, 1100, 20, 1, 4, 0.0f); /* at most 1024 rows a block */
     printf("%d passed, %d failed\n", npass, nfail);
     return nfail ? 1 : 0;
 }

@@ -1,0 +1,58 @@
+# The fuzz harnesses (tests/fuzz): the safetensors reader, script loading and
+# dataset samples.
+#
+# Always: each harness with a plain main (tests/fuzz/replay_main.c) against
+# the library, and a test that replays its seed corpus and past findings
+# (tests/fuzz/corpus/NAME, tests/fuzz/crashes/NAME) through it, so make test
+# and make test-asan keep every harness invariant without clang.
+#
+# With -DCK_FUZZ=ON and clang, in a build directory of their own (make fuzz
+# uses build-fuzz): the libFuzzer harnesses, each linked with
+# -fsanitize=fuzzer,address,undefined; the library's sources are compiled once
+# more, instrumented for coverage and the sanitizers. OpenBLAS and Lua stay
+# uninstrumented.
+option(CK_FUZZ "build the libFuzzer harnesses (needs clang)" OFF)
+
+foreach(h safetensors script dataset)
+  add_executable(fuzz_replay_${h} tests/fuzz/fuzz_${h}.c tests/fuzz/replay_main.c)
+  target_compile_options(fuzz_replay_${h} PRIVATE "SHELL:-idirafter ${CMAKE_SOURCE_DIR}/vm")
+  target_link_libraries(fuzz_replay_${h} PRIVATE ck_static)
+  set(inputs ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/${h})
+  if(EXISTS ${CMAKE_SOURCE_DIR}/tests/fuzz/crashes/${h})
+    list(APPEND inputs ${CMAKE_SOURCE_DIR}/tests/fuzz/crashes/${h})
+  endif()
+  add_test(NAME fuzz_replay_${h} COMMAND fuzz_replay_${h} ${inputs} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(fuzz_replay_${h} PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1")
+endforeach()
+
+if(CK_FUZZ)
+  if(NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "CK_FUZZ needs clang (libFuzzer): configure with CC=clang in a separate build directory")
+  endif()
+  set(CK_FUZZ_FLAGS -O1 -g -fno-omit-frame-pointer -Wno-pass-failed -fsanitize=address,undefined -fno-sanitize-recover=all)
+
+  file(GLOB CK_FUZZ_LIB_SOURCES CONFIGURE_DEPENDS vm/*.c ops/*.c ops/cpu/*.c)
+  list(REMOVE_ITEM CK_FUZZ_LIB_SOURCES ${CMAKE_SOURCE_DIR}/vm/main.c)
+  add_library(ck_fuzz_objs OBJECT EXCLUDE_FROM_ALL ${CK_FUZZ_LIB_SOURCES})
+  target_include_directories(ck_fuzz_objs PUBLIC ${LUA_INCLUDE_DIRS} ${CBLAS_INCLUDE})
+  # <ck.h> as a host includes it; -idirafter so vm/ never shadows a system header
+  target_compile_options(ck_fuzz_objs PUBLIC "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm"
+    "SHELL:-idirafter ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer-no-link)
+  target_compile_definitions(ck_fuzz_objs PRIVATE CK_STDLIB_DIR="${CMAKE_SOURCE_DIR}/stdlib")
+  target_link_libraries(ck_fuzz_objs PUBLIC OpenMP::OpenMP_C)
+
+  # the safetensors reader needs only its own file
+  add_executable(fuzz_safetensors EXCLUDE_FROM_ALL tests/fuzz/fuzz_safetensors.c vm/safetensors.c)
+  target_compile_options(fuzz_safetensors PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
+  target_link_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer,address,undefined)
+
+  foreach(h fuzz_script fuzz_dataset)
+    add_executable(${h} EXCLUDE_FROM_ALL tests/fuzz/${h}.c $<TARGET_OBJECTS:ck_fuzz_objs>)
+    target_compile_options(${h} PRIVATE ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
+    target_include_directories(${h} PRIVATE ${LUA_INCLUDE_DIRS} ${CBLAS_INCLUDE})
+    target_compile_options(${h} PRIVATE "SHELL:-idirafter ${CMAKE_SOURCE_DIR}/vm")
+    target_link_options(${h} PRIVATE -fsanitize=fuzzer,address,undefined)
+    target_link_libraries(${h} PRIVATE ${LUA_LINK_LIBRARIES} ${OPENBLAS_LIB} OpenMP::OpenMP_C Threads::Threads m)
+  endforeach()
+  add_custom_target(fuzz_harnesses DEPENDS fuzz_safetensors fuzz_script fuzz_dataset)
+endif()

@@ -7,6 +7,7 @@ names (no diffusers needed), the same training step as bench/vs_pytorch.lua
 PyTorch's alternately in one process tree, so load from elsewhere falls on both.
 
   /usr/bin/python3 bench/vs_pytorch.py --threads 2 --steps 7 --warmup 2
+  /usr/bin/python3 bench/vs_pytorch.py --ab OLD/ckrun     two ckrun builds, alternating
 
 Prints a markdown table: median step times, the ratio ckrun / PyTorch, the bytes
 each side holds for backward, and for each checkpointed case how much time
@@ -515,6 +516,32 @@ def check(ckrun, threads, use_lora, tmp):
     return float(w[1]), float(w[2]), before, after
 
 
+def ab(args):
+    """Two ckrun builds, steps alternating, on each case and policy: median step times."""
+    print("| latents | training | checkpointing | %s ms | %s ms | ratio |" % (args.ab, args.ckrun))
+    print("|---|---|---|---|---|---|")
+    for case in args.cases.split(","):
+        shape, _, kind = case.partition("-")
+        latent, batch = (int(v) for v in shape.split("x"))
+        use_lora = kind == "lora"
+        for pol in ("none", "diffusers"):
+            a = Ck(args.ab, batch, latent, use_lora, pol, args.threads)
+            b = Ck(args.ckrun, batch, latent, use_lora, pol, args.threads)
+            ta, tb = [], []
+            for i in range(args.warmup + args.steps):
+                x, _ = a.step()
+                y, _ = b.step()
+                if i >= args.warmup:
+                    ta.append(x)
+                    tb.append(y)
+            a.close()
+            b.close()
+            ma, mb = statistics.median(ta), statistics.median(tb)
+            print("| %dx4x%dx%d | %s | %s | %.1f | %.1f | %.2f |" % (batch, latent, latent,
+                  "LoRA rank 4" if use_lora else "full", pol, 1e3 * ma, 1e3 * mb, mb / ma))
+            sys.stdout.flush()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckrun", default="build/ckrun")
@@ -523,7 +550,11 @@ def main():
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--cases", default="32x2,32x2-lora,64x1")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--ab", metavar="CKRUN", help="compare this other ckrun build with --ckrun instead")
     args = ap.parse_args()
+    if args.ab:
+        ab(args)
+        return
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
 

@@ -141,8 +141,9 @@ static int l_graph_gc(lua_State *L)
 static void read_shape(lua_State *L, int i, ck_shape *s)
 {
     luaL_checktype(L, i, LUA_TTABLE);
-    s->ndim = (int)luaL_len(L, i);
-    luaL_argcheck(L, s->ndim <= CK_MAX_DIMS, i, "too many dims");
+    lua_Unsigned n = lua_rawlen(L, i); /* a __len metamethod could claim anything */
+    luaL_argcheck(L, n <= CK_MAX_DIMS, i, "too many dims");
+    s->ndim = (int)n;
     for (int d = 0; d < s->ndim; d++) {
         lua_geti(L, i, d + 1);
         int ok;

@@ -575,7 +575,7 @@ def main():
     print("| latents | training | checkpointing | ckrun ms | PyTorch ms | ckrun / PyTorch | ckrun held MiB | "
           "PyTorch held MiB | held ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
-    notes = []
+    notes, exact = [], []
     for case in args.cases.split(","):
         shape, _, kind = case.partition("-")
         latent, batch = (int(v) for v in shape.split("x"))
@@ -609,7 +609,8 @@ def main():
             print("| %dx%dx%dx%d | %s | %s | %.1f | %.1f | %.2f | %.2f | %.2f | %.4f |" % (
                 batch, 4, latent, latent, "LoRA rank 4" if use_lora else "full", pol, 1e3 * c, 1e3 * t, c / t,
                 hc / 2 ** 20, hp / 2 ** 20, hc / hp))
-            print("<!-- held bytes %s: ckrun %d PyTorch %d -->" % (pol, hc, hp))
+            exact.append("%dx4x%dx%d %s %s: ckrun %d, PyTorch %d" % (batch, latent, latent,
+                         "LoRA" if use_lora else "full", pol, hc, hp))
             ck.close()
         add_c, add_t = med["diffusers"][0] - med["none"][0], med["diffusers"][1] - med["none"][1]
         notes.append("%dx4x%dx%d %s: checkpointing adds %.1f ms (%+.0f%%) to ckrun, %.1f ms (%+.0f%%) to PyTorch; "
@@ -620,6 +621,9 @@ def main():
     print()
     for n in notes:
         print("- " + n)
+    print("\nbytes held for backward, exactly:")
+    for e in exact:
+        print("- " + e)
 
 
 if __name__ == "__main__":

@@ -8,18 +8,27 @@ mkdir -p "$dir"
 trap 'rm -rf "$dir"' EXIT
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
-S="scripts/train_sdxl_lora.lua --resolution 128 --steps 40 --samples 6 --save-every 2 --keep-states 2 --log-every 1"
+S="scripts/train_sdxl_lora.lua --resolution 128 --steps 60 --samples 6 --save-every 2 --keep-states 2 --log-every 1"
 
-"$CKRUN" $S --log-dir "$dir/straight_log" --out "$dir/straight.safetensors" > /dev/null ; ok $? "an uninterrupted run of 40 steps"
+"$CKRUN" $S --log-dir "$dir/straight_log" --out "$dir/straight.safetensors" > /dev/null ; ok $? "an uninterrupted run of 60 steps"
 
-# kill at spread-out moments, resume until a run finishes
+# kill at spread-out moments, resume until a run finishes: each round waits
+# until the run has saved a newer state, then kills it a random moment later
+# (during a step or a save), so the kills land mid-run however fast it is
+newest() { ls "$dir/state" 2> /dev/null | grep '^state-' | tail -n 1; }
 kills=0 resumes=0
-for delay in 0.9 1.3 0.7 1.6 1.1 0.5; do
+for round in 1 2 3 4; do
   args=""
-  [ -d "$dir/state" ] && ls "$dir/state"/state-*.safetensors > /dev/null 2>&1 && args="--resume $dir/state"
+  [ -n "$(newest)" ] && args="--resume $dir/state"
+  before=$(newest)
   "$CKRUN" $S --state-dir "$dir/state" --log-dir "$dir/resumed_log" --out "$dir/resumed.safetensors" $args > "$dir/log" 2>&1 &
   pid=$!
-  sleep "$delay"
+  for _ in $(seq 400); do
+    [ "$(newest)" != "$before" ] && break
+    kill -0 $pid 2> /dev/null || break
+    sleep 0.02
+  done
+  sleep "0.0$(( RANDOM % 10 ))"
   if kill -9 $pid 2> /dev/null; then kills=$((kills+1)); fi
   wait $pid 2> /dev/null
   [ -n "$args" ] && resumes=$((resumes+1))

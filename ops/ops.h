@@ -60,10 +60,11 @@ enum ck_op {
     CK_OP_SOFTMAX_BWD,
     /* in q [B,LQ,H*D], k [B,LK,H*D], v [B,LK,H*D]; out o [B,LQ,H*D].
      * i0 heads H, f0 scale (0 means 1/sqrt(D)). Per head: o = softmax(q k^T * scale) v.
-     * workspace: nthreads * LQ*LK floats (nthreads = ck_cpu_threads()). */
+     * workspace: nthreads * R*LK floats, R = 65536/LK rows of queries clamped to
+     * [16, 1024] and to LQ (nthreads = ck_cpu_threads()); see ck_op_workspace. */
     CK_OP_ATTENTION,
     /* in dout, q, k, v; out dq, dk, dv; i0, f0 as forward.
-     * workspace: nthreads * 2*LQ*LK floats. */
+     * workspace: nthreads * 2*R*LK floats, R as for ATTENTION. */
     CK_OP_ATTENTION_BWD,
     /* in a, b; out a + b with numpy broadcasting (shapes aligned on the right) */
     CK_OP_ADD,

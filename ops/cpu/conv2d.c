@@ -143,10 +143,11 @@ CK_CPU_KERNEL(ck_cpu_conv2d)
             const float *xn = x + n * g.C * g.H * g.W;
             float *yn = y + n * g.O * g.howo + j0;
             // The bias is laid down first so sgemm adds onto it (beta = 1).
-            for (int64_t o = 0; o < g.O; o++) {
-                const float bo = bias ? bias[o] : 0.0f;
-                for (int64_t j = 0; j < nj; j++) yn[o * g.howo + j] = bo;
-            }
+            if (bias || g.ckk == 0)
+                for (int64_t o = 0; o < g.O; o++) {
+                    const float bo = bias ? bias[o] : 0.0f;
+                    for (int64_t j = 0; j < nj; j++) yn[o * g.howo + j] = bo;
+                }
             if (g.ckk == 0) continue;
             const float *b = xn + j0;
             int64_t ldb = g.howo;

@@ -27,6 +27,12 @@ install(TARGETS ck_module LIBRARY DESTINATION ${CK_LUA_CMOD_DIR})
 install(FILES vm/ck.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY stdlib/ck DESTINATION ${CK_LUA_LMOD_DIR} FILES_MATCHING PATTERN "*.lua")
 
+# the CUDA backend beside libck, where vm/cuda_loader.c looks for it
+if(CK_CUDA_FOUND)
+  install(TARGETS ck_cuda_module LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  target_compile_definitions(ck_objs PRIVATE CK_CUDA_INSTALL_DIR="${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}")
+endif()
+
 # ck.pc is written at install time, for the prefix given then
 install(CODE "
   set(prefix \"\${CMAKE_INSTALL_PREFIX}\")

@@ -7,6 +7,7 @@
 #include "runlimits.h"
 #include "lua_ck.h"
 #include "sandbox.h"
+#include "program.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -55,12 +56,19 @@ struct ck_vm {
     int dead;           /* bad options: every call fails with `status` */
     int status;
     lua_Integer seed;
+    char device[16];    /* programs compile for this backend unless told otherwise */
     ck_model *models;
     char chunk[256];    /* the script of the running call, for messages without a line */
     char err[1024];
 };
 
 const char *ck_version(void) { return CK_VERSION; }
+
+int ck_device_available(const char *name)
+{
+    if (name && !strcmp(name, "cpu")) return 1;
+    return name && !strcmp(name, "cuda") && ck_cuda_devices() > 0;
+}
 
 /* ---- printing through the log callback */
 
@@ -353,9 +361,6 @@ static void *default_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 static int open_ck(lua_State *L)
 {
     luaopen_ck(L);
-    int lib = lua_gettop(L);
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.device");
-    lua_setfield(L, lib, "device");
     if (lua_toboolean(L, lua_upvalueindex(1))) ck_sandbox_lock_metatables(L);
     return 1;
 }
@@ -391,7 +396,7 @@ static int p_setup(lua_State *L)
     if (o->plan_max_batch > 0) lua_pushnumber(L, o->plan_max_batch);
     else lua_pushnil(L);
     lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_max_batch");
-    lua_pushstring(L, "cpu");
+    lua_pushstring(L, vm->device);
     lua_setfield(L, LUA_REGISTRYINDEX, "ck.device");
     lua_newtable(L);
     lua_setfield(L, LUA_REGISTRYINDEX, "ck.results");
@@ -449,10 +454,9 @@ ck_vm *ck_open(const ck_options *opt)
     vm->sb.alloc = alloc;
     vm->sb.alloc_ud = o.alloc_ud;
     char msg[PATH_MAX + 128];
-    if (o.device && strcmp(o.device, "cpu") != 0) {
-        snprintf(msg, sizeof msg, "unknown device '%s' (this build runs on: cpu)", o.device);
-        return dead(vm, CK_EARG, msg);
-    }
+    const ck_backend *be = ck_backend_find(o.device, msg, sizeof msg);
+    if (!be) return dead(vm, CK_EARG, msg);
+    snprintf(vm->device, sizeof vm->device, "%s", be->name);
     char stdlib[PATH_MAX];
     if (o.stdlib_dir) snprintf(stdlib, sizeof stdlib, "%s", o.stdlib_dir);
     else default_stdlib(stdlib, sizeof stdlib);
@@ -990,17 +994,20 @@ static int p_model(lua_State *L)
     }
     if (a->what == 4) {
         if (p->poff[id] < 0) return luaL_error(L, "ck_model_set: '%s' is not an input or parameter", a->tensor);
-        float *x = ck_program_data(p, id);
-        if (!x) return luaL_error(L, "ck_model_set: a plan-only program holds no values");
+        if (!ck_program_data(p, id)) return luaL_error(L, "ck_model_set: a plan-only program holds no values");
         if ((int64_t)a->n != numel) {
             char s[128];
             return luaL_error(L, "ck_model_set: '%s' %s has %d elements, got %d values", a->tensor,
                               ck_shape_str(&t->shape, s, sizeof s), (int)numel, (int)a->n);
         }
+        float *x = ck_program_write_begin(p, id, 0);
+        if (!x) return luaL_error(L, "ck_model_set: %s", p->err);
         memcpy(x, a->in, sizeof(float) * (size_t)numel);
+        if (ck_program_write_end(p, id)) return luaL_error(L, "ck_model_set: %s", p->err);
         return 0;
     }
-    const float *x = ck_program_data(p, id);
+    const float *x = ck_program_read(p, id);
+    if (!x && p->err[0]) return luaL_error(L, "ck_model_read: %s", p->err);
     if (!x)
         return luaL_error(L, "ck_model_read: '%s' was not kept by the last run; list it in compile{outputs=...}",
                           a->tensor);

@@ -108,7 +108,9 @@ typedef struct ck_options {
     const char *plan_svg;
     double plan_max_batch;
 
-    /* the device programs run on: "cpu" (NULL means "cpu") */
+    /* the device programs run on unless a script's compile{device=} says
+     * otherwise: "cpu", "cuda", or "auto" (NULL): cuda when a CUDA device is
+     * present, else cpu. A device that cannot be opened fails ck_open (CK_EARG). */
     const char *device;
 
     /* the Lua heap's allocator, with lua_Alloc's contract (nsize 0 frees;
@@ -149,6 +151,9 @@ typedef struct ck_options {
 ck_vm *ck_open(const ck_options *opt);
 void ck_close(ck_vm *vm); /* also closes the VM's models; NULL is fine */
 const char *ck_version(void);
+/* 1 when programs can run on the device called name ("cpu", "cuda"): cuda
+ * needs a build with the CUDA backend and a device present. */
+int ck_device_available(const char *name);
 
 /* The status of the last call (CK_OK after a success). */
 int ck_status(const ck_vm *vm);

@@ -1,8 +1,7 @@
-/* The executor: runs one planned op list on the CPU kernels. Every pointer it
- * hands a kernel is an offset of the plan into the program's arena. */
+/* The executor: runs one planned op list on the program's backend (ops/backend.h).
+ * Every pointer it hands a kernel is an offset of the plan into the program's
+ * arena; a failure names the op, its scope and its script line. */
 #include "program.h"
-
-#include "../ops/cpu/cpu.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +15,17 @@ static void view_of(const ck_program *p, const ck_plan *pl, int t, ck_view *v)
     for (int d = 0; d < s->ndim; d++) v->shape[d] = s->d[d];
 }
 
+/* The backend's pending failure as the error of list entry i, naming the op,
+ * its scope and its script line. */
+static int entry_failed(ck_program *p, const ck_plan *pl, int i, char *err, size_t errlen)
+{
+    const ck_node *n = &p->g->n[pl->ops[i].node];
+    snprintf(err, errlen, "%s: %s in %s on %s: %s", n->where, ck_op_name(n->op), n->scope[0] ? n->scope : "(top)",
+             p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
+}
+
 static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char *err, size_t errlen)
 {
     const ck_op_ref *r = &pl->ops[i];
@@ -27,9 +37,9 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
         return -1;
     }
     ck_view in[CK_MAX_IN], out[CK_MAX_OUT] = {{0}};
-    ck_kernel_fn k = ck_cpu_kernels[n->op];
+    ck_kernel_fn k = p->be->kernels[n->op];
     if (!k) {
-        snprintf(err, errlen, "%s: %s in %s: no CPU kernel", n->where, ck_op_name(n->op), n->scope);
+        snprintf(err, errlen, "%s: %s in %s: no %s kernel", n->where, ck_op_name(n->op), n->scope, p->be->name);
         return -1;
     }
     for (int j = 0; j < r->nin; j++) view_of(p, pl, r->in[j], &in[j]);
@@ -39,19 +49,23 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
     ctx->ws_bytes = pl->ws_bytes[i];
     if (!p->profile) {
         k(ctx, &n->p, out, r->nout, in, r->nin);
-        return 0;
+    } else {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        k(ctx, &n->p, out, r->nout, in, r->nin);
+        p->be->sync(); /* a queued op has taken its time only when it is done */
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        p->profile[n->op] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    k(ctx, &n->p, out, r->nout, in, r->nin);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    p->profile[n->op] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    /* kernels record failures instead of returning them (the CPU's never fail) */
+    if (p->be->error()[0]) return entry_failed(p, pl, i, err, errlen);
     return 0;
 }
 
 int ck_exec_range(ck_program *p, const ck_plan *pl, int from, int to, char *err, size_t errlen)
 {
     ck_kctx ctx = {p->opt.seed, p->step, p->opt.lr, NULL, 0};
+    p->be->enter();
     for (int i = from; i < to; i++)
         if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;
     return 0;
@@ -62,23 +76,23 @@ int ck_exec(ck_program *p, const ck_plan *pl, char *err, size_t errlen)
     return ck_exec_range(p, pl, 0, pl->n, err, errlen);
 }
 
-int ck_all_finite(const float *x, int64_t n)
+int ck_exec_sync(ck_program *p, char *err, size_t errlen)
 {
-    /* x * 0 is 0 for every finite x and NaN otherwise; eight lanes vectorize */
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += x[i + k] * 0.0f;
-    float t = 0;
-    for (; i < n; i++) t += x[i] * 0.0f;
-    for (int k = 0; k < 8; k++) t += acc[k];
-    return t == 0.0f;
+    p->be->enter();
+    if (!p->be->sync()) return 0;
+    snprintf(err, errlen, "%s device: %s", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
 }
 
-static int tensor_finite(const ck_program *p, const ck_plan *pl, int t)
+int ck_exec_tensor_finite(ck_program *p, const ck_plan *pl, int t, int *finite)
 {
     const float *x = (const float *)(p->arena + pl->off[t]);
-    return ck_all_finite(x, ck_shape_numel(&p->g->t[pl->origin[t]].shape));
+    p->be->enter();
+    if (!p->be->all_finite(x, ck_shape_numel(&p->g->t[pl->origin[t]].shape), finite)) return 0;
+    snprintf(p->err, sizeof p->err, "checking values on the %s device: %s", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
 }
 
 int ck_exec_find_nonfinite(ck_program *p, const ck_plan *pl, int to, int *entry, int *input, char *err,
@@ -86,16 +100,20 @@ int ck_exec_find_nonfinite(ck_program *p, const ck_plan *pl, int to, int *entry,
 {
     ck_kctx ctx = {p->opt.seed, p->step, p->opt.lr, NULL, 0};
     *entry = *input = -1;
+    p->be->enter();
     for (int i = 0; i < to; i++) {
         const ck_op_ref *r = &pl->ops[i];
         if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;
-        int bad = 0;
-        for (int j = 0; j < r->nout && !bad; j++) bad = r->out[j] >= 0 && !tensor_finite(p, pl, r->out[j]);
-        if (!bad) continue;
+        int fin = 1;
+        for (int j = 0; j < r->nout && fin; j++)
+            if (r->out[j] >= 0 && ck_exec_tensor_finite(p, pl, r->out[j], &fin)) return -1;
+        if (fin) continue;
         *entry = i;
         for (int j = 0; j < r->nin; j++) {
             int t = pl->origin[r->in[j]];
-            if (p->poff[t] >= 0 && !tensor_finite(p, pl, r->in[j])) {
+            if (p->poff[t] < 0) continue;
+            if (ck_exec_tensor_finite(p, pl, r->in[j], &fin)) return -1;
+            if (!fin) {
                 *input = t;
                 break;
             }
@@ -108,19 +126,26 @@ int ck_exec_find_nonfinite(ck_program *p, const ck_plan *pl, int to, int *entry,
 /* a NaN with a payload no kernel writes */
 #define SENTINEL 0x7fa5a5a5u
 
-void ck_arena_fill_sentinel(ck_program *p)
+int ck_arena_fill_sentinel(ck_program *p)
 {
-    uint32_t *w = (uint32_t *)p->arena;
-    for (size_t i = p->persistent / 4, hi = p->arena_bytes / 4; i < hi; i++) w[i] = SENTINEL;
+    p->be->enter();
+    if (!p->be->fill_u32(p->arena + p->persistent, SENTINEL, (p->arena_bytes - p->persistent) / 4)) return 0;
+    snprintf(p->err, sizeof p->err, "%s device: %s", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
 }
 
-size_t ck_arena_high_water(const ck_program *p)
+int ck_arena_high_water(ck_program *p, size_t *high_water)
 {
-    const uint32_t *w = (const uint32_t *)p->arena;
-    size_t lo = p->persistent / 4;
-    for (size_t i = p->arena_bytes / 4; i > lo; i--)
-        if (w[i - 1] != SENTINEL) return i * 4;
-    return lo * 4;
+    size_t top = 0;
+    p->be->enter();
+    if (!p->be->high_water(p->arena, p->persistent / 4, p->arena_bytes / 4, SENTINEL, &top)) {
+        *high_water = top * 4;
+        return 0;
+    }
+    snprintf(p->err, sizeof p->err, "%s device: %s", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
 }
 
 int ck_program_step_measured(ck_program *p, size_t *high_water)

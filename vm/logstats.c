@@ -4,7 +4,6 @@
  * those entries, planned like it). Steps that do not log run the plain list. */
 #include "program.h"
 
-#include "../ops/cpu/cpu.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,7 +169,6 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
     nodes = malloc(sizeof(int) * (size_t)(p->nstats ? p->nstats : 1));
     placed = malloc(sizeof(int) * (size_t)(p->nstats ? p->nstats : 1));
     if (!nodes || !placed) goto oom;
-    int nthreads = ck_cpu_threads();
     for (unsigned mask = 1; mask <= CK_STATS_ALL; mask++) {
         if (mask & ~groups) continue;
         int n = 0;
@@ -178,7 +176,7 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
             if (p->stats[k].group & (int)mask) nodes[n++] = p->stats[k].node;
         ck_plan *pl = &p->logplan[mask];
         if (ck_schedule_stats(pl, &p->train, base_nt, g, nodes, n, placed) ||
-            ck_plan_memory(pl, g, p->poff, p->persistent, p->retain, nthreads))
+            ck_plan_memory(pl, g, p->poff, p->persistent, p->retain, p->be))
             goto oom;
         if (mask == groups)
             for (int k = 0, j = 0; k < p->nstats; k++)
@@ -190,13 +188,17 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
         if (p->logplan[k].peak > need) need = p->logplan[k].peak;
     if (need > p->arena_bytes && p->arena) {
         /* only the persistent region holds values between steps */
-        unsigned char *a = aligned_alloc(64, (need + 63) / 64 * 64 + 64);
-        if (!a) {
-            snprintf(err, errlen, "cannot allocate the arena of %zu bytes for the logging steps", need);
+        const ck_backend *be = p->be;
+        be->enter();
+        unsigned char *a = be->alloc(need);
+        if (!a || be->copy(a, p->arena, p->persistent)) {
+            snprintf(err, errlen, "cannot allocate the arena of %zu bytes for the logging steps on %s%s%s", need,
+                     be->name, be->error()[0] ? ": " : "", be->error());
+            be->clear_error();
+            if (a) be->release(a);
             goto fail;
         }
-        memcpy(a, p->arena, p->persistent);
-        free(p->arena);
+        be->release(p->arena);
         p->arena = a;
         p->last = NULL;
     }

@@ -701,7 +701,7 @@ static int tensor_id(lua_State *L, int i)
 }
 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"sgd"|"none", lr=, betas={b1,b2}, eps=, weight_decay=,
- *           seed=, keep_grads=} */
+ *           seed=, keep_grads=, plan_only=, storage=, checkpoint=, device="cpu"|"cuda"|"auto"} */
 static int l_compile(lua_State *L)
 {
     lgraph *lg = check_graph(L, 1);
@@ -755,6 +755,17 @@ static int l_compile(lua_State *L)
     if (!strcmp(storage, "bf16")) o.storage = CK_BF16;
     else if (!strcmp(storage, "fp16")) o.storage = CK_F16;
     else if (strcmp(storage, "fp32")) return ck_lua_raise(L, "compile: storage must be fp32, bf16 or fp16, got '%s'", storage);
+    lua_pop(L, 1);
+    /* the device: compile{device=}, else the VM's (--device), else auto */
+    lua_getfield(L, 2, "device");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_getfield(L, LUA_REGISTRYINDEX, "ck.device");
+    }
+    const char *device = luaL_optstring(L, -1, "auto");
+    char derr[512];
+    o.be = ck_backend_find(device, derr, sizeof derr);
+    if (!o.be) return ck_lua_raise(L, "compile: %s", derr);
     lua_pop(L, 1);
     lua_getfield(L, 2, "checkpoint");
     ck_lua_policy policy;
@@ -825,36 +836,42 @@ static int l_set(lua_State *L)
     int id = ck_lua_program_tensor(L, p, 2);
     ck_tensor *t = &p->g->t[id];
     if (p->poff[id] < 0) return luaL_error(L, "'%s' is not an input or parameter", t->name ? t->name : "tensor");
-    float *x = ck_program_data(p, id);
-    int64_t n = ck_shape_numel(&t->shape);
-    if (!x) return luaL_error(L, "set: a plan-only program holds no values");
+    if (!ck_program_data(p, id)) return luaL_error(L, "set: a plan-only program holds no values");
+    int64_t n = ck_shape_numel(&t->shape), at = 0;
     int entry = !lua_isnoneornil(L, 4);
     if (entry) { /* one entry of the batch (first dim), 1-based */
         lua_Integer b = luaL_checkinteger(L, 4);
         luaL_argcheck(L, t->shape.ndim >= 1 && b >= 1 && b <= t->shape.d[0], 4, "index out of the batch");
         n /= t->shape.d[0];
-        x += (b - 1) * n;
+        at = (b - 1) * n;
     }
-    if (lua_isnumber(L, 3)) {
+    float *tmp = NULL;
+    if (!lua_isnumber(L, 3)) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        tmp = lua_newuserdatauv(L, sizeof(float) * (size_t)(n ? n : 1), 0);
+        int64_t k = flatten(L, 3, tmp, n, 0, 0);
+        if (k != n) {
+            char s[128];
+            return luaL_error(L, "'%s' %s%s has %d elements, got %d values", t->name ? t->name : "tensor",
+                              ck_shape_str(&t->shape, s, sizeof s), entry ? " entry" : "", (int)n, (int)k);
+        }
+    }
+    float *x = ck_program_write_begin(p, id, entry);
+    if (!x) return luaL_error(L, "set: %s", p->err);
+    if (tmp) {
+        memcpy(x + at, tmp, sizeof(float) * (size_t)n);
+    } else {
         float v = (float)lua_tonumber(L, 3);
-        for (int64_t i = 0; i < n; i++) x[i] = v;
-        return 0;
+        for (int64_t i = 0; i < n; i++) x[at + i] = v;
     }
-    luaL_checktype(L, 3, LUA_TTABLE);
-    float *tmp = lua_newuserdatauv(L, sizeof(float) * (size_t)(n ? n : 1), 0);
-    int64_t k = flatten(L, 3, tmp, n, 0, 0);
-    if (k != n) {
-        char s[128];
-        return luaL_error(L, "'%s' %s%s has %d elements, got %d values", t->name ? t->name : "tensor",
-                          ck_shape_str(&t->shape, s, sizeof s), entry ? " entry" : "", (int)n, (int)k);
-    }
-    memcpy(x, tmp, sizeof(float) * (size_t)n);
+    if (ck_program_write_end(p, id)) return luaL_error(L, "set: %s", p->err);
     return 0;
 }
 
-static float *readable(lua_State *L, ck_program *p, int id)
+static const float *readable(lua_State *L, ck_program *p, int id)
 {
-    float *x = ck_program_data(p, id);
+    const float *x = ck_program_read(p, id);
+    if (!x && p->err[0]) luaL_error(L, "%s", p->err);
     if (!x) {
         const ck_tensor *t = &p->g->t[id];
         luaL_error(L, "%s: tensor from this line was not kept by the last run; list it in compile{outputs=...}",
@@ -868,7 +885,7 @@ static int l_get(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
     int id = ck_lua_program_tensor(L, p, 2);
-    float *x = readable(L, p, id);
+    const float *x = readable(L, p, id);
     int64_t n = ck_shape_numel(&p->g->t[id].shape);
     lua_createtable(L, (int)n, 0);
     for (int64_t i = 0; i < n; i++) {
@@ -897,8 +914,8 @@ static int l_grad(lua_State *L)
     int gid = p->g->t[id].grad;
     if (gid < 0) return luaL_error(L, "'%s' has no gradient", p->g->t[id].name ? p->g->t[id].name : "tensor");
     lua_settop(L, 1);
-    float *x = ck_program_data(p, gid);
-    if (!x) return luaL_error(L, "gradients are not kept; compile with keep_grads = true");
+    const float *x = ck_program_read(p, gid);
+    if (!x) return luaL_error(L, "%s", p->err[0] ? p->err : "gradients are not kept; compile with keep_grads = true");
     int64_t n = ck_shape_numel(&p->g->t[gid].shape);
     lua_createtable(L, (int)n, 0);
     for (int64_t i = 0; i < n; i++) {
@@ -910,7 +927,8 @@ static int l_grad(lua_State *L)
 
 static int push_loss(lua_State *L, ck_program *p)
 {
-    float *x = p->loss >= 0 ? ck_program_data(p, p->loss) : NULL;
+    const float *x = p->loss >= 0 ? ck_program_read(p, p->loss) : NULL;
+    if (!x && p->loss >= 0 && p->err[0]) return luaL_error(L, "%s", p->err);
     if (!x) return 0;
     lua_pushnumber(L, x[0]);
     return 1;
@@ -952,8 +970,8 @@ static int l_checksum(lua_State *L)
         id = p->g->t[id].grad;
         if (id < 0) return luaL_error(L, "no gradient");
     }
-    const unsigned char *x = (const unsigned char *)ck_program_data(p, id);
-    if (!x) return luaL_error(L, "tensor is not readable now");
+    const unsigned char *x = (const unsigned char *)ck_program_read(p, id);
+    if (!x) return luaL_error(L, "%s", p->err[0] ? p->err : "tensor is not readable now");
     size_t n = (size_t)ck_shape_numel(&p->g->t[id].shape) * sizeof(float);
     uint64_t h = 1469598103934665603ULL;
     for (size_t i = 0; i < n; i++) h = (h ^ x[i]) * 1099511628211ULL;
@@ -1017,7 +1035,7 @@ static int l_timeline(lua_State *L)
     static const char *const phases[] = {"forward", "backward", "optimizer", "recompute"};
     ck_program *p = check_program(L, 1)->p;
     const ck_plan *pl = p->train.n ? &p->train : &p->eval;
-    size_t *cat = ck_plan_timeline(pl, p->g, p->persistent, p->retain, ck_cpu_threads());
+    size_t *cat = ck_plan_timeline(pl, p->g, p->persistent, p->retain, p->be);
     if (!cat) return luaL_error(L, "out of memory");
     lua_newtable(L);
     lua_createtable(L, pl->n, 0);
@@ -1106,11 +1124,13 @@ static int l_fill_randn(lua_State *L)
     uint64_t key = (uint64_t)luaL_checkinteger(L, 3);
     float scale = (float)luaL_optnumber(L, 4, 1.0);
     if (p->poff[id] < 0 || !p->arena) return luaL_error(L, "randn: not an input or parameter, or a plan-only program");
-    float *x = ck_program_data(p, id);
     int64_t n = ck_shape_numel(&p->g->t[id].shape);
     lua_Integer step = luaL_optinteger(L, 5, p->step + 1);
     uint64_t stream = ck_rng_key(p->opt.seed, (uint64_t)step, key);
+    float *x = ck_program_write_begin(p, id, 0);
+    if (!x) return luaL_error(L, "randn: %s", p->err);
     for (int64_t i = 0; i < n; i++) x[i] = scale * ck_rng_normal(stream, (uint64_t)i);
+    if (ck_program_write_end(p, id)) return luaL_error(L, "randn: %s", p->err);
     return 0;
 }
 
@@ -1160,7 +1180,42 @@ static const luaL_Reg graph_methods[] = {
     {NULL, NULL},
 };
 
+/* p:device() -> the backend's name ("cpu", "cuda"), and the bytes of device
+ * memory it holds outside every plan (library workspaces; 0 on the CPU) */
+static int l_program_device(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    lua_pushstring(L, p->be->name);
+    lua_pushinteger(L, (lua_Integer)p->be->fixed_bytes);
+    return 2;
+}
+
+/* ck.devices() -> the names of the devices this process can run on, e.g. {"cpu", "cuda"} */
+static int l_devices(lua_State *L)
+{
+    lua_createtable(L, 2, 0);
+    lua_pushstring(L, "cpu");
+    lua_rawseti(L, -2, 1);
+    if (ck_cuda_devices() > 0) {
+        lua_pushstring(L, "cuda");
+        lua_rawseti(L, -2, 2);
+    }
+    return 1;
+}
+
+/* ck.device_memory() -> free, total bytes of the CUDA device (cudaMemGetInfo);
+ * nothing before a program has been compiled for it */
+static int l_device_memory(lua_State *L)
+{
+    size_t f, t;
+    if (ck_cuda_memory(&f, &t)) return 0;
+    lua_pushinteger(L, (lua_Integer)f);
+    lua_pushinteger(L, (lua_Integer)t);
+    return 2;
+}
+
 static const luaL_Reg program_methods[] = {
+    {"device", l_program_device},
     {"set", l_set},
     {"get", l_get},
     {"scalar", l_scalar},
@@ -1219,6 +1274,18 @@ int luaopen_ck(lua_State *L)
 
     lua_pushcfunction(L, l_graph_new);
     lua_setfield(L, lib, "graph");
+    lua_pushcfunction(L, l_devices);
+    lua_setfield(L, lib, "devices");
+    lua_pushcfunction(L, l_device_memory);
+    lua_setfield(L, lib, "device_memory");
+    /* ck.device: where programs compile to by default (--device; in a stock
+     * lua5.4, cuda when a device is present, else cpu) */
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.device");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushstring(L, ck_cuda_devices() > 0 ? "cuda" : "cpu");
+    }
+    lua_setfield(L, lib, "device");
     ck_lua_fs_register(L, lib);
     lua_pushstring(L, ck_version());
     lua_setfield(L, lib, "version");

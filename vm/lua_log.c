@@ -392,7 +392,7 @@ static void push_stats(lua_State *L, ck_program *p, unsigned mask)
         for (int k = 0; k < p->nstats; k++) {
             const ck_stat *s = &p->stats[k];
             if (s->group != CK_STATS_GRADS || !s->placed) continue;
-            const float *x = ck_program_data(p, s->out);
+            const float *x = ck_program_read(p, s->out);
             if (!x) continue;
             sq[s->block] += x[0];
             seen[s->block] = 1;
@@ -411,7 +411,7 @@ static void push_stats(lua_State *L, ck_program *p, unsigned mask)
         for (int k = 0; k < p->nstats; k++) {
             const ck_stat *s = &p->stats[k];
             if (s->group != CK_STATS_ACTS || !s->placed) continue;
-            const float *x = ck_program_data(p, s->out);
+            const float *x = ck_program_read(p, s->out);
             if (!x) continue;
             lua_createtable(L, 0, 3);
             set_num(L, "mean", x[0]);
@@ -436,7 +436,7 @@ int ck_lua_log_step(lua_State *L, ck_program *p)
         return ck_lua_raise(L, "step: these statistics are not enabled; call p:enable_stats{...} before the first step");
     ck_run_info r;
     if (ck_program_run(p, &o, &r)) return ck_lua_raise(L, "%s", p->err);
-    const float *loss = p->loss >= 0 ? ck_program_data(p, p->loss) : NULL;
+    const float *loss = p->loss >= 0 ? ck_program_read(p, p->loss) : NULL;
     if (loss) lua_pushnumber(L, loss[0]);
     else lua_pushnil(L);
     lua_newtable(L);

@@ -152,9 +152,13 @@ static void load_one(lua_State *L, ck_program *p, int id, lstfile *lf, const cha
         ck_shape_str(&want, b, sizeof b);
         ck_lua_raise(L, "%s: tensor '%s' has shape %s, expected %s", lf->path, key, a, b);
     }
-    float *dst = ck_program_data(p, id);
-    if (!dst || p->poff[id] < 0) ck_lua_raise(L, "'%s' is not an input or parameter", t->name ? t->name : key);
+    if (!ck_program_data(p, id) || p->poff[id] < 0)
+        ck_lua_raise(L, "'%s' is not an input or parameter", t->name ? t->name : key);
+    /* a sample of a batch keeps the other samples' values */
+    float *dst = ck_program_write_begin(p, id, batch != 0);
+    if (!dst) ck_lua_raise(L, "%s", p->err);
     if (ck_st_read_f32(s, dst + (int64_t)index * s->numel, s->numel, err, sizeof err)) ck_lua_raise(L, "%s", err);
+    if (ck_program_write_end(p, id)) ck_lua_raise(L, "%s", p->err);
 }
 
 /* p:load(file, {tensor_name = key, ...}) loads each named tensor; a missing or
@@ -261,8 +265,8 @@ static int l_save(lua_State *L)
         } else {
             lua_geti(L, e, 2);
             int id = ck_lua_program_tensor(L, p, -1);
-            const float *x = ck_program_data(p, id);
-            if (!x) return ck_lua_raise(L, "save: tensor for '%s' is not readable", key);
+            const float *x = ck_program_read(p, id);
+            if (!x) return ck_lua_raise(L, "save: tensor for '%s' is not readable%s%s", key, p->err[0] ? ": " : "", p->err);
             const ck_shape *s = &p->g->t[id].shape;
             ck_st_writer_add(w, key, dtype, s->ndim, s->d, x);
             lua_pop(L, 1);

@@ -39,7 +39,8 @@ static void usage(FILE *f)
             "  --max-heap SIZE the Lua heap's limit (default 1GiB in the sandbox; none)\n"
             "  --callback-budget N  Lua instructions a compile-time callback may run\n"
             "                  (default 100000000; none)\n"
-            "  --device NAME   the device to run on (cpu)\n"
+            "  --device NAME   the device to run on: cpu, cuda or auto (the default:\n"
+            "                  cuda when a CUDA device is present, else cpu)\n"
             "\n"
             "Ctrl-C stops the run between two ops; a second Ctrl-C kills it.\n");
 }

@@ -75,12 +75,12 @@ static void shapes_of(const ck_plan *pl, const ck_graph *g, int i, ck_shape *ins
     for (int j = 0; j < r->nout; j++) outs[j] = r->out[j] >= 0 ? g->t[pl->origin[r->out[j]]].shape : ins[0];
 }
 
-static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, int nthreads)
+static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
-    return ck_op_workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, nthreads);
+    return be->workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
 }
 
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)
@@ -161,7 +161,7 @@ static size_t sweep(ck_plan *pl, const ck_graph *g, size_t persistent, const int
     return persistent + best;
 }
 
-size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads)
+size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be)
 {
     int *first = malloc(sizeof(int) * (size_t)pl->ntensors), *last = malloc(sizeof(int) * (size_t)pl->ntensors);
     int *root = malloc(sizeof(int) * (size_t)pl->ntensors);
@@ -169,7 +169,7 @@ size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent
     size_t peak = 0;
     if (first && last && root && ws) {
         liveness(pl, g, retain, first, last, root);
-        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, nthreads);
+        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, be);
         peak = sweep((ck_plan *)pl, g, persistent, first, last, ws, NULL, NULL);
     }
     free(first);
@@ -179,7 +179,7 @@ size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent
     return peak;
 }
 
-size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads)
+size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be)
 {
     int *first = malloc(sizeof(int) * (size_t)pl->ntensors), *last = malloc(sizeof(int) * (size_t)pl->ntensors);
     int *root = malloc(sizeof(int) * (size_t)pl->ntensors);
@@ -187,7 +187,7 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
     size_t *cat = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1) * CK_CAT_COUNT);
     if (first && last && root && ws && cat) {
         liveness(pl, g, retain, first, last, root);
-        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, nthreads);
+        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, be);
         sweep((ck_plan *)pl, g, persistent, first, last, ws, cat, NULL);
         size_t fixed[CK_CAT_COUNT] = {0};
         for (int t = 0; t < g->nt; t++)
@@ -206,7 +206,7 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
 }
 
 int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
-                   int nthreads)
+                   const ck_backend *be)
 {
     int n = pl->n, nt = pl->ntensors, rc = -1;
     pl->off = malloc(sizeof(int64_t) * (size_t)nt);
@@ -219,7 +219,7 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
     size_t *cat = NULL;
     if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs || !live) goto out;
     liveness(pl, g, retain, first, last, root);
-    for (int i = 0; i < n; i++) pl->ws_bytes[i] = workspace_of(pl, g, i, nthreads);
+    for (int i = 0; i < n; i++) pl->ws_bytes[i] = workspace_of(pl, g, i, be);
 
     int nb = 0;
     for (int t = 0; t < nt; t++) {

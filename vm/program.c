@@ -3,7 +3,6 @@
  * parameters. The op lists are the seam the recompute scheduler works on. */
 #include "program.h"
 
-#include "../ops/cpu/cpu.h"
 #include "../ops/rng.h"
 
 #include <stdarg.h>
@@ -127,6 +126,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     }
     p->opt = *o;
     p->opt.outputs = NULL;
+    p->be = o->be ? o->be : ck_backend_cpu();
     p->loss = o->loss;
     p->g = ck_graph_clone(src);
     if (!p->g) goto oom;
@@ -148,7 +148,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
          * gradients, inputs and frozen weights in 16 bits; trainable weights,
          * their gradients and the optimizer state stay fp32 */
         if (!o->plan_only) {
-            failf(err, errlen, "16-bit storage runs on the CUDA backend only; on the CPU use it with --plan");
+            failf(err, errlen, "16-bit storage can be planned (--plan) but not yet run: not every op has a bf16 kernel");
             goto fail;
         }
         for (int t = 0; t < g->nt; t++) {
@@ -174,12 +174,13 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     }
     p->persistent = off;
 
-    int ns = 0, nthreads = ck_cpu_threads();
+    int ns = 0;
+    const ck_backend *be = p->be;
     for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
     if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
     int n = cut_list(g, sinks, ns, CK_PHASE_FORWARD, list);
     if (n < 0 || ck_schedule(&p->eval, g, list, n, NULL) ||
-        ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, nthreads))
+        ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, be))
         goto oom;
 
     if (o->loss >= 0 && trains) {
@@ -199,23 +200,33 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             if (!recompute || !cand) goto oom;
             int nc = ck_saved_activations(g, cand);
             if (nc < 0) goto oom;
-            ck_decide_ctx dc = {g, list, n, cand, nc, p->poff, p->persistent, p->retain, nthreads};
+            ck_decide_ctx dc = {g, list, n, cand, nc, p->poff, p->persistent, p->retain, be};
             if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
         }
         if (ck_schedule(&p->train, g, list, n, recompute) ||
-            ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, nthreads))
+            ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be))
             goto oom;
     }
     p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
     if (o->plan_only) goto done;
-    p->arena = aligned_alloc(64, (p->arena_bytes + 63) / 64 * 64 + 64);
+    be->enter();
+    p->arena = be->alloc(p->arena_bytes);
     if (!p->arena) {
-        failf(err, errlen, "cannot allocate the arena of %zu bytes", p->arena_bytes);
+        failf(err, errlen, "cannot allocate the arena of %zu bytes on %s%s%s", p->arena_bytes, be->name,
+              be->error()[0] ? ": " : "", be->error());
+        be->clear_error();
         goto fail;
     }
-    for (int t = 0; t < g->nt; t++)
-        if (p->poff[t] >= 0) init_tensor(&g->t[t], (float *)(p->arena + p->poff[t]), o->seed);
+    for (int t = 0; t < g->nt; t++) {
+        if (p->poff[t] < 0) continue;
+        float *x = ck_program_write_begin(p, t, 0);
+        if (x) init_tensor(&g->t[t], x, o->seed);
+        if (!x || ck_program_write_end(p, t)) {
+            failf(err, errlen, "initializing '%s': %s", g->t[t].name ? g->t[t].name : "tensor", p->err);
+            goto fail;
+        }
+    }
 done:
     free(list);
     free(sinks);
@@ -233,17 +244,26 @@ fail:
     return NULL;
 }
 
+const ck_backend *ck_backend_find(const char *name, char *err, size_t errlen)
+{
+    if (!name || !strcmp(name, "auto")) return ck_cuda_devices() > 0 ? ck_backend_cuda(err, errlen) : ck_backend_cpu();
+    if (!strcmp(name, "cpu")) return ck_backend_cpu();
+    if (!strcmp(name, "cuda")) return ck_backend_cuda(err, errlen);
+    failf(err, errlen, "unknown device '%s' (cpu, cuda or auto)", name);
+    return NULL;
+}
+
 int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops)
 {
     ck_plan pl;
     if (ck_schedule(&pl, c->g, c->nodes, c->n, recompute)) return -1;
     int rc = 0;
     if (exact) {
-        rc = ck_plan_memory(&pl, c->g, c->poff, c->persistent, c->retain, c->nthreads);
+        rc = ck_plan_memory(&pl, c->g, c->poff, c->persistent, c->retain, c->be);
         *peak = pl.peak;
         *flops = pl.recompute_flops;
     } else {
-        *peak = ck_plan_live_peak(&pl, c->g, c->persistent, c->retain, c->nthreads);
+        *peak = ck_plan_live_peak(&pl, c->g, c->persistent, c->retain, c->be);
         *flops = 0;
         for (int i = 0; i < pl.n; i++)
             if (pl.ops[i].phase == CK_PHASE_RECOMPUTE) *flops += ck_plan_op_flops(&pl, c->g, i);
@@ -265,7 +285,11 @@ void ck_program_free(ck_program *p)
     ck_graph_free(p->g);
     free(p->retain);
     free(p->poff);
-    free(p->arena);
+    if (p->arena) {
+        p->be->enter();
+        p->be->release(p->arena);
+    }
+    free(p->stage);
     free(p);
 }
 
@@ -294,16 +318,20 @@ static int optimizer_start(const ck_plan *pl)
 /* the loss and, where the update reads them, the gradients are finite */
 static int step_finite(ck_program *p, const ck_plan *pl, int opt_start, ck_run_info *r)
 {
-    const float *loss = ck_program_data(p, p->loss);
-    r->loss_nonfinite = loss && !ck_all_finite(loss, 1);
-    if (r->loss_nonfinite) return 0;
-    if (opt_start == pl->n && !p->opt.keep_grads) return 1; /* no update to guard; gradients may be gone */
     const ck_graph *g = p->g;
+    int fin = 1;
+    if (p->loss >= 0 && pl->off[p->loss] >= 0) {
+        if (ck_exec_tensor_finite(p, pl, p->loss, &fin)) return -1;
+        r->loss_nonfinite = !fin;
+        if (!fin) return 0;
+    }
+    if (opt_start == pl->n && !p->opt.keep_grads) return 1; /* no update to guard; gradients may be gone */
     for (int t = 0; t < g->nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
         int gt = g->t[t].grad;
         if (gt < 0 || pl->off[gt] < 0) continue;
-        if (!ck_all_finite((const float *)(p->arena + pl->off[gt]), ck_shape_numel(&g->t[gt].shape))) return 0;
+        if (ck_exec_tensor_finite(p, pl, gt, &fin)) return -1;
+        if (!fin) return 0;
     }
     return 1;
 }
@@ -328,21 +356,30 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
     p->step++;
     p->last = pl;
     r->plan = pl;
-    if (o->measure) ck_arena_fill_sentinel(p);
+    if (o->measure && ck_arena_fill_sentinel(p)) {
+        p->step--;
+        return -1;
+    }
     int k = o->guard ? optimizer_start(pl) : pl->n;
     /* a run that fails stops before the updates (exec.c): the step did not happen */
     if (ck_exec_range(p, pl, 0, k, p->err, sizeof p->err)) {
         p->step--;
         return -1;
     }
-    if (o->guard && !step_finite(p, pl, k, r)) {
+    int fin = o->guard ? step_finite(p, pl, k, r) : 1;
+    if (fin < 0) {
+        p->step--;
+        return -1;
+    }
+    if (!fin) {
         r->nonfinite = 1;
         if (ck_exec_find_nonfinite(p, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) return -1;
     } else if (ck_exec_range(p, pl, k, pl->n, p->err, sizeof p->err)) {
         p->step--;
         return -1;
     }
-    if (o->measure) r->high_water = ck_arena_high_water(p);
+    if (ck_exec_sync(p, p->err, sizeof p->err)) return -1;
+    if (o->measure && ck_arena_high_water(p, &r->high_water)) return -1;
     return 0;
 }
 
@@ -350,7 +387,8 @@ int ck_program_forward(ck_program *p)
 {
     if (!runnable(p)) return -1;
     p->last = &p->eval;
-    return ck_exec(p, &p->eval, p->err, sizeof p->err);
+    if (ck_exec(p, &p->eval, p->err, sizeof p->err)) return -1;
+    return ck_exec_sync(p, p->err, sizeof p->err);
 }
 
 float *ck_program_data(ck_program *p, int t)
@@ -362,4 +400,58 @@ float *ck_program_data(ck_program *p, int t)
     if (!p->last || !p->retain[t] || t >= p->last->ntensors || p->last->origin[t] != t || p->last->off[t] < 0)
         return NULL;
     return (float *)(p->arena + p->last->off[t]);
+}
+
+/* the host memory for tensor t: the arena itself, or the stage */
+static float *host_of(ck_program *p, int t, float *x, int keep)
+{
+    if (p->be->host) return x;
+    size_t bytes = ck_tensor_bytes(&p->g->t[t]);
+    if (bytes > p->stage_bytes) {
+        float *s = malloc(bytes);
+        if (!s) {
+            snprintf(p->err, sizeof p->err, "out of host memory for a copy of %zu bytes", bytes);
+            return NULL;
+        }
+        free(p->stage);
+        p->stage = s;
+        p->stage_bytes = bytes;
+    }
+    p->be->enter();
+    if (keep && p->be->download(p->stage, x, bytes)) {
+        snprintf(p->err, sizeof p->err, "reading '%s' from the %s device: %s",
+                 p->g->t[t].name ? p->g->t[t].name : "a tensor", p->be->name, p->be->error());
+        p->be->clear_error();
+        return NULL;
+    }
+    return p->stage;
+}
+
+const float *ck_program_read(ck_program *p, int t)
+{
+    p->err[0] = 0;
+    float *x = ck_program_data(p, t);
+    return x ? host_of(p, t, x, 1) : NULL;
+}
+
+float *ck_program_write_begin(ck_program *p, int t, int keep)
+{
+    p->err[0] = 0;
+    float *x = ck_program_data(p, t);
+    return x ? host_of(p, t, x, keep) : NULL;
+}
+
+int ck_program_write_end(ck_program *p, int t)
+{
+    if (p->be->host) return 0;
+    float *x = ck_program_data(p, t);
+    if (!x) return -1;
+    p->be->enter();
+    if (p->be->upload(x, p->stage, ck_tensor_bytes(&p->g->t[t]))) {
+        snprintf(p->err, sizeof p->err, "writing '%s' to the %s device: %s",
+                 p->g->t[t].name ? p->g->t[t].name : "a tensor", p->be->name, p->be->error());
+        p->be->clear_error();
+        return -1;
+    }
+    return 0;
 }

@@ -5,6 +5,7 @@
 #define CK_PROGRAM_H
 
 #include "graph.h"
+#include "../ops/backend.h"
 
 /* What a checkpoint policy sees: the differentiated graph, the training list
  * before scheduling, and the candidates (ck_saved_activations). It can
@@ -18,7 +19,7 @@ typedef struct ck_decide_ctx {
     const int64_t *poff;
     size_t persistent;
     const int *retain;
-    int nthreads;
+    const ck_backend *be; /* the workspace rules */
 } ck_decide_ctx;
 
 /* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead
@@ -43,6 +44,7 @@ typedef struct ck_compile_opts {
     ck_dtype storage;  /* CK_BF16 / CK_F16: plan 16-bit activations and frozen weights (plan_only) */
     ck_decide_fn decide; /* the checkpoint policy; NULL keeps every activation */
     void *decide_ud;
+    const ck_backend *be; /* where the program runs and its arena lives; NULL: the CPU */
 } ck_compile_opts;
 
 /* One entry of an op list: a graph node run on the tensors named here. A
@@ -109,8 +111,11 @@ typedef struct ck_program {
     ck_plan eval;      /* forward only: the loss and the outputs */
     size_t persistent; /* bytes of parameters, inputs and optimizer state */
     int64_t *poff;     /* per tensor: offset of a persistent tensor, -1 otherwise */
-    unsigned char *arena;
+    const ck_backend *be;
+    unsigned char *arena; /* the backend's memory: device memory on a GPU */
     size_t arena_bytes;
+    float *stage;      /* host copy of one tensor on a device backend (ck_program_read) */
+    size_t stage_bytes;
     ck_compile_opts opt;
     int64_t step;      /* steps taken */
     const ck_plan *last;
@@ -130,6 +135,9 @@ typedef struct ck_program {
 } ck_program;
 
 ck_program *ck_compile(const ck_graph *g, const ck_compile_opts *o, char *err, size_t errlen);
+/* The backend called "cpu" or "cuda"; "auto" (or NULL): cuda when a CUDA
+ * device is present, else cpu. NULL with the reason in err. */
+const ck_backend *ck_backend_find(const char *name, char *err, size_t errlen);
 void ck_program_free(ck_program *p);
 /* One training step (forward, backward, optimizer). 0 or -1 with p->err. */
 int ck_program_step(ck_program *p);
@@ -165,8 +173,19 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r);
  * the scope's first component. Once per program. 0 or -1 with err. */
 int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *patterns, int npatterns, char *err,
                          size_t errlen);
-/* Where a tensor's values are now, or NULL if the last run did not keep it. */
+/* Where a tensor's values are in the arena (a device address on a GPU), or
+ * NULL if the last run did not keep it. */
 float *ck_program_data(ck_program *p, int t);
+/* A tensor's values on the host, valid until the next read, write or run of
+ * p: the arena itself on the CPU, a copy on a device. NULL when the last run
+ * did not keep it (p->err empty) or the copy failed (p->err says why). */
+const float *ck_program_read(ck_program *p, int t);
+/* Host memory for a tensor's new values: write them, then call
+ * ck_program_write_end (which uploads them on a device). keep: the memory
+ * starts with the current values (for partial writes). NULL as for
+ * ck_program_read. */
+float *ck_program_write_begin(ck_program *p, int t, int keep);
+int ck_program_write_end(ck_program *p, int t);
 
 /* vm/schedule.c: the op list of the given graph nodes (forward nodes first, in
  * graph order, then the rest), with recompute entries placed before the first
@@ -188,12 +207,12 @@ int ck_schedule_stats(ck_plan *pl, const ck_plan *base, int base_nt, const ck_gr
 
 /* vm/memplan.c: liveness over a scheduled list, then offsets in one arena. */
 int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
-                   int nthreads);
+                   const ck_backend *be);
 /* The most bytes live at once, without placing anything (fast; for searches). */
-size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads);
+size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be);
 /* Live bytes at every list position by category (persistent ones included):
  * n * CK_CAT_COUNT entries, malloc'd; NULL on out of memory. */
-size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, int nthreads);
+size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be);
 void ck_plan_free(ck_plan *pl);
 int ck_is_persistent(ck_kind k);
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
@@ -202,7 +221,7 @@ double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i);
 /* bytes of tensor id (a graph tensor or a recomputed copy) */
 size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id);
 
-/* vm/exec.c: runs one list on the CPU backend. */
+/* vm/exec.c: runs one list on the program's backend. */
 int ck_exec(ck_program *p, const ck_plan *pl, char *err, size_t errlen);
 /* Runs entries [from, to) of a list. */
 int ck_exec_range(ck_program *p, const ck_plan *pl, int from, int to, char *err, size_t errlen);
@@ -211,12 +230,14 @@ int ck_exec_range(ck_program *p, const ck_plan *pl, int from, int to, char *err,
  * it read that holds one (-1: none). */
 int ck_exec_find_nonfinite(ck_program *p, const ck_plan *pl, int to, int *entry, int *input, char *err,
                            size_t errlen);
-/* 1 when every one of the n values is finite */
-int ck_all_finite(const float *x, int64_t n);
+/* Waits for the ops queued on the backend: 0, or -1 with the failure. */
+int ck_exec_sync(ck_program *p, char *err, size_t errlen);
+/* *finite: whether tensor id t of list pl holds only finite values. 0, or -1 with p->err. */
+int ck_exec_tensor_finite(ck_program *p, const ck_plan *pl, int t, int *finite);
 /* The sentinel fill of the transient region and the scan for the last byte
- * written since (the measured peak). */
-void ck_arena_fill_sentinel(ck_program *p);
-size_t ck_arena_high_water(const ck_program *p);
+ * written since (the measured peak). 0, or -1 with p->err. */
+int ck_arena_fill_sentinel(ck_program *p);
+int ck_arena_high_water(ck_program *p, size_t *high_water);
 /* One training step on an arena first filled with a sentinel; *high_water gets
  * the offset just past the last byte the step wrote: the measured peak. */
 int ck_program_step_measured(ck_program *p, size_t *high_water);

@@ -221,6 +221,17 @@ extern "C" int ck_cuda_download(void *dst, const void *src, size_t bytes)
                : -1;
 }
 
+extern "C" int ck_cuda_copy(void *dst, const void *src, size_t bytes)
+{
+    ck_cuda_ctx *c = need("cuda_copy");
+    if (!c) return -1;
+    if (!bytes) return 0;
+    return CK_CU("cuda_copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream)) &&
+                   CK_CU("cuda_copy", cudaStreamSynchronize(c->stream))
+               ? 0
+               : -1;
+}
+
 extern "C" int ck_cuda_memset(void *dst, int byte, size_t bytes)
 {
     ck_cuda_ctx *c = need("cuda_memset");

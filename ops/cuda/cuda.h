@@ -68,6 +68,7 @@ void *ck_cuda_alloc(size_t bytes);
 void ck_cuda_free(void *p);
 int ck_cuda_upload(void *dst_dev, const void *src_host, size_t bytes);
 int ck_cuda_download(void *dst_host, const void *src_dev, size_t bytes);
+int ck_cuda_copy(void *dst_dev, const void *src_dev, size_t bytes);
 int ck_cuda_memset(void *dst_dev, int byte, size_t bytes);
 /* Waits for every op queued so far; an asynchronous fault names the last op queued. */
 int ck_cuda_sync(void);

@@ -456,11 +456,20 @@ static void *train_thread(void *arg)
 static void test_vms(void)
 {
     ck_options opt = {0};
-    opt.device = "cuda";
+    opt.device = "tpu";
     ck_vm *vm = ck_open(&opt);
-    check(vm && ck_status(vm) == CK_EARG && has(ck_error(vm), "unknown device 'cuda'"),
+    check(vm && ck_status(vm) == CK_EARG && has(ck_error(vm), "unknown device 'tpu'"),
           "an unknown device: the VM reports CK_EARG (%s)", ck_error(vm));
     check(ck_run_string(vm, "x = 1", "dead") == CK_EARG, "and refuses to run");
+    ck_close(vm);
+    /* cuda where there is none (no device, or a build without CUDA): a clear refusal */
+    opt.device = "cuda";
+    vm = ck_open(&opt);
+    if (!ck_device_available("cuda"))
+        check(vm && ck_status(vm) == CK_EARG && (has(ck_error(vm), "no CUDA device") || has(ck_error(vm), "no CUDA backend")),
+              "cuda without a device: CK_EARG (%s)", ck_error(vm));
+    else
+        check(vm && ck_status(vm) == CK_OK, "cuda with a device opens (%s)", ck_error(vm));
     ck_close(vm);
     opt.device = "cpu";
     opt.heap_limit = 2000;

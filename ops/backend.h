@@ -1,0 +1,59 @@
+/* A backend: where a program's ops run and where its arena lives. The executor
+ * (vm/exec.c) and the program (vm/program.c) reach kernels, memory and errors
+ * only through this table, so one plan runs on the CPU or on a GPU unchanged.
+ *
+ * The CPU backend's arena is host memory and its calls are plain loops; the
+ * CUDA backend's (ops/cuda/backend.c) is one cudaMalloc, its kernels are
+ * queued on one stream, and host reads and writes go through copies. */
+#ifndef CK_BACKEND_H
+#define CK_BACKEND_H
+
+#include "ops.h"
+
+/* An op's workspace rule: the bytes the plan gives its kernel as ctx->ws. */
+typedef size_t (*ck_workspace_fn)(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
+                                  const ck_shape *out, int nthreads);
+
+typedef struct ck_backend {
+    const char *name;             /* "cpu", "cuda" */
+    const ck_kernel_fn *kernels;  /* op -> kernel; views point into the arena */
+    ck_workspace_fn workspace;    /* the rule the plan sizes each op's workspace by */
+    int nthreads;                 /* passed to the rule (the CPU's threads; 1 on a GPU) */
+    int host;                     /* 1: the arena is host memory */
+    size_t fixed_bytes;           /* device memory held outside every plan (library workspaces) */
+    /* makes the backend current on the calling thread (a GPU context binding) */
+    void (*enter)(void);
+    /* the arena: NULL on failure, with error() */
+    void *(*alloc)(size_t bytes);
+    void (*release)(void *p);
+    /* copies; each returns when done: 0, or -1 with error() */
+    int (*upload)(void *dst, const void *src_host, size_t bytes);
+    int (*download)(void *dst_host, const void *src, size_t bytes);
+    int (*copy)(void *dst, const void *src, size_t bytes);
+    /* the measured peak (a sentinel fill, then the highest word in [lo, hi)
+     * that differs, plus one) and the non-finite guard */
+    int (*fill_u32)(void *dst, uint32_t v, size_t nwords);
+    int (*high_water)(const void *base, size_t lo, size_t hi, uint32_t v, size_t *top);
+    int (*all_finite)(const float *x, int64_t n, int *finite);
+    /* waits for every op queued so far: 0, or -1 with error() */
+    int (*sync)(void);
+    /* the first failure since the last clear ("" when none): kernels record
+     * their failures here, naming the call that failed */
+    const char *(*error)(void);
+    void (*clear_error)(void);
+} ck_backend;
+
+/* ops/cpu/backend.c */
+const ck_backend *ck_backend_cpu(void);
+
+/* vm/cuda_loader.c: the CUDA backend on device 0 (ops/cuda/backend.c, in
+ * libck_cuda.so, loaded on first use), opened once and kept for the process;
+ * NULL with the reason in err when there is none. */
+const ck_backend *ck_backend_cuda(char *err, size_t errlen);
+/* CUDA devices usable now: 0 without an NVIDIA driver, a device, or a build
+ * of the CUDA backend. Loads nothing on a machine without a driver. */
+int ck_cuda_devices(void);
+/* cudaMemGetInfo of the CUDA backend's device: 0, or -1 when it is not open */
+int ck_cuda_memory(size_t *free_bytes, size_t *total_bytes);
+
+#endif

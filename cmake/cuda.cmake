@@ -9,6 +9,10 @@
 # - bench_cuda_ops (not built by default): per-op timings, see bench/gpu_check.sh.
 # - test_cuda_ops_emu: the same comparison with ops/cuda built as C++ against
 #   tests/cuda_emu, which runs the kernels on the CPU. Needs only a C++ compiler.
+# - libck_cuda.so: the backend libck loads on first use (vm/cuda_loader.c);
+#   libck_cuda_emu.so the same on the emulator.
+# - lua_test_device: tests/device/test_device.lua on a CUDA device (skipped
+#   without one); lua_test_device_emu: the same on the emulator (smaller model).
 include(CheckLanguage)
 
 option(CK_CUDA "build the CUDA backend when the toolkit is found" ON)
@@ -74,6 +78,11 @@ if(CK_CUDA_FOUND)
   set_target_properties(bench_cuda_ops PROPERTIES LINKER_LANGUAGE CUDA)
 endif()
 
+# the executor on the CUDA backend: training, recompute, host I/O, logging;
+# skipped (exit 77) where no CUDA device is usable
+add_test(NAME lua_test_device COMMAND ckrun --trust tests/device/test_device.lua WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_test_device PROPERTIES ENVIRONMENT "CK_BUILD=${CMAKE_BINARY_DIR}" SKIP_RETURN_CODE 77)
+
 foreach(name test_cuda_ops test_cuda_table)
   if(TARGET ${name})
     if(CK_CUDA_FOUND)
@@ -116,6 +125,10 @@ if(CK_CUDA_EMU)
     # "cuda" without a GPU (slow; small models only)
     add_library(ck_cuda_emu_module SHARED $<TARGET_OBJECTS:ck_cuda_emu> ${CMAKE_SOURCE_DIR}/ops/rules.c)
     set_target_properties(ck_cuda_emu_module PROPERTIES OUTPUT_NAME ck_cuda_emu LINKER_LANGUAGE CXX)
+    add_test(NAME lua_test_device_emu COMMAND ckrun --trust tests/device/test_device.lua
+      WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(lua_test_device_emu PROPERTIES ENVIRONMENT
+      "CK_BUILD=${CMAKE_BINARY_DIR};CK_CUDA_MODULE=$<TARGET_FILE:ck_cuda_emu_module>;CK_DEVICE_TEST=small")
   else()
     message(STATUS "CUDA emulator tests: off (no C++ compiler)")
   endif()

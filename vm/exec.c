@@ -15,12 +15,14 @@ static void view_of(const ck_program *p, const ck_plan *pl, int t, ck_view *v)
     for (int d = 0; d < s->ndim; d++) v->shape[d] = s->d[d];
 }
 
+static const char *scope_of(const ck_node *n) { return n->scope && n->scope[0] ? n->scope : "(top)"; }
+
 /* The backend's pending failure as the error of list entry i, naming the op,
  * its scope and its script line. */
 static int entry_failed(ck_program *p, const ck_plan *pl, int i, char *err, size_t errlen)
 {
     const ck_node *n = &p->g->n[pl->ops[i].node];
-    snprintf(err, errlen, "%s: %s in %s on %s: %s", n->where, ck_op_name(n->op), n->scope[0] ? n->scope : "(top)",
+    snprintf(err, errlen, "%s: %s in %s on %s: %s", n->where, ck_op_name(n->op), scope_of(n),
              p->be->name, p->be->error());
     p->be->clear_error();
     return -1;
@@ -39,7 +41,7 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
     ck_view in[CK_MAX_IN], out[CK_MAX_OUT] = {{0}};
     ck_kernel_fn k = p->be->kernels[n->op];
     if (!k) {
-        snprintf(err, errlen, "%s: %s in %s: no %s kernel", n->where, ck_op_name(n->op), n->scope, p->be->name);
+        snprintf(err, errlen, "%s: %s in %s: no %s kernel", n->where, ck_op_name(n->op), scope_of(n), p->be->name);
         return -1;
     }
     for (int j = 0; j < r->nin; j++) view_of(p, pl, r->in[j], &in[j]);

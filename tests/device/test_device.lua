@@ -1,0 +1,165 @@
+-- The CUDA backend runs the plans the CPU runs: an SDXL-shaped UNet trained on
+-- device "cuda" follows the CPU's loss curve; recompute policies give
+-- gradients bitwise those of none on the device, and each predicted peak is
+-- the device arena's measured high-water mark; host reads, writes, saves and
+-- loads, logging statistics and the non-finite guard work on device memory.
+--
+-- Run by ckrun --trust (cmake/cuda.cmake): on a CUDA device (skipped, exit 77,
+-- where there is none), and on the CPU emulator of the CUDA backend
+-- (CK_CUDA_MODULE=libck_cuda_emu.so, CK_DEVICE_TEST=small: a smaller UNet and
+-- fewer steps, since the emulator runs every GPU thread in turn).
+package.path = "tests/lua/?.lua;" .. package.path
+local ck = require "ck"
+local T = require "check"
+local unet = require "ck.unet"
+local policy = require "ck.policy"
+
+local usable = false
+for _, d in ipairs(ck.devices()) do usable = usable or d == "cuda" end
+if not usable then
+  print("SKIP: no CUDA device is usable here (no driver, no device, or a build without the CUDA backend)")
+  os.exit(77)
+end
+
+local small = os.getenv("CK_DEVICE_TEST") == "small"
+local config = unet.config("sdxl-tiny")
+config.dropout = 0.1
+local shape, steps = {batch = 2, height = 16, width = 16}, 20
+if small then
+  config.block_out_channels = {8, 16, 16}
+  config.norm_num_groups = 4
+  config.transformer_layers_per_block = {1, 1, 1}
+  config.attention_head_dim = {1, 2, 2}
+  config.cross_attention_dim = 16
+  config.addition_time_embed_dim = 8
+  config.projection_class_embeddings_input_dim = 16 + 6 * 8
+  shape, steps = {batch = 1, height = 8, width = 8}, 4
+end
+local B, H, W = shape.batch, shape.height, shape.width
+
+local function build(device, checkpoint)
+  local g = ck.graph()
+  local _, y, x = unet.build(g, config, shape)
+  local t = g:input("target", y.shape)
+  local p = g:compile{loss = ck.mse_loss(y, t), optimizer = "adamw", lr = 1e-3, seed = 5, keep_grads = true,
+                      checkpoint = checkpoint, device = device}
+  local r = T.rng(3)
+  p:set(x.sample, T.random_values(r, B * 4 * H * W))
+  p:set(t, T.random_values(r, B * 4 * H * W))
+  p:set(x.encoder_hidden_states, T.random_values(r, B * 77 * config.cross_attention_dim))
+  p:set(x.text_embeds, T.random_values(r, B * (config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim)))
+  local ts, ids = {}, {}
+  for b = 1, B do
+    ts[b] = b == 1 and 17 or 901
+    for _, v in ipairs{H * 8, W * 8, 0, 0, H * 8, W * 8} do ids[#ids + 1] = v end
+  end
+  p:set(x.timesteps, ts)
+  p:set(x.time_ids, ids)
+  return g, p, x, t
+end
+
+local function rel(a, b) return math.abs(a - b) / math.max(1e-6, math.abs(b)) end
+
+-- 1. the loss curve
+do
+  local _, pc = build("cpu")
+  local _, pd = build("cuda")
+  T.ok(pd:device() == "cuda" and pc:device() == "cpu", "programs compile for the device asked for")
+  local worst, at = 0, 0
+  for s = 1, steps do
+    local lc, ld = pc:step(), pd:step()
+    if rel(ld, lc) > worst then worst, at = rel(ld, lc), s end
+  end
+  -- fp32 on both; products and reductions sum in different orders, and 20
+  -- AdamW steps carry the differences along
+  T.ok(worst < 1e-3, string.format("%d training steps on cuda follow the CPU's losses (largest relative difference %.2g, step %d)",
+    steps, worst, at))
+  local wc, wd = pc:get("conv_in.weight"), pd:get("conv_in.weight")
+  local dmax = 0
+  for i = 1, #wc do dmax = math.max(dmax, math.abs(wc[i] - wd[i])) end
+  T.ok(#wc == #wd and dmax < 1e-4, string.format("and end with the same weights (largest difference %.2g)", dmax))
+end
+
+-- 2. recompute on the device: bitwise gradients, exact peaks
+local function run(checkpoint)
+  local g, p = build("cuda", checkpoint)
+  local losses, measured = {}, {}
+  for s = 1, 2 do losses[s], measured[s] = p:step{measure = true} end
+  local sums = {}
+  for _, prm in ipairs(g:params()) do sums[#sums + 1] = p:checksum(prm.name, "grad") .. "/" .. p:checksum(prm.name) end
+  return {losses = losses, measured = measured, plan = p:plan(), grads = table.concat(sums, " ")}
+end
+local base = run(nil)
+T.ok(base.plan.peak == base.measured[1] and base.plan.peak == base.measured[2],
+  string.format("none on cuda: the predicted peak %d is the measured high-water mark %d of the device arena",
+    base.plan.peak, base.measured[2]))
+-- parameters and AdamW state dominate at these sizes: the budget cuts the rest
+local budget = math.floor(base.plan.persistent + 0.995 * (base.plan.peak - base.plan.persistent))
+for _, e in ipairs{{"diffusers", policy.diffusers()}, {"budget", policy.budget(budget)},
+                   {"selective", policy.selective()}} do
+  local r = run(e[2])
+  T.ok(r.plan.recompute_ops > 0 and r.grads == base.grads and r.losses[2] == base.losses[2],
+    string.format("%s on cuda: %d recompute ops, losses and gradients bitwise those of none", e[1], r.plan.recompute_ops))
+  T.ok(r.plan.peak == r.measured[1] and r.plan.peak == r.measured[2],
+    string.format("%s on cuda: predicted peak %d equals the measured %d", e[1], r.plan.peak, r.measured[2]))
+end
+
+-- 3. host reads and writes, saves and loads through device memory
+do
+  local g, p, x = build("cuda")
+  local v = p:get(x.sample)
+  v[1], v[#v] = 0.25, -3.5
+  p:set(x.sample, v)
+  local back = p:get(x.sample)
+  local same = #back == #v
+  for i = 1, #v do same = same and back[i] == v[i] end
+  T.ok(same, "p:set then p:get on cuda round-trips every value")
+  p:set(x.sample, 2.0, 1) -- one entry of the batch
+  back = p:get(x.sample)
+  local n = #v // B
+  T.ok(back[1] == 2.0 and back[n] == 2.0 and (B == 1 or back[n + 1] == v[n + 1]),
+    "p:set of one batch entry on cuda keeps the others")
+  p:step()
+  local path = os.tmpname()
+  local entries = {}
+  for _, prm in ipairs(g:params()) do entries[#entries + 1] = {prm.name, prm.name} end
+  p:save(path, entries)
+  local before = p:checksum("conv_in.weight")
+  local _, q = build("cuda")
+  q:step()
+  q:step()
+  T.ok(q:checksum("conv_in.weight") ~= before, "(a program two steps on holds other weights)")
+  local f <close> = ck.safetensors(path)
+  local map = {}
+  for _, prm in ipairs(g:params()) do map[prm.name] = prm.name end
+  q:load(f, map)
+  T.ok(q:checksum("conv_in.weight") == before, "p:save from cuda and p:load into cuda restore the weights bitwise")
+  os.remove(path)
+end
+
+-- 4. logging statistics and the non-finite guard on device memory
+do
+  local _, pc = build("cpu")
+  local _, pd, x = build("cuda")
+  pc:enable_stats{blocks = {}}
+  pd:enable_stats{blocks = {}}
+  local _, rc = pc:step{stats = "all"}
+  local _, rd = pd:step{stats = "all"}
+  T.ok(rel(rd.grad_norm, rc.grad_norm) < 1e-4,
+    string.format("the gradient norm on cuda (%.6g) is the CPU's (%.6g)", rd.grad_norm, rc.grad_norm))
+  local worst = 0
+  for name, a in pairs(rc.acts) do
+    local b = rd.acts[name]
+    worst = math.max(worst, b and rel(b.absmax, a.absmax) or 1)
+  end
+  T.ok(next(rc.acts) ~= nil and worst < 1e-4, string.format("block activation statistics on cuda are the CPU's (worst %.2g)", worst))
+  local w = pd:checksum("conv_in.weight")
+  pd:set(x.sample, 0 / 0, 1)
+  local _, r = pd:step{guard = true}
+  local nf = r.nonfinite or {}
+  T.ok(r.skipped and pd:checksum("conv_in.weight") == w and nf.input == "sample" and nf.op ~= nil,
+    string.format("a NaN input on cuda: the guard skips the update and names the first op that made one (%s in %s at %s)",
+      tostring(nf.op), tostring(nf.scope), tostring(nf.where)))
+end
+
+T.done()

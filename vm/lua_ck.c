@@ -1203,12 +1203,13 @@ static int l_devices(lua_State *L)
     return 1;
 }
 
-/* ck.device_memory() -> free, total bytes of the CUDA device (cudaMemGetInfo);
- * nothing before a program has been compiled for it */
+/* ck.device_memory() -> free, total bytes of the CUDA device (cudaMemGetInfo),
+ * opening it first when needed; nothing where there is none */
 static int l_device_memory(lua_State *L)
 {
     size_t f, t;
-    if (ck_cuda_memory(&f, &t)) return 0;
+    char err[256];
+    if (ck_cuda_devices() == 0 || !ck_backend_cuda(err, sizeof err) || ck_cuda_memory(&f, &t)) return 0;
     lua_pushinteger(L, (lua_Integer)f);
     lua_pushinteger(L, (lua_Integer)t);
     return 2;

@@ -17,6 +17,9 @@ typedef size_t (*ck_workspace_fn)(enum ck_op op, const ck_op_params *p, const ck
 typedef struct ck_backend {
     const char *name;             /* "cpu", "cuda" */
     const ck_kernel_fn *kernels;  /* op -> kernel; views point into the arena */
+    /* op -> kernel whose every tensor is bf16 (NULL, or NULL entries: none);
+     * elsewhere bf16 operands are converted to fp32 around the fp32 kernel */
+    const ck_kernel_fn *kernels_bf16;
     ck_workspace_fn workspace;    /* the rule the plan sizes each op's workspace by */
     int nthreads;                 /* passed to the rule (the CPU's threads; 1 on a GPU) */
     int host;                     /* 1: the arena is host memory */
@@ -30,6 +33,9 @@ typedef struct ck_backend {
     int (*upload)(void *dst, const void *src_host, size_t bytes);
     int (*download)(void *dst_host, const void *src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes);
+    /* n values of dtype from at src into dtype to at dst (arena memory;
+     * CK_F32 <-> CK_BF16), queued like a kernel: 0, or -1 with error() */
+    int (*convert)(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n);
     /* the measured peak (a sentinel fill, then the highest word in [lo, hi)
      * that differs, plus one) and the non-finite guard */
     int (*fill_u32)(void *dst, uint32_t v, size_t nwords);

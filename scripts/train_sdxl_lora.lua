@@ -5,13 +5,14 @@
 --   ckrun scripts/train_sdxl_lora.lua                      sdxl-tiny, synthetic data
 --   ckrun scripts/train_sdxl_lora.lua --size full --data DIR --weights unet.safetensors
 --   ckrun --plan --json scripts/train_sdxl_lora.lua --size full
+--   ckrun --device cuda scripts/train_sdxl_lora.lua ...   on the GPU (the default where one is present)
 --
 -- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
 -- --batch N, --steps N, --lr X, --rank N, --alpha X, --targets default|kohya|a,b,c,
 -- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
 -- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
 -- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
--- --storage fp32|bf16 (bf16: 16-bit activations and frozen weights; plans only on the CPU),
+-- --storage fp32|bf16 (bf16: activations and frozen weights stored in 16 bits, computed in fp32),
 -- --save-every N, --state-dir DIR (out/state), --keep-states K (3), --resume [DIR].
 -- --log-dir DIR (default runs/<time>: metrics.jsonl and a TensorBoard event file),
 -- --log-every N (gradient norms and memory every N steps, activation statistics

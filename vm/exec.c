@@ -3,7 +3,10 @@
  * arena; a failure names the op, its scope and its script line. */
 #include "program.h"
 
+#include "../ops/bf16.h"
+
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -38,17 +41,42 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
         snprintf(err, errlen, "interrupted");
         return -1;
     }
+    const ck_backend *be = p->be;
     ck_view in[CK_MAX_IN], out[CK_MAX_OUT] = {{0}};
-    ck_kernel_fn k = p->be->kernels[n->op];
+    const int native = ck_entry_bf16_native(pl, p->g, i, be);
+    ck_kernel_fn k = native ? be->kernels_bf16[n->op] : be->kernels[n->op];
     if (!k) {
-        snprintf(err, errlen, "%s: %s in %s: no %s kernel", n->where, ck_op_name(n->op), scope_of(n), p->be->name);
+        snprintf(err, errlen, "%s: %s in %s: no %s kernel", n->where, ck_op_name(n->op), scope_of(n), be->name);
         return -1;
     }
     for (int j = 0; j < r->nin; j++) view_of(p, pl, r->in[j], &in[j]);
     for (int j = 0; j < r->nout; j++)
         if (r->out[j] >= 0) view_of(p, pl, r->out[j], &out[j]);
-    ctx->ws = pl->ws_off[i] >= 0 ? p->arena + pl->ws_off[i] : NULL;
-    ctx->ws_bytes = pl->ws_bytes[i];
+    /* 16-bit operands of an fp32 kernel: fp32 copies at the workspace's start */
+    unsigned char *ws = pl->ws_off[i] >= 0 ? p->arena + pl->ws_off[i] : NULL;
+    size_t conv = native ? 0 : ck_entry_convert_bytes(pl, p->g, i, be);
+    void *stored[CK_MAX_OUT] = {0};
+    if (conv) {
+        unsigned char *slot = ws;
+        for (int j = 0; j < r->nin + r->nout; j++) {
+            int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
+            if (t < 0) continue;
+            ck_dtype dt = p->g->t[pl->origin[t]].dtype;
+            if (dt == CK_F32) continue;
+            ck_view *v = j < r->nin ? &in[j] : &out[j - r->nin];
+            int64_t ne = ck_view_numel(v);
+            if (j < r->nin) {
+                if (be->convert(slot, CK_F32, v->data, dt, ne)) return entry_failed(p, pl, i, err, errlen);
+            } else {
+                stored[j - r->nin] = v->data;
+            }
+            v->data = (float *)slot;
+            slot += (ne * 4 + 63) / 64 * 64;
+        }
+        ws += conv;
+    }
+    ctx->ws = pl->ws_bytes[i] > conv ? ws : NULL;
+    ctx->ws_bytes = pl->ws_bytes[i] - conv;
     if (!p->profile) {
         k(ctx, &n->p, out, r->nout, in, r->nin);
     } else {
@@ -59,8 +87,12 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
         clock_gettime(CLOCK_MONOTONIC, &t1);
         p->profile[n->op] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     }
+    for (int j = 0; j < r->nout; j++)
+        if (stored[j] && be->convert(stored[j], p->g->t[pl->origin[r->out[j]]].dtype, out[j].data, CK_F32,
+                                     ck_view_numel(&out[j])))
+            return entry_failed(p, pl, i, err, errlen);
     /* kernels record failures instead of returning them (the CPU's never fail) */
-    if (p->be->error()[0]) return entry_failed(p, pl, i, err, errlen);
+    if (be->error()[0]) return entry_failed(p, pl, i, err, errlen);
     return 0;
 }
 
@@ -91,6 +123,23 @@ int ck_exec_tensor_finite(ck_program *p, const ck_plan *pl, int t, int *finite)
 {
     const float *x = (const float *)(p->arena + pl->off[t]);
     p->be->enter();
+    if (p->g->t[pl->origin[t]].dtype == CK_BF16) {
+        /* only a non-finite step's second pass checks these: on the host */
+        int64_t n = ck_shape_numel(&p->g->t[pl->origin[t]].shape);
+        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+        if (!h) {
+            snprintf(p->err, sizeof p->err, "out of host memory");
+            return -1;
+        }
+        int rc = p->be->download(h, x, sizeof(uint16_t) * (size_t)n);
+        *finite = 1;
+        for (int64_t k = 0; k < n && *finite && !rc; k++) *finite = ck_bf16_finite(h[k]);
+        free(h);
+        if (!rc) return 0;
+        snprintf(p->err, sizeof p->err, "checking values on the %s device: %s", p->be->name, p->be->error());
+        p->be->clear_error();
+        return -1;
+    }
     if (!p->be->all_finite(x, ck_shape_numel(&p->g->t[pl->origin[t]].shape), finite)) return 0;
     snprintf(p->err, sizeof p->err, "checking values on the %s device: %s", p->be->name, p->be->error());
     p->be->clear_error();

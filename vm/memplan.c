@@ -75,12 +75,39 @@ static void shapes_of(const ck_plan *pl, const ck_graph *g, int i, ck_shape *ins
     for (int j = 0; j < r->nout; j++) outs[j] = r->out[j] >= 0 ? g->t[pl->origin[r->out[j]]].shape : ins[0];
 }
 
+static ck_dtype dtype_of(const ck_plan *pl, const ck_graph *g, int id) { return g->t[pl->origin[id]].dtype; }
+
+int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+{
+    const ck_op_ref *r = &pl->ops[i];
+    if (!be->kernels_bf16 || !be->kernels_bf16[g->n[r->node].op]) return 0;
+    for (int j = 0; j < r->nin; j++)
+        if (dtype_of(pl, g, r->in[j]) != CK_BF16) return 0;
+    for (int j = 0; j < r->nout; j++)
+        if (r->out[j] >= 0 && dtype_of(pl, g, r->out[j]) != CK_BF16) return 0;
+    return 1;
+}
+
+size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+{
+    const ck_op_ref *r = &pl->ops[i];
+    if (ck_entry_bf16_native(pl, g, i, be)) return 0;
+    size_t b = 0;
+    for (int j = 0; j < r->nin + r->nout; j++) {
+        int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
+        if (t >= 0 && dtype_of(pl, g, t) != CK_F32)
+            b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)sizeof(float));
+    }
+    return b;
+}
+
+/* the kernel's own workspace, after the fp32 copies of its 16-bit operands */
 static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
-    return be->workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
+    return ck_entry_convert_bytes(pl, g, i, be) + be->workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
 }
 
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)

@@ -3,6 +3,7 @@
  * parameters. The op lists are the seam the recompute scheduler works on. */
 #include "program.h"
 
+#include "../ops/bf16.h"
 #include "../ops/rng.h"
 
 #include <stdarg.h>
@@ -144,16 +145,21 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         }
     }
     if (o->storage != CK_F32) {
-        /* mixed precision as the CUDA backend runs it: activations, their
-         * gradients, inputs and frozen weights in 16 bits; trainable weights,
-         * their gradients and the optimizer state stay fp32 */
-        if (!o->plan_only) {
-            failf(err, errlen, "16-bit storage can be planned (--plan) but not yet run: not every op has a bf16 kernel");
+        /* mixed precision: activations, their gradients and frozen weights
+         * in 16 bits; trainable weights (the master copies), their gradients,
+         * the optimizer state, the inputs and the loss stay fp32. Kernels
+         * compute in fp32: the executor converts 16-bit operands around an
+         * op unless the backend has a bf16 kernel for it (exec.c). */
+        if (o->storage != CK_BF16 && !o->plan_only) {
+            failf(err, errlen, "fp16 storage can be planned (--plan) but not run (no loss scaling); use bf16");
             goto fail;
         }
         for (int t = 0; t < g->nt; t++) {
             ck_kind k = g->t[t].kind;
-            if (k == CK_KIND_ACT || k == CK_KIND_INPUT || k == CK_KIND_FROZEN) g->t[t].dtype = o->storage;
+            if ((k == CK_KIND_ACT || k == CK_KIND_FROZEN) && t != o->loss) g->t[t].dtype = o->storage;
+            /* a reshape shares its input's buffer, so it keeps its input's type */
+            int nd = g->t[t].node;
+            if (nd >= 0 && g->n[nd].op == CK_OP_RESHAPE) g->t[t].dtype = g->t[g->n[nd].in[0]].dtype;
         }
     }
     p->retain = calloc((size_t)g->nt, sizeof(int));
@@ -402,28 +408,42 @@ float *ck_program_data(ck_program *p, int t)
     return (float *)(p->arena + p->last->off[t]);
 }
 
-/* the host memory for tensor t: the arena itself, or the stage */
+static int copy_failed(ck_program *p, int t, const char *what)
+{
+    snprintf(p->err, sizeof p->err, "%s '%s' %s the %s device: %s", what, p->g->t[t].name ? p->g->t[t].name : "a tensor",
+             what[0] == 'r' ? "from" : "to", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
+}
+
+/* The host memory for tensor t's values as fp32: the arena itself on the CPU
+ * for fp32 tensors, else the stage: fp32 values, then room for the stored
+ * bytes of a 16-bit tensor. keep: filled with the current values. */
 static float *host_of(ck_program *p, int t, float *x, int keep)
 {
-    if (p->be->host) return x;
-    size_t bytes = ck_tensor_bytes(&p->g->t[t]);
-    if (bytes > p->stage_bytes) {
-        float *s = malloc(bytes);
+    const ck_tensor *tt = &p->g->t[t];
+    if (p->be->host && tt->dtype == CK_F32) return x;
+    int64_t n = ck_shape_numel(&tt->shape);
+    size_t f32 = (size_t)n * sizeof(float), raw = tt->dtype == CK_F32 ? 0 : ck_tensor_bytes(tt);
+    if (f32 + raw > p->stage_bytes) {
+        float *s = malloc(f32 + raw ? f32 + raw : 1);
         if (!s) {
-            snprintf(p->err, sizeof p->err, "out of host memory for a copy of %zu bytes", bytes);
+            snprintf(p->err, sizeof p->err, "out of host memory for a copy of %zu bytes", f32 + raw);
             return NULL;
         }
         free(p->stage);
         p->stage = s;
-        p->stage_bytes = bytes;
+        p->stage_bytes = f32 + raw;
     }
+    if (!keep) return p->stage;
     p->be->enter();
-    if (keep && p->be->download(p->stage, x, bytes)) {
-        snprintf(p->err, sizeof p->err, "reading '%s' from the %s device: %s",
-                 p->g->t[t].name ? p->g->t[t].name : "a tensor", p->be->name, p->be->error());
-        p->be->clear_error();
+    if (!raw) return p->be->download(p->stage, x, f32) && copy_failed(p, t, "reading") ? NULL : p->stage;
+    const uint16_t *h = (const uint16_t *)((char *)p->stage + f32);
+    if (p->be->download((void *)h, x, raw)) {
+        copy_failed(p, t, "reading");
         return NULL;
     }
+    for (int64_t i = 0; i < n; i++) p->stage[i] = ck_f32_from_bf16(h[i]);
     return p->stage;
 }
 
@@ -443,15 +463,17 @@ float *ck_program_write_begin(ck_program *p, int t, int keep)
 
 int ck_program_write_end(ck_program *p, int t)
 {
-    if (p->be->host) return 0;
+    const ck_tensor *tt = &p->g->t[t];
+    if (p->be->host && tt->dtype == CK_F32) return 0;
     float *x = ck_program_data(p, t);
     if (!x) return -1;
-    p->be->enter();
-    if (p->be->upload(x, p->stage, ck_tensor_bytes(&p->g->t[t]))) {
-        snprintf(p->err, sizeof p->err, "writing '%s' to the %s device: %s",
-                 p->g->t[t].name ? p->g->t[t].name : "a tensor", p->be->name, p->be->error());
-        p->be->clear_error();
-        return -1;
+    int64_t n = ck_shape_numel(&tt->shape);
+    const void *src = p->stage;
+    if (tt->dtype != CK_F32) {
+        uint16_t *h = (uint16_t *)((char *)p->stage + (size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) h[i] = ck_bf16_from_f32(p->stage[i]);
+        src = h;
     }
-    return 0;
+    p->be->enter();
+    return p->be->upload(x, src, ck_tensor_bytes(tt)) ? copy_failed(p, t, "writing") : 0;
 }

@@ -216,6 +216,12 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
 void ck_plan_free(ck_plan *pl);
 int ck_is_persistent(ck_kind k);
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
+/* bf16 storage: whether list entry i runs the backend's bf16 kernel (every
+ * operand bf16, and the backend has one), and otherwise the bytes of the fp32
+ * copies of its 16-bit operands, placed at the start of its workspace (inputs,
+ * then outputs, each rounded up to 64 bytes) */
+int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
+size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
 /* FLOPs of list entry i */
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i);
 /* bytes of tensor id (a graph tensor or a recomputed copy) */

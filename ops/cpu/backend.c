@@ -1,5 +1,6 @@
 /* The CPU backend (ops/backend.h): the arena is host memory. */
 #include "../backend.h"
+#include "../bf16.h"
 #include "cpu.h"
 
 #include <stdlib.h>
@@ -19,6 +20,26 @@ static int copy(void *dst, const void *src, size_t bytes)
 {
     if (bytes) memmove(dst, src, bytes);
     return 0;
+}
+
+static int convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n)
+{
+    if (to == from) return copy(dst, src, (size_t)n * (to == CK_F32 ? 4 : 2));
+    if (to == CK_BF16 && from == CK_F32) {
+        uint16_t *d = dst;
+        const float *s = src;
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) d[i] = ck_bf16_from_f32(s[i]);
+        return 0;
+    }
+    if (to == CK_F32 && from == CK_BF16) {
+        float *d = dst;
+        const uint16_t *s = src;
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) d[i] = ck_f32_from_bf16(s[i]);
+        return 0;
+    }
+    return -1; /* fp16: planned, never run */
 }
 
 static int fill_u32(void *dst, uint32_t v, size_t nwords)
@@ -62,9 +83,10 @@ const ck_backend *ck_backend_cpu(void)
 {
     static ck_backend be;
     if (!be.name) {
-        ck_backend b = {"cpu", ck_cpu_kernels, ck_op_workspace, ck_cpu_threads(), 1, 0, enter, alloc, release,
-                        copy, copy, copy, fill_u32, high_water, all_finite, sync, error, clear_error};
+        ck_backend b = {"cpu", ck_cpu_kernels, NULL, ck_op_workspace, 1, 1, 0, enter, alloc, release,
+                        copy, copy, copy, convert, fill_u32, high_water, all_finite, sync, error, clear_error};
         be = b;
     }
+    be.nthreads = ck_cpu_threads(); /* workspace rules follow the thread count of the moment */
     return &be;
 }

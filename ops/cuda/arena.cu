@@ -1,6 +1,7 @@
 /* What the executor needs of the arena besides the ops, when the arena is
  * device memory: the sentinel fill and high-water scan behind measured peaks,
- * and the finiteness check behind the non-finite step guard (the CPU does both
+ * the finiteness check behind the non-finite step guard, and the conversions
+ * between bf16 storage and the fp32 copies kernels without a bf16 form read (the CPU does both
  * with plain loops over host memory, vm/exec.c and vm/program.c). */
 #include "common.cuh"
 
@@ -74,4 +75,35 @@ extern "C" int ck_cuda_all_finite(const float *x, int64_t n, int *finite)
     if (ck_cuda_failed() || ck_cuda_download(&h, res, sizeof h)) return -1;
     *finite = h == 0.0f;
     return 0;
+}
+
+__global__ void __launch_bounds__(THREADS) to_bf16_kernel(__nv_bfloat16 *d, const float *s, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        d[i] = __float2bfloat16(s[i]);
+}
+
+__global__ void __launch_bounds__(THREADS) to_f32_kernel(float *d, const __nv_bfloat16 *s, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        d[i] = __bfloat162float(s[i]);
+}
+
+extern "C" int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n)
+{
+    ck_cuda_ctx *c = ck_cuda_begin("convert");
+    if (!c) return -1;
+    if (n <= 0) return 0;
+    if (to == from) {
+        CK_CU("convert", cudaMemcpyAsync(dst, src, (size_t)n * (to == CK_F32 ? 4 : 2), cudaMemcpyDeviceToDevice,
+                                         c->stream));
+    } else if (to == CK_BF16 && from == CK_F32) {
+        ck_launch(to_bf16_kernel, ck_grid(n, THREADS), THREADS, c->stream, (__nv_bfloat16 *)dst, (const float *)src, n);
+    } else if (to == CK_F32 && from == CK_BF16) {
+        ck_launch(to_f32_kernel, ck_grid(n, THREADS), THREADS, c->stream, (float *)dst, (const __nv_bfloat16 *)src, n);
+    } else {
+        ck_cuda_fail("convert", "no conversion between these storage types");
+    }
+    ck_cuda_end(c, "convert");
+    return ck_cuda_failed() ? -1 : 0;
 }

@@ -54,9 +54,10 @@ static void close_at_exit(void)
     ctx = NULL;
 }
 
-static ck_backend be = {"cuda", ck_cuda_kernels, workspace, 1, 0, CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES,
-                        enter, alloc, release, ck_cuda_upload, ck_cuda_download, ck_cuda_copy, ck_cuda_fill_u32,
-                        ck_cuda_high_water, all_finite, sync, ck_cuda_last_error, ck_cuda_clear_error};
+static ck_backend be = {"cuda", ck_cuda_kernels, ck_cuda_kernels_bf16, workspace, 1, 0,
+                        CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES, enter, alloc, release, ck_cuda_upload,
+                        ck_cuda_download, ck_cuda_copy, ck_cuda_convert, ck_cuda_fill_u32, ck_cuda_high_water,
+                        all_finite, sync, ck_cuda_last_error, ck_cuda_clear_error};
 
 #define EXPORT __attribute__((visibility("default")))
 

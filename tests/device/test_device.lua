@@ -2,7 +2,8 @@
 -- device "cuda" follows the CPU's loss curve; recompute policies give
 -- gradients bitwise those of none on the device, and each predicted peak is
 -- the device arena's measured high-water mark; host reads, writes, saves and
--- loads, logging statistics and the non-finite guard work on device memory.
+-- loads, logging statistics, the non-finite guard and bf16 storage work on
+-- device memory.
 --
 -- Run by ckrun --trust (cmake/cuda.cmake): on a CUDA device (skipped, exit 77,
 -- where there is none), and on the CPU emulator of the CUDA backend
@@ -37,12 +38,12 @@ if small then
 end
 local B, H, W = shape.batch, shape.height, shape.width
 
-local function build(device, checkpoint)
+local function build(device, checkpoint, storage)
   local g = ck.graph()
   local _, y, x = unet.build(g, config, shape)
   local t = g:input("target", y.shape)
   local p = g:compile{loss = ck.mse_loss(y, t), optimizer = "adamw", lr = 1e-3, seed = 5, keep_grads = true,
-                      checkpoint = checkpoint, device = device}
+                      checkpoint = checkpoint, device = device, storage = storage}
   local r = T.rng(3)
   p:set(x.sample, T.random_values(r, B * 4 * H * W))
   p:set(t, T.random_values(r, B * 4 * H * W))
@@ -160,6 +161,22 @@ do
   T.ok(r.skipped and pd:checksum("conv_in.weight") == w and nf.input == "sample" and nf.op ~= nil,
     string.format("a NaN input on cuda: the guard skips the update and names the first op that made one (%s in %s at %s)",
       tostring(nf.op), tostring(nf.scope), tostring(nf.where)))
+end
+
+-- 5. bf16 storage on the device: bf16 kernels where every operand is bf16,
+-- fp32 kernels on converted copies elsewhere
+do
+  local _, pc = build("cpu", nil, "bf16")
+  local _, pd = build("cuda", nil, "bf16")
+  local worst, hw = 0, 0
+  for s = 1, math.min(steps, 5) do
+    local lc = pc:step()
+    local ld
+    ld, hw = pd:step{measure = true}
+    worst = math.max(worst, rel(ld, lc))
+  end
+  T.ok(worst < 1e-2, string.format("bf16 storage on cuda follows bf16 on the CPU (worst relative loss difference %.2g)", worst))
+  T.ok(hw == pd:plan().peak, string.format("bf16 on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
 end
 
 T.done()

@@ -457,6 +457,8 @@ ck_vm *ck_open(const ck_options *opt)
     const ck_backend *be = ck_backend_find(o.device, msg, sizeof msg);
     if (!be) return dead(vm, CK_EARG, msg);
     snprintf(vm->device, sizeof vm->device, "%s", be->name);
+    if (o.nondeterministic && !strcmp(be->name, "cuda") && ck_cuda_configure(0, -1, msg, sizeof msg))
+        return dead(vm, CK_EARG, msg);
     char stdlib[PATH_MAX];
     if (o.stdlib_dir) snprintf(stdlib, sizeof stdlib, "%s", o.stdlib_dir);
     else default_stdlib(stdlib, sizeof stdlib);

@@ -100,6 +100,9 @@ typedef struct ck_options {
      * scripts see ck.plan_mode (and ck.json for machine-readable output) */
     int plan_only;
     int json;
+    /* on the GPU, cuDNN's fastest convolution algorithms instead of its
+     * deterministic ones (gradients then vary in the last bits from run to run) */
+    int nondeterministic;
     /* with plan_only, what the plan report holds (scripts see ck.plan_policies,
      * ck.plan_svg, ck.plan_max_batch): policies to compare side by side
      * ("none,diffusers,budget:62%"), an SVG memory timeline to write, and a

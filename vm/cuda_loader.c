@@ -23,12 +23,14 @@
 typedef const ck_backend *(*open_fn)(char *err, size_t errlen);
 typedef int (*devices_fn)(void);
 typedef int (*memory_fn)(size_t *free_bytes, size_t *total_bytes);
+typedef int (*configure_fn)(int deterministic, int tf32);
 
 static struct {
     int tried;
     open_fn open;
     devices_fn devices;
     memory_fn memory;
+    configure_fn configure;
     const ck_backend *be;
     char why[PATH_MAX + 256];
 } mod;
@@ -97,7 +99,8 @@ static int load(void)
     mod.open = (open_fn)dlsym(h, "ck_cuda_module_open");
     mod.devices = (devices_fn)dlsym(h, "ck_cuda_module_devices");
     mod.memory = (memory_fn)dlsym(h, "ck_cuda_module_memory");
-    if (!mod.open || !mod.devices || !mod.memory) {
+    mod.configure = (configure_fn)dlsym(h, "ck_cuda_module_configure");
+    if (!mod.open || !mod.devices || !mod.memory || !mod.configure) {
         snprintf(mod.why, sizeof mod.why, "%s is not a ckrun CUDA backend", MODULE);
         mod.open = NULL;
         return 0;
@@ -122,4 +125,10 @@ int ck_cuda_memory(size_t *free_bytes, size_t *total_bytes)
 {
     *free_bytes = *total_bytes = 0;
     return mod.be ? mod.memory(free_bytes, total_bytes) : -1;
+}
+
+int ck_cuda_configure(int deterministic, int tf32, char *err, size_t errlen)
+{
+    if (!ck_backend_cuda(err, errlen)) return -1;
+    return mod.configure(deterministic, tf32);
 }

@@ -1215,6 +1215,20 @@ static int l_device_memory(lua_State *L)
     return 2;
 }
 
+/* ck.cuda_options{deterministic = true|false, tf32 = true|false}: how the
+ * CUDA backend picks algorithms for the programs run from now on */
+static int l_cuda_options(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_getfield(L, 1, "deterministic");
+    int det = lua_isnil(L, -1) ? -1 : lua_toboolean(L, -1);
+    lua_getfield(L, 1, "tf32");
+    int tf32 = lua_isnil(L, -1) ? -1 : lua_toboolean(L, -1);
+    char err[512];
+    if (ck_cuda_configure(det, tf32, err, sizeof err)) return ck_lua_raise(L, "cuda_options: %s", err);
+    return 0;
+}
+
 static const luaL_Reg program_methods[] = {
     {"device", l_program_device},
     {"set", l_set},
@@ -1279,6 +1293,8 @@ int luaopen_ck(lua_State *L)
     lua_setfield(L, lib, "devices");
     lua_pushcfunction(L, l_device_memory);
     lua_setfield(L, lib, "device_memory");
+    lua_pushcfunction(L, l_cuda_options);
+    lua_setfield(L, lib, "cuda_options");
     /* ck.device: where programs compile to by default (--device; in a stock
      * lua5.4, cuda when a device is present, else cpu) */
     lua_getfield(L, LUA_REGISTRYINDEX, "ck.device");

@@ -24,6 +24,8 @@ static void usage(FILE *f)
             "  -e CODE         run CODE instead of a script file\n"
             "  --plan          build and plan only: print the plan, allocate and run nothing\n"
             "  --json          with --plan: print the plan as one JSON object\n"
+            "  --nondeterministic  on the GPU, the fastest convolution algorithms instead of\n"
+            "                  deterministic ones (gradients vary in the last bits between runs)\n"
             "  --policies LIST with --plan: compare checkpoint policies, e.g.\n"
             "                  none,diffusers,selective,budget:62%%,budget:4GiB\n"
             "  --max-batch SIZE  with --plan: the largest batch whose plan fits SIZE\n"
@@ -111,6 +113,7 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--plan")) opt.plan_only = 1;
         else if (!strcmp(a, "--json")) opt.json = 1;
+        else if (!strcmp(a, "--nondeterministic")) opt.nondeterministic = 1;
         else if (!strcmp(a, "--trust")) opt.trust = 1;
         else if (!strcmp(a, "--policies") && more) opt.plan_policies = argv[++i];
         else if (!strcmp(a, "--svg") && more) {

@@ -4,7 +4,8 @@
  *
  * This file and the kernels make libck_cuda.so, which libck loads only when
  * a program asks for the GPU (vm/cuda_loader.c): CUDA's libraries cost a
- * CPU-only run nothing. These three functions are what the loader looks up. */
+ * CPU-only run nothing. The ck_cuda_module_* functions are what the loader
+ * looks up. */
 #include "../backend.h"
 #include "cuda.h"
 
@@ -76,6 +77,14 @@ EXPORT const ck_backend *ck_cuda_module_open(char *err, size_t errlen)
     }
     atexit(close_at_exit);
     return &be;
+}
+
+EXPORT int ck_cuda_module_configure(int deterministic, int tf32)
+{
+    if (!ctx) return -1;
+    if (deterministic >= 0) ck_cuda_set_deterministic(ctx, deterministic);
+    if (tf32 >= 0) ck_cuda_set_tf32(ctx, tf32);
+    return 0;
 }
 
 EXPORT int ck_cuda_module_devices(void) { return ck_cuda_device_count(); }

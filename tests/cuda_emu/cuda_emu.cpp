@@ -1,5 +1,5 @@
-/* The emulator behind cuda_emu.h: a fiber per CUDA thread (ucontext), blocks
- * in order, and the runtime, cuBLAS and cuDNN calls ops/cuda makes. */
+/* The emulator behind cuda_emu.h: a fiber per CUDA thread, blocks in order,
+ * and the runtime, cuBLAS and cuDNN calls ops/cuda makes. */
 #include "cuda_emu.h"
 
 #include <stdio.h>
@@ -8,6 +8,78 @@
 
 #include <vector>
 
+/* How fibers switch.
+ *
+ * glibc's swapcontext saves and restores the signal mask on every switch: two
+ * rt_sigprocmask system calls, which made nearly all of the emulator's time
+ * (a training step makes hundreds of thousands of switches). The fibers never
+ * touch signals, so on x86-64 they switch with ck_emu_switch below instead:
+ * it pushes the callee-saved registers of the SysV ABI (rbp, rbx, r12-r15)
+ * on the current stack, stores rsp, loads the other fiber's rsp and pops the
+ * same from there. Everything else is caller-saved, so the C++ call to it
+ * has already spilled whatever is live. A new fiber's stack is laid out as if
+ * it had been switched out at its first instruction: the first switch into it
+ * "returns" into fiber_main, entered with rsp = 8 mod 16 like any function
+ * after a call, which runs the block body, marks the fiber DONE and switches
+ * back to the scheduler for good (it never returns: its return address is a
+ * null word, which also ends backtraces there).
+ *
+ * The ABI also makes the control bits of MXCSR and the x87 control word
+ * callee-saved. ck_emu_switch does not keep them per fiber (STMXCSR and
+ * LDMXCSR on every switch cost a tenth of the run): CUDA device code cannot
+ * change the rounding mode or the exception masks, so every fiber runs with
+ * the launching thread's. A kernel that changed them anyway would leak the
+ * change to the other threads of its block and to the caller; run_block
+ * checks after every block that they are what they were, and stops.
+ *
+ * The ucontext path stays for everything else: other architectures; builds
+ * under AddressSanitizer or ThreadSanitizer, which learn of stack switches
+ * only through their interceptors for swapcontext; and a process running
+ * with a CET shadow stack (checked at run time), where returning to an
+ * address the shadow stack did not record faults, while glibc's makecontext
+ * and swapcontext manage shadow stacks. */
+#if defined(__has_feature)
+#define CK_EMU_HAS_FEATURE(x) __has_feature(x)
+#else
+#define CK_EMU_HAS_FEATURE(x) 0
+#endif
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) &&                      \
+    !CK_EMU_HAS_FEATURE(address_sanitizer) && !CK_EMU_HAS_FEATURE(thread_sanitizer)
+#define CK_EMU_FAST_SWITCH 1
+#else
+#define CK_EMU_FAST_SWITCH 0
+#endif
+
+#if CK_EMU_FAST_SWITCH
+/* Saves the current context on the current stack, stores the stack pointer
+ * in *save, and resumes the context saved on stack `to`. Hidden: the test
+ * binary and libck_cuda_emu.so each keep their own. */
+extern "C" __attribute__((visibility("hidden"))) void ck_emu_switch(void **save, void *to);
+__asm__(".pushsection .text\n"
+        ".p2align 4\n"
+        ".globl ck_emu_switch\n"
+        ".hidden ck_emu_switch\n"
+        ".type ck_emu_switch,@function\n"
+        "ck_emu_switch:\n"
+        "\tpushq %rbp\n"
+        "\tpushq %rbx\n"
+        "\tpushq %r12\n"
+        "\tpushq %r13\n"
+        "\tpushq %r14\n"
+        "\tpushq %r15\n"
+        "\tmovq %rsp, (%rdi)\n"
+        "\tmovq %rsi, %rsp\n"
+        "\tpopq %r15\n"
+        "\tpopq %r14\n"
+        "\tpopq %r13\n"
+        "\tpopq %r12\n"
+        "\tpopq %rbx\n"
+        "\tpopq %rbp\n"
+        "\tret\n"
+        ".size ck_emu_switch, .-ck_emu_switch\n"
+        ".popsection\n");
+#endif
+
 uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 
@@ -15,21 +87,33 @@ namespace {
 
 enum state { RUN, AT_BLOCK, AT_WARP, DONE };
 
+/* what the scheduler scans every round, small so the scan stays in cache;
+ * the ucontext path keeps its (large) contexts apart, in ctxs */
 struct fiber {
-    ucontext_t ctx;
+    void *sp; /* fast path: the stack pointer while switched out */
     char *stack;
     int state;
     unsigned tid;
+    uint3 idx; /* threadIdx of tid in this launch's blockDim */
     long nbar; /* __syncthreads calls in this block */
 };
 
-const size_t STACK = 256 * 1024;
+/* Each fiber has STACK bytes of stack, its top moved down by a different
+ * multiple of 64 bytes within COLOR: the few hot frames at the top of every
+ * stack would otherwise sit at the same offset in pages 256 KiB apart, on
+ * the same few cache sets. */
+const size_t STACK = 256 * 1024, COLOR = 64 * 1024;
 ucontext_t sched;
+#if CK_EMU_FAST_SWITCH
+void *sched_sp;
+#endif
 std::vector<fiber> fibers;
+std::vector<ucontext_t> ctxs;
 fiber *cur;
 const std::function<void()> *body;
 uint64_t xchg[1024];
 cudaError_t last_error = cudaSuccess;
+int fast_switch = -1; /* decided at the first launch */
 
 [[noreturn]] void die(const char *msg)
 {
@@ -38,53 +122,126 @@ cudaError_t last_error = cudaSuccess;
     abort();
 }
 
+char *stack_top(const fiber &f) { return f.stack + STACK + COLOR - (f.tid * 67u % (COLOR / 64)) * 64; }
+
 void trampoline()
 {
     (*body)();
     cur->state = DONE;
 }
 
-void set_thread(const fiber &f)
+#if CK_EMU_FAST_SWITCH
+[[noreturn]] void fiber_main()
 {
-    threadIdx.x = f.tid % blockDim.x;
-    threadIdx.y = f.tid / blockDim.x % blockDim.y;
-    threadIdx.z = f.tid / (blockDim.x * blockDim.y);
+    trampoline();
+    fiber *me = cur;
+    ck_emu_switch(&me->sp, sched_sp);
+    abort(); /* a DONE fiber is never resumed */
+}
+
+/* a shadow stack is on when RDSSP reads a nonzero pointer; without CET the
+ * instruction is a NOP and leaves the 0 (encoded as bytes for old assemblers) */
+bool shadow_stack_on()
+{
+    unsigned long ssp = 0;
+    __asm__ volatile(".byte 0xf3, 0x48, 0x0f, 0x1e, 0xc8" /* rdsspq %%rax */ : "+a"(ssp));
+    return ssp != 0;
+}
+
+/* the control bits of MXCSR (not its exception flags, which arithmetic sets)
+ * and the x87 control word */
+uint64_t fp_control()
+{
+    uint32_t mxcsr = 0;
+    uint16_t cw = 0;
+    __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+    __asm__ volatile("fnstcw %0" : "=m"(cw));
+    return (uint64_t)(mxcsr & ~0x3fu) | (uint64_t)cw << 32;
+}
+
+void fast_init(fiber &f)
+{
+    void **sp = (void **)((uintptr_t)stack_top(f) & ~(uintptr_t)15);
+    *--sp = NULL; /* fiber_main's return address: none */
+    *--sp = (void *)&fiber_main; /* where ck_emu_switch's ret lands */
+    for (int i = 0; i < 6; i++) *--sp = NULL; /* rbp, rbx, r12-r15 */
+    f.sp = sp;
+}
+#endif
+
+/* apart, so that getcontext (which returns twice, to the compiler) does not
+ * hold back the optimization of the scheduler loop */
+__attribute__((noinline)) void ucontext_init(fiber &f)
+{
+    ucontext_t &c = ctxs[f.tid];
+    getcontext(&c);
+    c.uc_stack.ss_sp = f.stack;
+    c.uc_stack.ss_size = (size_t)(stack_top(f) - f.stack);
+    c.uc_link = &sched;
+    makecontext(&c, trampoline, 0);
+}
+
+void to_fiber(fiber &f)
+{
+#if CK_EMU_FAST_SWITCH
+    if (fast_switch) {
+        ck_emu_switch(&sched_sp, f.sp);
+        return;
+    }
+#endif
+    swapcontext(&sched, &ctxs[f.tid]);
+}
+
+void to_sched(fiber &f)
+{
+#if CK_EMU_FAST_SWITCH
+    if (fast_switch) {
+        ck_emu_switch(&f.sp, sched_sp);
+        return;
+    }
+#endif
+    swapcontext(&ctxs[f.tid], &sched);
 }
 
 void yield(int st)
 {
     if (!cur) die("barrier or shuffle outside a kernel");
     cur->state = st;
-    fiber *me = cur;
-    swapcontext(&me->ctx, &sched);
+    to_sched(*cur);
 }
 
 void run_block(unsigned n)
 {
+#if CK_EMU_FAST_SWITCH
+    const uint64_t fp = fast_switch ? fp_control() : 0;
+#endif
     for (unsigned i = 0; i < n; i++) {
         fiber &f = fibers[i];
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack;
-        f.ctx.uc_stack.ss_size = STACK;
-        f.ctx.uc_link = &sched;
-        makecontext(&f.ctx, trampoline, 0);
+#if CK_EMU_FAST_SWITCH
+        if (fast_switch)
+            fast_init(f);
+        else
+#endif
+            ucontext_init(f);
         f.state = RUN;
-        f.tid = i;
         f.nbar = 0;
     }
     for (;;) {
-        for (unsigned i = 0; i < n; i++) {
-            if (fibers[i].state != RUN) continue;
-            cur = &fibers[i];
-            set_thread(*cur);
-            swapcontext(&sched, &cur->ctx);
-        }
-        cur = NULL;
+        /* run every runnable thread to its next barrier, shuffle or return;
+         * a thread's state changes only while it runs, so the tally can be
+         * taken as the round goes */
         unsigned done = 0, at_block = 0;
         for (unsigned i = 0; i < n; i++) {
-            done += fibers[i].state == DONE;
-            at_block += fibers[i].state == AT_BLOCK;
+            fiber &f = fibers[i];
+            if (f.state == RUN) {
+                cur = &f;
+                threadIdx = f.idx;
+                to_fiber(f);
+            }
+            done += f.state == DONE;
+            at_block += f.state == AT_BLOCK;
         }
+        cur = NULL;
         if (done == n) break;
         if (at_block == n - done) {
             if (done) die("__syncthreads reached after some threads of the block returned");
@@ -107,6 +264,10 @@ void run_block(unsigned n)
     long nb = fibers[0].nbar;
     for (unsigned i = 1; i < n; i++)
         if (fibers[i].nbar != nb) die("threads of one block passed different numbers of __syncthreads");
+#if CK_EMU_FAST_SWITCH
+    if (fast_switch && fp_control() != fp)
+        die("a kernel changed the floating-point rounding mode or exception masks (MXCSR or x87 control word)");
+#endif
 }
 
 } // namespace
@@ -120,14 +281,29 @@ void ck_emu_launch(dim3 grid, dim3 block, const std::function<void()> &f)
         return;
     }
     if (cur) die("kernel launched from inside a kernel");
-    while (fibers.size() < n) {
-        fiber f = {};
-        f.stack = (char *)malloc(STACK);
-        if (!f.stack) die("out of memory for fiber stacks");
-        fibers.push_back(f);
+    if (fast_switch < 0) {
+#if CK_EMU_FAST_SWITCH
+        fast_switch = !shadow_stack_on();
+#else
+        fast_switch = 0;
+#endif
     }
+    while (fibers.size() < n) {
+        fiber fb = {};
+        fb.stack = (char *)malloc(STACK + COLOR);
+        if (!fb.stack) die("out of memory for fiber stacks");
+        fb.tid = (unsigned)fibers.size();
+        fibers.push_back(fb);
+    }
+    if (!fast_switch && ctxs.size() < n) ctxs.resize(n);
     gridDim = grid;
     blockDim = block;
+    for (unsigned i = 0; i < n; i++) {
+        fiber &fb = fibers[i];
+        fb.idx.x = i % block.x;
+        fb.idx.y = i / block.x % block.y;
+        fb.idx.z = i / (block.x * block.y);
+    }
     body = &f;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)

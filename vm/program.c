@@ -35,13 +35,17 @@ static void init_tensor(const ck_tensor *t, float *x, uint64_t seed)
     uint64_t stream = ck_rng_key(seed, 0, name_hash(t->name ? t->name : ""));
     switch (t->init) {
     case CK_INIT_ZEROS: memset(x, 0, sizeof(float) * (size_t)n); break;
+    /* counter-based: element i's value depends on i alone, so threads split the work */
     case CK_INIT_ONES:
+#pragma omp parallel for schedule(static) if (n > 65536)
         for (int64_t i = 0; i < n; i++) x[i] = 1.0f;
         break;
     case CK_INIT_NORMAL:
+#pragma omp parallel for schedule(static) if (n > 65536)
         for (int64_t i = 0; i < n; i++) x[i] = t->init_a + t->init_b * ck_rng_normal(stream, (uint64_t)i);
         break;
     case CK_INIT_UNIFORM:
+#pragma omp parallel for schedule(static) if (n > 65536)
         for (int64_t i = 0; i < n; i++)
             x[i] = t->init_a + (t->init_b - t->init_a) * ck_rng_uniform(stream, (uint64_t)i);
         break;

@@ -1,0 +1,290 @@
+-- ckrun's side of the training-step comparison in bench/gpu_check.sh: one
+-- SDXL-shaped UNet LoRA training step (epsilon objective, MSE, backward, AdamW)
+-- compiled on the CUDA backend under each checkpoint policy; one JSON line per
+-- policy on stdout, progress on stderr. bench/gpu_step_torch.py reads the lines
+-- and runs the same cases in PyTorch.
+--
+--   ckrun --trust bench/gpu_step.lua --case tiny        sdxl-tiny, 64x64 latents (512x512 pixels)
+--   ckrun --trust bench/gpu_step.lua --case full        full SDXL, 128x128 latents (1024x1024), or
+--                                                       64x64 (512x512) when 128x128 does not fit
+--
+-- Options: --case tiny|full, --latent N (latent side: tiny 64, full 128),
+-- --fallback N|none (full: 64; the latent side to run at when none's planned
+-- peak plus the backend's fixed bytes and --headroom do not fit the free device
+-- memory), --batch N (1), --lora true|false (true: rank --rank adapters on
+-- to_q/to_k/to_v/to_out.0 of a frozen base, as scripts/train_sdxl_lora.lua;
+-- false: train every parameter), --rank N (4), --policies LIST
+-- ("none,diffusers,budget:62%"; a budget percentage is of none's peak),
+-- --warmup N (1), --steps N (5: the timed steps), --device cuda|cpu (cpu: no
+-- device memory figures, for trying the script without a GPU), --headroom BYTES
+-- (1 GiB), --seed N (1).
+--
+-- Per policy: free device memory (cudaMemGetInfo, after the device is open, so
+-- the backend's fixed bytes are already held) before the compile; the compile;
+-- one step with measure = true (the arena's high-water mark, found by a
+-- sentinel fill; not timed); --warmup steps; --steps timed steps (wall clock
+-- around p:step(), which waits for the device to return the loss); free device
+-- memory again; the program is closed before the next policy. Every program
+-- starts from the same weights and sees the same inputs at each step, so the
+-- losses of a recompute policy should be none's bit for bit (reported, not
+-- required: cuDNN may pick another algorithm when a plan gives a convolution
+-- another workspace).
+--
+-- The first line describes the case (event "case"); then one line per policy.
+-- JSON fields: impl ("ckrun"), case, model, lora, rank, batch, latent, pixels,
+-- requested_latent, fallback (why the case runs smaller), policy, device,
+-- params, trainable, compile_s, step_ms (median), step_ms_all, warmup, steps,
+-- plan_peak, plan_persistent, plan_activation_bytes, arena, measured_peak
+-- (arena high-water), peak_match, fixed (the backend's bytes outside any
+-- plan), predicted_total (plan_peak + fixed), cuda_free_before,
+-- cuda_free_after, cuda_total, cuda_used (free before minus free after: the
+-- arena and whatever the step's libraries loaded), measured_total (cuda_used
+-- + fixed), step_flops, recompute_flops, recompute_share (recompute FLOPs over
+-- the step's FLOPs without recompute), recompute_ops, losses,
+-- same_losses_as_none, error. Exits non-zero when a policy failed (its line
+-- says why).
+local ck = require "ck"
+local unet = require "ck.unet"
+local lora = require "ck.lora"
+local policy = require "ck.policy"
+local diffusion = require "ck.diffusion"
+local plan = require "ck.plan"
+
+local a = args or {}
+local function opt(name, default)
+  local v = a[name]
+  if v == nil then return default end
+  return v
+end
+local function flag(name, default)
+  local v = opt(name, default)
+  if v == true or v == "true" or v == 1 or v == "yes" then return true end
+  if v == false or v == "false" or v == 0 or v == "no" then return false end
+  error("--" .. name .. " must be true or false, got '" .. tostring(v) .. "'", 0)
+end
+local function count(name, default, min)
+  local v = opt(name, default)
+  if math.type(v) ~= "integer" or v < (min or 1) then
+    error("--" .. name .. " must be an integer >= " .. (min or 1) .. ", got '" .. tostring(v) .. "'", 0)
+  end
+  return v
+end
+
+local case = opt("case", "tiny")
+if case ~= "tiny" and case ~= "full" then error("--case must be tiny or full, got '" .. tostring(case) .. "'", 0) end
+local model_name = case == "full" and "sdxl" or "sdxl-tiny"
+local config = unet.config(model_name)
+local requested = count("latent", case == "full" and 128 or 64)
+local fallback = opt("fallback", case == "full" and 64 or "none")
+if fallback == "none" or fallback == false then fallback = nil end
+if fallback ~= nil and (math.type(fallback) ~= "integer" or fallback < 1) then
+  error("--fallback must be a latent side or none, got '" .. tostring(fallback) .. "'", 0)
+end
+local batch = count("batch", 1)
+local use_lora = flag("lora", true)
+local rank = count("rank", 4)
+local warmup = count("warmup", 1, 0)
+local steps = count("steps", 5)
+local device = opt("device", "cuda")
+if device ~= "cuda" and device ~= "cpu" then
+  error("--device must be cuda or cpu, got '" .. tostring(device) .. "'", 0)
+end
+local headroom = policy.bytes(opt("headroom", 2 ^ 30))
+local seed = count("seed", 1, 0)
+local lr = 1e-4
+local tokens = 77
+local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+local names = {}
+for n in tostring(opt("policies", "none,diffusers,budget:62%")):gmatch("[^,]+") do
+  names[#names + 1] = n:match("^%s*(.-)%s*$")
+end
+for _, n in ipairs(names) do policy.parse(n) end -- a typo fails before anything runs
+
+local function log(fmt, ...)
+  io.stderr:write(string.format("gpu_step: " .. fmt .. "\n", ...))
+  io.stderr:flush()
+end
+
+if device == "cuda" then
+  local usable = false
+  for _, d in ipairs(ck.devices()) do usable = usable or d == "cuda" end
+  if not usable then
+    error("no CUDA device is usable here (no driver, no device, or a build without the CUDA backend)", 0)
+  end
+end
+
+-- free, total device bytes (nil on the CPU)
+local function device_memory()
+  if device ~= "cuda" then return nil end
+  return ck.device_memory()
+end
+
+-- one training step of the UNet (LoRA or full), compiled for `device`
+local function build(latent, checkpoint, plan_only)
+  local r = {}
+  local model = unet.UNet2DConditionModel(config)
+  if use_lora then
+    model:freeze()
+    r.adapter = lora.attach(model, {rank = rank, alpha = rank})
+  end
+  local g = ck.graph()
+  r.graph = g
+  r.objective = diffusion.objective{prediction = "eps"}
+  r.objective.seed = seed
+  r.cond = {
+    prompt_embeds = g:input("prompt_embeds", {batch, tokens, config.cross_attention_dim}),
+    pooled_prompt_embeds = g:input("pooled_prompt_embeds", {batch, pooled_dim}),
+    time_ids = g:input("time_ids", {batch, 6}),
+  }
+  local loss = r.objective:build(g, {batch, config.in_channels, latent, latent}, function(noisy, t)
+    return model:forward(g, noisy, t, r.cond.prompt_embeds, r.cond.pooled_prompt_embeds, r.cond.time_ids)
+  end)
+  r.program = g:compile{loss = loss, optimizer = "adamw", lr = lr, weight_decay = 1e-2, seed = seed,
+                        checkpoint = checkpoint, plan_only = plan_only, device = device}
+  return r
+end
+
+-- fresh inputs for the step about to run (keyed by the step: every program sees
+-- the same ones at the same step), outside the timed region
+local function prepare(r, latent)
+  local p = r.program
+  p:randn(r.objective.inputs.latents, 0x7400)
+  p:randn(r.cond.prompt_embeds, 0x7500, 0.5)
+  p:randn(r.cond.pooled_prompt_embeds, 0x7600, 0.5)
+  local px = latent * 8
+  local ids = {}
+  for _ = 1, batch do
+    for _, v in ipairs({px, px, 0, 0, px, px}) do ids[#ids + 1] = v end
+  end
+  p:set(r.cond.time_ids, ids)
+  r.objective:prepare(p)
+end
+
+local function median(t)
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  local m = (#s + 1) // 2
+  if #s % 2 == 1 then return s[m] end
+  return (s[m] + s[m + 1]) / 2
+end
+
+local function strip(e) return plan.strip_where(tostring(e)) end
+
+-- ---- the latent side: the requested one if none's plan fits the free device memory
+local latent, fallback_note = requested, nil
+if device == "cuda" and fallback and fallback ~= requested then
+  local free = device_memory()
+  local ok, r = pcall(build, requested, policy.none(), true)
+  local need, why
+  if ok then
+    local _, fixed = r.program:device()
+    need = r.program:plan().peak + fixed
+    why = string.format("none's planned peak + fixed bytes %d + headroom %d > free device memory %d",
+                        need, headroom, free or -1)
+  else
+    why = "planning failed: " .. strip(r)
+  end
+  if not ok or not free or need + headroom > free then
+    latent = fallback
+    fallback_note = string.format("%dx%d pixels (%dx%d latents) does not fit: %s; ran at %dx%d pixels",
+      requested * 8, requested * 8, requested, requested, why, fallback * 8, fallback * 8)
+    log("%s", fallback_note)
+  end
+  r = nil
+  collectgarbage()
+  collectgarbage()
+end
+
+local what = string.format("%s, %dx%d latents (%dx%d pixels), batch %d, %s", model_name, latent, latent, latent * 8,
+  latent * 8, batch, use_lora and string.format("LoRA rank %d", rank) or "full fine-tune")
+log("%s on %s: %d warm-up and %d timed steps per policy", what, device, warmup, steps)
+-- the case first, so that the PyTorch side knows it even if no policy finishes
+print(plan.json(plan.object{
+  {"impl", "ckrun"}, {"event", "case"}, {"case", case}, {"model", model_name}, {"lora", use_lora},
+  {"rank", use_lora and rank or nil}, {"batch", batch}, {"latent", latent}, {"pixels", latent * 8},
+  {"requested_latent", requested}, {"fallback", fallback_note}, {"device", device}, {"policies", names},
+}))
+io.stdout:flush()
+
+local none_losses
+local failed = 0
+for _, name in ipairs(names) do
+  collectgarbage()
+  collectgarbage()
+  local row = {}
+  local function run()
+    local free_before, total = device_memory()
+    row.cuda_free_before, row.cuda_total = free_before, total
+    local t0 = ck.now()
+    local r = build(latent, policy.parse(name), false)
+    local p <close> = r.program
+    row.compile_s = ck.now() - t0
+    local all, trainable = r.graph:param_count()
+    row.params, row.trainable = all, trainable
+    local pl = p:plan()
+    local dev, fixed = p:device()
+    row.device, row.fixed = dev, fixed
+    row.plan_peak, row.plan_persistent, row.arena = pl.peak, pl.persistent, pl.arena
+    row.plan_activation_bytes = pl.activation_bytes
+    row.step_flops, row.recompute_flops, row.recompute_ops = pl.step_flops, pl.recompute_flops, pl.recompute_ops
+    local base = pl.step_flops - pl.recompute_flops
+    row.recompute_share = base > 0 and pl.recompute_flops / base or 0
+    row.predicted_total = pl.peak + fixed
+    log("%s: compiled in %.1f s, planned peak %d bytes, fixed %d", name, row.compile_s, pl.peak, fixed)
+    local losses = {}
+    prepare(r, latent)
+    losses[1], row.measured_peak = p:step{measure = true}
+    row.peak_match = row.measured_peak == pl.peak
+    for _ = 1, warmup do
+      prepare(r, latent)
+      losses[#losses + 1] = p:step()
+    end
+    local times = {}
+    for i = 1, steps do
+      prepare(r, latent)
+      local s0 = ck.now()
+      losses[#losses + 1] = p:step()
+      times[i] = 1e3 * (ck.now() - s0)
+    end
+    local free_after = device_memory()
+    row.cuda_free_after = free_after
+    if free_before and free_after then
+      row.cuda_used = free_before - free_after
+      row.measured_total = row.cuda_used + fixed
+    end
+    row.step_ms, row.step_ms_all = median(times), times
+    row.losses = losses
+    if name == "none" then none_losses = losses end
+    if none_losses and name ~= "none" then
+      local same = #none_losses == #losses
+      for i = 1, #losses do same = same and losses[i] == none_losses[i] end
+      row.same_losses_as_none = same
+    end
+    log("%s: step %.2f ms (median of %d), measured peak %d (%s), device bytes used %s", name, row.step_ms, steps,
+        row.measured_peak, row.peak_match and "= plan" or "PLAN SAYS " .. pl.peak, tostring(row.cuda_used))
+  end
+  local ok, err = pcall(run)
+  if not ok then
+    row.error = strip(err)
+    failed = failed + 1
+    log("%s: FAILED: %s", name, row.error)
+  end
+  print(plan.json(plan.object{
+    {"impl", "ckrun"}, {"case", case}, {"model", model_name}, {"lora", use_lora}, {"rank", use_lora and rank or nil},
+    {"batch", batch}, {"latent", latent}, {"pixels", latent * 8}, {"requested_latent", requested},
+    {"fallback", fallback_note}, {"policy", name}, {"device", row.device or device},
+    {"params", row.params}, {"trainable", row.trainable}, {"compile_s", row.compile_s},
+    {"step_ms", row.step_ms}, {"step_ms_all", row.step_ms_all}, {"warmup", warmup}, {"steps", steps},
+    {"plan_peak", row.plan_peak}, {"plan_persistent", row.plan_persistent},
+    {"plan_activation_bytes", row.plan_activation_bytes}, {"arena", row.arena},
+    {"measured_peak", row.measured_peak}, {"peak_match", row.peak_match}, {"fixed", row.fixed},
+    {"predicted_total", row.predicted_total}, {"cuda_free_before", row.cuda_free_before},
+    {"cuda_free_after", row.cuda_free_after}, {"cuda_total", row.cuda_total}, {"cuda_used", row.cuda_used},
+    {"measured_total", row.measured_total}, {"step_flops", row.step_flops}, {"recompute_flops", row.recompute_flops},
+    {"recompute_share", row.recompute_share}, {"recompute_ops", row.recompute_ops}, {"losses", row.losses},
+    {"same_losses_as_none", row.same_losses_as_none}, {"error", row.error},
+  }))
+  io.stdout:flush()
+end
+if failed > 0 then error(string.format("%d of %d policies failed (see the error fields)", failed, #names), 0) end

@@ -1,0 +1,466 @@
+"""The PyTorch side of the training-step comparison in bench/gpu_check.sh, and
+its table.
+
+Runs the cases bench/gpu_step.lua ran (read from its JSON lines) in plain
+PyTorch: the UNet of bench/vs_pytorch.py (diffusers' module tree and names,
+no diffusers needed) with the config of the case, rank-r LoRA on to_q, to_k,
+to_v and to_out.0 of a frozen base (as ckrun's lora.attach), the epsilon
+objective (MSE against the noise), backward and torch.optim.AdamW; policy none
+and diffusers' gradient checkpointing (torch.utils.checkpoint, use_reentrant=
+False, around every ResnetBlock2D and every BasicTransformerBlock, as ckrun's
+policy.diffusers()). ckrun's budget policy has no PyTorch counterpart and is
+skipped. fp32 with TF32 off and cuDNN deterministic (ckrun's defaults);
+attention through F.scaled_dot_product_attention as diffusers' AttnProcessor2_0
+(--attention matmul: vs_pytorch.py's explicit softmax(QK^T)V). One JSON line
+per (case, policy) on stdout, progress on stderr.
+
+  python3 bench/gpu_step_torch.py out/gpu_check/steps_ckrun.jsonl > out/gpu_check/steps_torch.jsonl
+  python3 bench/gpu_step_torch.py --case tiny:16 --device cpu --steps 1     no ckrun file, on the CPU
+  python3 bench/gpu_step_torch.py --table out/gpu_check/steps_ckrun.jsonl out/gpu_check/steps_torch.jsonl
+
+--table needs no torch: it prints the markdown table of ckrun's lines and
+PyTorch's (when given) with the notes under it.
+
+Step time: the median of the timed steps after the untimed ones (the first of
+which creates AdamW's state; by default as many of each as ckrun ran), wall
+clock from a torch.cuda.synchronize() to loss.item() (ckrun's p:step() likewise
+returns once the device has the loss); fresh inputs each step, made outside the
+timed region. Memory: torch.cuda.max_memory_allocated
+over the timed steps after reset_peak_memory_stats (parameters, AdamW state,
+gradients, activations: what ckrun's planned peak counts), max_memory_reserved,
+and free device memory (torch.cuda.mem_get_info) before the model was built
+minus after the steps, with the allocator's cache emptied before each policy.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import types
+
+SDXL = dict(  # diffusers' config keys, as stdlib/ck/unet.lua's "sdxl"
+    in_channels=4, out_channels=4, block_out_channels=(320, 640, 1280), layers_per_block=2,
+    transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20), cross_attention_dim=2048,
+    norm_num_groups=32, norm_eps=1e-5, addition_time_embed_dim=256,
+    projection_class_embeddings_input_dim=2816,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+)
+TORCH_POLICIES = ("none", "diffusers")  # those with a PyTorch counterpart
+GiB, MiB = 2 ** 30, 2 ** 20
+
+
+def log(msg):
+    print("gpu_step_torch: " + msg, file=sys.stderr, flush=True)
+
+
+# ---- the model: bench/vs_pytorch.py's, made device-clean
+
+def load_vs_pytorch(attention):
+    """Imports bench/vs_pytorch.py and patches what the GPU needs; returns (module, note)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import torch
+    import torch.nn.functional as F
+    try:
+        import numpy  # noqa: F401  (vs_pytorch.py uses it only to load ckrun's files)
+        import vs_pytorch as vp
+    except ImportError:
+        # a stand-in only while vs_pytorch.py loads: torch must not see it later
+        sys.modules["numpy"] = types.ModuleType("numpy")
+        try:
+            import vs_pytorch as vp
+        finally:
+            del sys.modules["numpy"]
+
+    class Timesteps(vp.Timesteps):
+        """vs_pytorch.py's, with its frequencies made on the timesteps' device."""
+
+        def forward(self, t):
+            half = self.channels // 2
+            exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / (half - self.shift)
+            emb = t[:, None].float() * torch.exp(exponent)[None, :]
+            emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=-1)
+            if self.flip:
+                emb = torch.cat([emb[:, half:], emb[:, :half]], dim=-1)
+            return emb
+
+    vp.Timesteps = Timesteps  # UNet2DConditionModel looks the name up when it is built
+
+    note = "explicit softmax(QK^T)V (vs_pytorch.py)"
+    if attention == "sdpa":
+        if hasattr(F, "scaled_dot_product_attention"):
+            def forward(self, x, context=None):
+                context = x if context is None else context
+                b, lq, _ = x.shape
+                q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
+                h = self.heads
+
+                def split(t):
+                    return t.reshape(b, t.shape[1], h, -1).transpose(1, 2)
+
+                o = F.scaled_dot_product_attention(split(q), split(k), split(v))
+                o = o.transpose(1, 2).reshape(b, lq, -1)
+                return self.to_out[1](self.to_out[0](o))
+
+            vp.Attention.forward = forward
+            note = "F.scaled_dot_product_attention (diffusers' AttnProcessor2_0)"
+        else:
+            note += ": this torch has no F.scaled_dot_product_attention"
+    return vp, note
+
+
+def config_of(vp, model):
+    if model == "sdxl":
+        return SDXL
+    if model == "sdxl-tiny":
+        return vp.CONFIG
+    raise SystemExit("unknown model '%s' (sdxl, sdxl-tiny)" % model)
+
+
+def build(vp, case, dev):
+    """The model (LoRA attached when the case has it) on dev; returns (model, trainable, params, base_params)."""
+    import torch
+    torch.manual_seed(1)
+
+    def make():
+        model = vp.UNet2DConditionModel(config_of(vp, case["model"]))
+        base = sum(p.numel() for p in model.parameters())
+        if case["lora"]:
+            trainable = vp.attach_lora(model, case["rank"], case["rank"])
+        else:
+            trainable = list(model.parameters())
+        return model, trainable, base
+
+    if hasattr(torch.device, "__enter__"):
+        with dev:  # parameters made and initialized on the device (torch >= 2.0)
+            model, trainable, base = make()
+    else:
+        model, trainable, base = make()
+        model.to(dev)
+    model.train()
+    return model, trainable, sum(p.numel() for p in model.parameters()), base
+
+
+class Inputs:
+    """Fresh inputs for each step, as ckrun's: latents, noise, timesteps, schedule coefficients, conditioning."""
+
+    def __init__(self, vp, case, dev, seed=1):
+        import torch
+        self.torch, self.dev = torch, dev
+        cfg = config_of(vp, case["model"])
+        self.b, self.s = case["batch"], case["latent"]
+        self.cross = cfg["cross_attention_dim"]
+        self.pooled = cfg["projection_class_embeddings_input_dim"] - 6 * cfg["addition_time_embed_dim"]
+        self.gen = torch.Generator().manual_seed(seed)
+        self.abar = torch.cumprod(1 - torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=torch.float64) ** 2, 0)
+
+    def next(self):
+        torch, b, s, g = self.torch, self.b, self.s, self.gen
+        px = float(s * 8)
+        t = torch.randint(0, 1000, (b,), generator=g)
+        cpu = dict(
+            latents=torch.randn(b, 4, s, s, generator=g),
+            noise=torch.randn(b, 4, s, s, generator=g),
+            timesteps=t.float(),
+            sa=self.abar[t].sqrt().float().reshape(b, 1, 1, 1),
+            sb=(1 - self.abar[t]).sqrt().float().reshape(b, 1, 1, 1),
+            weight=torch.ones(b, 1, 1, 1),
+            prompt_embeds=0.5 * torch.randn(b, 77, self.cross, generator=g),
+            pooled=0.5 * torch.randn(b, self.pooled, generator=g),
+            time_ids=torch.tensor([[px, px, 0, 0, px, px]] * b),
+        )
+        return {k: v.to(self.dev) for k, v in cpu.items()}
+
+
+def train_step(model, opt, i):
+    opt.zero_grad(set_to_none=True)
+    noisy = i["latents"] * i["sa"] + i["noise"] * i["sb"]
+    pred = model(noisy, i["timesteps"], i["prompt_embeds"], i["pooled"], i["time_ids"])
+    d = pred - i["noise"]
+    loss = (d * d * i["weight"]).mean()
+    loss.backward()
+    opt.step()
+    return loss.item()  # waits for the device, as ckrun's p:step() does
+
+
+def run_case(vp, case, policies, warmup, steps, attention_note, device):
+    import torch
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    rows = []
+    base_row = dict(impl="pytorch", case=case["case"], model=case["model"], lora=case["lora"],
+                    rank=case["rank"] if case["lora"] else None, batch=case["batch"], latent=case["latent"],
+                    pixels=8 * case["latent"], device=str(dev), torch=torch.__version__, attention=attention_note,
+                    warmup=warmup, steps=steps)
+    if cuda:
+        torch.cuda.empty_cache()
+        free0, total = torch.cuda.mem_get_info()
+    t0 = time.perf_counter()
+    try:
+        model, trainable, params, base = build(vp, case, dev)
+        opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+    except (RuntimeError, MemoryError) as e:
+        msg = "building the model: %s" % (str(e).splitlines()[0] if str(e) else type(e).__name__)
+        log("%s %dx%d latents: FAILED: %s" % (case["model"], case["latent"], case["latent"], msg))
+        for pol in policies:
+            rows.append(dict(base_row, policy=pol, error=msg))
+            print(json.dumps(rows[-1]), flush=True)
+        return rows
+    build_s = time.perf_counter() - t0
+    n_trainable = sum(p.numel() for p in trainable)
+    log("%s %dx%d latents: %d parameters (%d trainable), built in %.1f s" % (
+        case["model"], case["latent"], case["latent"], params, n_trainable, build_s))
+    inputs = Inputs(vp, case, dev)
+    for pol in policies:
+        row = dict(base_row, policy=pol, params=params, base_params=base, trainable=n_trainable,
+                   build_s=round(build_s, 3))
+        model.set_checkpointing(pol != "none")
+        try:
+            if cuda:
+                torch.cuda.empty_cache()
+            losses = []
+            for _ in range(warmup):
+                losses.append(train_step(model, opt, inputs.next()))
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            times = []
+            for _ in range(steps):
+                i = inputs.next()
+                if cuda:
+                    torch.cuda.synchronize()
+                s0 = time.perf_counter()
+                losses.append(train_step(model, opt, i))
+                times.append(1e3 * (time.perf_counter() - s0))
+            row.update(step_ms=statistics.median(times), step_ms_all=times, losses=losses)
+            if cuda:
+                free1, _ = torch.cuda.mem_get_info()
+                row.update(peak_allocated=torch.cuda.max_memory_allocated(),
+                           peak_reserved=torch.cuda.max_memory_reserved(),
+                           cuda_free_before=free0, cuda_free_after=free1, cuda_total=total, cuda_used=free0 - free1)
+            log("%s: step %.2f ms (median of %d)%s" % (pol, row["step_ms"], steps,
+                ", peak allocated %.1f MiB" % (row["peak_allocated"] / MiB) if cuda else ""))
+        except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            row["error"] = msg
+            log("%s: FAILED: %s" % (pol, msg))
+            opt.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.empty_cache()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del model, opt, trainable, inputs
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def read_lines(paths):
+    out = []
+    for p in paths:
+        with open(p) as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    log("%s:%d: not JSON, skipped: %s" % (p, n, line[:80]))
+    return out
+
+
+def cases_from(lines):
+    """The cases of ckrun's lines, in order, with the policies each ran."""
+    cases = {}
+    for r in lines:
+        if r.get("impl") != "ckrun" or "case" not in r or "latent" not in r:
+            continue
+        key = (r["case"], r["latent"], r["batch"])
+        c = cases.setdefault(key, dict(case=r["case"], model=r["model"], lora=r["lora"], rank=r.get("rank") or 4,
+                                       batch=r["batch"], latent=r["latent"], policies=[]))
+        # ckrun's untimed steps: the measured one and its warm-up
+        if "warmup" in r:
+            c["warmup"] = r["warmup"] + 1
+        if "steps" in r:
+            c["steps"] = r["steps"]
+        pols = r.get("policies") or ([r["policy"]] if "policy" in r else [])
+        for p in pols:
+            if p not in c["policies"]:
+                c["policies"].append(p)
+    return list(cases.values())
+
+
+def parse_case(s, lora, rank):
+    """'tiny:64' or 'full:128:1' -> a case."""
+    parts = s.split(":")
+    if parts[0] not in ("tiny", "full") or len(parts) not in (2, 3):
+        raise SystemExit("--case must be tiny|full:LATENT[:BATCH], got '%s'" % s)
+    return dict(case=parts[0], model="sdxl" if parts[0] == "full" else "sdxl-tiny", lora=lora, rank=rank,
+                batch=int(parts[2]) if len(parts) == 3 else 1, latent=int(parts[1]), policies=list(TORCH_POLICIES))
+
+
+# ---- the table (no torch needed)
+
+def fmt_bytes(b):
+    if b is None:
+        return "-"
+    if b >= 10 * GiB:
+        return "%.2f GiB" % (b / GiB)
+    if b >= MiB:
+        return "%.1f MiB" % (b / MiB)
+    return "%.1f KiB" % (b / 1024)
+
+
+def case_label(r):
+    lo = "LoRA r%d" % r["rank"] if r.get("lora") else "full FT"
+    return "%s %dx%d (%d px) b%d %s" % (r["model"], r["latent"], r["latent"], 8 * r["latent"], r["batch"], lo)
+
+
+def table(lines):
+    ck = [r for r in lines if r.get("impl") == "ckrun" and "policy" in r]
+    pt = {(r["case"], r["latent"], r["batch"], r["policy"]): r for r in lines if r.get("impl") == "pytorch"}
+    have_pt = bool(pt)
+    print("| case | policy | ckrun ms | PyTorch ms | ckrun / PyTorch | ckrun recompute FLOPs | ckrun planned peak | "
+          "ckrun arena high-water | ckrun predicted device (peak + fixed) | ckrun cudaMemGetInfo (used + fixed) | "
+          "PyTorch peak allocated | PyTorch cudaMemGetInfo (used) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    notes, seen, cases = [], set(), {}
+
+    def pt_ms(p):
+        if p is None:
+            return "-" if have_pt else "(no torch)"
+        return "%.2f" % p["step_ms"] if p.get("step_ms") is not None else "FAILED"
+
+    def pt_mem(p):
+        return (fmt_bytes(p.get("peak_allocated")), fmt_bytes(p.get("cuda_used"))) if p else ("-", "-")
+
+    for r in ck:
+        key = (r["case"], r["latent"], r["batch"], r["policy"])
+        seen.add(key)
+        p = pt.get(key)
+        cases.setdefault(key[:3], [r, None])
+        if p:
+            cases[key[:3]][1] = p
+        label = case_label(r)
+        if r.get("fallback"):
+            notes.append("%s: %s" % (label, r["fallback"]))
+        if r.get("error"):
+            notes.append("ckrun %s %s: FAILED: %s" % (label, r["policy"], r["error"]))
+        if p and p.get("error"):
+            notes.append("PyTorch %s %s: FAILED: %s" % (label, r["policy"], p["error"]))
+        if r.get("same_losses_as_none") is False:
+            notes.append("ckrun %s %s: the losses are not none's bit for bit at the same steps" % (label, r["policy"]))
+        used, arena = r.get("cuda_used"), r.get("arena")
+        if used is not None and arena and abs(used - arena) > max(64 * MiB, arena // 100):
+            notes.append("ckrun %s %s: cudaMemGetInfo says %s used, the arena is %s (%+.1f MiB: allocation "
+                         "granularity, kernels the libraries loaded on first use)" % (
+                             label, r["policy"], fmt_bytes(used), fmt_bytes(arena), (used - arena) / MiB))
+        cms, pms = r.get("step_ms"), p.get("step_ms") if p else None
+        hw = r.get("measured_peak")
+        hw_cell = fmt_bytes(hw)
+        if hw is not None:
+            hw_cell += " (= plan)" if r.get("peak_match") else " (DIFFERS)"
+        share = r.get("recompute_share")
+        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % ((
+            label, r["policy"],
+            "%.2f" % cms if cms is not None else ("FAILED" if r.get("error") else "-"),
+            pt_ms(p), "%.2f" % (cms / pms) if cms and pms else "-",
+            "%.1f%%" % (100 * share) if share is not None else "-",
+            fmt_bytes(r.get("plan_peak")), hw_cell, fmt_bytes(r.get("predicted_total")),
+            fmt_bytes(r.get("measured_total"))) + pt_mem(p)))
+    for key, p in pt.items():  # PyTorch rows ckrun has none for
+        if key not in seen:
+            cases.setdefault(key[:3], [None, p])
+            print("| %s | %s | - | %s | - | - | - | - | - | - | %s | %s |" % ((case_label(p), p["policy"], pt_ms(p))
+                                                                          + pt_mem(p)))
+            if p.get("error"):
+                notes.append("PyTorch %s %s: FAILED: %s" % (case_label(p), p["policy"], p["error"]))
+    print()
+    some = next(iter(pt.values()), None)
+    if some:
+        print("- PyTorch %s, fp32, TF32 off, cuDNN deterministic; attention: %s; torch.optim.AdamW (its default "
+              "implementation); torch.utils.checkpoint (use_reentrant=False) for diffusers." % (
+                  some["torch"], some["attention"]))
+    for c, p in cases.values():
+        r = c or p
+        steps = []
+        if c:
+            steps.append("ckrun %s timed after %s untimed (one measuring the arena)" % (
+                c.get("steps", "?"), c["warmup"] + 1 if "warmup" in c else "?"))
+        if p:
+            steps.append("PyTorch %s timed after %s untimed" % (p.get("steps", "?"), p.get("warmup", "?")))
+        print("- %s: step time is the median; %s; %s." % (case_label(r), "; ".join(steps),
+              "%s parameters, %s trainable" % (r.get("params", "?"), r.get("trainable", "?"))))
+    print("- ckrun planned peak: the plan's arena high-water mark (parameters, AdamW state, gradients, activations, "
+          "workspace); arena high-water: measured by a sentinel fill during a step; predicted device: planned peak + "
+          "the backend's fixed bytes (cuBLAS workspace and scratch, allocated when the device opens); "
+          "cudaMemGetInfo: free device memory before the compile minus after the steps, plus the fixed bytes. "
+          "PyTorch peak allocated: torch.cuda.max_memory_allocated over the timed steps; its cudaMemGetInfo: free "
+          "memory before the model was built minus after the steps (the allocator's cache included). Device "
+          "figures leave out the CUDA context on both sides. budget has no PyTorch counterpart.")
+    for p in pt.values():
+        c = next((r for r in ck if (r["case"], r["latent"]) == (p["case"], p["latent"]) and r.get("params")), None)
+        if c and p.get("params") and c["params"] != p["params"]:
+            notes.append("parameter counts differ for %s: ckrun %d, PyTorch %d" % (
+                case_label(p), c["params"], p["params"]))
+    for n in dict.fromkeys(notes):
+        print("- " + n)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", help="bench/gpu_step.lua's JSON lines (and, with --table, this script's)")
+    ap.add_argument("--table", action="store_true", help="print the table of the files' lines; needs no torch")
+    ap.add_argument("--case", action="append", default=[], help="tiny|full:LATENT[:BATCH], instead of the files' cases")
+    ap.add_argument("--lora", choices=("true", "false"), default="true", help="with --case (default true)")
+    ap.add_argument("--rank", type=int, default=4, help="with --case (default 4)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--warmup", type=int, help="untimed steps first (default: ckrun's, its measured step "
+                    "included; 2 with --case)")
+    ap.add_argument("--steps", type=int, help="timed steps (default: ckrun's; 5 with --case)")
+    ap.add_argument("--attention", choices=("sdpa", "matmul"), default="sdpa")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on the CPU (0: torch's default)")
+    args = ap.parse_args()
+    if (args.warmup is not None and args.warmup < 1) or (args.steps is not None and args.steps < 1):
+        raise SystemExit("--warmup and --steps must be at least 1")
+    lines = read_lines(args.files)
+    if args.table:
+        table(lines)
+        return
+
+    import torch
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("gpu_step_torch.py: torch sees no CUDA device")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    vp, note = load_vs_pytorch(args.attention)
+    if args.case:
+        cases = [parse_case(s, args.lora == "true", args.rank) for s in args.case]
+    else:
+        cases = cases_from(lines)
+    if not cases:
+        raise SystemExit("gpu_step_torch.py: no cases (give bench/gpu_step.lua's JSON lines or --case)")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    log("PyTorch %s on %s, fp32, TF32 off, cuDNN deterministic, attention: %s" % (torch.__version__, where, note))
+    for case in cases:
+        pols = [p for p in case["policies"] if p in TORCH_POLICIES]
+        skipped = [p for p in case["policies"] if p not in TORCH_POLICIES]
+        if skipped:
+            log("%s: no PyTorch counterpart for %s" % (case["case"], ", ".join(skipped)))
+        if pols:
+            warmup = args.warmup or case.get("warmup") or 2
+            steps = args.steps or case.get("steps") or 5
+            run_case(vp, case, pols, max(warmup, 1), steps, note, args.device)
+
+
+if __name__ == "__main__":
+    main()

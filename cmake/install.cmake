@@ -29,6 +29,8 @@ install(DIRECTORY stdlib/ck DESTINATION ${CK_LUA_LMOD_DIR} FILES_MATCHING PATTER
 
 # the CUDA backend beside libck, where vm/cuda_loader.c looks for it
 if(CK_CUDA_FOUND)
+  get_filename_component(cudnn_dir ${CUDNN_LIBRARY} DIRECTORY)
+  set_target_properties(ck_cuda_module PROPERTIES INSTALL_RPATH "${CUDAToolkit_LIBRARY_DIR};${cudnn_dir}")
   install(TARGETS ck_cuda_module LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
   target_compile_definitions(ck_objs PRIVATE CK_CUDA_INSTALL_DIR="${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}")
 endif()

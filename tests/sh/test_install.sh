@@ -2,7 +2,7 @@
 # (static and shared), ck.h, ck.pc, ck.so and the stdlib where pkg-config and
 # a stock lua5.4 look; a host built with `pkg-config --cflags --libs ck` (and
 # one linked with libck.a) runs tests/c/host_embed.c, the whole embedding API;
-# the installed ckrun loads the installed stdlib.
+# the installed ckrun loads the installed stdlib and CUDA backend.
 set -u
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
@@ -53,6 +53,15 @@ ok $? "the installed ckrun trains"
 out=$(build_out=$("$CKRUN" -e 'print((package.path:match("^[^;]*")))'); echo "$build_out")
 [ "$out" = "$PWD/stdlib/?.lua" ]
 ok $? "the build's ckrun keeps the source tree's stdlib ($out)"
+
+# the CUDA backend, where this build has one: installed beside libck, and it
+# loads from there (its CUDA libraries resolve); without a driver it finds no device
+if [ -e "$CK_BUILD/libck_cuda.so" ]; then
+  [ -e "$prefix/lib/libck_cuda.so" ]; ok $? "installs lib/libck_cuda.so"
+  out=$(CK_CUDA_MODULE="$prefix/lib/libck_cuda.so" "$prefix/bin/ckrun" --device cuda -e 'print("ran")' 2>&1)
+  case "$out" in ran|"ckrun: no CUDA device is present") r=0 ;; *) r=1 ;; esac
+  ok $r "the installed ckrun loads the installed libck_cuda.so ($out)"
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

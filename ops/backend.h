@@ -56,6 +56,12 @@ const ck_backend *ck_backend_cpu(void);
  * libck_cuda.so, loaded on first use), opened once and kept for the process;
  * NULL with the reason in err when there is none. */
 const ck_backend *ck_backend_cuda(char *err, size_t errlen);
+/* The CUDA backend's rules without its code, for plans only (compile{plan_only
+ * = true}): the plan a GPU run would have, on any machine. */
+const ck_backend *ck_backend_cuda_plan(void);
+/* device memory the CUDA backend holds outside every plan: cuBLAS's workspace
+ * and the reduction scratch (CK_CUDA_BLAS_WS_BYTES + CK_CUDA_SCRATCH_BYTES) */
+#define CK_CUDA_FIXED_BYTES (((size_t)4 << 20) + ((size_t)1 << 18))
 /* CUDA devices usable now: 0 without an NVIDIA driver, a device, or a build
  * of the CUDA backend. Loads nothing on a machine without a driver. */
 int ck_cuda_devices(void);

@@ -186,6 +186,12 @@ int ck_op_infer(enum ck_op op, const ck_op_params *p, const ck_shape *in, int ni
                 char *err, size_t errlen);
 size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                        const ck_shape *out, int nthreads);
+/* The CUDA backend's workspace rule (its kernels need less than the CPU's),
+ * and the ops it runs with every tensor in bf16 (ops/cuda/table.c's
+ * ck_cuda_kernels_bf16): plans for the GPU are made without one. */
+size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
+                            const ck_shape *out, int nthreads);
+int ck_cuda_bf16_op(enum ck_op op);
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out);
 
 #endif

@@ -472,6 +472,44 @@ size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in,
     }
 }
 
+/* The workspace each CUDA kernel can use, sized for what it does with it
+ * (ops/cuda): convolutions the CPU's rule, which our im2col path fits by
+ * construction when no cuDNN algorithm does (cuDNN's deterministic algorithms
+ * take at most that); fused attention (head size up to 128) no workspace
+ * forward and row statistics of every head backward; wider heads score
+ * matrices of as many heads as fit in 64 MiB, at least one. */
+size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
+                        int nthreads)
+{
+    (void)nthreads;
+    if (op != CK_OP_ATTENTION && op != CK_OP_ATTENTION_BWD) return ck_op_workspace(op, p, in, nin, out, 1);
+    const int bwd = op == CK_OP_ATTENTION_BWD;
+    const ck_shape *q = &in[bwd], *k = &in[bwd + 1];
+    const int64_t B = q->d[0], LQ = q->d[1], HD = q->d[2], LK = k->d[1], H = p->i[0] > 0 ? p->i[0] : 1;
+    const int64_t D = HD / H;
+    if (D <= 128) {
+        if (!bwd) return 0;
+        int64_t chunk = B * H < 65535 ? B * H : 65535;
+        if (chunk < 1) chunk = 1;
+        return (size_t)(2 * LQ * chunk) * sizeof(float);
+    }
+    const size_t per_head = (size_t)((bwd + 1) * LQ * LK) * sizeof(float);
+    int64_t heads = per_head ? (int64_t)(((size_t)64 << 20) / per_head) : H;
+    if (heads > H) heads = H;
+    if (heads < 1) heads = 1;
+    return per_head * (size_t)heads;
+}
+
+int ck_cuda_bf16_op(enum ck_op op)
+{
+    switch (op) {
+    case CK_OP_SILU: case CK_OP_SILU_BWD: case CK_OP_GELU: case CK_OP_GELU_BWD: case CK_OP_GEGLU:
+    case CK_OP_GEGLU_BWD: case CK_OP_SOFTMAX: case CK_OP_SOFTMAX_BWD: case CK_OP_ADD: case CK_OP_SUB:
+    case CK_OP_MUL: case CK_OP_SCALE: case CK_OP_FILL: return 1;
+    default: return 0;
+    }
+}
+
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out)
 {
     (void)nin;

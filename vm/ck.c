@@ -454,10 +454,10 @@ ck_vm *ck_open(const ck_options *opt)
     vm->sb.alloc = alloc;
     vm->sb.alloc_ud = o.alloc_ud;
     char msg[PATH_MAX + 128];
-    const ck_backend *be = ck_backend_find(o.device, msg, sizeof msg);
+    const ck_backend *be = ck_backend_find(o.device, o.plan_only, msg, sizeof msg);
     if (!be) return dead(vm, CK_EARG, msg);
     snprintf(vm->device, sizeof vm->device, "%s", be->name);
-    if (o.nondeterministic && !strcmp(be->name, "cuda") && ck_cuda_configure(0, -1, msg, sizeof msg))
+    if (o.nondeterministic && !strcmp(be->name, "cuda") && !o.plan_only && ck_cuda_configure(0, -1, msg, sizeof msg))
         return dead(vm, CK_EARG, msg);
     char stdlib[PATH_MAX];
     if (o.stdlib_dir) snprintf(stdlib, sizeof stdlib, "%s", o.stdlib_dir);

@@ -764,7 +764,7 @@ static int l_compile(lua_State *L)
     }
     const char *device = luaL_optstring(L, -1, "auto");
     char derr[512];
-    o.be = ck_backend_find(device, derr, sizeof derr);
+    o.be = ck_backend_find(device, o.plan_only, derr, sizeof derr);
     if (!o.be) return ck_lua_raise(L, "compile: %s", derr);
     lua_pop(L, 1);
     lua_getfield(L, 2, "checkpoint");

@@ -254,11 +254,14 @@ fail:
     return NULL;
 }
 
-const ck_backend *ck_backend_find(const char *name, char *err, size_t errlen)
+const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, size_t errlen)
 {
     if (!name || !strcmp(name, "auto")) return ck_cuda_devices() > 0 ? ck_backend_cuda(err, errlen) : ck_backend_cpu();
     if (!strcmp(name, "cpu")) return ck_backend_cpu();
-    if (!strcmp(name, "cuda")) return ck_backend_cuda(err, errlen);
+    if (!strcmp(name, "cuda")) {
+        const ck_backend *be = ck_backend_cuda(err, errlen);
+        return be || !plan_only ? be : ck_backend_cuda_plan();
+    }
     failf(err, errlen, "unknown device '%s' (cpu, cuda or auto)", name);
     return NULL;
 }

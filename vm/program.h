@@ -136,8 +136,9 @@ typedef struct ck_program {
 
 ck_program *ck_compile(const ck_graph *g, const ck_compile_opts *o, char *err, size_t errlen);
 /* The backend called "cpu" or "cuda"; "auto" (or NULL): cuda when a CUDA
- * device is present, else cpu. NULL with the reason in err. */
-const ck_backend *ck_backend_find(const char *name, char *err, size_t errlen);
+ * device is present, else cpu. plan_only: "cuda" without a device is its
+ * rules alone (ck_backend_cuda_plan). NULL with the reason in err. */
+const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, size_t errlen);
 void ck_program_free(ck_program *p);
 /* One training step (forward, backward, optimizer). 0 or -1 with p->err. */
 int ck_program_step(ck_program *p);

@@ -14,34 +14,6 @@
 
 static ck_cuda_ctx *ctx;
 
-/* The workspace each CUDA kernel can use, sized for what it does with it
- * (the kernels in ops/cuda): convolutions the CPU's rule, which our im2col path fits by
- * construction when no cuDNN algorithm does (cuDNN's deterministic algorithms
- * take at most that); fused attention (head size up to 128) no workspace
- * forward and row statistics of every head backward; wider heads score
- * matrices of as many heads as fit in 64 MiB, at least one. */
-static size_t workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
-                        int nthreads)
-{
-    (void)nthreads;
-    if (op != CK_OP_ATTENTION && op != CK_OP_ATTENTION_BWD) return ck_op_workspace(op, p, in, nin, out, 1);
-    const int bwd = op == CK_OP_ATTENTION_BWD;
-    const ck_shape *q = &in[bwd], *k = &in[bwd + 1];
-    const int64_t B = q->d[0], LQ = q->d[1], HD = q->d[2], LK = k->d[1], H = p->i[0] > 0 ? p->i[0] : 1;
-    const int64_t D = HD / H;
-    if (D <= 128) {
-        if (!bwd) return 0;
-        int64_t chunk = B * H < 65535 ? B * H : 65535;
-        if (chunk < 1) chunk = 1;
-        return (size_t)(2 * LQ * chunk) * sizeof(float);
-    }
-    const size_t per_head = (size_t)((bwd + 1) * LQ * LK) * sizeof(float);
-    int64_t heads = per_head ? (int64_t)(((size_t)64 << 20) / per_head) : H;
-    if (heads > H) heads = H;
-    if (heads < 1) heads = 1;
-    return per_head * (size_t)heads;
-}
-
 static void enter(void) { ck_cuda_bind(ctx); }
 static void *alloc(size_t bytes) { return ck_cuda_alloc(bytes); }
 static void release(void *p) { ck_cuda_free(p); }
@@ -49,14 +21,16 @@ static int sync(void) { return ck_cuda_sync(); }
 
 static int all_finite(const float *x, int64_t n, int *finite) { return ck_cuda_all_finite(x, n, finite); }
 
+_Static_assert(CK_CUDA_FIXED_BYTES == CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES, "fixed bytes");
+
 static void close_at_exit(void)
 {
     ck_cuda_close(ctx);
     ctx = NULL;
 }
 
-static ck_backend be = {"cuda", ck_cuda_kernels, ck_cuda_kernels_bf16, workspace, 1, 0,
-                        CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES, enter, alloc, release, ck_cuda_upload,
+static ck_backend be = {"cuda", ck_cuda_kernels, ck_cuda_kernels_bf16, ck_op_workspace_cuda, 1, 0,
+                        CK_CUDA_FIXED_BYTES, enter, alloc, release, ck_cuda_upload,
                         ck_cuda_download, ck_cuda_copy, ck_cuda_convert, ck_cuda_fill_u32, ck_cuda_high_water,
                         all_finite, sync, ck_cuda_last_error, ck_cuda_clear_error};
 

@@ -162,7 +162,9 @@ end
 function M.summary(p)
   local pl = p:plan()
   local base = pl.step_flops - pl.recompute_flops
+  local device, fixed = p:device()
   return {
+    device = device, device_fixed = fixed,
     peak = pl.peak, live_peak = pl.live_peak, persistent = pl.persistent, transient = pl.transient,
     workspace = pl.workspace, ops = pl.ops, recompute_ops = pl.recompute_ops,
     activation_bytes = pl.activation_bytes, step_flops = pl.step_flops, recompute_flops = pl.recompute_flops,
@@ -468,6 +470,8 @@ local function print_json(o, rows, limit, svg)
   if first then
     local s = first.summary
     parts[#parts + 1] = {"checkpoint", first.name}
+    parts[#parts + 1] = {"device", s.device}
+    parts[#parts + 1] = {"device_fixed_bytes", s.device_fixed}
     for _, k in ipairs{"peak", "live_peak", "persistent", "transient", "workspace"} do
       parts[#parts + 1] = {k .. "_bytes", s[k]}
     end
@@ -521,6 +525,8 @@ local function print_text(o, rows, limit, svg)
   if first then
     local s = first.summary
     local lbl = #rows > 1 and " (" .. first.name .. ")" or ""
+    print(string.format("%-24s %s%s", "device", s.device,
+      s.device_fixed > 0 and " (and " .. M.fmt_bytes(s.device_fixed) .. " of library workspace outside the plan)" or ""))
     print(string.format("%-24s %s%s", "persistent", M.fmt_bytes(s.persistent), lbl))
     print(string.format("%-24s %s at the peak%s", "transient", M.fmt_bytes(s.transient), lbl))
     print(string.format("%-24s %d%s", "ops", s.ops, lbl))

@@ -1,6 +1,7 @@
 /* The CUDA backend has a kernel for every op the CPU backend has, and for no
- * op the CPU lacks (its bf16 kernels are a subset of its fp32 ones). Runs
- * without a device: it only reads the tables. */
+ * op the CPU lacks (its bf16 kernels are a subset of its fp32 ones, and the
+ * ones plans without a device assume, ck_cuda_bf16_op). Runs without a
+ * device: it only reads the tables. */
 #include "cpu/cpu.h"
 
 #include <stdio.h>
@@ -18,6 +19,9 @@ int main(void)
         both += cpu && gpu;
         if (ck_cuda_kernels_bf16[op] && !gpu)
             printf("FAIL: %s has a bf16 CUDA kernel and no fp32 one\n", ck_op_name((enum ck_op)op)), extra++;
+        if ((ck_cuda_kernels_bf16[op] != NULL) != ck_cuda_bf16_op((enum ck_op)op))
+            printf("FAIL: %s: ck_cuda_bf16_op (plans made without a device) disagrees with the bf16 table\n",
+                   ck_op_name((enum ck_op)op)), extra++;
     }
     printf("%d ops on both backends, %d without a CUDA kernel, %d without a CPU kernel\n", both, missing, extra);
     return missing || extra || both == 0;

@@ -1,0 +1,55 @@
+-- Devices as scripts see them, and plans for the GPU made on any machine:
+-- compile{device = "cuda", plan_only = true} plans with the CUDA backend's
+-- workspace rules and bf16 kernels whether or not a GPU is present; without
+-- one, running on cuda is refused with one error naming the line.
+package.path = "tests/lua/?.lua;" .. package.path
+local ck = require "ck"
+local T = require "check"
+
+local devices = table.concat(ck.devices(), ",")
+T.ok(devices == "cpu" or devices == "cpu,cuda", "ck.devices() lists the CPU, then cuda where usable: " .. devices)
+T.ok(ck.device == "cpu" or ck.device == "cuda", "ck.device names the default: " .. tostring(ck.device))
+
+local function attention_plan(device, storage)
+  local g = ck.graph()
+  local q = g:input("q", {1, 4096, 512})
+  local kv = g:input("kv", {1, 4096, 512})
+  local o = ck.attention(q, kv, kv, 8)
+  local y = ck.silu(o)
+  return g:compile{outputs = {y}, plan_only = true, device = device, storage = storage}
+end
+
+do
+  local pc, pg = attention_plan("cpu"), attention_plan("cuda")
+  local name, fixed = pg:device()
+  T.ok(name == "cuda" and fixed == 4 * 2 ^ 20 + 2 ^ 18,
+    string.format("a plan for cuda holds cuBLAS's workspace and the reduction scratch outside the plan (%d bytes)", fixed))
+  T.ok(select(2, pc:device()) == 0, "a plan for the CPU holds nothing outside it")
+  T.ok(pc:plan().workspace > 0 and pg:plan().workspace == 0,
+    string.format("fused attention on the GPU takes no workspace (the CPU's takes %d bytes)", pc:plan().workspace))
+  local ok, err = pcall(function() return pg:forward() end)
+  T.ok(not ok and err:match("planning only"), "a plan-only program does not run: " .. tostring(err))
+end
+
+do -- bf16 (inputs stay fp32): the GPU has a bf16 silu; the CPU converts around its fp32 one
+  local g = ck.graph()
+  local x = g:input("x", {64, 1024})
+  local y = ck.silu(ck.silu(ck.scale(x, 2)))
+  local function ws(device)
+    return g:compile{outputs = {y}, plan_only = true, device = device, storage = "bf16"}:plan().workspace
+  end
+  local n = 64 * 1024 * 4
+  T.ok(ws("cpu") == 2 * n and ws("cuda") == n,
+    string.format("bf16 activations: an fp32 copy of each bf16 operand as workspace (silu on the CPU: %d bytes); "
+      .. "the GPU's bf16 silu needs none, its scale from an fp32 input one (%d bytes)", ws("cpu"), ws("cuda")))
+end
+
+if not devices:match("cuda") then
+  local g = ck.graph()
+  local x = g:input("x", {2, 2})
+  local ok, err = pcall(function() return g:compile{outputs = {ck.silu(x)}, device = "cuda"} end)
+  T.ok(not ok and err:match("test_device_plan%.lua:%d+:") and err:match("CUDA"),
+    "without a GPU, running on cuda is refused, naming the line: " .. tostring(err))
+end
+
+T.done()

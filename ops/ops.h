@@ -144,10 +144,13 @@ typedef struct ck_view {
  * ws (ws_bytes long), sized by the op's workspace rule and placed by the plan. */
 typedef struct ck_kctx {
     uint64_t seed;
-    int64_t step; /* 1-based training step */
+    int64_t step; /* 1-based training step: keys random numbers (dropout) */
     float lr;
     void *ws;
     size_t ws_bytes;
+    /* 1-based count of optimizer updates, this one included: AdamW's t. It
+     * falls behind step when a guarded step skips its update (non-finite). */
+    int64_t update;
 } ck_kctx;
 
 typedef void (*ck_kernel_fn)(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout,

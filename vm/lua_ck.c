@@ -1078,6 +1078,7 @@ static int l_program_index(lua_State *L)
     ck_program *p = check_program(L, 1)->p;
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "steps") == 0) lua_pushinteger(L, p->step);
+    else if (strcmp(k, "updates") == 0) lua_pushinteger(L, p->updates);
     else if (strcmp(k, "lr") == 0) lua_pushnumber(L, p->opt.lr);
     else lua_getfield(L, lua_upvalueindex(1), k);
     return 1;
@@ -1088,10 +1089,11 @@ static int l_program_newindex(lua_State *L)
     ck_program *p = check_program(L, 1)->p;
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "lr") == 0) p->opt.lr = (float)luaL_checknumber(L, 3);
-    else if (strcmp(k, "steps") == 0) { /* restoring a saved training state */
+    else if (strcmp(k, "steps") == 0 || strcmp(k, "updates") == 0) { /* restoring a saved training state */
         lua_Integer n = luaL_checkinteger(L, 3);
-        luaL_argcheck(L, n >= 0, 3, "steps must be >= 0");
-        p->step = n;
+        luaL_argcheck(L, n >= 0, 3, "steps and updates must be >= 0");
+        if (k[0] == 's') p->step = n;
+        else p->updates = n;
     }
     else return luaL_error(L, "cannot set '%s' on a program", k);
     return 0;

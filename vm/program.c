@@ -386,10 +386,15 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
     }
     if (!fin) {
         r->nonfinite = 1;
-        if (ck_exec_find_nonfinite(p, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) return -1;
+        if (ck_exec_find_nonfinite(p, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) {
+            p->step--;
+            return -1;
+        }
     } else if (ck_exec_range(p, pl, k, pl->n, p->err, sizeof p->err)) {
         p->step--;
         return -1;
+    } else if (optimizer_start(pl) < pl->n) {
+        p->updates++; /* the list had updates, and they were applied */
     }
     if (ck_exec_sync(p, p->err, sizeof p->err)) return -1;
     if (o->measure && ck_arena_high_water(p, &r->high_water)) return -1;

@@ -118,6 +118,7 @@ typedef struct ck_program {
     size_t stage_bytes;
     ck_compile_opts opt;
     int64_t step;      /* steps taken */
+    int64_t updates;   /* optimizer updates applied (steps taken less those a guard skipped) */
     const ck_plan *last;
     /* set from another thread to stop a run between two ops (NULL: never) */
     const volatile int *interrupt;

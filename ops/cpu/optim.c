@@ -90,7 +90,7 @@ static void adamw_run(const adamw_k *k, float *pw, float *mw, float *vw, const f
 }
 
 /* param, grad, m, v any shape, same numel; out param, m, v in the inputs' buffers.
- * torch.optim.AdamW (single-tensor path), t = ctx->step:
+ * torch.optim.AdamW (single-tensor path), t = ctx->update:
  *   p *= 1 - lr*wd;  m = lerp(m, g, 1 - b1);  v = v*b2 + (1 - b2)*g*g;
  *   denom = sqrt(v) / sqrt(1 - b2^t) + eps;  p += (-lr / (1 - b1^t)) * m / denom.
  * Threads take whole blocks of ADAMW_BLOCK elements, so which elements run in
@@ -102,7 +102,7 @@ CK_CPU_KERNEL(ck_cpu_adamw_step)
     const float *pr = in[0].data, *grad = in[1].data, *mr = in[2].data, *vr = in[3].data;
     const int64_t n = ck_view_numel(&in[0]);
     const double lr = ctx->lr, b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
-    const double t = (double)(ctx->step > 0 ? ctx->step : 1);
+    const double t = (double)(ctx->update > 0 ? ctx->update : 1);
     adamw_k k;
     k.decay = (float)(1.0 - lr * wd);
     k.w1 = (float)(1.0 - b1);

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(THREADS) adamw_kernel(float *pw, float *mw, fl
 }
 
 /* param, grad, m, v any shape, same numel; out param, m, v in the inputs' buffers.
- * torch.optim.AdamW (single-tensor path), t = ctx->step:
+ * torch.optim.AdamW (single-tensor path), t = ctx->update:
  *   p *= 1 - lr*wd;  m = lerp(m, g, 1 - b1);  v = v*b2 + (1 - b2)*g*g;
  *   denom = sqrt(v) / sqrt(1 - b2^t) + eps;  p += (-lr / (1 - b1^t)) * m / denom. */
 extern "C" CK_CUDA_KERNEL(ck_cuda_adamw_step)
@@ -59,7 +59,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_adamw_step)
     const int64_t n = ck_view_numel(&in[0]);
     if (n == 0) return;
     const double lr = ctx->lr, b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
-    const double t = (double)(ctx->step > 0 ? ctx->step : 1);
+    const double t = (double)(ctx->update > 0 ? ctx->update : 1);
     adamw_scalars s;
     s.eps = p->f[2];
     s.beta2 = p->f[1];

@@ -59,7 +59,7 @@ static double rel_err(const float *got, const double *ref, int64_t n)
     return e;
 }
 
-static const ck_kctx ctx0 = {42, 1, 0.01f, NULL, 0};
+static const ck_kctx ctx0 = {42, 1, 0.01f, NULL, 0, 1};
 
 /* ---- broadcast binary ops ---- */
 
@@ -367,7 +367,7 @@ static void test_dropout(void)
         if (x[i] == 0.0f) x[i] = 0.5f; /* zero outputs then mean dropped */
     ck_view vx = view(x, 1, &n), vy = view(y, 1, &n), vy2 = view(y2, 1, &n), vy3 = view(y3, 1, &n);
     ck_op_params p = {{5}, {drop}};
-    ck_kctx ctx = {1234, 7, 0.0f, NULL, 0};
+    ck_kctx ctx = {1234, 7, 0.0f, NULL, 0, 0};
     ck_cpu_dropout(&ctx, &p, &vy, 1, &vx, 1);
 
     int64_t kept = 0, bad = 0;
@@ -453,7 +453,7 @@ static void test_adamw(int64_t n)
     double ew = 0, em = 0, ev = 0, eu = 0;
     for (int step = 1; step <= 3; step++) {
         float *g = rand_buf(n);
-        ctx.step = step;
+        ctx.step = ctx.update = step;
         ck_view outs[3] = {view(w, 1, &n), view(m, 1, &n), view(v, 1, &n)};
         ck_view ins[4] = {view(w, 1, &n), view(g, 1, &n), view(m, 1, &n), view(v, 1, &n)};
         ck_cpu_adamw_step(&ctx, &p, outs, 3, ins, 4);

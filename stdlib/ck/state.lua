@@ -30,11 +30,17 @@ function M.save(p, dir, meta, keep)
   M.prune(dir, keep)
 end
 
--- removes all but the newest keep states (a run killed between a save and its
--- prune leaves one more; the next save or resume prunes it)
+-- removes all but the newest keep states, and the temp files of saves a kill
+-- cut short (a run killed between a save and its prune leaves one more; the
+-- next save or resume prunes it)
 function M.prune(dir, keep)
   local all = M.list(dir)
   for i = 1, #all - (keep or 3) do os.remove(all[i]) end
+  -- a run killed while writing a state leaves its temp file (path.tmp.<pid>);
+  -- no save is under way while this one prunes, so every such file is stale
+  for _, n in ipairs(ck.listdir(dir) or {}) do
+    if n:match("^state%-%d+%.safetensors%.tmp%.%d+$") then os.remove(dir .. "/" .. n) end
+  end
 end
 
 -- the newest state in dir that opens (a file cut short by a crash is passed over)

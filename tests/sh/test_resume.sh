@@ -42,6 +42,11 @@ done
 [ "$kills" -ge 2 ] ; ok $? "the run was killed $kills times and resumed $resumes times"
 cmp -s "$dir/straight.safetensors" "$dir/resumed.safetensors" ; ok $? "the resumed adapter is byte-identical to the uninterrupted one"
 [ "$(ls "$dir/state" | grep -c '^state-')" -le 2 ] ; ok $? "only the last 2 states are kept"
+# a save cut short by a kill leaves its temp file; resuming removes it
+touch "$dir/state/state-000000002.safetensors.tmp.99999"
+"$CKRUN" $S --state-dir "$dir/state" --log-dir "$dir/again_log" --resume "$dir/state" --out "$dir/again.safetensors" > /dev/null 2>&1
+[ ! -e "$dir/state/state-000000002.safetensors.tmp.99999" ] && [ "$(ls "$dir/state" | grep -c '^state-')" -le 2 ]
+ok $? "resuming removes the temp file of a save a kill cut short"
 steps() { grep -o '^{"step":[0-9]*' "$1" | cut -d: -f2 | tr '\n' ' '; }
 [ -n "$(steps "$dir/resumed_log/metrics.jsonl")" ] && [ "$(steps "$dir/resumed_log/metrics.jsonl")" = "$(steps "$dir/straight_log/metrics.jsonl")" ]
 ok $? "the resumed run's log has the uninterrupted run's steps, each once: $(steps "$dir/resumed_log/metrics.jsonl" | cut -c1-60)..."

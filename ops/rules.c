@@ -505,7 +505,8 @@ int ck_cuda_bf16_op(enum ck_op op)
     switch (op) {
     case CK_OP_SILU: case CK_OP_SILU_BWD: case CK_OP_GELU: case CK_OP_GELU_BWD: case CK_OP_GEGLU:
     case CK_OP_GEGLU_BWD: case CK_OP_SOFTMAX: case CK_OP_SOFTMAX_BWD: case CK_OP_ADD: case CK_OP_SUB:
-    case CK_OP_MUL: case CK_OP_SCALE: case CK_OP_FILL: return 1;
+    case CK_OP_MUL: case CK_OP_SCALE: case CK_OP_FILL: case CK_OP_CONCAT: case CK_OP_SLICE: case CK_OP_RESHAPE:
+        return 1;
     default: return 0;
     }
 }

@@ -14,6 +14,8 @@
 int ck_cpu_threads(void);
 
 extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
+/* The ops with a kernel for bf16 storage (every tensor bf16): the copies. */
+extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
 
 /* matmul.c */
 CK_CPU_KERNEL(ck_cpu_matmul);
@@ -50,6 +52,9 @@ CK_CPU_KERNEL(ck_cpu_fill);
 CK_CPU_KERNEL(ck_cpu_concat);
 CK_CPU_KERNEL(ck_cpu_slice);
 CK_CPU_KERNEL(ck_cpu_reshape);
+CK_CPU_KERNEL(ck_cpu_concat_bf16);
+CK_CPU_KERNEL(ck_cpu_slice_bf16);
+CK_CPU_KERNEL(ck_cpu_reshape_bf16);
 CK_CPU_KERNEL(ck_cpu_permute);
 CK_CPU_KERNEL(ck_cpu_upsample2x);
 CK_CPU_KERNEL(ck_cpu_upsample2x_bwd);

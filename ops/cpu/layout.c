@@ -19,61 +19,98 @@ static int64_t prod(const int64_t *s, int from, int to)
 }
 
 /* A large copy split into blocks so more than one core streams memory. */
-static void copy_floats(float *dst, const float *src, int64_t n)
+static void copy_bytes(void *dst, const void *src, size_t n)
 {
-    const int64_t B = 1 << 16;
-    const int64_t nb = (n + B - 1) / B;
+    const size_t B = (size_t)1 << 18;
+    const int64_t nb = (int64_t)((n + B - 1) / B);
 #pragma omp parallel for schedule(static) if (n > 4 * B)
     for (int64_t i = 0; i < nb; i++) {
-        const int64_t lo = i * B, len = n - lo < B ? n - lo : B;
-        memcpy(dst + lo, src + lo, (size_t)len * sizeof(float));
+        const size_t lo = (size_t)i * B, len = n - lo < B ? n - lo : B;
+        memcpy((char *)dst + lo, (const char *)src + lo, len);
     }
 }
 
+static void copy_floats(float *dst, const float *src, int64_t n) { copy_bytes(dst, src, (size_t)n * sizeof(float)); }
+
+/* Concat, slice and reshape move elements of es bytes: fp32 (4) or bf16 (2). */
+
 // a is (P,A,Q), b is (P,B,Q) around dim i0; out is (P,A+B,Q).
-CK_CPU_KERNEL(ck_cpu_concat)
+static void concat(const ck_op_params *p, ck_view *out, const ck_view *in, size_t es)
 {
-    (void)ctx, (void)nout, (void)nin;
     const int d = norm_dim(p->i[0], out[0].ndim);
     const int64_t P = prod(out[0].shape, 0, d), Q = prod(out[0].shape, d + 1, out[0].ndim);
-    const int64_t AQ = in[0].shape[d] * Q, BQ = in[1].shape[d] * Q;
-    const float *a = in[0].data, *b = in[1].data;
-    float *y = out[0].data;
+    const size_t A = (size_t)(in[0].shape[d] * Q) * es, Bq = (size_t)(in[1].shape[d] * Q) * es;
+    const char *a = (const char *)in[0].data, *b = (const char *)in[1].data;
+    char *y = (char *)out[0].data;
     if (P == 1) {
-        copy_floats(y, a, AQ);
-        copy_floats(y + AQ, b, BQ);
+        copy_bytes(y, a, A);
+        copy_bytes(y + A, b, Bq);
         return;
     }
-#pragma omp parallel for schedule(static) if (P * (AQ + BQ) > PAR_MIN)
+#pragma omp parallel for schedule(static) if ((size_t)P * (A + Bq) > PAR_MIN * sizeof(float))
     for (int64_t i = 0; i < P; i++) {
-        memcpy(y + i * (AQ + BQ), a + i * AQ, (size_t)AQ * sizeof(float));
-        memcpy(y + i * (AQ + BQ) + AQ, b + i * BQ, (size_t)BQ * sizeof(float));
+        memcpy(y + (size_t)i * (A + Bq), a + (size_t)i * A, A);
+        memcpy(y + (size_t)i * (A + Bq) + A, b + (size_t)i * Bq, Bq);
     }
 }
 
 // x is (P,X,Q) around dim i0; out is (P,i2,Q), entries i1 .. i1+i2-1 of that dim.
-CK_CPU_KERNEL(ck_cpu_slice)
+static void slice(const ck_op_params *p, ck_view *out, const ck_view *in, size_t es)
 {
-    (void)ctx, (void)nout, (void)nin;
     const int d = norm_dim(p->i[0], in[0].ndim);
     const int64_t P = prod(in[0].shape, 0, d), Q = prod(in[0].shape, d + 1, in[0].ndim);
-    const int64_t XQ = in[0].shape[d] * Q, LQ = p->i[2] * Q, off = p->i[1] * Q;
-    const float *x = in[0].data;
-    float *y = out[0].data;
+    const size_t X = (size_t)(in[0].shape[d] * Q) * es, L = (size_t)(p->i[2] * Q) * es, off = (size_t)(p->i[1] * Q) * es;
+    const char *x = (const char *)in[0].data;
+    char *y = (char *)out[0].data;
     if (P == 1) {
-        copy_floats(y, x + off, LQ);
+        copy_bytes(y, x + off, L);
         return;
     }
-#pragma omp parallel for schedule(static) if (P * LQ > PAR_MIN)
-    for (int64_t i = 0; i < P; i++) memcpy(y + i * LQ, x + i * XQ + off, (size_t)LQ * sizeof(float));
+#pragma omp parallel for schedule(static) if ((size_t)P * L > PAR_MIN * sizeof(float))
+    for (int64_t i = 0; i < P; i++) memcpy(y + (size_t)i * L, x + (size_t)i * X + off, L);
 }
 
 // x is any shape; out has the same number of elements (possibly the same buffer).
+static void reshape(ck_view *out, const ck_view *in, size_t es)
+{
+    if (out[0].data != in[0].data) copy_bytes(out[0].data, in[0].data, (size_t)ck_view_numel(&in[0]) * es);
+}
+
+CK_CPU_KERNEL(ck_cpu_concat)
+{
+    (void)ctx, (void)nout, (void)nin;
+    concat(p, out, in, sizeof(float));
+}
+
+CK_CPU_KERNEL(ck_cpu_slice)
+{
+    (void)ctx, (void)nout, (void)nin;
+    slice(p, out, in, sizeof(float));
+}
+
 CK_CPU_KERNEL(ck_cpu_reshape)
 {
     (void)ctx, (void)p, (void)nout, (void)nin;
-    if (out[0].data == in[0].data) return;
-    copy_floats(out[0].data, in[0].data, ck_view_numel(&in[0]));
+    reshape(out, in, sizeof(float));
+}
+
+/* bf16 storage (ops/cpu/table.c's ck_cpu_kernels_bf16): the same copies of 2-byte elements */
+CK_CPU_KERNEL(ck_cpu_concat_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    concat(p, out, in, 2);
+}
+
+CK_CPU_KERNEL(ck_cpu_slice_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    slice(p, out, in, 2);
+}
+
+CK_CPU_KERNEL(ck_cpu_reshape_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    reshape(out, in, 2);
 }
 
 #define TILE 32

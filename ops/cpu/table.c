@@ -48,3 +48,9 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
     [CK_OP_STATS] = ck_cpu_stats,
     [CK_OP_SUMSQ] = ck_cpu_sumsq,
 };
+
+const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
+    [CK_OP_CONCAT] = ck_cpu_concat_bf16,
+    [CK_OP_SLICE] = ck_cpu_slice_bf16,
+    [CK_OP_RESHAPE] = ck_cpu_reshape_bf16,
+};

@@ -90,7 +90,7 @@ extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 /* The same ops with every tensor in bf16 storage (the views' data pointers
  * point at __nv_bfloat16; arithmetic stays fp32), for the ops where that is
  * one instantiation away: activations, softmax, broadcasting add/sub/mul,
- * scale and fill. NULL elsewhere. */
+ * scale, fill, and the copies concat, slice and reshape. NULL elsewhere. */
 extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 
 #define CK_CUDA_KERNEL(name) \
@@ -144,6 +144,9 @@ CK_CUDA_KERNEL(ck_cuda_fill_bf16);
 CK_CUDA_KERNEL(ck_cuda_concat);
 CK_CUDA_KERNEL(ck_cuda_slice);
 CK_CUDA_KERNEL(ck_cuda_reshape);
+CK_CUDA_KERNEL(ck_cuda_concat_bf16);
+CK_CUDA_KERNEL(ck_cuda_slice_bf16);
+CK_CUDA_KERNEL(ck_cuda_reshape_bf16);
 CK_CUDA_KERNEL(ck_cuda_permute);
 CK_CUDA_KERNEL(ck_cuda_upsample2x);
 CK_CUDA_KERNEL(ck_cuda_upsample2x_bwd);

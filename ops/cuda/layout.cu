@@ -17,54 +17,88 @@ static int64_t prod(const int64_t *s, int from, int to)
     return n;
 }
 
-/* height rows of width floats, between pitches (in floats) */
-static int copy_rows(ck_cuda_ctx *c, const char *op, float *dst, int64_t dpitch, const float *src, int64_t spitch,
-                     int64_t width, int64_t height)
+/* height rows of width elements of es bytes, between pitches (in elements) */
+static int copy_rows(ck_cuda_ctx *c, const char *op, void *dst, int64_t dpitch, const void *src, int64_t spitch,
+                     int64_t width, int64_t height, size_t es)
 {
     if (width == 0 || height == 0) return 1;
     if (height == 1 || (width == dpitch && width == spitch))
-        return CK_CU(op, cudaMemcpyAsync(dst, src, sizeof(float) * (size_t)(width * height), cudaMemcpyDeviceToDevice,
-                                         c->stream));
-    return CK_CU(op, cudaMemcpy2DAsync(dst, sizeof(float) * (size_t)dpitch, src, sizeof(float) * (size_t)spitch,
-                                       sizeof(float) * (size_t)width, (size_t)height, cudaMemcpyDeviceToDevice,
-                                       c->stream));
+        return CK_CU(op, cudaMemcpyAsync(dst, src, es * (size_t)(width * height), cudaMemcpyDeviceToDevice, c->stream));
+    return CK_CU(op, cudaMemcpy2DAsync(dst, es * (size_t)dpitch, src, es * (size_t)spitch, es * (size_t)width,
+                                       (size_t)height, cudaMemcpyDeviceToDevice, c->stream));
 }
 
+/* Concat, slice and reshape move elements of es bytes: fp32 (4) or bf16 (2). */
+
 // a is (P,A,Q), b is (P,B,Q) around dim i0; out is (P,A+B,Q).
-extern "C" CK_CUDA_KERNEL(ck_cuda_concat)
+static void concat(const ck_op_params *p, ck_view *out, const ck_view *in, size_t es)
 {
-    (void)ctx, (void)nout, (void)nin;
     ck_cuda_ctx *c = ck_cuda_begin("concat");
     if (!c) return;
     const int d = norm_dim(p->i[0], out[0].ndim);
     const int64_t P = prod(out[0].shape, 0, d), Q = prod(out[0].shape, d + 1, out[0].ndim);
     const int64_t AQ = in[0].shape[d] * Q, BQ = in[1].shape[d] * Q;
-    if (copy_rows(c, "concat", out[0].data, AQ + BQ, in[0].data, AQ, AQ, P))
-        copy_rows(c, "concat", out[0].data + AQ, AQ + BQ, in[1].data, BQ, BQ, P);
+    char *y = (char *)out[0].data;
+    if (copy_rows(c, "concat", y, AQ + BQ, in[0].data, AQ, AQ, P, es))
+        copy_rows(c, "concat", y + es * (size_t)AQ, AQ + BQ, in[1].data, BQ, BQ, P, es);
     ck_cuda_end(c, "concat");
 }
 
 // x is (P,X,Q) around dim i0; out is (P,i2,Q), entries i1 .. i1+i2-1 of that dim.
-extern "C" CK_CUDA_KERNEL(ck_cuda_slice)
+static void slice(const ck_op_params *p, ck_view *out, const ck_view *in, size_t es)
 {
-    (void)ctx, (void)nout, (void)nin;
     ck_cuda_ctx *c = ck_cuda_begin("slice");
     if (!c) return;
     const int d = norm_dim(p->i[0], in[0].ndim);
     const int64_t P = prod(in[0].shape, 0, d), Q = prod(in[0].shape, d + 1, in[0].ndim);
     const int64_t XQ = in[0].shape[d] * Q, LQ = p->i[2] * Q, off = p->i[1] * Q;
-    copy_rows(c, "slice", out[0].data, LQ, in[0].data + off, XQ, LQ, P);
+    copy_rows(c, "slice", out[0].data, LQ, (const char *)in[0].data + es * (size_t)off, XQ, LQ, P, es);
     ck_cuda_end(c, "slice");
 }
 
 // x is any shape; out has the same number of elements (possibly the same buffer).
+static void reshape(ck_view *out, const ck_view *in, size_t es)
+{
+    ck_cuda_ctx *c = ck_cuda_begin("reshape");
+    if (!c) return;
+    if (out[0].data != in[0].data) copy_rows(c, "reshape", out[0].data, 0, in[0].data, 0, ck_view_numel(&in[0]), 1, es);
+    ck_cuda_end(c, "reshape");
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_concat)
+{
+    (void)ctx, (void)nout, (void)nin;
+    concat(p, out, in, sizeof(float));
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_slice)
+{
+    (void)ctx, (void)nout, (void)nin;
+    slice(p, out, in, sizeof(float));
+}
+
 extern "C" CK_CUDA_KERNEL(ck_cuda_reshape)
 {
     (void)ctx, (void)p, (void)nout, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("reshape");
-    if (!c) return;
-    if (out[0].data != in[0].data) copy_rows(c, "reshape", out[0].data, 0, in[0].data, 0, ck_view_numel(&in[0]), 1);
-    ck_cuda_end(c, "reshape");
+    reshape(out, in, sizeof(float));
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_concat_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    concat(p, out, in, 2);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_slice_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    slice(p, out, in, 2);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_reshape_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    reshape(out, in, 2);
 }
 
 /* Output dims (merged, size-1 dropped) with their input strides. */
@@ -149,7 +183,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_permute)
         }
     }
     if (pm.m <= 1) {
-        copy_rows(c, "permute", out[0].data, 0, x->data, 0, n, 1);
+        copy_rows(c, "permute", out[0].data, 0, x->data, 0, n, 1, sizeof(float));
         ck_cuda_end(c, "permute");
         return;
     }

@@ -60,4 +60,7 @@ const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_MUL] = ck_cuda_mul_bf16,
     [CK_OP_SCALE] = ck_cuda_scale_bf16,
     [CK_OP_FILL] = ck_cuda_fill_bf16,
+    [CK_OP_CONCAT] = ck_cuda_concat_bf16,
+    [CK_OP_SLICE] = ck_cuda_slice_bf16,
+    [CK_OP_RESHAPE] = ck_cuda_reshape_bf16,
 };

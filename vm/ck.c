@@ -454,10 +454,16 @@ ck_vm *ck_open(const ck_options *opt)
     vm->sb.alloc = alloc;
     vm->sb.alloc_ud = o.alloc_ud;
     char msg[PATH_MAX + 128];
-    const ck_backend *be = ck_backend_find(o.device, o.plan_only, msg, sizeof msg);
-    if (!be) return dead(vm, CK_EARG, msg);
-    snprintf(vm->device, sizeof vm->device, "%s", be->name);
-    if (o.nondeterministic && !strcmp(be->name, "cuda") && !o.plan_only && ck_cuda_configure(0, -1, msg, sizeof msg))
+    /* a device named outright opens now, so that a missing one fails here;
+     * auto only looks (the GPU opens when a program first compiles for it) */
+    if (!o.device || !strcmp(o.device, "auto")) {
+        snprintf(vm->device, sizeof vm->device, "%s", ck_cuda_devices() > 0 ? "cuda" : "cpu");
+    } else {
+        const ck_backend *be = ck_backend_find(o.device, o.plan_only, msg, sizeof msg);
+        if (!be) return dead(vm, CK_EARG, msg);
+        snprintf(vm->device, sizeof vm->device, "%s", be->name);
+    }
+    if (o.nondeterministic && !strcmp(vm->device, "cuda") && !o.plan_only && ck_cuda_configure(0, -1, msg, sizeof msg))
         return dead(vm, CK_EARG, msg);
     char stdlib[PATH_MAX];
     if (o.stdlib_dir) snprintf(stdlib, sizeof stdlib, "%s", o.stdlib_dir);

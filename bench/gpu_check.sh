@@ -62,26 +62,26 @@ awk -v a="$t0" -v b="$t1" -v j="$jobs" 'BEGIN { printf "CUDA backend compile (ck
 
 # ---- GPU tests: a skip means no device was usable, which is a failure here
 (cd build && timeout 300 ./test_cuda_table) > "$out/test_cuda_table.txt" 2>&1 || die "test_cuda_table (see $out/test_cuda_table.txt)"
-set +e
-(cd build && OMP_NUM_THREADS=$jobs timeout 300 ./test_cuda_ops) > "$out/test_cuda_ops.txt" 2>&1
-rc=$?
-set -e
-grep -E "^(FAIL|SKIP)" "$out/test_cuda_ops.txt" || true
-[ $rc -ne 77 ] || die "test_cuda_ops skipped: $(tail -1 "$out/test_cuda_ops.txt")"
-[ $rc -eq 0 ] || die "test_cuda_ops exit $rc (see $out/test_cuda_ops.txt)"
-echo "test_cuda_ops: $(tail -1 "$out/test_cuda_ops.txt")"
+# gpu_test NAME SECONDS COMMAND...: runs a GPU test (from the repository root)
+# into $out/NAME.txt; a skip (exit 77) or a failure stops the script
+gpu_test() {
+    local name=$1 secs=$2 rc
+    shift 2
+    set +e
+    OMP_NUM_THREADS=$jobs timeout "$secs" "$@" > "$out/$name.txt" 2>&1
+    rc=$?
+    set -e
+    grep -E "^(FAIL|SKIP)" "$out/$name.txt" || true
+    [ $rc -ne 77 ] || die "$name skipped: $(tail -1 "$out/$name.txt")"
+    [ $rc -eq 0 ] || die "$name exit $rc (see $out/$name.txt)"
+    echo "$name: $(grep -E 'passed, [0-9]+ failed' "$out/$name.txt" | tail -1)"
+}
+gpu_test test_cuda_ops 300 build/test_cuda_ops
 (cd build && timeout 120 ./test_cuda_ops_emu) > "$out/test_cuda_ops_emu.txt" 2>&1 || die "test_cuda_ops_emu (see $out/test_cuda_ops_emu.txt)"
 echo "test_cuda_ops_emu: $(tail -1 "$out/test_cuda_ops_emu.txt")"
 # the executor on the GPU: sdxl-tiny's loss curve against the CPU's, recompute
 # bitwise, exact device peaks, host I/O, logging, the guard, bf16 storage
-set +e
-OMP_NUM_THREADS=$jobs timeout 240 build/ckrun --trust tests/device/test_device.lua > "$out/test_device.txt" 2>&1
-rc=$?
-set -e
-grep -E "^(FAIL|SKIP)" "$out/test_device.txt" || true
-[ $rc -ne 77 ] || die "test_device skipped: $(tail -1 "$out/test_device.txt")"
-[ $rc -eq 0 ] || die "test_device exit $rc (see $out/test_device.txt)"
-echo "test_device: $(grep -E 'passed, [0-9]+ failed' "$out/test_device.txt" | tail -1)"
+gpu_test test_device 240 build/ckrun --trust tests/device/test_device.lua
 
 # ---- per-op timings, ckrun and PyTorch
 timeout 240 build/bench_cuda_ops --reps 20 > "$out/cuda_ops.jsonl" || die "bench_cuda_ops (see $out/cuda_ops.jsonl)"

@@ -228,8 +228,7 @@ for _, name in ipairs(names) do
     row.plan_peak, row.plan_persistent, row.arena = pl.peak, pl.persistent, pl.arena
     row.plan_activation_bytes = pl.activation_bytes
     row.step_flops, row.recompute_flops, row.recompute_ops = pl.step_flops, pl.recompute_flops, pl.recompute_ops
-    local base = pl.step_flops - pl.recompute_flops
-    row.recompute_share = base > 0 and pl.recompute_flops / base or 0
+    row.recompute_share = plan.summary(p).recompute_pct / 100
     row.predicted_total = pl.peak + fixed
     log("%s: compiled in %.1f s, planned peak %d bytes, fixed %d", name, row.compile_s, pl.peak, fixed)
     local losses = {}

@@ -457,7 +457,7 @@ ck_vm *ck_open(const ck_options *opt)
     /* a device named outright opens now, so that a missing one fails here;
      * auto only looks (the GPU opens when a program first compiles for it) */
     if (!o.device || !strcmp(o.device, "auto")) {
-        snprintf(vm->device, sizeof vm->device, "%s", ck_cuda_devices() > 0 ? "cuda" : "cpu");
+        snprintf(vm->device, sizeof vm->device, "%s", ck_default_device());
     } else {
         const ck_backend *be = ck_backend_find(o.device, o.plan_only, msg, sizeof msg);
         if (!be) return dead(vm, CK_EARG, msg);

@@ -58,24 +58,22 @@ static void *find(void)
         char *slash = strrchr(dir, '/');
         if (slash) *slash = 0;
     }
-    static const char *const rel[] = {"/", "/../lib/", "/../"};
-    for (int i = 0; dir[0] && i < 3; i++) {
-        snprintf(path, sizeof path, "%s%s" MODULE, dir, rel[i]);
+    /* beside this code (dir, dir/../lib, dir/..), then where this copy was built and installed */
+    const char *const places[][2] = {
+        {dir, "/"}, {dir, "/../lib/"}, {dir, "/../"},
+#ifdef CK_CUDA_MODULE_DIR
+        {CK_CUDA_MODULE_DIR, "/"},
+#endif
+#ifdef CK_CUDA_INSTALL_DIR
+        {CK_CUDA_INSTALL_DIR, "/"},
+#endif
+    };
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++) {
+        if (!places[i][0][0]) continue;
+        snprintf(path, sizeof path, "%s%s" MODULE, places[i][0], places[i][1]);
         void *h = try_open(path);
         if (h) return h;
     }
-#ifdef CK_CUDA_MODULE_DIR
-    {
-        void *h = try_open(CK_CUDA_MODULE_DIR "/" MODULE);
-        if (h) return h;
-    }
-#endif
-#ifdef CK_CUDA_INSTALL_DIR
-    {
-        void *h = try_open(CK_CUDA_INSTALL_DIR "/" MODULE);
-        if (h) return h;
-    }
-#endif
     return NULL;
 }
 

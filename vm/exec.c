@@ -54,7 +54,7 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
         if (r->out[j] >= 0) view_of(p, pl, r->out[j], &out[j]);
     /* 16-bit operands of an fp32 kernel: fp32 copies at the workspace's start */
     unsigned char *ws = pl->ws_off[i] >= 0 ? p->arena + pl->ws_off[i] : NULL;
-    size_t conv = native ? 0 : ck_entry_convert_bytes(pl, p->g, i, be);
+    size_t conv = native ? 0 : ck_entry_convert_bytes(pl, p->g, i);
     void *stored[CK_MAX_OUT] = {0};
     if (conv) {
         unsigned char *slot = ws;

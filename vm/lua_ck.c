@@ -1198,7 +1198,7 @@ static int l_devices(lua_State *L)
     lua_createtable(L, 2, 0);
     lua_pushstring(L, "cpu");
     lua_rawseti(L, -2, 1);
-    if (ck_cuda_devices() > 0) {
+    if (!strcmp(ck_default_device(), "cuda")) {
         lua_pushstring(L, "cuda");
         lua_rawseti(L, -2, 2);
     }
@@ -1302,7 +1302,7 @@ int luaopen_ck(lua_State *L)
     lua_getfield(L, LUA_REGISTRYINDEX, "ck.device");
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
-        lua_pushstring(L, ck_cuda_devices() > 0 ? "cuda" : "cpu");
+        lua_pushstring(L, ck_default_device());
     }
     lua_setfield(L, lib, "device");
     ck_lua_fs_register(L, lib);

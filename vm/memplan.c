@@ -88,10 +88,9 @@ int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_b
     return 1;
 }
 
-size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i)
 {
     const ck_op_ref *r = &pl->ops[i];
-    if (ck_entry_bf16_native(pl, g, i, be)) return 0;
     size_t b = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
@@ -107,7 +106,8 @@ static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, const ck
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
-    return ck_entry_convert_bytes(pl, g, i, be) + be->workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
+    size_t conv = ck_entry_bf16_native(pl, g, i, be) ? 0 : ck_entry_convert_bytes(pl, g, i);
+    return conv + be->workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
 }
 
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)

@@ -254,9 +254,11 @@ fail:
     return NULL;
 }
 
+const char *ck_default_device(void) { return ck_cuda_devices() > 0 ? "cuda" : "cpu"; }
+
 const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, size_t errlen)
 {
-    if (!name || !strcmp(name, "auto")) return ck_cuda_devices() > 0 ? ck_backend_cuda(err, errlen) : ck_backend_cpu();
+    if (!name || !strcmp(name, "auto")) name = ck_default_device();
     if (!strcmp(name, "cpu")) return ck_backend_cpu();
     if (!strcmp(name, "cuda")) {
         const ck_backend *be = ck_backend_cuda(err, errlen);

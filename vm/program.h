@@ -136,8 +136,10 @@ typedef struct ck_program {
 } ck_program;
 
 ck_program *ck_compile(const ck_graph *g, const ck_compile_opts *o, char *err, size_t errlen);
-/* The backend called "cpu" or "cuda"; "auto" (or NULL): cuda when a CUDA
- * device is present, else cpu. plan_only: "cuda" without a device is its
+/* What "auto" means: "cuda" when a CUDA device is present, else "cpu" (looks,
+ * opens nothing). */
+const char *ck_default_device(void);
+/* The backend called "cpu" or "cuda"; "auto" (or NULL): ck_default_device(). plan_only: "cuda" without a device is its
  * rules alone (ck_backend_cuda_plan). NULL with the reason in err. */
 const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, size_t errlen);
 void ck_program_free(ck_program *p);
@@ -219,11 +221,11 @@ void ck_plan_free(ck_plan *pl);
 int ck_is_persistent(ck_kind k);
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
 /* bf16 storage: whether list entry i runs the backend's bf16 kernel (every
- * operand bf16, and the backend has one), and otherwise the bytes of the fp32
- * copies of its 16-bit operands, placed at the start of its workspace (inputs,
- * then outputs, each rounded up to 64 bytes) */
+ * operand bf16, and the backend has one); when it does not, the bytes of the
+ * fp32 copies of its 16-bit operands, placed at the start of its workspace
+ * (inputs, then outputs, each rounded up to 64 bytes) */
 int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
-size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
+size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i);
 /* FLOPs of list entry i */
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i);
 /* bytes of tensor id (a graph tensor or a recomputed copy) */

@@ -27,6 +27,17 @@
 #   bash bench/gpu_check.sh            # writes out/gpu_check/*
 #   GPU_CHECK_SECONDS=470              # the time budget step 4 keeps to (from the start)
 #
+# On a machine without Lua 5.4 or OpenBLAS and no package registry, it builds
+# against the Debian packages in .gpu_deps/ (made by bench/gpu_deps.sh where
+# apt works), unpacked into a private prefix. cuDNN comes from the CUDA
+# toolkit's folder or the system's, else from python3's nvidia-cudnn wheel.
+# When $OUT names a folder (the device tool's), the results are also left
+# there: gpu_check.tar.gz (all of out/gpu_check), steps.md and cuda_ops.md.
+# From the development machine, with the device tool:
+#
+#   bash bench/gpu_deps.sh
+#   run: command "bash bench/gpu_check.sh", carry [".gpu_deps"], timeout_s 580
+#
 # Not measured here: bf16 storage's step times on the GPU (test_device checks
 # that it runs and follows the CPU), batches above 1, data loading, and the
 # variance of the step times across runs (one run of a few steps per policy).
@@ -49,9 +60,52 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 echo "GPU: $(head -1 "$out/gpu.txt")"
 [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "no nvcc (CUDA toolkit) found"
 
+# the results, also where the device tool collects them (at most 8 files)
+leave_results() {
+    [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
+    tar czf "$OUT/gpu_check.tar.gz" -C out gpu_check 2>/dev/null || true
+    for f in steps.md cuda_ops.md; do [ ! -f "$out/$f" ] || cp "$out/$f" "$OUT/"; done
+}
+trap leave_results EXIT
+
+# ---- what the build needs: Lua 5.4 and OpenBLAS from the system, else from
+# the packages carried in .gpu_deps/ (bench/gpu_deps.sh), unpacked privately
+cmake_args=()
+arch=$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
+arch=${arch/-pc-/-}
+if [ ! -f /usr/include/lua5.4/lua.h ] || [ ! -e "/usr/lib/$arch/openblas-openmp/libopenblas.so" ]; then
+    compgen -G ".gpu_deps/*.deb" >/dev/null ||
+        die "Lua 5.4 or OpenBLAS (OpenMP) is missing here and .gpu_deps/ holds no packages: run bash bench/gpu_deps.sh where apt works and carry .gpu_deps"
+    deps=/tmp/ck_gpu_deps
+    rm -rf "$deps"
+    mkdir -p "$deps"
+    for f in .gpu_deps/*.deb; do
+        if command -v dpkg-deb >/dev/null; then
+            dpkg-deb -x "$f" "$deps"
+        else # a .deb is an ar archive around data.tar.*
+            member=$(ar t "$f" | grep '^data\.tar')
+            ar p "$f" "$member" > "$deps/$member" && tar -x -C "$deps" -f "$deps/$member" && rm "$deps/$member"
+        fi || die "unpacking $f"
+    done
+    cmake_args+=("-DCK_DEPS_ROOT=$deps")
+    export LD_LIBRARY_PATH="$deps/usr/lib/$arch:$deps/usr/lib/$arch/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "build dependencies: from .gpu_deps ($(ls .gpu_deps/*.deb | wc -l) packages, unpacked in $deps)"
+fi
+if ! compgen -G "/usr/local/cuda/include/cudnn.h" >/dev/null && ! compgen -G "/usr/include/cudnn.h" >/dev/null &&
+    ! compgen -G "/usr/include/$arch/cudnn.h" >/dev/null; then
+    wheel=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+    lib=$(compgen -G "$wheel/lib/libcudnn.so*" | sort | head -1 || true)
+    [ -n "$wheel" ] && [ -f "$wheel/include/cudnn.h" ] && [ -n "$lib" ] ||
+        die "no cuDNN: neither /usr/local/cuda, /usr/include nor python3's nvidia-cudnn wheel holds cudnn.h"
+    cmake_args+=("-DCUDNN_INCLUDE_DIR=$wheel/include" "-DCUDNN_LIBRARY=$lib")
+    export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "cuDNN: from python3's wheel ($lib)"
+fi
+
 # ---- build
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > "$out/configure.txt" 2>&1 || die "cmake configure (see $out/configure.txt)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cmake_args[@]}" > "$out/configure.txt" 2>&1 ||
+    die "cmake configure (see $out/configure.txt): $(grep -m1 -A2 'CMake Error' "$out/configure.txt" | tr '\n' ' ')"
 grep -q "CUDA backend: on" "$out/configure.txt" || die "CMake did not enable the CUDA backend: $(grep 'CUDA backend' "$out/configure.txt")"
 t0=$(date +%s.%N)
 cmake --build build -j "$jobs" --target ck_cuda > "$out/build_cuda.txt" 2>&1 || die "building ck_cuda (see $out/build_cuda.txt)"
@@ -162,5 +216,4 @@ echo
 
 echo
 [ -z "$step_failures" ] || die "training steps:$step_failures"
-echo "Not run here: tests/device/test_device.lua (the GPU loss curve against the CPU's, bitwise recompute)."
 echo "gpu_check: done in $(( $(date +%s) - start )) s; results in $out/"

@@ -45,59 +45,27 @@
 -- says why).
 local ck = require "ck"
 local unet = require "ck.unet"
-local lora = require "ck.lora"
+local sdxl = require "ck.sdxl"
 local policy = require "ck.policy"
-local diffusion = require "ck.diffusion"
 local plan = require "ck.plan"
 
-local a = args or {}
-local function opt(name, default)
-  local v = a[name]
-  if v == nil then return default end
-  return v
-end
-local function flag(name, default)
-  local v = opt(name, default)
-  if v == true or v == "true" or v == 1 or v == "yes" then return true end
-  if v == false or v == "false" or v == 0 or v == "no" then return false end
-  error("--" .. name .. " must be true or false, got '" .. tostring(v) .. "'", 0)
-end
-local function count(name, default, min)
-  local v = opt(name, default)
-  if math.type(v) ~= "integer" or v < (min or 1) then
-    error("--" .. name .. " must be an integer >= " .. (min or 1) .. ", got '" .. tostring(v) .. "'", 0)
-  end
-  return v
-end
-
-local case = opt("case", "tiny")
-if case ~= "tiny" and case ~= "full" then error("--case must be tiny or full, got '" .. tostring(case) .. "'", 0) end
+local o = sdxl.options(args)
+local case = o:choice("case", "tiny", {"tiny", "full"})
 local model_name = case == "full" and "sdxl" or "sdxl-tiny"
 local config = unet.config(model_name)
-local requested = count("latent", case == "full" and 128 or 64)
-local fallback = opt("fallback", case == "full" and 64 or "none")
+local requested = o:count("latent", case == "full" and 128 or 64)
+local fallback = o:get("fallback", case == "full" and 64 or "none")
 if fallback == "none" or fallback == false then fallback = nil end
-if fallback ~= nil and (math.type(fallback) ~= "integer" or fallback < 1) then
-  error("--fallback must be a latent side or none, got '" .. tostring(fallback) .. "'", 0)
-end
-local batch = count("batch", 1)
-local use_lora = flag("lora", true)
-local rank = count("rank", 4)
-local warmup = count("warmup", 1, 0)
-local steps = count("steps", 5)
-local device = opt("device", "cuda")
-if device ~= "cuda" and device ~= "cpu" then
-  error("--device must be cuda or cpu, got '" .. tostring(device) .. "'", 0)
-end
-local headroom = policy.bytes(opt("headroom", 2 ^ 30))
-local seed = count("seed", 1, 0)
-local lr = 1e-4
-local tokens = 77
-local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
-local names = {}
-for n in tostring(opt("policies", "none,diffusers,budget:62%")):gmatch("[^,]+") do
-  names[#names + 1] = n:match("^%s*(.-)%s*$")
-end
+if fallback ~= nil then fallback = o:count("fallback") end
+local batch = o:count("batch", 1)
+local use_lora = o:flag("lora", true)
+local rank = o:count("rank", 4)
+local warmup = o:count("warmup", 1, 0)
+local steps = o:count("steps", 5)
+local device = o:choice("device", "cuda", {"cuda", "cpu"})
+local headroom = policy.bytes(o:get("headroom", 2 ^ 30))
+local seed = o:count("seed", 1, 0)
+local names = o:list("policies", "none,diffusers,budget:62%")
 for _, n in ipairs(names) do policy.parse(n) end -- a typo fails before anything runs
 
 local function log(fmt, ...)
@@ -121,42 +89,27 @@ end
 
 -- one training step of the UNet (LoRA or full), compiled for `device`
 local function build(latent, checkpoint, plan_only)
-  local r = {}
-  local model = unet.UNet2DConditionModel(config)
-  if use_lora then
-    model:freeze()
-    r.adapter = lora.attach(model, {rank = rank, alpha = rank})
-  end
-  local g = ck.graph()
-  r.graph = g
-  r.objective = diffusion.objective{prediction = "eps"}
-  r.objective.seed = seed
-  r.cond = {
-    prompt_embeds = g:input("prompt_embeds", {batch, tokens, config.cross_attention_dim}),
-    pooled_prompt_embeds = g:input("pooled_prompt_embeds", {batch, pooled_dim}),
-    time_ids = g:input("time_ids", {batch, 6}),
+  return sdxl.training_step{
+    config = config, batch = batch, latent = latent, lora = use_lora and {rank = rank},
+    objective = {prediction = "eps", seed = seed},
+    compile = {lr = 1e-4, weight_decay = 1e-2, seed = seed, checkpoint = checkpoint, plan_only = plan_only,
+               device = device},
   }
-  local loss = r.objective:build(g, {batch, config.in_channels, latent, latent}, function(noisy, t)
-    return model:forward(g, noisy, t, r.cond.prompt_embeds, r.cond.pooled_prompt_embeds, r.cond.time_ids)
-  end)
-  r.program = g:compile{loss = loss, optimizer = "adamw", lr = lr, weight_decay = 1e-2, seed = seed,
-                        checkpoint = checkpoint, plan_only = plan_only, device = device}
-  return r
 end
 
 -- fresh inputs for the step about to run (keyed by the step: every program sees
 -- the same ones at the same step), outside the timed region
 local function prepare(r, latent)
   local p = r.program
-  p:randn(r.objective.inputs.latents, 0x7400)
-  p:randn(r.cond.prompt_embeds, 0x7500, 0.5)
-  p:randn(r.cond.pooled_prompt_embeds, 0x7600, 0.5)
+  p:randn(r.inputs.latents, 0x7400)
+  p:randn(r.inputs.prompt_embeds, 0x7500, 0.5)
+  p:randn(r.inputs.pooled_prompt_embeds, 0x7600, 0.5)
   local px = latent * 8
   local ids = {}
   for _ = 1, batch do
     for _, v in ipairs({px, px, 0, 0, px, px}) do ids[#ids + 1] = v end
   end
-  p:set(r.cond.time_ids, ids)
+  p:set(r.inputs.time_ids, ids)
   r.objective:prepare(p)
 end
 

@@ -18,79 +18,43 @@
 -- or a loss differs from none's (recompute must not change a bit).
 local ck = require "ck"
 local unet = require "ck.unet"
-local lora = require "ck.lora"
-local diffusion = require "ck.diffusion"
+local sdxl = require "ck.sdxl"
 local data = require "ck.data"
 local policy = require "ck.policy"
 local plan = require "ck.plan"
 
-local a = args or {}
-local function opt(name, default)
-  local v = a[name]
-  if v == nil then return default end
-  return v
-end
-local function flag(name, default)
-  local v = opt(name, default)
-  if v == true or v == "true" or v == 1 or v == "yes" then return true end
-  if v == false or v == "false" or v == 0 or v == "no" then return false end
-  error("--" .. name .. " must be true or false, got '" .. tostring(v) .. "'", 0)
-end
+local o = sdxl.options(args)
 
-local size = opt("size", "tiny")
-if size ~= "tiny" and size ~= "full" then error("--size must be tiny or full, got '" .. tostring(size) .. "'", 0) end
+local size = o:choice("size", "tiny", {"tiny", "full"})
 local config = unet.config(size == "full" and "sdxl" or "sdxl-tiny")
-local resolution = opt("resolution", 512)
-if math.type(resolution) ~= "integer" or resolution % 64 ~= 0 or resolution <= 0 then
-  error("--resolution must be a positive multiple of 64 pixels, got " .. tostring(resolution), 0)
+local resolution = o:count("resolution", 512)
+if resolution % 64 ~= 0 then
+  error("--resolution must be a positive multiple of 64 pixels, got " .. tostring(resolution))
 end
 local latent = resolution // 8
-local batch = opt("batch", 1)
-if math.type(batch) ~= "integer" or batch < 1 then error("--batch must be a positive integer", 0) end
-local use_lora = flag("lora", true)
-local rank = opt("rank", 4)
-local steps = opt("steps", 3)
-if math.type(steps) ~= "integer" or steps < 1 then error("--steps must be a positive integer", 0) end
-local svg_path = opt("svg", "out/policy_sweep.svg")
-local seed = opt("seed", 1)
-local tokens = 77
-local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+local batch = o:count("batch", 1)
+local use_lora = o:flag("lora", true)
+local rank = o:count("rank", 4)
+local steps = o:count("steps", 3)
+local svg_path = o:get("svg", "out/policy_sweep.svg")
+local seed = o:count("seed", 1, 0)
+local pooled_dim = sdxl.pooled_dim(config)
 
 -- the policies: fixed ones, then one budget per entry of --budgets
-local names = {}
-for n in tostring(opt("policies", "none,diffusers,selective,sqrt_n,every_n:2,every_n:3")):gmatch("[^,]+") do
-  names[#names + 1] = n:match("^%s*(.-)%s*$")
-end
-local budgets = opt("budgets", "90%,80%,70%,62%,55%")
+local names = o:list("policies", "none,diffusers,selective,sqrt_n,every_n:2,every_n:3")
+local budgets = o:get("budgets", "90%,80%,70%,62%,55%")
 if budgets ~= "" and budgets ~= "none" then
-  for b in tostring(budgets):gmatch("[^,]+") do names[#names + 1] = "budget:" .. b:match("^%s*(.-)%s*$") end
+  for _, b in ipairs(o:list("budgets")) do names[#names + 1] = "budget:" .. b end
 end
 local policies = plan.parse_policies(table.concat(names, ","))
 
 -- one training step of the LoRA (or full) fine-tune, as train_sdxl_lora.lua builds it
 local function build(b, checkpoint, plan_only)
-  local r = {}
-  local model = unet.UNet2DConditionModel(config)
-  if use_lora then
-    model:freeze()
-    r.adapter = lora.attach(model, {rank = rank, alpha = rank})
-  end
-  local g = ck.graph()
-  r.graph = g
-  r.objective = diffusion.objective{prediction = "v"}
-  r.objective.seed = seed
-  r.inputs = {
-    prompt_embeds = g:input("prompt_embeds", {b, tokens, config.cross_attention_dim}),
-    pooled_prompt_embeds = g:input("pooled_prompt_embeds", {b, pooled_dim}),
-    time_ids = g:input("time_ids", {b, 6}),
+  return sdxl.training_step{
+    config = config, batch = b, latent = latent, lora = use_lora and {rank = rank},
+    objective = {prediction = "v", seed = seed},
+    compile = {lr = 1e-4, weight_decay = 1e-2, seed = seed, checkpoint = checkpoint, plan_only = plan_only},
   }
-  local loss = r.objective:build(g, {b, config.in_channels, latent, latent}, function(noisy, t)
-    return model:forward(g, noisy, t, r.inputs.prompt_embeds, r.inputs.pooled_prompt_embeds, r.inputs.time_ids)
-  end)
-  r.inputs.latents = r.objective.inputs.latents
-  r.program = g:compile{loss = loss, optimizer = "adamw", lr = 1e-4, weight_decay = 1e-2, seed = seed,
-                        checkpoint = checkpoint, plan_only = plan_only}
-  return r
 end
 
 local what = string.format("sdxl-%s, %dx%d latents, batch %d, %s", size, latent, latent, batch,

@@ -21,21 +21,17 @@
 local ck = require "ck"
 local unet = require "ck.unet"
 local lora = require "ck.lora"
-local diffusion = require "ck.diffusion"
+local sdxl = require "ck.sdxl"
 local data = require "ck.data"
 local log = require "ck.log"
 local policy = require "ck.policy"
 local state = require "ck.state"
 
 local a = args or {}
-local function opt(name, default)
-  local v = a[name]
-  if v == nil then return default end
-  return v
-end
+local o = sdxl.options(a)
+local function opt(name, default) return o:get(name, default) end
 
-local size = opt("size", "tiny")
-if size ~= "tiny" and size ~= "full" then error("--size must be tiny or full, got '" .. tostring(size) .. "'") end
+local size = o:choice("size", "tiny", {"tiny", "full"})
 local config = unet.config(size == "full" and "sdxl" or "sdxl-tiny")
 local resolution = opt("resolution", size == "full" and 1024 or 256)
 if math.type(resolution) ~= "integer" or resolution % 64 ~= 0 then
@@ -48,13 +44,8 @@ local seed = opt("seed", 1)
 local rank = opt("rank", 4)
 local alpha = opt("alpha", rank)
 local targets = opt("targets", "default")
-if targets ~= "default" and targets ~= "kohya" then
-  local list = {}
-  for t in tostring(targets):gmatch("[^,]+") do list[#list + 1] = t end
-  targets = list
-end
-local format = opt("lora-format", "kohya")
-if format ~= "kohya" and format ~= "peft" then error("--lora-format must be kohya or peft, got '" .. tostring(format) .. "'") end
+if targets ~= "default" and targets ~= "kohya" then targets = o:list("targets") end
+local format = o:choice("lora-format", "kohya", {"kohya", "peft"})
 local out = opt("out", "out/lora.safetensors")
 local lr = opt("lr", 3e-3)
 -- A LoRA on a randomly initialized base cannot learn epsilon prediction: the
@@ -62,36 +53,21 @@ local lr = opt("lr", 3e-3)
 -- pass the noise through. v-prediction's target holds the latents, which the
 -- adapters can learn; so a run without --weights defaults to v.
 local prediction = opt("prediction", a.weights and "eps" or "v")
-local tokens = 77
-local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim
+local pooled_dim = sdxl.pooled_dim(config)
 
 local checkpoint = policy.parse(opt("checkpoint", "none"))
 
 -- The model, its adapters, the objective and the compiled program for one
 -- batch size and checkpoint policy (plan_only: nothing allocated).
 local function build(batch, checkpoint, plan_only)
-  local r = {}
-  r.model = unet.UNet2DConditionModel(config)
-  r.model:freeze()
-  r.adapter = lora.attach(r.model, {rank = rank, alpha = alpha, targets = targets})
-  local g = ck.graph()
-  r.graph = g
-  r.objective = diffusion.objective{prediction = prediction, noise_offset = opt("noise-offset", 0),
-                                    min_snr_gamma = opt("min-snr-gamma", nil)}
-  r.objective.seed = seed
-  r.inputs = {
-    prompt_embeds = g:input("prompt_embeds", {batch, tokens, config.cross_attention_dim}),
-    pooled_prompt_embeds = g:input("pooled_prompt_embeds", {batch, pooled_dim}),
-    time_ids = g:input("time_ids", {batch, 6}),
+  return sdxl.training_step{
+    config = config, batch = batch, latent = latent,
+    lora = {rank = rank, alpha = alpha, targets = targets},
+    objective = {prediction = prediction, noise_offset = opt("noise-offset", 0), min_snr_gamma = opt("min-snr-gamma", nil),
+                 seed = seed},
+    compile = {lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed, checkpoint = checkpoint,
+               plan_only = plan_only, storage = opt("storage", "fp32")},
   }
-  local loss = r.objective:build(g, {batch, config.in_channels, latent, latent}, function(noisy, t)
-    return r.model:forward(g, noisy, t, r.inputs.prompt_embeds, r.inputs.pooled_prompt_embeds, r.inputs.time_ids)
-  end)
-  r.inputs.latents = r.objective.inputs.latents
-  r.inputs.noise = r.objective.inputs.noise
-  r.program = g:compile{loss = loss, optimizer = "adamw", lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed,
-                        checkpoint = checkpoint, plan_only = plan_only, storage = opt("storage", "fp32")}
-  return r
 end
 
 local run = build(batch, checkpoint, ck.plan_mode)
@@ -128,7 +104,7 @@ local dataset = data.latents(opt("data", "synthetic"), {batch = batch, seed = se
   height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
 do -- the data must fit the model
   local s, source = dataset:shapes()
-  local want = {latents = {config.in_channels, latent, latent}, prompt_embeds = {tokens, config.cross_attention_dim},
+  local want = {latents = {config.in_channels, latent, latent}, prompt_embeds = {sdxl.TOKENS, config.cross_attention_dim},
                 pooled_prompt_embeds = {pooled_dim}}
   for name, shape in pairs(want) do
     if table.concat(s[name], ",") ~= table.concat(shape, ",") then

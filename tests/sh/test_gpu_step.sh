@@ -1,0 +1,40 @@
+# bench/gpu_step.lua, the training-step half of bench/gpu_check.sh, on the CPU
+# (--device cpu): the GPU run finds the script working. One JSON line for the
+# case and one per policy, each peak measured to the byte, recompute policies
+# with none's losses bit for bit, the markdown table of those lines
+# (bench/gpu_step_torch.py --table, which needs no torch), and a bad option
+# named with its script line.
+set -u
+pass=0 fail=0
+ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
+
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+OMP_NUM_THREADS=2 "$CKRUN" --trust bench/gpu_step.lua --device cpu --case tiny --latent 8 --warmup 1 --steps 2 \
+  --policies none,diffusers,budget:97% > "$dir/steps.jsonl" 2> "$dir/err.txt"
+ok $? "gpu_step.lua --device cpu runs three policies ($(tail -1 "$dir/err.txt"))"
+python3 - "$dir/steps.jsonl" <<'PY'; ok $? "a case line, then per policy: measured peak == plan, timed steps, none's losses bit for bit"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert lines[0]["event"] == "case" and lines[0]["device"] == "cpu", lines[0]
+rows = {r["policy"]: r for r in lines[1:]}
+assert sorted(rows) == ["budget:97%", "diffusers", "none"], sorted(rows)
+for name, r in rows.items():
+    assert "error" not in r, (name, r.get("error"))
+    assert r["peak_match"] is True and r["measured_peak"] == r["plan_peak"], name
+    assert len(r["step_ms_all"]) == 2 and all(t > 0 for t in r["step_ms_all"]), name
+    assert len(r["losses"]) == 4, name  # the measuring step, 1 warm-up, 2 timed
+    if name != "none":
+        assert r["recompute_flops"] > 0 and r["plan_peak"] < rows["none"]["plan_peak"], name
+        assert r["losses"] == rows["none"]["losses"] and r["same_losses_as_none"] is True, name
+PY
+python3 bench/gpu_step_torch.py --table "$dir/steps.jsonl" > "$dir/table.md"
+rows=$(grep -cE '^\| .*(none|diffusers|budget:97%)' "$dir/table.md")
+[ "$rows" = 3 ]; ok $? "gpu_step_torch.py --table prints a row per policy without torch ($rows rows)"
+
+"$CKRUN" --trust bench/gpu_step.lua --device cpu --case huge > /dev/null 2> "$dir/bad.txt"; rc=$?
+[ $rc != 0 ] && grep -qE 'gpu_step\.lua:[0-9]+: --case must be tiny or full, got .huge.' "$dir/bad.txt"
+ok $? "a bad option is one error naming the script line ($(head -1 "$dir/bad.txt"))"
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

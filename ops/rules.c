@@ -473,15 +473,28 @@ size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in,
 }
 
 /* The workspace each CUDA kernel can use, sized for what it does with it
- * (ops/cuda): convolutions the CPU's rule, which our im2col path fits by
- * construction when no cuDNN algorithm does (cuDNN's deterministic algorithms
- * take at most that); fused attention (head size up to 128) no workspace
- * forward and row statistics of every head backward; wider heads score
- * matrices of as many heads as fit in 64 MiB, at least one. */
+ * (ops/cuda): convolutions the columns of one image as on the CPU, but at most
+ * CONV_WS_CAP (and at least one column): cuDNN's implicit-GEMM algorithms,
+ * which the deterministic choice prefers, need far less, and our im2col path
+ * runs in as many column chunks as the workspace needs; fused attention (head
+ * size up to 128) no workspace forward and row statistics of every head
+ * backward; wider heads score matrices of as many heads as fit in 64 MiB, at
+ * least one. */
+#define CONV_WS_CAP ((size_t)32 << 20)
+
 size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
                         int nthreads)
 {
     (void)nthreads;
+    if (op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA || op == CK_OP_CONV2D_BWD_FILTER) {
+        const size_t all = ck_op_workspace(op, p, in, nin, out, 1);
+        /* C*KH*KW: the input's channels (forward: x; data gradient: dx; filter gradient: x) times the taps */
+        const ck_shape *w = op == CK_OP_CONV2D_BWD_FILTER ? &out[0] : &in[1];
+        const int64_t c = op == CK_OP_CONV2D ? in[0].d[1] : op == CK_OP_CONV2D_BWD_DATA ? out[0].d[1] : in[1].d[1];
+        const size_t column = (size_t)(c * w->d[2] * w->d[3]) * sizeof(float);
+        if (all <= CONV_WS_CAP) return all;
+        return column > CONV_WS_CAP ? column : CONV_WS_CAP;
+    }
     if (op != CK_OP_ATTENTION && op != CK_OP_ATTENTION_BWD) return ck_op_workspace(op, p, in, nin, out, 1);
     const int bwd = op == CK_OP_ATTENTION_BWD;
     const ck_shape *q = &in[bwd], *k = &in[bwd + 1];

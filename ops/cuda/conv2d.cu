@@ -4,8 +4,9 @@
  * first deterministic one whose workspace fits what the plan gave the op
  * (ctx->ws); with determinism off, cuDNN's heuristic order instead (no
  * benchmarking: cudnnFind would allocate). When no cuDNN algorithm fits, the
- * CPU's method runs instead, which fits the rule by construction: per image,
- * im2col (or a gather col2im) in the workspace around one cuBLAS product.
+ * CPU's method runs instead, in as many column chunks as the workspace needs:
+ * per image and chunk, im2col (or a gather col2im) in the workspace around one
+ * cuBLAS product. The plan's rule (ops/rules.c) gives at least one column.
  * Exact fp32 (FMA math) unless the context allows TF32. */
 #include "common.cuh"
 
@@ -130,7 +131,11 @@ static int choose(ck_cuda_ctx *c, dir d, size_t ws_bytes)
     return -1;
 }
 
-/* ---- the im2col path ---- */
+/* ---- the im2col path ----
+ * Per image, the columns (output pixels) in chunks that fit the workspace:
+ * im2col of a chunk, one cuBLAS product against it, and for the data gradient
+ * a gather back (col2im) that adds the chunk's share into dx. The chunk size
+ * follows from the workspace alone, so a plan's op always runs the same way. */
 
 #define THREADS 256
 
@@ -139,20 +144,24 @@ static int direct(const conv_geom *g)
     return g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
 }
 
-// xn is (C,H,W); col is (C*KH*KW, HO*WO), row (c,kh,kw) holding x[c, ho*sh-ph+kh, wo*sw-pw+kw] (0 outside)
-__global__ void __launch_bounds__(THREADS) im2col_kernel(float *col, const float *xn, conv_geom g, int64_t n)
+// xn is (C,H,W); col is (C*KH*KW, nq) for output pixels q0..q0+nq-1, row (c,kh,kw)
+// holding x[c, ho*sh-ph+kh, wo*sw-pw+kw] (0 outside) where q = ho*WO + wo
+__global__ void __launch_bounds__(THREADS) im2col_kernel(float *col, const float *xn, conv_geom g, int64_t q0,
+                                                         int64_t nq, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t q = i % (g.HO * g.WO), r = i / (g.HO * g.WO);
+        const int64_t q = q0 + i % nq, r = i / nq;
         const int64_t kw = r % g.KW, kh = r / g.KW % g.KH, c = r / (g.KW * g.KH);
         const int64_t ih = q / g.WO * g.sh - g.ph + kh, iw = q % g.WO * g.sw - g.pw + kw;
         col[i] = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W ? xn[(c * g.H + ih) * g.W + iw] : 0.0f;
     }
 }
 
-// col is (C*KH*KW, HO*WO); dxn (C,H,W) gets, per pixel, the sum of the col entries im2col
-// would have read from it, added in (kh, kw) order as ops/cpu/conv2d.c does
-__global__ void __launch_bounds__(THREADS) col2im_kernel(float *dxn, const float *col, conv_geom g, int64_t n)
+// col is (C*KH*KW, nq) for output pixels q0..q0+nq-1; dxn (C,H,W) gets, per pixel,
+// the sum of the col entries im2col would have read from it, in (kh, kw) order
+// as ops/cpu/conv2d.c adds them; added onto dxn when add is set (a later chunk)
+__global__ void __launch_bounds__(THREADS) col2im_kernel(float *dxn, const float *col, conv_geom g, int64_t q0,
+                                                         int64_t nq, int add, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t iw = i % g.W, ih = i / g.W % g.H, c = i / (g.W * g.H);
@@ -163,65 +172,96 @@ __global__ void __launch_bounds__(THREADS) col2im_kernel(float *dxn, const float
             for (int64_t kw = 0; kw < g.KW; kw++) {
                 const int64_t tw = iw + g.pw - kw;
                 if (tw < 0 || tw % g.sw || tw / g.sw >= g.WO) continue;
-                acc += col[((c * g.KH + kh) * g.KW + kw) * g.HO * g.WO + th / g.sh * g.WO + tw / g.sw];
+                const int64_t q = th / g.sh * g.WO + tw / g.sw - q0;
+                if (q < 0 || q >= nq) continue;
+                acc += col[((c * g.KH + kh) * g.KW + kw) * nq + q];
             }
         }
-        dxn[i] = acc;
+        dxn[i] = add ? dxn[i] + acc : acc;
     }
 }
 
-static int im2col_fits(const char *op, const conv_geom *g, size_t ws_bytes)
+/* Output pixels per chunk: as many as the workspace holds columns of, or all
+ * of them at once without a workspace when the geometry is direct (the image
+ * is its own column matrix); 0, with the failure recorded, when not one fits. */
+static int64_t chunk_of(const char *op, const conv_geom *g, size_t ws_bytes)
 {
-    const size_t need = direct(g) ? 0 : sizeof(float) * (size_t)(g->C * g->KH * g->KW * g->HO * g->WO);
-    if (need <= ws_bytes) return 1;
-    return ck_cuda_fail(op, "no cuDNN algorithm, nor im2col (%zu bytes), fits the planned workspace of %zu bytes", need,
-                        ws_bytes);
+    const int64_t ckk = g->C * g->KH * g->KW, howo = g->HO * g->WO;
+    if (direct(g)) return howo;
+    const int64_t fit = (int64_t)(ws_bytes / (sizeof(float) * (size_t)ckk));
+    if (fit >= 1) return fit < howo ? fit : howo;
+    ck_cuda_fail(op, "no cuDNN algorithm, nor one im2col column (%zu bytes), fits the planned workspace of %zu bytes",
+                 sizeof(float) * (size_t)ckk, ws_bytes);
+    return 0;
 }
 
 // y (N,O,HO,WO) = w (O, CKK) col_n (CKK, HOWO), added onto y when beta is 1 (the bias)
 static void im2col_fwd(ck_cuda_ctx *c, const conv_geom *g, float *y, const float *x, const float *w, float beta,
-                       float *ws)
+                       float *ws, int64_t chunk)
 {
     const int64_t ckk = g->C * g->KH * g->KW, howo = g->HO * g->WO;
     for (int64_t n = 0; n < g->N; n++) {
-        const float *xn = x + n * g->C * g->H * g->W, *col = xn;
-        if (!direct(g)) {
-            ck_launch(im2col_kernel, ck_grid(ckk * howo, THREADS), THREADS, c->stream, ws, xn, *g, ckk * howo);
-            col = ws;
+        const float *xn = x + n * g->C * g->H * g->W;
+        for (int64_t q0 = 0; q0 < howo; q0 += chunk) {
+            const int64_t nq = howo - q0 < chunk ? howo - q0 : chunk;
+            const float *col = xn + q0; /* direct: the image's own columns, ld howo */
+            int64_t ldb = howo;
+            if (!direct(g)) {
+                ck_launch(im2col_kernel, ck_grid(ckk * nq, THREADS), THREADS, c->stream, ws, xn, *g, q0, nq, ckk * nq);
+                col = ws, ldb = nq;
+            }
+            if (!ck_cuda_gemm(c, "conv2d", 0, 0, g->O, nq, ckk, 1.0f, w, ckk, 0, col, ldb, 0, beta,
+                              y + n * g->O * howo + q0, howo, 0, 1))
+                return;
         }
-        if (!ck_cuda_gemm(c, "conv2d", 0, 0, g->O, howo, ckk, 1.0f, w, ckk, 0, col, howo, 0, beta, y + n * g->O * howo,
-                          howo, 0, 1))
-            return;
     }
 }
 
-// dcol = w^T dy_n, then col2im into dx_n (directly into dx_n when the geometry is direct)
-static void im2col_bwd_data(ck_cuda_ctx *c, const conv_geom *g, float *dx, const float *dy, const float *w, float *ws)
+// per chunk: dcol = w^T dy_n[:, chunk], then col2im into dx_n (the product goes
+// straight into dx_n when the geometry is direct)
+static void im2col_bwd_data(ck_cuda_ctx *c, const conv_geom *g, float *dx, const float *dy, const float *w, float *ws,
+                            int64_t chunk)
 {
     const int64_t ckk = g->C * g->KH * g->KW, howo = g->HO * g->WO, chw = g->C * g->H * g->W;
     for (int64_t n = 0; n < g->N; n++) {
-        float *dxn = dx + n * chw, *dst = direct(g) ? dxn : ws;
-        if (!ck_cuda_gemm(c, "conv2d_bwd_data", 1, 0, ckk, howo, g->O, 1.0f, w, ckk, 0, dy + n * g->O * howo, howo, 0,
-                          0.0f, dst, howo, 0, 1))
-            return;
-        if (!direct(g)) ck_launch(col2im_kernel, ck_grid(chw, THREADS), THREADS, c->stream, dxn, (const float *)ws, *g, chw);
+        float *dxn = dx + n * chw;
+        const float *dyn = dy + n * g->O * howo;
+        if (direct(g)) {
+            if (!ck_cuda_gemm(c, "conv2d_bwd_data", 1, 0, ckk, howo, g->O, 1.0f, w, ckk, 0, dyn, howo, 0, 0.0f, dxn,
+                              howo, 0, 1))
+                return;
+            continue;
+        }
+        for (int64_t q0 = 0; q0 < howo; q0 += chunk) {
+            const int64_t nq = howo - q0 < chunk ? howo - q0 : chunk;
+            if (!ck_cuda_gemm(c, "conv2d_bwd_data", 1, 0, ckk, nq, g->O, 1.0f, w, ckk, 0, dyn + q0, howo, 0, 0.0f, ws,
+                              nq, 0, 1))
+                return;
+            ck_launch(col2im_kernel, ck_grid(chw, THREADS), THREADS, c->stream, dxn, (const float *)ws, *g, q0, nq,
+                      q0 > 0 ? 1 : 0, chw);
+        }
     }
 }
 
-// dw = sum over n of dy_n col_n^T, image by image in order (beta 1 after the first)
+// dw = sum over n and chunks of dy_n[:, chunk] col_chunk^T, in order (beta 1 after the first)
 static void im2col_bwd_filter(ck_cuda_ctx *c, const conv_geom *g, float *dw, const float *dy, const float *x,
-                              float *ws)
+                              float *ws, int64_t chunk)
 {
     const int64_t ckk = g->C * g->KH * g->KW, howo = g->HO * g->WO;
     for (int64_t n = 0; n < g->N; n++) {
-        const float *xn = x + n * g->C * g->H * g->W, *col = xn;
-        if (!direct(g)) {
-            ck_launch(im2col_kernel, ck_grid(ckk * howo, THREADS), THREADS, c->stream, ws, xn, *g, ckk * howo);
-            col = ws;
+        const float *xn = x + n * g->C * g->H * g->W;
+        for (int64_t q0 = 0; q0 < howo; q0 += chunk) {
+            const int64_t nq = howo - q0 < chunk ? howo - q0 : chunk;
+            const float *col = xn + q0; /* direct: the image's own columns, ld howo */
+            int64_t ldb = howo;
+            if (!direct(g)) {
+                ck_launch(im2col_kernel, ck_grid(ckk * nq, THREADS), THREADS, c->stream, ws, xn, *g, q0, nq, ckk * nq);
+                col = ws, ldb = nq;
+            }
+            if (!ck_cuda_gemm(c, "conv2d_bwd_filter", 0, 1, g->O, ckk, nq, 1.0f, dy + n * g->O * howo + q0, howo, 0,
+                              col, ldb, 0, n || q0 ? 1.0f : 0.0f, dw, ckk, 0, 1))
+                return;
         }
-        if (!ck_cuda_gemm(c, "conv2d_bwd_filter", 0, 1, g->O, ckk, howo, 1.0f, dy + n * g->O * howo, howo, 0, col, howo,
-                          0, n ? 1.0f : 0.0f, dw, ckk, 0, 1))
-            return;
     }
 }
 
@@ -246,8 +286,8 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d)
             CK_DNN("conv2d", cudnnConvolutionForward(c->dnn, &one, c->tx, in[0].data, c->fw, in[1].data, c->conv,
                                                      (cudnnConvolutionFwdAlgo_t)algo, ctx->ws, ctx->ws_bytes, &beta,
                                                      c->ty, y));
-        else if (im2col_fits("conv2d", &g, ctx->ws_bytes))
-            im2col_fwd(c, &g, y, in[0].data, in[1].data, beta, (float *)ctx->ws);
+        else if (const int64_t chunk = chunk_of("conv2d", &g, ctx->ws_bytes))
+            im2col_fwd(c, &g, y, in[0].data, in[1].data, beta, (float *)ctx->ws, chunk);
     }
     ck_cuda_end(c, "conv2d");
 }
@@ -271,8 +311,8 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data)
                    cudnnConvolutionBackwardData(c->dnn, &one, c->fw, in[1].data, c->ty, in[0].data, c->conv,
                                                 (cudnnConvolutionBwdDataAlgo_t)algo, ctx->ws, ctx->ws_bytes, &zero,
                                                 c->tx, dx));
-        else if (im2col_fits("conv2d_bwd_data", &g, ctx->ws_bytes))
-            im2col_bwd_data(c, &g, dx, in[0].data, in[1].data, (float *)ctx->ws);
+        else if (const int64_t chunk = chunk_of("conv2d_bwd_data", &g, ctx->ws_bytes))
+            im2col_bwd_data(c, &g, dx, in[0].data, in[1].data, (float *)ctx->ws, chunk);
     }
     ck_cuda_end(c, "conv2d_bwd_data");
 }
@@ -306,8 +346,8 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter)
                        cudnnConvolutionBackwardFilter(c->dnn, &one, c->tx, in[1].data, c->ty, in[0].data, c->conv,
                                                       (cudnnConvolutionBwdFilterAlgo_t)algo, ctx->ws, ctx->ws_bytes,
                                                       &zero, c->fw, dw));
-            else if (im2col_fits("conv2d_bwd_filter", &g, ctx->ws_bytes))
-                im2col_bwd_filter(c, &g, dw, in[0].data, in[1].data, (float *)ctx->ws);
+            else if (const int64_t chunk = chunk_of("conv2d_bwd_filter", &g, ctx->ws_bytes))
+                im2col_bwd_filter(c, &g, dw, in[0].data, in[1].data, (float *)ctx->ws, chunk);
         }
     }
     ck_cuda_end(c, "conv2d_bwd_filter");

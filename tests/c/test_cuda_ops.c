@@ -1,8 +1,8 @@
 /* Every op forward and backward on both backends, on the same random inputs
  * (odd sizes included), compared: the CUDA results are copied back
  * (ck_cuda_download, a cudaMemcpy) and must agree with the CPU kernels, which
- * are the reference. Also: the CUDA kernels fit the workspace the plan's rule
- * gives with one thread (the least any plan gives), never write past their
+ * are the reference. Also: the CUDA kernels fit the workspace the plan's GPU
+ * rule gives (ck_op_workspace_cuda), never write past their
  * outputs, give bitwise the same result when run twice, and name the op when
  * they fail.
  *
@@ -176,6 +176,9 @@ static const ck_kctx base_ctx = {42, 3, 1e-3f, NULL, 0, 3};
 /* Runs one case on both backends and reports. bf16: every tensor in bf16
  * storage on the device (ck_cuda_kernels_bf16), the CPU fed the same rounded
  * inputs. */
+/* the convolutions' workspace cut to this many im2col columns (0: the rule's) */
+static int columns_only;
+
 static void run_case(const tcase *t, int bf16)
 {
     if (!selected(t->label)) return;
@@ -230,8 +233,14 @@ static void run_case(const tcase *t, int bf16)
     for (int k = 0; k < nout; k++) vout[k] = view(cpu_out[k], &out[k]);
     ck_cpu_kernels[op](&cctx, &t->p, vout, nout, vin, nin);
 
-    // CUDA, with the workspace of a one-thread plan
-    const size_t gws = ck_op_workspace(op, &t->p, t->in, nin, out, 1);
+    // CUDA, with the workspace of a GPU plan (or columns_only columns of a convolution)
+    size_t gws = ck_op_workspace_cuda(op, &t->p, t->in, nin, out, 1);
+    if (columns_only && (op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA || op == CK_OP_CONV2D_BWD_FILTER)) {
+        const ck_shape *w = op == CK_OP_CONV2D_BWD_FILTER ? &out[0] : &t->in[1];
+        const int64_t ch = op == CK_OP_CONV2D ? t->in[0].d[1] : op == CK_OP_CONV2D_BWD_DATA ? out[0].d[1] : t->in[1].d[1];
+        const size_t cols = (size_t)columns_only * sizeof(float) * (size_t)(ch * w->d[2] * w->d[3]);
+        if (cols < gws) gws = cols;
+    }
     float *dws = gws ? dev_alloc((int64_t)((gws + 3) / 4), 4) : NULL;
     ck_kctx gctx = base_ctx;
     gctx.ws = dws, gctx.ws_bytes = gws;
@@ -566,6 +575,9 @@ int main(void)
     ck_cuda_set_deterministic(c, 1);
     ck_cuda_set_conv_im2col(c, 1);
     rerun(convs, "im2col", 0, emulated);
+    columns_only = 5; /* chunks of 5 output pixels: chunk edges inside rows */
+    rerun(convs, "im2col in chunks of 5 columns", 0, emulated);
+    columns_only = 0;
     ck_cuda_set_conv_im2col(c, 0);
     ck_cuda_set_tf32(c, 1);
     rerun(products, "TF32", 1e-2, emulated);

@@ -31,6 +31,20 @@ do
   T.ok(not ok and err:match("planning only"), "a plan-only program does not run: " .. tostring(err))
 end
 
+do -- a convolution's workspace: one image's im2col columns on the CPU, at most 32 MiB on the GPU
+  local function ws(device, c, o, side)
+    local g = ck.graph()
+    local x = g:input("x", {1, c, side, side})
+    local w = g:input("w", {o, c, 3, 3})
+    return g:compile{outputs = {ck.conv2d(x, w, nil, {padding = 1})}, plan_only = true, device = device}:plan().workspace
+  end
+  local cpu, gpu = ws("cpu", 960, 320, 128), ws("cuda", 960, 320, 128)
+  T.ok(cpu == 960 * 9 * 128 * 128 * 4 and gpu == 32 * 2 ^ 20,
+    string.format("conv 960->320 3x3 @128x128: workspace %d bytes on the CPU, %d on the GPU", cpu, gpu))
+  local small = ws("cuda", 8, 8, 16)
+  T.ok(small == 8 * 9 * 16 * 16 * 4, "a small convolution gets all its columns on the GPU too: " .. small)
+end
+
 do -- bf16 (inputs stay fp32): the GPU has a bf16 silu; the CPU converts around its fp32 one
   local g = ck.graph()
   local x = g:input("x", {64, 1024})

@@ -55,8 +55,11 @@ local model_name = case == "full" and "sdxl" or "sdxl-tiny"
 local config = unet.config(model_name)
 local requested = o:count("latent", case == "full" and 128 or 64)
 local fallback = o:get("fallback", case == "full" and 64 or "none")
-if fallback == "none" or fallback == false then fallback = nil end
-if fallback ~= nil then fallback = o:count("fallback") end
+if fallback == "none" or fallback == false then
+  fallback = nil
+elseif math.type(fallback) ~= "integer" or fallback < 1 then
+  error("--fallback must be a latent side or none, got '" .. tostring(fallback) .. "'")
+end
 local batch = o:count("batch", 1)
 local use_lora = o:flag("lora", true)
 local rank = o:count("rank", 4)

@@ -36,5 +36,11 @@ rows=$(grep -cE '^\| .*(none|diffusers|budget:97%)' "$dir/table.md")
 [ $rc != 0 ] && grep -qE 'gpu_step\.lua:[0-9]+: --case must be tiny or full, got .huge.' "$dir/bad.txt"
 ok $? "a bad option is one error naming the script line ($(head -1 "$dir/bad.txt"))"
 
+# the full case's options with their defaults parse (a typo in --policies is
+# the first thing it refuses, before any model is built)
+"$CKRUN" --trust bench/gpu_step.lua --device cpu --case full --policies none,bogus > /dev/null 2> "$dir/full.txt"; rc=$?
+[ $rc != 0 ] && grep -q "unknown checkpoint policy 'bogus'" "$dir/full.txt"
+ok $? "--case full reads its default options, then refuses an unknown policy ($(head -1 "$dir/full.txt"))"
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -2,8 +2,8 @@
 # (--device cpu): the GPU run finds the script working. One JSON line for the
 # case and one per policy, each peak measured to the byte, recompute policies
 # with none's losses bit for bit, the markdown table of those lines
-# (bench/gpu_step_torch.py --table, which needs no torch), and a bad option
-# named with its script line.
+# (bench/gpu_step_torch.py --table, which needs no torch), the same on the
+# CPU emulator of the CUDA backend, and a bad option named with its script line.
 set -u
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
@@ -35,6 +35,31 @@ rows=$(grep -cE '^\| .*(none|diffusers|budget:97%)' "$dir/table.md")
 "$CKRUN" --trust bench/gpu_step.lua --device cpu --case huge > /dev/null 2> "$dir/bad.txt"; rc=$?
 [ $rc != 0 ] && grep -qE 'gpu_step\.lua:[0-9]+: --case must be tiny or full, got .huge.' "$dir/bad.txt"
 ok $? "a bad option is one error naming the script line ($(head -1 "$dir/bad.txt"))"
+
+# on "cuda" through the CPU emulator of the CUDA backend (where it was built):
+# device memory figures, the backend's fixed bytes, and the fallback to a
+# smaller latent when none's plan does not fit the free memory with --headroom
+emu="${CK_BUILD:-build}/libck_cuda_emu.so"
+if [ -f "$emu" ]; then
+  CK_CUDA_MODULE="$emu" "$CKRUN" --trust bench/gpu_step.lua --case tiny --latent 8 --fallback 4 --headroom "100 GiB" \
+    --warmup 0 --steps 1 --policies none,diffusers > "$dir/emu.jsonl" 2> "$dir/emu.txt"
+  ok $? "gpu_step.lua on the emulated GPU ($(tail -1 "$dir/emu.txt"))"
+  python3 - "$dir/emu.jsonl" <<'PY'; ok $? "emulated GPU: the fallback to 4x4 latents said why, fixed bytes and device memory reported, peaks exact, none's losses"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+rows = {r["policy"]: r for r in lines[1:]}
+assert sorted(rows) == ["diffusers", "none"], sorted(rows)
+for name, r in rows.items():
+    assert r["device"] == "cuda" and r["latent"] == 4 and r["requested_latent"] == 8, name
+    assert "does not fit" in r["fallback"] and "headroom" in r["fallback"], r["fallback"]
+    assert r["fixed"] > 0 and r["predicted_total"] == r["plan_peak"] + r["fixed"], name
+    assert r["cuda_total"] > 0 and r["cuda_free_before"] > 0, name
+    assert r["peak_match"] is True, name
+assert rows["diffusers"]["same_losses_as_none"] is True
+PY
+else
+  echo "(no libck_cuda_emu.so in ${CK_BUILD:-build}: the emulated-GPU run is left out)"
+fi
 
 # the full case's options with their defaults parse (a typo in --policies is
 # the first thing it refuses, before any model is built)

@@ -23,6 +23,17 @@ static inline float ck_f32_from_bf16(uint16_t h)
     return f;
 }
 
+/* n values from bf16 to fp32 and back (one thread's run: callers split the work) */
+static inline void ck_bf16_load(float *dst, const uint16_t *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) dst[i] = ck_f32_from_bf16(src[i]);
+}
+
+static inline void ck_bf16_store(uint16_t *dst, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) dst[i] = ck_bf16_from_f32(src[i]);
+}
+
 /* a bf16 value is finite unless its exponent bits are all ones */
 static inline int ck_bf16_finite(uint16_t h) { return (h & 0x7f80u) != 0x7f80u; }
 

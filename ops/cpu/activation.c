@@ -3,6 +3,7 @@
  * order; exp and erf are inline polynomials so the loops vectorize (libm's do not). */
 #include "cpu.h"
 #include "vecmath.h"
+#include "../bf16.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -259,5 +260,219 @@ CK_CPU_KERNEL(ck_cpu_softmax_bwd)
         const float s = (float)dot_f(dyr, yr, C);
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) dxr[c] = yr[c] * (dyr[c] - s);
+    }
+}
+
+/* ---- bf16 storage: every tensor in bf16, arithmetic in fp32 ----
+ * The same functions over blocks of BLK values converted to fp32 on the
+ * stack; each output is rounded to bf16 once. */
+
+#define BLK 256
+
+/* y = f(a[, b]) elementwise on a block of m fp32 values; flag: the op's i[0] */
+typedef void (*block_fn)(float *y, const float *a, const float *b, int64_t m, int flag);
+
+static void silu_blk(float *y, const float *x, const float *unused, int64_t m, int flag)
+{
+    (void)unused, (void)flag;
+#pragma omp simd
+    for (int64_t i = 0; i < m; i++) y[i] = x[i] * sigmoid_c(x[i]);
+}
+
+static void silu_bwd_blk(float *dx, const float *dy, const float *x, int64_t m, int flag)
+{
+    (void)flag;
+#pragma omp simd
+    for (int64_t i = 0; i < m; i++) {
+        const float s = sigmoid_c(x[i]);
+        dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+    }
+}
+
+static void gelu_blk(float *y, const float *x, const float *unused, int64_t m, int approx)
+{
+    (void)unused;
+    if (approx) {
+#pragma omp simd
+        for (int64_t i = 0; i < m; i++) y[i] = gelu_tanh(x[i]);
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < m; i++) y[i] = gelu_erf(x[i]);
+    }
+}
+
+static void gelu_bwd_blk(float *dx, const float *dy, const float *x, int64_t m, int approx)
+{
+    if (approx) {
+#pragma omp simd
+        for (int64_t i = 0; i < m; i++) dx[i] = dy[i] * gelu_tanh_grad(x[i]);
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < m; i++) dx[i] = dy[i] * gelu_erf_grad(x[i]);
+    }
+}
+
+// y (n) = f(a (n)[, b (n)]), in blocks
+static void map_bf16(block_fn f, uint16_t *y, const uint16_t *a, const uint16_t *b, int64_t n, int flag)
+{
+    const int64_t nb = (n + BLK - 1) / BLK;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t k = 0; k < nb; k++) {
+        float ya[BLK], aa[BLK], ba[BLK];
+        const int64_t o = k * BLK, m = n - o < BLK ? n - o : BLK;
+        ck_bf16_load(aa, a + o, m);
+        if (b) ck_bf16_load(ba, b + o, m);
+        f(ya, aa, ba, m, flag);
+        ck_bf16_store(y + o, ya, m);
+    }
+}
+
+CK_CPU_KERNEL(ck_cpu_silu_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    map_bf16(silu_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, NULL, ck_view_numel(&in[0]), 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_silu_bwd_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    map_bf16(silu_bwd_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, (const uint16_t *)in[1].data, ck_view_numel(&in[1]), 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_gelu_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    map_bf16(gelu_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, NULL, ck_view_numel(&in[0]), p->i[0] != 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_gelu_bwd_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    map_bf16(gelu_bwd_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, (const uint16_t *)in[1].data, ck_view_numel(&in[1]), p->i[0] != 0);
+}
+
+// x is (..,2D); y is (..,D) = hidden * gelu(gate), a row's D in blocks
+CK_CPU_KERNEL(ck_cpu_geglu_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const uint16_t *x = (const uint16_t *)in[0].data;
+    uint16_t *y = (uint16_t *)out[0].data;
+    const int64_t D = out[0].shape[out[0].ndim - 1];
+    if (D == 0) return;
+    const int64_t R = ck_view_numel(&out[0]) / D;
+    const int approx = p->i[0] != 0;
+#pragma omp parallel for schedule(static) if (R * D > PAR_MIN)
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t j = 0; j < D; j += BLK) {
+            float h[BLK], g[BLK], yb[BLK];
+            const int64_t m = D - j < BLK ? D - j : BLK;
+            ck_bf16_load(h, x + r * 2 * D + j, m);
+            ck_bf16_load(g, x + r * 2 * D + D + j, m);
+            gelu_blk(yb, g, NULL, m, approx);
+#pragma omp simd
+            for (int64_t i = 0; i < m; i++) yb[i] *= h[i];
+            ck_bf16_store(y + r * D + j, yb, m);
+        }
+}
+
+// dy is (..,D), x is (..,2D); dx is (..,2D)
+CK_CPU_KERNEL(ck_cpu_geglu_bwd_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const uint16_t *dy = (const uint16_t *)in[0].data, *x = (const uint16_t *)in[1].data;
+    uint16_t *dx = (uint16_t *)out[0].data;
+    const int64_t D = in[0].shape[in[0].ndim - 1];
+    if (D == 0) return;
+    const int64_t R = ck_view_numel(&in[0]) / D;
+    const int approx = p->i[0] != 0;
+#pragma omp parallel for schedule(static) if (R * D > PAR_MIN)
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t j = 0; j < D; j += BLK) {
+            float h[BLK], g[BLK], d[BLK], dh[BLK], dg[BLK];
+            const int64_t m = D - j < BLK ? D - j : BLK;
+            ck_bf16_load(h, x + r * 2 * D + j, m);
+            ck_bf16_load(g, x + r * 2 * D + D + j, m);
+            ck_bf16_load(d, dy + r * D + j, m);
+            gelu_blk(dh, g, NULL, m, approx);
+            gelu_bwd_blk(dg, d, g, m, approx);
+#pragma omp simd
+            for (int64_t i = 0; i < m; i++) {
+                dh[i] *= d[i];
+                dg[i] *= h[i];
+            }
+            ck_bf16_store(dx + r * 2 * D + j, dh, m);
+            ck_bf16_store(dx + r * 2 * D + D + j, dg, m);
+        }
+}
+
+// x is (..,C); y like x: per row the max, then the sum of exp in double, then y
+// (exp computed twice rather than kept: a row may be longer than any stack block)
+CK_CPU_KERNEL(ck_cpu_softmax_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const uint16_t *x = (const uint16_t *)in[0].data;
+    uint16_t *y = (uint16_t *)out[0].data;
+    const int64_t C = in[0].shape[in[0].ndim - 1];
+    if (C == 0) return;
+    const int64_t R = ck_view_numel(&in[0]) / C;
+#pragma omp parallel for schedule(static) if (R * C > PAR_MIN)
+    for (int64_t r = 0; r < R; r++) {
+        const uint16_t *xr = x + r * C;
+        uint16_t *yr = y + r * C;
+        float b[BLK], mx = ck_f32_from_bf16(xr[0]);
+        double sum = 0;
+        for (int64_t j = 0; j < C; j += BLK) {
+            const int64_t m = C - j < BLK ? C - j : BLK;
+            ck_bf16_load(b, xr + j, m);
+            const float bm = max_f(b, m);
+            mx = bm > mx ? bm : mx;
+        }
+        for (int64_t j = 0; j < C; j += BLK) {
+            const int64_t m = C - j < BLK ? C - j : BLK;
+            ck_bf16_load(b, xr + j, m);
+#pragma omp simd
+            for (int64_t c = 0; c < m; c++) b[c] = exp_c(b[c] - mx);
+            sum += sum_f(b, m);
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j < C; j += BLK) {
+            const int64_t m = C - j < BLK ? C - j : BLK;
+            ck_bf16_load(b, xr + j, m);
+#pragma omp simd
+            for (int64_t c = 0; c < m; c++) b[c] = exp_c(b[c] - mx) * inv;
+            ck_bf16_store(yr + j, b, m);
+        }
+    }
+}
+
+// dy and y are (..,C); dx = y * (dy - sum(dy * y)) per row
+CK_CPU_KERNEL(ck_cpu_softmax_bwd_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const uint16_t *dy = (const uint16_t *)in[0].data, *y = (const uint16_t *)in[1].data;
+    uint16_t *dx = (uint16_t *)out[0].data;
+    const int64_t C = in[1].shape[in[1].ndim - 1];
+    if (C == 0) return;
+    const int64_t R = ck_view_numel(&in[1]) / C;
+#pragma omp parallel for schedule(static) if (R * C > 32768)
+    for (int64_t r = 0; r < R; r++) {
+        const uint16_t *dyr = dy + r * C, *yr = y + r * C;
+        float a[BLK], b[BLK];
+        double s = 0;
+        for (int64_t j = 0; j < C; j += BLK) {
+            const int64_t m = C - j < BLK ? C - j : BLK;
+            ck_bf16_load(a, dyr + j, m);
+            ck_bf16_load(b, yr + j, m);
+            s += dot_f(a, b, m);
+        }
+        const float sf = (float)s;
+        for (int64_t j = 0; j < C; j += BLK) {
+            const int64_t m = C - j < BLK ? C - j : BLK;
+            ck_bf16_load(a, dyr + j, m);
+            ck_bf16_load(b, yr + j, m);
+#pragma omp simd
+            for (int64_t c = 0; c < m; c++) a[c] = b[c] * (a[c] - sf);
+            ck_bf16_store(dx + r * C + j, a, m);
+        }
     }
 }

@@ -14,7 +14,9 @@
 int ck_cpu_threads(void);
 
 extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
-/* The ops with a kernel for bf16 storage (every tensor bf16): the copies. */
+/* The ops with a kernel for bf16 storage (every tensor bf16, arithmetic in
+ * fp32): the activations, softmax, the broadcasting add/sub/mul, scale, fill
+ * and the copies, as on the GPU (ck_cuda_bf16_op). */
 extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
 
 /* matmul.c */
@@ -38,6 +40,14 @@ CK_CPU_KERNEL(ck_cpu_geglu);
 CK_CPU_KERNEL(ck_cpu_geglu_bwd);
 CK_CPU_KERNEL(ck_cpu_softmax);
 CK_CPU_KERNEL(ck_cpu_softmax_bwd);
+CK_CPU_KERNEL(ck_cpu_silu_bf16);
+CK_CPU_KERNEL(ck_cpu_silu_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_gelu_bf16);
+CK_CPU_KERNEL(ck_cpu_gelu_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_geglu_bf16);
+CK_CPU_KERNEL(ck_cpu_geglu_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_softmax_bf16);
+CK_CPU_KERNEL(ck_cpu_softmax_bwd_bf16);
 /* attention.c */
 CK_CPU_KERNEL(ck_cpu_attention);
 CK_CPU_KERNEL(ck_cpu_attention_bwd);
@@ -48,6 +58,11 @@ CK_CPU_KERNEL(ck_cpu_mul);
 CK_CPU_KERNEL(ck_cpu_scale);
 CK_CPU_KERNEL(ck_cpu_reduce_to);
 CK_CPU_KERNEL(ck_cpu_fill);
+CK_CPU_KERNEL(ck_cpu_add_bf16);
+CK_CPU_KERNEL(ck_cpu_sub_bf16);
+CK_CPU_KERNEL(ck_cpu_mul_bf16);
+CK_CPU_KERNEL(ck_cpu_scale_bf16);
+CK_CPU_KERNEL(ck_cpu_fill_bf16);
 /* layout.c */
 CK_CPU_KERNEL(ck_cpu_concat);
 CK_CPU_KERNEL(ck_cpu_slice);

@@ -2,6 +2,7 @@
  * REDUCE_TO (the backward of broadcasting). Shapes are first folded into a few
  * merged dims so that every inner loop is a plain contiguous (or constant) run. */
 #include "cpu.h"
+#include "../bf16.h"
 
 #include <assert.h>
 #include <string.h>
@@ -52,6 +53,14 @@ static ALWAYS_INLINE void bin_run(enum binop op, float *o, const float *a, int64
         const float v = bin_apply(op, a[0], b[0]);
         for (int64_t j = 0; j < n; j++) o[j] = v;
     }
+}
+
+// the same on bf16 storage: each value converted, the result rounded once
+static ALWAYS_INLINE void bin_run_bf16(enum binop op, uint16_t *o, const uint16_t *a, int64_t sa, const uint16_t *b,
+                                       int64_t sb, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        o[j] = ck_bf16_from_f32(bin_apply(op, ck_f32_from_bf16(a[j * sa]), ck_f32_from_bf16(b[j * sb])));
 }
 
 /* The output's dims with size-1 dims dropped and neighbours merged wherever both
@@ -115,8 +124,8 @@ static int64_t bcast_init(bcast *bc, const ck_view *o, const ck_view *a, const c
  * element). Called with a literal op from inside each kernel's own parallel
  * loop: OpenMP outlines a region before inlining, so an op passed into a shared
  * region would stay a runtime value and block vectorization. */
-static ALWAYS_INLINE void bin_chunk(enum binop op, float *o, const float *a, const float *b, const bcast *bc,
-                                    int64_t total, int64_t c)
+static ALWAYS_INLINE void bin_chunk(enum binop op, void *o, const void *a, const void *b, const bcast *bc,
+                                    int64_t total, int64_t c, int bf16)
 {
     const int last = bc->m - 1;
     int64_t i = c * CHUNK;
@@ -131,7 +140,11 @@ static ALWAYS_INLINE void bin_chunk(enum binop op, float *o, const float *a, con
     while (i < end) {
         int64_t len = bc->n[last] - idx[last];
         if (len > end - i) len = end - i;
-        bin_run(op, o + i, a + oa, bc->sa[last], b + ob, bc->sb[last], len);
+        if (bf16)
+            bin_run_bf16(op, (uint16_t *)o + i, (const uint16_t *)a + oa, bc->sa[last], (const uint16_t *)b + ob,
+                         bc->sb[last], len);
+        else
+            bin_run(op, (float *)o + i, (const float *)a + oa, bc->sa[last], (const float *)b + ob, bc->sb[last], len);
         i += len;
         idx[last] += len;
         oa += len * bc->sa[last];
@@ -145,35 +158,22 @@ static ALWAYS_INLINE void bin_chunk(enum binop op, float *o, const float *a, con
     }
 }
 
-// a, b broadcast to out (shapes aligned on the right)
-CK_CPU_KERNEL(ck_cpu_add)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    bcast bc;
-    const int64_t total = bcast_init(&bc, &out[0], &in[0], &in[1]), nchunks = (total + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(static) if (total > PAR_MIN)
-    for (int64_t c = 0; c < nchunks; c++) bin_chunk(BIN_ADD, out[0].data, in[0].data, in[1].data, &bc, total, c);
-}
-
-// a, b broadcast to out (shapes aligned on the right)
-CK_CPU_KERNEL(ck_cpu_sub)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    bcast bc;
-    const int64_t total = bcast_init(&bc, &out[0], &in[0], &in[1]), nchunks = (total + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(static) if (total > PAR_MIN)
-    for (int64_t c = 0; c < nchunks; c++) bin_chunk(BIN_SUB, out[0].data, in[0].data, in[1].data, &bc, total, c);
-}
-
-// a, b broadcast to out (shapes aligned on the right)
-CK_CPU_KERNEL(ck_cpu_mul)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    bcast bc;
-    const int64_t total = bcast_init(&bc, &out[0], &in[0], &in[1]), nchunks = (total + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(static) if (total > PAR_MIN)
-    for (int64_t c = 0; c < nchunks; c++) bin_chunk(BIN_MUL, out[0].data, in[0].data, in[1].data, &bc, total, c);
-}
+// a, b broadcast to out (shapes aligned on the right); fp32 or (bf16 = 1) bf16 storage
+#define BIN_KERNEL(name, op, bf16)                                                                               \
+    CK_CPU_KERNEL(name)                                                                                          \
+    {                                                                                                            \
+        (void)ctx, (void)p, (void)nout, (void)nin;                                                               \
+        bcast bc;                                                                                                \
+        const int64_t total = bcast_init(&bc, &out[0], &in[0], &in[1]), nchunks = (total + CHUNK - 1) / CHUNK; \
+        _Pragma("omp parallel for schedule(static) if (total > PAR_MIN)")                                       \
+        for (int64_t c = 0; c < nchunks; c++) bin_chunk(op, out[0].data, in[0].data, in[1].data, &bc, total, c, bf16); \
+    }
+BIN_KERNEL(ck_cpu_add, BIN_ADD, 0)
+BIN_KERNEL(ck_cpu_sub, BIN_SUB, 0)
+BIN_KERNEL(ck_cpu_mul, BIN_MUL, 0)
+BIN_KERNEL(ck_cpu_add_bf16, BIN_ADD, 1)
+BIN_KERNEL(ck_cpu_sub_bf16, BIN_SUB, 1)
+BIN_KERNEL(ck_cpu_mul_bf16, BIN_MUL, 1)
 
 // x and y any shape, same numel
 CK_CPU_KERNEL(ck_cpu_scale)
@@ -196,6 +196,28 @@ CK_CPU_KERNEL(ck_cpu_fill)
     const int64_t n = ck_view_numel(&out[0]);
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) y[i] = f;
+}
+
+// bf16 storage: y = f * x and y = f, rounded once
+CK_CPU_KERNEL(ck_cpu_scale_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    uint16_t *y = (uint16_t *)out[0].data;
+    const uint16_t *x = (const uint16_t *)in[0].data;
+    const float f = p->f[0];
+    const int64_t n = ck_view_numel(&out[0]);
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = ck_bf16_from_f32(f * ck_f32_from_bf16(x[i]));
+}
+
+CK_CPU_KERNEL(ck_cpu_fill_bf16)
+{
+    (void)ctx, (void)nout, (void)in, (void)nin;
+    uint16_t *y = (uint16_t *)out[0].data;
+    const uint16_t v = ck_bf16_from_f32(p->f[0]);
+    const int64_t n = ck_view_numel(&out[0]);
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = v;
 }
 
 /* ---- REDUCE_TO ---- */

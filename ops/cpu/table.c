@@ -50,6 +50,19 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
 };
 
 const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
+    [CK_OP_SILU] = ck_cpu_silu_bf16,
+    [CK_OP_SILU_BWD] = ck_cpu_silu_bwd_bf16,
+    [CK_OP_GELU] = ck_cpu_gelu_bf16,
+    [CK_OP_GELU_BWD] = ck_cpu_gelu_bwd_bf16,
+    [CK_OP_GEGLU] = ck_cpu_geglu_bf16,
+    [CK_OP_GEGLU_BWD] = ck_cpu_geglu_bwd_bf16,
+    [CK_OP_SOFTMAX] = ck_cpu_softmax_bf16,
+    [CK_OP_SOFTMAX_BWD] = ck_cpu_softmax_bwd_bf16,
+    [CK_OP_ADD] = ck_cpu_add_bf16,
+    [CK_OP_SUB] = ck_cpu_sub_bf16,
+    [CK_OP_MUL] = ck_cpu_mul_bf16,
+    [CK_OP_SCALE] = ck_cpu_scale_bf16,
+    [CK_OP_FILL] = ck_cpu_fill_bf16,
     [CK_OP_CONCAT] = ck_cpu_concat_bf16,
     [CK_OP_SLICE] = ck_cpu_slice_bf16,
     [CK_OP_RESHAPE] = ck_cpu_reshape_bf16,

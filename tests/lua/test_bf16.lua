@@ -1,7 +1,8 @@
 -- bf16 storage (compile{storage = "bf16"}): activations, their gradients and
 -- frozen weights are stored in 16 bits while trainable weights, their
 -- gradients, the AdamW state, the inputs and the loss stay fp32; kernels
--- compute in fp32 on converted copies. On sdxl-tiny: the activations held for
+-- compute in fp32 (the activations, softmax, elementwise ops and copies read
+-- and write bf16 directly; the rest work on converted copies). On sdxl-tiny: the activations held for
 -- backward take half the bytes, the loss curve follows fp32's within bf16's
 -- precision, the plan stays exact, recompute stays bitwise, host reads see the
 -- stored (rounded) values, and fp16 storage is refused with one clear error.

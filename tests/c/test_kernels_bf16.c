@@ -1,0 +1,153 @@
+/* The CPU kernels for bf16 storage (ck_cpu_kernels_bf16) against the fp32
+ * kernels on the same inputs: every input is a bf16 value, the fp32 kernel's
+ * output is the reference, and each bf16 output must be that reference
+ * rounded once: |got - ref| <= 2^-8 |ref| + 1e-5 max |ref| (bf16 keeps 8
+ * significant bits; the second term allows for a sum taken in another order).
+ * Odd sizes cross the kernels' 256-value blocks. Also: two runs agree bitwise,
+ * nothing is written past an output, every op with a bf16 kernel has a case
+ * here, and the CPU's bf16 ops are the GPU's (ck_cuda_bf16_op), so that plans
+ * for either device convert the same operands. */
+#include "../../ops/bf16.h"
+#include "../../ops/cpu/cpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int npass, nfail;
+
+static void check(const char *name, int ok, double err)
+{
+    printf("%s %s [%.3g]\n", ok ? "PASS" : "FAIL", name, err);
+    if (ok)
+        npass++;
+    else
+        nfail++;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+
+static float frand(void)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 6.0f - 3.0f;
+}
+
+#define SH(...) {sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}}
+#define GUARD 0xbeefu
+
+typedef struct tcase {
+    const char *label;
+    enum ck_op op;
+    ck_op_params p;
+    int nin;
+    ck_shape in[3];
+    ck_shape out; /* preset (FILL); otherwise from the op's rule */
+} tcase;
+
+/* label, op, params, inputs (FILL: none, its output preset) */
+#define CASE(l_, o_, p_, n_, ...) {.label = l_, .op = o_, .p = p_, .nin = n_, .in = {__VA_ARGS__}}
+#define NOP {.i = {0}}
+static const tcase cases[] = {
+    CASE("silu [3,1001]", CK_OP_SILU, NOP, 1, SH(3, 1001)),
+    CASE("silu_bwd [3,1001]", CK_OP_SILU_BWD, NOP, 2, SH(3, 1001), SH(3, 1001)),
+    CASE("gelu erf [517]", CK_OP_GELU, {.i = {0}}, 1, SH(517)),
+    CASE("gelu tanh [517]", CK_OP_GELU, {.i = {1}}, 1, SH(517)),
+    CASE("gelu_bwd erf [2,517]", CK_OP_GELU_BWD, {.i = {0}}, 2, SH(2, 517), SH(2, 517)),
+    CASE("gelu_bwd tanh [2,517]", CK_OP_GELU_BWD, {.i = {1}}, 2, SH(2, 517), SH(2, 517)),
+    CASE("geglu erf [5,600]", CK_OP_GEGLU, {.i = {0}}, 1, SH(5, 600)),
+    CASE("geglu tanh [2,3,10]", CK_OP_GEGLU, {.i = {1}}, 1, SH(2, 3, 10)),
+    CASE("geglu_bwd erf [5,300] [5,600]", CK_OP_GEGLU_BWD, {.i = {0}}, 2, SH(5, 300), SH(5, 600)),
+    CASE("geglu_bwd tanh [4,7] [4,14]", CK_OP_GEGLU_BWD, {.i = {1}}, 2, SH(4, 7), SH(4, 14)),
+    CASE("softmax [7,600]", CK_OP_SOFTMAX, NOP, 1, SH(7, 600)),
+    CASE("softmax [3,5]", CK_OP_SOFTMAX, NOP, 1, SH(3, 5)),
+    CASE("softmax_bwd [7,600]", CK_OP_SOFTMAX_BWD, NOP, 2, SH(7, 600), SH(7, 600)),
+    CASE("add same shape [3,333]", CK_OP_ADD, NOP, 2, SH(3, 333), SH(3, 333)),
+    CASE("add bias [4,5,6] + [6]", CK_OP_ADD, NOP, 2, SH(4, 5, 6), SH(6)),
+    CASE("sub per channel [2,3,4,5] - [3,1,1]", CK_OP_SUB, NOP, 2, SH(2, 3, 4, 5), SH(3, 1, 1)),
+    CASE("sub broadcast both [4,1] - [1,5]", CK_OP_SUB, NOP, 2, SH(4, 1), SH(1, 5)),
+    CASE("mul [2,300,7] * [2,1,7]", CK_OP_MUL, NOP, 2, SH(2, 300, 7), SH(2, 1, 7)),
+    CASE("mul by a scalar [1] * [9,9]", CK_OP_MUL, NOP, 2, SH(1), SH(9, 9)),
+    CASE("scale by -0.37 [1000]", CK_OP_SCALE, {.f = {-0.37f}}, 1, SH(1000)),
+    {.label = "fill 0.1 [3,77]", .op = CK_OP_FILL, .p = {.f = {0.1f}}, .nin = 0, .out = SH(3, 77)},
+};
+
+static const ck_kctx ctx0 = {7, 1, 0.01f, NULL, 0, 1};
+
+static ck_view view(void *data, const ck_shape *s)
+{
+    ck_view v = {data, s->ndim, {0}};
+    for (int d = 0; d < s->ndim; d++) v.shape[d] = s->d[d];
+    return v;
+}
+
+static void run_case(const tcase *t)
+{
+    ck_shape out = t->out;
+    char err[160];
+    if (t->op != CK_OP_FILL && ck_op_infer(t->op, &t->p, t->in, t->nin, &out, err, sizeof err)) {
+        check(t->label, 0, 0);
+        printf("  shape rule: %s\n", err);
+        return;
+    }
+    const int64_t n = ck_shape_numel(&out);
+    float *in32[3] = {0}, *ref = malloc(sizeof(float) * (size_t)(n + 1));
+    uint16_t *in16[3] = {0}, *got = malloc(sizeof(uint16_t) * (size_t)(n + 1)), *got2 = malloc(sizeof(uint16_t) * (size_t)(n + 1));
+    ck_view v32[3], v16[3];
+    for (int j = 0; j < t->nin; j++) {
+        const int64_t m = ck_shape_numel(&t->in[j]);
+        in32[j] = malloc(sizeof(float) * (size_t)m);
+        in16[j] = malloc(sizeof(uint16_t) * (size_t)m);
+        for (int64_t i = 0; i < m; i++) {
+            in16[j][i] = ck_bf16_from_f32(frand());
+            in32[j][i] = ck_f32_from_bf16(in16[j][i]);
+        }
+        v32[j] = view(in32[j], &t->in[j]);
+        v16[j] = view(in16[j], &t->in[j]);
+    }
+    ck_view o32 = view(ref, &out), o16 = view(got, &out);
+    ck_cpu_kernels[t->op](&ctx0, &t->p, &o32, 1, v32, t->nin);
+    got[n] = got2[n] = GUARD;
+    ck_cpu_kernels_bf16[t->op](&ctx0, &t->p, &o16, 1, v16, t->nin);
+    o16.data = (float *)got2;
+    ck_cpu_kernels_bf16[t->op](&ctx0, &t->p, &o16, 1, v16, t->nin);
+
+    double mx = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
+    int ok = 1;
+    for (int64_t i = 0; i < n; i++) {
+        const double g = ck_f32_from_bf16(got[i]), d = fabs(g - ref[i]);
+        const double allowed = ldexp(fabs(ref[i]), -8) + 1e-5 * mx;
+        if (!(d <= allowed)) ok = 0;
+        const double rel = d / fmax(fabs(ref[i]), 1e-30);
+        if (!(rel <= worst)) worst = rel;
+    }
+    const int same = memcmp(got, got2, sizeof(uint16_t) * (size_t)n) == 0;
+    const int guard = got[n] == GUARD && got2[n] == GUARD;
+    if (!same) printf("  two runs differ\n");
+    if (!guard) printf("  wrote past the output\n");
+    check(t->label, ok && same && guard, worst);
+    for (int j = 0; j < t->nin; j++) free(in32[j]), free(in16[j]);
+    free(ref), free(got), free(got2);
+}
+
+int main(void)
+{
+    int covered[CK_OP_COUNT] = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_case(&cases[i]);
+        covered[cases[i].op] = 1;
+    }
+    /* the copies move bytes and are checked by the executor's bf16 tests */
+    covered[CK_OP_CONCAT] = covered[CK_OP_SLICE] = covered[CK_OP_RESHAPE] = 1;
+    for (int op = 1; op < CK_OP_COUNT; op++) {
+        const char *name = ck_op_name((enum ck_op)op);
+        if (ck_cpu_kernels_bf16[op] && !covered[op]) check(name, 0, 0), printf("  has a bf16 kernel and no case here\n");
+        if ((ck_cpu_kernels_bf16[op] != NULL) != ck_cuda_bf16_op((enum ck_op)op))
+            check(name, 0, 0), printf("  the CPU and the GPU disagree on a bf16 kernel\n");
+        if (ck_cpu_kernels_bf16[op] && !ck_cpu_kernels[op]) check(name, 0, 0), printf("  bf16 kernel without an fp32 one\n");
+    }
+    printf("%d passed, %d failed\n", npass, nfail);
+    return nfail ? 1 : 0;
+}

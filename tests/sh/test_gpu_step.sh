@@ -39,8 +39,12 @@ ok $? "a bad option is one error naming the script line ($(head -1 "$dir/bad.txt
 # on "cuda" through the CPU emulator of the CUDA backend (where it was built):
 # device memory figures, the backend's fixed bytes, and the fallback to a
 # smaller latent when none's plan does not fit the free memory with --headroom
+# (not under AddressSanitizer: the emulator runs every GPU thread in turn, and
+# instrumented that takes minutes; lua_test_device_emu is left out there too)
 emu="${CK_BUILD:-build}/libck_cuda_emu.so"
-if [ -f "$emu" ]; then
+if ldd "$CKRUN" 2>/dev/null | grep -q libasan; then
+  echo "(an AddressSanitizer build: the emulated-GPU run is left out)"
+elif [ -f "$emu" ]; then
   CK_CUDA_MODULE="$emu" "$CKRUN" --trust bench/gpu_step.lua --case tiny --latent 8 --fallback 4 --headroom "100 GiB" \
     --warmup 0 --steps 1 --policies none,diffusers > "$dir/emu.jsonl" 2> "$dir/emu.txt"
   ok $? "gpu_step.lua on the emulated GPU ($(tail -1 "$dir/emu.txt"))"

@@ -48,6 +48,8 @@ elif [ -f "$emu" ]; then
   CK_CUDA_MODULE="$emu" "$CKRUN" --trust bench/gpu_step.lua --case tiny --latent 8 --fallback 4 --headroom "100 GiB" \
     --warmup 0 --steps 1 --policies none,diffusers > "$dir/emu.jsonl" 2> "$dir/emu.txt"
   ok $? "gpu_step.lua on the emulated GPU ($(tail -1 "$dir/emu.txt"))"
+  grep -q "warm-up step (none)" "$dir/emu.txt"
+  ok $? "on cuda one untimed step loads the kernel modules before any memory is measured"
   python3 - "$dir/emu.jsonl" <<'PY'; ok $? "emulated GPU: the fallback to 4x4 latents said why, fixed bytes and device memory reported, peaks exact, none's losses"
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]

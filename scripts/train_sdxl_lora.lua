@@ -8,7 +8,9 @@
 --   ckrun --device cuda scripts/train_sdxl_lora.lua ...   on the GPU (the default where one is present)
 --
 -- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
--- --batch N, --steps N, --lr X, --rank N, --alpha X, --targets default|kohya|a,b,c,
+-- --batch N, --steps N, --lr X, --lr-scheduler NAME (constant, constant_with_warmup, linear, cosine,
+-- cosine_with_restarts, polynomial; diffusers' schedules), --lr-warmup-steps N (0),
+-- --lr-num-cycles X, --lr-power X, --rank N, --alpha X, --targets default|kohya|a,b,c,
 -- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
 -- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
 -- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
@@ -26,6 +28,7 @@ local data = require "ck.data"
 local log = require "ck.log"
 local policy = require "ck.policy"
 local state = require "ck.state"
+local optim = require "ck.optim"
 
 local a = args or {}
 local o = sdxl.options(a)
@@ -48,6 +51,10 @@ if targets ~= "default" and targets ~= "kohya" then targets = o:list("targets") 
 local format = o:choice("lora-format", "kohya", {"kohya", "peft"})
 local out = opt("out", "out/lora.safetensors")
 local lr = opt("lr", 3e-3)
+local lr_scheduler, lr_warmup = opt("lr-scheduler", "constant"), opt("lr-warmup-steps", 0)
+-- the rate of optimizer step k (0 for the first)
+local lr_at = optim.schedule{name = lr_scheduler, lr = lr, steps = steps, warmup = lr_warmup,
+                             cycles = opt("lr-num-cycles", nil), power = opt("lr-power", nil)}
 -- A LoRA on a randomly initialized base cannot learn epsilon prediction: the
 -- full-resolution levels of the UNet have no attention, so nothing adapted can
 -- pass the noise through. v-prediction's target holds the latents, which the
@@ -136,7 +143,8 @@ if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_be
 -- resume: the saved step, adapter, optimizer state and data position
 local save_every, state_dir = opt("save-every", 0), opt("state-dir", "out/state")
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
-                  prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets}
+                  prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets,
+                  lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup}
 local resumed_log_dir
 if a.resume then
   local from = a.resume == true and state_dir or a.resume
@@ -166,7 +174,8 @@ for step = start, steps do
   local t0 = ck.now()
   local given = dataset:load(p, inputs, dataset:next_indices())
   objective:prepare(p, given)
-  local l = logger:step(p) -- a non-finite loss or gradient stops the run here, naming the step and the op
+  -- a non-finite loss or gradient stops the run here, naming the step and the op
+  local l = logger:step(p, {lr = lr_at(step - 1)})
   if step > start then step_time = step_time + (ck.now() - t0) end
   first = first or l
   window[#window + 1] = l
@@ -201,6 +210,7 @@ local dir = out:match("^(.*)/[^/]*$")
 if dir and dir ~= "" then assert(ck.mkdir(dir)) end
 lora.save(p, adapter, out, {format = format, metadata = {
   ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_seed = tostring(seed),
+  ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup),
   ss_resolution = string.format("(%d, %d)", resolution, resolution),
   ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
   ss_training_comment = "trained with ckrun " .. ck.version,

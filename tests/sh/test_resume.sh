@@ -1,14 +1,15 @@
 # Kill and resume: a run of N steps that is SIGKILLed at arbitrary moments
 # (during steps or state saves) and resumed from its last state ends with an
 # adapter file byte-identical to an uninterrupted run of N steps, and its log
-# holds every step once.
+# holds every step once. The run follows a cosine learning-rate schedule with
+# warmup, which a resumed run continues from its step.
 set -u
 dir=out/.test_resume.$$
 mkdir -p "$dir"
 trap 'rm -rf "$dir"' EXIT
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
-S="scripts/train_sdxl_lora.lua --resolution 128 --steps 60 --samples 6 --save-every 2 --keep-states 2 --log-every 1"
+S="scripts/train_sdxl_lora.lua --resolution 128 --steps 60 --samples 6 --save-every 2 --keep-states 2 --log-every 1 --lr-scheduler cosine --lr-warmup-steps 5"
 
 "$CKRUN" $S --log-dir "$dir/straight_log" --out "$dir/straight.safetensors" > /dev/null ; ok $? "an uninterrupted run of 60 steps"
 
@@ -50,6 +51,11 @@ ok $? "resuming removes the temp file of a save a kill cut short"
 steps() { grep -o '^{"step":[0-9]*' "$1" | cut -d: -f2 | tr '\n' ' '; }
 [ -n "$(steps "$dir/resumed_log/metrics.jsonl")" ] && [ "$(steps "$dir/resumed_log/metrics.jsonl")" = "$(steps "$dir/straight_log/metrics.jsonl")" ]
 ok $? "the resumed run's log has the uninterrupted run's steps, each once: $(steps "$dir/resumed_log/metrics.jsonl" | cut -c1-60)..."
+lrs() { python3 -c 'import json, sys; print(" ".join("%d:%r" % (r["step"], r["lr"]) for r in map(json.loads, open(sys.argv[1])) if "lr" in r))' "$1"; }
+[ "$(lrs "$dir/resumed_log/metrics.jsonl")" = "$(lrs "$dir/straight_log/metrics.jsonl")" ] && lrs "$dir/straight_log/metrics.jsonl" | grep -qE "^1:0(\.0)? "
+ok $? "the resumed run's learning rates are the uninterrupted run's, step by step (warmup from 0): $(lrs "$dir/resumed_log/metrics.jsonl" | cut -c1-50)..."
+out=$("$CKRUN" $S --state-dir "$dir/state" --resume "$dir/state" --lr-scheduler linear --out "$dir/x.safetensors" 2>&1)
+echo "$out" | grep -q "saved with lr_scheduler = cosine, this run has linear" ; ok $? "resuming with another schedule is refused: $out"
 out=$("$CKRUN" $S --state-dir "$dir/state" --resume "$dir/state" --batch 1 --out "$dir/x.safetensors" 2>&1)
 echo "$out" | grep -q "saved with batch = 2, this run has 1" ; ok $? "resuming with other settings is refused: $out"
 out=$("$CKRUN" $S --resume "$dir/nothing" --out "$dir/x.safetensors" 2>&1)

@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --steps 3 --lr-scheduler cosin --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: unknown learning-rate schedule 'cosin' \(constant, constant_with_warmup, linear, cosine
+-- A learning-rate schedule that does not exist.

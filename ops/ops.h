@@ -123,8 +123,12 @@ enum ck_op {
      * only (vm/logstats.c): a block's activation statistics. */
     CK_OP_STATS,
     /* in x; out scalar = sum of x^2 over all elements, accumulated in double.
-     * Logging steps only: a gradient's squared norm. */
+     * Logging steps, and gradient clipping: a gradient's squared norm. */
     CK_OP_SUMSQ,
+    /* in scalar s (the gradients' summed squares); out scalar
+     * min(1, f0 / (sqrt(s) + 1e-6)): the factor torch.nn.utils.clip_grad_norm_
+     * scales every gradient by, in its fp32 arithmetic. f0 the largest norm. */
+    CK_OP_CLIP_FACTOR,
     CK_OP_COUNT
 };
 

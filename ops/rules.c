@@ -50,6 +50,7 @@ static const char *const names[CK_OP_COUNT] = {
     [CK_OP_ADAMW_STEP] = "adamw_step",
     [CK_OP_STATS] = "stats",
     [CK_OP_SUMSQ] = "sumsq",
+    [CK_OP_CLIP_FACTOR] = "clip_factor",
 };
 
 const char *ck_op_name(enum ck_op op)
@@ -440,6 +441,14 @@ int ck_op_infer(enum ck_op op, const ck_op_params *p, const ck_shape *in, int ni
         if (want_nin(nin, 1, 1, err, errlen)) return -1;
         out[0].ndim = 0;
         return 0;
+    case CK_OP_CLIP_FACTOR: {
+        char a[96];
+        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+        if (ck_shape_numel(&in[0]) != 1) FAIL("takes a scalar, got %s", SH(&in[0], a));
+        if (!(p->f[0] > 0.0f)) FAIL("the largest norm must be positive, got %g", (double)p->f[0]);
+        out[0].ndim = 0;
+        return 0;
+    }
     default: FAIL("unknown op %d", (int)op);
     }
 }

@@ -10,7 +10,8 @@
 -- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
 -- --batch N, --steps N, --lr X, --lr-scheduler NAME (constant, constant_with_warmup, linear, cosine,
 -- cosine_with_restarts, polynomial; diffusers' schedules), --lr-warmup-steps N (0),
--- --lr-num-cycles X, --lr-power X, --rank N, --alpha X, --targets default|kohya|a,b,c,
+-- --lr-num-cycles X, --lr-power X, --max-grad-norm X (1.0: clip the gradients' global norm, as
+-- kohya and diffusers do; 0: no clipping), --rank N, --alpha X, --targets default|kohya|a,b,c,
 -- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
 -- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
 -- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
@@ -52,6 +53,7 @@ local format = o:choice("lora-format", "kohya", {"kohya", "peft"})
 local out = opt("out", "out/lora.safetensors")
 local lr = opt("lr", 3e-3)
 local lr_scheduler, lr_warmup = opt("lr-scheduler", "constant"), opt("lr-warmup-steps", 0)
+local max_grad_norm = opt("max-grad-norm", 1.0)
 -- the rate of optimizer step k (0 for the first)
 local lr_at = optim.schedule{name = lr_scheduler, lr = lr, steps = steps, warmup = lr_warmup,
                              cycles = opt("lr-num-cycles", nil), power = opt("lr-power", nil)}
@@ -73,7 +75,7 @@ local function build(batch, checkpoint, plan_only)
     objective = {prediction = prediction, noise_offset = opt("noise-offset", 0), min_snr_gamma = opt("min-snr-gamma", nil),
                  seed = seed},
     compile = {lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed, checkpoint = checkpoint,
-               plan_only = plan_only, storage = opt("storage", "fp32")},
+               plan_only = plan_only, storage = opt("storage", "fp32"), max_grad_norm = max_grad_norm},
   }
 end
 
@@ -144,7 +146,7 @@ if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_be
 local save_every, state_dir = opt("save-every", 0), opt("state-dir", "out/state")
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
                   prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets,
-                  lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup}
+                  lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup, max_grad_norm = max_grad_norm}
 local resumed_log_dir
 if a.resume then
   local from = a.resume == true and state_dir or a.resume
@@ -210,7 +212,7 @@ local dir = out:match("^(.*)/[^/]*$")
 if dir and dir ~= "" then assert(ck.mkdir(dir)) end
 lora.save(p, adapter, out, {format = format, metadata = {
   ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_seed = tostring(seed),
-  ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup),
+  ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup), ss_max_grad_norm = tostring(max_grad_norm),
   ss_resolution = string.format("(%d, %d)", resolution, resolution),
   ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
   ss_training_comment = "trained with ckrun " .. ck.version,

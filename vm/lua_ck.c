@@ -701,6 +701,7 @@ static int tensor_id(lua_State *L, int i)
 }
 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"sgd"|"none", lr=, betas={b1,b2}, eps=, weight_decay=,
+ *           max_grad_norm=,
  *           seed=, keep_grads=, plan_only=, storage=, checkpoint=, device="cpu"|"cuda"|"auto"} */
 static int l_compile(lua_State *L)
 {
@@ -734,6 +735,10 @@ static int l_compile(lua_State *L)
     o.lr = (float)opt_num(L, 2, "lr", 1e-3);
     o.eps = (float)opt_num(L, 2, "eps", 1e-8);
     o.weight_decay = (float)opt_num(L, 2, "weight_decay", o.optim == CK_OPTIM_ADAMW ? 1e-2 : 0.0);
+    o.max_grad_norm = (float)opt_num(L, 2, "max_grad_norm", 0.0);
+    if (!(o.max_grad_norm >= 0.0f))
+        return ck_lua_raise(L, "compile: max_grad_norm must be a positive norm (or 0: no clipping), got %f",
+                            (double)o.max_grad_norm);
     o.beta1 = 0.9f;
     o.beta2 = 0.999f;
     lua_getfield(L, 2, "betas");

@@ -52,14 +52,57 @@ static void init_tensor(const ck_tensor *t, float *x, uint64_t seed)
     }
 }
 
+/* One optimizer-phase node with one output: its tensor, or -1 (g->err set). */
+static int opt_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_op_params *p, const char *where)
+{
+    ck_shape outs[CK_MAX_OUT];
+    int ids[CK_MAX_OUT];
+    for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+    const int id = ck_graph_node(g, op, in, nin, p, outs, NULL, ids, where);
+    if (id < 0) return -1;
+    g->n[id].phase = CK_PHASE_OPTIMIZER;
+    return ids[0];
+}
+
+/* torch.nn.utils.clip_grad_norm_(params, max_norm): the factor every gradient
+ * is multiplied by, min(1, max_norm / (||all gradients|| + 1e-6)), from each
+ * gradient's summed squares added in parameter order. The tensor, -2 when
+ * nothing trains, or -1 (g->err set). */
+static int clip_factor(ck_graph *g, int nt, float max_norm)
+{
+    static const ck_op_params none;
+    int total = -2;
+    const char *where = NULL;
+    ck_graph_set_scope(g, "clip_grad_norm");
+    for (int t = 0; t < nt && total != -1; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        const int grad = g->t[t].grad; /* not a pointer into g->t, which new tensors move */
+        where = g->t[t].where;
+        const int s = opt_node(g, CK_OP_SUMSQ, &grad, 1, &none, where);
+        const int pair[2] = {total, s};
+        total = s < 0 ? -1 : total == -2 ? s : opt_node(g, CK_OP_ADD, pair, 2, &none, where);
+    }
+    if (total < 0) return total;
+    ck_op_params cp = {0};
+    cp.f[0] = max_norm;
+    return opt_node(g, CK_OP_CLIP_FACTOR, &total, 1, &cp, where);
+}
+
 static int add_optimizer(ck_graph *g, const ck_compile_opts *o)
 {
-    int nt = g->nt;
+    int nt = g->nt, factor = -2;
+    if (o->max_grad_norm > 0 && (factor = clip_factor(g, nt, o->max_grad_norm)) == -1) return -1;
     for (int t = 0; t < nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
         ck_op_params p = {0};
         ck_shape outs[CK_MAX_OUT];
         int want[CK_MAX_OUT] = {0, 0, 0}, in[4] = {t, g->t[t].grad, -1, -1}, nin = 2;
+        if (factor >= 0) {
+            static const ck_op_params none;
+            const int pair[2] = {g->t[t].grad, factor};
+            ck_graph_set_scope(g, g->t[t].scope);
+            if ((in[1] = opt_node(g, CK_OP_MUL, pair, 2, &none, g->t[t].where)) < 0) return -1;
+        }
         enum ck_op op = CK_OP_SGD_STEP;
         char name[1024];
         ck_graph_set_scope(g, g->t[t].scope);
@@ -160,9 +203,12 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         }
         for (int t = 0; t < g->nt; t++) {
             ck_kind k = g->t[t].kind;
-            if ((k == CK_KIND_ACT || k == CK_KIND_FROZEN) && t != o->loss) g->t[t].dtype = o->storage;
-            /* a reshape shares its input's buffer, so it keeps its input's type */
             int nd = g->t[t].node;
+            /* the optimizer's own tensors (clipped gradients) stay fp32 too */
+            if ((k == CK_KIND_ACT || k == CK_KIND_FROZEN) && t != o->loss &&
+                !(nd >= 0 && g->n[nd].phase == CK_PHASE_OPTIMIZER))
+                g->t[t].dtype = o->storage;
+            /* a reshape shares its input's buffer, so it keeps its input's type */
             if (nd >= 0 && g->n[nd].op == CK_OP_RESHAPE) g->t[t].dtype = g->t[g->n[nd].in[0]].dtype;
         }
     }

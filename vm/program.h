@@ -38,6 +38,7 @@ typedef struct ck_compile_opts {
     int noutputs;
     ck_optim optim;
     float lr, beta1, beta2, eps, weight_decay;
+    float max_grad_norm; /* > 0: gradients scaled as torch.nn.utils.clip_grad_norm_ does before the update */
     uint64_t seed;
     int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
     int plan_only;     /* plan, allocate nothing: the program cannot run */

@@ -87,5 +87,6 @@ CK_CPU_KERNEL(ck_cpu_adamw_step);
 /* stats.c */
 CK_CPU_KERNEL(ck_cpu_stats);
 CK_CPU_KERNEL(ck_cpu_sumsq);
+CK_CPU_KERNEL(ck_cpu_clip_factor);
 
 #endif

@@ -121,3 +121,12 @@ CK_CPU_KERNEL(ck_cpu_adamw_step)
         adamw_run(&k, pw, mw, vw, pr, grad, mr, vr, i0, i1);
     }
 }
+
+// s is a scalar (summed squares); out is a scalar: torch's clip_grad_norm_
+// factor, total_norm = sqrt(s), clamp(max_norm / (total_norm + 1e-6), max=1), in fp32
+CK_CPU_KERNEL(ck_cpu_clip_factor)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const float norm = sqrtf(in[0].data[0]), coef = p->f[0] / (norm + 1e-6f);
+    out[0].data[0] = coef < 1.0f ? coef : 1.0f;
+}

@@ -164,6 +164,8 @@ CK_CUDA_KERNEL(ck_cuda_adamw_step);
 /* stats.cu */
 CK_CUDA_KERNEL(ck_cuda_stats);
 CK_CUDA_KERNEL(ck_cuda_sumsq);
+/* optim.cu */
+CK_CUDA_KERNEL(ck_cuda_clip_factor);
 
 #ifdef __cplusplus
 }

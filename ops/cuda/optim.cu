@@ -76,3 +76,19 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_adamw_step)
               (const float *)in[3].data, s, n);
     ck_cuda_end(c, "adamw_step");
 }
+
+__global__ void clip_factor_kernel(float *y, const float *s, float max_norm)
+{
+    const float coef = max_norm / (sqrtf(s[0]) + 1e-6f);
+    y[0] = coef < 1.0f ? coef : 1.0f;
+}
+
+// s is a scalar (summed squares); out is a scalar: as ops/cpu/optim.c
+extern "C" CK_CUDA_KERNEL(ck_cuda_clip_factor)
+{
+    (void)ctx, (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("clip_factor");
+    if (!c) return;
+    ck_launch(clip_factor_kernel, 1, 1, c->stream, out[0].data, (const float *)in[0].data, p->f[0]);
+    ck_cuda_end(c, "clip_factor");
+}

@@ -450,6 +450,9 @@ static const tcase cases[] = {
     /* stats.cu */
     {"stats", CK_OP_STATS, {.i = {0}}, 1, {SH(3, 5, 701)}, .tol = F32},
     {"sumsq", CK_OP_SUMSQ, {.i = {0}}, 1, {SH(100003)}, .tol = F32},
+    /* optim.cu: the same fp32 sqrt and division (IEEE on both) */
+    {"clip_factor, clipping", CK_OP_CLIP_FACTOR, {.f = {0.01f}}, 1, {SCALAR}, .kind = {POSITIVE}, .tol = EXACT},
+    {"clip_factor, no clipping", CK_OP_CLIP_FACTOR, {.f = {10.0f}}, 1, {SH(1)}, .kind = {POSITIVE}, .tol = EXACT},
 };
 
 /* The cases of the given ops again under another setting of the context. */

@@ -16,7 +16,9 @@
 -- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
 -- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
 -- --storage fp32|bf16 (bf16: activations and frozen weights stored in 16 bits, computed in fp32),
--- --save-every N, --state-dir DIR (out/state), --keep-states K (3), --resume [DIR].
+-- --save-every N, --state-dir DIR (out/state), --keep-states K (3), --resume [DIR],
+-- --save-lora-every N (also write the adapter every N steps, as OUT with -stepNNNNNNNN before
+-- .safetensors, kohya's --save_every_n_steps naming).
 -- --log-dir DIR (default runs/<time>: metrics.jsonl and a TensorBoard event file),
 -- --log-every N (gradient norms and memory every N steps, activation statistics
 -- every 5N; default 10; loss, lr and step time every step), --log-async (a writer
@@ -144,6 +146,23 @@ local val_before = validate()
 if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_before)) end
 -- resume: the saved step, adapter, optimizer state and data position
 local save_every, state_dir = opt("save-every", 0), opt("state-dir", "out/state")
+local save_lora_every = opt("save-lora-every", 0)
+if math.type(save_lora_every) ~= "integer" or save_lora_every < 0 then
+  error("--save-lora-every must be a whole number of steps, got " .. tostring(save_lora_every))
+end
+
+-- the adapter as a file, its metadata saying how far training went
+local function save_lora(path, at_step)
+  local d = path:match("^(.*)/[^/]*$")
+  if d and d ~= "" then assert(ck.mkdir(d)) end
+  lora.save(p, adapter, path, {format = format, metadata = {
+    ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_steps = tostring(at_step),
+    ss_seed = tostring(seed), ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup),
+    ss_max_grad_norm = tostring(max_grad_norm), ss_resolution = string.format("(%d, %d)", resolution, resolution),
+    ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
+    ss_training_comment = "trained with ckrun " .. ck.version,
+  }})
+end
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
                   prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets,
                   lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup, max_grad_norm = max_grad_norm}
@@ -188,6 +207,11 @@ for step = start, steps do
     logger:write{step = step, val_loss = v}
     logger:print(string.format("step %d: validation loss %.4f", step, v))
   end
+  if save_lora_every > 0 and step % save_lora_every == 0 and step < steps then
+    local path = (out:gsub("%.safetensors$", "")) .. string.format("-step%08d.safetensors", step)
+    save_lora(path, step)
+    logger:print("wrote " .. path)
+  end
   if save_every > 0 and step % save_every == 0 and step < steps then
     local meta = {["data.epoch"] = dataset.epoch, ["data.pos"] = dataset.pos, ["log.dir"] = log_dir}
     for k, v in pairs(settings) do meta[k] = v end
@@ -208,13 +232,5 @@ print(string.format("validation loss (fixed batches): before %.4f, after %.4f", 
 logger:close()
 print("wrote logs to " .. log_dir)
 
-local dir = out:match("^(.*)/[^/]*$")
-if dir and dir ~= "" then assert(ck.mkdir(dir)) end
-lora.save(p, adapter, out, {format = format, metadata = {
-  ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_seed = tostring(seed),
-  ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup), ss_max_grad_norm = tostring(max_grad_norm),
-  ss_resolution = string.format("(%d, %d)", resolution, resolution),
-  ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
-  ss_training_comment = "trained with ckrun " .. ck.version,
-}})
+save_lora(out, p.steps)
 print("wrote " .. out)

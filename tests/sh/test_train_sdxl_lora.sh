@@ -35,6 +35,19 @@ assert(f:metadata().ss_max_train_steps == '200')" ; ok $? "the file uses kohya n
 "$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'; local f = ck.safetensors('$dir/peft.safetensors')
 assert(f:has('unet.mid_block.attentions.0.transformer_blocks.0.attn1.to_k.lora_A.weight'))" ; ok $? "--lora-format peft writes PEFT names"
 
+# --save-lora-every: adapter snapshots named as kohya's --save_every_n_steps, each saying its step
+"$CKRUN" --allow-write "$dir" $S --steps 5 --save-lora-every 2 --out "$dir/snap.safetensors" >/dev/null
+"$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'
+local a <close> = ck.safetensors('$dir/snap-step00000002.safetensors')
+local b <close> = ck.safetensors('$dir/snap-step00000004.safetensors')
+local c <close> = ck.safetensors('$dir/snap.safetensors')
+assert(a:metadata().ss_steps == '2' and b:metadata().ss_steps == '4' and c:metadata().ss_steps == '5')
+local k = 'lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_up.weight'
+local x, y = a:read(k), c:read(k)
+assert(#x == #y and (x[1] ~= y[1] or x[7] ~= y[7]))" &&
+  [ ! -e "$dir/snap-step00000006.safetensors" ]
+ok $? "--save-lora-every 2 writes the adapter at steps 2 and 4 (ss_steps), then the final one"
+
 # a dataset on disk gives the same samples as --data synthetic
 "$CKRUN" --allow-write "$dir" scripts/make_synthetic_data.lua "$dir/data" 4 >/dev/null ; ok $? "make_synthetic_data writes a dataset"
 a=$("$CKRUN" --allow-write "$dir" $S --steps 3 --samples 4 --out "$dir/a.safetensors" | grep '^training loss')

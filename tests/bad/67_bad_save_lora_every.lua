@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --steps 3 --save-lora-every often --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: --save-lora-every must be a whole number of steps, got often
+-- An adapter snapshot interval that is not a number.

@@ -701,7 +701,7 @@ static int tensor_id(lua_State *L, int i)
 }
 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"sgd"|"none", lr=, betas={b1,b2}, eps=, weight_decay=,
- *           max_grad_norm=,
+ *           max_grad_norm=, accumulate=,
  *           seed=, keep_grads=, plan_only=, storage=, checkpoint=, device="cpu"|"cuda"|"auto"} */
 static int l_compile(lua_State *L)
 {
@@ -736,6 +736,10 @@ static int l_compile(lua_State *L)
     o.eps = (float)opt_num(L, 2, "eps", 1e-8);
     o.weight_decay = (float)opt_num(L, 2, "weight_decay", o.optim == CK_OPTIM_ADAMW ? 1e-2 : 0.0);
     o.max_grad_norm = (float)opt_num(L, 2, "max_grad_norm", 0.0);
+    const double acc = opt_num(L, 2, "accumulate", 1);
+    if (!(acc >= 1 && acc <= 1e6 && acc == (double)(int)acc))
+        return ck_lua_raise(L, "compile: accumulate must be a whole number of steps >= 1, got %f", acc);
+    o.accumulate = (int)acc;
     if (!(o.max_grad_norm >= 0.0f))
         return ck_lua_raise(L, "compile: max_grad_norm must be a positive norm (or 0: no clipping), got %f",
                             (double)o.max_grad_norm);
@@ -1084,6 +1088,8 @@ static int l_program_index(lua_State *L)
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "steps") == 0) lua_pushinteger(L, p->step);
     else if (strcmp(k, "updates") == 0) lua_pushinteger(L, p->updates);
+    else if (strcmp(k, "micro") == 0) lua_pushinteger(L, p->micro);
+    else if (strcmp(k, "accumulate") == 0) lua_pushinteger(L, p->opt.accumulate > 1 ? p->opt.accumulate : 1);
     else if (strcmp(k, "lr") == 0) lua_pushnumber(L, p->opt.lr);
     else lua_getfield(L, lua_upvalueindex(1), k);
     return 1;
@@ -1099,6 +1105,11 @@ static int l_program_newindex(lua_State *L)
         luaL_argcheck(L, n >= 0, 3, "steps and updates must be >= 0");
         if (k[0] == 's') p->step = n;
         else p->updates = n;
+    } else if (strcmp(k, "micro") == 0) { /* likewise: the steps summed since the last update */
+        lua_Integer n = luaL_checkinteger(L, 3);
+        luaL_argcheck(L, n >= 0 && n < (p->opt.accumulate > 1 ? p->opt.accumulate : 1), 3,
+                      "micro must be >= 0 and below the program's accumulate");
+        p->micro = n;
     }
     else return luaL_error(L, "cannot set '%s' on a program", k);
     return 0;

@@ -66,9 +66,9 @@ static int opt_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck
 
 /* torch.nn.utils.clip_grad_norm_(params, max_norm): the factor every gradient
  * is multiplied by, min(1, max_norm / (||all gradients|| + 1e-6)), from each
- * gradient's summed squares added in parameter order. The tensor, -2 when
- * nothing trains, or -1 (g->err set). */
-static int clip_factor(ck_graph *g, int nt, float max_norm)
+ * gradient src[t]'s summed squares added in parameter order. The tensor, -2
+ * when nothing trains, or -1 (g->err set). */
+static int clip_factor(ck_graph *g, int nt, const int *src, float max_norm)
 {
     static const ck_op_params none;
     int total = -2;
@@ -76,9 +76,8 @@ static int clip_factor(ck_graph *g, int nt, float max_norm)
     ck_graph_set_scope(g, "clip_grad_norm");
     for (int t = 0; t < nt && total != -1; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
-        const int grad = g->t[t].grad; /* not a pointer into g->t, which new tensors move */
         where = g->t[t].where;
-        const int s = opt_node(g, CK_OP_SUMSQ, &grad, 1, &none, where);
+        const int s = opt_node(g, CK_OP_SUMSQ, &src[t], 1, &none, where);
         const int pair[2] = {total, s};
         total = s < 0 ? -1 : total == -2 ? s : opt_node(g, CK_OP_ADD, pair, 2, &none, where);
     }
@@ -88,31 +87,83 @@ static int clip_factor(ck_graph *g, int nt, float max_norm)
     return opt_node(g, CK_OP_CLIP_FACTOR, &total, 1, &cp, where);
 }
 
-static int add_optimizer(ck_graph *g, const ck_compile_opts *o)
+/* With accumulate = N > 1: per parameter a persistent sum "grad_sum.<name>"
+ * and an in-place sum += grad node, all made before any other optimizer node
+ * (the list keeps graph order, so they lead the optimizer's tail: the steps
+ * between updates run only them); src[t] becomes the mean, sum / N. */
+static int add_accumulation(ck_graph *g, const ck_compile_opts *o, ck_program *p, int nt, int *src)
 {
-    int nt = g->nt, factor = -2;
-    if (o->max_grad_norm > 0 && (factor = clip_factor(g, nt, o->max_grad_norm)) == -1) return -1;
+    static const ck_op_params none;
+    p->accums = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
+    if (!p->accums) {
+        snprintf(g->err, sizeof g->err, "out of memory");
+        return -1;
+    }
+    p->accum_nodes[0] = g->nn;
+    for (int t = 0; t < nt; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        char name[1024];
+        snprintf(name, sizeof name, "grad_sum.%s", g->t[t].name);
+        ck_shape shape = g->t[t].shape; /* ck_graph_leaf may move g->t */
+        ck_graph_set_scope(g, g->t[t].scope);
+        const int acc = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape, g->t[t].where);
+        if (acc < 0) return -1;
+        g->t[acc].init = CK_INIT_ZEROS;
+        ck_shape outs[CK_MAX_OUT];
+        const int in[2] = {acc, g->t[t].grad}, want[CK_MAX_OUT] = {0, 0, 0};
+        for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+        const int id = ck_graph_node(g, CK_OP_ADD, in, 2, &none, outs, want, NULL, g->t[t].where);
+        if (id < 0) return -1;
+        g->n[id].phase = CK_PHASE_OPTIMIZER;
+        g->n[id].out[0] = acc; /* in place */
+        p->accums[p->naccum++] = acc;
+    }
+    p->accum_nodes[1] = g->nn;
+    ck_op_params mean = {0};
+    mean.f[0] = 1.0f / (float)o->accumulate;
+    for (int k = 0, t = 0; t < nt; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        ck_graph_set_scope(g, g->t[t].scope);
+        if ((src[t] = opt_node(g, CK_OP_SCALE, &p->accums[k++], 1, &mean, g->t[t].where)) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The optimizer's nodes: accumulation (when asked), the clip factor (when
+ * asked), then per parameter its update, reading src[t]: the gradient, its
+ * mean over the accumulated steps, either times the clip factor. */
+static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog)
+{
+    const int nt = g->nt;
+    int factor = -2, rc = -1;
+    int *src = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
+    if (!src) {
+        snprintf(g->err, sizeof g->err, "out of memory");
+        return -1;
+    }
+    for (int t = 0; t < nt; t++) src[t] = g->t[t].grad;
+    if (o->accumulate > 1 && add_accumulation(g, o, prog, nt, src)) goto out;
+    if (o->max_grad_norm > 0 && (factor = clip_factor(g, nt, src, o->max_grad_norm)) == -1) goto out;
     for (int t = 0; t < nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
         ck_op_params p = {0};
         ck_shape outs[CK_MAX_OUT];
-        int want[CK_MAX_OUT] = {0, 0, 0}, in[4] = {t, g->t[t].grad, -1, -1}, nin = 2;
+        int want[CK_MAX_OUT] = {0, 0, 0}, in[4] = {t, src[t], -1, -1}, nin = 2;
+        ck_graph_set_scope(g, g->t[t].scope);
         if (factor >= 0) {
             static const ck_op_params none;
-            const int pair[2] = {g->t[t].grad, factor};
-            ck_graph_set_scope(g, g->t[t].scope);
-            if ((in[1] = opt_node(g, CK_OP_MUL, pair, 2, &none, g->t[t].where)) < 0) return -1;
+            const int pair[2] = {src[t], factor};
+            if ((in[1] = opt_node(g, CK_OP_MUL, pair, 2, &none, g->t[t].where)) < 0) goto out;
         }
         enum ck_op op = CK_OP_SGD_STEP;
         char name[1024];
-        ck_graph_set_scope(g, g->t[t].scope);
         if (o->optim == CK_OPTIM_ADAMW) {
             op = CK_OP_ADAMW_STEP;
             for (int k = 0; k < 2; k++) {
                 snprintf(name, sizeof name, "%s.%s", k ? "exp_avg_sq" : "exp_avg", g->t[t].name);
                 ck_shape shape = g->t[t].shape; /* ck_graph_leaf may move g->t */
                 in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape, g->t[t].where);
-                if (in[2 + k] < 0) return -1;
+                if (in[2 + k] < 0) goto out;
                 g->t[in[2 + k]].init = CK_INIT_ZEROS;
             }
             nin = 4;
@@ -125,7 +176,7 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o)
         }
         for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
         int id = ck_graph_node(g, op, in, nin, &p, outs, want, NULL, g->t[t].where);
-        if (id < 0) return -1;
+        if (id < 0) goto out;
         /* updates happen in place: the outputs are the parameter and its state */
         ck_node *n = &g->n[id];
         n->phase = CK_PHASE_OPTIMIZER;
@@ -135,8 +186,11 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o)
             n->out[2] = in[3];
         }
     }
+    rc = 0;
+out:
     ck_graph_set_scope(g, "");
-    return 0;
+    free(src);
+    return rc;
 }
 
 /* Nodes that the sinks need, in graph order (graph order is topological). */
@@ -186,7 +240,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             failf(err, errlen, "%s", g->err);
             goto fail;
         }
-        if (o->optim != CK_OPTIM_NONE && add_optimizer(g, o)) {
+        if (o->optim != CK_OPTIM_NONE && add_optimizer(g, o, p)) {
             failf(err, errlen, "%s", g->err);
             goto fail;
         }
@@ -346,6 +400,7 @@ void ck_program_free(ck_program *p)
     ck_graph_free(p->g);
     free(p->retain);
     free(p->poff);
+    free(p->accums);
     if (p->arena) {
         p->be->enter();
         p->be->release(p->arena);
@@ -374,6 +429,30 @@ static int optimizer_start(const ck_plan *pl)
     int k = pl->n;
     while (k > 0 && pl->ops[k - 1].phase == CK_PHASE_OPTIMIZER) k--;
     return k;
+}
+
+/* where the update proper starts: past the accumulation entries that lead the
+ * optimizer's tail (there are none without accumulation) */
+static int update_start(const ck_program *p, const ck_plan *pl, int opt_start)
+{
+    int k = opt_start;
+    while (k < pl->n && pl->ops[k].node >= p->accum_nodes[0] && pl->ops[k].node < p->accum_nodes[1]) k++;
+    return k;
+}
+
+/* the gradient sums start over after an update */
+static int zero_accums(ck_program *p)
+{
+    p->be->enter();
+    for (int i = 0; i < p->naccum; i++) {
+        const int t = p->accums[i];
+        if (p->be->fill_u32(p->arena + p->poff[t], 0u, ck_tensor_bytes(&p->g->t[t]) / 4)) {
+            snprintf(p->err, sizeof p->err, "%s device: %s", p->be->name, p->be->error());
+            p->be->clear_error();
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* the loss and, where the update reads them, the gradients are finite */
@@ -421,7 +500,9 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
         p->step--;
         return -1;
     }
-    int k = o->guard ? optimizer_start(pl) : pl->n;
+    /* forward and backward; then, if the guard passes, the optimizer's tail:
+     * gradient sums every step, the update every opt.accumulate-th */
+    const int k = optimizer_start(pl), u = update_start(p, pl, k);
     /* a run that fails stops before the updates (exec.c): the step did not happen */
     if (ck_exec_range(p, pl, 0, k, p->err, sizeof p->err)) {
         p->step--;
@@ -438,11 +519,17 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
             p->step--;
             return -1;
         }
-    } else if (ck_exec_range(p, pl, k, pl->n, p->err, sizeof p->err)) {
+    } else if (ck_exec_range(p, pl, k, u, p->err, sizeof p->err)) {
         p->step--;
         return -1;
-    } else if (optimizer_start(pl) < pl->n) {
-        p->updates++; /* the list had updates, and they were applied */
+    } else if (p->opt.accumulate > 1 && p->micro + 1 < p->opt.accumulate) {
+        p->micro++; /* summed; the update comes with a later step */
+    } else if (ck_exec_range(p, pl, u, pl->n, p->err, sizeof p->err) || zero_accums(p)) {
+        p->step--;
+        return -1;
+    } else {
+        p->micro = 0;
+        if (u < pl->n) p->updates++; /* the list had updates, and they were applied */
     }
     if (ck_exec_sync(p, p->err, sizeof p->err)) return -1;
     if (o->measure && ck_arena_high_water(p, &r->high_water)) return -1;

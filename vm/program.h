@@ -39,6 +39,7 @@ typedef struct ck_compile_opts {
     ck_optim optim;
     float lr, beta1, beta2, eps, weight_decay;
     float max_grad_norm; /* > 0: gradients scaled as torch.nn.utils.clip_grad_norm_ does before the update */
+    int accumulate;      /* > 1: gradients summed over this many steps, the update every accumulate-th step */
     uint64_t seed;
     int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
     int plan_only;     /* plan, allocate nothing: the program cannot run */
@@ -120,6 +121,13 @@ typedef struct ck_program {
     ck_compile_opts opt;
     int64_t step;      /* steps taken */
     int64_t updates;   /* optimizer updates applied (steps taken less those a guard skipped) */
+    /* gradient accumulation (opt.accumulate > 1): the sums (persistent, zeroed
+     * after each update), the graph nodes that add into them (the first
+     * entries of the optimizer's tail), and the steps summed since the update */
+    int *accums;
+    int naccum;
+    int accum_nodes[2]; /* [first, end) */
+    int64_t micro;
     const ck_plan *last;
     /* set from another thread to stop a run between two ops (NULL: never) */
     const volatile int *interrupt;

@@ -24,7 +24,7 @@ function M.save(p, dir, meta, keep)
   assert(ck.mkdir(dir))
   local entries = {}
   for _, name in ipairs(p:state_tensors()) do entries[#entries + 1] = {name, name} end
-  local md = {["ck.step"] = tostring(p.steps), ["ck.updates"] = tostring(p.updates)}
+  local md = {["ck.step"] = tostring(p.steps), ["ck.updates"] = tostring(p.updates), ["ck.micro"] = tostring(p.micro)}
   for k, v in pairs(meta or {}) do md[k] = tostring(v) end
   p:save(dir .. "/" .. name_of(p.steps), entries, {metadata = md})
   M.prune(dir, keep)
@@ -72,6 +72,8 @@ function M.load(p, path, settings)
   p.steps = math.tointeger(tonumber(meta["ck.step"])) or error(path .. ": no step in the state", 2)
   -- AdamW's step count: behind the step count when a guard skipped updates
   p.updates = math.tointeger(tonumber(meta["ck.updates"])) or p.steps
+  -- gradient accumulation: the steps summed into the saved gradient sums
+  p.micro = math.tointeger(tonumber(meta["ck.micro"])) or 0
   return meta
 end
 

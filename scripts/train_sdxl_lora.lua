@@ -10,6 +10,8 @@
 -- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
 -- --batch N, --steps N, --lr X, --lr-scheduler NAME (constant, constant_with_warmup, linear, cosine,
 -- cosine_with_restarts, polynomial; diffusers' schedules), --lr-warmup-steps N (0),
+-- --gradient-accumulation-steps N (1: the optimizer updates with the mean gradient of every N
+-- batches; --steps still counts batches, the schedule counts updates),
 -- --lr-num-cycles X, --lr-power X, --max-grad-norm X (1.0: clip the gradients' global norm, as
 -- kohya and diffusers do; 0: no clipping), --rank N, --alpha X, --targets default|kohya|a,b,c,
 -- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
@@ -55,9 +57,13 @@ local format = o:choice("lora-format", "kohya", {"kohya", "peft"})
 local out = opt("out", "out/lora.safetensors")
 local lr = opt("lr", 3e-3)
 local lr_scheduler, lr_warmup = opt("lr-scheduler", "constant"), opt("lr-warmup-steps", 0)
+local accumulate = opt("gradient-accumulation-steps", 1)
+if math.type(accumulate) ~= "integer" or accumulate < 1 then
+  error("--gradient-accumulation-steps must be a whole number >= 1, got " .. tostring(accumulate))
+end
 local max_grad_norm = opt("max-grad-norm", 1.0)
--- the rate of optimizer step k (0 for the first)
-local lr_at = optim.schedule{name = lr_scheduler, lr = lr, steps = steps, warmup = lr_warmup,
+-- the rate of optimizer update k (0 for the first); --steps batches make steps // accumulate updates
+local lr_at = optim.schedule{name = lr_scheduler, lr = lr, steps = math.max(1, steps // accumulate), warmup = lr_warmup,
                              cycles = opt("lr-num-cycles", nil), power = opt("lr-power", nil)}
 -- A LoRA on a randomly initialized base cannot learn epsilon prediction: the
 -- full-resolution levels of the UNet have no attention, so nothing adapted can
@@ -77,7 +83,8 @@ local function build(batch, checkpoint, plan_only)
     objective = {prediction = prediction, noise_offset = opt("noise-offset", 0), min_snr_gamma = opt("min-snr-gamma", nil),
                  seed = seed},
     compile = {lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed, checkpoint = checkpoint,
-               plan_only = plan_only, storage = opt("storage", "fp32"), max_grad_norm = max_grad_norm},
+               plan_only = plan_only, storage = opt("storage", "fp32"), max_grad_norm = max_grad_norm,
+               accumulate = accumulate},
   }
 end
 
@@ -158,14 +165,16 @@ local function save_lora(path, at_step)
   lora.save(p, adapter, path, {format = format, metadata = {
     ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_steps = tostring(at_step),
     ss_seed = tostring(seed), ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup),
-    ss_max_grad_norm = tostring(max_grad_norm), ss_resolution = string.format("(%d, %d)", resolution, resolution),
+    ss_max_grad_norm = tostring(max_grad_norm), ss_gradient_accumulation_steps = tostring(accumulate),
+    ss_resolution = string.format("(%d, %d)", resolution, resolution),
     ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
     ss_training_comment = "trained with ckrun " .. ck.version,
   }})
 end
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
                   prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets,
-                  lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup, max_grad_norm = max_grad_norm}
+                  lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup, max_grad_norm = max_grad_norm,
+                  gradient_accumulation_steps = accumulate}
 local resumed_log_dir
 if a.resume then
   local from = a.resume == true and state_dir or a.resume
@@ -196,7 +205,7 @@ for step = start, steps do
   local given = dataset:load(p, inputs, dataset:next_indices())
   objective:prepare(p, given)
   -- a non-finite loss or gradient stops the run here, naming the step and the op
-  local l = logger:step(p, {lr = lr_at(step - 1)})
+  local l = logger:step(p, {lr = lr_at(p.updates)})
   if step > start then step_time = step_time + (ck.now() - t0) end
   first = first or l
   window[#window + 1] = l

@@ -2,14 +2,16 @@
 # (during steps or state saves) and resumed from its last state ends with an
 # adapter file byte-identical to an uninterrupted run of N steps, and its log
 # holds every step once. The run follows a cosine learning-rate schedule with
-# warmup, which a resumed run continues from its step.
+# warmup, which a resumed run continues from its step, and accumulates the
+# gradients of 3 steps per update: states saved every 2 steps hold partial
+# gradient sums, which a resumed run continues.
 set -u
 dir=out/.test_resume.$$
 mkdir -p "$dir"
 trap 'rm -rf "$dir"' EXIT
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
-S="scripts/train_sdxl_lora.lua --resolution 128 --steps 60 --samples 6 --save-every 2 --keep-states 2 --log-every 1 --lr-scheduler cosine --lr-warmup-steps 5"
+S="scripts/train_sdxl_lora.lua --resolution 128 --steps 60 --samples 6 --save-every 2 --keep-states 2 --log-every 1 --lr-scheduler cosine --lr-warmup-steps 5 --gradient-accumulation-steps 3"
 
 "$CKRUN" $S --log-dir "$dir/straight_log" --out "$dir/straight.safetensors" > /dev/null ; ok $? "an uninterrupted run of 60 steps"
 

@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --steps 3 --gradient-accumulation-steps 0 --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: --gradient-accumulation-steps must be a whole number >= 1, got 0
+-- A gradient accumulation count below 1.

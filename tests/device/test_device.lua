@@ -38,12 +38,13 @@ if small then
 end
 local B, H, W = shape.batch, shape.height, shape.width
 
-local function build(device, checkpoint, storage, max_grad_norm)
+local function build(device, checkpoint, storage, max_grad_norm, accumulate)
   local g = ck.graph()
   local _, y, x = unet.build(g, config, shape)
   local t = g:input("target", y.shape)
   local p = g:compile{loss = ck.mse_loss(y, t), optimizer = "adamw", lr = 1e-3, seed = 5, keep_grads = true,
-                      checkpoint = checkpoint, device = device, storage = storage, max_grad_norm = max_grad_norm}
+                      checkpoint = checkpoint, device = device, storage = storage, max_grad_norm = max_grad_norm,
+                      accumulate = accumulate}
   local r = T.rng(3)
   p:set(x.sample, T.random_values(r, B * 4 * H * W))
   p:set(t, T.random_values(r, B * 4 * H * W))
@@ -179,18 +180,20 @@ do
   T.ok(hw == pd:plan().peak, string.format("bf16 on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
 end
 
--- 6. gradient clipping on the device: the summed squares, the factor and the
--- scaled gradients run there and follow the CPU's
+-- 6. gradient clipping and accumulation on the device: the summed squares,
+-- the factor, the scaled gradients and the gradient sums run there, and the
+-- updates follow the CPU's
 do
-  local _, pc = build("cpu", nil, nil, 1e-3)
-  local _, pd = build("cuda", nil, nil, 1e-3)
+  local _, pc = build("cpu", nil, nil, 1e-3, 2)
+  local _, pd = build("cuda", nil, nil, 1e-3, 2)
   local worst = 0
-  for _ = 1, 3 do worst = math.max(worst, rel(pd:step(), pc:step())) end
+  for _ = 1, 4 do worst = math.max(worst, rel(pd:step(), pc:step())) end
   local wc, wd = pc:get("conv_in.weight"), pd:get("conv_in.weight")
   local dmax = 0
   for i = 1, #wc do dmax = math.max(dmax, math.abs(wc[i] - wd[i])) end
-  T.ok(worst < 1e-3 and dmax < 1e-4, string.format(
-    "max_grad_norm 1e-3 on cuda: 3 clipped AdamW steps follow the CPU's (losses %.2g, weights %.2g apart)", worst, dmax))
+  T.ok(pd.updates == 2 and worst < 1e-3 and dmax < 1e-4, string.format(
+    "max_grad_norm 1e-3, accumulate 2 on cuda: 4 steps, 2 clipped AdamW updates follow the CPU's " ..
+    "(losses %.2g, weights %.2g apart)", worst, dmax))
 end
 
 T.done()

@@ -740,6 +740,9 @@ static int l_compile(lua_State *L)
     if (!(acc >= 1 && acc <= 1e6 && acc == (double)(int)acc))
         return ck_lua_raise(L, "compile: accumulate must be a whole number of steps >= 1, got %f", acc);
     o.accumulate = (int)acc;
+    if (o.optim == CK_OPTIM_NONE && (o.accumulate > 1 || o.max_grad_norm > 0))
+        return ck_lua_raise(L, "compile: %s needs an optimizer (optimizer = \"none\" here)",
+                            o.accumulate > 1 ? "accumulate" : "max_grad_norm");
     if (!(o.max_grad_norm >= 0.0f))
         return ck_lua_raise(L, "compile: max_grad_norm must be a positive norm (or 0: no clipping), got %f",
                             (double)o.max_grad_norm);

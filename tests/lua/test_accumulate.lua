@@ -139,4 +139,6 @@ for _, bad in ipairs{0, 1.5, -2} do
   T.ok(not ok and err:match("test_accumulate%.lua:%d+:") and err:match("accumulate must be"),
     "accumulate = " .. bad .. " is refused naming the line")
 end
+local ok, err = pcall(function() local p = build(B, {accumulate = 2, optimizer = "none"}); return p end)
+T.ok(not ok and err:match("accumulate needs an optimizer"), "accumulate without an optimizer is refused: " .. tostring(err))
 T.done()

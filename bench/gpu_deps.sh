@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 pkgs=(liblua5.4-0 liblua5.4-dev libopenblas0-openmp libopenblas-openmp-dev libgfortran5 libquadmath0)
 rm -rf .gpu_deps
 mkdir -p .gpu_deps
-# apt-get download writes into the current directory (as _apt where it can)
-(cd .gpu_deps && chmod 777 . && apt-get download -q "${pkgs[@]}")
+# apt-get download writes into the current directory (as _apt where it can); with no package lists yet, fetch them first
+fetch() { (cd .gpu_deps && chmod 777 . && apt-get download -q "${pkgs[@]}"); }
+fetch || { apt-get update -qq && fetch; }
 n=$(ls .gpu_deps/*.deb | wc -l)
 [ "$n" -eq "${#pkgs[@]}" ] || { echo "gpu_deps: $n packages in .gpu_deps, expected ${#pkgs[@]}" >&2; exit 1; }
 echo "gpu_deps: $n packages in .gpu_deps ($(du -sh .gpu_deps | cut -f1))"

@@ -129,6 +129,10 @@ enum ck_op {
      * min(1, f0 / (sqrt(s) + 1e-6)): the factor torch.nn.utils.clip_grad_norm_
      * scales every gradient by, in its fp32 arithmetic. f0 the largest norm. */
     CK_OP_CLIP_FACTOR,
+    /* in param, grad, m; out param, m (same buffers, in place). Lion (Chen et
+     * al. 2023, as lion-pytorch): p *= 1 - lr * f2; p -= lr * sign(f0 * m + (1 - f0) * g);
+     * m = f1 * m + (1 - f1) * g. f0 beta1, f1 beta2, f2 weight_decay; lr from the context. */
+    CK_OP_LION_STEP,
     CK_OP_COUNT
 };
 

@@ -51,6 +51,7 @@ static const char *const names[CK_OP_COUNT] = {
     [CK_OP_STATS] = "stats",
     [CK_OP_SUMSQ] = "sumsq",
     [CK_OP_CLIP_FACTOR] = "clip_factor",
+    [CK_OP_LION_STEP] = "lion_step",
 };
 
 const char *ck_op_name(enum ck_op op)
@@ -67,7 +68,8 @@ int ck_op_nout(enum ck_op op)
     case CK_OP_ATTENTION_BWD:
     case CK_OP_ADAMW_STEP: return 3;
     case CK_OP_CONV2D_BWD_FILTER:
-    case CK_OP_MSE_LOSS_BWD: return 2;
+    case CK_OP_MSE_LOSS_BWD:
+    case CK_OP_LION_STEP: return 2;
     default: return 1;
     }
 }
@@ -431,6 +433,12 @@ int ck_op_infer(enum ck_op op, const ck_op_params *p, const ck_shape *in, int ni
             if (same_shape(&in[0], &in[i], "parameter", "state", err, errlen)) return -1;
         out[0] = out[1] = out[2] = in[0];
         return 0;
+    case CK_OP_LION_STEP:
+        if (want_nin(nin, 3, 3, err, errlen)) return -1;
+        for (int i = 1; i < 3; i++)
+            if (same_shape(&in[0], &in[i], "parameter", i == 1 ? "gradient" : "state", err, errlen)) return -1;
+        out[0] = out[1] = in[0];
+        return 0;
     case CK_OP_STATS:
         if (want_nin(nin, 1, 1, err, errlen)) return -1;
         if (ck_shape_numel(&in[0]) == 0) FAIL("statistics of an empty tensor");
@@ -557,6 +565,7 @@ double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int
     case CK_OP_STATS: return 3.0 * (double)ck_shape_numel(&in[0]);
     case CK_OP_SUMSQ: return 2.0 * (double)ck_shape_numel(&in[0]);
     case CK_OP_ADAMW_STEP: return 12.0 * n;
+    case CK_OP_LION_STEP: return 8.0 * n;
     default: return 4.0 * n;
     }
 }

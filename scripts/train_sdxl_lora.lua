@@ -10,6 +10,8 @@
 -- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
 -- --batch N, --steps N, --lr X, --lr-scheduler NAME (constant, constant_with_warmup, linear, cosine,
 -- cosine_with_restarts, polynomial; diffusers' schedules), --lr-warmup-steps N (0),
+-- --optimizer adamw|lion (AdamW, torch's; Lion, lion-pytorch's: one moment, betas 0.9/0.99; use a
+-- 3-10x smaller --lr), --weight-decay X (AdamW 1e-2, Lion 0),
 -- --gradient-accumulation-steps N (1: the optimizer updates with the mean gradient of every N
 -- batches; --steps still counts batches, the schedule counts updates),
 -- --lr-num-cycles X, --lr-power X, --max-grad-norm X (1.0: clip the gradients' global norm, as
@@ -57,6 +59,8 @@ local format = o:choice("lora-format", "kohya", {"kohya", "peft"})
 local out = opt("out", "out/lora.safetensors")
 local lr = opt("lr", 3e-3)
 local lr_scheduler, lr_warmup = opt("lr-scheduler", "constant"), opt("lr-warmup-steps", 0)
+local optimizer = o:choice("optimizer", "adamw", {"adamw", "lion"})
+local weight_decay = opt("weight-decay", optimizer == "lion" and 0 or 1e-2)
 local accumulate = opt("gradient-accumulation-steps", 1)
 if math.type(accumulate) ~= "integer" or accumulate < 1 then
   error("--gradient-accumulation-steps must be a whole number >= 1, got " .. tostring(accumulate))
@@ -82,7 +86,7 @@ local function build(batch, checkpoint, plan_only)
     lora = {rank = rank, alpha = alpha, targets = targets},
     objective = {prediction = prediction, noise_offset = opt("noise-offset", 0), min_snr_gamma = opt("min-snr-gamma", nil),
                  seed = seed},
-    compile = {lr = lr, weight_decay = opt("weight-decay", 1e-2), seed = seed, checkpoint = checkpoint,
+    compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
                plan_only = plan_only, storage = opt("storage", "fp32"), max_grad_norm = max_grad_norm,
                accumulate = accumulate},
   }
@@ -166,6 +170,7 @@ local function save_lora(path, at_step)
     ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_steps = tostring(at_step),
     ss_seed = tostring(seed), ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup),
     ss_max_grad_norm = tostring(max_grad_norm), ss_gradient_accumulation_steps = tostring(accumulate),
+    ss_optimizer = optimizer == "lion" and "lion_pytorch.lion_pytorch.Lion" or "torch.optim.adamw.AdamW",
     ss_resolution = string.format("(%d, %d)", resolution, resolution),
     ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
     ss_training_comment = "trained with ckrun " .. ck.version,
@@ -174,7 +179,7 @@ end
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
                   prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets,
                   lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup, max_grad_norm = max_grad_norm,
-                  gradient_accumulation_steps = accumulate}
+                  gradient_accumulation_steps = accumulate, optimizer = optimizer, weight_decay = weight_decay}
 local resumed_log_dir
 if a.resume then
   local from = a.resume == true and state_dir or a.resume

@@ -700,7 +700,7 @@ static int tensor_id(lua_State *L, int i)
     return t->id;
 }
 
-/* g:compile{loss=, outputs={...}, optimizer="adamw"|"sgd"|"none", lr=, betas={b1,b2}, eps=, weight_decay=,
+/* g:compile{loss=, outputs={...}, optimizer="adamw"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=, weight_decay=,
  *           max_grad_norm=, accumulate=,
  *           seed=, keep_grads=, plan_only=, storage=, checkpoint=, device="cpu"|"cuda"|"auto"} */
 static int l_compile(lua_State *L)
@@ -730,8 +730,9 @@ static int l_compile(lua_State *L)
     lua_pop(L, 1);
     if (strcmp(opt, "adamw") == 0) o.optim = CK_OPTIM_ADAMW;
     else if (strcmp(opt, "sgd") == 0) o.optim = CK_OPTIM_SGD;
+    else if (strcmp(opt, "lion") == 0) o.optim = CK_OPTIM_LION;
     else if (strcmp(opt, "none") == 0) o.optim = CK_OPTIM_NONE;
-    else return luaL_error(L, "unknown optimizer '%s' (adamw, sgd, none)", opt);
+    else return luaL_error(L, "unknown optimizer '%s' (adamw, lion, sgd, none)", opt);
     o.lr = (float)opt_num(L, 2, "lr", 1e-3);
     o.eps = (float)opt_num(L, 2, "eps", 1e-8);
     o.weight_decay = (float)opt_num(L, 2, "weight_decay", o.optim == CK_OPTIM_ADAMW ? 1e-2 : 0.0);
@@ -747,7 +748,7 @@ static int l_compile(lua_State *L)
         return ck_lua_raise(L, "compile: max_grad_norm must be a positive norm (or 0: no clipping), got %f",
                             (double)o.max_grad_norm);
     o.beta1 = 0.9f;
-    o.beta2 = 0.999f;
+    o.beta2 = o.optim == CK_OPTIM_LION ? 0.99f : 0.999f; /* torch's AdamW, lion-pytorch's Lion */
     lua_getfield(L, 2, "betas");
     if (lua_istable(L, -1)) {
         lua_geti(L, -1, 1);

@@ -157,19 +157,20 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         }
         enum ck_op op = CK_OP_SGD_STEP;
         char name[1024];
-        if (o->optim == CK_OPTIM_ADAMW) {
-            op = CK_OP_ADAMW_STEP;
-            for (int k = 0; k < 2; k++) {
+        if (o->optim == CK_OPTIM_ADAMW || o->optim == CK_OPTIM_LION) {
+            const int lion = o->optim == CK_OPTIM_LION;
+            op = lion ? CK_OP_LION_STEP : CK_OP_ADAMW_STEP;
+            for (int k = 0; k < 2 - lion; k++) {
                 snprintf(name, sizeof name, "%s.%s", k ? "exp_avg_sq" : "exp_avg", g->t[t].name);
                 ck_shape shape = g->t[t].shape; /* ck_graph_leaf may move g->t */
                 in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape, g->t[t].where);
                 if (in[2 + k] < 0) goto out;
                 g->t[in[2 + k]].init = CK_INIT_ZEROS;
             }
-            nin = 4;
+            nin = 4 - lion;
             p.f[0] = o->beta1;
             p.f[1] = o->beta2;
-            p.f[2] = o->eps;
+            p.f[2] = lion ? o->weight_decay : o->eps;
             p.f[3] = o->weight_decay;
         } else {
             p.f[0] = o->weight_decay;
@@ -181,10 +182,8 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         ck_node *n = &g->n[id];
         n->phase = CK_PHASE_OPTIMIZER;
         n->out[0] = t;
-        if (op == CK_OP_ADAMW_STEP) {
-            n->out[1] = in[2];
-            n->out[2] = in[3];
-        }
+        if (op != CK_OP_SGD_STEP) n->out[1] = in[2];
+        if (op == CK_OP_ADAMW_STEP) n->out[2] = in[3];
     }
     rc = 0;
 out:

@@ -130,3 +130,23 @@ CK_CPU_KERNEL(ck_cpu_clip_factor)
     const float norm = sqrtf(in[0].data[0]), coef = p->f[0] / (norm + 1e-6f);
     out[0].data[0] = coef < 1.0f ? coef : 1.0f;
 }
+
+/* param, grad, m any shape, same numel; out param, m in the inputs' buffers.
+ * Lion as lion-pytorch: p *= 1 - lr*wd; c = m*b1 + g*(1 - b1); p += -lr * sign(c);
+ * m = m*b2 + g*(1 - b2); sign(0) = 0, a NaN stays NaN. */
+CK_CPU_KERNEL(ck_cpu_lion_step)
+{
+    (void)nout, (void)nin;
+    float *pw = out[0].data, *mw = out[1].data;
+    const float *pr = in[0].data, *grad = in[1].data, *mr = in[2].data;
+    const int64_t n = ck_view_numel(&in[0]);
+    const float b1 = p->f[0], b2 = p->f[1], w1 = (float)(1.0 - p->f[0]), w2 = (float)(1.0 - p->f[1]);
+    const float decay = (float)(1.0 - (double)ctx->lr * p->f[2]), neg_lr = -ctx->lr;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const float g = grad[i], m = mr[i], c = m * b1 + g * w1;
+        const float s = c > 0.0f ? 1.0f : c < 0.0f ? -1.0f : c; /* c: 0 or NaN as they are */
+        pw[i] = pr[i] * decay + neg_lr * s;
+        mw[i] = m * b2 + g * w2;
+    }
+}

@@ -48,6 +48,7 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
     [CK_OP_STATS] = ck_cpu_stats,
     [CK_OP_SUMSQ] = ck_cpu_sumsq,
     [CK_OP_CLIP_FACTOR] = ck_cpu_clip_factor,
+    [CK_OP_LION_STEP] = ck_cpu_lion_step,
 };
 
 const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {

@@ -166,6 +166,7 @@ CK_CUDA_KERNEL(ck_cuda_stats);
 CK_CUDA_KERNEL(ck_cuda_sumsq);
 /* optim.cu */
 CK_CUDA_KERNEL(ck_cuda_clip_factor);
+CK_CUDA_KERNEL(ck_cuda_lion_step);
 
 #ifdef __cplusplus
 }

@@ -92,3 +92,31 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_clip_factor)
     ck_launch(clip_factor_kernel, 1, 1, c->stream, out[0].data, (const float *)in[0].data, p->f[0]);
     ck_cuda_end(c, "clip_factor");
 }
+
+__global__ void __launch_bounds__(THREADS) lion_kernel(float *pw, float *mw, const float *pr, const float *grad,
+                                                       const float *mr, float b1, float b2, float w1, float w2,
+                                                       float decay, float neg_lr, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = grad[i], m = mr[i], c = m * b1 + g * w1;
+        const float s = c > 0.0f ? 1.0f : c < 0.0f ? -1.0f : c;
+        pw[i] = pr[i] * decay + neg_lr * s;
+        mw[i] = m * b2 + g * w2;
+    }
+}
+
+/* param, grad, m any shape, same numel; out param, m in the inputs' buffers:
+ * Lion as ops/cpu/optim.c */
+extern "C" CK_CUDA_KERNEL(ck_cuda_lion_step)
+{
+    (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("lion_step");
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[0]);
+    if (n == 0) return;
+    const float w1 = (float)(1.0 - p->f[0]), w2 = (float)(1.0 - p->f[1]);
+    const float decay = (float)(1.0 - (double)ctx->lr * p->f[2]);
+    ck_launch(lion_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, out[1].data, (const float *)in[0].data,
+              (const float *)in[1].data, (const float *)in[2].data, p->f[0], p->f[1], w1, w2, decay, -ctx->lr, n);
+    ck_cuda_end(c, "lion_step");
+}

@@ -45,6 +45,7 @@ const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT] = {
     [CK_OP_STATS] = ck_cuda_stats,
     [CK_OP_SUMSQ] = ck_cuda_sumsq,
     [CK_OP_CLIP_FACTOR] = ck_cuda_clip_factor,
+    [CK_OP_LION_STEP] = ck_cuda_lion_step,
 };
 
 const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {

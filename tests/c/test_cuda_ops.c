@@ -447,6 +447,8 @@ static const tcase cases[] = {
     {"sgd_step", CK_OP_SGD_STEP, {.i = {0}, .f = {0.01f}}, 2, {SH(7, 9), SH(7, 9)}, .tol = ARITH, .alias = {1}},
     {"adamw_step", CK_OP_ADAMW_STEP, {.i = {0}, .f = {0.9f, 0.999f, 1e-8f, 0.01f}}, 4, {SH(5, 13), SH(5, 13), SH(5, 13), SH(5, 13)},
      .kind = {UNIFORM, UNIFORM, UNIFORM, POSITIVE}, .tol = 1e-5, .alias = {1, 3, 4}},
+    {"lion_step", CK_OP_LION_STEP, {.i = {0}, .f = {0.9f, 0.99f, 0.01f}}, 3, {SH(7, 11), SH(7, 11), SH(7, 11)},
+     .tol = 1e-5, .alias = {1, 3}},
     /* stats.cu */
     {"stats", CK_OP_STATS, {.i = {0}}, 1, {SH(3, 5, 701)}, .tol = F32},
     {"sumsq", CK_OP_SUMSQ, {.i = {0}}, 1, {SH(100003)}, .tol = F32},

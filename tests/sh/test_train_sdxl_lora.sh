@@ -48,6 +48,12 @@ assert(#x == #y and (x[1] ~= y[1] or x[7] ~= y[7]))" &&
   [ ! -e "$dir/snap-step00000006.safetensors" ]
 ok $? "--save-lora-every 2 writes the adapter at steps 2 and 4 (ss_steps), then the final one"
 
+# --optimizer lion: trains, and the file says which optimizer did
+"$CKRUN" --allow-write "$dir" $S --steps 3 --optimizer lion --lr 1e-3 --out "$dir/lion.safetensors" >/dev/null &&
+"$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'; local f <close> = ck.safetensors('$dir/lion.safetensors')
+assert(f:metadata().ss_optimizer == 'lion_pytorch.lion_pytorch.Lion')"
+ok $? "--optimizer lion trains and records ss_optimizer"
+
 # a dataset on disk gives the same samples as --data synthetic
 "$CKRUN" --allow-write "$dir" scripts/make_synthetic_data.lua "$dir/data" 4 >/dev/null ; ok $? "make_synthetic_data writes a dataset"
 a=$("$CKRUN" --allow-write "$dir" $S --steps 3 --samples 4 --out "$dir/a.safetensors" | grep '^training loss')

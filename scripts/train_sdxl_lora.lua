@@ -8,21 +8,21 @@
 --   ckrun --device cuda scripts/train_sdxl_lora.lua ...   on the GPU (the default where one is present)
 --
 -- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
--- --batch N, --steps N, --lr X, --lr-scheduler NAME (constant, constant_with_warmup, linear, cosine,
--- cosine_with_restarts, polynomial; diffusers' schedules), --lr-warmup-steps N (0),
--- --optimizer adamw|lion (AdamW, torch's; Lion, lion-pytorch's: one moment, betas 0.9/0.99; use a
--- 3-10x smaller --lr), --weight-decay X (AdamW 1e-2, Lion 0),
--- --gradient-accumulation-steps N (1: the optimizer updates with the mean gradient of every N
--- batches; --steps still counts batches, the schedule counts updates),
--- --lr-num-cycles X, --lr-power X, --max-grad-norm X (1.0: clip the gradients' global norm, as
--- kohya and diffusers do; 0: no clipping), --rank N, --alpha X, --targets default|kohya|a,b,c,
+-- --batch N, --steps N (batches), --rank N, --alpha X, --targets default|kohya|a,b,c,
 -- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
 -- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
+-- the optimizer: --optimizer adamw|lion (AdamW, torch's; Lion, lion-pytorch's: one moment,
+-- betas 0.9/0.99; use a 3-10x smaller --lr), --lr X, --weight-decay X (AdamW 1e-2, Lion 0),
+-- --max-grad-norm X (1.0: clip the gradients' global norm, as kohya and diffusers do; 0: no
+-- clipping), --gradient-accumulation-steps N (1: update with the mean gradient of every N
+-- batches; the schedule counts updates), --lr-scheduler NAME (constant, constant_with_warmup,
+-- linear, cosine, cosine_with_restarts, polynomial: diffusers' schedules), --lr-warmup-steps N
+-- (0), --lr-num-cycles X, --lr-power X,
 -- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
 -- --storage fp32|bf16 (bf16: activations and frozen weights stored in 16 bits, computed in fp32),
 -- --save-every N, --state-dir DIR (out/state), --keep-states K (3), --resume [DIR],
 -- --save-lora-every N (also write the adapter every N steps, as OUT with -stepNNNNNNNN before
--- .safetensors, kohya's --save_every_n_steps naming).
+-- .safetensors, kohya's --save_every_n_steps naming),
 -- --log-dir DIR (default runs/<time>: metrics.jsonl and a TensorBoard event file),
 -- --log-every N (gradient norms and memory every N steps, activation statistics
 -- every 5N; default 10; loss, lr and step time every step), --log-async (a writer

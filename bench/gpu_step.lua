@@ -119,14 +119,7 @@ local function prepare(r, latent)
   r.objective:prepare(p)
 end
 
-local function median(t)
-  local s = {}
-  for i, v in ipairs(t) do s[i] = v end
-  table.sort(s)
-  local m = (#s + 1) // 2
-  if #s % 2 == 1 then return s[m] end
-  return (s[m] + s[m + 1]) / 2
-end
+local median = plan.median
 
 local function strip(e) return plan.strip_where(tostring(e)) end
 

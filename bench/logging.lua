@@ -100,13 +100,7 @@ local function step(s)
   return ck.now() - t0, os.clock() - c0
 end
 
-local function median(t)
-  local c = {}
-  for i, v in ipairs(t) do c[i] = v end
-  table.sort(c)
-  local m = (#c + 1) // 2
-  return #c % 2 == 1 and c[m] or (c[m] + c[m + 1]) / 2
-end
+local median = require("ck.plan").median
 
 local function ratio(x, y, what)
   local r = {}

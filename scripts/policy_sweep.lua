@@ -78,15 +78,7 @@ local dataset = data.latents("synthetic", {batch = batch, seed = seed, n = batch
 local indices = {}
 for i = 1, batch do indices[i] = i end
 
-local function median(t)
-  if #t == 0 then return nil end
-  local s = {}
-  for i, v in ipairs(t) do s[i] = v end
-  table.sort(s)
-  local m = (#s + 1) // 2
-  if #s % 2 == 1 then return s[m] end
-  return (s[m] + s[m + 1]) / 2
-end
+local median = plan.median
 
 local MiB = 2 ^ 20
 print(string.format("policy sweep: %s, %d steps per policy (step 1 measures the arena%s)", what, steps,

@@ -22,24 +22,21 @@ static int copy(void *dst, const void *src, size_t bytes)
     return 0;
 }
 
+#define CONVERT_RUN 4096
+
 static int convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n)
 {
     if (to == from) return copy(dst, src, (size_t)n * (to == CK_F32 ? 4 : 2));
-    if (to == CK_BF16 && from == CK_F32) {
-        uint16_t *d = dst;
-        const float *s = src;
+    if (!((to == CK_BF16 && from == CK_F32) || (to == CK_F32 && from == CK_BF16))) return -1; /* fp16: planned, never run */
+    /* runs of CONVERT_RUN values, one per task */
+    const int64_t runs = (n + CONVERT_RUN - 1) / CONVERT_RUN;
 #pragma omp parallel for schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) d[i] = ck_bf16_from_f32(s[i]);
-        return 0;
+    for (int64_t r = 0; r < runs; r++) {
+        const int64_t i = r * CONVERT_RUN, m = n - i < CONVERT_RUN ? n - i : CONVERT_RUN;
+        if (to == CK_BF16) ck_bf16_store((uint16_t *)dst + i, (const float *)src + i, m);
+        else ck_bf16_load((float *)dst + i, (const uint16_t *)src + i, m);
     }
-    if (to == CK_F32 && from == CK_BF16) {
-        float *d = dst;
-        const uint16_t *s = src;
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) d[i] = ck_f32_from_bf16(s[i]);
-        return 0;
-    }
-    return -1; /* fp16: planned, never run */
+    return 0;
 }
 
 static int fill_u32(void *dst, uint32_t v, size_t nwords)

@@ -195,6 +195,22 @@ static int64_t chunk_of(const char *op, const conv_geom *g, size_t ws_bytes)
     return 0;
 }
 
+/* The column matrix (CKK x nq) of output pixels q0..q0+nq-1 of image xn:
+ * im2col into the workspace, or the image itself when the geometry is direct.
+ * Returns it, its leading dimension in *ld. */
+static const float *columns(ck_cuda_ctx *c, const conv_geom *g, const float *xn, int64_t q0, int64_t nq, float *ws,
+                            int64_t *ld)
+{
+    if (direct(g)) {
+        *ld = g->HO * g->WO;
+        return xn + q0;
+    }
+    const int64_t n = g->C * g->KH * g->KW * nq;
+    ck_launch(im2col_kernel, ck_grid(n, THREADS), THREADS, c->stream, ws, xn, *g, q0, nq, n);
+    *ld = nq;
+    return ws;
+}
+
 // y (N,O,HO,WO) = w (O, CKK) col_n (CKK, HOWO), added onto y when beta is 1 (the bias)
 static void im2col_fwd(ck_cuda_ctx *c, const conv_geom *g, float *y, const float *x, const float *w, float beta,
                        float *ws, int64_t chunk)
@@ -204,12 +220,8 @@ static void im2col_fwd(ck_cuda_ctx *c, const conv_geom *g, float *y, const float
         const float *xn = x + n * g->C * g->H * g->W;
         for (int64_t q0 = 0; q0 < howo; q0 += chunk) {
             const int64_t nq = howo - q0 < chunk ? howo - q0 : chunk;
-            const float *col = xn + q0; /* direct: the image's own columns, ld howo */
-            int64_t ldb = howo;
-            if (!direct(g)) {
-                ck_launch(im2col_kernel, ck_grid(ckk * nq, THREADS), THREADS, c->stream, ws, xn, *g, q0, nq, ckk * nq);
-                col = ws, ldb = nq;
-            }
+            int64_t ldb;
+            const float *col = columns(c, g, xn, q0, nq, ws, &ldb);
             if (!ck_cuda_gemm(c, "conv2d", 0, 0, g->O, nq, ckk, 1.0f, w, ckk, 0, col, ldb, 0, beta,
                               y + n * g->O * howo + q0, howo, 0, 1))
                 return;
@@ -252,12 +264,8 @@ static void im2col_bwd_filter(ck_cuda_ctx *c, const conv_geom *g, float *dw, con
         const float *xn = x + n * g->C * g->H * g->W;
         for (int64_t q0 = 0; q0 < howo; q0 += chunk) {
             const int64_t nq = howo - q0 < chunk ? howo - q0 : chunk;
-            const float *col = xn + q0; /* direct: the image's own columns, ld howo */
-            int64_t ldb = howo;
-            if (!direct(g)) {
-                ck_launch(im2col_kernel, ck_grid(ckk * nq, THREADS), THREADS, c->stream, ws, xn, *g, q0, nq, ckk * nq);
-                col = ws, ldb = nq;
-            }
+            int64_t ldb;
+            const float *col = columns(c, g, xn, q0, nq, ws, &ldb);
             if (!ck_cuda_gemm(c, "conv2d_bwd_filter", 0, 1, g->O, ckk, nq, 1.0f, dy + n * g->O * howo + q0, howo, 0,
                               col, ldb, 0, n || q0 ? 1.0f : 0.0f, dw, ckk, 0, 1))
                 return;

@@ -132,6 +132,17 @@ local HEADS = {none = true, diffusers = true, selective = true, sqrt_n = true, e
 -- "none,diffusers,budget:62%,blocks:mid_block,down_blocks.2" -> policy tables.
 -- A comma inside blocks:... continues its pattern list. An unknown name is an
 -- error without a script line: it came from the command line.
+-- the median of a list of numbers (nil for an empty one), for measured step times
+function M.median(t)
+  if #t == 0 then return nil end
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  local m = (#s + 1) // 2
+  if #s % 2 == 1 then return s[m] end
+  return (s[m] + s[m + 1]) / 2
+end
+
 function M.parse_policies(s)
   local items = {}
   for piece in tostring(s):gmatch("[^,]+") do

@@ -37,4 +37,24 @@ function M.random_values(r, n, lo, hi)
   return t
 end
 
+-- A two-layer MLP (3 -> 8 SiLU -> 2, mean squared error) on `batch` rows for
+-- the optimizer tests. Returns the graph, its compile settings (the loss, then
+-- those of `defaults`, then of `opts` over them: the test compiles, so that
+-- errors name its line) and its input and target tensors; M.MLP_PARAMS names
+-- its parameters.
+M.MLP_PARAMS = {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}
+function M.mlp(batch, defaults, opts)
+  local ck = require "ck"
+  local g = ck.graph()
+  local x = g:input("x", {batch, 3})
+  local t = g:input("t", {batch, 2})
+  local h = ck.silu(ck.linear(x, g:param("l1.weight", {8, 3}), g:param("l1.bias", {8})))
+  local y = ck.linear(h, g:param("l2.weight", {2, 8}), g:param("l2.bias", {2}))
+  local c = {loss = ck.mse_loss(y, t)}
+  for _, src in ipairs{defaults or {}, opts or {}} do
+    for k, v in pairs(src) do c[k] = v end
+  end
+  return g, c, x, t
+end
+
 return M

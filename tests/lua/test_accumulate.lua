@@ -6,10 +6,9 @@
 -- step the guard skips adds nothing; recompute changes no bit; a program given
 -- another's weights, sums and counters (a resume) continues bitwise.
 package.path = "tests/lua/?.lua;" .. package.path
-local ck = require "ck"
 local T = require "check"
 
-local names = {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}
+local names = T.MLP_PARAMS
 local B = 8
 local r = T.rng(21)
 local X, Y = T.random_values(r, 2 * B * 3), T.random_values(r, 2 * B * 2)
@@ -20,13 +19,7 @@ local function rows(v, from, n, w)
 end
 
 local function build(batch, opts)
-  local g = ck.graph()
-  local x = g:input("x", {batch, 3})
-  local t = g:input("t", {batch, 2})
-  local h = ck.silu(ck.linear(x, g:param("l1.weight", {8, 3}), g:param("l1.bias", {8})))
-  local y = ck.linear(h, g:param("l2.weight", {2, 8}), g:param("l2.bias", {2}))
-  local c = {loss = ck.mse_loss(y, t), optimizer = "sgd", lr = 0.5, weight_decay = 0, seed = 4}
-  for k, v in pairs(opts or {}) do c[k] = v end
+  local g, c, x, t = T.mlp(batch, {optimizer = "sgd", lr = 0.5, weight_decay = 0, seed = 4}, opts)
   return g:compile(c), x, t
 end
 

@@ -4,18 +4,11 @@
 -- its one moment as optimizer state (half AdamW's), its defaults (betas 0.9,
 -- 0.99; no weight decay), and recompute bitwise.
 package.path = "tests/lua/?.lua;" .. package.path
-local ck = require "ck"
 local T = require "check"
 
-local names = {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}
+local names = T.MLP_PARAMS
 local function build(opts)
-  local g = ck.graph()
-  local x = g:input("x", {16, 3})
-  local t = g:input("t", {16, 2})
-  local h = ck.silu(ck.linear(x, g:param("l1.weight", {8, 3}), g:param("l1.bias", {8})))
-  local y = ck.linear(h, g:param("l2.weight", {2, 8}), g:param("l2.bias", {2}))
-  local c = {loss = ck.mse_loss(y, t), optimizer = "lion", lr = 1e-2, seed = 4, keep_grads = true}
-  for k, v in pairs(opts or {}) do c[k] = v end
+  local g, c, x, t = T.mlp(16, {optimizer = "lion", lr = 1e-2, seed = 4, keep_grads = true}, opts)
   local p = g:compile(c)
   local r = T.rng(9)
   p:set(x, T.random_values(r, 16 * 3))

@@ -51,7 +51,8 @@ local sdxl = require "ck.sdxl"
 local policy = require "ck.policy"
 local plan = require "ck.plan"
 
-local o = sdxl.options(args)
+local o = sdxl.options(args, {"case", "latent", "fallback", "headroom", "batch", "lora", "rank", "seed", "device",
+  "policies", "warm", "warmup", "steps"})
 local case = o:choice("case", "tiny", {"tiny", "full"})
 local model_name = case == "full" and "sdxl" or "sdxl-tiny"
 local config = unet.config(model_name)

@@ -23,7 +23,8 @@ local data = require "ck.data"
 local policy = require "ck.policy"
 local plan = require "ck.plan"
 
-local o = sdxl.options(args)
+local o = sdxl.options(args, {"size", "resolution", "batch", "lora", "rank", "seed", "steps", "policies", "budgets",
+  "svg"})
 
 local size = o:choice("size", "tiny", {"tiny", "full"})
 local config = unet.config(size == "full" and "sdxl" or "sdxl-tiny")

@@ -38,7 +38,15 @@ local state = require "ck.state"
 local optim = require "ck.optim"
 
 local a = args or {}
-local o = sdxl.options(a)
+local o = sdxl.options(a, {
+  "size", "data", "weights", "resolution", "batch", "steps", "samples", "seed", "prediction", "noise-offset",
+  "min-snr-gamma", "val-every", "rank", "alpha", "targets", "out", "lora-format", "save-lora-every",
+  "optimizer", "lr", "weight-decay", "max-grad-norm", "gradient-accumulation-steps", "lr-scheduler",
+  "lr-warmup-steps", "lr-num-cycles", "lr-power",
+  "checkpoint", "storage",
+  "save-every", "state-dir", "keep-states", "resume",
+  "log-dir", "log-every", "log-async", "log-flush",
+})
 local function opt(name, default) return o:get(name, default) end
 
 local size = o:choice("size", "tiny", {"tiny", "full"})

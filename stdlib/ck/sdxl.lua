@@ -20,21 +20,66 @@ end
 local Options = {}
 Options.__index = Options
 
--- o = M.options(args): ckrun's --name value pairs, read with a type check
--- each. A bad value is an error naming the line of the script that read it.
-function M.options(args)
-  return setmetatable({args = args or {}}, Options)
+-- Edits (insertions, deletions, substitutions) between strings a and b.
+local function distance(a, b)
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = {[0] = i}
+    for j = 1, #b do
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a:byte(i) == b:byte(j) and 0 or 1))
+    end
+    prev = cur
+  end
+  return prev[#b]
 end
 
--- the value, or default when the option was not given
-function Options:get(name, default)
-  local v = self.args[name]
+-- o = M.options(args, known): ckrun's --name value pairs, read with a type
+-- check each. known lists the names the script takes: an option outside it
+-- (a misspelt --max-grad-norm would otherwise pass unnoticed) or a word
+-- without --name is refused, naming the closest name. Every error names the
+-- line of the script that declared or read the option.
+function M.options(args, known)
+  if type(known) ~= "table" then error("sdxl.options: give the list of the script's option names", 2) end
+  local o = setmetatable({args = args or {}, known = {}}, Options)
+  for _, k in ipairs(known) do o.known[k] = true end
+  local bad = {}
+  for k, v in pairs(o.args) do
+    if math.type(k) == "integer" then
+      bad[#bad + 1] = string.format("unexpected argument '%s' (options are --name value)", tostring(v))
+    elseif k ~= "script" and not o.known[k] then
+      local best, bd = nil, math.huge
+      for _, n in ipairs(known) do
+        local d = distance(k, n)
+        if d < bd then best, bd = n, d end
+      end
+      bad[#bad + 1] = string.format("unknown option --%s%s", k,
+        best and bd <= math.max(2, #k // 3) and " (did you mean --" .. best .. "?)" or "")
+    end
+  end
+  if #bad > 0 then
+    table.sort(bad)
+    error(table.concat(bad, "; ") .. "; the options are --" .. table.concat(known, ", --"), 2)
+  end
+  return o
+end
+
+-- the value of --name, or default when it was not given; a name the script
+-- did not declare is an error at the line of the script that read it
+local function value(o, name, default)
+  if not o.known[name] then error("option --" .. name .. " is read but not in the script's list of options", 3) end
+  local v = o.args[name]
   if v == nil then return default end
   return v
 end
 
+function Options:get(name, default)
+  local v = value(self, name, default) -- not a tail call: value's error level counts this frame
+  return v
+end
+
 function Options:flag(name, default)
-  local v = self:get(name, default)
+  local v = value(self, name, default)
   if v == true or v == "true" or v == 1 or v == "yes" then return true end
   if v == false or v == "false" or v == 0 or v == "no" then return false end
   error("--" .. name .. " must be true or false, got '" .. tostring(v) .. "'", 2)
@@ -42,7 +87,7 @@ end
 
 -- an integer of at least min (1)
 function Options:count(name, default, min)
-  local v = self:get(name, default)
+  local v = value(self, name, default)
   min = min or 1
   if math.type(v) ~= "integer" or v < min then
     error("--" .. name .. " must be an integer >= " .. min .. ", got '" .. tostring(v) .. "'", 2)
@@ -52,7 +97,7 @@ end
 
 -- one of the strings in `choices`
 function Options:choice(name, default, choices)
-  local v = self:get(name, default)
+  local v = value(self, name, default)
   for _, c in ipairs(choices) do
     if v == c then return v end
   end
@@ -62,7 +107,7 @@ end
 -- a comma-separated list, entries trimmed
 function Options:list(name, default)
   local out = {}
-  for s in tostring(self:get(name, default)):gmatch("[^,]+") do out[#out + 1] = s:match("^%s*(.-)%s*$") end
+  for s in tostring(value(self, name, default)):gmatch("[^,]+") do out[#out + 1] = s:match("^%s*(.-)%s*$") end
   return out
 end
 

@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --steps 3 --max-grad-nrom 0.5 --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: unknown option --max-grad-nrom \(did you mean --max-grad-norm\?\)
+-- A misspelt option: refused before anything runs, with the closest name.

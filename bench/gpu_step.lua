@@ -38,7 +38,7 @@
 -- params, trainable, compile_s, step_ms (median), step_ms_all, warmup, steps,
 -- plan_peak, plan_persistent, plan_activation_bytes, arena, measured_peak
 -- (arena high-water), peak_match, fixed (the backend's bytes outside any
--- plan), predicted_total (plan_peak + fixed), cuda_free_before,
+-- plan), predicted_total (the arena in the driver's 2 MiB pages + fixed), cuda_free_before,
 -- cuda_free_after, cuda_total, cuda_used (free before minus free after: the
 -- arena and whatever the step's libraries loaded), measured_total (cuda_used
 -- + fixed), step_flops, recompute_flops, recompute_share (recompute FLOPs over
@@ -198,7 +198,7 @@ for _, name in ipairs(names) do
     row.plan_activation_bytes = pl.activation_bytes
     row.step_flops, row.recompute_flops, row.recompute_ops = pl.step_flops, pl.recompute_flops, pl.recompute_ops
     row.recompute_share = plan.summary(p).recompute_pct / 100
-    row.predicted_total = pl.peak + fixed
+    row.predicted_total = pl.device_bytes
     log("%s: compiled in %.1f s, planned peak %d bytes, fixed %d", name, row.compile_s, pl.peak, fixed)
     local losses = {}
     prepare(r, latent)

@@ -355,11 +355,14 @@ def table(lines):
             notes.append("PyTorch %s %s: FAILED: %s" % (label, r["policy"], p["error"]))
         if r.get("same_losses_as_none") is False:
             notes.append("ckrun %s %s: the losses are not none's bit for bit at the same steps" % (label, r["policy"]))
-        used, arena = r.get("cuda_used"), r.get("arena")
-        if used is not None and arena and abs(used - arena) > max(64 * MiB, arena // 100):
-            notes.append("ckrun %s %s: cudaMemGetInfo says %s used, the arena is %s (%+.1f MiB: allocation "
-                         "granularity, kernels the libraries loaded on first use)" % (
-                             label, r["policy"], fmt_bytes(used), fmt_bytes(arena), (used - arena) / MiB))
+        pred, meas = r.get("predicted_total"), r.get("measured_total")
+        meas_cell = fmt_bytes(meas)
+        if meas is not None and pred:
+            meas_cell += " (%+.2f%%)" % (100.0 * (meas - pred) / pred)
+            if abs(meas - pred) > pred // 100:
+                notes.append("ckrun %s %s: the device memory measured, %s, is not within 1%% of the predicted %s "
+                             "(%+.1f MiB)" % (label, r["policy"], fmt_bytes(meas), fmt_bytes(pred),
+                                              (meas - pred) / MiB))
         cms, pms = r.get("step_ms"), p.get("step_ms") if p else None
         hw = r.get("measured_peak")
         hw_cell = fmt_bytes(hw)
@@ -371,8 +374,7 @@ def table(lines):
             "%.2f" % cms if cms is not None else ("FAILED" if r.get("error") else "-"),
             pt_ms(p), "%.2f" % (cms / pms) if cms and pms else "-",
             "%.1f%%" % (100 * share) if share is not None else "-",
-            fmt_bytes(r.get("plan_peak")), hw_cell, fmt_bytes(r.get("predicted_total")),
-            fmt_bytes(r.get("measured_total"))) + pt_mem(p)))
+            fmt_bytes(r.get("plan_peak")), hw_cell, fmt_bytes(r.get("predicted_total")), meas_cell) + pt_mem(p)))
     for key, p in pt.items():  # PyTorch rows ckrun has none for
         if key not in seen:
             cases.setdefault(key[:3], [None, p])
@@ -397,9 +399,10 @@ def table(lines):
         print("- %s: step time is the median; %s; %s." % (case_label(r), "; ".join(steps),
               "%s parameters, %s trainable" % (r.get("params", "?"), r.get("trainable", "?"))))
     print("- ckrun planned peak: the plan's arena high-water mark (parameters, AdamW state, gradients, activations, "
-          "workspace); arena high-water: measured by a sentinel fill during a step; predicted device: planned peak + "
-          "the backend's fixed bytes (cuBLAS workspace and scratch, allocated when the device opens); "
-          "cudaMemGetInfo: free device memory before the compile minus after the steps, plus the fixed bytes. "
+          "workspace); arena high-water: measured by a sentinel fill during a step; predicted device: the arena "
+          "(the planned peak) in the CUDA driver's 2 MiB pages + the backend's fixed bytes (cuBLAS workspace and "
+          "scratch, allocated when the device opens); cudaMemGetInfo: free device memory before the compile minus "
+          "after the steps, plus the fixed bytes, and its difference from the prediction. "
           "PyTorch peak allocated: torch.cuda.max_memory_allocated over the timed steps; its cudaMemGetInfo: free "
           "memory before the model was built minus after the steps (the allocator's cache included). Device "
           "figures leave out the CUDA context on both sides. budget has no PyTorch counterpart.")

@@ -24,6 +24,9 @@ typedef struct ck_backend {
     int nthreads;                 /* passed to the rule (the CPU's threads; 1 on a GPU) */
     int host;                     /* 1: the arena is host memory */
     size_t fixed_bytes;           /* device memory held outside every plan (library workspaces) */
+    /* the device allocator's page: an allocation of n bytes takes n rounded up
+     * to a multiple of it (the CUDA driver's 2 MiB; 1 on the host) */
+    size_t granule;
     /* makes the backend current on the calling thread (a GPU context binding) */
     void (*enter)(void);
     /* the arena: NULL on failure, with error() */
@@ -62,6 +65,9 @@ const ck_backend *ck_backend_cuda_plan(void);
 /* device memory the CUDA backend holds outside every plan: cuBLAS's workspace
  * and the reduction scratch (CK_CUDA_BLAS_WS_BYTES + CK_CUDA_SCRATCH_BYTES) */
 #define CK_CUDA_FIXED_BYTES (((size_t)4 << 20) + ((size_t)1 << 18))
+/* cudaMalloc takes device memory in 2 MiB pages: an arena of n bytes holds n
+ * rounded up to a multiple of this */
+#define CK_CUDA_GRANULE ((size_t)2 << 20)
 /* CUDA devices usable now: 0 without an NVIDIA driver, a device, or a build
  * of the CUDA backend. Loads nothing on a machine without a driver. */
 int ck_cuda_devices(void);

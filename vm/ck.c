@@ -977,6 +977,7 @@ static int p_model(lua_State *L)
         a->plan.transient = (size_t)int_field(L, t, "transient");
         a->plan.workspace = (size_t)int_field(L, t, "workspace");
         a->plan.arena = (size_t)int_field(L, t, "arena");
+        a->plan.device = (size_t)int_field(L, t, "device_bytes");
         a->plan.ops = (int)int_field(L, t, "ops");
         return 0;
     }

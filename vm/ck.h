@@ -228,6 +228,9 @@ typedef struct ck_plan_info {
     size_t workspace;  /* the largest kernel workspace live at once */
     size_t arena;      /* bytes allocated */
     int ops;           /* ops in the step's list */
+    size_t device;     /* device memory the program takes: the arena in the
+                          allocator's pages (2 MiB on CUDA) and the library
+                          workspaces the backend holds; the arena on the CPU */
 } ck_plan_info;
 int ck_model_plan(ck_model *m, ck_plan_info *out);
 

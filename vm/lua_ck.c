@@ -1015,7 +1015,9 @@ static void set_num(lua_State *L, const char *k, double v)
 
 /* p:plan() -> the plan of the training list (the forward list when nothing
  * trains): peak (the arena's high-water mark), live_peak, persistent,
- * transient, workspace, arena, ops, recompute_ops, activation_bytes,
+ * transient, workspace, arena, device_bytes (the device memory the program
+ * takes: the arena in the allocator's pages, and the backend's fixed bytes),
+ * ops, recompute_ops, activation_bytes,
  * step_flops, recompute_flops, and at_peak = {category = bytes live at the peak} */
 static int l_plan(lua_State *L)
 {
@@ -1030,6 +1032,7 @@ static int l_plan(lua_State *L)
     set_int(L, "transient", (lua_Integer)pl->transient);
     set_int(L, "workspace", (lua_Integer)pl->workspace);
     set_int(L, "arena", (lua_Integer)p->arena_bytes);
+    set_int(L, "device_bytes", (lua_Integer)ck_device_bytes(p->be, p->arena_bytes));
     set_int(L, "ops", pl->n);
     set_int(L, "recompute_ops", nrec);
     set_int(L, "activation_bytes", (lua_Integer)pl->activation_bytes);
@@ -1202,14 +1205,16 @@ static const luaL_Reg graph_methods[] = {
     {NULL, NULL},
 };
 
-/* p:device() -> the backend's name ("cpu", "cuda"), and the bytes of device
- * memory it holds outside every plan (library workspaces; 0 on the CPU) */
+/* p:device() -> the backend's name ("cpu", "cuda"), the bytes of device
+ * memory it holds outside every plan (library workspaces; 0 on the CPU), and
+ * its allocator's page (2 MiB on CUDA; 1 on the CPU) */
 static int l_program_device(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
     lua_pushstring(L, p->be->name);
     lua_pushinteger(L, (lua_Integer)p->be->fixed_bytes);
-    return 2;
+    lua_pushinteger(L, (lua_Integer)(p->be->granule > 1 ? p->be->granule : 1));
+    return 3;
 }
 
 /* ck.devices() -> the names of the devices this process can run on, e.g. {"cpu", "cuda"} */

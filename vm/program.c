@@ -367,6 +367,12 @@ const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, si
     return NULL;
 }
 
+size_t ck_device_bytes(const ck_backend *be, size_t arena)
+{
+    const size_t g = be->granule > 1 ? be->granule : 1;
+    return (arena + g - 1) / g * g + be->fixed_bytes;
+}
+
 int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops)
 {
     ck_plan pl;

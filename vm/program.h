@@ -151,6 +151,10 @@ const char *ck_default_device(void);
 /* The backend called "cpu" or "cuda"; "auto" (or NULL): ck_default_device(). plan_only: "cuda" without a device is its
  * rules alone (ck_backend_cuda_plan). NULL with the reason in err. */
 const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, size_t errlen);
+/* The device memory a program with an arena of `arena` bytes takes on be: the
+ * arena rounded up to the allocator's pages, plus the backend's fixed bytes
+ * (the arena alone on the CPU). */
+size_t ck_device_bytes(const ck_backend *be, size_t arena);
 void ck_program_free(ck_program *p);
 /* One training step (forward, backward, optimizer). 0 or -1 with p->err. */
 int ck_program_step(ck_program *p);

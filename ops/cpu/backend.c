@@ -80,7 +80,7 @@ const ck_backend *ck_backend_cpu(void)
 {
     static ck_backend be;
     if (!be.name) {
-        ck_backend b = {"cpu", ck_cpu_kernels, ck_cpu_kernels_bf16, ck_op_workspace, 1, 1, 0, enter, alloc, release,
+        ck_backend b = {"cpu", ck_cpu_kernels, ck_cpu_kernels_bf16, ck_op_workspace, 1, 1, 0, 1, enter, alloc, release,
                         copy, copy, copy, convert, fill_u32, high_water, all_finite, sync, error, clear_error};
         be = b;
     }

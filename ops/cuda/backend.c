@@ -30,7 +30,7 @@ static void close_at_exit(void)
 }
 
 static ck_backend be = {"cuda", ck_cuda_kernels, ck_cuda_kernels_bf16, ck_op_workspace_cuda, 1, 0,
-                        CK_CUDA_FIXED_BYTES, enter, alloc, release, ck_cuda_upload,
+                        CK_CUDA_FIXED_BYTES, CK_CUDA_GRANULE, enter, alloc, release, ck_cuda_upload,
                         ck_cuda_download, ck_cuda_copy, ck_cuda_convert, ck_cuda_fill_u32, ck_cuda_high_water,
                         all_finite, sync, ck_cuda_last_error, ck_cuda_clear_error};
 

@@ -173,9 +173,9 @@ end
 function M.summary(p)
   local pl = p:plan()
   local base = pl.step_flops - pl.recompute_flops
-  local device, fixed = p:device()
+  local device, fixed, granule = p:device()
   return {
-    device = device, device_fixed = fixed,
+    device = device, device_fixed = fixed, device_granule = granule, device_bytes = pl.device_bytes,
     peak = pl.peak, live_peak = pl.live_peak, persistent = pl.persistent, transient = pl.transient,
     workspace = pl.workspace, ops = pl.ops, recompute_ops = pl.recompute_ops,
     activation_bytes = pl.activation_bytes, step_flops = pl.step_flops, recompute_flops = pl.recompute_flops,
@@ -483,6 +483,7 @@ local function print_json(o, rows, limit, svg)
     parts[#parts + 1] = {"checkpoint", first.name}
     parts[#parts + 1] = {"device", s.device}
     parts[#parts + 1] = {"device_fixed_bytes", s.device_fixed}
+    parts[#parts + 1] = {"device_granule_bytes", s.device_granule}
     for _, k in ipairs{"peak", "live_peak", "persistent", "transient", "workspace"} do
       parts[#parts + 1] = {k .. "_bytes", s[k]}
     end
@@ -497,7 +498,8 @@ local function print_json(o, rows, limit, svg)
     local e = {{"name", r.name}}
     if r.summary then
       local s = r.summary
-      for _, kv in ipairs{{"peak_bytes", s.peak}, {"live_peak_bytes", s.live_peak}, {"persistent_bytes", s.persistent},
+      for _, kv in ipairs{{"peak_bytes", s.peak}, {"device_bytes", s.device_bytes}, {"live_peak_bytes", s.live_peak},
+        {"persistent_bytes", s.persistent},
         {"transient_bytes", s.transient}, {"workspace_bytes", s.workspace}, {"activation_bytes", s.activation_bytes},
         {"step_flops", s.step_flops}, {"recompute_flops", s.recompute_flops}, {"recompute_pct", s.recompute_pct},
         {"ops", s.ops}, {"recompute_ops", s.recompute_ops}, {"at_peak", at_peak_object(s.at_peak)}} do
@@ -538,6 +540,10 @@ local function print_text(o, rows, limit, svg)
     local lbl = #rows > 1 and " (" .. first.name .. ")" or ""
     print(string.format("%-24s %s%s", "device", s.device,
       s.device_fixed > 0 and " (and " .. M.fmt_bytes(s.device_fixed) .. " of library workspace outside the plan)" or ""))
+    if s.device_granule > 1 or s.device_fixed > 0 then
+      print(string.format("%-24s %s%s: the arena in the allocator's %s pages, and the library workspace",
+        "device memory", M.fmt_bytes(s.device_bytes), lbl, M.fmt_bytes(s.device_granule)))
+    end
     print(string.format("%-24s %s%s", "persistent", M.fmt_bytes(s.persistent), lbl))
     print(string.format("%-24s %s at the peak%s", "transient", M.fmt_bytes(s.transient), lbl))
     print(string.format("%-24s %d%s", "ops", s.ops, lbl))

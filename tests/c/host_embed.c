@@ -206,8 +206,10 @@ static void test_models(void)
     if (!m) return;
     ck_plan_info plan;
     st = ck_model_plan(m, &plan);
-    check(st == CK_OK && plan.peak > 0 && plan.persistent > 0 && plan.peak >= plan.persistent && plan.ops > 0,
-          "ck_model_plan: peak %zu bytes, persistent %zu, %d ops", plan.peak, plan.persistent, plan.ops);
+    check(st == CK_OK && plan.peak > 0 && plan.persistent > 0 && plan.peak >= plan.persistent && plan.ops > 0 &&
+              plan.device == plan.arena,
+          "ck_model_plan: peak %zu bytes, persistent %zu, %d ops, on the CPU device memory = the arena (%zu)", plan.peak,
+          plan.persistent, plan.ops, plan.device);
     st = ck_model_set(m, "x", x, 16);
     st = st ? st : ck_model_set(m, "t", t, 8);
     check(st == CK_OK, "ck_model_set fills the inputs");

@@ -25,6 +25,17 @@ do
   T.ok(name == "cuda" and fixed == 4 * 2 ^ 20 + 2 ^ 18,
     string.format("a plan for cuda holds cuBLAS's workspace and the reduction scratch outside the plan (%d bytes)", fixed))
   T.ok(select(2, pc:device()) == 0, "a plan for the CPU holds nothing outside it")
+  local page = select(3, pg:device())
+  T.ok(page == 2 ^ 21 and pg:plan().arena == 32 * 2 ^ 20 and pg:plan().device_bytes == pg:plan().arena + fixed,
+    string.format("on cuda a program takes its arena (32 MiB: whole 2 MiB pages) and the fixed bytes: %d",
+      pg:plan().device_bytes))
+  local g = ck.graph()
+  local small = g:compile{outputs = {ck.silu(g:input("x", {3, 1000}))}, plan_only = true, device = "cuda"}:plan()
+  T.ok(small.arena < 2 ^ 16 and small.device_bytes == 2 ^ 21 + fixed,
+    string.format("an arena of %d bytes takes a whole 2 MiB page: %d bytes with the fixed ones", small.arena,
+      small.device_bytes))
+  T.ok(select(3, pc:device()) == 1 and pc:plan().device_bytes == pc:plan().arena,
+    "on the CPU it takes the arena: " .. pc:plan().device_bytes)
   T.ok(pc:plan().workspace > 0 and pg:plan().workspace == 0,
     string.format("fused attention on the GPU takes no workspace (the CPU's takes %d bytes)", pc:plan().workspace))
   local ok, err = pcall(function() return pg:forward() end)

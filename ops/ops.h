@@ -122,8 +122,11 @@ enum ck_op {
      * all elements; a NaN anywhere makes the mean and absmax NaN. Logging steps
      * only (vm/logstats.c): a block's activation statistics. */
     CK_OP_STATS,
-    /* in x; out scalar = sum of x^2 over all elements, accumulated in double.
-     * Logging steps, and gradient clipping: a gradient's squared norm. */
+    /* in x1..xk (k <= CK_MAX_IN); out scalar = the sum of the squares of all
+     * their elements, accumulated in double and rounded once. With i0 = 1, x1
+     * is a scalar running total, added as it is, so that a chain of nodes
+     * sums any number of tensors. Logging steps (a gradient's squared norm)
+     * and gradient clipping (all gradients', a few per node). */
     CK_OP_SUMSQ,
     /* in scalar s (the gradients' summed squares); out scalar
      * min(1, f0 / (sqrt(s) + 1e-6)): the factor torch.nn.utils.clip_grad_norm_

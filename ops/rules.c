@@ -445,10 +445,15 @@ int ck_op_infer(enum ck_op op, const ck_op_params *p, const ck_shape *in, int ni
         out[0].ndim = 1;
         out[0].d[0] = 3;
         return 0;
-    case CK_OP_SUMSQ:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
+    case CK_OP_SUMSQ: {
+        char a[96];
+        if (want_nin(nin, 1, CK_MAX_IN, err, errlen)) return -1;
+        if (p->i[0] != 0 && p->i[0] != 1) FAIL("i0 must be 0 or 1 (a running total first), got %d", p->i[0]);
+        if (p->i[0] && nin < 2) FAIL("a running total needs a tensor to add the squares of");
+        if (p->i[0] && ck_shape_numel(&in[0]) != 1) FAIL("the running total must be a scalar, got %s", SH(&in[0], a));
         out[0].ndim = 0;
         return 0;
+    }
     case CK_OP_CLIP_FACTOR: {
         char a[96];
         if (want_nin(nin, 1, 1, err, errlen)) return -1;
@@ -563,7 +568,11 @@ double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int
     case CK_OP_MEAN:
     case CK_OP_MSE_LOSS:
     case CK_OP_STATS: return 3.0 * (double)ck_shape_numel(&in[0]);
-    case CK_OP_SUMSQ: return 2.0 * (double)ck_shape_numel(&in[0]);
+    case CK_OP_SUMSQ: {
+        double f = 0;
+        for (int k = p->i[0] ? 1 : 0; k < nin; k++) f += 2.0 * (double)ck_shape_numel(&in[k]);
+        return f;
+    }
     case CK_OP_ADAMW_STEP: return 12.0 * n;
     case CK_OP_LION_STEP: return 8.0 * n;
     default: return 4.0 * n;

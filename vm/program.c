@@ -65,21 +65,29 @@ static int opt_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck
 }
 
 /* torch.nn.utils.clip_grad_norm_(params, max_norm): the factor every gradient
- * is multiplied by, min(1, max_norm / (||all gradients|| + 1e-6)), from each
- * gradient src[t]'s summed squares added in parameter order. The tensor, -2
- * when nothing trains, or -1 (g->err set). */
+ * is multiplied by, min(1, max_norm / (||all gradients|| + 1e-6)), from the
+ * gradients src[t]'s summed squares in parameter order: a chain of SUMSQ
+ * nodes, each adding the squares of a few gradients to the running total of
+ * the one before. The tensor, -2 when nothing trains, or -1 (g->err set). */
 static int clip_factor(ck_graph *g, int nt, const int *src, float max_norm)
 {
-    static const ck_op_params none;
-    int total = -2;
+    int total = -2, in[CK_MAX_IN], k = 0;
     const char *where = NULL;
     ck_graph_set_scope(g, "clip_grad_norm");
-    for (int t = 0; t < nt && total != -1; t++) {
-        if (g->t[t].kind != CK_KIND_PARAM) continue;
-        where = g->t[t].where;
-        const int s = opt_node(g, CK_OP_SUMSQ, &src[t], 1, &none, where);
-        const int pair[2] = {total, s};
-        total = s < 0 ? -1 : total == -2 ? s : opt_node(g, CK_OP_ADD, pair, 2, &none, where);
+    for (int t = 0; t <= nt && total != -1; t++) {
+        const int last = t == nt;
+        if (!last && g->t[t].kind != CK_KIND_PARAM) continue;
+        if (!last) {
+            if (k == 0 && total >= 0) in[k++] = total;
+            in[k++] = src[t];
+            where = g->t[t].where;
+        }
+        if (k == CK_MAX_IN || (last && k > 0)) {
+            ck_op_params sp = {0};
+            sp.i[0] = total >= 0; /* in[0] is the running total */
+            total = opt_node(g, CK_OP_SUMSQ, in, k, &sp, where);
+            k = 0;
+        }
     }
     if (total < 0) return total;
     ck_op_params cp = {0};

@@ -96,19 +96,22 @@ CK_CPU_KERNEL(ck_cpu_stats)
     out[0].data[2] = absmax;
 }
 
-// x any shape; out scalar = sum of x^2
+// x1..xk any shapes (x1 a running total with i0 = 1); out scalar = the sum of
+// their squares, each input's segments added in order, in double
 CK_CPU_KERNEL(ck_cpu_sumsq)
 {
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    const float *x = in[0].data;
-    const int64_t n = ck_view_numel(&in[0]), S = nsegments(n);
-    double part[SEG_MAX];
+    (void)ctx, (void)nout;
+    double acc = p->i[0] ? (double)in[0].data[0] : 0.0;
+    for (int k = p->i[0] ? 1 : 0; k < nin; k++) {
+        const float *x = in[k].data;
+        const int64_t n = ck_view_numel(&in[k]), S = nsegments(n);
+        double part[SEG_MAX];
 #pragma omp parallel for schedule(static) if (S > 1)
-    for (int64_t s = 0; s < S; s++) {
-        const int64_t i0 = n * s / S, i1 = n * (s + 1) / S;
-        part[s] = sumsq_run(x + i0, i1 - i0);
+        for (int64_t s = 0; s < S; s++) {
+            const int64_t i0 = n * s / S, i1 = n * (s + 1) / S;
+            part[s] = sumsq_run(x + i0, i1 - i0);
+        }
+        for (int64_t s = 0; s < S; s++) acc += part[s];
     }
-    double acc = 0;
-    for (int64_t s = 0; s < S; s++) acc += part[s];
     out[0].data[0] = (float)acc;
 }

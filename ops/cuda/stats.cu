@@ -95,12 +95,62 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_stats)
     ck_cuda_end(c, "stats");
 }
 
-// x any shape; out scalar = sum of x^2, accumulated in double
+/* The tensors of one SUMSQ node: block b of first[k] <= b < first[k + 1]
+ * sums its segment of x[k]. */
+typedef struct sumsq_set {
+    const float *x[CK_MAX_IN];
+    int64_t n[CK_MAX_IN];
+    int first[CK_MAX_IN + 1];
+    int k;
+} sumsq_set;
+static_assert(sizeof(double) * CK_MAX_IN * MAX_BLOCKS <= CK_CUDA_SCRATCH_BYTES, "sumsq partials fit the scratch");
+
+__global__ void __launch_bounds__(THREADS) sumsq_partial(double *part, sumsq_set a)
+{
+    __shared__ double sh[33];
+    int k = 0;
+    while (k + 1 < a.k && (int)blockIdx.x >= a.first[k + 1]) k++;
+    const int64_t b = blockIdx.x - a.first[k], nb = a.first[k + 1] - a.first[k], n = a.n[k];
+    const int64_t lo = n * b / nb, hi = n * (b + 1) / nb;
+    const float *x = a.x[k];
+    double s = 0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) s += (double)x[i] * (double)x[i];
+    s = ck_block_sum(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ void sumsq_final(float *out, const double *part, int nblocks, const float *total)
+{
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double s = total ? (double)total[0] : 0.0;
+    for (int b = 0; b < nblocks; b++) s += part[b];
+    out[0] = (float)s;
+}
+
+// x1..xk any shapes (x1 a running total with i0 = 1); out scalar = the sum of
+// their squares: one launch of block partials over all the tensors (each
+// tensor's block count from its size alone, as ck_cuda_reduce), one to add
+// them in order, in double
 extern "C" CK_CUDA_KERNEL(ck_cuda_sumsq)
 {
-    (void)ctx, (void)p, (void)nout, (void)nin;
+    (void)ctx, (void)nout;
     ck_cuda_ctx *c = ck_cuda_begin("sumsq");
     if (!c) return;
-    ck_cuda_reduce(c, RED_SUMSQ, out[0].data, in[0].data, NULL, ck_view_numel(&in[0]));
+    sumsq_set a = {};
+    const int k0 = p->i[0] ? 1 : 0;
+    for (int k = k0; k < nin; k++) {
+        const int64_t n = ck_view_numel(&in[k]);
+        int64_t nb = (n + MIN_PER_BLOCK - 1) / MIN_PER_BLOCK;
+        if (nb > MAX_BLOCKS) nb = MAX_BLOCKS;
+        if (nb < 1) nb = 1;
+        a.x[a.k] = in[k].data;
+        a.n[a.k] = n;
+        a.first[a.k + 1] = a.first[a.k] + (int)nb;
+        a.k++;
+    }
+    double *part = (double *)c->scratch;
+    ck_launch(sumsq_partial, (unsigned)a.first[a.k], THREADS, c->stream, part, a);
+    ck_launch(sumsq_final, 1, 32, c->stream, out[0].data, (const double *)part, a.first[a.k],
+              k0 ? (const float *)in[0].data : (const float *)NULL);
     ck_cuda_end(c, "sumsq");
 }

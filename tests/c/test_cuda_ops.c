@@ -452,6 +452,9 @@ static const tcase cases[] = {
     /* stats.cu */
     {"stats", CK_OP_STATS, {.i = {0}}, 1, {SH(3, 5, 701)}, .tol = F32},
     {"sumsq", CK_OP_SUMSQ, {.i = {0}}, 1, {SH(100003)}, .tol = F32},
+    {"sumsq of 4 tensors", CK_OP_SUMSQ, {.i = {0}}, 4, {SH(7), SH(3, 4099), SH(1), SH(9000, 3)}, .tol = F32},
+    {"sumsq, a running total and 3 tensors", CK_OP_SUMSQ, {.i = {1}}, 4, {SCALAR, SH(5000), SH(2, 3), SH(700)},
+     .kind = {TIMESTEPS}, .tol = F32},
     /* optim.cu: the same fp32 sqrt and division (IEEE on both) */
     {"clip_factor, clipping", CK_OP_CLIP_FACTOR, {.f = {0.01f}}, 1, {SCALAR}, .kind = {POSITIVE}, .tol = EXACT},
     {"clip_factor, no clipping", CK_OP_CLIP_FACTOR, {.f = {10.0f}}, 1, {SH(1)}, .kind = {POSITIVE}, .tol = EXACT},

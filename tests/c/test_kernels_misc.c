@@ -421,6 +421,46 @@ static void test_dropout(void)
     free(x), free(y), free(y2), free(y3), free(dy);
 }
 
+/* ---- summed squares: up to CK_MAX_IN tensors, or a running total and the rest ---- */
+
+static float sumsq_of(float *const *x, const int64_t *n, int nin, int total)
+{
+    ck_view in[CK_MAX_IN];
+    for (int k = 0; k < nin; k++) in[k] = view(x[k], 1, &n[k]);
+    float out = NAN;
+    ck_view o = {&out, 0, {0}};
+    ck_op_params p = {{total}, {0}};
+    ck_cpu_sumsq(&ctx0, &p, &o, 1, in, nin);
+    return out;
+}
+
+static void test_sumsq(void)
+{
+    /* sizes below and above one segment, and an empty tensor */
+    int64_t n[CK_MAX_IN] = {1, 70001, 0, 300007};
+    float *x[CK_MAX_IN];
+    double ref = 0;
+    for (int k = 0; k < CK_MAX_IN; k++) {
+        x[k] = rand_buf(n[k]);
+        for (int64_t i = 0; i < n[k]; i++) ref += (double)x[k][i] * x[k][i];
+    }
+    const float all = sumsq_of(x, n, CK_MAX_IN, 0);
+    check("sumsq of 4 tensors", fabs(all - ref) <= 1e-6 * ref, fabs(all - ref) / ref);
+    /* the first tensor's squares as a running total, then the other three */
+    float t = 1000.0f;
+    float *xt[CK_MAX_IN] = {&t, x[1], x[2], x[3]};
+    int64_t nt[CK_MAX_IN] = {1, n[1], n[2], n[3]};
+    double rt = 1000.0;
+    for (int k = 1; k < CK_MAX_IN; k++)
+        for (int64_t i = 0; i < n[k]; i++) rt += (double)x[k][i] * x[k][i];
+    const float chained = sumsq_of(xt, nt, CK_MAX_IN, 1);
+    check("sumsq: a running total added as it is, then 3 tensors' squares", fabs(chained - rt) <= 1e-6 * rt,
+          fabs(chained - rt) / rt);
+    const float again = sumsq_of(xt, nt, CK_MAX_IN, 1);
+    check("sumsq: bitwise the same run twice", memcmp(&chained, &again, sizeof again) == 0, 0);
+    for (int k = 0; k < CK_MAX_IN; k++) free(x[k]);
+}
+
 /* ---- optimizers ---- */
 
 static void test_sgd(void)
@@ -615,6 +655,7 @@ int main(void)
     test_timestep(1, 1, 0.0f, 1.0f);
 
     test_dropout();
+    test_sumsq();
     test_sgd();
     test_adamw(1001);
     test_adamw(100003);

@@ -33,7 +33,6 @@ minus after the steps, with the allocator's cache emptied before each policy.
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -56,14 +55,13 @@ def log(msg):
     print("gpu_step_torch: " + msg, file=sys.stderr, flush=True)
 
 
-# ---- the model: bench/vs_pytorch.py's, made device-clean
+# ---- the model: bench/vs_pytorch.py's
 
 def load_vs_pytorch(attention):
-    """Imports bench/vs_pytorch.py and patches what the GPU needs; returns (module, note)."""
+    """Imports bench/vs_pytorch.py, with SDPA as its attention when asked; returns (module, note)."""
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)
-    import torch
     import torch.nn.functional as F
     try:
         import numpy  # noqa: F401  (vs_pytorch.py uses it only to load ckrun's files)
@@ -76,37 +74,10 @@ def load_vs_pytorch(attention):
         finally:
             del sys.modules["numpy"]
 
-    class Timesteps(vp.Timesteps):
-        """vs_pytorch.py's, with its frequencies made on the timesteps' device."""
-
-        def forward(self, t):
-            half = self.channels // 2
-            exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / (half - self.shift)
-            emb = t[:, None].float() * torch.exp(exponent)[None, :]
-            emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=-1)
-            if self.flip:
-                emb = torch.cat([emb[:, half:], emb[:, :half]], dim=-1)
-            return emb
-
-    vp.Timesteps = Timesteps  # UNet2DConditionModel looks the name up when it is built
-
     note = "explicit softmax(QK^T)V (vs_pytorch.py)"
     if attention == "sdpa":
         if hasattr(F, "scaled_dot_product_attention"):
-            def forward(self, x, context=None):
-                context = x if context is None else context
-                b, lq, _ = x.shape
-                q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
-                h = self.heads
-
-                def split(t):
-                    return t.reshape(b, t.shape[1], h, -1).transpose(1, 2)
-
-                o = F.scaled_dot_product_attention(split(q), split(k), split(v))
-                o = o.transpose(1, 2).reshape(b, lq, -1)
-                return self.to_out[1](self.to_out[0](o))
-
-            vp.Attention.forward = forward
+            vp.Attention.attend = staticmethod(F.scaled_dot_product_attention)
             note = "F.scaled_dot_product_attention (diffusers' AttnProcessor2_0)"
         else:
             note += ": this torch has no F.scaled_dot_product_attention"

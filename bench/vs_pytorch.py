@@ -72,7 +72,7 @@ class Timesteps(nn.Module):
 
     def forward(self, t):
         half = self.channels // 2
-        exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32) / (half - self.shift)
+        exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / (half - self.shift)
         emb = t[:, None].float() * torch.exp(exponent)[None, :]
         emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=-1)
         if self.flip:
@@ -143,11 +143,15 @@ class Attention(nn.Module):
         def split(t):
             return t.reshape(b, t.shape[1], h, -1).transpose(1, 2)
 
-        q, k, v = split(q), split(k), split(v)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
-        o = torch.matmul(scores.softmax(dim=-1), v)
+        o = self.attend(split(q), split(k), split(v))
         o = o.transpose(1, 2).reshape(b, lq, -1)
         return self.to_out[1](self.to_out[0](o))
+
+    @staticmethod
+    def attend(q, k, v):
+        """softmax(q k^T / sqrt(d)) v over [batch, heads, tokens, d]."""
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+        return torch.matmul(scores.softmax(dim=-1), v)
 
 
 class GEGLU(nn.Module):

@@ -11,7 +11,11 @@
 #define CK_MAX_IN 4
 #define CK_MAX_OUT 3
 
-typedef enum ck_dtype { CK_F32 = 0, CK_BF16 = 1, CK_F16 = 2 } ck_dtype;
+/* How a tensor is stored; kernels compute in fp32 (ops/bf16.h, ops/fp8.h).
+ * CK_F8E4M3: float8 e4m3fn, for frozen weights only. */
+typedef enum ck_dtype { CK_F32 = 0, CK_BF16 = 1, CK_F16 = 2, CK_F8E4M3 = 3 } ck_dtype;
+
+static inline unsigned ck_dtype_bytes(ck_dtype d) { return d == CK_F32 ? 4u : d == CK_F8E4M3 ? 1u : 2u; }
 
 /* Every tensor is contiguous row-major. Shapes below use the names in the
  * comments; "in" and "out" list the node's input and output slots in order.

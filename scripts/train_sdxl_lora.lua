@@ -20,6 +20,7 @@
 -- (0), --lr-num-cycles X, --lr-power X,
 -- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
 -- --storage fp32|bf16 (bf16: activations and frozen weights stored in 16 bits, computed in fp32),
+-- --fp8-base (the frozen base stored in fp8 e4m3, as kohya's --fp8_base),
 -- --save-every N, --state-dir DIR (out/state), --keep-states K (3), --resume [DIR],
 -- --save-lora-every N (also write the adapter every N steps, as OUT with -stepNNNNNNNN before
 -- .safetensors, kohya's --save_every_n_steps naming),
@@ -43,7 +44,7 @@ local o = sdxl.options(a, {
   "min-snr-gamma", "val-every", "rank", "alpha", "targets", "out", "lora-format", "save-lora-every",
   "optimizer", "lr", "weight-decay", "max-grad-norm", "gradient-accumulation-steps", "lr-scheduler",
   "lr-warmup-steps", "lr-num-cycles", "lr-power",
-  "checkpoint", "storage",
+  "checkpoint", "storage", "fp8-base",
   "save-every", "state-dir", "keep-states", "resume",
   "log-dir", "log-every", "log-async", "log-flush",
 })
@@ -85,6 +86,8 @@ local prediction = opt("prediction", a.weights and "eps" or "v")
 local pooled_dim = sdxl.pooled_dim(config)
 
 local checkpoint = policy.parse(opt("checkpoint", "none"))
+-- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
+local fp8_base = o:flag("fp8-base", false)
 
 -- The model, its adapters, the objective and the compiled program for one
 -- batch size and checkpoint policy (plan_only: nothing allocated).
@@ -95,8 +98,8 @@ local function build(batch, checkpoint, plan_only)
     objective = {prediction = prediction, noise_offset = opt("noise-offset", 0), min_snr_gamma = opt("min-snr-gamma", nil),
                  seed = seed},
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
-               plan_only = plan_only, storage = opt("storage", "fp32"), max_grad_norm = max_grad_norm,
-               accumulate = accumulate},
+               plan_only = plan_only, storage = opt("storage", "fp32"), frozen = fp8_base and "fp8" or nil,
+               max_grad_norm = max_grad_norm, accumulate = accumulate},
   }
 end
 
@@ -181,13 +184,15 @@ local function save_lora(path, at_step)
     ss_optimizer = optimizer == "lion" and "lion_pytorch.lion_pytorch.Lion" or "torch.optim.adamw.AdamW",
     ss_resolution = string.format("(%d, %d)", resolution, resolution),
     ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
+    ss_fp8_base = fp8_base and "True" or "False",
     ss_training_comment = "trained with ckrun " .. ck.version,
   }})
 end
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
                   prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets,
                   lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup, max_grad_norm = max_grad_norm,
-                  gradient_accumulation_steps = accumulate, optimizer = optimizer, weight_decay = weight_decay}
+                  gradient_accumulation_steps = accumulate, optimizer = optimizer, weight_decay = weight_decay,
+                  fp8_base = fp8_base}
 local resumed_log_dir
 if a.resume then
   local from = a.resume == true and state_dir or a.resume

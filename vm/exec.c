@@ -123,17 +123,20 @@ int ck_exec_tensor_finite(ck_program *p, const ck_plan *pl, int t, int *finite)
 {
     const float *x = (const float *)(p->arena + pl->off[t]);
     p->be->enter();
-    if (p->g->t[pl->origin[t]].dtype == CK_BF16) {
+    const ck_dtype dt = p->g->t[pl->origin[t]].dtype;
+    if (dt != CK_F32) {
         /* only a non-finite step's second pass checks these: on the host */
         int64_t n = ck_shape_numel(&p->g->t[pl->origin[t]].shape);
-        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+        const size_t bytes = ck_dtype_bytes(dt) * (size_t)n;
+        unsigned char *h = malloc(bytes ? bytes : 1);
         if (!h) {
             snprintf(p->err, sizeof p->err, "out of host memory");
             return -1;
         }
-        int rc = p->be->download(h, x, sizeof(uint16_t) * (size_t)n);
+        int rc = p->be->download(h, x, bytes);
         *finite = 1;
-        for (int64_t k = 0; k < n && *finite && !rc; k++) *finite = ck_bf16_finite(h[k]);
+        for (int64_t k = 0; k < n && *finite && !rc; k++)
+            *finite = dt == CK_F8E4M3 ? (h[k] & 0x7f) != 0x7f : ck_bf16_finite(((const uint16_t *)h)[k]);
         free(h);
         if (!rc) return 0;
         snprintf(p->err, sizeof p->err, "checking values on the %s device: %s", p->be->name, p->be->error());

@@ -67,7 +67,7 @@ int ck_graph_find(const ck_graph *g, const char *name);
 /* bytes one tensor holds in its dtype */
 static inline size_t ck_tensor_bytes(const ck_tensor *t)
 {
-    return (size_t)ck_shape_numel(&t->shape) * (t->dtype == CK_F32 ? 4u : 2u);
+    return (size_t)ck_shape_numel(&t->shape) * ck_dtype_bytes(t->dtype);
 }
 
 /* Adds a node; infers the output shapes (outs[k] preset with ndim >= 0 asks for that

@@ -702,7 +702,7 @@ static int tensor_id(lua_State *L, int i)
 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=, weight_decay=,
  *           max_grad_norm=, accumulate=,
- *           seed=, keep_grads=, plan_only=, storage=, checkpoint=, device="cpu"|"cuda"|"auto"} */
+ *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto"} */
 static int l_compile(lua_State *L)
 {
     lgraph *lg = check_graph(L, 1);
@@ -768,6 +768,16 @@ static int l_compile(lua_State *L)
     if (!strcmp(storage, "bf16")) o.storage = CK_BF16;
     else if (!strcmp(storage, "fp16")) o.storage = CK_F16;
     else if (strcmp(storage, "fp32")) return ck_lua_raise(L, "compile: storage must be fp32, bf16 or fp16, got '%s'", storage);
+    lua_pop(L, 1);
+    /* frozen weights narrower than storage: fp8 (e4m3, kohya's --fp8_base) or bf16 */
+    lua_getfield(L, 2, "frozen");
+    if (!lua_isnil(L, -1)) {
+        const char *fz = lua_tostring(L, -1);
+        if (fz && !strcmp(fz, "fp8")) o.frozen = CK_F8E4M3;
+        else if (fz && !strcmp(fz, "bf16")) o.frozen = CK_BF16;
+        else return ck_lua_raise(L, "compile: frozen must be fp8 or bf16 (frozen weights' storage), got '%s'",
+                                 fz ? fz : luaL_typename(L, -1));
+    }
     lua_pop(L, 1);
     /* the device: compile{device=}, else the VM's (--device), else auto */
     lua_getfield(L, 2, "device");

@@ -4,8 +4,10 @@
 #include "program.h"
 
 #include "../ops/bf16.h"
+#include "../ops/fp8.h"
 #include "../ops/rng.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,13 +254,14 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             goto fail;
         }
     }
-    if (o->storage != CK_F32) {
+    if (o->storage != CK_F32 || o->frozen != CK_F32) {
         /* mixed precision: activations, their gradients and frozen weights
-         * in 16 bits; trainable weights (the master copies), their gradients,
-         * the optimizer state, the inputs and the loss stay fp32. Kernels
-         * compute in fp32: the executor converts 16-bit operands around an
-         * op unless the backend has a bf16 kernel for it (exec.c). */
-        if (o->storage != CK_BF16 && !o->plan_only) {
+         * in 16 bits (frozen weights in 8 with frozen = fp8); trainable
+         * weights (the master copies), their gradients, the optimizer state,
+         * the inputs and the loss stay fp32. Kernels compute in fp32: the
+         * executor converts narrow operands around an op unless the backend
+         * has a bf16 kernel for it (exec.c). */
+        if (o->storage == CK_F16 && !o->plan_only) {
             failf(err, errlen, "fp16 storage can be planned (--plan) but not run (no loss scaling); use bf16");
             goto fail;
         }
@@ -266,8 +269,9 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             ck_kind k = g->t[t].kind;
             int nd = g->t[t].node;
             /* the optimizer's own tensors (clipped gradients) stay fp32 too */
-            if ((k == CK_KIND_ACT || k == CK_KIND_FROZEN) && t != o->loss &&
-                !(nd >= 0 && g->n[nd].phase == CK_PHASE_OPTIMIZER))
+            if (k == CK_KIND_FROZEN)
+                g->t[t].dtype = o->frozen != CK_F32 ? o->frozen : o->storage;
+            else if (k == CK_KIND_ACT && t != o->loss && !(nd >= 0 && g->n[nd].phase == CK_PHASE_OPTIMIZER))
                 g->t[t].dtype = o->storage;
             /* a reshape shares its input's buffer, so it keeps its input's type */
             if (nd >= 0 && g->n[nd].op == CK_OP_RESHAPE) g->t[t].dtype = g->t[g->n[nd].in[0]].dtype;
@@ -578,7 +582,7 @@ static int copy_failed(ck_program *p, int t, const char *what)
 
 /* The host memory for tensor t's values as fp32: the arena itself on the CPU
  * for fp32 tensors, else the stage: fp32 values, then room for the stored
- * bytes of a 16-bit tensor. keep: filled with the current values. */
+ * bytes of a bf16 or fp8 tensor. keep: filled with the current values. */
 static float *host_of(ck_program *p, int t, float *x, int keep)
 {
     const ck_tensor *tt = &p->g->t[t];
@@ -598,12 +602,15 @@ static float *host_of(ck_program *p, int t, float *x, int keep)
     if (!keep) return p->stage;
     p->be->enter();
     if (!raw) return p->be->download(p->stage, x, f32) && copy_failed(p, t, "reading") ? NULL : p->stage;
-    const uint16_t *h = (const uint16_t *)((char *)p->stage + f32);
-    if (p->be->download((void *)h, x, raw)) {
+    void *h = (char *)p->stage + f32;
+    if (p->be->download(h, x, raw)) {
         copy_failed(p, t, "reading");
         return NULL;
     }
-    for (int64_t i = 0; i < n; i++) p->stage[i] = ck_f32_from_bf16(h[i]);
+    if (tt->dtype == CK_F8E4M3)
+        for (int64_t i = 0; i < n; i++) p->stage[i] = ck_f8e4m3_values[((const uint8_t *)h)[i]];
+    else
+        ck_bf16_load(p->stage, (const uint16_t *)h, n);
     return p->stage;
 }
 
@@ -629,9 +636,22 @@ int ck_program_write_end(ck_program *p, int t)
     if (!x) return -1;
     int64_t n = ck_shape_numel(&tt->shape);
     const void *src = p->stage;
-    if (tt->dtype != CK_F32) {
-        uint16_t *h = (uint16_t *)((char *)p->stage + (size_t)n * sizeof(float));
-        for (int64_t i = 0; i < n; i++) h[i] = ck_bf16_from_f32(p->stage[i]);
+    void *h = (char *)p->stage + (size_t)n * sizeof(float);
+    if (tt->dtype == CK_F8E4M3) {
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t v = ck_f8e4m3_encode(p->stage[i]);
+            if ((v & 0x7f) == 0x7f && !isnan(p->stage[i])) { /* a number the cast would make NaN */
+                snprintf(p->err, sizeof p->err,
+                         "'%s' holds %g at element %lld, beyond what fp8 (e4m3) stores (largest %g): store it in "
+                         "bf16 or fp32", tt->name ? tt->name : "a tensor", (double)p->stage[i], (long long)i,
+                         (double)CK_F8E4M3_MAX);
+                return -1;
+            }
+            ((uint8_t *)h)[i] = v;
+        }
+        src = h;
+    } else if (tt->dtype != CK_F32) {
+        ck_bf16_store((uint16_t *)h, p->stage, n);
         src = h;
     }
     p->be->enter();

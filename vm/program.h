@@ -44,6 +44,7 @@ typedef struct ck_compile_opts {
     int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
     int plan_only;     /* plan, allocate nothing: the program cannot run */
     ck_dtype storage;  /* CK_BF16 / CK_F16: plan 16-bit activations and frozen weights (plan_only) */
+    ck_dtype frozen;   /* frozen weights' storage (CK_BF16, CK_F8E4M3); CK_F32: as storage */
     ck_decide_fn decide; /* the checkpoint policy; NULL keeps every activation */
     void *decide_ud;
     const ck_backend *be; /* where the program runs and its arena lives; NULL: the CPU */

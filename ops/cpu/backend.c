@@ -1,6 +1,7 @@
 /* The CPU backend (ops/backend.h): the arena is host memory. */
 #include "../backend.h"
 #include "../bf16.h"
+#include "../fp8.h"
 #include "cpu.h"
 
 #include <stdlib.h>
@@ -24,17 +25,27 @@ static int copy(void *dst, const void *src, size_t bytes)
 
 #define CONVERT_RUN 4096
 
+float ck_f8e4m3_values[256];
+
+__attribute__((constructor)) static void fp8_values(void)
+{
+    for (int c = 0; c < 256; c++) ck_f8e4m3_values[c] = ck_f8e4m3_decode((uint8_t)c);
+}
+
 static int convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n)
 {
-    if (to == from) return copy(dst, src, (size_t)n * (to == CK_F32 ? 4 : 2));
-    if (!((to == CK_BF16 && from == CK_F32) || (to == CK_F32 && from == CK_BF16))) return -1; /* fp16: planned, never run */
+    if (to == from) return copy(dst, src, (size_t)n * ck_dtype_bytes(to));
+    /* fp32 <-> bf16, and fp8 -> fp32 (fp8 tensors are frozen: written from the host only); fp16: planned, never run */
+    if (!((to == CK_BF16 && from == CK_F32) || (to == CK_F32 && (from == CK_BF16 || from == CK_F8E4M3)))) return -1;
     /* runs of CONVERT_RUN values, one per task */
     const int64_t runs = (n + CONVERT_RUN - 1) / CONVERT_RUN;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t r = 0; r < runs; r++) {
         const int64_t i = r * CONVERT_RUN, m = n - i < CONVERT_RUN ? n - i : CONVERT_RUN;
         if (to == CK_BF16) ck_bf16_store((uint16_t *)dst + i, (const float *)src + i, m);
-        else ck_bf16_load((float *)dst + i, (const uint16_t *)src + i, m);
+        else if (from == CK_BF16) ck_bf16_load((float *)dst + i, (const uint16_t *)src + i, m);
+        else
+            for (int64_t k = 0; k < m; k++) ((float *)dst)[i + k] = ck_f8e4m3_values[((const uint8_t *)src)[i + k]];
     }
     return 0;
 }

@@ -4,6 +4,7 @@
  * between bf16 storage and the fp32 copies kernels without a bf16 form read (the CPU does both
  * with plain loops over host memory, vm/exec.c and vm/program.c). */
 #include "common.cuh"
+#include "../fp8.h"
 
 #define THREADS 256
 #define MAX_BLOCKS 1024
@@ -89,18 +90,25 @@ __global__ void __launch_bounds__(THREADS) to_f32_kernel(float *d, const __nv_bf
         d[i] = __bfloat162float(s[i]);
 }
 
+__global__ void __launch_bounds__(THREADS) f8_to_f32_kernel(float *d, const uint8_t *s, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        d[i] = ck_f8e4m3_decode(s[i]);
+}
+
 extern "C" int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n)
 {
     ck_cuda_ctx *c = ck_cuda_begin("convert");
     if (!c) return -1;
     if (n <= 0) return 0;
     if (to == from) {
-        CK_CU("convert", cudaMemcpyAsync(dst, src, (size_t)n * (to == CK_F32 ? 4 : 2), cudaMemcpyDeviceToDevice,
-                                         c->stream));
+        CK_CU("convert", cudaMemcpyAsync(dst, src, (size_t)n * ck_dtype_bytes(to), cudaMemcpyDeviceToDevice, c->stream));
     } else if (to == CK_BF16 && from == CK_F32) {
         ck_launch(to_bf16_kernel, ck_grid(n, THREADS), THREADS, c->stream, (__nv_bfloat16 *)dst, (const float *)src, n);
     } else if (to == CK_F32 && from == CK_BF16) {
         ck_launch(to_f32_kernel, ck_grid(n, THREADS), THREADS, c->stream, (float *)dst, (const __nv_bfloat16 *)src, n);
+    } else if (to == CK_F32 && from == CK_F8E4M3) {
+        ck_launch(f8_to_f32_kernel, ck_grid(n, THREADS), THREADS, c->stream, (float *)dst, (const uint8_t *)src, n);
     } else {
         ck_cuda_fail("convert", "no conversion between these storage types");
     }

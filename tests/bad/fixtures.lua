@@ -47,6 +47,7 @@ end
 
 ck.write_safetensors("keep.safetensors", {{"w", {2, 3}, {1, 2, 3, 4, 5, 6}}}, {note = "the output to protect"})
 ck.write_safetensors("good.safetensors", {{"w", {2, 3}, {1, 2, 3, 4, 5, 6}}})
+ck.write_safetensors("big.safetensors", {{"w", {2, 3}, {1, 2, 3, 4, 5, 1000}}})
 local good = bytes_of("good.safetensors")
 write_bytes("truncated.safetensors", good:sub(1, #good - 8))
 write_bytes("header_cut.safetensors", good:sub(1, 20))

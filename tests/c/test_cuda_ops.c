@@ -16,6 +16,7 @@
  * a device), against the CPU emulator of tests/cuda_emu (CK_CUDA_EMU; small
  * shapes unless CK_TEST_BIG=1), or without either (skipped). */
 #include "cpu/cpu.h"
+#include "fp8.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -541,6 +542,24 @@ static void arena_helpers(void)
     ck_cuda_clear_error();
     free(h);
     ck_cuda_free(d);
+
+    /* fp8 frozen weights: every code read as fp32 on the device as the CPU reads it (NaN as NaN) */
+    uint8_t codes[256];
+    float got[256];
+    for (int c = 0; c < 256; c++) codes[c] = (uint8_t)c;
+    uint8_t *d8 = ck_cuda_alloc(256);
+    float *d32 = ck_cuda_alloc(sizeof got);
+    ok = ck_cuda_upload(d8, codes, 256) == 0 && ck_cuda_convert(d32, CK_F32, d8, CK_F8E4M3, 256) == 0 &&
+         ck_cuda_download(got, d32, sizeof got) == 0;
+    int wrong = 0;
+    for (int c = 0; c < 256; c++) {
+        const float want = ck_f8e4m3_decode((uint8_t)c);
+        wrong += isnan(want) ? !isnan(got[c]) : memcmp(&want, &got[c], sizeof want) != 0;
+    }
+    report(ok && wrong == 0, "convert fp8 -> fp32: the 256 codes as the CPU decodes them (%d differ)", wrong);
+    ck_cuda_clear_error();
+    ck_cuda_free(d8);
+    ck_cuda_free(d32);
 }
 
 int main(void)

@@ -2,8 +2,8 @@
 -- device "cuda" follows the CPU's loss curve; recompute policies give
 -- gradients bitwise those of none on the device, and each predicted peak is
 -- the device arena's measured high-water mark; host reads, writes, saves and
--- loads, logging statistics, the non-finite guard and bf16 storage work on
--- device memory.
+-- loads, logging statistics, the non-finite guard, bf16 storage and an fp8
+-- frozen base work on device memory.
 --
 -- Run by ckrun --trust (cmake/cuda.cmake): on a CUDA device (skipped, exit 77,
 -- where there is none), and on the CPU emulator of the CUDA backend
@@ -14,6 +14,7 @@ local ck = require "ck"
 local T = require "check"
 local unet = require "ck.unet"
 local policy = require "ck.policy"
+local lora = require "ck.lora"
 
 local usable = false
 for _, d in ipairs(ck.devices()) do usable = usable or d == "cuda" end
@@ -38,13 +39,18 @@ if small then
 end
 local B, H, W = shape.batch, shape.height, shape.width
 
-local function build(device, checkpoint, storage, max_grad_norm, accumulate)
+local function build(device, checkpoint, storage, max_grad_norm, accumulate, frozen)
   local g = ck.graph()
-  local _, y, x = unet.build(g, config, shape)
+  local model = config
+  if frozen then -- LoRA adapters on a frozen base stored as `frozen`
+    model = unet.UNet2DConditionModel(config)
+    lora.attach(model)
+  end
+  local _, y, x = unet.build(g, model, {batch = B, height = H, width = W, frozen = frozen and true})
   local t = g:input("target", y.shape)
   local p = g:compile{loss = ck.mse_loss(y, t), optimizer = "adamw", lr = 1e-3, seed = 5, keep_grads = true,
                       checkpoint = checkpoint, device = device, storage = storage, max_grad_norm = max_grad_norm,
-                      accumulate = accumulate}
+                      accumulate = accumulate, frozen = frozen}
   local r = T.rng(3)
   p:set(x.sample, T.random_values(r, B * 4 * H * W))
   p:set(t, T.random_values(r, B * 4 * H * W))
@@ -194,6 +200,22 @@ do
   T.ok(pd.updates == 2 and worst < 1e-3 and dmax < 1e-4, string.format(
     "max_grad_norm 1e-3, accumulate 2 on cuda: 4 steps, 2 clipped AdamW updates follow the CPU's " ..
     "(losses %.2g, weights %.2g apart)", worst, dmax))
+end
+
+-- 7. an fp8 frozen base on the device: the fp8 -> fp32 copies run there
+do
+  local _, pc = build("cpu", nil, nil, nil, nil, "fp8")
+  local _, pd = build("cuda", nil, nil, nil, nil, "fp8")
+  local worst, hw = 0, 0
+  for _ = 1, 3 do
+    local lc = pc:step()
+    local ld
+    ld, hw = pd:step{measure = true}
+    worst = math.max(worst, rel(ld, lc))
+  end
+  T.ok(worst < 1e-4, string.format("LoRA on an fp8 base on cuda follows the CPU (worst relative loss difference %.2g)",
+    worst))
+  T.ok(hw == pd:plan().peak, string.format("fp8 base on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
 end
 
 T.done()

@@ -3,6 +3,7 @@
  * in a message naming the file, never a crash or a silently odd tensor. */
 #define _POSIX_C_SOURCE 200809L
 #include "safetensors.h"
+#include "../ops/fp8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,7 +19,7 @@ static const struct { const char *name; size_t size; } dtypes[CK_ST_DTYPE_COUNT]
     [CK_ST_F64] = {"F64", 8},  [CK_ST_F32] = {"F32", 4}, [CK_ST_F16] = {"F16", 2},
     [CK_ST_BF16] = {"BF16", 2}, [CK_ST_I64] = {"I64", 8}, [CK_ST_I32] = {"I32", 4},
     [CK_ST_I16] = {"I16", 2},  [CK_ST_I8] = {"I8", 1},   [CK_ST_U8] = {"U8", 1},
-    [CK_ST_BOOL] = {"BOOL", 1},
+    [CK_ST_BOOL] = {"BOOL", 1}, [CK_ST_F8_E4M3] = {"F8_E4M3", 1}, [CK_ST_F8_E5M2] = {"F8_E5M2", 1},
 };
 
 const char *ck_st_dtype_name(ck_st_dtype d)
@@ -824,9 +825,15 @@ int ck_st_read_f32(const ck_st_tensor *t, float *dst, int64_t n, char *err, size
     case CK_ST_BF16:
         for (int64_t i = 0; i < n; i++, s += 2) dst[i] = ck_st_bf16_to_f32((uint16_t)(s[0] | s[1] << 8));
         return 0;
+    case CK_ST_F8_E4M3: /* torch.float8_e4m3fn */
+        for (int64_t i = 0; i < n; i++) dst[i] = ck_f8e4m3_decode(s[i]);
+        return 0;
+    case CK_ST_F8_E5M2: /* the high byte of an fp16 */
+        for (int64_t i = 0; i < n; i++) dst[i] = ck_st_f16_to_f32((uint16_t)(s[i] << 8));
+        return 0;
     default:
         return fail(err, errlen, t->file, "tensor '%s': dtype %s cannot be read as fp32 "
-                    "(only F32, F16 and BF16 can)", name.s, ck_st_dtype_name(t->dtype));
+                    "(only F32, F16, BF16, F8_E4M3 and F8_E5M2 can)", name.s, ck_st_dtype_name(t->dtype));
     }
 }
 

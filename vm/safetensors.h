@@ -14,6 +14,7 @@
 typedef enum ck_st_dtype {
     CK_ST_F64 = 0, CK_ST_F32, CK_ST_F16, CK_ST_BF16,
     CK_ST_I64, CK_ST_I32, CK_ST_I16, CK_ST_I8, CK_ST_U8, CK_ST_BOOL,
+    CK_ST_F8_E4M3, CK_ST_F8_E5M2, /* read only */
     CK_ST_DTYPE_COUNT
 } ck_st_dtype;
 

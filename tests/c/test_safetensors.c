@@ -191,6 +191,32 @@ static int read_all(const ck_st_tensor *t, float *dst)
     return ck_st_read_f32(t, dst, t->numel, err, sizeof err);
 }
 
+/* fp8 checkpoints (torch.float8_e4m3fn and float8_e5m2, as ComfyUI and kohya
+ * save them) read as fp32: hand-computed values of each format */
+static void fp8_reads(void)
+{
+    char path[128], err[256];
+    path_of(path, sizeof path, "fp8.safetensors");
+    /* e4m3: 1.0, -1.0, 448, 2^-9 (smallest subnormal), 0.875 * 2^-6 (largest subnormal), NaN;
+     * e5m2: 1.0, -2.0, 57344 (largest), 2^-16 (smallest subnormal), inf, NaN */
+    const unsigned char data[12] = {0x38, 0xb8, 0x7e, 0x01, 0x07, 0x7f, 0x3c, 0xc0, 0x7b, 0x01, 0x7c, 0x7e};
+    int ok = write_raw(path, "{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[6],\"data_offsets\":[0,6]},"
+                             "\"b\":{\"dtype\":\"F8_E5M2\",\"shape\":[2,3],\"data_offsets\":[6,12]}}",
+                       data, sizeof data) == 0;
+    ck_st_file *f = ok ? ck_st_open(path, err, sizeof err) : NULL;
+    const ck_st_tensor *a = f ? ck_st_find(f, "a") : NULL, *b = f ? ck_st_find(f, "b") : NULL;
+    float va[6], vb[6];
+    ok = a && b && a->dtype == CK_ST_F8_E4M3 && b->dtype == CK_ST_F8_E5M2 && a->nbytes == 6 &&
+         read_all(a, va) == 0 && read_all(b, vb) == 0;
+    check(ok && va[0] == 1.0f && va[1] == -1.0f && va[2] == 448.0f && va[3] == 0x1p-9f && va[4] == 0x1.cp-7f &&
+              isnan(va[5]),
+          "f8_e4m3_reads_as_fp32", "%s", f ? "" : err);
+    check(ok && vb[0] == 1.0f && vb[1] == -2.0f && vb[2] == 57344.0f && vb[3] == 0x1p-16f && isinf(vb[4]) &&
+              isnan(vb[5]),
+          "f8_e5m2_reads_as_fp32", "%s", f ? "" : err);
+    ck_st_close(f);
+}
+
 static void round_trips(void)
 {
     char path[128], err[256];
@@ -462,7 +488,8 @@ static void fuzz(void)
                 broken++;
                 snprintf(why, sizeof why, "iteration %d: tensor invariant", it);
             }
-            if (t->dtype == CK_ST_F32 || t->dtype == CK_ST_F16 || t->dtype == CK_ST_BF16) {
+            if (t->dtype == CK_ST_F32 || t->dtype == CK_ST_F16 || t->dtype == CK_ST_BF16 || t->dtype == CK_ST_F8_E4M3 ||
+                t->dtype == CK_ST_F8_E5M2) {
                 float *dst = malloc(t->numel ? (size_t)t->numel * sizeof *dst : 1);
                 if (ck_st_read_f32(t, dst, t->numel, err, sizeof err)) {
                     broken++;
@@ -599,6 +626,7 @@ int main(void)
     f16_every_value_round_trips();
     bf16_conversion_matches_hand_values();
     round_trips();
+    fp8_reads();
     malformed_files();
     fuzz();
     failed_saves();

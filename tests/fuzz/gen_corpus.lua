@@ -30,7 +30,14 @@ local packers = {
   I8 = function(v) return string.pack("<i1", math.floor(v) % 128) end,
   U8 = function(v) return string.pack("<I1", math.floor(v) % 256) end,
   BOOL = function(v) return v ~= 0 and "\1" or "\0" end,
+  F8_E4M3 = function(v) -- exact for the halves used here
+    if v == 0 then return "\0" end
+    local e = math.floor(math.log(math.abs(v), 2))
+    local m = math.floor((math.abs(v) / 2 ^ e - 1) * 8 + 0.5)
+    return string.pack("<I1", (v < 0 and 0x80 or 0) | (e + 7) << 3 | m)
+  end,
 }
+packers.F8_E5M2 = function(v) return packers.F16(v):sub(2, 2) end -- an fp16's high byte
 
 local function numel(shape)
   local n = 1
@@ -78,7 +85,7 @@ put("safetensors/valid_f32", one)
 put("safetensors/valid_every_dtype", st({
   {"a.f64", "F64", {2}}, {"b.f32", "F32", {2, 2}}, {"c.f16", "F16", {3}}, {"d.bf16", "BF16", {3}},
   {"e.i64", "I64", {1}}, {"f.i32", "I32", {2}}, {"g.i16", "I16", {2}}, {"h.i8", "I8", {4}},
-  {"i.u8", "U8", {4}}, {"j.bool", "BOOL", {3}},
+  {"i.u8", "U8", {4}}, {"j.bool", "BOOL", {3}}, {"k.f8", "F8_E4M3", {5}}, {"l.f8", "F8_E5M2", {2, 2}},
 }))
 put("safetensors/valid_scalar_and_empty", st({{"s", "F32", {}}, {"z", "F32", {0, 4}}, {"y", "F16", {2, 0, 3}}}))
 put("safetensors/valid_metadata", st({{"w", "BF16", {2, 2}}},

@@ -1,4 +1,5 @@
--- fp8 frozen weights (compile{frozen = "fp8"}, kohya's --fp8_base): a LoRA's
+-- fp8 frozen weights (compile{frozen = "fp8"}, kohya's --fp8_base; and
+-- frozen = "bf16", the base alone in bf16): a LoRA's
 -- frozen base is stored as float8 e4m3fn, a quarter of fp32's bytes and half
 -- of bf16's; kernels read fp32 copies of it (exact: every fp8 value is a
 -- float), so a step is bitwise the step of the same program in fp32 (or bf16)
@@ -96,8 +97,8 @@ do -- the stored values are the nearest fp8 values of what was set
 end
 
 -- the same program in fp32 (and in bf16) with the base set to the fp8 values
-local function same_as_rounded(storage, checkpoint)
-  local ga, pa = build{storage = storage, frozen = "fp8", checkpoint = checkpoint}
+local function same_as_rounded(storage, checkpoint, frozen)
+  local ga, pa = build{storage = storage, frozen = frozen or "fp8", checkpoint = checkpoint}
   local gb, pb = build{storage = storage}
   for _, name in ipairs(names) do pb:set(name, pa:get(name)) end
   local same, hw_ok = true, true
@@ -119,6 +120,9 @@ do
   local samer, _, pr = same_as_rounded("fp32", policy.diffusers())
   T.ok(samer and pr:plan().recompute_ops > 0,
     string.format("under diffusers checkpointing (%d recompute ops): still bitwise", pr:plan().recompute_ops))
+  local sameb, hwb, pb = same_as_rounded("fp32", nil, "bf16")
+  T.ok(sameb and hwb and pb:plan().at_peak.frozen * 2 == p32:plan().at_peak.frozen,
+    "frozen = \"bf16\" with fp32 activations: half the base's bytes, bitwise fp32 with the bf16-rounded base")
 end
 
 do -- the loss with the rounded base stays near fp32's

@@ -9,7 +9,8 @@
 --
 -- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
 -- --batch N, --steps N (batches), --rank N, --alpha X, --targets default|kohya|a,b,c,
--- --out FILE, --lora-format kohya|peft, --seed N, --prediction eps|v,
+-- --out FILE, --lora-format kohya|peft, --save-precision float|fp16|bf16 (the adapter file's
+-- dtype, as kohya's --save_precision; float = fp32), --seed N, --prediction eps|v,
 -- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
 -- the optimizer: --optimizer adamw|lion (AdamW, torch's; Lion, lion-pytorch's: one moment,
 -- betas 0.9/0.99; use a 3-10x smaller --lr), --lr X, --weight-decay X (AdamW 1e-2, Lion 0),
@@ -41,7 +42,7 @@ local optim = require "ck.optim"
 local a = args or {}
 local o = sdxl.options(a, {
   "size", "data", "weights", "resolution", "batch", "steps", "samples", "seed", "prediction", "noise-offset",
-  "min-snr-gamma", "val-every", "rank", "alpha", "targets", "out", "lora-format", "save-lora-every",
+  "min-snr-gamma", "val-every", "rank", "alpha", "targets", "out", "lora-format", "save-precision", "save-lora-every",
   "optimizer", "lr", "weight-decay", "max-grad-norm", "gradient-accumulation-steps", "lr-scheduler",
   "lr-warmup-steps", "lr-num-cycles", "lr-power",
   "checkpoint", "storage", "fp8-base",
@@ -65,6 +66,9 @@ local alpha = opt("alpha", rank)
 local targets = opt("targets", "default")
 if targets ~= "default" and targets ~= "kohya" then targets = o:list("targets") end
 local format = o:choice("lora-format", "kohya", {"kohya", "peft"})
+-- the adapter file's dtype, as kohya's --save_precision
+local save_dtype = ({float = "F32", fp32 = "F32", fp16 = "F16", bf16 = "BF16"})[
+  o:choice("save-precision", "float", {"float", "fp32", "fp16", "bf16"})]
 local out = opt("out", "out/lora.safetensors")
 local lr = opt("lr", 3e-3)
 local lr_scheduler, lr_warmup = opt("lr-scheduler", "constant"), opt("lr-warmup-steps", 0)
@@ -177,7 +181,7 @@ end
 local function save_lora(path, at_step)
   local d = path:match("^(.*)/[^/]*$")
   if d and d ~= "" then assert(ck.mkdir(d)) end
-  lora.save(p, adapter, path, {format = format, metadata = {
+  lora.save(p, adapter, path, {format = format, dtype = save_dtype, metadata = {
     ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_steps = tostring(at_step),
     ss_seed = tostring(seed), ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup),
     ss_max_grad_norm = tostring(max_grad_norm), ss_gradient_accumulation_steps = tostring(accumulate),

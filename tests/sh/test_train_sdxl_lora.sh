@@ -54,6 +54,24 @@ ok $? "--save-lora-every 2 writes the adapter at steps 2 and 4 (ss_steps), then 
 assert(f:metadata().ss_optimizer == 'lion_pytorch.lion_pytorch.Lion')"
 ok $? "--optimizer lion trains and records ss_optimizer"
 
+# --save-precision fp16: the adapter in F16, the same values as the fp32 file rounded once
+"$CKRUN" --allow-write "$dir" $S --steps 3 --save-precision fp16 --out "$dir/h.safetensors" >/dev/null &&
+"$CKRUN" --allow-write "$dir" $S --steps 3 --out "$dir/f.safetensors" >/dev/null &&
+"$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'
+local h <close> = ck.safetensors('$dir/h.safetensors')
+local f <close> = ck.safetensors('$dir/f.safetensors')
+local k = 'lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_down.weight'
+assert(h:dtype(k) == 'F16' and f:dtype(k) == 'F32')
+local a, b = h:read(k), f:read(k)
+for i = 1, #b do assert(math.abs(a[i] - b[i]) <= 2 ^ -11 * math.abs(b[i]) + 2 ^ -24) end"
+ok $? "--save-precision fp16 writes F16 tensors, the fp32 run's values rounded"
+
+# --fp8-base: the frozen base in fp8; trains, and the file says so
+"$CKRUN" --allow-write "$dir" $S --steps 3 --fp8-base --storage bf16 --out "$dir/f8.safetensors" >/dev/null &&
+"$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'; local f <close> = ck.safetensors('$dir/f8.safetensors')
+assert(f:metadata().ss_fp8_base == 'True')"
+ok $? "--fp8-base with --storage bf16 trains and records ss_fp8_base"
+
 # a dataset on disk gives the same samples as --data synthetic
 "$CKRUN" --allow-write "$dir" scripts/make_synthetic_data.lua "$dir/data" 4 >/dev/null ; ok $? "make_synthetic_data writes a dataset"
 a=$("$CKRUN" --allow-write "$dir" $S --steps 3 --samples 4 --out "$dir/a.safetensors" | grep '^training loss')

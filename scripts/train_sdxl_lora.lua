@@ -9,6 +9,8 @@
 --
 -- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
 -- --batch N, --steps N (batches), --rank N, --alpha X, --targets default|kohya|a,b,c,
+-- --conv-rank N, --conv-alpha X (adapters on the resnets', downsamplers' and upsamplers' 3x3
+-- convolutions too, as kohya's LoCon conv_dim/conv_alpha; alpha defaults to the rank),
 -- --out FILE, --lora-format kohya|peft, --save-precision float|fp16|bf16 (the adapter file's
 -- dtype, as kohya's --save_precision; float = fp32), --seed N, --prediction eps|v,
 -- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
@@ -42,7 +44,7 @@ local optim = require "ck.optim"
 local a = args or {}
 local o = sdxl.options(a, {
   "size", "data", "weights", "resolution", "batch", "steps", "samples", "seed", "prediction", "noise-offset",
-  "min-snr-gamma", "val-every", "rank", "alpha", "targets", "out", "lora-format", "save-precision", "save-lora-every",
+  "min-snr-gamma", "val-every", "rank", "alpha", "conv-rank", "conv-alpha", "targets", "out", "lora-format", "save-precision", "save-lora-every",
   "optimizer", "lr", "weight-decay", "max-grad-norm", "gradient-accumulation-steps", "lr-scheduler",
   "lr-warmup-steps", "lr-num-cycles", "lr-power",
   "checkpoint", "storage", "fp8-base",
@@ -63,6 +65,8 @@ local steps = opt("steps", 300)
 local seed = opt("seed", 1)
 local rank = opt("rank", 4)
 local alpha = opt("alpha", rank)
+local conv_rank = a["conv-rank"] and o:count("conv-rank")
+local conv_alpha = opt("conv-alpha", conv_rank)
 local targets = opt("targets", "default")
 if targets ~= "default" and targets ~= "kohya" then targets = o:list("targets") end
 local format = o:choice("lora-format", "kohya", {"kohya", "peft"})
@@ -98,7 +102,7 @@ local fp8_base = o:flag("fp8-base", false)
 local function build(batch, checkpoint, plan_only)
   return sdxl.training_step{
     config = config, batch = batch, latent = latent,
-    lora = {rank = rank, alpha = alpha, targets = targets},
+    lora = {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha},
     objective = {prediction = prediction, noise_offset = opt("noise-offset", 0), min_snr_gamma = opt("min-snr-gamma", nil),
                  seed = seed},
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
@@ -165,9 +169,9 @@ local function validate()
   return total / nb
 end
 
-print(string.format("training LoRA rank %d on %d modules of sdxl-%s (%d parameters, %d trainable), %dx%d, batch %d, " ..
-  "%d steps, %s-prediction", rank, #adapter.paths, size, param_count, trainable_count, resolution, resolution, batch, steps,
-  prediction))
+print(string.format("training LoRA rank %d%s on %d modules of sdxl-%s (%d parameters, %d trainable), %dx%d, batch %d, " ..
+  "%d steps, %s-prediction", rank, conv_rank and string.format(" (convolutions %d)", conv_rank) or "", #adapter.paths,
+  size, param_count, trainable_count, resolution, resolution, batch, steps, prediction))
 local val_before = validate()
 if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_before)) end
 -- resume: the saved step, adapter, optimizer state and data position
@@ -193,6 +197,7 @@ local function save_lora(path, at_step)
   }})
 end
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
+                  conv_rank = conv_rank or 0, conv_alpha = conv_alpha or 0,
                   prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets,
                   lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup, max_grad_norm = max_grad_norm,
                   gradient_accumulation_steps = accumulate, optimizer = optimizer, weight_decay = weight_decay,

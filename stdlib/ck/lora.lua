@@ -1,6 +1,7 @@
--- LoRA adapters on ck.nn Linear modules (y = W x + b + alpha/rank * up(down(x)))
--- and the names users' tools expect: kohya's SGM-based names and PEFT's.
--- Writing files is done elsewhere; this module only adapts and names.
+-- LoRA adapters on ck.nn Linear modules (y = W x + b + alpha/rank * up(down(x))),
+-- and with conv_rank on the convolutions of the UNet's resnets, downsamplers
+-- and upsamplers as kohya's LoCon (conv_dim) does; the names users' tools
+-- expect: kohya's SGM-based names and PEFT's.
 local ck = require "ck"
 local nn = require "ck.nn"
 
@@ -26,11 +27,11 @@ local function tail_matches(parts, target)
   return true
 end
 
-local function adapted_forward(self, g, x)
+-- kohya's init: lora_down kaiming-uniform (U(+-1/sqrt(fan_in))), lora_up zeros,
+-- so a fresh adapter leaves the output unchanged
+local function adapted_linear(self, g, x)
   local a = self.lora
   local y = nn.Linear.updateOutput(self, g, x)
-  -- kohya's init: lora_down kaiming-uniform (U(+-1/sqrt(in))), lora_up zeros, so a
-  -- fresh adapter leaves the output unchanged
   local down = g:param("lora_down.weight", {a.rank, self.in_features}, {trainable = true, init = "kaiming"})
   local up = g:param("lora_up.weight", {self.out_features, a.rank}, {trainable = true, init = "zeros"})
   local d = ck.linear(ck.linear(x, down), up)
@@ -38,34 +39,76 @@ local function adapted_forward(self, g, x)
   return y + d
 end
 
--- lora.attach(model, {rank=4, alpha=rank, targets={...} | "kohya" | "default"})
--- marks every Linear whose path ends in a target; call before model:forward.
--- Returns a handle: rank, alpha, scale, targets, paths (diffusers module paths,
--- tree order), adapters ({path, module, in_features, out_features, down, up}
--- with down/up the parameter names), param_count().
+-- a convolution's adapter, as kohya's: down is the module's kernel, stride and
+-- padding onto rank channels, up a 1x1 convolution back
+local function adapted_conv(self, g, x)
+  local a, k = self.lora, self.kernel
+  local y = nn.Conv2d.updateOutput(self, g, x)
+  local down = g:param("lora_down.weight", {a.rank, self.in_channels, k, k}, {trainable = true, init = "kaiming"})
+  local up = g:param("lora_up.weight", {self.out_channels, a.rank, 1, 1}, {trainable = true, init = "zeros"})
+  local d = ck.conv2d(ck.conv2d(x, down, nil, {stride = self.stride, padding = self.padding}), up)
+  if a.scale ~= 1 then d = d * a.scale end
+  return y + d
+end
+
+-- the modules whose convolutions and Linears conv_rank adapts (kohya's
+-- UNET_TARGET_REPLACE_MODULE_CONV2D_3X3)
+local CONV_BLOCKS = {["nn.ResnetBlock2D"] = true, ["nn.Downsample2D"] = true, ["nn.Upsample2D"] = true}
+
+-- lora.attach(model, {rank=4, alpha=rank, targets={...} | "kohya" | "default",
+--                     conv_rank=nil, conv_alpha=conv_rank})
+-- marks every Linear whose path ends in a target; with conv_rank, also every
+-- Conv2d and Linear directly inside a ResnetBlock2D, Downsample2D or
+-- Upsample2D, as kohya's LoCon: 3x3 convolutions at conv_rank/conv_alpha,
+-- 1x1 convolutions and Linears (conv_shortcut, time_emb_proj) at rank/alpha.
+-- Call before model:forward. Returns a handle: rank, alpha, scale, conv_rank,
+-- conv_alpha, targets, paths (diffusers module paths, tree order), adapters
+-- ({path, module, kind = "linear"|"conv", in_features, out_features (channels
+-- for a conv), kernel, rank, alpha, down, up} with down/up the parameter
+-- names), param_count().
 function lora.attach(model, opts)
   opts = opts or {}
   local rank = opts.rank or 4
   local alpha = opts.alpha or rank
+  local conv_rank = opts.conv_rank
+  local conv_alpha = opts.conv_alpha or conv_rank
   local targets = opts.targets or lora.DEFAULT_TARGETS
   if targets == "kohya" then targets = lora.KOHYA_TARGETS end
   if targets == "default" then targets = lora.DEFAULT_TARGETS end
   assert(type(targets) == "table" and #targets > 0, "lora.attach: targets must be a non-empty list")
   assert(math.type(rank) == "integer" and rank > 0, "lora.attach: rank must be a positive integer")
-  local h = {rank = rank, alpha = alpha, scale = alpha / rank, targets = targets, paths = {}, adapters = {},
-             config = model.config}
-  for _, e in ipairs(model:named_modules(opts.prefix or "")) do
+  assert(conv_rank == nil or (math.type(conv_rank) == "integer" and conv_rank > 0),
+    "lora.attach: conv_rank must be a positive integer")
+  local h = {rank = rank, alpha = alpha, scale = alpha / rank, conv_rank = conv_rank, conv_alpha = conv_alpha,
+             targets = targets, paths = {}, adapters = {}, config = model.config}
+  local function add(path, m, r, a)
+    if m.lora then error("lora.attach: '" .. path .. "' already has an adapter", 3) end
+    local conv = getmetatable(m) == nn.Conv2d
+    m.lora = {rank = r, alpha = a, scale = a / r}
+    m.updateOutput = conv and adapted_conv or adapted_linear
+    h.paths[#h.paths + 1] = path
+    h.adapters[#h.adapters + 1] = {path = path, module = m, kind = conv and "conv" or "linear",
+      in_features = conv and m.in_channels or m.in_features, out_features = conv and m.out_channels or m.out_features,
+      kernel = conv and m.kernel or 1, rank = r, alpha = a,
+      down = path .. ".lora_down.weight", up = path .. ".lora_up.weight"}
+  end
+  local modules = model:named_modules(opts.prefix or "")
+  local blocks = {}
+  if conv_rank then
+    for _, e in ipairs(modules) do
+      if CONV_BLOCKS[getmetatable(e[2]).__name] then blocks[e[1]] = true end
+    end
+  end
+  for _, e in ipairs(modules) do
     local path, m = e[1], e[2]
-    if getmetatable(m) == nn.Linear then
+    local mt = getmetatable(m)
+    if blocks[path:match("^(.*)%.[^.]+$") or ""] and (mt == nn.Linear or mt == nn.Conv2d) then
+      if mt == nn.Conv2d and m.kernel > 1 then add(path, m, conv_rank, conv_alpha) else add(path, m, rank, alpha) end
+    elseif mt == nn.Linear then
       local parts = split(path)
       for _, t in ipairs(targets) do
         if tail_matches(parts, t) then
-          if m.lora then error("lora.attach: '" .. path .. "' already has an adapter", 2) end
-          m.lora = {rank = rank, alpha = alpha, scale = alpha / rank}
-          m.updateOutput = adapted_forward
-          h.paths[#h.paths + 1] = path
-          h.adapters[#h.adapters + 1] = {path = path, module = m, in_features = m.in_features,
-            out_features = m.out_features, down = path .. ".lora_down.weight", up = path .. ".lora_up.weight"}
+          add(path, m, rank, alpha)
           break
         end
       end
@@ -73,7 +116,7 @@ function lora.attach(model, opts)
   end
   function h.param_count()
     local n = 0
-    for _, a in ipairs(h.adapters) do n = n + rank * (a.in_features + a.out_features) end
+    for _, a in ipairs(h.adapters) do n = n + a.rank * (a.in_features * a.kernel * a.kernel + a.out_features) end
     return n
   end
   return h
@@ -160,7 +203,7 @@ function lora.entries(h, format)
       local name = lora.kohya_name(ad.path, h.config)
       out[#out + 1] = {name .. ".lora_down.weight", ad.down}
       out[#out + 1] = {name .. ".lora_up.weight", ad.up}
-      out[#out + 1] = {name .. ".alpha", value = h.alpha}
+      out[#out + 1] = {name .. ".alpha", value = ad.alpha}
     end
   end
   return out
@@ -179,7 +222,8 @@ function lora.save(p, h, path, o)
       ss_network_alpha = tostring(h.alpha),
       ss_base_model_version = "sdxl_base_v1-0",
       ss_v2 = "False",
-      ss_network_args = "{}",
+      ss_network_args = h.conv_rank and string.format('{"conv_dim": "%d", "conv_alpha": "%s"}', h.conv_rank,
+        tostring(h.conv_alpha)) or "{}",
       ["modelspec.sai_model_spec"] = "1.0.0",
       ["modelspec.architecture"] = "stable-diffusion-xl-v1-base/lora",
       ["modelspec.implementation"] = "https://github.com/Stability-AI/generative-models",

@@ -114,7 +114,8 @@ end
 -- One training step, compiled. s:
 --   config        unet.config(...)
 --   batch, latent the latent batch {batch, in_channels, latent, latent}
---   lora          {rank, alpha (rank), targets} on a frozen base, or false to train every parameter
+--   lora          {rank, alpha (rank), targets, conv_rank, conv_alpha} on a frozen base, or false to train
+--                 every parameter
 --   objective     diffusion.objective's options ({prediction = "eps"} when absent), and seed
 --   compile       g:compile's options besides the loss (optimizer "adamw" unless given)
 -- Returns {model, adapter (nil without lora), graph, objective, program, inputs = {prompt_embeds,
@@ -126,7 +127,8 @@ function M.training_step(s)
   if s.lora then
     r.model:freeze()
     r.adapter = lora.attach(r.model, {rank = s.lora.rank, alpha = s.lora.alpha or s.lora.rank,
-                                      targets = s.lora.targets})
+                                      targets = s.lora.targets, conv_rank = s.lora.conv_rank,
+                                      conv_alpha = s.lora.conv_alpha})
   end
   local g = ck.graph()
   r.graph = g

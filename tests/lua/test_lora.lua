@@ -1,6 +1,8 @@
 -- LoRA on the SDXL UNet (ck.lora): which Linears get adapters, how many
 -- parameters they add, the kohya and PEFT names, that a fresh adapter leaves the
 -- output unchanged, and that training moves only the adapters of a frozen base.
+-- With conv_rank (kohya's LoCon): which convolutions get adapters at which
+-- rank, their alphas in the file, and their gradients against finite differences.
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local T = require "check"
@@ -106,11 +108,54 @@ do -- kohya and PEFT names
   T.ok(not pcall(lora.kohya_name, "not_a_block.proj_in"), "a path with no SGM name is an error")
 end
 
+do -- LoCon: conv_rank adapts what kohya's conv_dim does, counted from the key list
+  -- the default (attention) targets at rank 4, and every weight of a module
+  -- directly inside a resnet, downsampler or upsampler: 3x3 at rank 2, others at 4
+  local want_n, want_count = expected("tests/data/sdxl_tiny_keys.txt", DEFAULT, 4)
+  local want_conv = 0
+  local blocks = {"%.resnets%.%d+%.[^.]+$", "%.downsamplers%.%d+%.conv$", "%.upsamplers%.%d+%.conv$"}
+  for line in io.lines("tests/data/sdxl_tiny_keys.txt") do
+    local module, shape = line:match("^(%S+)%.weight%s+%[([%d,]+)%]%s*$")
+    local dims = {}
+    for d in (shape or ""):gmatch("%d+") do dims[#dims + 1] = tonumber(d) end
+    local in_block = false
+    for _, b in ipairs(blocks) do in_block = in_block or (module ~= nil and module:find(b) ~= nil) end
+    if in_block and (#dims == 4 or #dims == 2) then -- GroupNorm weights are 1-d
+      local k = dims[3] or 1
+      want_n, want_count = want_n + 1, want_count + (k > 1 and 2 or 4) * (dims[2] * k * k + dims[1])
+      if k > 1 then want_conv = want_conv + 1 end
+    end
+  end
+  local h = lora.attach(unet.UNet2DConditionModel("sdxl-tiny"), {conv_rank = 2, conv_alpha = 1})
+  local conv3, shortcut, emb = 0, nil, nil
+  for _, a in ipairs(h.adapters) do
+    if a.kind == "conv" and a.kernel == 3 then
+      conv3 = conv3 + 1
+      assert(a.rank == 2 and a.alpha == 1)
+    end
+    if a.path:match("conv_shortcut$") then shortcut = a end
+    if a.path:match("time_emb_proj$") then emb = a end
+  end
+  T.ok(#h.paths == want_n and h.param_count() == want_count and conv3 == want_conv,
+    string.format("conv_rank 2: %d modules (%d 3x3 convolutions at rank 2), %d parameters (want %d, %d, %d)",
+      #h.paths, conv3, h.param_count(), want_n, want_conv, want_count))
+  T.ok(shortcut and shortcut.rank == 4 and shortcut.kind == "conv" and emb and emb.rank == 4 and emb.kind == "linear",
+    "inside resnets, the 1x1 conv_shortcut and the time_emb_proj Linear take the linear rank, as kohya's")
+  local alphas = {}
+  for _, e in ipairs(lora.entries(h)) do
+    if e.value then alphas[e[1]] = e.value end
+  end
+  T.ok(alphas["lora_unet_input_blocks_1_0_in_layers_2.alpha"] == 1 and alphas["lora_unet_input_blocks_3_0_op.alpha"] == 1
+    and alphas["lora_unet_input_blocks_1_0_emb_layers_1.alpha"] == 4,
+    "kohya names: 3x3 convolutions (in_layers.2, the downsampler's op) hold conv_alpha, the others alpha")
+end
+
 -- sdxl-tiny with small deterministic inputs and a target; returns program, output, inputs
-local function tiny(g, model, frozen)
+local function tiny(g, model, frozen, compile)
   local _, y, x = unet.build(g, model, {batch = 1, height = 16, width = 16, frozen = frozen})
   local target = g:input("target", {1, 4, 16, 16})
-  local p = g:compile{loss = ck.mse_loss(y, target), outputs = {y}, optimizer = "adamw", lr = 1e-3, seed = 11}
+  local p = g:compile(compile and compile(ck.mse_loss(y, target), y) or
+                      {loss = ck.mse_loss(y, target), outputs = {y}, optimizer = "adamw", lr = 1e-3, seed = 11})
   local r = T.rng(3)
   for _, t in ipairs{x.sample, x.encoder_hidden_states, x.text_embeds, target} do
     p:set(t, T.random_values(r, t.numel, -1, 1))
@@ -162,6 +207,56 @@ do -- a fresh adapter (lora_up = 0) leaves the output bit-for-bit unchanged; a s
   T.ok(same(w0, w1) and same(c0, c1), "one step leaves the base weights unchanged")
   local l1 = p:forward()
   T.ok(l1 ~= l0, string.format("the loss moves after the step (%.6f -> %.6f)", l0, l1))
+end
+
+do -- LoCon: fresh conv adapters leave the output unchanged; their gradients match finite differences
+  local pb, yb = tiny(ck.graph(), unet.UNet2DConditionModel("sdxl-tiny"), true)
+  pb:forward()
+  local base_out = pb:get(yb)
+  local model = unet.UNet2DConditionModel("sdxl-tiny")
+  lora.attach(model, {conv_rank = 2, conv_alpha = 1})
+  local p, y = tiny(ck.graph(), model, true, function(loss, y)
+    return {loss = loss, outputs = {y}, optimizer = "none", keep_grads = true, seed = 11}
+  end)
+  p:forward()
+  T.ok(same(p:get(y), base_out), "fresh LoCon adapters leave the output equal to the base model's")
+  -- nonzero ups, so that the downs have gradients: a stride-2 downsampler, an
+  -- upsampler, a resnet's 3x3 conv and its 1x1 shortcut
+  local r = T.rng(5)
+  local mods = {"down_blocks.0.downsamplers.0.conv", "up_blocks.0.upsamplers.0.conv", "down_blocks.1.resnets.0.conv1",
+                "down_blocks.1.resnets.0.conv_shortcut"}
+  for _, m in ipairs(mods) do
+    local n = #p:get(m .. ".lora_up.weight")
+    p:set(m .. ".lora_up.weight", T.random_values(r, n, -0.5, 0.5))
+  end
+  p:step()
+  local grads = {} -- all read before a forward pass reuses their memory
+  for _, m in ipairs(mods) do
+    for _, which in ipairs{"lora_down", "lora_up"} do grads[m .. "." .. which] = p:grad(m .. "." .. which .. ".weight") end
+  end
+  local EPS, worst = 1e-2, 0
+  for _, m in ipairs(mods) do
+    for _, which in ipairs{"lora_down", "lora_up"} do
+      local name = m .. "." .. which .. ".weight"
+      local w, gr = p:get(name), grads[m .. "." .. which]
+      for _, i in ipairs{1, 5, #w} do
+        local v = w[i]
+        w[i] = v + EPS
+        p:set(name, w)
+        local lp = p:forward()
+        w[i] = v - EPS
+        p:set(name, w)
+        local lm = p:forward()
+        w[i] = v
+        p:set(name, w)
+        local num = (lp - lm) / (2 * EPS)
+        local err = math.abs(num - gr[i]) / (1e-4 + 3e-2 * math.max(math.abs(num), math.abs(gr[i])))
+        worst = math.max(worst, err)
+      end
+    end
+  end
+  T.ok(worst <= 1, string.format("conv adapters' gradients (downs and ups of 4 modules) match central differences "
+    .. "(worst error %.2f of the tolerance 1e-4 + 3%%)", worst))
 end
 
 T.done()

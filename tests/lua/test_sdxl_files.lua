@@ -14,9 +14,9 @@ assert(ck.mkdir(tmp))
 local function path(name) return tmp .. "/" .. name end
 
 -- a tiny UNet at 16x16 with LoRA on the defaults; returns graph, program, adapter, output
-local function build(seed, frozen)
+local function build(seed, frozen, alpha)
   local model = unet.UNet2DConditionModel(unet.config("sdxl-tiny"))
-  local h = lora.attach(model, {rank = 4, alpha = 2})
+  local h = lora.attach(model, {rank = 4, alpha = alpha or 2})
   local g = ck.graph()
   local _, y, x = unet.build(g, model, {batch = 1, height = 16, width = 16, frozen = frozen})
   local p = g:compile{outputs = {y}, seed = seed}
@@ -87,8 +87,7 @@ do -- LoRA in kohya's naming
     equal = equal and same(p:get(ad.down), p2:get(h2.adapters[i].down)) and same(p:get(ad.up), p2:get(h2.adapters[i].up))
   end
   T.ok(equal, "every reloaded lora_down and lora_up equals the saved one")
-  local _, p3, h3 = build(5, true)
-  h3.alpha = 8
+  local _, p3, h3 = build(5, true, 8)
   local ok, err = pcall(lora.load, p3, h3, path("kohya.safetensors"))
   T.ok(not ok and tostring(err):find("alpha"), "loading into an adapter with another alpha is refused: " .. tostring(err))
 end

@@ -13,7 +13,8 @@
 -- convolutions too, as kohya's LoCon conv_dim/conv_alpha; alpha defaults to the rank),
 -- --out FILE, --lora-format kohya|peft, --save-precision float|fp16|bf16 (the adapter file's
 -- dtype, as kohya's --save_precision; float = fp32), --seed N, --prediction eps|v,
--- --noise-offset X, --min-snr-gamma X, --val-every N, --samples N (synthetic set size),
+-- --noise-offset X, --min-snr-gamma X, --debiased-estimation-loss, --scale-v-pred-loss-like-noise-pred
+-- (kohya's loss weights), --val-every N, --samples N (synthetic set size),
 -- the optimizer: --optimizer adamw|lion (AdamW, torch's; Lion, lion-pytorch's: one moment,
 -- betas 0.9/0.99; use a 3-10x smaller --lr), --lr X, --weight-decay X (AdamW 1e-2, Lion 0),
 -- --max-grad-norm X (1.0: clip the gradients' global norm, as kohya and diffusers do; 0: no
@@ -44,7 +45,8 @@ local optim = require "ck.optim"
 local a = args or {}
 local o = sdxl.options(a, {
   "size", "data", "weights", "resolution", "batch", "steps", "samples", "seed", "prediction", "noise-offset",
-  "min-snr-gamma", "val-every", "rank", "alpha", "conv-rank", "conv-alpha", "targets", "out", "lora-format", "save-precision", "save-lora-every",
+  "min-snr-gamma", "debiased-estimation-loss", "scale-v-pred-loss-like-noise-pred", "val-every",
+  "rank", "alpha", "conv-rank", "conv-alpha", "targets", "out", "lora-format", "save-precision", "save-lora-every",
   "optimizer", "lr", "weight-decay", "max-grad-norm", "gradient-accumulation-steps", "lr-scheduler",
   "lr-warmup-steps", "lr-num-cycles", "lr-power",
   "checkpoint", "storage", "fp8-base",
@@ -90,7 +92,19 @@ local lr_at = optim.schedule{name = lr_scheduler, lr = lr, steps = math.max(1, s
 -- full-resolution levels of the UNet have no attention, so nothing adapted can
 -- pass the noise through. v-prediction's target holds the latents, which the
 -- adapters can learn; so a run without --weights defaults to v.
-local prediction = opt("prediction", a.weights and "eps" or "v")
+local prediction = o:choice("prediction", a.weights and "eps" or "v", {"eps", "v"})
+local noise_offset, min_snr_gamma = opt("noise-offset", 0), opt("min-snr-gamma", nil)
+if type(noise_offset) ~= "number" or noise_offset < 0 then
+  error("--noise-offset must be a number >= 0, got '" .. tostring(noise_offset) .. "'")
+end
+if min_snr_gamma ~= nil and not (type(min_snr_gamma) == "number" and min_snr_gamma > 0) then
+  error("--min-snr-gamma must be a number > 0, got '" .. tostring(min_snr_gamma) .. "'")
+end
+local debiased = o:flag("debiased-estimation-loss", false)
+local scale_v_pred = o:flag("scale-v-pred-loss-like-noise-pred", false)
+if scale_v_pred and prediction ~= "v" then
+  error("--scale-v-pred-loss-like-noise-pred scales v-prediction's loss; this run predicts " .. prediction)
+end
 local pooled_dim = sdxl.pooled_dim(config)
 
 local checkpoint = policy.parse(opt("checkpoint", "none"))
@@ -103,7 +117,8 @@ local function build(batch, checkpoint, plan_only)
   return sdxl.training_step{
     config = config, batch = batch, latent = latent,
     lora = {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha},
-    objective = {prediction = prediction, noise_offset = opt("noise-offset", 0), min_snr_gamma = opt("min-snr-gamma", nil),
+    objective = {prediction = prediction, noise_offset = noise_offset, min_snr_gamma = min_snr_gamma,
+                 debiased_estimation = debiased, scale_v_pred_loss = scale_v_pred,
                  seed = seed},
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
                plan_only = plan_only, storage = opt("storage", "fp32"), frozen = fp8_base and "fp8" or nil,

@@ -1,5 +1,7 @@
 -- The diffusion training objective: DDPM noise schedule (scaled_linear betas),
--- epsilon or v prediction, noise offset and min-SNR-gamma weighting. The noisy
+-- epsilon or v prediction, noise offset, and the per-sample loss weights of
+-- kohya's sd-scripts: min-SNR-gamma, debiased estimation, and v-prediction's
+-- loss scaled like noise prediction's. The noisy
 -- latents, the target and the weighted loss are ops in the graph; per-sample
 -- timesteps and schedule coefficients are inputs set before each step, drawn
 -- from the counter-based generator keyed by (seed, step).
@@ -35,7 +37,9 @@ local Objective = {}
 Objective.__index = Objective
 
 -- o: prediction = "eps" | "v", schedule, num_train_timesteps, beta_start, beta_end,
---    noise_offset (0), min_snr_gamma (nil: plain MSE)
+--    noise_offset (0), min_snr_gamma (nil), debiased_estimation (false),
+--    scale_v_pred_loss (false: v's loss scaled by snr / (snr + 1), as kohya's
+--    --scale_v_pred_loss_like_noise_pred); the weights multiply
 function M.objective(o)
   o = o or {}
   local self = setmetatable({}, Objective)
@@ -47,6 +51,11 @@ function M.objective(o)
   self.abar = M.alphas_cumprod(o.schedule, self.n, o.beta_start, o.beta_end)
   self.noise_offset = o.noise_offset or 0
   self.min_snr_gamma = o.min_snr_gamma
+  self.debiased_estimation = o.debiased_estimation or false
+  self.scale_v_pred_loss = o.scale_v_pred_loss or false
+  if self.scale_v_pred_loss and self.prediction ~= "v" then
+    error("scale_v_pred_loss scales v-prediction's loss; this objective predicts " .. self.prediction, 2)
+  end
   return self
 end
 
@@ -80,14 +89,20 @@ function Objective:build(g, shape, model_fn)
   return self.loss
 end
 
--- per-sample loss weight: min-SNR-gamma (Hang et al. 2023) or 1
+-- per-sample loss weight at timestep t, the product of those asked for, as
+-- kohya's sd-scripts apply them: min-SNR-gamma (Hang et al. 2023), min(snr,
+-- gamma) / snr (over snr + 1 for v); v's loss scaled like noise prediction's,
+-- snr / (snr + 1); debiased estimation, 1 / sqrt(snr) (1 / (snr + 1) for v);
+-- the last two with snr capped at 1000
 function Objective:weight(t)
-  if not self.min_snr_gamma then return 1 end
   local a = self.abar[t + 1]
   local snr = a / (1 - a)
-  local m = math.min(snr, self.min_snr_gamma)
-  if self.prediction == "v" then return m / (snr + 1) end
-  return m / snr
+  local w, v = 1, self.prediction == "v"
+  if self.min_snr_gamma then w = w * math.min(snr, self.min_snr_gamma) / (v and snr + 1 or snr) end
+  local s = math.min(snr, 1000)
+  if self.scale_v_pred_loss then w = w * s / (s + 1) end
+  if self.debiased_estimation then w = w * (v and 1 / (s + 1) or 1 / math.sqrt(s)) end
+  return w
 end
 
 -- Sets timesteps, noise and coefficients for the step about to run.

@@ -116,7 +116,7 @@ end
 --   batch, latent the latent batch {batch, in_channels, latent, latent}
 --   lora          {rank, alpha (rank), targets, conv_rank, conv_alpha} on a frozen base, or false to train
 --                 every parameter
---   objective     diffusion.objective's options ({prediction = "eps"} when absent), and seed
+--   objective     diffusion.objective's options (prediction "eps" unless given), and seed
 --   compile       g:compile's options besides the loss (optimizer "adamw" unless given)
 -- Returns {model, adapter (nil without lora), graph, objective, program, inputs = {prompt_embeds,
 -- pooled_prompt_embeds, time_ids, latents, noise}}.
@@ -132,9 +132,9 @@ function M.training_step(s)
   end
   local g = ck.graph()
   r.graph = g
-  local o = s.objective or {}
-  r.objective = diffusion.objective{prediction = o.prediction or "eps", noise_offset = o.noise_offset,
-                                    min_snr_gamma = o.min_snr_gamma}
+  local o = {prediction = "eps"}
+  for k, v in pairs(s.objective or {}) do o[k] = v end
+  r.objective = diffusion.objective(o)
   r.objective.seed = o.seed
   r.inputs = {
     prompt_embeds = g:input("prompt_embeds", {batch, M.TOKENS, config.cross_attention_dim}),

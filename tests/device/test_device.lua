@@ -40,30 +40,14 @@ end
 local B, H, W = shape.batch, shape.height, shape.width
 
 local function build(device, checkpoint, storage, max_grad_norm, accumulate, frozen)
-  local g = ck.graph()
   local model = config
   if frozen then -- LoRA adapters on a frozen base stored as `frozen`
     model = unet.UNet2DConditionModel(config)
     lora.attach(model)
   end
-  local _, y, x = unet.build(g, model, {batch = B, height = H, width = W, frozen = frozen and true})
-  local t = g:input("target", y.shape)
-  local p = g:compile{loss = ck.mse_loss(y, t), optimizer = "adamw", lr = 1e-3, seed = 5, keep_grads = true,
-                      checkpoint = checkpoint, device = device, storage = storage, max_grad_norm = max_grad_norm,
-                      accumulate = accumulate, frozen = frozen}
-  local r = T.rng(3)
-  p:set(x.sample, T.random_values(r, B * 4 * H * W))
-  p:set(t, T.random_values(r, B * 4 * H * W))
-  p:set(x.encoder_hidden_states, T.random_values(r, B * 77 * config.cross_attention_dim))
-  p:set(x.text_embeds, T.random_values(r, B * (config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim)))
-  local ts, ids = {}, {}
-  for b = 1, B do
-    ts[b] = b == 1 and 17 or 901
-    for _, v in ipairs{H * 8, W * 8, 0, 0, H * 8, W * 8} do ids[#ids + 1] = v end
-  end
-  p:set(x.timesteps, ts)
-  p:set(x.time_ids, ids)
-  return g, p, x, t
+  return T.unet_step(model, {batch = B, height = H, width = W, frozen = frozen and true}, {optimizer = "adamw",
+    lr = 1e-3, seed = 5, keep_grads = true, checkpoint = checkpoint, device = device, storage = storage,
+    max_grad_norm = max_grad_norm, accumulate = accumulate, frozen = frozen})
 end
 
 local function rel(a, b) return math.abs(a - b) / math.max(1e-6, math.abs(b)) end

@@ -37,6 +37,35 @@ function M.random_values(r, n, lo, hi)
   return t
 end
 
+-- An SDXL-shaped UNet's training step on fixed random inputs: what is a config
+-- name, a config or a module (ck.unet.build); shape {batch, height, width
+-- (height), frozen}; opts, g:compile's options besides the loss (the mean
+-- squared error against a random target). Returns g, p, x (the UNet's inputs), t.
+function M.unet_step(what, shape, opts)
+  local ck, unet = require "ck", require "ck.unet"
+  local g = ck.graph()
+  local model, y, x = unet.build(g, what, shape)
+  local t = g:input("target", y.shape)
+  local c = {loss = ck.mse_loss(y, t)}
+  for k, v in pairs(opts or {}) do c[k] = v end
+  local p = g:compile(c)
+  local cfg, B, H = model.config, shape.batch, shape.height
+  local W = shape.width or H
+  local r = M.rng(3)
+  p:set(x.sample, M.random_values(r, B * cfg.in_channels * H * W))
+  p:set(t, M.random_values(r, B * cfg.in_channels * H * W))
+  p:set(x.encoder_hidden_states, M.random_values(r, B * 77 * cfg.cross_attention_dim))
+  p:set(x.text_embeds, M.random_values(r, B * (cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim)))
+  local ts, ids = {}, {}
+  for b = 1, B do
+    ts[b] = b == 1 and 17 or 901
+    for _, v in ipairs{H * 8, W * 8, 0, 0, H * 8, W * 8} do ids[#ids + 1] = v end
+  end
+  p:set(x.timesteps, ts)
+  p:set(x.time_ids, ids)
+  return g, p, x, t
+end
+
 -- A two-layer MLP (3 -> 8 SiLU -> 2, mean squared error) on `batch` rows for
 -- the optimizer tests. Returns the graph, its compile settings (the loss, then
 -- those of `defaults`, then of `opts` over them: the test compiles, so that

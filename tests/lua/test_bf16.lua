@@ -13,22 +13,11 @@ local unet = require "ck.unet"
 local lora = require "ck.lora"
 local policy = require "ck.policy"
 
-local H, B = 16, 2
 local function build(storage, checkpoint, adapters)
-  local g = ck.graph()
   local model = unet.UNet2DConditionModel(unet.config("sdxl-tiny"))
   if adapters then lora.attach(model) end
-  local _, y, x = unet.build(g, model, {batch = B, height = H, width = H, frozen = adapters})
-  local t = g:input("target", y.shape)
-  local p = g:compile{loss = ck.mse_loss(y, t), optimizer = "adamw", lr = 1e-3, seed = 5, keep_grads = true,
-                      storage = storage, checkpoint = checkpoint, device = "cpu"}
-  local r = T.rng(3)
-  p:set(x.sample, T.random_values(r, B * 4 * H * H))
-  p:set(t, T.random_values(r, B * 4 * H * H))
-  p:set(x.encoder_hidden_states, T.random_values(r, B * 77 * 64))
-  p:set(x.text_embeds, T.random_values(r, B * 64))
-  p:set(x.timesteps, {17, 901})
-  p:set(x.time_ids, {128, 128, 0, 0, 128, 128, 128, 128, 0, 0, 128, 128})
+  local g, p, x = T.unet_step(model, {batch = 2, height = 16, frozen = adapters}, {optimizer = "adamw", lr = 1e-3,
+    seed = 5, keep_grads = true, storage = storage, checkpoint = checkpoint, device = "cpu"})
   return g, p, x
 end
 

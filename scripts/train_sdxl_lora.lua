@@ -13,8 +13,9 @@
 -- convolutions too, as kohya's LoCon conv_dim/conv_alpha; alpha defaults to the rank),
 -- --out FILE, --lora-format kohya|peft, --save-precision float|fp16|bf16 (the adapter file's
 -- dtype, as kohya's --save_precision; float = fp32), --seed N, --prediction eps|v,
--- --noise-offset X, --min-snr-gamma X, --debiased-estimation-loss, --scale-v-pred-loss-like-noise-pred
--- (kohya's loss weights), --val-every N, --samples N (synthetic set size),
+-- --noise-offset X, --ip-noise-gamma X (input perturbation), --min-timestep N, --max-timestep N
+-- (timesteps drawn from [min, max), default [0, 1000)), --min-snr-gamma X, --debiased-estimation-loss,
+-- --scale-v-pred-loss-like-noise-pred (kohya's loss weights), --val-every N, --samples N (synthetic set size),
 -- the optimizer: --optimizer adamw|lion (AdamW, torch's; Lion, lion-pytorch's: one moment,
 -- betas 0.9/0.99; use a 3-10x smaller --lr), --lr X, --weight-decay X (AdamW 1e-2, Lion 0),
 -- --max-grad-norm X (1.0: clip the gradients' global norm, as kohya and diffusers do; 0: no
@@ -45,7 +46,7 @@ local optim = require "ck.optim"
 local a = args or {}
 local o = sdxl.options(a, {
   "size", "data", "weights", "resolution", "batch", "steps", "samples", "seed", "prediction", "noise-offset",
-  "min-snr-gamma", "debiased-estimation-loss", "scale-v-pred-loss-like-noise-pred", "val-every",
+  "ip-noise-gamma", "min-timestep", "max-timestep", "min-snr-gamma", "debiased-estimation-loss", "scale-v-pred-loss-like-noise-pred", "val-every",
   "rank", "alpha", "conv-rank", "conv-alpha", "targets", "out", "lora-format", "save-precision", "save-lora-every",
   "optimizer", "lr", "weight-decay", "max-grad-norm", "gradient-accumulation-steps", "lr-scheduler",
   "lr-warmup-steps", "lr-num-cycles", "lr-power",
@@ -93,9 +94,15 @@ local lr_at = optim.schedule{name = lr_scheduler, lr = lr, steps = math.max(1, s
 -- pass the noise through. v-prediction's target holds the latents, which the
 -- adapters can learn; so a run without --weights defaults to v.
 local prediction = o:choice("prediction", a.weights and "eps" or "v", {"eps", "v"})
-local noise_offset, min_snr_gamma = opt("noise-offset", 0), opt("min-snr-gamma", nil)
-if type(noise_offset) ~= "number" or noise_offset < 0 then
-  error("--noise-offset must be a number >= 0, got '" .. tostring(noise_offset) .. "'")
+local noise_offset, ip_noise_gamma, min_snr_gamma = opt("noise-offset", 0), opt("ip-noise-gamma", 0),
+  opt("min-snr-gamma", nil)
+for name, v in pairs{["noise-offset"] = noise_offset, ["ip-noise-gamma"] = ip_noise_gamma} do
+  if type(v) ~= "number" or v < 0 then error("--" .. name .. " must be a number >= 0, got '" .. tostring(v) .. "'") end
+end
+local min_timestep, max_timestep = o:count("min-timestep", 0, 0), o:count("max-timestep", 1000)
+if min_timestep >= max_timestep or max_timestep > 1000 then
+  error(string.format("--min-timestep and --max-timestep must satisfy 0 <= min < max <= 1000, got %d and %d",
+    min_timestep, max_timestep))
 end
 if min_snr_gamma ~= nil and not (type(min_snr_gamma) == "number" and min_snr_gamma > 0) then
   error("--min-snr-gamma must be a number > 0, got '" .. tostring(min_snr_gamma) .. "'")
@@ -117,7 +124,8 @@ local function build(batch, checkpoint, plan_only)
   return sdxl.training_step{
     config = config, batch = batch, latent = latent,
     lora = {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha},
-    objective = {prediction = prediction, noise_offset = noise_offset, min_snr_gamma = min_snr_gamma,
+    objective = {prediction = prediction, noise_offset = noise_offset, ip_noise_gamma = ip_noise_gamma,
+                 min_timestep = min_timestep, max_timestep = max_timestep, min_snr_gamma = min_snr_gamma,
                  debiased_estimation = debiased, scale_v_pred_loss = scale_v_pred,
                  seed = seed},
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
@@ -178,6 +186,7 @@ local function validate()
     local idx = {}
     for b = 1, batch do idx[b] = (v - 1) * batch + b end
     local given = dataset:load(p, inputs, idx)
+    given.eval = true
     objective:prepare(p, given, -v)
     total = total + p:forward()
   end

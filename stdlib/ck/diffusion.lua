@@ -10,7 +10,7 @@ local ck = require "ck"
 local M = {}
 
 -- keys of the random streams (distinct from op keys, which are node indices)
-local KEY_TIMESTEP, KEY_NOISE, KEY_OFFSET = 0x7100, 0x7200, 0x7300
+local KEY_TIMESTEP, KEY_NOISE, KEY_OFFSET, KEY_IP = 0x7100, 0x7200, 0x7300, 0x7400
 
 -- alphas_cumprod[t + 1] for t = 0 .. n - 1; scaled_linear is linear in sqrt(beta)
 function M.alphas_cumprod(schedule, n, beta_start, beta_end)
@@ -37,7 +37,10 @@ local Objective = {}
 Objective.__index = Objective
 
 -- o: prediction = "eps" | "v", schedule, num_train_timesteps, beta_start, beta_end,
---    noise_offset (0), min_snr_gamma (nil), debiased_estimation (false),
+--    noise_offset (0), ip_noise_gamma (0: input perturbation, noise the model
+--    sees but the target leaves out), min_timestep (0) and max_timestep
+--    (num_train_timesteps): timesteps drawn from [min, max), as kohya's;
+--    min_snr_gamma (nil), debiased_estimation (false),
 --    scale_v_pred_loss (false: v's loss scaled by snr / (snr + 1), as kohya's
 --    --scale_v_pred_loss_like_noise_pred); the weights multiply
 function M.objective(o)
@@ -50,6 +53,13 @@ function M.objective(o)
   self.n = o.num_train_timesteps or 1000
   self.abar = M.alphas_cumprod(o.schedule, self.n, o.beta_start, o.beta_end)
   self.noise_offset = o.noise_offset or 0
+  self.ip_noise_gamma = o.ip_noise_gamma or 0
+  self.min_timestep, self.max_timestep = o.min_timestep or 0, o.max_timestep or self.n
+  if not (math.type(self.min_timestep) == "integer" and math.type(self.max_timestep) == "integer" and
+          self.min_timestep >= 0 and self.min_timestep < self.max_timestep and self.max_timestep <= self.n) then
+    error(string.format("timesteps must satisfy 0 <= min_timestep < max_timestep <= %d, got %s and %s", self.n,
+      tostring(self.min_timestep), tostring(self.max_timestep)), 2)
+  end
   self.min_snr_gamma = o.min_snr_gamma
   self.debiased_estimation = o.debiased_estimation or false
   self.scale_v_pred_loss = o.scale_v_pred_loss or false
@@ -79,7 +89,12 @@ function Objective:build(g, shape, model_fn)
     noise = noise + off
   end
   self.shape = shape
-  local noisy = x0 * sa + noise * sb
+  local seen = noise
+  if self.ip_noise_gamma ~= 0 then
+    self.inputs.ip = g:input("ip_noise", shape)
+    seen = noise + self.inputs.ip
+  end
+  local noisy = x0 * sa + seen * sb
   local pred = model_fn(noisy, t)
   local target = noise
   if self.prediction == "v" then target = noise * sa - x0 * sb end
@@ -106,7 +121,8 @@ function Objective:weight(t)
 end
 
 -- Sets timesteps, noise and coefficients for the step about to run.
--- given: optional per-sample overrides {timesteps = {..}, noise = true (already loaded)}.
+-- given: optional per-sample overrides {timesteps = {..}, noise = true (already loaded)},
+-- and eval = true for an evaluation pass (no input perturbation).
 -- step: the generator's step (default: the program's next step).
 function Objective:prepare(p, given, step)
   given = given or {}
@@ -116,7 +132,10 @@ function Objective:prepare(p, given, step)
   local ts, sa, sb, w = {}, {}, {}, {}
   for b = 1, B do
     local t = given.timesteps and given.timesteps[b]
-    if not t then t = math.floor(ck.random(seed, step, KEY_TIMESTEP, b - 1) * self.n) end
+    if not t then
+      local span = self.max_timestep - self.min_timestep
+      t = self.min_timestep + math.min(span - 1, math.floor(ck.random(seed, step, KEY_TIMESTEP, b - 1) * span))
+    end
     t = math.max(0, math.min(self.n - 1, math.floor(t)))
     ts[b] = t
     local a = self.abar[t + 1]
@@ -128,6 +147,9 @@ function Objective:prepare(p, given, step)
   p:set(self.inputs.weight, w)
   if not given.noise then p:randn(self.inputs.noise, KEY_NOISE, 1.0, step) end
   if self.inputs.offset then p:randn(self.inputs.offset, KEY_OFFSET, self.noise_offset, step) end
+  if self.inputs.ip then
+    if given.eval then p:set(self.inputs.ip, 0) else p:randn(self.inputs.ip, KEY_IP, self.ip_noise_gamma, step) end
+  end
   return ts
 end
 

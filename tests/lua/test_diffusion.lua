@@ -3,7 +3,8 @@
 -- loss weights kohya's sd-scripts apply (min-SNR-gamma, v's loss scaled like
 -- noise prediction's, debiased estimation, alone and together), and the loss
 -- the graph computes: mean(w * (prediction - target)^2) with target the noise
--- (eps) or sqrt(abar) noise - sqrt(1 - abar) x0 (v).
+-- (eps) or sqrt(abar) noise - sqrt(1 - abar) x0 (v); input perturbation
+-- (noise the model sees and the target leaves out) and the timestep range.
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local T = require "check"
@@ -75,6 +76,59 @@ for _, pred in ipairs{"eps", "v"} do
   local l = p:forward()
   T.ok(ts[1] == 300 and ts[2] == 999 and close(l, want, 1e-5),
     string.format("%s: the graph's weighted loss %.7f, the formula's %.7f", pred, l, want))
+end
+
+-- input perturbation: the model sees x0 sa + (noise + ip) sb, the target is the noise;
+-- an evaluation pass sees no perturbation; the draws are gamma times a normal
+do
+  local o = diffusion.objective{prediction = "eps", ip_noise_gamma = 0.5}
+  local g = ck.graph()
+  local loss = o:build(g, {1, 1, 2, 2}, function(noisy) return noisy end)
+  local p = g:compile{loss = loss, optimizer = "none"}
+  local x0, noise = {0.5, -1, 2, 0.25}, {0.1, 0.2, -0.3, 0.4}
+  p:set(o.inputs.latents, x0)
+  p:set(o.inputs.noise, noise)
+  o:prepare(p, {timesteps = {400}, noise = true})
+  local ip, a = p:get(o.inputs.ip), abar[400]
+  local want, sq = 0, 0
+  for i = 1, 4 do
+    local noisy = math.sqrt(a) * x0[i] + math.sqrt(1 - a) * (noise[i] + ip[i])
+    want = want + (noisy - noise[i]) ^ 2 / 4
+    sq = sq + ip[i] ^ 2
+  end
+  T.ok(sq > 0 and close(p:forward(), want, 1e-5), "ip_noise_gamma: the model sees the perturbed noise, the target is the noise")
+  o:prepare(p, {timesteps = {400}, noise = true, eval = true})
+  local zero = p:get(o.inputs.ip)
+  T.ok(zero[1] == 0 and zero[4] == 0, "an evaluation pass sees no perturbation")
+  -- the perturbation's scale: 4096 draws of 0.5 * N(0, 1)
+  local o2 = diffusion.objective{ip_noise_gamma = 0.5}
+  local g2 = ck.graph()
+  o2:build(g2, {1, 1, 64, 64}, function(noisy) return noisy end)
+  local p2 = g2:compile{loss = o2.loss, optimizer = "none"}
+  o2:prepare(p2, {timesteps = {1}})
+  local s2 = 0
+  for _, v in ipairs(p2:get(o2.inputs.ip)) do s2 = s2 + v * v end
+  local sd = math.sqrt(s2 / 4096)
+  T.ok(math.abs(sd - 0.5) < 0.03, string.format("the perturbation's standard deviation is gamma: %.3f", sd))
+end
+
+-- timesteps from [min_timestep, max_timestep): 64 steps of batch 8 stay inside and reach both ends' tenths
+do
+  local o = diffusion.objective{min_timestep = 200, max_timestep = 300}
+  local g = ck.graph()
+  o:build(g, {8, 1, 1, 1}, function(noisy) return noisy end)
+  local p = g:compile{loss = o.loss, optimizer = "none"}
+  local lo, hi, inside = 1000, -1, true
+  for s = 1, 64 do
+    for _, t in ipairs(o:prepare(p, nil, s)) do
+      inside = inside and t >= 200 and t < 300
+      lo, hi = math.min(lo, t), math.max(hi, t)
+    end
+  end
+  T.ok(inside and lo < 210 and hi >= 290, string.format("timesteps drawn in [200, 300): %d to %d", lo, hi))
+  local ok, err = pcall(function() local x = diffusion.objective{min_timestep = 500, max_timestep = 500}; return x end)
+  T.ok(not ok and err:match("test_diffusion%.lua:%d+:") and err:match("min_timestep < max_timestep"),
+    "an empty timestep range is refused: " .. tostring(err))
 end
 
 T.done()

@@ -156,7 +156,7 @@ int main(int argc, char **argv)
             vout[k].data = ck_cuda_alloc(sizeof(float) * (size_t)ck_shape_numel(&out[k]));
         }
         const size_t ws = ck_op_workspace_cuda(b->op, &b->p, b->in, b->nin, out, 1);
-        ck_kctx kctx = {1, 1, 1e-4f, ws ? ck_cuda_alloc(ws) : NULL, ws, 1};
+        ck_kctx kctx = {1, 1, 1e-4f, ws ? ck_cuda_alloc(ws) : NULL, ws, 1, 0};
         double ms = -1;
         for (int r = 0; r < 2; r++) ck_cuda_kernels[b->op](&kctx, &b->p, vout, nout, vin, b->nin);
         if (!ck_cuda_failed() && !ck_cuda_sync()) {

@@ -124,7 +124,7 @@ int main(int argc, char **argv)
         if (k->op == CK_OP_ADAMW_STEP) /* the second moment is non-negative */
             for (int64_t i = 0; i < ck_view_numel(&in[3]); i++) in[3].data[i] *= in[3].data[i];
         const size_t ws = ck_op_workspace(k->op, &k->p, sin, k->nin, sout, nt);
-        ck_kctx ctx = {1, 1, 1e-4f, ws ? aligned_alloc(64, (ws + 63) / 64 * 64) : NULL, ws, 1};
+        ck_kctx ctx = {1, 1, 1e-4f, ws ? aligned_alloc(64, (ws + 63) / 64 * 64) : NULL, ws, 1, 0};
         const double flops = ck_op_flops(k->op, &k->p, sin, k->nin, sout);
         ck_cpu_kernels[k->op](&ctx, &k->p, out, k->nout, in, k->nin); /* warm-up */
         for (int r = 0; r < reps; r++) {

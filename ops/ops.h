@@ -166,6 +166,8 @@ typedef struct ck_kctx {
     /* 1-based count of optimizer updates, this one included: AdamW's t. It
      * falls behind step when a guarded step skips its update (non-finite). */
     int64_t update;
+    /* 1: an evaluation pass (torch's model.eval()): dropout passes values through */
+    int eval;
 } ck_kctx;
 
 typedef void (*ck_kernel_fn)(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout,

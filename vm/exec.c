@@ -98,7 +98,7 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
 
 int ck_exec_range(ck_program *p, const ck_plan *pl, int from, int to, char *err, size_t errlen)
 {
-    ck_kctx ctx = {p->opt.seed, p->step, p->opt.lr, NULL, 0, p->updates + 1};
+    ck_kctx ctx = {p->opt.seed, p->step, p->opt.lr, NULL, 0, p->updates + 1, pl == &p->eval && p->eval_mode};
     p->be->enter();
     for (int i = from; i < to; i++)
         if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;
@@ -152,7 +152,7 @@ int ck_exec_tensor_finite(ck_program *p, const ck_plan *pl, int t, int *finite)
 int ck_exec_find_nonfinite(ck_program *p, const ck_plan *pl, int to, int *entry, int *input, char *err,
                            size_t errlen)
 {
-    ck_kctx ctx = {p->opt.seed, p->step, p->opt.lr, NULL, 0, p->updates + 1};
+    ck_kctx ctx = {p->opt.seed, p->step, p->opt.lr, NULL, 0, p->updates + 1, 0};
     *entry = *input = -1;
     p->be->enter();
     for (int i = 0; i < to; i++) {

@@ -758,7 +758,13 @@ static int l_compile(lua_State *L)
         lua_pop(L, 2);
     }
     lua_pop(L, 1);
-    o.seed = (uint64_t)opt_num(L, 2, "seed", 0);
+    lua_getfield(L, 2, "seed");
+    int whole = 1;
+    const lua_Integer seed = lua_isnil(L, -1) ? 0 : lua_tointegerx(L, -1, &whole);
+    if (!whole) return ck_lua_raise(L, "compile: seed must be a whole number of at most 64 bits, got %s",
+                                    luaL_tolstring(L, -1, NULL));
+    o.seed = (uint64_t)seed;
+    lua_pop(L, 1);
     o.keep_grads = opt_bool(L, 2, "keep_grads", 0);
     lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
     o.plan_only = opt_bool(L, 2, "plan_only", lua_toboolean(L, -1));
@@ -1108,6 +1114,7 @@ static int l_program_index(lua_State *L)
     else if (strcmp(k, "micro") == 0) lua_pushinteger(L, p->micro);
     else if (strcmp(k, "accumulate") == 0) lua_pushinteger(L, p->opt.accumulate > 1 ? p->opt.accumulate : 1);
     else if (strcmp(k, "lr") == 0) lua_pushnumber(L, p->opt.lr);
+    else if (strcmp(k, "training") == 0) lua_pushboolean(L, !p->eval_mode);
     else lua_getfield(L, lua_upvalueindex(1), k);
     return 1;
 }
@@ -1117,6 +1124,10 @@ static int l_program_newindex(lua_State *L)
     ck_program *p = check_program(L, 1)->p;
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "lr") == 0) p->opt.lr = (float)luaL_checknumber(L, 3);
+    else if (strcmp(k, "training") == 0) { /* torch's train()/eval(): whether forward passes apply dropout */
+        luaL_checktype(L, 3, LUA_TBOOLEAN);
+        p->eval_mode = !lua_toboolean(L, 3);
+    }
     else if (strcmp(k, "steps") == 0 || strcmp(k, "updates") == 0) { /* restoring a saved training state */
         lua_Integer n = luaL_checkinteger(L, 3);
         luaL_argcheck(L, n >= 0, 3, "steps and updates must be >= 0");

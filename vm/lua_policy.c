@@ -127,8 +127,9 @@ int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts
         pol->npatterns = n;
     } else if (!strcmp(kind, "every_n")) {
         pol->kind = CK_POLICY_EVERY_N;
-        pol->n = (int)num_field(L, idx, "n", 0);
-        if (pol->n < 1) return ck_lua_raise(L, "every_n: n must be a positive integer");
+        const double n = num_field(L, idx, "n", 0);
+        if (!(n >= 1 && n <= 1e6 && n == (double)(int)n)) return ck_lua_raise(L, "every_n: n must be a positive integer");
+        pol->n = (int)n;
     } else if (!strcmp(kind, "sqrt_n")) pol->kind = CK_POLICY_SQRT_N;
     else if (!strcmp(kind, "selective")) {
         pol->kind = CK_POLICY_SELECTIVE;

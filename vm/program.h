@@ -122,6 +122,7 @@ typedef struct ck_program {
     ck_compile_opts opt;
     int64_t step;      /* steps taken */
     int64_t updates;   /* optimizer updates applied (steps taken less those a guard skipped) */
+    int eval_mode;     /* forward passes evaluate (no dropout); steps always train */
     /* gradient accumulation (opt.accumulate > 1): the sums (persistent, zeroed
      * after each update), the graph nodes that add into them (the first
      * entries of the optimizer's tail), and the steps summed since the update */

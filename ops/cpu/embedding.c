@@ -39,7 +39,8 @@ CK_CPU_KERNEL(ck_cpu_timestep_embedding)
 
 /* x, y any shape, same numel. y = x * (mask / (1 - p)) like torch's dropout;
  * element e is kept when ck_rng_uniform(key, e) >= p. Run on dy with the same
- * context and params it gives dx with the same mask. */
+ * context and params it gives dx with the same mask. In an evaluation pass
+ * (ctx->eval), y = x. */
 CK_CPU_KERNEL(ck_cpu_dropout)
 {
     (void)nout, (void)nin;
@@ -47,7 +48,7 @@ CK_CPU_KERNEL(ck_cpu_dropout)
     float *y = out[0].data;
     const int64_t n = ck_view_numel(&in[0]);
     const float drop = p->f[0];
-    if (drop <= 0.0f) {
+    if (drop <= 0.0f || ctx->eval) {
         if (y != x) memcpy(y, x, sizeof(float) * (size_t)n);
         return;
     }

@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(THREADS) dropout_kernel(float *y, const float 
 }
 
 /* x, y any shape, same numel: y = x * mask / (1 - p), element e kept when
- * u(key, e) >= p. Run on dy with the same context and params, it is the backward. */
+ * u(key, e) >= p. Run on dy with the same context and params, it is the
+ * backward. In an evaluation pass (ctx->eval), y = x. */
 extern "C" CK_CUDA_KERNEL(ck_cuda_dropout)
 {
     (void)nout, (void)nin;
@@ -90,7 +91,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_dropout)
     const int64_t n = ck_view_numel(&in[0]);
     if (n == 0) return;
     const float drop = p->f[0];
-    if (drop <= 0.0f) {
+    if (drop <= 0.0f || ctx->eval) {
         if (out[0].data != in[0].data)
             CK_CU("dropout", cudaMemcpyAsync(out[0].data, in[0].data, sizeof(float) * (size_t)n,
                                              cudaMemcpyDeviceToDevice, c->stream));

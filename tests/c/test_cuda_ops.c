@@ -172,7 +172,7 @@ static double rel_err(const float *got, const float *ref, int64_t n)
     return m > 0 ? e / m : e;
 }
 
-static const ck_kctx base_ctx = {42, 3, 1e-3f, NULL, 0, 3};
+static const ck_kctx base_ctx = {42, 3, 1e-3f, NULL, 0, 3, 0};
 
 /* Runs one case on both backends and reports. bf16: every tensor in bf16
  * storage on the device (ck_cuda_kernels_bf16), the CPU fed the same rounded

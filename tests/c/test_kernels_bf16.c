@@ -73,7 +73,7 @@ static const tcase cases[] = {
     {.label = "fill 0.1 [3,77]", .op = CK_OP_FILL, .p = {.f = {0.1f}}, .nin = 0, .out = SH(3, 77)},
 };
 
-static const ck_kctx ctx0 = {7, 1, 0.01f, NULL, 0, 1};
+static const ck_kctx ctx0 = {7, 1, 0.01f, NULL, 0, 1, 0};
 
 static ck_view view(void *data, const ck_shape *s)
 {

@@ -59,7 +59,7 @@ static double rel_err(const float *got, const double *ref, int64_t n)
     return e;
 }
 
-static const ck_kctx ctx0 = {42, 1, 0.01f, NULL, 0, 1};
+static const ck_kctx ctx0 = {42, 1, 0.01f, NULL, 0, 1, 0};
 
 /* ---- broadcast binary ops ---- */
 
@@ -367,7 +367,7 @@ static void test_dropout(void)
         if (x[i] == 0.0f) x[i] = 0.5f; /* zero outputs then mean dropped */
     ck_view vx = view(x, 1, &n), vy = view(y, 1, &n), vy2 = view(y2, 1, &n), vy3 = view(y3, 1, &n);
     ck_op_params p = {{5}, {drop}};
-    ck_kctx ctx = {1234, 7, 0.0f, NULL, 0, 0};
+    ck_kctx ctx = {1234, 7, 0.0f, NULL, 0, 0, 0};
     ck_cpu_dropout(&ctx, &p, &vy, 1, &vx, 1);
 
     int64_t kept = 0, bad = 0;
@@ -413,6 +413,11 @@ static void test_dropout(void)
     p.f[0] = 0.0f;
     ck_cpu_dropout(&ctx, &p, &vy2, 1, &vx, 1);
     check("dropout p=0 copies", memcmp(x, y2, sizeof(float) * (size_t)n) == 0, 0);
+    p.f[0] = drop;
+    ctx.eval = 1;
+    ck_cpu_dropout(&ctx, &p, &vy2, 1, &vx, 1);
+    check("dropout in an evaluation pass copies", memcmp(x, y2, sizeof(float) * (size_t)n) == 0, 0);
+    ctx.eval = 0;
     p.f[0] = 1.0f;
     ck_cpu_dropout(&ctx, &p, &vy2, 1, &vx, 1);
     bad = 0;

@@ -70,6 +70,13 @@ do
   local dmax = 0
   for i = 1, #wc do dmax = math.max(dmax, math.abs(wc[i] - wd[i])) end
   T.ok(#wc == #wd and dmax < 1e-4, string.format("and end with the same weights (largest difference %.2g)", dmax))
+  -- an evaluation pass (p.training = false) drops nothing, on both devices
+  local tc, td = pc:forward(), pd:forward()
+  pc.training, pd.training = false, false
+  local ec, ed = pc:forward(), pd:forward()
+  T.ok(ec ~= tc and ed ~= td and rel(ed, ec) < 1e-4, string.format(
+    "with dropout 0.1, an evaluation pass on cuda gives the CPU's loss (%.6f, %.6f), not the training pass's (%.6f)",
+    ed, ec, td))
 end
 
 -- 2. recompute on the device: bitwise gradients, exact peaks

@@ -3,6 +3,8 @@
 -- output unchanged, and that training moves only the adapters of a frozen base.
 -- With conv_rank (kohya's LoCon): which convolutions get adapters at which
 -- rank, their alphas in the file, and their gradients against finite differences.
+-- With dropout (kohya's network_dropout): training passes drop lora_down's
+-- outputs, evaluation passes do not, and the gradients follow the mask.
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local T = require "check"
@@ -257,6 +259,48 @@ do -- LoCon: fresh conv adapters leave the output unchanged; their gradients mat
   end
   T.ok(worst <= 1, string.format("conv adapters' gradients (downs and ups of 4 modules) match central differences "
     .. "(worst error %.2f of the tolerance 1e-4 + 3%%)", worst))
+end
+
+do -- network dropout
+  local function build(dropout)
+    local model = unet.UNet2DConditionModel("sdxl-tiny")
+    lora.attach(model, {dropout = dropout})
+    local g = ck.graph()
+    local p = tiny(g, model, true, function(loss, y)
+      return {loss = loss, outputs = {y}, optimizer = "none", keep_grads = true, seed = 11}
+    end)
+    local r = T.rng(8) -- the same nonzero ups in every program, so that the adapters matter
+    for _, t in ipairs(g:params()) do
+      if t.name:match("lora_up") then p:set(t.name, T.random_values(r, t.numel, -0.2, 0.2)) end
+    end
+    return p
+  end
+  local pd, p0 = build(0.5), build(0)
+  local l0, ltrain = p0:forward(), pd:forward()
+  pd.training = false
+  local leval = pd:forward()
+  T.ok(leval == l0 and ltrain ~= l0, string.format("dropout 0.5: a training pass gives %.6f, an evaluation pass %.6f, "
+    .. "the loss without dropout (%.6f)", ltrain, leval, l0))
+  pd.training = true
+  pd:step()
+  local name = "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_v.lora_down.weight"
+  local gr, w = pd:grad(name), pd:get(name)
+  local EPS, worst = 1e-2, 0
+  for _, i in ipairs{1, 9, #w} do
+    local v = w[i]
+    w[i] = v + EPS
+    pd:set(name, w)
+    local lp = pd:forward() -- the step's mask: forward passes after step s draw step s's
+    w[i] = v - EPS
+    pd:set(name, w)
+    local lm = pd:forward()
+    w[i] = v
+    pd:set(name, w)
+    local num = (lp - lm) / (2 * EPS)
+    worst = math.max(worst, math.abs(num - gr[i]) / (1e-4 + 3e-2 * math.max(math.abs(num), math.abs(gr[i]))))
+  end
+  T.ok(worst <= 1, string.format("with dropout, lora_down's gradients match central differences of the training "
+    .. "pass (worst %.2f of the tolerance)", worst))
 end
 
 T.done()

@@ -31,6 +31,7 @@ ck_graph *ck_graph_clone(const ck_graph *g)
     c->nt = c->capt = g->nt;
     c->nn = c->capn = g->nn;
     c->scope = dupstr(g->scope);
+    c->fused_updates = g->fused_updates;
     if (g->nt) memcpy(c->t, g->t, sizeof *c->t * (size_t)g->nt);
     if (g->nn) memcpy(c->n, g->n, sizeof *c->n * (size_t)g->nn);
     for (int i = 0; i < g->nt; i++) {

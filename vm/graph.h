@@ -51,6 +51,10 @@ typedef struct ck_graph {
     ck_node *n;
     int nn, capn;
     char *scope;  /* current scope for new tensors and nodes */
+    /* 1: each optimizer update runs as soon as nothing reads its parameter or
+     * gradient any more (vm/schedule.c), so gradients do not wait for the
+     * end of backward */
+    int fused_updates;
     char err[512];
 } ck_graph;
 

@@ -701,7 +701,7 @@ static int tensor_id(lua_State *L, int i)
 }
 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=, weight_decay=,
- *           max_grad_norm=, accumulate=,
+ *           max_grad_norm=, accumulate=, fused_backward=,
  *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto"} */
 static int l_compile(lua_State *L)
 {
@@ -747,6 +747,11 @@ static int l_compile(lua_State *L)
     if (!(o.max_grad_norm >= 0.0f))
         return ck_lua_raise(L, "compile: max_grad_norm must be a positive norm (or 0: no clipping), got %f",
                             (double)o.max_grad_norm);
+    o.fused_backward = opt_bool(L, 2, "fused_backward", 0);
+    if (o.fused_backward && (o.optim == CK_OPTIM_NONE || o.accumulate > 1 || o.max_grad_norm > 0))
+        return ck_lua_raise(L, "compile: fused_backward updates each parameter as soon as its gradient is complete, "
+                            "so it cannot %s", o.optim == CK_OPTIM_NONE ? "go without an optimizer"
+                            : o.accumulate > 1 ? "accumulate gradients" : "clip by the norm of all gradients");
     o.beta1 = 0.9f;
     o.beta2 = o.optim == CK_OPTIM_LION ? 0.99f : 0.999f; /* torch's AdamW, lion-pytorch's Lion */
     lua_getfield(L, 2, "betas");

@@ -253,6 +253,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             failf(err, errlen, "%s", g->err);
             goto fail;
         }
+        g->fused_updates = o->fused_backward;
     }
     if (o->storage != CK_F32 || o->frozen != CK_F32) {
         /* mixed precision: activations, their gradients and frozen weights
@@ -482,7 +483,8 @@ static int step_finite(ck_program *p, const ck_plan *pl, int opt_start, ck_run_i
         r->loss_nonfinite = !fin;
         if (!fin) return 0;
     }
-    if (opt_start == pl->n && !p->opt.keep_grads) return 1; /* no update to guard; gradients may be gone */
+    /* no update to guard, gradients may be gone; or, fused, none computed yet */
+    if ((opt_start == pl->n && !p->opt.keep_grads) || p->opt.fused_backward) return 1;
     for (int t = 0; t < g->nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
         int gt = g->t[t].grad;
@@ -518,8 +520,15 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
         return -1;
     }
     /* forward and backward; then, if the guard passes, the optimizer's tail:
-     * gradient sums every step, the update every opt.accumulate-th */
-    const int k = optimizer_start(pl), u = update_start(p, pl, k);
+     * gradient sums every step, the update every opt.accumulate-th. Fused
+     * updates run inside backward: the guard checks the loss after forward,
+     * and the rest of the list runs as the update */
+    int k = optimizer_start(pl), u = update_start(p, pl, k);
+    if (p->opt.fused_backward) {
+        k = 0;
+        while (k < pl->n && pl->ops[k].phase == CK_PHASE_FORWARD) k++;
+        u = k;
+    }
     /* a run that fails stops before the updates (exec.c): the step did not happen */
     if (ck_exec_range(p, pl, 0, k, p->err, sizeof p->err)) {
         p->step--;

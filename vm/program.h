@@ -40,6 +40,7 @@ typedef struct ck_compile_opts {
     float lr, beta1, beta2, eps, weight_decay;
     float max_grad_norm; /* > 0: gradients scaled as torch.nn.utils.clip_grad_norm_ does before the update */
     int accumulate;      /* > 1: gradients summed over this many steps, the update every accumulate-th step */
+    int fused_backward;  /* each update runs as soon as its gradient is complete (kohya's --fused_backward_pass) */
     uint64_t seed;
     int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
     int plan_only;     /* plan, allocate nothing: the program cannot run */

@@ -4,7 +4,10 @@
  * producer runs again (and so, first, do the producers of any marked inputs),
  * writing a copy that later backward ops share. Each recomputed op runs once;
  * random ops replay the same numbers because their keys are node parameters;
- * optimizer updates are never recomputed. */
+ * optimizer updates are never recomputed. With fused updates (the graph's
+ * fused_updates), each update moves to right after the last entry that reads
+ * or writes any of its operands (its parameter, gradient and state), so a
+ * gradient is freed as soon as it is complete and applied. */
 #include "program.h"
 
 #include <stdlib.h>
@@ -90,6 +93,58 @@ static ck_op_ref ref_of(const ck_graph *g, int id)
     return r;
 }
 
+/* Fused updates: every optimizer entry after the last other entry that
+ * touches one of its inputs; the rest keep their order. */
+static int fuse_updates(ck_plan *pl)
+{
+    const int n = pl->n;
+    int *last = malloc(sizeof(int) * (size_t)(pl->ntensors ? pl->ntensors : 1));
+    int *after = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    int *head = malloc(sizeof(int) * (size_t)(n + 1)), *tail = malloc(sizeof(int) * (size_t)(n + 1));
+    int *next = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    ck_op_ref *ops = malloc(sizeof *ops * (size_t)(n ? n : 1));
+    if (!last || !after || !head || !tail || !next || !ops) {
+        free(last), free(after), free(head), free(tail), free(next), free(ops);
+        return -1;
+    }
+    for (int t = 0; t < pl->ntensors; t++) last[t] = -1;
+    for (int i = 0; i < n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        if (r->phase == CK_PHASE_OPTIMIZER) continue;
+        for (int j = 0; j < r->nin; j++) last[r->in[j]] = i;
+        for (int k = 0; k < r->nout; k++)
+            if (r->out[k] >= 0) last[r->out[k]] = i;
+    }
+    for (int i = 0; i < n; i++) {
+        after[i] = i;
+        if (pl->ops[i].phase != CK_PHASE_OPTIMIZER) continue;
+        after[i] = -1;
+        for (int j = 0; j < pl->ops[i].nin; j++)
+            if (last[pl->ops[i].in[j]] > after[i]) after[i] = last[pl->ops[i].in[j]];
+    }
+    /* bucket b + 1 holds the updates that follow entry b (bucket 0: those
+     * that touch nothing else), in list order */
+    for (int b = 0; b <= n; b++) head[b] = tail[b] = -1;
+    for (int u = 0; u < n; u++) {
+        if (pl->ops[u].phase != CK_PHASE_OPTIMIZER) continue;
+        const int b = after[u] + 1;
+        next[u] = -1;
+        if (tail[b] < 0) head[b] = u;
+        else next[tail[b]] = u;
+        tail[b] = u;
+    }
+    int m = 0;
+    for (int u = head[0]; u >= 0; u = next[u]) ops[m++] = pl->ops[u];
+    for (int i = 0; i < n; i++) {
+        if (pl->ops[i].phase == CK_PHASE_OPTIMIZER) continue;
+        ops[m++] = pl->ops[i];
+        for (int u = head[i + 1]; u >= 0; u = next[u]) ops[m++] = pl->ops[u];
+    }
+    memcpy(pl->ops, ops, sizeof *ops * (size_t)n);
+    free(last), free(after), free(head), free(tail), free(next), free(ops);
+    return 0;
+}
+
 int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const unsigned char *recompute)
 {
     sched s = {g, recompute, pl, 0, 0, NULL};
@@ -115,6 +170,7 @@ int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const u
             if (marked(&s, r.in[j]) && (r.in[j] = materialize(&s, r.in[j])) < 0) goto fail;
         if (push(&s, &r)) goto fail;
     }
+    if (g->fused_updates && fuse_updates(pl)) goto fail;
     free(s.copy);
     return 0;
 fail:

@@ -209,4 +209,23 @@ do
   T.ok(hw == pd:plan().peak, string.format("fp8 base on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
 end
 
+-- 8. fused updates on the device (updates inside backward): bitwise the unfused program's weights
+do
+  local function on_cuda(fused)
+    return T.unet_step(config, shape, {optimizer = "adamw", lr = 1e-3, seed = 5, device = "cuda", fused_backward = fused})
+  end
+  local ga, pa = on_cuda(false)
+  local _, pb = on_cuda(true)
+  local hw
+  for _ = 1, 2 do
+    pa:step()
+    _, hw = pb:step{measure = true}
+  end
+  local same = true
+  for _, prm in ipairs(ga:params()) do same = same and pa:checksum(prm.name) == pb:checksum(prm.name) end
+  T.ok(same and hw == pb:plan().peak and pb:plan().peak < pa:plan().peak, string.format(
+    "fused updates on cuda: weights bitwise the unfused ones after 2 steps; peak %d (measured %d) against %d",
+    pb:plan().peak, hw, pa:plan().peak))
+end
+
 T.done()

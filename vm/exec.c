@@ -36,8 +36,10 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
     const ck_op_ref *r = &pl->ops[i];
     const ck_node *n = &p->g->n[r->node];
     /* an interrupt stops a step before its updates, never among them, so a
-     * step is either applied whole or not at all */
-    if (p->interrupt && *p->interrupt && r->phase != CK_PHASE_OPTIMIZER) {
+     * step is either applied whole or not at all (fused updates run inside
+     * backward: there, only forward entries stop) */
+    if (p->interrupt && *p->interrupt &&
+        (p->opt.fused_backward ? r->phase == CK_PHASE_FORWARD : r->phase != CK_PHASE_OPTIMIZER)) {
         snprintf(err, errlen, "interrupted");
         return -1;
     }

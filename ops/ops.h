@@ -115,11 +115,11 @@ enum ck_op {
     /* in: nothing; out filled with f0 */
     CK_OP_FILL,
     /* in param, grad; out param (same buffer, updated in place).
-     * p -= lr * (grad + f0 * p). lr comes from the kernel context. */
+     * p -= lr * (grad + f0 * p). lr comes from the kernel context, times f5. */
     CK_OP_SGD_STEP,
     /* in param, grad, m, v; out param, m, v (same buffers, in place).
-     * f0 beta1, f1 beta2, f2 eps, f3 weight_decay; lr and the 1-based step from the
-     * context. Decoupled decay (AdamW): p -= lr * wd * p; then with bias correction
+     * f0 beta1, f1 beta2, f2 eps, f3 weight_decay; lr (times f5) and the 1-based
+     * step from the context. Decoupled decay (AdamW): p -= lr * wd * p; then with bias correction
      * mhat = m / (1 - beta1^t), vhat = v / (1 - beta2^t): p -= lr * mhat / (sqrt(vhat) + eps). */
     CK_OP_ADAMW_STEP,
     /* in x; out [3] = mean, standard deviation (population) and largest |x| over
@@ -138,15 +138,20 @@ enum ck_op {
     CK_OP_CLIP_FACTOR,
     /* in param, grad, m; out param, m (same buffers, in place). Lion (Chen et
      * al. 2023, as lion-pytorch): p *= 1 - lr * f2; p -= lr * sign(f0 * m + (1 - f0) * g);
-     * m = f1 * m + (1 - f1) * g. f0 beta1, f1 beta2, f2 weight_decay; lr from the context. */
+     * m = f1 * m + (1 - f1) * g. f0 beta1, f1 beta2, f2 weight_decay; lr from the context, times f5. */
     CK_OP_LION_STEP,
     CK_OP_COUNT
 };
 
 typedef struct ck_op_params {
     int64_t i[8];
-    float f[4];
+    float f[6];
 } ck_op_params;
+
+/* The optimizer ops' f5: the parameter's learning-rate multiplier (LoRA+'s
+ * ratio on lora_up; 1 otherwise): the update uses lr * f5 wherever torch's
+ * param group would use its lr. */
+#define CK_OPT_LR_SCALE 5
 
 /* A contiguous fp32 tensor as a kernel sees it. data == NULL: slot unused. */
 typedef struct ck_view {

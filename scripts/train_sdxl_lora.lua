@@ -12,6 +12,7 @@
 -- --conv-rank N, --conv-alpha X (adapters on the resnets', downsamplers' and upsamplers' 3x3
 -- convolutions too, as kohya's LoCon conv_dim/conv_alpha; alpha defaults to the rank),
 -- --network-dropout X (dropout on each adapter's lora_down output while training, as kohya's),
+-- --loraplus-lr-ratio X (lora_up learns at X times the learning rate: LoRA+, as kohya's),
 -- --out FILE, --lora-format kohya|peft, --save-precision float|fp16|bf16 (the adapter file's
 -- dtype, as kohya's --save_precision; float = fp32), --seed N, --prediction eps|v,
 -- --noise-offset X, --ip-noise-gamma X (input perturbation), --min-timestep N, --max-timestep N
@@ -48,7 +49,7 @@ local a = args or {}
 local o = sdxl.options(a, {
   "size", "data", "weights", "resolution", "batch", "steps", "samples", "seed", "prediction", "noise-offset",
   "ip-noise-gamma", "min-timestep", "max-timestep", "min-snr-gamma", "debiased-estimation-loss", "scale-v-pred-loss-like-noise-pred", "val-every",
-  "rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "targets", "out", "lora-format", "save-precision", "save-lora-every",
+  "rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "loraplus-lr-ratio", "targets", "out", "lora-format", "save-precision", "save-lora-every",
   "optimizer", "lr", "weight-decay", "max-grad-norm", "gradient-accumulation-steps", "lr-scheduler",
   "lr-warmup-steps", "lr-num-cycles", "lr-power",
   "checkpoint", "storage", "fp8-base",
@@ -71,9 +72,12 @@ local rank = opt("rank", 4)
 local alpha = opt("alpha", rank)
 local conv_rank = a["conv-rank"] and o:count("conv-rank")
 local conv_alpha = opt("conv-alpha", conv_rank)
-local network_dropout = opt("network-dropout", 0)
+local network_dropout, loraplus = opt("network-dropout", 0), opt("loraplus-lr-ratio", 1)
 if type(network_dropout) ~= "number" or network_dropout < 0 or network_dropout >= 1 then
   error("--network-dropout must be a number in [0, 1), got '" .. tostring(network_dropout) .. "'")
+end
+if type(loraplus) ~= "number" or loraplus <= 0 then
+  error("--loraplus-lr-ratio must be a number > 0, got '" .. tostring(loraplus) .. "'")
 end
 local targets = opt("targets", "default")
 if targets ~= "default" and targets ~= "kohya" then targets = o:list("targets") end
@@ -129,7 +133,7 @@ local function build(batch, checkpoint, plan_only)
   return sdxl.training_step{
     config = config, batch = batch, latent = latent,
     lora = {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
-            dropout = network_dropout},
+            dropout = network_dropout, loraplus_lr_ratio = loraplus},
     objective = {prediction = prediction, noise_offset = noise_offset, ip_noise_gamma = ip_noise_gamma,
                  min_timestep = min_timestep, max_timestep = max_timestep, min_snr_gamma = min_snr_gamma,
                  debiased_estimation = debiased, scale_v_pred_loss = scale_v_pred,
@@ -230,6 +234,7 @@ local function save_lora(path, at_step)
 end
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
                   conv_rank = conv_rank or 0, conv_alpha = conv_alpha or 0, network_dropout = network_dropout,
+                  loraplus_lr_ratio = loraplus,
                   prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets,
                   lr_scheduler = lr_scheduler, lr_warmup_steps = lr_warmup, max_grad_norm = max_grad_norm,
                   gradient_accumulation_steps = accumulate, optimizer = optimizer, weight_decay = weight_decay,

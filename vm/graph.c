@@ -137,6 +137,7 @@ int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *s
     }
     g->t[id].name = dupstr(name);
     g->t[id].needs_grad = kind == CK_KIND_PARAM;
+    g->t[id].lr_scale = 1.0f;
     return id;
 }
 

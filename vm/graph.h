@@ -32,6 +32,7 @@ typedef struct ck_tensor {
     int needs_grad;
     ck_init init; /* parameters: how the runtime fills them */
     float init_a, init_b;
+    float lr_scale; /* trainable parameters: the learning-rate multiplier (1; LoRA+) */
 } ck_tensor;
 
 typedef struct ck_node {

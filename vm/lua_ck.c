@@ -174,7 +174,8 @@ static int leaf(lua_State *L, ck_kind kind)
 
 static int l_input(lua_State *L) { return leaf(L, CK_KIND_INPUT); }
 
-/* g:param(name, shape, {trainable=true, init="kaiming"|"zeros"|"ones"|"normal"|"uniform", std, mean, a, b}) */
+/* g:param(name, shape, {trainable=true, init="kaiming"|"zeros"|"ones"|"normal"|"uniform", std, mean, a, b,
+ *                        lr_scale=1 (the optimizer's learning rate times this, for this parameter)}) */
 static int l_param(lua_State *L)
 {
     int trainable = 1;
@@ -187,6 +188,15 @@ static int l_param(lua_State *L)
     lgraph *lg = check_graph(L, 1);
     ck_tensor *t = &lg->g->t[lg->g->nt - 1];
     const char *init = t->shape.ndim >= 2 ? "kaiming" : "zeros";
+    if (lua_istable(L, 4)) {
+        lua_getfield(L, 4, "lr_scale");
+        if (!lua_isnil(L, -1)) {
+            const lua_Number s = luaL_checknumber(L, -1);
+            if (!(s >= 0 && s <= 1e6)) return ck_lua_raise(L, "param: lr_scale must be in [0, 1e6], got %f", (double)s);
+            t->lr_scale = (float)s;
+        }
+        lua_pop(L, 1);
+    }
     if (lua_istable(L, 4)) {
         lua_getfield(L, 4, "init");
         if (lua_isstring(L, -1)) init = lua_tostring(L, -1);

@@ -157,6 +157,7 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
     for (int t = 0; t < nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
         ck_op_params p = {0};
+        p.f[CK_OPT_LR_SCALE] = g->t[t].lr_scale;
         ck_shape outs[CK_MAX_OUT];
         int want[CK_MAX_OUT] = {0, 0, 0}, in[4] = {t, src[t], -1, -1}, nin = 2;
         ck_graph_set_scope(g, g->t[t].scope);

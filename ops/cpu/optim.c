@@ -24,7 +24,7 @@ CK_CPU_KERNEL(ck_cpu_sgd_step)
     float *pw = out[0].data;
     const float *pr = in[0].data, *grad = in[1].data;
     const int64_t n = ck_view_numel(&in[0]);
-    const float lr = ctx->lr, wd = p->f[0];
+    const float lr = ctx->lr * p->f[CK_OPT_LR_SCALE], wd = p->f[0];
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) pw[i] = pr[i] - lr * (grad[i] + wd * pr[i]);
 }
@@ -101,7 +101,7 @@ CK_CPU_KERNEL(ck_cpu_adamw_step)
     float *pw = out[0].data, *mw = out[1].data, *vw = out[2].data;
     const float *pr = in[0].data, *grad = in[1].data, *mr = in[2].data, *vr = in[3].data;
     const int64_t n = ck_view_numel(&in[0]);
-    const double lr = ctx->lr, b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
+    const double lr = (double)ctx->lr * p->f[CK_OPT_LR_SCALE], b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
     const double t = (double)(ctx->update > 0 ? ctx->update : 1);
     adamw_k k;
     k.decay = (float)(1.0 - lr * wd);
@@ -141,7 +141,8 @@ CK_CPU_KERNEL(ck_cpu_lion_step)
     const float *pr = in[0].data, *grad = in[1].data, *mr = in[2].data;
     const int64_t n = ck_view_numel(&in[0]);
     const float b1 = p->f[0], b2 = p->f[1], w1 = (float)(1.0 - p->f[0]), w2 = (float)(1.0 - p->f[1]);
-    const float decay = (float)(1.0 - (double)ctx->lr * p->f[2]), neg_lr = -ctx->lr;
+    const float lr = ctx->lr * p->f[CK_OPT_LR_SCALE];
+    const float decay = (float)(1.0 - (double)lr * p->f[2]), neg_lr = -lr;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float g = grad[i], m = mr[i], c = m * b1 + g * w1;

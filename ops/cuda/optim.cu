@@ -23,7 +23,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_sgd_step)
     const int64_t n = ck_view_numel(&in[0]);
     if (n == 0) return;
     ck_launch(sgd_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data,
-              (const float *)in[1].data, ctx->lr, p->f[0], n);
+              (const float *)in[1].data, ctx->lr * p->f[CK_OPT_LR_SCALE], p->f[0], n);
     ck_cuda_end(c, "sgd_step");
 }
 
@@ -58,7 +58,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_adamw_step)
     if (!c) return;
     const int64_t n = ck_view_numel(&in[0]);
     if (n == 0) return;
-    const double lr = ctx->lr, b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
+    const double lr = (double)ctx->lr * p->f[CK_OPT_LR_SCALE], b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
     const double t = (double)(ctx->update > 0 ? ctx->update : 1);
     adamw_scalars s;
     s.eps = p->f[2];
@@ -115,8 +115,8 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_lion_step)
     const int64_t n = ck_view_numel(&in[0]);
     if (n == 0) return;
     const float w1 = (float)(1.0 - p->f[0]), w2 = (float)(1.0 - p->f[1]);
-    const float decay = (float)(1.0 - (double)ctx->lr * p->f[2]);
+    const float lr = ctx->lr * p->f[CK_OPT_LR_SCALE], decay = (float)(1.0 - (double)lr * p->f[2]);
     ck_launch(lion_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, out[1].data, (const float *)in[0].data,
-              (const float *)in[1].data, (const float *)in[2].data, p->f[0], p->f[1], w1, w2, decay, -ctx->lr, n);
+              (const float *)in[1].data, (const float *)in[2].data, p->f[0], p->f[1], w1, w2, decay, -lr, n);
     ck_cuda_end(c, "lion_step");
 }

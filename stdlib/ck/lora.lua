@@ -29,12 +29,14 @@ end
 
 -- kohya's init: lora_down kaiming-uniform (U(+-1/sqrt(fan_in))), lora_up zeros,
 -- so a fresh adapter leaves the output unchanged; dropout (kohya's
--- network_dropout) on lora_down's output while training
+-- network_dropout) on lora_down's output while training; lora_up learns at
+-- loraplus_lr_ratio times the learning rate (LoRA+, Hayou et al. 2024)
 local function adapted_linear(self, g, x)
   local a = self.lora
   local y = nn.Linear.updateOutput(self, g, x)
   local down = g:param("lora_down.weight", {a.rank, self.in_features}, {trainable = true, init = "kaiming"})
-  local up = g:param("lora_up.weight", {self.out_features, a.rank}, {trainable = true, init = "zeros"})
+  local up = g:param("lora_up.weight", {self.out_features, a.rank}, {trainable = true, init = "zeros",
+                                                                       lr_scale = a.up_lr_scale})
   local d = ck.linear(x, down)
   if a.dropout > 0 then d = ck.dropout(d, a.dropout) end
   d = ck.linear(d, up)
@@ -48,7 +50,8 @@ local function adapted_conv(self, g, x)
   local a, k = self.lora, self.kernel
   local y = nn.Conv2d.updateOutput(self, g, x)
   local down = g:param("lora_down.weight", {a.rank, self.in_channels, k, k}, {trainable = true, init = "kaiming"})
-  local up = g:param("lora_up.weight", {self.out_channels, a.rank, 1, 1}, {trainable = true, init = "zeros"})
+  local up = g:param("lora_up.weight", {self.out_channels, a.rank, 1, 1}, {trainable = true, init = "zeros",
+                                                                             lr_scale = a.up_lr_scale})
   local d = ck.conv2d(x, down, nil, {stride = self.stride, padding = self.padding})
   if a.dropout > 0 then d = ck.dropout(d, a.dropout) end
   d = ck.conv2d(d, up)
@@ -61,7 +64,7 @@ end
 local CONV_BLOCKS = {["nn.ResnetBlock2D"] = true, ["nn.Downsample2D"] = true, ["nn.Upsample2D"] = true}
 
 -- lora.attach(model, {rank=4, alpha=rank, targets={...} | "kohya" | "default",
---                     conv_rank=nil, conv_alpha=conv_rank, dropout=0})
+--                     conv_rank=nil, conv_alpha=conv_rank, dropout=0, loraplus_lr_ratio=1})
 -- marks every Linear whose path ends in a target; with conv_rank, also every
 -- Conv2d and Linear directly inside a ResnetBlock2D, Downsample2D or
 -- Upsample2D, as kohya's LoCon: 3x3 convolutions at conv_rank/conv_alpha,
@@ -79,6 +82,8 @@ function lora.attach(model, opts)
   local conv_alpha = opts.conv_alpha or conv_rank
   local dropout = opts.dropout or 0
   assert(type(dropout) == "number" and dropout >= 0 and dropout < 1, "lora.attach: dropout must be in [0, 1)")
+  local ratio = opts.loraplus_lr_ratio or 1
+  assert(type(ratio) == "number" and ratio > 0, "lora.attach: loraplus_lr_ratio must be a positive number")
   local targets = opts.targets or lora.DEFAULT_TARGETS
   if targets == "kohya" then targets = lora.KOHYA_TARGETS end
   if targets == "default" then targets = lora.DEFAULT_TARGETS end
@@ -87,12 +92,12 @@ function lora.attach(model, opts)
   assert(conv_rank == nil or (math.type(conv_rank) == "integer" and conv_rank > 0),
     "lora.attach: conv_rank must be a positive integer")
   local h = {rank = rank, alpha = alpha, scale = alpha / rank, conv_rank = conv_rank, conv_alpha = conv_alpha,
-             dropout = dropout,
+             dropout = dropout, loraplus_lr_ratio = ratio,
              targets = targets, paths = {}, adapters = {}, config = model.config}
   local function add(path, m, r, a)
     if m.lora then error("lora.attach: '" .. path .. "' already has an adapter", 3) end
     local conv = getmetatable(m) == nn.Conv2d
-    m.lora = {rank = r, alpha = a, scale = a / r, dropout = dropout}
+    m.lora = {rank = r, alpha = a, scale = a / r, dropout = dropout, up_lr_scale = ratio}
     m.updateOutput = conv and adapted_conv or adapted_linear
     h.paths[#h.paths + 1] = path
     h.adapters[#h.adapters + 1] = {path = path, module = m, kind = conv and "conv" or "linear",
@@ -243,6 +248,7 @@ function lora.save(p, h, path, o)
     error("unknown LoRA format '" .. tostring(format) .. "' (kohya, peft)", 2)
   end
   if format == "kohya" and h.dropout > 0 then meta.ss_network_dropout = tostring(h.dropout) end
+  if format == "kohya" and h.loraplus_lr_ratio ~= 1 then meta.ss_loraplus_lr_ratio = tostring(h.loraplus_lr_ratio) end
   for k, v in pairs(o.metadata or {}) do meta[k] = v end
   p:save(path, lora.entries(h, format), {metadata = meta, dtype = o.dtype})
 end

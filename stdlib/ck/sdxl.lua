@@ -114,7 +114,8 @@ end
 -- One training step, compiled. s:
 --   config        unet.config(...)
 --   batch, latent the latent batch {batch, in_channels, latent, latent}
---   lora          {rank, alpha (rank), targets, conv_rank, conv_alpha, dropout} on a frozen base, or false to train
+--   lora          {rank, alpha (rank), targets, conv_rank, conv_alpha, dropout, loraplus_lr_ratio} on a
+--                 frozen base, or false to train
 --                 every parameter
 --   objective     diffusion.objective's options (prediction "eps" unless given), and seed
 --   compile       g:compile's options besides the loss (optimizer "adamw" unless given)
@@ -128,7 +129,8 @@ function M.training_step(s)
     r.model:freeze()
     r.adapter = lora.attach(r.model, {rank = s.lora.rank, alpha = s.lora.alpha or s.lora.rank,
                                       targets = s.lora.targets, conv_rank = s.lora.conv_rank,
-                                      conv_alpha = s.lora.conv_alpha, dropout = s.lora.dropout})
+                                      conv_alpha = s.lora.conv_alpha, dropout = s.lora.dropout,
+                                      loraplus_lr_ratio = s.lora.loraplus_lr_ratio})
   end
   local g = ck.graph()
   r.graph = g

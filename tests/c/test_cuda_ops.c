@@ -445,10 +445,13 @@ static const tcase cases[] = {
     {"dropout p 0.25 (same mask)", CK_OP_DROPOUT, {.i = {7}, .f = {0.25f}}, 1, {SH(3, 1001)}, .tol = EXACT},
     {"dropout p 0", CK_OP_DROPOUT, {.i = {7}, .f = {0.0f}}, 1, {SH(50)}, .tol = EXACT},
     /* optim.cu */
-    {"sgd_step", CK_OP_SGD_STEP, {.i = {0}, .f = {0.01f}}, 2, {SH(7, 9), SH(7, 9)}, .tol = ARITH, .alias = {1}},
-    {"adamw_step", CK_OP_ADAMW_STEP, {.i = {0}, .f = {0.9f, 0.999f, 1e-8f, 0.01f}}, 4, {SH(5, 13), SH(5, 13), SH(5, 13), SH(5, 13)},
+    {"sgd_step", CK_OP_SGD_STEP, {.i = {0}, .f = {0.01f, 0, 0, 0, 0, 1}}, 2, {SH(7, 9), SH(7, 9)}, .tol = ARITH, .alias = {1}},
+    {"adamw_step", CK_OP_ADAMW_STEP, {.i = {0}, .f = {0.9f, 0.999f, 1e-8f, 0.01f, 0, 1}}, 4, {SH(5, 13), SH(5, 13), SH(5, 13), SH(5, 13)},
      .kind = {UNIFORM, UNIFORM, UNIFORM, POSITIVE}, .tol = 1e-5, .alias = {1, 3, 4}},
-    {"lion_step", CK_OP_LION_STEP, {.i = {0}, .f = {0.9f, 0.99f, 0.01f}}, 3, {SH(7, 11), SH(7, 11), SH(7, 11)},
+    {"adamw_step, lr multiplier 16 (LoRA+)", CK_OP_ADAMW_STEP, {.i = {0}, .f = {0.9f, 0.999f, 1e-8f, 0.01f, 0, 16}}, 4,
+     {SH(5, 13), SH(5, 13), SH(5, 13), SH(5, 13)}, .kind = {UNIFORM, UNIFORM, UNIFORM, POSITIVE}, .tol = 1e-5,
+     .alias = {1, 3, 4}},
+    {"lion_step", CK_OP_LION_STEP, {.i = {0}, .f = {0.9f, 0.99f, 0.01f, 0, 0, 2.5f}}, 3, {SH(7, 11), SH(7, 11), SH(7, 11)},
      .tol = 1e-5, .alias = {1, 3}},
     /* stats.cu */
     {"stats", CK_OP_STATS, {.i = {0}}, 1, {SH(3, 5, 701)}, .tol = F32},

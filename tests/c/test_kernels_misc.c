@@ -478,10 +478,48 @@ static void test_sgd(void)
     ctx.lr = 0.05f;
     for (int64_t i = 0; i < n; i++) ref[i] = (double)w[i] - (double)ctx.lr * ((double)g[i] + (double)wd * w[i]);
     ck_view outs[1] = {view(w, 1, &n)}, ins[2] = {view(w, 1, &n), view(g, 1, &n)};
-    ck_op_params p = {{0}, {wd}};
+    ck_op_params p = {{0}, {wd, 0, 0, 0, 0, 1}};
     ck_cpu_sgd_step(&ctx, &p, outs, 1, ins, 2);
     check("sgd_step in place", rel_err(w, ref, n) <= TOL, rel_err(w, ref, n));
     free(w), free(g), free(ref);
+}
+
+/* f5, a parameter's learning-rate multiplier: each optimizer with lr and f5 = 4
+ * does bitwise what it does with 4 lr and f5 = 1 */
+static void test_lr_scale(void)
+{
+    int64_t n = 1031;
+    float *g = rand_buf(n), *w0 = rand_buf(n), *m0 = rand_buf(n), *v0 = rand_buf(n);
+    for (int64_t i = 0; i < n; i++) v0[i] *= v0[i];
+    const ck_kernel_fn ks[3] = {ck_cpu_sgd_step, ck_cpu_adamw_step, ck_cpu_lion_step};
+    const int nins[3] = {2, 4, 3}, nouts[3] = {1, 3, 2};
+    const char *names[3] = {"sgd_step", "adamw_step", "lion_step"};
+    const ck_op_params base[3] = {{{0}, {0.01f}}, {{0}, {0.9f, 0.999f, 1e-8f, 0.01f}}, {{0}, {0.9f, 0.99f, 0.01f}}};
+    for (int k = 0; k < 3; k++) {
+        float *st[2][3];
+        for (int r = 0; r < 2; r++) {
+            ck_op_params p = base[k];
+            ck_kctx ctx = ctx0;
+            ctx.lr = r ? 4e-3f : 1e-3f;
+            p.f[CK_OPT_LR_SCALE] = r ? 1.0f : 4.0f;
+            for (int s = 0; s < 3; s++) st[r][s] = malloc(sizeof(float) * (size_t)n);
+            memcpy(st[r][0], w0, sizeof(float) * (size_t)n);
+            memcpy(st[r][1], m0, sizeof(float) * (size_t)n);
+            memcpy(st[r][2], v0, sizeof(float) * (size_t)n);
+            ck_view ins[4] = {view(st[r][0], 1, &n), view(g, 1, &n), view(st[r][1], 1, &n), view(st[r][2], 1, &n)};
+            ck_view outs[3] = {view(st[r][0], 1, &n), view(st[r][1], 1, &n), view(st[r][2], 1, &n)};
+            ks[k](&ctx, &p, outs, nouts[k], ins, nins[k]);
+        }
+        int same = 1, moved = 0;
+        for (int s = 0; s < 3; s++) same &= memcmp(st[0][s], st[1][s], sizeof(float) * (size_t)n) == 0;
+        for (int64_t i = 0; i < n; i++) moved += st[0][0][i] != w0[i];
+        char name[96];
+        snprintf(name, sizeof name, "%s: lr 1e-3 with multiplier 4 is bitwise lr 4e-3", names[k]);
+        check(name, same && moved > n / 2, (double)moved);
+        for (int r = 0; r < 2; r++)
+            for (int s = 0; s < 3; s++) free(st[r][s]);
+    }
+    free(g), free(w0), free(m0), free(v0);
 }
 
 static void test_adamw(int64_t n)
@@ -492,7 +530,7 @@ static void test_adamw(int64_t n)
     double *w0 = malloc(sizeof(double) * (size_t)n);
     for (int64_t i = 0; i < n; i++) rw[i] = w0[i] = w[i];
     const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f;
-    ck_op_params p = {{0}, {b1, b2, eps, wd}};
+    ck_op_params p = {{0}, {b1, b2, eps, wd, 0, 1}};
     ck_kctx ctx = ctx0;
     ctx.lr = 1e-3f;
     double ew = 0, em = 0, ev = 0, eu = 0;
@@ -572,7 +610,7 @@ static float *adamw_at(int nt, int64_t n)
 {
     float *w = rand_buf(n), *g = rand_buf(n), *m = rand_buf(n), *v = rand_buf(n);
     for (int64_t i = 0; i < n; i++) v[i] *= v[i];
-    ck_op_params p = {{0}, {0.9f, 0.999f, 1e-8f, 0.01f}};
+    ck_op_params p = {{0}, {0.9f, 0.999f, 1e-8f, 0.01f, 0, 1}};
     ck_kctx ctx = ctx0;
     ctx.lr = 1e-3f, ctx.step = 7;
     ck_view outs[3] = {view(w, 1, &n), view(m, 1, &n), view(v, 1, &n)};
@@ -661,6 +699,7 @@ int main(void)
 
     test_dropout();
     test_sumsq();
+    test_lr_scale();
     test_sgd();
     test_adamw(1001);
     test_adamw(100003);

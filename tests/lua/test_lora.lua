@@ -4,7 +4,8 @@
 -- With conv_rank (kohya's LoCon): which convolutions get adapters at which
 -- rank, their alphas in the file, and their gradients against finite differences.
 -- With dropout (kohya's network_dropout): training passes drop lora_down's
--- outputs, evaluation passes do not, and the gradients follow the mask.
+-- outputs, evaluation passes do not, and the gradients follow the mask. With
+-- loraplus_lr_ratio (LoRA+): lora_up learns at that multiple of the rate.
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local T = require "check"
@@ -259,6 +260,29 @@ do -- LoCon: fresh conv adapters leave the output unchanged; their gradients mat
   end
   T.ok(worst <= 1, string.format("conv adapters' gradients (downs and ups of 4 modules) match central differences "
     .. "(worst error %.2f of the tolerance 1e-4 + 3%%)", worst))
+end
+
+do -- LoRA+: after one AdamW step, lora_up is bitwise that of a 4x rate, lora_down that of the rate itself
+  local function stepped(ratio, lr)
+    local model = unet.UNet2DConditionModel("sdxl-tiny")
+    lora.attach(model, {loraplus_lr_ratio = ratio})
+    local g = ck.graph()
+    local p = tiny(g, model, true, function(loss, y)
+      return {loss = loss, outputs = {y}, optimizer = "adamw", lr = lr, weight_decay = 0.1, seed = 11}
+    end)
+    p:step()
+    local ups, downs = {}, {}
+    for _, t in ipairs(g:params()) do
+      if t.name:match("lora_up") then ups[#ups + 1] = p:checksum(t.name) end
+      if t.name:match("lora_down") then downs[#downs + 1] = p:checksum(t.name) end
+    end
+    return table.concat(ups, " "), table.concat(downs, " ")
+  end
+  local ua, da = stepped(4, 1e-3)
+  local ub, db = stepped(1, 4e-3)
+  local uc, dc = stepped(1, 1e-3)
+  T.ok(ua == ub and ua ~= uc and da == dc and da ~= db,
+    "loraplus_lr_ratio 4: lora_up moves as at 4x the rate, lora_down (weight decay only, its gradient is 0) as at the rate")
 end
 
 do -- network dropout

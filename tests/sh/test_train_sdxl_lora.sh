@@ -67,14 +67,14 @@ for i = 1, #b do assert(math.abs(a[i] - b[i]) <= 2 ^ -11 * math.abs(b[i]) + 2 ^ 
 ok $? "--save-precision fp16 writes F16 tensors, the fp32 run's values rounded"
 
 # --conv-rank: kohya's LoCon; the file holds the convolutions' adapters and says conv_dim
-"$CKRUN" --allow-write "$dir" $S --steps 3 --conv-rank 2 --conv-alpha 1 --network-dropout 0.1 \
+"$CKRUN" --allow-write "$dir" $S --steps 3 --conv-rank 2 --conv-alpha 1 --network-dropout 0.1 --loraplus-lr-ratio 8 \
   --out "$dir/locon.safetensors" >/dev/null &&
 "$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'; local f <close> = ck.safetensors('$dir/locon.safetensors')
 local k = 'lora_unet_input_blocks_1_0_in_layers_2'
 assert(table.concat(f:shape(k .. '.lora_down.weight'), ',') == '2,32,3,3')
 assert(table.concat(f:shape(k .. '.lora_up.weight'), ',') == '32,2,1,1' and f:read(k .. '.alpha')[1] == 1)
 assert(f:metadata().ss_network_args == '{\"conv_dim\": \"2\", \"conv_alpha\": \"1\"}')
-assert(f:metadata().ss_network_dropout == '0.1')"
+assert(f:metadata().ss_network_dropout == '0.1' and f:metadata().ss_loraplus_lr_ratio == '8')"
 ok $? "--conv-rank 2 --conv-alpha 1 adds the convolutions' adapters (kohya names and shapes, conv_dim in ss_network_args); --network-dropout is recorded"
 
 # --fp8-base: the frozen base in fp8; trains, and the file says so

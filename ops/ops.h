@@ -12,10 +12,14 @@
 #define CK_MAX_OUT 3
 
 /* How a tensor is stored; kernels compute in fp32 (ops/bf16.h, ops/fp8.h).
- * CK_F8E4M3: float8 e4m3fn, for frozen weights only. */
-typedef enum ck_dtype { CK_F32 = 0, CK_BF16 = 1, CK_F16 = 2, CK_F8E4M3 = 3 } ck_dtype;
+ * CK_F8E4M3: float8 e4m3fn, for frozen weights only. CK_U8: bytes that a
+ * kernel reads as they are (8-bit optimizer state, ops/adam8.h). */
+typedef enum ck_dtype { CK_F32 = 0, CK_BF16 = 1, CK_F16 = 2, CK_F8E4M3 = 3, CK_U8 = 4 } ck_dtype;
 
-static inline unsigned ck_dtype_bytes(ck_dtype d) { return d == CK_F32 ? 4u : d == CK_F8E4M3 ? 1u : 2u; }
+static inline unsigned ck_dtype_bytes(ck_dtype d)
+{
+    return d == CK_F32 ? 4u : d == CK_F8E4M3 || d == CK_U8 ? 1u : 2u;
+}
 
 /* Every tensor is contiguous row-major. Shapes below use the names in the
  * comments; "in" and "out" list the node's input and output slots in order.
@@ -140,6 +144,15 @@ enum ck_op {
      * al. 2023, as lion-pytorch): p *= 1 - lr * f2; p -= lr * sign(f0 * m + (1 - f0) * g);
      * m = f1 * m + (1 - f1) * g. f0 beta1, f1 beta2, f2 weight_decay; lr from the context, times f5. */
     CK_OP_LION_STEP,
+    /* in param, grad, q (CK_U8, [2 n]: the first moment's codes, then the
+     * second's), s ([2 nb]: each block's scale, first moment's blocks then the
+     * second's; nb = ceil(n / CK_ADAM8_BLOCK)); out param, q, s (the same
+     * buffers, in place). bitsandbytes' AdamW8bit (ops/adam8.h): m = b1 m +
+     * (1 - b1) g, v = b2 v + (1 - b2) g^2 in fp32 from the dequantized state;
+     * p *= 1 - lr wd; p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps);
+     * then m and v quantized under their blocks' new largest magnitudes.
+     * f0 beta1, f1 beta2, f2 eps, f3 weight_decay, f5 the lr multiplier; lr and t from the context. */
+    CK_OP_ADAMW8_STEP,
     CK_OP_COUNT
 };
 

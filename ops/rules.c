@@ -2,6 +2,7 @@
  * op accepts. Graph construction calls ck_op_infer, the planner ck_op_workspace,
  * the policies ck_op_flops. */
 #include "ops.h"
+#include "adam8.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -52,6 +53,7 @@ static const char *const names[CK_OP_COUNT] = {
     [CK_OP_SUMSQ] = "sumsq",
     [CK_OP_CLIP_FACTOR] = "clip_factor",
     [CK_OP_LION_STEP] = "lion_step",
+    [CK_OP_ADAMW8_STEP] = "adamw8_step",
 };
 
 const char *ck_op_name(enum ck_op op)
@@ -66,7 +68,8 @@ int ck_op_nout(enum ck_op op)
     case CK_OP_GROUP_NORM_BWD:
     case CK_OP_LAYER_NORM_BWD:
     case CK_OP_ATTENTION_BWD:
-    case CK_OP_ADAMW_STEP: return 3;
+    case CK_OP_ADAMW_STEP:
+    case CK_OP_ADAMW8_STEP: return 3;
     case CK_OP_CONV2D_BWD_FILTER:
     case CK_OP_MSE_LOSS_BWD:
     case CK_OP_LION_STEP: return 2;
@@ -439,6 +442,19 @@ int ck_op_infer(enum ck_op op, const ck_op_params *p, const ck_shape *in, int ni
             if (same_shape(&in[0], &in[i], "parameter", i == 1 ? "gradient" : "state", err, errlen)) return -1;
         out[0] = out[1] = in[0];
         return 0;
+    case CK_OP_ADAMW8_STEP: {
+        char a[96], b[96];
+        if (want_nin(nin, 4, 4, err, errlen)) return -1;
+        if (same_shape(&in[0], &in[1], "parameter", "gradient", err, errlen)) return -1;
+        const int64_t n = ck_shape_numel(&in[0]), nb = (n + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
+        if (in[2].ndim != 1 || in[2].d[0] != 2 * n || in[3].ndim != 1 || in[3].d[0] != 2 * nb)
+            FAIL("the state must be [%lld] codes and [%lld] scales for %lld values, got %s and %s", (long long)(2 * n),
+                 (long long)(2 * nb), (long long)n, SH(&in[2], a), SH(&in[3], b));
+        out[0] = in[0];
+        out[1] = in[2];
+        out[2] = in[3];
+        return 0;
+    }
     case CK_OP_STATS:
         if (want_nin(nin, 1, 1, err, errlen)) return -1;
         if (ck_shape_numel(&in[0]) == 0) FAIL("statistics of an empty tensor");
@@ -575,6 +591,7 @@ double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int
     }
     case CK_OP_ADAMW_STEP: return 12.0 * n;
     case CK_OP_LION_STEP: return 8.0 * n;
+    case CK_OP_ADAMW8_STEP: return 16.0 * n;
     default: return 4.0 * n;
     }
 }

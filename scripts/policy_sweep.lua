@@ -11,8 +11,8 @@
 -- Options: --size tiny|full, --resolution PX (512), --batch N (1), --lora true|false
 -- (true: rank --rank 4 adapters on a frozen base, as train_sdxl_lora.lua; false:
 -- train every parameter), --fused-backward true|false (false; true: each update as soon as its
--- gradient is complete, as kohya's --fused_backward_pass), --rank N, --steps N (3; the first also measures the
--- arena, the others are timed), --svg FILE (out/policy_sweep.svg),
+-- gradient is complete, as kohya's --fused_backward_pass), --optimizer adamw|adamw8bit, --rank N,
+-- --steps N (3; the first also measures the arena, the others are timed), --svg FILE (out/policy_sweep.svg),
 -- --budgets LIST ("90%,80%,70%,62%,55%"; percentages of none's peak or sizes),
 -- --policies LIST (the fixed policies; default none,diffusers,selective,sqrt_n,every_n:2,every_n:3),
 -- --seed N. Exits non-zero when a predicted peak differs from the measured one,
@@ -24,8 +24,8 @@ local data = require "ck.data"
 local policy = require "ck.policy"
 local plan = require "ck.plan"
 
-local o = sdxl.options(args, {"size", "resolution", "batch", "lora", "fused-backward", "rank", "seed", "steps",
-  "policies", "budgets", "svg"})
+local o = sdxl.options(args, {"size", "resolution", "batch", "lora", "fused-backward", "optimizer", "rank", "seed",
+  "steps", "policies", "budgets", "svg"})
 
 local size = o:choice("size", "tiny", {"tiny", "full"})
 local config = unet.config(size == "full" and "sdxl" or "sdxl-tiny")
@@ -37,6 +37,7 @@ local latent = resolution // 8
 local batch = o:count("batch", 1)
 local use_lora = o:flag("lora", true)
 local fused = o:flag("fused-backward", false)
+local optimizer = o:choice("optimizer", "adamw", {"adamw", "adamw8bit"})
 local rank = o:count("rank", 4)
 local steps = o:count("steps", 3)
 local svg_path = o:get("svg", "out/policy_sweep.svg")
@@ -56,8 +57,8 @@ local function build(b, checkpoint, plan_only)
   return sdxl.training_step{
     config = config, batch = b, latent = latent, lora = use_lora and {rank = rank},
     objective = {prediction = "v", seed = seed},
-    compile = {lr = 1e-4, weight_decay = 1e-2, seed = seed, checkpoint = checkpoint, plan_only = plan_only,
-               fused_backward = fused},
+    compile = {optimizer = optimizer, lr = 1e-4, weight_decay = 1e-2, seed = seed, checkpoint = checkpoint,
+               plan_only = plan_only, fused_backward = fused},
   }
 end
 

@@ -18,7 +18,8 @@
 -- --noise-offset X, --ip-noise-gamma X (input perturbation), --min-timestep N, --max-timestep N
 -- (timesteps drawn from [min, max), default [0, 1000)), --min-snr-gamma X, --debiased-estimation-loss,
 -- --scale-v-pred-loss-like-noise-pred (kohya's loss weights), --val-every N, --samples N (synthetic set size),
--- the optimizer: --optimizer adamw|lion (AdamW, torch's; Lion, lion-pytorch's: one moment,
+-- the optimizer: --optimizer adamw|adamw8bit|lion (AdamW, torch's; adamw8bit, bitsandbytes' AdamW8bit:
+-- the moments in bytes, a quarter of AdamW's state; Lion, lion-pytorch's: one moment,
 -- betas 0.9/0.99; use a 3-10x smaller --lr), --lr X, --weight-decay X (AdamW 1e-2, Lion 0),
 -- --max-grad-norm X (1.0: clip the gradients' global norm, as kohya and diffusers do; 0: no
 -- clipping), --gradient-accumulation-steps N (1: update with the mean gradient of every N
@@ -88,7 +89,7 @@ local save_dtype = ({float = "F32", fp32 = "F32", fp16 = "F16", bf16 = "BF16"})[
 local out = opt("out", "out/lora.safetensors")
 local lr = opt("lr", 3e-3)
 local lr_scheduler, lr_warmup = opt("lr-scheduler", "constant"), opt("lr-warmup-steps", 0)
-local optimizer = o:choice("optimizer", "adamw", {"adamw", "lion"})
+local optimizer = o:choice("optimizer", "adamw", {"adamw", "adamw8bit", "lion"})
 local weight_decay = opt("weight-decay", optimizer == "lion" and 0 or 1e-2)
 local accumulate = opt("gradient-accumulation-steps", 1)
 if math.type(accumulate) ~= "integer" or accumulate < 1 then
@@ -225,7 +226,8 @@ local function save_lora(path, at_step)
     ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_steps = tostring(at_step),
     ss_seed = tostring(seed), ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup),
     ss_max_grad_norm = tostring(max_grad_norm), ss_gradient_accumulation_steps = tostring(accumulate),
-    ss_optimizer = optimizer == "lion" and "lion_pytorch.lion_pytorch.Lion" or "torch.optim.adamw.AdamW",
+    ss_optimizer = ({lion = "lion_pytorch.lion_pytorch.Lion", adamw8bit = "bitsandbytes.optim.adamw.AdamW8bit"})[optimizer]
+      or "torch.optim.adamw.AdamW",
     ss_resolution = string.format("(%d, %d)", resolution, resolution),
     ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
     ss_fp8_base = fp8_base and "True" or "False",

@@ -64,7 +64,7 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
             int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
             if (t < 0) continue;
             ck_dtype dt = p->g->t[pl->origin[t]].dtype;
-            if (dt == CK_F32) continue;
+            if (dt == CK_F32 || dt == CK_U8) continue; /* bytes go to the kernel as they are */
             ck_view *v = j < r->nin ? &in[j] : &out[j - r->nin];
             int64_t ne = ck_view_numel(v);
             if (j < r->nin) {
@@ -126,6 +126,10 @@ int ck_exec_tensor_finite(ck_program *p, const ck_plan *pl, int t, int *finite)
     const float *x = (const float *)(p->arena + pl->off[t]);
     p->be->enter();
     const ck_dtype dt = p->g->t[pl->origin[t]].dtype;
+    if (dt == CK_U8) { /* bytes are always finite */
+        *finite = 1;
+        return 0;
+    }
     if (dt != CK_F32) {
         /* only a non-finite step's second pass checks these: on the host */
         int64_t n = ck_shape_numel(&p->g->t[pl->origin[t]].shape);

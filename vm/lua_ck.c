@@ -710,7 +710,8 @@ static int tensor_id(lua_State *L, int i)
     return t->id;
 }
 
-/* g:compile{loss=, outputs={...}, optimizer="adamw"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=, weight_decay=,
+/* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
+ *           weight_decay=,
  *           max_grad_norm=, accumulate=, fused_backward=,
  *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto"} */
 static int l_compile(lua_State *L)
@@ -741,11 +742,12 @@ static int l_compile(lua_State *L)
     if (strcmp(opt, "adamw") == 0) o.optim = CK_OPTIM_ADAMW;
     else if (strcmp(opt, "sgd") == 0) o.optim = CK_OPTIM_SGD;
     else if (strcmp(opt, "lion") == 0) o.optim = CK_OPTIM_LION;
+    else if (strcmp(opt, "adamw8bit") == 0) o.optim = CK_OPTIM_ADAMW8;
     else if (strcmp(opt, "none") == 0) o.optim = CK_OPTIM_NONE;
-    else return luaL_error(L, "unknown optimizer '%s' (adamw, lion, sgd, none)", opt);
+    else return luaL_error(L, "unknown optimizer '%s' (adamw, adamw8bit, lion, sgd, none)", opt);
     o.lr = (float)opt_num(L, 2, "lr", 1e-3);
     o.eps = (float)opt_num(L, 2, "eps", 1e-8);
-    o.weight_decay = (float)opt_num(L, 2, "weight_decay", o.optim == CK_OPTIM_ADAMW ? 1e-2 : 0.0);
+    o.weight_decay = (float)opt_num(L, 2, "weight_decay", o.optim == CK_OPTIM_ADAMW || o.optim == CK_OPTIM_ADAMW8 ? 1e-2 : 0.0);
     o.max_grad_norm = (float)opt_num(L, 2, "max_grad_norm", 0.0);
     const double acc = opt_num(L, 2, "accumulate", 1);
     if (!(acc >= 1 && acc <= 1e6 && acc == (double)(int)acc))

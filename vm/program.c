@@ -3,6 +3,7 @@
  * parameters. The op lists are the seam the recompute scheduler works on. */
 #include "program.h"
 
+#include "../ops/adam8.h"
 #include "../ops/bf16.h"
 #include "../ops/fp8.h"
 #include "../ops/rng.h"
@@ -168,7 +169,24 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         }
         enum ck_op op = CK_OP_SGD_STEP;
         char name[1024];
-        if (o->optim == CK_OPTIM_ADAMW || o->optim == CK_OPTIM_LION) {
+        if (o->optim == CK_OPTIM_ADAMW8) {
+            /* the moments' codes (bytes) and their blocks' scales */
+            op = CK_OP_ADAMW8_STEP;
+            const int64_t n = ck_shape_numel(&g->t[t].shape), nb = (n + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
+            for (int k = 0; k < 2; k++) {
+                snprintf(name, sizeof name, "%s.%s", k ? "adam8_scale" : "adam8_code", g->t[t].name);
+                ck_shape shape = {1, {k ? 2 * nb : 2 * n}};
+                in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape, g->t[t].where);
+                if (in[2 + k] < 0) goto out;
+                g->t[in[2 + k]].init = CK_INIT_ZEROS;
+                if (!k) g->t[in[2 + k]].dtype = CK_U8;
+            }
+            nin = 4;
+            p.f[0] = o->beta1;
+            p.f[1] = o->beta2;
+            p.f[2] = o->eps;
+            p.f[3] = o->weight_decay;
+        } else if (o->optim == CK_OPTIM_ADAMW || o->optim == CK_OPTIM_LION) {
             const int lion = o->optim == CK_OPTIM_LION;
             op = lion ? CK_OP_LION_STEP : CK_OP_ADAMW_STEP;
             for (int k = 0; k < 2 - lion; k++) {
@@ -194,7 +212,7 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         n->phase = CK_PHASE_OPTIMIZER;
         n->out[0] = t;
         if (op != CK_OP_SGD_STEP) n->out[1] = in[2];
-        if (op == CK_OP_ADAMW_STEP) n->out[2] = in[3];
+        if (op == CK_OP_ADAMW_STEP || op == CK_OP_ADAMW8_STEP) n->out[2] = in[3];
     }
     rc = 0;
 out:
@@ -619,6 +637,8 @@ static float *host_of(ck_program *p, int t, float *x, int keep)
     }
     if (tt->dtype == CK_F8E4M3)
         for (int64_t i = 0; i < n; i++) p->stage[i] = ck_f8e4m3_values[((const uint8_t *)h)[i]];
+    else if (tt->dtype == CK_U8)
+        for (int64_t i = 0; i < n; i++) p->stage[i] = (float)((const uint8_t *)h)[i];
     else
         ck_bf16_load(p->stage, (const uint16_t *)h, n);
     return p->stage;
@@ -658,6 +678,17 @@ int ck_program_write_end(ck_program *p, int t)
                 return -1;
             }
             ((uint8_t *)h)[i] = v;
+        }
+        src = h;
+    } else if (tt->dtype == CK_U8) {
+        for (int64_t i = 0; i < n; i++) {
+            const float v = p->stage[i];
+            if (!(v >= 0.0f && v <= 255.0f && v == floorf(v))) {
+                snprintf(p->err, sizeof p->err, "'%s' holds %g at element %lld: its values are bytes (0 to 255)",
+                         tt->name ? tt->name : "a tensor", (double)v, (long long)i);
+                return -1;
+            }
+            ((uint8_t *)h)[i] = (uint8_t)v;
         }
         src = h;
     } else if (tt->dtype != CK_F32) {

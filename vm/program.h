@@ -30,7 +30,7 @@ typedef int (*ck_decide_fn)(void *ud, const ck_decide_ctx *c, unsigned char *rec
  * (the true peak), otherwise the most bytes live at once (a lower bound, fast). */
 int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops);
 
-typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW, CK_OPTIM_LION } ck_optim;
+typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW, CK_OPTIM_LION, CK_OPTIM_ADAMW8 } ck_optim;
 
 typedef struct ck_compile_opts {
     int loss;          /* tensor id, -1 for a forward-only program */

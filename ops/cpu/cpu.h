@@ -89,5 +89,6 @@ CK_CPU_KERNEL(ck_cpu_stats);
 CK_CPU_KERNEL(ck_cpu_sumsq);
 CK_CPU_KERNEL(ck_cpu_clip_factor);
 CK_CPU_KERNEL(ck_cpu_lion_step);
+CK_CPU_KERNEL(ck_cpu_adamw8_step);
 
 #endif

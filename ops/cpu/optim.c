@@ -2,6 +2,7 @@
  * buffer as the matching input). Scalars are formed in double and rounded to float
  * where torch.optim rounds them, and the per-element order follows torch's. */
 #include "cpu.h"
+#include "../adam8.h"
 
 #include <math.h>
 #include <string.h>
@@ -149,5 +150,46 @@ CK_CPU_KERNEL(ck_cpu_lion_step)
         const float s = c > 0.0f ? 1.0f : c < 0.0f ? -1.0f : c; /* c: 0 or NaN as they are */
         pw[i] = pr[i] * decay + neg_lr * s;
         mw[i] = m * b2 + g * w2;
+    }
+}
+
+/* the 8-bit codes, made when the library loads */
+static ck_adam8_maps adam8_maps;
+
+__attribute__((constructor)) static void adam8_maps_init(void) { ck_adam8_maps_make(&adam8_maps); }
+
+/* param, grad any shape (n values); q [2n] bytes, s [2 nb] scales; out param,
+ * q, s in the inputs' buffers. AdamW8bit as ops/ops.h says: each block on its
+ * own, in fp32, the same arithmetic as the GPU's. */
+CK_CPU_KERNEL(ck_cpu_adamw8_step)
+{
+    (void)nout, (void)nin;
+    float *pw = out[0].data, *sw = out[2].data;
+    uint8_t *q = (uint8_t *)out[1].data;
+    const float *pr = in[0].data, *grad = in[1].data;
+    const int64_t n = ck_view_numel(&in[0]), nb = (n + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
+    const double lr = (double)ctx->lr * p->f[CK_OPT_LR_SCALE], b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
+    const double t = (double)(ctx->update > 0 ? ctx->update : 1);
+    const float fb1 = p->f[0], fb2 = p->f[1], w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2), eps = p->f[2];
+    const float decay = (float)(1.0 - lr * wd), neg_step = (float)(-(lr / (1.0 - pow(b1, t))));
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    const ck_adam8_maps *mp = &adam8_maps;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t i0 = b * CK_ADAM8_BLOCK, i1 = i0 + CK_ADAM8_BLOCK < n ? i0 + CK_ADAM8_BLOCK : n;
+        const float sm = sw[b], sv = sw[nb + b];
+        float m[CK_ADAM8_BLOCK], v[CK_ADAM8_BLOCK], mm = 0.0f, mv = 0.0f;
+        for (int64_t i = i0; i < i1; i++) {
+            const float g = grad[i];
+            const float mi = mp->m[q[i]] * sm * fb1 + w1 * g, vi = mp->v[q[n + i]] * sv * fb2 + w2 * g * g;
+            pw[i] = pr[i] * decay + neg_step * mi / (sqrtf(vi) / bc2_sqrt + eps);
+            m[i - i0] = mi, v[i - i0] = vi;
+            mm = fmaxf(mm, fabsf(mi)), mv = fmaxf(mv, vi);
+        }
+        sw[b] = mm, sw[nb + b] = mv;
+        for (int64_t i = i0; i < i1; i++) {
+            q[i] = ck_adam8_quantize(mp->m, mm > 0.0f ? m[i - i0] / mm : 0.0f);
+            q[n + i] = ck_adam8_quantize(mp->v, mv > 0.0f ? v[i - i0] / mv : 0.0f);
+        }
     }
 }

@@ -49,6 +49,7 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
     [CK_OP_SUMSQ] = ck_cpu_sumsq,
     [CK_OP_CLIP_FACTOR] = ck_cpu_clip_factor,
     [CK_OP_LION_STEP] = ck_cpu_lion_step,
+    [CK_OP_ADAMW8_STEP] = ck_cpu_adamw8_step,
 };
 
 const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {

@@ -167,6 +167,7 @@ CK_CUDA_KERNEL(ck_cuda_sumsq);
 /* optim.cu */
 CK_CUDA_KERNEL(ck_cuda_clip_factor);
 CK_CUDA_KERNEL(ck_cuda_lion_step);
+CK_CUDA_KERNEL(ck_cuda_adamw8_step);
 
 #ifdef __cplusplus
 }

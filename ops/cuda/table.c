@@ -46,6 +46,7 @@ const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT] = {
     [CK_OP_SUMSQ] = ck_cuda_sumsq,
     [CK_OP_CLIP_FACTOR] = ck_cuda_clip_factor,
     [CK_OP_LION_STEP] = ck_cuda_lion_step,
+    [CK_OP_ADAMW8_STEP] = ck_cuda_adamw8_step,
 };
 
 const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {

@@ -1,4 +1,4 @@
--- expect: 06_unknown_optimizer\.lua:7: unknown optimizer 'adamax' \(adamw, lion, sgd, none\)
+-- expect: 06_unknown_optimizer\.lua:7: unknown optimizer 'adamax' \(adamw, adamw8bit, lion, sgd, none\)
 -- compile with an optimizer that does not exist.
 local ck = require "ck"
 local g = ck.graph()

@@ -228,4 +228,23 @@ do
     pb:plan().peak, hw, pa:plan().peak))
 end
 
+-- 9. 8-bit AdamW on the device: the codes and scales updated there follow the CPU's
+do
+  local function on(device)
+    return T.unet_step(config, shape, {optimizer = "adamw8bit", lr = 1e-3, seed = 5, device = device})
+  end
+  local _, pc = on("cpu")
+  local _, pd = on("cuda")
+  local worst = 0
+  for _ = 1, 3 do worst = math.max(worst, rel(pd:step(), pc:step())) end
+  local wc, wd = pc:get("conv_in.weight"), pd:get("conv_in.weight")
+  local qc, qd = pc:get("adam8_code.conv_in.weight"), pd:get("adam8_code.conv_in.weight")
+  local dmax, qoff = 0, 0
+  for i = 1, #wc do dmax = math.max(dmax, math.abs(wc[i] - wd[i])) end
+  for i = 1, #qc do qoff = qoff + (math.abs(qc[i] - qd[i]) > 1 and 1 or 0) end
+  T.ok(worst < 1e-4 and dmax < 1e-5 and qoff == 0, string.format(
+    "adamw8bit on cuda: 3 steps follow the CPU (losses %.2g, weights %.2g apart; %d codes more than one apart)",
+    worst, dmax, qoff))
+end
+
 T.done()

@@ -11,13 +11,17 @@ local ck = require "ck"
 local T = require "check"
 
 local names = T.MLP_PARAMS
-local function build(opts)
-  local g, c, x, t = T.mlp(16, {optimizer = "sgd", lr = 0.5, weight_decay = 0, seed = 4, keep_grads = true}, opts)
+-- compiled, on 16 fixed rows
+local function ready(g, c, x, t)
   local p = g:compile(c)
   local r = T.rng(9)
   p:set(x, T.random_values(r, 16 * 3))
   p:set(t, T.random_values(r, 16 * 2))
   return p
+end
+
+local function build(opts)
+  return ready(T.mlp(16, {optimizer = "sgd", lr = 0.5, weight_decay = 0, seed = 4, keep_grads = true}, opts))
 end
 
 -- four layers 3 -> 6 -> 5 -> 4 -> 2: 8 parameters, summed 4 + 3 + 1 per node
@@ -36,11 +40,7 @@ local function build_deep(opts)
   end
   local c = {loss = ck.mse_loss(h, t), optimizer = "sgd", lr = 0.5, weight_decay = 0, seed = 4, keep_grads = true}
   for k, v in pairs(opts) do c[k] = v end
-  local p = g:compile(c)
-  local r = T.rng(9)
-  p:set(x, T.random_values(r, 16 * 3))
-  p:set(t, T.random_values(r, 16 * 2))
-  return p
+  return ready(g, c, x, t)
 end
 
 local function weights(p, list)

@@ -168,6 +168,27 @@ local function tiny(g, model, frozen, compile)
   return p, y
 end
 
+-- the worst error of central differences (eps 1e-2) of p's loss against the
+-- gradient gr of parameter name at entries idx, in units of the tolerance
+-- 1e-4 + 3% of the larger; forward passes after step s draw step s's dropout masks
+local function fd_worst(p, name, gr, idx)
+  local EPS, worst, w = 1e-2, 0, p:get(name)
+  for _, i in ipairs(idx) do
+    local v = w[i]
+    w[i] = v + EPS
+    p:set(name, w)
+    local lp = p:forward()
+    w[i] = v - EPS
+    p:set(name, w)
+    local lm = p:forward()
+    w[i] = v
+    p:set(name, w)
+    local num = (lp - lm) / (2 * EPS)
+    worst = math.max(worst, math.abs(num - gr[i]) / (1e-4 + 3e-2 * math.max(math.abs(num), math.abs(gr[i]))))
+  end
+  return worst
+end
+
 local function same(a, b)
   if #a ~= #b then return false end
   for i = 1, #a do
@@ -237,25 +258,11 @@ do -- LoCon: fresh conv adapters leave the output unchanged; their gradients mat
   for _, m in ipairs(mods) do
     for _, which in ipairs{"lora_down", "lora_up"} do grads[m .. "." .. which] = p:grad(m .. "." .. which .. ".weight") end
   end
-  local EPS, worst = 1e-2, 0
+  local worst = 0
   for _, m in ipairs(mods) do
     for _, which in ipairs{"lora_down", "lora_up"} do
-      local name = m .. "." .. which .. ".weight"
-      local w, gr = p:get(name), grads[m .. "." .. which]
-      for _, i in ipairs{1, 5, #w} do
-        local v = w[i]
-        w[i] = v + EPS
-        p:set(name, w)
-        local lp = p:forward()
-        w[i] = v - EPS
-        p:set(name, w)
-        local lm = p:forward()
-        w[i] = v
-        p:set(name, w)
-        local num = (lp - lm) / (2 * EPS)
-        local err = math.abs(num - gr[i]) / (1e-4 + 3e-2 * math.max(math.abs(num), math.abs(gr[i])))
-        worst = math.max(worst, err)
-      end
+      local gr = grads[m .. "." .. which]
+      worst = math.max(worst, fd_worst(p, m .. "." .. which .. ".weight", gr, {1, 5, #gr}))
     end
   end
   T.ok(worst <= 1, string.format("conv adapters' gradients (downs and ups of 4 modules) match central differences "
@@ -308,21 +315,8 @@ do -- network dropout
   pd.training = true
   pd:step()
   local name = "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_v.lora_down.weight"
-  local gr, w = pd:grad(name), pd:get(name)
-  local EPS, worst = 1e-2, 0
-  for _, i in ipairs{1, 9, #w} do
-    local v = w[i]
-    w[i] = v + EPS
-    pd:set(name, w)
-    local lp = pd:forward() -- the step's mask: forward passes after step s draw step s's
-    w[i] = v - EPS
-    pd:set(name, w)
-    local lm = pd:forward()
-    w[i] = v
-    pd:set(name, w)
-    local num = (lp - lm) / (2 * EPS)
-    worst = math.max(worst, math.abs(num - gr[i]) / (1e-4 + 3e-2 * math.max(math.abs(num), math.abs(gr[i]))))
-  end
+  local gr = pd:grad(name)
+  local worst = fd_worst(pd, name, gr, {1, 9, #gr})
   T.ok(worst <= 1, string.format("with dropout, lora_down's gradients match central differences of the training "
     .. "pass (worst %.2f of the tolerance)", worst))
 end

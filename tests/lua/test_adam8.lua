@@ -139,7 +139,8 @@ do -- sdxl-tiny trained whole: 8-bit AdamW follows fp32 AdamW; recompute is bitw
     and pr:checksum("adam8_code.conv_in.weight") == pn:checksum("adam8_code.conv_in.weight"),
     "under diffusers checkpointing: losses, weights and codes bitwise those of none")
   -- a state saved and loaded into a fresh program continues bitwise
-  local path = "out/.test_adam8.safetensors"
+  assert(ck.mkdir("out")) -- a fresh clone has none
+  local path = string.format("out/.test_adam8.%d.safetensors", math.floor(ck.now() * 1e6))
   local entries = {}
   for _, nm in ipairs(p8:state_tensors()) do entries[#entries + 1] = {nm, nm} end
   p8:save(path, entries)

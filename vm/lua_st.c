@@ -234,7 +234,7 @@ static int save_guarded(lua_State *L, int guard_idx, const char *path)
     return 0;
 }
 
-/* p:save(path, entries, {metadata = {k = v}, dtype = "F32"}) where each entry is
+/* p:save(path, entries, {metadata = {k = v}, dtype = "F32"}) (byte tensors as U8) where each entry is
  * {key, tensor_or_name} or {key, value = number} (a 0-dim tensor). The file is
  * replaced atomically: a failed save leaves an existing file as it was. */
 static int l_save(lua_State *L)
@@ -268,7 +268,8 @@ static int l_save(lua_State *L)
             const float *x = ck_program_read(p, id);
             if (!x) return ck_lua_raise(L, "save: tensor for '%s' is not readable%s%s", key, p->err[0] ? ": " : "", p->err);
             const ck_shape *s = &p->g->t[id].shape;
-            ck_st_writer_add(w, key, dtype, s->ndim, s->d, x);
+            /* bytes (8-bit optimizer codes) stay bytes */
+            ck_st_writer_add(w, key, p->g->t[id].dtype == CK_U8 ? CK_ST_U8 : dtype, s->ndim, s->d, x);
             lua_pop(L, 1);
         }
         lua_settop(L, e - 1);

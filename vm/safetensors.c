@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -831,9 +832,12 @@ int ck_st_read_f32(const ck_st_tensor *t, float *dst, int64_t n, char *err, size
     case CK_ST_F8_E5M2: /* the high byte of an fp16 */
         for (int64_t i = 0; i < n; i++) dst[i] = ck_st_f16_to_f32((uint16_t)(s[i] << 8));
         return 0;
+    case CK_ST_U8: /* bytes, exactly (8-bit optimizer codes) */
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+        return 0;
     default:
         return fail(err, errlen, t->file, "tensor '%s': dtype %s cannot be read as fp32 "
-                    "(only F32, F16, BF16, F8_E4M3 and F8_E5M2 can)", name.s, ck_st_dtype_name(t->dtype));
+                    "(only F32, F16, BF16, F8_E4M3, F8_E5M2 and U8 can)", name.s, ck_st_dtype_name(t->dtype));
     }
 }
 
@@ -934,8 +938,8 @@ int ck_st_writer_add(ck_st_writer *w, const char *name, ck_st_dtype dtype, int n
     shown sn = show(name);
     if (!valid_utf8(name)) return werr(w, "tensor name '%s' is not valid UTF-8", sn.s);
     if (!strcmp(name, "__metadata__")) return werr(w, "'__metadata__' cannot name a tensor");
-    if (!is_float_dtype(dtype))
-        return werr(w, "tensor '%s': cannot write dtype %s from fp32 data (only F32, F16, BF16)",
+    if (!is_float_dtype(dtype) && dtype != CK_ST_U8)
+        return werr(w, "tensor '%s': cannot write dtype %s from fp32 data (only F32, F16, BF16, U8)",
                     sn.s, ck_st_dtype_name(dtype));
     if (ndim < 0 || ndim > CK_ST_MAX_DIMS)
         return werr(w, "tensor '%s': %d dims (0 to %d allowed)", sn.s, ndim, CK_ST_MAX_DIMS);
@@ -953,6 +957,10 @@ int ck_st_writer_add(ck_st_writer *w, const char *name, ck_st_dtype dtype, int n
     if (zero) numel = 0;
     if ((uint64_t)numel * esize > SIZE_MAX) return werr(w, "tensor '%s': too large for memory", sn.s);
     if (numel > 0 && !data) return werr(w, "tensor '%s': data is NULL", sn.s);
+    for (int64_t i = 0; dtype == CK_ST_U8 && i < numel; i++)
+        if (!(data[i] >= 0.0f && data[i] <= 255.0f && data[i] == floorf(data[i])))
+            return werr(w, "tensor '%s': %g at element %" PRId64 " is not a byte (U8 holds 0 to 255)", sn.s,
+                        (double)data[i], i);
     if (w->n == w->capt) {
         int cap = w->capt ? w->capt * 2 : 64;
         wtensor *t = realloc(w->t, sizeof *t * (size_t)cap);
@@ -975,7 +983,9 @@ int ck_st_writer_add(ck_st_writer *w, const char *name, ck_st_dtype dtype, int n
     }
     unsigned char *d = e.data;
     for (int64_t i = 0; i < numel; i++) {
-        if (dtype == CK_ST_F32) {
+        if (dtype == CK_ST_U8) {
+            *d++ = (unsigned char)data[i];
+        } else if (dtype == CK_ST_F32) {
             uint32_t u = f32_bits(data[i]);
             *d++ = (unsigned char)u; *d++ = (unsigned char)(u >> 8);
             *d++ = (unsigned char)(u >> 16); *d++ = (unsigned char)(u >> 24);

@@ -215,6 +215,28 @@ static void fp8_reads(void)
               isnan(vb[5]),
           "f8_e5m2_reads_as_fp32", "%s", f ? "" : err);
     ck_st_close(f);
+
+    /* bytes (8-bit optimizer codes) written from fp32 data as U8, read back exactly; a non-byte refused */
+    path_of(path, sizeof path, "u8.safetensors");
+    const float codes[5] = {0, 1, 127, 200, 255};
+    ck_st_writer *w = ck_st_writer_new();
+    int64_t shape[1] = {5};
+    ok = ck_st_writer_add(w, "q", CK_ST_U8, 1, shape, codes) == 0 && ck_st_writer_save(w, path, err, sizeof err) == 0;
+    ck_st_writer_free(w);
+    f = ok ? ck_st_open(path, err, sizeof err) : NULL;
+    a = f ? ck_st_find(f, "q") : NULL;
+    float back[5];
+    ok = a && a->dtype == CK_ST_U8 && a->nbytes == 5 && read_all(a, back) == 0 && memcmp(back, codes, sizeof back) == 0;
+    check(ok, "u8_round_trip_is_exact", "%s", f ? "" : err);
+    ck_st_close(f);
+    const float bad[2] = {3, 2.5f};
+    w = ck_st_writer_new();
+    int64_t two[1] = {2};
+    const int rc = ck_st_writer_add(w, "q", CK_ST_U8, 1, two, bad);
+    path_of(path, sizeof path, "u8_bad.safetensors");
+    const int saved = ck_st_writer_save(w, path, err, sizeof err);
+    check(rc != 0 && saved != 0 && strstr(err, "not a byte"), "u8_refuses_a_value_that_is_not_a_byte", "%s", err);
+    ck_st_writer_free(w);
 }
 
 static void round_trips(void)
@@ -489,7 +511,7 @@ static void fuzz(void)
                 snprintf(why, sizeof why, "iteration %d: tensor invariant", it);
             }
             if (t->dtype == CK_ST_F32 || t->dtype == CK_ST_F16 || t->dtype == CK_ST_BF16 || t->dtype == CK_ST_F8_E4M3 ||
-                t->dtype == CK_ST_F8_E5M2) {
+                t->dtype == CK_ST_F8_E5M2 || t->dtype == CK_ST_U8) {
                 float *dst = malloc(t->numel ? (size_t)t->numel * sizeof *dst : 1);
                 if (ck_st_read_f32(t, dst, t->numel, err, sizeof err)) {
                     broken++;

@@ -51,7 +51,7 @@ static void read_all(const ck_st_file *f)
         char err[256];
         int rc = ck_st_read_f32(t, x, t->numel, err, sizeof err);
         int floaty = t->dtype == CK_ST_F32 || t->dtype == CK_ST_F16 || t->dtype == CK_ST_BF16 ||
-                     t->dtype == CK_ST_F8_E4M3 || t->dtype == CK_ST_F8_E5M2;
+                     t->dtype == CK_ST_F8_E4M3 || t->dtype == CK_ST_F8_E5M2 || t->dtype == CK_ST_U8;
         check(floaty ? rc == 0 : rc != 0 && err[0], "ck_st_read_f32 reads exactly the float dtypes");
         if (t->numel > 0) check(ck_st_read_f32(t, x, t->numel - 1, err, sizeof err) != 0, "a short destination is refused");
         free(x);

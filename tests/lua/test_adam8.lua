@@ -146,6 +146,8 @@ do -- sdxl-tiny trained whole: 8-bit AdamW follows fp32 AdamW; recompute is bitw
   p8:save(path, entries)
   local _, p9 = build("adamw8bit")
   local f <close> = ck.safetensors(path)
+  T.ok(f:dtype("adam8_code.conv_in.weight") == "U8" and f:dtype("adam8_scale.conv_in.weight") == "F32",
+    "the saved state keeps the codes as bytes (U8)")
   local map = {}
   for _, e in ipairs(entries) do map[e[1]] = e[2] end
   p9:load(f, map)

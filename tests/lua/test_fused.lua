@@ -5,8 +5,8 @@
 -- Lion, and SGD) are bitwise those of the unfused program, with and without
 -- recompute; the plan holds far fewer gradient bytes at its peak and a lower
 -- peak, which the measured high-water mark equals; updates sit inside
--- backward; a NaN loss is caught before any update; and what cannot be fused
--- is refused naming the line.
+-- backward; logging steps report the same gradient norms; a NaN loss is
+-- caught before any update; and what cannot be fused is refused naming the line.
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local T = require "check"
@@ -51,6 +51,25 @@ do -- the plan
   end
   T.ok(first_update and first_update < last_backward, string.format(
     "the first update is entry %d, before the last backward entry %d", first_update or -1, last_backward))
+end
+
+do -- logging steps (gradient norms, activation statistics) with fused updates: the norms are those of the
+  -- unfused program's gradients, and training stays bitwise
+  local log = require "ck.log"
+  local ga, pa = build{}
+  local gb, pb = build{fused_backward = true}
+  pa:enable_stats{blocks = log.unet_blocks}
+  pb:enable_stats{blocks = log.unet_blocks}
+  local same, norms, last = true, true, nil
+  for _ = 1, 3 do
+    local la, ra = pa:step{stats = {"grads", "acts"}}
+    local lb, rb = pb:step{stats = {"grads", "acts"}}
+    same = same and la == lb
+    norms = norms and ra.grad_norm == rb.grad_norm and ra.grad_norm > 0
+    last = rb.grad_norm
+  end
+  T.ok(same and norms and weights(ga, pa) == weights(gb, pb), string.format(
+    "logging steps: fused gradient norms equal the unfused ones (last %.6g), losses and weights bitwise", last))
 end
 
 do -- a NaN loss: caught after forward, before any update

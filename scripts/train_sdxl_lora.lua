@@ -1,13 +1,17 @@
 -- Train a LoRA adapter on an SDXL UNet with the diffusion objective on cached
 -- latents and text embeddings; write it as .safetensors in kohya's naming (what
--- ComfyUI, A1111 and diffusers load) or diffusers/PEFT naming.
+-- ComfyUI, A1111 and diffusers load) or diffusers/PEFT naming. With --full, train
+-- every UNet parameter instead and write the UNet in diffusers key names, as
+-- kohya's sdxl_train.py.
 --
 --   ckrun scripts/train_sdxl_lora.lua                      sdxl-tiny, synthetic data
 --   ckrun scripts/train_sdxl_lora.lua --size full --data DIR --weights unet.safetensors
 --   ckrun --plan --json scripts/train_sdxl_lora.lua --size full
 --   ckrun --device cuda scripts/train_sdxl_lora.lua ...   on the GPU (the default where one is present)
 --
--- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX,
+-- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX, --full
+-- (every parameter trained; the adapter's options below are refused; --out defaults to
+-- out/unet.safetensors), --fused-backward (each update as soon as its gradient is complete),
 -- --batch N, --steps N (batches), --rank N, --alpha X, --targets default|kohya|a,b,c,
 -- --conv-rank N, --conv-alpha X (adapters on the resnets', downsamplers' and upsamplers' 3x3
 -- convolutions too, as kohya's LoCon conv_dim/conv_alpha; alpha defaults to the rank),
@@ -47,17 +51,27 @@ local state = require "ck.state"
 local optim = require "ck.optim"
 
 local a = args or {}
+-- the adapter's options, which --full (every parameter trained) does not take
+local LORA_OPTIONS = {"rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "loraplus-lr-ratio", "targets",
+                      "lora-format", "fp8-base"}
 local o = sdxl.options(a, {
   "size", "data", "weights", "resolution", "batch", "steps", "samples", "seed", "prediction", "noise-offset",
-  "ip-noise-gamma", "min-timestep", "max-timestep", "min-snr-gamma", "debiased-estimation-loss", "scale-v-pred-loss-like-noise-pred", "val-every",
-  "rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "loraplus-lr-ratio", "targets", "out", "lora-format", "save-precision", "save-lora-every",
+  "ip-noise-gamma", "min-timestep", "max-timestep", "min-snr-gamma", "debiased-estimation-loss",
+  "scale-v-pred-loss-like-noise-pred", "val-every",
+  "full", "rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "loraplus-lr-ratio", "targets", "out",
+  "lora-format", "save-precision", "save-lora-every",
   "optimizer", "lr", "weight-decay", "max-grad-norm", "gradient-accumulation-steps", "lr-scheduler",
-  "lr-warmup-steps", "lr-num-cycles", "lr-power",
+  "lr-warmup-steps", "lr-num-cycles", "lr-power", "fused-backward",
   "checkpoint", "storage", "fp8-base",
   "save-every", "state-dir", "keep-states", "resume",
   "log-dir", "log-every", "log-async", "log-flush",
 })
 local function opt(name, default) return o:get(name, default) end
+-- --full: every UNet parameter trained, the UNet written (as kohya's sdxl_train.py)
+local full = o:flag("full", false)
+for _, name in ipairs(full and LORA_OPTIONS or {}) do
+  if a[name] ~= nil then error("--" .. name .. " is an adapter's option; --full trains every parameter") end
+end
 
 local size = o:choice("size", "tiny", {"tiny", "full"})
 local config = unet.config(size == "full" and "sdxl" or "sdxl-tiny")
@@ -86,7 +100,7 @@ local format = o:choice("lora-format", "kohya", {"kohya", "peft"})
 -- the adapter file's dtype, as kohya's --save_precision
 local save_dtype = ({float = "F32", fp32 = "F32", fp16 = "F16", bf16 = "BF16"})[
   o:choice("save-precision", "float", {"float", "fp32", "fp16", "bf16"})]
-local out = opt("out", "out/lora.safetensors")
+local out = opt("out", full and "out/unet.safetensors" or "out/lora.safetensors")
 local lr = opt("lr", 3e-3)
 local lr_scheduler, lr_warmup = opt("lr-scheduler", "constant"), opt("lr-warmup-steps", 0)
 local optimizer = o:choice("optimizer", "adamw", {"adamw", "adamw8bit", "lion"})
@@ -95,7 +109,10 @@ local accumulate = opt("gradient-accumulation-steps", 1)
 if math.type(accumulate) ~= "integer" or accumulate < 1 then
   error("--gradient-accumulation-steps must be a whole number >= 1, got " .. tostring(accumulate))
 end
-local max_grad_norm = opt("max-grad-norm", 1.0)
+-- each update as soon as its gradient is complete (kohya's --fused_backward_pass):
+-- no global-norm clipping then, unless asked (which compile refuses)
+local fused_backward = o:flag("fused-backward", false)
+local max_grad_norm = opt("max-grad-norm", fused_backward and 0 or 1.0)
 -- the rate of optimizer update k (0 for the first); --steps batches make steps // accumulate updates
 local lr_at = optim.schedule{name = lr_scheduler, lr = lr, steps = math.max(1, steps // accumulate), warmup = lr_warmup,
                              cycles = opt("lr-num-cycles", nil), power = opt("lr-power", nil)}
@@ -133,30 +150,34 @@ local fp8_base = o:flag("fp8-base", false)
 local function build(batch, checkpoint, plan_only)
   return sdxl.training_step{
     config = config, batch = batch, latent = latent,
-    lora = {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
-            dropout = network_dropout, loraplus_lr_ratio = loraplus},
+    lora = not full and {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
+                         dropout = network_dropout, loraplus_lr_ratio = loraplus},
     objective = {prediction = prediction, noise_offset = noise_offset, ip_noise_gamma = ip_noise_gamma,
                  min_timestep = min_timestep, max_timestep = max_timestep, min_snr_gamma = min_snr_gamma,
                  debiased_estimation = debiased, scale_v_pred_loss = scale_v_pred,
                  seed = seed},
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
                plan_only = plan_only, storage = opt("storage", "fp32"), frozen = fp8_base and "fp8" or nil,
-               max_grad_norm = max_grad_norm, accumulate = accumulate},
+               max_grad_norm = max_grad_norm, accumulate = accumulate, fused_backward = fused_backward},
   }
 end
 
 local run = build(batch, checkpoint, ck.plan_mode)
 local adapter, objective, inputs, p, g = run.adapter, run.objective, run.inputs, run.program, run.graph
 local all_count, trainable_count = g:param_count()
-local param_count = all_count - adapter.param_count() -- the UNet's own parameters
+local param_count = all_count - (adapter and adapter.param_count() or 0) -- the UNet's own parameters
 
 if ck.plan_mode then
+  local info = {
+    {"script", "train_sdxl_lora"}, {"size", size}, {"resolution", resolution}, {"batch", batch},
+    {"param_count", param_count}, {"trainable_param_count", trainable_count},
+  }
+  if adapter then
+    info[#info + 1] = {"lora_param_count", adapter.param_count()}
+    info[#info + 1] = {"lora_modules", #adapter.paths}
+  end
   require("ck.plan").report{
-    info = {
-      {"script", "train_sdxl_lora"}, {"size", size}, {"resolution", resolution}, {"batch", batch},
-      {"param_count", param_count}, {"trainable_param_count", trainable_count},
-      {"lora_param_count", adapter.param_count()}, {"lora_modules", #adapter.paths},
-    },
+    info = info,
     program = p,
     checkpoint = checkpoint,
     batch = batch,
@@ -170,7 +191,7 @@ if a.weights then
   local f <close> = ck.safetensors(a.weights)
   local map = {}
   for _, t in ipairs(g:params()) do
-    if t.kind == "frozen" then map[t.name] = t.name end
+    if t.kind == "frozen" or full then map[t.name] = t.name end -- the base: frozen, or trained with --full
   end
   p:load(f, map)
 end
@@ -206,8 +227,9 @@ local function validate()
   return total / nb
 end
 
-print(string.format("training LoRA rank %d%s on %d modules of sdxl-%s (%d parameters, %d trainable), %dx%d, batch %d, " ..
-  "%d steps, %s-prediction", rank, conv_rank and string.format(" (convolutions %d)", conv_rank) or "", #adapter.paths,
+print(string.format("training %s of sdxl-%s (%d parameters, %d trainable), %dx%d, batch %d, %d steps, %s-prediction",
+  full and "every parameter" or string.format("LoRA rank %d%s on %d modules", rank,
+    conv_rank and string.format(" (convolutions %d)", conv_rank) or "", #adapter.paths),
   size, param_count, trainable_count, resolution, resolution, batch, steps, prediction))
 local val_before = validate()
 if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_before)) end
@@ -218,11 +240,18 @@ if math.type(save_lora_every) ~= "integer" or save_lora_every < 0 then
   error("--save-lora-every must be a whole number of steps, got " .. tostring(save_lora_every))
 end
 
--- the adapter as a file, its metadata saying how far training went
+-- the adapter as a file (with --full, the UNet in diffusers key names), its
+-- metadata saying how far training went
 local function save_lora(path, at_step)
   local d = path:match("^(.*)/[^/]*$")
   if d and d ~= "" then assert(ck.mkdir(d)) end
-  lora.save(p, adapter, path, {format = format, dtype = save_dtype, metadata = {
+  local save = full and function(q, _, file, o2)
+    local entries = {}
+    for _, t in ipairs(g:params()) do entries[#entries + 1] = {t.name, t.name} end
+    o2.metadata.format = "pt"
+    q:save(file, entries, {metadata = o2.metadata, dtype = o2.dtype})
+  end or lora.save
+  save(p, adapter, path, {format = format, dtype = save_dtype, metadata = {
     ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_steps = tostring(at_step),
     ss_seed = tostring(seed), ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup),
     ss_max_grad_norm = tostring(max_grad_norm), ss_gradient_accumulation_steps = tostring(accumulate),
@@ -235,6 +264,7 @@ local function save_lora(path, at_step)
   }})
 end
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
+                  full = full,
                   conv_rank = conv_rank or 0, conv_alpha = conv_alpha or 0, network_dropout = network_dropout,
                   loraplus_lr_ratio = loraplus,
                   prediction = prediction, lr = lr, targets = type(targets) == "table" and table.concat(targets, ",") or targets,

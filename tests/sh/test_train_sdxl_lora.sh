@@ -83,6 +83,35 @@ ok $? "--conv-rank 2 --conv-alpha 1 adds the convolutions' adapters (kohya names
 assert(f:metadata().ss_fp8_base == 'True')"
 ok $? "--fp8-base with --storage bf16 trains and records ss_fp8_base"
 
+# --full: every parameter trained (8-bit AdamW, fused updates); the UNet written in diffusers key names
+out=$("$CKRUN" --allow-write "$dir" $S --full --steps 12 --optimizer adamw8bit --fused-backward --lr 1e-4 \
+  --save-precision bf16 --out "$dir/unet.safetensors") &&
+line=$(echo "$out" | grep '^validation loss') &&
+echo "$out" | grep -q "training every parameter of sdxl-tiny (8011332 parameters, 8011332 trainable)" &&
+awk -v b="$(echo "$line" | sed -E 's/.*before ([0-9.]+),.*/\1/')" -v a="$(echo "$line" | sed -E 's/.*after ([0-9.]+)$/\1/')" \
+  'BEGIN { exit !(a < 0.95 * b) }' &&
+"$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'; local f <close> = ck.safetensors('$dir/unet.safetensors')
+local want = {}
+for line in io.lines('tests/data/sdxl_tiny_keys.txt') do
+  local k, s = line:match('^(%S+) %[([%d,]+)%]')
+  want[k] = s
+end
+local n = 0
+for _, k in ipairs(f:keys()) do
+  n = n + 1
+  assert(want[k] == table.concat(f:shape(k), ','), k)
+  assert(f:dtype(k) == 'BF16', k)
+end
+assert(n == 620 and f:metadata().format == 'pt' and f:metadata().ss_optimizer == 'bitsandbytes.optim.adamw.AdamW8bit')"
+ok $? "--full trains every parameter and writes the UNet: the 620 diffusers keys and shapes, in bf16 ($line)"
+"$CKRUN" $S --full --rank 8 > /dev/null 2> "$dir/full.txt"; rc=$?
+[ $rc != 0 ] && grep -q "train_sdxl_lora.lua:[0-9]*: --rank is an adapter's option; --full trains every parameter" "$dir/full.txt"
+ok $? "--full with an adapter's option is refused ($(head -1 "$dir/full.txt"))"
+json=$("$CKRUN" --plan --json --device cuda $S --size full --full --optimizer adamw8bit --fused-backward --checkpoint diffusers)
+echo "$json" | python3 -c "import json, sys; d = json.load(sys.stdin); \
+  assert d['trainable_param_count'] == d['param_count'] == 2567463684 and d['peak_bytes'] < 16 * 2**30, d['peak_bytes']"
+ok $? "full SDXL trained whole at 1024 (8-bit AdamW, fused, diffusers) plans under 16 GiB on the GPU"
+
 # a dataset on disk gives the same samples as --data synthetic
 "$CKRUN" --allow-write "$dir" scripts/make_synthetic_data.lua "$dir/data" 4 >/dev/null ; ok $? "make_synthetic_data writes a dataset"
 a=$("$CKRUN" --allow-write "$dir" $S --steps 3 --samples 4 --out "$dir/a.safetensors" | grep '^training loss')

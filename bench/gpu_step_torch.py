@@ -297,7 +297,7 @@ def table(lines):
     pt = {(r["case"], r["latent"], r["batch"], r["policy"]): r for r in lines if r.get("impl") == "pytorch"}
     have_pt = bool(pt)
     print("| case | policy | ckrun ms | PyTorch ms | ckrun / PyTorch | ckrun recompute FLOPs | ckrun planned peak | "
-          "ckrun arena high-water | ckrun predicted device (peak + fixed) | ckrun cudaMemGetInfo (used + fixed) | "
+          "ckrun arena high-water | ckrun predicted device (pages + fixed) | ckrun cudaMemGetInfo (used + fixed) | "
           "PyTorch peak allocated | PyTorch cudaMemGetInfo (used) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     notes, seen, cases = [], set(), {}

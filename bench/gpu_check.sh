@@ -113,6 +113,12 @@ t1=$(date +%s.%N)
 cmake --build build -j "$jobs" > "$out/build.txt" 2>&1 || die "build (see $out/build.txt)"
 cmake --build build -j "$jobs" --target bench_cuda_ops >> "$out/build.txt" 2>&1 || die "building bench_cuda_ops"
 awk -v a="$t0" -v b="$t1" -v j="$jobs" 'BEGIN { printf "CUDA backend compile (ck_cuda, %s jobs): %.1f s\n", j, b - a }'
+# --build-only: stop here (a further command on the machine then runs build/ckrun
+# with LD_LIBRARY_PATH as printed)
+if [ "${1:-}" = --build-only ]; then
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    exit 0
+fi
 
 # A failing test or part is noted and the script goes on, so that one run on
 # a GPU brings back every figure it can; it exits non-zero at the end when

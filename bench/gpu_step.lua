@@ -13,7 +13,8 @@
 -- peak plus the backend's fixed bytes and --headroom do not fit the free device
 -- memory), --batch N (1), --lora true|false (true: rank --rank adapters on
 -- to_q/to_k/to_v/to_out.0 of a frozen base, as scripts/train_sdxl_lora.lua;
--- false: train every parameter), --rank N (4), --policies LIST
+-- false: train every parameter), --optimizer adamw|adamw8bit, --fused-backward true|false
+-- (false), --rank N (4), --policies LIST
 -- ("none,diffusers,budget:62%"; a budget percentage is of none's peak),
 -- --warmup N (1), --steps N (5: the timed steps), --device cuda|cpu (cpu: no
 -- device memory figures, for trying the script without a GPU), --headroom BYTES
@@ -52,7 +53,7 @@ local policy = require "ck.policy"
 local plan = require "ck.plan"
 
 local o = sdxl.options(args, {"case", "latent", "fallback", "headroom", "batch", "lora", "rank", "seed", "device",
-  "policies", "warm", "warmup", "steps"})
+  "policies", "warm", "warmup", "steps", "optimizer", "fused-backward"})
 local case = o:choice("case", "tiny", {"tiny", "full"})
 local model_name = case == "full" and "sdxl" or "sdxl-tiny"
 local config = unet.config(model_name)
@@ -65,6 +66,8 @@ elseif math.type(fallback) ~= "integer" or fallback < 1 then
 end
 local batch = o:count("batch", 1)
 local use_lora = o:flag("lora", true)
+local optimizer = o:choice("optimizer", "adamw", {"adamw", "adamw8bit"})
+local fused = o:flag("fused-backward", false)
 local rank = o:count("rank", 4)
 local warmup = o:count("warmup", 1, 0)
 local steps = o:count("steps", 5)
@@ -99,8 +102,8 @@ local function build(latent, checkpoint, plan_only)
   return sdxl.training_step{
     config = config, batch = batch, latent = latent, lora = use_lora and {rank = rank},
     objective = {prediction = "eps", seed = seed},
-    compile = {lr = 1e-4, weight_decay = 1e-2, seed = seed, checkpoint = checkpoint, plan_only = plan_only,
-               device = device},
+    compile = {optimizer = optimizer, lr = 1e-4, weight_decay = 1e-2, seed = seed, checkpoint = checkpoint,
+               plan_only = plan_only, device = device, fused_backward = fused},
   }
 end
 

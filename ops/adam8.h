@@ -10,6 +10,8 @@
 #ifndef CK_ADAM8_H
 #define CK_ADAM8_H
 
+#include "ops.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -55,6 +57,33 @@ static inline void ck_adam8_maps_make(ck_adam8_maps *maps)
 {
     ck_adam8_code(maps->m, 1);
     ck_adam8_code(maps->v, 0);
+}
+
+/* A step's scalars, formed in double from the context and the op's params
+ * and rounded to float once (as AdamW's). */
+typedef struct ck_adam8_step {
+    float b1, b2, w1, w2, eps, decay, neg_step, bc2_sqrt;
+} ck_adam8_step;
+
+static inline ck_adam8_step ck_adam8_step_of(const ck_kctx *ctx, const ck_op_params *p)
+{
+    const double lr = (double)ctx->lr * p->f[CK_OPT_LR_SCALE], b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
+    const double t = (double)(ctx->update > 0 ? ctx->update : 1);
+    ck_adam8_step s;
+    s.b1 = p->f[0], s.b2 = p->f[1], s.w1 = (float)(1.0 - b1), s.w2 = (float)(1.0 - b2), s.eps = p->f[2];
+    s.decay = (float)(1.0 - lr * wd), s.neg_step = (float)(-(lr / (1.0 - pow(b1, t))));
+    s.bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    return s;
+}
+
+/* One value: the moments m0, v0 (dequantized) updated with gradient g into
+ * *m, *v, and the parameter pr updated, returned. */
+static inline CK_ADAM8_HD float ck_adam8_update(const ck_adam8_step *s, float pr, float g, float m0, float v0, float *m,
+                                                float *v)
+{
+    *m = m0 * s->b1 + s->w1 * g;
+    *v = v0 * s->b2 + s->w2 * g * g;
+    return pr * s->decay + s->neg_step * *m / (sqrtf(*v) / s->bc2_sqrt + s->eps);
 }
 
 /* the index of the code nearest x (codes ascending; ties to the larger) */

@@ -21,6 +21,10 @@ static inline unsigned ck_dtype_bytes(ck_dtype d)
     return d == CK_F32 ? 4u : d == CK_F8E4M3 || d == CK_U8 ? 1u : 2u;
 }
 
+/* whether an fp32 kernel reads and writes a tensor of this storage through an
+ * fp32 copy (the narrow floats), rather than as it is (fp32, bytes) */
+static inline int ck_dtype_copied(ck_dtype d) { return d != CK_F32 && d != CK_U8; }
+
 /* Every tensor is contiguous row-major. Shapes below use the names in the
  * comments; "in" and "out" list the node's input and output slots in order.
  * i[] and f[] are the node's integer and float parameters. An output slot whose

@@ -245,13 +245,7 @@ end
 local function save_lora(path, at_step)
   local d = path:match("^(.*)/[^/]*$")
   if d and d ~= "" then assert(ck.mkdir(d)) end
-  local save = full and function(q, _, file, o2)
-    local entries = {}
-    for _, t in ipairs(g:params()) do entries[#entries + 1] = {t.name, t.name} end
-    o2.metadata.format = "pt"
-    q:save(file, entries, {metadata = o2.metadata, dtype = o2.dtype})
-  end or lora.save
-  save(p, adapter, path, {format = format, dtype = save_dtype, metadata = {
+  local meta = {
     ss_learning_rate = tostring(lr), ss_max_train_steps = tostring(steps), ss_steps = tostring(at_step),
     ss_seed = tostring(seed), ss_lr_scheduler = lr_scheduler, ss_lr_warmup_steps = tostring(lr_warmup),
     ss_max_grad_norm = tostring(max_grad_norm), ss_gradient_accumulation_steps = tostring(accumulate),
@@ -261,7 +255,12 @@ local function save_lora(path, at_step)
     ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
     ss_fp8_base = fp8_base and "True" or "False",
     ss_training_comment = "trained with ckrun " .. ck.version,
-  }})
+  }
+  if not full then return lora.save(p, adapter, path, {format = format, dtype = save_dtype, metadata = meta}) end
+  local entries = {}
+  for _, t in ipairs(g:params()) do entries[#entries + 1] = {t.name, t.name} end
+  meta.format = "pt"
+  p:save(path, entries, {metadata = meta, dtype = save_dtype})
 end
 local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
                   full = full,

@@ -64,7 +64,7 @@ static int run_entry(ck_program *p, const ck_plan *pl, int i, ck_kctx *ctx, char
             int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
             if (t < 0) continue;
             ck_dtype dt = p->g->t[pl->origin[t]].dtype;
-            if (dt == CK_F32 || dt == CK_U8) continue; /* bytes go to the kernel as they are */
+            if (!ck_dtype_copied(dt)) continue;
             ck_view *v = j < r->nin ? &in[j] : &out[j - r->nin];
             int64_t ne = ck_view_numel(v);
             if (j < r->nin) {

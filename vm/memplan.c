@@ -94,7 +94,7 @@ size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i)
     size_t b = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
-        if (t >= 0 && dtype_of(pl, g, t) != CK_F32 && dtype_of(pl, g, t) != CK_U8)
+        if (t >= 0 && ck_dtype_copied(dtype_of(pl, g, t)))
             b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)sizeof(float));
     }
     return b;

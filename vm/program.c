@@ -167,39 +167,35 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
             const int pair[2] = {src[t], factor};
             if ((in[1] = opt_node(g, CK_OP_MUL, pair, 2, &none, g->t[t].where)) < 0) goto out;
         }
-        enum ck_op op = CK_OP_SGD_STEP;
-        char name[1024];
-        if (o->optim == CK_OPTIM_ADAMW8) {
-            /* the moments' codes (bytes) and their blocks' scales */
+        /* the state: AdamW's two moments, Lion's one, or 8-bit AdamW's codes
+         * (bytes) and their blocks' scales; zeros at first */
+        const int64_t numel = ck_shape_numel(&g->t[t].shape), nb = (numel + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
+        const char *state[2] = {"exp_avg", "exp_avg_sq"};
+        ck_shape shape[2] = {g->t[t].shape, g->t[t].shape}; /* ck_graph_leaf may move g->t */
+        ck_dtype dtype[2] = {CK_F32, CK_F32};
+        int ns = 2;
+        enum ck_op op = CK_OP_ADAMW_STEP;
+        if (o->optim == CK_OPTIM_SGD) op = CK_OP_SGD_STEP, ns = 0;
+        else if (o->optim == CK_OPTIM_LION) op = CK_OP_LION_STEP, ns = 1;
+        else if (o->optim == CK_OPTIM_ADAMW8) {
             op = CK_OP_ADAMW8_STEP;
-            const int64_t n = ck_shape_numel(&g->t[t].shape), nb = (n + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
-            for (int k = 0; k < 2; k++) {
-                snprintf(name, sizeof name, "%s.%s", k ? "adam8_scale" : "adam8_code", g->t[t].name);
-                ck_shape shape = {1, {k ? 2 * nb : 2 * n}};
-                in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape, g->t[t].where);
-                if (in[2 + k] < 0) goto out;
-                g->t[in[2 + k]].init = CK_INIT_ZEROS;
-                if (!k) g->t[in[2 + k]].dtype = CK_U8;
-            }
-            nin = 4;
+            state[0] = "adam8_code", state[1] = "adam8_scale";
+            shape[0] = (ck_shape){1, {2 * numel}}, shape[1] = (ck_shape){1, {2 * nb}};
+            dtype[0] = CK_U8;
+        }
+        for (int k = 0; k < ns; k++) {
+            char name[1024];
+            snprintf(name, sizeof name, "%s.%s", state[k], g->t[t].name);
+            in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape[k], g->t[t].where);
+            if (in[2 + k] < 0) goto out;
+            g->t[in[2 + k]].init = CK_INIT_ZEROS;
+            g->t[in[2 + k]].dtype = dtype[k];
+        }
+        nin = 2 + ns;
+        if (ns) {
             p.f[0] = o->beta1;
             p.f[1] = o->beta2;
-            p.f[2] = o->eps;
-            p.f[3] = o->weight_decay;
-        } else if (o->optim == CK_OPTIM_ADAMW || o->optim == CK_OPTIM_LION) {
-            const int lion = o->optim == CK_OPTIM_LION;
-            op = lion ? CK_OP_LION_STEP : CK_OP_ADAMW_STEP;
-            for (int k = 0; k < 2 - lion; k++) {
-                snprintf(name, sizeof name, "%s.%s", k ? "exp_avg_sq" : "exp_avg", g->t[t].name);
-                ck_shape shape = g->t[t].shape; /* ck_graph_leaf may move g->t */
-                in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape, g->t[t].where);
-                if (in[2 + k] < 0) goto out;
-                g->t[in[2 + k]].init = CK_INIT_ZEROS;
-            }
-            nin = 4 - lion;
-            p.f[0] = o->beta1;
-            p.f[1] = o->beta2;
-            p.f[2] = lion ? o->weight_decay : o->eps;
+            p.f[2] = op == CK_OP_LION_STEP ? o->weight_decay : o->eps;
             p.f[3] = o->weight_decay;
         } else {
             p.f[0] = o->weight_decay;
@@ -211,8 +207,7 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         ck_node *n = &g->n[id];
         n->phase = CK_PHASE_OPTIMIZER;
         n->out[0] = t;
-        if (op != CK_OP_SGD_STEP) n->out[1] = in[2];
-        if (op == CK_OP_ADAMW_STEP || op == CK_OP_ADAMW8_STEP) n->out[2] = in[3];
+        for (int k = 0; k < ns; k++) n->out[1 + k] = in[2 + k];
     }
     rc = 0;
 out:

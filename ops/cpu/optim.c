@@ -168,11 +168,7 @@ CK_CPU_KERNEL(ck_cpu_adamw8_step)
     uint8_t *q = (uint8_t *)out[1].data;
     const float *pr = in[0].data, *grad = in[1].data;
     const int64_t n = ck_view_numel(&in[0]), nb = (n + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
-    const double lr = (double)ctx->lr * p->f[CK_OPT_LR_SCALE], b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
-    const double t = (double)(ctx->update > 0 ? ctx->update : 1);
-    const float fb1 = p->f[0], fb2 = p->f[1], w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2), eps = p->f[2];
-    const float decay = (float)(1.0 - lr * wd), neg_step = (float)(-(lr / (1.0 - pow(b1, t))));
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    const ck_adam8_step s = ck_adam8_step_of(ctx, p);
     const ck_adam8_maps *mp = &adam8_maps;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (int64_t b = 0; b < nb; b++) {
@@ -180,11 +176,9 @@ CK_CPU_KERNEL(ck_cpu_adamw8_step)
         const float sm = sw[b], sv = sw[nb + b];
         float m[CK_ADAM8_BLOCK], v[CK_ADAM8_BLOCK], mm = 0.0f, mv = 0.0f;
         for (int64_t i = i0; i < i1; i++) {
-            const float g = grad[i];
-            const float mi = mp->m[q[i]] * sm * fb1 + w1 * g, vi = mp->v[q[n + i]] * sv * fb2 + w2 * g * g;
-            pw[i] = pr[i] * decay + neg_step * mi / (sqrtf(vi) / bc2_sqrt + eps);
-            m[i - i0] = mi, v[i - i0] = vi;
-            mm = fmaxf(mm, fabsf(mi)), mv = fmaxf(mv, vi);
+            float *mi = &m[i - i0], *vi = &v[i - i0];
+            pw[i] = ck_adam8_update(&s, pr[i], grad[i], mp->m[q[i]] * sm, mp->v[q[n + i]] * sv, mi, vi);
+            mm = fmaxf(mm, fabsf(*mi)), mv = fmaxf(mv, *vi);
         }
         sw[b] = mm, sw[nb + b] = mv;
         for (int64_t i = i0; i < i1; i++) {

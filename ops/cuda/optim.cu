@@ -122,25 +122,16 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_lion_step)
     ck_cuda_end(c, "lion_step");
 }
 
-struct adamw8_scalars {
-    float b1, b2, w1, w2, eps, decay, neg_step, bc2_sqrt;
-};
-
 /* one thread block per quantization block, one thread per value */
 __global__ void __launch_bounds__(CK_ADAM8_BLOCK) adamw8_kernel(float *pw, uint8_t *q, float *sw, const float *pr,
                                                                 const float *grad, int64_t n, int64_t nb,
-                                                                adamw8_scalars s, ck_adam8_maps mp)
+                                                                ck_adam8_step s, ck_adam8_maps mp)
 {
     __shared__ float sh[33];
     const int64_t b = blockIdx.x, i = b * CK_ADAM8_BLOCK + threadIdx.x;
     const bool here = i < n;
     float m = 0.0f, v = 0.0f;
-    if (here) {
-        const float g = grad[i];
-        m = mp.m[q[i]] * sw[b] * s.b1 + s.w1 * g;
-        v = mp.v[q[n + i]] * sw[nb + b] * s.b2 + s.w2 * g * g;
-        pw[i] = pr[i] * s.decay + s.neg_step * m / (sqrtf(v) / s.bc2_sqrt + s.eps);
-    }
+    if (here) pw[i] = ck_adam8_update(&s, pr[i], grad[i], mp.m[q[i]] * sw[b], mp.v[q[n + i]] * sw[nb + b], &m, &v);
     /* the scales are read above, before the reductions' barriers; written below */
     const float mm = ck_block_max(here ? fabsf(m) : 0.0f, sh), mv = ck_block_max(here ? v : 0.0f, sh);
     if (threadIdx.x == 0) sw[b] = mm, sw[nb + b] = mv;
@@ -164,13 +155,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_adamw8_step)
     if (!c) return;
     const int64_t n = ck_view_numel(&in[0]), nb = (n + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
     if (n == 0) return;
-    const double lr = (double)ctx->lr * p->f[CK_OPT_LR_SCALE], b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
-    const double t = (double)(ctx->update > 0 ? ctx->update : 1);
-    adamw8_scalars s;
-    s.b1 = p->f[0], s.b2 = p->f[1], s.w1 = (float)(1.0 - b1), s.w2 = (float)(1.0 - b2), s.eps = p->f[2];
-    s.decay = (float)(1.0 - lr * wd), s.neg_step = (float)(-(lr / (1.0 - pow(b1, t))));
-    s.bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
     ck_launch(adamw8_kernel, (unsigned)nb, CK_ADAM8_BLOCK, c->stream, out[0].data, (uint8_t *)out[1].data,
-              out[2].data, (const float *)in[0].data, (const float *)in[1].data, n, nb, s, maps);
+              out[2].data, (const float *)in[0].data, (const float *)in[1].data, n, nb, ck_adam8_step_of(ctx, p), maps);
     ck_cuda_end(c, "adamw8_step");
 }

@@ -31,32 +31,31 @@ end
 -- so a fresh adapter leaves the output unchanged; dropout (kohya's
 -- network_dropout) on lora_down's output while training; lora_up learns at
 -- loraplus_lr_ratio times the learning rate (LoRA+, Hayou et al. 2024)
-local function adapted_linear(self, g, x)
+-- y + scale * up(dropout(down(x))): down_op and up_op apply the weights
+local function with_branch(self, g, x, y, down_shape, up_shape, down_op, up_op)
   local a = self.lora
-  local y = nn.Linear.updateOutput(self, g, x)
-  local down = g:param("lora_down.weight", {a.rank, self.in_features}, {trainable = true, init = "kaiming"})
-  local up = g:param("lora_up.weight", {self.out_features, a.rank}, {trainable = true, init = "zeros",
-                                                                       lr_scale = a.up_lr_scale})
-  local d = ck.linear(x, down)
+  local down = g:param("lora_down.weight", down_shape, {trainable = true, init = "kaiming"})
+  local up = g:param("lora_up.weight", up_shape, {trainable = true, init = "zeros", lr_scale = a.up_lr_scale})
+  local d = down_op(x, down)
   if a.dropout > 0 then d = ck.dropout(d, a.dropout) end
-  d = ck.linear(d, up)
+  d = up_op(d, up)
   if a.scale ~= 1 then d = d * a.scale end
   return y + d
+end
+
+local function adapted_linear(self, g, x)
+  local r = self.lora.rank
+  return with_branch(self, g, x, nn.Linear.updateOutput(self, g, x), {r, self.in_features}, {self.out_features, r},
+                     ck.linear, ck.linear)
 end
 
 -- a convolution's adapter, as kohya's: down is the module's kernel, stride and
 -- padding onto rank channels, up a 1x1 convolution back
 local function adapted_conv(self, g, x)
-  local a, k = self.lora, self.kernel
-  local y = nn.Conv2d.updateOutput(self, g, x)
-  local down = g:param("lora_down.weight", {a.rank, self.in_channels, k, k}, {trainable = true, init = "kaiming"})
-  local up = g:param("lora_up.weight", {self.out_channels, a.rank, 1, 1}, {trainable = true, init = "zeros",
-                                                                             lr_scale = a.up_lr_scale})
-  local d = ck.conv2d(x, down, nil, {stride = self.stride, padding = self.padding})
-  if a.dropout > 0 then d = ck.dropout(d, a.dropout) end
-  d = ck.conv2d(d, up)
-  if a.scale ~= 1 then d = d * a.scale end
-  return y + d
+  local r, k = self.lora.rank, self.kernel
+  local o = {stride = self.stride, padding = self.padding}
+  return with_branch(self, g, x, nn.Conv2d.updateOutput(self, g, x), {r, self.in_channels, k, k},
+                     {self.out_channels, r, 1, 1}, function(v, w) return ck.conv2d(v, w, nil, o) end, ck.conv2d)
 end
 
 -- the modules whose convolutions and Linears conv_rank adapts (kohya's

@@ -7,22 +7,12 @@
  * on every code's value, every midpoint between neighbours and the floats
  * just either side of it, and random floats from 2^-12 to 2^10. */
 #include "../../ops/fp8.h"
+#include "check.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int npass, nfail;
-
-static void check(const char *name, int ok, long bad)
-{
-    printf("%s %s [%ld]\n", ok ? "PASS" : "FAIL", name, bad);
-    if (ok)
-        npass++;
-    else
-        nfail++;
-}
 
 /* the value of a non-negative code 0..0x7e, and 480 for 0x7f */
 static double grid(int c)
@@ -112,6 +102,5 @@ int main(void)
         bad += encode_misses(x, &seen);
     }
     check("500,000 random floats from 2^-12 to 2^10 encode to the nearest code", bad == 0, bad);
-    printf("%d passed, %d failed\n", npass, nfail);
-    return nfail ? 1 : 0;
+    return checks_done();
 }

@@ -9,22 +9,12 @@
  * for either device convert the same operands. */
 #include "../../ops/bf16.h"
 #include "../../ops/cpu/cpu.h"
+#include "check.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int npass, nfail;
-
-static void check(const char *name, int ok, double err)
-{
-    printf("%s %s [%.3g]\n", ok ? "PASS" : "FAIL", name, err);
-    if (ok)
-        npass++;
-    else
-        nfail++;
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
 
@@ -148,6 +138,5 @@ int main(void)
             check(name, 0, 0), printf("  the CPU and the GPU disagree on a bf16 kernel\n");
         if (ck_cpu_kernels_bf16[op] && !ck_cpu_kernels[op]) check(name, 0, 0), printf("  bf16 kernel without an fp32 one\n");
     }
-    printf("%d passed, %d failed\n", npass, nfail);
-    return nfail ? 1 : 0;
+    return checks_done();
 }

@@ -4,6 +4,7 @@
  * Each line ends with the measured error (or, for counts, the measured value). */
 #include "../../ops/cpu/cpu.h"
 #include "../../ops/rng.h"
+#include "check.h"
 
 #include <math.h>
 #ifdef _OPENMP
@@ -14,17 +15,6 @@
 #include <string.h>
 
 #define TOL 1e-4
-
-static int npass, nfail;
-
-static void check(const char *name, int ok, double err)
-{
-    printf("%s %s [%.3g]\n", ok ? "PASS" : "FAIL", name, err);
-    if (ok)
-        npass++;
-    else
-        nfail++;
-}
 
 static uint64_t rng_state = 0x1234567ULL;
 
@@ -716,6 +706,5 @@ int main(void)
     test_adamw_threads(1000003);
 #endif
 
-    printf("%d passed, %d failed\n", npass, nfail);
-    return nfail ? 1 : 0;
+    return checks_done();
 }

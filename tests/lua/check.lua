@@ -37,6 +37,12 @@ function M.random_values(r, n, lo, hi)
   return t
 end
 
+-- Sets each of `tensors` (in order) to values in [-1, 1) from M.rng(seed).
+function M.set_random(p, seed, tensors)
+  local r = M.rng(seed)
+  for _, t in ipairs(tensors) do p:set(t, M.random_values(r, t.numel)) end
+end
+
 -- An SDXL-shaped UNet's training step on fixed random inputs: what is a config
 -- name, a config or a module (ck.unet.build); shape {batch, height, width
 -- (height), frozen}; opts, g:compile's options besides the loss (the mean
@@ -44,18 +50,14 @@ end
 function M.unet_step(what, shape, opts)
   local ck, unet = require "ck", require "ck.unet"
   local g = ck.graph()
-  local model, y, x = unet.build(g, what, shape)
+  local _, y, x = unet.build(g, what, shape)
   local t = g:input("target", y.shape)
   local c = {loss = ck.mse_loss(y, t)}
   for k, v in pairs(opts or {}) do c[k] = v end
   local p = g:compile(c)
-  local cfg, B, H = model.config, shape.batch, shape.height
+  local B, H = shape.batch, shape.height
   local W = shape.width or H
-  local r = M.rng(3)
-  p:set(x.sample, M.random_values(r, B * cfg.in_channels * H * W))
-  p:set(t, M.random_values(r, B * cfg.in_channels * H * W))
-  p:set(x.encoder_hidden_states, M.random_values(r, B * 77 * cfg.cross_attention_dim))
-  p:set(x.text_embeds, M.random_values(r, B * (cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim)))
+  M.set_random(p, 3, {x.sample, t, x.encoder_hidden_states, x.text_embeds})
   local ts, ids = {}, {}
   for b = 1, B do
     ts[b] = b == 1 and 17 or 901

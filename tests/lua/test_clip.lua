@@ -14,9 +14,7 @@ local names = T.MLP_PARAMS
 -- compiled, on 16 fixed rows
 local function ready(g, c, x, t)
   local p = g:compile(c)
-  local r = T.rng(9)
-  p:set(x, T.random_values(r, 16 * 3))
-  p:set(t, T.random_values(r, 16 * 2))
+  T.set_random(p, 9, {x, t})
   return p
 end
 

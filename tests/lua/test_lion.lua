@@ -10,9 +10,7 @@ local names = T.MLP_PARAMS
 local function build(opts)
   local g, c, x, t = T.mlp(16, {optimizer = "lion", lr = 1e-2, seed = 4, keep_grads = true}, opts)
   local p = g:compile(c)
-  local r = T.rng(9)
-  p:set(x, T.random_values(r, 16 * 3))
-  p:set(t, T.random_values(r, 16 * 2))
+  T.set_random(p, 9, {x, t})
   return p
 end
 

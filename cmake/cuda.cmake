@@ -9,7 +9,7 @@
 # - bench_cuda_ops (not built by default): per-op timings, see bench/gpu_check.sh.
 # - test_cuda_ops_emu: the same comparison with ops/cuda built as C++ against
 #   tests/cuda_emu, which runs the kernels on the CPU. Needs only a C++ compiler.
-# - libck_cuda.so: the backend libck loads on first use (vm/cuda_loader.c);
+# - libck_cuda.so: the backend libck loads on first use (vm/run/cuda_loader.c);
 #   libck_cuda_emu.so the same on the emulator.
 # - lua_test_device: tests/device/test_device.lua on a CUDA device (skipped
 #   without one); lua_test_device_emu: the same on the emulator (smaller model).
@@ -65,7 +65,7 @@ if(CK_CUDA_FOUND)
     set_target_properties(${t} PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
   endforeach()
 
-  # libck_cuda.so, which libck loads on first use (vm/cuda_loader.c); the op
+  # libck_cuda.so, which libck loads on first use (vm/run/cuda_loader.c); the op
   # rules come along so that it needs nothing from its host
   add_library(ck_cuda_module SHARED $<TARGET_OBJECTS:ck_cuda> ${CMAKE_SOURCE_DIR}/ops/rules.c)
   set_target_properties(ck_cuda_module PROPERTIES OUTPUT_NAME ck_cuda LINKER_LANGUAGE CUDA)

@@ -4,8 +4,8 @@
 # close with nothing leaked. (tests/sh/test_install.sh builds the same host
 # against the installed library.)
 find_package(Threads REQUIRED)
-file(GLOB CK_ASAN_SOURCES CONFIGURE_DEPENDS vm/*.c ops/*.c ops/cpu/*.c)
-list(REMOVE_ITEM CK_ASAN_SOURCES ${CMAKE_SOURCE_DIR}/vm/main.c)
+file(GLOB CK_ASAN_SOURCES CONFIGURE_DEPENDS vm/*/*.c ops/*.c ops/cpu/*.c)
+list(REMOVE_ITEM CK_ASAN_SOURCES ${CMAKE_SOURCE_DIR}/vm/cli/main.c)
 add_executable(host_embed_asan tests/c/host_embed.c ${CK_ASAN_SOURCES})
 target_include_directories(host_embed_asan PRIVATE ${LUA_INCLUDE_DIRS} ${CBLAS_INCLUDE})
 # <ck.h> as a host includes it; -idirafter so vm/ never shadows a system header.

@@ -31,8 +31,8 @@ if(CK_FUZZ)
   endif()
   set(CK_FUZZ_FLAGS -O1 -g -fno-omit-frame-pointer -Wno-pass-failed -fsanitize=address,undefined -fno-sanitize-recover=all)
 
-  file(GLOB CK_FUZZ_LIB_SOURCES CONFIGURE_DEPENDS vm/*.c ops/*.c ops/cpu/*.c)
-  list(REMOVE_ITEM CK_FUZZ_LIB_SOURCES ${CMAKE_SOURCE_DIR}/vm/main.c)
+  file(GLOB CK_FUZZ_LIB_SOURCES CONFIGURE_DEPENDS vm/*/*.c ops/*.c ops/cpu/*.c)
+  list(REMOVE_ITEM CK_FUZZ_LIB_SOURCES ${CMAKE_SOURCE_DIR}/vm/cli/main.c)
   add_library(ck_fuzz_objs OBJECT EXCLUDE_FROM_ALL ${CK_FUZZ_LIB_SOURCES})
   target_include_directories(ck_fuzz_objs PUBLIC ${LUA_INCLUDE_DIRS} ${CBLAS_INCLUDE})
   # <ck.h> as a host includes it; -idirafter so vm/ never shadows a system header
@@ -42,7 +42,7 @@ if(CK_FUZZ)
   target_link_libraries(ck_fuzz_objs PUBLIC OpenMP::OpenMP_C)
 
   # the safetensors reader needs only its own file
-  add_executable(fuzz_safetensors EXCLUDE_FROM_ALL tests/fuzz/fuzz_safetensors.c vm/safetensors.c)
+  add_executable(fuzz_safetensors EXCLUDE_FROM_ALL tests/fuzz/fuzz_safetensors.c vm/formats/safetensors.c)
   target_compile_options(fuzz_safetensors PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
   target_link_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer,address,undefined)
 

@@ -12,7 +12,7 @@ set(CK_LUA_LMOD_DIR share/lua/5.4)
 
 # The stdlib a VM loads: beside an installed libck or ckrun (PREFIX/share/lua/5.4,
 # found at run time, so `cmake --install --prefix` may move it), else the source
-# tree's, else the configured prefix's (vm/ck.c, default_stdlib).
+# tree's, else the configured prefix's (vm/embed/ck.c, default_stdlib).
 target_compile_definitions(ck_objs PRIVATE CK_STDLIB_INSTALL_DIR="${CMAKE_INSTALL_PREFIX}/${CK_LUA_LMOD_DIR}")
 
 # installed binaries keep finding the OpenMP build of OpenBLAS
@@ -27,7 +27,7 @@ install(TARGETS ck_module LIBRARY DESTINATION ${CK_LUA_CMOD_DIR})
 install(FILES vm/ck.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY stdlib/ck DESTINATION ${CK_LUA_LMOD_DIR} FILES_MATCHING PATTERN "*.lua")
 
-# the CUDA backend beside libck, where vm/cuda_loader.c looks for it
+# the CUDA backend beside libck, where vm/run/cuda_loader.c looks for it
 if(CK_CUDA_FOUND)
   get_filename_component(cudnn_dir ${CUDNN_LIBRARY} DIRECTORY)
   set_target_properties(ck_cuda_module PROPERTIES INSTALL_RPATH "${CUDAToolkit_LIBRARY_DIR};${cudnn_dir}")

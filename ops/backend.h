@@ -1,5 +1,5 @@
 /* A backend: where a program's ops run and where its arena lives. The executor
- * (vm/exec.c) and the program (vm/program.c) reach kernels, memory and errors
+ * (vm/run/exec.c) and the program (vm/run/program.c) reach kernels, memory and errors
  * only through this table, so one plan runs on the CPU or on a GPU unchanged.
  *
  * The CPU backend's arena is host memory and its calls are plain loops; the
@@ -55,7 +55,7 @@ typedef struct ck_backend {
 /* ops/cpu/backend.c */
 const ck_backend *ck_backend_cpu(void);
 
-/* vm/cuda_loader.c: the CUDA backend on device 0 (ops/cuda/backend.c, in
+/* vm/run/cuda_loader.c: the CUDA backend on device 0 (ops/cuda/backend.c, in
  * libck_cuda.so, loaded on first use), opened once and kept for the process;
  * NULL with the reason in err when there is none. */
 const ck_backend *ck_backend_cuda(char *err, size_t errlen);

@@ -132,7 +132,7 @@ enum ck_op {
     CK_OP_ADAMW_STEP,
     /* in x; out [3] = mean, standard deviation (population) and largest |x| over
      * all elements; a NaN anywhere makes the mean and absmax NaN. Logging steps
-     * only (vm/logstats.c): a block's activation statistics. */
+     * only (vm/run/logstats.c): a block's activation statistics. */
     CK_OP_STATS,
     /* in x1..xk (k <= CK_MAX_IN); out scalar = the sum of the squares of all
      * their elements, accumulated in double and rounded once. With i0 = 1, x1

@@ -2,7 +2,7 @@
  * device memory: the sentinel fill and high-water scan behind measured peaks,
  * the finiteness check behind the non-finite step guard, and the conversions
  * between bf16 storage and the fp32 copies kernels without a bf16 form read (the CPU does both
- * with plain loops over host memory, vm/exec.c and vm/program.c). */
+ * with plain loops over host memory, vm/run/exec.c and vm/run/program.c). */
 #include "common.cuh"
 #include "../fp8.h"
 

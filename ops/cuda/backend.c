@@ -3,7 +3,7 @@
  * cudaMalloc; every op is queued on the context's stream.
  *
  * This file and the kernels make libck_cuda.so, which libck loads only when
- * a program asks for the GPU (vm/cuda_loader.c): CUDA's libraries cost a
+ * a program asks for the GPU (vm/run/cuda_loader.c): CUDA's libraries cost a
  * CPU-only run nothing. The ck_cuda_module_* functions are what the loader
  * looks up. */
 #include "../backend.h"

@@ -1,6 +1,6 @@
 -- Checkpoint policies for g:compile{checkpoint = ...}: which activations
 -- backward keeps and which it recomputes. Each constructor returns a policy
--- table that the C core (vm/policy.c) decides on; a plain Lua function
+-- table that the C core (vm/plan/policy.c) decides on; a plain Lua function
 -- function(t) return "save" | "recompute" end is a policy too, called once per
 -- candidate with {op, scope, shape, bytes, flops, block, where}.
 local M = {}

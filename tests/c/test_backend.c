@@ -1,5 +1,5 @@
-/* Specification of the executor's backend seam (ops/backend.h, vm/exec.c,
- * vm/program.c) without a GPU. A "fake device" backend runs the CPU kernels on
+/* Specification of the executor's backend seam (ops/backend.h, vm/run/exec.c,
+ * vm/run/program.c) without a GPU. A "fake device" backend runs the CPU kernels on
  * an arena the program may only reach through upload/download (host = 0), so
  * every host read and write goes through the stage; its copies are counted.
  *   1. a small linear + mse_loss model trained 3 AdamW steps on the CPU and on
@@ -14,7 +14,7 @@
  * Everything is freed: the test also runs under ASan/LSan. */
 #include "backend.h"
 #include "cpu/cpu.h"
-#include "program.h"
+#include "run/program.h"
 
 #include <math.h>
 #include <stdarg.h>

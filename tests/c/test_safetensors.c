@@ -2,7 +2,7 @@
  * round trips, one rejection per kind of malformed file, a seeded fuzz loop
  * that must never crash, and saves that fail without touching the old file. */
 #define _POSIX_C_SOURCE 200809L
-#include "safetensors.h"
+#include "formats/safetensors.h"
 
 #include <dirent.h>
 #include <math.h>

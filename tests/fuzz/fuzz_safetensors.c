@@ -3,7 +3,7 @@
  * on the message. A file that opens has every tensor read in full (as fp32
  * where it can be) and every lookup checked, so a parser that accepted a bad
  * offset would read out of bounds under AddressSanitizer. */
-#include "safetensors.h"
+#include "formats/safetensors.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -25,7 +25,7 @@ steps = [r["step"] for r in recs]
 if steps != list(range(1, len(steps) + 1)): sys.exit("steps have a gap or repeat")
 if len(steps) < least: sys.exit("only %d lines" % len(steps))
 if not all(isinstance(r["time"], float) and "loss" in r for r in recs): sys.exit("a record lacks time or loss")
-# CRC-32C, written independently of vm/logtb.c
+# CRC-32C, written independently of vm/formats/logtb.c
 T = []
 for i in range(256):
     c = i

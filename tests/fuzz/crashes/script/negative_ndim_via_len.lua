@@ -1,5 +1,5 @@
 -- Finding (fuzz_script, no crash): a shape table whose __len returns a
--- negative number is taken as a tensor of -3 dims. read_shape (vm/lua_ck.c)
+-- negative number is taken as a tensor of -3 dims. read_shape (vm/lua/lua_ck.c)
 -- casts luaL_len to int and checks only ndim <= CK_MAX_DIMS, so ndim < 0
 -- passes (and a length of 2^32 + 1 is truncated to 1). The graph then holds a
 -- tensor with ndim -3 that compiles and runs; any rule or kernel that reads

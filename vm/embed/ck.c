@@ -1,0 +1,1106 @@
+/* The public API of vm/ck.h: a VM is one Lua state with the ck module
+ * preloaded, the stdlib on its path, its limits (vm/guard/runlimits.c) and its sandbox
+ * (vm/guard/sandbox.c). Every call runs protected, so no Lua error (out of memory
+ * included) ever escapes to the host; it becomes a status and one line. */
+#define _GNU_SOURCE
+#include "ck.h"
+#include "guard/runlimits.h"
+#include "lua/lua_ck.h"
+#include "guard/sandbox.h"
+#include "run/program.h"
+#include "util/text.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef CK_STDLIB_DIR
+#define CK_STDLIB_DIR "stdlib"
+#endif
+
+#define DEFAULT_SANDBOX_HEAP ((size_t)1 << 30)
+#define DEFAULT_CALLBACK_BUDGET 100000000LL
+
+int luaopen_ck(lua_State *L);
+
+struct ck_model {
+    ck_vm *vm;
+    int ref;            /* the program, in the registry */
+    ck_model *prev, *next;
+    double loss;
+    double last_s, total_s;
+    int64_t timed;
+};
+
+struct ck_vm {
+    lua_State *L;
+    lua_Alloc alloc;
+    void *alloc_ud;
+    ck_limits lim;
+    ck_sandbox sb;
+    void (*log)(void *ud, const char *text, size_t len);
+    void *log_ud;
+    int warn_cont;
+    int default_dirs;
+    int dead;           /* bad options: every call fails with `status` */
+    int status;
+    lua_Integer seed;
+    char device[16];    /* programs compile for this backend unless told otherwise */
+    ck_model *models;
+    char chunk[256];    /* the script of the running call, for messages without a line */
+    char err[1024];
+};
+
+const char *ck_version(void) { return CK_VERSION; }
+
+int ck_device_available(const char *name)
+{
+    if (name && !strcmp(name, "cpu")) return 1;
+    return name && !strcmp(name, "cuda") && ck_cuda_devices() > 0;
+}
+
+/* ---- printing through the log callback */
+
+static void vm_log(ck_vm *vm, const char *s, size_t n) { vm->log(vm->log_ud, s, n); }
+
+static int l_print(lua_State *L)
+{
+    ck_vm *vm = lua_touserdata(L, lua_upvalueindex(1));
+    int n = lua_gettop(L);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 1; i <= n; i++) {
+        if (i > 1) luaL_addchar(&b, '\t');
+        luaL_tolstring(L, i, NULL);
+        luaL_addvalue(&b);
+    }
+    luaL_addchar(&b, '\n');
+    luaL_pushresult(&b);
+    size_t len;
+    const char *s = lua_tolstring(L, -1, &len);
+    vm_log(vm, s, len);
+    return 0;
+}
+
+/* io.write(...) and the write method of io.stdout and io.stderr (upvalue 2
+ * true): strings and numbers, as io.write formats them */
+static int l_log_write(lua_State *L)
+{
+    ck_vm *vm = lua_touserdata(L, lua_upvalueindex(1));
+    int method = lua_toboolean(L, lua_upvalueindex(2));
+    int n = lua_gettop(L);
+    for (int i = method ? 2 : 1; i <= n; i++) {
+        size_t len;
+        const char *s = luaL_checklstring(L, i, &len);
+        vm_log(vm, s, len);
+    }
+    if (method) lua_settop(L, 1);
+    else lua_getfield(L, LUA_REGISTRYINDEX, "ck.stdout");
+    return 1;
+}
+
+static int l_log_self(lua_State *L)
+{
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int l_log_noclose(lua_State *L)
+{
+    luaL_pushfail(L);
+    lua_pushliteral(L, "cannot close standard file");
+    return 2;
+}
+
+static int l_log_unreadable(lua_State *L)
+{
+    luaL_pushfail(L);
+    lua_pushliteral(L, "the log is not readable");
+    return 2;
+}
+
+static int l_log_setvbuf(lua_State *L)
+{
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* a stand-in for io.stdout / io.stderr that writes to the log */
+static void push_log_file(lua_State *L, ck_vm *vm)
+{
+    lua_createtable(L, 0, 6);
+    lua_pushlightuserdata(L, vm);
+    lua_pushboolean(L, 1);
+    lua_pushcclosure(L, l_log_write, 2);
+    lua_setfield(L, -2, "write");
+    lua_pushcfunction(L, l_log_self);
+    lua_setfield(L, -2, "flush");
+    lua_pushcfunction(L, l_log_noclose);
+    lua_setfield(L, -2, "close");
+    lua_pushcfunction(L, l_log_setvbuf);
+    lua_setfield(L, -2, "setvbuf");
+    lua_pushcfunction(L, l_log_unreadable);
+    lua_setfield(L, -2, "read");
+    lua_pushcfunction(L, l_log_unreadable);
+    lua_setfield(L, -2, "lines");
+}
+
+static void warnf(void *ud, const char *msg, int tocont)
+{
+    ck_vm *vm = ud;
+    if (!vm->warn_cont && msg[0] == '@') return; /* control messages */
+    if (vm->log) {
+        if (!vm->warn_cont) vm_log(vm, "Lua warning: ", 13);
+        vm_log(vm, msg, strlen(msg));
+        if (!tocont) vm_log(vm, "\n", 1);
+    }
+    vm->warn_cont = tocont;
+}
+
+/* ---- where the stdlib is: beside an installed library, else the build's */
+
+static int is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void default_stdlib(char *buf, size_t len)
+{
+    Dl_info info;
+    char obj[PATH_MAX], cand[PATH_MAX + 64];
+    obj[0] = 0;
+    if (dladdr((void *)&ck_open, &info) && info.dli_fname && strstr(info.dli_fname, ".so")) {
+        if (!realpath(info.dli_fname, obj)) obj[0] = 0;
+    } else {
+        ssize_t n = readlink("/proc/self/exe", obj, sizeof obj - 1);
+        obj[n > 0 ? n : 0] = 0;
+    }
+    char *slash = strrchr(obj, '/');
+    if (slash) {
+        *slash = 0;
+        /* PREFIX/bin/ckrun, PREFIX/lib/libck.so, PREFIX/lib/<arch>/libck.so */
+        static const char *const rel[] = {"/../share/lua/5.4", "/../../share/lua/5.4"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(cand, sizeof cand, "%s%s/ck", obj, rel[i]);
+            if (is_dir(cand)) {
+                cand[strlen(cand) - 3] = 0;
+                if (realpath(cand, buf)) return;
+            }
+        }
+    }
+#ifdef CK_STDLIB_INSTALL_DIR
+    if (!is_dir(CK_STDLIB_DIR "/ck") && is_dir(CK_STDLIB_INSTALL_DIR "/ck")) {
+        snprintf(buf, len, "%s", CK_STDLIB_INSTALL_DIR);
+        return;
+    }
+#endif
+    snprintf(buf, len, "%s", CK_STDLIB_DIR);
+}
+
+/* ---- errors */
+
+static int has_location(const char *s)
+{
+    for (const char *p = strchr(s, ':'); p; p = strchr(p + 1, ':')) {
+        const char *q = p + 1;
+        while (*q >= '0' && *q <= '9') q++;
+        if (q > p + 1 && *q == ':') return 1;
+    }
+    return 0;
+}
+
+/* msg on one line: following lines joined with "; " (no traceback) */
+static void one_line(char *dst, size_t len, const char *msg)
+{
+    size_t k = 0;
+    int sep = 0;
+    for (const char *p = msg; *p && k + 3 < len; p++) {
+        if (*p == '\n' || *p == '\r') {
+            if (!strncmp(p + 1, "stack traceback:", 16)) break;
+            sep = 1;
+            continue;
+        }
+        if (sep) {
+            if (*p == '\t' || *p == ' ') continue;
+            if (k && dst[k - 1] != ':') dst[k++] = ';';
+            dst[k++] = ' ';
+            sep = 0;
+        }
+        dst[k++] = *p;
+    }
+    dst[k] = 0;
+}
+
+static int set_error(ck_vm *vm, int code, const char *msg)
+{
+    char line[sizeof vm->err];
+    one_line(line, sizeof line, msg && *msg ? msg : "unknown error");
+    const char *oom = strstr(line, "not enough memory");
+    if (code == CK_EMEM && oom) {
+        char what[160], size[64];
+        if (vm->lim.heap_limit) {
+            ck_bytes_text(vm->lim.heap_limit, size, sizeof size);
+            snprintf(what, sizeof what, "out of memory (the Lua heap limit of %s is reached)", size);
+        } else {
+            snprintf(what, sizeof what, "out of memory");
+        }
+        snprintf(vm->err, sizeof vm->err, "%s%s%.*s%s%s", has_location(line) || !vm->chunk[0] ? "" : vm->chunk,
+                 has_location(line) || !vm->chunk[0] ? "" : ": ", (int)(oom - line), line, what,
+                 oom + strlen("not enough memory"));
+    } else {
+        snprintf(vm->err, sizeof vm->err, "%s", line);
+    }
+    vm->status = code;
+    return code;
+}
+
+static ck_vm *dead(ck_vm *vm, int code, const char *msg)
+{
+    vm->dead = 1;
+    set_error(vm, code, msg);
+    return vm;
+}
+
+/* the message handler: strings as they are, other error values named */
+static int msgh(lua_State *L)
+{
+    if (lua_type(L, 1) == LUA_TSTRING) return 1;
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+    char w[256];
+    ck_lua_where(L, w, sizeof w);
+    lua_pushfstring(L, "%s: (error object is a %s value)", w, luaL_typename(L, 1));
+    return 1;
+}
+
+/* Every protected call gets one of these first in its argument struct: the
+ * function may set code before it raises, to give the error its status. */
+typedef struct call {
+    ck_vm *vm;
+    int code;
+} call;
+
+static int classify(ck_vm *vm, int st, const char *msg, int hint)
+{
+    if (vm->lim.tripped) return vm->lim.tripped;
+    int c = ck_limits_code_of(&vm->lim, msg);
+    if (c) return c;
+    if (hint) return hint;
+    if (st == LUA_ERRMEM || (vm->lim.heap_refused && msg && strstr(msg, "not enough memory"))) return CK_EMEM;
+    if (vm->lim.interrupt) return CK_EINTR;
+    return CK_ERUN;
+}
+
+static int protected(ck_vm *vm, lua_CFunction f, call *c, const char *chunk)
+{
+    if (vm->dead) return vm->status;
+    lua_State *L = vm->L;
+    vm->err[0] = 0;
+    if (chunk) snprintf(vm->chunk, sizeof vm->chunk, "%s", chunk);
+    if (vm->lim.interrupt) {
+        vm->lim.interrupt = 0;
+        return set_error(vm, CK_EINTR, "interrupted");
+    }
+    int base = lua_gettop(L);
+    lua_pushcfunction(L, msgh);
+    lua_pushcfunction(L, f);
+    lua_pushlightuserdata(L, c);
+    int st = lua_pcall(L, 1, 0, base + 1);
+    int code = CK_OK;
+    if (st != LUA_OK) {
+        const char *msg = lua_tostring(L, -1);
+        code = classify(vm, st, msg, c->code);
+        if (vm->lim.tripped) msg = vm->lim.noted;
+        set_error(vm, code, msg);
+        if (code == CK_EINTR) vm->lim.interrupt = 0;
+    }
+    lua_settop(L, base);
+    ck_limits_reset(&vm->lim);
+    vm->status = code;
+    return code;
+}
+
+/* raises an argument error: status CK_EARG */
+static int arg_error(lua_State *L, call *c, const char *fmt, const char *s)
+{
+    c->code = CK_EARG;
+    return luaL_error(L, fmt, s);
+}
+
+/* ---- opening */
+
+static void *default_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    (void)ud;
+    (void)osize;
+    if (nsize == 0) {
+        free(ptr);
+        return NULL;
+    }
+    return realloc(ptr, nsize);
+}
+
+static int open_ck(lua_State *L)
+{
+    luaopen_ck(L);
+    if (lua_toboolean(L, lua_upvalueindex(1))) ck_sandbox_lock_metatables(L);
+    return 1;
+}
+
+typedef struct setup {
+    call c;
+    const ck_options *o;
+    const char *stdlib;
+} setup;
+
+static int p_setup(lua_State *L)
+{
+    setup *a = lua_touserdata(L, 1);
+    ck_vm *vm = a->c.vm;
+    const ck_options *o = a->o;
+    luaL_openlibs(L);
+    ck_limits_install(L, &vm->lim);
+    lua_setwarnf(L, warnf, vm);
+    lua_getglobal(L, "math");
+    lua_getfield(L, -1, "randomseed");
+    lua_pushinteger(L, vm->seed);
+    lua_call(L, 1, 0);
+    lua_pop(L, 1);
+    if (vm->sb.on) ck_sandbox_install(L, &vm->sb, vm->seed);
+    lua_pushboolean(L, o->plan_only);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
+    lua_pushboolean(L, o->json);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.json");
+    lua_pushstring(L, o->plan_policies);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_policies");
+    lua_pushstring(L, o->plan_svg);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_svg");
+    if (o->plan_max_batch > 0) lua_pushnumber(L, o->plan_max_batch);
+    else lua_pushnil(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_max_batch");
+    lua_pushstring(L, vm->device);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.device");
+    lua_newtable(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.results");
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+    lua_pushboolean(L, vm->sb.on);
+    lua_pushcclosure(L, open_ck, 1);
+    lua_setfield(L, -2, "ck");
+    lua_pop(L, 1);
+    /* the stdlib first on package.path */
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "path");
+    lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", a->stdlib, a->stdlib, lua_tostring(L, -1));
+    lua_setfield(L, -3, "path");
+    lua_pop(L, 2);
+    if (vm->log) {
+        lua_pushlightuserdata(L, vm);
+        lua_pushcclosure(L, l_print, 1);
+        lua_setglobal(L, "print");
+        lua_getglobal(L, "io");
+        push_log_file(L, vm);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, LUA_REGISTRYINDEX, "ck.stdout");
+        lua_setfield(L, -2, "stdout");
+        push_log_file(L, vm);
+        lua_setfield(L, -2, "stderr");
+        lua_pushlightuserdata(L, vm);
+        lua_pushboolean(L, 0);
+        lua_pushcclosure(L, l_log_write, 2);
+        lua_setfield(L, -2, "write");
+        lua_pop(L, 1);
+    }
+    return 0;
+}
+
+ck_vm *ck_open(const ck_options *opt)
+{
+    ck_options o;
+    memset(&o, 0, sizeof o);
+    if (opt) o = *opt;
+    lua_Alloc alloc = o.alloc ? o.alloc : default_alloc;
+    ck_vm *vm = alloc(o.alloc_ud, NULL, 0, sizeof *vm);
+    if (!vm) return NULL;
+    memset(vm, 0, sizeof *vm);
+    vm->alloc = alloc;
+    vm->alloc_ud = o.alloc_ud;
+    vm->log = o.log;
+    vm->log_ud = o.log_ud;
+    vm->seed = (lua_Integer)o.seed;
+    vm->default_dirs = !o.no_default_dirs;
+    vm->lim.alloc = alloc;
+    vm->lim.alloc_ud = o.alloc_ud;
+    vm->lim.heap_limit = o.heap_limit == SIZE_MAX ? 0 : o.heap_limit ? o.heap_limit : o.trust ? 0 : DEFAULT_SANDBOX_HEAP;
+    vm->lim.budget = o.callback_budget < 0 ? -1 : o.callback_budget ? o.callback_budget : DEFAULT_CALLBACK_BUDGET;
+    vm->sb.on = !o.trust;
+    vm->sb.alloc = alloc;
+    vm->sb.alloc_ud = o.alloc_ud;
+    char msg[PATH_MAX + 128];
+    /* a device named outright opens now, so that a missing one fails here;
+     * auto only looks (the GPU opens when a program first compiles for it) */
+    if (!o.device || !strcmp(o.device, "auto")) {
+        snprintf(vm->device, sizeof vm->device, "%s", ck_default_device());
+    } else {
+        const ck_backend *be = ck_backend_find(o.device, o.plan_only, msg, sizeof msg);
+        if (!be) return dead(vm, CK_EARG, msg);
+        snprintf(vm->device, sizeof vm->device, "%s", be->name);
+    }
+    if (o.nondeterministic && !strcmp(vm->device, "cuda") && !o.plan_only && ck_cuda_configure(0, -1, msg, sizeof msg))
+        return dead(vm, CK_EARG, msg);
+    char stdlib[PATH_MAX];
+    if (o.stdlib_dir) snprintf(stdlib, sizeof stdlib, "%s", o.stdlib_dir);
+    else default_stdlib(stdlib, sizeof stdlib);
+    if (vm->sb.on) {
+        if (vm->default_dirs && ck_sandbox_allow(&vm->sb, ".", 1))
+            return dead(vm, errno == ENOMEM ? CK_EMEM : CK_EARG, "cannot resolve the working directory for the sandbox");
+        for (int w = 0; w < 2; w++) {
+            const char *const *list = w ? o.allow_write : o.allow_read;
+            for (int i = 0; list && list[i]; i++) {
+                if (!list[i][0] || ck_sandbox_allow(&vm->sb, list[i], w)) {
+                    snprintf(msg, sizeof msg, "cannot allow %s '%s': %s", w ? "writing under" : "reading under", list[i],
+                             list[i][0] ? strerror(errno) : "empty path");
+                    return dead(vm, errno == ENOMEM ? CK_EMEM : CK_EARG, msg);
+                }
+            }
+        }
+        if (is_dir(stdlib) && ck_sandbox_set_lib(&vm->sb, stdlib)) return dead(vm, CK_EMEM, "out of memory");
+    }
+    vm->L = lua_newstate(ck_limits_alloc, &vm->lim);
+    if (!vm->L) return dead(vm, CK_EMEM, "out of memory: cannot start Lua");
+    setup s = {{vm, 0}, &o, stdlib};
+    lua_pushcfunction(vm->L, p_setup);
+    lua_pushlightuserdata(vm->L, &s);
+    int st = lua_pcall(vm->L, 1, 0, 0);
+    if (st != LUA_OK) {
+        snprintf(msg, sizeof msg, "cannot start the VM: %s", st == LUA_ERRMEM ? "not enough memory" : lua_tostring(vm->L, -1));
+        lua_close(vm->L);
+        vm->L = NULL;
+        return dead(vm, st == LUA_ERRMEM ? CK_EMEM : CK_ERUN, msg);
+    }
+    vm->status = CK_OK;
+    return vm;
+}
+
+void ck_close(ck_vm *vm)
+{
+    if (!vm) return;
+    while (vm->models) {
+        ck_model *m = vm->models;
+        vm->models = m->next;
+        vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
+    }
+    if (vm->L) lua_close(vm->L);
+    ck_sandbox_free(&vm->sb);
+    vm->alloc(vm->alloc_ud, vm, sizeof *vm, 0);
+}
+
+int ck_status(const ck_vm *vm) { return vm ? vm->status : CK_EARG; }
+
+const char *ck_error(const ck_vm *vm) { return vm ? vm->err : "no VM"; }
+
+void ck_interrupt(ck_vm *vm)
+{
+    if (vm) vm->lim.interrupt = 1;
+}
+
+/* ---- running scripts */
+
+static void push_arg_value(lua_State *L, const char *v)
+{
+    if (lua_stringtonumber(L, v) == 0) lua_pushstring(L, v);
+}
+
+static int refuse_binary(lua_State *L, call *c, const char *what)
+{
+    c->code = CK_EDENIED;
+    return luaL_error(L, "%s: binary chunks are refused in the sandbox; run Lua source (ckrun --trust allows them)", what);
+}
+
+/* after a failed load: the message on top, its status as the call's */
+static int load_error(lua_State *L, call *c, int st, const char *what)
+{
+    const char *m = lua_tostring(L, -1);
+    if (st == LUA_ERRSYNTAX && m && strstr(m, "attempt to load a binary chunk")) return refuse_binary(L, c, what);
+    c->code = st == LUA_ERRSYNTAX ? CK_ESYNTAX : st == LUA_ERRMEM ? CK_EMEM : CK_EFILE;
+    return lua_error(L);
+}
+
+typedef struct runfile {
+    call c;
+    const char *path;
+    int argc;
+    const char *const *argv;
+} runfile;
+
+static int p_run_file(lua_State *L)
+{
+    runfile *a = lua_touserdata(L, 1);
+    ck_vm *vm = a->c.vm;
+    FILE *f = fopen(a->path, "rb");
+    if (!f) {
+        a->c.code = CK_EFILE;
+        return luaL_error(L, "cannot open script '%s': %s", a->path, strerror(errno));
+    }
+    fclose(f);
+    int st = luaL_loadfilex(L, a->path, vm->sb.on ? "t" : "bt");
+    if (st != LUA_OK) return load_error(L, &a->c, st, a->path);
+    /* the script may read beside itself */
+    if (vm->sb.on && vm->default_dirs) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", a->path);
+        char *s = strrchr(dir, '/');
+        if (s) *s = 0;
+        if (ck_sandbox_allow(&vm->sb, s ? (dir[0] ? dir : "/") : ".", 0) && errno == ENOMEM)
+            return luaL_error(L, "not enough memory");
+    }
+    /* args table: --key value pairs and positional words */
+    lua_newtable(L);
+    int pos = 0;
+    for (int i = 0; i < a->argc; i++) {
+        const char *s = a->argv[i];
+        if (s[0] == '-' && s[1] == '-' && s[2]) {
+            const char *key = s + 2, *eq = strchr(key, '=');
+            if (eq) {
+                lua_pushlstring(L, key, (size_t)(eq - key));
+                push_arg_value(L, eq + 1);
+            } else if (i + 1 < a->argc && !(a->argv[i + 1][0] == '-' && a->argv[i + 1][1] == '-')) {
+                lua_pushstring(L, key);
+                push_arg_value(L, a->argv[++i]);
+            } else {
+                lua_pushstring(L, key);
+                lua_pushboolean(L, 1);
+            }
+            lua_settable(L, -3);
+        } else {
+            push_arg_value(L, s);
+            lua_rawseti(L, -2, ++pos);
+        }
+    }
+    lua_pushstring(L, a->path);
+    lua_setfield(L, -2, "script");
+    lua_pushvalue(L, -1);
+    lua_setglobal(L, "args");
+    lua_call(L, 1, 0);
+    return 0;
+}
+
+int ck_run_file(ck_vm *vm, const char *path, int argc, const char *const *argv)
+{
+    if (!vm) return CK_EARG;
+    if (!path || argc < 0 || (argc > 0 && !argv)) return set_error(vm, CK_EARG, "ck_run_file: no script path");
+    runfile a = {{vm, 0}, path, argc, argv};
+    return protected(vm, p_run_file, &a.c, path);
+}
+
+typedef struct runstring {
+    call c;
+    const char *code;
+    const char *name;
+} runstring;
+
+static int p_run_string(lua_State *L)
+{
+    runstring *a = lua_touserdata(L, 1);
+    ck_vm *vm = a->c.vm;
+    size_t len = strlen(a->code);
+    lua_pushfstring(L, "=%s", a->name);
+    if (vm->sb.on && len && a->code[0] == LUA_SIGNATURE[0]) return refuse_binary(L, &a->c, a->name);
+    int st = luaL_loadbufferx(L, a->code, len, lua_tostring(L, -1), vm->sb.on ? "t" : "bt");
+    if (st != LUA_OK) return load_error(L, &a->c, st, a->name);
+    lua_call(L, 0, 0);
+    return 0;
+}
+
+int ck_run_string(ck_vm *vm, const char *code, const char *chunkname)
+{
+    if (!vm) return CK_EARG;
+    if (!code) return set_error(vm, CK_EARG, "ck_run_string: no code");
+    runstring a = {{vm, 0}, code, chunkname ? chunkname : "string"};
+    return protected(vm, p_run_string, &a.c, a.name);
+}
+
+/* ---- values, calls and globals */
+
+/* pushes the value at a dotted path from the globals (nil when missing) */
+static void push_path(lua_State *L, const char *name)
+{
+    lua_pushglobaltable(L);
+    const char *p = name;
+    for (;;) {
+        const char *dot = strchr(p, '.');
+        size_t n = dot ? (size_t)(dot - p) : strlen(p);
+        if (!lua_istable(L, -1)) {
+            lua_pop(L, 1);
+            lua_pushnil(L);
+            return;
+        }
+        lua_pushlstring(L, p, n);
+        lua_gettable(L, -2);
+        lua_remove(L, -2);
+        if (!dot) return;
+        p = dot + 1;
+    }
+}
+
+static void push_value(lua_State *L, const ck_value *v)
+{
+    switch (v->type) {
+    case CK_TBOOLEAN: lua_pushboolean(L, v->number != 0); break;
+    case CK_TNUMBER:
+        if (v->number == floor(v->number) && fabs(v->number) < 9007199254740992.0) lua_pushinteger(L, (lua_Integer)v->number);
+        else lua_pushnumber(L, v->number);
+        break;
+    case CK_TSTRING:
+        if (v->string) lua_pushlstring(L, v->string, v->len);
+        else lua_pushnil(L);
+        break;
+    default: lua_pushnil(L); break;
+    }
+}
+
+/* res from the value at index i; strings are kept alive by the results table
+ * (at index keep) until the next call */
+static void to_value(lua_State *L, int i, int keep, ck_value *res)
+{
+    i = lua_absindex(L, i);
+    memset(res, 0, sizeof *res);
+    switch (lua_type(L, i)) {
+    case LUA_TNIL:
+    case LUA_TNONE: res->type = CK_TNIL; break;
+    case LUA_TBOOLEAN:
+        res->type = CK_TBOOLEAN;
+        res->number = lua_toboolean(L, i);
+        break;
+    case LUA_TNUMBER:
+        res->type = CK_TNUMBER;
+        res->number = lua_tonumber(L, i);
+        break;
+    case LUA_TSTRING:
+        res->type = CK_TSTRING;
+        lua_pushvalue(L, i);
+        res->string = lua_tolstring(L, -1, &res->len);
+        lua_rawseti(L, keep, (lua_Integer)luaL_len(L, keep) + 1);
+        break;
+    default:
+        res->type = CK_TOTHER;
+        res->string = luaL_typename(L, i);
+        res->len = strlen(res->string);
+        break;
+    }
+}
+
+/* a fresh results table, in the registry and on the stack */
+static int new_results(lua_State *L)
+{
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ck.results");
+    return lua_gettop(L);
+}
+
+typedef struct callfn {
+    call c;
+    const char *name;
+    int nargs;
+    const ck_value *args;
+    int nres;
+    ck_value *res;
+} callfn;
+
+static int p_call(lua_State *L)
+{
+    callfn *a = lua_touserdata(L, 1);
+    int keep = new_results(L);
+    push_path(L, a->name);
+    if (!lua_isfunction(L, -1))
+        return arg_error(L, &a->c, "ck_call: '%s' is not a function", a->name);
+    luaL_checkstack(L, a->nargs + a->nres + 4, "too many arguments");
+    for (int i = 0; i < a->nargs; i++) push_value(L, &a->args[i]);
+    lua_call(L, a->nargs, a->nres);
+    int first = lua_gettop(L) - a->nres + 1;
+    for (int i = 0; i < a->nres; i++) to_value(L, first + i, keep, &a->res[i]);
+    return 0;
+}
+
+int ck_call(ck_vm *vm, const char *name, int nargs, const ck_value *args, int nres, ck_value *res)
+{
+    if (!vm) return CK_EARG;
+    if (!name || nargs < 0 || nres < 0 || (nargs && !args) || (nres && !res))
+        return set_error(vm, CK_EARG, "ck_call: bad arguments");
+    for (int i = 0; i < nres; i++) res[i] = ck_nil();
+    callfn a = {{vm, 0}, name, nargs, args, nres, res};
+    return protected(vm, p_call, &a.c, name);
+}
+
+typedef struct global {
+    call c;
+    const char *name;
+    int type; /* LUA_TNUMBER or LUA_TSTRING */
+    ck_value v;
+    int set;
+} global;
+
+static int p_global(lua_State *L)
+{
+    global *a = lua_touserdata(L, 1);
+    if (a->set) {
+        const char *dot = strrchr(a->name, '.');
+        if (dot) {
+            lua_pushlstring(L, a->name, (size_t)(dot - a->name));
+            push_path(L, lua_tostring(L, -1));
+            if (!lua_istable(L, -1)) return arg_error(L, &a->c, "no table '%s' to set a field in", lua_tostring(L, -2));
+        } else {
+            lua_pushglobaltable(L);
+        }
+        push_value(L, &a->v);
+        lua_setfield(L, -2, dot ? dot + 1 : a->name);
+        return 0;
+    }
+    int keep = new_results(L);
+    push_path(L, a->name);
+    if (lua_type(L, -1) != a->type)
+        return luaL_error(L, "'%s' is %s, not a %s", a->name, luaL_typename(L, -1), lua_typename(L, a->type));
+    to_value(L, -1, keep, &a->v);
+    return 0;
+}
+
+static int get_global(ck_vm *vm, const char *name, int type, ck_value *v)
+{
+    if (!vm) return CK_EARG;
+    if (!name) return set_error(vm, CK_EARG, "no name");
+    global a = {{vm, CK_EARG}, name, type, {CK_TNIL, 0, NULL, 0}, 0};
+    int st = protected(vm, p_global, &a.c, name);
+    *v = a.v;
+    return st;
+}
+
+int ck_get_number(ck_vm *vm, const char *name, double *out)
+{
+    ck_value v = ck_nil();
+    int st = get_global(vm, name, LUA_TNUMBER, &v);
+    if (st == CK_OK && out) *out = v.number;
+    return st;
+}
+
+int ck_get_string(ck_vm *vm, const char *name, const char **out, size_t *len)
+{
+    ck_value v = ck_nil();
+    int st = get_global(vm, name, LUA_TSTRING, &v);
+    if (st == CK_OK) {
+        if (out) *out = v.string;
+        if (len) *len = v.len;
+    }
+    return st;
+}
+
+static int set_global(ck_vm *vm, const char *name, ck_value v)
+{
+    if (!vm) return CK_EARG;
+    if (!name || !*name) return set_error(vm, CK_EARG, "no name");
+    global a = {{vm, 0}, name, 0, v, 1};
+    return protected(vm, p_global, &a.c, name);
+}
+
+int ck_set_number(ck_vm *vm, const char *name, double x) { return set_global(vm, name, ck_number(x)); }
+
+int ck_set_string(ck_vm *vm, const char *name, const char *s)
+{
+    if (!s) return vm ? set_error(vm, CK_EARG, "ck_set_string: NULL string") : CK_EARG;
+    return set_global(vm, name, ck_string(s));
+}
+
+/* ---- models */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct modelopen {
+    call c;
+    const char *name;
+    int nargs;
+    const ck_value *args;
+    int ref;
+} modelopen;
+
+static int p_model_open(lua_State *L)
+{
+    modelopen *a = lua_touserdata(L, 1);
+    push_path(L, a->name);
+    if (lua_isfunction(L, -1)) {
+        luaL_checkstack(L, a->nargs + 4, "too many arguments");
+        for (int i = 0; i < a->nargs; i++) push_value(L, &a->args[i]);
+        lua_call(L, a->nargs, 1);
+    } else if (a->nargs > 0) {
+        return arg_error(L, &a->c, "ck_model_open: '%s' is not a function, and only a function takes arguments", a->name);
+    }
+    if (!luaL_testudata(L, -1, "ck.program")) {
+        a->c.code = CK_EARG;
+        return luaL_error(L, "ck_model_open: '%s' %s %s, not a compiled program (g:compile{...})", a->name,
+                          lua_isfunction(L, -1) ? "is" : "gave", luaL_typename(L, -1));
+    }
+    ck_lua_program(L, -1); /* raises if the program is closed */
+    a->ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, ck_model **out)
+{
+    if (!vm) return CK_EARG;
+    if (out) *out = NULL;
+    if (!name || !out || nargs < 0 || (nargs && !args)) return set_error(vm, CK_EARG, "ck_model_open: bad arguments");
+    if (vm->dead) return vm->status;
+    ck_model *m = vm->alloc(vm->alloc_ud, NULL, 0, sizeof *m);
+    if (!m) return set_error(vm, CK_EMEM, "out of memory");
+    memset(m, 0, sizeof *m);
+    modelopen a = {{vm, 0}, name, nargs, args, LUA_NOREF};
+    int st = protected(vm, p_model_open, &a.c, name);
+    if (st != CK_OK) {
+        vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
+        return st;
+    }
+    m->vm = vm;
+    m->ref = a.ref;
+    m->loss = NAN;
+    m->next = vm->models;
+    if (vm->models) vm->models->prev = m;
+    vm->models = m;
+    *out = m;
+    return CK_OK;
+}
+
+static int p_unref(lua_State *L)
+{
+    luaL_unref(L, LUA_REGISTRYINDEX, (int)lua_tointeger(L, 1));
+    return 0;
+}
+
+void ck_model_close(ck_model *m)
+{
+    if (!m) return;
+    ck_vm *vm = m->vm;
+    if (vm->L) {
+        lua_pushcfunction(vm->L, p_unref);
+        lua_pushinteger(vm->L, m->ref);
+        if (lua_pcall(vm->L, 1, 0, 0) != LUA_OK) lua_pop(vm->L, 1);
+    }
+    if (m->prev) m->prev->next = m->next;
+    else vm->models = m->next;
+    if (m->next) m->next->prev = m->prev;
+    vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
+}
+
+typedef struct modelcall {
+    call c;
+    ck_model *m;
+    int what; /* 0 step, 1 forward, 2 plan, 3 metrics, 4 set, 5 read, 6 shape */
+    const char *tensor;
+    const float *in;
+    float *outp;
+    size_t n;
+    double loss;
+    ck_plan_info plan;
+    ck_metrics metrics;
+    int64_t *dims;
+    int ndim;
+    int64_t numel; /* read: the tensor's size once known, else -1 */
+} modelcall;
+
+static lua_Integer int_field(lua_State *L, int t, const char *k)
+{
+    lua_getfield(L, t, k);
+    lua_Integer v = lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* the program of m at index 2, the tensor name at 3; returns its id */
+static int model_tensor(lua_State *L, modelcall *a, ck_program **pp)
+{
+    *pp = ck_lua_program(L, 2);
+    a->c.code = CK_EARG;
+    lua_pushstring(L, a->tensor);
+    int id = ck_lua_program_tensor(L, *pp, 3);
+    a->c.code = 0;
+    return id;
+}
+
+static int p_model(lua_State *L)
+{
+    modelcall *a = lua_touserdata(L, 1);
+    ck_model *m = a->m;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref);
+    int prog = lua_gettop(L);
+    if (a->what <= 1) {
+        lua_getfield(L, prog, a->what ? "forward" : "step");
+        lua_pushvalue(L, prog);
+        double t0 = now_s();
+        lua_call(L, 1, 1);
+        double dt = now_s() - t0;
+        a->loss = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : NAN;
+        m->loss = a->loss;
+        if (a->what == 0) {
+            m->last_s = dt;
+            m->total_s += dt;
+            m->timed++;
+        }
+        return 0;
+    }
+    if (a->what == 2) {
+        lua_getfield(L, prog, "plan");
+        lua_pushvalue(L, prog);
+        lua_call(L, 1, 1);
+        int t = lua_gettop(L);
+        a->plan.peak = (size_t)int_field(L, t, "peak");
+        a->plan.persistent = (size_t)int_field(L, t, "persistent");
+        a->plan.transient = (size_t)int_field(L, t, "transient");
+        a->plan.workspace = (size_t)int_field(L, t, "workspace");
+        a->plan.arena = (size_t)int_field(L, t, "arena");
+        a->plan.device = (size_t)int_field(L, t, "device_bytes");
+        a->plan.ops = (int)int_field(L, t, "ops");
+        return 0;
+    }
+    if (a->what == 3) {
+        ck_lua_program(L, prog);
+        a->metrics.steps = (int64_t)int_field(L, prog, "steps");
+        lua_getfield(L, prog, "lr");
+        a->metrics.lr = lua_tonumber(L, -1);
+        a->metrics.loss = m->loss;
+        a->metrics.last_step_seconds = m->last_s;
+        a->metrics.mean_step_seconds = m->timed ? m->total_s / (double)m->timed : 0;
+        return 0;
+    }
+    ck_program *p;
+    int id = model_tensor(L, a, &p);
+    const ck_tensor *t = &p->g->t[id];
+    int64_t numel = ck_shape_numel(&t->shape);
+    a->c.code = CK_EARG;
+    if (a->what == 6) {
+        a->ndim = t->shape.ndim;
+        for (int d = 0; d < t->shape.ndim && d < CK_SHAPE_MAX; d++) a->dims[d] = t->shape.d[d];
+        return 0;
+    }
+    if (a->what == 4) {
+        if (p->poff[id] < 0) return luaL_error(L, "ck_model_set: '%s' is not an input or parameter", a->tensor);
+        if (!ck_program_data(p, id)) return luaL_error(L, "ck_model_set: a plan-only program holds no values");
+        if ((int64_t)a->n != numel) {
+            char s[128];
+            return luaL_error(L, "ck_model_set: '%s' %s has %d elements, got %d values", a->tensor,
+                              ck_shape_str(&t->shape, s, sizeof s), (int)numel, (int)a->n);
+        }
+        float *x = ck_program_write_begin(p, id, 0);
+        if (!x) return luaL_error(L, "ck_model_set: %s", p->err);
+        memcpy(x, a->in, sizeof(float) * (size_t)numel);
+        if (ck_program_write_end(p, id)) return luaL_error(L, "ck_model_set: %s", p->err);
+        return 0;
+    }
+    const float *x = ck_program_read(p, id);
+    if (!x && p->err[0]) return luaL_error(L, "ck_model_read: %s", p->err);
+    if (!x)
+        return luaL_error(L, "ck_model_read: '%s' was not kept by the last run; list it in compile{outputs=...}",
+                          a->tensor);
+    a->numel = numel;
+    if (!a->outp) return 0;
+    if (a->n < (size_t)numel)
+        return luaL_error(L, "ck_model_read: '%s' has %d values, more than the buffer's %d", a->tensor, (int)numel,
+                          (int)a->n);
+    memcpy(a->outp, x, sizeof(float) * (size_t)numel);
+    return 0;
+}
+
+static int model_call(ck_model *m, modelcall *a)
+{
+    if (!m) return CK_EARG;
+    a->c.vm = m->vm;
+    a->m = m;
+    if ((a->what >= 4) && !a->tensor) return set_error(m->vm, CK_EARG, "no tensor name");
+    return protected(m->vm, p_model, &a->c, NULL);
+}
+
+int ck_model_step(ck_model *m, double *loss)
+{
+    modelcall a = {0};
+    int st = model_call(m, &a);
+    if (loss) *loss = st == CK_OK ? a.loss : NAN;
+    return st;
+}
+
+int ck_model_forward(ck_model *m, double *loss)
+{
+    modelcall a = {0};
+    a.what = 1;
+    int st = model_call(m, &a);
+    if (loss) *loss = st == CK_OK ? a.loss : NAN;
+    return st;
+}
+
+int ck_model_plan(ck_model *m, ck_plan_info *out)
+{
+    modelcall a = {0};
+    a.what = 2;
+    if (!out) return m ? set_error(m->vm, CK_EARG, "ck_model_plan: NULL output") : CK_EARG;
+    int st = model_call(m, &a);
+    if (st == CK_OK) *out = a.plan;
+    return st;
+}
+
+int ck_model_metrics(ck_model *m, ck_metrics *out)
+{
+    modelcall a = {0};
+    a.what = 3;
+    if (!out) return m ? set_error(m->vm, CK_EARG, "ck_model_metrics: NULL output") : CK_EARG;
+    int st = model_call(m, &a);
+    if (st == CK_OK) *out = a.metrics;
+    return st;
+}
+
+int ck_model_set(ck_model *m, const char *tensor, const float *values, size_t n)
+{
+    modelcall a = {0};
+    a.what = 4;
+    a.tensor = tensor;
+    a.in = values;
+    a.n = n;
+    if (m && n && !values) return set_error(m->vm, CK_EARG, "ck_model_set: NULL values");
+    return model_call(m, &a);
+}
+
+int ck_model_read(ck_model *m, const char *tensor, float *dst, size_t cap, size_t *numel)
+{
+    modelcall a = {0};
+    a.what = 5;
+    a.tensor = tensor;
+    a.outp = dst;
+    a.n = cap;
+    a.numel = -1;
+    int st = model_call(m, &a);
+    if (numel && a.numel >= 0) *numel = (size_t)a.numel;
+    return st;
+}
+
+int ck_model_shape(ck_model *m, const char *tensor, int64_t dims[CK_SHAPE_MAX], int *ndim)
+{
+    int64_t tmp[CK_SHAPE_MAX];
+    modelcall a = {0};
+    a.what = 6;
+    a.tensor = tensor;
+    a.dims = dims ? dims : tmp;
+    int st = model_call(m, &a);
+    if (st == CK_OK && ndim) *ndim = a.ndim;
+    return st;
+}

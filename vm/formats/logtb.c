@@ -1,0 +1,388 @@
+/* TensorBoard event files, written by hand: TFRecord framing (little-endian
+ * length, masked CRC-32C of the length, data, masked CRC-32C of the data)
+ * around Event protobufs (wall_time = 1, step = 2, file_version = 3,
+ * summary = 5; Summary.value = 1; Value.tag = 1, Value.simple_value = 2).
+ * The reader is for tests and tools: it checks every CRC. */
+#include "formats/logsink.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) */
+
+static uint32_t crc_table[8][256];
+static int crc_ready;
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (int t = 1; t < 8; t++)
+        for (int i = 0; i < 256; i++) crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+    __atomic_store_n(&crc_ready, 1, __ATOMIC_RELEASE);
+}
+
+uint32_t ck_crc32c(const void *data, size_t n)
+{
+    if (!__atomic_load_n(&crc_ready, __ATOMIC_ACQUIRE)) crc_init(); /* idempotent: racing threads fill the same table */
+    const unsigned char *p = data;
+    uint32_t c = 0xFFFFFFFFu;
+    for (; n >= 8; n -= 8, p += 8) { /* slicing by 8 */
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^ crc_table[5][(lo >> 16) & 0xff] ^
+            crc_table[4][lo >> 24] ^ crc_table[3][p[4]] ^ crc_table[2][p[5]] ^ crc_table[1][p[6]] ^ crc_table[0][p[7]];
+    }
+    while (n--) c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xff];
+    return c ^ 0xFFFFFFFFu;
+}
+
+uint32_t ck_crc32c_masked(const void *data, size_t n)
+{
+    uint32_t c = ck_crc32c(data, n);
+    return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+/* ---- protobuf encoding into a growing buffer */
+
+typedef struct pbuf {
+    unsigned char *p;
+    size_t len, cap;
+    int failed;
+} pbuf;
+
+static void put(pbuf *b, const void *x, size_t n)
+{
+    if (b->failed) return;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n) cap *= 2;
+        unsigned char *q = realloc(b->p, cap);
+        if (!q) {
+            b->failed = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, x, n);
+    b->len += n;
+}
+
+static size_t varint_put(unsigned char *t, uint64_t v)
+{
+    size_t n = 0;
+    do {
+        t[n] = (unsigned char)(v & 0x7f);
+        v >>= 7;
+        if (v) t[n] |= 0x80;
+        n++;
+    } while (v);
+    return n;
+}
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >>= 7) n++;
+    return n;
+}
+
+static void put_varint(pbuf *b, uint64_t v)
+{
+    unsigned char t[10];
+    put(b, t, varint_put(t, v));
+}
+
+static void put_le(pbuf *b, uint64_t v, int bytes)
+{
+    unsigned char t[8];
+    for (int i = 0; i < bytes; i++) t[i] = (unsigned char)(v >> (8 * i));
+    put(b, t, (size_t)bytes);
+}
+
+static void put_bytes_field(pbuf *b, int field, const void *x, size_t n)
+{
+    put_varint(b, (uint64_t)field << 3 | 2);
+    put_varint(b, n);
+    put(b, x, n);
+}
+
+/* ---- walking a record: every number with its '/'-joined path */
+
+typedef int (*leaf_fn)(void *ud, const char *tag, size_t len, double v);
+
+static uint32_t rd32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static int walk_numbers(const ck_log_rec *r, leaf_fn fn, void *ud)
+{
+    char path[1024];
+    size_t plen[64];
+    int is_array[64], index[64], depth = 0;
+    size_t len = 0;
+    is_array[0] = 0;
+    index[0] = 0;
+    plen[0] = 0;
+    for (size_t i = 0; i < r->len;) {
+        unsigned char type = r->buf[i++];
+        if (type == 'c') {
+            if (depth > 0) depth--;
+            len = plen[depth];
+            continue;
+        }
+        uint32_t kl = rd32(r->buf + i);
+        const char *key = (const char *)r->buf + i + 4;
+        i += 4 + kl;
+        /* this value's name: the key, or its 1-based index in an array */
+        char num[24];
+        if (is_array[depth]) {
+            kl = (uint32_t)snprintf(num, sizeof num, "%d", ++index[depth]);
+            key = num;
+        }
+        size_t base = len;
+        if (base && base < sizeof path) path[base++] = '/';
+        if (base + kl < sizeof path) {
+            memcpy(path + base, key, kl);
+            base += kl;
+        }
+        switch (type) {
+        case 'o':
+        case 'a':
+            if (depth + 1 < 64) {
+                plen[depth] = len;
+                depth++;
+                is_array[depth] = type == 'a';
+                index[depth] = 0;
+                plen[depth] = len = base;
+            }
+            break;
+        case 'n': {
+            double v;
+            memcpy(&v, r->buf + i, 8);
+            i += 8;
+            if (fn(ud, path, base, v)) return -1;
+            break;
+        }
+        case 'i': {
+            int64_t v;
+            memcpy(&v, r->buf + i, 8);
+            i += 8;
+            if (fn(ud, path, base, (double)v)) return -1;
+            break;
+        }
+        case 's': i += 4 + rd32(r->buf + i); break;
+        case 'b': i += 1; break;
+        default: return -1;
+        }
+    }
+    return 0;
+}
+
+/* Summary.value { tag = 1, simple_value = 2 } appended to the Summary */
+static int add_value(void *ud, const char *tag, size_t len, double v)
+{
+    pbuf *summary = ud;
+    unsigned char head[24];
+    size_t vlen = 1 + varint_len(len) + len + 1 + 4, k = 0;
+    head[k++] = 1 << 3 | 2; /* Summary.value */
+    k += varint_put(head + k, vlen);
+    head[k++] = 1 << 3 | 2; /* Value.tag */
+    k += varint_put(head + k, len);
+    put(summary, head, k);
+    put(summary, tag, len);
+    float f = (float)v;
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    unsigned char tail[5] = {2 << 3 | 5, (unsigned char)bits, (unsigned char)(bits >> 8), (unsigned char)(bits >> 16),
+                             (unsigned char)(bits >> 24)};
+    put(summary, tail, 5);
+    return summary->failed ? -1 : 0;
+}
+
+int ck_tb_event(const ck_log_rec *r, const char *file_version, unsigned char **out, size_t *len, size_t *cap)
+{
+    pbuf ev = {0}, summary = {0};
+    uint64_t bits;
+    double t = r->time;
+    memcpy(&bits, &t, 8);
+    put_varint(&ev, 1 << 3 | 1);
+    put_le(&ev, bits, 8);
+    put_varint(&ev, 2 << 3 | 0);
+    put_varint(&ev, (uint64_t)(r->step > 0 ? r->step : 0));
+    if (file_version) {
+        put_bytes_field(&ev, 3, file_version, strlen(file_version));
+    } else {
+        if (walk_numbers(r, add_value, &summary)) summary.failed = 1;
+        if (!summary.failed && summary.len == 0) {
+            free(ev.p);
+            return 0;
+        }
+        put_bytes_field(&ev, 5, summary.p, summary.len);
+    }
+    int failed = ev.failed || summary.failed;
+    free(summary.p);
+    if (failed) {
+        free(ev.p);
+        return -1;
+    }
+    pbuf o = {*out, *len, *cap, 0};
+    unsigned char head[8];
+    for (int i = 0; i < 8; i++) head[i] = (unsigned char)((uint64_t)ev.len >> (8 * i));
+    put(&o, head, 8);
+    put_le(&o, ck_crc32c_masked(head, 8), 4);
+    put(&o, ev.p, ev.len);
+    put_le(&o, ck_crc32c_masked(ev.p, ev.len), 4);
+    free(ev.p);
+    *out = o.p;
+    *len = o.len;
+    *cap = o.cap;
+    return o.failed ? -1 : 1;
+}
+
+/* ---- reading */
+
+typedef struct rd {
+    const unsigned char *p, *end;
+} rd;
+
+static int get_varint(rd *r, uint64_t *v)
+{
+    *v = 0;
+    for (int s = 0; s < 64; s += 7) {
+        if (r->p >= r->end) return -1;
+        unsigned char c = *r->p++;
+        *v |= (uint64_t)(c & 0x7f) << s;
+        if (!(c & 0x80)) return 0;
+    }
+    return -1;
+}
+
+/* one field: its number, wire type and payload (varint value, or bytes) */
+static int get_field(rd *r, int *field, int *wire, uint64_t *v, const unsigned char **bytes)
+{
+    uint64_t key;
+    if (get_varint(r, &key)) return -1;
+    *field = (int)(key >> 3);
+    *wire = (int)(key & 7);
+    switch (*wire) {
+    case 0: return get_varint(r, v);
+    case 1:
+    case 5: {
+        size_t n = *wire == 1 ? 8 : 4;
+        if ((size_t)(r->end - r->p) < n) return -1;
+        *v = 0;
+        for (size_t i = 0; i < n; i++) *v |= (uint64_t)r->p[i] << (8 * i);
+        *bytes = r->p;
+        r->p += n;
+        return 0;
+    }
+    case 2:
+        if (get_varint(r, v) || *v > (uint64_t)(r->end - r->p)) return -1;
+        *bytes = r->p;
+        r->p += *v;
+        return 0;
+    default: return -1;
+    }
+}
+
+static int parse_event(const unsigned char *p, size_t n, ck_tb_read_event *e, ck_tb_value **vals, int *cap)
+{
+    rd r = {p, p + n};
+    memset(e, 0, sizeof *e);
+    e->values = *vals;
+    while (r.p < r.end) {
+        int field, wire;
+        uint64_t v;
+        const unsigned char *b = NULL;
+        if (get_field(&r, &field, &wire, &v, &b)) return -1;
+        if (field == 1 && wire == 1) memcpy(&e->wall_time, &v, 8);
+        else if (field == 2 && wire == 0) e->step = (int64_t)v;
+        else if (field == 3 && wire == 2) {
+            e->file_version = (const char *)b;
+            e->file_version_len = (size_t)v;
+        } else if (field == 5 && wire == 2) {
+            rd s = {b, b + v};
+            while (s.p < s.end) {
+                int f2, w2;
+                uint64_t v2;
+                const unsigned char *b2 = NULL;
+                if (get_field(&s, &f2, &w2, &v2, &b2)) return -1;
+                if (f2 != 1 || w2 != 2) continue;
+                rd val = {b2, b2 + v2};
+                ck_tb_value tv = {"", 0, 0};
+                while (val.p < val.end) {
+                    int f3, w3;
+                    uint64_t v3;
+                    const unsigned char *b3 = NULL;
+                    if (get_field(&val, &f3, &w3, &v3, &b3)) return -1;
+                    if (f3 == 1 && w3 == 2) {
+                        tv.tag = (const char *)b3;
+                        tv.tag_len = (size_t)v3;
+                    } else if (f3 == 2 && w3 == 5) {
+                        uint32_t bits = (uint32_t)v3;
+                        memcpy(&tv.value, &bits, 4);
+                    }
+                }
+                if (e->nvalues == *cap) {
+                    int nc = *cap ? 2 * *cap : 64;
+                    ck_tb_value *nv = realloc(*vals, sizeof *nv * (size_t)nc);
+                    if (!nv) return -1;
+                    *vals = nv;
+                    *cap = nc;
+                    e->values = nv;
+                }
+                e->values[e->nvalues++] = tv;
+            }
+        }
+    }
+    return 0;
+}
+
+int ck_tb_read(const unsigned char *data, size_t n, int (*fn)(void *ud, const ck_tb_read_event *e), void *ud,
+               size_t *tail, char *err, size_t errlen)
+{
+    size_t at = 0;
+    int k = 0, rc = 0, cap = 0;
+    ck_tb_value *vals = NULL;
+    while (n - at >= 12) {
+        const unsigned char *h = data + at;
+        uint64_t len = 0;
+        for (int i = 0; i < 8; i++) len |= (uint64_t)h[i] << (8 * i);
+        if (rd32(h + 8) != ck_crc32c_masked(h, 8)) {
+            snprintf(err, errlen, "record %d at byte %zu: the length's CRC does not match", k + 1, at);
+            rc = -1;
+            break;
+        }
+        if (len > n - at - 12 || n - at - 12 - len < 4) break; /* cut: a partial record */
+        const unsigned char *d = h + 12;
+        if (rd32(d + len) != ck_crc32c_masked(d, (size_t)len)) {
+            snprintf(err, errlen, "record %d at byte %zu: the data's CRC does not match", k + 1, at);
+            rc = -1;
+            break;
+        }
+        ck_tb_read_event e;
+        if (parse_event(d, (size_t)len, &e, &vals, &cap)) {
+            snprintf(err, errlen, "record %d at byte %zu: not an Event protobuf", k + 1, at);
+            rc = -1;
+            break;
+        }
+        if (fn(ud, &e)) {
+            snprintf(err, errlen, "out of memory");
+            rc = -1;
+            break;
+        }
+        at += 12 + (size_t)len + 4;
+        k++;
+    }
+    free(vals);
+    if (tail) *tail = n - at;
+    return rc;
+}

@@ -1,0 +1,1202 @@
+/* safetensors reading and writing. The header is parsed against the format's
+ * schema by a small strict JSON reader of our own, so any malformed byte ends
+ * in a message naming the file, never a crash or a silently odd tensor. */
+#define _POSIX_C_SOURCE 200809L
+#include "formats/safetensors.h"
+#include "../../ops/fp8.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const struct { const char *name; size_t size; } dtypes[CK_ST_DTYPE_COUNT] = {
+    [CK_ST_F64] = {"F64", 8},  [CK_ST_F32] = {"F32", 4}, [CK_ST_F16] = {"F16", 2},
+    [CK_ST_BF16] = {"BF16", 2}, [CK_ST_I64] = {"I64", 8}, [CK_ST_I32] = {"I32", 4},
+    [CK_ST_I16] = {"I16", 2},  [CK_ST_I8] = {"I8", 1},   [CK_ST_U8] = {"U8", 1},
+    [CK_ST_BOOL] = {"BOOL", 1}, [CK_ST_F8_E4M3] = {"F8_E4M3", 1}, [CK_ST_F8_E5M2] = {"F8_E5M2", 1},
+};
+
+const char *ck_st_dtype_name(ck_st_dtype d)
+{
+    return (unsigned)d < CK_ST_DTYPE_COUNT ? dtypes[d].name : "?";
+}
+
+size_t ck_st_dtype_size(ck_st_dtype d)
+{
+    return (unsigned)d < CK_ST_DTYPE_COUNT ? dtypes[d].size : 0;
+}
+
+static int is_float_dtype(ck_st_dtype d)
+{
+    return d == CK_ST_F32 || d == CK_ST_F16 || d == CK_ST_BF16;
+}
+
+/* Messages */
+
+static void vput(char *err, size_t errlen, const char *path, const char *fmt, va_list ap)
+{
+    if (!err || !errlen) return;
+    int k = snprintf(err, errlen, "%s: ", path ? path : "(no path)");
+    if (k < 0) { err[0] = 0; return; }
+    if ((size_t)k >= errlen) return;
+    vsnprintf(err + k, errlen - (size_t)k, fmt, ap);
+}
+
+static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vput(err, errlen, path, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Names come from untrusted files: show at most ~60 bytes, cut on a UTF-8
+ * boundary, with control bytes replaced so a message stays one line. */
+typedef struct shown { char s[72]; } shown;
+
+static shown show(const char *name)
+{
+    shown o;
+    size_t n = strlen(name), cut = n, k = 0;
+    if (n > 60) {
+        cut = 60;
+        while (cut > 0 && ((unsigned char)name[cut] & 0xC0) == 0x80) cut--;
+    }
+    for (size_t i = 0; i < cut; i++) {
+        unsigned char c = (unsigned char)name[i];
+        o.s[k++] = (c < 0x20 || c == 0x7F) ? '?' : (char)c;
+    }
+    if (cut < n) { memcpy(o.s + k, "...", 3); k += 3; }
+    o.s[k] = 0;
+    return o;
+}
+
+/* Offset of the first invalid UTF-8 sequence (overlong forms, surrogates and
+ * code points past U+10FFFF included), or n if there is none. */
+static size_t utf8_bad(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t len;
+        uint32_t cp, min;
+        if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; min = 0x80; }
+        else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; min = 0x800; }
+        else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; min = 0x10000; }
+        else return i;
+        if (n - i < len) return i;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+            cp = cp << 6 | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+        i += len;
+    }
+    return n;
+}
+
+/* Scalar conversions */
+
+static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+uint16_t ck_st_f32_to_f16(float x)
+{
+    uint32_t u = f32_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7FFFFFFFu;
+    /* NaN: keep the top payload bits and force the quiet bit, so a payload
+     * living only in the low bits cannot turn into inf. */
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* >= 65520 rounds to inf */
+    if (a < 0x38800000u) {
+        /* Below 2^-14 the half is subnormal: value = m * 2^-24. */
+        if (a < 0x33000000u) return sign; /* under 2^-25, rounds to zero */
+        uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r); /* r may reach 0x400: the smallest normal, correctly */
+    }
+    uint32_t v = a - 0x38000000u; /* rebias the exponent from 127 to 15 */
+    uint32_t r = v >> 13, rem = v & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+}
+
+float ck_st_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0x1F) return bits_f32(sign | 0x7F800000u | (m << 13));
+    if (e) return bits_f32(sign | ((e + 112) << 23) | (m << 13));
+    if (!m) return bits_f32(sign);
+    e = 113; /* subnormal: normalise, the result is exact in fp32 */
+    while (!(m & 0x400u)) { m <<= 1; e--; }
+    return bits_f32(sign | (e << 23) | ((m & 0x3FFu) << 13));
+}
+
+uint16_t ck_st_f32_to_bf16(float x)
+{
+    uint32_t u = f32_bits(x);
+    /* Rounding a NaN could carry into the sign or clear the payload. */
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float ck_st_bf16_to_f32(uint16_t h)
+{
+    return bits_f32((uint32_t)h << 16);
+}
+
+/* The file */
+
+typedef struct entry {
+    ck_st_tensor pub;
+    uint64_t begin, end;
+} entry;
+
+typedef struct meta { const char *key, *value; } meta;
+
+struct ck_st_file {
+    char *path;
+    unsigned char *buf; /* the whole file */
+    size_t size;
+    char *arena;        /* decoded strings; never larger than the header */
+    entry *t;
+    int n, capt;
+    const entry **by_name;
+    meta *m;
+    int nm, capm;
+};
+
+typedef struct parser {
+    ck_st_file *f;
+    char *err;
+    size_t errlen;
+    const unsigned char *s; /* header JSON */
+    size_t n, pos;
+    size_t used;            /* bytes of f->arena taken */
+    uint64_t datasize;
+} parser;
+
+static int bad(parser *p, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vput(p->err, p->errlen, p->f->path, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int syntax(parser *p, const char *expected)
+{
+    if (p->pos >= p->n)
+        return bad(p, "invalid JSON header: expected %s at byte %zu, found the end of the header",
+                   expected, p->pos);
+    unsigned c = p->s[p->pos];
+    if (c > 0x20 && c < 0x7F)
+        return bad(p, "invalid JSON header: expected %s at byte %zu, found '%c'", expected, p->pos, c);
+    return bad(p, "invalid JSON header: expected %s at byte %zu, found byte 0x%02x", expected, p->pos, c);
+}
+
+static void ws(parser *p)
+{
+    while (p->pos < p->n) {
+        unsigned c = p->s[p->pos];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
+        p->pos++;
+    }
+}
+
+static int peek(parser *p)
+{
+    return p->pos < p->n ? p->s[p->pos] : -1;
+}
+
+static int expect(parser *p, int c, const char *what)
+{
+    ws(p);
+    if (peek(p) != c) return syntax(p, what);
+    p->pos++;
+    return 0;
+}
+
+static int hex4(parser *p, uint32_t *out)
+{
+    uint32_t v = 0;
+    if (p->n - p->pos < 4) return bad(p, "invalid JSON header: truncated \\u escape at byte %zu", p->pos);
+    for (int i = 0; i < 4; i++) {
+        unsigned c = p->s[p->pos + (size_t)i], d;
+        if (c >= '0' && c <= '9') d = c - '0';
+        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+        else return bad(p, "invalid JSON header: bad hex digit in \\u escape at byte %zu", p->pos + (size_t)i);
+        v = v << 4 | d;
+    }
+    p->pos += 4;
+    *out = v;
+    return 0;
+}
+
+static size_t put_utf8(char *d, uint32_t cp)
+{
+    if (cp < 0x80) { d[0] = (char)cp; return 1; }
+    if (cp < 0x800) {
+        d[0] = (char)(0xC0 | cp >> 6);
+        d[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        d[0] = (char)(0xE0 | cp >> 12);
+        d[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+        d[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    d[0] = (char)(0xF0 | cp >> 18);
+    d[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+    d[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+    d[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Decodes a string into the arena. A decoded string plus its NUL is never
+ * longer than its quoted source, so an arena of header size + 1 suffices. */
+static int parse_string(parser *p, char **out)
+{
+    ws(p);
+    if (peek(p) != '"') return syntax(p, "a string");
+    p->pos++;
+    char *d = p->f->arena + p->used;
+    size_t k = 0;
+    for (;;) {
+        if (p->pos >= p->n) return bad(p, "invalid JSON header: unterminated string");
+        unsigned c = p->s[p->pos++];
+        if (c == '"') break;
+        if (c < 0x20)
+            return bad(p, "invalid JSON header: unescaped control byte 0x%02x in a string at byte %zu",
+                       c, p->pos - 1);
+        if (c != '\\') { d[k++] = (char)c; continue; }
+        if (p->pos >= p->n) return bad(p, "invalid JSON header: unterminated string");
+        c = p->s[p->pos++];
+        switch (c) {
+        case '"': case '\\': case '/': d[k++] = (char)c; break;
+        case 'b': d[k++] = '\b'; break;
+        case 'f': d[k++] = '\f'; break;
+        case 'n': d[k++] = '\n'; break;
+        case 'r': d[k++] = '\r'; break;
+        case 't': d[k++] = '\t'; break;
+        case 'u': {
+            uint32_t cp, lo;
+            size_t at = p->pos - 2;
+            if (hex4(p, &cp)) return -1;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (p->n - p->pos < 2 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u')
+                    return bad(p, "invalid JSON header: high surrogate \\u%04X at byte %zu "
+                               "is not followed by a low surrogate", (unsigned)cp, at);
+                p->pos += 2;
+                if (hex4(p, &lo)) return -1;
+                if (lo < 0xDC00 || lo > 0xDFFF)
+                    return bad(p, "invalid JSON header: high surrogate \\u%04X at byte %zu "
+                               "is not followed by a low surrogate", (unsigned)cp, at);
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                return bad(p, "invalid JSON header: lone low surrogate \\u%04X at byte %zu",
+                           (unsigned)cp, at);
+            } else if (cp == 0) {
+                /* Names are C strings: an embedded NUL would alias another name. */
+                return bad(p, "\\u0000 in a header string (byte %zu) is not supported", at);
+            }
+            k += put_utf8(d + k, cp);
+            break;
+        }
+        default:
+            return bad(p, "invalid JSON header: bad escape '\\%c' at byte %zu",
+                       (c > 0x20 && c < 0x7F) ? (int)c : '?', p->pos - 2);
+        }
+    }
+    d[k] = 0;
+    p->used += k + 1;
+    *out = d;
+    return 0;
+}
+
+static int parse_uint(parser *p, const char *tname, const char *field, uint64_t *out)
+{
+    ws(p);
+    int c = peek(p);
+    if (c == '-')
+        return bad(p, "tensor '%s': %s holds a negative number (header byte %zu)",
+                   show(tname).s, field, p->pos);
+    if (c < '0' || c > '9') return syntax(p, "an integer");
+    size_t start = p->pos;
+    uint64_t v = 0;
+    while (p->pos < p->n && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
+        unsigned d = p->s[p->pos] - '0';
+        if (v > ((uint64_t)INT64_MAX - d) / 10)
+            return bad(p, "tensor '%s': %s holds a number too large (header byte %zu)",
+                       show(tname).s, field, start);
+        v = v * 10 + d;
+        p->pos++;
+    }
+    if (p->s[start] == '0' && p->pos - start > 1)
+        return bad(p, "invalid JSON header: number with a leading zero at byte %zu", start);
+    if (p->pos < p->n && (p->s[p->pos] == '.' || p->s[p->pos] == 'e' || p->s[p->pos] == 'E'))
+        return bad(p, "tensor '%s': %s must hold integers, found a fraction or exponent (header byte %zu)",
+                   show(tname).s, field, start);
+    *out = v;
+    return 0;
+}
+
+static int parse_uints(parser *p, const char *tname, const char *field, uint64_t *out, int max, int *count)
+{
+    int k = 0;
+    if (expect(p, '[', "'['")) return -1;
+    ws(p);
+    if (peek(p) == ']') { p->pos++; *count = 0; return 0; }
+    for (;;) {
+        if (k == max)
+            return bad(p, "tensor '%s': %s has more than %d entries", show(tname).s, field, max);
+        if (parse_uint(p, tname, field, &out[k++])) return -1;
+        ws(p);
+        int c = peek(p);
+        if (c == ',') { p->pos++; continue; }
+        if (c == ']') { p->pos++; break; }
+        return syntax(p, "',' or ']'");
+    }
+    *count = k;
+    return 0;
+}
+
+static void fmt_shape(char *b, size_t len, int ndim, const int64_t *shape)
+{
+    size_t k = (size_t)snprintf(b, len, "[");
+    for (int i = 0; i < ndim && k < len; i++)
+        k += (size_t)snprintf(b + k, len - k, i ? ",%" PRId64 : "%" PRId64, shape[i]);
+    if (k < len) snprintf(b + k, len - k, "]");
+}
+
+/* Checks that need only the entry itself; contiguity is checked later. */
+static int check_entry(parser *p, entry *e)
+{
+    shown name = show(e->pub.name);
+    size_t esize = dtypes[e->pub.dtype].size;
+    uint64_t numel = 1, nonzero = 1;
+    char sh[200];
+    fmt_shape(sh, sizeof sh, e->pub.ndim, e->pub.shape);
+    if (e->begin > e->end)
+        return bad(p, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin",
+                   name.s, e->begin, e->end);
+    for (int i = 0; i < e->pub.ndim; i++) {
+        uint64_t d = (uint64_t)e->pub.shape[i];
+        if (d == 0) { numel = 0; continue; }
+        if (nonzero > (uint64_t)INT64_MAX / d)
+            return bad(p, "tensor '%s': shape %s has too many elements", name.s, sh);
+        nonzero *= d;
+    }
+    if (numel) numel = nonzero;
+    if (numel > (uint64_t)INT64_MAX / esize)
+        return bad(p, "tensor '%s': shape %s %s is too large", name.s, sh, dtypes[e->pub.dtype].name);
+    uint64_t nbytes = numel * esize;
+    if (nbytes != e->end - e->begin)
+        return bad(p, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] do not match shape %s %s (%"
+                   PRIu64 " bytes)", name.s, e->begin, e->end, sh, dtypes[e->pub.dtype].name, nbytes);
+    if (e->end > p->datasize)
+        return bad(p, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] run past the end of the "
+                   "data (%" PRIu64 " bytes; file truncated?)", name.s, e->begin, e->end, p->datasize);
+    e->pub.numel = (int64_t)numel;
+    e->pub.nbytes = (int64_t)nbytes;
+    return 0;
+}
+
+static int parse_tensor(parser *p, char *name)
+{
+    enum { F_DTYPE = 1, F_SHAPE = 2, F_OFFSETS = 4 };
+    static const char *const fields[] = {"dtype", "shape", "data_offsets"};
+    ck_st_file *f = p->f;
+    entry e;
+    memset(&e, 0, sizeof e);
+    e.pub.name = name;
+    ws(p);
+    if (peek(p) != '{')
+        return bad(p, "tensor '%s': entry must be a JSON object with dtype, shape and data_offsets "
+                   "(header byte %zu)", show(name).s, p->pos);
+    p->pos++;
+    unsigned seen = 0;
+    ws(p);
+    if (peek(p) == '}') p->pos++;
+    else for (;;) {
+        size_t mark = p->used;
+        char *key;
+        unsigned bit = 0;
+        if (parse_string(p, &key)) return -1;
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(key, fields[i])) bit = 1u << i;
+        if (!bit) return bad(p, "tensor '%s': unknown field '%s'", show(name).s, show(key).s);
+        if (seen & bit) return bad(p, "tensor '%s': duplicate key '%s'", show(name).s, show(key).s);
+        seen |= bit;
+        p->used = mark; /* field names are not kept */
+        if (expect(p, ':', "':'")) return -1;
+        if (bit == F_DTYPE) {
+            char *ds;
+            int found = -1;
+            ws(p);
+            if (peek(p) != '"') return bad(p, "tensor '%s': dtype must be a string", show(name).s);
+            if (parse_string(p, &ds)) return -1;
+            for (int i = 0; i < CK_ST_DTYPE_COUNT; i++)
+                if (!strcmp(ds, dtypes[i].name)) found = i;
+            if (found < 0) return bad(p, "tensor '%s': unknown dtype '%s'", show(name).s, show(ds).s);
+            e.pub.dtype = (ck_st_dtype)found;
+            p->used = mark;
+        } else if (bit == F_SHAPE) {
+            uint64_t dims[CK_ST_MAX_DIMS];
+            int nd;
+            if (parse_uints(p, name, "shape", dims, CK_ST_MAX_DIMS, &nd)) return -1;
+            e.pub.ndim = nd;
+            for (int i = 0; i < nd; i++) e.pub.shape[i] = (int64_t)dims[i];
+        } else {
+            uint64_t off[2];
+            int no;
+            if (parse_uints(p, name, "data_offsets", off, 2, &no)) return -1;
+            if (no != 2)
+                return bad(p, "tensor '%s': data_offsets must be [begin, end]", show(name).s);
+            e.begin = off[0];
+            e.end = off[1];
+        }
+        ws(p);
+        int c = peek(p);
+        if (c == ',') { p->pos++; continue; }
+        if (c == '}') { p->pos++; break; }
+        return syntax(p, "',' or '}'");
+    }
+    for (int i = 0; i < 3; i++)
+        if (!(seen & 1u << i)) return bad(p, "tensor '%s': missing '%s'", show(name).s, fields[i]);
+    if (check_entry(p, &e)) return -1;
+    if (f->n == f->capt) {
+        int cap = f->capt ? f->capt * 2 : 64;
+        entry *t = realloc(f->t, sizeof *t * (size_t)cap);
+        if (!t) return bad(p, "out of memory reading the header");
+        f->t = t;
+        f->capt = cap;
+    }
+    f->t[f->n++] = e;
+    return 0;
+}
+
+static int parse_meta(parser *p)
+{
+    ck_st_file *f = p->f;
+    ws(p);
+    if (peek(p) != '{') return bad(p, "__metadata__ must be an object mapping strings to strings");
+    p->pos++;
+    ws(p);
+    if (peek(p) == '}') { p->pos++; return 0; }
+    for (;;) {
+        char *k, *v;
+        if (parse_string(p, &k)) return -1;
+        if (expect(p, ':', "':'")) return -1;
+        ws(p);
+        if (peek(p) != '"')
+            return bad(p, "__metadata__ value for '%s' must be a string (header byte %zu)", show(k).s, p->pos);
+        if (parse_string(p, &v)) return -1;
+        if (f->nm == f->capm) {
+            int cap = f->capm ? f->capm * 2 : 16;
+            meta *m = realloc(f->m, sizeof *m * (size_t)cap);
+            if (!m) return bad(p, "out of memory reading the header");
+            f->m = m;
+            f->capm = cap;
+        }
+        f->m[f->nm].key = k;
+        f->m[f->nm++].value = v;
+        ws(p);
+        int c = peek(p);
+        if (c == ',') { p->pos++; continue; }
+        if (c == '}') { p->pos++; return 0; }
+        return syntax(p, "',' or '}'");
+    }
+}
+
+static int parse_header(parser *p)
+{
+    int seen_meta = 0;
+    size_t badu = utf8_bad(p->s, p->n);
+    if (badu < p->n) return bad(p, "header is not valid UTF-8 (byte %zu)", badu);
+    if (p->n == 0 || p->s[0] != '{') return bad(p, "header is not a JSON object (it must start with '{')");
+    p->pos = 1;
+    ws(p);
+    if (peek(p) == '}') p->pos++;
+    else for (;;) {
+        char *key;
+        if (parse_string(p, &key)) return -1;
+        if (expect(p, ':', "':'")) return -1;
+        if (!strcmp(key, "__metadata__")) {
+            if (seen_meta) return bad(p, "duplicate key '__metadata__'");
+            seen_meta = 1;
+            if (parse_meta(p)) return -1;
+        } else if (parse_tensor(p, key)) {
+            return -1;
+        }
+        ws(p);
+        int c = peek(p);
+        if (c == ',') { p->pos++; continue; }
+        if (c == '}') { p->pos++; break; }
+        return syntax(p, "',' or '}'");
+    }
+    ws(p);
+    if (p->pos != p->n)
+        return bad(p, "invalid JSON header: unexpected bytes after the JSON object at byte %zu", p->pos);
+    return 0;
+}
+
+static int cmp_offsets(const void *a, const void *b)
+{
+    const entry *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return strcmp(x->pub.name, y->pub.name);
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    const entry *const *x = a, *const *y = b;
+    return strcmp((*x)->pub.name, (*y)->pub.name);
+}
+
+static int cmp_meta(const void *a, const void *b)
+{
+    return strcmp(((const meta *)a)->key, ((const meta *)b)->key);
+}
+
+/* Sorted by begin, the tensors must tile [0, datasize) exactly. */
+static int check_layout(parser *p)
+{
+    ck_st_file *f = p->f;
+    uint64_t at = 0;
+    for (int i = 0; i < f->n; i++) {
+        const entry *e = &f->t[i];
+        if (e->begin > at && i == 0)
+            return bad(p, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] leave a gap at the "
+                       "start of the data (the first tensor must begin at 0)", show(e->pub.name).s, e->begin, e->end);
+        if (e->begin > at)
+            return bad(p, "gap of %" PRIu64 " bytes in the data between tensor '%s' (ends at %" PRIu64
+                       ") and tensor '%s' (begins at %" PRIu64 ")", e->begin - at,
+                       show(f->t[i - 1].pub.name).s, at, show(e->pub.name).s, e->begin);
+        if (e->begin < at)
+            return bad(p, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] overlap tensor '%s' [%"
+                       PRIu64 ", %" PRIu64 "]", show(e->pub.name).s, e->begin, e->end,
+                       show(f->t[i - 1].pub.name).s, f->t[i - 1].begin, f->t[i - 1].end);
+        at = e->end;
+    }
+    if (at != p->datasize)
+        return bad(p, "%" PRIu64 " trailing bytes after the last tensor's data", p->datasize - at);
+    return 0;
+}
+
+static int build(parser *p)
+{
+    ck_st_file *f = p->f;
+    if (parse_header(p)) return -1;
+    if (f->n) qsort(f->t, (size_t)f->n, sizeof *f->t, cmp_offsets);
+    f->by_name = malloc(sizeof *f->by_name * (size_t)(f->n ? f->n : 1));
+    if (!f->by_name) return bad(p, "out of memory reading the header");
+    for (int i = 0; i < f->n; i++) f->by_name[i] = &f->t[i];
+    if (f->n) qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_names);
+    /* Before the layout check: a repeated name would otherwise be reported
+     * as an overlap, which hides the real cause. */
+    for (int i = 1; i < f->n; i++)
+        if (!strcmp(f->by_name[i - 1]->pub.name, f->by_name[i]->pub.name))
+            return bad(p, "duplicate key '%s' (two tensors of that name)", show(f->by_name[i]->pub.name).s);
+    if (f->nm) qsort(f->m, (size_t)f->nm, sizeof *f->m, cmp_meta);
+    for (int i = 1; i < f->nm; i++)
+        if (!strcmp(f->m[i - 1].key, f->m[i].key))
+            return bad(p, "duplicate key '%s' in __metadata__", show(f->m[i].key).s);
+    if (check_layout(p)) return -1;
+    const unsigned char *data = f->buf + 8 + p->n;
+    for (int i = 0; i < f->n; i++) {
+        f->t[i].pub.data = data + f->t[i].begin;
+        f->t[i].pub.file = f->path;
+    }
+    return 0;
+}
+
+/* A file with its path copied in, or NULL (with a message) when out of memory. */
+static ck_st_file *new_file(const char *path, char *err, size_t errlen)
+{
+    ck_st_file *f = calloc(1, sizeof *f);
+    size_t plen = strlen(path) + 1;
+    if (!f || !(f->path = malloc(plen))) {
+        free(f);
+        fail(err, errlen, path, "out of memory");
+        return NULL;
+    }
+    memcpy(f->path, path, plen);
+    return f;
+}
+
+/* Validates f->buf (f->size bytes, owned by f); both ways of opening end here. */
+static int parse_file(ck_st_file *f, char *err, size_t errlen)
+{
+    const char *path = f->path;
+    if (f->size < 8)
+        return fail(err, errlen, path, "file is %zu bytes, too short for the 8-byte header length (truncated?)",
+                    f->size);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | f->buf[i];
+    if (hlen > CK_ST_MAX_HEADER)
+        return fail(err, errlen, path, "header length %" PRIu64 " is too large (limit %d)", hlen, CK_ST_MAX_HEADER);
+    if (hlen > f->size - 8)
+        return fail(err, errlen, path, "header length %" PRIu64 " reaches beyond the end of the file "
+                    "(only %zu bytes follow it; truncated?)", hlen, f->size - 8);
+    f->arena = malloc((size_t)hlen + 1);
+    if (!f->arena) return fail(err, errlen, path, "out of memory reading the header");
+    parser p = {
+        .f = f, .err = err, .errlen = errlen, .s = f->buf + 8, .n = (size_t)hlen,
+        .datasize = (uint64_t)(f->size - 8 - (size_t)hlen),
+    };
+    return build(&p);
+}
+
+ck_st_file *ck_st_open(const char *path, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!path) { fail(err, errlen, NULL, "no path given"); return NULL; }
+    ck_st_file *f = new_file(path, err, errlen);
+    if (!f) return NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        fail(err, errlen, path, "cannot open: %s", strerror(errno));
+        goto bail;
+    }
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0) {
+        fail(err, errlen, path, "cannot stat: %s", strerror(errno));
+        fclose(fp);
+        goto bail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fail(err, errlen, path, "not a regular file");
+        fclose(fp);
+        goto bail;
+    }
+    if (st.st_size < 8) {
+        fail(err, errlen, path, "file is %lld bytes, too short for the 8-byte header length (truncated?)",
+             (long long)st.st_size);
+        fclose(fp);
+        goto bail;
+    }
+    if ((uintmax_t)st.st_size > (uintmax_t)SIZE_MAX) {
+        fail(err, errlen, path, "file too large to read into memory");
+        fclose(fp);
+        goto bail;
+    }
+    f->size = (size_t)st.st_size;
+    f->buf = malloc(f->size);
+    if (!f->buf) {
+        fail(err, errlen, path, "out of memory reading %zu bytes", f->size);
+        fclose(fp);
+        goto bail;
+    }
+    size_t got = fread(f->buf, 1, f->size, fp);
+    int rerr = ferror(fp) ? errno : 0;
+    fclose(fp);
+    if (got != f->size) {
+        if (rerr) fail(err, errlen, path, "read error: %s", strerror(rerr));
+        else fail(err, errlen, path, "file shrank while being read (truncated?)");
+        goto bail;
+    }
+    if (parse_file(f, err, errlen)) goto bail;
+    return f;
+bail:
+    ck_st_close(f);
+    return NULL;
+}
+
+ck_st_file *ck_st_open_memory(const void *buf, size_t len, const char *name, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!name) name = "(memory)";
+    if (!buf && len) { fail(err, errlen, name, "no buffer given"); return NULL; }
+    ck_st_file *f = new_file(name, err, errlen);
+    if (!f) return NULL;
+    /* A copy, so that tensors live until ck_st_close whatever the caller
+     * does with its buffer. */
+    f->size = len;
+    f->buf = malloc(len ? len : 1);
+    if (!f->buf) {
+        fail(err, errlen, name, "out of memory reading %zu bytes", len);
+        goto bail;
+    }
+    if (len) memcpy(f->buf, buf, len);
+    if (parse_file(f, err, errlen)) goto bail;
+    return f;
+bail:
+    ck_st_close(f);
+    return NULL;
+}
+
+void ck_st_close(ck_st_file *f)
+{
+    if (!f) return;
+    free(f->path);
+    free(f->buf);
+    free(f->arena);
+    free(f->t);
+    free(f->by_name);
+    free(f->m);
+    free(f);
+}
+
+int ck_st_count(const ck_st_file *f)
+{
+    return f ? f->n : 0;
+}
+
+const ck_st_tensor *ck_st_get(const ck_st_file *f, int i)
+{
+    return f && i >= 0 && i < f->n ? &f->t[i].pub : NULL;
+}
+
+const ck_st_tensor *ck_st_find(const ck_st_file *f, const char *name)
+{
+    if (!f || !name) return NULL;
+    int lo = 0, hi = f->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(name, f->by_name[mid]->pub.name);
+        if (!c) return &f->by_name[mid]->pub;
+        if (c < 0) hi = mid - 1;
+        else lo = mid + 1;
+    }
+    return NULL;
+}
+
+const char *ck_st_meta(const ck_st_file *f, const char *key)
+{
+    if (!f || !key) return NULL;
+    int lo = 0, hi = f->nm - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(key, f->m[mid].key);
+        if (!c) return f->m[mid].value;
+        if (c < 0) hi = mid - 1;
+        else lo = mid + 1;
+    }
+    return NULL;
+}
+
+int ck_st_meta_count(const ck_st_file *f)
+{
+    return f ? f->nm : 0;
+}
+
+int ck_st_meta_at(const ck_st_file *f, int i, const char **key, const char **value)
+{
+    if (!f || i < 0 || i >= f->nm) return -1;
+    if (key) *key = f->m[i].key;
+    if (value) *value = f->m[i].value;
+    return 0;
+}
+
+int ck_st_read_f32(const ck_st_tensor *t, float *dst, int64_t n, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!t) return fail(err, errlen, NULL, "no tensor given");
+    shown name = show(t->name ? t->name : "");
+    if (n != t->numel)
+        return fail(err, errlen, t->file, "tensor '%s': destination holds %" PRId64 " floats but the "
+                    "tensor has %" PRId64 " elements", name.s, n, t->numel);
+    if (n > 0 && !dst) return fail(err, errlen, t->file, "tensor '%s': no destination buffer", name.s);
+    /* Bytes are assembled explicitly: the data is little-endian and may be
+     * unaligned; compilers turn these loops into plain loads. */
+    const unsigned char *s = t->data;
+    switch (t->dtype) {
+    case CK_ST_F32:
+        for (int64_t i = 0; i < n; i++, s += 4)
+            dst[i] = bits_f32((uint32_t)s[0] | (uint32_t)s[1] << 8 | (uint32_t)s[2] << 16 | (uint32_t)s[3] << 24);
+        return 0;
+    case CK_ST_F16:
+        for (int64_t i = 0; i < n; i++, s += 2) dst[i] = ck_st_f16_to_f32((uint16_t)(s[0] | s[1] << 8));
+        return 0;
+    case CK_ST_BF16:
+        for (int64_t i = 0; i < n; i++, s += 2) dst[i] = ck_st_bf16_to_f32((uint16_t)(s[0] | s[1] << 8));
+        return 0;
+    case CK_ST_F8_E4M3: /* torch.float8_e4m3fn */
+        for (int64_t i = 0; i < n; i++) dst[i] = ck_f8e4m3_decode(s[i]);
+        return 0;
+    case CK_ST_F8_E5M2: /* the high byte of an fp16 */
+        for (int64_t i = 0; i < n; i++) dst[i] = ck_st_f16_to_f32((uint16_t)(s[i] << 8));
+        return 0;
+    case CK_ST_U8: /* bytes, exactly (8-bit optimizer codes) */
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+        return 0;
+    default:
+        return fail(err, errlen, t->file, "tensor '%s': dtype %s cannot be read as fp32 "
+                    "(only F32, F16, BF16, F8_E4M3, F8_E5M2 and U8 can)", name.s, ck_st_dtype_name(t->dtype));
+    }
+}
+
+/* The writer */
+
+typedef struct wtensor {
+    char *name;
+    ck_st_dtype dtype;
+    int ndim;
+    int64_t shape[CK_ST_MAX_DIMS];
+    int64_t nbytes;
+    unsigned char *data;
+} wtensor;
+
+typedef struct wmeta { char *key, *value; } wmeta;
+
+struct ck_st_writer {
+    wtensor *t;
+    int n, capt;
+    wmeta *m;
+    int nm, capm;
+    char failed[256]; /* first bad add or meta call; empty if none */
+};
+
+static int werr(ck_st_writer *w, const char *fmt, ...)
+{
+    if (w->failed[0]) return -1; /* the first mistake is usually the cause */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->failed, sizeof w->failed, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static char *dupstr(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+static int valid_utf8(const char *s)
+{
+    size_t n = strlen(s);
+    return utf8_bad((const unsigned char *)s, n) == n;
+}
+
+ck_st_writer *ck_st_writer_new(void)
+{
+    return calloc(1, sizeof(ck_st_writer));
+}
+
+void ck_st_writer_free(ck_st_writer *w)
+{
+    if (!w) return;
+    for (int i = 0; i < w->n; i++) {
+        free(w->t[i].name);
+        free(w->t[i].data);
+    }
+    for (int i = 0; i < w->nm; i++) {
+        free(w->m[i].key);
+        free(w->m[i].value);
+    }
+    free(w->t);
+    free(w->m);
+    free(w);
+}
+
+int ck_st_writer_meta(ck_st_writer *w, const char *key, const char *value)
+{
+    if (!w) return -1;
+    if (!key || !value) return werr(w, "__metadata__ key or value is NULL");
+    if (!valid_utf8(key) || !valid_utf8(value))
+        return werr(w, "__metadata__ entry '%s' is not valid UTF-8", show(key).s);
+    if (w->nm == w->capm) {
+        int cap = w->capm ? w->capm * 2 : 16;
+        wmeta *m = realloc(w->m, sizeof *m * (size_t)cap);
+        if (!m) return werr(w, "out of memory adding __metadata__ '%s'", show(key).s);
+        w->m = m;
+        w->capm = cap;
+    }
+    wmeta e = {dupstr(key), dupstr(value)};
+    if (!e.key || !e.value) {
+        free(e.key);
+        free(e.value);
+        return werr(w, "out of memory adding __metadata__ '%s'", show(key).s);
+    }
+    w->m[w->nm++] = e;
+    return 0;
+}
+
+int ck_st_writer_add(ck_st_writer *w, const char *name, ck_st_dtype dtype, int ndim,
+                     const int64_t *shape, const float *data)
+{
+    if (!w) return -1;
+    if (!name) return werr(w, "tensor name is NULL");
+    shown sn = show(name);
+    if (!valid_utf8(name)) return werr(w, "tensor name '%s' is not valid UTF-8", sn.s);
+    if (!strcmp(name, "__metadata__")) return werr(w, "'__metadata__' cannot name a tensor");
+    if (!is_float_dtype(dtype) && dtype != CK_ST_U8)
+        return werr(w, "tensor '%s': cannot write dtype %s from fp32 data (only F32, F16, BF16, U8)",
+                    sn.s, ck_st_dtype_name(dtype));
+    if (ndim < 0 || ndim > CK_ST_MAX_DIMS)
+        return werr(w, "tensor '%s': %d dims (0 to %d allowed)", sn.s, ndim, CK_ST_MAX_DIMS);
+    if (ndim > 0 && !shape) return werr(w, "tensor '%s': shape is NULL", sn.s);
+    size_t esize = dtypes[dtype].size;
+    int64_t numel = 1;
+    int zero = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return werr(w, "tensor '%s': negative dim %" PRId64, sn.s, shape[i]);
+        if (shape[i] == 0) { zero = 1; continue; }
+        if (numel > INT64_MAX / shape[i] / (int64_t)esize)
+            return werr(w, "tensor '%s': too many elements", sn.s);
+        numel *= shape[i];
+    }
+    if (zero) numel = 0;
+    if ((uint64_t)numel * esize > SIZE_MAX) return werr(w, "tensor '%s': too large for memory", sn.s);
+    if (numel > 0 && !data) return werr(w, "tensor '%s': data is NULL", sn.s);
+    for (int64_t i = 0; dtype == CK_ST_U8 && i < numel; i++)
+        if (!(data[i] >= 0.0f && data[i] <= 255.0f && data[i] == floorf(data[i])))
+            return werr(w, "tensor '%s': %g at element %" PRId64 " is not a byte (U8 holds 0 to 255)", sn.s,
+                        (double)data[i], i);
+    if (w->n == w->capt) {
+        int cap = w->capt ? w->capt * 2 : 64;
+        wtensor *t = realloc(w->t, sizeof *t * (size_t)cap);
+        if (!t) return werr(w, "out of memory adding tensor '%s'", sn.s);
+        w->t = t;
+        w->capt = cap;
+    }
+    wtensor e;
+    memset(&e, 0, sizeof e);
+    e.dtype = dtype;
+    e.ndim = ndim;
+    for (int i = 0; i < ndim; i++) e.shape[i] = shape[i];
+    e.nbytes = numel * (int64_t)esize;
+    e.name = dupstr(name);
+    e.data = malloc(e.nbytes ? (size_t)e.nbytes : 1);
+    if (!e.name || !e.data) {
+        free(e.name);
+        free(e.data);
+        return werr(w, "out of memory adding tensor '%s'", sn.s);
+    }
+    unsigned char *d = e.data;
+    for (int64_t i = 0; i < numel; i++) {
+        if (dtype == CK_ST_U8) {
+            *d++ = (unsigned char)data[i];
+        } else if (dtype == CK_ST_F32) {
+            uint32_t u = f32_bits(data[i]);
+            *d++ = (unsigned char)u; *d++ = (unsigned char)(u >> 8);
+            *d++ = (unsigned char)(u >> 16); *d++ = (unsigned char)(u >> 24);
+        } else {
+            uint16_t h = dtype == CK_ST_F16 ? ck_st_f32_to_f16(data[i]) : ck_st_f32_to_bf16(data[i]);
+            *d++ = (unsigned char)h; *d++ = (unsigned char)(h >> 8);
+        }
+    }
+    w->t[w->n++] = e;
+    return 0;
+}
+
+typedef struct sbuf { char *p; size_t n, cap; int oom; } sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->cap - b->n < n + 1) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap - b->n < n + 1) {
+            if (cap > SIZE_MAX / 2) { b->oom = 1; return; }
+            cap *= 2;
+        }
+        char *p = realloc(b->p, cap);
+        if (!p) { b->oom = 1; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_json(sbuf *b, const char *s)
+{
+    sb_put(b, "\"", 1);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char esc[8];
+        switch (c) {
+        case '"': sb_put(b, "\\\"", 2); break;
+        case '\\': sb_put(b, "\\\\", 2); break;
+        case '\n': sb_put(b, "\\n", 2); break;
+        case '\r': sb_put(b, "\\r", 2); break;
+        case '\t': sb_put(b, "\\t", 2); break;
+        case '\b': sb_put(b, "\\b", 2); break;
+        case '\f': sb_put(b, "\\f", 2); break;
+        default:
+            if (c < 0x20) {
+                snprintf(esc, sizeof esc, "\\u%04x", c);
+                sb_put(b, esc, 6);
+            } else {
+                sb_put(b, (const char *)&c, 1);
+            }
+        }
+    }
+    sb_put(b, "\"", 1);
+}
+
+static int cmp_wtensor(const void *a, const void *b)
+{
+    return strcmp(((const wtensor *)a)->name, ((const wtensor *)b)->name);
+}
+
+static int cmp_wmeta(const void *a, const void *b)
+{
+    return strcmp(((const wmeta *)a)->key, ((const wmeta *)b)->key);
+}
+
+/* JSON header: __metadata__ first, then tensors by name, laid out in the same
+ * order; padded with spaces so the data starts 8-byte aligned. */
+static int build_header(ck_st_writer *w, sbuf *b, const char *path, char *err, size_t errlen)
+{
+    char num[64];
+    uint64_t off = 0;
+    sb_str(b, "{");
+    if (w->nm) {
+        sb_str(b, "\"__metadata__\":{");
+        for (int i = 0; i < w->nm; i++) {
+            if (i) sb_str(b, ",");
+            sb_json(b, w->m[i].key);
+            sb_str(b, ":");
+            sb_json(b, w->m[i].value);
+        }
+        sb_str(b, "}");
+    }
+    for (int i = 0; i < w->n; i++) {
+        const wtensor *t = &w->t[i];
+        if (i || w->nm) sb_str(b, ",");
+        sb_json(b, t->name);
+        sb_str(b, ":{\"dtype\":\"");
+        sb_str(b, dtypes[t->dtype].name);
+        sb_str(b, "\",\"shape\":[");
+        for (int d = 0; d < t->ndim; d++) {
+            snprintf(num, sizeof num, d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
+            sb_str(b, num);
+        }
+        snprintf(num, sizeof num, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off,
+                 off + (uint64_t)t->nbytes);
+        sb_str(b, num);
+        off += (uint64_t)t->nbytes;
+    }
+    sb_str(b, "}");
+    while (b->n % 8) sb_str(b, " ");
+    if (b->oom) return fail(err, errlen, path, "out of memory building the header");
+    if (b->n > CK_ST_MAX_HEADER)
+        return fail(err, errlen, path, "header would be %zu bytes, over the limit of %d readers accept",
+                    b->n, CK_ST_MAX_HEADER);
+    return 0;
+}
+
+static int write_all(FILE *fp, const void *p, size_t n)
+{
+    return fwrite(p, 1, n, fp) == n ? 0 : -1;
+}
+
+/* The rename is only durable once the directory entry is synced. Some
+ * filesystems refuse to fsync a directory; the new file is in place by then,
+ * so a failure here is not worth failing the save over. */
+static void sync_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? malloc((size_t)(slash - path) + 2) : NULL;
+    if (slash && !dir) return;
+    if (dir) {
+        size_t n = slash == path ? 1 : (size_t)(slash - path);
+        memcpy(dir, path, n);
+        dir[n] = 0;
+    }
+    int fd = open(dir ? dir : ".", O_RDONLY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    free(dir);
+}
+
+int ck_st_writer_save(ck_st_writer *w, const char *path, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!path) return fail(err, errlen, NULL, "no path given");
+    if (!w) return fail(err, errlen, path, "no writer given");
+    if (w->failed[0]) return fail(err, errlen, path, "%s", w->failed);
+    if (w->n) qsort(w->t, (size_t)w->n, sizeof *w->t, cmp_wtensor);
+    for (int i = 1; i < w->n; i++)
+        if (!strcmp(w->t[i - 1].name, w->t[i].name))
+            return fail(err, errlen, path, "duplicate tensor name '%s'", show(w->t[i].name).s);
+    if (w->nm) qsort(w->m, (size_t)w->nm, sizeof *w->m, cmp_wmeta);
+    for (int i = 1; i < w->nm; i++)
+        if (!strcmp(w->m[i - 1].key, w->m[i].key))
+            return fail(err, errlen, path, "duplicate __metadata__ key '%s'", show(w->m[i].key).s);
+
+    sbuf hb = {0};
+    if (build_header(w, &hb, path, err, errlen)) {
+        free(hb.p);
+        return -1;
+    }
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hb.n >> (8 * i));
+
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 32);
+    if (!tmp) {
+        free(hb.p);
+        return fail(err, errlen, path, "out of memory");
+    }
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    /* O_EXCL: never write through, or later delete, a file that is not ours. */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    if (fd < 0) {
+        int e = errno;
+        fail(err, errlen, path, "cannot create temp file %s: %s", tmp, strerror(e));
+        free(tmp);
+        free(hb.p);
+        return -1;
+    }
+    FILE *fp = fdopen(fd, "wb");
+    int e = 0;
+    const char *what = "write";
+    if (!fp) {
+        e = errno;
+        close(fd);
+        goto bail;
+    }
+    if (write_all(fp, len8, 8) || write_all(fp, hb.p, hb.n)) { e = errno; goto bail; }
+    for (int i = 0; i < w->n; i++)
+        if (write_all(fp, w->t[i].data, (size_t)w->t[i].nbytes)) { e = errno; goto bail; }
+    if (fflush(fp) != 0) { e = errno; goto bail; }
+    what = "fsync";
+    if (fsync(fileno(fp)) != 0) { e = errno; goto bail; }
+    what = "close";
+    {
+        FILE *c = fp;
+        fp = NULL;
+        if (fclose(c) != 0) { e = errno; goto bail; }
+    }
+    what = "rename";
+    if (rename(tmp, path) != 0) { e = errno; goto bail; }
+    sync_dir(path);
+    free(tmp);
+    free(hb.p);
+    return 0;
+bail:
+    if (fp) fclose(fp);
+    unlink(tmp);
+    if (!strcmp(what, "rename"))
+        fail(err, errlen, path, "cannot rename temp file %s over it: %s", tmp, strerror(e));
+    else
+        fail(err, errlen, path, "%s of temp file %s failed: %s", what, tmp, e ? strerror(e) : "unknown error");
+    free(tmp);
+    free(hb.p);
+    return -1;
+}

@@ -1,0 +1,221 @@
+/* Graph construction: leaves, nodes with shape inference, scopes and script
+ * lines. Each tensor and node owns its strings; a clone is a deep copy. */
+#include "graph/graph.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *dupstr(const char *s)
+{
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+ck_graph *ck_graph_new(void)
+{
+    ck_graph *g = calloc(1, sizeof *g);
+    if (g) g->scope = dupstr("");
+    return g;
+}
+
+ck_graph *ck_graph_clone(const ck_graph *g)
+{
+    ck_graph *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->t = malloc(sizeof *c->t * (size_t)(g->nt ? g->nt : 1));
+    c->n = malloc(sizeof *c->n * (size_t)(g->nn ? g->nn : 1));
+    c->nt = c->capt = g->nt;
+    c->nn = c->capn = g->nn;
+    c->scope = dupstr(g->scope);
+    c->fused_updates = g->fused_updates;
+    if (g->nt) memcpy(c->t, g->t, sizeof *c->t * (size_t)g->nt);
+    if (g->nn) memcpy(c->n, g->n, sizeof *c->n * (size_t)g->nn);
+    for (int i = 0; i < g->nt; i++) {
+        c->t[i].name = dupstr(g->t[i].name);
+        c->t[i].scope = dupstr(g->t[i].scope);
+        c->t[i].where = dupstr(g->t[i].where);
+    }
+    for (int i = 0; i < g->nn; i++) {
+        c->n[i].scope = dupstr(g->n[i].scope);
+        c->n[i].where = dupstr(g->n[i].where);
+    }
+    return c;
+}
+
+void ck_graph_free(ck_graph *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->nt; i++) {
+        free(g->t[i].name);
+        free(g->t[i].scope);
+        free(g->t[i].where);
+    }
+    for (int i = 0; i < g->nn; i++) {
+        free(g->n[i].scope);
+        free(g->n[i].where);
+    }
+    free(g->t);
+    free(g->n);
+    free(g->scope);
+    free(g);
+}
+
+void ck_graph_set_scope(ck_graph *g, const char *scope)
+{
+    free(g->scope);
+    g->scope = dupstr(scope ? scope : "");
+}
+
+/* At most 2^40 elements (4 TiB in fp32) in one tensor, so that element and
+ * byte counts never overflow anywhere downstream. */
+#define MAX_NUMEL ((int64_t)1 << 40)
+
+static int too_large(const ck_shape *s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++) {
+        if (s->d[i] == 0) return 0;
+        if (s->d[i] < 0 || s->d[i] > MAX_NUMEL || n > MAX_NUMEL / s->d[i]) return 1;
+        n *= s->d[i];
+    }
+    return 0;
+}
+
+static int new_tensor(ck_graph *g, const ck_shape *s, ck_kind kind, const char *where)
+{
+    if (g->nt == g->capt) {
+        int cap = g->capt ? 2 * g->capt : 64;
+        ck_tensor *t = realloc(g->t, sizeof *t * (size_t)cap);
+        if (!t) return -1;
+        g->t = t;
+        g->capt = cap;
+    }
+    ck_tensor *t = &g->t[g->nt];
+    memset(t, 0, sizeof *t);
+    t->shape = *s;
+    t->dtype = CK_F32;
+    t->kind = kind;
+    t->scope = dupstr(g->scope);
+    t->where = dupstr(where ? where : "?");
+    t->node = -1;
+    t->grad = -1;
+    return g->nt++;
+}
+
+int ck_graph_find(const ck_graph *g, const char *name)
+{
+    for (int i = 0; i < g->nt; i++)
+        if (g->t[i].name && strcmp(g->t[i].name, name) == 0) return i;
+    return -1;
+}
+
+int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *shape, const char *where)
+{
+    for (int i = 0; i < shape->ndim; i++)
+        if (shape->d[i] < 0) {
+            snprintf(g->err, sizeof g->err, "'%s' has a negative dim", name);
+            return -1;
+        }
+    if (too_large(shape)) {
+        char b[160];
+        snprintf(g->err, sizeof g->err, "'%s' has shape %s: more than 2^40 elements is too large", name,
+                 ck_shape_str(shape, b, sizeof b));
+        return -1;
+    }
+    if (ck_graph_find(g, name) >= 0) {
+        snprintf(g->err, sizeof g->err, "'%s' is already defined", name);
+        return -1;
+    }
+    int id = new_tensor(g, shape, kind, where);
+    if (id < 0) {
+        snprintf(g->err, sizeof g->err, "out of memory");
+        return -1;
+    }
+    g->t[id].name = dupstr(name);
+    g->t[id].needs_grad = kind == CK_KIND_PARAM;
+    g->t[id].lr_scale = 1.0f;
+    return id;
+}
+
+/* Which inputs a gradient flows through: everything but index-like inputs. */
+static int differentiable(enum ck_op op)
+{
+    return op != CK_OP_TIMESTEP_EMBEDDING && op != CK_OP_FILL;
+}
+
+int ck_graph_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_op_params *p, ck_shape *outs,
+                  const int *want, int *out_ids, const char *where)
+{
+    ck_shape ins[CK_MAX_IN];
+    char msg[400];
+    int nout = ck_op_nout(op);
+    if (nin > CK_MAX_IN) {
+        snprintf(g->err, sizeof g->err, "%s: too many inputs", ck_op_name(op));
+        return -1;
+    }
+    for (int i = 0; i < nin; i++) {
+        if (in[i] < 0 || in[i] >= g->nt) {
+            snprintf(g->err, sizeof g->err, "%s: input %d is not a tensor of this graph", ck_op_name(op), i + 1);
+            return -1;
+        }
+        ins[i] = g->t[in[i]].shape;
+    }
+    if (ck_op_infer(op, p, ins, nin, outs, msg, sizeof msg) != 0) {
+        if (g->scope[0])
+            snprintf(g->err, sizeof g->err, "%s in %s: %s", ck_op_name(op), g->scope, msg);
+        else
+            snprintf(g->err, sizeof g->err, "%s: %s", ck_op_name(op), msg);
+        return -1;
+    }
+    for (int k = 0; k < nout; k++)
+        if (outs[k].ndim >= 0 && too_large(&outs[k])) {
+            char b[160];
+            snprintf(g->err, sizeof g->err, "%s%s%s: output shape %s has more than 2^40 elements: too large",
+                     ck_op_name(op), g->scope[0] ? " in " : "", g->scope, ck_shape_str(&outs[k], b, sizeof b));
+            return -1;
+        }
+    if (g->nn == g->capn) {
+        int cap = g->capn ? 2 * g->capn : 64;
+        ck_node *n = realloc(g->n, sizeof *n * (size_t)cap);
+        if (!n) {
+            snprintf(g->err, sizeof g->err, "out of memory");
+            return -1;
+        }
+        g->n = n;
+        g->capn = cap;
+    }
+    int id = g->nn;
+    ck_node *n = &g->n[id];
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->nin = nin;
+    n->nout = nout;
+    n->p = *p;
+    if (nin) memcpy(n->in, in, sizeof(int) * (size_t)nin);
+    int needs = 0;
+    if (differentiable(op))
+        for (int i = 0; i < nin; i++) needs |= g->t[in[i]].needs_grad;
+    for (int k = 0; k < nout; k++) {
+        n->out[k] = -1;
+        if (want && !want[k]) continue;
+        int t = new_tensor(g, &outs[k], CK_KIND_ACT, where);
+        if (t < 0) {
+            snprintf(g->err, sizeof g->err, "out of memory");
+            return -1;
+        }
+        n = &g->n[id];
+        g->t[t].node = id;
+        g->t[t].needs_grad = needs;
+        n->out[k] = t;
+    }
+    for (int k = 0; k < nout; k++)
+        if (out_ids) out_ids[k] = n->out[k];
+    n->scope = dupstr(g->scope);
+    n->where = dupstr(where ? where : "?");
+    g->nn++;
+    return id;
+}

@@ -1,0 +1,89 @@
+/* The op graph: tensors (shape, dtype, kind, name, scope, script line) and the
+ * nodes that produce them. Op constructors only record; nothing is computed
+ * here. Knows nothing of Lua: errors come back as a status and a message. */
+#ifndef CK_GRAPH_H
+#define CK_GRAPH_H
+
+#include "../../ops/ops.h"
+
+typedef enum ck_kind {
+    CK_KIND_ACT = 0,   /* made by a node */
+    CK_KIND_INPUT,     /* set by the host before a step */
+    CK_KIND_PARAM,     /* trainable parameter */
+    CK_KIND_FROZEN,    /* parameter that gets no gradient */
+    CK_KIND_GRAD,      /* gradient of a trainable parameter */
+    CK_KIND_OPTSTATE,  /* optimizer state (AdamW moments) */
+    CK_KIND_COUNT
+} ck_kind;
+
+typedef enum ck_init { CK_INIT_ZEROS = 0, CK_INIT_ONES, CK_INIT_NORMAL, CK_INIT_UNIFORM } ck_init;
+
+typedef enum ck_phase { CK_PHASE_FORWARD = 0, CK_PHASE_BACKWARD, CK_PHASE_OPTIMIZER, CK_PHASE_RECOMPUTE } ck_phase;
+
+typedef struct ck_tensor {
+    ck_shape shape;
+    ck_dtype dtype;
+    ck_kind kind;
+    char *name;   /* full dotted name for parameters and inputs, NULL otherwise */
+    char *scope;  /* diffusers-style scope, "" at the top */
+    char *where;  /* script "file:line" that made it */
+    int node;     /* producing node, -1 for leaves */
+    int grad;     /* gradient tensor after autodiff, -1 if none */
+    int needs_grad;
+    ck_init init; /* parameters: how the runtime fills them */
+    float init_a, init_b;
+    float lr_scale; /* trainable parameters: the learning-rate multiplier (1; LoRA+) */
+} ck_tensor;
+
+typedef struct ck_node {
+    enum ck_op op;
+    int nin, nout;
+    int in[CK_MAX_IN];
+    int out[CK_MAX_OUT]; /* -1: slot unwanted */
+    ck_op_params p;
+    ck_phase phase;
+    char *scope;
+    char *where;
+} ck_node;
+
+typedef struct ck_graph {
+    ck_tensor *t;
+    int nt, capt;
+    ck_node *n;
+    int nn, capn;
+    char *scope;  /* current scope for new tensors and nodes */
+    /* 1: each optimizer update runs as soon as nothing reads its parameter or
+     * gradient any more (vm/plan/schedule.c), so gradients do not wait for the
+     * end of backward */
+    int fused_updates;
+    char err[512];
+} ck_graph;
+
+ck_graph *ck_graph_new(void);
+ck_graph *ck_graph_clone(const ck_graph *g);
+void ck_graph_free(ck_graph *g);
+
+/* Scope and script line that new tensors and nodes record. */
+void ck_graph_set_scope(ck_graph *g, const char *scope);
+/* Adds a leaf (parameter or input); returns its id. */
+int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *shape, const char *where);
+int ck_graph_find(const ck_graph *g, const char *name);
+
+/* bytes one tensor holds in its dtype */
+static inline size_t ck_tensor_bytes(const ck_tensor *t)
+{
+    return (size_t)ck_shape_numel(&t->shape) * ck_dtype_bytes(t->dtype);
+}
+
+/* Adds a node; infers the output shapes (outs[k] preset with ndim >= 0 asks for that
+ * shape, which the rule checks). Fills out_ids with the new tensors (or -1 for an
+ * unwanted slot: want == NULL means every slot is wanted). Returns the node id, or
+ * -1 with g->err set to "op in scope: what is wrong". */
+int ck_graph_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_op_params *p,
+                  ck_shape *outs, const int *want, int *out_ids, const char *where);
+
+/* vm/graph/autodiff.c: appends backward nodes for d(loss)/d(every trainable parameter);
+ * sets t[param].grad. Returns 0, or -1 with g->err set. */
+int ck_autodiff(ck_graph *g, int loss);
+
+#endif

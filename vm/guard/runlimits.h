@@ -1,0 +1,61 @@
+/* What one VM's scripts may consume: bytes of Lua heap, instructions in a
+ * callback, and a flag another thread raises to stop a run. A count hook
+ * enforces the last two; errors it raises cannot be caught by pcall. */
+#ifndef CK_RUNLIMITS_H
+#define CK_RUNLIMITS_H
+
+#include <lua.h>
+
+#include <stddef.h>
+
+/* Lua instructions between two calls of the count hook */
+#define CK_HOOK_EVERY 1000
+
+typedef struct ck_limits {
+    lua_Alloc alloc;        /* the allocator beneath the accounting */
+    void *alloc_ud;
+    size_t heap_limit;      /* 0: none */
+    size_t heap_used;
+    int heap_refused;       /* the allocator refused since the last reset */
+    long long budget;       /* instructions per callback; < 0: none */
+    long long used;         /* by the callbacks running now */
+    int depth;              /* callbacks running now */
+    volatile int interrupt; /* set from any thread by ck_interrupt */
+    int tripped;            /* CK_ELIMIT or CK_EINTR while such an error unwinds */
+    lua_State *main;
+    /* the last error the runtime raised with a status of its own, and that
+     * status, so the host API can tell a sandbox denial from a script error */
+    int noted_code;
+    char noted[512];
+} ck_limits;
+
+/* lua_Alloc over lim->alloc that keeps lim->heap_used under lim->heap_limit */
+void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+/* Registers lim with L (registry "ck.limits" and "ck.interrupt", the thread's
+ * extra space) and installs the count hook. */
+void ck_limits_install(lua_State *L, ck_limits *lim);
+/* Back to a clean state once a call has returned to the host. */
+void ck_limits_reset(ck_limits *lim);
+/* The limits of L's VM, or NULL (a stock lua5.4 that loaded ck.so). */
+ck_limits *ck_limits_of(lua_State *L);
+/* Records the string on top of the stack as an error of status code. */
+void ck_limits_note(lua_State *L, int code);
+/* The status of error message msg if the runtime noted it, else 0. */
+int ck_limits_code_of(const ck_limits *lim, const char *msg);
+
+/* Calls the function below the nargs arguments on top of the
+ * stack like lua_call, under the VM's instruction budget for callbacks (use it
+ * for every script function the runtime calls while compiling: policies,
+ * cadences). Past the budget it raises "file:line: callback ran past its
+ * instruction budget ..." naming the callback's line, an error pcall in the
+ * script cannot swallow. Returns the number of results (nres, or all of them
+ * with LUA_MULTRET). Outside a VM (a stock lua5.4) it is lua_call. */
+int ck_lua_call_limited(lua_State *L, int nargs, int nres);
+/* The same for C code that must not be unwound: returns lua_pcall's status,
+ * with the error message on top. A budget error still reaches the host: the
+ * next Lua instruction anywhere in the VM raises it again. */
+int ck_lua_pcall_limited(lua_State *L, int nargs, int nres);
+/* ck.call_limited(fn, ...): the same from Lua */
+void ck_lua_limits_register(lua_State *L, int lib);
+
+#endif

@@ -1,0 +1,1342 @@
+/* The `ck` Lua module: graphs, tensors and programs as userdata over vm/graph
+ * and vm/program. Op functions only record nodes; errors raised while building
+ * name the script line of the user's call, the op and its scope. */
+#include "ck.h"
+#include "graph/graph.h"
+#include "lua/lua_ck.h"
+#include "run/program.h"
+#include "../../ops/cpu/cpu.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "../../ops/rng.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GRAPH_MT "ck.graph"
+#define TENSOR_MT "ck.tensor"
+#define PROGRAM_MT "ck.program"
+
+typedef struct lgraph {
+    ck_graph *g;
+    int nscope;
+    char scopes[32][128];
+} lgraph;
+
+typedef struct ltensor {
+    int id;
+} ltensor; /* uservalue 1: its graph */
+
+typedef struct lprogram {
+    ck_program *p;
+} lprogram;
+
+static int build_error(lua_State *L, const ck_graph *g) { return ck_lua_raise(L, "%s", g->err); }
+
+/* ---- graph */
+
+static lgraph *check_graph(lua_State *L, int i) { return luaL_checkudata(L, i, GRAPH_MT); }
+
+static ltensor *check_tensor(lua_State *L, int i) { return luaL_checkudata(L, i, TENSOR_MT); }
+
+static void scope_string(const lgraph *lg, char *buf, size_t len)
+{
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i < lg->nscope && k < len; i++)
+        k += (size_t)snprintf(buf + k, len - k, i ? ".%s" : "%s", lg->scopes[i]);
+}
+
+static void sync_scope(lgraph *lg)
+{
+    char s[1024];
+    scope_string(lg, s, sizeof s);
+    ck_graph_set_scope(lg->g, s);
+}
+
+/* pushes a tensor handle for id, whose graph userdata is at graph_idx */
+static void push_tensor(lua_State *L, int graph_idx, int id)
+{
+    graph_idx = lua_absindex(L, graph_idx);
+    ltensor *t = lua_newuserdatauv(L, sizeof *t, 1);
+    t->id = id;
+    luaL_setmetatable(L, TENSOR_MT);
+    lua_pushvalue(L, graph_idx);
+    lua_setiuservalue(L, -2, 1);
+}
+
+/* the graph of the tensor at index i, pushed on the stack */
+static lgraph *tensor_graph(lua_State *L, int i)
+{
+    lua_getiuservalue(L, i, 1);
+    return lua_touserdata(L, -1);
+}
+
+static int l_graph_new(lua_State *L)
+{
+    lgraph *lg = lua_newuserdatauv(L, sizeof *lg, 0);
+    memset(lg, 0, sizeof *lg);
+    lg->g = ck_graph_new();
+    if (!lg->g) return luaL_error(L, "out of memory");
+    luaL_setmetatable(L, GRAPH_MT);
+    return 1;
+}
+
+static int l_graph_gc(lua_State *L)
+{
+    lgraph *lg = check_graph(L, 1);
+    ck_graph_free(lg->g);
+    lg->g = NULL;
+    return 0;
+}
+
+static void read_shape(lua_State *L, int i, ck_shape *s)
+{
+    luaL_checktype(L, i, LUA_TTABLE);
+    lua_Unsigned n = lua_rawlen(L, i); /* a __len metamethod could claim anything */
+    luaL_argcheck(L, n <= CK_MAX_DIMS, i, "too many dims");
+    s->ndim = (int)n;
+    for (int d = 0; d < s->ndim; d++) {
+        lua_geti(L, i, d + 1);
+        int ok;
+        lua_Integer v = lua_tointegerx(L, -1, &ok);
+        if (!ok || v < 0) {
+            ck_lua_raise(L, "shape entry %d is not a non-negative integer", d + 1);
+        }
+        s->d[d] = v;
+        lua_pop(L, 1);
+    }
+}
+
+static int leaf(lua_State *L, ck_kind kind)
+{
+    lgraph *lg = check_graph(L, 1);
+    const char *name = luaL_checkstring(L, 2);
+    ck_shape s;
+    char full[1024], scope[1024], w[256];
+    read_shape(L, 3, &s);
+    scope_string(lg, scope, sizeof scope);
+    snprintf(full, sizeof full, scope[0] ? "%s.%s" : "%s%s", scope, name);
+    ck_lua_where(L, w, sizeof w);
+    int id = ck_graph_leaf(lg->g, kind, full, &s, w);
+    if (id < 0) return build_error(L, lg->g);
+    push_tensor(L, 1, id);
+    return 1;
+}
+
+static int l_input(lua_State *L) { return leaf(L, CK_KIND_INPUT); }
+
+/* g:param(name, shape, {trainable=true, init="kaiming"|"zeros"|"ones"|"normal"|"uniform", std, mean, a, b,
+ *                        lr_scale=1 (the optimizer's learning rate times this, for this parameter)}) */
+static int l_param(lua_State *L)
+{
+    int trainable = 1;
+    if (lua_istable(L, 4)) {
+        lua_getfield(L, 4, "trainable");
+        if (!lua_isnil(L, -1)) trainable = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    leaf(L, trainable ? CK_KIND_PARAM : CK_KIND_FROZEN);
+    lgraph *lg = check_graph(L, 1);
+    ck_tensor *t = &lg->g->t[lg->g->nt - 1];
+    const char *init = t->shape.ndim >= 2 ? "kaiming" : "zeros";
+    if (lua_istable(L, 4)) {
+        lua_getfield(L, 4, "lr_scale");
+        if (!lua_isnil(L, -1)) {
+            const lua_Number s = luaL_checknumber(L, -1);
+            if (!(s >= 0 && s <= 1e6)) return ck_lua_raise(L, "param: lr_scale must be in [0, 1e6], got %f", (double)s);
+            t->lr_scale = (float)s;
+        }
+        lua_pop(L, 1);
+    }
+    if (lua_istable(L, 4)) {
+        lua_getfield(L, 4, "init");
+        if (lua_isstring(L, -1)) init = lua_tostring(L, -1);
+        lua_pop(L, 1);
+    }
+    float a = 0, b = 1;
+    if (lua_istable(L, 4)) {
+        const char *keys[] = {"mean", "std", "a", "b"};
+        for (int k = 0; k < 4; k++) {
+            lua_getfield(L, 4, keys[k]);
+            if (lua_isnumber(L, -1)) {
+                if (k == 0 || k == 2) a = (float)lua_tonumber(L, -1);
+                else b = (float)lua_tonumber(L, -1);
+            }
+            lua_pop(L, 1);
+        }
+    }
+    if (strcmp(init, "zeros") == 0) t->init = CK_INIT_ZEROS;
+    else if (strcmp(init, "ones") == 0) t->init = CK_INIT_ONES;
+    else if (strcmp(init, "normal") == 0) {
+        t->init = CK_INIT_NORMAL;
+        t->init_a = a;
+        t->init_b = b;
+    } else if (strcmp(init, "uniform") == 0) {
+        t->init = CK_INIT_UNIFORM;
+        t->init_a = a;
+        t->init_b = b;
+    } else if (strcmp(init, "kaiming") == 0) {
+        /* torch's default for Linear and Conv weights: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) */
+        int64_t fan_in = 1;
+        for (int d = 1; d < t->shape.ndim; d++) fan_in *= t->shape.d[d];
+        float bound = t->shape.ndim >= 2 && fan_in > 0 ? 1.0f / sqrtf((float)fan_in) : 1.0f;
+        t->init = CK_INIT_UNIFORM;
+        t->init_a = -bound;
+        t->init_b = bound;
+    } else {
+        return ck_lua_raise(L, "unknown init '%s' (zeros, ones, normal, uniform, kaiming)", init);
+    }
+    return 1;
+}
+
+static int l_push_scope(lua_State *L)
+{
+    lgraph *lg = check_graph(L, 1);
+    const char *s = luaL_checkstring(L, 2);
+    luaL_argcheck(L, lg->nscope < 32, 2, "scopes nested too deep");
+    luaL_argcheck(L, strlen(s) < sizeof lg->scopes[0], 2, "scope name too long");
+    strcpy(lg->scopes[lg->nscope++], s);
+    sync_scope(lg);
+    return 0;
+}
+
+static int l_pop_scope(lua_State *L)
+{
+    lgraph *lg = check_graph(L, 1);
+    if (lg->nscope > 0) lg->nscope--;
+    sync_scope(lg);
+    return 0;
+}
+
+/* g:scope(name, fn, ...) runs fn inside the scope and returns what it returns */
+static int l_scope(lua_State *L)
+{
+    lgraph *lg = check_graph(L, 1);
+    luaL_checktype(L, 3, LUA_TFUNCTION);
+    int depth = lg->nscope;
+    lua_pushcfunction(L, l_push_scope);
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_call(L, 2, 0);
+    int base = lua_gettop(L);
+    lua_pushvalue(L, 3);
+    for (int i = 4; i <= base; i++) lua_pushvalue(L, i);
+    int status = lua_pcall(L, base - 3, LUA_MULTRET, 0);
+    lg->nscope = depth;
+    sync_scope(lg);
+    if (status != LUA_OK) return lua_error(L);
+    return lua_gettop(L) - base;
+}
+
+static int l_current_scope(lua_State *L)
+{
+    char s[1024];
+    scope_string(check_graph(L, 1), s, sizeof s);
+    lua_pushstring(L, s);
+    return 1;
+}
+
+static int l_graph_get(lua_State *L)
+{
+    lgraph *lg = check_graph(L, 1);
+    int id = ck_graph_find(lg->g, luaL_checkstring(L, 2));
+    if (id < 0) return 0;
+    push_tensor(L, 1, id);
+    return 1;
+}
+
+/* g:params() -> list of parameter tensors (trainable and frozen), graph order */
+static int l_params(lua_State *L)
+{
+    lgraph *lg = check_graph(L, 1);
+    lua_newtable(L);
+    int k = 0;
+    for (int i = 0; i < lg->g->nt; i++) {
+        ck_kind kind = lg->g->t[i].kind;
+        if (kind != CK_KIND_PARAM && kind != CK_KIND_FROZEN) continue;
+        push_tensor(L, 1, i);
+        lua_rawseti(L, -2, ++k);
+    }
+    return 1;
+}
+
+static int l_param_count(lua_State *L)
+{
+    lgraph *lg = check_graph(L, 1);
+    lua_Integer all = 0, train = 0;
+    for (int i = 0; i < lg->g->nt; i++) {
+        ck_kind kind = lg->g->t[i].kind;
+        if (kind == CK_KIND_PARAM) train += ck_shape_numel(&lg->g->t[i].shape);
+        if (kind == CK_KIND_PARAM || kind == CK_KIND_FROZEN) all += ck_shape_numel(&lg->g->t[i].shape);
+    }
+    lua_pushinteger(L, all);
+    lua_pushinteger(L, train);
+    return 2;
+}
+
+static int l_node_count(lua_State *L)
+{
+    lua_pushinteger(L, check_graph(L, 1)->g->nn);
+    return 1;
+}
+
+/* ---- ops: each records one node */
+
+static int record(lua_State *L, enum ck_op op, const int *argidx, int nin, const ck_op_params *p, const ck_shape *preset)
+{
+    int in[CK_MAX_IN];
+    ck_shape outs[CK_MAX_OUT];
+    int ids[CK_MAX_OUT];
+    lgraph *lg = NULL;
+    int gidx = 0;
+    for (int i = 0; i < nin; i++) {
+        ltensor *t = check_tensor(L, argidx[i]);
+        lgraph *o = tensor_graph(L, argidx[i]);
+        if (!lg) {
+            lg = o;
+            gidx = lua_gettop(L);
+        } else {
+            lua_pop(L, 1);
+            if (o != lg) {
+                return ck_lua_raise(L, "%s: inputs belong to different graphs", ck_op_name(op));
+            }
+        }
+        in[i] = t->id;
+    }
+    for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+    if (preset) outs[0] = *preset;
+    char w[256];
+    ck_lua_where(L, w, sizeof w);
+    if (ck_graph_node(lg->g, op, in, nin, p, outs, NULL, ids, w) < 0) return build_error(L, lg->g);
+    push_tensor(L, gidx, ids[0]);
+    return 1;
+}
+
+static const ck_op_params NOPARAMS;
+
+static int unary(lua_State *L, enum ck_op op)
+{
+    int a[1] = {1};
+    return record(L, op, a, 1, &NOPARAMS, NULL);
+}
+
+static int binary(lua_State *L, enum ck_op op)
+{
+    int a[2] = {1, 2};
+    return record(L, op, a, 2, &NOPARAMS, NULL);
+}
+
+static int l_silu(lua_State *L) { return unary(L, CK_OP_SILU); }
+static int l_softmax(lua_State *L) { return unary(L, CK_OP_SOFTMAX); }
+static int l_upsample2x(lua_State *L) { return unary(L, CK_OP_UPSAMPLE2X); }
+static int l_mean(lua_State *L) { return unary(L, CK_OP_MEAN); }
+static int l_mse_loss(lua_State *L) { return binary(L, CK_OP_MSE_LOSS); }
+
+static int approx_arg(lua_State *L, int i)
+{
+    const char *s = luaL_optstring(L, i, "none");
+    if (strcmp(s, "none") == 0 || strcmp(s, "erf") == 0) return 0;
+    if (strcmp(s, "tanh") == 0) return 1;
+    return luaL_argerror(L, i, "approximation must be 'none' or 'tanh'");
+}
+
+static int l_gelu(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[1] = {1};
+    p.i[0] = approx_arg(L, 2);
+    return record(L, CK_OP_GELU, a, 1, &p, NULL);
+}
+
+static int l_geglu(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[1] = {1};
+    p.i[0] = approx_arg(L, 2);
+    return record(L, CK_OP_GEGLU, a, 1, &p, NULL);
+}
+
+static float num_or_tensor(lua_State *L, int i) { return (float)lua_tonumber(L, i); }
+
+static int scale_of(lua_State *L, int t, float s)
+{
+    ck_op_params p = {0};
+    int a[1] = {t};
+    p.f[0] = s;
+    return record(L, CK_OP_SCALE, a, 1, &p, NULL);
+}
+
+static int l_scale(lua_State *L) { return scale_of(L, 1, (float)luaL_checknumber(L, 2)); }
+
+/* a + b, a - b, a * b where either may be a number */
+static int arith(lua_State *L, enum ck_op op)
+{
+    int an = lua_isnumber(L, 1), bn = lua_isnumber(L, 2);
+    if (!an && !bn) return binary(L, op);
+    if (an && bn) return luaL_error(L, "two numbers");
+    if (op == CK_OP_MUL) return scale_of(L, an ? 2 : 1, num_or_tensor(L, an ? 1 : 2));
+    return ck_lua_raise(L, "%s: adding a number to a tensor is not supported; use a tensor", ck_op_name(op));
+}
+
+static int l_add(lua_State *L) { return arith(L, CK_OP_ADD); }
+static int l_sub(lua_State *L) { return arith(L, CK_OP_SUB); }
+static int l_mul(lua_State *L) { return arith(L, CK_OP_MUL); }
+static int l_unm(lua_State *L) { return scale_of(L, 1, -1.0f); }
+
+static int opt_int(lua_State *L, int t, const char *k, int def)
+{
+    if (!lua_istable(L, t)) return def;
+    lua_getfield(L, t, k);
+    int v = lua_isnil(L, -1) ? def : (int)luaL_checkinteger(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static double opt_num(lua_State *L, int t, const char *k, double def)
+{
+    if (!lua_istable(L, t)) return def;
+    lua_getfield(L, t, k);
+    double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static int opt_bool(lua_State *L, int t, const char *k, int def)
+{
+    if (!lua_istable(L, t)) return def;
+    lua_getfield(L, t, k);
+    int v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* matmul(a, b [, {trans_a=, trans_b=}]) */
+static int l_matmul(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[2] = {1, 2};
+    p.i[0] = opt_bool(L, 3, "trans_a", 0);
+    p.i[1] = opt_bool(L, 3, "trans_b", 0);
+    return record(L, CK_OP_MATMUL, a, 2, &p, NULL);
+}
+
+/* linear(x, w [, b]) */
+static int l_linear(lua_State *L)
+{
+    int a[3] = {1, 2, 3};
+    return record(L, CK_OP_LINEAR, a, lua_isnoneornil(L, 3) ? 2 : 3, &NOPARAMS, NULL);
+}
+
+/* conv2d(x, w [, b] [, {stride=1, padding=0}]) */
+static int l_conv2d(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[3] = {1, 2, 3};
+    int has_b = luaL_testudata(L, 3, TENSOR_MT) != NULL;
+    int o = lua_istable(L, 3) ? 3 : 4; /* the bias may be nil or left out */
+    int stride = opt_int(L, o, "stride", 1), pad = opt_int(L, o, "padding", 0);
+    p.i[0] = p.i[1] = stride;
+    p.i[2] = p.i[3] = pad;
+    return record(L, CK_OP_CONV2D, a, has_b ? 3 : 2, &p, NULL);
+}
+
+/* group_norm(x, groups, gamma, beta [, eps=1e-5]) */
+static int l_group_norm(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[3] = {1, 3, 4};
+    p.i[0] = luaL_checkinteger(L, 2);
+    p.f[0] = (float)luaL_optnumber(L, 5, 1e-5);
+    return record(L, CK_OP_GROUP_NORM, a, 3, &p, NULL);
+}
+
+/* layer_norm(x, gamma, beta [, eps=1e-5]) */
+static int l_layer_norm(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[3] = {1, 2, 3};
+    p.f[0] = (float)luaL_optnumber(L, 4, 1e-5);
+    return record(L, CK_OP_LAYER_NORM, a, 3, &p, NULL);
+}
+
+/* attention(q, k, v, heads [, scale]) */
+static int l_attention(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[3] = {1, 2, 3};
+    p.i[0] = luaL_checkinteger(L, 4);
+    p.f[0] = (float)luaL_optnumber(L, 5, 0.0);
+    return record(L, CK_OP_ATTENTION, a, 3, &p, NULL);
+}
+
+/* dims are 0-based as in PyTorch; negative counts from the end */
+static int64_t norm_dim(lua_State *L, lua_Integer d, int ndim, int arg)
+{
+    if (d < 0) d += ndim;
+    luaL_argcheck(L, d >= 0 && d < ndim, arg, "dim out of range");
+    return d;
+}
+
+static const ck_shape *shape_of(lua_State *L, int i)
+{
+    ltensor *t = check_tensor(L, i);
+    lgraph *lg = tensor_graph(L, i);
+    lua_pop(L, 1);
+    return &lg->g->t[t->id].shape;
+}
+
+/* concat(a, b [, dim=1]) */
+static int l_concat(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[2] = {1, 2};
+    p.i[0] = norm_dim(L, luaL_optinteger(L, 3, 1), shape_of(L, 1)->ndim, 3);
+    return record(L, CK_OP_CONCAT, a, 2, &p, NULL);
+}
+
+/* slice(x, dim, start, length), start 0-based */
+static int l_slice(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[1] = {1};
+    p.i[0] = norm_dim(L, luaL_checkinteger(L, 2), shape_of(L, 1)->ndim, 2);
+    p.i[1] = luaL_checkinteger(L, 3);
+    p.i[2] = luaL_checkinteger(L, 4);
+    return record(L, CK_OP_SLICE, a, 1, &p, NULL);
+}
+
+/* reshape(x, {dims}) with at most one -1 */
+static int l_reshape(lua_State *L)
+{
+    const ck_shape *in = shape_of(L, 1);
+    ck_shape s;
+    int a[1] = {1}, infer = -1;
+    luaL_checktype(L, 2, LUA_TTABLE);
+    s.ndim = (int)luaL_len(L, 2);
+    luaL_argcheck(L, s.ndim <= CK_MAX_DIMS, 2, "too many dims");
+    int64_t known = 1;
+    for (int d = 0; d < s.ndim; d++) {
+        lua_geti(L, 2, d + 1);
+        s.d[d] = luaL_checkinteger(L, -1);
+        lua_pop(L, 1);
+        if (s.d[d] == -1) {
+            luaL_argcheck(L, infer < 0, 2, "more than one -1");
+            infer = d;
+        } else {
+            luaL_argcheck(L, s.d[d] >= 0, 2, "negative dim");
+            known *= s.d[d];
+        }
+    }
+    if (infer >= 0) s.d[infer] = known ? ck_shape_numel(in) / known : 0;
+    return record(L, CK_OP_RESHAPE, a, 1, &NOPARAMS, &s);
+}
+
+/* permute(x, {dims}) with 0-based dims */
+static int l_permute(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[1] = {1};
+    luaL_checktype(L, 2, LUA_TTABLE);
+    int n = (int)luaL_len(L, 2);
+    luaL_argcheck(L, n == shape_of(L, 1)->ndim, 2, "permutation length differs from the rank");
+    for (int d = 0; d < n; d++) {
+        lua_geti(L, 2, d + 1);
+        p.i[d] = luaL_checkinteger(L, -1);
+        lua_pop(L, 1);
+    }
+    return record(L, CK_OP_PERMUTE, a, 1, &p, NULL);
+}
+
+/* timestep_embedding(t, dim [, {flip_sin_to_cos=false, shift=1, max_period=10000, scale=1}]) */
+static int l_timestep_embedding(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[1] = {1};
+    p.i[0] = luaL_checkinteger(L, 2);
+    p.i[1] = opt_bool(L, 3, "flip_sin_to_cos", 0);
+    p.f[0] = (float)opt_num(L, 3, "shift", 1.0);
+    p.f[1] = (float)opt_num(L, 3, "max_period", 10000.0);
+    p.f[2] = (float)opt_num(L, 3, "scale", 1.0);
+    return record(L, CK_OP_TIMESTEP_EMBEDDING, a, 1, &p, NULL);
+}
+
+/* dropout(x, p): each call site gets its own key, so replays draw the same mask */
+static int l_dropout(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[1] = {1};
+    p.f[0] = (float)luaL_checknumber(L, 2);
+    lgraph *lg = tensor_graph(L, 1);
+    lua_pop(L, 1);
+    p.i[0] = lg->g->nn + 1;
+    return record(L, CK_OP_DROPOUT, a, 1, &p, NULL);
+}
+
+/* ---- tensor fields */
+
+static const char *const kind_names[CK_KIND_COUNT] = {"activation", "input", "param", "frozen", "grad",
+                                                      "optimizer_state"};
+
+static int l_tensor_index(lua_State *L)
+{
+    ltensor *lt = check_tensor(L, 1);
+    const char *k = luaL_checkstring(L, 2);
+    lgraph *lg = tensor_graph(L, 1);
+    const ck_tensor *t = &lg->g->t[lt->id];
+    if (strcmp(k, "shape") == 0) {
+        lua_createtable(L, t->shape.ndim, 0);
+        for (int d = 0; d < t->shape.ndim; d++) {
+            lua_pushinteger(L, t->shape.d[d]);
+            lua_rawseti(L, -2, d + 1);
+        }
+    } else if (strcmp(k, "ndim") == 0) lua_pushinteger(L, t->shape.ndim);
+    else if (strcmp(k, "numel") == 0) lua_pushinteger(L, ck_shape_numel(&t->shape));
+    else if (strcmp(k, "name") == 0) lua_pushstring(L, t->name);
+    else if (strcmp(k, "scope") == 0) lua_pushstring(L, t->scope);
+    else if (strcmp(k, "where") == 0) lua_pushstring(L, t->where);
+    else if (strcmp(k, "kind") == 0) lua_pushstring(L, kind_names[t->kind]);
+    else if (strcmp(k, "id") == 0) lua_pushinteger(L, lt->id);
+    else if (strcmp(k, "graph") == 0) lua_pushvalue(L, -1 - 0);
+    else {
+        /* methods: the ck functions */
+        lua_getfield(L, lua_upvalueindex(1), k);
+    }
+    return 1;
+}
+
+static int l_tensor_tostring(lua_State *L)
+{
+    ltensor *lt = check_tensor(L, 1);
+    lgraph *lg = tensor_graph(L, 1);
+    const ck_tensor *t = &lg->g->t[lt->id];
+    char s[128];
+    lua_pushfstring(L, "ck.tensor(%s %s, %s)", t->name ? t->name : "#", ck_shape_str(&t->shape, s, sizeof s),
+                    kind_names[t->kind]);
+    return 1;
+}
+
+static void set_kind(lua_State *L, ck_kind from, ck_kind to)
+{
+    ltensor *lt = check_tensor(L, 1);
+    lgraph *lg = tensor_graph(L, 1);
+    ck_tensor *t = &lg->g->t[lt->id];
+    if (t->kind != from && t->kind != to) luaL_error(L, "only parameters can be frozen or trained");
+    if (t->kind != to) {
+        for (int i = 0; i < lg->g->nn; i++)
+            for (int j = 0; j < lg->g->n[i].nin; j++)
+                if (lg->g->n[i].in[j] == lt->id) luaL_error(L, "'%s' is already used by an op; freeze it before use", t->name);
+    }
+    t->kind = to;
+    t->needs_grad = to == CK_KIND_PARAM;
+}
+
+static int l_freeze(lua_State *L)
+{
+    set_kind(L, CK_KIND_PARAM, CK_KIND_FROZEN);
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int l_train(lua_State *L)
+{
+    set_kind(L, CK_KIND_FROZEN, CK_KIND_PARAM);
+    lua_settop(L, 1);
+    return 1;
+}
+
+/* ---- compile and run */
+
+static lprogram *check_program(lua_State *L, int i)
+{
+    lprogram *lp = luaL_checkudata(L, i, PROGRAM_MT);
+    if (!lp->p) luaL_error(L, "program is closed");
+    return lp;
+}
+
+ck_program *ck_lua_program(lua_State *L, int i) { return check_program(L, i)->p; }
+
+static int tensor_id(lua_State *L, int i)
+{
+    ltensor *t = check_tensor(L, i);
+    return t->id;
+}
+
+/* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
+ *           weight_decay=,
+ *           max_grad_norm=, accumulate=, fused_backward=,
+ *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto"} */
+static int l_compile(lua_State *L)
+{
+    lgraph *lg = check_graph(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    ck_compile_opts o = {0};
+    int outs[256];
+    o.loss = -1;
+    lua_getfield(L, 2, "loss");
+    if (!lua_isnil(L, -1)) o.loss = tensor_id(L, -1);
+    lua_pop(L, 1);
+    lua_getfield(L, 2, "outputs");
+    if (lua_istable(L, -1)) {
+        int n = (int)luaL_len(L, -1);
+        luaL_argcheck(L, n <= 256, 2, "too many outputs");
+        for (int i = 0; i < n; i++) {
+            lua_geti(L, -1, i + 1);
+            outs[o.noutputs++] = tensor_id(L, -1);
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    o.outputs = outs;
+    lua_getfield(L, 2, "optimizer");
+    const char *opt = luaL_optstring(L, -1, "adamw");
+    lua_pop(L, 1);
+    if (strcmp(opt, "adamw") == 0) o.optim = CK_OPTIM_ADAMW;
+    else if (strcmp(opt, "sgd") == 0) o.optim = CK_OPTIM_SGD;
+    else if (strcmp(opt, "lion") == 0) o.optim = CK_OPTIM_LION;
+    else if (strcmp(opt, "adamw8bit") == 0) o.optim = CK_OPTIM_ADAMW8;
+    else if (strcmp(opt, "none") == 0) o.optim = CK_OPTIM_NONE;
+    else return luaL_error(L, "unknown optimizer '%s' (adamw, adamw8bit, lion, sgd, none)", opt);
+    o.lr = (float)opt_num(L, 2, "lr", 1e-3);
+    o.eps = (float)opt_num(L, 2, "eps", 1e-8);
+    o.weight_decay = (float)opt_num(L, 2, "weight_decay", o.optim == CK_OPTIM_ADAMW || o.optim == CK_OPTIM_ADAMW8 ? 1e-2 : 0.0);
+    o.max_grad_norm = (float)opt_num(L, 2, "max_grad_norm", 0.0);
+    const double acc = opt_num(L, 2, "accumulate", 1);
+    if (!(acc >= 1 && acc <= 1e6 && acc == (double)(int)acc))
+        return ck_lua_raise(L, "compile: accumulate must be a whole number of steps >= 1, got %f", acc);
+    o.accumulate = (int)acc;
+    if (o.optim == CK_OPTIM_NONE && (o.accumulate > 1 || o.max_grad_norm > 0))
+        return ck_lua_raise(L, "compile: %s needs an optimizer (optimizer = \"none\" here)",
+                            o.accumulate > 1 ? "accumulate" : "max_grad_norm");
+    if (!(o.max_grad_norm >= 0.0f))
+        return ck_lua_raise(L, "compile: max_grad_norm must be a positive norm (or 0: no clipping), got %f",
+                            (double)o.max_grad_norm);
+    o.fused_backward = opt_bool(L, 2, "fused_backward", 0);
+    if (o.fused_backward && (o.optim == CK_OPTIM_NONE || o.accumulate > 1 || o.max_grad_norm > 0))
+        return ck_lua_raise(L, "compile: fused_backward updates each parameter as soon as its gradient is complete, "
+                            "so it cannot %s", o.optim == CK_OPTIM_NONE ? "go without an optimizer"
+                            : o.accumulate > 1 ? "accumulate gradients" : "clip by the norm of all gradients");
+    o.beta1 = 0.9f;
+    o.beta2 = o.optim == CK_OPTIM_LION ? 0.99f : 0.999f; /* torch's AdamW, lion-pytorch's Lion */
+    lua_getfield(L, 2, "betas");
+    if (lua_istable(L, -1)) {
+        lua_geti(L, -1, 1);
+        o.beta1 = (float)luaL_checknumber(L, -1);
+        lua_geti(L, -2, 2);
+        o.beta2 = (float)luaL_checknumber(L, -1);
+        lua_pop(L, 2);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, 2, "seed");
+    int whole = 1;
+    const lua_Integer seed = lua_isnil(L, -1) ? 0 : lua_tointegerx(L, -1, &whole);
+    if (!whole) return ck_lua_raise(L, "compile: seed must be a whole number of at most 64 bits, got %s",
+                                    luaL_tolstring(L, -1, NULL));
+    o.seed = (uint64_t)seed;
+    lua_pop(L, 1);
+    o.keep_grads = opt_bool(L, 2, "keep_grads", 0);
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
+    o.plan_only = opt_bool(L, 2, "plan_only", lua_toboolean(L, -1));
+    lua_pop(L, 1);
+    lua_getfield(L, 2, "storage");
+    const char *storage = luaL_optstring(L, -1, "fp32");
+    if (!strcmp(storage, "bf16")) o.storage = CK_BF16;
+    else if (!strcmp(storage, "fp16")) o.storage = CK_F16;
+    else if (strcmp(storage, "fp32")) return ck_lua_raise(L, "compile: storage must be fp32, bf16 or fp16, got '%s'", storage);
+    lua_pop(L, 1);
+    /* frozen weights narrower than storage: fp8 (e4m3, kohya's --fp8_base) or bf16 */
+    lua_getfield(L, 2, "frozen");
+    if (!lua_isnil(L, -1)) {
+        const char *fz = lua_tostring(L, -1);
+        if (fz && !strcmp(fz, "fp8")) o.frozen = CK_F8E4M3;
+        else if (fz && !strcmp(fz, "bf16")) o.frozen = CK_BF16;
+        else return ck_lua_raise(L, "compile: frozen must be fp8 or bf16 (frozen weights' storage), got '%s'",
+                                 fz ? fz : luaL_typename(L, -1));
+    }
+    lua_pop(L, 1);
+    /* the device: compile{device=}, else the VM's (--device), else auto */
+    lua_getfield(L, 2, "device");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_getfield(L, LUA_REGISTRYINDEX, "ck.device");
+    }
+    const char *device = luaL_optstring(L, -1, "auto");
+    char derr[512];
+    o.be = ck_backend_find(device, o.plan_only, derr, sizeof derr);
+    if (!o.be) return ck_lua_raise(L, "compile: %s", derr);
+    lua_pop(L, 1);
+    lua_getfield(L, 2, "checkpoint");
+    ck_lua_policy policy;
+    ck_lua_policy_opts(L, -1, &policy, &o);
+    char err[512];
+    lprogram *lp = lua_newuserdatauv(L, sizeof *lp, 1);
+    lp->p = NULL;
+    luaL_setmetatable(L, PROGRAM_MT);
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, -2, 1);
+    lp->p = ck_compile(lg->g, &o, err, sizeof err);
+    if (!lp->p) {
+        return ck_lua_raise(L, "compile: %s", err);
+    }
+    /* a host that embeds the VM may stop runs through this flag (vm/embed/ck.c) */
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.interrupt");
+    lp->p->interrupt = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return 1;
+}
+
+static int l_program_gc(lua_State *L)
+{
+    lprogram *lp = luaL_checkudata(L, 1, PROGRAM_MT);
+    ck_program_free(lp->p);
+    lp->p = NULL;
+    return 0;
+}
+
+/* a tensor handle or a name */
+int ck_lua_program_tensor(lua_State *L, ck_program *p, int i)
+{
+    if (lua_type(L, i) == LUA_TSTRING) {
+        int id = ck_graph_find(p->g, lua_tostring(L, i));
+        if (id < 0) luaL_error(L, "no tensor named '%s'", lua_tostring(L, i));
+        return id;
+    }
+    int id = tensor_id(L, i);
+    if (id >= p->g->nt) luaL_error(L, "tensor is not part of this program");
+    return id;
+}
+
+static int64_t flatten(lua_State *L, int t, float *dst, int64_t n, int64_t k, int depth)
+{
+    if (depth > CK_MAX_DIMS + 1) luaL_error(L, "values nested too deep (deeper than any tensor)");
+    luaL_checkstack(L, 4, "values nested too deep");
+    int len = (int)luaL_len(L, t);
+    for (int i = 1; i <= len; i++) {
+        lua_geti(L, t, i);
+        if (lua_istable(L, -1)) k = flatten(L, lua_gettop(L), dst, n, k, depth + 1);
+        else {
+            int ok;
+            lua_Number v = lua_tonumberx(L, -1, &ok);
+            if (!ok) luaL_error(L, "values must be numbers");
+            if (k < n) dst[k] = (float)v;
+            k++;
+        }
+        lua_pop(L, 1);
+    }
+    return k;
+}
+
+/* p:set(tensor|name, values [, index]): a number fills; a (nested) table gives
+ * every element; with index, only that entry of the batch (the first dim) */
+static int l_set(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    int id = ck_lua_program_tensor(L, p, 2);
+    ck_tensor *t = &p->g->t[id];
+    if (p->poff[id] < 0) return luaL_error(L, "'%s' is not an input or parameter", t->name ? t->name : "tensor");
+    if (!ck_program_data(p, id)) return luaL_error(L, "set: a plan-only program holds no values");
+    int64_t n = ck_shape_numel(&t->shape), at = 0;
+    int entry = !lua_isnoneornil(L, 4);
+    if (entry) { /* one entry of the batch (first dim), 1-based */
+        lua_Integer b = luaL_checkinteger(L, 4);
+        luaL_argcheck(L, t->shape.ndim >= 1 && b >= 1 && b <= t->shape.d[0], 4, "index out of the batch");
+        n /= t->shape.d[0];
+        at = (b - 1) * n;
+    }
+    float *tmp = NULL;
+    if (!lua_isnumber(L, 3)) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        tmp = lua_newuserdatauv(L, sizeof(float) * (size_t)(n ? n : 1), 0);
+        int64_t k = flatten(L, 3, tmp, n, 0, 0);
+        if (k != n) {
+            char s[128];
+            return luaL_error(L, "'%s' %s%s has %d elements, got %d values", t->name ? t->name : "tensor",
+                              ck_shape_str(&t->shape, s, sizeof s), entry ? " entry" : "", (int)n, (int)k);
+        }
+    }
+    float *x = ck_program_write_begin(p, id, entry);
+    if (!x) return luaL_error(L, "set: %s", p->err);
+    if (tmp) {
+        memcpy(x + at, tmp, sizeof(float) * (size_t)n);
+    } else {
+        float v = (float)lua_tonumber(L, 3);
+        for (int64_t i = 0; i < n; i++) x[at + i] = v;
+    }
+    if (ck_program_write_end(p, id)) return luaL_error(L, "set: %s", p->err);
+    return 0;
+}
+
+static const float *readable(lua_State *L, ck_program *p, int id)
+{
+    const float *x = ck_program_read(p, id);
+    if (!x && p->err[0]) luaL_error(L, "%s", p->err);
+    if (!x) {
+        const ck_tensor *t = &p->g->t[id];
+        luaL_error(L, "%s: tensor from this line was not kept by the last run; list it in compile{outputs=...}",
+                   t->where);
+    }
+    return x;
+}
+
+/* p:get(tensor|name) -> flat table of numbers */
+static int l_get(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    int id = ck_lua_program_tensor(L, p, 2);
+    const float *x = readable(L, p, id);
+    int64_t n = ck_shape_numel(&p->g->t[id].shape);
+    lua_createtable(L, (int)n, 0);
+    for (int64_t i = 0; i < n; i++) {
+        lua_pushnumber(L, x[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+/* p:scalar(tensor|name [, index]) -> number */
+static int l_scalar(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    int id = ck_lua_program_tensor(L, p, 2);
+    lua_Integer i = luaL_optinteger(L, 3, 1);
+    luaL_argcheck(L, i >= 1 && i <= ck_shape_numel(&p->g->t[id].shape), 3, "index out of range");
+    lua_pushnumber(L, readable(L, p, id)[i - 1]);
+    return 1;
+}
+
+/* p:grad(param) -> flat table; needs compile{keep_grads=true} */
+static int l_grad(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    int id = ck_lua_program_tensor(L, p, 2);
+    int gid = p->g->t[id].grad;
+    if (gid < 0) return luaL_error(L, "'%s' has no gradient", p->g->t[id].name ? p->g->t[id].name : "tensor");
+    lua_settop(L, 1);
+    const float *x = ck_program_read(p, gid);
+    if (!x) return luaL_error(L, "%s", p->err[0] ? p->err : "gradients are not kept; compile with keep_grads = true");
+    int64_t n = ck_shape_numel(&p->g->t[gid].shape);
+    lua_createtable(L, (int)n, 0);
+    for (int64_t i = 0; i < n; i++) {
+        lua_pushnumber(L, x[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static int push_loss(lua_State *L, ck_program *p)
+{
+    const float *x = p->loss >= 0 ? ck_program_read(p, p->loss) : NULL;
+    if (!x && p->loss >= 0 && p->err[0]) return luaL_error(L, "%s", p->err);
+    if (!x) return 0;
+    lua_pushnumber(L, x[0]);
+    return 1;
+}
+
+/* p:step([{lr=, measure=}]) -> loss; with measure = true also the arena's
+ * measured high-water mark (bytes), found by scanning a sentinel fill.
+ * p:step{stats=, guard=, ...} -> loss, info: a logging step (vm/lua/lua_log.c) */
+static int l_step(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    if (lua_istable(L, 2)) p->opt.lr = (float)opt_num(L, 2, "lr", p->opt.lr);
+    if (lua_istable(L, 2)) {
+        lua_getfield(L, 2, "stats");
+        lua_getfield(L, 2, "guard");
+        int logging = !lua_isnil(L, -1) || !lua_isnil(L, -2);
+        lua_pop(L, 2);
+        if (logging) return ck_lua_log_step(L, p);
+    }
+    if (opt_bool(L, 2, "measure", 0)) {
+        size_t hw = 0;
+        if (ck_program_step_measured(p, &hw)) return luaL_error(L, "%s", p->err);
+        if (!push_loss(L, p)) lua_pushnil(L);
+        lua_pushinteger(L, (lua_Integer)hw);
+        return 2;
+    }
+    if (ck_program_step(p)) return luaL_error(L, "%s", p->err);
+    return push_loss(L, p);
+}
+
+/* p:checksum(tensor|name [, "grad"]) -> hex digest of the bytes (FNV-1a 64) of a
+ * tensor or of its gradient (compile with keep_grads): bitwise comparisons
+ * without copying values into Lua */
+static int l_checksum(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    int id = ck_lua_program_tensor(L, p, 2);
+    if (lua_isstring(L, 3) && strcmp(lua_tostring(L, 3), "grad") == 0) {
+        id = p->g->t[id].grad;
+        if (id < 0) return luaL_error(L, "no gradient");
+    }
+    const unsigned char *x = (const unsigned char *)ck_program_read(p, id);
+    if (!x) return luaL_error(L, "%s", p->err[0] ? p->err : "tensor is not readable now");
+    size_t n = (size_t)ck_shape_numel(&p->g->t[id].shape) * sizeof(float);
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ x[i]) * 1099511628211ULL;
+    char buf[17];
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+    lua_pushstring(L, buf);
+    return 1;
+}
+
+static int l_forward(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    if (ck_program_forward(p)) return luaL_error(L, "%s", p->err);
+    return push_loss(L, p);
+}
+
+static void set_int(lua_State *L, const char *k, lua_Integer v)
+{
+    lua_pushinteger(L, v);
+    lua_setfield(L, -2, k);
+}
+
+static void set_num(lua_State *L, const char *k, double v)
+{
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* p:plan() -> the plan of the training list (the forward list when nothing
+ * trains): peak (the arena's high-water mark), live_peak, persistent,
+ * transient, workspace, arena, device_bytes (the device memory the program
+ * takes: the arena in the allocator's pages, and the backend's fixed bytes),
+ * ops, recompute_ops, activation_bytes,
+ * step_flops, recompute_flops, and at_peak = {category = bytes live at the peak} */
+static int l_plan(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    const ck_plan *pl = p->train.n ? &p->train : &p->eval;
+    int nrec = 0;
+    for (int i = 0; i < pl->n; i++) nrec += pl->ops[i].phase == CK_PHASE_RECOMPUTE;
+    lua_newtable(L);
+    set_int(L, "peak", (lua_Integer)pl->peak);
+    set_int(L, "live_peak", (lua_Integer)pl->live_peak);
+    set_int(L, "persistent", (lua_Integer)p->persistent);
+    set_int(L, "transient", (lua_Integer)pl->transient);
+    set_int(L, "workspace", (lua_Integer)pl->workspace);
+    set_int(L, "arena", (lua_Integer)p->arena_bytes);
+    set_int(L, "device_bytes", (lua_Integer)ck_device_bytes(p->be, p->arena_bytes));
+    set_int(L, "ops", pl->n);
+    set_int(L, "recompute_ops", nrec);
+    set_int(L, "activation_bytes", (lua_Integer)pl->activation_bytes);
+    set_num(L, "step_flops", pl->step_flops);
+    set_num(L, "recompute_flops", pl->recompute_flops);
+    lua_newtable(L);
+    for (int c = 0; c < CK_CAT_COUNT; c++) set_int(L, ck_cat_names[c], (lua_Integer)pl->at_peak[c]);
+    lua_setfield(L, -2, "at_peak");
+    return 1;
+}
+
+/* p:timeline() -> {phase = {"forward"|"recompute"|"backward"|"optimizer", ...},
+ * <category> = {live bytes at each op, ...}, ...} of the training list */
+static int l_timeline(lua_State *L)
+{
+    static const char *const phases[] = {"forward", "backward", "optimizer", "recompute"};
+    ck_program *p = check_program(L, 1)->p;
+    const ck_plan *pl = p->train.n ? &p->train : &p->eval;
+    size_t *cat = ck_plan_timeline(pl, p->g, p->persistent, p->retain, p->be);
+    if (!cat) return luaL_error(L, "out of memory");
+    lua_newtable(L);
+    lua_createtable(L, pl->n, 0);
+    for (int i = 0; i < pl->n; i++) {
+        lua_pushstring(L, phases[pl->ops[i].phase]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "phase");
+    for (int c = 0; c < CK_CAT_COUNT; c++) {
+        lua_createtable(L, pl->n, 0);
+        for (int i = 0; i < pl->n; i++) {
+            lua_pushinteger(L, (lua_Integer)cat[(size_t)i * CK_CAT_COUNT + c]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, ck_cat_names[c]);
+    }
+    free(cat);
+    return 1;
+}
+
+/* p:state_tensors() -> names of what a training state holds: trainable
+ * parameters and optimizer state, in graph order */
+static int l_state_tensors(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    lua_newtable(L);
+    int k = 0;
+    for (int t = 0; t < p->g->nt; t++) {
+        ck_kind kind = p->g->t[t].kind;
+        if ((kind == CK_KIND_PARAM || kind == CK_KIND_OPTSTATE) && p->g->t[t].name) {
+            lua_pushstring(L, p->g->t[t].name);
+            lua_rawseti(L, -2, ++k);
+        }
+    }
+    return 1;
+}
+
+static int l_program_index(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    const char *k = luaL_checkstring(L, 2);
+    if (strcmp(k, "steps") == 0) lua_pushinteger(L, p->step);
+    else if (strcmp(k, "updates") == 0) lua_pushinteger(L, p->updates);
+    else if (strcmp(k, "micro") == 0) lua_pushinteger(L, p->micro);
+    else if (strcmp(k, "accumulate") == 0) lua_pushinteger(L, p->opt.accumulate > 1 ? p->opt.accumulate : 1);
+    else if (strcmp(k, "lr") == 0) lua_pushnumber(L, p->opt.lr);
+    else if (strcmp(k, "training") == 0) lua_pushboolean(L, !p->eval_mode);
+    else lua_getfield(L, lua_upvalueindex(1), k);
+    return 1;
+}
+
+static int l_program_newindex(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    const char *k = luaL_checkstring(L, 2);
+    if (strcmp(k, "lr") == 0) p->opt.lr = (float)luaL_checknumber(L, 3);
+    else if (strcmp(k, "training") == 0) { /* torch's train()/eval(): whether forward passes apply dropout */
+        luaL_checktype(L, 3, LUA_TBOOLEAN);
+        p->eval_mode = !lua_toboolean(L, 3);
+    }
+    else if (strcmp(k, "steps") == 0 || strcmp(k, "updates") == 0) { /* restoring a saved training state */
+        lua_Integer n = luaL_checkinteger(L, 3);
+        luaL_argcheck(L, n >= 0, 3, "steps and updates must be >= 0");
+        if (k[0] == 's') p->step = n;
+        else p->updates = n;
+    } else if (strcmp(k, "micro") == 0) { /* likewise: the steps summed since the last update */
+        lua_Integer n = luaL_checkinteger(L, 3);
+        luaL_argcheck(L, n >= 0 && n < (p->opt.accumulate > 1 ? p->opt.accumulate : 1), 3,
+                      "micro must be >= 0 and below the program's accumulate");
+        p->micro = n;
+    }
+    else return luaL_error(L, "cannot set '%s' on a program", k);
+    return 0;
+}
+
+/* ck.random(seed, step, key, index) -> uniform in [0, 1) from the counter-based generator */
+static int l_random(lua_State *L)
+{
+    uint64_t stream = ck_rng_key((uint64_t)luaL_checkinteger(L, 1), (uint64_t)luaL_checkinteger(L, 2),
+                                 (uint64_t)luaL_checkinteger(L, 3));
+    lua_pushnumber(L, ck_rng_uniform(stream, (uint64_t)luaL_checkinteger(L, 4)));
+    return 1;
+}
+
+/* ck.randn(seed, step, key, index) -> standard normal */
+static int l_randn(lua_State *L)
+{
+    uint64_t stream = ck_rng_key((uint64_t)luaL_checkinteger(L, 1), (uint64_t)luaL_checkinteger(L, 2),
+                                 (uint64_t)luaL_checkinteger(L, 3));
+    lua_pushnumber(L, ck_rng_normal(stream, (uint64_t)luaL_checkinteger(L, 4)));
+    return 1;
+}
+
+/* p:randn(tensor, key [, scale [, step]]) fills an input with normal numbers keyed
+ * by (seed, step, key); the step defaults to the one the next p:step() runs */
+static int l_fill_randn(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    int id = ck_lua_program_tensor(L, p, 2);
+    uint64_t key = (uint64_t)luaL_checkinteger(L, 3);
+    float scale = (float)luaL_optnumber(L, 4, 1.0);
+    if (p->poff[id] < 0 || !p->arena) return luaL_error(L, "randn: not an input or parameter, or a plan-only program");
+    int64_t n = ck_shape_numel(&p->g->t[id].shape);
+    lua_Integer step = luaL_optinteger(L, 5, p->step + 1);
+    uint64_t stream = ck_rng_key(p->opt.seed, (uint64_t)step, key);
+    float *x = ck_program_write_begin(p, id, 0);
+    if (!x) return luaL_error(L, "randn: %s", p->err);
+    for (int64_t i = 0; i < n; i++) x[i] = scale * ck_rng_normal(stream, (uint64_t)i);
+    if (ck_program_write_end(p, id)) return luaL_error(L, "randn: %s", p->err);
+    return 0;
+}
+
+static const luaL_Reg op_funcs[] = {
+    {"matmul", l_matmul},
+    {"linear", l_linear},
+    {"conv2d", l_conv2d},
+    {"group_norm", l_group_norm},
+    {"layer_norm", l_layer_norm},
+    {"silu", l_silu},
+    {"gelu", l_gelu},
+    {"geglu", l_geglu},
+    {"softmax", l_softmax},
+    {"attention", l_attention},
+    {"add", l_add},
+    {"sub", l_sub},
+    {"mul", l_mul},
+    {"scale", l_scale},
+    {"concat", l_concat},
+    {"slice", l_slice},
+    {"reshape", l_reshape},
+    {"permute", l_permute},
+    {"upsample2x", l_upsample2x},
+    {"mean", l_mean},
+    {"mse_loss", l_mse_loss},
+    {"timestep_embedding", l_timestep_embedding},
+    {"dropout", l_dropout},
+    {"freeze", l_freeze},
+    {"random", l_random},
+    {"randn", l_randn},
+    {"train", l_train},
+    {NULL, NULL},
+};
+
+static const luaL_Reg graph_methods[] = {
+    {"input", l_input},
+    {"param", l_param},
+    {"scope", l_scope},
+    {"push_scope", l_push_scope},
+    {"pop_scope", l_pop_scope},
+    {"current_scope", l_current_scope},
+    {"get", l_graph_get},
+    {"params", l_params},
+    {"param_count", l_param_count},
+    {"node_count", l_node_count},
+    {"compile", l_compile},
+    {NULL, NULL},
+};
+
+/* p:device() -> the backend's name ("cpu", "cuda"), the bytes of device
+ * memory it holds outside every plan (library workspaces; 0 on the CPU), and
+ * its allocator's page (2 MiB on CUDA; 1 on the CPU) */
+static int l_program_device(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    lua_pushstring(L, p->be->name);
+    lua_pushinteger(L, (lua_Integer)p->be->fixed_bytes);
+    lua_pushinteger(L, (lua_Integer)(p->be->granule > 1 ? p->be->granule : 1));
+    return 3;
+}
+
+/* ck.devices() -> the names of the devices this process can run on, e.g. {"cpu", "cuda"} */
+static int l_devices(lua_State *L)
+{
+    lua_createtable(L, 2, 0);
+    lua_pushstring(L, "cpu");
+    lua_rawseti(L, -2, 1);
+    if (!strcmp(ck_default_device(), "cuda")) {
+        lua_pushstring(L, "cuda");
+        lua_rawseti(L, -2, 2);
+    }
+    return 1;
+}
+
+/* ck.device_memory() -> free, total bytes of the CUDA device (cudaMemGetInfo),
+ * opening it first when needed; nothing where there is none */
+static int l_device_memory(lua_State *L)
+{
+    size_t f, t;
+    char err[256];
+    if (ck_cuda_devices() == 0 || !ck_backend_cuda(err, sizeof err) || ck_cuda_memory(&f, &t)) return 0;
+    lua_pushinteger(L, (lua_Integer)f);
+    lua_pushinteger(L, (lua_Integer)t);
+    return 2;
+}
+
+/* ck.cuda_options{deterministic = true|false, tf32 = true|false}: how the
+ * CUDA backend picks algorithms for the programs run from now on */
+static int l_cuda_options(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_getfield(L, 1, "deterministic");
+    int det = lua_isnil(L, -1) ? -1 : lua_toboolean(L, -1);
+    lua_getfield(L, 1, "tf32");
+    int tf32 = lua_isnil(L, -1) ? -1 : lua_toboolean(L, -1);
+    char err[512];
+    if (ck_cuda_configure(det, tf32, err, sizeof err)) return ck_lua_raise(L, "cuda_options: %s", err);
+    return 0;
+}
+
+static const luaL_Reg program_methods[] = {
+    {"device", l_program_device},
+    {"set", l_set},
+    {"get", l_get},
+    {"scalar", l_scalar},
+    {"grad", l_grad},
+    {"step", l_step},
+    {"forward", l_forward},
+    {"plan", l_plan},
+    {"randn", l_fill_randn},
+    {"checksum", l_checksum},
+    {"timeline", l_timeline},
+    {"state_tensors", l_state_tensors},
+    {NULL, NULL},
+};
+
+int luaopen_ck(lua_State *L)
+{
+    luaL_newlib(L, op_funcs);
+    int lib = lua_gettop(L);
+
+    luaL_newmetatable(L, GRAPH_MT);
+    luaL_newlib(L, graph_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_graph_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, TENSOR_MT);
+    lua_pushvalue(L, lib);
+    lua_pushcclosure(L, l_tensor_index, 1);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_tensor_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pushcfunction(L, l_add);
+    lua_setfield(L, -2, "__add");
+    lua_pushcfunction(L, l_sub);
+    lua_setfield(L, -2, "__sub");
+    lua_pushcfunction(L, l_mul);
+    lua_setfield(L, -2, "__mul");
+    lua_pushcfunction(L, l_unm);
+    lua_setfield(L, -2, "__unm");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, PROGRAM_MT);
+    luaL_newlib(L, program_methods);
+    ck_lua_st_register(L, lib, lua_gettop(L));
+    ck_lua_log_register(L, lib, lua_gettop(L));
+    lua_pushcclosure(L, l_program_index, 1);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_program_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushcfunction(L, l_program_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_program_gc);
+    lua_setfield(L, -2, "__close");
+    lua_pop(L, 1);
+
+    lua_pushcfunction(L, l_graph_new);
+    lua_setfield(L, lib, "graph");
+    lua_pushcfunction(L, l_devices);
+    lua_setfield(L, lib, "devices");
+    lua_pushcfunction(L, l_device_memory);
+    lua_setfield(L, lib, "device_memory");
+    lua_pushcfunction(L, l_cuda_options);
+    lua_setfield(L, lib, "cuda_options");
+    /* ck.device: where programs compile to by default (--device; in a stock
+     * lua5.4, cuda when a device is present, else cpu) */
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.device");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushstring(L, ck_default_device());
+    }
+    lua_setfield(L, lib, "device");
+    ck_lua_fs_register(L, lib);
+    lua_pushstring(L, CK_VERSION);
+    lua_setfield(L, lib, "version");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
+    lua_setfield(L, lib, "plan_mode");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.json");
+    lua_setfield(L, lib, "json");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_policies");
+    lua_setfield(L, lib, "plan_policies");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_svg");
+    lua_setfield(L, lib, "plan_svg");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_max_batch");
+    lua_setfield(L, lib, "plan_max_batch");
+    return 1;
+}

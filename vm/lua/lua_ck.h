@@ -1,0 +1,43 @@
+/* Internal to the Lua binding: what vm/lua/lua_ck.c shares with the other
+ * binding files (vm/lua/lua_*.c). */
+#ifndef CK_LUA_CK_H
+#define CK_LUA_CK_H
+
+#include "guard/runlimits.h"
+#include "guard/sandbox.h"
+#include "plan/policy.h"
+#include "run/program.h"
+#include "util/where.h"
+
+#include <lua.h>
+
+/* The program at stack index i (raises if it is not one or is closed). */
+ck_program *ck_lua_program(lua_State *L, int i);
+/* A tensor handle or a name at index i, as a tensor id of program p. */
+int ck_lua_program_tensor(lua_State *L, ck_program *p, int i);
+/* vm/lua/lua_st.c: adds safetensors functions to the module table at index lib and
+ * methods to the program method table at index methods. */
+void ck_lua_st_register(lua_State *L, int lib, int methods);
+/* vm/lua/lua_policy.c: the checkpoint policy of a compile table. */
+typedef struct ck_lua_policy {
+    lua_State *L;
+    int fn;                    /* stack index of a function policy, 0 if none */
+    char defined[300];         /* "defined at file:line" of a function policy */
+    ck_policy pol;
+    const char *patterns[64];  /* blocks: strings held by the policy table */
+} ck_lua_policy;
+/* Reads the policy at stack index idx (nil, a policy table or a function) into
+ * lp and sets o->decide; raises on a malformed policy. The value must stay on
+ * the stack until the compile is done. */
+int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts *o);
+/* vm/lua/lua_log.c: ck.log_open, ck.read_events, ck.crc32c, ck.wall_time, ck.rss
+ * in the module table at index lib; p:enable_stats and p:profile in the program methods at
+ * index methods. ck_lua_log_step: p:step with stats or guard set in
+ * the options table at index 2 (returns loss, info). */
+void ck_lua_log_register(lua_State *L, int lib, int methods);
+int ck_lua_log_step(lua_State *L, ck_program *p);
+/* vm/lua/lua_fs.c: ck.listdir, ck.mkdir, ck.isatty, ck.now */
+void ck_lua_fs_register(lua_State *L, int lib);
+
+
+#endif

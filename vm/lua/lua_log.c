@@ -1,0 +1,617 @@
+/* The Lua side of logging: log writers (ck.log_open) over vm/logsink, records
+ * made from Lua tables, training steps that compute statistics or guard
+ * against non-finite values (p:step{stats=, guard=}), p:enable_stats, op
+ * timing (p:profile) and readers for tests and tools (ck.read_events,
+ * ck.crc32c). */
+#include "formats/logsink.h"
+#include "lua/lua_ck.h"
+#include "run/program.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LOGGER_MT "ck.logger"
+
+typedef struct llogger {
+    ck_logger *lg;
+    int sigterm; /* holds a reference on the SIGTERM handler */
+} llogger;
+
+/* ---- SIGTERM: stop the run between two ops, as Ctrl-C does, so that the
+ * script unwinds and every logger flushes as it closes */
+
+static volatile int *term_flag;
+static int term_refs;
+static struct sigaction term_old;
+
+static void on_sigterm(int sig)
+{
+    (void)sig;
+    if (term_flag) *term_flag = 1;
+}
+
+static int sigterm_hold(lua_State *L)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, "ck.interrupt");
+    volatile int *flag = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (!flag) return 0; /* a stock lua5.4: nothing to stop the run with */
+    if (term_refs++ == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigterm;
+        sa.sa_flags = SA_RESETHAND; /* a second SIGTERM kills */
+        term_flag = flag;
+        sigaction(SIGTERM, &sa, &term_old);
+    }
+    return 1;
+}
+
+static void sigterm_release(void)
+{
+    if (term_refs > 0 && --term_refs == 0) {
+        sigaction(SIGTERM, &term_old, NULL);
+        term_flag = NULL;
+    }
+}
+
+/* ---- records from Lua tables */
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+static void add_value(lua_State *L, ck_log_rec *r, const char *key, size_t klen, int idx, int depth);
+
+/* The table at t: a list (keys exactly 1..n) in order, else its string keys
+ * sorted; nested (key non-NULL or inside a list) it is opened and closed as a
+ * JSON array or object; at the top, "step" and "time" are the header. One
+ * pass collects the keys; up to 64 of them are sorted on the C stack. */
+static void add_table(lua_State *L, ck_log_rec *r, int t, int top, int depth, const char *key, size_t klen)
+{
+    t = lua_absindex(L, t);
+    if (depth > 32) ck_lua_raise(L, "log record nested too deep");
+    luaL_checkstack(L, 8, "log record nested too deep");
+    const char *small[64], **keys = small;
+    int n = 0, cap = 64, extra = 0;
+    lua_Integer ints = 0, maxi = 0;
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) == LUA_TSTRING) {
+            if (n == cap) { /* a bigger array, kept below the key until the walk ends */
+                const char **k2 = lua_newuserdatauv(L, sizeof(char *) * (size_t)cap * 2, 0);
+                memcpy(k2, keys, sizeof(char *) * (size_t)n);
+                lua_insert(L, -2);
+                extra++;
+                keys = k2;
+                cap *= 2;
+            }
+            keys[n++] = lua_tostring(L, -1); /* alive: the key stays in the table */
+        } else if (lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 1) {
+            ints++;
+            if (lua_tointeger(L, -1) > maxi) maxi = lua_tointeger(L, -1);
+        } else {
+            ck_lua_raise(L, "log record: keys must be strings (or a list 1..n)");
+        }
+    }
+    if (ints && (n || maxi != ints)) ck_lua_raise(L, "log record: keys must be strings (or a list 1..n)");
+    if (!top) ck_log_rec_open(r, key, klen, ints > 0);
+    if (ints) {
+        for (lua_Integer i = 1; i <= ints; i++) {
+            lua_geti(L, t, i);
+            add_value(L, r, NULL, 0, lua_gettop(L), depth);
+            lua_pop(L, 1);
+        }
+    } else {
+        qsort(keys, (size_t)n, sizeof *keys, cmp_key);
+        for (int i = 0; i < n; i++) {
+            if (top && (!strcmp(keys[i], "step") || !strcmp(keys[i], "time"))) continue;
+            lua_getfield(L, t, keys[i]);
+            add_value(L, r, keys[i], strlen(keys[i]), lua_gettop(L), depth);
+            lua_pop(L, 1);
+        }
+    }
+    if (!top) ck_log_rec_close(r);
+    lua_pop(L, extra);
+}
+
+static void add_value(lua_State *L, ck_log_rec *r, const char *key, size_t klen, int idx, int depth)
+{
+    switch (lua_type(L, idx)) {
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx)) ck_log_rec_int(r, key, klen, (int64_t)lua_tointeger(L, idx));
+        else ck_log_rec_num(r, key, klen, lua_tonumber(L, idx));
+        break;
+    case LUA_TSTRING: {
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        ck_log_rec_str(r, key, klen, s, n);
+        break;
+    }
+    case LUA_TBOOLEAN: ck_log_rec_bool(r, key, klen, lua_toboolean(L, idx)); break;
+    case LUA_TTABLE: add_table(L, r, idx, 0, depth + 1, key, klen); break;
+    default:
+        ck_lua_raise(L, "log record: '%s' is a %s; records hold numbers, strings, booleans and tables", key ? key : "?",
+                     luaL_typename(L, idx));
+    }
+}
+
+/* ---- the logger */
+
+static llogger *check_logger(lua_State *L, int i)
+{
+    llogger *l = luaL_checkudata(L, i, LOGGER_MT);
+    if (!l->lg) luaL_error(L, "the logger is closed");
+    return l;
+}
+
+static int opt_bool(lua_State *L, int t, const char *k, int def)
+{
+    lua_getfield(L, t, k);
+    int v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* ck.log_open{dir=, jsonl=true, jsonl_name="metrics.jsonl", tensorboard=true, async=false,
+ *   flush_interval=1, queue=1024, fsync=false, sigterm=true} -> logger */
+static int l_log_open(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    ck_log_opts o = {0};
+    lua_getfield(L, 1, "dir");
+    o.dir = luaL_optstring(L, -1, ".");
+    lua_getfield(L, 1, "jsonl_name");
+    o.jsonl_name = luaL_optstring(L, -1, "metrics.jsonl");
+    luaL_argcheck(L, !strchr(o.jsonl_name, '/'), 1, "jsonl_name is a file name inside dir");
+    o.jsonl = opt_bool(L, 1, "jsonl", 1);
+    o.tensorboard = opt_bool(L, 1, "tensorboard", 1);
+    o.async = opt_bool(L, 1, "async", 0);
+    o.fsync = opt_bool(L, 1, "fsync", 0);
+    lua_getfield(L, 1, "flush_interval");
+    o.flush_interval = luaL_optnumber(L, -1, 1.0);
+    lua_getfield(L, 1, "queue");
+    o.queue = (int)luaL_optinteger(L, -1, 1024);
+    luaL_argcheck(L, o.flush_interval > 0, 1, "flush_interval must be positive");
+    luaL_argcheck(L, o.queue > 0, 1, "queue must be positive");
+    ck_lua_check_path(L, o.dir, CK_ACCESS_WRITE | CK_ACCESS_DIR);
+    llogger *l = lua_newuserdatauv(L, sizeof *l, 0);
+    l->lg = NULL;
+    l->sigterm = 0;
+    luaL_setmetatable(L, LOGGER_MT);
+    char err[512];
+    l->lg = ck_log_open(&o, err, sizeof err);
+    if (!l->lg) return ck_lua_raise(L, "log: %s", err);
+    if (opt_bool(L, 1, "sigterm", 1)) l->sigterm = sigterm_hold(L);
+    return 1;
+}
+
+static int convert_record(lua_State *L)
+{
+    add_table(L, lua_touserdata(L, 1), 2, 1, 0, NULL, 0);
+    return 0;
+}
+
+/* lg:write(record): record.step (integer) and record.time (seconds since the
+ * epoch; default now, the capture time) head the line; other fields follow,
+ * keys sorted. */
+static int l_log_write(lua_State *L)
+{
+    llogger *l = check_logger(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_getfield(L, 2, "step");
+    int64_t step = lua_isnil(L, -1) ? -1 : (int64_t)luaL_checkinteger(L, -1);
+    lua_getfield(L, 2, "time");
+    double t = lua_isnil(L, -1) ? wall_now() : luaL_checknumber(L, -1);
+    lua_pop(L, 2);
+    ck_log_rec r;
+    ck_log_rec_init(&r, step, t);
+    /* a Lua error while converting must not leak r: convert under pcall */
+    lua_pushcfunction(L, convert_record);
+    lua_pushlightuserdata(L, &r);
+    lua_pushvalue(L, 2);
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+        ck_log_rec_free(&r);
+        return lua_error(L);
+    }
+    char err[512];
+    if (ck_log_submit(l->lg, &r, err, sizeof err)) return ck_lua_raise(L, "log: %s", err);
+    return 0;
+}
+
+/* lg:flush([sync]): everything written so far reaches the files (sync: the disk) */
+static int l_log_flush(lua_State *L)
+{
+    llogger *l = check_logger(L, 1);
+    char err[512];
+    if (ck_log_flush(l->lg, lua_toboolean(L, 2), err, sizeof err)) return ck_lua_raise(L, "log: %s", err);
+    return 0;
+}
+
+static int close_logger(lua_State *L, int raise)
+{
+    llogger *l = luaL_checkudata(L, 1, LOGGER_MT);
+    if (!l->lg) return 0;
+    char err[512];
+    int rc = ck_log_close(l->lg, err, sizeof err);
+    l->lg = NULL;
+    if (l->sigterm) sigterm_release();
+    l->sigterm = 0;
+    if (rc && raise) return ck_lua_raise(L, "log: %s", err);
+    return 0;
+}
+
+static int l_log_close(lua_State *L) { return close_logger(L, 1); }
+static int l_log_gc(lua_State *L) { return close_logger(L, 0); }
+
+/* lg:paths() -> the JSONL file, the event file (nil for a sink not written) */
+static int l_log_paths(lua_State *L)
+{
+    llogger *l = check_logger(L, 1);
+    const char *a = ck_log_jsonl_path(l->lg), *b = ck_log_events_path(l->lg);
+    if (a) lua_pushstring(L, a);
+    else lua_pushnil(L);
+    if (b) lua_pushstring(L, b);
+    else lua_pushnil(L);
+    return 2;
+}
+
+/* lg:counts() -> records submitted, records written to the files */
+static int l_log_counts(lua_State *L)
+{
+    llogger *l = check_logger(L, 1);
+    uint64_t s, w;
+    ck_log_counts(l->lg, &s, &w);
+    lua_pushinteger(L, (lua_Integer)s);
+    lua_pushinteger(L, (lua_Integer)w);
+    return 2;
+}
+
+/* ---- statistics and guarded steps */
+
+static const char *const phase_names[] = {"forward", "backward", "optimizer", "recompute"};
+
+static unsigned stats_mask(lua_State *L, int idx)
+{
+    if (lua_isnoneornil(L, idx) || (lua_isboolean(L, idx) && !lua_toboolean(L, idx))) return 0;
+    if (lua_isboolean(L, idx)) return CK_STATS_ALL;
+    if (lua_isinteger(L, idx)) return (unsigned)lua_tointeger(L, idx) & CK_STATS_ALL;
+    if (lua_type(L, idx) == LUA_TSTRING) {
+        const char *s = lua_tostring(L, idx);
+        if (!strcmp(s, "grads")) return CK_STATS_GRADS;
+        if (!strcmp(s, "acts")) return CK_STATS_ACTS;
+        if (!strcmp(s, "all")) return CK_STATS_ALL;
+        return (unsigned)ck_lua_raise(L, "unknown statistics '%s' (grads, acts, all)", s);
+    }
+    if (lua_istable(L, idx)) {
+        unsigned m = 0;
+        int n = (int)luaL_len(L, idx);
+        for (int i = 1; i <= n; i++) {
+            lua_geti(L, idx, i);
+            m |= stats_mask(L, lua_gettop(L));
+            lua_pop(L, 1);
+        }
+        return m;
+    }
+    return (unsigned)ck_lua_raise(L, "stats must be true, a name (grads, acts) or a list of names");
+}
+
+/* p:enable_stats{grads=true, acts=true, blocks={patterns}} -> {blocks={names},
+ * grads=count, acts=count, elements={grads=, acts=} (what a logging step
+ * reduces), peak={grads=, acts=, all=}}: adds the statistics and the logging
+ * lists (the plain list is unchanged). */
+static int l_enable_stats(lua_State *L)
+{
+    ck_program *p = ck_lua_program(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    unsigned groups = (opt_bool(L, 2, "grads", 1) ? CK_STATS_GRADS : 0) | (opt_bool(L, 2, "acts", 1) ? CK_STATS_ACTS : 0);
+    const char *pats[64];
+    int np = 0;
+    lua_getfield(L, 2, "blocks");
+    if (lua_istable(L, -1)) {
+        int n = (int)luaL_len(L, -1);
+        luaL_argcheck(L, n <= 64, 2, "at most 64 block patterns");
+        for (int i = 1; i <= n; i++) {
+            lua_geti(L, -1, i);
+            pats[np++] = luaL_checkstring(L, -1);
+            lua_pop(L, 1); /* alive: the string stays in the table */
+        }
+    }
+    char err[512];
+    if (ck_program_add_stats(p, groups, pats, np, err, sizeof err)) return ck_lua_raise(L, "enable_stats: %s", err);
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_createtable(L, p->nblocks, 0);
+    for (int b = 0; b < p->nblocks; b++) {
+        lua_pushstring(L, p->blocks[b]);
+        lua_rawseti(L, -2, b + 1);
+    }
+    lua_setfield(L, -2, "blocks");
+    int ng = 0, na = 0;
+    lua_Integer eg = 0, ea = 0;
+    for (int k = 0; k < p->nstats; k++) {
+        if (!p->stats[k].placed) continue;
+        lua_Integer numel = (lua_Integer)ck_shape_numel(&p->g->t[p->stats[k].src].shape);
+        if (p->stats[k].group == CK_STATS_GRADS) ng++, eg += numel;
+        else na++, ea += numel;
+    }
+    lua_pushinteger(L, ng);
+    lua_setfield(L, -2, "grads");
+    lua_pushinteger(L, na);
+    lua_setfield(L, -2, "acts");
+    lua_createtable(L, 0, 2);
+    lua_pushinteger(L, eg);
+    lua_setfield(L, -2, "grads");
+    lua_pushinteger(L, ea);
+    lua_setfield(L, -2, "acts");
+    lua_setfield(L, -2, "elements");
+    lua_newtable(L);
+    static const char *const names[] = {NULL, "grads", "acts", "all"};
+    for (int m = 1; m <= CK_STATS_ALL; m++)
+        if (p->logplan[m].n) {
+            lua_pushinteger(L, (lua_Integer)p->logplan[m].peak);
+            lua_setfield(L, -2, names[m]);
+        }
+    lua_setfield(L, -2, "peak");
+    return 1;
+}
+
+static void set_num(lua_State *L, const char *k, double v)
+{
+    lua_pushnumber(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* the statistics of the list that just ran into the table on top */
+static void push_stats(lua_State *L, ck_program *p, unsigned mask)
+{
+    if (mask & CK_STATS_GRADS) {
+        double *sq = calloc((size_t)(p->nblocks ? p->nblocks : 1), sizeof(double));
+        char *seen = calloc((size_t)(p->nblocks ? p->nblocks : 1), 1);
+        if (!sq || !seen) {
+            free(sq);
+            free(seen);
+            luaL_error(L, "out of memory");
+        }
+        double total = 0;
+        for (int k = 0; k < p->nstats; k++) {
+            const ck_stat *s = &p->stats[k];
+            if (s->group != CK_STATS_GRADS || !s->placed) continue;
+            const float *x = ck_program_read(p, s->out);
+            if (!x) continue;
+            sq[s->block] += x[0];
+            seen[s->block] = 1;
+            total += x[0];
+        }
+        set_num(L, "grad_norm", (float)sqrt(total));
+        lua_newtable(L);
+        for (int b = 0; b < p->nblocks; b++)
+            if (seen[b]) set_num(L, p->blocks[b], (float)sqrt(sq[b]));
+        lua_setfield(L, -2, "grad_norms");
+        free(sq);
+        free(seen);
+    }
+    if (mask & CK_STATS_ACTS) {
+        lua_newtable(L);
+        for (int k = 0; k < p->nstats; k++) {
+            const ck_stat *s = &p->stats[k];
+            if (s->group != CK_STATS_ACTS || !s->placed) continue;
+            const float *x = ck_program_read(p, s->out);
+            if (!x) continue;
+            lua_createtable(L, 0, 3);
+            set_num(L, "mean", x[0]);
+            set_num(L, "std", x[1]);
+            set_num(L, "absmax", x[2]);
+            lua_setfield(L, -2, p->blocks[s->block]);
+        }
+        lua_setfield(L, -2, "acts");
+    }
+}
+
+/* p:step{stats=, guard=, measure=} (lr already applied by l_step) -> loss, info */
+int ck_lua_log_step(lua_State *L, ck_program *p)
+{
+    ck_run_opts o = {0, 0, 0};
+    lua_getfield(L, 2, "stats");
+    o.stats = stats_mask(L, lua_gettop(L));
+    lua_pop(L, 1);
+    o.guard = opt_bool(L, 2, "guard", 0);
+    o.measure = opt_bool(L, 2, "measure", 0);
+    if (o.stats && (o.stats & ~p->stat_groups))
+        return ck_lua_raise(L, "step: these statistics are not enabled; call p:enable_stats{...} before the first step");
+    ck_run_info r;
+    if (ck_program_run(p, &o, &r)) return ck_lua_raise(L, "%s", p->err);
+    const float *loss = p->loss >= 0 ? ck_program_read(p, p->loss) : NULL;
+    if (loss) lua_pushnumber(L, loss[0]);
+    else lua_pushnil(L);
+    lua_newtable(L);
+    lua_pushinteger(L, (lua_Integer)r.plan->peak);
+    lua_setfield(L, -2, "plan_peak");
+    if (o.measure) {
+        lua_pushinteger(L, (lua_Integer)r.high_water);
+        lua_setfield(L, -2, "high_water");
+    }
+    push_stats(L, p, o.stats);
+    if (r.nonfinite) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "skipped");
+        lua_newtable(L);
+        lua_pushboolean(L, r.loss_nonfinite);
+        lua_setfield(L, -2, "loss");
+        if (r.bad_entry >= 0) {
+            const ck_op_ref *e = &r.plan->ops[r.bad_entry];
+            const ck_node *n = &p->g->n[e->node];
+            lua_pushstring(L, ck_op_name(n->op));
+            lua_setfield(L, -2, "op");
+            lua_pushstring(L, n->scope ? n->scope : "");
+            lua_setfield(L, -2, "scope");
+            lua_pushstring(L, n->where ? n->where : "?");
+            lua_setfield(L, -2, "where");
+            lua_pushstring(L, phase_names[e->phase]);
+            lua_setfield(L, -2, "phase");
+            lua_pushinteger(L, r.bad_entry + 1);
+            lua_setfield(L, -2, "entry");
+        }
+        if (r.bad_input >= 0) {
+            const ck_tensor *t = &p->g->t[r.bad_input];
+            lua_pushstring(L, t->name ? t->name : "?");
+            lua_setfield(L, -2, "input");
+        }
+        lua_setfield(L, -2, "nonfinite");
+    }
+    return 2;
+}
+
+/* p:profile(true): from now on, time every op by kind; p:profile(false): stop;
+ * p:profile() -> {op name = seconds since profiling started} */
+static int l_profile(lua_State *L)
+{
+    ck_program *p = ck_lua_program(L, 1);
+    if (lua_isboolean(L, 2)) {
+        free(p->profile);
+        p->profile = NULL;
+        if (lua_toboolean(L, 2) && !(p->profile = calloc(CK_OP_COUNT, sizeof(double)))) return luaL_error(L, "out of memory");
+        return 0;
+    }
+    lua_newtable(L);
+    if (!p->profile) return 1;
+    for (int op = 1; op < CK_OP_COUNT; op++)
+        if (p->profile[op] > 0) set_num(L, ck_op_name((enum ck_op)op), p->profile[op]);
+    return 1;
+}
+
+/* ---- readers and clocks */
+
+static int push_event(void *ud, const ck_tb_read_event *e)
+{
+    lua_State *L = ud;
+    lua_createtable(L, 0, 4);
+    lua_pushnumber(L, e->wall_time);
+    lua_setfield(L, -2, "wall_time");
+    lua_pushinteger(L, (lua_Integer)e->step);
+    lua_setfield(L, -2, "step");
+    if (e->file_version) {
+        lua_pushlstring(L, e->file_version, e->file_version_len);
+        lua_setfield(L, -2, "file_version");
+    }
+    if (e->nvalues) {
+        lua_createtable(L, 0, e->nvalues);
+        for (int i = 0; i < e->nvalues; i++) {
+            lua_pushlstring(L, e->values[i].tag, e->values[i].tag_len);
+            lua_pushnumber(L, e->values[i].value);
+            lua_rawset(L, -3);
+        }
+        lua_setfield(L, -2, "values");
+    }
+    lua_rawseti(L, -2, (lua_Integer)luaL_len(L, -2) + 1);
+    return 0;
+}
+
+/* ck.read_events(path) -> list of {wall_time, step, file_version | values = {tag = value}},
+ * bytes of a cut tail; or nil, message when a CRC or an Event is bad */
+static int l_read_events(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    ck_lua_check_path(L, path, CK_ACCESS_READ);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        luaL_pushfail(L);
+        lua_pushfstring(L, "cannot open '%s'", path);
+        return 2;
+    }
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    char chunk[65536];
+    size_t k;
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) luaL_addlstring(&b, chunk, k);
+    fclose(f);
+    luaL_pushresult(&b);
+    size_t n;
+    const unsigned char *data = (const unsigned char *)lua_tolstring(L, -1, &n);
+    lua_newtable(L);
+    size_t tail = 0;
+    char err[256];
+    if (ck_tb_read(data, n, push_event, L, &tail, err, sizeof err)) {
+        luaL_pushfail(L);
+        lua_pushfstring(L, "%s: %s", path, err);
+        return 2;
+    }
+    lua_pushinteger(L, (lua_Integer)tail);
+    return 2;
+}
+
+static int l_crc32c(lua_State *L)
+{
+    size_t n;
+    const char *s = luaL_checklstring(L, 1, &n);
+    lua_pushinteger(L, (lua_Integer)ck_crc32c(s, n));
+    lua_pushinteger(L, (lua_Integer)ck_crc32c_masked(s, n));
+    return 2;
+}
+
+/* ck.wall_time() -> seconds since the epoch (what records carry) */
+static int l_wall_time(lua_State *L)
+{
+    lua_pushnumber(L, wall_now());
+    return 1;
+}
+
+/* ck.rss() -> resident bytes now, and the most the process has held */
+static int l_rss(lua_State *L)
+{
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    lua_pushinteger(L, (lua_Integer)resident * sysconf(_SC_PAGESIZE));
+    lua_pushinteger(L, (lua_Integer)ru.ru_maxrss * 1024);
+    return 2;
+}
+
+void ck_lua_log_register(lua_State *L, int lib, int methods)
+{
+    static const luaL_Reg logger_methods[] = {
+        {"write", l_log_write}, {"flush", l_log_flush}, {"close", l_log_close},
+        {"paths", l_log_paths}, {"counts", l_log_counts}, {NULL, NULL},
+    };
+    static const luaL_Reg funcs[] = {
+        {"log_open", l_log_open}, {"read_events", l_read_events}, {"crc32c", l_crc32c},
+        {"wall_time", l_wall_time}, {"rss", l_rss}, {NULL, NULL},
+    };
+    lib = lua_absindex(L, lib);
+    methods = lua_absindex(L, methods);
+    luaL_newmetatable(L, LOGGER_MT);
+    luaL_newlib(L, logger_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_log_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_log_gc);
+    lua_setfield(L, -2, "__close");
+    lua_pop(L, 1);
+    lua_pushvalue(L, lib);
+    luaL_setfuncs(L, funcs, 0);
+    lua_pop(L, 1);
+    lua_pushcfunction(L, l_enable_stats);
+    lua_setfield(L, methods, "enable_stats");
+    lua_pushcfunction(L, l_profile);
+    lua_setfield(L, methods, "profile");
+}

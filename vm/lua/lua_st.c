@@ -1,0 +1,365 @@
+/* safetensors from Lua: open a file and read its tensors and metadata, load
+ * named tensors straight into a program's arena (with shape checks that name
+ * the key), and save a program's tensors. Values never pass through Lua tables
+ * on the load and save paths. */
+#include "lua/lua_ck.h"
+#include "formats/safetensors.h"
+
+#include <lauxlib.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#define STFILE_MT "ck.safetensors"
+#define WRITER_MT "ck.safetensors_writer"
+
+typedef struct lstfile {
+    ck_st_file *f;
+    char path[512];
+} lstfile;
+
+static lstfile *check_file(lua_State *L, int i)
+{
+    lstfile *lf = luaL_checkudata(L, i, STFILE_MT);
+    if (!lf->f) luaL_error(L, "safetensors file is closed");
+    return lf;
+}
+
+/* ck.safetensors(path) -> file */
+static int l_open(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    char err[512];
+    ck_lua_check_path(L, path, CK_ACCESS_READ);
+    lstfile *lf = lua_newuserdatauv(L, sizeof *lf, 0);
+    lf->f = NULL;
+    luaL_setmetatable(L, STFILE_MT);
+    lf->f = ck_st_open(path, err, sizeof err);
+    if (!lf->f) return ck_lua_raise(L, "%s", err);
+    snprintf(lf->path, sizeof lf->path, "%s", path);
+    return 1;
+}
+
+static int l_close(lua_State *L)
+{
+    lstfile *lf = luaL_checkudata(L, 1, STFILE_MT);
+    ck_st_close(lf->f);
+    lf->f = NULL;
+    return 0;
+}
+
+static const ck_st_tensor *find(lua_State *L, lstfile *lf, const char *key)
+{
+    const ck_st_tensor *t = ck_st_find(lf->f, key);
+    if (!t) ck_lua_raise(L, "%s: no tensor '%s'", lf->path, key);
+    return t;
+}
+
+/* f:keys() -> list of tensor names in file order */
+static int l_keys(lua_State *L)
+{
+    lstfile *lf = check_file(L, 1);
+    int n = ck_st_count(lf->f);
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_pushstring(L, ck_st_get(lf->f, i)->name);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static int l_has(lua_State *L)
+{
+    lstfile *lf = check_file(L, 1);
+    lua_pushboolean(L, ck_st_find(lf->f, luaL_checkstring(L, 2)) != NULL);
+    return 1;
+}
+
+/* f:shape(key) -> list; f:dtype(key) -> "F32" ... */
+static int l_shape(lua_State *L)
+{
+    lstfile *lf = check_file(L, 1);
+    const ck_st_tensor *t = find(L, lf, luaL_checkstring(L, 2));
+    lua_createtable(L, t->ndim, 0);
+    for (int d = 0; d < t->ndim; d++) {
+        lua_pushinteger(L, t->shape[d]);
+        lua_rawseti(L, -2, d + 1);
+    }
+    return 1;
+}
+
+static int l_dtype(lua_State *L)
+{
+    lstfile *lf = check_file(L, 1);
+    lua_pushstring(L, ck_st_dtype_name(find(L, lf, luaL_checkstring(L, 2))->dtype));
+    return 1;
+}
+
+static int l_metadata(lua_State *L)
+{
+    lstfile *lf = check_file(L, 1);
+    lua_newtable(L);
+    const char *k, *v;
+    for (int i = 0; ck_st_meta_at(lf->f, i, &k, &v) == 0; i++) {
+        lua_pushstring(L, v);
+        lua_setfield(L, -2, k);
+    }
+    return 1;
+}
+
+/* f:read(key) -> flat list of numbers (for small tensors and tests) */
+static int l_read(lua_State *L)
+{
+    lstfile *lf = check_file(L, 1);
+    const ck_st_tensor *t = find(L, lf, luaL_checkstring(L, 2));
+    char err[512];
+    float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(t->numel ? t->numel : 1), 0);
+    if (ck_st_read_f32(t, x, t->numel, err, sizeof err)) return ck_lua_raise(L, "%s", err);
+    lua_createtable(L, (int)t->numel, 0);
+    for (int64_t i = 0; i < t->numel; i++) {
+        lua_pushnumber(L, x[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static void shape_text(const int64_t *s, int nd, char *buf, size_t len)
+{
+    ck_shape sh = {0, {0}};
+    sh.ndim = nd > CK_MAX_DIMS ? CK_MAX_DIMS : nd;
+    for (int d = 0; d < sh.ndim; d++) sh.d[d] = s[d];
+    ck_shape_str(&sh, buf, len);
+}
+
+/* Copies file tensor `key` into rows [index*n, index*n + n) of tensor id, where
+ * n is the file tensor's size; batch = 0 means the whole tensor. */
+static void load_one(lua_State *L, ck_program *p, int id, lstfile *lf, const char *key, int batch, int index)
+{
+    const ck_tensor *t = &p->g->t[id];
+    const ck_st_tensor *s = ck_st_find(lf->f, key);
+    char a[128], b[128], err[512];
+    if (!s) ck_lua_raise(L, "%s: missing tensor '%s'", lf->path, key);
+    ck_shape want = t->shape;
+    if (batch) {
+        if (want.ndim < 1 || want.d[0] != batch) ck_lua_raise(L, "'%s' has no batch dim of %d", t->name, batch);
+        for (int d = 1; d < want.ndim; d++) want.d[d - 1] = want.d[d];
+        want.ndim--;
+    }
+    int same = s->ndim == want.ndim;
+    for (int d = 0; same && d < want.ndim; d++) same = s->shape[d] == want.d[d];
+    if (!same) {
+        shape_text(s->shape, s->ndim, a, sizeof a);
+        ck_shape_str(&want, b, sizeof b);
+        ck_lua_raise(L, "%s: tensor '%s' has shape %s, expected %s", lf->path, key, a, b);
+    }
+    if (!ck_program_data(p, id) || p->poff[id] < 0)
+        ck_lua_raise(L, "'%s' is not an input or parameter", t->name ? t->name : key);
+    /* a sample of a batch keeps the other samples' values */
+    float *dst = ck_program_write_begin(p, id, batch != 0);
+    if (!dst) ck_lua_raise(L, "%s", p->err);
+    if (ck_st_read_f32(s, dst + (int64_t)index * s->numel, s->numel, err, sizeof err)) ck_lua_raise(L, "%s", err);
+    if (ck_program_write_end(p, id)) ck_lua_raise(L, "%s", p->err);
+}
+
+/* p:load(file, {tensor_name = key, ...}) loads each named tensor; a missing or
+ * misshaped key is an error that names it */
+static int l_load(lua_State *L)
+{
+    ck_program *p = ck_lua_program(L, 1);
+    lstfile *lf = check_file(L, 2);
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_pushnil(L);
+    while (lua_next(L, 3)) {
+        int id = ck_lua_program_tensor(L, p, -2);
+        load_one(L, p, id, lf, luaL_checkstring(L, -1), 0, 0);
+        lua_pop(L, 1);
+    }
+    return 0;
+}
+
+/* p:load_sample(tensor, index, file, key): entry `index` (1-based) of a batched input */
+static int l_load_sample(lua_State *L)
+{
+    ck_program *p = ck_lua_program(L, 1);
+    int id = ck_lua_program_tensor(L, p, 2);
+    lua_Integer index = luaL_checkinteger(L, 3);
+    lstfile *lf = check_file(L, 4);
+    const char *key = luaL_checkstring(L, 5);
+    int batch = p->g->t[id].shape.ndim ? (int)p->g->t[id].shape.d[0] : 0;
+    luaL_argcheck(L, index >= 1 && index <= batch, 3, "index out of the batch");
+    load_one(L, p, id, lf, key, batch, (int)index - 1);
+    return 0;
+}
+
+static ck_st_dtype dtype_arg(lua_State *L, const char *s)
+{
+    if (strcmp(s, "F32") == 0 || strcmp(s, "fp32") == 0 || strcmp(s, "float") == 0) return CK_ST_F32;
+    if (strcmp(s, "F16") == 0 || strcmp(s, "fp16") == 0) return CK_ST_F16;
+    if (strcmp(s, "BF16") == 0 || strcmp(s, "bf16") == 0) return CK_ST_BF16;
+    ck_lua_raise(L, "unknown dtype '%s' (F32, F16, BF16)", s);
+    return CK_ST_F32;
+}
+
+static void add_metadata(lua_State *L, int t, ck_st_writer *w)
+{
+    if (!lua_istable(L, t)) return;
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        lua_pushvalue(L, -2);
+        const char *k = lua_tostring(L, -1), *v = luaL_tolstring(L, -2, NULL);
+        ck_st_writer_meta(w, k, v);
+        lua_pop(L, 3);
+    }
+}
+
+static ck_st_writer *guarded_writer(lua_State *L)
+{
+    ck_st_writer *w = ck_st_writer_new();
+    if (!w) luaL_error(L, "out of memory");
+    /* if anything raises later, the guard's __gc frees the writer */
+    ck_st_writer **guard = lua_newuserdatauv(L, sizeof *guard, 0);
+    *guard = w;
+    luaL_setmetatable(L, WRITER_MT);
+    return w;
+}
+
+static int save_guarded(lua_State *L, int guard_idx, const char *path)
+{
+    ck_st_writer **guard = lua_touserdata(L, guard_idx);
+    char err[512];
+    int rc = ck_st_writer_save(*guard, path, err, sizeof err);
+    ck_st_writer_free(*guard);
+    *guard = NULL;
+    if (rc) return ck_lua_raise(L, "%s", err);
+    return 0;
+}
+
+/* p:save(path, entries, {metadata = {k = v}, dtype = "F32"}) (byte tensors as U8) where each entry is
+ * {key, tensor_or_name} or {key, value = number} (a 0-dim tensor). The file is
+ * replaced atomically: a failed save leaves an existing file as it was. */
+static int l_save(lua_State *L)
+{
+    ck_program *p = ck_lua_program(L, 1);
+    const char *path = luaL_checkstring(L, 2);
+    luaL_checktype(L, 3, LUA_TTABLE);
+    ck_lua_check_path(L, path, CK_ACCESS_WRITE);
+    ck_st_dtype dtype = CK_ST_F32;
+    if (lua_istable(L, 4)) {
+        lua_getfield(L, 4, "dtype");
+        if (lua_isstring(L, -1)) dtype = dtype_arg(L, lua_tostring(L, -1));
+        lua_pop(L, 1);
+    }
+    ck_st_writer *w = guarded_writer(L);
+    int guard = lua_gettop(L);
+    int n = (int)luaL_len(L, 3);
+    for (int i = 1; i <= n; i++) {
+        lua_geti(L, 3, i);
+        int e = lua_gettop(L);
+        luaL_checktype(L, e, LUA_TTABLE);
+        lua_geti(L, e, 1);
+        const char *key = luaL_checkstring(L, -1);
+        lua_getfield(L, e, "value");
+        if (lua_isnumber(L, -1)) {
+            float v = (float)lua_tonumber(L, -1);
+            ck_st_writer_add(w, key, dtype, 0, NULL, &v);
+        } else {
+            lua_geti(L, e, 2);
+            int id = ck_lua_program_tensor(L, p, -1);
+            const float *x = ck_program_read(p, id);
+            if (!x) return ck_lua_raise(L, "save: tensor for '%s' is not readable%s%s", key, p->err[0] ? ": " : "", p->err);
+            const ck_shape *s = &p->g->t[id].shape;
+            /* bytes (8-bit optimizer codes) stay bytes */
+            ck_st_writer_add(w, key, p->g->t[id].dtype == CK_U8 ? CK_ST_U8 : dtype, s->ndim, s->d, x);
+            lua_pop(L, 1);
+        }
+        lua_settop(L, e - 1);
+    }
+    if (lua_istable(L, 4)) {
+        lua_getfield(L, 4, "metadata");
+        add_metadata(L, lua_gettop(L), w);
+        lua_pop(L, 1);
+    }
+    return save_guarded(L, guard, path);
+}
+
+/* ck.write_safetensors(path, {{key, shape, values}, ...} [, metadata [, dtype]]):
+ * values a flat list of numbers; saved atomically */
+static int l_write(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    ck_lua_check_path(L, path, CK_ACCESS_WRITE);
+    ck_st_dtype dtype = lua_isstring(L, 4) ? dtype_arg(L, lua_tostring(L, 4)) : CK_ST_F32;
+    ck_st_writer *w = guarded_writer(L);
+    int guard = lua_gettop(L);
+    int n = (int)luaL_len(L, 2);
+    for (int i = 1; i <= n; i++) {
+        lua_geti(L, 2, i);
+        int e = lua_gettop(L);
+        luaL_checktype(L, e, LUA_TTABLE);
+        lua_geti(L, e, 1);
+        const char *key = luaL_checkstring(L, -1);
+        lua_geti(L, e, 2);
+        luaL_checktype(L, -1, LUA_TTABLE);
+        int64_t shape[CK_ST_MAX_DIMS], numel = 1;
+        int nd = (int)luaL_len(L, -1);
+        if (nd > CK_ST_MAX_DIMS) return ck_lua_raise(L, "'%s': too many dims", key);
+        for (int d = 0; d < nd; d++) {
+            lua_geti(L, -1, d + 1);
+            shape[d] = luaL_checkinteger(L, -1);
+            numel *= shape[d];
+            lua_pop(L, 1);
+        }
+        lua_geti(L, e, 3);
+        luaL_checktype(L, -1, LUA_TTABLE);
+        if (luaL_len(L, -1) != numel) return ck_lua_raise(L, "'%s': %d values for %d elements", key, (int)luaL_len(L, -1), (int)numel);
+        float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(numel ? numel : 1), 0);
+        for (int64_t k = 0; k < numel; k++) {
+            lua_geti(L, -2, k + 1);
+            x[k] = (float)luaL_checknumber(L, -1);
+            lua_pop(L, 1);
+        }
+        ck_st_writer_add(w, key, dtype, nd, shape, x);
+        lua_settop(L, e - 1);
+    }
+    add_metadata(L, 3, w);
+    return save_guarded(L, guard, path);
+}
+
+static int l_writer_gc(lua_State *L)
+{
+    ck_st_writer **guard = luaL_checkudata(L, 1, WRITER_MT);
+    ck_st_writer_free(*guard);
+    *guard = NULL;
+    return 0;
+}
+
+void ck_lua_st_register(lua_State *L, int lib, int methods)
+{
+    static const luaL_Reg file_methods[] = {
+        {"keys", l_keys},   {"has", l_has},   {"shape", l_shape}, {"dtype", l_dtype},
+        {"metadata", l_metadata}, {"read", l_read}, {"close", l_close}, {NULL, NULL},
+    };
+    luaL_newmetatable(L, STFILE_MT);
+    luaL_newlib(L, file_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_close);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_close);
+    lua_setfield(L, -2, "__close");
+    lua_pop(L, 1);
+    lua_pushcfunction(L, l_open);
+    lua_setfield(L, lib, "safetensors");
+    lua_pushcfunction(L, l_write);
+    lua_setfield(L, lib, "write_safetensors");
+    static const luaL_Reg prog[] = {
+        {"load", l_load}, {"load_sample", l_load_sample}, {"save", l_save}, {NULL, NULL},
+    };
+    lua_pushvalue(L, methods);
+    luaL_setfuncs(L, prog, 0);
+    lua_pop(L, 1);
+    luaL_newmetatable(L, WRITER_MT);
+    lua_pushcfunction(L, l_writer_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+}

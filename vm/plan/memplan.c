@@ -1,0 +1,359 @@
+/* The memory plan of one scheduled op list: liveness of every transient tensor
+ * and workspace, then offsets in one arena (largest first, best-fit gap among
+ * the buffers live at the same time). Persistent tensors sit below, at fixed
+ * offsets. The peak is the arena's exact high-water mark: the end of the
+ * highest byte any op touches. */
+#include "plan/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN 64
+
+const char *const ck_cat_names[CK_CAT_COUNT] = {"frozen", "trainable", "gradients", "optimizer_state", "inputs",
+                                                "activations", "recomputed", "workspace"};
+
+typedef struct buf {
+    int64_t size, off; /* size: the bytes used, placed on ALIGN boundaries */
+    int first, last;
+    int tensor; /* -1: the workspace of list position `first` */
+} buf;
+
+int ck_is_persistent(ck_kind k)
+{
+    return k == CK_KIND_PARAM || k == CK_KIND_FROZEN || k == CK_KIND_INPUT || k == CK_KIND_OPTSTATE;
+}
+
+static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+
+size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id)
+{
+    return ck_tensor_bytes(&g->t[pl->origin[id]]);
+}
+
+ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
+{
+    if (id >= g->nt) return CK_CAT_RECOMPUTED;
+    const ck_tensor *t = &g->t[id];
+    switch (t->kind) {
+    case CK_KIND_FROZEN: return CK_CAT_FROZEN;
+    case CK_KIND_PARAM: return CK_CAT_TRAINABLE;
+    case CK_KIND_GRAD: return CK_CAT_GRADIENTS;
+    case CK_KIND_OPTSTATE: return CK_CAT_OPTSTATE;
+    case CK_KIND_INPUT: return CK_CAT_INPUTS;
+    default: break;
+    }
+    (void)pl;
+    if (t->node >= 0 && g->n[t->node].phase != CK_PHASE_FORWARD) return CK_CAT_GRADIENTS;
+    return CK_CAT_ACTIVATIONS;
+}
+
+static int by_size(const void *a, const void *b)
+{
+    const buf *x = a, *y = b;
+    int64_t sx = align_up(x->size), sy = align_up(y->size);
+    if (sx != sy) return sx > sy ? -1 : 1;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
+    return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
+}
+
+void ck_plan_free(ck_plan *pl)
+{
+    free(pl->ops);
+    free(pl->origin);
+    free(pl->off);
+    free(pl->ws_off);
+    free(pl->ws_bytes);
+    memset(pl, 0, sizeof *pl);
+}
+
+/* the shapes entry i reads and writes (an unwanted output gets the first input's) */
+static void shapes_of(const ck_plan *pl, const ck_graph *g, int i, ck_shape *ins, ck_shape *outs)
+{
+    const ck_op_ref *r = &pl->ops[i];
+    for (int j = 0; j < r->nin; j++) ins[j] = g->t[pl->origin[r->in[j]]].shape;
+    for (int j = 0; j < r->nout; j++) outs[j] = r->out[j] >= 0 ? g->t[pl->origin[r->out[j]]].shape : ins[0];
+}
+
+static ck_dtype dtype_of(const ck_plan *pl, const ck_graph *g, int id) { return g->t[pl->origin[id]].dtype; }
+
+int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+{
+    const ck_op_ref *r = &pl->ops[i];
+    if (!be->kernels_bf16 || !be->kernels_bf16[g->n[r->node].op]) return 0;
+    for (int j = 0; j < r->nin; j++)
+        if (dtype_of(pl, g, r->in[j]) != CK_BF16) return 0;
+    for (int j = 0; j < r->nout; j++)
+        if (r->out[j] >= 0 && dtype_of(pl, g, r->out[j]) != CK_BF16) return 0;
+    return 1;
+}
+
+size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i)
+{
+    const ck_op_ref *r = &pl->ops[i];
+    size_t b = 0;
+    for (int j = 0; j < r->nin + r->nout; j++) {
+        int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
+        if (t >= 0 && ck_dtype_copied(dtype_of(pl, g, t)))
+            b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)sizeof(float));
+    }
+    return b;
+}
+
+/* the kernel's own workspace, after the fp32 copies of its 16-bit operands */
+static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+{
+    const ck_node *nd = &g->n[pl->ops[i].node];
+    ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
+    shapes_of(pl, g, i, ins, outs);
+    size_t conv = ck_entry_bf16_native(pl, g, i, be) ? 0 : ck_entry_convert_bytes(pl, g, i);
+    return conv + be->workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
+}
+
+double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)
+{
+    const ck_node *nd = &g->n[pl->ops[i].node];
+    ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
+    shapes_of(pl, g, i, ins, outs);
+    return ck_op_flops(nd->op, &nd->p, ins, pl->ops[i].nin, outs);
+}
+
+/* A reshape's output is its input seen with another shape: both share one
+ * buffer. root[t] names the tensor whose buffer t uses (itself if it owns one). */
+static void alias_roots(const ck_plan *pl, const ck_graph *g, int *root)
+{
+    for (int t = 0; t < pl->ntensors; t++) root[t] = t;
+    for (int i = 0; i < pl->n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        if (g->n[r->node].op == CK_OP_RESHAPE && r->out[0] >= 0) root[r->out[0]] = root[r->in[0]];
+    }
+}
+
+/* First and last list positions of every buffer, by root (aliases fold into
+ * their root and get first = -1); retained tensors live to the end. */
+static void liveness(const ck_plan *pl, const ck_graph *g, const int *retain, int *first, int *last, int *root)
+{
+    alias_roots(pl, g, root);
+    for (int t = 0; t < pl->ntensors; t++) first[t] = last[t] = -1;
+    for (int i = 0; i < pl->n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        for (int j = 0; j < r->nin + r->nout; j++) {
+            int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
+            if (t < 0) continue;
+            t = root[t];
+            if (first[t] < 0) first[t] = i;
+            last[t] = i;
+        }
+    }
+    for (int t = 0; t < g->nt; t++)
+        if (retain && retain[t] && first[root[t]] >= 0) last[root[t]] = pl->n;
+}
+
+/* Bytes live at each position, by category, from liveness (no placement):
+ * adds into cat[i * CK_CAT_COUNT + c] when cat is given; returns the peak. */
+static size_t sweep(ck_plan *pl, const ck_graph *g, size_t persistent, const int *first, const int *last,
+                    const size_t *ws, size_t *cat, int *peak_at)
+{
+    int n = pl->n;
+    int64_t *delta = calloc((size_t)(n + 2) * CK_CAT_COUNT, sizeof(int64_t));
+    if (!delta) return 0;
+    for (int t = 0; t < pl->ntensors; t++) {
+        if (first[t] < 0 || (t < g->nt && ck_is_persistent(g->t[t].kind))) continue;
+        ck_cat c = ck_tensor_cat(pl, g, t);
+        int64_t b = (int64_t)ck_plan_tensor_bytes(pl, g, t);
+        delta[(size_t)first[t] * CK_CAT_COUNT + c] += b;
+        delta[(size_t)(last[t] + 1) * CK_CAT_COUNT + c] -= b;
+    }
+    for (int i = 0; i < n; i++) {
+        delta[(size_t)i * CK_CAT_COUNT + CK_CAT_WORKSPACE] += (int64_t)ws[i];
+        delta[(size_t)(i + 1) * CK_CAT_COUNT + CK_CAT_WORKSPACE] -= (int64_t)ws[i];
+    }
+    int64_t live[CK_CAT_COUNT] = {0};
+    size_t best = 0;
+    int at = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t sum = 0;
+        for (int c = 0; c < CK_CAT_COUNT; c++) {
+            live[c] += delta[(size_t)i * CK_CAT_COUNT + c];
+            sum += live[c];
+            if (cat) cat[(size_t)i * CK_CAT_COUNT + c] = (size_t)live[c];
+        }
+        if ((size_t)sum > best) {
+            best = (size_t)sum;
+            at = i;
+        }
+    }
+    free(delta);
+    if (peak_at) *peak_at = at;
+    return persistent + best;
+}
+
+size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be)
+{
+    int *first = malloc(sizeof(int) * (size_t)pl->ntensors), *last = malloc(sizeof(int) * (size_t)pl->ntensors);
+    int *root = malloc(sizeof(int) * (size_t)pl->ntensors);
+    size_t *ws = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1));
+    size_t peak = 0;
+    if (first && last && root && ws) {
+        liveness(pl, g, retain, first, last, root);
+        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, be);
+        peak = sweep((ck_plan *)pl, g, persistent, first, last, ws, NULL, NULL);
+    }
+    free(first);
+    free(last);
+    free(root);
+    free(ws);
+    return peak;
+}
+
+size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be)
+{
+    int *first = malloc(sizeof(int) * (size_t)pl->ntensors), *last = malloc(sizeof(int) * (size_t)pl->ntensors);
+    int *root = malloc(sizeof(int) * (size_t)pl->ntensors);
+    size_t *ws = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1));
+    size_t *cat = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1) * CK_CAT_COUNT);
+    if (first && last && root && ws && cat) {
+        liveness(pl, g, retain, first, last, root);
+        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, be);
+        sweep((ck_plan *)pl, g, persistent, first, last, ws, cat, NULL);
+        size_t fixed[CK_CAT_COUNT] = {0};
+        for (int t = 0; t < g->nt; t++)
+            if (first[t] >= 0 && ck_is_persistent(g->t[t].kind)) fixed[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
+        for (int i = 0; i < pl->n; i++)
+            for (int c = 0; c < CK_CAT_COUNT; c++) cat[(size_t)i * CK_CAT_COUNT + c] += fixed[c];
+    } else {
+        free(cat);
+        cat = NULL;
+    }
+    free(first);
+    free(last);
+    free(root);
+    free(ws);
+    return cat;
+}
+
+int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
+                   const ck_backend *be)
+{
+    int n = pl->n, nt = pl->ntensors, rc = -1;
+    pl->off = malloc(sizeof(int64_t) * (size_t)nt);
+    pl->ws_off = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    pl->ws_bytes = calloc((size_t)(n ? n : 1), sizeof(size_t));
+    int *first = malloc(sizeof(int) * (size_t)nt), *last = malloc(sizeof(int) * (size_t)nt);
+    int *root = malloc(sizeof(int) * (size_t)nt);
+    buf *bufs = malloc(sizeof(buf) * (size_t)(nt + n + 1));
+    buf **live = malloc(sizeof(buf *) * (size_t)(nt + n + 1));
+    size_t *cat = NULL;
+    if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs || !live) goto out;
+    liveness(pl, g, retain, first, last, root);
+    for (int i = 0; i < n; i++) pl->ws_bytes[i] = workspace_of(pl, g, i, be);
+
+    int nb = 0;
+    for (int t = 0; t < nt; t++) {
+        pl->off[t] = -1;
+        if (first[t] < 0) continue;
+        if (t < g->nt && ck_is_persistent(g->t[t].kind)) {
+            pl->off[t] = poff[t];
+            continue;
+        }
+        bufs[nb++] = (buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t};
+    }
+    for (int i = 0; i < n; i++) {
+        pl->ws_off[i] = -1;
+        if (pl->ws_bytes[i]) bufs[nb++] = (buf){(int64_t)pl->ws_bytes[i], 0, i, i, -1};
+        if (pl->ws_bytes[i] > pl->workspace) pl->workspace = pl->ws_bytes[i];
+    }
+    qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
+    /* placed buffers are kept sorted by offset: each new one walks them once,
+     * looking only at those live at the same time */
+    int64_t base = align_up((int64_t)persistent), top = 0;
+    int np = 0;
+    for (int b = 0; b < nb; b++) {
+        int64_t best = -1, best_gap = INT64_MAX, at = 0, need = align_up(bufs[b].size);
+        for (int c = 0; c < np; c++) {
+            const buf *o = live[c];
+            if (o->first > bufs[b].last || bufs[b].first > o->last) continue;
+            int64_t gap = o->off - at;
+            if (gap >= need && gap < best_gap) {
+                best = at;
+                best_gap = gap;
+            }
+            int64_t end = o->off + align_up(o->size);
+            if (end > at) at = end;
+        }
+        bufs[b].off = best >= 0 ? best : at;
+        /* the high-water mark counts the bytes used, not the alignment after them */
+        if (bufs[b].off + bufs[b].size > top) top = bufs[b].off + bufs[b].size;
+        int lo = 0, hi = np;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (live[mid]->off <= bufs[b].off) lo = mid + 1;
+            else hi = mid;
+        }
+        memmove(live + lo + 1, live + lo, sizeof *live * (size_t)(np - lo));
+        live[lo] = &bufs[b];
+        np++;
+    }
+    for (int b = 0; b < nb; b++) {
+        if (bufs[b].tensor >= 0) pl->off[bufs[b].tensor] = base + bufs[b].off;
+        else pl->ws_off[bufs[b].first] = base + bufs[b].off;
+    }
+    for (int t = 0; t < nt; t++)
+        if (root[t] != t) pl->off[t] = pl->off[root[t]];
+    pl->transient = (size_t)top;
+    pl->peak = nb ? (size_t)(base + top) : persistent;
+
+    cat = malloc(sizeof(size_t) * (size_t)(n ? n : 1) * CK_CAT_COUNT);
+    if (!cat) goto out;
+    pl->live_peak = sweep(pl, g, persistent, first, last, pl->ws_bytes, cat, &pl->peak_at);
+    if (n) memcpy(pl->at_peak, cat + (size_t)pl->peak_at * CK_CAT_COUNT, sizeof pl->at_peak);
+    for (int t = 0; t < g->nt && t < nt; t++)
+        if (first[t] >= 0 && ck_is_persistent(g->t[t].kind))
+            pl->at_peak[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
+
+    /* forward activations still live when the first non-forward op runs */
+    int turn = n;
+    for (int i = 0; i < n; i++)
+        if (pl->ops[i].phase != CK_PHASE_FORWARD) {
+            turn = i;
+            break;
+        }
+    pl->activation_bytes = 0;
+    for (int t = 0; t < g->nt; t++)
+        if (first[t] >= 0 && first[t] < turn && last[t] >= turn && ck_tensor_cat(pl, g, t) == CK_CAT_ACTIVATIONS)
+            pl->activation_bytes += ck_plan_tensor_bytes(pl, g, t);
+    pl->step_flops = pl->recompute_flops = 0;
+    for (int i = 0; i < n; i++) {
+        double f = ck_plan_op_flops(pl, g, i);
+        pl->step_flops += f;
+        if (pl->ops[i].phase == CK_PHASE_RECOMPUTE) pl->recompute_flops += f;
+    }
+    rc = 0;
+out:
+    free(first);
+    free(last);
+    free(root);
+    free(bufs);
+    free(live);
+    free(cat);
+    return rc;
+}
+
+int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops)
+{
+    ck_plan pl;
+    if (ck_schedule(&pl, c->g, c->nodes, c->n, recompute)) return -1;
+    int rc = 0;
+    if (exact) {
+        rc = ck_plan_memory(&pl, c->g, c->poff, c->persistent, c->retain, c->be);
+        *peak = pl.peak;
+        *flops = pl.recompute_flops;
+    } else {
+        *peak = ck_plan_live_peak(&pl, c->g, c->persistent, c->retain, c->be);
+        *flops = 0;
+        for (int i = 0; i < pl.n; i++)
+            if (pl.ops[i].phase == CK_PHASE_RECOMPUTE) *flops += ck_plan_op_flops(&pl, c->g, i);
+    }
+    ck_plan_free(&pl);
+    return rc;
+}

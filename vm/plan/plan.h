@@ -1,0 +1,113 @@
+/* The planner's types and passes (vm/plan): an op list scheduled from the
+ * graph, recompute placed in it, and every tensor it touches given an offset
+ * in one arena. Below the program: nothing here knows a program or an arena's
+ * memory, only its rules (the backend's workspace and alignment). */
+#ifndef CK_PLAN_H
+#define CK_PLAN_H
+
+#include "graph/graph.h"
+#include "../../ops/backend.h"
+
+/* One entry of an op list: a graph node run on the tensors named here. A
+ * recompute entry reruns a forward node and writes a copy of its output, a
+ * tensor id >= g->nt whose origin is the forward tensor; backward entries read
+ * such copies in place of the forward tensors that were not kept. */
+typedef struct ck_op_ref {
+    int node;
+    ck_phase phase;
+    int nin, nout;
+    int in[CK_MAX_IN];
+    int out[CK_MAX_OUT]; /* -1: slot unwanted */
+} ck_op_ref;
+
+/* What the memory plan reports, by category. */
+typedef enum ck_cat {
+    CK_CAT_FROZEN = 0, CK_CAT_TRAINABLE, CK_CAT_GRADIENTS, CK_CAT_OPTSTATE, CK_CAT_INPUTS,
+    CK_CAT_ACTIVATIONS, CK_CAT_RECOMPUTED, CK_CAT_WORKSPACE, CK_CAT_COUNT
+} ck_cat;
+
+extern const char *const ck_cat_names[CK_CAT_COUNT];
+
+/* One op list and where each tensor it touches lives in the arena. */
+typedef struct ck_plan {
+    int n;
+    ck_op_ref *ops;
+    int ntensors;        /* graph tensors plus recomputed copies */
+    int *origin;         /* per tensor id: the graph tensor it holds (itself, or what a copy recomputes) */
+    int64_t *off;        /* per tensor id: byte offset in the arena, -1 if the list does not touch it */
+    int64_t *ws_off;     /* per list position: workspace offset, -1 if none */
+    size_t *ws_bytes;
+    size_t transient;    /* bytes above the persistent region */
+    size_t peak;         /* the arena's high-water mark: persistent + transient */
+    size_t live_peak;    /* the most bytes live at once (peak minus fragmentation) */
+    int peak_at;         /* list position where live bytes are the most */
+    size_t at_peak[CK_CAT_COUNT]; /* live bytes at peak_at, by category */
+    size_t activation_bytes; /* forward activations held across the turn to backward */
+    size_t workspace;    /* largest workspace */
+    double step_flops, recompute_flops;
+} ck_plan;
+
+/* What a checkpoint policy sees: the differentiated graph, the training list
+ * before scheduling, and the candidates (ck_saved_activations). It can
+ * schedule and plan trial decisions with ck_decide_eval. */
+typedef struct ck_decide_ctx {
+    const ck_graph *g;
+    const int *nodes;
+    int n;
+    const int *cand;
+    int ncand;
+    const int64_t *poff;
+    size_t persistent;
+    const int *retain;
+    const ck_backend *be; /* the workspace rules */
+} ck_decide_ctx;
+
+/* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead
+ * of keeping it. Returns 0, or -1 with a message. */
+typedef int (*ck_decide_fn)(void *ud, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen);
+
+/* The peak and recompute FLOPs of one trial decision; exact: place every byte
+ * (the true peak), otherwise the most bytes live at once (a lower bound, fast). */
+int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops);
+
+/* vm/plan/schedule.c: the op list of the given graph nodes (forward nodes first, in
+ * graph order, then the rest), with recompute entries placed before the first
+ * backward use of every tensor marked in recompute (NULL: none). */
+int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const unsigned char *recompute);
+/* The checkpoint candidates: every forward activation. Marking one that
+ * backward reads frees it after the forward pass; marking one that only a
+ * recomputation reads lets that recomputation make it again instead of
+ * holding it. Returns their count; ids into out (g->nt entries at most). */
+int ck_saved_activations(const ck_graph *g, int *out);
+/* The logging variant of a scheduled list: base plus, right after the entry
+ * that writes each stat node's input, that node (activations are reduced
+ * where the forward pass makes them, so recompute holds nothing more). base
+ * was scheduled when the graph had base_nt tensors: its recomputed copies are
+ * renumbered above g->nt. placed[k] (may be NULL) gets 1 for the nodes placed;
+ * a node whose input the list never writes is left out. */
+int ck_schedule_stats(ck_plan *pl, const ck_plan *base, int base_nt, const ck_graph *g, const int *nodes, int n,
+                      int *placed);
+
+/* vm/plan/memplan.c: liveness over a scheduled list, then offsets in one arena. */
+int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
+                   const ck_backend *be);
+/* The most bytes live at once, without placing anything (fast; for searches). */
+size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be);
+/* Live bytes at every list position by category (persistent ones included):
+ * n * CK_CAT_COUNT entries, malloc'd; NULL on out of memory. */
+size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be);
+void ck_plan_free(ck_plan *pl);
+int ck_is_persistent(ck_kind k);
+ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
+/* bf16 storage: whether list entry i runs the backend's bf16 kernel (every
+ * operand bf16, and the backend has one); when it does not, the bytes of the
+ * fp32 copies of its 16-bit operands, placed at the start of its workspace
+ * (inputs, then outputs, each rounded up to 64 bytes) */
+int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
+size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i);
+/* FLOPs of list entry i */
+double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i);
+/* bytes of tensor id (a graph tensor or a recomputed copy) */
+size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id);
+
+#endif

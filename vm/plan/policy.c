@@ -1,0 +1,437 @@
+/* Built-in checkpoint policies over one mechanism: a policy marks forward
+ * activations for recompute; the scheduler and the planner (ck_decide_eval)
+ * tell what a marking costs in bytes and FLOPs. Region policies (blocks,
+ * every_n, sqrt_n) give forward nodes a region and recompute what a region
+ * makes and only it reads, as torch.utils.checkpoint keeps a function's inputs
+ * and recomputes its inside. budget searches markings for the least FLOPs that
+ * fit: exhaustively when the candidates are few, otherwise from the fixed
+ * policies and a greedy order, so it is never worse than any of them. */
+#include "plan/policy.h"
+#include "util/text.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const diffusers_blocks[] = {
+    "*.*.resnets.*",
+    "mid_block.resnets.*",
+    "*.*.attentions.*.transformer_blocks.*",
+    "mid_block.attentions.*.transformer_blocks.*",
+};
+#define NDIFFUSERS ((int)(sizeof diffusers_blocks / sizeof diffusers_blocks[0]))
+
+const char *ck_policy_block_of(const char *scope, char *buf, size_t len)
+{
+    buf[0] = 0;
+    for (int k = 0; k < NDIFFUSERS; k++) {
+        size_t m = ck_scope_match(diffusers_blocks[k], scope);
+        if (m) {
+            snprintf(buf, len, "%.*s", (int)m, scope);
+            break;
+        }
+    }
+    return buf;
+}
+
+void ck_policy_selective_default(unsigned char *ops)
+{
+    static const enum ck_op cheap[] = {
+        CK_OP_GROUP_NORM, CK_OP_LAYER_NORM, CK_OP_SILU,    CK_OP_GELU,  CK_OP_GEGLU,   CK_OP_SOFTMAX,
+        CK_OP_ADD,        CK_OP_SUB,        CK_OP_MUL,     CK_OP_SCALE, CK_OP_CONCAT,  CK_OP_SLICE,
+        CK_OP_RESHAPE,    CK_OP_PERMUTE,    CK_OP_UPSAMPLE2X, CK_OP_DROPOUT, CK_OP_TIMESTEP_EMBEDDING,
+    };
+    memset(ops, 0, CK_OP_COUNT);
+    for (size_t i = 0; i < sizeof cheap / sizeof cheap[0]; i++) ops[cheap[i]] = 1;
+}
+
+/* ---- regions */
+
+typedef struct regions {
+    int *of_node;   /* per graph node: region id, 0 for none */
+    char **names;   /* region instance names, index id - 1 */
+    int n, cap;
+} regions;
+
+static void regions_free(regions *r)
+{
+    for (int i = 0; i < r->n; i++) free(r->names[i]);
+    free(r->names);
+    free(r->of_node);
+    memset(r, 0, sizeof *r);
+}
+
+static int region_id(regions *r, const char *name, size_t len)
+{
+    for (int i = 0; i < r->n; i++)
+        if (strlen(r->names[i]) == len && strncmp(r->names[i], name, len) == 0) return i + 1;
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 32;
+        char **nm = realloc(r->names, sizeof(char *) * (size_t)cap);
+        if (!nm) return -1;
+        r->names = nm;
+        r->cap = cap;
+    }
+    r->names[r->n] = malloc(len + 1);
+    if (!r->names[r->n]) return -1;
+    memcpy(r->names[r->n], name, len);
+    r->names[r->n][len] = 0;
+    return ++r->n;
+}
+
+/* Regions of forward nodes: each distinct scope instance a pattern matches.
+ * Fails when some pattern matches no forward node. */
+static int match_regions(const ck_decide_ctx *c, const char *const *pats, int np, regions *r, char *err, size_t errlen)
+{
+    const ck_graph *g = c->g;
+    memset(r, 0, sizeof *r);
+    r->of_node = calloc((size_t)(g->nn ? g->nn : 1), sizeof(int));
+    char *used = calloc((size_t)(np ? np : 1), 1);
+    if (!r->of_node || !used) {
+        free(used);
+        regions_free(r);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < c->n; i++) {
+        const ck_node *nd = &g->n[c->nodes[i]];
+        if (nd->phase != CK_PHASE_FORWARD) continue;
+        for (int k = 0; k < np; k++) {
+            size_t m = ck_scope_match(pats[k], nd->scope);
+            if (!m) continue;
+            used[k] = 1;
+            int id = region_id(r, nd->scope, m);
+            if (id < 0) {
+                free(used);
+                regions_free(r);
+                snprintf(err, errlen, "out of memory");
+                return -1;
+            }
+            r->of_node[c->nodes[i]] = id;
+            break;
+        }
+    }
+    for (int k = 0; k < np; k++)
+        if (!used[k]) {
+            snprintf(err, errlen, "blocks: pattern '%s' matches no scope of the model", pats[k]);
+            free(used);
+            regions_free(r);
+            return -1;
+        }
+    free(used);
+    return 0;
+}
+
+/* The block sequence: diffusers' blocks in forward order, or, for a model
+ * without them, its top-level scopes. */
+static int block_sequence(const ck_decide_ctx *c, regions *r, char *err, size_t errlen)
+{
+    const ck_graph *g = c->g;
+    int any = 0;
+    for (int i = 0; i < c->n && !any; i++) {
+        char b[512];
+        any = g->n[c->nodes[i]].phase == CK_PHASE_FORWARD && *ck_policy_block_of(g->n[c->nodes[i]].scope, b, sizeof b);
+    }
+    if (any) {
+        memset(r, 0, sizeof *r);
+        r->of_node = calloc((size_t)(g->nn ? g->nn : 1), sizeof(int));
+        if (!r->of_node) goto oom;
+        for (int i = 0; i < c->n; i++) {
+            const ck_node *nd = &g->n[c->nodes[i]];
+            char b[512];
+            if (nd->phase != CK_PHASE_FORWARD || !*ck_policy_block_of(nd->scope, b, sizeof b)) continue;
+            int id = region_id(r, b, strlen(b));
+            if (id < 0) goto oom;
+            r->of_node[c->nodes[i]] = id;
+        }
+        return 0;
+    }
+    static const char *const top[] = {"*"};
+    if (match_regions(c, top, 1, r, err, errlen) == 0) return 0;
+    snprintf(err, errlen, "the model has no blocks (no scopes) to checkpoint");
+    return -1;
+oom:
+    regions_free(r);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+/* Marks each candidate made in a region and read by no forward node outside it. */
+static void mark_regions(const ck_decide_ctx *c, const int *of_node, unsigned char *recompute)
+{
+    const ck_graph *g = c->g;
+    for (int k = 0; k < c->ncand; k++) {
+        int t = c->cand[k];
+        recompute[t] = of_node[g->t[t].node] != 0;
+    }
+    for (int i = 0; i < c->n; i++) {
+        const ck_node *nd = &g->n[c->nodes[i]];
+        if (nd->phase != CK_PHASE_FORWARD) continue;
+        for (int j = 0; j < nd->nin; j++) {
+            int t = nd->in[j];
+            if (recompute[t] && of_node[g->t[t].node] != of_node[c->nodes[i]]) recompute[t] = 0;
+        }
+    }
+}
+
+static int decide_regions(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err,
+                          size_t errlen)
+{
+    regions r;
+    if (pol->kind == CK_POLICY_BLOCKS) {
+        if (match_regions(c, pol->patterns, pol->npatterns, &r, err, errlen)) return -1;
+    } else {
+        if (block_sequence(c, &r, err, errlen)) return -1;
+        int m = r.n;
+        if (pol->kind == CK_POLICY_EVERY_N) {
+            int n = pol->n > 0 ? pol->n : 1;
+            for (int i = 0; i < c->g->nn; i++)
+                if (r.of_node[i] && r.of_node[i] % n != 0) r.of_node[i] = 0;
+        } else { /* sqrt_n: contiguous segments of ceil(sqrt(m)) blocks in forward order */
+            int k = (int)ceil(sqrt((double)m)), seg = 0;
+            for (int i = 0; i < c->n; i++) {
+                int id = c->nodes[i];
+                if (c->g->n[id].phase != CK_PHASE_FORWARD) continue;
+                if (r.of_node[id]) seg = (r.of_node[id] - 1) / (k ? k : 1) + 1;
+                r.of_node[id] = seg;
+            }
+        }
+    }
+    mark_regions(c, r.of_node, recompute);
+    regions_free(&r);
+    return 0;
+}
+
+/* Recomputes the outputs of the listed ops, but only where that holds nothing
+ * new: each input must be a leaf, kept for backward anyway, or itself
+ * recomputed. (Recomputing x + y where neither x nor y is otherwise kept would
+ * hold both to save one.) Candidates come in graph order, inputs first. */
+static int decide_selective(const unsigned char *ops, const ck_decide_ctx *c, unsigned char *recompute)
+{
+    const ck_graph *g = c->g;
+    unsigned char *kept = calloc((size_t)(g->nt ? g->nt : 1), 1);
+    if (!kept) return -1;
+    for (int i = 0; i < c->n; i++) {
+        const ck_node *nd = &g->n[c->nodes[i]];
+        if (nd->phase == CK_PHASE_FORWARD) continue;
+        for (int j = 0; j < nd->nin; j++) kept[nd->in[j]] = 1;
+    }
+    for (int k = 0; k < c->ncand; k++) {
+        int t = c->cand[k];
+        const ck_node *nd = &g->n[g->t[t].node];
+        int ok = ops[nd->op];
+        for (int j = 0; ok && j < nd->nin; j++) {
+            int u = nd->in[j];
+            ok = g->t[u].kind != CK_KIND_ACT || recompute[u] || kept[u];
+        }
+        recompute[t] = (unsigned char)ok;
+    }
+    free(kept);
+    return 0;
+}
+
+/* ---- budget */
+
+typedef struct best {
+    unsigned char *mark; /* per graph tensor */
+    size_t peak;
+    double flops;
+    int found;
+    size_t floor;        /* the smallest exact peak seen */
+} best;
+
+/* Evaluates a marking exactly and keeps it if it fits with fewer FLOPs (at
+ * equal FLOPs, a lower peak). 1 if it fits, 0 if not, -1 on error. */
+static int consider(const ck_decide_ctx *c, const unsigned char *mark, size_t budget, best *b)
+{
+    size_t peak;
+    double flops;
+    if (ck_decide_eval(c, mark, 1, &peak, &flops)) return -1;
+    if (!b->floor || peak < b->floor) b->floor = peak;
+    if (peak > budget) return 0;
+    if (!b->found || flops < b->flops || (flops == b->flops && peak < b->peak)) {
+        memcpy(b->mark, mark, (size_t)c->g->nt);
+        b->peak = peak;
+        b->flops = flops;
+        b->found = 1;
+    }
+    return 1;
+}
+
+typedef struct scored {
+    int t;
+    double score;
+} scored;
+
+static int by_score(const void *a, const void *b)
+{
+    const scored *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return x->t - y->t;
+}
+
+#define EXHAUSTIVE_MAX 14
+#define PRUNE_TRIALS 128
+
+/* FLOPs to recompute t once from its inputs */
+static double producer_flops(const ck_graph *g, int t)
+{
+    const ck_node *nd = &g->n[g->t[t].node];
+    ck_shape ins[CK_MAX_IN], out = g->t[t].shape;
+    for (int j = 0; j < nd->nin; j++) ins[j] = g->t[nd->in[j]].shape;
+    return ck_op_flops(nd->op, &nd->p, ins, nd->nin, &out);
+}
+
+static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, size_t errlen)
+{
+    const ck_graph *g = c->g;
+    unsigned char *mark = calloc((size_t)g->nt, 1);
+    scored *order = malloc(sizeof *order * (size_t)(c->ncand ? c->ncand : 1));
+    int rc = -1;
+    if (!mark || !order) goto out;
+    if (c->ncand <= EXHAUSTIVE_MAX) {
+        for (long s = 0; s < (1L << c->ncand); s++) {
+            for (int k = 0; k < c->ncand; k++) mark[c->cand[k]] = (unsigned char)((s >> k) & 1);
+            if (consider(c, mark, budget, b) < 0) goto out;
+        }
+        rc = 0;
+        goto out;
+    }
+    /* the fixed policies, so that budget is never worse than any of them */
+    const ck_policy fixed[] = {
+        {.kind = CK_POLICY_NONE},
+        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS},
+        {.kind = CK_POLICY_EVERY_N, .n = 2},
+        {.kind = CK_POLICY_SQRT_N},
+        {.kind = CK_POLICY_SELECTIVE},
+    };
+    char ignore[256];
+    for (size_t f = 0; f < sizeof fixed / sizeof fixed[0]; f++) {
+        ck_policy pol = fixed[f];
+        if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
+        memset(mark, 0, (size_t)g->nt);
+        if (ck_policy_decide(&pol, c, mark, ignore, sizeof ignore)) continue; /* e.g. no diffusers blocks */
+        if (consider(c, mark, budget, b) < 0) goto out;
+    }
+    /* greedy: the most bytes per recompute FLOP first; the shortest prefix that fits */
+    for (int k = 0; k < c->ncand; k++) {
+        int t = c->cand[k];
+        order[k] = (scored){t, (double)ck_shape_numel(&g->t[t].shape) / (producer_flops(g, t) + 1.0)};
+    }
+    qsort(order, (size_t)c->ncand, sizeof *order, by_score);
+    int lo = 0, hi = c->ncand; /* smallest prefix whose live peak fits */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        memset(mark, 0, (size_t)g->nt);
+        for (int k = 0; k < mid; k++) mark[order[k].t] = 1;
+        size_t peak;
+        double flops;
+        if (ck_decide_eval(c, mark, 0, &peak, &flops)) goto out;
+        if (peak <= budget) hi = mid;
+        else lo = mid + 1;
+    }
+    /* the live peak is a lower bound: grow the prefix until the placed plan fits */
+    for (int k = lo, step = 1 + c->ncand / 256;; k += step, step *= 2) {
+        if (k > c->ncand) k = c->ncand;
+        memset(mark, 0, (size_t)g->nt);
+        for (int j = 0; j < k; j++) mark[order[j].t] = 1;
+        int fit = consider(c, mark, budget, b);
+        if (fit < 0) goto out;
+        if (fit || k == c->ncand) break;
+    }
+    /* then keep, one at a time, the marked tensors that cost the most to
+     * recompute, while the plan still fits: less recompute at the budget.
+     * Trials use the fast live peak plus the fragmentation of the best plan;
+     * the result is placed exactly, and cut back to what fits if needed. */
+    if (b->found) {
+        memcpy(mark, b->mark, (size_t)g->nt);
+        size_t live;
+        double flops;
+        if (ck_decide_eval(c, mark, 0, &live, &flops)) goto out;
+        size_t frag = b->peak > live ? b->peak - live : 0;
+        int n = 0, na = 0;
+        for (int k = 0; k < c->ncand; k++)
+            if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
+        qsort(order, (size_t)n, sizeof *order, by_score);
+        for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
+            mark[order[k].t] = 0;
+            if (ck_decide_eval(c, mark, 0, &live, &flops)) goto out;
+            if (live + frag <= budget) order[na++] = order[k]; /* accepted, in order */
+            else mark[order[k].t] = 1;
+        }
+        /* the longest run of accepted changes whose placed plan fits */
+        int lo = 0, hi = na;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            memcpy(mark, b->mark, (size_t)g->nt);
+            for (int k = 0; k < mid; k++) mark[order[k].t] = 0;
+            int fit = consider(c, mark, budget, b);
+            if (fit < 0) goto out;
+            if (fit) lo = mid;
+            else hi = mid - 1;
+        }
+    }
+    rc = 0;
+out:
+    if (rc) snprintf(err, errlen, "out of memory");
+    free(mark);
+    free(order);
+    return rc;
+}
+
+static int decide_budget(const ck_decide_ctx *c, size_t budget, unsigned char *recompute, const char *what, char *err,
+                         size_t errlen)
+{
+    best b = {calloc((size_t)c->g->nt, 1), 0, 0, 0, 0};
+    if (!b.mark) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int rc = search(c, budget, &b, err, errlen);
+    if (rc == 0 && !b.found) {
+        snprintf(err, errlen, "%s: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
+                 what, budget / 1048576.0, b.floor / 1048576.0, b.floor);
+        rc = -1;
+    }
+    if (rc == 0)
+        for (int k = 0; k < c->ncand; k++) recompute[c->cand[k]] = b.mark[c->cand[k]];
+    free(b.mark);
+    return rc;
+}
+
+int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen)
+{
+    switch (pol->kind) {
+    case CK_POLICY_NONE: return 0;
+    case CK_POLICY_BLOCKS:
+    case CK_POLICY_EVERY_N:
+    case CK_POLICY_SQRT_N: return decide_regions(pol, c, recompute, err, errlen);
+    case CK_POLICY_SELECTIVE:
+        if (decide_selective(pol->ops, c, recompute)) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        return 0;
+    case CK_POLICY_BUDGET: {
+        double budget = pol->budget;
+        if (pol->budget_fraction > 0) {
+            size_t none;
+            double f;
+            if (ck_decide_eval(c, NULL, 1, &none, &f)) return -1;
+            budget = pol->budget_fraction * (double)none;
+        }
+        return decide_budget(c, (size_t)budget, recompute, "budget", err, errlen);
+    }
+    case CK_POLICY_AUTO: {
+        size_t none;
+        double f;
+        if (ck_decide_eval(c, NULL, 1, &none, &f)) return -1;
+        double fit = pol->device * (1.0 - pol->headroom);
+        if ((double)none <= fit) return 0;
+        return decide_budget(c, (size_t)fit, recompute, "auto", err, errlen);
+    }
+    }
+    snprintf(err, errlen, "unknown policy kind %d", (int)pol->kind);
+    return -1;
+}

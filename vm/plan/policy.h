@@ -1,0 +1,43 @@
+/* Built-in checkpoint policies: which forward activations backward recomputes
+ * instead of keeping. stdlib/ck/policy.lua builds these from scripts. */
+#ifndef CK_POLICY_H
+#define CK_POLICY_H
+
+#include "plan/plan.h"
+
+typedef enum ck_policy_kind {
+    CK_POLICY_NONE = 0,  /* keep everything backward reads */
+    CK_POLICY_BLOCKS,    /* recompute the inside of every scope matching a pattern */
+    CK_POLICY_EVERY_N,   /* recompute every n-th block of the block sequence */
+    CK_POLICY_SQRT_N,    /* Chen et al. 2016: sqrt(n) segments of the block sequence */
+    CK_POLICY_SELECTIVE, /* recompute the outputs of the listed op kinds */
+    CK_POLICY_BUDGET,    /* least recompute FLOPs whose peak fits the budget */
+    CK_POLICY_AUTO       /* none if it fits the device with headroom, else budget */
+} ck_policy_kind;
+
+typedef struct ck_policy {
+    ck_policy_kind kind;
+    const char *const *patterns; /* blocks: scope patterns, '*' matches one dotted component */
+    int npatterns;
+    unsigned char ops[CK_OP_COUNT]; /* selective */
+    int n;                          /* every_n */
+    double budget;                  /* budget: bytes; 0 < budget_fraction: a share of none's peak instead */
+    double budget_fraction;
+    double device, headroom;        /* auto */
+} ck_policy;
+
+/* Fills recompute for the candidates of c. Errors name the policy and what is
+ * wrong: a pattern that matches no scope, a budget nothing fits (with the
+ * smallest peak found). */
+int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err,
+                     size_t errlen);
+
+/* The selective policy's default op kinds: cheap to recompute (norms,
+ * activations, softmax, elementwise, layout), not matmul, conv or attention. */
+void ck_policy_selective_default(unsigned char *ops);
+
+/* The block a scope belongs to at diffusers' granularity (a ResnetBlock2D or a
+ * BasicTransformerBlock), written to buf; "" when it is in none. */
+const char *ck_policy_block_of(const char *scope, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,257 @@
+/* The scheduler: turns graph nodes and a checkpoint decision into one op list.
+ * Forward nodes run first. A forward activation marked for recompute is not
+ * kept for backward: right before the first backward op that reads it, its
+ * producer runs again (and so, first, do the producers of any marked inputs),
+ * writing a copy that later backward ops share. Each recomputed op runs once;
+ * random ops replay the same numbers because their keys are node parameters;
+ * optimizer updates are never recomputed. With fused updates (the graph's
+ * fused_updates), each update moves to right after the last entry that reads
+ * or writes any of its operands (its parameter, gradient and state), so a
+ * gradient is freed as soon as it is complete and applied. */
+#include "plan/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct sched {
+    const ck_graph *g;
+    const unsigned char *recompute;
+    ck_plan *pl;
+    int cap_ops, cap_t;
+    int *copy; /* per graph tensor: its recomputed copy, -1 */
+} sched;
+
+static int push(sched *s, const ck_op_ref *r)
+{
+    if (s->pl->n == s->cap_ops) {
+        int cap = s->cap_ops ? 2 * s->cap_ops : 256;
+        ck_op_ref *ops = realloc(s->pl->ops, sizeof *ops * (size_t)cap);
+        if (!ops) return -1;
+        s->pl->ops = ops;
+        s->cap_ops = cap;
+    }
+    s->pl->ops[s->pl->n++] = *r;
+    return 0;
+}
+
+static int marked(const sched *s, int t)
+{
+    return s->recompute && t < s->g->nt && s->recompute[t] && s->g->t[t].node >= 0 &&
+           s->g->n[s->g->t[t].node].phase == CK_PHASE_FORWARD;
+}
+
+static int new_copy(sched *s, int origin)
+{
+    ck_plan *pl = s->pl;
+    if (pl->ntensors == s->cap_t) {
+        int cap = 2 * s->cap_t;
+        int *o = realloc(pl->origin, sizeof(int) * (size_t)cap);
+        if (!o) return -1;
+        pl->origin = o;
+        s->cap_t = cap;
+    }
+    pl->origin[pl->ntensors] = origin;
+    return pl->ntensors++;
+}
+
+/* the copy of marked tensor t, recomputing it (and its marked inputs) if needed */
+static int materialize(sched *s, int t)
+{
+    if (s->copy[t] >= 0) return s->copy[t];
+    const ck_node *n = &s->g->n[s->g->t[t].node];
+    ck_op_ref r = {0};
+    r.node = s->g->t[t].node;
+    r.phase = CK_PHASE_RECOMPUTE;
+    r.nin = n->nin;
+    r.nout = n->nout;
+    for (int j = 0; j < n->nin; j++) {
+        int u = n->in[j];
+        r.in[j] = marked(s, u) ? materialize(s, u) : u;
+        if (r.in[j] < 0) return -1;
+    }
+    for (int k = 0; k < n->nout; k++) {
+        r.out[k] = -1;
+        if (n->out[k] < 0) continue;
+        r.out[k] = new_copy(s, n->out[k]);
+        if (r.out[k] < 0) return -1;
+        s->copy[n->out[k]] = r.out[k];
+    }
+    if (push(s, &r)) return -1;
+    return s->copy[t];
+}
+
+static ck_op_ref ref_of(const ck_graph *g, int id)
+{
+    const ck_node *n = &g->n[id];
+    ck_op_ref r;
+    r.node = id;
+    r.phase = n->phase;
+    r.nin = n->nin;
+    r.nout = n->nout;
+    memcpy(r.in, n->in, sizeof r.in);
+    memcpy(r.out, n->out, sizeof r.out);
+    return r;
+}
+
+/* Fused updates: every optimizer entry after the last other entry that
+ * touches one of its inputs; the rest keep their order. */
+static int fuse_updates(ck_plan *pl)
+{
+    const int n = pl->n;
+    int *last = malloc(sizeof(int) * (size_t)(pl->ntensors ? pl->ntensors : 1));
+    int *after = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    int *head = malloc(sizeof(int) * (size_t)(n + 1)), *tail = malloc(sizeof(int) * (size_t)(n + 1));
+    int *next = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    ck_op_ref *ops = malloc(sizeof *ops * (size_t)(n ? n : 1));
+    if (!last || !after || !head || !tail || !next || !ops) {
+        free(last), free(after), free(head), free(tail), free(next), free(ops);
+        return -1;
+    }
+    for (int t = 0; t < pl->ntensors; t++) last[t] = -1;
+    for (int i = 0; i < n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        if (r->phase == CK_PHASE_OPTIMIZER) continue;
+        for (int j = 0; j < r->nin; j++) last[r->in[j]] = i;
+        for (int k = 0; k < r->nout; k++)
+            if (r->out[k] >= 0) last[r->out[k]] = i;
+    }
+    for (int i = 0; i < n; i++) {
+        after[i] = i;
+        if (pl->ops[i].phase != CK_PHASE_OPTIMIZER) continue;
+        after[i] = -1;
+        for (int j = 0; j < pl->ops[i].nin; j++)
+            if (last[pl->ops[i].in[j]] > after[i]) after[i] = last[pl->ops[i].in[j]];
+    }
+    /* bucket b + 1 holds the updates that follow entry b (bucket 0: those
+     * that touch nothing else), in list order */
+    for (int b = 0; b <= n; b++) head[b] = tail[b] = -1;
+    for (int u = 0; u < n; u++) {
+        if (pl->ops[u].phase != CK_PHASE_OPTIMIZER) continue;
+        const int b = after[u] + 1;
+        next[u] = -1;
+        if (tail[b] < 0) head[b] = u;
+        else next[tail[b]] = u;
+        tail[b] = u;
+    }
+    int m = 0;
+    for (int u = head[0]; u >= 0; u = next[u]) ops[m++] = pl->ops[u];
+    for (int i = 0; i < n; i++) {
+        if (pl->ops[i].phase == CK_PHASE_OPTIMIZER) continue;
+        ops[m++] = pl->ops[i];
+        for (int u = head[i + 1]; u >= 0; u = next[u]) ops[m++] = pl->ops[u];
+    }
+    memcpy(pl->ops, ops, sizeof *ops * (size_t)n);
+    free(last), free(after), free(head), free(tail), free(next), free(ops);
+    return 0;
+}
+
+int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const unsigned char *recompute)
+{
+    sched s = {g, recompute, pl, 0, 0, NULL};
+    memset(pl, 0, sizeof *pl);
+    s.cap_t = g->nt + 64;
+    pl->ntensors = g->nt;
+    pl->origin = malloc(sizeof(int) * (size_t)s.cap_t);
+    s.copy = malloc(sizeof(int) * (size_t)(g->nt ? g->nt : 1));
+    if (!pl->origin || !s.copy) goto fail;
+    for (int t = 0; t < g->nt; t++) {
+        pl->origin[t] = t;
+        s.copy[t] = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (g->n[nodes[i]].phase != CK_PHASE_FORWARD) continue;
+        ck_op_ref r = ref_of(g, nodes[i]);
+        if (push(&s, &r)) goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+        if (g->n[nodes[i]].phase == CK_PHASE_FORWARD) continue;
+        ck_op_ref r = ref_of(g, nodes[i]);
+        for (int j = 0; j < r.nin; j++)
+            if (marked(&s, r.in[j]) && (r.in[j] = materialize(&s, r.in[j])) < 0) goto fail;
+        if (push(&s, &r)) goto fail;
+    }
+    if (g->fused_updates && fuse_updates(pl)) goto fail;
+    free(s.copy);
+    return 0;
+fail:
+    free(s.copy);
+    ck_plan_free(pl);
+    return -1;
+}
+
+int ck_saved_activations(const ck_graph *g, int *out)
+{
+    int k = 0;
+    for (int t = 0; t < g->nt; t++)
+        if (g->t[t].kind == CK_KIND_ACT && g->t[t].node >= 0 && g->n[g->t[t].node].phase == CK_PHASE_FORWARD)
+            out[k++] = t;
+    return k;
+}
+
+int ck_schedule_stats(ck_plan *pl, const ck_plan *base, int base_nt, const ck_graph *g, const int *nodes, int n,
+                      int *placed)
+{
+    const int shift = g->nt - base_nt;
+    int *after = malloc(sizeof(int) * (size_t)(n ? n : 1)), *count = calloc((size_t)base->n + 1, sizeof(int));
+    int *writer = malloc(sizeof(int) * (size_t)(base_nt ? base_nt : 1));
+    memset(pl, 0, sizeof *pl);
+    if (!after || !count || !writer) goto fail;
+    /* the entry that writes each graph tensor (recompute entries write copies) */
+    for (int t = 0; t < base_nt; t++) writer[t] = -1;
+    for (int i = 0; i < base->n; i++)
+        for (int k = 0; k < base->ops[i].nout; k++) {
+            int t = base->ops[i].out[k];
+            if (t >= 0 && t < base_nt && writer[t] < 0) writer[t] = i;
+        }
+    int extra = 0;
+    for (int k = 0; k < n; k++) {
+        int src = g->n[nodes[k]].in[0];
+        after[k] = src < base_nt ? writer[src] : -1;
+        if (placed) placed[k] = after[k] >= 0;
+        if (after[k] >= 0) {
+            count[after[k]]++;
+            extra++;
+        }
+    }
+    pl->ntensors = base->ntensors + shift;
+    pl->origin = malloc(sizeof(int) * (size_t)(pl->ntensors ? pl->ntensors : 1));
+    pl->ops = malloc(sizeof(ck_op_ref) * (size_t)(base->n + extra ? base->n + extra : 1));
+    if (!pl->origin || !pl->ops) goto fail;
+    for (int t = 0; t < g->nt; t++) pl->origin[t] = t;
+    for (int t = base_nt; t < base->ntensors; t++) pl->origin[t + shift] = base->origin[t];
+    /* stat entries grouped by the entry they follow, in the order given */
+    int *start = count; /* prefix sums: where each entry's stats begin in order[] */
+    int *order = malloc(sizeof(int) * (size_t)(extra ? extra : 1));
+    if (!order) goto fail;
+    for (int i = 0, acc = 0; i <= base->n; i++) {
+        int c = count[i];
+        start[i] = acc;
+        acc += c;
+    }
+    for (int k = 0; k < n; k++)
+        if (after[k] >= 0) order[start[after[k]]++] = k;
+    for (int k = 0, i = 0; i < base->n; i++) { /* start[i] now ends entry i's run */
+        ck_op_ref r = base->ops[i];
+        for (int j = 0; j < r.nin; j++)
+            if (r.in[j] >= base_nt) r.in[j] += shift;
+        for (int j = 0; j < r.nout; j++)
+            if (r.out[j] >= base_nt) r.out[j] += shift;
+        pl->ops[pl->n++] = r;
+        for (; k < start[i]; k++) {
+            ck_op_ref s = ref_of(g, nodes[order[k]]);
+            s.phase = r.phase == CK_PHASE_RECOMPUTE ? CK_PHASE_BACKWARD : r.phase;
+            pl->ops[pl->n++] = s;
+        }
+    }
+    free(order);
+    free(after);
+    free(count);
+    free(writer);
+    return 0;
+fail:
+    free(after);
+    free(count);
+    free(writer);
+    ck_plan_free(pl);
+    return -1;
+}

@@ -1,0 +1,203 @@
+/* The executor: runs one planned op list on a backend (ops/backend.h).
+ * Every pointer it hands a kernel is an offset of the plan into the arena; a failure names the op, its scope and its script line. */
+#include "run/exec.h"
+
+#include "../../ops/bf16.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void view_of(const ck_exec_env *p, const ck_plan *pl, int t, ck_view *v)
+{
+    const ck_shape *s = &p->g->t[pl->origin[t]].shape;
+    v->data = (float *)(p->arena + pl->off[t]);
+    v->ndim = s->ndim;
+    for (int d = 0; d < s->ndim; d++) v->shape[d] = s->d[d];
+}
+
+static const char *scope_of(const ck_node *n) { return n->scope && n->scope[0] ? n->scope : "(top)"; }
+
+/* The backend's pending failure as the error of list entry i, naming the op,
+ * its scope and its script line. */
+static int entry_failed(const ck_exec_env *p, const ck_plan *pl, int i, char *err, size_t errlen)
+{
+    const ck_node *n = &p->g->n[pl->ops[i].node];
+    snprintf(err, errlen, "%s: %s in %s on %s: %s", n->where, ck_op_name(n->op), scope_of(n),
+             p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
+}
+
+static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ctx, char *err, size_t errlen)
+{
+    const ck_op_ref *r = &pl->ops[i];
+    const ck_node *n = &p->g->n[r->node];
+    /* an interrupt stops a step before its updates, never among them, so a
+     * step is either applied whole or not at all (fused updates run inside
+     * backward: there, only forward entries stop) */
+    if (p->interrupt && *p->interrupt &&
+        (p->fused_backward ? r->phase == CK_PHASE_FORWARD : r->phase != CK_PHASE_OPTIMIZER)) {
+        snprintf(err, errlen, "interrupted");
+        return -1;
+    }
+    const ck_backend *be = p->be;
+    ck_view in[CK_MAX_IN], out[CK_MAX_OUT] = {{0}};
+    const int native = ck_entry_bf16_native(pl, p->g, i, be);
+    ck_kernel_fn k = native ? be->kernels_bf16[n->op] : be->kernels[n->op];
+    if (!k) {
+        snprintf(err, errlen, "%s: %s in %s: no %s kernel", n->where, ck_op_name(n->op), scope_of(n), be->name);
+        return -1;
+    }
+    for (int j = 0; j < r->nin; j++) view_of(p, pl, r->in[j], &in[j]);
+    for (int j = 0; j < r->nout; j++)
+        if (r->out[j] >= 0) view_of(p, pl, r->out[j], &out[j]);
+    /* 16-bit operands of an fp32 kernel: fp32 copies at the workspace's start */
+    unsigned char *ws = pl->ws_off[i] >= 0 ? p->arena + pl->ws_off[i] : NULL;
+    size_t conv = native ? 0 : ck_entry_convert_bytes(pl, p->g, i);
+    void *stored[CK_MAX_OUT] = {0};
+    if (conv) {
+        unsigned char *slot = ws;
+        for (int j = 0; j < r->nin + r->nout; j++) {
+            int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
+            if (t < 0) continue;
+            ck_dtype dt = p->g->t[pl->origin[t]].dtype;
+            if (!ck_dtype_copied(dt)) continue;
+            ck_view *v = j < r->nin ? &in[j] : &out[j - r->nin];
+            int64_t ne = ck_view_numel(v);
+            if (j < r->nin) {
+                if (be->convert(slot, CK_F32, v->data, dt, ne)) return entry_failed(p, pl, i, err, errlen);
+            } else {
+                stored[j - r->nin] = v->data;
+            }
+            v->data = (float *)slot;
+            slot += (ne * 4 + 63) / 64 * 64;
+        }
+        ws += conv;
+    }
+    ctx->ws = pl->ws_bytes[i] > conv ? ws : NULL;
+    ctx->ws_bytes = pl->ws_bytes[i] - conv;
+    if (!p->profile) {
+        k(ctx, &n->p, out, r->nout, in, r->nin);
+    } else {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        k(ctx, &n->p, out, r->nout, in, r->nin);
+        p->be->sync(); /* a queued op has taken its time only when it is done */
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        p->profile[n->op] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    }
+    for (int j = 0; j < r->nout; j++)
+        if (stored[j] && be->convert(stored[j], p->g->t[pl->origin[r->out[j]]].dtype, out[j].data, CK_F32,
+                                     ck_view_numel(&out[j])))
+            return entry_failed(p, pl, i, err, errlen);
+    /* kernels record failures instead of returning them (the CPU's never fail) */
+    if (be->error()[0]) return entry_failed(p, pl, i, err, errlen);
+    return 0;
+}
+
+int ck_exec_range(const ck_exec_env *p, const ck_plan *pl, int from, int to, char *err, size_t errlen)
+{
+    ck_kctx ctx = {p->seed, p->step, p->lr, NULL, 0, p->update, p->eval};
+    p->be->enter();
+    for (int i = from; i < to; i++)
+        if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;
+    return 0;
+}
+
+int ck_exec_sync(const ck_backend *be, char *err, size_t errlen)
+{
+    be->enter();
+    if (!be->sync()) return 0;
+    snprintf(err, errlen, "%s device: %s", be->name, be->error());
+    be->clear_error();
+    return -1;
+}
+
+int ck_exec_tensor_finite(const ck_exec_env *p, const ck_plan *pl, int t, int *finite, char *err, size_t errlen)
+{
+    const float *x = (const float *)(p->arena + pl->off[t]);
+    p->be->enter();
+    const ck_dtype dt = p->g->t[pl->origin[t]].dtype;
+    if (dt == CK_U8) { /* bytes are always finite */
+        *finite = 1;
+        return 0;
+    }
+    if (dt != CK_F32) {
+        /* only a non-finite step's second pass checks these: on the host */
+        int64_t n = ck_shape_numel(&p->g->t[pl->origin[t]].shape);
+        const size_t bytes = ck_dtype_bytes(dt) * (size_t)n;
+        unsigned char *h = malloc(bytes ? bytes : 1);
+        if (!h) {
+            snprintf(err, errlen, "out of host memory");
+            return -1;
+        }
+        int rc = p->be->download(h, x, bytes);
+        *finite = 1;
+        for (int64_t k = 0; k < n && *finite && !rc; k++)
+            *finite = dt == CK_F8E4M3 ? (h[k] & 0x7f) != 0x7f : ck_bf16_finite(((const uint16_t *)h)[k]);
+        free(h);
+        if (!rc) return 0;
+        snprintf(err, errlen, "checking values on the %s device: %s", p->be->name, p->be->error());
+        p->be->clear_error();
+        return -1;
+    }
+    if (!p->be->all_finite(x, ck_shape_numel(&p->g->t[pl->origin[t]].shape), finite)) return 0;
+    snprintf(err, errlen, "checking values on the %s device: %s", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
+}
+
+int ck_exec_find_nonfinite(const ck_exec_env *p, const ck_plan *pl, int to, int *entry, int *input, char *err,
+                           size_t errlen)
+{
+    ck_kctx ctx = {p->seed, p->step, p->lr, NULL, 0, p->update, 0};
+    *entry = *input = -1;
+    p->be->enter();
+    for (int i = 0; i < to; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;
+        int fin = 1;
+        for (int j = 0; j < r->nout && fin; j++)
+            if (r->out[j] >= 0 && ck_exec_tensor_finite(p, pl, r->out[j], &fin, err, errlen)) return -1;
+        if (fin) continue;
+        *entry = i;
+        for (int j = 0; j < r->nin; j++) {
+            int t = pl->origin[r->in[j]];
+            if (p->poff[t] < 0) continue;
+            if (ck_exec_tensor_finite(p, pl, r->in[j], &fin, err, errlen)) return -1;
+            if (!fin) {
+                *input = t;
+                break;
+            }
+        }
+        return 0;
+    }
+    return 0;
+}
+
+/* a NaN with a payload no kernel writes */
+#define SENTINEL 0x7fa5a5a5u
+
+int ck_arena_fill_sentinel(const ck_exec_env *p, char *err, size_t errlen)
+{
+    p->be->enter();
+    if (!p->be->fill_u32(p->arena + p->persistent, SENTINEL, (p->arena_bytes - p->persistent) / 4)) return 0;
+    snprintf(err, errlen, "%s device: %s", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
+}
+
+int ck_arena_high_water(const ck_exec_env *p, size_t *high_water, char *err, size_t errlen)
+{
+    size_t top = 0;
+    p->be->enter();
+    if (!p->be->high_water(p->arena, p->persistent / 4, p->arena_bytes / 4, SENTINEL, &top)) {
+        *high_water = top * 4;
+        return 0;
+    }
+    snprintf(err, errlen, "%s device: %s", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
+}

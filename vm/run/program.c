@@ -1,0 +1,707 @@
+/* Compiling a graph into a program: differentiate, append the optimizer, cut
+ * the op lists, plan their memory, allocate the one arena, initialize the
+ * parameters. The op lists are the seam the recompute scheduler works on. */
+#include "run/program.h"
+
+#include "../../ops/adam8.h"
+#include "../../ops/bf16.h"
+#include "../../ops/fp8.h"
+#include "../../ops/rng.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failf(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+/* Parameters start from the seed and their name, so adding a layer elsewhere
+ * does not change how the others start. */
+static void init_tensor(const ck_tensor *t, float *x, uint64_t seed)
+{
+    int64_t n = ck_shape_numel(&t->shape);
+    uint64_t stream = ck_rng_key(seed, 0, name_hash(t->name ? t->name : ""));
+    switch (t->init) {
+    case CK_INIT_ZEROS: memset(x, 0, sizeof(float) * (size_t)n); break;
+    /* counter-based: element i's value depends on i alone, so threads split the work */
+    case CK_INIT_ONES:
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) x[i] = 1.0f;
+        break;
+    case CK_INIT_NORMAL:
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) x[i] = t->init_a + t->init_b * ck_rng_normal(stream, (uint64_t)i);
+        break;
+    case CK_INIT_UNIFORM:
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++)
+            x[i] = t->init_a + (t->init_b - t->init_a) * ck_rng_uniform(stream, (uint64_t)i);
+        break;
+    }
+}
+
+/* One optimizer-phase node with one output: its tensor, or -1 (g->err set). */
+static int opt_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_op_params *p, const char *where)
+{
+    ck_shape outs[CK_MAX_OUT];
+    int ids[CK_MAX_OUT];
+    for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+    const int id = ck_graph_node(g, op, in, nin, p, outs, NULL, ids, where);
+    if (id < 0) return -1;
+    g->n[id].phase = CK_PHASE_OPTIMIZER;
+    return ids[0];
+}
+
+/* torch.nn.utils.clip_grad_norm_(params, max_norm): the factor every gradient
+ * is multiplied by, min(1, max_norm / (||all gradients|| + 1e-6)), from the
+ * gradients src[t]'s summed squares in parameter order: a chain of SUMSQ
+ * nodes, each adding the squares of a few gradients to the running total of
+ * the one before. The tensor, -2 when nothing trains, or -1 (g->err set). */
+static int clip_factor(ck_graph *g, int nt, const int *src, float max_norm)
+{
+    int total = -2, in[CK_MAX_IN], k = 0;
+    const char *where = NULL;
+    ck_graph_set_scope(g, "clip_grad_norm");
+    for (int t = 0; t <= nt && total != -1; t++) {
+        const int last = t == nt;
+        if (!last && g->t[t].kind != CK_KIND_PARAM) continue;
+        if (!last) {
+            if (k == 0 && total >= 0) in[k++] = total;
+            in[k++] = src[t];
+            where = g->t[t].where;
+        }
+        if (k == CK_MAX_IN || (last && k > 0)) {
+            ck_op_params sp = {0};
+            sp.i[0] = total >= 0; /* in[0] is the running total */
+            total = opt_node(g, CK_OP_SUMSQ, in, k, &sp, where);
+            k = 0;
+        }
+    }
+    if (total < 0) return total;
+    ck_op_params cp = {0};
+    cp.f[0] = max_norm;
+    return opt_node(g, CK_OP_CLIP_FACTOR, &total, 1, &cp, where);
+}
+
+/* With accumulate = N > 1: per parameter a persistent sum "grad_sum.<name>"
+ * and an in-place sum += grad node, all made before any other optimizer node
+ * (the list keeps graph order, so they lead the optimizer's tail: the steps
+ * between updates run only them); src[t] becomes the mean, sum / N. */
+static int add_accumulation(ck_graph *g, const ck_compile_opts *o, ck_program *p, int nt, int *src)
+{
+    static const ck_op_params none;
+    p->accums = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
+    if (!p->accums) {
+        snprintf(g->err, sizeof g->err, "out of memory");
+        return -1;
+    }
+    p->accum_nodes[0] = g->nn;
+    for (int t = 0; t < nt; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        char name[1024];
+        snprintf(name, sizeof name, "grad_sum.%s", g->t[t].name);
+        ck_shape shape = g->t[t].shape; /* ck_graph_leaf may move g->t */
+        ck_graph_set_scope(g, g->t[t].scope);
+        const int acc = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape, g->t[t].where);
+        if (acc < 0) return -1;
+        g->t[acc].init = CK_INIT_ZEROS;
+        ck_shape outs[CK_MAX_OUT];
+        const int in[2] = {acc, g->t[t].grad}, want[CK_MAX_OUT] = {0, 0, 0};
+        for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+        const int id = ck_graph_node(g, CK_OP_ADD, in, 2, &none, outs, want, NULL, g->t[t].where);
+        if (id < 0) return -1;
+        g->n[id].phase = CK_PHASE_OPTIMIZER;
+        g->n[id].out[0] = acc; /* in place */
+        p->accums[p->naccum++] = acc;
+    }
+    p->accum_nodes[1] = g->nn;
+    ck_op_params mean = {0};
+    mean.f[0] = 1.0f / (float)o->accumulate;
+    for (int k = 0, t = 0; t < nt; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        ck_graph_set_scope(g, g->t[t].scope);
+        if ((src[t] = opt_node(g, CK_OP_SCALE, &p->accums[k++], 1, &mean, g->t[t].where)) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The optimizer's nodes: accumulation (when asked), the clip factor (when
+ * asked), then per parameter its update, reading src[t]: the gradient, its
+ * mean over the accumulated steps, either times the clip factor. */
+static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog)
+{
+    const int nt = g->nt;
+    int factor = -2, rc = -1;
+    int *src = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
+    if (!src) {
+        snprintf(g->err, sizeof g->err, "out of memory");
+        return -1;
+    }
+    for (int t = 0; t < nt; t++) src[t] = g->t[t].grad;
+    if (o->accumulate > 1 && add_accumulation(g, o, prog, nt, src)) goto out;
+    if (o->max_grad_norm > 0 && (factor = clip_factor(g, nt, src, o->max_grad_norm)) == -1) goto out;
+    for (int t = 0; t < nt; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        ck_op_params p = {0};
+        p.f[CK_OPT_LR_SCALE] = g->t[t].lr_scale;
+        ck_shape outs[CK_MAX_OUT];
+        int want[CK_MAX_OUT] = {0, 0, 0}, in[4] = {t, src[t], -1, -1}, nin = 2;
+        ck_graph_set_scope(g, g->t[t].scope);
+        if (factor >= 0) {
+            static const ck_op_params none;
+            const int pair[2] = {src[t], factor};
+            if ((in[1] = opt_node(g, CK_OP_MUL, pair, 2, &none, g->t[t].where)) < 0) goto out;
+        }
+        /* the state: AdamW's two moments, Lion's one, or 8-bit AdamW's codes
+         * (bytes) and their blocks' scales; zeros at first */
+        const int64_t numel = ck_shape_numel(&g->t[t].shape), nb = (numel + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
+        const char *state[2] = {"exp_avg", "exp_avg_sq"};
+        ck_shape shape[2] = {g->t[t].shape, g->t[t].shape}; /* ck_graph_leaf may move g->t */
+        ck_dtype dtype[2] = {CK_F32, CK_F32};
+        int ns = 2;
+        enum ck_op op = CK_OP_ADAMW_STEP;
+        if (o->optim == CK_OPTIM_SGD) op = CK_OP_SGD_STEP, ns = 0;
+        else if (o->optim == CK_OPTIM_LION) op = CK_OP_LION_STEP, ns = 1;
+        else if (o->optim == CK_OPTIM_ADAMW8) {
+            op = CK_OP_ADAMW8_STEP;
+            state[0] = "adam8_code", state[1] = "adam8_scale";
+            shape[0] = (ck_shape){1, {2 * numel}}, shape[1] = (ck_shape){1, {2 * nb}};
+            dtype[0] = CK_U8;
+        }
+        for (int k = 0; k < ns; k++) {
+            char name[1024];
+            snprintf(name, sizeof name, "%s.%s", state[k], g->t[t].name);
+            in[2 + k] = ck_graph_leaf(g, CK_KIND_OPTSTATE, name, &shape[k], g->t[t].where);
+            if (in[2 + k] < 0) goto out;
+            g->t[in[2 + k]].init = CK_INIT_ZEROS;
+            g->t[in[2 + k]].dtype = dtype[k];
+        }
+        nin = 2 + ns;
+        if (ns) {
+            p.f[0] = o->beta1;
+            p.f[1] = o->beta2;
+            p.f[2] = op == CK_OP_LION_STEP ? o->weight_decay : o->eps;
+            p.f[3] = o->weight_decay;
+        } else {
+            p.f[0] = o->weight_decay;
+        }
+        for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+        int id = ck_graph_node(g, op, in, nin, &p, outs, want, NULL, g->t[t].where);
+        if (id < 0) goto out;
+        /* updates happen in place: the outputs are the parameter and its state */
+        ck_node *n = &g->n[id];
+        n->phase = CK_PHASE_OPTIMIZER;
+        n->out[0] = t;
+        for (int k = 0; k < ns; k++) n->out[1 + k] = in[2 + k];
+    }
+    rc = 0;
+out:
+    ck_graph_set_scope(g, "");
+    free(src);
+    return rc;
+}
+
+/* Nodes that the sinks need, in graph order (graph order is topological). */
+static int cut_list(const ck_graph *g, const int *sink_nodes, int nsinks, int max_phase, int *list)
+{
+    char *need = calloc((size_t)(g->nn ? g->nn : 1), 1);
+    if (!need) return -1;
+    for (int i = 0; i < nsinks; i++)
+        if (sink_nodes[i] >= 0) need[sink_nodes[i]] = 1;
+    for (int i = g->nn - 1; i >= 0; i--) {
+        if (!need[i] || (int)g->n[i].phase > max_phase) {
+            need[i] = 0;
+            continue;
+        }
+        for (int j = 0; j < g->n[i].nin; j++) {
+            int pn = g->t[g->n[i].in[j]].node;
+            if (pn >= 0) need[pn] = 1;
+        }
+    }
+    int n = 0;
+    for (int i = 0; i < g->nn; i++)
+        if (need[i]) list[n++] = i;
+    free(need);
+    return n;
+}
+
+ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
+{
+    ck_program *p = calloc(1, sizeof *p);
+    int *list = NULL, *sinks = NULL, *cand = NULL;
+    unsigned char *recompute = NULL;
+    if (!p) {
+        failf(err, errlen, "out of memory");
+        return NULL;
+    }
+    p->opt = *o;
+    p->opt.outputs = NULL;
+    p->be = o->be ? o->be : ck_backend_cpu();
+    p->loss = o->loss;
+    p->g = ck_graph_clone(src);
+    if (!p->g) goto oom;
+    ck_graph *g = p->g;
+    int trains = 0;
+    for (int t = 0; t < g->nt; t++) trains |= g->t[t].kind == CK_KIND_PARAM;
+    if (o->loss >= 0 && trains) {
+        if (ck_autodiff(g, o->loss)) {
+            failf(err, errlen, "%s", g->err);
+            goto fail;
+        }
+        if (o->optim != CK_OPTIM_NONE && add_optimizer(g, o, p)) {
+            failf(err, errlen, "%s", g->err);
+            goto fail;
+        }
+        g->fused_updates = o->fused_backward;
+    }
+    if (o->storage != CK_F32 || o->frozen != CK_F32) {
+        /* mixed precision: activations, their gradients and frozen weights
+         * in 16 bits (frozen weights in 8 with frozen = fp8); trainable
+         * weights (the master copies), their gradients, the optimizer state,
+         * the inputs and the loss stay fp32. Kernels compute in fp32: the
+         * executor converts narrow operands around an op unless the backend
+         * has a bf16 kernel for it (exec.c). */
+        if (o->storage == CK_F16 && !o->plan_only) {
+            failf(err, errlen, "fp16 storage can be planned (--plan) but not run (no loss scaling); use bf16");
+            goto fail;
+        }
+        for (int t = 0; t < g->nt; t++) {
+            ck_kind k = g->t[t].kind;
+            int nd = g->t[t].node;
+            /* the optimizer's own tensors (clipped gradients) stay fp32 too */
+            if (k == CK_KIND_FROZEN)
+                g->t[t].dtype = o->frozen != CK_F32 ? o->frozen : o->storage;
+            else if (k == CK_KIND_ACT && t != o->loss && !(nd >= 0 && g->n[nd].phase == CK_PHASE_OPTIMIZER))
+                g->t[t].dtype = o->storage;
+            /* a reshape shares its input's buffer, so it keeps its input's type */
+            if (nd >= 0 && g->n[nd].op == CK_OP_RESHAPE) g->t[t].dtype = g->t[g->n[nd].in[0]].dtype;
+        }
+    }
+    p->retain = calloc((size_t)g->nt, sizeof(int));
+    p->poff = malloc(sizeof(int64_t) * (size_t)g->nt);
+    list = malloc(sizeof(int) * (size_t)(g->nn + 1));
+    sinks = malloc(sizeof(int) * (size_t)(g->nn + o->noutputs + 2));
+    if (!p->retain || !p->poff || !list || !sinks) goto oom;
+    for (int i = 0; i < o->noutputs; i++) p->retain[o->outputs[i]] = 1;
+    if (o->loss >= 0) p->retain[o->loss] = 1;
+
+    /* persistent region: parameters, inputs, optimizer state, by graph order */
+    size_t off = 0;
+    for (int t = 0; t < g->nt; t++) {
+        p->poff[t] = -1;
+        if (!ck_is_persistent(g->t[t].kind)) continue;
+        p->poff[t] = (int64_t)off;
+        off += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
+    }
+    p->persistent = off;
+
+    int ns = 0;
+    const ck_backend *be = p->be;
+    for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
+    if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
+    int n = cut_list(g, sinks, ns, CK_PHASE_FORWARD, list);
+    if (n < 0 || ck_schedule(&p->eval, g, list, n, NULL) ||
+        ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, be))
+        goto oom;
+
+    if (o->loss >= 0 && trains) {
+        for (int t = 0; t < g->nt; t++) {
+            if (g->t[t].kind != CK_KIND_PARAM) continue;
+            int gt = g->t[t].grad;
+            if (o->keep_grads) p->retain[gt] = 1;
+            sinks[ns++] = g->t[gt].node;
+        }
+        for (int i = 0; i < g->nn; i++)
+            if (g->n[i].phase == CK_PHASE_OPTIMIZER) sinks[ns++] = i;
+        n = cut_list(g, sinks, ns, CK_PHASE_OPTIMIZER, list);
+        if (n < 0) goto oom;
+        if (o->decide) {
+            recompute = calloc((size_t)g->nt, 1);
+            cand = malloc(sizeof(int) * (size_t)g->nt);
+            if (!recompute || !cand) goto oom;
+            int nc = ck_saved_activations(g, cand);
+            if (nc < 0) goto oom;
+            ck_decide_ctx dc = {g, list, n, cand, nc, p->poff, p->persistent, p->retain, be};
+            if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
+        }
+        if (ck_schedule(&p->train, g, list, n, recompute) ||
+            ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be))
+            goto oom;
+    }
+    p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
+    if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
+    if (o->plan_only) goto done;
+    be->enter();
+    p->arena = be->alloc(p->arena_bytes);
+    if (!p->arena) {
+        failf(err, errlen, "cannot allocate the arena of %zu bytes on %s%s%s", p->arena_bytes, be->name,
+              be->error()[0] ? ": " : "", be->error());
+        be->clear_error();
+        goto fail;
+    }
+    for (int t = 0; t < g->nt; t++) {
+        if (p->poff[t] < 0) continue;
+        float *x = ck_program_write_begin(p, t, 0);
+        if (x) init_tensor(&g->t[t], x, o->seed);
+        if (!x || ck_program_write_end(p, t)) {
+            failf(err, errlen, "initializing '%s': %s", g->t[t].name ? g->t[t].name : "tensor", p->err);
+            goto fail;
+        }
+    }
+done:
+    free(list);
+    free(sinks);
+    free(cand);
+    free(recompute);
+    return p;
+oom:
+    failf(err, errlen, "out of memory while compiling");
+fail:
+    free(list);
+    free(sinks);
+    free(cand);
+    free(recompute);
+    ck_program_free(p);
+    return NULL;
+}
+
+const char *ck_default_device(void) { return ck_cuda_devices() > 0 ? "cuda" : "cpu"; }
+
+const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, size_t errlen)
+{
+    if (!name || !strcmp(name, "auto")) name = ck_default_device();
+    if (!strcmp(name, "cpu")) return ck_backend_cpu();
+    if (!strcmp(name, "cuda")) {
+        const ck_backend *be = ck_backend_cuda(err, errlen);
+        return be || !plan_only ? be : ck_backend_cuda_plan();
+    }
+    failf(err, errlen, "unknown device '%s' (cpu, cuda or auto)", name);
+    return NULL;
+}
+
+size_t ck_device_bytes(const ck_backend *be, size_t arena)
+{
+    const size_t g = be->granule > 1 ? be->granule : 1;
+    return (arena + g - 1) / g * g + be->fixed_bytes;
+}
+
+void ck_program_free(ck_program *p)
+{
+    if (!p) return;
+    ck_plan_free(&p->train);
+    ck_plan_free(&p->eval);
+    for (int k = 0; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
+    for (int b = 0; b < p->nblocks; b++) free(p->blocks[b]);
+    free(p->blocks);
+    free(p->stats);
+    free(p->profile);
+    ck_graph_free(p->g);
+    free(p->retain);
+    free(p->poff);
+    free(p->accums);
+    if (p->arena) {
+        p->be->enter();
+        p->be->release(p->arena);
+    }
+    free(p->stage);
+    free(p);
+}
+
+/* what the executor needs of p for a run of list pl */
+static ck_exec_env exec_env(const ck_program *p, const ck_plan *pl)
+{
+    return (ck_exec_env){.g = p->g,
+                         .be = p->be,
+                         .arena = p->arena,
+                         .arena_bytes = p->arena_bytes,
+                         .persistent = p->persistent,
+                         .poff = p->poff,
+                         .seed = p->opt.seed,
+                         .step = p->step,
+                         .update = p->updates + 1,
+                         .lr = p->opt.lr,
+                         .eval = pl == &p->eval && p->eval_mode,
+                         .fused_backward = p->opt.fused_backward,
+                         .interrupt = p->interrupt,
+                         .profile = p->profile};
+}
+
+static int runnable(ck_program *p)
+{
+    if (p->arena) return 1;
+    snprintf(p->err, sizeof p->err, "this program was compiled for planning only and cannot run");
+    return 0;
+}
+
+int ck_program_step(ck_program *p)
+{
+    ck_run_opts o = {0, 0, 0};
+    ck_run_info r;
+    return ck_program_run(p, &o, &r);
+}
+
+/* where the optimizer's entries start: they are the list's tail */
+static int optimizer_start(const ck_plan *pl)
+{
+    int k = pl->n;
+    while (k > 0 && pl->ops[k - 1].phase == CK_PHASE_OPTIMIZER) k--;
+    return k;
+}
+
+/* where the update proper starts: past the accumulation entries that lead the
+ * optimizer's tail (there are none without accumulation) */
+static int update_start(const ck_program *p, const ck_plan *pl, int opt_start)
+{
+    int k = opt_start;
+    while (k < pl->n && pl->ops[k].node >= p->accum_nodes[0] && pl->ops[k].node < p->accum_nodes[1]) k++;
+    return k;
+}
+
+/* the gradient sums start over after an update */
+static int zero_accums(ck_program *p)
+{
+    p->be->enter();
+    for (int i = 0; i < p->naccum; i++) {
+        const int t = p->accums[i];
+        if (p->be->fill_u32(p->arena + p->poff[t], 0u, ck_tensor_bytes(&p->g->t[t]) / 4)) {
+            snprintf(p->err, sizeof p->err, "%s device: %s", p->be->name, p->be->error());
+            p->be->clear_error();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* the loss and, where the update reads them, the gradients are finite */
+static int step_finite(ck_program *p, const ck_exec_env *e, const ck_plan *pl, int opt_start, ck_run_info *r)
+{
+    const ck_graph *g = p->g;
+    int fin = 1;
+    if (p->loss >= 0 && pl->off[p->loss] >= 0) {
+        if (ck_exec_tensor_finite(e, pl, p->loss, &fin, p->err, sizeof p->err)) return -1;
+        r->loss_nonfinite = !fin;
+        if (!fin) return 0;
+    }
+    /* no update to guard, gradients may be gone; or, fused, none computed yet */
+    if ((opt_start == pl->n && !p->opt.keep_grads) || p->opt.fused_backward) return 1;
+    for (int t = 0; t < g->nt; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        int gt = g->t[t].grad;
+        if (gt < 0 || pl->off[gt] < 0) continue;
+        if (ck_exec_tensor_finite(e, pl, gt, &fin, p->err, sizeof p->err)) return -1;
+        if (!fin) return 0;
+    }
+    return 1;
+}
+
+int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
+{
+    memset(r, 0, sizeof *r);
+    r->bad_entry = r->bad_input = -1;
+    if (!runnable(p)) return -1;
+    if (p->train.n == 0) {
+        snprintf(p->err, sizeof p->err, "this program has nothing to train (no loss or no trainable parameter)");
+        return -1;
+    }
+    const ck_plan *pl = &p->train;
+    if (o->stats) {
+        if (o->stats > CK_STATS_ALL || p->logplan[o->stats].n == 0) {
+            snprintf(p->err, sizeof p->err, "this program computes no such statistics (enable them first)");
+            return -1;
+        }
+        pl = &p->logplan[o->stats];
+    }
+    p->step++;
+    p->last = pl;
+    r->plan = pl;
+    const ck_exec_env e = exec_env(p, pl);
+    if (o->measure && ck_arena_fill_sentinel(&e, p->err, sizeof p->err)) {
+        p->step--;
+        return -1;
+    }
+    /* forward and backward; then, if the guard passes, the optimizer's tail:
+     * gradient sums every step, the update every opt.accumulate-th. Fused
+     * updates run inside backward: the guard checks the loss after forward,
+     * and the rest of the list runs as the update */
+    int k = optimizer_start(pl), u = update_start(p, pl, k);
+    if (p->opt.fused_backward) {
+        k = 0;
+        while (k < pl->n && pl->ops[k].phase == CK_PHASE_FORWARD) k++;
+        u = k;
+    }
+    /* a run that fails stops before the updates (exec.c): the step did not happen */
+    if (ck_exec_range(&e, pl, 0, k, p->err, sizeof p->err)) {
+        p->step--;
+        return -1;
+    }
+    int fin = o->guard ? step_finite(p, &e, pl, k, r) : 1;
+    if (fin < 0) {
+        p->step--;
+        return -1;
+    }
+    if (!fin) {
+        r->nonfinite = 1;
+        if (ck_exec_find_nonfinite(&e, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) {
+            p->step--;
+            return -1;
+        }
+    } else if (ck_exec_range(&e, pl, k, u, p->err, sizeof p->err)) {
+        p->step--;
+        return -1;
+    } else if (p->opt.accumulate > 1 && p->micro + 1 < p->opt.accumulate) {
+        p->micro++; /* summed; the update comes with a later step */
+    } else if (ck_exec_range(&e, pl, u, pl->n, p->err, sizeof p->err) || zero_accums(p)) {
+        p->step--;
+        return -1;
+    } else {
+        p->micro = 0;
+        if (u < pl->n) p->updates++; /* the list had updates, and they were applied */
+    }
+    if (ck_exec_sync(p->be, p->err, sizeof p->err)) return -1;
+    if (o->measure && ck_arena_high_water(&e, &r->high_water, p->err, sizeof p->err)) return -1;
+    return 0;
+}
+
+int ck_program_forward(ck_program *p)
+{
+    if (!runnable(p)) return -1;
+    p->last = &p->eval;
+    const ck_exec_env e = exec_env(p, &p->eval);
+    if (ck_exec_range(&e, &p->eval, 0, p->eval.n, p->err, sizeof p->err)) return -1;
+    return ck_exec_sync(p->be, p->err, sizeof p->err);
+}
+
+int ck_program_step_measured(ck_program *p, size_t *high_water)
+{
+    if (!p->arena) return ck_program_step(p);
+    ck_run_opts o = {.measure = 1};
+    ck_run_info r;
+    int rc = ck_program_run(p, &o, &r);
+    *high_water = r.high_water;
+    return rc;
+}
+
+float *ck_program_data(ck_program *p, int t)
+{
+    if (t < 0 || t >= p->g->nt || !p->arena) return NULL;
+    if (p->poff[t] >= 0) return (float *)(p->arena + p->poff[t]);
+    /* in a list scheduled before stat nodes were added, ids above its graph
+     * tensors are recomputed copies, not those nodes' outputs */
+    if (!p->last || !p->retain[t] || t >= p->last->ntensors || p->last->origin[t] != t || p->last->off[t] < 0)
+        return NULL;
+    return (float *)(p->arena + p->last->off[t]);
+}
+
+static int copy_failed(ck_program *p, int t, const char *what)
+{
+    snprintf(p->err, sizeof p->err, "%s '%s' %s the %s device: %s", what, p->g->t[t].name ? p->g->t[t].name : "a tensor",
+             what[0] == 'r' ? "from" : "to", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
+}
+
+/* The host memory for tensor t's values as fp32: the arena itself on the CPU
+ * for fp32 tensors, else the stage: fp32 values, then room for the stored
+ * bytes of a bf16 or fp8 tensor. keep: filled with the current values. */
+static float *host_of(ck_program *p, int t, float *x, int keep)
+{
+    const ck_tensor *tt = &p->g->t[t];
+    if (p->be->host && tt->dtype == CK_F32) return x;
+    int64_t n = ck_shape_numel(&tt->shape);
+    size_t f32 = (size_t)n * sizeof(float), raw = tt->dtype == CK_F32 ? 0 : ck_tensor_bytes(tt);
+    if (f32 + raw > p->stage_bytes) {
+        float *s = malloc(f32 + raw ? f32 + raw : 1);
+        if (!s) {
+            snprintf(p->err, sizeof p->err, "out of host memory for a copy of %zu bytes", f32 + raw);
+            return NULL;
+        }
+        free(p->stage);
+        p->stage = s;
+        p->stage_bytes = f32 + raw;
+    }
+    if (!keep) return p->stage;
+    p->be->enter();
+    if (!raw) return p->be->download(p->stage, x, f32) && copy_failed(p, t, "reading") ? NULL : p->stage;
+    void *h = (char *)p->stage + f32;
+    if (p->be->download(h, x, raw)) {
+        copy_failed(p, t, "reading");
+        return NULL;
+    }
+    if (tt->dtype == CK_F8E4M3)
+        for (int64_t i = 0; i < n; i++) p->stage[i] = ck_f8e4m3_values[((const uint8_t *)h)[i]];
+    else if (tt->dtype == CK_U8)
+        for (int64_t i = 0; i < n; i++) p->stage[i] = (float)((const uint8_t *)h)[i];
+    else
+        ck_bf16_load(p->stage, (const uint16_t *)h, n);
+    return p->stage;
+}
+
+const float *ck_program_read(ck_program *p, int t)
+{
+    p->err[0] = 0;
+    float *x = ck_program_data(p, t);
+    return x ? host_of(p, t, x, 1) : NULL;
+}
+
+float *ck_program_write_begin(ck_program *p, int t, int keep)
+{
+    p->err[0] = 0;
+    float *x = ck_program_data(p, t);
+    return x ? host_of(p, t, x, keep) : NULL;
+}
+
+int ck_program_write_end(ck_program *p, int t)
+{
+    const ck_tensor *tt = &p->g->t[t];
+    if (p->be->host && tt->dtype == CK_F32) return 0;
+    float *x = ck_program_data(p, t);
+    if (!x) return -1;
+    int64_t n = ck_shape_numel(&tt->shape);
+    const void *src = p->stage;
+    void *h = (char *)p->stage + (size_t)n * sizeof(float);
+    if (tt->dtype == CK_F8E4M3) {
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t v = ck_f8e4m3_encode(p->stage[i]);
+            if ((v & 0x7f) == 0x7f && !isnan(p->stage[i])) { /* a number the cast would make NaN */
+                snprintf(p->err, sizeof p->err,
+                         "'%s' holds %g at element %lld, beyond what fp8 (e4m3) stores (largest %g): store it in "
+                         "bf16 or fp32", tt->name ? tt->name : "a tensor", (double)p->stage[i], (long long)i,
+                         (double)CK_F8E4M3_MAX);
+                return -1;
+            }
+            ((uint8_t *)h)[i] = v;
+        }
+        src = h;
+    } else if (tt->dtype == CK_U8) {
+        for (int64_t i = 0; i < n; i++) {
+            const float v = p->stage[i];
+            if (!(v >= 0.0f && v <= 255.0f && v == floorf(v))) {
+                snprintf(p->err, sizeof p->err, "'%s' holds %g at element %lld: its values are bytes (0 to 255)",
+                         tt->name ? tt->name : "a tensor", (double)v, (long long)i);
+                return -1;
+            }
+            ((uint8_t *)h)[i] = (uint8_t)v;
+        }
+        src = h;
+    } else if (tt->dtype != CK_F32) {
+        ck_bf16_store((uint16_t *)h, p->stage, n);
+        src = h;
+    }
+    p->be->enter();
+    return p->be->upload(x, src, ck_tensor_bytes(tt)) ? copy_failed(p, t, "writing") : 0;
+}

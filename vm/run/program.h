@@ -1,0 +1,151 @@
+/* A compiled program: the differentiated graph, its op lists (a training step
+ * and a forward-only pass), the memory plan of each, and the one arena that
+ * holds every byte they use. */
+#ifndef CK_PROGRAM_H
+#define CK_PROGRAM_H
+
+#include "plan/plan.h"
+#include "run/exec.h"
+
+typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW, CK_OPTIM_LION, CK_OPTIM_ADAMW8 } ck_optim;
+
+typedef struct ck_compile_opts {
+    int loss;          /* tensor id, -1 for a forward-only program */
+    const int *outputs; /* tensors the host reads after a run */
+    int noutputs;
+    ck_optim optim;
+    float lr, beta1, beta2, eps, weight_decay;
+    float max_grad_norm; /* > 0: gradients scaled as torch.nn.utils.clip_grad_norm_ does before the update */
+    int accumulate;      /* > 1: gradients summed over this many steps, the update every accumulate-th step */
+    int fused_backward;  /* each update runs as soon as its gradient is complete (kohya's --fused_backward_pass) */
+    uint64_t seed;
+    int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
+    int plan_only;     /* plan, allocate nothing: the program cannot run */
+    ck_dtype storage;  /* CK_BF16 / CK_F16: plan 16-bit activations and frozen weights (plan_only) */
+    ck_dtype frozen;   /* frozen weights' storage (CK_BF16, CK_F8E4M3); CK_F32: as storage */
+    ck_decide_fn decide; /* the checkpoint policy; NULL keeps every activation */
+    void *decide_ud;
+    const ck_backend *be; /* where the program runs and its arena lives; NULL: the CPU */
+} ck_compile_opts;
+
+/* Statistics that logging steps compute (vm/run/logstats.c), by group. */
+enum { CK_STATS_GRADS = 1, CK_STATS_ACTS = 2, CK_STATS_ALL = 3 };
+
+/* One statistic: a stat node of the graph reducing one tensor. Stat nodes have
+ * phase BACKWARD, so no checkpoint policy sees them; only the logging lists
+ * run them. */
+typedef struct ck_stat {
+    int group;  /* CK_STATS_GRADS: SUMSQ of a parameter's gradient; CK_STATS_ACTS: STATS of a block output */
+    int node;   /* the stat node */
+    int src;    /* the tensor it reduces */
+    int out;    /* its output: [1] squared norm, or [3] mean, std, absmax */
+    int param;  /* grads: the parameter; -1 otherwise */
+    int block;  /* index into ck_program.blocks */
+    int placed; /* 1 when the training list makes src (the logging lists run it) */
+} ck_stat;
+
+typedef struct ck_program {
+    ck_graph *g;
+    int loss;
+    int *retain;       /* per tensor: readable after the list ends */
+    ck_plan train;     /* forward, backward, optimizer (n == 0 without a loss) */
+    ck_plan eval;      /* forward only: the loss and the outputs */
+    size_t persistent; /* bytes of parameters, inputs and optimizer state */
+    int64_t *poff;     /* per tensor: offset of a persistent tensor, -1 otherwise */
+    const ck_backend *be;
+    unsigned char *arena; /* the backend's memory: device memory on a GPU */
+    size_t arena_bytes;
+    float *stage;      /* host copy of one tensor on a device backend (ck_program_read) */
+    size_t stage_bytes;
+    ck_compile_opts opt;
+    int64_t step;      /* steps taken */
+    int64_t updates;   /* optimizer updates applied (steps taken less those a guard skipped) */
+    int eval_mode;     /* forward passes evaluate (no dropout); steps always train */
+    /* gradient accumulation (opt.accumulate > 1): the sums (persistent, zeroed
+     * after each update), the graph nodes that add into them (the first
+     * entries of the optimizer's tail), and the steps summed since the update */
+    int *accums;
+    int naccum;
+    int accum_nodes[2]; /* [first, end) */
+    int64_t micro;
+    const ck_plan *last;
+    /* set from another thread to stop a run between two ops (NULL: never) */
+    const volatile int *interrupt;
+    /* logging: the training list plus stat entries, per stats mask ([0] unused,
+     * n == 0 where not built), the statistics and the block names they use */
+    ck_plan logplan[CK_STATS_ALL + 1];
+    ck_stat *stats;
+    int nstats;
+    char **blocks;
+    int nblocks;
+    unsigned stat_groups;
+    /* when non-NULL, seconds spent per op kind (CK_OP_COUNT entries): ck_exec adds to it */
+    double *profile;
+    char err[512];
+} ck_program;
+
+ck_program *ck_compile(const ck_graph *g, const ck_compile_opts *o, char *err, size_t errlen);
+/* What "auto" means: "cuda" when a CUDA device is present, else "cpu" (looks,
+ * opens nothing). */
+const char *ck_default_device(void);
+/* The backend called "cpu" or "cuda"; "auto" (or NULL): ck_default_device(). plan_only: "cuda" without a device is its
+ * rules alone (ck_backend_cuda_plan). NULL with the reason in err. */
+const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, size_t errlen);
+/* The device memory a program with an arena of `arena` bytes takes on be: the
+ * arena rounded up to the allocator's pages, plus the backend's fixed bytes
+ * (the arena alone on the CPU). */
+size_t ck_device_bytes(const ck_backend *be, size_t arena);
+void ck_program_free(ck_program *p);
+/* One training step (forward, backward, optimizer). 0 or -1 with p->err. */
+int ck_program_step(ck_program *p);
+/* The forward pass only. */
+int ck_program_forward(ck_program *p);
+
+/* A training step as a logging script asks for it. */
+typedef struct ck_run_opts {
+    unsigned stats; /* run the logging list of these stat groups (0: the plain list) */
+    int guard;      /* check the loss and the gradients before the update; skip it when any is non-finite */
+    int measure;    /* measure the arena's high-water mark (sentinel fill and scan) */
+} ck_run_opts;
+
+typedef struct ck_run_info {
+    const ck_plan *plan;  /* the list that ran */
+    int nonfinite;        /* guard: the loss or a gradient was non-finite; the update was not applied */
+    int loss_nonfinite;   /* the loss was */
+    int bad_entry;        /* nonfinite: the first list entry whose output held a non-finite value, -1 */
+    int bad_input;        /* a parameter or input of that entry holding non-finite values, -1 */
+    size_t high_water;    /* measure: bytes from the arena's start to the last byte the step wrote */
+} ck_run_info;
+/* 0 or -1 with p->err. On a non-finite step (guard) the list up to the
+ * optimizer runs a second time checking every output, to name the first op
+ * that made a non-finite value; steps that are finite pay for one scan of the
+ * loss and the gradients. */
+int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r);
+
+/* vm/run/logstats.c: adds the stat nodes of the groups asked for (gradient norms
+ * of every trainable parameter, statistics of every block's output) and builds
+ * a logging list per combination of groups, each planned like the training
+ * list; grows the arena when one needs more. A block is the prefix of a scope
+ * that one of the patterns matches ('*' matches one dotted component), or else
+ * the scope's first component. Once per program. 0 or -1 with err. */
+int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *patterns, int npatterns, char *err,
+                         size_t errlen);
+/* Where a tensor's values are in the arena (a device address on a GPU), or
+ * NULL if the last run did not keep it. */
+float *ck_program_data(ck_program *p, int t);
+/* A tensor's values on the host, valid until the next read, write or run of
+ * p: the arena itself on the CPU, a copy on a device. NULL when the last run
+ * did not keep it (p->err empty) or the copy failed (p->err says why). */
+const float *ck_program_read(ck_program *p, int t);
+/* Host memory for a tensor's new values: write them, then call
+ * ck_program_write_end (which uploads them on a device). keep: the memory
+ * starts with the current values (for partial writes). NULL as for
+ * ck_program_read. */
+float *ck_program_write_begin(ck_program *p, int t, int keep);
+int ck_program_write_end(ck_program *p, int t);
+
+/* One training step on an arena first filled with a sentinel; *high_water gets
+ * the offset just past the last byte the step wrote: the measured peak. */
+int ck_program_step_measured(ck_program *p, size_t *high_water);
+
+#endif

@@ -1,0 +1,30 @@
+/* Shared text helpers (vm/util/text.h). */
+#include "util/text.h"
+
+#include <stdio.h>
+#include <string.h>
+
+size_t ck_scope_match(const char *pattern, const char *name)
+{
+    const char *p = pattern, *s = name;
+    if (!*p || !*s) return 0;
+    for (;;) {
+        size_t pl = strcspn(p, "."), sl = strcspn(s, ".");
+        if (sl == 0) return 0;
+        if (!(pl == 1 && p[0] == '*') && (pl != sl || strncmp(p, s, pl) != 0)) return 0;
+        p += pl;
+        s += sl;
+        if (!*p) return (size_t)(s - name);
+        if (!*s) return 0;
+        p++;
+        s++;
+    }
+}
+
+void ck_bytes_text(size_t n, char *buf, size_t len)
+{
+    const size_t gib = (size_t)1 << 30, mib = (size_t)1 << 20;
+    if (n >= gib && n % gib == 0) snprintf(buf, len, "%zu GiB", n >> 30);
+    else if (n >= mib && n % mib == 0) snprintf(buf, len, "%zu MiB", n >> 20);
+    else snprintf(buf, len, "%zu bytes", n);
+}

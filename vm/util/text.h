@@ -1,0 +1,15 @@
+/* Small text helpers shared across the runtime: dotted scope patterns and
+ * byte counts in words. A leaf: it uses nothing of ckrun. */
+#ifndef CK_TEXT_H
+#define CK_TEXT_H
+
+#include <stddef.h>
+
+/* Length of the prefix of name that pattern matches component by component
+ * ('*' matches one dotted component), or 0: "down_blocks.*.resnets.*"
+ * matches "down_blocks.1.resnets.0.conv1" in its first 22 characters. */
+size_t ck_scope_match(const char *pattern, const char *name);
+/* n as "N GiB" or "N MiB" when it is a whole number of them, else "N bytes" */
+void ck_bytes_text(size_t n, char *buf, size_t len);
+
+#endif

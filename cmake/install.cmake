@@ -17,6 +17,7 @@ target_compile_definitions(ck_objs PRIVATE CK_STDLIB_INSTALL_DIR="${CMAKE_INSTAL
 
 # installed binaries keep finding the OpenMP build of OpenBLAS
 get_filename_component(CK_OPENBLAS_DIR ${OPENBLAS_LIB} DIRECTORY)
+get_filename_component(CK_JANSSON_DIR ${JANSSON_LIB} DIRECTORY)
 set_target_properties(ckrun ck_shared ck_module PROPERTIES INSTALL_RPATH "${CK_OPENBLAS_DIR}")
 
 install(TARGETS ckrun RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
@@ -42,6 +43,7 @@ install(CODE "
   set(includedir \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_INCLUDEDIR}\")
   set(version \"${PROJECT_VERSION}\")
   set(openblas \"-L${CK_OPENBLAS_DIR} -lopenblas\")
+  set(jansson \"-L${CK_JANSSON_DIR} -ljansson\")
   string(MD5 ck_pc_tag \"\${CMAKE_INSTALL_PREFIX}\")
   configure_file(\"${CMAKE_SOURCE_DIR}/cmake/ck.pc.in\" \"${CMAKE_BINARY_DIR}/ck-\${ck_pc_tag}.pc\" @ONLY)
   file(INSTALL \"${CMAKE_BINARY_DIR}/ck-\${ck_pc_tag}.pc\"

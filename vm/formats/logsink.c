@@ -5,6 +5,8 @@
  * thread writes what is queued at least once per flush interval. */
 #include "formats/logsink.h"
 
+#include "formats/json.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -93,78 +95,6 @@ void ck_log_rec_close(ck_log_rec *r)
 
 /* ---- JSON */
 
-typedef struct sbuf {
-    char **p;
-    size_t *len, *cap;
-    int failed;
-} sbuf;
-
-static void sput(sbuf *b, const char *s, size_t n)
-{
-    if (b->failed) return;
-    if (*b->len + n + 1 > *b->cap) {
-        size_t cap = *b->cap ? *b->cap : 1024;
-        while (cap < *b->len + n + 1) cap *= 2;
-        char *q = realloc(*b->p, cap);
-        if (!q) {
-            b->failed = 1;
-            return;
-        }
-        *b->p = q;
-        *b->cap = cap;
-    }
-    memcpy(*b->p + *b->len, s, n);
-    *b->len += n;
-    (*b->p)[*b->len] = 0;
-}
-
-static void sputs(sbuf *b, const char *s) { sput(b, s, strlen(s)); }
-
-static void json_string(sbuf *b, const char *s, size_t n)
-{
-    sput(b, "\"", 1);
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
-        sput(b, s + run, i - run);
-        char esc[8];
-        if (c == '"') sputs(b, "\\\"");
-        else if (c == '\\') sputs(b, "\\\\");
-        else if (c == '\n') sputs(b, "\\n");
-        else if (c == '\t') sputs(b, "\\t");
-        else {
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            sputs(b, esc);
-        }
-        run = i + 1;
-    }
-    sput(b, s + run, n - run);
-    sput(b, "\"", 1);
-}
-
-/* Short text that reads back as the same value: a float (what tensors hold)
- * as 7 digits when those read back as that float, else 9 (always enough); a
- * double as 15 digits when those read back, else 17. */
-static void json_number(sbuf *b, double v)
-{
-    char t[32];
-    if (isnan(v)) sputs(b, "\"NaN\"");
-    else if (isinf(v)) sputs(b, v > 0 ? "\"Infinity\"" : "\"-Infinity\"");
-    else if (v == floor(v) && fabs(v) < 1e15) {
-        snprintf(t, sizeof t, "%.0f", v);
-        sputs(b, t);
-    } else if ((double)(float)v == v) {
-        snprintf(t, sizeof t, "%.7g", v);
-        if (strtof(t, NULL) != (float)v) snprintf(t, sizeof t, "%.9g", v);
-        sputs(b, t);
-    } else {
-        snprintf(t, sizeof t, "%.15g", v);
-        if (strtod(t, NULL) != v) snprintf(t, sizeof t, "%.17g", v);
-        sputs(b, t);
-    }
-}
-
 static uint32_t rd32(const unsigned char *p)
 {
     uint32_t v;
@@ -172,81 +102,99 @@ static uint32_t rd32(const unsigned char *p)
     return v;
 }
 
-int ck_log_rec_json(const ck_log_rec *r, char **out, size_t *len, size_t *cap)
+/* A number as the line holds it: NaN and infinities as strings (JSON has
+ * none), whole values as integers, others with 17 digits (CK_JSON_PRECISION),
+ * which read back as the same double. */
+static json_t *number(double v)
 {
-    sbuf b = {out, len, cap, 0};
-    char t[64];
-    int first[64], is_array[64], depth = 0;
-    sputs(&b, "{");
-    first[0] = 1;
-    is_array[0] = 0;
-    if (r->step >= 0) {
-        snprintf(t, sizeof t, "\"step\":%lld", (long long)r->step);
-        sputs(&b, t);
-        first[0] = 0;
-    }
-    snprintf(t, sizeof t, "%s\"time\":%.6f", first[0] ? "" : ",", r->time);
-    sputs(&b, t);
-    first[0] = 0;
+    if (isnan(v)) return json_string("NaN");
+    if (isinf(v)) return json_string(v > 0 ? "Infinity" : "-Infinity");
+    if (v == floor(v) && fabs(v) < 1e15) return json_integer((json_int_t)v);
+    return json_real(v);
+}
+
+/* the record's values as a tree: an object for the top level */
+static json_t *rec_tree(const ck_log_rec *r)
+{
+    json_t *stack[64];
+    int depth = 0;
+    json_t *root = json_object();
+    if (!root) return NULL;
+    stack[0] = root;
     for (size_t i = 0; i < r->len;) {
         unsigned char type = r->buf[i++];
         if (type == 'c') {
-            sputs(&b, is_array[depth] ? "]" : "}");
             if (depth > 0) depth--;
             continue;
         }
         uint32_t kl = rd32(r->buf + i);
         const char *key = (const char *)r->buf + i + 4;
         i += 4 + kl;
-        if (!first[depth]) sputs(&b, ",");
-        first[depth] = 0;
-        if (!is_array[depth]) {
-            json_string(&b, key, kl);
-            sputs(&b, ":");
-        }
+        json_t *v = NULL;
         switch (type) {
-        case 'o':
-        case 'a':
-            sputs(&b, type == 'a' ? "[" : "{");
-            if (depth + 1 >= 64) return -1;
-            depth++;
-            first[depth] = 1;
-            is_array[depth] = type == 'a';
-            break;
+        case 'o': v = json_object(); break;
+        case 'a': v = json_array(); break;
         case 'n': {
-            double v;
-            memcpy(&v, r->buf + i, 8);
+            double d;
+            memcpy(&d, r->buf + i, 8);
             i += 8;
-            json_number(&b, v);
+            v = number(d);
             break;
         }
         case 'i': {
-            int64_t v;
-            memcpy(&v, r->buf + i, 8);
+            int64_t n;
+            memcpy(&n, r->buf + i, 8);
             i += 8;
-            snprintf(t, sizeof t, "%lld", (long long)v);
-            sputs(&b, t);
+            v = json_integer((json_int_t)n);
             break;
         }
         case 's': {
             uint32_t n = rd32(r->buf + i);
-            json_string(&b, (const char *)r->buf + i + 4, n);
+            v = ck_json_text((const char *)r->buf + i + 4, n);
             i += 4 + n;
             break;
         }
         case 'b':
-            sputs(&b, r->buf[i] ? "true" : "false");
+            v = json_boolean(r->buf[i]);
             i += 1;
             break;
-        default: return -1;
+        default: break;
         }
+        json_t *parent = stack[depth];
+        int rc = !v ? -1 : json_is_array(parent) ? json_array_append(parent, v) : ck_json_set(parent, key, kl, json_incref(v));
+        if (rc || ((type == 'o' || type == 'a') && depth + 1 >= 64)) {
+            json_decref(v);
+            json_decref(root);
+            return NULL;
+        }
+        if (type == 'o' || type == 'a') stack[++depth] = v;
+        json_decref(v);
     }
-    while (depth > 0) { /* an unclosed object: close it rather than write a broken line */
-        sputs(&b, is_array[depth] ? "]" : "}");
-        depth--;
+    return root;
+}
+
+int ck_log_rec_json(const ck_log_rec *r, char **out, size_t *len, size_t *cap)
+{
+    json_t *fields = rec_tree(r);
+    if (!fields) return -1;
+    /* step and the capture time head the line; the time keeps its microseconds
+     * (%.6f), which no one jansson precision writes for every time. The
+     * fields' object follows, its opening brace turned into the comma after
+     * the time. */
+    char head[80];
+    int hl = r->step >= 0 ? snprintf(head, sizeof head, "{\"step\":%lld,\"time\":%.6f", (long long)r->step, r->time)
+                          : snprintf(head, sizeof head, "{\"time\":%.6f", r->time);
+    size_t at = *len + (size_t)hl;
+    int rc = ck_json_put(head, (size_t)hl, out, len, cap) || ck_json_append(fields, CK_JSON_COMPACT, out, len, cap);
+    json_decref(fields);
+    if (rc) return -1;
+    if ((*out)[at + 1] == '}') { /* no fields: "{}" closes the head */
+        (*out)[at] = '}';
+        *len = at + 1;
+    } else {
+        (*out)[at] = ',';
     }
-    sputs(&b, "}\n");
-    return b.failed ? -1 : 0;
+    return ck_json_put("\n", 1, out, len, cap);
 }
 
 /* ---- the logger */

@@ -3,6 +3,8 @@
  * in a message naming the file, never a crash or a silently odd tensor. */
 #define _POSIX_C_SOURCE 200809L
 #include "formats/safetensors.h"
+#include "formats/json.h"
+#include "../../ops/bf16.h"
 #include "../../ops/fp8.h"
 
 #include <errno.h>
@@ -79,31 +81,6 @@ static shown show(const char *name)
     return o;
 }
 
-/* Offset of the first invalid UTF-8 sequence (overlong forms, surrogates and
- * code points past U+10FFFF included), or n if there is none. */
-static size_t utf8_bad(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) { i++; continue; }
-        size_t len;
-        uint32_t cp, min;
-        if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; min = 0x80; }
-        else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; min = 0x800; }
-        else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; min = 0x10000; }
-        else return i;
-        if (n - i < len) return i;
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return i;
-            cp = cp << 6 | (s[i + k] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-        i += len;
-    }
-    return n;
-}
-
 /* Scalar conversions */
 
 static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
@@ -143,19 +120,11 @@ float ck_st_f16_to_f32(uint16_t h)
     return bits_f32(sign | (e << 23) | ((m & 0x3FFu) << 13));
 }
 
-uint16_t ck_st_f32_to_bf16(float x)
-{
-    uint32_t u = f32_bits(x);
-    /* Rounding a NaN could carry into the sign or clear the payload. */
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+/* bf16 is the kernels' own conversion (ops/bf16.h), so a saved bf16 tensor
+ * holds the bits the executor stores */
+uint16_t ck_st_f32_to_bf16(float x) { return ck_bf16_from_f32(x); }
 
-float ck_st_bf16_to_f32(uint16_t h)
-{
-    return bits_f32((uint32_t)h << 16);
-}
+float ck_st_bf16_to_f32(uint16_t h) { return ck_f32_from_bf16(h); }
 
 /* The file */
 
@@ -527,7 +496,7 @@ static int parse_meta(parser *p)
 static int parse_header(parser *p)
 {
     int seen_meta = 0;
-    size_t badu = utf8_bad(p->s, p->n);
+    size_t badu = ck_utf8_valid((const char *)p->s, p->n);
     if (badu < p->n) return bad(p, "header is not valid UTF-8 (byte %zu)", badu);
     if (p->n == 0 || p->s[0] != '{') return bad(p, "header is not a JSON object (it must start with '{')");
     p->pos = 1;
@@ -883,7 +852,7 @@ static char *dupstr(const char *s)
 static int valid_utf8(const char *s)
 {
     size_t n = strlen(s);
-    return utf8_bad((const unsigned char *)s, n) == n;
+    return ck_utf8_valid(s, n) == n;
 }
 
 ck_st_writer *ck_st_writer_new(void)
@@ -998,54 +967,6 @@ int ck_st_writer_add(ck_st_writer *w, const char *name, ck_st_dtype dtype, int n
     return 0;
 }
 
-typedef struct sbuf { char *p; size_t n, cap; int oom; } sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->cap - b->n < n + 1) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap - b->n < n + 1) {
-            if (cap > SIZE_MAX / 2) { b->oom = 1; return; }
-            cap *= 2;
-        }
-        char *p = realloc(b->p, cap);
-        if (!p) { b->oom = 1; return; }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_json(sbuf *b, const char *s)
-{
-    sb_put(b, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char esc[8];
-        switch (c) {
-        case '"': sb_put(b, "\\\"", 2); break;
-        case '\\': sb_put(b, "\\\\", 2); break;
-        case '\n': sb_put(b, "\\n", 2); break;
-        case '\r': sb_put(b, "\\r", 2); break;
-        case '\t': sb_put(b, "\\t", 2); break;
-        case '\b': sb_put(b, "\\b", 2); break;
-        case '\f': sb_put(b, "\\f", 2); break;
-        default:
-            if (c < 0x20) {
-                snprintf(esc, sizeof esc, "\\u%04x", c);
-                sb_put(b, esc, 6);
-            } else {
-                sb_put(b, (const char *)&c, 1);
-            }
-        }
-    }
-    sb_put(b, "\"", 1);
-}
-
 static int cmp_wtensor(const void *a, const void *b)
 {
     return strcmp(((const wtensor *)a)->name, ((const wtensor *)b)->name);
@@ -1056,42 +977,47 @@ static int cmp_wmeta(const void *a, const void *b)
     return strcmp(((const wmeta *)a)->key, ((const wmeta *)b)->key);
 }
 
-/* JSON header: __metadata__ first, then tensors by name, laid out in the same
- * order; padded with spaces so the data starts 8-byte aligned. */
-static int build_header(ck_st_writer *w, sbuf *b, const char *path, char *err, size_t errlen)
+typedef struct hbuf { char *p; size_t n, cap; } hbuf;
+
+static json_t *tensor_entry(const wtensor *t, uint64_t off)
 {
-    char num[64];
-    uint64_t off = 0;
-    sb_str(b, "{");
-    if (w->nm) {
-        sb_str(b, "\"__metadata__\":{");
-        for (int i = 0; i < w->nm; i++) {
-            if (i) sb_str(b, ",");
-            sb_json(b, w->m[i].key);
-            sb_str(b, ":");
-            sb_json(b, w->m[i].value);
-        }
-        sb_str(b, "}");
+    json_t *e = json_object(), *shape = json_array();
+    int bad = !e || !shape;
+    for (int d = 0; !bad && d < t->ndim; d++) bad = json_array_append_new(shape, json_integer(t->shape[d]));
+    bad = bad || json_object_set_new(e, "dtype", json_string(dtypes[t->dtype].name));
+    bad = bad || json_object_set(e, "shape", shape);
+    bad = bad || json_object_set_new(e, "data_offsets", json_pack("[II]", (json_int_t)off,
+                                                                 (json_int_t)(off + (uint64_t)t->nbytes)));
+    json_decref(shape);
+    if (bad) {
+        json_decref(e);
+        return NULL;
     }
-    for (int i = 0; i < w->n; i++) {
+    return e;
+}
+
+/* JSON header: __metadata__ first, then tensors by name, laid out in the same
+ * order (jansson keeps insertion order); padded with spaces so the data
+ * starts 8-byte aligned. */
+static int build_header(ck_st_writer *w, hbuf *b, const char *path, char *err, size_t errlen)
+{
+    uint64_t off = 0;
+    json_t *h = json_object();
+    int bad = !h;
+    if (!bad && w->nm) {
+        json_t *m = json_object();
+        bad = !m || json_object_set_new_nocheck(h, "__metadata__", m);
+        for (int i = 0; !bad && i < w->nm; i++) bad = json_object_set_new(m, w->m[i].key, json_string(w->m[i].value));
+    }
+    for (int i = 0; !bad && i < w->n; i++) {
         const wtensor *t = &w->t[i];
-        if (i || w->nm) sb_str(b, ",");
-        sb_json(b, t->name);
-        sb_str(b, ":{\"dtype\":\"");
-        sb_str(b, dtypes[t->dtype].name);
-        sb_str(b, "\",\"shape\":[");
-        for (int d = 0; d < t->ndim; d++) {
-            snprintf(num, sizeof num, d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
-            sb_str(b, num);
-        }
-        snprintf(num, sizeof num, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off,
-                 off + (uint64_t)t->nbytes);
-        sb_str(b, num);
+        bad = json_object_set_new(h, t->name, tensor_entry(t, off));
         off += (uint64_t)t->nbytes;
     }
-    sb_str(b, "}");
-    while (b->n % 8) sb_str(b, " ");
-    if (b->oom) return fail(err, errlen, path, "out of memory building the header");
+    bad = bad || ck_json_append(h, CK_JSON_COMPACT, &b->p, &b->n, &b->cap);
+    json_decref(h);
+    while (!bad && b->n % 8) bad = ck_json_put(" ", 1, &b->p, &b->n, &b->cap);
+    if (bad) return fail(err, errlen, path, "out of memory building the header");
     if (b->n > CK_ST_MAX_HEADER)
         return fail(err, errlen, path, "header would be %zu bytes, over the limit of %d readers accept",
                     b->n, CK_ST_MAX_HEADER);
@@ -1139,7 +1065,7 @@ int ck_st_writer_save(ck_st_writer *w, const char *path, char *err, size_t errle
         if (!strcmp(w->m[i - 1].key, w->m[i].key))
             return fail(err, errlen, path, "duplicate __metadata__ key '%s'", show(w->m[i].key).s);
 
-    sbuf hb = {0};
+    hbuf hb = {0};
     if (build_header(w, &hb, path, err, errlen)) {
         free(hb.p);
         return -1;

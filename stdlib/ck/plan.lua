@@ -34,41 +34,12 @@ function M.fmt_bytes(b)
   return string.format("%d B", b)
 end
 
-local function json_string(s)
-  return '"' .. tostring(s):gsub('[%c"\\]', function(c)
-    local named = {['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t"}
-    return named[c] or string.format("\\u%04x", c:byte())
-  end) .. '"'
-end
-
--- JSON for strings, numbers, booleans, lists, and objects given as ordered
--- lists of {key, value} pairs (tag them with M.object)
-local OBJECT = {}
-function M.object(pairs_) return setmetatable(pairs_, OBJECT) end
-
-function M.json(v)
-  local t = type(v)
-  if t == "string" then return json_string(v) end
-  if t == "boolean" then return tostring(v) end
-  if t == "number" then
-    if v ~= v or v == math.huge or v == -math.huge then return "null" end
-    if math.type(v) == "integer" then return tostring(v) end
-    if v == math.floor(v) and math.abs(v) < 2 ^ 63 then return string.format("%d", v) end
-    return string.format("%.17g", v)
-  end
-  if t == "table" then
-    local parts = {}
-    if getmetatable(v) == OBJECT then
-      for _, kv in ipairs(v) do
-        if kv[2] ~= nil then parts[#parts + 1] = json_string(kv[1]) .. ": " .. M.json(kv[2]) end
-      end
-      return "{" .. table.concat(parts, ", ") .. "}"
-    end
-    for i = 1, #v do parts[i] = M.json(v[i]) end
-    return "[" .. table.concat(parts, ", ") .. "]"
-  end
-  return "null"
-end
+-- JSON on one line for strings, numbers, booleans, lists, and objects given
+-- as ordered lists of {key, value} pairs (tag them with M.object); NaN and
+-- infinities as null, whole floats as integers (ck.json_encode)
+M.object = ck.json_object
+local JSON_OPTS = {spaced = true, nonfinite = "null", whole_floats = "integer"}
+function M.json(v) return ck.json_encode(v, JSON_OPTS) end
 
 function M.xml_escape(s)
   return (tostring(s):gsub("[&<>\"]", {["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;"}))

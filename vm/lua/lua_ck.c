@@ -1326,6 +1326,7 @@ int luaopen_ck(lua_State *L)
     }
     lua_setfield(L, lib, "device");
     ck_lua_fs_register(L, lib);
+    ck_lua_json_register(L, lib);
     lua_pushstring(L, CK_VERSION);
     lua_setfield(L, lib, "version");
     lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");

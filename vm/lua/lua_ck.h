@@ -38,6 +38,8 @@ void ck_lua_log_register(lua_State *L, int lib, int methods);
 int ck_lua_log_step(lua_State *L, ck_program *p);
 /* vm/lua/lua_fs.c: ck.listdir, ck.mkdir, ck.isatty, ck.now */
 void ck_lua_fs_register(lua_State *L, int lib);
+/* vm/lua/lua_json.c: ck.json_encode, ck.json_decode, ck.json_object, ck.json_null */
+void ck_lua_json_register(lua_State *L, int lib);
 
 
 #endif

@@ -389,6 +389,76 @@ function M.timeline_svg(panels, opts)
   return table.concat(out)
 end
 
+---- the graph for external solvers
+
+M.GRAPH_SCHEMA = "ckrun.graph/1"
+
+local function sorted_ids(t)
+  local out = {}
+  for i, v in ipairs(t) do out[i] = v end
+  table.sort(out)
+  return out
+end
+
+-- one policy's figures on the exported graph, from its program's p:graph()
+local function policy_entry(name, gr, bytes_of)
+  local rec, bytes, nrec = sorted_ids(gr.recomputed), 0, 0
+  for _, id in ipairs(rec) do bytes = bytes + (bytes_of[id] or 0) end
+  for _, op in ipairs(gr.ops) do
+    if op.phase == "recompute" then nrec = nrec + 1 end
+  end
+  return ck.json_object{{"name", name}, {"peak_bytes", gr.peak}, {"live_peak_bytes", gr.live_peak},
+    {"activation_bytes", gr.activation_bytes}, {"step_flops", gr.step_flops}, {"recompute_flops", gr.recompute_flops},
+    {"ops", #gr.ops}, {"recompute_ops", nrec}, {"recomputed", rec}, {"recomputed_bytes", bytes}}
+end
+
+-- The training op list of a model as JSON at path (written whole, then
+-- renamed), for a solver that picks what to recompute (Checkmate's MILP):
+-- the ops and tensors of the list planned under policy none, and for each
+-- policy compared which tensors it recomputes, its peak and recompute FLOPs.
+-- model: a function(policy) -> program (plan_only will do), or a compiled
+-- program (then its own list is the graph, and policies must be given as
+-- {name =, graph = p:graph()}). policies: a list of policies, names
+-- ("diffusers", "budget:62%") or {name =, graph =}; a string is a --policies list.
+-- opts.info: {{key, value}, ...} recorded as "info". Returns the document.
+function M.export_graph(path, model, policies, opts)
+  opts = opts or {}
+  local build = type(model) == "function" and model or nil
+  local base = build and build(policy.none()) or model
+  assert(base and base.graph, "plan.export_graph: give a program or a function(policy) -> program")
+  local gr = base:graph()
+  local bytes_of = {}
+  for _, t in ipairs(gr.tensors) do bytes_of[t.origin or t.id] = bytes_of[t.origin or t.id] or t.bytes end
+  if type(policies) == "string" then policies = M.parse_policies(policies) end
+  local list = {}
+  for _, pol in ipairs(policies or {}) do
+    if type(pol) == "string" then pol = policy.parse(pol) end
+    if type(pol) == "table" and pol.graph then
+      list[#list + 1] = policy_entry(pol.name, pol.graph, bytes_of)
+    else
+      local name = policy.name(pol)
+      if not build then
+        list[#list + 1] = ck.json_object{{"name", name}, {"error", "export_graph was given a program, not a function(policy) that compiles one"}}
+      else
+        local ok, p = pcall(build, pol)
+        if ok then list[#list + 1] = policy_entry(name, p:graph(), bytes_of)
+        else list[#list + 1] = ck.json_object{{"name", name}, {"error", M.strip_where(p)}} end
+      end
+    end
+  end
+  local info = {}
+  for _, kv in ipairs(opts.info or {}) do info[#info + 1] = {kv[1], kv[2]} end
+  local doc = ck.json_object{
+    {"schema", M.GRAPH_SCHEMA}, {"ckrun_version", ck.version}, {"info", ck.json_object(info)},
+    {"base_policy", build and "none" or nil},
+    {"peak_bytes", gr.peak}, {"live_peak_bytes", gr.live_peak}, {"persistent_bytes", gr.persistent},
+    {"activation_bytes", gr.activation_bytes}, {"step_flops", gr.step_flops}, {"recompute_flops", gr.recompute_flops},
+    {"ops", gr.ops}, {"tensors", gr.tensors}, {"policies", list},
+  }
+  M.write_atomic(path, ck.json_encode(doc) .. "\n")
+  return doc
+end
+
 ---- the report
 
 local function own_name(o)
@@ -397,7 +467,7 @@ local function own_name(o)
 end
 
 -- plans every row; a policy that cannot be planned keeps its error in its row
-local function plan_rows(o, list, want_timeline)
+local function plan_rows(o, list, want_timeline, want_graph)
   local rows = {}
   local own = own_name(o)
   for _, pol in ipairs(list) do
@@ -414,6 +484,7 @@ local function plan_rows(o, list, want_timeline)
     if p then
       row.summary = M.summary(p)
       if want_timeline then row.timeline = p:timeline() end
+      if want_graph then row.graph = p:graph() end
     end
     rows[#rows + 1] = row
   end
@@ -579,7 +650,7 @@ function M.report(o)
   assert(type(o) == "table" and o.program, "plan.report: give {program = ..., checkpoint = ..., info = ...}")
   local list = ck.plan_policies and M.parse_policies(ck.plan_policies) or o.policies or {o.checkpoint or policy.none()}
   local svg = ck.plan_svg
-  local rows = plan_rows(o, list, svg ~= nil)
+  local rows = plan_rows(o, list, svg ~= nil, (o.export_graph or ck.plan_export_graph) ~= nil)
   local failed, errors = 0, {}
   for _, r in ipairs(rows) do
     if not r.summary then
@@ -606,6 +677,14 @@ function M.report(o)
     local panels = {}
     for _, r in ipairs(rows) do panels[#panels + 1] = {name = r.name, summary = r.summary, timeline = r.timeline, error = r.error} end
     M.write_atomic(svg, M.timeline_svg(panels, {title = title}))
+  end
+  -- --export-graph FILE (ck.plan_export_graph): the graph and the policies compared
+  local export = o.export_graph or ck.plan_export_graph
+  if export then
+    local model = o.build and function(pol) return o.build(o.batch, pol) end or o.program
+    local given = {}
+    for _, r in ipairs(rows) do given[#given + 1] = r.graph and {name = r.name, graph = r.graph} or r.policy end
+    M.export_graph(export, model, given, {info = o.info})
   end
   if ck.json then print_json(o, rows, limit, svg) else print_text(o, rows, limit, svg) end
   return rows

@@ -1299,6 +1299,7 @@ int luaopen_ck(lua_State *L)
     luaL_newlib(L, program_methods);
     ck_lua_st_register(L, lib, lua_gettop(L));
     ck_lua_log_register(L, lib, lua_gettop(L));
+    ck_lua_graph_register(L, lib, lua_gettop(L));
     lua_pushcclosure(L, l_program_index, 1);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_program_newindex);

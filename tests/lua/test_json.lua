@@ -24,6 +24,10 @@ do
   local ints = ck.json_decode(ck.json_encode{math.maxinteger, math.mininteger, 0, 1.0})
   T.ok(ints[1] == math.maxinteger and ints[2] == math.mininteger and math.type(ints[3]) == "integer" and
     math.type(ints[4]) == "float", "integers stay integers (64 bits) and 1.0 stays a float")
+  T.ok(ck.json_encode{0.003, 2.5, 0.1} == "[0.003,2.5,0.1]",
+    "reals are written as short as they read back: 15 digits when every one needs no more")
+  T.ok(ck.json_encode{0.1, 1 / 3} == "[0.10000000000000001,0.33333333333333331]",
+    "a real that needs 17 digits writes the whole dump at 17")
   T.ok(ck.json_encode({1.0, 2 ^ 40}, {whole_floats = "integer"}) == "[1,1099511627776]",
     "whole_floats = \"integer\" writes whole floats as integers")
 end

@@ -3,6 +3,7 @@
  * a record or a header is one contiguous write. */
 #include "formats/json.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,4 +113,11 @@ int ck_json_append(const json_t *v, size_t flags, char **out, size_t *len, size_
     sink b = {out, len, cap};
     if (ck_json_put("", 0, out, len, cap)) return -1; /* a buffer even for nothing written */
     return json_dump_callback(v, put, &b, flags) ? -1 : 0;
+}
+
+int ck_json_digits(double v)
+{
+    char t[32];
+    snprintf(t, sizeof t, "%.15g", v);
+    return strtod(t, NULL) == v ? 15 : 17;
 }

@@ -9,10 +9,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 17 significant digits: every double reads back as itself */
-#define CK_JSON_PRECISION 17
-/* one line, no spaces: what files hold */
-#define CK_JSON_COMPACT (JSON_COMPACT | JSON_REAL_PRECISION(CK_JSON_PRECISION))
+/* one line, no spaces: what files hold (the header's reals, if any, in 17
+ * digits: every double reads back as itself) */
+#define CK_JSON_COMPACT (JSON_COMPACT | JSON_REAL_PRECISION(17))
+
+/* The significant digits that write double v so that it reads back as
+ * itself: 15 when those do, else 17. jansson writes every real of one dump at
+ * one precision; a dump at the most digits any of its reals needs writes
+ * each as short as it can be (%g drops the zeros past a value's own). */
+int ck_json_digits(double v);
 
 /* A string from n bytes; invalid UTF-8 sequences become U+FFFD (jansson
  * holds only valid UTF-8). NULL when out of memory. */

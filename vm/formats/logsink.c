@@ -103,18 +103,32 @@ static uint32_t rd32(const unsigned char *p)
 }
 
 /* A number as the line holds it: NaN and infinities as strings (JSON has
- * none), whole values as integers, others with 17 digits (CK_JSON_PRECISION),
- * which read back as the same double. */
-static json_t *number(double v)
+ * none), whole values as integers, others as short text that reads back as
+ * the same value: a float (what tensors hold) in 7 digits when those read
+ * back as that float, else 9; a double in 15 when those read back, else 17.
+ * A float is replaced by the double nearest its short text, and *prec gets
+ * the most digits any value of the record needs (ck_json_digits). */
+static json_t *number(double v, int *prec)
 {
     if (isnan(v)) return json_string("NaN");
     if (isinf(v)) return json_string(v > 0 ? "Infinity" : "-Infinity");
     if (v == floor(v) && fabs(v) < 1e15) return json_integer((json_int_t)v);
+    char t[32];
+    int p;
+    if ((double)(float)v == v) {
+        p = 7;
+        snprintf(t, sizeof t, "%.7g", v);
+        if (strtof(t, NULL) != (float)v) snprintf(t, sizeof t, "%.*g", p = 9, v);
+        v = strtod(t, NULL);
+    } else {
+        p = ck_json_digits(v);
+    }
+    if (p > *prec) *prec = p;
     return json_real(v);
 }
 
 /* the record's values as a tree: an object for the top level */
-static json_t *rec_tree(const ck_log_rec *r)
+static json_t *rec_tree(const ck_log_rec *r, int *prec)
 {
     json_t *stack[64];
     int depth = 0;
@@ -138,7 +152,7 @@ static json_t *rec_tree(const ck_log_rec *r)
             double d;
             memcpy(&d, r->buf + i, 8);
             i += 8;
-            v = number(d);
+            v = number(d, prec);
             break;
         }
         case 'i': {
@@ -175,7 +189,8 @@ static json_t *rec_tree(const ck_log_rec *r)
 
 int ck_log_rec_json(const ck_log_rec *r, char **out, size_t *len, size_t *cap)
 {
-    json_t *fields = rec_tree(r);
+    int prec = 1;
+    json_t *fields = rec_tree(r, &prec);
     if (!fields) return -1;
     /* step and the capture time head the line; the time keeps its microseconds
      * (%.6f), which no one jansson precision writes for every time. The
@@ -185,7 +200,7 @@ int ck_log_rec_json(const ck_log_rec *r, char **out, size_t *len, size_t *cap)
     int hl = r->step >= 0 ? snprintf(head, sizeof head, "{\"step\":%lld,\"time\":%.6f", (long long)r->step, r->time)
                           : snprintf(head, sizeof head, "{\"time\":%.6f", r->time);
     size_t at = *len + (size_t)hl;
-    int rc = ck_json_put(head, (size_t)hl, out, len, cap) || ck_json_append(fields, CK_JSON_COMPACT, out, len, cap);
+    int rc = ck_json_put(head, (size_t)hl, out, len, cap) || ck_json_append(fields, JSON_COMPACT | JSON_REAL_PRECISION(prec), out, len, cap);
     json_decref(fields);
     if (rc) return -1;
     if ((*out)[at + 1] == '}') { /* no fields: "{}" closes the head */

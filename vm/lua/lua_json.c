@@ -54,6 +54,7 @@ typedef struct enc {
     int seen;          /* stack index of the set of tables on the current path */
     int max_depth;
     int nonfinite_null, whole_integers;
+    int digits;        /* the most any real needs (ck_json_digits): the dump's precision */
     char path[256];
     size_t plen;
 } enc;
@@ -258,6 +259,8 @@ static void encode(enc *e, int idx, int depth, json_t *parent, const char *key, 
         } else if (e->whole_integers && v == floor(v) && fabs(v) < 0x1p63) {
             attach(e, parent, key, klen, json_integer((json_int_t)v));
         } else {
+            const int d = ck_json_digits(v);
+            if (d > e->digits) e->digits = d;
             attach(e, parent, key, klen, json_real(v));
         }
         return;
@@ -316,7 +319,7 @@ static int l_json_encode(lua_State *L)
     memset(&e, 0, sizeof e);
     e.L = L;
     e.max_depth = DEFAULT_DEPTH;
-    size_t flags = JSON_ENCODE_ANY | JSON_REAL_PRECISION(CK_JSON_PRECISION) | JSON_COMPACT;
+    size_t flags = JSON_ENCODE_ANY | JSON_COMPACT;
     if (opt_field(L, opts, "indent", LUA_TNUMBER)) {
         lua_Integer n = lua_tointeger(L, -1);
         if (n < 0 || n > 31) ck_lua_raise(L, "json_encode: indent must be 0 to 31 spaces");
@@ -351,6 +354,7 @@ static int l_json_encode(lua_State *L)
     lua_newtable(L);
     e.seen = lua_gettop(L);
     encode(&e, 1, 0, NULL, NULL, 0);
+    if (e.digits) flags |= JSON_REAL_PRECISION(e.digits);
     if (ck_json_append(e.box->root, flags, &e.box->buf, &e.box->len, &e.box->cap))
         return luaL_error(L, "json_encode: out of memory");
     lua_pushlstring(L, e.box->buf, e.box->len);

@@ -937,29 +937,15 @@ static int push_loss(lua_State *L, ck_program *p)
     return 1;
 }
 
-/* p:step([{lr=, measure=}]) -> loss; with measure = true also the arena's
- * measured high-water mark (bytes), found by scanning a sentinel fill.
- * p:step{stats=, guard=, ...} -> loss, info: a logging step (vm/lua/lua_log.c) */
+/* p:step([{lr=, stats=, guard=, measure=}]) -> loss, info: always both, the
+ * loss first (nil without one) and a table of what the step measured
+ * (vm/lua/lua_log.c). measure = true adds info.high_water, the arena's
+ * measured high-water mark (bytes), found by scanning a sentinel fill. */
 static int l_step(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
     if (lua_istable(L, 2)) p->opt.lr = (float)opt_num(L, 2, "lr", p->opt.lr);
-    if (lua_istable(L, 2)) {
-        lua_getfield(L, 2, "stats");
-        lua_getfield(L, 2, "guard");
-        int logging = !lua_isnil(L, -1) || !lua_isnil(L, -2);
-        lua_pop(L, 2);
-        if (logging) return ck_lua_log_step(L, p);
-    }
-    if (opt_bool(L, 2, "measure", 0)) {
-        size_t hw = 0;
-        if (ck_program_step_measured(p, &hw)) return luaL_error(L, "%s", p->err);
-        if (!push_loss(L, p)) lua_pushnil(L);
-        lua_pushinteger(L, (lua_Integer)hw);
-        return 2;
-    }
-    if (ck_program_step(p)) return luaL_error(L, "%s", p->err);
-    return push_loss(L, p);
+    return ck_lua_log_step(L, p);
 }
 
 /* p:checksum(tensor|name [, "grad"]) -> hex digest of the bytes (FNV-1a 64) of a

@@ -908,7 +908,6 @@ void ck_model_close(ck_model *m)
 typedef struct modelcall {
     call c;
     ck_model *m;
-    int what; /* 0 step, 1 forward, 2 plan, 3 metrics, 4 set, 5 read, 6 shape */
     const char *tensor;
     const float *in;
     float *outp;
@@ -929,7 +928,15 @@ static lua_Integer int_field(lua_State *L, int t, const char *k)
     return v;
 }
 
-/* the program of m at index 2, the tensor name at 3; returns its id */
+/* the call's record at index 1; pushes m's program (index 2) */
+static modelcall *model_args(lua_State *L)
+{
+    modelcall *a = lua_touserdata(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, a->m->ref);
+    return a;
+}
+
+/* the program at index 2, the tensor name pushed at 3; returns its id */
 static int model_tensor(lua_State *L, modelcall *a, ck_program **pp)
 {
     *pp = ck_lua_program(L, 2);
@@ -940,75 +947,107 @@ static int model_tensor(lua_State *L, modelcall *a, ck_program **pp)
     return id;
 }
 
-static int p_model(lua_State *L)
+/* p:step() or p:forward() (method), its loss in a->loss; returns seconds taken */
+static double model_run(lua_State *L, modelcall *a, const char *method)
 {
-    modelcall *a = lua_touserdata(L, 1);
+    lua_getfield(L, 2, method);
+    lua_pushvalue(L, 2);
+    double t0 = now_s();
+    lua_call(L, 1, 1);
+    double dt = now_s() - t0;
+    a->loss = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : NAN;
+    a->m->loss = a->loss;
+    return dt;
+}
+
+static int p_model_step(lua_State *L)
+{
+    modelcall *a = model_args(L);
     ck_model *m = a->m;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref);
-    int prog = lua_gettop(L);
-    if (a->what <= 1) {
-        lua_getfield(L, prog, a->what ? "forward" : "step");
-        lua_pushvalue(L, prog);
-        double t0 = now_s();
-        lua_call(L, 1, 1);
-        double dt = now_s() - t0;
-        a->loss = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : NAN;
-        m->loss = a->loss;
-        if (a->what == 0) {
-            m->last_s = dt;
-            m->total_s += dt;
-            m->timed++;
-        }
-        return 0;
-    }
-    if (a->what == 2) {
-        lua_getfield(L, prog, "plan");
-        lua_pushvalue(L, prog);
-        lua_call(L, 1, 1);
-        int t = lua_gettop(L);
-        a->plan.peak = (size_t)int_field(L, t, "peak");
-        a->plan.persistent = (size_t)int_field(L, t, "persistent");
-        a->plan.transient = (size_t)int_field(L, t, "transient");
-        a->plan.workspace = (size_t)int_field(L, t, "workspace");
-        a->plan.arena = (size_t)int_field(L, t, "arena");
-        a->plan.device = (size_t)int_field(L, t, "device_bytes");
-        a->plan.ops = (int)int_field(L, t, "ops");
-        return 0;
-    }
-    if (a->what == 3) {
-        ck_lua_program(L, prog);
-        a->metrics.steps = (int64_t)int_field(L, prog, "steps");
-        lua_getfield(L, prog, "lr");
-        a->metrics.lr = lua_tonumber(L, -1);
-        a->metrics.loss = m->loss;
-        a->metrics.last_step_seconds = m->last_s;
-        a->metrics.mean_step_seconds = m->timed ? m->total_s / (double)m->timed : 0;
-        return 0;
-    }
+    double dt = model_run(L, a, "step");
+    m->last_s = dt;
+    m->total_s += dt;
+    m->timed++;
+    return 0;
+}
+
+static int p_model_forward(lua_State *L)
+{
+    model_run(L, model_args(L), "forward");
+    return 0;
+}
+
+static int p_model_plan(lua_State *L)
+{
+    modelcall *a = model_args(L);
+    lua_getfield(L, 2, "plan");
+    lua_pushvalue(L, 2);
+    lua_call(L, 1, 1);
+    int t = lua_gettop(L);
+    a->plan.peak = (size_t)int_field(L, t, "peak");
+    a->plan.persistent = (size_t)int_field(L, t, "persistent");
+    a->plan.transient = (size_t)int_field(L, t, "transient");
+    a->plan.workspace = (size_t)int_field(L, t, "workspace");
+    a->plan.arena = (size_t)int_field(L, t, "arena");
+    a->plan.device = (size_t)int_field(L, t, "device_bytes");
+    a->plan.ops = (int)int_field(L, t, "ops");
+    return 0;
+}
+
+static int p_model_metrics(lua_State *L)
+{
+    modelcall *a = model_args(L);
+    ck_model *m = a->m;
+    ck_lua_program(L, 2);
+    a->metrics.steps = (int64_t)int_field(L, 2, "steps");
+    lua_getfield(L, 2, "lr");
+    a->metrics.lr = lua_tonumber(L, -1);
+    a->metrics.loss = m->loss;
+    a->metrics.last_step_seconds = m->last_s;
+    a->metrics.mean_step_seconds = m->timed ? m->total_s / (double)m->timed : 0;
+    return 0;
+}
+
+static int p_model_shape(lua_State *L)
+{
+    modelcall *a = model_args(L);
+    ck_program *p;
+    int id = model_tensor(L, a, &p);
+    const ck_tensor *t = &p->g->t[id];
+    a->ndim = t->shape.ndim;
+    for (int d = 0; d < t->shape.ndim && d < CK_SHAPE_MAX; d++) a->dims[d] = t->shape.d[d];
+    return 0;
+}
+
+static int p_model_set(lua_State *L)
+{
+    modelcall *a = model_args(L);
     ck_program *p;
     int id = model_tensor(L, a, &p);
     const ck_tensor *t = &p->g->t[id];
     int64_t numel = ck_shape_numel(&t->shape);
     a->c.code = CK_EARG;
-    if (a->what == 6) {
-        a->ndim = t->shape.ndim;
-        for (int d = 0; d < t->shape.ndim && d < CK_SHAPE_MAX; d++) a->dims[d] = t->shape.d[d];
-        return 0;
+    if (p->poff[id] < 0) return luaL_error(L, "ck_model_set: '%s' is not an input or parameter", a->tensor);
+    if (!ck_program_data(p, id)) return luaL_error(L, "ck_model_set: a plan-only program holds no values");
+    if ((int64_t)a->n != numel) {
+        char s[128];
+        return luaL_error(L, "ck_model_set: '%s' %s has %d elements, got %d values", a->tensor,
+                          ck_shape_str(&t->shape, s, sizeof s), (int)numel, (int)a->n);
     }
-    if (a->what == 4) {
-        if (p->poff[id] < 0) return luaL_error(L, "ck_model_set: '%s' is not an input or parameter", a->tensor);
-        if (!ck_program_data(p, id)) return luaL_error(L, "ck_model_set: a plan-only program holds no values");
-        if ((int64_t)a->n != numel) {
-            char s[128];
-            return luaL_error(L, "ck_model_set: '%s' %s has %d elements, got %d values", a->tensor,
-                              ck_shape_str(&t->shape, s, sizeof s), (int)numel, (int)a->n);
-        }
-        float *x = ck_program_write_begin(p, id, 0);
-        if (!x) return luaL_error(L, "ck_model_set: %s", p->err);
-        memcpy(x, a->in, sizeof(float) * (size_t)numel);
-        if (ck_program_write_end(p, id)) return luaL_error(L, "ck_model_set: %s", p->err);
-        return 0;
-    }
+    float *x = ck_program_write_begin(p, id, 0);
+    if (!x) return luaL_error(L, "ck_model_set: %s", p->err);
+    memcpy(x, a->in, sizeof(float) * (size_t)numel);
+    if (ck_program_write_end(p, id)) return luaL_error(L, "ck_model_set: %s", p->err);
+    return 0;
+}
+
+static int p_model_read(lua_State *L)
+{
+    modelcall *a = model_args(L);
+    ck_program *p;
+    int id = model_tensor(L, a, &p);
+    int64_t numel = ck_shape_numel(&p->g->t[id].shape);
+    a->c.code = CK_EARG;
     const float *x = ck_program_read(p, id);
     if (!x && p->err[0]) return luaL_error(L, "ck_model_read: %s", p->err);
     if (!x)
@@ -1023,19 +1062,26 @@ static int p_model(lua_State *L)
     return 0;
 }
 
-static int model_call(ck_model *m, modelcall *a)
+/* runs f protected on m with the call's record a */
+static int model_call(ck_model *m, lua_CFunction f, modelcall *a)
 {
     if (!m) return CK_EARG;
     a->c.vm = m->vm;
     a->m = m;
-    if ((a->what >= 4) && !a->tensor) return set_error(m->vm, CK_EARG, "no tensor name");
-    return protected(m->vm, p_model, &a->c, NULL);
+    return protected(m->vm, f, &a->c, NULL);
+}
+
+/* the same for a call on one tensor, which must be named */
+static int tensor_call(ck_model *m, lua_CFunction f, modelcall *a)
+{
+    if (m && !a->tensor) return set_error(m->vm, CK_EARG, "no tensor name");
+    return model_call(m, f, a);
 }
 
 int ck_model_step(ck_model *m, double *loss)
 {
     modelcall a = {0};
-    int st = model_call(m, &a);
+    int st = model_call(m, p_model_step, &a);
     if (loss) *loss = st == CK_OK ? a.loss : NAN;
     return st;
 }
@@ -1043,8 +1089,7 @@ int ck_model_step(ck_model *m, double *loss)
 int ck_model_forward(ck_model *m, double *loss)
 {
     modelcall a = {0};
-    a.what = 1;
-    int st = model_call(m, &a);
+    int st = model_call(m, p_model_forward, &a);
     if (loss) *loss = st == CK_OK ? a.loss : NAN;
     return st;
 }
@@ -1052,9 +1097,8 @@ int ck_model_forward(ck_model *m, double *loss)
 int ck_model_plan(ck_model *m, ck_plan_info *out)
 {
     modelcall a = {0};
-    a.what = 2;
     if (!out) return m ? set_error(m->vm, CK_EARG, "ck_model_plan: NULL output") : CK_EARG;
-    int st = model_call(m, &a);
+    int st = model_call(m, p_model_plan, &a);
     if (st == CK_OK) *out = a.plan;
     return st;
 }
@@ -1062,9 +1106,8 @@ int ck_model_plan(ck_model *m, ck_plan_info *out)
 int ck_model_metrics(ck_model *m, ck_metrics *out)
 {
     modelcall a = {0};
-    a.what = 3;
     if (!out) return m ? set_error(m->vm, CK_EARG, "ck_model_metrics: NULL output") : CK_EARG;
-    int st = model_call(m, &a);
+    int st = model_call(m, p_model_metrics, &a);
     if (st == CK_OK) *out = a.metrics;
     return st;
 }
@@ -1072,23 +1115,21 @@ int ck_model_metrics(ck_model *m, ck_metrics *out)
 int ck_model_set(ck_model *m, const char *tensor, const float *values, size_t n)
 {
     modelcall a = {0};
-    a.what = 4;
     a.tensor = tensor;
     a.in = values;
     a.n = n;
     if (m && n && !values) return set_error(m->vm, CK_EARG, "ck_model_set: NULL values");
-    return model_call(m, &a);
+    return tensor_call(m, p_model_set, &a);
 }
 
 int ck_model_read(ck_model *m, const char *tensor, float *dst, size_t cap, size_t *numel)
 {
     modelcall a = {0};
-    a.what = 5;
     a.tensor = tensor;
     a.outp = dst;
     a.n = cap;
     a.numel = -1;
-    int st = model_call(m, &a);
+    int st = tensor_call(m, p_model_read, &a);
     if (numel && a.numel >= 0) *numel = (size_t)a.numel;
     return st;
 }
@@ -1097,10 +1138,9 @@ int ck_model_shape(ck_model *m, const char *tensor, int64_t dims[CK_SHAPE_MAX], 
 {
     int64_t tmp[CK_SHAPE_MAX];
     modelcall a = {0};
-    a.what = 6;
     a.tensor = tensor;
     a.dims = dims ? dims : tmp;
-    int st = model_call(m, &a);
+    int st = tensor_call(m, p_model_shape, &a);
     if (st == CK_OK && ndim) *ndim = a.ndim;
     return st;
 }

@@ -4,6 +4,7 @@
  * timing (p:profile) and readers for tests and tools (ck.read_events,
  * ck.crc32c). */
 #include "formats/logsink.h"
+#include "guard/host.h"
 #include "lua/lua_ck.h"
 #include "run/program.h"
 
@@ -41,10 +42,9 @@ static void on_sigterm(int sig)
 
 static int sigterm_hold(lua_State *L)
 {
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.interrupt");
-    volatile int *flag = lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    if (!flag) return 0; /* a stock lua5.4: nothing to stop the run with */
+    ck_host *host = ck_host_of(L);
+    if (!host) return 0; /* a stock lua5.4: nothing to stop the run with */
+    volatile int *flag = &host->lim.interrupt;
     if (term_refs++ == 0) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);

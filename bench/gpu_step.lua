@@ -205,7 +205,9 @@ for _, name in ipairs(names) do
     log("%s: compiled in %.1f s, planned peak %d bytes, fixed %d", name, row.compile_s, pl.peak, fixed)
     local losses = {}
     prepare(r, latent)
-    losses[1], row.measured_peak = p:step{measure = true}
+    local info
+    losses[1], info = p:step{measure = true}
+    row.measured_peak = info.high_water
     row.peak_match = row.measured_peak == pl.peak
     for _ = 1, warmup do
       prepare(r, latent)

@@ -125,7 +125,7 @@ local function table_setups()
       local _, info = s.p:step{stats = "all", guard = true, measure = true}
       s.measured = info.high_water
     else
-      s.measured = select(2, s.p:step{measure = true})
+      s.measured = select(2, s.p:step{measure = true}).high_water
     end
   end
   print(string.format("sdxl-tiny, %dx%d latents, batch 1, LoRA rank 4, AdamW; %d rounds", latent, latent, rounds))

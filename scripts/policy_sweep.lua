@@ -106,7 +106,9 @@ local function one_step(row, step)
   r.objective:prepare(p, given)
   local t0 = ck.now()
   if step == 1 then
-    row.loss, row.measured = p:step{measure = true}
+    local info
+    row.loss, info = p:step{measure = true}
+    row.measured = info.high_water
   else
     row.loss = p:step()
     row.times[#row.times + 1] = ck.now() - t0

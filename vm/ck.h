@@ -27,7 +27,7 @@
  *     int main(void)
  *     {
  *         const char *data[] = {"data", NULL};
- *         ck_options opt = {0};
+ *         ck_options opt = CK_OPTIONS_INIT;    // sets opt.size
  *         opt.allow_read = data;               // besides the working directory
  *         opt.heap_limit = 256u << 20;         // the Lua heap, not the tensors
  *         ck_vm *vm = ck_open(&opt);
@@ -41,7 +41,7 @@
  *         if (st == CK_OK) st = ck_model_set(m, "x", x, 16);
  *         if (st == CK_OK) st = ck_model_set(m, "t", t, 8);
  *         for (int i = 0; st == CK_OK && i < 100; i++) st = ck_model_step(m, &loss);
- *         ck_plan_info plan;
+ *         ck_plan_info plan = CK_PLAN_INFO_INIT;
  *         if (st == CK_OK) st = ck_model_plan(m, &plan);
  *         if (st == CK_OK) printf("loss %g, peak %zu bytes\n", loss, plan.peak);
  *         else fprintf(stderr, "%s\n", ck_error(vm));
@@ -60,6 +60,21 @@
  * the allowed directories, checked on resolved real paths, and a seeded
  * math.random. A denied access fails with CK_EDENIED and names the path and
  * the ckrun flag that would allow it (--allow-read DIR, --allow-write DIR).
+ *
+ * Versions and sizes: CK_VERSION_NUM is the header's version, ck_version_num()
+ * the library's. Every struct a caller allocates and passes in (ck_options,
+ * ck_plan_request, ck_plan_info, ck_metrics) starts with `size_t size`, which
+ * the caller sets to sizeof the struct (the CK_*_INIT initializers do). Fields
+ * are only ever appended, so the library reads a caller's struct as the
+ * version its size names: a caller built against an older header keeps
+ * working, and a size the library does not know (a newer header's, or
+ * garbage) fails with CK_EARG and a message naming the struct and both sizes.
+ * A size of 0 reads as the first layout (the fields of 0.1), so `{0}` still
+ * works; only a set size lets a later library see later fields. ck_value is
+ * passed in arrays and never changes its layout.
+ *
+ * Exported names: libck exports only the functions below (CK_API); everything
+ * else in it is hidden.
  */
 #ifndef CK_H
 #define CK_H
@@ -82,13 +97,26 @@ extern "C" {
 #define CK_ELIMIT 7  /* a callback ran past its instruction budget */
 #define CK_EDENIED 8 /* the sandbox refused a file, a function or a binary chunk */
 
+/* the library's version: "major.minor.patch", and as a number
+ * major * 10000 + minor * 100 + patch (0.1.0 is 100, 1.2.3 would be 10203) */
+#define CK_VERSION_MAJOR 0
+#define CK_VERSION_MINOR 1
+#define CK_VERSION_PATCH 0
 #define CK_VERSION "0.1.0"
+#define CK_VERSION_NUM (CK_VERSION_MAJOR * 10000 + CK_VERSION_MINOR * 100 + CK_VERSION_PATCH)
+
+#if defined(__GNUC__)
+#define CK_API __attribute__((visibility("default")))
+#else
+#define CK_API
+#endif
 
 typedef struct ck_vm ck_vm;
 typedef struct ck_model ck_model;
 
-/* ---- options: zero-initialize, then set what you need */
+/* ---- options: start from CK_OPTIONS_INIT, then set what you need */
 typedef struct ck_options {
+    size_t size; /* sizeof(ck_options) (see "Versions and sizes" above) */
     /* where `require "ck.nn"` and friends are found; NULL: the installed
      * stdlib beside the library, else the build's */
     const char *stdlib_dir;
@@ -96,20 +124,9 @@ typedef struct ck_options {
      * warn); NULL: print and io.write go to stdout, warnings are dropped */
     void (*log)(void *ud, const char *text, size_t len);
     void *log_ud;
-    /* build and plan only: compiled programs allocate nothing and cannot run;
-     * scripts see ck.plan_mode (and ck.json for machine-readable output) */
-    int plan_only;
-    int json;
     /* on the GPU, cuDNN's fastest convolution algorithms instead of its
      * deterministic ones (gradients then vary in the last bits from run to run) */
     int nondeterministic;
-    /* with plan_only, what the plan report holds (scripts see ck.plan_policies,
-     * ck.plan_svg, ck.plan_max_batch): policies to compare side by side
-     * ("none,diffusers,budget:62%"), an SVG memory timeline to write, and a
-     * memory size for which to report the largest batch that fits (0: none) */
-    const char *plan_policies;
-    const char *plan_svg;
-    double plan_max_batch;
 
     /* the device programs run on unless a script's compile{device=} says
      * otherwise: "cpu", "cuda", or "auto" (NULL): cuda when a CUDA device is
@@ -144,6 +161,27 @@ typedef struct ck_options {
     /* math.random's seed: the same numbers every run (math.randomseed(n) reseeds) */
     uint64_t seed;
 } ck_options;
+#define CK_OPTIONS_INIT {.size = sizeof(ck_options)}
+
+/* What the ckrun command's --plan, --json, --policies, --svg and --max-batch
+ * ask of a VM (ck_open_plan); a host that trains needs none of it. */
+typedef struct ck_plan_request {
+    size_t size; /* sizeof(ck_plan_request) */
+    /* build and plan only: compiled programs allocate nothing and cannot run
+     * (a device named in ck_options need not be present); scripts see
+     * ck.plan_mode (and ck.json for machine-readable output) */
+    int plan_only;
+    int json;
+    /* what the plan report holds (scripts see ck.plan_policies, ck.plan_svg,
+     * ck.plan_max_batch): policies to compare side by side
+     * ("none,diffusers,budget:62%"), an SVG memory timeline to write, and a
+     * memory size for which to report the largest batch that fits (0: none).
+     * The strings are copied. */
+    const char *policies;
+    const char *svg;
+    double max_batch;
+} ck_plan_request;
+#define CK_PLAN_REQUEST_INIT {.size = sizeof(ck_plan_request)}
 
 /* ---- life cycle */
 
@@ -151,32 +189,41 @@ typedef struct ck_options {
  * cannot be had. A VM whose options are bad (an unknown device, a heap limit
  * too small to start Lua) is still returned: ck_status() and ck_error() say
  * why, and every call on it fails with that status. */
-ck_vm *ck_open(const ck_options *opt);
-void ck_close(ck_vm *vm); /* also closes the VM's models; NULL is fine */
-const char *ck_version(void);
+CK_API ck_vm *ck_open(const ck_options *opt);
+/* ck_open with a plan request (NULL: none, as ck_open); its scripts see the
+ * request as ck.plan_mode, ck.json, ck.plan_policies, ck.plan_svg and
+ * ck.plan_max_batch (nil in a VM opened without one). */
+CK_API ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan);
+CK_API void ck_close(ck_vm *vm); /* also closes the VM's models; NULL is fine */
+CK_API const char *ck_version(void); /* CK_VERSION of the library */
+CK_API int ck_version_num(void);     /* CK_VERSION_NUM of the library */
 /* 1 when programs can run on the device called name ("cpu", "cuda"): cuda
  * needs a build with the CUDA backend and a device present. */
-int ck_device_available(const char *name);
+CK_API int ck_device_available(const char *name);
 
 /* The status of the last call (CK_OK after a success). */
-int ck_status(const ck_vm *vm);
+CK_API int ck_status(const ck_vm *vm);
 /* The message of the last failed call: one line that names the script file and
  * line where there is one; "" after a success. Valid until the next call. */
-const char *ck_error(const ck_vm *vm);
+CK_API const char *ck_error(const ck_vm *vm);
+/* What a status code means, in a few words ("CK_EDENIED: the sandbox refused
+ * a file, a function or a binary chunk"); a static string, for any code (an
+ * unknown one gives "unknown status"). */
+CK_API const char *ck_errstr(int code);
 
 /* Stops what the VM runs now, between two Lua instructions or two ops of a
  * step, and makes that call return CK_EINTR; pcall in the script cannot catch
  * it. If nothing runs, the next call returns CK_EINTR at once. Safe from any
  * thread and from signal handlers. */
-void ck_interrupt(ck_vm *vm);
+CK_API void ck_interrupt(ck_vm *vm);
 
 /* ---- running scripts
  * Arguments reach the script as the global table `args` (`--key value` becomes
  * args.key = value, numbers converted; a `--flag` alone is true; other words are
  * args[1], args[2], ...; args.script is the path) and as the chunk's `...`.
  * Scripts are Lua source; a binary chunk fails with CK_EDENIED. */
-int ck_run_file(ck_vm *vm, const char *path, int argc, const char *const *argv);
-int ck_run_string(ck_vm *vm, const char *code, const char *chunkname);
+CK_API int ck_run_file(ck_vm *vm, const char *path, int argc, const char *const *argv);
+CK_API int ck_run_string(ck_vm *vm, const char *code, const char *chunkname);
 
 /* ---- values passed to and from script functions */
 typedef enum ck_type { CK_TNIL = 0, CK_TBOOLEAN, CK_TNUMBER, CK_TSTRING, CK_TOTHER } ck_type;
@@ -202,26 +249,27 @@ static inline ck_value ck_string(const char *s)
  * into tables) with nargs arguments; fills res[0..nres) with its first nres
  * results (missing ones are nil). Result strings stay valid until the next
  * call on the VM. CK_EARG if `name` is not a function. */
-int ck_call(ck_vm *vm, const char *name, int nargs, const ck_value *args, int nres, ck_value *res);
+CK_API int ck_call(ck_vm *vm, const char *name, int nargs, const ck_value *args, int nres, ck_value *res);
 
 /* Typed accessors for globals (dotted paths): CK_EARG when the value is
  * missing or of another type (a number string is not a number). Strings stay
  * valid until the next call. The setters need every table on the path. */
-int ck_get_number(ck_vm *vm, const char *name, double *out);
-int ck_get_string(ck_vm *vm, const char *name, const char **out, size_t *len);
-int ck_set_number(ck_vm *vm, const char *name, double x);
-int ck_set_string(ck_vm *vm, const char *name, const char *s);
+CK_API int ck_get_number(ck_vm *vm, const char *name, double *out);
+CK_API int ck_get_string(ck_vm *vm, const char *name, const char **out, size_t *len);
+CK_API int ck_set_number(ck_vm *vm, const char *name, double x);
+CK_API int ck_set_string(ck_vm *vm, const char *name, const char *s);
 
 /* ---- models: compiled programs the host drives
  * ck_model_open takes the program a script made (g:compile{...}): `name` is a
  * global holding one, or a global function that returns one when called with
  * args. The model stays valid until ck_model_close or ck_close. */
-int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, ck_model **out);
-void ck_model_close(ck_model *m);
+CK_API int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, ck_model **out);
+CK_API void ck_model_close(ck_model *m);
 
 /* Bytes of the memory plan (of the training step; of the forward pass when
- * the program does not train). */
+ * the program does not train). Set size (CK_PLAN_INFO_INIT) before the call. */
 typedef struct ck_plan_info {
+    size_t size;       /* sizeof(ck_plan_info) */
     size_t peak;       /* persistent + transient: what a step needs */
     size_t persistent; /* parameters, inputs, gradients kept, optimizer state */
     size_t transient;  /* activations and workspace above the persistent bytes */
@@ -232,30 +280,34 @@ typedef struct ck_plan_info {
                           allocator's pages (2 MiB on CUDA) and the library
                           workspaces the backend holds; the arena on the CPU */
 } ck_plan_info;
-int ck_model_plan(ck_model *m, ck_plan_info *out);
+#define CK_PLAN_INFO_INIT {.size = sizeof(ck_plan_info)}
+CK_API int ck_model_plan(ck_model *m, ck_plan_info *out);
 
 /* One training step (forward, backward, optimizer update), or the forward pass
  * alone; *loss (may be NULL) gets the loss, NaN without one. */
-int ck_model_step(ck_model *m, double *loss);
-int ck_model_forward(ck_model *m, double *loss);
+CK_API int ck_model_step(ck_model *m, double *loss);
+CK_API int ck_model_forward(ck_model *m, double *loss);
 
 /* Tensors by name ("x", "mlp.l1.weight"). set: an input or a parameter, n must
  * equal its element count. read: a parameter, an input, or a tensor the last
  * run kept (compile{outputs=...}); copies *numel floats into dst, or fails with
  * CK_EARG and sets *numel when cap is too small (dst NULL: only *numel). */
 #define CK_SHAPE_MAX 8
-int ck_model_set(ck_model *m, const char *tensor, const float *values, size_t n);
-int ck_model_read(ck_model *m, const char *tensor, float *dst, size_t cap, size_t *numel);
-int ck_model_shape(ck_model *m, const char *tensor, int64_t dims[CK_SHAPE_MAX], int *ndim);
+CK_API int ck_model_set(ck_model *m, const char *tensor, const float *values, size_t n);
+CK_API int ck_model_read(ck_model *m, const char *tensor, float *dst, size_t cap, size_t *numel);
+CK_API int ck_model_shape(ck_model *m, const char *tensor, int64_t dims[CK_SHAPE_MAX], int *ndim);
 
+/* Set size (CK_METRICS_INIT) before the call. */
 typedef struct ck_metrics {
+    size_t size;              /* sizeof(ck_metrics) */
     int64_t steps;            /* training steps taken */
     double loss;              /* of the last step or forward pass; NaN before any */
     double lr;                /* the learning rate the next step uses */
     double last_step_seconds; /* wall time of the last ck_model_step */
     double mean_step_seconds; /* over every ck_model_step of this model */
 } ck_metrics;
-int ck_model_metrics(ck_model *m, ck_metrics *out);
+#define CK_METRICS_INIT {.size = sizeof(ck_metrics)}
+CK_API int ck_model_metrics(ck_model *m, ck_metrics *out);
 
 #ifdef __cplusplus
 }

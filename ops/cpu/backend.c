@@ -91,8 +91,29 @@ const ck_backend *ck_backend_cpu(void)
 {
     static ck_backend be;
     if (!be.name) {
-        ck_backend b = {"cpu", ck_cpu_kernels, ck_cpu_kernels_bf16, ck_op_workspace, 1, 1, 0, 1, enter, alloc, release,
-                        copy, copy, copy, convert, fill_u32, high_water, all_finite, sync, error, clear_error};
+        ck_backend b = {
+            .name = "cpu",
+            .kernels = ck_cpu_kernels,
+            .kernels_bf16 = ck_cpu_kernels_bf16,
+            .workspace = ck_op_workspace,
+            .nthreads = 1,
+            .host = 1,
+            .fixed_bytes = 0,
+            .granule = 1,
+            .enter = enter,
+            .alloc = alloc,
+            .release = release,
+            .upload = copy,
+            .download = copy,
+            .copy = copy,
+            .convert = convert,
+            .fill_u32 = fill_u32,
+            .high_water = high_water,
+            .all_finite = all_finite,
+            .sync = sync,
+            .error = error,
+            .clear_error = clear_error,
+        };
         be = b;
     }
     be.nthreads = ck_cpu_threads(); /* workspace rules follow the thread count of the moment */

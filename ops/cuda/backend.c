@@ -29,10 +29,29 @@ static void close_at_exit(void)
     ctx = NULL;
 }
 
-static ck_backend be = {"cuda", ck_cuda_kernels, ck_cuda_kernels_bf16, ck_op_workspace_cuda, 1, 0,
-                        CK_CUDA_FIXED_BYTES, CK_CUDA_GRANULE, enter, alloc, release, ck_cuda_upload,
-                        ck_cuda_download, ck_cuda_copy, ck_cuda_convert, ck_cuda_fill_u32, ck_cuda_high_water,
-                        all_finite, sync, ck_cuda_last_error, ck_cuda_clear_error};
+static ck_backend be = {
+    .name = "cuda",
+    .kernels = ck_cuda_kernels,
+    .kernels_bf16 = ck_cuda_kernels_bf16,
+    .workspace = ck_op_workspace_cuda,
+    .nthreads = 1,
+    .host = 0,
+    .fixed_bytes = CK_CUDA_FIXED_BYTES,
+    .granule = CK_CUDA_GRANULE,
+    .enter = enter,
+    .alloc = alloc,
+    .release = release,
+    .upload = ck_cuda_upload,
+    .download = ck_cuda_download,
+    .copy = ck_cuda_copy,
+    .convert = ck_cuda_convert,
+    .fill_u32 = ck_cuda_fill_u32,
+    .high_water = ck_cuda_high_water,
+    .all_finite = all_finite,
+    .sync = sync,
+    .error = ck_cuda_last_error,
+    .clear_error = ck_cuda_clear_error,
+};
 
 #define EXPORT __attribute__((visibility("default")))
 

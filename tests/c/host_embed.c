@@ -112,7 +112,7 @@ static void fill_data(float *x, float *t)
 static void test_scripts(const char *dir)
 {
     logbuf log = {{0}, 0};
-    ck_options opt = {0};
+    ck_options opt = CK_OPTIONS_INIT;
     opt.log = on_log;
     opt.log_ud = &log;
     ck_vm *vm = ck_open(&opt);
@@ -204,7 +204,7 @@ static void test_models(void)
     st = st ? st : ck_model_open(vm, "build", 1, &width, &m);
     check(st == CK_OK && m, "ck_model_open calls build(16) and takes the program (%s)", ck_error(vm));
     if (!m) return;
-    ck_plan_info plan;
+    ck_plan_info plan = CK_PLAN_INFO_INIT;
     st = ck_model_plan(m, &plan);
     check(st == CK_OK && plan.peak > 0 && plan.persistent > 0 && plan.peak >= plan.persistent && plan.ops > 0 &&
               plan.device == plan.arena,
@@ -219,7 +219,7 @@ static void test_models(void)
         if (i == 0) first = loss;
     }
     check(st == CK_OK && loss < 0.5 * first, "60 steps of ck_model_step: loss %.5f -> %.5f", first, loss);
-    ck_metrics met;
+    ck_metrics met = CK_METRICS_INIT;
     st = ck_model_metrics(m, &met);
     check(st == CK_OK && met.steps == 60 && met.loss == loss && fabs(met.lr - 1e-2) < 1e-9 && met.mean_step_seconds > 0 &&
               met.last_step_seconds > 0,
@@ -327,7 +327,7 @@ static void test_interrupt(void)
     pthread_join(th, NULL);
     check(st == CK_EINTR && has(ck_error(vm), "interrupted"), "ck_interrupt stops ck_model_step after %d steps (%s)", steps,
           ck_error(vm));
-    ck_metrics met = {0, 0, 0, 0, 0};
+    ck_metrics met = CK_METRICS_INIT;
     st = ck_model_step(m, NULL);
     if (st == CK_OK) st = ck_model_metrics(m, &met);
     /* the interrupted step counts as taken (the program's own counter) */
@@ -339,7 +339,7 @@ static void test_interrupt(void)
 
 static void test_limits(void)
 {
-    ck_options opt = {0};
+    ck_options opt = CK_OPTIONS_INIT;
     opt.heap_limit = 16u << 20;
     opt.callback_budget = 200000;
     ck_vm *vm = ck_open(&opt);
@@ -411,7 +411,7 @@ static void test_sandbox(const char *dir)
     ck_close(vm2);
 
     const char *dirs[] = {dir, NULL};
-    ck_options opt = {0};
+    ck_options opt = CK_OPTIONS_INIT;
     opt.allow_write = dirs;
     vm = ck_open(&opt);
     snprintf(code, sizeof code,
@@ -457,7 +457,7 @@ static void *train_thread(void *arg)
 
 static void test_vms(void)
 {
-    ck_options opt = {0};
+    ck_options opt = CK_OPTIONS_INIT;
     opt.device = "tpu";
     ck_vm *vm = ck_open(&opt);
     check(vm && ck_status(vm) == CK_EARG && has(ck_error(vm), "unknown device 'tpu'"),
@@ -512,6 +512,81 @@ static void test_vms(void)
           "two threads train a model each in their own VM, with equal results");
 }
 
+/* ---- versions, sizes, status words, the plan request */
+
+static void test_api(void)
+{
+    char v[32];
+    snprintf(v, sizeof v, "%d.%d.%d", CK_VERSION_MAJOR, CK_VERSION_MINOR, CK_VERSION_PATCH);
+    check(ck_version_num() == CK_VERSION_NUM && !strcmp(v, CK_VERSION) && !strcmp(ck_version(), CK_VERSION) &&
+              CK_VERSION_NUM == CK_VERSION_MAJOR * 10000 + CK_VERSION_MINOR * 100 + CK_VERSION_PATCH,
+          "ck_version_num() is CK_VERSION_NUM (%d), major * 10000 + minor * 100 + patch of %s", ck_version_num(), v);
+    int words = 1;
+    for (int c = CK_OK; c <= CK_EDENIED; c++)
+        for (int d = CK_OK; d < c; d++) words = words && strcmp(ck_errstr(c), ck_errstr(d));
+    check(words && !strncmp(ck_errstr(CK_EDENIED), "CK_EDENIED: ", 12) && !strcmp(ck_errstr(-1), "unknown status") &&
+              !strcmp(ck_errstr(CK_EDENIED + 1), "unknown status"),
+          "ck_errstr names each status in words (%s), and an unknown one as such", ck_errstr(CK_EDENIED));
+
+    ck_options opt = CK_OPTIONS_INIT;
+    opt.size = sizeof opt + 8; /* a newer header's */
+    ck_vm *vm = ck_open(&opt);
+    check(vm && ck_status(vm) == CK_EARG && has(ck_error(vm), "ck_options.size is") && has(ck_error(vm), "CK_OPTIONS_INIT") &&
+              ck_run_string(vm, "x = 1", "x") == CK_EARG,
+          "options of a size the library does not know: CK_EARG, and the VM refuses to run (%s)", ck_error(vm));
+    ck_close(vm);
+    ck_options zero = {0};
+    zero.heap_limit = 64u << 20;
+    vm = ck_open(&zero);
+    check(vm && ck_status(vm) == CK_OK, "options with size 0 read as the first layout (%s)", ck_error(vm));
+    ck_model *m = NULL;
+    int st = ck_run_string(vm, MODEL, "model");
+    ck_value width = ck_number(4);
+    st = st ? st : ck_model_open(vm, "build", 1, &width, &m);
+    ck_plan_info plan = {.size = 3};
+    st = st ? st : ck_model_plan(m, &plan) == CK_EARG ? CK_OK : CK_ERUN;
+    check(st == CK_OK && has(ck_error(vm), "ck_plan_info.size is 3") && plan.size == 3 && plan.peak == 0,
+          "ck_model_plan refuses a ck_plan_info of an unknown size and leaves it alone (%s)", ck_error(vm));
+    ck_metrics met = {.size = sizeof met * 2};
+    check(m && ck_model_metrics(m, &met) == CK_EARG && has(ck_error(vm), "ck_metrics.size"),
+          "ck_model_metrics refuses a ck_metrics of an unknown size (%s)", ck_error(vm));
+    ck_plan_info plan0 = {0};
+    check(m && ck_model_plan(m, &plan0) == CK_OK && plan0.peak > 0 && plan0.size == 0,
+          "a ck_plan_info of size 0 is filled as the first layout");
+    check(ck_run_string(vm, "local ck = require 'ck'; assert(ck.plan_mode == nil and ck.json == nil and "
+                            "ck.plan_policies == nil and ck.plan_max_batch == nil)", "noplan") == CK_OK,
+          "a VM opened without a plan request shows scripts no plan fields (%s)", ck_error(vm));
+    ck_close(vm);
+
+    ck_plan_request req = CK_PLAN_REQUEST_INIT;
+    req.plan_only = 1;
+    req.json = 1;
+    char policies[] = "none,diffusers";
+    req.policies = policies;
+    req.max_batch = 1e9;
+    ck_options popt = CK_OPTIONS_INIT;
+    popt.device = "cpu";
+    vm = ck_open_plan(&popt, &req);
+    policies[0] = 'X'; /* copied at open */
+    st = ck_status(vm);
+    st = st ? st : ck_run_string(vm, "local ck = require 'ck'; assert(ck.plan_mode == true and ck.json == true and "
+                                     "ck.plan_policies == 'none,diffusers' and ck.plan_svg == nil and "
+                                     "ck.plan_max_batch == 1e9)", "plan");
+    st = st ? st : ck_run_string(vm, MODEL, "model");
+    m = NULL;
+    st = st ? st : ck_model_open(vm, "build", 1, &width, &m);
+    float x[16] = {0};
+    check(st == CK_OK && m && ck_model_set(m, "x", x, 16) == CK_EARG && has(ck_error(vm), "plan-only"),
+          "ck_open_plan: scripts see the request (ck.plan_mode, ck.json, ck.plan_policies, ck.plan_max_batch) and "
+          "programs only plan (%s)", ck_error(vm));
+    ck_close(vm);
+    req.size = 1;
+    vm = ck_open_plan(NULL, &req);
+    check(vm && ck_status(vm) == CK_EARG && has(ck_error(vm), "ck_plan_request.size is 1"),
+          "a plan request of an unknown size: CK_EARG (%s)", ck_error(vm));
+    ck_close(vm);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/ck_host_XXXXXX";
@@ -532,6 +607,7 @@ int main(void)
     test_limits();
     test_sandbox(dir);
     test_vms();
+    test_api();
     char cmd[600];
     if (chdir("/")) perror("chdir");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -23,7 +23,11 @@ end
 
 local function curve(p, n)
   local ls, hw = {}, {}
-  for s = 1, n do ls[s], hw[s] = p:step{measure = true} end
+  for s = 1, n do
+    local info
+    ls[s], info = p:step{measure = true}
+    hw[s] = info.high_water
+  end
   return ls, hw
 end
 

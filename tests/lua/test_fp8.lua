@@ -92,7 +92,8 @@ local function same_as_rounded(storage, checkpoint, frozen)
   for _, name in ipairs(names) do pb:set(name, pa:get(name)) end
   local same, hw_ok = true, true
   for _ = 1, 3 do
-    local la, hw = pa:step{measure = true}
+    local la, info = pa:step{measure = true}
+    local hw = info.high_water
     local lb = pb:step()
     same = same and la == lb
     hw_ok = hw_ok and hw == pa:plan().peak

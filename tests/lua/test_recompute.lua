@@ -34,7 +34,11 @@ local function run(checkpoint)
   p:set(x.timesteps, {17, 901})
   p:set(x.time_ids, {128, 128, 0, 0, 128, 128, 128, 128, 0, 0, 128, 128})
   local losses, measured = {}, {}
-  for s = 1, 2 do losses[s], measured[s] = p:step{measure = true} end
+  for s = 1, 2 do
+    local info
+    losses[s], info = p:step{measure = true}
+    measured[s] = info.high_water
+  end
   local sums = {}
   for _, prm in ipairs(g:params()) do sums[#sums + 1] = prm.name .. "=" .. p:checksum(prm.name, "grad") .. "/" .. p:checksum(prm.name) end
   return {losses = losses, measured = measured, plan = p:plan(), grads = table.concat(sums, "\n")}

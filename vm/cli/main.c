@@ -86,7 +86,8 @@ int main(int argc, char **argv)
     passive_openmp(argv);
     int i = 1;
     const char *code = NULL;
-    ck_options opt = {0};
+    ck_options opt = CK_OPTIONS_INIT;
+    ck_plan_request plan = CK_PLAN_REQUEST_INIT; /* --plan and its companions */
     const char **reads = calloc((size_t)argc + 1, sizeof *reads);
     const char **writes = calloc((size_t)argc + 1, sizeof *writes);
     char **owned = calloc((size_t)argc + 1, sizeof *owned); /* copies for dirname() */
@@ -111,14 +112,14 @@ int main(int argc, char **argv)
             rc = 0;
             goto done;
         }
-        if (!strcmp(a, "--plan")) opt.plan_only = 1;
-        else if (!strcmp(a, "--json")) opt.json = 1;
+        if (!strcmp(a, "--plan")) plan.plan_only = 1;
+        else if (!strcmp(a, "--json")) plan.json = 1;
         else if (!strcmp(a, "--nondeterministic")) opt.nondeterministic = 1;
         else if (!strcmp(a, "--trust")) opt.trust = 1;
-        else if (!strcmp(a, "--policies") && more) opt.plan_policies = argv[++i];
+        else if (!strcmp(a, "--policies") && more) plan.policies = argv[++i];
         else if (!strcmp(a, "--svg") && more) {
             /* the file named on the command line may be written wherever it is */
-            opt.plan_svg = argv[++i];
+            plan.svg = argv[++i];
             char *dir = strdup(argv[i]);
             if (dir) writes[nwrites++] = dirname(owned[nowned++] = dir);
         }
@@ -133,7 +134,7 @@ int main(int argc, char **argv)
                 rc = 2;
                 goto done;
             }
-            opt.plan_max_batch = v;
+            plan.max_batch = v;
         } else if (!strcmp(a, "--max-heap") && more) {
             double v = !strcmp(argv[++i], "none") ? (double)SIZE_MAX : parse_size(argv[i]);
             if (v < 0) {
@@ -163,7 +164,7 @@ int main(int argc, char **argv)
         rc = 2;
         goto done;
     }
-    vm = ck_open(&opt);
+    vm = ck_open_plan(&opt, &plan);
     if (!vm) {
         fprintf(stderr, "ckrun: out of memory\n");
         goto done;

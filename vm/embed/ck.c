@@ -4,6 +4,7 @@
  * included) ever escapes to the host; it becomes a status and one line. */
 #define _GNU_SOURCE
 #include "ck.h"
+#include "guard/host.h"
 #include "guard/runlimits.h"
 #include "lua/lua_ck.h"
 #include "guard/sandbox.h"
@@ -48,8 +49,9 @@ struct ck_vm {
     lua_State *L;
     lua_Alloc alloc;
     void *alloc_ud;
-    ck_limits lim;
-    ck_sandbox sb;
+    ck_host host;       /* what the scripts' bindings read (vm/guard/host.h) */
+    int stdout_ref;     /* io.stdout's stand-in with a log callback, in the registry */
+    int results_ref;    /* strings the last call returned, kept alive, in the registry */
     void (*log)(void *ud, const char *text, size_t len);
     void *log_ud;
     int warn_cont;
@@ -57,13 +59,51 @@ struct ck_vm {
     int dead;           /* bad options: every call fails with `status` */
     int status;
     lua_Integer seed;
-    char device[16];    /* programs compile for this backend unless told otherwise */
     ck_model *models;
     char chunk[256];    /* the script of the running call, for messages without a line */
     char err[1024];
 };
 
 const char *ck_version(void) { return CK_VERSION; }
+
+int ck_version_num(void) { return CK_VERSION_NUM; }
+
+const char *ck_errstr(int code)
+{
+    switch (code) {
+    case CK_OK: return "CK_OK: no error";
+    case CK_EFILE: return "CK_EFILE: a script or data file cannot be read";
+    case CK_ESYNTAX: return "CK_ESYNTAX: a Lua syntax error";
+    case CK_ERUN: return "CK_ERUN: an error raised while the script ran";
+    case CK_EMEM: return "CK_EMEM: out of memory, or over the Lua heap limit";
+    case CK_EARG: return "CK_EARG: a bad argument to the API";
+    case CK_EINTR: return "CK_EINTR: stopped by ck_interrupt()";
+    case CK_ELIMIT: return "CK_ELIMIT: a callback ran past its instruction budget";
+    case CK_EDENIED: return "CK_EDENIED: the sandbox refused a file, a function or a binary chunk";
+    default: return "unknown status";
+    }
+}
+
+/* ---- the sizes of the caller's structs (ck.h, "Versions and sizes")
+ * Each struct's first layout is its whole size in this version: a later one
+ * appends fields and accepts every size it has known. 0 reads as the first. */
+#define OPTIONS_V1 sizeof(ck_options)
+#define PLAN_REQUEST_V1 sizeof(ck_plan_request)
+#define PLAN_INFO_V1 sizeof(ck_plan_info)
+#define METRICS_V1 sizeof(ck_metrics)
+
+/* the bytes of a caller's struct to read or write, or 0 with msg when its size
+ * is one this library does not know */
+static size_t known_size(size_t size, size_t v1, const char *what, char *msg, size_t len)
+{
+    if (size == 0) return v1;
+    if (size == v1) return size;
+    snprintf(msg, len, "%s.size is %zu, a size this library (ckrun %s) does not know: it takes %zu, "
+             "sizeof(%s) in its ck.h (start from CK_%s_INIT)", what, size, CK_VERSION, v1, what,
+             !strcmp(what, "ck_options") ? "OPTIONS" : !strcmp(what, "ck_plan_request") ? "PLAN_REQUEST"
+             : !strcmp(what, "ck_plan_info") ? "PLAN_INFO" : "METRICS");
+    return 0;
+}
 
 int ck_device_available(const char *name)
 {
@@ -107,7 +147,7 @@ static int l_log_write(lua_State *L)
         vm_log(vm, s, len);
     }
     if (method) lua_settop(L, 1);
-    else lua_getfield(L, LUA_REGISTRYINDEX, "ck.stdout");
+    else lua_rawgeti(L, LUA_REGISTRYINDEX, vm->stdout_ref);
     return 1;
 }
 
@@ -251,8 +291,8 @@ static int set_error(ck_vm *vm, int code, const char *msg)
     const char *oom = strstr(line, "not enough memory");
     if (code == CK_EMEM && oom) {
         char what[160], size[64];
-        if (vm->lim.heap_limit) {
-            ck_bytes_text(vm->lim.heap_limit, size, sizeof size);
+        if (vm->host.lim.heap_limit) {
+            ck_bytes_text(vm->host.lim.heap_limit, size, sizeof size);
             snprintf(what, sizeof what, "out of memory (the Lua heap limit of %s is reached)", size);
         } else {
             snprintf(what, sizeof what, "out of memory");
@@ -294,12 +334,12 @@ typedef struct call {
 
 static int classify(ck_vm *vm, int st, const char *msg, int hint)
 {
-    if (vm->lim.tripped) return vm->lim.tripped;
-    int c = ck_limits_code_of(&vm->lim, msg);
+    if (vm->host.lim.tripped) return vm->host.lim.tripped;
+    int c = ck_limits_code_of(&vm->host.lim, msg);
     if (c) return c;
     if (hint) return hint;
-    if (st == LUA_ERRMEM || (vm->lim.heap_refused && msg && strstr(msg, "not enough memory"))) return CK_EMEM;
-    if (vm->lim.interrupt) return CK_EINTR;
+    if (st == LUA_ERRMEM || (vm->host.lim.heap_refused && msg && strstr(msg, "not enough memory"))) return CK_EMEM;
+    if (vm->host.lim.interrupt) return CK_EINTR;
     return CK_ERUN;
 }
 
@@ -309,8 +349,8 @@ static int protected(ck_vm *vm, lua_CFunction f, call *c, const char *chunk)
     lua_State *L = vm->L;
     vm->err[0] = 0;
     if (chunk) snprintf(vm->chunk, sizeof vm->chunk, "%s", chunk);
-    if (vm->lim.interrupt) {
-        vm->lim.interrupt = 0;
+    if (vm->host.lim.interrupt) {
+        vm->host.lim.interrupt = 0;
         return set_error(vm, CK_EINTR, "interrupted");
     }
     int base = lua_gettop(L);
@@ -322,12 +362,12 @@ static int protected(ck_vm *vm, lua_CFunction f, call *c, const char *chunk)
     if (st != LUA_OK) {
         const char *msg = lua_tostring(L, -1);
         code = classify(vm, st, msg, c->code);
-        if (vm->lim.tripped) msg = vm->lim.noted;
+        if (vm->host.lim.tripped) msg = vm->host.lim.noted;
         set_error(vm, code, msg);
-        if (code == CK_EINTR) vm->lim.interrupt = 0;
+        if (code == CK_EINTR) vm->host.lim.interrupt = 0;
     }
     lua_settop(L, base);
-    ck_limits_reset(&vm->lim);
+    ck_limits_reset(&vm->host.lim);
     vm->status = code;
     return code;
 }
@@ -361,7 +401,6 @@ static int open_ck(lua_State *L)
 
 typedef struct setup {
     call c;
-    const ck_options *o;
     const char *stdlib;
 } setup;
 
@@ -369,33 +408,20 @@ static int p_setup(lua_State *L)
 {
     setup *a = lua_touserdata(L, 1);
     ck_vm *vm = a->c.vm;
-    const ck_options *o = a->o;
     luaL_openlibs(L);
-    ck_limits_install(L, &vm->lim);
+    ck_host_install(L, &vm->host);
+    ck_limits_install(L, &vm->host.lim);
     lua_setwarnf(L, warnf, vm);
     lua_getglobal(L, "math");
     lua_getfield(L, -1, "randomseed");
     lua_pushinteger(L, vm->seed);
     lua_call(L, 1, 0);
     lua_pop(L, 1);
-    if (vm->sb.on) ck_sandbox_install(L, &vm->sb, vm->seed);
-    lua_pushboolean(L, o->plan_only);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
-    lua_pushboolean(L, o->json);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.json");
-    lua_pushstring(L, o->plan_policies);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_policies");
-    lua_pushstring(L, o->plan_svg);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_svg");
-    if (o->plan_max_batch > 0) lua_pushnumber(L, o->plan_max_batch);
-    else lua_pushnil(L);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.plan_max_batch");
-    lua_pushstring(L, vm->device);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.device");
+    if (vm->host.sb.on) ck_sandbox_install(L, vm->seed);
     lua_newtable(L);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.results");
+    vm->results_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
-    lua_pushboolean(L, vm->sb.on);
+    lua_pushboolean(L, vm->host.sb.on);
     lua_pushcclosure(L, open_ck, 1);
     lua_setfield(L, -2, "ck");
     lua_pop(L, 1);
@@ -412,7 +438,7 @@ static int p_setup(lua_State *L)
         lua_getglobal(L, "io");
         push_log_file(L, vm);
         lua_pushvalue(L, -1);
-        lua_setfield(L, LUA_REGISTRYINDEX, "ck.stdout");
+        vm->stdout_ref = luaL_ref(L, LUA_REGISTRYINDEX);
         lua_setfield(L, -2, "stdout");
         push_log_file(L, vm);
         lua_setfield(L, -2, "stderr");
@@ -425,61 +451,97 @@ static int p_setup(lua_State *L)
     return 0;
 }
 
-ck_vm *ck_open(const ck_options *opt)
+/* a copy of s from the VM's allocator (NULL: none), into *out; 0, or -1 */
+static int copy_string(ck_vm *vm, const char *s, char **out)
+{
+    *out = NULL;
+    if (!s) return 0;
+    size_t n = strlen(s) + 1;
+    if (!(*out = vm->alloc(vm->alloc_ud, NULL, 0, n))) return -1;
+    memcpy(*out, s, n);
+    return 0;
+}
+
+static void free_string(ck_vm *vm, char *s)
+{
+    if (s) vm->alloc(vm->alloc_ud, s, strlen(s) + 1, 0);
+}
+
+ck_vm *ck_open(const ck_options *opt) { return ck_open_plan(opt, NULL); }
+
+ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
 {
     ck_options o;
+    ck_plan_request req;
     memset(&o, 0, sizeof o);
-    if (opt) o = *opt;
-    lua_Alloc alloc = o.alloc ? o.alloc : default_alloc;
-    ck_vm *vm = alloc(o.alloc_ud, NULL, 0, sizeof *vm);
+    memset(&req, 0, sizeof req);
+    char msg[PATH_MAX + 128];
+    size_t osize = opt ? known_size(opt->size, OPTIONS_V1, "ck_options", msg, sizeof msg) : sizeof o;
+    size_t rsize = plan && osize ? known_size(plan->size, PLAN_REQUEST_V1, "ck_plan_request", msg, sizeof msg) : 1;
+    if (opt && osize) memcpy(&o, opt, osize);
+    if (plan && rsize) memcpy(&req, plan, rsize);
+    /* options of an unknown size: nothing in them can be trusted, the allocator included */
+    lua_Alloc alloc = osize && o.alloc ? o.alloc : default_alloc;
+    void *alloc_ud = osize ? o.alloc_ud : NULL;
+    ck_vm *vm = alloc(alloc_ud, NULL, 0, sizeof *vm);
     if (!vm) return NULL;
     memset(vm, 0, sizeof *vm);
     vm->alloc = alloc;
-    vm->alloc_ud = o.alloc_ud;
+    vm->alloc_ud = alloc_ud;
+    vm->stdout_ref = vm->results_ref = LUA_NOREF;
+    if (!osize || !rsize) return dead(vm, CK_EARG, msg);
+    ck_host *h = &vm->host;
+    if (plan) {
+        h->planning = 1;
+        h->plan_only = req.plan_only;
+        h->json = req.json;
+        h->plan_max_batch = req.max_batch > 0 ? req.max_batch : 0;
+        if (copy_string(vm, req.policies, &h->plan_policies) || copy_string(vm, req.svg, &h->plan_svg))
+            return dead(vm, CK_EMEM, "out of memory");
+    }
     vm->log = o.log;
     vm->log_ud = o.log_ud;
     vm->seed = (lua_Integer)o.seed;
     vm->default_dirs = !o.no_default_dirs;
-    vm->lim.alloc = alloc;
-    vm->lim.alloc_ud = o.alloc_ud;
-    vm->lim.heap_limit = o.heap_limit == SIZE_MAX ? 0 : o.heap_limit ? o.heap_limit : o.trust ? 0 : DEFAULT_SANDBOX_HEAP;
-    vm->lim.budget = o.callback_budget < 0 ? -1 : o.callback_budget ? o.callback_budget : DEFAULT_CALLBACK_BUDGET;
-    vm->sb.on = !o.trust;
-    vm->sb.alloc = alloc;
-    vm->sb.alloc_ud = o.alloc_ud;
-    char msg[PATH_MAX + 128];
+    vm->host.lim.alloc = alloc;
+    vm->host.lim.alloc_ud = o.alloc_ud;
+    vm->host.lim.heap_limit = o.heap_limit == SIZE_MAX ? 0 : o.heap_limit ? o.heap_limit : o.trust ? 0 : DEFAULT_SANDBOX_HEAP;
+    vm->host.lim.budget = o.callback_budget < 0 ? -1 : o.callback_budget ? o.callback_budget : DEFAULT_CALLBACK_BUDGET;
+    vm->host.sb.on = !o.trust;
+    vm->host.sb.alloc = alloc;
+    vm->host.sb.alloc_ud = o.alloc_ud;
     /* a device named outright opens now, so that a missing one fails here;
      * auto only looks (the GPU opens when a program first compiles for it) */
     if (!o.device || !strcmp(o.device, "auto")) {
-        snprintf(vm->device, sizeof vm->device, "%s", ck_default_device());
+        snprintf(vm->host.device, sizeof vm->host.device, "%s", ck_default_device());
     } else {
-        const ck_backend *be = ck_backend_find(o.device, o.plan_only, msg, sizeof msg);
+        const ck_backend *be = ck_backend_find(o.device, h->plan_only, msg, sizeof msg);
         if (!be) return dead(vm, CK_EARG, msg);
-        snprintf(vm->device, sizeof vm->device, "%s", be->name);
+        snprintf(vm->host.device, sizeof vm->host.device, "%s", be->name);
     }
-    if (o.nondeterministic && !strcmp(vm->device, "cuda") && !o.plan_only && ck_cuda_configure(0, -1, msg, sizeof msg))
+    if (o.nondeterministic && !strcmp(vm->host.device, "cuda") && !h->plan_only && ck_cuda_configure(0, -1, msg, sizeof msg))
         return dead(vm, CK_EARG, msg);
     char stdlib[PATH_MAX];
     if (o.stdlib_dir) snprintf(stdlib, sizeof stdlib, "%s", o.stdlib_dir);
     else default_stdlib(stdlib, sizeof stdlib);
-    if (vm->sb.on) {
-        if (vm->default_dirs && ck_sandbox_allow(&vm->sb, ".", 1))
+    if (vm->host.sb.on) {
+        if (vm->default_dirs && ck_sandbox_allow(&vm->host.sb, ".", 1))
             return dead(vm, errno == ENOMEM ? CK_EMEM : CK_EARG, "cannot resolve the working directory for the sandbox");
         for (int w = 0; w < 2; w++) {
             const char *const *list = w ? o.allow_write : o.allow_read;
             for (int i = 0; list && list[i]; i++) {
-                if (!list[i][0] || ck_sandbox_allow(&vm->sb, list[i], w)) {
+                if (!list[i][0] || ck_sandbox_allow(&vm->host.sb, list[i], w)) {
                     snprintf(msg, sizeof msg, "cannot allow %s '%s': %s", w ? "writing under" : "reading under", list[i],
                              list[i][0] ? strerror(errno) : "empty path");
                     return dead(vm, errno == ENOMEM ? CK_EMEM : CK_EARG, msg);
                 }
             }
         }
-        if (is_dir(stdlib) && ck_sandbox_set_lib(&vm->sb, stdlib)) return dead(vm, CK_EMEM, "out of memory");
+        if (is_dir(stdlib) && ck_sandbox_set_lib(&vm->host.sb, stdlib)) return dead(vm, CK_EMEM, "out of memory");
     }
-    vm->L = lua_newstate(ck_limits_alloc, &vm->lim);
+    vm->L = lua_newstate(ck_limits_alloc, &vm->host.lim);
     if (!vm->L) return dead(vm, CK_EMEM, "out of memory: cannot start Lua");
-    setup s = {{vm, 0}, &o, stdlib};
+    setup s = {{vm, 0}, stdlib};
     lua_pushcfunction(vm->L, p_setup);
     lua_pushlightuserdata(vm->L, &s);
     int st = lua_pcall(vm->L, 1, 0, 0);
@@ -502,7 +564,9 @@ void ck_close(ck_vm *vm)
         vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
     }
     if (vm->L) lua_close(vm->L);
-    ck_sandbox_free(&vm->sb);
+    ck_sandbox_free(&vm->host.sb);
+    free_string(vm, vm->host.plan_policies);
+    free_string(vm, vm->host.plan_svg);
     vm->alloc(vm->alloc_ud, vm, sizeof *vm, 0);
 }
 
@@ -512,7 +576,7 @@ const char *ck_error(const ck_vm *vm) { return vm ? vm->err : "no VM"; }
 
 void ck_interrupt(ck_vm *vm)
 {
-    if (vm) vm->lim.interrupt = 1;
+    if (vm) vm->host.lim.interrupt = 1;
 }
 
 /* ---- running scripts */
@@ -554,15 +618,15 @@ static int p_run_file(lua_State *L)
         return luaL_error(L, "cannot open script '%s': %s", a->path, strerror(errno));
     }
     fclose(f);
-    int st = luaL_loadfilex(L, a->path, vm->sb.on ? "t" : "bt");
+    int st = luaL_loadfilex(L, a->path, vm->host.sb.on ? "t" : "bt");
     if (st != LUA_OK) return load_error(L, &a->c, st, a->path);
     /* the script may read beside itself */
-    if (vm->sb.on && vm->default_dirs) {
+    if (vm->host.sb.on && vm->default_dirs) {
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s", a->path);
         char *s = strrchr(dir, '/');
         if (s) *s = 0;
-        if (ck_sandbox_allow(&vm->sb, s ? (dir[0] ? dir : "/") : ".", 0) && errno == ENOMEM)
+        if (ck_sandbox_allow(&vm->host.sb, s ? (dir[0] ? dir : "/") : ".", 0) && errno == ENOMEM)
             return luaL_error(L, "not enough memory");
     }
     /* args table: --key value pairs and positional words */
@@ -616,8 +680,8 @@ static int p_run_string(lua_State *L)
     ck_vm *vm = a->c.vm;
     size_t len = strlen(a->code);
     lua_pushfstring(L, "=%s", a->name);
-    if (vm->sb.on && len && a->code[0] == LUA_SIGNATURE[0]) return refuse_binary(L, &a->c, a->name);
-    int st = luaL_loadbufferx(L, a->code, len, lua_tostring(L, -1), vm->sb.on ? "t" : "bt");
+    if (vm->host.sb.on && len && a->code[0] == LUA_SIGNATURE[0]) return refuse_binary(L, &a->c, a->name);
+    int st = luaL_loadbufferx(L, a->code, len, lua_tostring(L, -1), vm->host.sb.on ? "t" : "bt");
     if (st != LUA_OK) return load_error(L, &a->c, st, a->name);
     lua_call(L, 0, 0);
     return 0;
@@ -702,11 +766,11 @@ static void to_value(lua_State *L, int i, int keep, ck_value *res)
 }
 
 /* a fresh results table, in the registry and on the stack */
-static int new_results(lua_State *L)
+static int new_results(lua_State *L, ck_vm *vm)
 {
     lua_newtable(L);
     lua_pushvalue(L, -1);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.results");
+    lua_rawseti(L, LUA_REGISTRYINDEX, vm->results_ref);
     return lua_gettop(L);
 }
 
@@ -722,7 +786,7 @@ typedef struct callfn {
 static int p_call(lua_State *L)
 {
     callfn *a = lua_touserdata(L, 1);
-    int keep = new_results(L);
+    int keep = new_results(L, a->c.vm);
     push_path(L, a->name);
     if (!lua_isfunction(L, -1))
         return arg_error(L, &a->c, "ck_call: '%s' is not a function", a->name);
@@ -768,7 +832,7 @@ static int p_global(lua_State *L)
         lua_setfield(L, -2, dot ? dot + 1 : a->name);
         return 0;
     }
-    int keep = new_results(L);
+    int keep = new_results(L, a->c.vm);
     push_path(L, a->name);
     if (lua_type(L, -1) != a->type)
         return luaL_error(L, "'%s' is %s, not a %s", a->name, luaL_typename(L, -1), lua_typename(L, a->type));
@@ -908,7 +972,6 @@ void ck_model_close(ck_model *m)
 typedef struct modelcall {
     call c;
     ck_model *m;
-    int what; /* 0 step, 1 forward, 2 plan, 3 metrics, 4 set, 5 read, 6 shape */
     const char *tensor;
     const float *in;
     float *outp;
@@ -929,7 +992,15 @@ static lua_Integer int_field(lua_State *L, int t, const char *k)
     return v;
 }
 
-/* the program of m at index 2, the tensor name at 3; returns its id */
+/* the call's record at index 1; pushes m's program (index 2) */
+static modelcall *model_args(lua_State *L)
+{
+    modelcall *a = lua_touserdata(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, a->m->ref);
+    return a;
+}
+
+/* the program at index 2, the tensor name pushed at 3; returns its id */
 static int model_tensor(lua_State *L, modelcall *a, ck_program **pp)
 {
     *pp = ck_lua_program(L, 2);
@@ -940,75 +1011,107 @@ static int model_tensor(lua_State *L, modelcall *a, ck_program **pp)
     return id;
 }
 
-static int p_model(lua_State *L)
+/* p:step() or p:forward() (method), its loss in a->loss; returns seconds taken */
+static double model_run(lua_State *L, modelcall *a, const char *method)
 {
-    modelcall *a = lua_touserdata(L, 1);
+    lua_getfield(L, 2, method);
+    lua_pushvalue(L, 2);
+    double t0 = now_s();
+    lua_call(L, 1, 1);
+    double dt = now_s() - t0;
+    a->loss = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : NAN;
+    a->m->loss = a->loss;
+    return dt;
+}
+
+static int p_model_step(lua_State *L)
+{
+    modelcall *a = model_args(L);
     ck_model *m = a->m;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, m->ref);
-    int prog = lua_gettop(L);
-    if (a->what <= 1) {
-        lua_getfield(L, prog, a->what ? "forward" : "step");
-        lua_pushvalue(L, prog);
-        double t0 = now_s();
-        lua_call(L, 1, 1);
-        double dt = now_s() - t0;
-        a->loss = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : NAN;
-        m->loss = a->loss;
-        if (a->what == 0) {
-            m->last_s = dt;
-            m->total_s += dt;
-            m->timed++;
-        }
-        return 0;
-    }
-    if (a->what == 2) {
-        lua_getfield(L, prog, "plan");
-        lua_pushvalue(L, prog);
-        lua_call(L, 1, 1);
-        int t = lua_gettop(L);
-        a->plan.peak = (size_t)int_field(L, t, "peak");
-        a->plan.persistent = (size_t)int_field(L, t, "persistent");
-        a->plan.transient = (size_t)int_field(L, t, "transient");
-        a->plan.workspace = (size_t)int_field(L, t, "workspace");
-        a->plan.arena = (size_t)int_field(L, t, "arena");
-        a->plan.device = (size_t)int_field(L, t, "device_bytes");
-        a->plan.ops = (int)int_field(L, t, "ops");
-        return 0;
-    }
-    if (a->what == 3) {
-        ck_lua_program(L, prog);
-        a->metrics.steps = (int64_t)int_field(L, prog, "steps");
-        lua_getfield(L, prog, "lr");
-        a->metrics.lr = lua_tonumber(L, -1);
-        a->metrics.loss = m->loss;
-        a->metrics.last_step_seconds = m->last_s;
-        a->metrics.mean_step_seconds = m->timed ? m->total_s / (double)m->timed : 0;
-        return 0;
-    }
+    double dt = model_run(L, a, "step");
+    m->last_s = dt;
+    m->total_s += dt;
+    m->timed++;
+    return 0;
+}
+
+static int p_model_forward(lua_State *L)
+{
+    model_run(L, model_args(L), "forward");
+    return 0;
+}
+
+static int p_model_plan(lua_State *L)
+{
+    modelcall *a = model_args(L);
+    lua_getfield(L, 2, "plan");
+    lua_pushvalue(L, 2);
+    lua_call(L, 1, 1);
+    int t = lua_gettop(L);
+    a->plan.peak = (size_t)int_field(L, t, "peak");
+    a->plan.persistent = (size_t)int_field(L, t, "persistent");
+    a->plan.transient = (size_t)int_field(L, t, "transient");
+    a->plan.workspace = (size_t)int_field(L, t, "workspace");
+    a->plan.arena = (size_t)int_field(L, t, "arena");
+    a->plan.device = (size_t)int_field(L, t, "device_bytes");
+    a->plan.ops = (int)int_field(L, t, "ops");
+    return 0;
+}
+
+static int p_model_metrics(lua_State *L)
+{
+    modelcall *a = model_args(L);
+    ck_model *m = a->m;
+    ck_lua_program(L, 2);
+    a->metrics.steps = (int64_t)int_field(L, 2, "steps");
+    lua_getfield(L, 2, "lr");
+    a->metrics.lr = lua_tonumber(L, -1);
+    a->metrics.loss = m->loss;
+    a->metrics.last_step_seconds = m->last_s;
+    a->metrics.mean_step_seconds = m->timed ? m->total_s / (double)m->timed : 0;
+    return 0;
+}
+
+static int p_model_shape(lua_State *L)
+{
+    modelcall *a = model_args(L);
+    ck_program *p;
+    int id = model_tensor(L, a, &p);
+    const ck_tensor *t = &p->g->t[id];
+    a->ndim = t->shape.ndim;
+    for (int d = 0; d < t->shape.ndim && d < CK_SHAPE_MAX; d++) a->dims[d] = t->shape.d[d];
+    return 0;
+}
+
+static int p_model_set(lua_State *L)
+{
+    modelcall *a = model_args(L);
     ck_program *p;
     int id = model_tensor(L, a, &p);
     const ck_tensor *t = &p->g->t[id];
     int64_t numel = ck_shape_numel(&t->shape);
     a->c.code = CK_EARG;
-    if (a->what == 6) {
-        a->ndim = t->shape.ndim;
-        for (int d = 0; d < t->shape.ndim && d < CK_SHAPE_MAX; d++) a->dims[d] = t->shape.d[d];
-        return 0;
+    if (p->poff[id] < 0) return luaL_error(L, "ck_model_set: '%s' is not an input or parameter", a->tensor);
+    if (!ck_program_data(p, id)) return luaL_error(L, "ck_model_set: a plan-only program holds no values");
+    if ((int64_t)a->n != numel) {
+        char s[128];
+        return luaL_error(L, "ck_model_set: '%s' %s has %d elements, got %d values", a->tensor,
+                          ck_shape_str(&t->shape, s, sizeof s), (int)numel, (int)a->n);
     }
-    if (a->what == 4) {
-        if (p->poff[id] < 0) return luaL_error(L, "ck_model_set: '%s' is not an input or parameter", a->tensor);
-        if (!ck_program_data(p, id)) return luaL_error(L, "ck_model_set: a plan-only program holds no values");
-        if ((int64_t)a->n != numel) {
-            char s[128];
-            return luaL_error(L, "ck_model_set: '%s' %s has %d elements, got %d values", a->tensor,
-                              ck_shape_str(&t->shape, s, sizeof s), (int)numel, (int)a->n);
-        }
-        float *x = ck_program_write_begin(p, id, 0);
-        if (!x) return luaL_error(L, "ck_model_set: %s", p->err);
-        memcpy(x, a->in, sizeof(float) * (size_t)numel);
-        if (ck_program_write_end(p, id)) return luaL_error(L, "ck_model_set: %s", p->err);
-        return 0;
-    }
+    float *x = ck_program_write_begin(p, id, 0);
+    if (!x) return luaL_error(L, "ck_model_set: %s", p->err);
+    memcpy(x, a->in, sizeof(float) * (size_t)numel);
+    if (ck_program_write_end(p, id)) return luaL_error(L, "ck_model_set: %s", p->err);
+    return 0;
+}
+
+static int p_model_read(lua_State *L)
+{
+    modelcall *a = model_args(L);
+    ck_program *p;
+    int id = model_tensor(L, a, &p);
+    int64_t numel = ck_shape_numel(&p->g->t[id].shape);
+    a->c.code = CK_EARG;
     const float *x = ck_program_read(p, id);
     if (!x && p->err[0]) return luaL_error(L, "ck_model_read: %s", p->err);
     if (!x)
@@ -1023,19 +1126,26 @@ static int p_model(lua_State *L)
     return 0;
 }
 
-static int model_call(ck_model *m, modelcall *a)
+/* runs f protected on m with the call's record a */
+static int model_call(ck_model *m, lua_CFunction f, modelcall *a)
 {
     if (!m) return CK_EARG;
     a->c.vm = m->vm;
     a->m = m;
-    if ((a->what >= 4) && !a->tensor) return set_error(m->vm, CK_EARG, "no tensor name");
-    return protected(m->vm, p_model, &a->c, NULL);
+    return protected(m->vm, f, &a->c, NULL);
+}
+
+/* the same for a call on one tensor, which must be named */
+static int tensor_call(ck_model *m, lua_CFunction f, modelcall *a)
+{
+    if (m && !a->tensor) return set_error(m->vm, CK_EARG, "no tensor name");
+    return model_call(m, f, a);
 }
 
 int ck_model_step(ck_model *m, double *loss)
 {
     modelcall a = {0};
-    int st = model_call(m, &a);
+    int st = model_call(m, p_model_step, &a);
     if (loss) *loss = st == CK_OK ? a.loss : NAN;
     return st;
 }
@@ -1043,8 +1153,7 @@ int ck_model_step(ck_model *m, double *loss)
 int ck_model_forward(ck_model *m, double *loss)
 {
     modelcall a = {0};
-    a.what = 1;
-    int st = model_call(m, &a);
+    int st = model_call(m, p_model_forward, &a);
     if (loss) *loss = st == CK_OK ? a.loss : NAN;
     return st;
 }
@@ -1052,43 +1161,47 @@ int ck_model_forward(ck_model *m, double *loss)
 int ck_model_plan(ck_model *m, ck_plan_info *out)
 {
     modelcall a = {0};
-    a.what = 2;
     if (!out) return m ? set_error(m->vm, CK_EARG, "ck_model_plan: NULL output") : CK_EARG;
-    int st = model_call(m, &a);
-    if (st == CK_OK) *out = a.plan;
+    char msg[256];
+    size_t n = known_size(out->size, PLAN_INFO_V1, "ck_plan_info", msg, sizeof msg);
+    if (!n) return m ? set_error(m->vm, CK_EARG, msg) : CK_EARG;
+    int st = model_call(m, p_model_plan, &a);
+    a.plan.size = out->size;
+    if (st == CK_OK) memcpy(out, &a.plan, n);
     return st;
 }
 
 int ck_model_metrics(ck_model *m, ck_metrics *out)
 {
     modelcall a = {0};
-    a.what = 3;
     if (!out) return m ? set_error(m->vm, CK_EARG, "ck_model_metrics: NULL output") : CK_EARG;
-    int st = model_call(m, &a);
-    if (st == CK_OK) *out = a.metrics;
+    char msg[256];
+    size_t n = known_size(out->size, METRICS_V1, "ck_metrics", msg, sizeof msg);
+    if (!n) return m ? set_error(m->vm, CK_EARG, msg) : CK_EARG;
+    int st = model_call(m, p_model_metrics, &a);
+    a.metrics.size = out->size;
+    if (st == CK_OK) memcpy(out, &a.metrics, n);
     return st;
 }
 
 int ck_model_set(ck_model *m, const char *tensor, const float *values, size_t n)
 {
     modelcall a = {0};
-    a.what = 4;
     a.tensor = tensor;
     a.in = values;
     a.n = n;
     if (m && n && !values) return set_error(m->vm, CK_EARG, "ck_model_set: NULL values");
-    return model_call(m, &a);
+    return tensor_call(m, p_model_set, &a);
 }
 
 int ck_model_read(ck_model *m, const char *tensor, float *dst, size_t cap, size_t *numel)
 {
     modelcall a = {0};
-    a.what = 5;
     a.tensor = tensor;
     a.outp = dst;
     a.n = cap;
     a.numel = -1;
-    int st = model_call(m, &a);
+    int st = tensor_call(m, p_model_read, &a);
     if (numel && a.numel >= 0) *numel = (size_t)a.numel;
     return st;
 }
@@ -1097,10 +1210,9 @@ int ck_model_shape(ck_model *m, const char *tensor, int64_t dims[CK_SHAPE_MAX], 
 {
     int64_t tmp[CK_SHAPE_MAX];
     modelcall a = {0};
-    a.what = 6;
     a.tensor = tensor;
     a.dims = dims ? dims : tmp;
-    int st = model_call(m, &a);
+    int st = tensor_call(m, p_model_shape, &a);
     if (st == CK_OK && ndim) *ndim = a.ndim;
     return st;
 }

@@ -4,6 +4,7 @@
  * last two cannot be swallowed: once raised, the hook raises them again at the
  * next instruction until the call returns to the host. */
 #include "guard/runlimits.h"
+#include "guard/host.h"
 #include "ck.h"
 #include "util/where.h"
 #include "util/text.h"
@@ -35,10 +36,8 @@ void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 
 ck_limits *ck_limits_of(lua_State *L)
 {
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.limits");
-    ck_limits *lim = lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    return lim;
+    ck_host *h = ck_host_of(L);
+    return h ? &h->lim : NULL;
 }
 
 void ck_limits_note(lua_State *L, int code)
@@ -118,12 +117,9 @@ static void hook(lua_State *L, lua_Debug *ar)
 void ck_limits_install(lua_State *L, ck_limits *lim)
 {
     lim->main = L;
-    *(ck_limits **)lua_getextraspace(L) = lim; /* new threads copy it */
-    lua_pushlightuserdata(L, lim);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.limits");
-    /* programs compiled in this VM check the flag between ops (vm/run/exec.c) */
-    lua_pushlightuserdata(L, (void *)&lim->interrupt);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.interrupt");
+    /* the hook's own way to lim, a load instead of a registry lookup every
+     * 1000 instructions; new threads copy it */
+    *(ck_limits **)lua_getextraspace(L) = lim;
     lua_sethook(L, hook, LUA_MASKCOUNT, CK_HOOK_EVERY);
 }
 

@@ -31,12 +31,12 @@ typedef struct ck_limits {
 
 /* lua_Alloc over lim->alloc that keeps lim->heap_used under lim->heap_limit */
 void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
-/* Registers lim with L (registry "ck.limits" and "ck.interrupt", the thread's
- * extra space) and installs the count hook. */
+/* Points L's extra space (which the count hook reads) at lim and installs the
+ * hook. The bindings reach lim through the VM's host (vm/guard/host.h). */
 void ck_limits_install(lua_State *L, ck_limits *lim);
 /* Back to a clean state once a call has returned to the host. */
 void ck_limits_reset(ck_limits *lim);
-/* The limits of L's VM, or NULL (a stock lua5.4 that loaded ck.so). */
+/* The limits of L's VM (its host's), or NULL (a stock lua5.4 that loaded ck.so). */
 ck_limits *ck_limits_of(lua_State *L);
 /* Records the string on top of the stack as an error of status code. */
 void ck_limits_note(lua_State *L, int code);

@@ -3,6 +3,7 @@
  * paths (symlinks and ".." resolved) so that no path escapes by spelling. */
 #include "guard/sandbox.h"
 #include "ck.h"
+#include "guard/host.h"
 #include "guard/runlimits.h"
 #include "util/where.h"
 
@@ -166,10 +167,8 @@ static int allowed(const ck_sandbox *sb, const char *real, int access, int lib)
 
 static ck_sandbox *sandbox_of(lua_State *L)
 {
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.sandbox");
-    ck_sandbox *sb = lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    return sb && sb->on ? sb : NULL;
+    ck_host *h = ck_host_of(L);
+    return h && h->sb.on ? &h->sb : NULL;
 }
 
 static int raise_denied(lua_State *L)
@@ -449,7 +448,7 @@ static void wrap(lua_State *L, int t, const char *name, lua_CFunction fn, int ex
     lua_setfield(L, t, name);
 }
 
-void ck_sandbox_install(lua_State *L, ck_sandbox *sb, lua_Integer seed)
+void ck_sandbox_install(lua_State *L, lua_Integer seed)
 {
     static const char *const base_keep[] = {
         "assert", "collectgarbage", "error", "getmetatable", "ipairs", "load", "next", "pairs", "pcall", "print",
@@ -469,9 +468,6 @@ void ck_sandbox_install(lua_State *L, ck_sandbox *sb, lua_Integer seed)
         "sethook", "setcstacklimit", "setlocal", "setmetatable", "setupvalue", "setuservalue", "upvalueid",
         "upvaluejoin", NULL};
     static const char *const string_stubs[] = {"dump", NULL};
-
-    lua_pushlightuserdata(L, sb);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ck.sandbox");
 
     lua_pushglobaltable(L);
     restrict_table(L, "", base_keep, base_stubs);

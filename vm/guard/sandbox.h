@@ -28,10 +28,11 @@ int ck_sandbox_allow(ck_sandbox *sb, const char *dir, int write);
 int ck_sandbox_set_lib(ck_sandbox *sb, const char *dir);
 void ck_sandbox_free(ck_sandbox *sb);
 /* Cuts L's libraries down to the allow-list and installs the checked io.open,
- * io.lines, os.remove, os.rename, load, require and setmetatable. seed:
+ * io.lines, os.remove, os.rename, load, require and setmetatable, which judge
+ * paths by the sandbox of L's host (vm/guard/host.h). seed:
  * what math.randomseed() uses when called without a seed. Raises on out of
  * memory: call it protected. */
-void ck_sandbox_install(lua_State *L, ck_sandbox *sb, lua_Integer seed);
+void ck_sandbox_install(lua_State *L, lua_Integer seed);
 /* Hides the metatables of ck's userdata (registry names "ck.*") from
  * getmetatable, so a script cannot call their __gc by hand. */
 void ck_sandbox_lock_metatables(lua_State *L);

@@ -3,6 +3,7 @@
  * name the script line of the user's call, the op and its scope. */
 #include "ck.h"
 #include "graph/graph.h"
+#include "guard/host.h"
 #include "lua/lua_ck.h"
 #include "run/program.h"
 #include "../../ops/cpu/cpu.h"
@@ -740,9 +741,8 @@ static int l_compile(lua_State *L)
     o.seed = (uint64_t)seed;
     lua_pop(L, 1);
     o.keep_grads = opt_bool(L, 2, "keep_grads", 0);
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
-    o.plan_only = opt_bool(L, 2, "plan_only", lua_toboolean(L, -1));
-    lua_pop(L, 1);
+    const ck_host *host = ck_host_of(L);
+    o.plan_only = opt_bool(L, 2, "plan_only", host && host->plan_only);
     lua_getfield(L, 2, "storage");
     const char *storage = luaL_optstring(L, -1, "fp32");
     if (!strcmp(storage, "bf16")) o.storage = CK_BF16;
@@ -761,11 +761,7 @@ static int l_compile(lua_State *L)
     lua_pop(L, 1);
     /* the device: compile{device=}, else the VM's (--device), else auto */
     lua_getfield(L, 2, "device");
-    if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
-        lua_getfield(L, LUA_REGISTRYINDEX, "ck.device");
-    }
-    const char *device = luaL_optstring(L, -1, "auto");
+    const char *device = luaL_optstring(L, -1, host ? host->device : "auto");
     char derr[512];
     o.be = ck_backend_find(device, o.plan_only, derr, sizeof derr);
     if (!o.be) return ck_lua_raise(L, "compile: %s", derr);
@@ -784,9 +780,7 @@ static int l_compile(lua_State *L)
         return ck_lua_raise(L, "compile: %s", err);
     }
     /* a host that embeds the VM may stop runs through this flag (vm/embed/ck.c) */
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.interrupt");
-    lp->p->interrupt = lua_touserdata(L, -1);
-    lua_pop(L, 1);
+    lp->p->interrupt = host ? &host->lim.interrupt : NULL;
     return 1;
 }
 
@@ -937,29 +931,15 @@ static int push_loss(lua_State *L, ck_program *p)
     return 1;
 }
 
-/* p:step([{lr=, measure=}]) -> loss; with measure = true also the arena's
- * measured high-water mark (bytes), found by scanning a sentinel fill.
- * p:step{stats=, guard=, ...} -> loss, info: a logging step (vm/lua/lua_log.c) */
+/* p:step([{lr=, stats=, guard=, measure=}]) -> loss, info: always both, the
+ * loss first (nil without one) and a table of what the step measured
+ * (vm/lua/lua_log.c). measure = true adds info.high_water, the arena's
+ * measured high-water mark (bytes), found by scanning a sentinel fill. */
 static int l_step(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
     if (lua_istable(L, 2)) p->opt.lr = (float)opt_num(L, 2, "lr", p->opt.lr);
-    if (lua_istable(L, 2)) {
-        lua_getfield(L, 2, "stats");
-        lua_getfield(L, 2, "guard");
-        int logging = !lua_isnil(L, -1) || !lua_isnil(L, -2);
-        lua_pop(L, 2);
-        if (logging) return ck_lua_log_step(L, p);
-    }
-    if (opt_bool(L, 2, "measure", 0)) {
-        size_t hw = 0;
-        if (ck_program_step_measured(p, &hw)) return luaL_error(L, "%s", p->err);
-        if (!push_loss(L, p)) lua_pushnil(L);
-        lua_pushinteger(L, (lua_Integer)hw);
-        return 2;
-    }
-    if (ck_program_step(p)) return luaL_error(L, "%s", p->err);
-    return push_loss(L, p);
+    return ck_lua_log_step(L, p);
 }
 
 /* p:checksum(tensor|name [, "grad"]) -> hex digest of the bytes (FNV-1a 64) of a
@@ -1267,7 +1247,8 @@ static const luaL_Reg program_methods[] = {
     {NULL, NULL},
 };
 
-int luaopen_ck(lua_State *L)
+/* the one name ck.so exports (libck.so hides it: cmake/libck.map) */
+__attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
 {
     luaL_newlib(L, op_funcs);
     int lib = lua_gettop(L);
@@ -1320,25 +1301,27 @@ int luaopen_ck(lua_State *L)
     lua_setfield(L, lib, "cuda_options");
     /* ck.device: where programs compile to by default (--device; in a stock
      * lua5.4, cuda when a device is present, else cpu) */
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.device");
-    if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
-        lua_pushstring(L, ck_default_device());
-    }
+    const ck_host *host = ck_host_of(L);
+    lua_pushstring(L, host ? host->device : ck_default_device());
     lua_setfield(L, lib, "device");
     ck_lua_fs_register(L, lib);
     ck_lua_json_register(L, lib);
     lua_pushstring(L, CK_VERSION);
     lua_setfield(L, lib, "version");
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_mode");
-    lua_setfield(L, lib, "plan_mode");
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.json");
-    lua_setfield(L, lib, "json");
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_policies");
-    lua_setfield(L, lib, "plan_policies");
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_svg");
-    lua_setfield(L, lib, "plan_svg");
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_max_batch");
-    lua_setfield(L, lib, "plan_max_batch");
+    /* the host's plan request (ckrun --plan ...); nil without one */
+    if (host && host->planning) {
+        lua_pushboolean(L, host->plan_only);
+        lua_setfield(L, lib, "plan_mode");
+        lua_pushboolean(L, host->json);
+        lua_setfield(L, lib, "json");
+        lua_pushstring(L, host->plan_policies);
+        lua_setfield(L, lib, "plan_policies");
+        lua_pushstring(L, host->plan_svg);
+        lua_setfield(L, lib, "plan_svg");
+        if (host->plan_max_batch > 0) {
+            lua_pushnumber(L, host->plan_max_batch);
+            lua_setfield(L, lib, "plan_max_batch");
+        }
+    }
     return 1;
 }

@@ -4,6 +4,7 @@
  * timing (p:profile) and readers for tests and tools (ck.read_events,
  * ck.crc32c). */
 #include "formats/logsink.h"
+#include "guard/host.h"
 #include "lua/lua_ck.h"
 #include "run/program.h"
 
@@ -41,10 +42,9 @@ static void on_sigterm(int sig)
 
 static int sigterm_hold(lua_State *L)
 {
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.interrupt");
-    volatile int *flag = lua_touserdata(L, -1);
-    lua_pop(L, 1);
-    if (!flag) return 0; /* a stock lua5.4: nothing to stop the run with */
+    ck_host *host = ck_host_of(L);
+    if (!host) return 0; /* a stock lua5.4: nothing to stop the run with */
+    volatile int *flag = &host->lim.interrupt;
     if (term_refs++ == 0) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -423,20 +423,26 @@ static void push_stats(lua_State *L, ck_program *p, unsigned mask)
     }
 }
 
-/* p:step{stats=, guard=, measure=} (lr already applied by l_step) -> loss, info */
+/* p:step([{stats=, guard=, measure=}]) (lr already applied by l_step) ->
+ * loss, info. One shape whatever the options: loss (nil without one) first, as
+ * torch's loss.item(); info a table: plan_peak always, high_water with measure,
+ * grads/acts with stats, skipped and nonfinite when a guarded step skipped. */
 int ck_lua_log_step(lua_State *L, ck_program *p)
 {
     ck_run_opts o = {0, 0, 0};
-    lua_getfield(L, 2, "stats");
-    o.stats = stats_mask(L, lua_gettop(L));
-    lua_pop(L, 1);
-    o.guard = opt_bool(L, 2, "guard", 0);
-    o.measure = opt_bool(L, 2, "measure", 0);
+    if (lua_istable(L, 2)) {
+        lua_getfield(L, 2, "stats");
+        o.stats = stats_mask(L, lua_gettop(L));
+        lua_pop(L, 1);
+        o.guard = opt_bool(L, 2, "guard", 0);
+        o.measure = opt_bool(L, 2, "measure", 0);
+    }
     if (o.stats && (o.stats & ~p->stat_groups))
         return ck_lua_raise(L, "step: these statistics are not enabled; call p:enable_stats{...} before the first step");
     ck_run_info r;
     if (ck_program_run(p, &o, &r)) return ck_lua_raise(L, "%s", p->err);
     const float *loss = p->loss >= 0 ? ck_program_read(p, p->loss) : NULL;
+    if (!loss && p->loss >= 0 && p->err[0]) return ck_lua_raise(L, "%s", p->err);
     if (loss) lua_pushnumber(L, loss[0]);
     else lua_pushnil(L);
     lua_newtable(L);

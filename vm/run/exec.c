@@ -99,7 +99,7 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
 
 int ck_exec_range(const ck_exec_env *p, const ck_plan *pl, int from, int to, char *err, size_t errlen)
 {
-    ck_kctx ctx = {p->seed, p->step, p->lr, NULL, 0, p->update, p->eval};
+    ck_kctx ctx = {.seed = p->seed, .step = p->step, .lr = p->lr, .update = p->update, .eval = p->eval};
     p->be->enter();
     for (int i = from; i < to; i++)
         if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;
@@ -152,7 +152,7 @@ int ck_exec_tensor_finite(const ck_exec_env *p, const ck_plan *pl, int t, int *f
 int ck_exec_find_nonfinite(const ck_exec_env *p, const ck_plan *pl, int to, int *entry, int *input, char *err,
                            size_t errlen)
 {
-    ck_kctx ctx = {p->seed, p->step, p->lr, NULL, 0, p->update, 0};
+    ck_kctx ctx = {.seed = p->seed, .step = p->step, .lr = p->lr, .update = p->update, .eval = 0};
     *entry = *input = -1;
     p->be->enter();
     for (int i = 0; i < to; i++) {

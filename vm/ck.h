@@ -180,6 +180,10 @@ typedef struct ck_plan_request {
     const char *policies;
     const char *svg;
     double max_batch;
+    /* a file to write the compiled graph to as JSON, with what each policy
+     * compared decided (scripts see ck.plan_export_graph; the schema is in
+     * README.md, "Graph export"); copied */
+    const char *export_graph;
 } ck_plan_request;
 #define CK_PLAN_REQUEST_INIT {.size = sizeof(ck_plan_request)}
 

@@ -31,6 +31,9 @@ static void usage(FILE *f)
             "  --max-batch SIZE  with --plan: the largest batch whose plan fits SIZE\n"
             "                  (bytes, or with a unit: 24GiB, 512MiB)\n"
             "  --svg FILE      with --plan: write the memory timeline as SVG\n"
+            "  --export-graph FILE\n"
+            "                  with --plan: write the compiled graph and each policy's\n"
+            "                  decisions as JSON (README.md, \"Graph export\")\n"
             "\n"
             "sandbox and limits (the sandbox is on unless --trust):\n"
             "  --allow-read DIR   scripts may also read under DIR (default: the working\n"
@@ -120,6 +123,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--svg") && more) {
             /* the file named on the command line may be written wherever it is */
             plan.svg = argv[++i];
+            char *dir = strdup(argv[i]);
+            if (dir) writes[nwrites++] = dirname(owned[nowned++] = dir);
+        }
+        else if (!strcmp(a, "--export-graph") && more) {
+            plan.export_graph = argv[++i];
             char *dir = strdup(argv[i]);
             if (dir) writes[nwrites++] = dirname(owned[nowned++] = dir);
         }

@@ -496,7 +496,8 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
         h->plan_only = req.plan_only;
         h->json = req.json;
         h->plan_max_batch = req.max_batch > 0 ? req.max_batch : 0;
-        if (copy_string(vm, req.policies, &h->plan_policies) || copy_string(vm, req.svg, &h->plan_svg))
+        if (copy_string(vm, req.policies, &h->plan_policies) || copy_string(vm, req.svg, &h->plan_svg) ||
+            copy_string(vm, req.export_graph, &h->plan_export_graph))
             return dead(vm, CK_EMEM, "out of memory");
     }
     vm->log = o.log;
@@ -567,6 +568,7 @@ void ck_close(ck_vm *vm)
     ck_sandbox_free(&vm->host.sb);
     free_string(vm, vm->host.plan_policies);
     free_string(vm, vm->host.plan_svg);
+    free_string(vm, vm->host.plan_export_graph);
     vm->alloc(vm->alloc_ud, vm, sizeof *vm, 0);
 }
 

@@ -20,6 +20,7 @@ typedef struct ck_host {
     int plan_only, json;
     char *plan_policies; /* NULL: none; owned by the VM */
     char *plan_svg;
+    char *plan_export_graph;
     double plan_max_batch; /* 0: none */
 } ck_host;
 

@@ -1280,7 +1280,7 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     luaL_newlib(L, program_methods);
     ck_lua_st_register(L, lib, lua_gettop(L));
     ck_lua_log_register(L, lib, lua_gettop(L));
-    ck_lua_graph_register(L, lib, lua_gettop(L));
+    ck_lua_graph_register(L, lua_gettop(L));
     lua_pushcclosure(L, l_program_index, 1);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_program_newindex);
@@ -1318,6 +1318,8 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
         lua_setfield(L, lib, "plan_policies");
         lua_pushstring(L, host->plan_svg);
         lua_setfield(L, lib, "plan_svg");
+        lua_pushstring(L, host->plan_export_graph);
+        lua_setfield(L, lib, "plan_export_graph");
         if (host->plan_max_batch > 0) {
             lua_pushnumber(L, host->plan_max_batch);
             lua_setfield(L, lib, "plan_max_batch");

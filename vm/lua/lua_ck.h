@@ -40,8 +40,8 @@ int ck_lua_log_step(lua_State *L, ck_program *p);
 void ck_lua_fs_register(lua_State *L, int lib);
 /* vm/lua/lua_json.c: ck.json_encode, ck.json_decode, ck.json_object, ck.json_null */
 void ck_lua_json_register(lua_State *L, int lib);
-/* vm/lua/lua_graph.c: p:graph() in the program methods at index methods, ck.plan_export_graph */
-void ck_lua_graph_register(lua_State *L, int lib, int methods);
+/* vm/lua/lua_graph.c: p:graph() in the program methods at index methods */
+void ck_lua_graph_register(lua_State *L, int methods);
 
 
 #endif

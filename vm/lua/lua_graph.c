@@ -208,11 +208,8 @@ static int l_program_graph(lua_State *L)
     return 1;
 }
 
-void ck_lua_graph_register(lua_State *L, int lib, int methods)
+void ck_lua_graph_register(lua_State *L, int methods)
 {
     lua_pushcfunction(L, l_program_graph);
     lua_setfield(L, methods, "graph");
-    /* --export-graph FILE (set by the command line): where plan.report writes the graph */
-    lua_getfield(L, LUA_REGISTRYINDEX, "ck.plan_export_graph");
-    lua_setfield(L, lib, "plan_export_graph");
 }

@@ -69,6 +69,7 @@ local o = options.parse(args, {
   {"lr", "number", 3e-3, "the learning rate"},
   {"weight-decay", "number", function(v) return v.optimizer == "lion" and 0 or 1e-2 end, "weight decay",
    shown = "1e-2, with lion 0"},
+  {"fused-backward", "flag", false, "each update as soon as its gradient is complete (no global-norm clipping)"},
   {"max-grad-norm", "number", function(v) return v["fused-backward"] and 0 or 1.0 end,
    "clip the gradients' global norm (0: no clipping)", min = 0, shown = "1.0, with --fused-backward 0"},
   {"gradient-accumulation-steps", "integer", 1, "update with the mean gradient of every N batches", min = 1,
@@ -78,7 +79,6 @@ local o = options.parse(args, {
   {"lr-warmup-steps", "integer", 0, "updates of warmup", min = 0},
   {"lr-num-cycles", "number", nil, "cycles of cosine_with_restarts (default: the schedule's)"},
   {"lr-power", "number", nil, "the power of polynomial (default: the schedule's)"},
-  {"fused-backward", "flag", false, "each update as soon as its gradient is complete (no global-norm clipping)"},
   -- memory
   {"checkpoint", "string", "none", "the checkpoint policy: none, diffusers, selective, sqrt_n, every_n:N, " ..
    "budget:SIZE|PCT%, blocks:PATTERN", arg = "POLICY"},

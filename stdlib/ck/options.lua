@@ -7,7 +7,7 @@
 --     about = "what the script does, in a line",
 --     {"steps", "integer", 300, "batches to train", min = 1},
 --     {"size", "choice", "tiny", "the UNet", choices = {"tiny", "full"}},
---     {"alpha", "number", function(v) return v.rank end, "LoRA alpha", shown = "the rank"},
+--     {"alpha", "number", function(v) return v.rank end, "LoRA alpha", shown = "the rank"}, -- v: those above
 --   })
 --   if not o then return end -- --help printed the options
 --   print(o.steps, o["max-grad-norm"], o:given("size"))
@@ -236,14 +236,19 @@ function M.parse(args, spec)
     local known = #names > 0 and "; the options are --" .. table.concat(names, ", --") or "; it takes no options"
     error(table.concat(bad, "; ") .. known, 2)
   end
-  local values, given = {}, {}
+  local values, given, done = {}, {}, {}
+  -- what a computed default sees: the options above it
+  local above = setmetatable({}, {__index = function(_, k)
+    if not done[k] then error("options.parse: a default reads --" .. tostring(k) .. ", which is not declared above it", 2) end
+    return values[k]
+  end})
   for _, e in ipairs(list) do
     local raw
     if e.pos then raw = args[e.pos] else raw = args[e.name] end
     given[e.name] = raw ~= nil
     if raw == nil then
       raw = e.default
-      if type(raw) == "function" then raw = raw(values) end
+      if type(raw) == "function" then raw = raw(above) end
     end
     if raw == nil then
       if e.required then
@@ -258,6 +263,7 @@ function M.parse(args, spec)
       end
       values[e.name] = v
     end
+    done[e.name] = true
   end
   return setmetatable(values, {
     __index = function(_, k)

@@ -65,6 +65,15 @@ refused({lr = "fast"}, "--lr must be a number, got 'fast'")
 refused({}, "the default of --batch must be an integer >= 1, got '0'",
   {{"batch", "integer", function() return 0 end, "samples", min = 1, shown = "none"}})
 
+do -- a computed default reads only the options above it, and says so at its own line
+  local line = debug.getinfo(1, "l").currentline + 1
+  local spec = {{"batch", "integer", function(v) return v.size == "full" and 1 or 2 end, "samples", shown = "2"},
+                {"size", "choice", "tiny", "the model", choices = {"tiny", "full"}}}
+  local ok, err = pcall(options.parse, {}, spec)
+  T.ok(not ok and err:find("test_options.lua:" .. line .. ": options.parse: a default reads --size, which is not " ..
+    "declared above it", 1, true), "a default reading an option below it: " .. tostring(err))
+end
+
 -- a default that would not parse fails every run, given a value or not
 refused({}, "the default of --budgets does not parse: --budgets wants a comma-separated list, got 'true'",
   {{"budgets", "list", true, "budgets"}})

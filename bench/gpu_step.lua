@@ -8,19 +8,7 @@
 --   ckrun --trust bench/gpu_step.lua --case full        full SDXL, 128x128 latents (1024x1024), or
 --                                                       64x64 (512x512) when 128x128 does not fit
 --
--- Options: --case tiny|full, --latent N (latent side: tiny 64, full 128),
--- --fallback N|none (full: 64; the latent side to run at when none's planned
--- peak plus the backend's fixed bytes and --headroom do not fit the free device
--- memory), --batch N (1), --lora true|false (true: rank --rank adapters on
--- to_q/to_k/to_v/to_out.0 of a frozen base, as scripts/train_sdxl_lora.lua;
--- false: train every parameter), --optimizer adamw|adamw8bit, --fused-backward true|false
--- (false), --rank N (4), --policies LIST
--- ("none,diffusers,budget:62%"; a budget percentage is of none's peak),
--- --warmup N (1), --steps N (5: the timed steps), --device cuda|cpu (cpu: no
--- device memory figures, for trying the script without a GPU), --headroom BYTES
--- (1 GiB), --seed N (1), --warm true|false (true: on cuda, one untimed step of
--- the first policy before anything is measured, so that the kernel modules
--- CUDA loads on first use count as context, not as the first policy's memory).
+-- The options: ckrun --trust bench/gpu_step.lua --help.
 --
 -- Per policy: free device memory (cudaMemGetInfo, after the device is open, so
 -- the backend's fixed bytes are already held) before the compile; the compile;
@@ -52,30 +40,52 @@ local sdxl = require "ck.sdxl"
 local policy = require "ck.policy"
 local plan = require "ck.plan"
 
-local o = sdxl.options(args, {"case", "latent", "fallback", "headroom", "batch", "lora", "rank", "seed", "device",
-  "policies", "warm", "warmup", "steps", "optimizer", "fused-backward"})
-local case = o:choice("case", "tiny", {"tiny", "full"})
+local options = require "ck.options"
+
+local o = options.parse(args, {
+  about = "One SDXL UNet LoRA training step per checkpoint policy on the GPU: one JSON line per policy.",
+  {"case", "choice", "tiny", "sdxl-tiny or full SDXL", choices = {"tiny", "full"}},
+  {"latent", "integer", function(v) return v.case == "full" and 128 or 64 end, "the latent side", min = 1,
+   shown = "tiny 64, full 128"},
+  {"fallback", "string", function(v) return v.case == "full" and 64 or "none" end,
+   "the latent side to run at when none's planned peak plus the backend's fixed bytes and --headroom do not fit " ..
+   "the free device memory", arg = "N|none", shown = "full 64, tiny none",
+   check = function(v) return v == "none" or (math.tointeger(tonumber(v)) or 0) >= 1 end,
+   says = "must be a latent side or none"},
+  {"batch", "integer", 1, "samples per step", min = 1},
+  {"lora", "flag", true, "rank --rank adapters on to_q/to_k/to_v/to_out.0 of a frozen base; false trains " ..
+   "every parameter", arg = "true|false"},
+  {"optimizer", "choice", "adamw", "the optimizer", choices = {"adamw", "adamw8bit"}},
+  {"fused-backward", "flag", false, "each update as soon as its gradient is complete", arg = "true|false"},
+  {"rank", "integer", 4, "the adapters' rank", min = 1},
+  {"policies", "list", "none,diffusers,budget:62%", "the checkpoint policies (a budget percentage is of none's peak)"},
+  {"warmup", "integer", 1, "untimed steps after the measuring one", min = 0},
+  {"steps", "integer", 5, "timed steps", min = 1},
+  {"device", "choice", "cuda", "cpu: no device memory figures, for trying the script without a GPU",
+   choices = {"cuda", "cpu"}},
+  {"headroom", "size", "1 GiB", "device memory left free when choosing the latent side"},
+  {"seed", "integer", 1, "the seed of weights and inputs", min = 0},
+  {"warm", "flag", true, "on cuda, one untimed step of the first policy before anything is measured, so that " ..
+   "the kernel modules CUDA loads on first use count as context", arg = "true|false"},
+})
+if not o then return end
+local case = o.case
 local model_name = case == "full" and "sdxl" or "sdxl-tiny"
 local config = unet.config(model_name)
-local requested = o:count("latent", case == "full" and 128 or 64)
-local fallback = o:get("fallback", case == "full" and 64 or "none")
-if fallback == "none" or fallback == false then
-  fallback = nil
-elseif math.type(fallback) ~= "integer" or fallback < 1 then
-  error("--fallback must be a latent side or none, got '" .. tostring(fallback) .. "'")
-end
-local batch = o:count("batch", 1)
-local use_lora = o:flag("lora", true)
-local optimizer = o:choice("optimizer", "adamw", {"adamw", "adamw8bit"})
-local fused = o:flag("fused-backward", false)
-local rank = o:count("rank", 4)
-local warmup = o:count("warmup", 1, 0)
-local steps = o:count("steps", 5)
-local device = o:choice("device", "cuda", {"cuda", "cpu"})
-local headroom = policy.bytes(o:get("headroom", 2 ^ 30))
-local seed = o:count("seed", 1, 0)
-local warm = o:flag("warm", true)
-local names = o:list("policies", "none,diffusers,budget:62%")
+local requested = o.latent
+local fallback = o.fallback ~= "none" and math.tointeger(tonumber(o.fallback)) or nil
+local batch = o.batch
+local use_lora = o.lora
+local optimizer = o.optimizer
+local fused = o["fused-backward"]
+local rank = o.rank
+local warmup = o.warmup
+local steps = o.steps
+local device = o.device
+local headroom = o.headroom
+local seed = o.seed
+local warm = o.warm
+local names = o.policies
 for _, n in ipairs(names) do policy.parse(n) end -- a typo fails before anything runs
 
 local function log(fmt, ...)

@@ -31,14 +31,22 @@ local data = require "ck.data"
 local policy = require "ck.policy"
 local log = require "ck.log"
 
-local a = args or {}
-local rounds = a.rounds or 10
-local pairs_n = a.pairs or 60
-local resolution = a.resolution or 512
-local root = a.dir or "out/bench_logging"
+local o = require("ck.options").parse(args, {
+  about = "What logging costs: a LoRA training step of sdxl-tiny under each logging setup, timed round-robin.",
+  {"rounds", "integer", 10, "rounds of the setups table", min = 1},
+  {"pairs", "integer", 60, "plain/logging step pairs of the pairs table", min = 1},
+  {"resolution", "integer", 512, "pixels per side (latents are 1/8 of it)", arg = "PX", min = 8},
+  {"dir", "string", "out/bench_logging", "where the setups write their logs", arg = "DIR"},
+  {"tables", "list", "setups,pairs,work", "the tables to print"},
+})
+if not o then return end
+local rounds = o.rounds
+local pairs_n = o.pairs
+local resolution = o.resolution
+local root = o.dir
 local latent = resolution // 8
 local tables = {}
-for t in tostring(a.tables or "setups,pairs,work"):gmatch("[^,]+") do tables[t] = true end
+for _, t in ipairs(o.tables) do tables[t] = true end
 local config = unet.config("sdxl-tiny")
 local tokens = 77
 local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim

@@ -15,14 +15,24 @@ local lora = require "ck.lora"
 local policy = require "ck.policy"
 local diffusion = require "ck.diffusion"
 
-local a = args or {}
-local batch = a.batch or 2
-local latent = a.latent or 32
-local use_lora = a.lora == true or a.lora == "true"
-local rank = a.rank or 4
-local checkpoint = policy.parse(a.checkpoint or "none")
-local seed = a.seed or 1
-local lr = a.lr or 1e-4
+local o = require("ck.options").parse(args, {
+  about = "ckrun's side of bench/vs_pytorch.sh: one sdxl-tiny training step per 'step' line on stdin.",
+  {"batch", "integer", 2, "samples per step", min = 1},
+  {"latent", "integer", 32, "the latent side", min = 1},
+  {"lora", "flag", false, "rank --rank adapters on a frozen base; false trains every parameter", arg = "true|false"},
+  {"rank", "integer", 4, "the adapters' rank", min = 1},
+  {"checkpoint", "string", "none", "the checkpoint policy", arg = "POLICY"},
+  {"seed", "integer", 1, "the seed", min = 0},
+  {"lr", "number", 1e-4, "the learning rate"},
+})
+if not o then return end
+local batch = o.batch
+local latent = o.latent
+local use_lora = o.lora
+local rank = o.rank
+local checkpoint = policy.parse(o.checkpoint)
+local seed = o.seed
+local lr = o.lr
 local config = unet.config("sdxl-tiny")
 local tokens = 77
 local pooled_dim = config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim

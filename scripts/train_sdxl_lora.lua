@@ -9,37 +9,7 @@
 --   ckrun --plan --json scripts/train_sdxl_lora.lua --size full
 --   ckrun --device cuda scripts/train_sdxl_lora.lua ...   on the GPU (the default where one is present)
 --
--- Options: --size tiny|full, --data DIR|synthetic, --weights FILE, --resolution PX, --full
--- (every parameter trained; the adapter's options below are refused; --out defaults to
--- out/unet.safetensors), --fused-backward (each update as soon as its gradient is complete),
--- --batch N, --steps N (batches), --rank N, --alpha X, --targets default|kohya|a,b,c,
--- --conv-rank N, --conv-alpha X (adapters on the resnets', downsamplers' and upsamplers' 3x3
--- convolutions too, as kohya's LoCon conv_dim/conv_alpha; alpha defaults to the rank),
--- --network-dropout X (dropout on each adapter's lora_down output while training, as kohya's),
--- --loraplus-lr-ratio X (lora_up learns at X times the learning rate: LoRA+, as kohya's),
--- --out FILE, --lora-format kohya|peft, --save-precision float|fp16|bf16 (the adapter file's
--- dtype, as kohya's --save_precision; float = fp32), --seed N, --prediction eps|v,
--- --noise-offset X, --ip-noise-gamma X (input perturbation), --min-timestep N, --max-timestep N
--- (timesteps drawn from [min, max), default [0, 1000)), --min-snr-gamma X, --debiased-estimation-loss,
--- --scale-v-pred-loss-like-noise-pred (kohya's loss weights), --val-every N, --samples N (synthetic set size),
--- the optimizer: --optimizer adamw|adamw8bit|lion (AdamW, torch's; adamw8bit, bitsandbytes' AdamW8bit:
--- the moments in bytes, a quarter of AdamW's state; Lion, lion-pytorch's: one moment,
--- betas 0.9/0.99; use a 3-10x smaller --lr), --lr X, --weight-decay X (AdamW 1e-2, Lion 0),
--- --max-grad-norm X (1.0: clip the gradients' global norm, as kohya and diffusers do; 0: no
--- clipping), --gradient-accumulation-steps N (1: update with the mean gradient of every N
--- batches; the schedule counts updates), --lr-scheduler NAME (constant, constant_with_warmup,
--- linear, cosine, cosine_with_restarts, polynomial: diffusers' schedules), --lr-warmup-steps N
--- (0), --lr-num-cycles X, --lr-power X,
--- --checkpoint POLICY (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN),
--- --storage fp32|bf16 (bf16: activations and frozen weights stored in 16 bits, computed in fp32),
--- --fp8-base (the frozen base stored in fp8 e4m3, as kohya's --fp8_base),
--- --save-every N, --state-dir DIR (out/state), --keep-states K (3), --resume [DIR],
--- --save-lora-every N (also write the adapter every N steps, as OUT with -stepNNNNNNNN before
--- .safetensors, kohya's --save_every_n_steps naming),
--- --log-dir DIR (default runs/<time>: metrics.jsonl and a TensorBoard event file),
--- --log-every N (gradient norms and memory every N steps, activation statistics
--- every 5N; default 10; loss, lr and step time every step), --log-async (a writer
--- thread: a crash loses at most --log-flush seconds of records, default 1).
+--   ckrun scripts/train_sdxl_lora.lua --help              the options
 local ck = require "ck"
 local unet = require "ck.unet"
 local lora = require "ck.lora"
@@ -50,100 +20,144 @@ local policy = require "ck.policy"
 local state = require "ck.state"
 local optim = require "ck.optim"
 
-local a = args or {}
+local options = require "ck.options"
+
+local function full_or_tiny(full, tiny) return function(v) if v.size == "full" then return full end return tiny end end
+local o = options.parse(args, {
+  about = "Train LoRA adapters (or, with --full, every parameter) of an SDXL UNet on cached latents.",
+  -- the model and the data
+  {"size", "choice", "tiny", "sdxl-tiny (8M parameters) or the real SDXL UNet", choices = {"tiny", "full"}},
+  {"data", "string", "synthetic", "a folder of .safetensors samples, or the synthetic set", arg = "DIR|synthetic"},
+  {"samples", "integer", 16, "the synthetic set's size", min = 1},
+  {"weights", "string", nil, "the base UNet in diffusers key names (default: a seeded random base)", arg = "FILE"},
+  {"resolution", "integer", full_or_tiny(1024, 256), "pixels per side (latents are 1/8 of it)", arg = "PX",
+   shown = "1024 with --size full, else 256", check = function(v) return v % 64 == 0 end,
+   says = "must be a multiple of 64 pixels"},
+  {"batch", "integer", full_or_tiny(1, 2), "samples per step", min = 1, shown = "1 with --size full, else 2"},
+  {"steps", "integer", 300, "batches to train", min = 1},
+  {"seed", "integer", 1, "the seed of weights, data, noise and timesteps", min = 0},
+  -- the objective
+  {"prediction", "choice", function(v) return v.weights and "eps" or "v" end, "what the UNet predicts",
+   choices = {"eps", "v"}, shown = "eps with --weights, else v"},
+  {"noise-offset", "number", 0, "noise offset", min = 0},
+  {"ip-noise-gamma", "number", 0, "input perturbation: noise the model sees and the target leaves out", min = 0},
+  {"min-timestep", "integer", 0, "timesteps are drawn from [min, max)", min = 0},
+  {"max-timestep", "integer", 1000, "timesteps are drawn from [min, max)", min = 1},
+  {"min-snr-gamma", "number", nil, "kohya's min-SNR loss weight (default: none)", above = 0},
+  {"debiased-estimation-loss", "flag", false, "kohya's debiased estimation loss weight"},
+  {"scale-v-pred-loss-like-noise-pred", "flag", false, "kohya's v-prediction loss scale"},
+  {"val-every", "integer", 0, "validation loss every N steps (0: before and after only)", min = 0},
+  -- the adapter
+  {"full", "flag", false, "train every UNet parameter instead of an adapter and write the UNet"},
+  {"rank", "integer", 4, "the adapters' rank", min = 1},
+  {"alpha", "number", function(v) return v.rank end, "the adapters' alpha", shown = "the rank"},
+  {"conv-rank", "integer", nil, "LoCon: adapt the resnets' 3x3 convolutions too, at this rank (default: none)",
+   min = 1},
+  {"conv-alpha", "number", function(v) return v["conv-rank"] end, "LoCon's alpha", shown = "--conv-rank"},
+  {"network-dropout", "number", 0, "dropout on each adapter's lora_down output while training", min = 0, below = 1},
+  {"loraplus-lr-ratio", "number", 1, "LoRA+: lora_up learns at X times the rate", above = 0},
+  {"targets", "string", "default", "the adapted modules: default (to_q,to_k,to_v,to_out.0), kohya, or a list",
+   arg = "default|kohya|a,b,c"},
+  {"out", "string", function(v) return v.full and "out/unet.safetensors" or "out/lora.safetensors" end,
+   "the file written", arg = "FILE", shown = "out/lora.safetensors, with --full out/unet.safetensors"},
+  {"lora-format", "choice", "kohya", "the adapter file's key names", choices = {"kohya", "peft"}},
+  {"save-precision", "choice", "float", "the file's dtype (float: fp32)", choices = {"float", "fp32", "fp16", "bf16"}},
+  {"save-lora-every", "integer", 0, "also write the adapter every N steps (OUT-stepNNNNNNNN.safetensors)", min = 0,
+   says = "must be a whole number of steps"},
+  -- the optimizer
+  {"optimizer", "choice", "adamw", "AdamW, bitsandbytes' AdamW8bit or Lion", choices = {"adamw", "adamw8bit", "lion"}},
+  {"lr", "number", 3e-3, "the learning rate"},
+  {"weight-decay", "number", function(v) return v.optimizer == "lion" and 0 or 1e-2 end, "weight decay",
+   shown = "1e-2, with lion 0"},
+  {"fused-backward", "flag", false, "each update as soon as its gradient is complete (no global-norm clipping)"},
+  {"max-grad-norm", "number", function(v) return v["fused-backward"] and 0 or 1.0 end,
+   "clip the gradients' global norm (0: no clipping)", min = 0, shown = "1.0, with --fused-backward 0"},
+  {"gradient-accumulation-steps", "integer", 1, "update with the mean gradient of every N batches", min = 1,
+   says = "must be a whole number >= 1"},
+  {"lr-scheduler", "string", "constant", "diffusers' schedules: constant, constant_with_warmup, linear, cosine, " ..
+   "cosine_with_restarts, polynomial", arg = "NAME"},
+  {"lr-warmup-steps", "integer", 0, "updates of warmup", min = 0},
+  {"lr-num-cycles", "number", nil, "cycles of cosine_with_restarts (default: the schedule's)"},
+  {"lr-power", "number", nil, "the power of polynomial (default: the schedule's)"},
+  -- memory
+  {"checkpoint", "string", "none", "the checkpoint policy: none, diffusers, selective, sqrt_n, every_n:N, " ..
+   "budget:SIZE|PCT%, blocks:PATTERN", arg = "POLICY"},
+  {"storage", "string", "fp32", "bf16: activations and frozen weights stored in 16 bits", arg = "fp32|bf16"},
+  {"fp8-base", "flag", false, "the frozen base stored in fp8 e4m3"},
+  -- training states and logs
+  {"save-every", "integer", 0, "write a training state every N steps", min = 0},
+  {"state-dir", "string", "out/state", "where training states go", arg = "DIR"},
+  {"keep-states", "integer", 3, "training states kept", min = 1},
+  {"resume", "flag-or-string", false, "continue from the latest state in DIR (default DIR: --state-dir)",
+   arg = "[DIR]"},
+  {"log-dir", "string", nil, "the run's log: metrics.jsonl and a TensorBoard event file (default: runs/<time>)",
+   arg = "DIR"},
+  {"log-every", "integer", 10, "gradient norms and memory every N steps, activation statistics every 5N", min = 1,
+   says = "must be a positive number of steps"},
+  {"log-async", "flag", false, "a writer thread writes the log"},
+  {"log-flush", "number", 1, "with --log-async: seconds between writes", above = 0},
+})
+if not o then return end
 -- the adapter's options, which --full (every parameter trained) does not take
 local LORA_OPTIONS = {"rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "loraplus-lr-ratio", "targets",
                       "lora-format", "fp8-base"}
-local o = sdxl.options(a, {
-  "size", "data", "weights", "resolution", "batch", "steps", "samples", "seed", "prediction", "noise-offset",
-  "ip-noise-gamma", "min-timestep", "max-timestep", "min-snr-gamma", "debiased-estimation-loss",
-  "scale-v-pred-loss-like-noise-pred", "val-every",
-  "full", "rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "loraplus-lr-ratio", "targets", "out",
-  "lora-format", "save-precision", "save-lora-every",
-  "optimizer", "lr", "weight-decay", "max-grad-norm", "gradient-accumulation-steps", "lr-scheduler",
-  "lr-warmup-steps", "lr-num-cycles", "lr-power", "fused-backward",
-  "checkpoint", "storage", "fp8-base",
-  "save-every", "state-dir", "keep-states", "resume",
-  "log-dir", "log-every", "log-async", "log-flush",
-})
-local function opt(name, default) return o:get(name, default) end
 -- --full: every UNet parameter trained, the UNet written (as kohya's sdxl_train.py)
-local full = o:flag("full", false)
+local full = o.full
 for _, name in ipairs(full and LORA_OPTIONS or {}) do
-  if a[name] ~= nil then error("--" .. name .. " is an adapter's option; --full trains every parameter") end
+  if o:given(name) then error("--" .. name .. " is an adapter's option; --full trains every parameter") end
 end
 
-local size = o:choice("size", "tiny", {"tiny", "full"})
+local size = o.size
 local config = unet.config(size == "full" and "sdxl" or "sdxl-tiny")
-local resolution = opt("resolution", size == "full" and 1024 or 256)
-if math.type(resolution) ~= "integer" or resolution % 64 ~= 0 then
-  error("--resolution must be a multiple of 64 pixels, got " .. tostring(resolution))
-end
+local resolution = o.resolution
 local latent = resolution // 8
-local batch = opt("batch", size == "full" and 1 or 2)
-local steps = opt("steps", 300)
-local seed = opt("seed", 1)
-local rank = opt("rank", 4)
-local alpha = opt("alpha", rank)
-local conv_rank = a["conv-rank"] and o:count("conv-rank")
-local conv_alpha = opt("conv-alpha", conv_rank)
-local network_dropout, loraplus = opt("network-dropout", 0), opt("loraplus-lr-ratio", 1)
-if type(network_dropout) ~= "number" or network_dropout < 0 or network_dropout >= 1 then
-  error("--network-dropout must be a number in [0, 1), got '" .. tostring(network_dropout) .. "'")
-end
-if type(loraplus) ~= "number" or loraplus <= 0 then
-  error("--loraplus-lr-ratio must be a number > 0, got '" .. tostring(loraplus) .. "'")
-end
-local targets = opt("targets", "default")
-if targets ~= "default" and targets ~= "kohya" then targets = o:list("targets") end
-local format = o:choice("lora-format", "kohya", {"kohya", "peft"})
+local batch = o.batch
+local steps = o.steps
+local seed = o.seed
+local rank = o.rank
+local alpha = o.alpha
+local conv_rank = o["conv-rank"]
+local conv_alpha = o["conv-alpha"]
+local network_dropout, loraplus = o["network-dropout"], o["loraplus-lr-ratio"]
+local targets = o.targets
+if targets ~= "default" and targets ~= "kohya" then targets = options.types.list(nil, targets) end
+local format = o["lora-format"]
 -- the adapter file's dtype, as kohya's --save_precision
-local save_dtype = ({float = "F32", fp32 = "F32", fp16 = "F16", bf16 = "BF16"})[
-  o:choice("save-precision", "float", {"float", "fp32", "fp16", "bf16"})]
-local out = opt("out", full and "out/unet.safetensors" or "out/lora.safetensors")
-local lr = opt("lr", 3e-3)
-local lr_scheduler, lr_warmup = opt("lr-scheduler", "constant"), opt("lr-warmup-steps", 0)
-local optimizer = o:choice("optimizer", "adamw", {"adamw", "adamw8bit", "lion"})
-local weight_decay = opt("weight-decay", optimizer == "lion" and 0 or 1e-2)
-local accumulate = opt("gradient-accumulation-steps", 1)
-if math.type(accumulate) ~= "integer" or accumulate < 1 then
-  error("--gradient-accumulation-steps must be a whole number >= 1, got " .. tostring(accumulate))
-end
+local save_dtype = ({float = "F32", fp32 = "F32", fp16 = "F16", bf16 = "BF16"})[o["save-precision"]]
+local out = o.out
+local lr = o.lr
+local lr_scheduler, lr_warmup = o["lr-scheduler"], o["lr-warmup-steps"]
+local optimizer = o.optimizer
+local weight_decay = o["weight-decay"]
+local accumulate = o["gradient-accumulation-steps"]
 -- each update as soon as its gradient is complete (kohya's --fused_backward_pass):
 -- no global-norm clipping then, unless asked (which compile refuses)
-local fused_backward = o:flag("fused-backward", false)
-local max_grad_norm = opt("max-grad-norm", fused_backward and 0 or 1.0)
+local fused_backward = o["fused-backward"]
+local max_grad_norm = o["max-grad-norm"]
 -- the rate of optimizer update k (0 for the first); --steps batches make steps // accumulate updates
 local lr_at = optim.schedule{name = lr_scheduler, lr = lr, steps = math.max(1, steps // accumulate), warmup = lr_warmup,
-                             cycles = opt("lr-num-cycles", nil), power = opt("lr-power", nil)}
+                             cycles = o["lr-num-cycles"], power = o["lr-power"]}
 -- A LoRA on a randomly initialized base cannot learn epsilon prediction: the
 -- full-resolution levels of the UNet have no attention, so nothing adapted can
 -- pass the noise through. v-prediction's target holds the latents, which the
 -- adapters can learn; so a run without --weights defaults to v.
-local prediction = o:choice("prediction", a.weights and "eps" or "v", {"eps", "v"})
-local noise_offset, ip_noise_gamma, min_snr_gamma = opt("noise-offset", 0), opt("ip-noise-gamma", 0),
-  opt("min-snr-gamma", nil)
-for name, v in pairs{["noise-offset"] = noise_offset, ["ip-noise-gamma"] = ip_noise_gamma} do
-  if type(v) ~= "number" or v < 0 then error("--" .. name .. " must be a number >= 0, got '" .. tostring(v) .. "'") end
-end
-local min_timestep, max_timestep = o:count("min-timestep", 0, 0), o:count("max-timestep", 1000)
+local prediction = o.prediction
+local noise_offset, ip_noise_gamma, min_snr_gamma = o["noise-offset"], o["ip-noise-gamma"], o["min-snr-gamma"]
+local min_timestep, max_timestep = o["min-timestep"], o["max-timestep"]
 if min_timestep >= max_timestep or max_timestep > 1000 then
   error(string.format("--min-timestep and --max-timestep must satisfy 0 <= min < max <= 1000, got %d and %d",
     min_timestep, max_timestep))
 end
-if min_snr_gamma ~= nil and not (type(min_snr_gamma) == "number" and min_snr_gamma > 0) then
-  error("--min-snr-gamma must be a number > 0, got '" .. tostring(min_snr_gamma) .. "'")
-end
-local debiased = o:flag("debiased-estimation-loss", false)
-local scale_v_pred = o:flag("scale-v-pred-loss-like-noise-pred", false)
+local debiased = o["debiased-estimation-loss"]
+local scale_v_pred = o["scale-v-pred-loss-like-noise-pred"]
 if scale_v_pred and prediction ~= "v" then
   error("--scale-v-pred-loss-like-noise-pred scales v-prediction's loss; this run predicts " .. prediction)
 end
 local pooled_dim = sdxl.pooled_dim(config)
 
-local checkpoint = policy.parse(opt("checkpoint", "none"))
+local checkpoint = policy.parse(o.checkpoint)
 -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
-local fp8_base = o:flag("fp8-base", false)
+local fp8_base = o["fp8-base"]
 
 -- The model, its adapters, the objective and the compiled program for one
 -- batch size and checkpoint policy (plan_only: nothing allocated).
@@ -157,7 +171,7 @@ local function build(batch, checkpoint, plan_only)
                  debiased_estimation = debiased, scale_v_pred_loss = scale_v_pred,
                  seed = seed},
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
-               plan_only = plan_only, storage = opt("storage", "fp32"), frozen = fp8_base and "fp8" or nil,
+               plan_only = plan_only, storage = o.storage, frozen = fp8_base and "fp8" or nil,
                max_grad_norm = max_grad_norm, accumulate = accumulate, fused_backward = fused_backward},
   }
 end
@@ -187,8 +201,8 @@ if ck.plan_mode then
 end
 
 -- base weights: by diffusers key, shape-checked; otherwise the seeded init
-if a.weights then
-  local f <close> = ck.safetensors(a.weights)
+if o.weights then
+  local f <close> = ck.safetensors(o.weights)
   local map = {}
   for _, t in ipairs(g:params()) do
     if t.kind == "frozen" or full then map[t.name] = t.name end -- the base: frozen, or trained with --full
@@ -196,7 +210,7 @@ if a.weights then
   p:load(f, map)
 end
 
-local dataset = data.latents(opt("data", "synthetic"), {batch = batch, seed = seed, n = opt("samples", 16),
+local dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples,
   height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
 do -- the data must fit the model
   local s, source = dataset:shapes()
@@ -211,7 +225,7 @@ do -- the data must fit the model
 end
 
 -- fixed validation batches: the first samples in file order, fixed noise and timesteps
-local val_every = opt("val-every", 0)
+local val_every = o["val-every"]
 local function validate()
   p.training = false -- no dropout
   local total, nb = 0, math.max(1, math.min(2, dataset.n // batch))
@@ -234,11 +248,8 @@ print(string.format("training %s of sdxl-%s (%d parameters, %d trainable), %dx%d
 local val_before = validate()
 if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_before)) end
 -- resume: the saved step, adapter, optimizer state and data position
-local save_every, state_dir = opt("save-every", 0), opt("state-dir", "out/state")
-local save_lora_every = opt("save-lora-every", 0)
-if math.type(save_lora_every) ~= "integer" or save_lora_every < 0 then
-  error("--save-lora-every must be a whole number of steps, got " .. tostring(save_lora_every))
-end
+local save_every, state_dir = o["save-every"], o["state-dir"]
+local save_lora_every = o["save-lora-every"]
 
 -- the adapter as a file (with --full, the UNet in diffusers key names), its
 -- metadata saying how far training went
@@ -271,27 +282,24 @@ local settings = {size = size, resolution = resolution, batch = batch, rank = ra
                   gradient_accumulation_steps = accumulate, optimizer = optimizer, weight_decay = weight_decay,
                   fp8_base = fp8_base}
 local resumed_log_dir
-if a.resume then
-  local from = a.resume == true and state_dir or a.resume
+if o.resume then
+  local from = o.resume == true and state_dir or o.resume
   local path = state.latest(from) or error("--resume: no saved state in '" .. tostring(from) .. "'")
   local meta = state.load(p, path, settings)
   resumed_log_dir = meta["log.dir"]
-  state.prune(from, opt("keep-states", 3))
+  state.prune(from, o["keep-states"])
   dataset.epoch, dataset.pos = tonumber(meta["data.epoch"]), tonumber(meta["data.pos"])
   dataset:shuffle()
   print(string.format("resumed from %s at step %d", path, p.steps))
 end
 local start = p.steps + 1
 
-local log_every = opt("log-every", 10)
-if math.type(log_every) ~= "integer" or log_every < 1 then
-  error("--log-every must be a positive number of steps, got " .. tostring(log_every))
-end
+local log_every = o["log-every"]
 -- a resumed run continues the log it had (without the steps after its state)
-local log_dir = opt("log-dir", nil) or resumed_log_dir or log.run_dir("runs")
+local log_dir = o["log-dir"] or resumed_log_dir or log.run_dir("runs")
 if start > 1 then log.rewind(log_dir, start - 1) end
-local logger <close> = log.new{dir = log_dir, every = log_every, async = opt("log-async", false) and true,
-  flush_interval = opt("log-flush", 1), steps = steps, batch = batch, blocks = log.unet_blocks, on_nonfinite = "stop",
+local logger <close> = log.new{dir = log_dir, every = log_every, async = o["log-async"],
+  flush_interval = o["log-flush"], steps = steps, batch = batch, blocks = log.unet_blocks, on_nonfinite = "stop",
   stop_note = "nothing was saved"}
 if start == 1 then logger:write{step = 0, val_loss = val_before} end
 local first, window, recent, step_time = nil, {}, 0, 0
@@ -320,7 +328,7 @@ for step = start, steps do
     local meta = {["data.epoch"] = dataset.epoch, ["data.pos"] = dataset.pos, ["log.dir"] = log_dir}
     for k, v in pairs(settings) do meta[k] = v end
     logger:flush(true) -- the log holds every step the state holds
-    state.save(p, state_dir, meta, opt("keep-states", 3))
+    state.save(p, state_dir, meta, o["keep-states"])
   end
 end
 if steps > start then

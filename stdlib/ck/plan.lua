@@ -3,6 +3,7 @@
 -- that fits (--max-batch), a memory timeline as SVG (--svg), text or JSON.
 local ck = require "ck"
 local policy = require "ck.policy"
+local svg = require "ck.svg"
 
 local M = {}
 
@@ -41,10 +42,6 @@ M.object = ck.json_object
 local JSON_OPTS = {spaced = true, nonfinite = "null", whole_floats = "integer"}
 function M.json(v) return ck.json_encode(v, JSON_OPTS) end
 
-function M.xml_escape(s)
-  return (tostring(s):gsub("[&<>\"]", {["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;"}))
-end
-
 -- write the whole file next to its final name, then rename: a reader never
 -- sees half a file and an old file survives a failed write. Every failure
 -- (the sandbox's refusals included) is one error naming the file.
@@ -74,26 +71,6 @@ function M.write_atomic(path, text)
     error("cannot write '" .. path .. "': " .. tostring(rerr), 0)
   end
 end
-
--- about n round tick values (1, 2, 5 times a power of ten) covering [0, hi]
-function M.ticks(hi, n)
-  if hi <= 0 then return {0}, 1 end
-  local raw = hi / (n or 5)
-  local p = 10 ^ math.floor(math.log(raw, 10))
-  local step = p
-  for _, m in ipairs{1, 2, 5, 10} do
-    if m * p >= raw then step = m * p; break end
-  end
-  local t = {}
-  for v = 0, hi + step * 1e-9, step do t[#t + 1] = v end
-  return t, step
-end
-
-local function fmt_tick(v)
-  if v == math.floor(v) then return string.format("%d", v) end
-  return string.format("%g", v)
-end
-M.fmt_tick = fmt_tick
 
 ---- policies
 
@@ -245,14 +222,8 @@ function M.timeline_svg(panels, opts)
   local failed_h = 50
   local H = top + 10
   for _, pn in ipairs(panels) do H = H + (pn.summary and panel_h or failed_h) end
-  local out = {}
-  local function add(s, ...) out[#out + 1] = select("#", ...) > 0 and string.format(s, ...) or s end
-  add('<?xml version="1.0" encoding="UTF-8"?>\n')
-  add('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" ' ..
-    'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">\n', W, H, W, H)
-  add('<rect width="100%%" height="100%%" fill="white"/>\n')
-  add('<text x="%d" y="22" font-size="16" font-weight="bold">%s</text>\n', left,
-    M.xml_escape(opts.title or "ckrun memory plan: live bytes over the op list"))
+  local doc = svg.document(W, H, opts.title or "ckrun memory plan: live bytes over the op list", left, 22)
+  local function add(...) doc:add(...) end
   -- legend: categories, then phases
   local lx = left
   for _, c in ipairs(M.CATEGORIES) do
@@ -275,22 +246,20 @@ function M.timeline_svg(panels, opts)
     if pn.summary then ymax = math.max(ymax, pn.summary.peak) end
   end
   ymax = ymax / MiB
-  local ticks, step = M.ticks(ymax * 1.08, 5)
-  local ytop = ticks[#ticks]
-  if ytop < ymax * 1.02 then ytop = ytop + step; ticks[#ticks + 1] = ytop end
+  local ticks, _, ytop = svg.axis(ymax * 1.08, ymax * 1.02, 5)
 
   local y0 = top
   for k, pn in ipairs(panels) do
     local py0, py1 = y0 + 22 + strip_h + 4, y0 + 22 + strip_h + 4 + plot_h -- plot top and bottom
     add('<g class="panel" id="panel-%d">\n', k)
     if not pn.summary then
-      add('<text x="%d" y="%d" font-size="14" font-weight="bold">%s</text>\n', left, y0 + 14, M.xml_escape(pn.name))
-      add('<text x="%d" y="%d" fill="#d62728">not planned: %s</text>\n', left, y0 + 34, M.xml_escape(pn.error or "?"))
+      add('<text x="%d" y="%d" font-size="14" font-weight="bold">%s</text>\n', left, y0 + 14, svg.escape(pn.name))
+      add('<text x="%d" y="%d" fill="#d62728">not planned: %s</text>\n', left, y0 + 34, svg.escape(pn.error or "?"))
     else
       local s, tl = pn.summary, pn.timeline
       local n = #tl.phase
       add('<text x="%d" y="%d"><tspan font-size="14" font-weight="bold">%s</tspan>  peak %s, held for backward %s, ' ..
-        'recompute %.1f%% of the step\'s FLOPs, %d ops</text>\n', left, y0 + 14, M.xml_escape(pn.name),
+        'recompute %.1f%% of the step\'s FLOPs, %d ops</text>\n', left, y0 + 14, svg.escape(pn.name),
         M.fmt_bytes(s.peak), M.fmt_bytes(s.activation_bytes), s.recompute_pct, n)
       local function X(op) return left + plot_w * op / math.max(n, 1) end
       local function Y(bytes) return py1 - plot_h * (bytes / MiB) / ytop end
@@ -307,7 +276,7 @@ function M.timeline_svg(panels, opts)
       for _, v in ipairs(ticks) do
         local y = py1 - plot_h * v / ytop
         add('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e0e0e0"/>' ..
-          '<text x="%d" y="%.1f" text-anchor="end">%s</text>\n', left, y, left + plot_w, y, left - 6, y + 4, fmt_tick(v))
+          '<text x="%d" y="%.1f" text-anchor="end">%s</text>\n', left, y, left + plot_w, y, left - 6, y + 4, svg.fmt_tick(v))
       end
       add('<text transform="translate(%d,%d) rotate(-90)" text-anchor="middle">memory (MiB)</text>\n', left - 58,
         (py0 + py1) // 2)
@@ -358,11 +327,11 @@ function M.timeline_svg(panels, opts)
       -- x axis: op index
       add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>\n', left, py1, left + plot_w, py1)
       add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>\n', left, py0, left, py1)
-      local xt = M.ticks(n, 10)
+      local xt = svg.ticks(n, 10)
       for _, v in ipairs(xt) do
         if v <= n then
           add('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#333"/><text x="%.1f" y="%d" text-anchor="middle">%s</text>\n',
-            X(v), py1, X(v), py1 + 4, X(v), py1 + 17, fmt_tick(v))
+            X(v), py1, X(v), py1 + 4, X(v), py1 + 17, svg.fmt_tick(v))
         end
       end
       add('<text x="%d" y="%d" text-anchor="middle">op (in execution order)</text>\n', left + plot_w // 2, py1 + 33)
@@ -380,13 +349,12 @@ function M.timeline_svg(panels, opts)
         tl.phase[at])
       local anchor = xa > left + plot_w * 0.6 and "end" or "start"
       add('<text x="%.1f" y="%.1f" fill="#d62728" text-anchor="%s">%s</text>\n', xa + (anchor == "end" and -8 or 8),
-        yp - 6, anchor, M.xml_escape(label))
+        yp - 6, anchor, svg.escape(label))
     end
     add('</g>\n')
     y0 = y0 + (pn.summary and panel_h or failed_h)
   end
-  add('</svg>\n')
-  return table.concat(out)
+  return doc:finish()
 end
 
 ---- the graph for external solvers

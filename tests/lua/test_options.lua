@@ -1,49 +1,125 @@
--- Script options (ck.sdxl.options): a script declares the names it takes;
--- an unknown or misspelt option, or a bare word, is refused at the line that
--- declared them, naming the closest name; reading an undeclared name is an
--- error at the reading line; each typed read checks its value.
+-- Script options (ck.options): a script declares each option once (name, type,
+-- default, description); an unknown or misspelt option, or a bare word, is
+-- refused at the line that declared them, naming the closest name; a ckrun
+-- option given after the script is told to go before it; every value, given
+-- or default, goes through its type and check; reading an undeclared name is
+-- an error at the reading line; --help lists each option and runs nothing.
 package.path = "tests/lua/?.lua;" .. package.path
-local sdxl = require "ck.sdxl"
+local options = require "ck.options"
 local T = require "check"
 
-local KNOWN = {"steps", "max-grad-norm", "lr", "storage", "resume", "targets"}
+local SPEC = {
+  about = "a test script",
+  {"steps", "integer", 300, "batches to train", min = 1},
+  {"max-grad-norm", "number", 1.0, "clip the gradients' global norm", min = 0},
+  {"lr", "number", 3e-3, "the learning rate"},
+  {"storage", "choice", "fp32", "how activations are stored", choices = {"fp32", "bf16"}},
+  {"resume", "flag-or-string", false, "continue from DIR", arg = "[DIR]"},
+  {"targets", "list", "to_q, to_k ,to_v", "the adapted modules"},
+  {"size", "choice", "tiny", "the model", choices = {"tiny", "full"}},
+  {"batch", "integer", function(v) return v.size == "full" and 1 or 2 end, "samples per step", min = 1,
+   shown = "1 with --size full, else 2"},
+  {"resolution", "integer", 256, "pixels", check = function(v) return v % 64 == 0 end,
+   says = "must be a multiple of 64 pixels"},
+}
 
-local function refused(args, want)
-  local line
-  local ok, err = pcall(function() line = debug.getinfo(1, "l").currentline; local o = sdxl.options(args, KNOWN); return o end)
+-- f raises, at the line of the test that called it, an error containing want
+local function fails_here(f, want)
+  local line = debug.getinfo(2, "l").currentline
+  local ok, err = pcall(f)
   T.ok(not ok and err:find("test_options.lua:" .. line .. ":", 1, true) and err:find(want, 1, true),
-    "refused at the declaring line with '" .. want .. "': " .. tostring(err))
+    "'" .. want .. "' at line " .. line .. ": " .. tostring(err))
 end
 
-do -- what is given is read back; script (ckrun's own field) is not an option
-  local o = sdxl.options({steps = 7, lr = 1e-4, resume = true, script = "x.lua"}, KNOWN)
-  T.ok(o:count("steps", 300) == 7 and o:get("lr", 3e-3) == 1e-4 and o:flag("resume", false) == true
-    and o:get("max-grad-norm", 1.0) == 1.0, "given values read back, defaults for the rest")
-  T.ok(#o:list("targets", "to_q, to_k ,to_v") == 3 and o:list("targets", "to_q, to_k ,to_v")[2] == "to_k",
-    "a list is split on commas and trimmed")
+local function refused(args, want, spec)
+  fails_here(function() local o = options.parse(args, spec or SPEC) return o end, want)
+end
+
+do -- what is given is read back; defaults for the rest; script (ckrun's own field) is not an option
+  local o = options.parse({steps = 7, lr = 1e-4, resume = true, script = "x.lua"}, SPEC)
+  T.ok(o.steps == 7 and o.lr == 1e-4 and o.resume == true and o["max-grad-norm"] == 1.0
+    and math.type(o["max-grad-norm"]) == "float" and o.storage == "fp32", "given values read back, defaults for the rest")
+  T.ok(#o.targets == 3 and o.targets[2] == "to_k", "a list is split on commas and trimmed")
+  T.ok(o:given("steps") and o:given("lr") and not o:given("storage"), "given() tells a given value from a default")
+  T.ok(o.batch == 2 and options.parse({size = "full"}, SPEC).batch == 1, "a computed default reads the options above it")
+  T.ok(options.parse({resume = "out/s"}, SPEC).resume == "out/s", "--resume DIR gives the folder")
 end
 
 refused({["max-grad-nrom"] = 0.5}, "unknown option --max-grad-nrom (did you mean --max-grad-norm?)")
 refused({storag = "bf16"}, "unknown option --storag (did you mean --storage?)")
 refused({colour = "red"}, "unknown option --colour; the options are --steps, --max-grad-norm")
 refused({"extra"}, "unexpected argument 'extra' (options are --name value)")
-
-do
-  local ok, err = pcall(sdxl.options, {})
-  T.ok(not ok and err:match("give the list"), "the list of names is required: " .. tostring(err))
+refused({plan = true}, "unknown option --plan (a ckrun option: put ckrun's options before the script)")
+refused({["max-batch"] = "24GiB"}, "unknown option --max-batch (a ckrun option: put ckrun's options before the script)")
+do -- a ckrun option the script takes itself is the script's
+  local o = options.parse({svg = "x.svg"}, {{"svg", "string", "out/a.svg", "the chart"}})
+  T.ok(o.svg == "x.svg", "an option named like ckrun's that the script declares is the script's")
 end
 
-do -- reading a name the script did not declare, and bad values, name the reading line
-  local o = sdxl.options({steps = 0, storage = "fp8"}, KNOWN)
-  local function at(f, want)
-    local line = debug.getinfo(2, "l").currentline
-    local ok, err = pcall(f)
-    T.ok(not ok and err:find("test_options.lua:" .. line .. ":", 1, true) and err:find(want, 1, true),
-      "'" .. want .. "' at the reading line: " .. tostring(err))
+-- bad values, given or computed, at the line that parsed them, in the texts scripts always used
+refused({steps = 0}, "--steps must be an integer >= 1, got '0'")
+refused({storage = "fp8"}, "--storage must be fp32 or bf16, got 'fp8'")
+refused({resolution = 100}, "--resolution must be a multiple of 64 pixels, got 100")
+refused({resolution = "big"}, "--resolution must be a multiple of 64 pixels, got big")
+refused({lr = "fast"}, "--lr must be a number, got 'fast'")
+refused({}, "the default of --batch must be an integer >= 1, got '0'",
+  {{"batch", "integer", function() return 0 end, "samples", min = 1, shown = "none"}})
+
+do -- a computed default reads only the options above it, and says so at its own line
+  local line = debug.getinfo(1, "l").currentline + 1
+  local spec = {{"batch", "integer", function(v) return v.size == "full" and 1 or 2 end, "samples", shown = "2"},
+                {"size", "choice", "tiny", "the model", choices = {"tiny", "full"}}}
+  local ok, err = pcall(options.parse, {}, spec)
+  T.ok(not ok and err:find("test_options.lua:" .. line .. ": options.parse: a default reads --size, which is not " ..
+    "declared above it", 1, true), "a default reading an option below it: " .. tostring(err))
+end
+
+-- a default that would not parse fails every run, given a value or not
+refused({}, "the default of --budgets does not parse: --budgets wants a comma-separated list, got 'true'",
+  {{"budgets", "list", true, "budgets"}})
+refused({steps = 3}, "the default of --steps does not parse: --steps must be an integer >= 1, got '0'",
+  {{"steps", "integer", 0, "batches", min = 1}})
+
+-- the declaration itself
+refused({}, "options.parse: give the script's table of options", 5)
+refused({}, "--x has no description", {{"x", "string", "a"}})
+refused({}, "--x: unknown type 'text'", {{"x", "text", "a", "x"}})
+refused({}, "--x: a computed default needs shown", {{"x", "string", function() return "a" end, "x"}})
+refused({}, "--x is declared twice", {{"x", "string", "a", "x"}, {"x", "string", "a", "x"}})
+
+do -- positional arguments
+  local spec = {{"dir", "string", nil, "the folder", pos = 1, arg = "DIR", required = true},
+                {"n", "integer", nil, "how many", pos = 2, arg = "N", min = 1, required = true}}
+  local o = options.parse({"out/d", 4}, spec)
+  T.ok(o.dir == "out/d" and o.n == 4, "positional arguments by position")
+  refused({"out/d"}, "N is required", spec)
+  refused({"out/d", 0}, "--n must be an integer >= 1, got '0'", spec)
+  refused({"out/d", 2, "more"}, "unexpected argument 'more'", spec)
+end
+
+do -- reading a name the script did not declare names the reading line
+  local o = options.parse({}, SPEC)
+  fails_here(function() local v = o.seed return v end, "option --seed is read but not in the script's list of options")
+  fails_here(function() local g = o:given("seed") return g end, "option --seed is not in the script's list of options")
+end
+
+do -- --help: every option with its description and default; parse returns nil so the script stops
+  local text = options.help(SPEC, "scripts/x.lua")
+  T.ok(text:find("usage: ckrun [ckrun options] scripts/x.lua", 1, true) and text:find("a test script", 1, true),
+    "help starts with the usage and the script's line")
+  local all = true
+  for _, e in ipairs(SPEC) do
+    local line = text:match("\n  %-%-" .. e[1]:gsub("%-", "%%-") .. "[ \n][^\n]*")
+    local d = e.shown or tostring(e[3])
+    if not (line and line:find(e[4], 1, true) and line:find("(default: " .. d .. ")", 1, true)) then
+      all = false
+      print("  help line for --" .. e[1] .. ": " .. tostring(line))
+    end
   end
-  at(function() local v = o:get("seed", 1) return v end, "option --seed is read but not in the script's list of options")
-  at(function() local v = o:count("steps", 300) return v end, "--steps must be an integer >= 1, got '0'")
-  at(function() local v = o:choice("storage", "fp32", {"fp32", "bf16"}) return v end, "--storage must be fp32 or bf16, got 'fp8'")
+  T.ok(all, "help has a line per option with its description and default")
+  T.ok(text:find("--storage fp32|bf16", 1, true) and text:find("--steps N", 1, true)
+    and text:find("--resume [DIR]", 1, true), "help shows each option's value: choices, N, [DIR]")
+  T.ok(options.parse({help = true, steps = "bad"}, SPEC) == nil, "--help makes parse return nil before any check")
 end
 
 T.done()

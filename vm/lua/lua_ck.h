@@ -32,8 +32,8 @@ typedef struct ck_lua_policy {
 int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts *o);
 /* vm/lua/lua_log.c: ck.log_open, ck.read_events, ck.crc32c, ck.wall_time, ck.rss
  * in the module table at index lib; p:enable_stats and p:profile in the program methods at
- * index methods. ck_lua_log_step: p:step with stats or guard set in
- * the options table at index 2 (returns loss, info). */
+ * index methods. ck_lua_log_step: p:step with its options table at index 2
+ * (stats, guard, measure); returns loss, info as every p:step does. */
 void ck_lua_log_register(lua_State *L, int lib, int methods);
 int ck_lua_log_step(lua_State *L, ck_program *p);
 /* vm/lua/lua_fs.c: ck.listdir, ck.mkdir, ck.isatty, ck.now */

@@ -154,9 +154,18 @@ const ck_backend *ck_backend_cuda_plan(void)
         /* the ops with bf16 kernels need a non-NULL entry; nothing calls it */
         for (int op = 0; op < CK_OP_COUNT; op++)
             if (ck_cuda_bf16_op((enum ck_op)op)) bf16[op] = plan_kernel;
-        ck_backend b = {"cuda", none, bf16, ck_op_workspace_cuda, 1, 0, CK_CUDA_FIXED_BYTES, CK_CUDA_GRANULE, plan_enter, plan_alloc,
-                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, plan_error, plan_clear};
-        be = b;
+        be = (ck_backend){.name = "cuda",
+                          .kernels = none,
+                          .kernels_bf16 = bf16,
+                          .workspace = ck_op_workspace_cuda,
+                          .nthreads = 1,
+                          .host = 0,
+                          .fixed_bytes = CK_CUDA_FIXED_BYTES,
+                          .granule = CK_CUDA_GRANULE,
+                          .enter = plan_enter,
+                          .alloc = plan_alloc,
+                          .error = plan_error,
+                          .clear_error = plan_clear};
     }
     return &be;
 }

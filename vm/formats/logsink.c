@@ -103,32 +103,29 @@ static uint32_t rd32(const unsigned char *p)
 }
 
 /* A number as the line holds it: NaN and infinities as strings (JSON has
- * none), whole values as integers, others as short text that reads back as
- * the same value: a float (what tensors hold) in 7 digits when those read
- * back as that float, else 9; a double in 15 when those read back, else 17.
- * A float is replaced by the double nearest its short text, and *prec gets
- * the most digits any value of the record needs (ck_json_digits). */
-static json_t *number(double v, int *prec)
+ * none), whole values as integers, others in at most 15 significant digits
+ * (CK_LOG_DIGITS, the line's jansson precision: %g drops the zeros past a
+ * value's own). A float (what tensors hold) becomes the double nearest its
+ * 7-digit text, or 9-digit where 7 do not read back as that float, so it is
+ * written that short and reads back as itself; a double reads back within
+ * 1e-15 of itself (timings and means: no 17-digit noise on every line). */
+#define CK_LOG_DIGITS 15
+static json_t *number(double v)
 {
     if (isnan(v)) return json_string("NaN");
     if (isinf(v)) return json_string(v > 0 ? "Infinity" : "-Infinity");
     if (v == floor(v) && fabs(v) < 1e15) return json_integer((json_int_t)v);
-    char t[32];
-    int p;
     if ((double)(float)v == v) {
-        p = 7;
+        char t[32];
         snprintf(t, sizeof t, "%.7g", v);
-        if (strtof(t, NULL) != (float)v) snprintf(t, sizeof t, "%.*g", p = 9, v);
+        if (strtof(t, NULL) != (float)v) snprintf(t, sizeof t, "%.9g", v);
         v = strtod(t, NULL);
-    } else {
-        p = ck_json_digits(v);
     }
-    if (p > *prec) *prec = p;
     return json_real(v);
 }
 
 /* the record's values as a tree: an object for the top level */
-static json_t *rec_tree(const ck_log_rec *r, int *prec)
+static json_t *rec_tree(const ck_log_rec *r)
 {
     json_t *stack[64];
     int depth = 0;
@@ -152,7 +149,7 @@ static json_t *rec_tree(const ck_log_rec *r, int *prec)
             double d;
             memcpy(&d, r->buf + i, 8);
             i += 8;
-            v = number(d, prec);
+            v = number(d);
             break;
         }
         case 'i': {
@@ -189,8 +186,7 @@ static json_t *rec_tree(const ck_log_rec *r, int *prec)
 
 int ck_log_rec_json(const ck_log_rec *r, char **out, size_t *len, size_t *cap)
 {
-    int prec = 1;
-    json_t *fields = rec_tree(r, &prec);
+    json_t *fields = rec_tree(r);
     if (!fields) return -1;
     /* step and the capture time head the line; the time keeps its microseconds
      * (%.6f), which no one jansson precision writes for every time. The
@@ -200,7 +196,7 @@ int ck_log_rec_json(const ck_log_rec *r, char **out, size_t *len, size_t *cap)
     int hl = r->step >= 0 ? snprintf(head, sizeof head, "{\"step\":%lld,\"time\":%.6f", (long long)r->step, r->time)
                           : snprintf(head, sizeof head, "{\"time\":%.6f", r->time);
     size_t at = *len + (size_t)hl;
-    int rc = ck_json_put(head, (size_t)hl, out, len, cap) || ck_json_append(fields, JSON_COMPACT | JSON_REAL_PRECISION(prec), out, len, cap);
+    int rc = ck_json_put(head, (size_t)hl, out, len, cap) || ck_json_append(fields, JSON_COMPACT | JSON_REAL_PRECISION(CK_LOG_DIGITS), out, len, cap);
     json_decref(fields);
     if (rc) return -1;
     if ((*out)[at + 1] == '}') { /* no fields: "{}" closes the head */

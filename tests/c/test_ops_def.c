@@ -66,6 +66,8 @@ static const struct {
     {CK_OP_CLIP_FACTOR, 42, "clip_factor"},
     {CK_OP_LION_STEP, 43, "lion_step"},
     {CK_OP_ADAMW8_STEP, 44, "adamw8_step"},
+    {CK_OP_MISH, 45, "mish"},
+    {CK_OP_MISH_BWD, 46, "mish_bwd"},
 };
 
 static void op_numbers_never_change(void)

@@ -269,7 +269,10 @@ function TimestepEmbedding:init(o)
   local d = assert(o[2] or o.time_embed_dim, "TimestepEmbedding: time_embed_dim")
   self.linear_1 = self:add("linear_1", Linear{i, d})
   self.linear_2 = self:add("linear_2", Linear{d, o.out_dim or d})
-  self.act = activations[o.act_fn or "silu"] or error("TimestepEmbedding: act_fn '" .. tostring(o.act_fn) .. "' is not one of silu, swish, mish", 2)
+  self.act = activations[o.act_fn or "silu"]
+  if not self.act then
+    error("TimestepEmbedding: act_fn '" .. tostring(o.act_fn) .. "' is not one of silu, swish, mish", 3)
+  end
 end
 
 function TimestepEmbedding:updateOutput(g, x)

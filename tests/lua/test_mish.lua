@@ -69,12 +69,31 @@ do -- selective recompute counts mish cheap (ops.def) and changes no gradient bi
   T.ok(sel == base, "gradients under selective recompute are bitwise those without")
 end
 
-do -- TimestepEmbedding{act_fn = "mish"} puts mish between its linears; other names fail
-  local g = ck.graph()
-  local te = nn.TimestepEmbedding{8, 16, act_fn = "mish"}
-  local n0 = g:node_count()
-  te:forward(g, g:input("t", {2, 8}))
-  T.ok(g:node_count() - n0 == 3, string.format("linear, mish, linear: %d nodes", g:node_count() - n0))
+do -- TimestepEmbedding{act_fn = "mish"} is linear_1, mish, linear_2; other names fail
+  local r = T.rng(11)
+  local t = T.random_values(r, 2 * 8, -2, 2)
+  local function loss(act_fn, by_hand)
+    local g = ck.graph()
+    local x = g:input("t", {2, 8})
+    local y
+    if by_hand then
+      local h = ck.linear(x, g:param("linear_1.weight", {16, 8}), g:param("linear_1.bias", {16}))
+      y = ck.linear(ck.mish(h), g:param("linear_2.weight", {16, 16}), g:param("linear_2.bias", {16}))
+    else
+      y = nn.TimestepEmbedding{8, 16, act_fn = act_fn}:forward(g, x)
+    end
+    local z = g:input("z", {2, 16})
+    local p = g:compile{loss = ck.mse_loss(y, z), seed = 4}
+    for _, prm in ipairs(g:params()) do p:set(prm, T.random_values(r, prm.numel, -1, 1)) end
+    p:set(x, t)
+    p:set(z, T.random_values(T.rng(12), 2 * 16, -1, 1))
+    return p:forward()
+  end
+  r = T.rng(11); local mish = loss("mish")
+  r = T.rng(11); local hand = loss(nil, true)
+  r = T.rng(11); local silu = loss("silu")
+  T.ok(mish == hand, string.format("act_fn mish gives the loss of linear, ck.mish, linear (%.9g, %.9g)", mish, hand))
+  T.ok(mish ~= silu, "and not that of silu")
   local ok, err = pcall(nn.TimestepEmbedding, {8, 16, act_fn = "gelu_fast"})
   T.ok(not ok and tostring(err):find("act_fn 'gelu_fast'", 1, true), "an unknown act_fn is an error: " .. tostring(err))
 end

@@ -8,73 +8,55 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const names[CK_OP_COUNT] = {
-    [CK_OP_NONE] = "none",
-    [CK_OP_MATMUL] = "matmul",
-    [CK_OP_LINEAR] = "linear",
-    [CK_OP_CONV2D] = "conv2d",
-    [CK_OP_CONV2D_BWD_DATA] = "conv2d_bwd_data",
-    [CK_OP_CONV2D_BWD_FILTER] = "conv2d_bwd_filter",
-    [CK_OP_GROUP_NORM] = "group_norm",
-    [CK_OP_GROUP_NORM_BWD] = "group_norm_bwd",
-    [CK_OP_LAYER_NORM] = "layer_norm",
-    [CK_OP_LAYER_NORM_BWD] = "layer_norm_bwd",
-    [CK_OP_SILU] = "silu",
-    [CK_OP_SILU_BWD] = "silu_bwd",
-    [CK_OP_GELU] = "gelu",
-    [CK_OP_GELU_BWD] = "gelu_bwd",
-    [CK_OP_GEGLU] = "geglu",
-    [CK_OP_GEGLU_BWD] = "geglu_bwd",
-    [CK_OP_SOFTMAX] = "softmax",
-    [CK_OP_SOFTMAX_BWD] = "softmax_bwd",
-    [CK_OP_ATTENTION] = "attention",
-    [CK_OP_ATTENTION_BWD] = "attention_bwd",
-    [CK_OP_ADD] = "add",
-    [CK_OP_SUB] = "sub",
-    [CK_OP_MUL] = "mul",
-    [CK_OP_SCALE] = "scale",
-    [CK_OP_REDUCE_TO] = "reduce_to",
-    [CK_OP_CONCAT] = "concat",
-    [CK_OP_SLICE] = "slice",
-    [CK_OP_RESHAPE] = "reshape",
-    [CK_OP_PERMUTE] = "permute",
-    [CK_OP_UPSAMPLE2X] = "upsample2x",
-    [CK_OP_UPSAMPLE2X_BWD] = "upsample2x_bwd",
-    [CK_OP_MEAN] = "mean",
-    [CK_OP_MEAN_BWD] = "mean_bwd",
-    [CK_OP_MSE_LOSS] = "mse_loss",
-    [CK_OP_MSE_LOSS_BWD] = "mse_loss_bwd",
-    [CK_OP_TIMESTEP_EMBEDDING] = "timestep_embedding",
-    [CK_OP_DROPOUT] = "dropout",
-    [CK_OP_FILL] = "fill",
-    [CK_OP_SGD_STEP] = "sgd_step",
-    [CK_OP_ADAMW_STEP] = "adamw_step",
-    [CK_OP_STATS] = "stats",
-    [CK_OP_SUMSQ] = "sumsq",
-    [CK_OP_CLIP_FACTOR] = "clip_factor",
-    [CK_OP_LION_STEP] = "lion_step",
-    [CK_OP_ADAMW8_STEP] = "adamw8_step",
+static const char *const names[] = {
+#define CK_OP(E, id, ...) [CK_OP_##E] = #id,
+#include "ops.def"
 };
+_Static_assert(sizeof names / sizeof names[0] == CK_OP_COUNT, "a name for every op in ops.def");
+
+static const unsigned char nouts[] = {
+#define CK_OP(E, id, lo, hi, nout, ...) [CK_OP_##E] = nout,
+#include "ops.def"
+};
+_Static_assert(sizeof nouts / sizeof nouts[0] == CK_OP_COUNT, "an output count for every op in ops.def");
+
+static const enum ck_op backward_ops[] = {
+#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, ...) [CK_OP_##E] = CK_OP_##bwd,
+#include "ops.def"
+};
+_Static_assert(sizeof backward_ops / sizeof backward_ops[0] == CK_OP_COUNT, "a backward op for every op in ops.def");
+
+#define CK_PREC_NO 0
+#define CK_PREC_F32 CK_PREC_MASK_F32
+#define CK_PREC_F32_BF16 (CK_PREC_MASK_F32 | CK_PREC_MASK_BF16)
+static const unsigned char precisions[][2] = {
+#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, cpu, cuda, ...) [CK_OP_##E] = {CK_PREC_##cpu, CK_PREC_##cuda},
+#include "ops.def"
+};
+_Static_assert(sizeof precisions / sizeof precisions[0] == CK_OP_COUNT, "precisions for every op in ops.def");
 
 const char *ck_op_name(enum ck_op op)
 {
-    if (op <= CK_OP_NONE || op >= CK_OP_COUNT || !names[op]) return "?";
+    if (op == CK_OP_NONE || (unsigned)op >= CK_OP_COUNT) return "?";
     return names[op];
 }
 
 int ck_op_nout(enum ck_op op)
 {
-    switch (op) {
-    case CK_OP_GROUP_NORM_BWD:
-    case CK_OP_LAYER_NORM_BWD:
-    case CK_OP_ATTENTION_BWD:
-    case CK_OP_ADAMW_STEP:
-    case CK_OP_ADAMW8_STEP: return 3;
-    case CK_OP_CONV2D_BWD_FILTER:
-    case CK_OP_MSE_LOSS_BWD:
-    case CK_OP_LION_STEP: return 2;
-    default: return 1;
-    }
+    if ((unsigned)op >= CK_OP_COUNT) return 1;
+    return nouts[op];
+}
+
+enum ck_op ck_op_backward(enum ck_op op)
+{
+    if ((unsigned)op >= CK_OP_COUNT) return CK_OP_NONE;
+    return backward_ops[op];
+}
+
+unsigned ck_op_precisions(enum ck_op op, int cuda)
+{
+    if ((unsigned)op >= CK_OP_COUNT) return 0;
+    return precisions[op][cuda != 0];
 }
 
 int ck_shape_eq(const ck_shape *a, const ck_shape *b)
@@ -231,255 +213,381 @@ static int check_dim(int64_t dim, int ndim, char *err, size_t errlen)
     return 0;
 }
 
+#define RULE(name) \
+    static int infer_##name(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, ck_shape *out, \
+                            char *err, size_t errlen)
+
+RULE(matmul)
+{
+    (void)op, (void)nin;
+    return matmul_out(p, &in[0], &in[1], &out[0], err, errlen);
+}
+
+RULE(linear)
+{
+    char a[96];
+    (void)op, (void)p;
+    if (in[1].ndim != 2) FAIL("weight must be 2-D (out, in), got %s", SH(&in[1], a));
+    if (in[0].ndim < 1 || in[0].d[in[0].ndim - 1] != in[1].d[1])
+        FAIL("input has %lld features, weight expects %lld", (long long)(in[0].ndim ? in[0].d[in[0].ndim - 1] : 0),
+             (long long)in[1].d[1]);
+    if (nin == 3 && (in[2].ndim != 1 || in[2].d[0] != in[1].d[0]))
+        FAIL("bias has shape %s, weight has %lld outputs", SH(&in[2], a), (long long)in[1].d[0]);
+    out[0] = in[0];
+    out[0].d[out[0].ndim - 1] = in[1].d[0];
+    return 0;
+}
+
+RULE(conv2d)
+{
+    char a[96];
+    (void)op;
+    if (conv_out(p, &in[0], &in[1], &out[0], err, errlen)) return -1;
+    if (nin == 3 && (in[2].ndim != 1 || in[2].d[0] != in[1].d[0]))
+        FAIL("bias has shape %s, weight has %lld outputs", SH(&in[2], a), (long long)in[1].d[0]);
+    return 0;
+}
+
+/* out[0] preset to x's shape */
+RULE(conv2d_bwd_data)
+{
+    ck_shape y;
+    (void)op, (void)nin;
+    if (conv_out(p, &out[0], &in[1], &y, err, errlen)) return -1;
+    return same_shape(&in[0], &y, "dy", "conv output", err, errlen);
+}
+
+/* out[0] preset to w's shape */
+RULE(conv2d_bwd_filter)
+{
+    ck_shape y;
+    (void)op, (void)nin;
+    if (conv_out(p, &in[1], &out[0], &y, err, errlen)) return -1;
+    if (same_shape(&in[0], &y, "dy", "conv output", err, errlen)) return -1;
+    out[1].ndim = 1;
+    out[1].d[0] = out[0].d[0];
+    return 0;
+}
+
+RULE(norm)
+{
+    (void)nin;
+    if (norm_check(op, p, &in[0], &in[1], &in[2], err, errlen)) return -1;
+    out[0] = in[0];
+    return 0;
+}
+
+RULE(norm_bwd)
+{
+    (void)nin;
+    if (norm_check(op, p, &in[1], &in[2], NULL, err, errlen)) return -1;
+    if (same_shape(&in[0], &in[1], "dy", "x", err, errlen)) return -1;
+    out[0] = in[1];
+    out[1] = in[2];
+    out[2] = in[2];
+    return 0;
+}
+
+/* out like the one input */
+RULE(same)
+{
+    (void)op, (void)p, (void)nin, (void)err, (void)errlen;
+    out[0] = in[0];
+    return 0;
+}
+
+RULE(softmax)
+{
+    (void)op, (void)p, (void)nin;
+    if (in[0].ndim < 1) FAIL("input must have at least one dim");
+    out[0] = in[0];
+    return 0;
+}
+
+RULE(dropout)
+{
+    (void)op, (void)nin;
+    if (!(p->f[0] >= 0.0f && p->f[0] < 1.0f)) FAIL("probability %g not in [0, 1)", p->f[0]);
+    out[0] = in[0];
+    return 0;
+}
+
+/* in dy, x of one shape; out like them */
+RULE(dy_like_x)
+{
+    (void)op, (void)p, (void)nin;
+    if (same_shape(&in[0], &in[1], "dy", "x", err, errlen)) return -1;
+    out[0] = in[0];
+    return 0;
+}
+
+RULE(geglu)
+{
+    char a[96];
+    (void)op, (void)p, (void)nin;
+    if (in[0].ndim < 1 || in[0].d[in[0].ndim - 1] % 2)
+        FAIL("last dim of %s must be even (value and gate halves)", SH(&in[0], a));
+    out[0] = in[0];
+    out[0].d[out[0].ndim - 1] /= 2;
+    return 0;
+}
+
+RULE(geglu_bwd)
+{
+    char a[96];
+    ck_shape y;
+    (void)op, (void)p, (void)nin;
+    if (in[1].ndim < 1 || in[1].d[in[1].ndim - 1] % 2) FAIL("last dim of %s must be even", SH(&in[1], a));
+    y = in[1];
+    y.d[y.ndim - 1] /= 2;
+    if (same_shape(&in[0], &y, "dy", "output", err, errlen)) return -1;
+    out[0] = in[1];
+    return 0;
+}
+
+RULE(attention)
+{
+    (void)op, (void)nin;
+    if (attn_check(p, &in[0], &in[1], &in[2], err, errlen)) return -1;
+    out[0] = in[0];
+    return 0;
+}
+
+RULE(attention_bwd)
+{
+    (void)op, (void)nin;
+    if (attn_check(p, &in[1], &in[2], &in[3], err, errlen)) return -1;
+    if (same_shape(&in[0], &in[1], "dout", "q", err, errlen)) return -1;
+    out[0] = in[1];
+    out[1] = in[2];
+    out[2] = in[3];
+    return 0;
+}
+
+RULE(broadcast)
+{
+    (void)op, (void)p, (void)nin;
+    return broadcast(&in[0], &in[1], &out[0], err, errlen);
+}
+
+RULE(reduce_to)
+{
+    (void)op, (void)p, (void)nin;
+    return reduce_check(&in[0], &out[0], err, errlen);
+}
+
+RULE(concat)
+{
+    char a[96], b[96];
+    (void)op, (void)nin;
+    if (in[0].ndim != in[1].ndim) FAIL("cannot concat %s and %s", SH(&in[0], a), SH(&in[1], b));
+    if (check_dim(p->i[0], in[0].ndim, err, errlen)) return -1;
+    for (int i = 0; i < in[0].ndim; i++)
+        if (i != p->i[0] && in[0].d[i] != in[1].d[i])
+            FAIL("cannot concat %s and %s along dim %lld", SH(&in[0], a), SH(&in[1], b), (long long)p->i[0]);
+    out[0] = in[0];
+    out[0].d[p->i[0]] += in[1].d[p->i[0]];
+    return 0;
+}
+
+RULE(slice)
+{
+    char a[96];
+    (void)op, (void)nin;
+    if (check_dim(p->i[0], in[0].ndim, err, errlen)) return -1;
+    if (p->i[1] < 0 || p->i[2] < 0 || p->i[1] + p->i[2] > in[0].d[p->i[0]])
+        FAIL("slice [%lld, %lld) out of range for %s", (long long)p->i[1], (long long)(p->i[1] + p->i[2]),
+             SH(&in[0], a));
+    out[0] = in[0];
+    out[0].d[p->i[0]] = p->i[2];
+    return 0;
+}
+
+RULE(reshape)
+{
+    char a[96], b[96];
+    (void)op, (void)p, (void)nin;
+    if (ck_shape_numel(&in[0]) != ck_shape_numel(&out[0]))
+        FAIL("cannot reshape %s to %s", SH(&in[0], a), SH(&out[0], b));
+    return 0;
+}
+
+RULE(permute)
+{
+    int seen[CK_MAX_DIMS] = {0};
+    (void)op, (void)nin;
+    out[0].ndim = in[0].ndim;
+    for (int i = 0; i < in[0].ndim; i++) {
+        if (p->i[i] < 0 || p->i[i] >= in[0].ndim || seen[p->i[i]]) FAIL("not a permutation of %d dims", in[0].ndim);
+        seen[p->i[i]] = 1;
+        out[0].d[i] = in[0].d[p->i[i]];
+    }
+    return 0;
+}
+
+RULE(upsample2x)
+{
+    char a[96];
+    (void)op, (void)p, (void)nin;
+    if (in[0].ndim != 4) FAIL("input must be 4-D (N, C, H, W), got %s", SH(&in[0], a));
+    out[0] = in[0];
+    out[0].d[2] *= 2;
+    out[0].d[3] *= 2;
+    return 0;
+}
+
+RULE(upsample2x_bwd)
+{
+    char a[96];
+    (void)op, (void)p, (void)nin;
+    if (in[0].ndim != 4 || in[0].d[2] % 2 || in[0].d[3] % 2) FAIL("dy must be (N, C, 2H, 2W), got %s", SH(&in[0], a));
+    out[0] = in[0];
+    out[0].d[2] /= 2;
+    out[0].d[3] /= 2;
+    return 0;
+}
+
+RULE(mean)
+{
+    (void)op, (void)p, (void)nin;
+    if (ck_shape_numel(&in[0]) == 0) FAIL("mean of an empty tensor");
+    out[0].ndim = 0;
+    return 0;
+}
+
+RULE(mean_bwd)
+{
+    (void)op, (void)p, (void)nin, (void)out;
+    if (ck_shape_numel(&in[0]) != 1) FAIL("dy must be a scalar");
+    return 0;
+}
+
+RULE(mse_loss)
+{
+    (void)op, (void)p, (void)nin;
+    if (same_shape(&in[0], &in[1], "prediction", "target", err, errlen)) return -1;
+    out[0].ndim = 0;
+    return 0;
+}
+
+RULE(mse_loss_bwd)
+{
+    (void)op, (void)p, (void)nin;
+    if (same_shape(&in[1], &in[2], "prediction", "target", err, errlen)) return -1;
+    out[0] = in[1];
+    out[1] = in[2];
+    return 0;
+}
+
+RULE(timestep_embedding)
+{
+    char a[96];
+    (void)op, (void)nin;
+    if (in[0].ndim != 1) FAIL("timesteps must be 1-D (B), got %s", SH(&in[0], a));
+    if (p->i[0] < 2) FAIL("embedding dim must be at least 2");
+    if ((float)(p->i[0] / 2) == p->f[0]) FAIL("downscale_freq_shift equals half the dim");
+    out[0].ndim = 2;
+    out[0].d[0] = in[0].d[0];
+    out[0].d[1] = p->i[0];
+    return 0;
+}
+
+/* out[0] preset */
+RULE(fill)
+{
+    (void)op, (void)p, (void)in, (void)nin, (void)out, (void)err, (void)errlen;
+    return 0;
+}
+
+RULE(sgd_step)
+{
+    (void)op, (void)p, (void)nin;
+    if (same_shape(&in[0], &in[1], "parameter", "gradient", err, errlen)) return -1;
+    out[0] = in[0];
+    return 0;
+}
+
+RULE(adamw_step)
+{
+    (void)op, (void)p, (void)nin;
+    for (int i = 1; i < 4; i++)
+        if (same_shape(&in[0], &in[i], "parameter", "state", err, errlen)) return -1;
+    out[0] = out[1] = out[2] = in[0];
+    return 0;
+}
+
+RULE(lion_step)
+{
+    (void)op, (void)p, (void)nin;
+    for (int i = 1; i < 3; i++)
+        if (same_shape(&in[0], &in[i], "parameter", i == 1 ? "gradient" : "state", err, errlen)) return -1;
+    out[0] = out[1] = in[0];
+    return 0;
+}
+
+RULE(adamw8_step)
+{
+    char a[96], b[96];
+    (void)op, (void)p, (void)nin;
+    if (same_shape(&in[0], &in[1], "parameter", "gradient", err, errlen)) return -1;
+    const int64_t n = ck_shape_numel(&in[0]), nb = (n + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
+    if (in[2].ndim != 1 || in[2].d[0] != 2 * n || in[3].ndim != 1 || in[3].d[0] != 2 * nb)
+        FAIL("the state must be [%lld] codes and [%lld] scales for %lld values, got %s and %s", (long long)(2 * n),
+             (long long)(2 * nb), (long long)n, SH(&in[2], a), SH(&in[3], b));
+    out[0] = in[0];
+    out[1] = in[2];
+    out[2] = in[3];
+    return 0;
+}
+
+RULE(stats)
+{
+    (void)op, (void)p, (void)nin;
+    if (ck_shape_numel(&in[0]) == 0) FAIL("statistics of an empty tensor");
+    out[0].ndim = 1;
+    out[0].d[0] = 3;
+    return 0;
+}
+
+RULE(sumsq)
+{
+    char a[96];
+    (void)op;
+    if (p->i[0] != 0 && p->i[0] != 1) FAIL("i0 must be 0 or 1 (a running total first), got %d", p->i[0]);
+    if (p->i[0] && nin < 2) FAIL("a running total needs a tensor to add the squares of");
+    if (p->i[0] && ck_shape_numel(&in[0]) != 1) FAIL("the running total must be a scalar, got %s", SH(&in[0], a));
+    out[0].ndim = 0;
+    return 0;
+}
+
+RULE(clip_factor)
+{
+    char a[96];
+    (void)op, (void)nin;
+    if (ck_shape_numel(&in[0]) != 1) FAIL("takes a scalar, got %s", SH(&in[0], a));
+    if (!(p->f[0] > 0.0f)) FAIL("the largest norm must be positive, got %g", (double)p->f[0]);
+    out[0].ndim = 0;
+    return 0;
+}
+
+typedef int infer_fn(enum ck_op, const ck_op_params *, const ck_shape *, int, ck_shape *, char *, size_t);
+#define infer_none NULL
+
+static const struct rule {
+    infer_fn *infer;
+    int nin_lo, nin_hi;
+} rules[] = {
+#define CK_OP(E, id, lo, hi, nout, infer, ...) [CK_OP_##E] = {infer_##infer, lo, hi},
+#include "ops.def"
+};
+_Static_assert(sizeof rules / sizeof rules[0] == CK_OP_COUNT, "a rule for every op in ops.def");
+
 int ck_op_infer(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, ck_shape *out, char *err,
                 size_t errlen)
 {
-    char a[96], b[96];
-    switch (op) {
-    case CK_OP_MATMUL:
-        if (want_nin(nin, 2, 2, err, errlen)) return -1;
-        return matmul_out(p, &in[0], &in[1], &out[0], err, errlen);
-    case CK_OP_LINEAR:
-        if (want_nin(nin, 2, 3, err, errlen)) return -1;
-        if (in[1].ndim != 2) FAIL("weight must be 2-D (out, in), got %s", SH(&in[1], a));
-        if (in[0].ndim < 1 || in[0].d[in[0].ndim - 1] != in[1].d[1])
-            FAIL("input has %lld features, weight expects %lld", (long long)(in[0].ndim ? in[0].d[in[0].ndim - 1] : 0),
-                 (long long)in[1].d[1]);
-        if (nin == 3 && (in[2].ndim != 1 || in[2].d[0] != in[1].d[0]))
-            FAIL("bias has shape %s, weight has %lld outputs", SH(&in[2], a), (long long)in[1].d[0]);
-        out[0] = in[0];
-        out[0].d[out[0].ndim - 1] = in[1].d[0];
-        return 0;
-    case CK_OP_CONV2D:
-        if (want_nin(nin, 2, 3, err, errlen)) return -1;
-        if (conv_out(p, &in[0], &in[1], &out[0], err, errlen)) return -1;
-        if (nin == 3 && (in[2].ndim != 1 || in[2].d[0] != in[1].d[0]))
-            FAIL("bias has shape %s, weight has %lld outputs", SH(&in[2], a), (long long)in[1].d[0]);
-        return 0;
-    case CK_OP_CONV2D_BWD_DATA: {
-        /* out[0] preset to x's shape */
-        ck_shape y;
-        if (want_nin(nin, 2, 2, err, errlen)) return -1;
-        if (conv_out(p, &out[0], &in[1], &y, err, errlen)) return -1;
-        return same_shape(&in[0], &y, "dy", "conv output", err, errlen);
-    }
-    case CK_OP_CONV2D_BWD_FILTER: {
-        /* out[0] preset to w's shape */
-        ck_shape y;
-        if (want_nin(nin, 2, 2, err, errlen)) return -1;
-        if (conv_out(p, &in[1], &out[0], &y, err, errlen)) return -1;
-        if (same_shape(&in[0], &y, "dy", "conv output", err, errlen)) return -1;
-        out[1].ndim = 1;
-        out[1].d[0] = out[0].d[0];
-        return 0;
-    }
-    case CK_OP_GROUP_NORM:
-    case CK_OP_LAYER_NORM:
-        if (want_nin(nin, 3, 3, err, errlen)) return -1;
-        if (norm_check(op, p, &in[0], &in[1], &in[2], err, errlen)) return -1;
-        out[0] = in[0];
-        return 0;
-    case CK_OP_GROUP_NORM_BWD:
-    case CK_OP_LAYER_NORM_BWD:
-        if (want_nin(nin, 3, 3, err, errlen)) return -1;
-        if (norm_check(op, p, &in[1], &in[2], NULL, err, errlen)) return -1;
-        if (same_shape(&in[0], &in[1], "dy", "x", err, errlen)) return -1;
-        out[0] = in[1];
-        out[1] = in[2];
-        out[2] = in[2];
-        return 0;
-    case CK_OP_SILU:
-    case CK_OP_GELU:
-    case CK_OP_SOFTMAX:
-    case CK_OP_SCALE:
-    case CK_OP_DROPOUT:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (op == CK_OP_SOFTMAX && in[0].ndim < 1) FAIL("input must have at least one dim");
-        if (op == CK_OP_DROPOUT && !(p->f[0] >= 0.0f && p->f[0] < 1.0f)) FAIL("probability %g not in [0, 1)", p->f[0]);
-        out[0] = in[0];
-        return 0;
-    case CK_OP_SILU_BWD:
-    case CK_OP_GELU_BWD:
-    case CK_OP_SOFTMAX_BWD:
-        if (want_nin(nin, 2, 2, err, errlen)) return -1;
-        if (same_shape(&in[0], &in[1], "dy", "x", err, errlen)) return -1;
-        out[0] = in[0];
-        return 0;
-    case CK_OP_GEGLU:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (in[0].ndim < 1 || in[0].d[in[0].ndim - 1] % 2)
-            FAIL("last dim of %s must be even (value and gate halves)", SH(&in[0], a));
-        out[0] = in[0];
-        out[0].d[out[0].ndim - 1] /= 2;
-        return 0;
-    case CK_OP_GEGLU_BWD: {
-        ck_shape y;
-        if (want_nin(nin, 2, 2, err, errlen)) return -1;
-        if (in[1].ndim < 1 || in[1].d[in[1].ndim - 1] % 2) FAIL("last dim of %s must be even", SH(&in[1], a));
-        y = in[1];
-        y.d[y.ndim - 1] /= 2;
-        if (same_shape(&in[0], &y, "dy", "output", err, errlen)) return -1;
-        out[0] = in[1];
-        return 0;
-    }
-    case CK_OP_ATTENTION:
-        if (want_nin(nin, 3, 3, err, errlen)) return -1;
-        if (attn_check(p, &in[0], &in[1], &in[2], err, errlen)) return -1;
-        out[0] = in[0];
-        return 0;
-    case CK_OP_ATTENTION_BWD:
-        if (want_nin(nin, 4, 4, err, errlen)) return -1;
-        if (attn_check(p, &in[1], &in[2], &in[3], err, errlen)) return -1;
-        if (same_shape(&in[0], &in[1], "dout", "q", err, errlen)) return -1;
-        out[0] = in[1];
-        out[1] = in[2];
-        out[2] = in[3];
-        return 0;
-    case CK_OP_ADD:
-    case CK_OP_SUB:
-    case CK_OP_MUL:
-        if (want_nin(nin, 2, 2, err, errlen)) return -1;
-        return broadcast(&in[0], &in[1], &out[0], err, errlen);
-    case CK_OP_REDUCE_TO:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        return reduce_check(&in[0], &out[0], err, errlen);
-    case CK_OP_CONCAT: {
-        if (want_nin(nin, 2, 2, err, errlen)) return -1;
-        if (in[0].ndim != in[1].ndim) FAIL("cannot concat %s and %s", SH(&in[0], a), SH(&in[1], b));
-        if (check_dim(p->i[0], in[0].ndim, err, errlen)) return -1;
-        for (int i = 0; i < in[0].ndim; i++)
-            if (i != p->i[0] && in[0].d[i] != in[1].d[i])
-                FAIL("cannot concat %s and %s along dim %lld", SH(&in[0], a), SH(&in[1], b), (long long)p->i[0]);
-        out[0] = in[0];
-        out[0].d[p->i[0]] += in[1].d[p->i[0]];
-        return 0;
-    }
-    case CK_OP_SLICE:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (check_dim(p->i[0], in[0].ndim, err, errlen)) return -1;
-        if (p->i[1] < 0 || p->i[2] < 0 || p->i[1] + p->i[2] > in[0].d[p->i[0]])
-            FAIL("slice [%lld, %lld) out of range for %s", (long long)p->i[1], (long long)(p->i[1] + p->i[2]),
-                 SH(&in[0], a));
-        out[0] = in[0];
-        out[0].d[p->i[0]] = p->i[2];
-        return 0;
-    case CK_OP_RESHAPE:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (ck_shape_numel(&in[0]) != ck_shape_numel(&out[0]))
-            FAIL("cannot reshape %s to %s", SH(&in[0], a), SH(&out[0], b));
-        return 0;
-    case CK_OP_PERMUTE: {
-        int seen[CK_MAX_DIMS] = {0};
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        out[0].ndim = in[0].ndim;
-        for (int i = 0; i < in[0].ndim; i++) {
-            if (p->i[i] < 0 || p->i[i] >= in[0].ndim || seen[p->i[i]]) FAIL("not a permutation of %d dims", in[0].ndim);
-            seen[p->i[i]] = 1;
-            out[0].d[i] = in[0].d[p->i[i]];
-        }
-        return 0;
-    }
-    case CK_OP_UPSAMPLE2X:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (in[0].ndim != 4) FAIL("input must be 4-D (N, C, H, W), got %s", SH(&in[0], a));
-        out[0] = in[0];
-        out[0].d[2] *= 2;
-        out[0].d[3] *= 2;
-        return 0;
-    case CK_OP_UPSAMPLE2X_BWD:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (in[0].ndim != 4 || in[0].d[2] % 2 || in[0].d[3] % 2) FAIL("dy must be (N, C, 2H, 2W), got %s", SH(&in[0], a));
-        out[0] = in[0];
-        out[0].d[2] /= 2;
-        out[0].d[3] /= 2;
-        return 0;
-    case CK_OP_MEAN:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (ck_shape_numel(&in[0]) == 0) FAIL("mean of an empty tensor");
-        out[0].ndim = 0;
-        return 0;
-    case CK_OP_MEAN_BWD:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (ck_shape_numel(&in[0]) != 1) FAIL("dy must be a scalar");
-        return 0;
-    case CK_OP_MSE_LOSS:
-        if (want_nin(nin, 2, 2, err, errlen)) return -1;
-        if (same_shape(&in[0], &in[1], "prediction", "target", err, errlen)) return -1;
-        out[0].ndim = 0;
-        return 0;
-    case CK_OP_MSE_LOSS_BWD:
-        if (want_nin(nin, 3, 3, err, errlen)) return -1;
-        if (same_shape(&in[1], &in[2], "prediction", "target", err, errlen)) return -1;
-        out[0] = in[1];
-        out[1] = in[2];
-        return 0;
-    case CK_OP_TIMESTEP_EMBEDDING:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (in[0].ndim != 1) FAIL("timesteps must be 1-D (B), got %s", SH(&in[0], a));
-        if (p->i[0] < 2) FAIL("embedding dim must be at least 2");
-        if ((float)(p->i[0] / 2) == p->f[0]) FAIL("downscale_freq_shift equals half the dim");
-        out[0].ndim = 2;
-        out[0].d[0] = in[0].d[0];
-        out[0].d[1] = p->i[0];
-        return 0;
-    case CK_OP_FILL:
-        if (want_nin(nin, 0, 0, err, errlen)) return -1;
-        return 0;
-    case CK_OP_SGD_STEP:
-        if (want_nin(nin, 2, 2, err, errlen)) return -1;
-        if (same_shape(&in[0], &in[1], "parameter", "gradient", err, errlen)) return -1;
-        out[0] = in[0];
-        return 0;
-    case CK_OP_ADAMW_STEP:
-        if (want_nin(nin, 4, 4, err, errlen)) return -1;
-        for (int i = 1; i < 4; i++)
-            if (same_shape(&in[0], &in[i], "parameter", "state", err, errlen)) return -1;
-        out[0] = out[1] = out[2] = in[0];
-        return 0;
-    case CK_OP_LION_STEP:
-        if (want_nin(nin, 3, 3, err, errlen)) return -1;
-        for (int i = 1; i < 3; i++)
-            if (same_shape(&in[0], &in[i], "parameter", i == 1 ? "gradient" : "state", err, errlen)) return -1;
-        out[0] = out[1] = in[0];
-        return 0;
-    case CK_OP_ADAMW8_STEP: {
-        char a[96], b[96];
-        if (want_nin(nin, 4, 4, err, errlen)) return -1;
-        if (same_shape(&in[0], &in[1], "parameter", "gradient", err, errlen)) return -1;
-        const int64_t n = ck_shape_numel(&in[0]), nb = (n + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
-        if (in[2].ndim != 1 || in[2].d[0] != 2 * n || in[3].ndim != 1 || in[3].d[0] != 2 * nb)
-            FAIL("the state must be [%lld] codes and [%lld] scales for %lld values, got %s and %s", (long long)(2 * n),
-                 (long long)(2 * nb), (long long)n, SH(&in[2], a), SH(&in[3], b));
-        out[0] = in[0];
-        out[1] = in[2];
-        out[2] = in[3];
-        return 0;
-    }
-    case CK_OP_STATS:
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (ck_shape_numel(&in[0]) == 0) FAIL("statistics of an empty tensor");
-        out[0].ndim = 1;
-        out[0].d[0] = 3;
-        return 0;
-    case CK_OP_SUMSQ: {
-        char a[96];
-        if (want_nin(nin, 1, CK_MAX_IN, err, errlen)) return -1;
-        if (p->i[0] != 0 && p->i[0] != 1) FAIL("i0 must be 0 or 1 (a running total first), got %d", p->i[0]);
-        if (p->i[0] && nin < 2) FAIL("a running total needs a tensor to add the squares of");
-        if (p->i[0] && ck_shape_numel(&in[0]) != 1) FAIL("the running total must be a scalar, got %s", SH(&in[0], a));
-        out[0].ndim = 0;
-        return 0;
-    }
-    case CK_OP_CLIP_FACTOR: {
-        char a[96];
-        if (want_nin(nin, 1, 1, err, errlen)) return -1;
-        if (ck_shape_numel(&in[0]) != 1) FAIL("takes a scalar, got %s", SH(&in[0], a));
-        if (!(p->f[0] > 0.0f)) FAIL("the largest norm must be positive, got %g", (double)p->f[0]);
-        out[0].ndim = 0;
-        return 0;
-    }
-    default: FAIL("unknown op %d", (int)op);
-    }
+    if ((unsigned)op >= CK_OP_COUNT || !rules[op].infer) FAIL("unknown op %d", (int)op);
+    if (want_nin(nin, rules[op].nin_lo, rules[op].nin_hi, err, errlen)) return -1;
+    return rules[op].infer(op, p, in, nin, out, err, errlen);
 }
 
 size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
@@ -551,16 +659,7 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
     return per_head * (size_t)heads;
 }
 
-int ck_cuda_bf16_op(enum ck_op op)
-{
-    switch (op) {
-    case CK_OP_SILU: case CK_OP_SILU_BWD: case CK_OP_GELU: case CK_OP_GELU_BWD: case CK_OP_GEGLU:
-    case CK_OP_GEGLU_BWD: case CK_OP_SOFTMAX: case CK_OP_SOFTMAX_BWD: case CK_OP_ADD: case CK_OP_SUB:
-    case CK_OP_MUL: case CK_OP_SCALE: case CK_OP_FILL: case CK_OP_CONCAT: case CK_OP_SLICE: case CK_OP_RESHAPE:
-        return 1;
-    default: return 0;
-    }
-}
+int ck_cuda_bf16_op(enum ck_op op) { return (ck_op_precisions(op, 1) & CK_PREC_MASK_BF16) != 0; }
 
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out)
 {

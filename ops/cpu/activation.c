@@ -1,5 +1,5 @@
-/* Activations on the CPU: SiLU, GELU (erf or tanh form), GEGLU and softmax over
- * the last dim, forward and backward. Each output comes from one thread in a fixed
+/* Activations on the CPU: SiLU, GELU (erf or tanh form), GEGLU, Mish and softmax
+ * over the last dim, forward and backward. Each output comes from one thread in a fixed
  * order; exp and erf are inline polynomials so the loops vectorize (libm's do not). */
 #include "cpu.h"
 #include "vecmath.h"
@@ -67,6 +67,24 @@ static inline float gelu_tanh_grad(float x)
     const float x2 = x * x;
     const float s = sigmoid_c(2.0f * SQRT_2_PI * (x + GELU_KAPPA * x2 * x));
     return s + 2.0f * x * s * (1.0f - s) * SQRT_2_PI * (1.0f + 3.0f * GELU_KAPPA * x2);
+}
+
+/* Mish (torch.nn.functional.mish): x tanh(softplus(x)). With e = e^x and
+ * n = e (e + 2), tanh(log(1 + e)) = n / (n + 2), and 1 - tanh^2 = 4 (n + 1) / (n + 2)^2
+ * without cancellation. Above x = 20 tanh(softplus(x)) is 1 in float (torch's
+ * softplus threshold), so e is taken at min(x, 20) and n never overflows. */
+static inline float mish_c(float x)
+{
+    const float e = exp_c(x > 20.0f ? 20.0f : x), n = e * (e + 2.0f);
+    return x * (n / (n + 2.0f));
+}
+
+/* d/dx [x t] = t + x (1 - t^2) sigmoid(x), t = tanh(softplus(x)); above 20 it is 1 */
+static inline float mish_grad(float x)
+{
+    const float xc = x > 20.0f ? 20.0f : x; /* NaN stays NaN */
+    const float e = exp_c(xc), n = e * (e + 2.0f), d = n + 2.0f;
+    return n / d + xc * (4.0f * (n + 1.0f) / (d * d)) * (e / (1.0f + e));
 }
 
 /* Sum in double over interleaved lanes: vectorizes without reassociating, and
@@ -166,6 +184,28 @@ CK_CPU_KERNEL(ck_cpu_gelu_bwd)
 #pragma omp parallel for simd schedule(static) if (parallel: n > PAR_MIN)
         for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_erf_grad(x[i]);
     }
+}
+
+// x is any shape; y is like x.
+CK_CPU_KERNEL(ck_cpu_mish)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const float *x = in[0].data;
+    float *y = out[0].data;
+    const int64_t n = ck_view_numel(&in[0]);
+#pragma omp parallel for simd schedule(static) if (parallel: n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = mish_c(x[i]);
+}
+
+// dy and x are any shape (the same); dx is like x.
+CK_CPU_KERNEL(ck_cpu_mish_bwd)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const float *dy = in[0].data, *x = in[1].data;
+    float *dx = out[0].data;
+    const int64_t n = ck_view_numel(&in[1]);
+#pragma omp parallel for simd schedule(static) if (parallel: n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * mish_grad(x[i]);
 }
 
 // x is (..,2D): hidden = x[..,:D], gate = x[..,D:]; y is (..,D) = hidden * gelu(gate).
@@ -312,6 +352,20 @@ static void gelu_bwd_blk(float *dx, const float *dy, const float *x, int64_t m, 
     }
 }
 
+static void mish_blk(float *y, const float *x, const float *unused, int64_t m, int flag)
+{
+    (void)unused, (void)flag;
+#pragma omp simd
+    for (int64_t i = 0; i < m; i++) y[i] = mish_c(x[i]);
+}
+
+static void mish_bwd_blk(float *dx, const float *dy, const float *x, int64_t m, int flag)
+{
+    (void)flag;
+#pragma omp simd
+    for (int64_t i = 0; i < m; i++) dx[i] = dy[i] * mish_grad(x[i]);
+}
+
 // y (n) = f(a (n)[, b (n)]), in blocks
 static void map_bf16(block_fn f, uint16_t *y, const uint16_t *a, const uint16_t *b, int64_t n, int flag)
 {
@@ -349,6 +403,18 @@ CK_CPU_KERNEL(ck_cpu_gelu_bwd_bf16)
 {
     (void)ctx, (void)nout, (void)nin;
     map_bf16(gelu_bwd_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, (const uint16_t *)in[1].data, ck_view_numel(&in[1]), p->i[0] != 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_mish_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    map_bf16(mish_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, NULL, ck_view_numel(&in[0]), 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_mish_bwd_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    map_bf16(mish_bwd_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, (const uint16_t *)in[1].data, ck_view_numel(&in[1]), 0);
 }
 
 // x is (..,2D); y is (..,D) = hidden * gelu(gate), a row's D in blocks

@@ -48,6 +48,10 @@ CK_CPU_KERNEL(ck_cpu_geglu_bf16);
 CK_CPU_KERNEL(ck_cpu_geglu_bwd_bf16);
 CK_CPU_KERNEL(ck_cpu_softmax_bf16);
 CK_CPU_KERNEL(ck_cpu_softmax_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_mish);
+CK_CPU_KERNEL(ck_cpu_mish_bwd);
+CK_CPU_KERNEL(ck_cpu_mish_bf16);
+CK_CPU_KERNEL(ck_cpu_mish_bwd_bf16);
 /* attention.c */
 CK_CPU_KERNEL(ck_cpu_attention);
 CK_CPU_KERNEL(ck_cpu_attention_bwd);

@@ -50,6 +50,8 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
     [CK_OP_CLIP_FACTOR] = ck_cpu_clip_factor,
     [CK_OP_LION_STEP] = ck_cpu_lion_step,
     [CK_OP_ADAMW8_STEP] = ck_cpu_adamw8_step,
+    [CK_OP_MISH] = ck_cpu_mish,
+    [CK_OP_MISH_BWD] = ck_cpu_mish_bwd,
 };
 
 const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
@@ -69,4 +71,6 @@ const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_CONCAT] = ck_cpu_concat_bf16,
     [CK_OP_SLICE] = ck_cpu_slice_bf16,
     [CK_OP_RESHAPE] = ck_cpu_reshape_bf16,
+    [CK_OP_MISH] = ck_cpu_mish_bf16,
+    [CK_OP_MISH_BWD] = ck_cpu_mish_bwd_bf16,
 };

@@ -1,5 +1,5 @@
-/* Activations on the GPU: SiLU, GELU (erf or tanh form), GEGLU and softmax over
- * the last dim, forward and backward, in the same formulas as
+/* Activations on the GPU: SiLU, GELU (erf or tanh form), GEGLU, Mish and softmax
+ * over the last dim, forward and backward, in the same formulas as
  * ops/cpu/activation.c (device expf and erff instead of its polynomials).
  * Kernels are templated on the storage type; arithmetic is fp32. */
 #include "common.cuh"
@@ -29,6 +29,20 @@ __device__ __forceinline__ float gelu_grad_f(float x, int approx)
         return s + 2.0f * x * s * (1.0f - s) * SQRT_2_PI * (1.0f + 3.0f * GELU_KAPPA * x2);
     }
     return 0.5f * (1.0f + erff(x * SQRT1_2)) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+
+/* Mish as ops/cpu/activation.c's mish_c and mish_grad: with e = e^min(x, 20) (NaN kept)
+ * and n = e (e + 2), tanh(softplus(x)) = n / (n + 2) and 1 - tanh^2 = 4 (n + 1) / (n + 2)^2 */
+__device__ __forceinline__ float mish_f(float x)
+{
+    const float e = expf(x > 20.0f ? 20.0f : x), n = e * (e + 2.0f);
+    return x * (n / (n + 2.0f));
+}
+
+__device__ __forceinline__ float mish_grad_f(float x)
+{
+    const float xc = x > 20.0f ? 20.0f : x, e = expf(xc), n = e * (e + 2.0f), d = n + 2.0f;
+    return n / d + xc * (4.0f * (n + 1.0f) / (d * d)) * (e / (1.0f + e));
 }
 
 #define GRID_STRIDE(i, n) \
@@ -64,6 +78,18 @@ template <typename T>
 __global__ void __launch_bounds__(THREADS) gelu_bwd_kernel(T *dx, const T *dy, const T *x, int64_t n, int approx)
 {
     GRID_STRIDE(i, n) ck_st(dx + i, ck_ld(dy + i) * gelu_grad_f(ck_ld(x + i), approx));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS) mish_kernel(T *y, const T *x, int64_t n)
+{
+    GRID_STRIDE(i, n) ck_st(y + i, mish_f(ck_ld(x + i)));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS) mish_bwd_kernel(T *dx, const T *dy, const T *x, int64_t n)
+{
+    GRID_STRIDE(i, n) ck_st(dx + i, ck_ld(dy + i) * mish_grad_f(ck_ld(x + i)));
 }
 
 // x (R, 2D) = [hidden | gate]; y (R, D) = hidden * gelu(gate)
@@ -201,6 +227,32 @@ static void gelu_bwd_op(const char *name, const ck_op_params *p, ck_view *out, c
     ck_cuda_end(c, name);
 }
 
+// x is any shape; y is like x.
+template <typename T>
+static void mish_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    (void)p;
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[0]);
+    if (n == 0) return;
+    ck_launch(mish_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), n);
+    ck_cuda_end(c, name);
+}
+
+// dy and x are any shape (the same); dx is like x.
+template <typename T>
+static void mish_bwd_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
+    (void)p;
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    const int64_t n = ck_view_numel(&in[1]);
+    if (n == 0) return;
+    ck_launch(mish_bwd_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), CDATA(in[1]), n);
+    ck_cuda_end(c, name);
+}
+
 // x is (..,2D); y is (..,D)
 template <typename T>
 static void geglu_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
@@ -279,3 +331,5 @@ ENTRY(geglu, geglu_op)
 ENTRY(geglu_bwd, geglu_bwd_op)
 ENTRY(softmax, softmax_op)
 ENTRY(softmax_bwd, softmax_bwd_op)
+ENTRY(mish, mish_op)
+ENTRY(mish_bwd, mish_bwd_op)

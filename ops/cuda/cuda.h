@@ -125,6 +125,10 @@ CK_CUDA_KERNEL(ck_cuda_geglu_bf16);
 CK_CUDA_KERNEL(ck_cuda_geglu_bwd_bf16);
 CK_CUDA_KERNEL(ck_cuda_softmax_bf16);
 CK_CUDA_KERNEL(ck_cuda_softmax_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_mish);
+CK_CUDA_KERNEL(ck_cuda_mish_bwd);
+CK_CUDA_KERNEL(ck_cuda_mish_bf16);
+CK_CUDA_KERNEL(ck_cuda_mish_bwd_bf16);
 /* attention.cu */
 CK_CUDA_KERNEL(ck_cuda_attention);
 CK_CUDA_KERNEL(ck_cuda_attention_bwd);

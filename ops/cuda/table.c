@@ -47,6 +47,8 @@ const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT] = {
     [CK_OP_CLIP_FACTOR] = ck_cuda_clip_factor,
     [CK_OP_LION_STEP] = ck_cuda_lion_step,
     [CK_OP_ADAMW8_STEP] = ck_cuda_adamw8_step,
+    [CK_OP_MISH] = ck_cuda_mish,
+    [CK_OP_MISH_BWD] = ck_cuda_mish_bwd,
 };
 
 const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
@@ -66,4 +68,6 @@ const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_CONCAT] = ck_cuda_concat_bf16,
     [CK_OP_SLICE] = ck_cuda_slice_bf16,
     [CK_OP_RESHAPE] = ck_cuda_reshape_bf16,
+    [CK_OP_MISH] = ck_cuda_mish_bf16,
+    [CK_OP_MISH_BWD] = ck_cuda_mish_bwd_bf16,
 };

@@ -176,6 +176,16 @@ nn.SiLU = SiLU
 
 function SiLU:updateOutput(_, x) return ck.silu(x) end
 
+---- Mish: x * tanh(softplus(x)), torch.nn.Mish (diffusers' act_fn = "mish")
+
+local Mish = nn.class("Mish")
+nn.Mish = Mish
+
+function Mish:updateOutput(_, x) return ck.mish(x) end
+
+-- diffusers' get_activation for the activations ck has as one op
+local activations = {silu = ck.silu, swish = ck.silu, mish = ck.mish}
+
 ---- Attention{query_dim, cross_attention_dim=nil (self), heads, dim_head} on [B, L, C]
 
 local Attention = nn.class("Attention")
@@ -249,7 +259,7 @@ function Timesteps:updateOutput(_, t)
   return ck.timestep_embedding(t, self.num_channels, {flip_sin_to_cos = self.flip_sin_to_cos, shift = self.shift})
 end
 
----- TimestepEmbedding{in, time_embed_dim}: linear_1, SiLU, linear_2
+---- TimestepEmbedding{in, time_embed_dim, act_fn="silu"}: linear_1, act_fn (silu or mish), linear_2
 
 local TimestepEmbedding = nn.class("TimestepEmbedding")
 nn.TimestepEmbedding = TimestepEmbedding
@@ -259,10 +269,14 @@ function TimestepEmbedding:init(o)
   local d = assert(o[2] or o.time_embed_dim, "TimestepEmbedding: time_embed_dim")
   self.linear_1 = self:add("linear_1", Linear{i, d})
   self.linear_2 = self:add("linear_2", Linear{d, o.out_dim or d})
+  self.act = activations[o.act_fn or "silu"]
+  if not self.act then
+    error("TimestepEmbedding: act_fn '" .. tostring(o.act_fn) .. "' is not one of silu, swish, mish", 3)
+  end
 end
 
 function TimestepEmbedding:updateOutput(g, x)
-  return self.linear_2:forward(g, ck.silu(self.linear_1:forward(g, x)))
+  return self.linear_2:forward(g, self.act(self.linear_1:forward(g, x)))
 end
 
 return nn

@@ -390,6 +390,8 @@ static const tcase cases[] = {
     {"softmax [7,33]", CK_OP_SOFTMAX, {.i = {0}}, 1, {SH(7, 33)}, .kind = {WIDE}, .tol = F32},
     {"softmax [3,1500]", CK_OP_SOFTMAX, {.i = {0}}, 1, {SH(3, 1500)}, .kind = {WIDE}, .tol = F32},
     {"softmax_bwd", CK_OP_SOFTMAX_BWD, {.i = {0}}, 2, {SH(7, 33), SH(7, 33)}, .tol = F32},
+    {"mish", CK_OP_MISH, {.i = {0}}, 1, {SH(3, 333)}, .kind = {WIDE}, .tol = F32},
+    {"mish_bwd", CK_OP_MISH_BWD, {.i = {0}}, 2, {SH(3, 333), SH(3, 333)}, .kind = {UNIFORM, WIDE}, .tol = F32},
     /* attention.cu: head dims 4 (one thread a row), 40 (two), 100 (four), 160 (cuBLAS) */
     {"attention D 4, cross", CK_OP_ATTENTION, {.i = {3}}, 3, {SH(2, 9, 12), SH(2, 11, 12), SH(2, 11, 12)}, .tol = F32},
     {"attention D 40, self, 37 rows", CK_OP_ATTENTION, {.i = {2}}, 3, {SH(1, 37, 80), SH(1, 37, 80), SH(1, 37, 80)},

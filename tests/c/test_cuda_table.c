@@ -1,6 +1,6 @@
-/* The CUDA backend has a kernel for every op the CPU backend has, and for no
- * op the CPU lacks (its bf16 kernels are a subset of its fp32 ones, and the
- * ones plans without a device assume, ck_cuda_bf16_op). Runs without a
+/* The CUDA kernel tables hold exactly the kernels ops.def's cuda column
+ * promises (fp32, and bf16 storage), and the CUDA backend has a kernel for
+ * every op the CPU backend has and for no op the CPU lacks. Runs without a
  * device: it only reads the tables. */
 #include "cpu/cpu.h"
 
@@ -9,22 +9,35 @@
 #ifdef CK_HAVE_CUDA
 #include "cuda/cuda.h"
 
+static int follows(const char *table, const ck_kernel_fn *fns, int op, unsigned prec, unsigned bit)
+{
+    const int has = fns[op] != NULL, promised = (prec & bit) != 0;
+    if (has == promised) return 1;
+    printf("FAIL: %s: %s %s, ops.def says it %s\n", ck_op_name((enum ck_op)op), table,
+           has ? "has a kernel" : "has no kernel", promised ? "has one" : "has none");
+    return 0;
+}
+
 int main(void)
 {
-    int missing = 0, extra = 0, both = 0;
-    for (int op = 1; op < CK_OP_COUNT; op++) {
+    int bad = 0, both = 0;
+    for (int op = 0; op < CK_OP_COUNT; op++) {
+        const unsigned prec = ck_op_precisions((enum ck_op)op, 1);
+        bad += !follows("ck_cuda_kernels", ck_cuda_kernels, op, prec, CK_PREC_MASK_F32);
+        bad += !follows("ck_cuda_kernels_bf16", ck_cuda_kernels_bf16, op, prec, CK_PREC_MASK_BF16);
         const int cpu = ck_cpu_kernels[op] != NULL, gpu = ck_cuda_kernels[op] != NULL;
-        if (cpu && !gpu) printf("FAIL: %s has a CPU kernel and no CUDA kernel\n", ck_op_name((enum ck_op)op)), missing++;
-        if (gpu && !cpu) printf("FAIL: %s has a CUDA kernel and no CPU kernel\n", ck_op_name((enum ck_op)op)), extra++;
-        both += cpu && gpu;
+        if (cpu != gpu)
+            printf("FAIL: %s has a %s kernel and no %s kernel\n", ck_op_name((enum ck_op)op), cpu ? "CPU" : "CUDA",
+                   cpu ? "CUDA" : "CPU"), bad++;
         if (ck_cuda_kernels_bf16[op] && !gpu)
-            printf("FAIL: %s has a bf16 CUDA kernel and no fp32 one\n", ck_op_name((enum ck_op)op)), extra++;
+            printf("FAIL: %s has a bf16 CUDA kernel and no fp32 one\n", ck_op_name((enum ck_op)op)), bad++;
         if ((ck_cuda_kernels_bf16[op] != NULL) != ck_cuda_bf16_op((enum ck_op)op))
             printf("FAIL: %s: ck_cuda_bf16_op (plans made without a device) disagrees with the bf16 table\n",
-                   ck_op_name((enum ck_op)op)), extra++;
+                   ck_op_name((enum ck_op)op)), bad++;
+        both += cpu && gpu;
     }
-    printf("%d ops on both backends, %d without a CUDA kernel, %d without a CPU kernel\n", both, missing, extra);
-    return missing || extra || both == 0;
+    printf("%d ops on both backends, %d disagreements with ops.def or the CPU\n", both, bad);
+    return bad || both == 0;
 }
 #else
 int main(void)

@@ -53,6 +53,8 @@ static const tcase cases[] = {
     CASE("softmax [7,600]", CK_OP_SOFTMAX, NOP, 1, SH(7, 600)),
     CASE("softmax [3,5]", CK_OP_SOFTMAX, NOP, 1, SH(3, 5)),
     CASE("softmax_bwd [7,600]", CK_OP_SOFTMAX_BWD, NOP, 2, SH(7, 600), SH(7, 600)),
+    CASE("mish [3,1001]", CK_OP_MISH, NOP, 1, SH(3, 1001)),
+    CASE("mish_bwd [3,1001]", CK_OP_MISH_BWD, NOP, 2, SH(3, 1001), SH(3, 1001)),
     CASE("add same shape [3,333]", CK_OP_ADD, NOP, 2, SH(3, 333), SH(3, 333)),
     CASE("add bias [4,5,6] + [6]", CK_OP_ADD, NOP, 2, SH(4, 5, 6), SH(6)),
     CASE("sub per channel [2,3,4,5] - [3,1,1]", CK_OP_SUB, NOP, 2, SH(2, 3, 4, 5), SH(3, 1, 1)),

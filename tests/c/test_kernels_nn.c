@@ -353,6 +353,9 @@ static double gelu_grad_d(double x, int approx)
 
 static double silu_d(double x) { return x / (1 + exp(-x)); }
 
+/* torch.nn.functional.mish: x tanh(softplus(x)) */
+static double mish_d(double x) { return x * tanh(log1p(exp(x))); }
+
 /* Elementwise forward/backward pair: kernels, reference value and derivative. */
 static void test_unary(const char *tag, ck_kernel_fn fwd, ck_kernel_fn bwd, int64_t i0, int kind, int64_t n)
 {
@@ -365,6 +368,9 @@ static void test_unary(const char *tag, ck_kernel_fn fwd, ck_kernel_fn bwd, int6
         if (kind == 0) {
             ry[i] = silu_d(v);
             rdx[i] = dy[i] * (silu_d(v + 1e-5) - silu_d(v - 1e-5)) / 2e-5;
+        } else if (kind == 2) {
+            ry[i] = mish_d(v);
+            rdx[i] = dy[i] * (mish_d(v + 1e-5) - mish_d(v - 1e-5)) / 2e-5;
         } else {
             ry[i] = gelu_d(v, (int)i0);
             rdx[i] = dy[i] * gelu_grad_d(v, (int)i0);
@@ -481,10 +487,11 @@ static void test_special(void)
         ck_kernel_fn f, b;
         int64_t i0;
         int kind;
-    } cases[3] = {{"silu", ck_cpu_silu, ck_cpu_silu_bwd, 0, 0},
+    } cases[4] = {{"silu", ck_cpu_silu, ck_cpu_silu_bwd, 0, 0},
                   {"gelu erf", ck_cpu_gelu, ck_cpu_gelu_bwd, 0, 1},
-                  {"gelu tanh", ck_cpu_gelu, ck_cpu_gelu_bwd, 1, 1}};
-    for (int c = 0; c < 3; c++) {
+                  {"gelu tanh", ck_cpu_gelu, ck_cpu_gelu_bwd, 1, 1},
+                  {"mish", ck_cpu_mish, ck_cpu_mish_bwd, 0, 2}};
+    for (int c = 0; c < 4; c++) {
         ck_op_params p = params(cases[c].i0, 0);
         ck_view fin[1] = {view(x, 1, shape)}, fout[1] = {view(y, 1, shape)};
         ck_view bin[2] = {view(dy, 1, shape), view(x, 1, shape)}, bout[1] = {view(dx, 1, shape)};
@@ -497,6 +504,9 @@ static void test_special(void)
             if (cases[c].kind == 0) {
                 r = silu_d(v);
                 d = (silu_d(v + 1e-4) - silu_d(v - 1e-4)) / 2e-4;
+            } else if (cases[c].kind == 2) {
+                r = mish_d(v);
+                d = (mish_d(v + 1e-4) - mish_d(v - 1e-4)) / 2e-4;
             } else {
                 r = gelu_d(v, (int)cases[c].i0);
                 d = (gelu_d(v + 1e-4, (int)cases[c].i0) - gelu_d(v - 1e-4, (int)cases[c].i0)) / 2e-4;
@@ -689,6 +699,9 @@ int main(void)
     test_unary("silu", ck_cpu_silu, ck_cpu_silu_bwd, 0, 0, 100005);
     test_unary("gelu erf", ck_cpu_gelu, ck_cpu_gelu_bwd, 0, 1, 100005);
     test_unary("gelu tanh", ck_cpu_gelu, ck_cpu_gelu_bwd, 1, 1, 100005);
+    test_unary("mish", ck_cpu_mish, ck_cpu_mish_bwd, 0, 2, 99);
+    test_unary("mish", ck_cpu_mish, ck_cpu_mish_bwd, 0, 2, 60003);
+    test_unary("mish", ck_cpu_mish, ck_cpu_mish_bwd, 0, 2, 100005);
     test_geglu(0, 7, 13);
     test_geglu(1, 7, 13);
     test_geglu(0, 301, 67);

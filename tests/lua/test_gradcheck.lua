@@ -72,6 +72,7 @@ gradcheck("layer_norm", {{3, 2, 9}, {9}, {9}}, function(g, x) return ck.layer_no
 gradcheck("silu", {{3, 7}}, function(g, x) return ck.silu(x[1]) end)
 gradcheck("gelu erf", {{3, 7}}, function(g, x) return ck.gelu(x[1]) end)
 gradcheck("gelu tanh", {{3, 7}}, function(g, x) return ck.gelu(x[1], "tanh") end)
+gradcheck("mish", {{3, 7}}, function(g, x) return ck.mish(x[1]) end)
 gradcheck("geglu", {{2, 3, 10}}, function(g, x) return ck.geglu(x[1]) end, {probe = 20})
 gradcheck("softmax", {{3, 2, 7}}, function(g, x) return ck.softmax(x[1]) end, {probe = 20})
 gradcheck("attention self, 2 heads", {{2, 5, 6}, {2, 5, 6}, {2, 5, 6}}, function(g, x) return ck.attention(x[1], x[2], x[3], 2) end, {probe = 16})

@@ -89,185 +89,249 @@ static int accumulate(ad *a, int t, int dt)
 
 static int needs(ad *a, int t) { return a->g->t[t].needs_grad; }
 
+/* The gradient rules, one per kind of op (ops.def's grad column): each appends
+ * the nodes that compute the gradients of n's inputs from the gradient dy of
+ * its first output. ck_op_backward(n->op) is the op a rule emits where it
+ * emits one. */
+#define GRAD(kind) static int grad_##kind(ad *a, const ck_node *n, int dy)
+
+GRAD(matmul)
+{
+    ck_graph *g = a->g;
+    const int *in = n->in;
+    int ta = (int)n->p.i[0], tb = (int)n->p.i[1];
+    int A = in[0], B = in[1];
+    int batched_b = g->t[B].shape.ndim > 2;
+    if (ta && (g->t[A].shape.ndim != 2 || batched_b)) {
+        snprintf(g->err, sizeof g->err, "matmul: no gradient for a transposed batched operand");
+        return -1;
+    }
+    if (needs(a, A)) {
+        int d;
+        if (!ta) d = matmul(a, dy, B, 0, !tb);          /* dC B^T  or  dC B */
+        else d = tb ? matmul(a, B, dy, 1, 1) : matmul(a, B, dy, 0, 1); /* (B dC^T) */
+        if (accumulate(a, A, d)) return -1;
+    }
+    if (needs(a, B)) {
+        int d;
+        if (ta) d = tb ? matmul(a, dy, A, 1, 1) : matmul(a, A, dy, 0, 0);
+        else if (batched_b) d = tb ? matmul(a, dy, A, 1, 0) : matmul(a, A, dy, 1, 0);
+        else {
+            int a2 = rows(a, A), d2 = rows(a, dy);
+            if (a2 < 0 || d2 < 0) return -1;
+            d = tb ? matmul(a, d2, a2, 1, 0) : matmul(a, a2, d2, 1, 0);
+        }
+        if (accumulate(a, B, d)) return -1;
+    }
+    return 0;
+}
+
+GRAD(linear)
+{
+    ck_graph *g = a->g;
+    const int *in = n->in;
+    int d2 = rows(a, dy);
+    if (d2 < 0) return -1;
+    if (needs(a, in[0])) {
+        int d = matmul(a, d2, in[1], 0, 0);
+        if (d < 0 || accumulate(a, in[0], reshape(a, d, &g->t[in[0]].shape))) return -1;
+    }
+    if (needs(a, in[1])) {
+        int x2 = rows(a, in[0]);
+        if (x2 < 0 || accumulate(a, in[1], matmul(a, d2, x2, 1, 0))) return -1;
+    }
+    if (n->nin == 3 && needs(a, in[2]) && accumulate(a, in[2], reduce_to(a, d2, in[2]))) return -1;
+    return 0;
+}
+
+GRAD(conv2d)
+{
+    ck_graph *g = a->g;
+    const int *in = n->in;
+    ck_shape outs[CK_MAX_OUT];
+    int ids[CK_MAX_OUT], want[CK_MAX_OUT];
+    for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+    if (needs(a, in[0])) {
+        int bi[2] = {dy, in[1]};
+        if (accumulate(a, in[0], emit1(a, CK_OP_CONV2D_BWD_DATA, bi, 2, &n->p, &g->t[in[0]].shape))) return -1;
+    }
+    int wb = needs(a, in[1]), bb = n->nin == 3 && needs(a, in[2]);
+    if (wb || bb) {
+        int bi[2] = {dy, in[0]};
+        outs[0] = g->t[in[1]].shape;
+        want[0] = wb;
+        want[1] = bb;
+        if (emit(a, CK_OP_CONV2D_BWD_FILTER, bi, 2, &n->p, outs, want, ids) < 0) return -1;
+        if (wb && accumulate(a, in[1], ids[0])) return -1;
+        if (bb && accumulate(a, in[2], ids[1])) return -1;
+    }
+    return 0;
+}
+
+/* one backward node on bi[0..nbi) whose outputs are the gradients of the
+ * first nout inputs, each of them wanted where that input needs one */
+static int grad_multi(ad *a, const ck_node *n, const int *bi, int nbi, int nout, const ck_op_params *p)
+{
+    ck_shape outs[CK_MAX_OUT];
+    int ids[CK_MAX_OUT], want[CK_MAX_OUT];
+    for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+    for (int k = 0; k < nout; k++) want[k] = needs(a, n->in[k]);
+    if (emit(a, ck_op_backward(n->op), bi, nbi, p, outs, want, ids) < 0) return -1;
+    for (int k = 0; k < nout; k++)
+        if (want[k] && accumulate(a, n->in[k], ids[k])) return -1;
+    return 0;
+}
+
+/* dx, dgamma, dbeta from dy, x, gamma */
+GRAD(norm)
+{
+    int bi[3] = {dy, n->in[0], n->in[1]};
+    return grad_multi(a, n, bi, 3, 3, &n->p);
+}
+
+GRAD(attention)
+{
+    int bi[4] = {dy, n->in[0], n->in[1], n->in[2]};
+    return grad_multi(a, n, bi, 4, 3, &n->p);
+}
+
+GRAD(mse_loss)
+{
+    static const ck_op_params none;
+    int bi[3] = {dy, n->in[0], n->in[1]};
+    return grad_multi(a, n, bi, 3, 2, &none);
+}
+
+/* elementwise (or GEGLU's halves): dx from dy and the input x */
+GRAD(dy_x)
+{
+    int bi[2] = {dy, n->in[0]};
+    return accumulate(a, n->in[0], emit1(a, ck_op_backward(n->op), bi, 2, &n->p, NULL));
+}
+
+/* dx from dy and the output y (softmax) */
+GRAD(dy_y)
+{
+    int bi[2] = {dy, n->out[0]};
+    return accumulate(a, n->in[0], emit1(a, ck_op_backward(n->op), bi, 2, &n->p, NULL));
+}
+
+/* dx from dy alone */
+GRAD(dy)
+{
+    static const ck_op_params none;
+    return accumulate(a, n->in[0], emit1(a, ck_op_backward(n->op), &dy, 1, &none, NULL));
+}
+
+/* dx from dy alone, of x's shape */
+GRAD(mean)
+{
+    static const ck_op_params none;
+    return accumulate(a, n->in[0], emit1(a, ck_op_backward(n->op), &dy, 1, &none, &a->g->t[n->in[0]].shape));
+}
+
+/* the op itself, with its parameters, on dy: scale, and dropout (the same key draws the same mask) */
+GRAD(self)
+{
+    return accumulate(a, n->in[0], emit1(a, n->op, &dy, 1, &n->p, NULL));
+}
+
+GRAD(add_sub)
+{
+    const int *in = n->in;
+    if (needs(a, in[0]) && accumulate(a, in[0], reduce_to(a, dy, in[0]))) return -1;
+    if (needs(a, in[1])) {
+        int d = dy;
+        if (n->op == CK_OP_SUB) {
+            ck_op_params p = {0};
+            p.f[0] = -1.0f;
+            d = emit1(a, CK_OP_SCALE, &dy, 1, &p, NULL);
+        }
+        if (accumulate(a, in[1], reduce_to(a, d, in[1]))) return -1;
+    }
+    return 0;
+}
+
+GRAD(mul)
+{
+    static const ck_op_params none;
+    const int *in = n->in;
+    for (int k = 0; k < 2; k++)
+        if (needs(a, in[k])) {
+            int bi[2] = {dy, in[1 - k]};
+            int d = emit1(a, CK_OP_MUL, bi, 2, &none, NULL);
+            if (d < 0 || accumulate(a, in[k], reduce_to(a, d, in[k]))) return -1;
+        }
+    return 0;
+}
+
+GRAD(concat)
+{
+    ck_graph *g = a->g;
+    const int *in = n->in;
+    int64_t dim = n->p.i[0], ca = g->t[in[0]].shape.d[dim];
+    for (int k = 0; k < 2; k++)
+        if (needs(a, in[k])) {
+            ck_op_params p = {0};
+            p.i[0] = dim;
+            p.i[1] = k ? ca : 0;
+            p.i[2] = g->t[in[k]].shape.d[dim];
+            if (accumulate(a, in[k], emit1(a, CK_OP_SLICE, &dy, 1, &p, NULL))) return -1;
+        }
+    return 0;
+}
+
+/* zeros before and after the slice, concatenated around dy */
+GRAD(slice)
+{
+    int64_t dim = n->p.i[0], start = n->p.i[1], len = n->p.i[2];
+    const ck_shape *xs = &a->g->t[n->in[0]].shape;
+    int d = dy;
+    ck_op_params zero = {0}, cat = {0};
+    cat.i[0] = dim;
+    if (start > 0) {
+        ck_shape s = *xs;
+        s.d[dim] = start;
+        int z = emit1(a, CK_OP_FILL, NULL, 0, &zero, &s);
+        int bi[2] = {z, d};
+        d = z < 0 ? -1 : emit1(a, CK_OP_CONCAT, bi, 2, &cat, NULL);
+    }
+    if (d >= 0 && start + len < xs->d[dim]) {
+        ck_shape s = *xs;
+        s.d[dim] = xs->d[dim] - start - len;
+        int z = emit1(a, CK_OP_FILL, NULL, 0, &zero, &s);
+        int bi[2] = {d, z};
+        d = z < 0 ? -1 : emit1(a, CK_OP_CONCAT, bi, 2, &cat, NULL);
+    }
+    return accumulate(a, n->in[0], d);
+}
+
+GRAD(reshape) { return accumulate(a, n->in[0], reshape(a, dy, &a->g->t[n->in[0]].shape)); }
+
+GRAD(permute)
+{
+    ck_op_params p = {0};
+    for (int i = 0; i < a->g->t[n->in[0]].shape.ndim; i++) p.i[n->p.i[i]] = i;
+    return accumulate(a, n->in[0], emit1(a, CK_OP_PERMUTE, &dy, 1, &p, NULL));
+}
+
+typedef int grad_fn(ad *, const ck_node *, int);
+#define grad_none NULL
+
+static grad_fn *const grad_rules[] = {
+#define CK_OP(E, id, lo, hi, nout, infer, grad, ...) [CK_OP_##E] = grad_##grad,
+#include "../../ops/ops.def"
+};
+_Static_assert(sizeof grad_rules / sizeof grad_rules[0] == CK_OP_COUNT, "a gradient rule (or none) for every op");
+
 /* Gradients of the inputs of node n from the gradient dy of its first output. */
 static int backward(ad *a, const ck_node *n, int dy)
 {
-    ck_graph *g = a->g;
-    static const ck_op_params none;
-    ck_shape outs[CK_MAX_OUT];
-    int ids[CK_MAX_OUT], want[CK_MAX_OUT];
-    const int *in = n->in;
-    int y = n->out[0];
-    for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
-
-    switch (n->op) {
-    case CK_OP_MATMUL: {
-        int ta = (int)n->p.i[0], tb = (int)n->p.i[1];
-        int A = in[0], B = in[1];
-        int batched_b = g->t[B].shape.ndim > 2;
-        if (ta && (g->t[A].shape.ndim != 2 || batched_b)) {
-            snprintf(g->err, sizeof g->err, "matmul: no gradient for a transposed batched operand");
-            return -1;
-        }
-        if (needs(a, A)) {
-            int d;
-            if (!ta) d = matmul(a, dy, B, 0, !tb);          /* dC B^T  or  dC B */
-            else d = tb ? matmul(a, B, dy, 1, 1) : matmul(a, B, dy, 0, 1); /* (B dC^T) */
-            if (accumulate(a, A, d)) return -1;
-        }
-        if (needs(a, B)) {
-            int d;
-            if (ta) d = tb ? matmul(a, dy, A, 1, 1) : matmul(a, A, dy, 0, 0);
-            else if (batched_b) d = tb ? matmul(a, dy, A, 1, 0) : matmul(a, A, dy, 1, 0);
-            else {
-                int a2 = rows(a, A), d2 = rows(a, dy);
-                if (a2 < 0 || d2 < 0) return -1;
-                d = tb ? matmul(a, d2, a2, 1, 0) : matmul(a, a2, d2, 1, 0);
-            }
-            if (accumulate(a, B, d)) return -1;
-        }
-        return 0;
-    }
-    case CK_OP_LINEAR: {
-        int d2 = rows(a, dy);
-        if (d2 < 0) return -1;
-        if (needs(a, in[0])) {
-            int d = matmul(a, d2, in[1], 0, 0);
-            if (d < 0 || accumulate(a, in[0], reshape(a, d, &g->t[in[0]].shape))) return -1;
-        }
-        if (needs(a, in[1])) {
-            int x2 = rows(a, in[0]);
-            if (x2 < 0 || accumulate(a, in[1], matmul(a, d2, x2, 1, 0))) return -1;
-        }
-        if (n->nin == 3 && needs(a, in[2]) && accumulate(a, in[2], reduce_to(a, d2, in[2]))) return -1;
-        return 0;
-    }
-    case CK_OP_CONV2D: {
-        if (needs(a, in[0])) {
-            int bi[2] = {dy, in[1]};
-            if (accumulate(a, in[0], emit1(a, CK_OP_CONV2D_BWD_DATA, bi, 2, &n->p, &g->t[in[0]].shape))) return -1;
-        }
-        int wb = needs(a, in[1]), bb = n->nin == 3 && needs(a, in[2]);
-        if (wb || bb) {
-            int bi[2] = {dy, in[0]};
-            outs[0] = g->t[in[1]].shape;
-            want[0] = wb;
-            want[1] = bb;
-            if (emit(a, CK_OP_CONV2D_BWD_FILTER, bi, 2, &n->p, outs, want, ids) < 0) return -1;
-            if (wb && accumulate(a, in[1], ids[0])) return -1;
-            if (bb && accumulate(a, in[2], ids[1])) return -1;
-        }
-        return 0;
-    }
-    case CK_OP_GROUP_NORM:
-    case CK_OP_LAYER_NORM: {
-        int bi[3] = {dy, in[0], in[1]};
-        for (int k = 0; k < 3; k++) want[k] = needs(a, in[k]);
-        if (emit(a, n->op == CK_OP_GROUP_NORM ? CK_OP_GROUP_NORM_BWD : CK_OP_LAYER_NORM_BWD, bi, 3, &n->p, outs, want,
-                 ids) < 0)
-            return -1;
-        for (int k = 0; k < 3; k++)
-            if (want[k] && accumulate(a, in[k], ids[k])) return -1;
-        return 0;
-    }
-    case CK_OP_SILU:
-    case CK_OP_GELU:
-    case CK_OP_GEGLU: {
-        enum ck_op b = n->op == CK_OP_SILU ? CK_OP_SILU_BWD : n->op == CK_OP_GELU ? CK_OP_GELU_BWD : CK_OP_GEGLU_BWD;
-        int bi[2] = {dy, in[0]};
-        return accumulate(a, in[0], emit1(a, b, bi, 2, &n->p, NULL));
-    }
-    case CK_OP_SOFTMAX: {
-        int bi[2] = {dy, y};
-        return accumulate(a, in[0], emit1(a, CK_OP_SOFTMAX_BWD, bi, 2, &n->p, NULL));
-    }
-    case CK_OP_ATTENTION: {
-        int bi[4] = {dy, in[0], in[1], in[2]};
-        for (int k = 0; k < 3; k++) want[k] = needs(a, in[k]);
-        if (emit(a, CK_OP_ATTENTION_BWD, bi, 4, &n->p, outs, want, ids) < 0) return -1;
-        for (int k = 0; k < 3; k++)
-            if (want[k] && accumulate(a, in[k], ids[k])) return -1;
-        return 0;
-    }
-    case CK_OP_ADD:
-    case CK_OP_SUB:
-        if (needs(a, in[0]) && accumulate(a, in[0], reduce_to(a, dy, in[0]))) return -1;
-        if (needs(a, in[1])) {
-            int d = dy;
-            if (n->op == CK_OP_SUB) {
-                ck_op_params p = {0};
-                p.f[0] = -1.0f;
-                d = emit1(a, CK_OP_SCALE, &dy, 1, &p, NULL);
-            }
-            if (accumulate(a, in[1], reduce_to(a, d, in[1]))) return -1;
-        }
-        return 0;
-    case CK_OP_MUL:
-        for (int k = 0; k < 2; k++)
-            if (needs(a, in[k])) {
-                int bi[2] = {dy, in[1 - k]};
-                int d = emit1(a, CK_OP_MUL, bi, 2, &none, NULL);
-                if (d < 0 || accumulate(a, in[k], reduce_to(a, d, in[k]))) return -1;
-            }
-        return 0;
-    case CK_OP_SCALE:
-    case CK_OP_DROPOUT: /* the same key draws the same mask */
-        return accumulate(a, in[0], emit1(a, n->op, &dy, 1, &n->p, NULL));
-    case CK_OP_CONCAT: {
-        int64_t dim = n->p.i[0], ca = g->t[in[0]].shape.d[dim];
-        for (int k = 0; k < 2; k++)
-            if (needs(a, in[k])) {
-                ck_op_params p = {0};
-                p.i[0] = dim;
-                p.i[1] = k ? ca : 0;
-                p.i[2] = g->t[in[k]].shape.d[dim];
-                if (accumulate(a, in[k], emit1(a, CK_OP_SLICE, &dy, 1, &p, NULL))) return -1;
-            }
-        return 0;
-    }
-    case CK_OP_SLICE: {
-        /* zeros before and after the slice, concatenated around dy */
-        int64_t dim = n->p.i[0], start = n->p.i[1], len = n->p.i[2];
-        const ck_shape *xs = &g->t[in[0]].shape;
-        int d = dy;
-        ck_op_params zero = {0}, cat = {0};
-        cat.i[0] = dim;
-        if (start > 0) {
-            ck_shape s = *xs;
-            s.d[dim] = start;
-            int z = emit1(a, CK_OP_FILL, NULL, 0, &zero, &s);
-            int bi[2] = {z, d};
-            d = z < 0 ? -1 : emit1(a, CK_OP_CONCAT, bi, 2, &cat, NULL);
-        }
-        if (d >= 0 && start + len < xs->d[dim]) {
-            ck_shape s = *xs;
-            s.d[dim] = xs->d[dim] - start - len;
-            int z = emit1(a, CK_OP_FILL, NULL, 0, &zero, &s);
-            int bi[2] = {d, z};
-            d = z < 0 ? -1 : emit1(a, CK_OP_CONCAT, bi, 2, &cat, NULL);
-        }
-        return accumulate(a, in[0], d);
-    }
-    case CK_OP_RESHAPE: return accumulate(a, in[0], reshape(a, dy, &g->t[in[0]].shape));
-    case CK_OP_PERMUTE: {
-        ck_op_params p = {0};
-        for (int i = 0; i < g->t[in[0]].shape.ndim; i++) p.i[n->p.i[i]] = i;
-        return accumulate(a, in[0], emit1(a, CK_OP_PERMUTE, &dy, 1, &p, NULL));
-    }
-    case CK_OP_UPSAMPLE2X: return accumulate(a, in[0], emit1(a, CK_OP_UPSAMPLE2X_BWD, &dy, 1, &none, NULL));
-    case CK_OP_MEAN: return accumulate(a, in[0], emit1(a, CK_OP_MEAN_BWD, &dy, 1, &none, &g->t[in[0]].shape));
-    case CK_OP_MSE_LOSS: {
-        int bi[3] = {dy, in[0], in[1]};
-        for (int k = 0; k < 2; k++) want[k] = needs(a, in[k]);
-        if (emit(a, CK_OP_MSE_LOSS_BWD, bi, 3, &none, outs, want, ids) < 0) return -1;
-        for (int k = 0; k < 2; k++)
-            if (want[k] && accumulate(a, in[k], ids[k])) return -1;
-        return 0;
-    }
-    default:
-        snprintf(g->err, sizeof g->err, "%s: no gradient rule", ck_op_name(n->op));
+    if ((unsigned)n->op >= CK_OP_COUNT || !grad_rules[n->op]) {
+        snprintf(a->g->err, sizeof a->g->err, "%s: no gradient rule", ck_op_name(n->op));
         return -1;
     }
+    return grad_rules[n->op](a, n, dy);
 }
 
 int ck_autodiff(ck_graph *g, int loss)

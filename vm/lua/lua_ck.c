@@ -1134,30 +1134,21 @@ static int l_fill_randn(lua_State *L)
     return 0;
 }
 
+/* The op constructors, ck.<id>, from ops.def's lua column: custom ones are
+ * l_<id> above; unary ones (x -> op(x), no parameters) are made here. */
+#define LUA_FN_no(E, id)
+#define LUA_FN_custom(E, id)
+#define LUA_FN_unary(E, id) \
+    static int l_##id(lua_State *L) { return unary(L, CK_OP_##E); }
+#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, cpu, cuda, lua) LUA_FN_##lua(E, id)
+#include "../../ops/ops.def"
+
+#define LUA_REG_no(id)
+#define LUA_REG_custom(id) {#id, l_##id},
+#define LUA_REG_unary(id) {#id, l_##id},
 static const luaL_Reg op_funcs[] = {
-    {"matmul", l_matmul},
-    {"linear", l_linear},
-    {"conv2d", l_conv2d},
-    {"group_norm", l_group_norm},
-    {"layer_norm", l_layer_norm},
-    {"silu", l_silu},
-    {"gelu", l_gelu},
-    {"geglu", l_geglu},
-    {"softmax", l_softmax},
-    {"attention", l_attention},
-    {"add", l_add},
-    {"sub", l_sub},
-    {"mul", l_mul},
-    {"scale", l_scale},
-    {"concat", l_concat},
-    {"slice", l_slice},
-    {"reshape", l_reshape},
-    {"permute", l_permute},
-    {"upsample2x", l_upsample2x},
-    {"mean", l_mean},
-    {"mse_loss", l_mse_loss},
-    {"timestep_embedding", l_timestep_embedding},
-    {"dropout", l_dropout},
+#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, cpu, cuda, lua) LUA_REG_##lua(id)
+#include "../../ops/ops.def"
     {"freeze", l_freeze},
     {"random", l_random},
     {"randn", l_randn},

@@ -37,13 +37,13 @@ const char *ck_policy_block_of(const char *scope, char *buf, size_t len)
 
 void ck_policy_selective_default(unsigned char *ops)
 {
-    static const enum ck_op cheap[] = {
-        CK_OP_GROUP_NORM, CK_OP_LAYER_NORM, CK_OP_SILU,    CK_OP_GELU,  CK_OP_GEGLU,   CK_OP_SOFTMAX,
-        CK_OP_ADD,        CK_OP_SUB,        CK_OP_MUL,     CK_OP_SCALE, CK_OP_CONCAT,  CK_OP_SLICE,
-        CK_OP_RESHAPE,    CK_OP_PERMUTE,    CK_OP_UPSAMPLE2X, CK_OP_DROPOUT, CK_OP_TIMESTEP_EMBEDDING,
+    /* ops.def's cheap column */
+    static const unsigned char cheap[] = {
+#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, ...) [CK_OP_##E] = cheap,
+#include "../../ops/ops.def"
     };
-    memset(ops, 0, CK_OP_COUNT);
-    for (size_t i = 0; i < sizeof cheap / sizeof cheap[0]; i++) ops[cheap[i]] = 1;
+    _Static_assert(sizeof cheap == CK_OP_COUNT, "ops.def gives every op's cheap flag");
+    memcpy(ops, cheap, CK_OP_COUNT);
 }
 
 /* ---- regions */

@@ -1,0 +1,123 @@
+/* ops.def is the one list of ops: op numbers are append-only (saved plans,
+ * logs and the CUDA module name ops by number), and the CPU kernel tables hold
+ * exactly the kernels its cpu column promises. test_cuda_table checks the
+ * CUDA tables the same way. */
+#include "cpu/cpu.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int failures;
+
+static void fail(const char *what, int op)
+{
+    printf("FAIL: %s (op %d, %s)\n", what, op, ck_op_name((enum ck_op)op));
+    failures++;
+}
+
+/* every op ckrun has had, with the number it has always had */
+static const struct {
+    enum ck_op op;
+    int number;
+    const char *name;
+} frozen[] = {
+    {CK_OP_NONE, 0, "none"},
+    {CK_OP_MATMUL, 1, "matmul"},
+    {CK_OP_LINEAR, 2, "linear"},
+    {CK_OP_CONV2D, 3, "conv2d"},
+    {CK_OP_CONV2D_BWD_DATA, 4, "conv2d_bwd_data"},
+    {CK_OP_CONV2D_BWD_FILTER, 5, "conv2d_bwd_filter"},
+    {CK_OP_GROUP_NORM, 6, "group_norm"},
+    {CK_OP_GROUP_NORM_BWD, 7, "group_norm_bwd"},
+    {CK_OP_LAYER_NORM, 8, "layer_norm"},
+    {CK_OP_LAYER_NORM_BWD, 9, "layer_norm_bwd"},
+    {CK_OP_SILU, 10, "silu"},
+    {CK_OP_SILU_BWD, 11, "silu_bwd"},
+    {CK_OP_GELU, 12, "gelu"},
+    {CK_OP_GELU_BWD, 13, "gelu_bwd"},
+    {CK_OP_GEGLU, 14, "geglu"},
+    {CK_OP_GEGLU_BWD, 15, "geglu_bwd"},
+    {CK_OP_SOFTMAX, 16, "softmax"},
+    {CK_OP_SOFTMAX_BWD, 17, "softmax_bwd"},
+    {CK_OP_ATTENTION, 18, "attention"},
+    {CK_OP_ATTENTION_BWD, 19, "attention_bwd"},
+    {CK_OP_ADD, 20, "add"},
+    {CK_OP_SUB, 21, "sub"},
+    {CK_OP_MUL, 22, "mul"},
+    {CK_OP_SCALE, 23, "scale"},
+    {CK_OP_REDUCE_TO, 24, "reduce_to"},
+    {CK_OP_CONCAT, 25, "concat"},
+    {CK_OP_SLICE, 26, "slice"},
+    {CK_OP_RESHAPE, 27, "reshape"},
+    {CK_OP_PERMUTE, 28, "permute"},
+    {CK_OP_UPSAMPLE2X, 29, "upsample2x"},
+    {CK_OP_UPSAMPLE2X_BWD, 30, "upsample2x_bwd"},
+    {CK_OP_MEAN, 31, "mean"},
+    {CK_OP_MEAN_BWD, 32, "mean_bwd"},
+    {CK_OP_MSE_LOSS, 33, "mse_loss"},
+    {CK_OP_MSE_LOSS_BWD, 34, "mse_loss_bwd"},
+    {CK_OP_TIMESTEP_EMBEDDING, 35, "timestep_embedding"},
+    {CK_OP_DROPOUT, 36, "dropout"},
+    {CK_OP_FILL, 37, "fill"},
+    {CK_OP_SGD_STEP, 38, "sgd_step"},
+    {CK_OP_ADAMW_STEP, 39, "adamw_step"},
+    {CK_OP_STATS, 40, "stats"},
+    {CK_OP_SUMSQ, 41, "sumsq"},
+    {CK_OP_CLIP_FACTOR, 42, "clip_factor"},
+    {CK_OP_LION_STEP, 43, "lion_step"},
+    {CK_OP_ADAMW8_STEP, 44, "adamw8_step"},
+    {CK_OP_MISH, 45, "mish"},
+    {CK_OP_MISH_BWD, 46, "mish_bwd"},
+};
+
+static void op_numbers_never_change(void)
+{
+    for (size_t k = 0; k < sizeof frozen / sizeof frozen[0]; k++) {
+        if ((int)frozen[k].op != frozen[k].number) fail("renumbered: ops.def rows are append-only", frozen[k].number);
+        if (k && strcmp(ck_op_name(frozen[k].op), frozen[k].name)) fail("renamed", frozen[k].number);
+    }
+    if (CK_OP_COUNT < (int)(sizeof frozen / sizeof frozen[0])) fail("an op was removed", CK_OP_COUNT);
+}
+
+static void cpu_tables_follow_the_cpu_column(void)
+{
+    for (int op = 0; op < CK_OP_COUNT; op++) {
+        const unsigned prec = ck_op_precisions((enum ck_op)op, 0);
+        if ((ck_cpu_kernels[op] != NULL) != ((prec & CK_PREC_MASK_F32) != 0))
+            fail(ck_cpu_kernels[op] ? "a CPU kernel ops.def does not list" : "no CPU kernel, ops.def lists F32", op);
+        if ((ck_cpu_kernels_bf16[op] != NULL) != ((prec & CK_PREC_MASK_BF16) != 0))
+            fail(ck_cpu_kernels_bf16[op] ? "a bf16 CPU kernel ops.def does not list" : "no bf16 CPU kernel, ops.def lists BF16",
+                 op);
+    }
+}
+
+static void names_are_unique(void)
+{
+    for (int a = 1; a < CK_OP_COUNT; a++) {
+        if (!strcmp(ck_op_name((enum ck_op)a), "?")) fail("no name", a);
+        for (int b = 1; b < a; b++)
+            if (!strcmp(ck_op_name((enum ck_op)a), ck_op_name((enum ck_op)b))) fail("a name used twice", a);
+    }
+}
+
+/* a backward op takes the place of a kernel-less forward nowhere: it has kernels wherever its forward has */
+static void backward_ops_run_where_their_forward_runs(void)
+{
+    for (int op = 1; op < CK_OP_COUNT; op++) {
+        const enum ck_op b = ck_op_backward((enum ck_op)op);
+        if (b == CK_OP_NONE) continue;
+        for (int cuda = 0; cuda < 2; cuda++)
+            if ((ck_op_precisions((enum ck_op)op, cuda) & ~ck_op_precisions(b, cuda)) != 0)
+                fail("its backward op lacks a precision the forward has", op);
+    }
+}
+
+int main(void)
+{
+    op_numbers_never_change();
+    cpu_tables_follow_the_cpu_column();
+    names_are_unique();
+    backward_ops_run_where_their_forward_runs();
+    printf("%d ops, %d failures\n", CK_OP_COUNT, failures);
+    return failures != 0;
+}

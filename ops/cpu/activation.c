@@ -113,21 +113,6 @@ static double dot_f(const float *a, const float *b, int64_t n)
     return s;
 }
 
-/* Largest of n >= 1 values over interleaved lanes (vectorizes in GCC and clang alike;
- * the max is exact, so the lane split does not change it). */
-static float max_f(const float *x, int64_t n)
-{
-    float m[8];
-    for (int l = 0; l < 8; l++) m[l] = x[0];
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
-    float r = m[0];
-    for (; i < n; i++) r = x[i] > r ? x[i] : r;
-    for (int l = 1; l < 8; l++) r = m[l] > r ? m[l] : r;
-    return r;
-}
-
 // x is any shape; y is like x.
 CK_CPU_KERNEL(ck_cpu_silu)
 {
@@ -275,7 +260,7 @@ CK_CPU_KERNEL(ck_cpu_softmax)
     for (int64_t r = 0; r < R; r++) {
         const float *xr = x + r * C;
         float *yr = y + r * C;
-        const float mx = max_f(xr, C);
+        const float mx = max_c(xr, C);
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) yr[c] = exp_c(xr[c] - mx);
         const float inv = (float)(1.0 / sum_f(yr, C));
@@ -490,7 +475,7 @@ CK_CPU_KERNEL(ck_cpu_softmax_bf16)
         for (int64_t j = 0; j < C; j += BLK) {
             const int64_t m = C - j < BLK ? C - j : BLK;
             ck_bf16_load(b, xr + j, m);
-            const float bm = max_f(b, m);
+            const float bm = max_c(b, m);
             mx = bm > mx ? bm : mx;
         }
         for (int64_t j = 0; j < C; j += BLK) {

@@ -61,25 +61,10 @@ static double dot_f(const float *a, const float *b, int64_t n)
     return s;
 }
 
-/* Largest of n >= 1 values over interleaved lanes (vectorizes in GCC and clang alike;
- * the max is exact, so the lane split does not change it). */
-static float max_f(const float *x, int64_t n)
-{
-    float m[8];
-    for (int l = 0; l < 8; l++) m[l] = x[0];
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
-    float r = m[0];
-    for (; i < n; i++) r = x[i] > r ? x[i] : r;
-    for (int l = 1; l < 8; l++) r = m[l] > r ? m[l] : r;
-    return r;
-}
-
 /* r := exp(r - max r); returns 1 / sum of the exponentials. */
 static float exp_row(float *r, int64_t n)
 {
-    const float mx = max_f(r, n);
+    const float mx = max_c(r, n);
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) r[j] = exp_c(r[j] - mx);
     return (float)(1.0 / dot_f(r, NULL, n));

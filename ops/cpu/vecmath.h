@@ -1,5 +1,6 @@
-/* Scalar float helpers the CPU kernels share: bit casts and a vectorizable
- * e^x (glibc's expf does not vectorize). Header-only, static inline. */
+/* Scalar float helpers the CPU kernels share: bit casts, a vectorizable e^x
+ * (glibc's expf does not vectorize) and a row's max. Header-only, static
+ * inline. */
 #ifndef CK_CPU_VECMATH_H
 #define CK_CPU_VECMATH_H
 
@@ -42,6 +43,21 @@ static inline float exp_c(float x)
     const uint32_t e = bits_of(y * float_of((uint32_t)((int32_t)n + 127) << 23));
     const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
     return float_of((u & nan) | (e & ~nan));
+}
+
+/* Largest of n >= 1 values over interleaved lanes (vectorizes in GCC and
+ * clang alike; the max is exact, so the lane split does not change it). */
+static inline float max_c(const float *x, int64_t n)
+{
+    float m[8];
+    for (int l = 0; l < 8; l++) m[l] = x[0];
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+    float r = m[0];
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    for (int l = 1; l < 8; l++) r = m[l] > r ? m[l] : r;
+    return r;
 }
 
 #endif

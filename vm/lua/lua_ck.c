@@ -333,10 +333,6 @@ static int binary(lua_State *L, enum ck_op op)
     return record(L, op, a, 2, &NOPARAMS, NULL);
 }
 
-static int l_silu(lua_State *L) { return unary(L, CK_OP_SILU); }
-static int l_softmax(lua_State *L) { return unary(L, CK_OP_SOFTMAX); }
-static int l_upsample2x(lua_State *L) { return unary(L, CK_OP_UPSAMPLE2X); }
-static int l_mean(lua_State *L) { return unary(L, CK_OP_MEAN); }
 static int l_mse_loss(lua_State *L) { return binary(L, CK_OP_MSE_LOSS); }
 
 static int approx_arg(lua_State *L, int i)

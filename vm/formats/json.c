@@ -1,5 +1,5 @@
-/* jansson with the runtime's conventions: 17-digit reals, strings made valid
- * UTF-8 before jansson sees them, and dumps appended to a caller's buffer so
+/* jansson with the runtime's conventions: reals as short as they read back
+ * (ck_json_digits), strings made valid UTF-8 before jansson sees them, and dumps appended to a caller's buffer so
  * a record or a header is one contiguous write. */
 #include "formats/json.h"
 

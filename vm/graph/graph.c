@@ -106,6 +106,19 @@ static int new_tensor(ck_graph *g, const ck_shape *s, ck_kind kind, const char *
     return g->nt++;
 }
 
+const char *ck_kind_name(ck_kind k)
+{
+    static const char *const names[CK_KIND_COUNT] = {"activation", "input", "param", "frozen", "grad",
+                                                     "optimizer_state"};
+    return (unsigned)k < CK_KIND_COUNT ? names[k] : "?";
+}
+
+const char *ck_phase_name(ck_phase ph)
+{
+    static const char *const names[] = {"forward", "backward", "optimizer", "recompute"};
+    return (unsigned)ph < sizeof names / sizeof *names ? names[ph] : "?";
+}
+
 int ck_graph_find(const ck_graph *g, const char *name)
 {
     for (int i = 0; i < g->nt; i++)

@@ -20,6 +20,11 @@ typedef enum ck_init { CK_INIT_ZEROS = 0, CK_INIT_ONES, CK_INIT_NORMAL, CK_INIT_
 
 typedef enum ck_phase { CK_PHASE_FORWARD = 0, CK_PHASE_BACKWARD, CK_PHASE_OPTIMIZER, CK_PHASE_RECOMPUTE } ck_phase;
 
+/* the names scripts and files use: "activation", "input", "param", "frozen",
+ * "grad", "optimizer_state"; "forward", "backward", "optimizer", "recompute" */
+const char *ck_kind_name(ck_kind k);
+const char *ck_phase_name(ck_phase ph);
+
 typedef struct ck_tensor {
     ck_shape shape;
     ck_dtype dtype;

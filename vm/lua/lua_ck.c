@@ -577,9 +577,6 @@ static int l_dropout(lua_State *L)
 
 /* ---- tensor fields */
 
-static const char *const kind_names[CK_KIND_COUNT] = {"activation", "input", "param", "frozen", "grad",
-                                                      "optimizer_state"};
-
 static int l_tensor_index(lua_State *L)
 {
     ltensor *lt = check_tensor(L, 1);
@@ -597,7 +594,7 @@ static int l_tensor_index(lua_State *L)
     else if (strcmp(k, "name") == 0) lua_pushstring(L, t->name);
     else if (strcmp(k, "scope") == 0) lua_pushstring(L, t->scope);
     else if (strcmp(k, "where") == 0) lua_pushstring(L, t->where);
-    else if (strcmp(k, "kind") == 0) lua_pushstring(L, kind_names[t->kind]);
+    else if (strcmp(k, "kind") == 0) lua_pushstring(L, ck_kind_name(t->kind));
     else if (strcmp(k, "id") == 0) lua_pushinteger(L, lt->id);
     else if (strcmp(k, "graph") == 0) lua_pushvalue(L, -1 - 0);
     else {
@@ -614,7 +611,7 @@ static int l_tensor_tostring(lua_State *L)
     const ck_tensor *t = &lg->g->t[lt->id];
     char s[128];
     lua_pushfstring(L, "ck.tensor(%s %s, %s)", t->name ? t->name : "#", ck_shape_str(&t->shape, s, sizeof s),
-                    kind_names[t->kind]);
+                    ck_kind_name(t->kind));
     return 1;
 }
 
@@ -1014,7 +1011,6 @@ static int l_plan(lua_State *L)
  * <category> = {live bytes at each op, ...}, ...} of the training list */
 static int l_timeline(lua_State *L)
 {
-    static const char *const phases[] = {"forward", "backward", "optimizer", "recompute"};
     ck_program *p = check_program(L, 1)->p;
     const ck_plan *pl = p->train.n ? &p->train : &p->eval;
     size_t *cat = ck_plan_timeline(pl, p->g, p->persistent, p->retain, p->be);
@@ -1022,7 +1018,7 @@ static int l_timeline(lua_State *L)
     lua_newtable(L);
     lua_createtable(L, pl->n, 0);
     for (int i = 0; i < pl->n; i++) {
-        lua_pushstring(L, phases[pl->ops[i].phase]);
+        lua_pushstring(L, ck_phase_name(pl->ops[i].phase));
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "phase");

@@ -8,9 +8,6 @@
 
 #include <stdlib.h>
 
-static const char *const phase_names[] = {"forward", "backward", "optimizer", "recompute"};
-static const char *const kind_names[CK_KIND_COUNT] = {"activation", "input", "param", "frozen", "grad",
-                                                      "optimizer_state"};
 static const char *const dtype_names[] = {"f32", "bf16", "f16", "f8e4m3", "u8"};
 
 static void set_int(lua_State *L, const char *k, lua_Integer v)
@@ -141,7 +138,7 @@ static int l_program_graph(lua_State *L)
         set_str(L, "op", ck_op_name(nd->op));
         set_str(L, "scope", nd->scope ? nd->scope : "");
         set_str(L, "where", nd->where);
-        set_str(L, "phase", phase_names[r->phase]);
+        set_str(L, "phase", ck_phase_name(r->phase));
         lua_pushnumber(L, ck_plan_op_flops(pl, g, i));
         lua_setfield(L, -2, "flops");
         size_t out_bytes = 0;
@@ -165,7 +162,7 @@ static int l_program_graph(lua_State *L)
         lua_createtable(L, 0, 14);
         set_int(L, "id", t);
         if (t >= g->nt) set_int(L, "origin", o);
-        set_str(L, "kind", t >= g->nt ? "recomputed" : kind_names[tt->kind]);
+        set_str(L, "kind", t >= g->nt ? "recomputed" : ck_kind_name(tt->kind));
         set_str(L, "category", ck_cat_names[ck_tensor_cat(pl, g, t)]);
         set_int(L, "bytes", (lua_Integer)ck_plan_tensor_bytes(pl, g, t));
         lua_pushboolean(L, t < g->nt && ck_is_persistent(tt->kind));

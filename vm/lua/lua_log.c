@@ -284,7 +284,6 @@ static int l_log_counts(lua_State *L)
 
 /* ---- statistics and guarded steps */
 
-static const char *const phase_names[] = {"forward", "backward", "optimizer", "recompute"};
 
 static unsigned stats_mask(lua_State *L, int idx)
 {
@@ -468,7 +467,7 @@ int ck_lua_log_step(lua_State *L, ck_program *p)
             lua_setfield(L, -2, "scope");
             lua_pushstring(L, n->where ? n->where : "?");
             lua_setfield(L, -2, "where");
-            lua_pushstring(L, phase_names[e->phase]);
+            lua_pushstring(L, ck_phase_name(e->phase));
             lua_setfield(L, -2, "phase");
             lua_pushinteger(L, r.bad_entry + 1);
             lua_setfield(L, -2, "entry");

@@ -15,7 +15,7 @@ typedef struct ck_host {
     ck_sandbox sb;
     char device[16];     /* programs compile for it unless compile{device=} says otherwise */
     /* the plan request (ckrun --plan): scripts see ck.plan_mode, ck.json,
-     * ck.plan_policies, ck.plan_svg and ck.plan_max_batch */
+     * ck.plan_policies, ck.plan_svg, ck.plan_export_graph and ck.plan_max_batch */
     int planning;        /* 0: no request (the ck fields are nil) */
     int plan_only, json;
     char *plan_policies; /* NULL: none; owned by the VM */

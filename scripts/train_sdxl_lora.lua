@@ -159,6 +159,10 @@ local checkpoint = policy.parse(o.checkpoint)
 -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
 local fp8_base = o["fp8-base"]
 
+-- what the logger will compute on its logging steps, planned into the arena
+local log_every = o["log-every"]
+local log_stats = log.stats_request{every = log_every, blocks = log.unet_blocks}
+
 -- The model, its adapters, the objective and the compiled program for one
 -- batch size and checkpoint policy (plan_only: nothing allocated).
 local function build(batch, checkpoint, plan_only)
@@ -172,7 +176,8 @@ local function build(batch, checkpoint, plan_only)
                  seed = seed},
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
                plan_only = plan_only, storage = o.storage, frozen = fp8_base and "fp8" or nil,
-               max_grad_norm = max_grad_norm, accumulate = accumulate, fused_backward = fused_backward},
+               max_grad_norm = max_grad_norm, accumulate = accumulate, fused_backward = fused_backward,
+               stats = log_stats},
   }
 end
 
@@ -294,7 +299,6 @@ if o.resume then
 end
 local start = p.steps + 1
 
-local log_every = o["log-every"]
 -- a resumed run continues the log it had (without the steps after its state)
 local log_dir = o["log-dir"] or resumed_log_dir or log.run_dir("runs")
 if start > 1 then log.rewind(log_dir, start - 1) end

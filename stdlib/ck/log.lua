@@ -164,7 +164,6 @@ end
 --   memory      planned (the arena peak of the list that ran), rss and rss_peak;
 --               with measure_memory = true also measured (sentinel scan, costly)
 M.groups = {"loss", "lr", "time", "grad_norm", "grad_norms", "acts", "memory"}
-local stat_groups = {grad_norm = "grads", grad_norms = "grads", acts = "acts"}
 
 -- diffusers' UNet: a block is a resnet, attention, down- or upsampler of a
 -- down/up block, or a resnet or attention of the mid block; elsewhere the
@@ -196,9 +195,8 @@ end
 -- (the run's length; the progress line needs it), measure_memory = false, out (a
 -- file for the progress line, default io.stdout), stop_note (words the stop
 -- error adds after what was not finite, e.g. "nothing was saved").
-function M.new(o)
-  o = o or {}
-  local self = setmetatable({}, Logger)
+-- The cadence of each metric group that logger options o give.
+local function cadences_of(o, level)
   local every = o.every == nil and 10 or o.every
   local acts_every = o.acts_every
   if acts_every == nil then acts_every = math.type(every) == "integer" and 5 * every or every end
@@ -207,15 +205,37 @@ function M.new(o)
   local metrics = o.metrics or {}
   for k in pairs(metrics) do
     if defaults[k] == nil then
-      error(string.format("log.new: unknown metric group '%s' (%s)", tostring(k), table.concat(M.groups, ", ")), 2)
+      error(string.format("log.new: unknown metric group '%s' (%s)", tostring(k), table.concat(M.groups, ", ")), level)
     end
   end
-  self.cadences = {}
+  local cadences = {}
   for _, gname in ipairs(M.groups) do
     local c = metrics[gname]
     if c == nil then c = defaults[gname] end
-    self.cadences[gname] = as_cadence(c, "log.new metrics." .. gname)
+    cadences[gname] = as_cadence(c, "log.new metrics." .. gname)
   end
+  return cadences
+end
+
+-- What a logger made from options o will ask a program to compute:
+-- g:compile{stats = log.stats_request(o)} plans it into the program's one
+-- arena. nil when no group needs statistics.
+local function request_of(c, blocks)
+  local grads = not c.grad_norm.is_never or not c.grad_norms.is_never
+  local acts = not c.acts.is_never
+  if not grads and not acts then return nil end
+  return {grads = grads, acts = acts, blocks = blocks or M.unet_blocks}
+end
+
+function M.stats_request(o)
+  o = o or {}
+  return request_of(cadences_of(o, 3), o.blocks)
+end
+
+function M.new(o)
+  o = o or {}
+  local self = setmetatable({}, Logger)
+  self.cadences = cadences_of(o, 3)
   self.on_nonfinite = o.on_nonfinite == nil and "stop" or o.on_nonfinite
   if self.on_nonfinite ~= false and self.on_nonfinite ~= "stop" and self.on_nonfinite ~= "skip" then
     error("log.new: on_nonfinite must be \"stop\", \"skip\" or false, got " .. tostring(self.on_nonfinite), 2)
@@ -244,14 +264,12 @@ function M.new(o)
 end
 
 -- Adds the statistics the metric groups can ask for to p (once; the first step
--- does it when the script has not).
+-- does it when the script has not). The program's arena must hold them:
+-- compile it with stats = log.stats_request(the same options).
 function Logger:attach(p)
   if self.attached == p then return self.stats_info end
-  local grads = self:can_pick("grad_norm") or self:can_pick("grad_norms")
-  local acts = self:can_pick("acts")
-  if grads or acts then
-    self.stats_info = p:enable_stats{grads = grads, acts = acts, blocks = self.blocks}
-  end
+  local req = request_of(self.cadences, self.blocks)
+  if req then self.stats_info = p:enable_stats(req) end
   self.attached = p
   return self.stats_info
 end

@@ -39,7 +39,7 @@ if small then
 end
 local B, H, W = shape.batch, shape.height, shape.width
 
-local function build(device, checkpoint, storage, max_grad_norm, accumulate, frozen)
+local function build(device, checkpoint, storage, max_grad_norm, accumulate, frozen, stats)
   local model = config
   if frozen then -- LoRA adapters on a frozen base stored as `frozen`
     model = unet.UNet2DConditionModel(config)
@@ -47,7 +47,7 @@ local function build(device, checkpoint, storage, max_grad_norm, accumulate, fro
   end
   return T.unet_step(model, {batch = B, height = H, width = W, frozen = frozen and true}, {optimizer = "adamw",
     lr = 1e-3, seed = 5, keep_grads = true, checkpoint = checkpoint, device = device, storage = storage,
-    max_grad_norm = max_grad_norm, accumulate = accumulate, frozen = frozen})
+    max_grad_norm = max_grad_norm, accumulate = accumulate, frozen = frozen, stats = stats})
 end
 
 local function rel(a, b) return math.abs(a - b) / math.max(1e-6, math.abs(b)) end
@@ -142,10 +142,8 @@ end
 
 -- 4. logging statistics and the non-finite guard on device memory
 do
-  local _, pc = build("cpu")
-  local _, pd, x = build("cuda")
-  pc:enable_stats{blocks = {}}
-  pd:enable_stats{blocks = {}}
+  local _, pc = build("cpu", nil, nil, nil, nil, nil, {blocks = {}})
+  local _, pd, x = build("cuda", nil, nil, nil, nil, nil, {blocks = {}})
   local _, rc = pc:step{stats = "all"}
   local _, rd = pd:step{stats = "all"}
   T.ok(rel(rd.grad_norm, rc.grad_norm) < 1e-4,

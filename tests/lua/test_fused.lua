@@ -56,10 +56,9 @@ end
 do -- logging steps (gradient norms, activation statistics) with fused updates: the norms are those of the
   -- unfused program's gradients, and training stays bitwise
   local log = require "ck.log"
-  local ga, pa = build{}
-  local gb, pb = build{fused_backward = true}
-  pa:enable_stats{blocks = log.unet_blocks}
-  pb:enable_stats{blocks = log.unet_blocks}
+  local stats = {blocks = log.unet_blocks}
+  local ga, pa = build{stats = stats}
+  local gb, pb = build{fused_backward = true, stats = stats}
   local same, norms, last = true, true, nil
   for _ = 1, 3 do
     local la, ra = pa:step{stats = {"grads", "acts"}}

@@ -90,7 +90,8 @@ end
 
 do
   local g, x, t, h, y, loss = mlp()
-  local p = g:compile{loss = loss, optimizer = "adamw", lr = 1e-2, seed = 3, keep_grads = true, outputs = {h, y}}
+  local p = g:compile{loss = loss, optimizer = "adamw", lr = 1e-2, seed = 3, keep_grads = true, outputs = {h, y},
+                      stats = {blocks = {}}}
   fill(p, x, t)
   local plain_ops = p:plan().ops
   local info = p:enable_stats{blocks = {}}
@@ -120,12 +121,52 @@ do
   T.ok(not ok and err:match("unknown statistics 'bogus'"), "an unknown statistics name is an error")
 end
 
+do -- one arena, sized once: compile{stats=} plans the logging lists before the arena exists
+  local g, x, t, _, _, loss = mlp()
+  local p = g:compile{loss = loss, optimizer = "adamw", lr = 1e-2, seed = 3, stats = {blocks = {}}}
+  fill(p, x, t)
+  local before = p:plan()
+  local info = p:enable_stats{blocks = {}}
+  local most = math.max(before.peak, info.peak.grads, info.peak.acts, info.peak.all)
+  T.ok(info.peak.all > before.peak and before.arena == most, string.format(
+    "compile{stats=}: the arena (%d bytes) is the largest of the training list (%d) and the logging lists (%d)",
+    before.arena, before.peak, info.peak.all))
+  for _, st in ipairs{{"grads"}, {"acts"}, {"grads", "acts"}} do
+    local _, r = p:step{stats = st, measure = true}
+    T.ok(r.high_water == r.plan_peak and r.high_water <= before.arena, string.format(
+      "a logging step (%s) writes up to its plan's peak %d, inside the arena", table.concat(st, "+"), r.high_water))
+  end
+  T.ok(p:plan().arena == before.arena, "logging steps leave the arena as compile sized it")
+  -- without compile{stats=}: a logging list larger than the arena is refused, and nothing changes
+  local q = g:compile{loss = loss, optimizer = "adamw", lr = 1e-2, seed = 3}
+  fill(q, x, t)
+  local arena = q:plan().arena
+  local ok, err = pcall(q.enable_stats, q, {blocks = {}})
+  T.ok(not ok and err:match("^[^:]*test_log%.lua:%d+: enable_stats: the logging steps need an arena of %d+ bytes")
+    and err:match("compile{stats"), "enable_stats past the arena is one error naming the line and compile{stats=}: " .. tostring(err))
+  local l = q:step()
+  T.ok(q:plan().arena == arena and l == l, "after the refusal the program trains on, its arena as it was")
+  local ok2, err2 = pcall(q.step, q, {stats = "grads"})
+  T.ok(not ok2 and err2:match("not enabled"), "and its logging steps stay off")
+  -- a malformed stats table is an error naming the line
+  for _, bad in ipairs{{grads = "yes"}, {blocks = "mid_block"}, {blocks = {1}}, "all"} do
+    local okb, eb = pcall(g.compile, g, {loss = loss, optimizer = "adamw", stats = bad})
+    T.ok(not okb and eb:match("test_log%.lua:%d+:.*stats"), "compile{stats = bad} is refused: " .. tostring(eb))
+  end
+  -- what a logger asks for
+  local req = log.stats_request{every = 5, blocks = {"enc"}}
+  T.ok(req.grads and req.acts and req.blocks[1] == "enc", "log.stats_request: the groups a logger's cadences can pick")
+  T.ok(log.stats_request{metrics = {grad_norm = false, grad_norms = false, acts = false}} == nil,
+    "log.stats_request: nil when no cadence needs statistics")
+end
+
 do -- logging steps do not change training: losses and weights bitwise equal
   local function train(with_log)
     local g, x, t, _, _, loss = mlp()
-    local p = g:compile{loss = loss, optimizer = "adamw", lr = 1e-2, seed = 3}
+    local lo = {every = 2, acts_every = 3, blocks = {}}
+    local p = g:compile{loss = loss, optimizer = "adamw", lr = 1e-2, seed = 3, stats = with_log and log.stats_request(lo)}
     fill(p, x, t)
-    local lg = with_log and log.new{every = 2, acts_every = 3, blocks = {}} or nil
+    local lg = with_log and log.new(lo) or nil
     local ls = {}
     for s = 1, 7 do ls[s] = lg and lg:step(p) or p:step() end
     return table.concat(ls, ","), p:checksum("enc.l1.weight") .. p:checksum("head.out.weight")
@@ -141,7 +182,8 @@ do
     local g = ck.graph()
     local _, y, x = unet.build(g, "sdxl-tiny", {batch = 1, height = 16, width = 16})
     local t = g:input("target", y.shape)
-    local p = g:compile{loss = ck.mse_loss(y, t), optimizer = "adamw", lr = 1e-3, seed = 5, checkpoint = checkpoint}
+    local p = g:compile{loss = ck.mse_loss(y, t), optimizer = "adamw", lr = 1e-3, seed = 5, checkpoint = checkpoint,
+                        stats = {blocks = log.unet_blocks}}
     local r = T.rng(3)
     p:set(x.sample, T.random_values(r, 4 * 16 * 16))
     p:set(t, T.random_values(r, 4 * 16 * 16))
@@ -176,9 +218,10 @@ end
 do
   local function setup(mode, path)
     local g, x, t, _, _, loss = mlp()
-    local p = g:compile{loss = loss, optimizer = "adamw", lr = 1e-2, seed = 3}
+    local lo = {dir = path, on_nonfinite = mode, every = 1, blocks = {}, tensorboard = false}
+    local p = g:compile{loss = loss, optimizer = "adamw", lr = 1e-2, seed = 3, stats = log.stats_request(lo)}
     fill(p, x, t)
-    return p, x, log.new{dir = path, on_nonfinite = mode, every = 1, blocks = {}, tensorboard = false}
+    return p, x, log.new(lo)
   end
   local p, x, lg = setup("skip", dir .. "/skip")
   lg:step(p)

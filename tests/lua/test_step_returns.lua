@@ -5,15 +5,14 @@
 package.path = "tests/lua/?.lua;" .. package.path
 local T = require "check"
 
-local function build()
-  local g, c, x, t = T.mlp(16, {optimizer = "adamw", lr = 1e-2, seed = 3})
+local function build(stats)
+  local g, c, x, t = T.mlp(16, {optimizer = "adamw", lr = 1e-2, seed = 3, stats = stats})
   local p = g:compile(c)
   T.set_random(p, 5, {x, t})
   return p
 end
 
-local a, b = build(), build()
-b:enable_stats{grads = true, acts = true}
+local a, b = build(), build{grads = true, acts = true}
 local peak = a:plan().peak
 local cases = {
   {"no options", function(p) return p:step() end},

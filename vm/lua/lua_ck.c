@@ -664,7 +664,8 @@ static int tensor_id(lua_State *L, int i)
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
  *           weight_decay=,
  *           max_grad_norm=, accumulate=, fused_backward=,
- *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto"} */
+ *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
+ *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena)} */
 static int l_compile(lua_State *L)
 {
     lgraph *lg = check_graph(L, 1);
@@ -759,6 +760,11 @@ static int l_compile(lua_State *L)
     o.be = ck_backend_find(device, o.plan_only, derr, sizeof derr);
     if (!o.be) return ck_lua_raise(L, "compile: %s", derr);
     lua_pop(L, 1);
+    /* what logging steps will compute: planned now, so the arena is sized once */
+    const char *stat_blocks[64];
+    lua_pushliteral(L, "stats");
+    lua_rawget(L, 2);
+    ck_lua_stats_request(L, -1, &o, stat_blocks);
     lua_getfield(L, 2, "checkpoint");
     ck_lua_policy policy;
     ck_lua_policy_opts(L, -1, &policy, &o);

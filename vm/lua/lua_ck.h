@@ -36,6 +36,12 @@ int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts
  * (stats, guard, measure); returns loss, info as every p:step does. */
 void ck_lua_log_register(lua_State *L, int lib, int methods);
 int ck_lua_log_step(lua_State *L, ck_program *p);
+/* The statistics table {grads = bool, acts = bool, blocks = {patterns}} at
+ * stack index idx (read raw; both groups default to on) into o->stats and the
+ * block patterns (at most 64, into pats, strings held by the table, which must
+ * stay on the stack until they are used). nil or false: none. Raises on a
+ * malformed table. */
+void ck_lua_stats_request(lua_State *L, int idx, ck_compile_opts *o, const char **pats);
 /* vm/lua/lua_fs.c: ck.listdir, ck.mkdir, ck.isatty, ck.now */
 void ck_lua_fs_register(lua_State *L, int lib);
 /* vm/lua/lua_json.c: ck.json_encode, ck.json_decode, ck.json_object, ck.json_null */

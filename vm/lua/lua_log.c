@@ -310,30 +310,62 @@ static unsigned stats_mask(lua_State *L, int idx)
     return (unsigned)ck_lua_raise(L, "stats must be true, a name (grads, acts) or a list of names");
 }
 
+void ck_lua_stats_request(lua_State *L, int idx, ck_compile_opts *o, const char **pats)
+{
+    idx = lua_absindex(L, idx);
+    o->stats = 0;
+    o->stat_blocks = pats;
+    o->nstat_blocks = 0;
+    if (lua_isnoneornil(L, idx) || (lua_isboolean(L, idx) && !lua_toboolean(L, idx))) return;
+    if (!lua_istable(L, idx)) {
+        ck_lua_raise(L, "stats must be a table {grads = true, acts = true, blocks = {patterns}}, got %s",
+                     luaL_typename(L, idx));
+        return;
+    }
+    static const char *const groups[] = {"grads", "acts"};
+    for (int k = 0; k < 2; k++) {
+        lua_pushstring(L, groups[k]);
+        const int ty = lua_rawget(L, idx);
+        if (ty != LUA_TNIL && ty != LUA_TBOOLEAN)
+            ck_lua_raise(L, "stats.%s must be true or false, got %s", groups[k], lua_typename(L, ty));
+        if (ty == LUA_TNIL || lua_toboolean(L, -1)) o->stats |= k == 0 ? CK_STATS_GRADS : CK_STATS_ACTS;
+        lua_pop(L, 1);
+    }
+    lua_pushliteral(L, "blocks");
+    const int ty = lua_rawget(L, idx);
+    if (ty == LUA_TTABLE) {
+        const lua_Unsigned n = lua_rawlen(L, -1);
+        if (n > 64) ck_lua_raise(L, "stats.blocks: at most 64 block patterns, got %d", (int)n);
+        for (lua_Unsigned i = 1; i <= n; i++) {
+            if (lua_rawgeti(L, -1, (lua_Integer)i) != LUA_TSTRING)
+                ck_lua_raise(L, "stats.blocks[%d] must be a scope pattern (a string), got %s", (int)i,
+                             luaL_typename(L, -1));
+            pats[o->nstat_blocks++] = lua_tostring(L, -1);
+            lua_pop(L, 1); /* alive: the string stays in the table */
+        }
+    } else if (ty != LUA_TNIL) {
+        ck_lua_raise(L, "stats.blocks must be a list of scope patterns, got %s", lua_typename(L, ty));
+    }
+    /* the blocks table stays referenced from the table at idx */
+    lua_pop(L, 1);
+}
+
 /* p:enable_stats{grads=true, acts=true, blocks={patterns}} -> {blocks={names},
  * grads=count, acts=count, elements={grads=, acts=} (what a logging step
  * reduces), peak={grads=, acts=, all=}}: adds the statistics and the logging
- * lists (the plain list is unchanged). */
+ * lists (the plain list is unchanged); the statistics compile{stats=} enabled
+ * are enabled already, and others must fit the arena compile sized. */
 static int l_enable_stats(lua_State *L)
 {
     ck_program *p = ck_lua_program(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    unsigned groups = (opt_bool(L, 2, "grads", 1) ? CK_STATS_GRADS : 0) | (opt_bool(L, 2, "acts", 1) ? CK_STATS_ACTS : 0);
     const char *pats[64];
-    int np = 0;
-    lua_getfield(L, 2, "blocks");
-    if (lua_istable(L, -1)) {
-        int n = (int)luaL_len(L, -1);
-        luaL_argcheck(L, n <= 64, 2, "at most 64 block patterns");
-        for (int i = 1; i <= n; i++) {
-            lua_geti(L, -1, i);
-            pats[np++] = luaL_checkstring(L, -1);
-            lua_pop(L, 1); /* alive: the string stays in the table */
-        }
-    }
+    ck_compile_opts req = {0};
+    ck_lua_stats_request(L, 2, &req, pats);
+    const unsigned groups = req.stats;
+    const int np = req.nstat_blocks;
     char err[512];
     if (ck_program_add_stats(p, groups, pats, np, err, sizeof err)) return ck_lua_raise(L, "enable_stats: %s", err);
-    lua_pop(L, 1);
     lua_newtable(L);
     lua_createtable(L, p->nblocks, 0);
     for (int b = 0; b < p->nblocks; b++) {

@@ -168,20 +168,11 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
     for (int k = 1; k <= CK_STATS_ALL; k++)
         if (p->logplan[k].peak > need) need = p->logplan[k].peak;
     if (need > p->arena_bytes && p->arena) {
-        /* only the persistent region holds values between steps */
-        const ck_backend *be = p->be;
-        be->enter();
-        unsigned char *a = be->alloc(need);
-        if (!a || be->copy(a, p->arena, p->persistent)) {
-            snprintf(err, errlen, "cannot allocate the arena of %zu bytes for the logging steps on %s%s%s", need,
-                     be->name, be->error()[0] ? ": " : "", be->error());
-            be->clear_error();
-            if (a) be->release(a);
-            goto fail;
-        }
-        be->release(p->arena);
-        p->arena = a;
-        p->last = NULL;
+        /* the arena is sized once, at compile: growing it would hold two at once */
+        snprintf(err, errlen, "the logging steps need an arena of %zu bytes, %zu more than the %zu compile sized; "
+                 "give compile{stats = ...} what logging will ask for (log.stats_request(logger options))",
+                 need, need - p->arena_bytes, p->arena_bytes);
+        goto fail;
     }
     if (need > p->arena_bytes) p->arena_bytes = need;
     free(nodes);

@@ -250,7 +250,8 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         return NULL;
     }
     p->opt = *o;
-    p->opt.outputs = NULL;
+    p->opt.outputs = NULL; /* the caller's arrays: not kept */
+    p->opt.stat_blocks = NULL;
     p->be = o->be ? o->be : ck_backend_cpu();
     p->loss = o->loss;
     p->g = ck_graph_clone(src);
@@ -343,8 +344,10 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be))
             goto oom;
     }
+    /* the one arena: the largest list the program will run */
     p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
+    if (o->stats && ck_program_add_stats(p, o->stats, o->stat_blocks, o->nstat_blocks, err, errlen)) goto fail;
     if (o->plan_only) goto done;
     be->enter();
     p->arena = be->alloc(p->arena_bytes);

@@ -24,6 +24,12 @@ typedef struct ck_compile_opts {
     ck_dtype storage;  /* CK_BF16 / CK_F16: plan 16-bit activations and frozen weights (plan_only) */
     ck_dtype frozen;   /* frozen weights' storage (CK_BF16, CK_F8E4M3); CK_F32: as storage */
     ck_decide_fn decide; /* the checkpoint policy; NULL keeps every activation */
+    /* the statistics logging steps will compute (CK_STATS_*, as
+     * ck_program_add_stats takes them), so that the one arena is sized for
+     * the logging lists too */
+    unsigned stats;
+    const char *const *stat_blocks;
+    int nstat_blocks;
     void *decide_ud;
     const ck_backend *be; /* where the program runs and its arena lives; NULL: the CPU */
 } ck_compile_opts;
@@ -125,9 +131,12 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r);
 /* vm/run/logstats.c: adds the stat nodes of the groups asked for (gradient norms
  * of every trainable parameter, statistics of every block's output) and builds
  * a logging list per combination of groups, each planned like the training
- * list; grows the arena when one needs more. A block is the prefix of a scope
- * that one of the patterns matches ('*' matches one dotted component), or else
- * the scope's first component. Once per program. 0 or -1 with err. */
+ * list. A block is the prefix of a scope that one of the patterns matches ('*'
+ * matches one dotted component), or else the scope's first component. Once per
+ * program: ck_compile calls it for opts.stats before it sizes the arena; on a
+ * program whose arena exists it fails, changing nothing, when a logging list
+ * needs more than the arena holds (the arena is never reallocated). 0 or -1
+ * with err. */
 int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *patterns, int npatterns, char *err,
                          size_t errlen);
 /* Where a tensor's values are in the arena (a device address on a GPU), or

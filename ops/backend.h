@@ -62,12 +62,15 @@ const ck_backend *ck_backend_cuda(char *err, size_t errlen);
 /* The CUDA backend's rules without its code, for plans only (compile{plan_only
  * = true}): the plan a GPU run would have, on any machine. */
 const ck_backend *ck_backend_cuda_plan(void);
-/* device memory the CUDA backend holds outside every plan: cuBLAS's workspace
- * and the reduction scratch (CK_CUDA_BLAS_WS_BYTES + CK_CUDA_SCRATCH_BYTES) */
-#define CK_CUDA_FIXED_BYTES (((size_t)4 << 20) + ((size_t)1 << 18))
 /* cudaMalloc takes device memory in 2 MiB pages: an arena of n bytes holds n
  * rounded up to a multiple of this */
 #define CK_CUDA_GRANULE ((size_t)2 << 20)
+/* device memory the CUDA backend holds outside every plan: one allocation of
+ * cuBLAS's workspace and the reduction scratch (CK_CUDA_BLAS_WS_BYTES +
+ * CK_CUDA_SCRATCH_BYTES, 4.25 MiB), in whole pages. The CUDA context and what
+ * cuBLAS and cuDNN allocate for themselves are not in it (README, "Memory
+ * outside the plan"). */
+#define CK_CUDA_FIXED_BYTES (((((size_t)4 << 20) + ((size_t)1 << 18)) + CK_CUDA_GRANULE - 1) / CK_CUDA_GRANULE * CK_CUDA_GRANULE)
 /* CUDA devices usable now: 0 without an NVIDIA driver, a device, or a build
  * of the CUDA backend. Loads nothing on a machine without a driver. */
 int ck_cuda_devices(void);

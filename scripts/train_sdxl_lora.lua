@@ -26,7 +26,8 @@ local function full_or_tiny(full, tiny) return function(v) if v.size == "full" t
 local o = options.parse(args, {
   about = "Train LoRA adapters (or, with --full, every parameter) of an SDXL UNet on cached latents.",
   -- the model and the data
-  {"size", "choice", "tiny", "sdxl-tiny (8M parameters) or the real SDXL UNet", choices = {"tiny", "full"}},
+  {"size", "choice", "tiny", "sdxl-tiny (8M parameters), sdxl-mid (SDXL at half width, 330M parameters) " ..
+   "or the real SDXL UNet", choices = {"tiny", "mid", "full"}},
   {"data", "string", "synthetic", "a folder of .safetensors samples, or the synthetic set", arg = "DIR|synthetic"},
   {"samples", "integer", 16, "the synthetic set's size", min = 1},
   {"weights", "string", nil, "the base UNet in diffusers key names (default: a seeded random base)", arg = "FILE"},
@@ -108,7 +109,7 @@ for _, name in ipairs(full and LORA_OPTIONS or {}) do
 end
 
 local size = o.size
-local config = unet.config(size == "full" and "sdxl" or "sdxl-tiny")
+local config = unet.config(({tiny = "sdxl-tiny", mid = "sdxl-mid", full = "sdxl"})[size])
 local resolution = o.resolution
 local latent = resolution // 8
 local batch = o.batch
@@ -350,3 +351,5 @@ print("wrote logs to " .. log_dir)
 
 save_lora(out, p.steps)
 print("wrote " .. out)
+-- the whole run's memory against the plan's bound (README, "Memory outside the plan")
+print(require("ck.memory").summary(p))

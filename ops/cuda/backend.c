@@ -21,7 +21,9 @@ static int sync(void) { return ck_cuda_sync(); }
 
 static int all_finite(const float *x, int64_t n, int *finite) { return ck_cuda_all_finite(x, n, finite); }
 
-_Static_assert(CK_CUDA_FIXED_BYTES == CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES, "fixed bytes");
+_Static_assert(CK_CUDA_FIXED_BYTES ==
+                   (CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES + CK_CUDA_GRANULE - 1) / CK_CUDA_GRANULE * CK_CUDA_GRANULE,
+               "fixed bytes: the one allocation of the scratch and the cuBLAS workspace, in pages");
 
 static void close_at_exit(void)
 {

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <ucontext.h>
 
+#include <map>
+#include <mutex>
 #include <vector>
 
 /* How fibers switch.
@@ -384,13 +386,49 @@ cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 
+/* Device memory as the driver gives it: cudaMalloc takes whole 2 MiB pages
+ * from a device of EMU_TOTAL bytes and fails when they are not free;
+ * cudaMemGetInfo reports what is left. The most ever taken is written at exit
+ * to the file CK_EMU_MEMORY_LOG names ("peak_bytes N"), so a test can compare
+ * the high-water mark of a whole run with the plan. */
+static const size_t EMU_TOTAL = (size_t)1 << 34, EMU_PAGE = (size_t)2 << 20;
+static std::mutex emu_mem_lock;
+static std::map<void *, size_t> emu_blocks;
+static size_t emu_used, emu_peak;
+
+static void emu_memory_report(void)
+{
+    const char *path = getenv("CK_EMU_MEMORY_LOG");
+    if (!path || !*path) return;
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "peak_bytes %zu\nused_bytes %zu\n", emu_peak, emu_used);
+    fclose(f);
+}
+
 cudaError_t cudaMalloc(void **p, size_t bytes)
 {
+    static std::once_flag reported;
+    std::call_once(reported, [] { atexit(emu_memory_report); });
+    const size_t taken = (bytes + EMU_PAGE - 1) / EMU_PAGE * EMU_PAGE;
+    std::lock_guard<std::mutex> hold(emu_mem_lock);
+    *p = NULL;
+    if (taken > EMU_TOTAL - emu_used) return cudaErrorMemoryAllocation;
     *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (!*p) return cudaErrorMemoryAllocation;
+    emu_blocks[*p] = taken;
+    emu_used += taken;
+    if (emu_used > emu_peak) emu_peak = emu_used;
+    return cudaSuccess;
 }
 cudaError_t cudaFree(void *p)
 {
+    if (!p) return cudaSuccess;
+    std::lock_guard<std::mutex> hold(emu_mem_lock);
+    auto it = emu_blocks.find(p);
+    if (it == emu_blocks.end()) return cudaErrorInvalidValue;
+    emu_used -= it->second;
+    emu_blocks.erase(it);
     free(p);
     return cudaSuccess;
 }
@@ -414,8 +452,9 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t)
 }
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
-    *free_bytes = (size_t)1 << 34;
-    *total_bytes = (size_t)1 << 34;
+    std::lock_guard<std::mutex> hold(emu_mem_lock);
+    *free_bytes = EMU_TOTAL - emu_used;
+    *total_bytes = EMU_TOTAL;
     return cudaSuccess;
 }
 

@@ -46,6 +46,24 @@ ck_graph *ck_graph_clone(const ck_graph *g)
     return c;
 }
 
+size_t ck_malloc_chunk(size_t n)
+{
+    const size_t c = (n + 8 + 15) / 16 * 16;
+    return c < 32 ? 32 : c;
+}
+
+static size_t str_bytes(const char *s) { return s ? ck_malloc_chunk(strlen(s) + 1) : 0; }
+
+size_t ck_graph_host_bytes(const ck_graph *g)
+{
+    if (!g) return 0;
+    size_t b = ck_malloc_chunk(sizeof *g) + ck_malloc_chunk(sizeof *g->t * (size_t)(g->capt ? g->capt : 1)) +
+               ck_malloc_chunk(sizeof *g->n * (size_t)(g->capn ? g->capn : 1)) + str_bytes(g->scope);
+    for (int i = 0; i < g->nt; i++) b += str_bytes(g->t[i].name) + str_bytes(g->t[i].scope) + str_bytes(g->t[i].where);
+    for (int i = 0; i < g->nn; i++) b += str_bytes(g->n[i].scope) + str_bytes(g->n[i].where);
+    return b;
+}
+
 void ck_graph_free(ck_graph *g)
 {
     if (!g) return;

@@ -67,6 +67,12 @@ typedef struct ck_graph {
 ck_graph *ck_graph_new(void);
 ck_graph *ck_graph_clone(const ck_graph *g);
 void ck_graph_free(ck_graph *g);
+/* The host memory g holds (its arrays at their capacity and every string, in
+ * the C library's chunks), for the plan's list of what it does not plan. */
+size_t ck_graph_host_bytes(const ck_graph *g);
+/* A malloc of n bytes as the C library takes it: a chunk of at least 32
+ * bytes, n plus its 8-byte header rounded up to 16 (glibc on 64 bits). */
+size_t ck_malloc_chunk(size_t n);
 
 /* Scope and script line that new tensors and nodes record. */
 void ck_graph_set_scope(ck_graph *g, const char *scope);

@@ -29,8 +29,12 @@ void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         return NULL;
     }
     void *p = lim->alloc(lim->alloc_ud, ptr, osize, nsize);
-    if (p) lim->heap_used = lim->heap_used - old + nsize;
-    else lim->heap_refused = 1;
+    if (p) {
+        lim->heap_used = lim->heap_used - old + nsize;
+        if (lim->heap_used > lim->heap_peak) lim->heap_peak = lim->heap_used;
+    } else {
+        lim->heap_refused = 1;
+    }
     return p;
 }
 

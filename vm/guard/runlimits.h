@@ -16,6 +16,7 @@ typedef struct ck_limits {
     void *alloc_ud;
     size_t heap_limit;      /* 0: none */
     size_t heap_used;
+    size_t heap_peak;       /* the most heap_used has been */
     int heap_refused;       /* the allocator refused since the last reset */
     long long budget;       /* instructions per callback; < 0: none */
     long long used;         /* by the callbacks running now */

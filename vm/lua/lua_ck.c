@@ -1013,6 +1013,52 @@ static int l_plan(lua_State *L)
     return 1;
 }
 
+/* a "Name:   N kB" line of /proc/self/status in bytes, 0 where there is none */
+static size_t proc_status_bytes(const char *name)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t n = strlen(name), kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, name, n) && line[n] == ':') {
+            kb = (size_t)strtoull(line + n + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return kb * 1024;
+}
+
+/* p:outside_plan() -> what the process holds beside the program's arena, in
+ * bytes: graph (the graph the program was compiled from, its differentiated
+ * copy and every op list), stage (the host copy of the largest tensor a read or
+ * write can need: 0 on the CPU with fp32 tensors), device_fixed (device memory
+ * the backend holds outside every plan), lua_heap, lua_heap_peak and
+ * lua_heap_limit (0: none), libraries (the code and data mapped from the
+ * executable and its libraries now: RssFile) and threads (the CPU's worker
+ * threads; 1 on a device) */
+static int l_outside_plan(lua_State *L)
+{
+    lprogram *lp = check_program(L, 1);
+    ck_program *p = lp->p;
+    size_t graph = ck_program_host_bytes(p);
+    lua_getiuservalue(L, 1, 1);
+    const lgraph *lg = luaL_testudata(L, -1, GRAPH_MT);
+    if (lg && lg->g) graph += ck_graph_host_bytes(lg->g);
+    lua_pop(L, 1);
+    const ck_host *host = ck_host_of(L);
+    lua_newtable(L);
+    set_int(L, "graph", (lua_Integer)graph);
+    set_int(L, "stage", (lua_Integer)ck_program_stage_bound(p));
+    set_int(L, "device_fixed", (lua_Integer)p->be->fixed_bytes);
+    set_int(L, "lua_heap", (lua_Integer)(host ? host->lim.heap_used : (size_t)lua_gc(L, LUA_GCCOUNT, 0) * 1024));
+    set_int(L, "lua_heap_peak", (lua_Integer)(host ? host->lim.heap_peak : 0));
+    set_int(L, "lua_heap_limit", (lua_Integer)(host ? host->lim.heap_limit : 0));
+    set_int(L, "libraries", (lua_Integer)proc_status_bytes("RssFile"));
+    set_int(L, "threads", p->be->nthreads > 0 ? p->be->nthreads : 1);
+    return 1;
+}
+
 /* p:timeline() -> {phase = {"forward"|"recompute"|"backward"|"optimizer", ...},
  * <category> = {live bytes at each op, ...}, ...} of the training list */
 static int l_timeline(lua_State *L)
@@ -1229,6 +1275,7 @@ static const luaL_Reg program_methods[] = {
     {"step", l_step},
     {"forward", l_forward},
     {"plan", l_plan},
+    {"outside_plan", l_outside_plan},
     {"randn", l_fill_randn},
     {"checksum", l_checksum},
     {"timeline", l_timeline},

@@ -57,6 +57,15 @@ static int by_size(const void *a, const void *b)
     return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
 }
 
+size_t ck_plan_host_bytes(const ck_plan *pl)
+{
+    if (!pl->ops) return 0;
+    const size_t n = (size_t)(pl->n ? pl->n : 1), nt = (size_t)(pl->ntensors ? pl->ntensors : 1);
+    return ck_malloc_chunk(sizeof *pl->ops * n) + ck_malloc_chunk(sizeof *pl->origin * nt) +
+           ck_malloc_chunk(sizeof *pl->off * nt) + ck_malloc_chunk(sizeof *pl->ws_off * n) +
+           ck_malloc_chunk(sizeof *pl->ws_bytes * n);
+}
+
 void ck_plan_free(ck_plan *pl)
 {
     free(pl->ops);

@@ -47,6 +47,9 @@ typedef struct ck_plan {
     double step_flops, recompute_flops;
 } ck_plan;
 
+/* The host memory pl's arrays hold (ck_malloc_chunk of each). */
+size_t ck_plan_host_bytes(const ck_plan *pl);
+
 /* What a checkpoint policy sees: the differentiated graph, the training list
  * before scheduling, and the candidates (ck_saved_activations). It can
  * schedule and plan trial decisions with ck_decide_eval. */

@@ -403,6 +403,31 @@ size_t ck_device_bytes(const ck_backend *be, size_t arena)
     return (arena + g - 1) / g * g + be->fixed_bytes;
 }
 
+size_t ck_program_host_bytes(const ck_program *p)
+{
+    const size_t nt = (size_t)(p->g->nt ? p->g->nt : 1);
+    size_t b = ck_malloc_chunk(sizeof *p) + ck_graph_host_bytes(p->g) + ck_plan_host_bytes(&p->train) +
+               ck_plan_host_bytes(&p->eval) + ck_malloc_chunk(sizeof *p->retain * nt) + ck_malloc_chunk(sizeof *p->poff * nt);
+    for (int k = 1; k <= CK_STATS_ALL; k++) b += ck_plan_host_bytes(&p->logplan[k]);
+    if (p->nstats) b += ck_malloc_chunk(sizeof *p->stats * (size_t)p->nstats);
+    for (int k = 0; k < p->nblocks; k++) b += ck_malloc_chunk(strlen(p->blocks[k]) + 1);
+    if (p->accums) b += ck_malloc_chunk(sizeof *p->accums * (size_t)p->naccum);
+    return b;
+}
+
+size_t ck_program_stage_bound(const ck_program *p)
+{
+    size_t most = 0;
+    for (int t = 0; t < p->g->nt; t++) {
+        const ck_tensor *tt = &p->g->t[t];
+        if (p->be->host && tt->dtype == CK_F32) continue; /* read and written in place */
+        const size_t f32 = (size_t)ck_shape_numel(&tt->shape) * sizeof(float);
+        const size_t b = f32 + (tt->dtype == CK_F32 ? 0 : ck_tensor_bytes(tt));
+        if (b > most) most = b;
+    }
+    return most ? ck_malloc_chunk(most) : 0;
+}
+
 void ck_program_free(ck_program *p)
 {
     if (!p) return;

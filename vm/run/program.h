@@ -102,6 +102,12 @@ const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, si
  * (the arena alone on the CPU). */
 size_t ck_device_bytes(const ck_backend *be, size_t arena);
 void ck_program_free(ck_program *p);
+/* Host memory outside the arena that p takes, for the plan's statement of
+ * what it does not plan: its graph and op lists (every plan, the statistics
+ * and the per-tensor arrays), and the largest stage a read or write of one
+ * tensor can need (0 on the CPU when every tensor is fp32). */
+size_t ck_program_host_bytes(const ck_program *p);
+size_t ck_program_stage_bound(const ck_program *p);
 /* One training step (forward, backward, optimizer). 0 or -1 with p->err. */
 int ck_program_step(ck_program *p);
 /* The forward pass only. */

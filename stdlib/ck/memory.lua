@@ -4,42 +4,87 @@
 local ck = require "ck"
 local M = {}
 
--- The C library's own: its arenas' slack, thread stacks and the BLAS
--- library's per-thread buffers, measured on the CPU (bench/whole_run.sh) and
--- stated here as an allowance per worker thread on top of a fixed part.
+-- The C library's and the threads' own: malloc's slack, thread stacks and
+-- OpenBLAS's per-thread buffers. Measured on the CPU (tests/sh/
+-- test_whole_run_memory.sh, BENCHMARKS.md "The whole run's memory") and
+-- stated as a fixed part and a part per worker thread.
 M.RUNTIME_FIXED = 16 * 2 ^ 20
 M.RUNTIME_PER_THREAD = 4 * 2 ^ 20
 
--- rows {name, bytes, what} of the memory outside p's arena, and the bound
--- (nil when something in it has no cap: the Lua heap without --max-heap)
+-- The memory outside p's arena: rows {key, name, bytes, what} (host rows,
+-- then device rows on a GPU), the bound on the process's peak RSS (nil on a
+-- GPU, where the CUDA libraries' host memory is not planned, and when the Lua
+-- heap has no cap), and the device's whole figure (nil on the CPU).
 function M.outside(p)
   local o = p:outside_plan()
-  local threads = o.threads
+  local plan = p:plan()
+  local cpu = p:device() == "cpu"
   local rows = {
-    {"graph and op lists", o.graph, string.format("%d ops", p:plan().ops)},
-    {"host stage", o.stage, "the host copy of the largest tensor read or written"},
-    {"file staging", o.file_buffer or 0, "safetensors reads and writes"},
-    {"Lua heap limit", o.lua_heap_limit, o.lua_heap_limit > 0 and string.format("%.1f MiB in use", o.lua_heap / 2 ^ 20)
-      or "no cap (--max-heap sets one)"},
-    {"executable and libraries", o.libraries, "resident now"},
-    {"runtime", M.RUNTIME_FIXED + threads * M.RUNTIME_PER_THREAD, string.format("C library, %d threads", threads)},
+    {"graph", "graph and op lists", o.graph, string.format("%d ops in the training list, %.0f bytes per op",
+      plan.ops, o.graph / math.max(1, plan.ops))},
+    {"stage", "host stage", o.stage, cpu and o.stage == 0 and "none: fp32 tensors are read in place" or
+      "the host copy of the largest tensor read or written"},
+    {"file_staging", "file staging", o.file_buffer, "safetensors read and written through this buffer"},
+    {"lua_heap_limit", "Lua heap limit", o.lua_heap_limit, o.lua_heap_limit > 0 and
+      string.format("--max-heap; %.1f MiB in use", o.lua_heap / 2 ^ 20) or "no cap: --max-heap sets one"},
+    {"libraries", "executable and libraries", o.libraries, "resident now"},
+    {"runtime", "runtime", M.RUNTIME_FIXED + o.threads * M.RUNTIME_PER_THREAD,
+      string.format("malloc's slack, stacks and BLAS buffers of %d threads", o.threads)},
   }
-  local total = 0
-  for _, r in ipairs(rows) do total = total + r[2] end
-  local host = p:device() == "cpu"
-  local arena = p:plan().arena
-  local bound = o.lua_heap_limit > 0 and total + (host and arena or 0) or nil
-  return rows, bound, o
+  local host = 0
+  for _, r in ipairs(rows) do host = host + r[3] end
+  if cpu then
+    local bound = o.lua_heap_limit > 0 and host + plan.arena or nil
+    return rows, bound, nil, host
+  end
+  rows[#rows + 1] = {"device_fixed", "device: library workspace", o.device_fixed, "cuBLAS's workspace and a reduction scratch"}
+  rows[#rows + 1] = {"cuda_context", "device and host: CUDA", nil,
+    "not planned: the CUDA context and the libraries' own memory (BENCHMARKS.md measures them)"}
+  return rows, nil, plan.device_bytes, host
+end
+
+-- The rows for `--plan`'s table.
+function M.print_rows(p)
+  local rows, bound, device, host = M.outside(p)
+  print("memory outside the plan (README, \"Memory outside the plan\"):")
+  for _, r in ipairs(rows) do
+    print(string.format("  %-28s %12s  %s", r[2], r[3] and string.format("%.1f MiB", r[3] / 2 ^ 20) or "-", r[4]))
+  end
+  if bound then
+    print(string.format("%-24s %.1f MiB: the arena and the rows above; the process's peak RSS stays within it",
+      "process bound", bound / 2 ^ 20))
+  elseif device then
+    print(string.format("%-24s %.1f MiB on the device (the arena in pages, and the library workspace); %.1f MiB on " ..
+      "the host, and the CUDA libraries' own", "device and host", device / 2 ^ 20, host / 2 ^ 20))
+  else
+    print(string.format("%-24s none: the Lua heap has no cap (--max-heap)", "process bound"))
+  end
+end
+
+-- {key, value} pairs for `--plan --json`: outside_plan = {key = bytes},
+-- process_bound_bytes (or null), host_outside_bytes, and on a GPU
+-- device_total_bytes.
+function M.json_fields(p)
+  local rows, bound, device, host = M.outside(p)
+  local t = {}
+  for _, r in ipairs(rows) do
+    if r[3] then t[#t + 1] = {r[1] .. "_bytes", r[3]} end
+  end
+  local fields = {{"outside_plan", ck.json_object(t)}, {"host_outside_bytes", host},
+                  {"process_bound_bytes", bound or ck.json_null}}
+  if device then fields[#fields + 1] = {"device_total_bytes", device} end
+  return fields
 end
 
 -- One line: the process's peak RSS so far against the bound.
 function M.summary(p)
-  local _, bound = M.outside(p)
+  local _, bound, device = M.outside(p)
   local _, peak = ck.rss()
-  local arena = p:device() == "cpu" and p:plan().arena or 0
   if not bound then
-    return string.format("memory: peak RSS %.1f MiB (no bound: the Lua heap has no cap)", peak / 2 ^ 20)
+    return string.format("memory: peak RSS %.1f MiB (%s)", peak / 2 ^ 20, device and
+      string.format("the device's plan: %.1f MiB", device / 2 ^ 20) or "no bound: the Lua heap has no cap")
   end
+  local arena = p:plan().arena
   return string.format("memory: peak RSS %.1f MiB, %s the plan's bound of %.1f MiB (arena %.1f MiB + %.1f MiB outside it)",
     peak / 2 ^ 20, peak <= bound and "within" or "ABOVE", bound / 2 ^ 20, arena / 2 ^ 20, (bound - arena) / 2 ^ 20)
 end

@@ -161,7 +161,8 @@ end
 --   grad_norm   the global gradient norm
 --   grad_norms  gradient norms per block
 --   acts        mean, std and absmax of each block's output
---   memory      planned (the arena peak of the list that ran), rss and rss_peak;
+--   memory      planned (the arena peak of the list that ran), rss and rss_peak,
+--               device_used on a GPU (cudaMemGetInfo's total less free);
 --               with measure_memory = true also measured (sentinel scan, costly)
 M.groups = {"loss", "lr", "time", "grad_norm", "grad_norms", "acts", "memory"}
 
@@ -323,6 +324,10 @@ function Logger:step(p, opts)
   if due.memory then
     local rss, rss_peak = ck.rss()
     rec.memory = {planned = info.plan_peak, measured = info.high_water, rss = rss, rss_peak = math.max(rss, rss_peak)}
+    if p:device() ~= "cpu" then -- the device's memory in use (cudaMemGetInfo), the whole device's
+      local free, total = ck.device_memory()
+      if free then rec.memory.device_used = total - free end
+    end
   end
   if info.nonfinite then
     rec.event = "nonfinite"

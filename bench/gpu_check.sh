@@ -11,7 +11,10 @@
 #   3. time the UNet's heaviest ops at sdxl-tiny 64x64 and full SDXL 1024x1024
 #      shapes (build/bench_cuda_ops), and the same ops in PyTorch when python3
 #      has torch with CUDA (bench/cuda_ops_torch.py), as one table;
-#   4. time a training step, LoRA rank 4 on to_q/to_k/to_v/to_out.0 of a frozen
+#   4. the whole run's device memory: full SDXL LoRA at 1024 logging every
+#      step, validating and saving, cudaMemGetInfo before the program, at each
+#      logged step and at the end against the plan (out/gpu_check/whole_run.md);
+#   5. time a training step, LoRA rank 4 on to_q/to_k/to_v/to_out.0 of a frozen
 #      base, AdamW, fp32, batch 1: sdxl-tiny at 64x64 latents and full SDXL at
 #      1024x1024 pixels (128x128 latents; 512x512 when none's plan does not fit
 #      the free device memory, said in the table), under the policies none,
@@ -64,7 +67,7 @@ echo "GPU: $(head -1 "$out/gpu.txt")"
 leave_results() {
     [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
     tar czf "$OUT/gpu_check.tar.gz" -C out gpu_check 2>/dev/null || true
-    for f in steps.md cuda_ops.md; do [ ! -f "$out/$f" ] || cp "$out/$f" "$OUT/"; done
+    for f in steps.md cuda_ops.md whole_run.md; do [ ! -f "$out/$f" ] || cp "$out/$f" "$OUT/"; done
 }
 trap leave_results EXIT
 
@@ -157,6 +160,57 @@ gpu_test test_cuda_ops_emu 60 build/test_cuda_ops_emu
 # the executor on the GPU: sdxl-tiny's loss curve against the CPU's, recompute
 # bitwise, exact device peaks, host I/O, logging, the guard, bf16 storage
 gpu_test test_device 180 build/ckrun --trust tests/device/test_device.lua
+
+# ---- the whole run's device memory: full SDXL LoRA at 1024, logging every
+# step (grad norms and block statistics), validating, saving a state; the
+# device memory in use (cudaMemGetInfo) before the program, at every logged
+# step and at the end, against the plan's device_bytes (out/gpu_check/whole_run.md)
+whole_run() {
+    local w=$out/whole_run args="scripts/train_sdxl_lora.lua --size full --steps 3 --log-every 1 --val-every 2 --save-every 2"
+    rm -rf "$w"
+    mkdir -p "$w"
+    build/ckrun --device cuda --plan --json $args > "$w/plan.json" 2> "$w/plan.txt" || { fail "whole run: --plan (see $w/plan.txt)"; return; }
+    OMP_NUM_THREADS=$jobs timeout -k 10 "$1" build/ckrun --device cuda --allow-write "$w" $args --state-dir "$w/state" \
+        --log-dir "$w/log" --out "$w/lora.safetensors" > "$w/run.txt" 2>&1 || { fail "whole run: exit $? (see $w/run.txt)"; return; }
+    python3 - "$w" <<'EOF2' | tee "$out/whole_run.md" || fail "whole run: the device memory differs from the plan (see $out/whole_run.md)"
+import json, re, sys
+w = sys.argv[1]
+plan = json.load(open(w + "/plan.json"))
+total = plan["policies"][0]["device_bytes"]
+# the backend's fixed bytes are taken when it opens, before the start is read
+want = total - plan["device_fixed_bytes"]
+recs = [json.loads(l) for l in open(w + "/log/metrics.jsonl")]
+mem = [(r["step"], r["memory"]) for r in recs if "memory" in r]
+run = open(w + "/run.txt").read()
+m = re.search(r"memory: peak RSS ([0-9.]+) MiB; the device's plan ([0-9.]+) MiB, in use ([0-9.]+) MiB more than "
+              r"before the program \(([0-9.]+) MiB at the start\)", run)
+mib = 2 ** 20
+print("| full SDXL LoRA 1024, fp32, batch 1 | MiB |")
+print("|---|---:|")
+print(f"| plan: device_bytes (arena in pages + fixed) | {total / mib:.1f} |")
+print(f"| plan: the arena in pages (what the program adds to the start) | {want / mib:.1f} |")
+print(f"| plan: arena (training, validation and logging lists) | {plan.get('arena_bytes', 0) / mib:.1f} |")
+if m:
+    print(f"| device in use at the start (CUDA context and libraries) | {float(m.group(4)):.1f} |")
+start = float(m.group(4)) * mib if m else None
+worst = 0
+for step, mm in mem:
+    if "device_used" in mm and start is not None:
+        d = mm["device_used"] - start
+        worst = max(worst, abs(d - want))
+        print(f"| step {step}: in use above the start | {d / mib:.1f} |")
+if m:
+    print(f"| end (after the last save): in use above the start | {float(m.group(3)):.1f} |")
+    print(f"| process peak RSS | {float(m.group(1)):.1f} |")
+    worst = max(worst, abs(float(m.group(3)) * mib - want))
+lt = re.search(r"loaded .* in ([0-9.]+) s", run)
+if lt: print(f"| time to load the weights | {lt.group(1)} s |")
+print()
+print("device memory above the start equals the plan" if worst < mib else f"DIFFERS from the plan by up to {worst / mib:.1f} MiB")
+sys.exit(0 if worst < mib else 1)
+EOF2
+}
+whole_run 150
 
 # ---- per-op timings, ckrun and PyTorch
 timeout -k 10 120 build/bench_cuda_ops --reps 20 > "$out/cuda_ops.jsonl" 2> "$out/cuda_ops.txt" ||

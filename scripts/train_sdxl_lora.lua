@@ -182,6 +182,8 @@ local function build(batch, checkpoint, plan_only)
   }
 end
 
+local memory = require "ck.memory"
+local device_before = not ck.plan_mode and memory.device_used() or nil -- a GPU's memory in use before the program
 local run = build(batch, checkpoint, ck.plan_mode)
 local adapter, objective, inputs, p, g = run.adapter, run.objective, run.inputs, run.program, run.graph
 local all_count, trainable_count = g:param_count()
@@ -208,12 +210,14 @@ end
 
 -- base weights: by diffusers key, shape-checked; otherwise the seeded init
 if o.weights then
+  local t0 = ck.now()
   local f <close> = ck.safetensors(o.weights)
-  local map = {}
+  local map, n = {}, 0
   for _, t in ipairs(g:params()) do
-    if t.kind == "frozen" or full then map[t.name] = t.name end -- the base: frozen, or trained with --full
+    if t.kind == "frozen" or full then map[t.name], n = t.name, n + 1 end -- the base: frozen, or trained with --full
   end
   p:load(f, map)
+  print(string.format("loaded %d tensors from %s in %.2f s", n, o.weights, ck.now() - t0))
 end
 
 local dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples,
@@ -352,4 +356,4 @@ print("wrote logs to " .. log_dir)
 save_lora(out, p.steps)
 print("wrote " .. out)
 -- the whole run's memory against the plan's bound (README, "Memory outside the plan")
-print(require("ck.memory").summary(p))
+print(memory.summary(p, device_before))

@@ -76,13 +76,28 @@ function M.json_fields(p)
   return fields
 end
 
--- One line: the process's peak RSS so far against the bound.
-function M.summary(p)
+-- The device memory in use now (cudaMemGetInfo's total less free), or nil on
+-- the CPU.
+function M.device_used()
+  if ck.device == "cpu" then return nil end
+  local free, total = ck.device_memory()
+  return free and total - free or nil
+end
+
+-- One line: the process's peak RSS so far against the bound; on a GPU the
+-- device memory in use now against the plan, from device_before (the
+-- memory in use before the program was compiled, M.device_used()).
+function M.summary(p, device_before)
   local _, bound, device = M.outside(p)
   local _, peak = ck.rss()
+  if device then
+    local now = M.device_used()
+    return string.format("memory: peak RSS %.1f MiB; the device's plan %.1f MiB%s", peak / 2 ^ 20, device / 2 ^ 20,
+      now and device_before and string.format(", in use %.1f MiB more than before the program (%.1f MiB at the start)",
+        (now - device_before) / 2 ^ 20, device_before / 2 ^ 20) or "")
+  end
   if not bound then
-    return string.format("memory: peak RSS %.1f MiB (%s)", peak / 2 ^ 20, device and
-      string.format("the device's plan: %.1f MiB", device / 2 ^ 20) or "no bound: the Lua heap has no cap")
+    return string.format("memory: peak RSS %.1f MiB (no bound: the Lua heap has no cap)", peak / 2 ^ 20)
   end
   local arena = p:plan().arena
   return string.format("memory: peak RSS %.1f MiB, %s the plan's bound of %.1f MiB (arena %.1f MiB + %.1f MiB outside it)",

@@ -841,8 +841,8 @@ int ck_st_read_f32(const ck_st_tensor *t, float *dst, int64_t n, char *err, size
     if (!is_float_dtype(t->dtype) && t->dtype != CK_ST_F8_E4M3 && t->dtype != CK_ST_F8_E5M2 && t->dtype != CK_ST_U8)
         return fail(err, errlen, t->file, "tensor '%s': dtype %s cannot be read as fp32 "
                     "(only F32, F16, BF16, F8_E4M3, F8_E5M2 and U8 can)", name.s, ck_st_dtype_name(t->dtype));
-    ck_st_file *f = t->src;
     if (!n) return 0;
+    ck_st_file *f = t->src;
     if (!f) return fail(err, errlen, t->file, "tensor '%s': not from an open file", name.s);
     if (!f->stage && !(f->stage = malloc(f->stage_bytes)))
         return fail(err, errlen, f->path, "out of memory for a read buffer of %zu bytes", f->stage_bytes);

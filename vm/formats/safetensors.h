@@ -46,8 +46,11 @@ typedef struct ck_st_tensor {
 } ck_st_tensor;
 
 /* Reads the 8-byte length and the header and validates them against the
- * file's size; the file stays open (one descriptor) until ck_st_close, and
- * its tensors are read from it on demand. NULL with a message on any problem. */
+ * file's size; the file stays open (one descriptor, close-on-exec) until
+ * ck_st_close, and its tensors are read from it on demand: a file replaced
+ * by rename meanwhile (as a save replaces it) still reads as it was opened.
+ * NULL with a message on any problem; when open() itself failed, errno is
+ * its errno (EMFILE: closing other files would help). */
 ck_st_file *ck_st_open(const char *path, char *err, size_t errlen);
 /* The same from len bytes in memory, which are copied; name stands for the
  * path in messages (NULL: "(memory)"). */
@@ -88,9 +91,10 @@ float ck_st_bf16_to_f32(uint16_t h);
  * fail at save. */
 typedef struct ck_st_writer ck_st_writer;
 
-/* The fp32 values of one tensor (numel of them), asked for at save time, in
- * the order of the file (by name); the pointer need only stay valid until
- * the source is asked again. NULL with a message in err fails the save. */
+/* The fp32 values of one tensor (numel of them), asked for once at save
+ * time, in the order of the file (by name), and not at all for a tensor with
+ * no elements; the pointer need only stay valid until the source is asked
+ * again. NULL with a message in err fails the save. */
 typedef const float *(*ck_st_source)(void *ud, int index, char *err, size_t errlen);
 
 ck_st_writer *ck_st_writer_new(void);

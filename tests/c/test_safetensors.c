@@ -1,10 +1,13 @@
 /* Specification of vm/safetensors: conversions against hand-computed values,
  * round trips, one rejection per kind of malformed file, a seeded fuzz loop
- * that must never crash, and saves that fail without touching the old file. */
+ * that must never crash, files that change after they were opened, the
+ * source writer against the copying one, and saves that fail without
+ * touching the old file. */
 #define _POSIX_C_SOURCE 200809L
 #include "formats/safetensors.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -294,7 +297,7 @@ static void round_trips(void)
     ok = 1;
     for (int i = 1; i < ck_st_count(f); i++) {
         const ck_st_tensor *a = ck_st_get(f, i - 1), *b = ck_st_get(f, i);
-        if (strcmp(a->name, b->name) >= 0 || (const char *)a->data + a->nbytes != (const char *)b->data) ok = 0;
+        if (strcmp(a->name, b->name) >= 0 || a->offset + a->nbytes != b->offset) ok = 0;
     }
     size_t n;
     unsigned char *raw = read_bytes(path, &n);
@@ -501,10 +504,14 @@ static void fuzz(void)
             const ck_st_tensor *t = ck_st_get(f, i);
             int64_t numel = 1;
             for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
-            /* Touch every byte so a sanitizer build catches a tensor that
+            /* Read every byte so a sanitizer build catches a tensor that
              * points outside the file. */
-            volatile unsigned sum = 0;
-            for (int64_t k = 0; k < t->nbytes; k++) sum += ((const unsigned char *)t->data)[k];
+            unsigned char *raw = malloc(t->nbytes ? (size_t)t->nbytes : 1);
+            if (ck_st_read_bytes(t, 0, raw, t->nbytes, err, sizeof err)) {
+                broken++;
+                snprintf(why, sizeof why, "iteration %d: %s", it, err);
+            }
+            free(raw);
             if (numel != t->numel || t->nbytes != numel * (int64_t)ck_st_dtype_size(t->dtype) ||
                 ck_st_find(f, t->name) != t) {
                 broken++;
@@ -622,6 +629,195 @@ static void failed_saves(void)
     free(old);
 }
 
+/* Tensors are read from the file when asked for: one cut short after it was
+ * opened fails those reads with a message naming it, never reads garbage; one
+ * replaced (as a save replaces it) still reads as it was when opened. */
+static void files_changed_after_open(void)
+{
+    char path[128], spath[128], err[256];
+    path_of(spath, sizeof spath, "sample.safetensors");
+    path_of(path, sizeof path, "shrinks.safetensors");
+    size_t n;
+    unsigned char *good = read_bytes(spath, &n);
+    write_bytes(path, good, n);
+    ck_st_file *f = ck_st_open(path, err, sizeof err);
+    const ck_st_tensor *a = f ? ck_st_find(f, "w.bf16") : NULL, *z = f ? ck_st_find(f, "w.f32") : NULL;
+    /* w.bf16 comes first in the data, w.f32 last: cut inside w.f32 */
+    int fd = open(path, O_WRONLY);
+    int cut = a && z && fd >= 0 && ftruncate(fd, (off_t)(z->offset + 8)) == 0;
+    if (fd >= 0) close(fd);
+    float v[8];
+    unsigned char raw[24];
+    int first = a ? read_all(a, v) : -1;
+    int rc = z ? ck_st_read_f32(z, v, z->numel, err, sizeof err) : 0;
+    check(cut && first == 0 && v[0] == 1.0f && rc == -1 && strstr(err, path) && strstr(err, "'w.f32'") &&
+              strstr(err, "truncated"),
+          "a_file_truncated_after_open_fails_the_reads_it_cut_naming_the_file", "%s", err);
+    rc = z ? ck_st_read_bytes(z, 0, raw, z->nbytes, err, sizeof err) : 0;
+    int head = z ? ck_st_read_bytes(z, 0, raw, 8, err, sizeof err) : -1;
+    check(rc == -1 && head == 0, "raw_reads_fail_past_the_cut_and_succeed_before_it", "%s", err);
+    ck_st_close(f);
+
+    /* a save renames a new file over the old one: an open file keeps its bytes */
+    write_bytes(path, good, n);
+    f = ck_st_open(path, err, sizeof err);
+    ck_st_writer *w = ck_st_writer_new();
+    float other[6] = {9, 9, 9, 9, 9, 9};
+    int64_t s23[2] = {2, 3};
+    ck_st_writer_add(w, "w.f32", CK_ST_F32, 2, s23, other);
+    rc = ck_st_writer_save(w, path, err, sizeof err);
+    ck_st_writer_free(w);
+    z = f ? ck_st_find(f, "w.f32") : NULL;
+    check(rc == 0 && z && read_all(z, v) == 0 && v[0] == 1.0f && v[1] == -2.5f,
+          "a_file_replaced_by_a_save_reads_as_it_was_when_opened", "%s", err);
+    ck_st_close(f);
+
+    f = ck_st_open(spath, err, sizeof err);
+    z = f ? ck_st_find(f, "w.f32") : NULL;
+    check(z && ck_st_read_bytes(z, 20, raw, 8, err, sizeof err) == -1 && strstr(err, "outside") &&
+              ck_st_read_bytes(z, 20, raw, 4, err, sizeof err) == 0 && !memcmp(raw, good + z->offset + 20, 4),
+          "raw_reads_stay_inside_their_tensor", "%s", err);
+    ck_st_close(f);
+    free(good);
+}
+
+/* Sources for the writer: values by formula, and a log of the calls. */
+#define NBIG ((int64_t)CK_ST_IO_BUFFER + 12345) /* over the buffer in every dtype */
+static float *src_vals[4];
+static int64_t src_n[4];
+static int calls[8], ncalls, fail_at = -1;
+
+static const float *from_table(void *ud, int index, char *err, size_t errlen)
+{
+    (void)ud;
+    if (ncalls < 8) calls[ncalls] = index;
+    ncalls++;
+    if (index == fail_at) {
+        snprintf(err, errlen, "the disk went away");
+        return NULL;
+    }
+    return src_vals[index];
+}
+
+static int save_both_ways(const char *copied, const char *sourced, ck_st_dtype d, char *err, size_t errlen)
+{
+    static const char *names[4] = {"big", "a.special", "scalar", "empty"};
+    int64_t shapes[4][2] = {{NBIG / 3, 3}, {2, 4}, {0, 0}, {0, 5}}, nd[4] = {2, 2, 0, 2};
+    ck_st_writer *wc = ck_st_writer_new(), *ws = ck_st_writer_new();
+    int r = 0;
+    ncalls = 0;
+    for (int i = 0; i < 4; i++) {
+        r |= ck_st_writer_add(wc, names[i], d, (int)nd[i], shapes[i], src_vals[i]);
+        r |= ck_st_writer_add_source(ws, names[i], d, (int)nd[i], shapes[i], from_table, NULL, i);
+    }
+    r |= ck_st_writer_meta(wc, "k", "v") | ck_st_writer_meta(ws, "k", "v");
+    if (!r) r = ck_st_writer_save(wc, copied, err, errlen);
+    if (!r) r = ck_st_writer_save(ws, sourced, err, errlen);
+    ck_st_writer_free(wc);
+    ck_st_writer_free(ws);
+    return r;
+}
+
+/* The source writer converts chunk by chunk what the copying writer converts
+ * at once: the files must be the same bytes, in every dtype, and read back
+ * (chunk by chunk too) as the conversions say. */
+static void source_writer_matches_copying_writer(void)
+{
+    char a[128], b[128], err[256];
+    path_of(a, sizeof a, "copied.safetensors");
+    path_of(b, sizeof b, "sourced.safetensors");
+    static const float special[8] = {1.0f, -2.5f, 65504.0f, 1e-7f, INFINITY, NAN, -0.0f, 1.0f + 0x1p-11f};
+    static const float bytes[8] = {0, 1, 2, 127, 128, 200, 254, 255};
+    src_n[0] = NBIG / 3 * 3;
+    src_n[1] = 8;
+    src_n[2] = 1;
+    src_n[3] = 0;
+    src_vals[0] = malloc(sizeof(float) * (size_t)src_n[0]);
+    src_vals[1] = malloc(sizeof special);
+    src_vals[2] = malloc(sizeof(float));
+    src_vals[3] = NULL;
+    const ck_st_dtype dts[4] = {CK_ST_F32, CK_ST_F16, CK_ST_BF16, CK_ST_U8};
+    for (int k = 0; k < 4; k++) {
+        const ck_st_dtype d = dts[k];
+        for (int64_t i = 0; i < src_n[0]; i++)
+            src_vals[0][i] = d == CK_ST_U8 ? (float)(i % 256) : (float)(i % 100003) * 0.37f - 1.0e4f;
+        memcpy(src_vals[1], d == CK_ST_U8 ? bytes : special, sizeof special);
+        src_vals[2][0] = d == CK_ST_U8 ? 7.0f : 3.25f;
+        int rc = save_both_ways(a, b, d, err, sizeof err);
+        size_t na = 0, nb = 0;
+        unsigned char *x = read_bytes(a, &na), *y = read_bytes(b, &nb);
+        char name[96];
+        snprintf(name, sizeof name, "source_writer_%s_is_bitwise_the_copying_writer", ck_st_dtype_name(d));
+        check(rc == 0 && x && y && na == nb && !memcmp(x, y, na), name, "%s", rc ? err : "files differ");
+        free(x);
+        free(y);
+        /* the sources are asked once each, in the file's (name) order, empty tensors not at all */
+        snprintf(name, sizeof name, "source_writer_%s_asks_each_source_once_in_file_order", ck_st_dtype_name(d));
+        check(ncalls == 3 && calls[0] == 1 && calls[1] == 0 && calls[2] == 2, name, "%d calls", ncalls);
+
+        ck_st_file *f = ck_st_open(b, err, sizeof err);
+        const ck_st_tensor *t = f ? ck_st_find(f, "big") : NULL;
+        float *back = malloc(sizeof(float) * (size_t)src_n[0]);
+        int ok = t && t->numel == src_n[0] && ck_st_read_f32(t, back, t->numel, err, sizeof err) == 0;
+        for (int64_t i = 0; ok && i < src_n[0]; i++) {
+            float want = src_vals[0][i];
+            if (d == CK_ST_F16) want = ck_st_f16_to_f32(ck_st_f32_to_f16(want));
+            if (d == CK_ST_BF16) want = ck_st_bf16_to_f32(ck_st_f32_to_bf16(want));
+            ok = bits(back[i]) == bits(want);
+        }
+        snprintf(name, sizeof name, "a_%s_tensor_larger_than_the_buffer_reads_back_exactly", ck_st_dtype_name(d));
+        check(ok, name, "%s", err);
+        free(back);
+        ck_st_close(f);
+    }
+    remove(a);
+    remove(b);
+    for (int i = 0; i < 3; i++) free(src_vals[i]);
+}
+
+/* A source that fails halfway through a save (tensors already written before
+ * it) or gives values U8 cannot hold: the old file stays, byte for byte, and
+ * no temp file is left. */
+static void failed_streamed_saves(void)
+{
+    char path[128], err[256];
+    path_of(path, sizeof path, "keep.safetensors");
+    write_sample(path, err, sizeof err);
+    size_t n;
+    unsigned char *old = read_bytes(path, &n);
+    float vals[4][1000];
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k < 1000; k++) vals[i][k] = (float)(i * 1000 + k);
+        src_vals[i] = vals[i];
+    }
+    int64_t shape[1] = {1000};
+    ck_st_writer *w = ck_st_writer_new();
+    char name[16];
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, "t%d", i);
+        ck_st_writer_add_source(w, name, CK_ST_F32, 1, shape, from_table, NULL, i);
+    }
+    fail_at = 2;
+    ncalls = 0;
+    int rc = ck_st_writer_save(w, path, err, sizeof err);
+    fail_at = -1;
+    check(rc == -1 && ncalls == 3 && strstr(err, path) && strstr(err, "'t2'") && strstr(err, "the disk went away") &&
+              same_bytes(path, old, n) && temp_files_left() == 0,
+          "a_source_failing_halfway_through_a_save_keeps_the_old_file_and_no_temp", "%s", err);
+    ck_st_writer_free(w);
+
+    w = ck_st_writer_new();
+    for (int k = 0; k < 1000; k++) vals[1][k] = (float)(k % 256);
+    vals[1][999] = 256.0f;
+    ck_st_writer_add_source(w, "q", CK_ST_U8, 1, shape, from_table, NULL, 1);
+    rc = ck_st_writer_save(w, path, err, sizeof err);
+    check(rc == -1 && strstr(err, "'q'") && strstr(err, "element 999") && strstr(err, "not a byte") &&
+              same_bytes(path, old, n) && temp_files_left() == 0,
+          "a_source_giving_a_non_byte_for_u8_fails_the_save_and_keeps_the_old_file", "%s", err);
+    ck_st_writer_free(w);
+    free(old);
+}
+
 static void remove_dir(void)
 {
     DIR *d = opendir(dir);
@@ -652,6 +848,9 @@ int main(void)
     malformed_files();
     fuzz();
     failed_saves();
+    files_changed_after_open();
+    source_writer_matches_copying_writer();
+    failed_streamed_saves();
     remove_dir();
     printf("%d passed, %d failed\n", npass, nfail);
     return nfail ? 1 : 0;

@@ -1,7 +1,11 @@
 /* safetensors reading and writing. The header is parsed against the format's
  * schema by a small strict JSON reader of our own, so any malformed byte ends
- * in a message naming the file, never a crash or a silently odd tensor. */
+ * in a message naming the file, never a crash or a silently odd tensor.
+ * Tensor data never sits in memory as a whole file: reads go from the open
+ * file through one bounded buffer into the caller's memory, and saves from
+ * each tensor's source through another into the file. */
 #define _POSIX_C_SOURCE 200809L
+#define _FILE_OFFSET_BITS 64 /* offsets past 2 GiB on 32-bit systems too */
 #include "formats/safetensors.h"
 #include "formats/json.h"
 #include "../../ops/bf16.h"
@@ -137,9 +141,12 @@ typedef struct meta { const char *key, *value; } meta;
 
 struct ck_st_file {
     char *path;
-    unsigned char *buf; /* the whole file */
-    size_t size;
-    char *arena;        /* decoded strings; never larger than the header */
+    int fd;               /* the open file; -1 for one opened from memory */
+    unsigned char *buf;   /* from memory: a copy of the bytes; else NULL */
+    uint64_t size;        /* of the file, as it was at open */
+    unsigned char *stage; /* the read buffer, allocated on the first read */
+    size_t stage_bytes;   /* its size: the largest tensor, at most CK_ST_IO_BUFFER */
+    char *arena;          /* decoded strings; never larger than the header */
     entry *t;
     int n, capt;
     const entry **by_name;
@@ -588,11 +595,14 @@ static int build(parser *p)
         if (!strcmp(f->m[i - 1].key, f->m[i].key))
             return bad(p, "duplicate key '%s' in __metadata__", show(f->m[i].key).s);
     if (check_layout(p)) return -1;
-    const unsigned char *data = f->buf + 8 + p->n;
+    uint64_t data = 8 + (uint64_t)p->n, largest = 0;
     for (int i = 0; i < f->n; i++) {
-        f->t[i].pub.data = data + f->t[i].begin;
+        f->t[i].pub.offset = (int64_t)(data + f->t[i].begin);
         f->t[i].pub.file = f->path;
+        f->t[i].pub.src = f;
+        if ((uint64_t)f->t[i].pub.nbytes > largest) largest = (uint64_t)f->t[i].pub.nbytes;
     }
+    f->stage_bytes = largest < CK_ST_IO_BUFFER ? (size_t)largest : CK_ST_IO_BUFFER;
     return 0;
 }
 
@@ -607,30 +617,72 @@ static ck_st_file *new_file(const char *path, char *err, size_t errlen)
         return NULL;
     }
     memcpy(f->path, path, plen);
+    f->fd = -1;
     return f;
 }
 
-/* Validates f->buf (f->size bytes, owned by f); both ways of opening end here. */
+/* Bytes [off, off + n) of the file into dst: the one place the two kinds of
+ * file differ. The size was checked at open, so a short read means the file
+ * shrank since; what names the bytes in messages. */
+static int read_raw(ck_st_file *f, uint64_t off, void *dst, size_t n, const char *what, char *err, size_t errlen)
+{
+    const uint64_t end = f->buf ? f->size : UINT64_MAX;
+    if (off > end || n > end - off)
+        return fail(err, errlen, f->path, "%s is cut short: the data ends at byte %" PRIu64 " (truncated?)", what, end);
+    if (f->buf) {
+        if (n) memcpy(dst, f->buf + off, n);
+        return 0;
+    }
+    unsigned char *d = dst;
+    while (n) {
+        size_t ask = n < ((size_t)1 << 30) ? n : (size_t)1 << 30;
+        ssize_t k = pread(f->fd, d, ask, (off_t)off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return fail(err, errlen, f->path, "cannot read %s: %s", what, strerror(errno));
+        if (k == 0)
+            return fail(err, errlen, f->path, "cannot read %s: the file has shrunk since it was opened (%" PRIu64
+                        " bytes then, %" PRIu64 " or fewer now; truncated?)", what, f->size, off);
+        d += k;
+        off += (uint64_t)k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Reads and validates the length and the header of f (f->size bytes long);
+ * both ways of opening end here. */
 static int parse_file(ck_st_file *f, char *err, size_t errlen)
 {
     const char *path = f->path;
     if (f->size < 8)
-        return fail(err, errlen, path, "file is %zu bytes, too short for the 8-byte header length (truncated?)",
+        return fail(err, errlen, path, "file is %" PRIu64 " bytes, too short for the 8-byte header length (truncated?)",
                     f->size);
+    unsigned char len8[8];
+    if (read_raw(f, 0, len8, 8, "the header length", err, errlen)) return -1;
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | f->buf[i];
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
     if (hlen > CK_ST_MAX_HEADER)
         return fail(err, errlen, path, "header length %" PRIu64 " is too large (limit %d)", hlen, CK_ST_MAX_HEADER);
     if (hlen > f->size - 8)
         return fail(err, errlen, path, "header length %" PRIu64 " reaches beyond the end of the file "
-                    "(only %zu bytes follow it; truncated?)", hlen, f->size - 8);
+                    "(only %" PRIu64 " bytes follow it; truncated?)", hlen, f->size - 8);
+    /* the header's own bytes are needed only while it is parsed */
+    unsigned char *h = malloc((size_t)hlen + 1);
     f->arena = malloc((size_t)hlen + 1);
-    if (!f->arena) return fail(err, errlen, path, "out of memory reading the header");
-    parser p = {
-        .f = f, .err = err, .errlen = errlen, .s = f->buf + 8, .n = (size_t)hlen,
-        .datasize = (uint64_t)(f->size - 8 - (size_t)hlen),
-    };
-    return build(&p);
+    if (!h || !f->arena) {
+        free(h);
+        return fail(err, errlen, path, "out of memory reading the header");
+    }
+    int rc = read_raw(f, 8, h, (size_t)hlen, "the header", err, errlen);
+    if (!rc) {
+        parser p = {
+            .f = f, .err = err, .errlen = errlen, .s = h, .n = (size_t)hlen,
+            .datasize = f->size - 8 - hlen,
+        };
+        rc = build(&p);
+    }
+    free(h);
+    return rc;
 }
 
 ck_st_file *ck_st_open(const char *path, char *err, size_t errlen)
@@ -639,48 +691,24 @@ ck_st_file *ck_st_open(const char *path, char *err, size_t errlen)
     if (!path) { fail(err, errlen, NULL, "no path given"); return NULL; }
     ck_st_file *f = new_file(path, err, errlen);
     if (!f) return NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        fail(err, errlen, path, "cannot open: %s", strerror(errno));
-        goto bail;
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) {
+        int e = errno;
+        fail(err, errlen, path, "cannot open: %s", strerror(e));
+        ck_st_close(f);
+        errno = e; /* EMFILE tells a caller that closing files would help */
+        return NULL;
     }
     struct stat st;
-    if (fstat(fileno(fp), &st) != 0) {
+    if (fstat(f->fd, &st) != 0) {
         fail(err, errlen, path, "cannot stat: %s", strerror(errno));
-        fclose(fp);
         goto bail;
     }
     if (!S_ISREG(st.st_mode)) {
         fail(err, errlen, path, "not a regular file");
-        fclose(fp);
         goto bail;
     }
-    if (st.st_size < 8) {
-        fail(err, errlen, path, "file is %lld bytes, too short for the 8-byte header length (truncated?)",
-             (long long)st.st_size);
-        fclose(fp);
-        goto bail;
-    }
-    if ((uintmax_t)st.st_size > (uintmax_t)SIZE_MAX) {
-        fail(err, errlen, path, "file too large to read into memory");
-        fclose(fp);
-        goto bail;
-    }
-    f->size = (size_t)st.st_size;
-    f->buf = malloc(f->size);
-    if (!f->buf) {
-        fail(err, errlen, path, "out of memory reading %zu bytes", f->size);
-        fclose(fp);
-        goto bail;
-    }
-    size_t got = fread(f->buf, 1, f->size, fp);
-    int rerr = ferror(fp) ? errno : 0;
-    fclose(fp);
-    if (got != f->size) {
-        if (rerr) fail(err, errlen, path, "read error: %s", strerror(rerr));
-        else fail(err, errlen, path, "file shrank while being read (truncated?)");
-        goto bail;
-    }
+    f->size = (uint64_t)st.st_size;
     if (parse_file(f, err, errlen)) goto bail;
     return f;
 bail:
@@ -714,8 +742,10 @@ bail:
 void ck_st_close(ck_st_file *f)
 {
     if (!f) return;
+    if (f->fd >= 0) close(f->fd);
     free(f->path);
     free(f->buf);
+    free(f->stage);
     free(f->arena);
     free(f->t);
     free(f->by_name);
@@ -772,6 +802,33 @@ int ck_st_meta_at(const ck_st_file *f, int i, const char **key, const char **val
     return 0;
 }
 
+/* n values of dtype d (one that converts) from little-endian bytes s. Bytes
+ * are assembled explicitly: compilers turn these loops into plain loads. */
+static void decode(ck_st_dtype d, const unsigned char *s, float *dst, int64_t n)
+{
+    switch (d) {
+    case CK_ST_F32:
+        for (int64_t i = 0; i < n; i++, s += 4)
+            dst[i] = bits_f32((uint32_t)s[0] | (uint32_t)s[1] << 8 | (uint32_t)s[2] << 16 | (uint32_t)s[3] << 24);
+        return;
+    case CK_ST_F16:
+        for (int64_t i = 0; i < n; i++, s += 2) dst[i] = ck_st_f16_to_f32((uint16_t)(s[0] | s[1] << 8));
+        return;
+    case CK_ST_BF16:
+        for (int64_t i = 0; i < n; i++, s += 2) dst[i] = ck_st_bf16_to_f32((uint16_t)(s[0] | s[1] << 8));
+        return;
+    case CK_ST_F8_E4M3: /* torch.float8_e4m3fn */
+        for (int64_t i = 0; i < n; i++) dst[i] = ck_f8e4m3_decode(s[i]);
+        return;
+    case CK_ST_F8_E5M2: /* the high byte of an fp16 */
+        for (int64_t i = 0; i < n; i++) dst[i] = ck_st_f16_to_f32((uint16_t)(s[i] << 8));
+        return;
+    default: /* U8: bytes, exactly (8-bit optimizer codes) */
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+        return;
+    }
+}
+
 int ck_st_read_f32(const ck_st_tensor *t, float *dst, int64_t n, char *err, size_t errlen)
 {
     if (err && errlen) err[0] = 0;
@@ -781,33 +838,41 @@ int ck_st_read_f32(const ck_st_tensor *t, float *dst, int64_t n, char *err, size
         return fail(err, errlen, t->file, "tensor '%s': destination holds %" PRId64 " floats but the "
                     "tensor has %" PRId64 " elements", name.s, n, t->numel);
     if (n > 0 && !dst) return fail(err, errlen, t->file, "tensor '%s': no destination buffer", name.s);
-    /* Bytes are assembled explicitly: the data is little-endian and may be
-     * unaligned; compilers turn these loops into plain loads. */
-    const unsigned char *s = t->data;
-    switch (t->dtype) {
-    case CK_ST_F32:
-        for (int64_t i = 0; i < n; i++, s += 4)
-            dst[i] = bits_f32((uint32_t)s[0] | (uint32_t)s[1] << 8 | (uint32_t)s[2] << 16 | (uint32_t)s[3] << 24);
-        return 0;
-    case CK_ST_F16:
-        for (int64_t i = 0; i < n; i++, s += 2) dst[i] = ck_st_f16_to_f32((uint16_t)(s[0] | s[1] << 8));
-        return 0;
-    case CK_ST_BF16:
-        for (int64_t i = 0; i < n; i++, s += 2) dst[i] = ck_st_bf16_to_f32((uint16_t)(s[0] | s[1] << 8));
-        return 0;
-    case CK_ST_F8_E4M3: /* torch.float8_e4m3fn */
-        for (int64_t i = 0; i < n; i++) dst[i] = ck_f8e4m3_decode(s[i]);
-        return 0;
-    case CK_ST_F8_E5M2: /* the high byte of an fp16 */
-        for (int64_t i = 0; i < n; i++) dst[i] = ck_st_f16_to_f32((uint16_t)(s[i] << 8));
-        return 0;
-    case CK_ST_U8: /* bytes, exactly (8-bit optimizer codes) */
-        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
-        return 0;
-    default:
+    if (!is_float_dtype(t->dtype) && t->dtype != CK_ST_F8_E4M3 && t->dtype != CK_ST_F8_E5M2 && t->dtype != CK_ST_U8)
         return fail(err, errlen, t->file, "tensor '%s': dtype %s cannot be read as fp32 "
                     "(only F32, F16, BF16, F8_E4M3, F8_E5M2 and U8 can)", name.s, ck_st_dtype_name(t->dtype));
+    if (!n) return 0;
+    ck_st_file *f = t->src;
+    if (!f) return fail(err, errlen, t->file, "tensor '%s': not from an open file", name.s);
+    if (!f->stage && !(f->stage = malloc(f->stage_bytes)))
+        return fail(err, errlen, f->path, "out of memory for a read buffer of %zu bytes", f->stage_bytes);
+    char what[96];
+    snprintf(what, sizeof what, "tensor '%s'", name.s);
+    const size_t esize = dtypes[t->dtype].size;
+    const int64_t per = (int64_t)(f->stage_bytes / esize);
+    for (int64_t i = 0; i < n; i += per) {
+        const int64_t k = n - i < per ? n - i : per;
+        if (read_raw(f, (uint64_t)t->offset + (uint64_t)i * esize, f->stage, (size_t)k * esize, what, err, errlen))
+            return -1;
+        decode(t->dtype, f->stage, dst + i, k);
     }
+    return 0;
+}
+
+int ck_st_read_bytes(const ck_st_tensor *t, int64_t at, void *dst, int64_t n, char *err, size_t errlen)
+{
+    if (err && errlen) err[0] = 0;
+    if (!t) return fail(err, errlen, NULL, "no tensor given");
+    shown name = show(t->name ? t->name : "");
+    if (at < 0 || n < 0 || at > t->nbytes || n > t->nbytes - at)
+        return fail(err, errlen, t->file, "tensor '%s': bytes [%" PRId64 ", %" PRId64 ") lie outside its %" PRId64
+                    " bytes", name.s, at, at + n, t->nbytes);
+    if (!n) return 0;
+    if (!dst) return fail(err, errlen, t->file, "tensor '%s': no destination buffer", name.s);
+    if (!t->src) return fail(err, errlen, t->file, "tensor '%s': not from an open file", name.s);
+    char what[96];
+    snprintf(what, sizeof what, "tensor '%s'", name.s);
+    return read_raw(t->src, (uint64_t)(t->offset + at), dst, (size_t)n, what, err, errlen);
 }
 
 /* The writer */
@@ -817,8 +882,11 @@ typedef struct wtensor {
     ck_st_dtype dtype;
     int ndim;
     int64_t shape[CK_ST_MAX_DIMS];
-    int64_t nbytes;
-    unsigned char *data;
+    int64_t numel, nbytes;
+    ck_st_source get; /* asked for the values at save time */
+    void *ud;
+    int index;
+    float *copy;      /* ck_st_writer_add's copy of the values (get's ud), else NULL */
 } wtensor;
 
 typedef struct wmeta { char *key, *value; } wmeta;
@@ -865,7 +933,7 @@ void ck_st_writer_free(ck_st_writer *w)
     if (!w) return;
     for (int i = 0; i < w->n; i++) {
         free(w->t[i].name);
-        free(w->t[i].data);
+        free(w->t[i].copy);
     }
     for (int i = 0; i < w->nm; i++) {
         free(w->m[i].key);
@@ -899,10 +967,10 @@ int ck_st_writer_meta(ck_st_writer *w, const char *key, const char *value)
     return 0;
 }
 
-int ck_st_writer_add(ck_st_writer *w, const char *name, ck_st_dtype dtype, int ndim,
-                     const int64_t *shape, const float *data)
+/* Checks a tensor's name, dtype and shape and fills e with them (name not yet
+ * copied); -1, kept as the writer's failure, if any is wrong. */
+static int describe(ck_st_writer *w, const char *name, ck_st_dtype dtype, int ndim, const int64_t *shape, wtensor *e)
 {
-    if (!w) return -1;
     if (!name) return werr(w, "tensor name is NULL");
     shown sn = show(name);
     if (!valid_utf8(name)) return werr(w, "tensor name '%s' is not valid UTF-8", sn.s);
@@ -924,47 +992,83 @@ int ck_st_writer_add(ck_st_writer *w, const char *name, ck_st_dtype dtype, int n
         numel *= shape[i];
     }
     if (zero) numel = 0;
-    if ((uint64_t)numel * esize > SIZE_MAX) return werr(w, "tensor '%s': too large for memory", sn.s);
-    if (numel > 0 && !data) return werr(w, "tensor '%s': data is NULL", sn.s);
-    for (int64_t i = 0; dtype == CK_ST_U8 && i < numel; i++)
-        if (!(data[i] >= 0.0f && data[i] <= 255.0f && data[i] == floorf(data[i])))
-            return werr(w, "tensor '%s': %g at element %" PRId64 " is not a byte (U8 holds 0 to 255)", sn.s,
-                        (double)data[i], i);
+    if ((uint64_t)numel * sizeof(float) > SIZE_MAX) return werr(w, "tensor '%s': too large for memory", sn.s);
+    memset(e, 0, sizeof *e);
+    e->dtype = dtype;
+    e->ndim = ndim;
+    for (int i = 0; i < ndim; i++) e->shape[i] = shape[i];
+    e->numel = numel;
+    e->nbytes = numel * (int64_t)esize;
+    return 0;
+}
+
+/* Appends e with its name copied; on failure e's copy is freed. */
+static int push(ck_st_writer *w, const char *name, wtensor *e)
+{
     if (w->n == w->capt) {
         int cap = w->capt ? w->capt * 2 : 64;
         wtensor *t = realloc(w->t, sizeof *t * (size_t)cap);
-        if (!t) return werr(w, "out of memory adding tensor '%s'", sn.s);
+        if (!t) {
+            free(e->copy);
+            return werr(w, "out of memory adding tensor '%s'", show(name).s);
+        }
         w->t = t;
         w->capt = cap;
     }
-    wtensor e;
-    memset(&e, 0, sizeof e);
-    e.dtype = dtype;
-    e.ndim = ndim;
-    for (int i = 0; i < ndim; i++) e.shape[i] = shape[i];
-    e.nbytes = numel * (int64_t)esize;
-    e.name = dupstr(name);
-    e.data = malloc(e.nbytes ? (size_t)e.nbytes : 1);
-    if (!e.name || !e.data) {
-        free(e.name);
-        free(e.data);
-        return werr(w, "out of memory adding tensor '%s'", sn.s);
+    if (!(e->name = dupstr(name))) {
+        free(e->copy);
+        return werr(w, "out of memory adding tensor '%s'", show(name).s);
     }
-    unsigned char *d = e.data;
-    for (int64_t i = 0; i < numel; i++) {
-        if (dtype == CK_ST_U8) {
-            *d++ = (unsigned char)data[i];
-        } else if (dtype == CK_ST_F32) {
-            uint32_t u = f32_bits(data[i]);
-            *d++ = (unsigned char)u; *d++ = (unsigned char)(u >> 8);
-            *d++ = (unsigned char)(u >> 16); *d++ = (unsigned char)(u >> 24);
-        } else {
-            uint16_t h = dtype == CK_ST_F16 ? ck_st_f32_to_f16(data[i]) : ck_st_f32_to_bf16(data[i]);
-            *d++ = (unsigned char)h; *d++ = (unsigned char)(h >> 8);
-        }
-    }
-    w->t[w->n++] = e;
+    w->t[w->n++] = *e;
     return 0;
+}
+
+/* The index of the first of n values that U8 cannot hold, or -1. */
+static int64_t not_a_byte(const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!(x[i] >= 0.0f && x[i] <= 255.0f && x[i] == floorf(x[i]))) return i;
+    return -1;
+}
+
+int ck_st_writer_add_source(ck_st_writer *w, const char *name, ck_st_dtype dtype, int ndim,
+                            const int64_t *shape, ck_st_source get, void *ud, int index)
+{
+    if (!w) return -1;
+    wtensor e;
+    if (describe(w, name, dtype, ndim, shape, &e)) return -1;
+    if (!get) return werr(w, "tensor '%s': no source", show(name).s);
+    e.get = get;
+    e.ud = ud;
+    e.index = index;
+    return push(w, name, &e);
+}
+
+static const float *copied(void *ud, int index, char *err, size_t errlen)
+{
+    (void)index;
+    (void)err;
+    (void)errlen;
+    return ud;
+}
+
+int ck_st_writer_add(ck_st_writer *w, const char *name, ck_st_dtype dtype, int ndim,
+                     const int64_t *shape, const float *data)
+{
+    if (!w) return -1;
+    wtensor e;
+    if (describe(w, name, dtype, ndim, shape, &e)) return -1;
+    if (e.numel > 0 && !data) return werr(w, "tensor '%s': data is NULL", show(name).s);
+    int64_t bad = dtype == CK_ST_U8 ? not_a_byte(data, e.numel) : -1;
+    if (bad >= 0)
+        return werr(w, "tensor '%s': %g at element %" PRId64 " is not a byte (U8 holds 0 to 255)", show(name).s,
+                    (double)data[bad], bad);
+    e.copy = malloc(e.numel ? (size_t)e.numel * sizeof(float) : 1);
+    if (!e.copy) return werr(w, "out of memory adding tensor '%s'", show(name).s);
+    if (e.numel) memcpy(e.copy, data, (size_t)e.numel * sizeof(float));
+    e.get = copied;
+    e.ud = e.copy;
+    return push(w, name, &e);
 }
 
 static int cmp_wtensor(const void *a, const void *b)
@@ -1024,9 +1128,65 @@ static int build_header(ck_st_writer *w, hbuf *b, const char *path, char *err, s
     return 0;
 }
 
-static int write_all(FILE *fp, const void *p, size_t n)
+/* 0, or the errno of the failed write */
+static int write_all(int fd, const void *p, size_t n)
 {
-    return fwrite(p, 1, n, fp) == n ? 0 : -1;
+    const unsigned char *b = p;
+    while (n) {
+        ssize_t k = write(fd, b, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return errno ? errno : EIO;
+        if (k == 0) return EIO;
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* n fp32 values as little-endian dtype d (a writable one) into out */
+static void encode(ck_st_dtype d, const float *x, int64_t n, unsigned char *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (d == CK_ST_U8) {
+            *out++ = (unsigned char)x[i];
+        } else if (d == CK_ST_F32) {
+            uint32_t u = f32_bits(x[i]);
+            *out++ = (unsigned char)u; *out++ = (unsigned char)(u >> 8);
+            *out++ = (unsigned char)(u >> 16); *out++ = (unsigned char)(u >> 24);
+        } else {
+            uint16_t h = d == CK_ST_F16 ? ck_st_f32_to_f16(x[i]) : ck_st_f32_to_bf16(x[i]);
+            *out++ = (unsigned char)h; *out++ = (unsigned char)(h >> 8);
+        }
+    }
+}
+
+/* Asks t's source for its values and writes them through buf (cap bytes),
+ * converted chunk by chunk. 0; -1 with a message in msg when the values are
+ * wrong or missing; or the errno of a failed write. */
+static int write_tensor(const wtensor *t, int fd, unsigned char *buf, size_t cap, char *msg, size_t len)
+{
+    if (!t->numel) return 0;
+    msg[0] = 0;
+    const float *x = t->get(t->ud, t->index, msg, len);
+    if (!x) {
+        if (!msg[0]) snprintf(msg, len, "its source gave no values");
+        return -1;
+    }
+    const size_t esize = dtypes[t->dtype].size;
+    const int64_t per = (int64_t)(cap / esize);
+    for (int64_t i = 0; i < t->numel; i += per) {
+        const int64_t k = t->numel - i < per ? t->numel - i : per;
+        const int64_t bad = t->dtype == CK_ST_U8 ? not_a_byte(x + i, k) : -1;
+        if (bad >= 0) {
+            snprintf(msg, len, "%g at element %" PRId64 " is not a byte (U8 holds 0 to 255)", (double)x[i + bad],
+                     i + bad);
+            return -1;
+        }
+        encode(t->dtype, x + i, k, buf);
+        int e = write_all(fd, buf, (size_t)k * esize);
+        if (e) return e;
+    }
+    return 0;
 }
 
 /* The rename is only durable once the directory entry is synced. Some
@@ -1072,57 +1232,70 @@ int ck_st_writer_save(ck_st_writer *w, const char *path, char *err, size_t errle
     }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hb.n >> (8 * i));
+    /* the data's buffer: the largest tensor, at most CK_ST_IO_BUFFER */
+    size_t cap = 1;
+    for (int i = 0; i < w->n; i++)
+        if ((uint64_t)w->t[i].nbytes > cap) cap = (size_t)w->t[i].nbytes;
+    if (cap > CK_ST_IO_BUFFER) cap = CK_ST_IO_BUFFER;
 
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
-    if (!tmp) {
+    unsigned char *buf = malloc(cap);
+    if (!tmp || !buf) {
+        free(tmp);
+        free(buf);
         free(hb.p);
         return fail(err, errlen, path, "out of memory");
     }
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
     /* O_EXCL: never write through, or later delete, a file that is not ours. */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) {
         int e = errno;
         fail(err, errlen, path, "cannot create temp file %s: %s", tmp, strerror(e));
         free(tmp);
+        free(buf);
         free(hb.p);
         return -1;
     }
-    FILE *fp = fdopen(fd, "wb");
-    int e = 0;
+    int e = 0, bad = -1; /* bad: the tensor whose values failed */
+    char msg[256];
     const char *what = "write";
-    if (!fp) {
-        e = errno;
-        close(fd);
-        goto bail;
+    if ((e = write_all(fd, len8, 8)) || (e = write_all(fd, hb.p, hb.n))) goto bail;
+    for (int i = 0; i < w->n; i++) {
+        int rc = write_tensor(&w->t[i], fd, buf, cap, msg, sizeof msg);
+        if (rc < 0) bad = i;
+        if (rc) {
+            e = rc > 0 ? rc : 0;
+            goto bail;
+        }
     }
-    if (write_all(fp, len8, 8) || write_all(fp, hb.p, hb.n)) { e = errno; goto bail; }
-    for (int i = 0; i < w->n; i++)
-        if (write_all(fp, w->t[i].data, (size_t)w->t[i].nbytes)) { e = errno; goto bail; }
-    if (fflush(fp) != 0) { e = errno; goto bail; }
     what = "fsync";
-    if (fsync(fileno(fp)) != 0) { e = errno; goto bail; }
+    if (fsync(fd) != 0) { e = errno; goto bail; }
     what = "close";
     {
-        FILE *c = fp;
-        fp = NULL;
-        if (fclose(c) != 0) { e = errno; goto bail; }
+        int c = fd;
+        fd = -1;
+        if (close(c) != 0) { e = errno; goto bail; }
     }
     what = "rename";
     if (rename(tmp, path) != 0) { e = errno; goto bail; }
     sync_dir(path);
     free(tmp);
+    free(buf);
     free(hb.p);
     return 0;
 bail:
-    if (fp) fclose(fp);
+    if (fd >= 0) close(fd);
     unlink(tmp);
-    if (!strcmp(what, "rename"))
+    if (bad >= 0)
+        fail(err, errlen, path, "tensor '%s': %s", show(w->t[bad].name).s, msg);
+    else if (!strcmp(what, "rename"))
         fail(err, errlen, path, "cannot rename temp file %s over it: %s", tmp, strerror(e));
     else
         fail(err, errlen, path, "%s of temp file %s failed: %s", what, tmp, e ? strerror(e) : "unknown error");
     free(tmp);
+    free(buf);
     free(hb.p);
     return -1;
 }

@@ -1,12 +1,14 @@
 /* safetensors from Lua: open a file and read its tensors and metadata, load
  * named tensors straight into a program's arena (with shape checks that name
  * the key), and save a program's tensors. Values never pass through Lua tables
- * on the load and save paths. */
+ * on the load and save paths, nor through a copy of the file: loads read each
+ * tensor from the file into the arena, saves write each from the arena. */
 #include "lua/lua_ck.h"
 #include "formats/safetensors.h"
 
 #include <lauxlib.h>
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +37,12 @@ static int l_open(lua_State *L)
     lf->f = NULL;
     luaL_setmetatable(L, STFILE_MT);
     lf->f = ck_st_open(path, err, sizeof err);
+    if (!lf->f && (errno == EMFILE || errno == ENFILE)) {
+        /* an open file holds its descriptor: files the script dropped
+         * without closing give theirs back when collected */
+        lua_gc(L, LUA_GCCOLLECT);
+        lf->f = ck_st_open(path, err, sizeof err);
+    }
     if (!lf->f) return ck_lua_raise(L, "%s", err);
     snprintf(lf->path, sizeof lf->path, "%s", path);
     return 1;
@@ -234,9 +242,21 @@ static int save_guarded(lua_State *L, int guard_idx, const char *path)
     return 0;
 }
 
+/* The source of a saved tensor: its values read from the program when the
+ * save reaches it (the arena itself on the CPU, one tensor's stage on a device) */
+static const float *program_values(void *ud, int id, char *err, size_t errlen)
+{
+    ck_program *p = ud;
+    const float *x = ck_program_read(p, id);
+    if (!x) snprintf(err, errlen, "not readable%s%s", p->err[0] ? ": " : "", p->err);
+    return x;
+}
+
 /* p:save(path, entries, {metadata = {k = v}, dtype = "F32"}) (byte tensors as U8) where each entry is
  * {key, tensor_or_name} or {key, value = number} (a 0-dim tensor). The file is
- * replaced atomically: a failed save leaves an existing file as it was. */
+ * replaced atomically: a failed save leaves an existing file as it was. The
+ * entries are read raw (no metamethods) into the writer, then the save runs
+ * with no Lua code in between, reading each tensor only as it is written. */
 static int l_save(lua_State *L)
 {
     ck_program *p = ck_lua_program(L, 1);
@@ -251,33 +271,33 @@ static int l_save(lua_State *L)
     }
     ck_st_writer *w = guarded_writer(L);
     int guard = lua_gettop(L);
-    int n = (int)luaL_len(L, 3);
-    for (int i = 1; i <= n; i++) {
-        lua_geti(L, 3, i);
-        int e = lua_gettop(L);
-        luaL_checktype(L, e, LUA_TTABLE);
-        lua_geti(L, e, 1);
-        const char *key = luaL_checkstring(L, -1);
-        lua_getfield(L, e, "value");
-        if (lua_isnumber(L, -1)) {
-            float v = (float)lua_tonumber(L, -1);
-            ck_st_writer_add(w, key, dtype, 0, NULL, &v);
-        } else {
-            lua_geti(L, e, 2);
-            int id = ck_lua_program_tensor(L, p, -1);
-            const float *x = ck_program_read(p, id);
-            if (!x) return ck_lua_raise(L, "save: tensor for '%s' is not readable%s%s", key, p->err[0] ? ": " : "", p->err);
-            const ck_shape *s = &p->g->t[id].shape;
-            /* bytes (8-bit optimizer codes) stay bytes */
-            ck_st_writer_add(w, key, p->g->t[id].dtype == CK_U8 ? CK_ST_U8 : dtype, s->ndim, s->d, x);
-            lua_pop(L, 1);
-        }
-        lua_settop(L, e - 1);
-    }
     if (lua_istable(L, 4)) {
         lua_getfield(L, 4, "metadata");
         add_metadata(L, lua_gettop(L), w);
         lua_pop(L, 1);
+    }
+    int n = (int)lua_rawlen(L, 3);
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, 3, i);
+        int e = lua_gettop(L);
+        luaL_checktype(L, e, LUA_TTABLE);
+        lua_rawgeti(L, e, 1);
+        const char *key = luaL_checkstring(L, -1);
+        lua_pushliteral(L, "value");
+        lua_rawget(L, e);
+        if (lua_isnumber(L, -1)) {
+            float v = (float)lua_tonumber(L, -1);
+            ck_st_writer_add(w, key, dtype, 0, NULL, &v);
+        } else {
+            lua_rawgeti(L, e, 2);
+            int id = ck_lua_program_tensor(L, p, -1);
+            if (!ck_program_data(p, id)) return ck_lua_raise(L, "save: tensor for '%s' is not readable", key);
+            const ck_shape *s = &p->g->t[id].shape;
+            /* bytes (8-bit optimizer codes) stay bytes */
+            ck_st_writer_add_source(w, key, p->g->t[id].dtype == CK_U8 ? CK_ST_U8 : dtype, s->ndim, s->d,
+                                    program_values, p, id);
+        }
+        lua_settop(L, e - 1);
     }
     return save_guarded(L, guard, path);
 }

@@ -24,12 +24,12 @@ function M.outside(p)
       plan.ops, o.graph / math.max(1, plan.ops))},
     {"stage", "host stage", o.stage, cpu and o.stage == 0 and "none: fp32 tensors are read in place" or
       "the host copy of the largest tensor read or written"},
-    {"file_staging", "file staging", o.file_buffer, "safetensors read and written through this buffer"},
+    {"file_staging", "file staging", o.file_buffer, "safetensors' buffers: one file read and one written at a time"},
     {"lua_heap_limit", "Lua heap limit", o.lua_heap_limit, o.lua_heap_limit > 0 and
       string.format("--max-heap; %.1f MiB in use", o.lua_heap / 2 ^ 20) or "no cap: --max-heap sets one"},
     {"libraries", "executable and libraries", o.libraries, "resident now"},
     {"runtime", "runtime", M.RUNTIME_FIXED + o.threads * M.RUNTIME_PER_THREAD,
-      string.format("malloc's slack, stacks and BLAS buffers of %d threads", o.threads)},
+      string.format("malloc's slack, stacks and BLAS buffers of %d thread%s", o.threads, o.threads == 1 and "" or "s")},
   }
   local host = 0
   for _, r in ipairs(rows) do host = host + r[3] end

@@ -124,7 +124,7 @@ function M.summary(p)
   local device, fixed, granule = p:device()
   return {
     device = device, device_fixed = fixed, device_granule = granule, device_bytes = pl.device_bytes,
-    peak = pl.peak, live_peak = pl.live_peak, persistent = pl.persistent, transient = pl.transient,
+    peak = pl.peak, arena = pl.arena, live_peak = pl.live_peak, persistent = pl.persistent, transient = pl.transient,
     workspace = pl.workspace, ops = pl.ops, recompute_ops = pl.recompute_ops,
     activation_bytes = pl.activation_bytes, step_flops = pl.step_flops, recompute_flops = pl.recompute_flops,
     recompute_pct = base > 0 and 100 * pl.recompute_flops / base or 0, at_peak = pl.at_peak,
@@ -494,10 +494,11 @@ local function print_json(o, rows, limit, svg)
     parts[#parts + 1] = {"device", s.device}
     parts[#parts + 1] = {"device_fixed_bytes", s.device_fixed}
     parts[#parts + 1] = {"device_granule_bytes", s.device_granule}
-    for _, k in ipairs{"peak", "live_peak", "persistent", "transient", "workspace"} do
+    for _, k in ipairs{"peak", "arena", "live_peak", "persistent", "transient", "workspace"} do
       parts[#parts + 1] = {k .. "_bytes", s[k]}
     end
     parts[#parts + 1] = {"ops", s.ops}
+    for _, kv in ipairs(require("ck.memory").json_fields(o.program)) do parts[#parts + 1] = kv end
   end
   if limit then
     parts[#parts + 1] = {"max_batch_limit_bytes", limit}
@@ -554,6 +555,8 @@ local function print_text(o, rows, limit, svg)
       print(string.format("%-24s %s%s: the arena in the allocator's %s pages, and the library workspace",
         "device memory", M.fmt_bytes(s.device_bytes), lbl, M.fmt_bytes(s.device_granule)))
     end
+    print(string.format("%-24s %s%s: the largest list the run executes (training, validation, logging)", "arena",
+      M.fmt_bytes(s.arena), lbl))
     print(string.format("%-24s %s%s", "persistent", M.fmt_bytes(s.persistent), lbl))
     print(string.format("%-24s %s at the peak%s", "transient", M.fmt_bytes(s.transient), lbl))
     print(string.format("%-24s %d%s", "ops", s.ops, lbl))
@@ -585,6 +588,10 @@ local function print_text(o, rows, limit, svg)
     else
       print(string.format("%-" .. namew .. "s error: %s", r.name, r.error))
     end
+  end
+  if first then
+    print("")
+    require("ck.memory").print_rows(o.program)
   end
   if limit then
     print("")

@@ -3,6 +3,7 @@
  * name the script line of the user's call, the op and its scope. */
 #include "ck.h"
 #include "graph/graph.h"
+#include "formats/safetensors.h"
 #include "guard/host.h"
 #include "lua/lua_ck.h"
 #include "run/program.h"
@@ -1033,7 +1034,8 @@ static size_t proc_status_bytes(const char *name)
  * bytes: graph (the graph the program was compiled from, its differentiated
  * copy and every op list), stage (the host copy of the largest tensor a read or
  * write can need: 0 on the CPU with fp32 tensors), device_fixed (device memory
- * the backend holds outside every plan), lua_heap, lua_heap_peak and
+ * the backend holds outside every plan), file_buffer (safetensors' buffers:
+ * one file read and one written at once), lua_heap, lua_heap_peak and
  * lua_heap_limit (0: none), libraries (the code and data mapped from the
  * executable and its libraries now: RssFile) and threads (the CPU's worker
  * threads; 1 on a device) */
@@ -1051,6 +1053,8 @@ static int l_outside_plan(lua_State *L)
     set_int(L, "graph", (lua_Integer)graph);
     set_int(L, "stage", (lua_Integer)ck_program_stage_bound(p));
     set_int(L, "device_fixed", (lua_Integer)p->be->fixed_bytes);
+    /* one file read and one written at a time, as the stdlib does */
+    set_int(L, "file_buffer", (lua_Integer)(2 * (size_t)CK_ST_IO_BUFFER));
     set_int(L, "lua_heap", (lua_Integer)(host ? host->lim.heap_used : (size_t)lua_gc(L, LUA_GCCOUNT, 0) * 1024));
     set_int(L, "lua_heap_peak", (lua_Integer)(host ? host->lim.heap_peak : 0));
     set_int(L, "lua_heap_limit", (lua_Integer)(host ? host->lim.heap_limit : 0));

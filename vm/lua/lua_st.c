@@ -271,6 +271,8 @@ static int l_save(lua_State *L)
     }
     ck_st_writer *w = guarded_writer(L);
     int guard = lua_gettop(L);
+    /* metadata first: its values may run __tostring, which must not run
+     * between collecting the entries and the save */
     if (lua_istable(L, 4)) {
         lua_getfield(L, 4, "metadata");
         add_metadata(L, lua_gettop(L), w);

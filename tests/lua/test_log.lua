@@ -178,12 +178,12 @@ end
 
 -- ---- statistics under recompute (sdxl-tiny): no memory beyond their outputs
 do
-  local function build(checkpoint)
+  local function build(checkpoint, no_stats)
     local g = ck.graph()
     local _, y, x = unet.build(g, "sdxl-tiny", {batch = 1, height = 16, width = 16})
     local t = g:input("target", y.shape)
     local p = g:compile{loss = ck.mse_loss(y, t), optimizer = "adamw", lr = 1e-3, seed = 5, checkpoint = checkpoint,
-                        stats = {blocks = log.unet_blocks}}
+                        stats = not no_stats and {blocks = log.unet_blocks} or nil}
     local r = T.rng(3)
     p:set(x.sample, T.random_values(r, 4 * 16 * 16))
     p:set(t, T.random_values(r, 4 * 16 * 16))
@@ -194,6 +194,18 @@ do
     return p
   end
   local p = build(policy.parse("diffusers"))
+  -- the stat nodes come after the training list's recomputed copies were numbered: the plain lists
+  -- read as they did (their timeline, their graph export) once the copies are renumbered above them
+  local plain_p = build(policy.parse("diffusers"), true)
+  local ta, tb = p:timeline(), plain_p:timeline()
+  local same = #ta.phase == #tb.phase
+  for i = 1, #ta.phase do
+    same = same and ta.phase[i] == tb.phase[i] and ta.recomputed[i] == tb.recomputed[i] and ta.activations[i] == tb.activations[i]
+  end
+  T.ok(same and #ta.phase > 0, string.format("with statistics planned, the training list's timeline is that of the plain program (%d entries)", #ta.phase))
+  local ga, gb = p:graph(), plain_p:graph()
+  T.ok(ga and gb and #ga.ops == #gb.ops, "and its graph export lists the same entries")
+  plain_p = nil
   local plain = p:plan()
   local info = p:enable_stats{blocks = log.unet_blocks}
   local stats_bytes = 64 * (info.grads + info.acts)

@@ -82,6 +82,13 @@ int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const u
  * recomputation reads lets that recomputation make it again instead of
  * holding it. Returns their count; ids into out (g->nt entries at most). */
 int ck_saved_activations(const ck_graph *g, int *out);
+/* A copy of planned list src whose recomputed copies are renumbered after the
+ * graph grew from base_nt to g_nt tensors (ck_program_add_stats appends stat
+ * nodes): copies move above g_nt and the new graph tensors are not in the
+ * list, so that every id below g_nt means the graph's tensor again. 0, or -1
+ * (out of memory) with dst empty. */
+int ck_plan_renumbered(const ck_plan *src, int base_nt, int g_nt, ck_plan *dst);
+
 /* The logging variant of a scheduled list: base plus, right after the entry
  * that writes each stat node's input, that node (activations are reduced
  * where the forward pass makes them, so recompute holds nothing more). base

@@ -188,6 +188,39 @@ int ck_saved_activations(const ck_graph *g, int *out)
     return k;
 }
 
+int ck_plan_renumbered(const ck_plan *src, int base_nt, int g_nt, ck_plan *dst)
+{
+    const int shift = g_nt - base_nt, nt = src->ntensors + (shift > 0 ? shift : 0), n = src->n ? src->n : 1;
+    *dst = *src;
+    dst->ops = malloc(sizeof *dst->ops * (size_t)n);
+    dst->origin = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
+    dst->off = src->off ? malloc(sizeof(int64_t) * (size_t)(nt ? nt : 1)) : NULL;
+    dst->ws_off = src->ws_off ? malloc(sizeof(int64_t) * (size_t)n) : NULL;
+    dst->ws_bytes = src->ws_bytes ? malloc(sizeof(size_t) * (size_t)n) : NULL;
+    if (!dst->ops || !dst->origin || (src->off && !dst->off) || (src->ws_off && !dst->ws_off) ||
+        (src->ws_bytes && !dst->ws_bytes)) {
+        ck_plan_free(dst);
+        return -1;
+    }
+    dst->ntensors = nt;
+    for (int t = 0; t < nt; t++) {
+        const int from = t < base_nt ? t : t < g_nt ? -1 : t - shift; /* -1: a new graph tensor */
+        dst->origin[t] = from < 0 ? t : src->origin[from];      /* a copy's origin is below base_nt */
+        if (dst->off) dst->off[t] = from < 0 ? -1 : src->off[from];
+    }
+    for (int i = 0; i < src->n; i++) {
+        ck_op_ref r = src->ops[i];
+        for (int j = 0; j < r.nin; j++)
+            if (r.in[j] >= base_nt) r.in[j] += shift;
+        for (int j = 0; j < r.nout; j++)
+            if (r.out[j] >= base_nt) r.out[j] += shift;
+        dst->ops[i] = r;
+    }
+    if (src->ws_off) memcpy(dst->ws_off, src->ws_off, sizeof(int64_t) * (size_t)src->n);
+    if (src->ws_bytes) memcpy(dst->ws_bytes, src->ws_bytes, sizeof(size_t) * (size_t)src->n);
+    return 0;
+}
+
 int ck_schedule_stats(ck_plan *pl, const ck_plan *base, int base_nt, const ck_graph *g, const int *nodes, int n,
                       int *placed)
 {

@@ -174,6 +174,19 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
                  need, need - p->arena_bytes, p->arena_bytes);
         goto fail;
     }
+    /* the plain lists' copies above the new tensors, so ids mean one thing in every list */
+    {
+        ck_plan tr, ev;
+        if (ck_plan_renumbered(&p->train, base_nt, g->nt, &tr)) goto oom;
+        if (ck_plan_renumbered(&p->eval, base_nt, g->nt, &ev)) {
+            ck_plan_free(&tr);
+            goto oom;
+        }
+        ck_plan_free(&p->train);
+        ck_plan_free(&p->eval);
+        p->train = tr; /* p->last may point at either: the lists stay where they were */
+        p->eval = ev;
+    }
     if (need > p->arena_bytes) p->arena_bytes = need;
     free(nodes);
     free(placed);

@@ -13,7 +13,7 @@ CKRUN=${CKRUN:-build/ckrun}
 out=${1:-out/whole_run}
 mkdir -p "$out"
 steps=${STEPS:-2}
-H="--max-heap 64MiB"
+H="--max-heap 64MiB" # the Lua heap's cap is part of the bound; full SDXL's graph building needs more
 
 base() { # CONFIG FILE: a random fp16 base, written once
     [ -s "$2" ] || "$CKRUN" --allow-write "$out" tests/scripts/random_unet.lua --config "$1" --out "$2" --dtype F16 > /dev/null
@@ -24,7 +24,7 @@ field() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); v=d; [v :
 # row NAME CKRUN SIZE RESOLUTION BASEFILE: plan, then the run, one table row
 row() {
     local name=$1 bin=$2 size=$3 res=$4 file=$5 tag
-    tag=$(echo "$name" | tr -c 'a-z0-9\n' '_')
+    tag=$(echo "$name" | tr 'A-Z' 'a-z' | tr -c 'a-z0-9\n' '_')
     local args="scripts/train_sdxl_lora.lua --size $size --resolution $res --batch 1 --steps $steps --log-every 1 --val-every 1 --save-every 1 --state-dir $out/state_$tag --weights $file"
     local plan="-" bound="-"
     if "$bin" $H --plan --json $args > "$out/plan_$tag.json" 2> /dev/null && grep -q process_bound_bytes "$out/plan_$tag.json"; then
@@ -58,10 +58,11 @@ row() {
     base sdxl-mid "$out/mid_fp16.safetensors"
     row "sdxl-mid 256 px" "$CKRUN" mid 256 "$out/mid_fp16.safetensors"
     base sdxl "$out/sdxl_fp16.safetensors"
+    H="--max-heap 256MiB"
     row "full SDXL 256 px" "$CKRUN" full 256 "$out/sdxl_fp16.safetensors"
 } | tee "$out/whole_run.md"
 # the plan at 1024, where SDXL LoRA is trained
-"$CKRUN" $H --plan --json scripts/train_sdxl_lora.lua --size full --resolution 1024 > "$out/plan_full_1024.json"
+"$CKRUN" --max-heap 256MiB --plan --json scripts/train_sdxl_lora.lua --size full --resolution 1024 > "$out/plan_full_1024.json"
 echo
 echo "full SDXL LoRA at 1024 (plan only): arena $(mib "$(field "$out/plan_full_1024.json" arena_bytes)") MiB," \
     "process bound $(mib "$(field "$out/plan_full_1024.json" process_bound_bytes)") MiB" | tee -a "$out/whole_run.md"

@@ -581,7 +581,9 @@ local function print_text(o, rows, limit, svg)
   local unit, uname = MiB, "MiB"
   if big >= 10 * GiB then unit, uname = GiB, "GiB" end
   local places = unit == GiB and 2 or 1
-  local function cell(b) return string.format("%12." .. places .. "f", M.round_up(b / unit, places)) end
+  local function cell(b, width)
+    return string.format("%" .. (width or 12) .. "." .. places .. "f", M.round_up(b / unit, places))
+  end
   local namew = 12
   for _, r in ipairs(rows) do namew = math.max(namew, #r.name) end
   local cols = {}
@@ -596,8 +598,8 @@ local function print_text(o, rows, limit, svg)
       local s = r.summary
       local cells = {}
       for _, c in ipairs(M.CATEGORIES) do cells[#cells + 1] = cell(s.at_peak[c] or 0) end
-      print(string.format("%-" .. namew .. "s %s %s %9.1f%%  |%s", r.name, cell(s.peak):sub(3),
-        cell(s.activation_bytes):sub(3), s.recompute_pct, table.concat(cells)))
+      print(string.format("%-" .. namew .. "s %s %s %9.1f%%  |%s", r.name, cell(s.peak, 10), cell(s.activation_bytes, 10),
+        s.recompute_pct, table.concat(cells)))
     else
       print(string.format("%-" .. namew .. "s error: %s", r.name, r.error))
     end

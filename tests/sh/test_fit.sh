@@ -41,6 +41,12 @@ out=$("$CKRUN" --plan $S --checkpoint auto:$size)
 printf '%s\n' "$out" | grep -qE "^fit +checkpoint auto: none needs" && printf '%s\n' "$out" | grep -qE "^checkpoint +budget:"
 ok $? "--plan's table names the choice and why (fit, checkpoint)"
 
+# --policies auto:SIZE: the row plans the choice, a line after the table says why
+out=$("$CKRUN" --plan --policies none,auto:$size $S)
+printf '%s\n' "$out" | grep -qE "^auto:$size +[0-9.]+ +[0-9.]+ +[1-9][0-9.]*%" \
+  && printf '%s\n' "$out" | grep -q "^auto:$size: checkpoint auto: none needs"
+ok $? "--policies none,auto:$size: a row that recomputes, and why"
+
 # no room: one line naming the script line, what the smallest plan needs, non-zero
 size=$((none * 3 / 10))
 "$CKRUN" --plan $S --checkpoint auto:$size > "$dir/none.out" 2> "$dir/none.err"; rc=$?

@@ -41,7 +41,7 @@ function M.memory(o)
   return {bytes = math.floor(free * (1 - headroom)), free = free, total = total, headroom = headroom, words = words}
 end
 
-local function fmt(b) return plan.fmt_bytes(b) end
+local fmt = plan.fmt_bytes
 
 -- "20.38 GiB of 22.64 GiB available"
 local function room(mem)

@@ -19,6 +19,7 @@ local log = require "ck.log"
 local policy = require "ck.policy"
 local state = require "ck.state"
 local optim = require "ck.optim"
+local fit = require "ck.fit"
 
 local options = require "ck.options"
 
@@ -34,7 +35,8 @@ local o = options.parse(args, {
   {"resolution", "integer", full_or_tiny(1024, 256), "pixels per side (latents are 1/8 of it)", arg = "PX",
    shown = "1024 with --size full, else 256", check = function(v) return v % 64 == 0 end,
    says = "must be a multiple of 64 pixels"},
-  {"batch", "integer", full_or_tiny(1, 2), "samples per step", min = 1, shown = "1 with --size full, else 2"},
+  {"batch", "integer", full_or_tiny(1, 2), "samples per step (auto: the largest whose plan fits the device's free memory)",
+   min = 1, also = {"auto"}, shown = "1 with --size full, else 2"},
   {"steps", "integer", 300, "batches to train", min = 1},
   {"seed", "integer", 1, "the seed of weights, data, noise and timesteps", min = 0},
   -- the objective
@@ -81,8 +83,11 @@ local o = options.parse(args, {
   {"lr-num-cycles", "number", nil, "cycles of cosine_with_restarts (default: the schedule's)"},
   {"lr-power", "number", nil, "the power of polynomial (default: the schedule's)"},
   -- memory
-  {"checkpoint", "string", "none", "the checkpoint policy: none, diffusers, selective, sqrt_n, every_n:N, " ..
-   "budget:SIZE|PCT%, blocks:PATTERN", arg = "POLICY"},
+  {"checkpoint", "string", function() return ck.device == "cuda" and ck.device_memory() and "auto" or "none" end,
+   "the checkpoint policy: none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN, " ..
+   "auto[:SIZE] (none if the run fits the device's free memory or SIZE, else the least recompute that fits)",
+   arg = "POLICY", shown = "auto on a CUDA device, else none"},
+  {"fit-headroom", "number", 0.1, "with auto: the share of the free memory left out of the plan", min = 0, below = 1},
   {"storage", "string", "fp32", "bf16: activations and frozen weights stored in 16 bits", arg = "fp32|bf16"},
   {"fp8-base", "flag", false, "the frozen base stored in fp8 e4m3"},
   -- training states and logs
@@ -156,7 +161,7 @@ if scale_v_pred and prediction ~= "v" then
 end
 local pooled_dim = sdxl.pooled_dim(config)
 
-local checkpoint = policy.parse(o.checkpoint)
+local checkpoint = policy.parse(o.checkpoint) -- auto is chosen below, once build is defined
 -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
 local fp8_base = o["fp8-base"]
 
@@ -182,6 +187,16 @@ local function build(batch, checkpoint, plan_only)
   }
 end
 
+-- --checkpoint auto, --batch auto: the cheapest policy (and the largest batch)
+-- whose whole-run plan fits the device's free memory, said in one line
+local fit_reason
+if checkpoint.kind == "auto" or batch == "auto" then
+  local c = fit.choose{build = function(b, pol) return build(b, pol, true).program end, checkpoint = checkpoint,
+                       batch = batch, headroom = o["fit-headroom"]}
+  checkpoint, batch, fit_reason = c.checkpoint, c.batch, c.reason
+  if not ck.plan_mode then print(fit_reason) end
+end
+
 local memory = require "ck.memory"
 local device_before = not ck.plan_mode and memory.device_used() or nil -- a GPU's memory in use before the program
 local run = build(batch, checkpoint, ck.plan_mode)
@@ -198,6 +213,7 @@ if ck.plan_mode then
     info[#info + 1] = {"lora_param_count", adapter.param_count()}
     info[#info + 1] = {"lora_modules", #adapter.paths}
   end
+  if fit_reason then info[#info + 1] = {"fit", fit_reason} end
   require("ck.plan").report{
     info = info,
     program = p,
@@ -311,6 +327,7 @@ local logger <close> = log.new{dir = log_dir, every = log_every, async = o["log-
   flush_interval = o["log-flush"], steps = steps, batch = batch, blocks = log.unet_blocks, on_nonfinite = "stop",
   stop_note = "nothing was saved"}
 if start == 1 then logger:write{step = 0, val_loss = val_before} end
+if fit_reason then logger:write{step = start - 1, checkpoint = policy.name(checkpoint), batch = batch, fit = fit_reason} end
 local first, window, recent, step_time = nil, {}, 0, 0
 for step = start, steps do
   local t0 = ck.now()

@@ -8,6 +8,7 @@
 --     {"steps", "integer", 300, "batches to train", min = 1},
 --     {"size", "choice", "tiny", "the UNet", choices = {"tiny", "full"}},
 --     {"alpha", "number", function(v) return v.rank end, "LoRA alpha", shown = "the rank"}, -- v: those above
+--     {"batch", "integer", 2, "samples per step", min = 1, also = {"auto"}}, -- a word taken as it is
 --   })
 --   if not o then return end -- --help printed the options
 --   print(o.steps, o["max-grad-norm"], o:given("size"))
@@ -122,17 +123,22 @@ local function entries(spec)
     end
     local x = {name = name, type = ty, default = e[3], desc = desc, choices = e.choices, min = e.min, max = e.max,
                above = e.above, below = e.below, check = e.check, says = e.says, shown = e.shown, arg = e.arg,
-               pos = e.pos, required = e.required}
+               pos = e.pos, required = e.required, also = e.also}
     list[#list + 1], by[name] = x, x
   end
   return list, by
 end
 
--- raw -> value through the entry's type and check; nil and the message when it does not parse
+-- raw -> value through the entry's type and check (a word of the entry's also
+-- list is taken as it is); nil and the message when it does not parse
 local function convert(e, raw)
+  for _, w in ipairs(e.also or {}) do
+    if raw == w then return w end
+  end
   local v, why = M.types[e.type](e, raw)
   if v ~= nil and e.check and not e.check(v) then v, why = nil, "is not allowed" .. got(raw) end
   if v == nil and e.says then why = e.says .. ", got " .. tostring(raw) end
+  if v == nil and e.also then why = (why:gsub(", got ", " or " .. table.concat(e.also, " or ") .. ", got ", 1)) end
   if v == nil then return nil, "--" .. e.name .. " " .. why end
   return v
 end
@@ -140,6 +146,7 @@ end
 local function metavar(e)
   if e.arg then return e.arg end
   if e.type == "choice" then return table.concat(e.choices, "|") end
+  if e.also then return table.concat({METAVAR[e.type], table.unpack(e.also)}, "|") end
   return METAVAR[e.type]
 end
 

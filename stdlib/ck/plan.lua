@@ -28,10 +28,18 @@ function M.strip_where(msg)
   return (msg:gsub("^compile: ", ""))
 end
 
+-- x rounded up at the given decimals: a planned figure as text is never below
+-- what it stands for, so written back as a size (budget:11271.7MiB) it holds
+-- the plan it came from. (A byte is far above the tolerance for float noise.)
+function M.round_up(x, decimals)
+  local f = 10 ^ decimals
+  return math.ceil(x * f - 1e-9) / f
+end
+
 function M.fmt_bytes(b)
-  if b >= 10 * GiB then return string.format("%.2f GiB", b / GiB) end
-  if b >= MiB then return string.format("%.1f MiB", b / MiB) end
-  if b >= 1024 then return string.format("%.1f KiB", b / 1024) end
+  if b >= 10 * GiB then return string.format("%.2f GiB", M.round_up(b / GiB, 2)) end
+  if b >= MiB then return string.format("%.1f MiB", M.round_up(b / MiB, 1)) end
+  if b >= 1024 then return string.format("%.1f KiB", M.round_up(b / 1024, 1)) end
   return string.format("%d B", b)
 end
 
@@ -441,10 +449,16 @@ local function plan_rows(o, list, want_timeline, want_graph)
   for _, pol in ipairs(list) do
     local row = {name = policy.name(pol), policy = pol}
     local p
-    if row.name == own and o.program then
+    if pol.kind == "auto" and o.build and not (row.name == own and o.program) then
+      -- what --checkpoint auto chooses at this batch (ck.fit), planned as its row
+      local ok, c = pcall(require("ck.fit").choose, {build = o.build, checkpoint = pol, batch = o.batch})
+      if ok then row.policy, row.auto = c.checkpoint, c.reason else row.error = M.strip_where(c) end
+    end
+    if row.error then -- nothing to plan: auto found nothing that fits
+    elseif row.name == own and o.program then
       p = o.program
     elseif o.build then
-      local ok, r = pcall(o.build, o.batch, pol)
+      local ok, r = pcall(o.build, o.batch, row.policy)
       if ok then p = r else row.error = M.strip_where(r) end
     else
       row.error = "this script gives plan.report no build function, so it plans only its own policy"
@@ -513,7 +527,8 @@ local function print_json(o, rows, limit, svg)
         {"persistent_bytes", s.persistent},
         {"transient_bytes", s.transient}, {"workspace_bytes", s.workspace}, {"activation_bytes", s.activation_bytes},
         {"step_flops", s.step_flops}, {"recompute_flops", s.recompute_flops}, {"recompute_pct", s.recompute_pct},
-        {"ops", s.ops}, {"recompute_ops", s.recompute_ops}, {"at_peak", at_peak_object(s.at_peak)}} do
+        {"ops", s.ops}, {"recompute_ops", s.recompute_ops}, {"at_peak", at_peak_object(s.at_peak)},
+        {"fit", r.auto}} do
         e[#e + 1] = kv
       end
       local mb = r.max_batch
@@ -568,7 +583,10 @@ local function print_text(o, rows, limit, svg)
   end
   local unit, uname = MiB, "MiB"
   if big >= 10 * GiB then unit, uname = GiB, "GiB" end
-  local dec = unit == GiB and "%.2f" or "%.1f"
+  local places = unit == GiB and 2 or 1
+  local function cell(b, width)
+    return string.format("%" .. (width or 12) .. "." .. places .. "f", M.round_up(b / unit, places))
+  end
   local namew = 12
   for _, r in ipairs(rows) do namew = math.max(namew, #r.name) end
   local cols = {}
@@ -582,12 +600,15 @@ local function print_text(o, rows, limit, svg)
     if r.summary then
       local s = r.summary
       local cells = {}
-      for _, c in ipairs(M.CATEGORIES) do cells[#cells + 1] = string.format("%12" .. dec:sub(2), (s.at_peak[c] or 0) / unit) end
-      print(string.format("%-" .. namew .. "s %10" .. dec:sub(2) .. " %10" .. dec:sub(2) .. " %9.1f%%  |%s", r.name,
-        s.peak / unit, s.activation_bytes / unit, s.recompute_pct, table.concat(cells)))
+      for _, c in ipairs(M.CATEGORIES) do cells[#cells + 1] = cell(s.at_peak[c] or 0) end
+      print(string.format("%-" .. namew .. "s %s %s %9.1f%%  |%s", r.name, cell(s.peak, 10), cell(s.activation_bytes, 10),
+        s.recompute_pct, table.concat(cells)))
     else
       print(string.format("%-" .. namew .. "s error: %s", r.name, r.error))
     end
+  end
+  for _, r in ipairs(rows) do
+    if r.auto then print(string.format("%s: %s", r.name, r.auto)) end
   end
   if first then
     print("")

@@ -63,14 +63,21 @@ function M.budget(v)
   return {kind = "budget", bytes = M.bytes(v), label = tostring(v)}
 end
 
--- no recompute if the plan fits the device with headroom, else the cheapest plan that fits
+-- no recompute if the plan fits the device with headroom, else the least
+-- recompute that fits. device: its size (bytes or '24 GiB'); without one,
+-- ck.fit reads the free memory of the device the run uses (g:compile needs it)
 function M.auto(o)
   o = o or {}
-  if not o.device then error("auto: give device = bytes (or a size such as '24 GiB')", 2) end
-  return {kind = "auto", device = M.bytes(o.device), headroom = o.headroom or 0.1}
+  local headroom = o.headroom or 0.1
+  if type(headroom) ~= "number" or headroom < 0 or headroom >= 1 then
+    error("auto: headroom must be a number in [0, 1), got " .. tostring(o.headroom), 2)
+  end
+  local device = o.device ~= nil and M.bytes(o.device) or nil
+  return {kind = "auto", device = device, headroom = headroom, label = o.device ~= nil and tostring(o.device) or nil}
 end
 
--- "none", "diffusers", "selective", "sqrt_n", "every_n:2", "budget:62%", "budget:4GiB", "blocks:mid_block"
+-- "none", "diffusers", "selective", "sqrt_n", "every_n:2", "budget:62%", "budget:4GiB", "blocks:mid_block",
+-- "auto", "auto:24GiB"
 function M.parse(s)
   local name, arg = tostring(s):match("^%s*([%w_]+)%s*:?%s*(.-)%s*$")
   if name == "none" then return M.none()
@@ -82,13 +89,14 @@ function M.parse(s)
     if not n or n < 1 then error("every_n: '" .. arg .. "' is not a positive integer", 2) end
     return M.every_n(n)
   elseif name == "budget" and arg ~= "" then return M.budget(arg)
+  elseif name == "auto" then return M.auto{device = arg ~= "" and arg or nil}
   elseif name == "blocks" and arg ~= "" then
     local pats = {}
     for p in arg:gmatch("[^,;]+") do pats[#pats + 1] = p end
     return M.blocks(pats)
   end
   error("unknown checkpoint policy '" .. tostring(s) ..
-    "' (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN)", 2)
+    "' (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN, auto[:SIZE])", 2)
 end
 
 -- a short name for tables and reports
@@ -96,6 +104,7 @@ function M.name(p)
   if type(p) == "function" then return "function" end
   if p.kind == "budget" then return "budget:" .. p.label end
   if p.kind == "every_n" then return "every_n:" .. p.n end
+  if p.kind == "auto" then return p.label and "auto:" .. p.label or "auto" end
   if p.kind == "blocks" then
     if p.patterns == M.DIFFUSERS_BLOCKS then return "diffusers" end
     return "blocks:" .. table.concat(p.patterns, ",")

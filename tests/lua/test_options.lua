@@ -65,6 +65,15 @@ refused({lr = "fast"}, "--lr must be a number, got 'fast'")
 refused({}, "the default of --batch must be an integer >= 1, got '0'",
   {{"batch", "integer", function() return 0 end, "samples", min = 1, shown = "none"}})
 
+do -- also = {"auto"}: those words taken as they are, numbers checked by the type
+  local spec = {{"batch", "integer", 2, "samples per step", min = 1, also = {"auto"}}}
+  T.ok(options.parse({batch = "auto"}, spec).batch == "auto" and options.parse({batch = 3}, spec).batch == 3
+    and options.parse({}, spec).batch == 2, "--batch auto is taken as it is, --batch 3 as a number")
+  refused({batch = 0}, "--batch must be an integer >= 1 or auto, got '0'", spec)
+  refused({batch = "most"}, "--batch must be an integer >= 1 or auto, got 'most'", spec)
+  T.ok(options.help(spec, "x.lua"):find("--batch N|auto", 1, true), "help shows --batch N|auto")
+end
+
 do -- a computed default reads only the options above it, and says so at its own line
   local line = debug.getinfo(1, "l").currentline + 1
   local spec = {{"batch", "integer", function(v) return v.size == "full" and 1 or 2 end, "samples", shown = "2"},

@@ -624,6 +624,29 @@ static int l_rss(lua_State *L)
     return 2;
 }
 
+/* ck.host_memory() -> available, total bytes of the machine's memory: the
+ * kernel's MemAvailable and MemTotal, read here from /proc/meminfo (so a
+ * sandboxed script need not be allowed /proc), else free and physical pages */
+static int l_host_memory(lua_State *L)
+{
+    long long avail = -1, total = -1, kb;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) avail = kb * 1024;
+            else if (sscanf(line, "MemTotal: %lld kB", &kb) == 1) total = kb * 1024;
+        }
+        fclose(f);
+    }
+    const long long page = sysconf(_SC_PAGESIZE);
+    if (avail < 0) avail = (long long)sysconf(_SC_AVPHYS_PAGES) * page;
+    if (total < 0) total = (long long)sysconf(_SC_PHYS_PAGES) * page;
+    lua_pushinteger(L, (lua_Integer)avail);
+    lua_pushinteger(L, (lua_Integer)total);
+    return 2;
+}
+
 void ck_lua_log_register(lua_State *L, int lib, int methods)
 {
     static const luaL_Reg logger_methods[] = {
@@ -632,7 +655,7 @@ void ck_lua_log_register(lua_State *L, int lib, int methods)
     };
     static const luaL_Reg funcs[] = {
         {"log_open", l_log_open}, {"read_events", l_read_events}, {"crc32c", l_crc32c},
-        {"wall_time", l_wall_time}, {"rss", l_rss}, {NULL, NULL},
+        {"wall_time", l_wall_time}, {"rss", l_rss}, {"host_memory", l_host_memory}, {NULL, NULL},
     };
     lib = lua_absindex(L, lib);
     methods = lua_absindex(L, methods);

@@ -157,7 +157,9 @@ int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts
         pol->kind = CK_POLICY_AUTO;
         pol->device = num_field(L, idx, "device", 0);
         pol->headroom = num_field(L, idx, "headroom", 0.1);
-        if (pol->device <= 0) return ck_lua_raise(L, "auto: device must be a size in bytes");
+        if (pol->device <= 0)
+            return ck_lua_raise(L, "auto: compile needs device = its size; without one, ck.fit.choose reads the "
+                                   "device's free memory and chooses the policy (and the batch) to compile with");
         if (pol->headroom < 0 || pol->headroom >= 1) return ck_lua_raise(L, "auto: headroom must be in [0, 1)");
     } else return ck_lua_raise(L, "unknown checkpoint policy '%s'", kind);
     if (pol->kind != CK_POLICY_NONE) {

@@ -175,6 +175,13 @@ static void mark_regions(const ck_decide_ctx *c, const int *of_node, unsigned ch
     }
 }
 
+/* every_n's regions: those of the block sequence whose number n divides
+ * (out may be seq) */
+static void every_n_regions(const ck_graph *g, const int *seq, int n, int *out)
+{
+    for (int i = 0; i < g->nn; i++) out[i] = seq[i] % n == 0 ? seq[i] : 0;
+}
+
 static int decide_regions(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err,
                           size_t errlen)
 {
@@ -185,9 +192,7 @@ static int decide_regions(const ck_policy *pol, const ck_decide_ctx *c, unsigned
         if (block_sequence(c, &r, err, errlen)) return -1;
         int m = r.n;
         if (pol->kind == CK_POLICY_EVERY_N) {
-            int n = pol->n > 0 ? pol->n : 1;
-            for (int i = 0; i < c->g->nn; i++)
-                if (r.of_node[i] && r.of_node[i] % n != 0) r.of_node[i] = 0;
+            every_n_regions(c->g, r.of_node, pol->n > 0 ? pol->n : 1, r.of_node);
         } else { /* sqrt_n: contiguous segments of ceil(sqrt(m)) blocks in forward order */
             int k = (int)ceil(sqrt((double)m)), seg = 0;
             for (int i = 0; i < c->n; i++) {
@@ -283,12 +288,100 @@ static double producer_flops(const ck_graph *g, int t)
     return ck_op_flops(nd->op, &nd->p, ins, nd->nin, &out);
 }
 
+/* A fixed policy's marking of the candidates, with its live peak (a lower
+ * bound of the placed one) and recompute FLOPs. */
+typedef struct start {
+    unsigned char *cand; /* per candidate */
+    size_t live;
+    double flops;
+} start;
+
+static int by_flops(const void *a, const void *b)
+{
+    const start *x = a, *y = b;
+    if (x->flops != y->flops) return x->flops < y->flops ? -1 : 1;
+    return x->live < y->live ? -1 : x->live > y->live;
+}
+
+static int by_live(const void *a, const void *b)
+{
+    const start *x = a, *y = b;
+    if (x->live != y->live) return x->live < y->live ? -1 : 1;
+    return x->flops < y->flops ? -1 : x->flops > y->flops;
+}
+
+static void start_mark(const ck_decide_ctx *c, const start *s, unsigned char *mark)
+{
+    memset(mark, 0, (size_t)c->g->nt);
+    for (int k = 0; k < c->ncand; k++) mark[c->cand[k]] = s->cand[k];
+}
+
+/* Appends the marking in mark to the starts (evaluated fast). */
+static int add_start(const ck_decide_ctx *c, const unsigned char *mark, start **st, int *n)
+{
+    start *grown = realloc(*st, sizeof **st * (size_t)(*n + 1));
+    if (!grown) return -1;
+    *st = grown;
+    start *s = &grown[*n];
+    s->cand = malloc((size_t)(c->ncand ? c->ncand : 1));
+    if (!s->cand) return -1;
+    for (int k = 0; k < c->ncand; k++) s->cand[k] = mark[c->cand[k]];
+    if (ck_decide_eval(c, mark, 0, &s->live, &s->flops)) {
+        free(s->cand);
+        return -1;
+    }
+    (*n)++;
+    return 0;
+}
+
+/* The markings of every fixed policy: none, diffusers, selective, sqrt_n,
+ * and every_n for every n up to the length of the block sequence (beyond it
+ * every_n is none). A policy the model has nothing for (no diffusers
+ * blocks) is left out. */
+static int fixed_starts(const ck_decide_ctx *c, start **st, int *n)
+{
+    const ck_graph *g = c->g;
+    const ck_policy fixed[] = {
+        {.kind = CK_POLICY_NONE},
+        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS},
+        {.kind = CK_POLICY_SQRT_N},
+        {.kind = CK_POLICY_SELECTIVE},
+    };
+    unsigned char *mark = calloc((size_t)g->nt, 1);
+    int *of_node = malloc(sizeof(int) * (size_t)(g->nn ? g->nn : 1));
+    regions seq = {0};
+    char ignore[256];
+    int rc = -1;
+    if (!mark || !of_node) goto out;
+    for (size_t f = 0; f < sizeof fixed / sizeof fixed[0]; f++) {
+        ck_policy pol = fixed[f];
+        if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
+        memset(mark, 0, (size_t)g->nt);
+        if (ck_policy_decide(&pol, c, mark, ignore, sizeof ignore)) continue;
+        if (add_start(c, mark, st, n)) goto out;
+    }
+    if (block_sequence(c, &seq, ignore, sizeof ignore) == 0)
+        for (int k = 1; k <= seq.n; k++) {
+            memset(mark, 0, (size_t)g->nt);
+            every_n_regions(g, seq.of_node, k, of_node);
+            mark_regions(c, of_node, mark);
+            if (add_start(c, mark, st, n)) goto out;
+        }
+    rc = 0;
+out:
+    regions_free(&seq);
+    free(of_node);
+    free(mark);
+    return rc;
+}
+
 static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, size_t errlen)
 {
     const ck_graph *g = c->g;
     unsigned char *mark = calloc((size_t)g->nt, 1);
     scored *order = malloc(sizeof *order * (size_t)(c->ncand ? c->ncand : 1));
-    int rc = -1;
+    start *st = NULL;
+    int nst = 0, rc = -1;
     if (!mark || !order) goto out;
     if (c->ncand <= EXHAUSTIVE_MAX) {
         for (long s = 0; s < (1L << c->ncand); s++) {
@@ -298,21 +391,16 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
         rc = 0;
         goto out;
     }
-    /* the fixed policies, so that budget is never worse than any of them */
-    const ck_policy fixed[] = {
-        {.kind = CK_POLICY_NONE},
-        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS},
-        {.kind = CK_POLICY_EVERY_N, .n = 2},
-        {.kind = CK_POLICY_SQRT_N},
-        {.kind = CK_POLICY_SELECTIVE},
-    };
-    char ignore[256];
-    for (size_t f = 0; f < sizeof fixed / sizeof fixed[0]; f++) {
-        ck_policy pol = fixed[f];
-        if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
-        memset(mark, 0, (size_t)g->nt);
-        if (ck_policy_decide(&pol, c, mark, ignore, sizeof ignore)) continue; /* e.g. no diffusers blocks */
-        if (consider(c, mark, budget, b) < 0) goto out;
+    /* the fixed policies, so that budget is never worse than any of them at
+     * its peak: the cheapest in FLOPs whose placed plan fits */
+    if (fixed_starts(c, &st, &nst)) goto out;
+    qsort(st, (size_t)nst, sizeof *st, by_flops);
+    for (int i = 0; i < nst; i++) {
+        if (st[i].live > budget) continue; /* the live peak is a lower bound: it cannot fit */
+        start_mark(c, &st[i], mark);
+        int fit = consider(c, mark, budget, b);
+        if (fit < 0) goto out;
+        if (fit) break; /* the rest recompute at least as much */
     }
     /* greedy: the most bytes per recompute FLOP first; the shortest prefix that fits */
     for (int k = 0; k < c->ncand; k++) {
@@ -372,9 +460,20 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
             else hi = mid - 1;
         }
     }
+    /* nothing fits: the error names the smallest peak, so place the fixed
+     * policies in order of their live peaks while one may be below it */
+    if (!b->found) {
+        qsort(st, (size_t)nst, sizeof *st, by_live);
+        for (int i = 0; i < nst && st[i].live < b->floor; i++) {
+            start_mark(c, &st[i], mark);
+            if (consider(c, mark, budget, b) < 0) goto out;
+        }
+    }
     rc = 0;
 out:
     if (rc) snprintf(err, errlen, "out of memory");
+    for (int i = 0; i < nst; i++) free(st[i].cand);
+    free(st);
     free(mark);
     free(order);
     return rc;
@@ -390,8 +489,9 @@ static int decide_budget(const ck_decide_ctx *c, size_t budget, unsigned char *r
     }
     int rc = search(c, budget, &b, err, errlen);
     if (rc == 0 && !b.found) {
+        /* the smallest peak rounded up, so that as a budget it fits */
         snprintf(err, errlen, "%s: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
-                 what, budget / 1048576.0, b.floor / 1048576.0, b.floor);
+                 what, budget / 1048576.0, ceil(b.floor / 104857.6) / 10, b.floor);
         rc = -1;
     }
     if (rc == 0)

@@ -555,6 +555,16 @@ void ck_sandbox_install(lua_State *L, lua_Integer seed)
     lua_pushinteger(L, seed);
     wrap(L, -2, "randomseed", sb_randomseed, 1);
     lua_pop(L, 1);
+
+    /* the files io hands out (io.stdout, io.stderr, io.open's) share one
+     * metatable, whose __gc is already armed: a script that reached it could
+     * swap in a finalizer of its own, which Lua runs with hooks off (no
+     * budget, no interrupt). getmetatable gives false, setmetatable refuses. */
+    if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_FILEHANDLE) == LUA_TTABLE) {
+        lua_pushboolean(L, 0);
+        lua_setfield(L, -2, "__metatable");
+    }
+    lua_pop(L, 1);
 }
 
 void ck_sandbox_lock_metatables(lua_State *L)

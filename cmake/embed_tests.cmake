@@ -1,18 +1,25 @@
-# The embedding host (tests/c/host_embed.c) once more, built from the library's
-# sources under AddressSanitizer and UBSan: running out of heap, callbacks past
-# their budget, interrupts and sandbox denials must each leave the VM able to
-# close with nothing leaked. (tests/sh/test_install.sh builds the same host
-# against the installed library.)
+# The embedding hosts (tests/c/host_embed.c, tests/c/test_host_handles.c) once
+# more, built from the library's sources under AddressSanitizer and UBSan:
+# running out of heap, callbacks past their budget, interrupts, sandbox
+# denials, closed handles and SIGTERM after a close must each leave the VM able
+# to close with nothing leaked and no freed memory touched.
+# (tests/sh/test_install.sh builds host_embed against the installed library.)
 find_package(Threads REQUIRED)
 file(GLOB CK_ASAN_SOURCES CONFIGURE_DEPENDS vm/*/*.c ops/*.c ops/cpu/*.c)
 list(REMOVE_ITEM CK_ASAN_SOURCES ${CMAKE_SOURCE_DIR}/vm/cli/main.c)
-add_executable(host_embed_asan tests/c/host_embed.c ${CK_ASAN_SOURCES})
-target_include_directories(host_embed_asan PRIVATE ${LUA_INCLUDE_DIRS} ${CBLAS_INCLUDE} ${JANSSON_INCLUDE})
+add_library(ck_asan_objs OBJECT ${CK_ASAN_SOURCES})
+target_include_directories(ck_asan_objs PRIVATE ${LUA_INCLUDE_DIRS} ${CBLAS_INCLUDE} ${JANSSON_INCLUDE})
 # <ck.h> as a host includes it; -idirafter so vm/ never shadows a system header.
-target_compile_options(host_embed_asan PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" "SHELL:-idirafter ${CMAKE_SOURCE_DIR}/vm"
+set(CK_ASAN_FLAGS "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" "SHELL:-idirafter ${CMAKE_SOURCE_DIR}/vm"
   -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all)
-target_compile_definitions(host_embed_asan PRIVATE CK_STDLIB_DIR="${CMAKE_SOURCE_DIR}/stdlib")
-target_link_options(host_embed_asan PRIVATE -fsanitize=address,undefined)
-target_link_libraries(host_embed_asan PRIVATE ${LUA_LINK_LIBRARIES} ${OPENBLAS_LIB} ${JANSSON_LIB} OpenMP::OpenMP_C Threads::Threads m)
-add_test(NAME host_embed_asan COMMAND host_embed_asan WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-set_tests_properties(host_embed_asan PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2;ASAN_OPTIONS=detect_leaks=1")
+target_compile_options(ck_asan_objs PRIVATE ${CK_ASAN_FLAGS})
+target_compile_definitions(ck_asan_objs PRIVATE CK_STDLIB_DIR="${CMAKE_SOURCE_DIR}/stdlib")
+target_link_libraries(ck_asan_objs PRIVATE OpenMP::OpenMP_C)
+foreach(host host_embed test_host_handles)
+  add_executable(${host}_asan tests/c/${host}.c $<TARGET_OBJECTS:ck_asan_objs>)
+  target_compile_options(${host}_asan PRIVATE ${CK_ASAN_FLAGS})
+  target_link_options(${host}_asan PRIVATE -fsanitize=address,undefined)
+  target_link_libraries(${host}_asan PRIVATE ${LUA_LINK_LIBRARIES} ${OPENBLAS_LIB} ${JANSSON_LIB} OpenMP::OpenMP_C Threads::Threads m)
+  add_test(NAME ${host}_asan COMMAND ${host}_asan WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(${host}_asan PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=2;ASAN_OPTIONS=detect_leaks=1")
+endforeach()

@@ -53,6 +53,15 @@
  * threads may each drive their own VM. The one exception is ck_interrupt(),
  * which any thread (or a signal handler) may call while another runs the VM.
  *
+ * Handles: every call checks its ck_vm or ck_model against a registry of
+ * open handles before it reads through it, so a handle that is closed (a
+ * second ck_close, any call after ck_close or ck_model_close, a model whose
+ * VM was closed) gives CK_EINVAL (ck_close, ck_model_close and ck_interrupt
+ * do nothing) instead of touching freed memory. The memory of the last 16
+ * closed VMs (all closed VMs while a SIGTERM handler a logger installed is in
+ * place) is kept back from free, so that the guarantee holds until a later
+ * ck_open could be handed the same address again. NULL gives CK_EARG.
+ *
  * The sandbox (on unless ck_options.trust is set): scripts get an allow-list
  * of Lua's libraries (no os.execute, io.popen, dofile, loadfile,
  * package.loadlib, debug beyond traceback, string.dump), only Lua source
@@ -96,6 +105,7 @@ extern "C" {
 #define CK_EINTR 6   /* stopped by ck_interrupt() */
 #define CK_ELIMIT 7  /* a callback ran past its instruction budget */
 #define CK_EDENIED 8 /* the sandbox refused a file, a function or a binary chunk */
+#define CK_EINVAL 9  /* a handle that is closed, or that ck_open / ck_model_open never returned */
 
 /* the library's version: "major.minor.patch", and as a number
  * major * 10000 + minor * 100 + patch (0.1.0 is 100, 1.2.3 would be 10203) */
@@ -198,7 +208,9 @@ CK_API ck_vm *ck_open(const ck_options *opt);
  * request as ck.plan_mode, ck.json, ck.plan_policies, ck.plan_svg and
  * ck.plan_max_batch (nil in a VM opened without one). */
 CK_API ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan);
-CK_API void ck_close(ck_vm *vm); /* also closes the VM's models; NULL is fine */
+/* Also closes the VM's models. NULL, a handle already closed and a pointer
+ * ck_open never returned are all fine: nothing happens. */
+CK_API void ck_close(ck_vm *vm);
 CK_API const char *ck_version(void); /* CK_VERSION of the library */
 CK_API int ck_version_num(void);     /* CK_VERSION_NUM of the library */
 /* 1 when programs can run on the device called name ("cpu", "cuda"): cuda
@@ -226,7 +238,7 @@ CK_API void ck_interrupt(ck_vm *vm);
  * args.key = value, numbers converted; a `--flag` alone is true; other words are
  * args[1], args[2], ...; args.script is the path) and as the chunk's `...`.
  * Scripts are Lua source; a binary chunk fails with CK_EDENIED. */
-CK_API int ck_run_file(ck_vm *vm, const char *path, int argc, const char *const *argv);
+CK_API int ck_run_file(ck_vm *vm, const char *path, int argc, const char *const *argv); /* a NULL in argv[0..argc): CK_EARG */
 CK_API int ck_run_string(ck_vm *vm, const char *code, const char *chunkname);
 
 /* ---- values passed to and from script functions */

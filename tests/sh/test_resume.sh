@@ -18,7 +18,10 @@ S="scripts/train_sdxl_lora.lua --resolution 128 --steps 60 --samples 6 --save-ev
 # kill at spread-out moments, resume until a run finishes: each round waits
 # until the run has saved a newer state, then kills it a random moment later
 # (during a step or a save), so the kills land mid-run however fast it is
-newest() { ls "$dir/state" 2> /dev/null | grep '^state-' | tail -n 1; }
+# (only finished states: a save under way is a temp file, state-N.safetensors.tmp.PID,
+# which --resume rightly passes over; counting it led to "--resume: no saved state")
+states() { ls "$dir/state" 2> /dev/null | grep -E '^state-[0-9]+\.safetensors$'; }
+newest() { states | tail -n 1; }
 kills=0 resumes=0
 for round in 1 2 3 4; do
   args=""
@@ -44,11 +47,11 @@ while [ ! -s "$dir/resumed.safetensors" ]; do
 done
 [ "$kills" -ge 2 ] ; ok $? "the run was killed $kills times and resumed $resumes times"
 cmp -s "$dir/straight.safetensors" "$dir/resumed.safetensors" ; ok $? "the resumed adapter is byte-identical to the uninterrupted one"
-[ "$(ls "$dir/state" | grep -c '^state-')" -le 2 ] ; ok $? "only the last 2 states are kept"
+[ "$(states | wc -l)" -le 2 ] ; ok $? "only the last 2 states are kept"
 # a save cut short by a kill leaves its temp file; resuming removes it
 touch "$dir/state/state-000000002.safetensors.tmp.99999"
 "$CKRUN" $S --state-dir "$dir/state" --log-dir "$dir/again_log" --resume "$dir/state" --out "$dir/again.safetensors" > /dev/null 2>&1
-[ ! -e "$dir/state/state-000000002.safetensors.tmp.99999" ] && [ "$(ls "$dir/state" | grep -c '^state-')" -le 2 ]
+[ ! -e "$dir/state/state-000000002.safetensors.tmp.99999" ] && [ "$(states | wc -l)" -le 2 ]
 ok $? "resuming removes the temp file of a save a kill cut short"
 steps() { grep -o '^{"step":[0-9]*' "$1" | cut -d: -f2 | tr '\n' ' '; }
 [ -n "$(steps "$dir/resumed_log/metrics.jsonl")" ] && [ "$(steps "$dir/resumed_log/metrics.jsonl")" = "$(steps "$dir/straight_log/metrics.jsonl")" ]

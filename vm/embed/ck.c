@@ -16,6 +16,9 @@
 #include <lualib.h>
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -46,6 +49,8 @@ struct ck_model {
 };
 
 struct ck_vm {
+    unsigned magic;     /* VM_MAGIC while open; 0 once closed */
+    ck_vm *closed_next; /* in the list of closed handles kept back from free */
     lua_State *L;
     lua_Alloc alloc;
     void *alloc_ud;
@@ -80,8 +85,142 @@ const char *ck_errstr(int code)
     case CK_EINTR: return "CK_EINTR: stopped by ck_interrupt()";
     case CK_ELIMIT: return "CK_ELIMIT: a callback ran past its instruction budget";
     case CK_EDENIED: return "CK_EDENIED: the sandbox refused a file, a function or a binary chunk";
+    case CK_EINVAL: return "CK_EINVAL: a handle that is closed or was never opened";
     default: return "unknown status";
     }
+}
+
+/* ---- live handles
+ * Every handle ck_open returns is in the registry until ck_close takes it out;
+ * each entry point looks its handle up first and answers CK_EINVAL for one
+ * that is not there (closed, or never opened), without reading through it.
+ * The lookup takes no lock (ck_interrupt runs in signal handlers): slots are
+ * atomic pointers in blocks that are never freed. The handle's own memory comes
+ * from malloc, not the host's allocator, and a closed one is kept back from
+ * free: the last CLOSED_KEPT of them always, and all of them while SIGTERM's
+ * handler is not the one the process had when no VM was open (a logger's
+ * handler may still point at a closed VM's interrupt flag: its write then
+ * lands in kept memory, never in freed memory). */
+#define VM_MAGIC 0x636b766du
+#define REG_SLOTS 64
+#define CLOSED_KEPT 16
+
+typedef struct reg_block {
+    _Atomic(ck_vm *) slot[REG_SLOTS];
+    _Atomic(struct reg_block *) next;
+} reg_block;
+
+static reg_block reg_head;
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static int reg_live;            /* open VMs */
+static struct sigaction reg_term; /* SIGTERM's disposition when none was open */
+static ck_vm *reg_closed;       /* closed handles kept, newest first */
+
+static int reg_has(const void *vm)
+{
+    if (!vm) return 0;
+    for (reg_block *b = &reg_head; b; b = atomic_load(&b->next))
+        for (int i = 0; i < REG_SLOTS; i++)
+            if ((const void *)atomic_load(&b->slot[i]) == vm) return 1;
+    return 0;
+}
+
+/* 0, or -1 when a new block cannot be had */
+static int reg_add(ck_vm *vm)
+{
+    pthread_mutex_lock(&reg_mu);
+    if (reg_live == 0) sigaction(SIGTERM, NULL, &reg_term);
+    for (reg_block *b = &reg_head;; b = atomic_load(&b->next)) {
+        for (int i = 0; i < REG_SLOTS; i++)
+            if (!atomic_load(&b->slot[i])) {
+                atomic_store(&b->slot[i], vm);
+                reg_live++;
+                pthread_mutex_unlock(&reg_mu);
+                return 0;
+            }
+        if (!atomic_load(&b->next)) {
+            reg_block *nb = calloc(1, sizeof *nb);
+            if (!nb) {
+                pthread_mutex_unlock(&reg_mu);
+                return -1;
+            }
+            atomic_store(&b->next, nb);
+        }
+    }
+}
+
+/* takes vm out of the registry: 1 if it was there (the caller closes it) */
+static int reg_remove(ck_vm *vm)
+{
+    int found = 0;
+    pthread_mutex_lock(&reg_mu);
+    for (reg_block *b = &reg_head; b && !found; b = atomic_load(&b->next))
+        for (int i = 0; i < REG_SLOTS; i++)
+            if (atomic_load(&b->slot[i]) == vm) {
+                atomic_store(&b->slot[i], NULL);
+                reg_live--;
+                found = 1;
+                break;
+            }
+    pthread_mutex_unlock(&reg_mu);
+    return found;
+}
+
+static int term_is_base(void)
+{
+    struct sigaction now;
+    sigaction(SIGTERM, NULL, &now);
+    return (now.sa_flags & SA_SIGINFO) == (reg_term.sa_flags & SA_SIGINFO) &&
+           ((now.sa_flags & SA_SIGINFO) ? now.sa_sigaction == reg_term.sa_sigaction
+                                        : now.sa_handler == reg_term.sa_handler);
+}
+
+/* keeps the closed handle vm, freeing kept ones past what is needed */
+static void reg_retire(ck_vm *vm)
+{
+    pthread_mutex_lock(&reg_mu);
+    vm->magic = 0;
+    vm->closed_next = reg_closed;
+    reg_closed = vm;
+    if (term_is_base()) {
+        ck_vm *p = reg_closed;
+        for (int k = 1; p && k < CLOSED_KEPT; k++) p = p->closed_next;
+        if (p) {
+            ck_vm *rest = p->closed_next;
+            p->closed_next = NULL;
+            while (rest) {
+                ck_vm *n = rest->closed_next;
+                free(rest);
+                rest = n;
+            }
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+}
+
+/* the VM of an open handle, else NULL */
+static ck_vm *live_vm(const ck_vm *vm)
+{
+    return reg_has(vm) && vm->magic == VM_MAGIC ? (ck_vm *)vm : NULL;
+}
+
+/* m when it is an open model of an open VM (looked up, never read through first) */
+static ck_model *live_model(const ck_model *m)
+{
+    if (!m) return NULL;
+    pthread_mutex_lock(&reg_mu);
+    ck_model *found = NULL;
+    for (reg_block *b = &reg_head; b && !found; b = atomic_load(&b->next))
+        for (int i = 0; i < REG_SLOTS && !found; i++) {
+            ck_vm *vm = atomic_load(&b->slot[i]);
+            for (ck_model *x = vm ? vm->models : NULL; x; x = x->next)
+                if (x == m) {
+                    found = x;
+                    break;
+                }
+        }
+    pthread_mutex_unlock(&reg_mu);
+    return found;
 }
 
 /* ---- the sizes of the caller's structs (ck.h, "Versions and sizes")
@@ -483,9 +622,13 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
     /* options of an unknown size: nothing in them can be trusted, the allocator included */
     lua_Alloc alloc = osize && o.alloc ? o.alloc : default_alloc;
     void *alloc_ud = osize ? o.alloc_ud : NULL;
-    ck_vm *vm = alloc(alloc_ud, NULL, 0, sizeof *vm);
+    ck_vm *vm = calloc(1, sizeof *vm);
     if (!vm) return NULL;
-    memset(vm, 0, sizeof *vm);
+    if (reg_add(vm)) {
+        free(vm);
+        return NULL;
+    }
+    vm->magic = VM_MAGIC;
     vm->alloc = alloc;
     vm->alloc_ud = alloc_ud;
     vm->stdout_ref = vm->results_ref = LUA_NOREF;
@@ -558,7 +701,7 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
 
 void ck_close(ck_vm *vm)
 {
-    if (!vm) return;
+    if (!live_vm(vm) || !reg_remove(vm)) return; /* NULL, closed, or never opened */
     while (vm->models) {
         ck_model *m = vm->models;
         vm->models = m->next;
@@ -569,16 +712,26 @@ void ck_close(ck_vm *vm)
     free_string(vm, vm->host.plan_policies);
     free_string(vm, vm->host.plan_svg);
     free_string(vm, vm->host.plan_export_graph);
-    vm->alloc(vm->alloc_ud, vm, sizeof *vm, 0);
+    vm->L = NULL;
+    vm->models = NULL;
+    reg_retire(vm);
 }
 
-int ck_status(const ck_vm *vm) { return vm ? vm->status : CK_EARG; }
+int ck_status(const ck_vm *vm)
+{
+    if (!vm) return CK_EARG;
+    return live_vm(vm) ? vm->status : CK_EINVAL;
+}
 
-const char *ck_error(const ck_vm *vm) { return vm ? vm->err : "no VM"; }
+const char *ck_error(const ck_vm *vm)
+{
+    if (!vm) return "no VM";
+    return live_vm(vm) ? vm->err : "a closed VM handle, or one ck_open never returned";
+}
 
 void ck_interrupt(ck_vm *vm)
 {
-    if (vm) vm->host.lim.interrupt = 1;
+    if (live_vm(vm)) vm->host.lim.interrupt = 1;
 }
 
 /* ---- running scripts */
@@ -665,7 +818,10 @@ static int p_run_file(lua_State *L)
 int ck_run_file(ck_vm *vm, const char *path, int argc, const char *const *argv)
 {
     if (!vm) return CK_EARG;
+    if (!live_vm(vm)) return CK_EINVAL;
     if (!path || argc < 0 || (argc > 0 && !argv)) return set_error(vm, CK_EARG, "ck_run_file: no script path");
+    for (int i = 0; i < argc; i++)
+        if (!argv[i]) return set_error(vm, CK_EARG, "ck_run_file: argv holds a NULL entry");
     runfile a = {{vm, 0}, path, argc, argv};
     return protected(vm, p_run_file, &a.c, path);
 }
@@ -692,6 +848,7 @@ static int p_run_string(lua_State *L)
 int ck_run_string(ck_vm *vm, const char *code, const char *chunkname)
 {
     if (!vm) return CK_EARG;
+    if (!live_vm(vm)) return CK_EINVAL;
     if (!code) return set_error(vm, CK_EARG, "ck_run_string: no code");
     runstring a = {{vm, 0}, code, chunkname ? chunkname : "string"};
     return protected(vm, p_run_string, &a.c, a.name);
@@ -803,6 +960,7 @@ static int p_call(lua_State *L)
 int ck_call(ck_vm *vm, const char *name, int nargs, const ck_value *args, int nres, ck_value *res)
 {
     if (!vm) return CK_EARG;
+    if (!live_vm(vm)) return CK_EINVAL;
     if (!name || nargs < 0 || nres < 0 || (nargs && !args) || (nres && !res))
         return set_error(vm, CK_EARG, "ck_call: bad arguments");
     for (int i = 0; i < nres; i++) res[i] = ck_nil();
@@ -845,6 +1003,7 @@ static int p_global(lua_State *L)
 static int get_global(ck_vm *vm, const char *name, int type, ck_value *v)
 {
     if (!vm) return CK_EARG;
+    if (!live_vm(vm)) return CK_EINVAL;
     if (!name) return set_error(vm, CK_EARG, "no name");
     global a = {{vm, CK_EARG}, name, type, {CK_TNIL, 0, NULL, 0}, 0};
     int st = protected(vm, p_global, &a.c, name);
@@ -874,6 +1033,7 @@ int ck_get_string(ck_vm *vm, const char *name, const char **out, size_t *len)
 static int set_global(ck_vm *vm, const char *name, ck_value v)
 {
     if (!vm) return CK_EARG;
+    if (!live_vm(vm)) return CK_EINVAL;
     if (!name || !*name) return set_error(vm, CK_EARG, "no name");
     global a = {{vm, 0}, name, 0, v, 1};
     return protected(vm, p_global, &a.c, name);
@@ -883,7 +1043,9 @@ int ck_set_number(ck_vm *vm, const char *name, double x) { return set_global(vm,
 
 int ck_set_string(ck_vm *vm, const char *name, const char *s)
 {
-    if (!s) return vm ? set_error(vm, CK_EARG, "ck_set_string: NULL string") : CK_EARG;
+    if (!vm) return CK_EARG;
+    if (!live_vm(vm)) return CK_EINVAL;
+    if (!s) return set_error(vm, CK_EARG, "ck_set_string: NULL string");
     return set_global(vm, name, ck_string(s));
 }
 
@@ -927,8 +1089,9 @@ static int p_model_open(lua_State *L)
 
 int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, ck_model **out)
 {
-    if (!vm) return CK_EARG;
     if (out) *out = NULL;
+    if (!vm) return CK_EARG;
+    if (!live_vm(vm)) return CK_EINVAL;
     if (!name || !out || nargs < 0 || (nargs && !args)) return set_error(vm, CK_EARG, "ck_model_open: bad arguments");
     if (vm->dead) return vm->status;
     ck_model *m = vm->alloc(vm->alloc_ud, NULL, 0, sizeof *m);
@@ -958,7 +1121,7 @@ static int p_unref(lua_State *L)
 
 void ck_model_close(ck_model *m)
 {
-    if (!m) return;
+    if (!live_model(m)) return; /* NULL, closed, or its VM closed */
     ck_vm *vm = m->vm;
     if (vm->L) {
         lua_pushcfunction(vm->L, p_unref);
@@ -1132,6 +1295,7 @@ static int p_model_read(lua_State *L)
 static int model_call(ck_model *m, lua_CFunction f, modelcall *a)
 {
     if (!m) return CK_EARG;
+    if (!live_model(m)) return CK_EINVAL;
     a->c.vm = m->vm;
     a->m = m;
     return protected(m->vm, f, &a->c, NULL);
@@ -1140,6 +1304,7 @@ static int model_call(ck_model *m, lua_CFunction f, modelcall *a)
 /* the same for a call on one tensor, which must be named */
 static int tensor_call(ck_model *m, lua_CFunction f, modelcall *a)
 {
+    if (m && !live_model(m)) return CK_EINVAL;
     if (m && !a->tensor) return set_error(m->vm, CK_EARG, "no tensor name");
     return model_call(m, f, a);
 }
@@ -1163,6 +1328,7 @@ int ck_model_forward(ck_model *m, double *loss)
 int ck_model_plan(ck_model *m, ck_plan_info *out)
 {
     modelcall a = {0};
+    if (m && !live_model(m)) return CK_EINVAL;
     if (!out) return m ? set_error(m->vm, CK_EARG, "ck_model_plan: NULL output") : CK_EARG;
     char msg[256];
     size_t n = known_size(out->size, PLAN_INFO_V1, "ck_plan_info", msg, sizeof msg);
@@ -1176,6 +1342,7 @@ int ck_model_plan(ck_model *m, ck_plan_info *out)
 int ck_model_metrics(ck_model *m, ck_metrics *out)
 {
     modelcall a = {0};
+    if (m && !live_model(m)) return CK_EINVAL;
     if (!out) return m ? set_error(m->vm, CK_EARG, "ck_model_metrics: NULL output") : CK_EARG;
     char msg[256];
     size_t n = known_size(out->size, METRICS_V1, "ck_metrics", msg, sizeof msg);
@@ -1192,6 +1359,7 @@ int ck_model_set(ck_model *m, const char *tensor, const float *values, size_t n)
     a.tensor = tensor;
     a.in = values;
     a.n = n;
+    if (m && !live_model(m)) return CK_EINVAL;
     if (m && n && !values) return set_error(m->vm, CK_EARG, "ck_model_set: NULL values");
     return tensor_call(m, p_model_set, &a);
 }

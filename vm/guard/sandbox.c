@@ -177,37 +177,77 @@ static int raise_denied(lua_State *L)
     return lua_error(L);
 }
 
-static int deny_path(lua_State *L, const char *path, const char *real, int access)
+/* path made absolute against the working directory with "." and ".."
+ * removed by spelling alone: no symlink is read, so it tells nothing the
+ * script did not write. 0, or -1 */
+static int lexical(const char *path, char *out, size_t len)
+{
+    char buf[2 * PATH_MAX];
+    if (path[0] == '/') snprintf(buf, sizeof buf, "%s", path);
+    else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) return -1;
+        if ((size_t)snprintf(buf, sizeof buf, "%s/%s", cwd, path) >= sizeof buf) return -1;
+    }
+    size_t k = 0;
+    for (const char *p = buf; *p;) {
+        while (*p == '/') p++;
+        if (!*p) break;
+        const char *e = strchr(p, '/');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == 2 && p[0] == '.' && p[1] == '.') {
+            while (k > 0 && out[k - 1] != '/') k--;
+            if (k > 0) k--;
+        } else if (!(n == 1 && p[0] == '.')) {
+            if (k + 1 + n >= len) return -1;
+            out[k++] = '/';
+            memcpy(out + k, p, n);
+            k += n;
+        }
+        p += n;
+    }
+    if (k == 0) out[k++] = '/';
+    out[k] = 0;
+    return 0;
+}
+
+/* A denial names the path as the script gave it and reads the same whether
+ * it exists or not, leads through symlinks or cannot be resolved at all: where
+ * a symlink on the way points (it could be another process's /proc/N/cwd) is
+ * never printed. The hint is the path's own directory by spelling, which the
+ * flag resolves as this check does. */
+static int deny_path(lua_State *L, const char *path, int access)
 {
     char w[256], hint[PATH_MAX];
     ck_lua_where(L, w, sizeof w);
-    snprintf(hint, sizeof hint, "%s", real);
-    if (!(access & CK_ACCESS_DIR)) {
+    if (lexical(path, hint, sizeof hint)) snprintf(hint, sizeof hint, "DIR");
+    else if (!(access & CK_ACCESS_DIR)) {
         char *s = strrchr(hint, '/');
         if (s && s != hint) *s = 0;
         else if (s) s[1] = 0;
     }
     const char *verb = access & CK_ACCESS_WRITE ? "writing" : "reading";
     const char *flag = access & CK_ACCESS_WRITE ? "--allow-write" : "--allow-read";
-    if (strcmp(path, real) != 0)
-        lua_pushfstring(L, "%s: %s '%s' (%s) is denied: it is outside the directories the sandbox allows (%s %s allows it)",
-                        w, verb, path, real, flag, hint);
-    else
-        lua_pushfstring(L, "%s: %s '%s' is denied: it is outside the directories the sandbox allows (%s %s allows it)", w,
-                        verb, path, flag, hint);
+    lua_pushfstring(L, "%s: %s '%s' is denied: it is outside the directories the sandbox allows (%s %s allows it)", w,
+                    verb, path, flag, hint);
     return raise_denied(L);
 }
 
 static void check(lua_State *L, ck_sandbox *sb, const char *path, int access, int lib)
 {
-    char real[PATH_MAX];
+    char real[PATH_MAX], lex[PATH_MAX];
     if (ck_sandbox_resolve(path, real, sizeof real)) {
-        char w[256];
-        ck_lua_where(L, w, sizeof w);
-        lua_pushfstring(L, "%s: cannot resolve '%s' to check it against the sandbox: %s", w, path, strerror(errno));
-        raise_denied(L);
+        /* inside the allowed directories by spelling, the reason is the
+         * script's own business; outside, it would tell what is there */
+        if (lexical(path, lex, sizeof lex) == 0 && allowed(sb, lex, access, lib)) {
+            char w[256];
+            ck_lua_where(L, w, sizeof w);
+            lua_pushfstring(L, "%s: cannot resolve '%s' to check it against the sandbox: %s", w, path, strerror(errno));
+            raise_denied(L);
+        }
+        deny_path(L, path, access);
     }
-    if (!allowed(sb, real, access, lib)) deny_path(L, path, real, access);
+    if (!allowed(sb, real, access, lib)) deny_path(L, path, access);
 }
 
 void ck_lua_check_path(lua_State *L, const char *path, int access)
@@ -355,7 +395,7 @@ static int searcher(lua_State *L)
     const char *path = lua_tostring(L, -1);
     if (!path) return luaL_error(L, "package.path must be a string");
     const char *mod = luaL_gsub(L, name, ".", "/");
-    char file[PATH_MAX], real[PATH_MAX], denied[PATH_MAX] = "";
+    char file[PATH_MAX], real[PATH_MAX];
     const char *found = NULL;
     luaL_Buffer b;
     luaL_buffinit(L, &b);
@@ -378,23 +418,23 @@ static int searcher(lua_State *L)
         file[k] = 0;
         t += n + (e ? 1 : 0);
         if (!n || !fits) continue;
-        if (ck_sandbox_resolve(file, real, sizeof real) == 0 && (!sb || allowed(sb, real, CK_ACCESS_READ, 1))) {
+        /* a candidate outside the allowed directories is never looked at:
+         * it reads "no file" whether or not it exists (no existence oracle) */
+        int outside = sb && (ck_sandbox_resolve(file, real, sizeof real) != 0 || !allowed(sb, real, CK_ACCESS_READ, 1));
+        if (!outside) {
             FILE *f = fopen(file, "r");
             if (f) {
                 fclose(f);
                 found = file;
                 break;
             }
-        } else if (!denied[0] && access(file, F_OK) == 0) {
-            snprintf(denied, sizeof denied, "%s", file);
         }
         if (luaL_bufflen(&b)) luaL_addstring(&b, "\n\t");
         luaL_addstring(&b, "no file '");
         luaL_addstring(&b, file);
-        luaL_addstring(&b, "'");
+        luaL_addstring(&b, outside ? "' (outside the directories the sandbox allows; --allow-read DIR allows it)" : "'");
     }
     if (!found) {
-        if (denied[0] && sb) check(L, sb, denied, CK_ACCESS_READ, 1);
         luaL_pushresult(&b);
         return 1;
     }
@@ -514,6 +554,16 @@ void ck_sandbox_install(lua_State *L, lua_Integer seed)
     lua_getglobal(L, "math");
     lua_pushinteger(L, seed);
     wrap(L, -2, "randomseed", sb_randomseed, 1);
+    lua_pop(L, 1);
+
+    /* the files io hands out (io.stdout, io.stderr, io.open's) share one
+     * metatable, whose __gc is already armed: a script that reached it could
+     * swap in a finalizer of its own, which Lua runs with hooks off (no
+     * budget, no interrupt). getmetatable gives false, setmetatable refuses. */
+    if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_FILEHANDLE) == LUA_TTABLE) {
+        lua_pushboolean(L, 0);
+        lua_setfield(L, -2, "__metatable");
+    }
     lua_pop(L, 1);
 }
 

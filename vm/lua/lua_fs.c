@@ -15,12 +15,33 @@
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+#define DIRBOX_MT "ck.dirbox"
+
+/* the open directory of a listdir, closed by the box's finalizer when an
+ * error (out of memory) unwinds past it */
+static int dirbox_gc(lua_State *L)
+{
+    DIR **box = luaL_checkudata(L, 1, DIRBOX_MT);
+    if (*box) closedir(*box);
+    *box = NULL;
+    return 0;
+}
+
 /* ck.listdir(dir) -> sorted list of entry names (no "." or ".."), or nil, message */
 static int l_listdir(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
     ck_lua_check_path(L, path, CK_ACCESS_READ | CK_ACCESS_DIR);
-    DIR *d = opendir(path);
+    DIR **box = lua_newuserdatauv(L, sizeof(DIR *), 0);
+    *box = NULL;
+    if (luaL_newmetatable(L, DIRBOX_MT)) {
+        lua_pushcfunction(L, dirbox_gc);
+        lua_setfield(L, -2, "__gc");
+        lua_pushboolean(L, 0);
+        lua_setfield(L, -2, "__metatable");
+    }
+    lua_setmetatable(L, -2);
+    DIR *d = *box = opendir(path);
     if (!d) {
         luaL_pushfail(L);
         lua_pushfstring(L, "cannot read directory '%s': %s", path, strerror(errno));
@@ -34,6 +55,7 @@ static int l_listdir(lua_State *L)
             lua_pushstring(L, e->d_name);
             lua_rawseti(L, -2, ++n);
         }
+    *box = NULL;
     closedir(d);
     const char **names = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n ? n : 1), 0);
     for (int i = 0; i < n; i++) {

@@ -64,15 +64,22 @@ function M.cheapest(build, batch, limit)
   collectgarbage()
   local none = s0.device_bytes
   if none <= limit then return {checkpoint = policy.none(), needs = none, none = none} end
+  -- the run's other lists (logging) need a few KB above the training list, by
+  -- policy: start from none's, then loosen by the room a fitting plan leaves
+  -- (a policy needing less above its list may fit with less recompute) and
+  -- tighten by the excess of one that does not fit
   local extra = math.max(0, s0.arena - s0.peak)
   local b = (limit - fixed) // granule * granule - extra
-  for _ = 1, 3 do
-    if b <= 0 then break end
+  local best, tried = nil, {}
+  for _ = 1, 4 do
+    if b <= 0 or tried[b] then break end
+    tried[b] = true
     local pol = policy.budget(b)
     local ok, p = pcall(build, batch, pol)
     if not ok then
       local least = tonumber(tostring(p):match("smallest peak.-%((%d+) bytes%)"))
       if not least then error(p, 0) end
+      if best then break end
       -- the smallest training list as the device would take it
       local needs = -(-(least + extra) // granule) * granule + fixed
       return nil, {needs = needs, none = none}
@@ -81,11 +88,17 @@ function M.cheapest(build, batch, limit)
     p = nil
     collectgarbage()
     if pl.device_bytes <= limit then
-      return {checkpoint = pol, needs = pl.device_bytes, none = none, budget = b,
-              recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1)}
+      if not best or pl.recompute_flops < best.flops then
+        best = {checkpoint = pol, needs = pl.device_bytes, none = none, budget = b, flops = pl.recompute_flops,
+                recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1)}
+      end
+      if pl.recompute_flops == 0 then break end
+      b = b + (limit - pl.device_bytes) + (pl.arena - pl.peak < extra and extra - (pl.arena - pl.peak) or 0)
+    else
+      b = b - (pl.device_bytes - limit)
     end
-    b = b - (pl.device_bytes - limit)
   end
+  if best then return best end
   return nil, {needs = nil, none = none}
 end
 

@@ -86,14 +86,22 @@ err=$("$CKRUN" --plan --policies budget:1%,budget:2% $train $small 2>&1 >/dev/nu
 [ $rc != 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && printf '%s' "$err" | grep -q "no policy could be planned"
 ok $? "when every policy fails, one error line and a non-zero exit"
 
-# full SDXL LoRA at 1024x1024, one policy: under 2 seconds, no weights
-t0=$(date +%s.%N)
-"$CKRUN" --plan --json $train --size full > "$dir/full.json"; rc=$?
-t1=$(date +%s.%N)
-secs=$(python3 -c "print(round($t1 - $t0, 2))")
-[ $rc = 0 ] && python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["param_count"] == 2567463684 and len(d["policies"]) == 1' < "$dir/full.json" \
-  && python3 -c "import sys; sys.exit(0 if $secs < 2.0 else 1)"
-ok $? "full SDXL LoRA 1024x1024 plans in under 2 s (${secs} s)"
+# full SDXL LoRA at 1024x1024, one policy: planned without allocating or reading
+# the 10 GB of weights: the planning process's peak RSS (wait4's ru_maxrss)
+# stays under 1 GiB (its time is reported, not judged: BENCHMARKS.md)
+rss=$(python3 - "$dir/full.json" "$CKRUN" --plan --json $train --size full <<'PY'
+import os, subprocess, sys, time
+t0 = time.time()
+with open(sys.argv[1], "w") as out:
+    p = subprocess.Popen(sys.argv[2:], stdout=out)
+    _, status, ru = os.wait4(p.pid, 0)
+print(os.waitstatus_to_exitcode(status), ru.ru_maxrss * 1024, round(time.time() - t0, 2))
+PY
+)
+set -- $rss
+[ "${1:-1}" = 0 ] && python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["param_count"] == 2567463684 and len(d["policies"]) == 1' < "$dir/full.json" \
+  && [ "${2:-0}" -gt 0 ] && [ "$2" -lt 1073741824 ]
+ok $? "full SDXL LoRA 1024x1024 plans with a peak RSS of $(( ${2:-0} / 1048576 )) MiB, nothing allocated (${3:-?} s)"
 
 # policy_sweep: a row per policy, every predicted peak measured to the byte
 out=$(OMP_NUM_THREADS=2 "$CKRUN" --allow-write "$dir" scripts/policy_sweep.lua --steps 2 --resolution 128 --budgets 95% \

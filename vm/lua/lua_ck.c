@@ -7,6 +7,7 @@
 #include "guard/host.h"
 #include "lua/lua_ck.h"
 #include "run/program.h"
+#include "util/text.h"
 #include "../../ops/cpu/cpu.h"
 
 #include <lauxlib.h>
@@ -1014,22 +1015,6 @@ static int l_plan(lua_State *L)
     return 1;
 }
 
-/* a "Name:   N kB" line of /proc/self/status in bytes, 0 where there is none */
-static size_t proc_status_bytes(const char *name)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    size_t n = strlen(name), kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, name, n) && line[n] == ':') {
-            kb = (size_t)strtoull(line + n + 1, NULL, 10);
-            break;
-        }
-    fclose(f);
-    return kb * 1024;
-}
-
 /* p:outside_plan() -> what the process holds beside the program's arena, in
  * bytes: graph (the graph the program was compiled from, its differentiated
  * copy and every op list), stage (the host copy of the largest tensor a read or
@@ -1058,7 +1043,8 @@ static int l_outside_plan(lua_State *L)
     set_int(L, "lua_heap", (lua_Integer)(host ? host->lim.heap_used : (size_t)lua_gc(L, LUA_GCCOUNT, 0) * 1024));
     set_int(L, "lua_heap_peak", (lua_Integer)(host ? host->lim.heap_peak : 0));
     set_int(L, "lua_heap_limit", (lua_Integer)(host ? host->lim.heap_limit : 0));
-    set_int(L, "libraries", (lua_Integer)proc_status_bytes("RssFile"));
+    const long long libraries = ck_proc_kb_field("/proc/self/status", "RssFile");
+    set_int(L, "libraries", libraries > 0 ? (lua_Integer)libraries : 0);
     set_int(L, "threads", p->be->nthreads > 0 ? p->be->nthreads : 1);
     return 1;
 }

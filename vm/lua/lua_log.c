@@ -7,6 +7,7 @@
 #include "guard/host.h"
 #include "lua/lua_ck.h"
 #include "run/program.h"
+#include "util/text.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -629,16 +630,8 @@ static int l_rss(lua_State *L)
  * sandboxed script need not be allowed /proc), else free and physical pages */
 static int l_host_memory(lua_State *L)
 {
-    long long avail = -1, total = -1, kb;
-    char line[256];
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        while (fgets(line, sizeof line, f)) {
-            if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) avail = kb * 1024;
-            else if (sscanf(line, "MemTotal: %lld kB", &kb) == 1) total = kb * 1024;
-        }
-        fclose(f);
-    }
+    long long avail = ck_proc_kb_field("/proc/meminfo", "MemAvailable"),
+              total = ck_proc_kb_field("/proc/meminfo", "MemTotal");
     const long long page = sysconf(_SC_PAGESIZE);
     if (avail < 0) avail = (long long)sysconf(_SC_AVPHYS_PAGES) * page;
     if (total < 0) total = (long long)sysconf(_SC_PHYS_PAGES) * page;

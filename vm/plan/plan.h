@@ -92,11 +92,10 @@ int ck_plan_renumbered(const ck_plan *src, int base_nt, int g_nt, ck_plan *dst);
 /* The logging variant of a scheduled list: base plus, right after the entry
  * that writes each stat node's input, that node (activations are reduced
  * where the forward pass makes them, so recompute holds nothing more). base
- * was scheduled when the graph had base_nt tensors: its recomputed copies are
- * renumbered above g->nt. placed[k] (may be NULL) gets 1 for the nodes placed;
+ * must number its recomputed copies above g->nt (ck_plan_renumbered after the
+ * stat nodes were added). placed[k] (may be NULL) gets 1 for the nodes placed;
  * a node whose input the list never writes is left out. */
-int ck_schedule_stats(ck_plan *pl, const ck_plan *base, int base_nt, const ck_graph *g, const int *nodes, int n,
-                      int *placed);
+int ck_schedule_stats(ck_plan *pl, const ck_plan *base, const ck_graph *g, const int *nodes, int n, int *placed);
 
 /* vm/plan/memplan.c: liveness over a scheduled list, then offsets in one arena. */
 int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,

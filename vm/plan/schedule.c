@@ -221,37 +221,35 @@ int ck_plan_renumbered(const ck_plan *src, int base_nt, int g_nt, ck_plan *dst)
     return 0;
 }
 
-int ck_schedule_stats(ck_plan *pl, const ck_plan *base, int base_nt, const ck_graph *g, const int *nodes, int n,
-                      int *placed)
+int ck_schedule_stats(ck_plan *pl, const ck_plan *base, const ck_graph *g, const int *nodes, int n, int *placed)
 {
-    const int shift = g->nt - base_nt;
+    const int nt = g->nt;
     int *after = malloc(sizeof(int) * (size_t)(n ? n : 1)), *count = calloc((size_t)base->n + 1, sizeof(int));
-    int *writer = malloc(sizeof(int) * (size_t)(base_nt ? base_nt : 1));
+    int *writer = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
     memset(pl, 0, sizeof *pl);
     if (!after || !count || !writer) goto fail;
     /* the entry that writes each graph tensor (recompute entries write copies) */
-    for (int t = 0; t < base_nt; t++) writer[t] = -1;
+    for (int t = 0; t < nt; t++) writer[t] = -1;
     for (int i = 0; i < base->n; i++)
         for (int k = 0; k < base->ops[i].nout; k++) {
             int t = base->ops[i].out[k];
-            if (t >= 0 && t < base_nt && writer[t] < 0) writer[t] = i;
+            if (t >= 0 && t < nt && writer[t] < 0) writer[t] = i;
         }
     int extra = 0;
     for (int k = 0; k < n; k++) {
         int src = g->n[nodes[k]].in[0];
-        after[k] = src < base_nt ? writer[src] : -1;
+        after[k] = src < nt ? writer[src] : -1;
         if (placed) placed[k] = after[k] >= 0;
         if (after[k] >= 0) {
             count[after[k]]++;
             extra++;
         }
     }
-    pl->ntensors = base->ntensors + shift;
+    pl->ntensors = base->ntensors;
     pl->origin = malloc(sizeof(int) * (size_t)(pl->ntensors ? pl->ntensors : 1));
     pl->ops = malloc(sizeof(ck_op_ref) * (size_t)(base->n + extra ? base->n + extra : 1));
     if (!pl->origin || !pl->ops) goto fail;
-    for (int t = 0; t < g->nt; t++) pl->origin[t] = t;
-    for (int t = base_nt; t < base->ntensors; t++) pl->origin[t + shift] = base->origin[t];
+    memcpy(pl->origin, base->origin, sizeof(int) * (size_t)pl->ntensors);
     /* stat entries grouped by the entry they follow, in the order given */
     int *start = count; /* prefix sums: where each entry's stats begin in order[] */
     int *order = malloc(sizeof(int) * (size_t)(extra ? extra : 1));
@@ -264,11 +262,7 @@ int ck_schedule_stats(ck_plan *pl, const ck_plan *base, int base_nt, const ck_gr
     for (int k = 0; k < n; k++)
         if (after[k] >= 0) order[start[after[k]]++] = k;
     for (int k = 0, i = 0; i < base->n; i++) { /* start[i] now ends entry i's run */
-        ck_op_ref r = base->ops[i];
-        for (int j = 0; j < r.nin; j++)
-            if (r.in[j] >= base_nt) r.in[j] += shift;
-        for (int j = 0; j < r.nout; j++)
-            if (r.out[j] >= base_nt) r.out[j] += shift;
+        const ck_op_ref r = base->ops[i];
         pl->ops[pl->n++] = r;
         for (; k < start[i]; k++) {
             ck_op_ref s = ref_of(g, nodes[order[k]]);

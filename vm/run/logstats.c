@@ -111,6 +111,7 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
     const int base_nt = g->nt, base_nn = g->nn, base_nblocks = p->nblocks;
     char *saved_scope = strdup(g->scope ? g->scope : "");
     int *nodes = NULL, *placed = NULL, *out_node = NULL;
+    ck_plan tr = {0}, ev = {0};
     if (!saved_scope) goto oom;
     if (groups & CK_STATS_GRADS) {
         for (int t = 0; t < base_nt; t++) {
@@ -150,13 +151,17 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
     nodes = malloc(sizeof(int) * (size_t)(p->nstats ? p->nstats : 1));
     placed = malloc(sizeof(int) * (size_t)(p->nstats ? p->nstats : 1));
     if (!nodes || !placed) goto oom;
+    /* the plain lists with their copies above the new tensors, so ids mean one
+     * thing in every list; they replace the plain lists once all is done */
+    if (ck_plan_renumbered(&p->train, base_nt, g->nt, &tr) || ck_plan_renumbered(&p->eval, base_nt, g->nt, &ev))
+        goto oom;
     for (unsigned mask = 1; mask <= CK_STATS_ALL; mask++) {
         if (mask & ~groups) continue;
         int n = 0;
         for (int k = 0; k < p->nstats; k++)
             if (p->stats[k].group & (int)mask) nodes[n++] = p->stats[k].node;
         ck_plan *pl = &p->logplan[mask];
-        if (ck_schedule_stats(pl, &p->train, base_nt, g, nodes, n, placed) ||
+        if (ck_schedule_stats(pl, &tr, g, nodes, n, placed) ||
             ck_plan_memory(pl, g, p->poff, p->persistent, p->retain, p->be))
             goto oom;
         if (mask == groups)
@@ -174,19 +179,10 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
                  need, need - p->arena_bytes, p->arena_bytes);
         goto fail;
     }
-    /* the plain lists' copies above the new tensors, so ids mean one thing in every list */
-    {
-        ck_plan tr, ev;
-        if (ck_plan_renumbered(&p->train, base_nt, g->nt, &tr)) goto oom;
-        if (ck_plan_renumbered(&p->eval, base_nt, g->nt, &ev)) {
-            ck_plan_free(&tr);
-            goto oom;
-        }
-        ck_plan_free(&p->train);
-        ck_plan_free(&p->eval);
-        p->train = tr; /* p->last may point at either: the lists stay where they were */
-        p->eval = ev;
-    }
+    ck_plan_free(&p->train);
+    ck_plan_free(&p->eval);
+    p->train = tr; /* p->last may point at either: the lists stay where they were */
+    p->eval = ev;
     if (need > p->arena_bytes) p->arena_bytes = need;
     free(nodes);
     free(placed);
@@ -196,6 +192,8 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
 oom:
     snprintf(err, errlen, "out of memory while adding statistics");
 fail:
+    ck_plan_free(&tr);
+    ck_plan_free(&ev);
     if (saved_scope) ck_graph_set_scope(g, saved_scope);
     roll_back(p, base_nt, base_nn, base_nblocks);
     free(nodes);

@@ -2,6 +2,7 @@
 #include "util/text.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 size_t ck_scope_match(const char *pattern, const char *name)
@@ -27,4 +28,20 @@ void ck_bytes_text(size_t n, char *buf, size_t len)
     if (n >= gib && n % gib == 0) snprintf(buf, len, "%zu GiB", n >> 30);
     else if (n >= mib && n % mib == 0) snprintf(buf, len, "%zu MiB", n >> 20);
     else snprintf(buf, len, "%zu bytes", n);
+}
+
+long long ck_proc_kb_field(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[256];
+    const size_t n = strlen(key);
+    long long bytes = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') {
+            bytes = strtoll(line + n + 1, NULL, 10) * 1024;
+            break;
+        }
+    fclose(f);
+    return bytes;
 }

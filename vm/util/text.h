@@ -1,5 +1,6 @@
-/* Small text helpers shared across the runtime: dotted scope patterns and
- * byte counts in words. A leaf: it uses nothing of ckrun. */
+/* Small text helpers shared across the runtime: dotted scope patterns, byte
+ * counts in words and the kernel's "Key: N kB" files. A leaf: it uses nothing
+ * of ckrun. */
 #ifndef CK_TEXT_H
 #define CK_TEXT_H
 
@@ -11,5 +12,8 @@
 size_t ck_scope_match(const char *pattern, const char *name);
 /* n as "N GiB" or "N MiB" when it is a whole number of them, else "N bytes" */
 void ck_bytes_text(size_t n, char *buf, size_t len);
+/* The "key:   N kB" line of a /proc file (/proc/meminfo, /proc/self/status) in
+ * bytes, or -1 when the file or the line is missing. */
+long long ck_proc_kb_field(const char *path, const char *key);
 
 #endif

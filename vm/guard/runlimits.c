@@ -118,6 +118,25 @@ static void hook(lua_State *L, lua_Debug *ar)
     }
 }
 
+void ck_limits_charge(lua_State *L, long long work)
+{
+    ck_limits *lim = ck_limits_of(L);
+    if (!lim) return;
+    if (lim->tripped) {
+        lua_pushstring(L, lim->noted);
+        lua_error(L);
+    }
+    if (lim->interrupt) trip(L, lim, CK_EINTR, "interrupted");
+    if (lim->depth > 0 && lim->budget >= 0 && work > 0) {
+        lim->used += work;
+        if (lim->used > lim->budget) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "callback ran past its instruction budget of %lld instructions", lim->budget);
+            trip(L, lim, CK_ELIMIT, msg);
+        }
+    }
+}
+
 void ck_limits_install(lua_State *L, ck_limits *lim)
 {
     lim->main = L;

@@ -35,6 +35,12 @@ void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 /* Points L's extra space (which the count hook reads) at lim and installs the
  * hook. The bindings reach lim through the VM's host (vm/guard/host.h). */
 void ck_limits_install(lua_State *L, ck_limits *lim);
+/* For C code that loops where the count hook cannot see it (a binding's loop
+ * over a table, a pattern match): raises the pending interrupt or limit error,
+ * and charges work units (about one Lua instruction each) to the callback
+ * budget when a callback is running. Call it every few thousand iterations;
+ * it may raise, so hold nothing that would leak. Outside a VM it does nothing. */
+void ck_limits_charge(lua_State *L, long long work);
 /* Back to a clean state once a call has returned to the host. */
 void ck_limits_reset(ck_limits *lim);
 /* The limits of L's VM (its host's), or NULL (a stock lua5.4 that loaded ck.so). */

@@ -17,6 +17,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +36,25 @@ typedef struct ltensor {
     int id;
 } ltensor; /* uservalue 1: its graph */
 
+/* A binding that runs Lua code while it uses p (a metamethod of its options,
+ * a __tostring) pins it: a close meanwhile (a `<close>` variable of the
+ * program, in that Lua code) is deferred until the last pin goes, and the
+ * program reads as closed from then on. */
 typedef struct lprogram {
     ck_program *p;
+    int pins;    /* bindings using p now */
+    int closing; /* closed while pinned: freed when the last pin goes */
 } lprogram;
+
+#define PIN_MT "ck.program_pin"
+
+/* C loops the count hook cannot see: a poll of interrupts and limits every
+ * CHARGE_EVERY iterations */
+#define CHARGE_EVERY 4096
+#define POLL(L, i) \
+    do { \
+        if (((i) & (CHARGE_EVERY - 1)) == CHARGE_EVERY - 1) ck_limits_charge((L), CHARGE_EVERY); \
+    } while (0)
 
 static int build_error(lua_State *L, const ck_graph *g) { return ck_lua_raise(L, "%s", g->err); }
 
@@ -105,7 +122,7 @@ static void read_shape(lua_State *L, int i, ck_shape *s)
     luaL_argcheck(L, n <= CK_MAX_DIMS, i, "too many dims");
     s->ndim = (int)n;
     for (int d = 0; d < s->ndim; d++) {
-        lua_geti(L, i, d + 1);
+        lua_rawgeti(L, i, d + 1);
         int ok;
         lua_Integer v = lua_tointegerx(L, -1, &ok);
         if (!ok || v < 0) {
@@ -134,39 +151,46 @@ static int leaf(lua_State *L, ck_kind kind)
 
 static int l_input(lua_State *L) { return leaf(L, CK_KIND_INPUT); }
 
+/* the field k of the table at absolute index t, read raw (no __index), pushed */
+static int rawfield(lua_State *L, int t, const char *k)
+{
+    lua_pushstring(L, k);
+    return lua_rawget(L, t);
+}
+
 /* g:param(name, shape, {trainable=true, init="kaiming"|"zeros"|"ones"|"normal"|"uniform", std, mean, a, b,
- *                        lr_scale=1 (the optimizer's learning rate times this, for this parameter)}) */
+ *                        lr_scale=1 (the optimizer's learning rate times this, for this parameter)})
+ * The options are read raw and in full before the tensor is made: no Lua code
+ * runs between making it and setting its fields. */
 static int l_param(lua_State *L)
 {
+    enum { ZEROS, ONES, NORMAL, UNIFORM, KAIMING, DEFAULT } init = DEFAULT;
     int trainable = 1;
-    if (lua_istable(L, 4)) {
-        lua_getfield(L, 4, "trainable");
-        if (!lua_isnil(L, -1)) trainable = lua_toboolean(L, -1);
+    float a = 0, b = 1, lr_scale = 1;
+    int has_lr_scale = 0;
+    const int opts = lua_istable(L, 4);
+    if (opts) {
+        if (rawfield(L, 4, "trainable") != LUA_TNIL) trainable = lua_toboolean(L, -1);
         lua_pop(L, 1);
-    }
-    leaf(L, trainable ? CK_KIND_PARAM : CK_KIND_FROZEN);
-    lgraph *lg = check_graph(L, 1);
-    ck_tensor *t = &lg->g->t[lg->g->nt - 1];
-    const char *init = t->shape.ndim >= 2 ? "kaiming" : "zeros";
-    if (lua_istable(L, 4)) {
-        lua_getfield(L, 4, "lr_scale");
-        if (!lua_isnil(L, -1)) {
-            const lua_Number s = luaL_checknumber(L, -1);
-            if (!(s >= 0 && s <= 1e6)) return ck_lua_raise(L, "param: lr_scale must be in [0, 1e6], got %f", (double)s);
-            t->lr_scale = (float)s;
+        if (rawfield(L, 4, "lr_scale") != LUA_TNIL) {
+            const lua_Number v = luaL_checknumber(L, -1);
+            if (!(v >= 0 && v <= 1e6)) return ck_lua_raise(L, "param: lr_scale must be in [0, 1e6], got %f", (double)v);
+            lr_scale = (float)v;
+            has_lr_scale = 1;
         }
         lua_pop(L, 1);
-    }
-    if (lua_istable(L, 4)) {
-        lua_getfield(L, 4, "init");
-        if (lua_isstring(L, -1)) init = lua_tostring(L, -1);
+        if (rawfield(L, 4, "init") == LUA_TSTRING || lua_type(L, -1) == LUA_TNUMBER) {
+            static const char *const names[] = {"zeros", "ones", "normal", "uniform", "kaiming", NULL};
+            const char *s = lua_tostring(L, -1);
+            int k = 0;
+            while (names[k] && strcmp(names[k], s)) k++;
+            if (!names[k]) return ck_lua_raise(L, "unknown init '%s' (zeros, ones, normal, uniform, kaiming)", s);
+            init = k;
+        }
         lua_pop(L, 1);
-    }
-    float a = 0, b = 1;
-    if (lua_istable(L, 4)) {
         const char *keys[] = {"mean", "std", "a", "b"};
         for (int k = 0; k < 4; k++) {
-            lua_getfield(L, 4, keys[k]);
+            rawfield(L, 4, keys[k]);
             if (lua_isnumber(L, -1)) {
                 if (k == 0 || k == 2) a = (float)lua_tonumber(L, -1);
                 else b = (float)lua_tonumber(L, -1);
@@ -174,17 +198,18 @@ static int l_param(lua_State *L)
             lua_pop(L, 1);
         }
     }
-    if (strcmp(init, "zeros") == 0) t->init = CK_INIT_ZEROS;
-    else if (strcmp(init, "ones") == 0) t->init = CK_INIT_ONES;
-    else if (strcmp(init, "normal") == 0) {
-        t->init = CK_INIT_NORMAL;
+    leaf(L, trainable ? CK_KIND_PARAM : CK_KIND_FROZEN);
+    lgraph *lg = check_graph(L, 1);
+    ck_tensor *t = &lg->g->t[lg->g->nt - 1];
+    if (has_lr_scale) t->lr_scale = lr_scale;
+    if (init == DEFAULT) init = t->shape.ndim >= 2 ? KAIMING : ZEROS;
+    if (init == ZEROS) t->init = CK_INIT_ZEROS;
+    else if (init == ONES) t->init = CK_INIT_ONES;
+    else if (init == NORMAL || init == UNIFORM) {
+        t->init = init == NORMAL ? CK_INIT_NORMAL : CK_INIT_UNIFORM;
         t->init_a = a;
         t->init_b = b;
-    } else if (strcmp(init, "uniform") == 0) {
-        t->init = CK_INIT_UNIFORM;
-        t->init_a = a;
-        t->init_b = b;
-    } else if (strcmp(init, "kaiming") == 0) {
+    } else {
         /* torch's default for Linear and Conv weights: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) */
         int64_t fan_in = 1;
         for (int d = 1; d < t->shape.ndim; d++) fan_in *= t->shape.d[d];
@@ -192,8 +217,6 @@ static int l_param(lua_State *L)
         t->init = CK_INIT_UNIFORM;
         t->init_a = -bound;
         t->init_b = bound;
-    } else {
-        return ck_lua_raise(L, "unknown init '%s' (zeros, ones, normal, uniform, kaiming)", init);
     }
     return 1;
 }
@@ -261,6 +284,7 @@ static int l_params(lua_State *L)
     lua_newtable(L);
     int k = 0;
     for (int i = 0; i < lg->g->nt; i++) {
+        POLL(L, i);
         ck_kind kind = lg->g->t[i].kind;
         if (kind != CK_KIND_PARAM && kind != CK_KIND_FROZEN) continue;
         push_tensor(L, 1, i);
@@ -388,10 +412,12 @@ static int l_sub(lua_State *L) { return arith(L, CK_OP_SUB); }
 static int l_mul(lua_State *L) { return arith(L, CK_OP_MUL); }
 static int l_unm(lua_State *L) { return scale_of(L, 1, -1.0f); }
 
+/* options tables are read raw: a metamethod could run anything, and the
+ * bindings hold pointers into graphs and programs while they read */
 static int opt_int(lua_State *L, int t, const char *k, int def)
 {
     if (!lua_istable(L, t)) return def;
-    lua_getfield(L, t, k);
+    rawfield(L, lua_absindex(L, t), k);
     int v = lua_isnil(L, -1) ? def : (int)luaL_checkinteger(L, -1);
     lua_pop(L, 1);
     return v;
@@ -400,7 +426,7 @@ static int opt_int(lua_State *L, int t, const char *k, int def)
 static double opt_num(lua_State *L, int t, const char *k, double def)
 {
     if (!lua_istable(L, t)) return def;
-    lua_getfield(L, t, k);
+    rawfield(L, lua_absindex(L, t), k);
     double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
     lua_pop(L, 1);
     return v;
@@ -409,7 +435,7 @@ static double opt_num(lua_State *L, int t, const char *k, double def)
 static int opt_bool(lua_State *L, int t, const char *k, int def)
 {
     if (!lua_istable(L, t)) return def;
-    lua_getfield(L, t, k);
+    rawfield(L, lua_absindex(L, t), k);
     int v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
     lua_pop(L, 1);
     return v;
@@ -513,15 +539,16 @@ static int l_slice(lua_State *L)
 /* reshape(x, {dims}) with at most one -1 */
 static int l_reshape(lua_State *L)
 {
-    const ck_shape *in = shape_of(L, 1);
+    const int64_t numel = ck_shape_numel(shape_of(L, 1));
     ck_shape s;
     int a[1] = {1}, infer = -1;
     luaL_checktype(L, 2, LUA_TTABLE);
-    s.ndim = (int)luaL_len(L, 2);
-    luaL_argcheck(L, s.ndim <= CK_MAX_DIMS, 2, "too many dims");
+    const lua_Unsigned nd = lua_rawlen(L, 2);
+    luaL_argcheck(L, nd <= CK_MAX_DIMS, 2, "too many dims");
+    s.ndim = (int)nd;
     int64_t known = 1;
     for (int d = 0; d < s.ndim; d++) {
-        lua_geti(L, 2, d + 1);
+        lua_rawgeti(L, 2, d + 1);
         s.d[d] = luaL_checkinteger(L, -1);
         lua_pop(L, 1);
         if (s.d[d] == -1) {
@@ -529,10 +556,11 @@ static int l_reshape(lua_State *L)
             infer = d;
         } else {
             luaL_argcheck(L, s.d[d] >= 0, 2, "negative dim");
+            luaL_argcheck(L, s.d[d] == 0 || known <= INT64_MAX / s.d[d], 2, "more elements than a tensor can hold");
             known *= s.d[d];
         }
     }
-    if (infer >= 0) s.d[infer] = known ? ck_shape_numel(in) / known : 0;
+    if (infer >= 0) s.d[infer] = known ? numel / known : 0;
     return record(L, CK_OP_RESHAPE, a, 1, &NOPARAMS, &s);
 }
 
@@ -542,10 +570,10 @@ static int l_permute(lua_State *L)
     ck_op_params p = {0};
     int a[1] = {1};
     luaL_checktype(L, 2, LUA_TTABLE);
-    int n = (int)luaL_len(L, 2);
-    luaL_argcheck(L, n == shape_of(L, 1)->ndim, 2, "permutation length differs from the rank");
-    for (int d = 0; d < n; d++) {
-        lua_geti(L, 2, d + 1);
+    const lua_Unsigned n = lua_rawlen(L, 2);
+    luaL_argcheck(L, n == (lua_Unsigned)shape_of(L, 1)->ndim, 2, "permutation length differs from the rank");
+    for (int d = 0; d < (int)n; d++) {
+        lua_rawgeti(L, 2, d + 1);
         p.i[d] = luaL_checkinteger(L, -1);
         lua_pop(L, 1);
     }
@@ -651,16 +679,71 @@ static int l_train(lua_State *L)
 static lprogram *check_program(lua_State *L, int i)
 {
     lprogram *lp = luaL_checkudata(L, i, PROGRAM_MT);
-    if (!lp->p) luaL_error(L, "program is closed");
+    if (!lp->p || lp->closing) luaL_error(L, "program is closed");
     return lp;
 }
 
 ck_program *ck_lua_program(lua_State *L, int i) { return check_program(L, i)->p; }
 
+/* The pin's __close: runs when the binding that pinned returns or raises. */
+static int l_pin_release(lua_State *L)
+{
+    lprogram **slot = luaL_checkudata(L, 1, PIN_MT);
+    lprogram *lp = *slot;
+    *slot = NULL;
+    if (lp && --lp->pins == 0 && lp->closing) {
+        ck_program_free(lp->p);
+        lp->p = NULL;
+        lp->closing = 0;
+    }
+    return 0;
+}
+
+/* Pins the program at index i until the calling binding returns or raises:
+ * the stack is cut (or padded with nils) to the binding's nargs arguments and
+ * the pin, a to-be-closed value that refers to the program, goes above them
+ * (so the binding must not pop it). */
+static lprogram *pin_program(lua_State *L, int i, int nargs)
+{
+    i = lua_absindex(L, i);
+    lprogram *lp = check_program(L, i);
+    lua_settop(L, nargs);
+    lprogram **slot = lua_newuserdatauv(L, sizeof *slot, 1);
+    *slot = NULL;
+    luaL_setmetatable(L, PIN_MT);
+    lua_pushvalue(L, i);
+    lua_setiuservalue(L, -2, 1);
+    lua_toclose(L, -1);
+    *slot = lp;
+    lp->pins++;
+    return lp;
+}
+
+ck_program *ck_lua_program_pinned(lua_State *L, int i, int nargs) { return pin_program(L, i, nargs)->p; }
+
 static int tensor_id(lua_State *L, int i)
 {
     ltensor *t = check_tensor(L, i);
     return t->id;
+}
+
+/* Copies the strings a and b point at into one userdata left on the stack,
+ * and points them at the copies. */
+static void keep_patterns(lua_State *L, const char **a, int na, const char **b, int nb)
+{
+    size_t bytes = 1;
+    for (int i = 0; i < na; i++) bytes += strlen(a[i]) + 1;
+    for (int i = 0; i < nb; i++) bytes += strlen(b[i]) + 1;
+    char *at = lua_newuserdatauv(L, bytes, 0);
+    for (int k = 0; k < 2; k++) {
+        const char **s = k ? b : a;
+        for (int i = 0; i < (k ? nb : na); i++) {
+            const size_t n = strlen(s[i]) + 1;
+            memcpy(at, s[i], n);
+            s[i] = at;
+            at += n;
+        }
+    }
 }
 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
@@ -675,30 +758,28 @@ static int l_compile(lua_State *L)
     ck_compile_opts o = {0};
     int outs[256];
     o.loss = -1;
-    lua_getfield(L, 2, "loss");
-    if (!lua_isnil(L, -1)) o.loss = tensor_id(L, -1);
+    if (rawfield(L, 2, "loss") != LUA_TNIL) o.loss = tensor_id(L, -1);
     lua_pop(L, 1);
-    lua_getfield(L, 2, "outputs");
-    if (lua_istable(L, -1)) {
-        int n = (int)luaL_len(L, -1);
+    if (rawfield(L, 2, "outputs") == LUA_TTABLE) {
+        const lua_Unsigned n = lua_rawlen(L, -1);
         luaL_argcheck(L, n <= 256, 2, "too many outputs");
-        for (int i = 0; i < n; i++) {
-            lua_geti(L, -1, i + 1);
+        for (int i = 0; i < (int)n; i++) {
+            lua_rawgeti(L, -1, i + 1);
             outs[o.noutputs++] = tensor_id(L, -1);
             lua_pop(L, 1);
         }
     }
     lua_pop(L, 1);
     o.outputs = outs;
-    lua_getfield(L, 2, "optimizer");
+    rawfield(L, 2, "optimizer");
     const char *opt = luaL_optstring(L, -1, "adamw");
-    lua_pop(L, 1);
     if (strcmp(opt, "adamw") == 0) o.optim = CK_OPTIM_ADAMW;
     else if (strcmp(opt, "sgd") == 0) o.optim = CK_OPTIM_SGD;
     else if (strcmp(opt, "lion") == 0) o.optim = CK_OPTIM_LION;
     else if (strcmp(opt, "adamw8bit") == 0) o.optim = CK_OPTIM_ADAMW8;
     else if (strcmp(opt, "none") == 0) o.optim = CK_OPTIM_NONE;
     else return luaL_error(L, "unknown optimizer '%s' (adamw, adamw8bit, lion, sgd, none)", opt);
+    lua_pop(L, 1);
     o.lr = (float)opt_num(L, 2, "lr", 1e-3);
     o.eps = (float)opt_num(L, 2, "eps", 1e-8);
     o.weight_decay = (float)opt_num(L, 2, "weight_decay", o.optim == CK_OPTIM_ADAMW || o.optim == CK_OPTIM_ADAMW8 ? 1e-2 : 0.0);
@@ -720,33 +801,34 @@ static int l_compile(lua_State *L)
                             : o.accumulate > 1 ? "accumulate gradients" : "clip by the norm of all gradients");
     o.beta1 = 0.9f;
     o.beta2 = o.optim == CK_OPTIM_LION ? 0.99f : 0.999f; /* torch's AdamW, lion-pytorch's Lion */
-    lua_getfield(L, 2, "betas");
-    if (lua_istable(L, -1)) {
-        lua_geti(L, -1, 1);
+    if (rawfield(L, 2, "betas") == LUA_TTABLE) {
+        lua_rawgeti(L, -1, 1);
         o.beta1 = (float)luaL_checknumber(L, -1);
-        lua_geti(L, -2, 2);
+        lua_rawgeti(L, -2, 2);
         o.beta2 = (float)luaL_checknumber(L, -1);
         lua_pop(L, 2);
     }
     lua_pop(L, 1);
-    lua_getfield(L, 2, "seed");
+    rawfield(L, 2, "seed");
     int whole = 1;
     const lua_Integer seed = lua_isnil(L, -1) ? 0 : lua_tointegerx(L, -1, &whole);
-    if (!whole) return ck_lua_raise(L, "compile: seed must be a whole number of at most 64 bits, got %s",
-                                    luaL_tolstring(L, -1, NULL));
+    if (!whole) /* no luaL_tolstring: a __tostring would run */
+        return ck_lua_raise(L, "compile: seed must be a whole number of at most 64 bits, got %s",
+                            lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1)
+                                                                                              : luaL_typename(L, -1));
     o.seed = (uint64_t)seed;
     lua_pop(L, 1);
     o.keep_grads = opt_bool(L, 2, "keep_grads", 0);
     const ck_host *host = ck_host_of(L);
     o.plan_only = opt_bool(L, 2, "plan_only", host && host->plan_only);
-    lua_getfield(L, 2, "storage");
+    rawfield(L, 2, "storage");
     const char *storage = luaL_optstring(L, -1, "fp32");
     if (!strcmp(storage, "bf16")) o.storage = CK_BF16;
     else if (!strcmp(storage, "fp16")) o.storage = CK_F16;
     else if (strcmp(storage, "fp32")) return ck_lua_raise(L, "compile: storage must be fp32, bf16 or fp16, got '%s'", storage);
     lua_pop(L, 1);
     /* frozen weights narrower than storage: fp8 (e4m3, kohya's --fp8_base) or bf16 */
-    lua_getfield(L, 2, "frozen");
+    rawfield(L, 2, "frozen");
     if (!lua_isnil(L, -1)) {
         const char *fz = lua_tostring(L, -1);
         if (fz && !strcmp(fz, "fp8")) o.frozen = CK_F8E4M3;
@@ -756,7 +838,7 @@ static int l_compile(lua_State *L)
     }
     lua_pop(L, 1);
     /* the device: compile{device=}, else the VM's (--device), else auto */
-    lua_getfield(L, 2, "device");
+    rawfield(L, 2, "device");
     const char *device = luaL_optstring(L, -1, host ? host->device : "auto");
     char derr[512];
     o.be = ck_backend_find(device, o.plan_only, derr, sizeof derr);
@@ -764,15 +846,18 @@ static int l_compile(lua_State *L)
     lua_pop(L, 1);
     /* what logging steps will compute: planned now, so the arena is sized once */
     const char *stat_blocks[64];
-    lua_pushliteral(L, "stats");
-    lua_rawget(L, 2);
+    rawfield(L, 2, "stats");
     ck_lua_stats_request(L, -1, &o, stat_blocks);
-    lua_getfield(L, 2, "checkpoint");
+    rawfield(L, 2, "checkpoint");
     ck_lua_policy policy;
     ck_lua_policy_opts(L, -1, &policy, &o);
+    /* a policy function runs while the program compiles: it could drop the
+     * tables these patterns live in, so the compile reads copies */
+    keep_patterns(L, stat_blocks, o.nstat_blocks, policy.patterns, policy.pol.npatterns);
     char err[512];
     lprogram *lp = lua_newuserdatauv(L, sizeof *lp, 1);
     lp->p = NULL;
+    lp->pins = lp->closing = 0;
     luaL_setmetatable(L, PROGRAM_MT);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, -2, 1);
@@ -785,9 +870,24 @@ static int l_compile(lua_State *L)
     return 1;
 }
 
+/* Unreachable, so no binding holds it (a pin refers to it). */
 static int l_program_gc(lua_State *L)
 {
     lprogram *lp = luaL_checkudata(L, 1, PROGRAM_MT);
+    ck_program_free(lp->p);
+    lp->p = NULL;
+    return 0;
+}
+
+/* A `<close>` variable of a program: deferred while a binding has it pinned
+ * (the binding finishes on the program, which reads as closed already). */
+static int l_program_close(lua_State *L)
+{
+    lprogram *lp = luaL_checkudata(L, 1, PROGRAM_MT);
+    if (lp->pins > 0) {
+        lp->closing = 1;
+        return 0;
+    }
     ck_program_free(lp->p);
     lp->p = NULL;
     return 0;
@@ -806,14 +906,16 @@ int ck_lua_program_tensor(lua_State *L, ck_program *p, int i)
     return id;
 }
 
+/* Values are read raw (no __index or __len: Lua code there could close the
+ * program or free the buffer being filled). */
 static int64_t flatten(lua_State *L, int t, float *dst, int64_t n, int64_t k, int depth)
 {
     if (depth > CK_MAX_DIMS + 1) luaL_error(L, "values nested too deep (deeper than any tensor)");
     luaL_checkstack(L, 4, "values nested too deep");
-    int len = (int)luaL_len(L, t);
-    for (int i = 1; i <= len; i++) {
-        lua_geti(L, t, i);
-        if (lua_istable(L, -1)) k = flatten(L, lua_gettop(L), dst, n, k, depth + 1);
+    const lua_Unsigned len = lua_rawlen(L, t);
+    for (lua_Unsigned i = 1; i <= len; i++) {
+        POLL(L, i);
+        if (lua_rawgeti(L, t, (lua_Integer)i) == LUA_TTABLE) k = flatten(L, lua_gettop(L), dst, n, k, depth + 1);
         else {
             int ok;
             lua_Number v = lua_tonumberx(L, -1, &ok);
@@ -827,20 +929,23 @@ static int64_t flatten(lua_State *L, int t, float *dst, int64_t n, int64_t k, in
 }
 
 /* p:set(tensor|name, values [, index]): a number fills; a (nested) table gives
- * every element; with index, only that entry of the batch (the first dim) */
+ * every element; with index, only that entry of the batch (the first dim).
+ * The values are read raw into a buffer first, the program pinned; nothing
+ * points into the program's graph while Lua allocates (a collection step). */
 static int l_set(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = pin_program(L, 1, 4)->p;
     int id = ck_lua_program_tensor(L, p, 2);
-    ck_tensor *t = &p->g->t[id];
-    if (p->poff[id] < 0) return luaL_error(L, "'%s' is not an input or parameter", t->name ? t->name : "tensor");
+    const ck_shape shape = p->g->t[id].shape;
+    if (p->poff[id] < 0)
+        return luaL_error(L, "'%s' is not an input or parameter", p->g->t[id].name ? p->g->t[id].name : "tensor");
     if (!ck_program_data(p, id)) return luaL_error(L, "set: a plan-only program holds no values");
-    int64_t n = ck_shape_numel(&t->shape), at = 0;
+    int64_t n = ck_shape_numel(&shape), at = 0;
     int entry = !lua_isnoneornil(L, 4);
     if (entry) { /* one entry of the batch (first dim), 1-based */
         lua_Integer b = luaL_checkinteger(L, 4);
-        luaL_argcheck(L, t->shape.ndim >= 1 && b >= 1 && b <= t->shape.d[0], 4, "index out of the batch");
-        n /= t->shape.d[0];
+        luaL_argcheck(L, shape.ndim >= 1 && b >= 1 && b <= shape.d[0], 4, "index out of the batch");
+        n /= shape.d[0];
         at = (b - 1) * n;
     }
     float *tmp = NULL;
@@ -850,17 +955,21 @@ static int l_set(lua_State *L)
         int64_t k = flatten(L, 3, tmp, n, 0, 0);
         if (k != n) {
             char s[128];
-            return luaL_error(L, "'%s' %s%s has %d elements, got %d values", t->name ? t->name : "tensor",
-                              ck_shape_str(&t->shape, s, sizeof s), entry ? " entry" : "", (int)n, (int)k);
+            const char *name = p->g->t[id].name;
+            return luaL_error(L, "'%s' %s%s has %d elements, got %d values", name ? name : "tensor",
+                              ck_shape_str(&shape, s, sizeof s), entry ? " entry" : "", (int)n, (int)k);
         }
     }
+    const float v = tmp ? 0.0f : (float)lua_tonumber(L, 3);
     float *x = ck_program_write_begin(p, id, entry);
     if (!x) return luaL_error(L, "set: %s", p->err);
-    if (tmp) {
-        memcpy(x + at, tmp, sizeof(float) * (size_t)n);
-    } else {
-        float v = (float)lua_tonumber(L, 3);
-        for (int64_t i = 0; i < n; i++) x[at + i] = v;
+    /* the copy polls too: a stop leaves the tensor part written */
+    for (int64_t i = 0; i < n; i += 1 << 16) {
+        const int64_t m = n - i < 1 << 16 ? n - i : 1 << 16;
+        if (tmp) memcpy(x + at + i, tmp + i, sizeof(float) * (size_t)m);
+        else
+            for (int64_t j = 0; j < m; j++) x[at + i + j] = v;
+        if (i) ck_limits_charge(L, m >> 4);
     }
     if (ck_program_write_end(p, id)) return luaL_error(L, "set: %s", p->err);
     return 0;
@@ -881,12 +990,13 @@ static const float *readable(lua_State *L, ck_program *p, int id)
 /* p:get(tensor|name) -> flat table of numbers */
 static int l_get(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = pin_program(L, 1, 2)->p;
     int id = ck_lua_program_tensor(L, p, 2);
     const float *x = readable(L, p, id);
     int64_t n = ck_shape_numel(&p->g->t[id].shape);
     lua_createtable(L, (int)n, 0);
     for (int64_t i = 0; i < n; i++) {
+        POLL(L, i);
         lua_pushnumber(L, x[i]);
         lua_rawseti(L, -2, i + 1);
     }
@@ -911,12 +1021,13 @@ static int l_grad(lua_State *L)
     int id = ck_lua_program_tensor(L, p, 2);
     int gid = p->g->t[id].grad;
     if (gid < 0) return luaL_error(L, "'%s' has no gradient", p->g->t[id].name ? p->g->t[id].name : "tensor");
-    lua_settop(L, 1);
+    pin_program(L, 1, 1);
     const float *x = ck_program_read(p, gid);
     if (!x) return luaL_error(L, "%s", p->err[0] ? p->err : "gradients are not kept; compile with keep_grads = true");
     int64_t n = ck_shape_numel(&p->g->t[gid].shape);
     lua_createtable(L, (int)n, 0);
     for (int64_t i = 0; i < n; i++) {
+        POLL(L, i);
         lua_pushnumber(L, x[i]);
         lua_rawseti(L, -2, i + 1);
     }
@@ -938,7 +1049,8 @@ static int push_loss(lua_State *L, ck_program *p)
  * measured high-water mark (bytes), found by scanning a sentinel fill. */
 static int l_step(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    /* pinned: the options' metamethods (read by ck_lua_log_step) may run Lua */
+    ck_program *p = pin_program(L, 1, 2)->p;
     if (lua_istable(L, 2)) p->opt.lr = (float)opt_num(L, 2, "lr", p->opt.lr);
     return ck_lua_log_step(L, p);
 }
@@ -958,7 +1070,10 @@ static int l_checksum(lua_State *L)
     if (!x) return luaL_error(L, "%s", p->err[0] ? p->err : "tensor is not readable now");
     size_t n = (size_t)ck_shape_numel(&p->g->t[id].shape) * sizeof(float);
     uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++) h = (h ^ x[i]) * 1099511628211ULL;
+    for (size_t i = 0; i < n; i++) {
+        if ((i & 0xffff) == 0xffff) ck_limits_charge(L, 4096);
+        h = (h ^ x[i]) * 1099511628211ULL;
+    }
     char buf[17];
     snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
     lua_pushstring(L, buf);
@@ -992,7 +1107,7 @@ static void set_num(lua_State *L, const char *k, double v)
  * step_flops, recompute_flops, and at_peak = {category = bytes live at the peak} */
 static int l_plan(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = pin_program(L, 1, 1)->p;
     const ck_plan *pl = p->train.n ? &p->train : &p->eval;
     int nrec = 0;
     for (int i = 0; i < pl->n; i++) nrec += pl->ops[i].phase == CK_PHASE_RECOMPUTE;
@@ -1026,7 +1141,7 @@ static int l_plan(lua_State *L)
  * threads; 1 on a device) */
 static int l_outside_plan(lua_State *L)
 {
-    lprogram *lp = check_program(L, 1);
+    lprogram *lp = pin_program(L, 1, 1);
     ck_program *p = lp->p;
     size_t graph = ck_program_host_bytes(p);
     lua_getiuservalue(L, 1, 1);
@@ -1053,13 +1168,20 @@ static int l_outside_plan(lua_State *L)
  * <category> = {live bytes at each op, ...}, ...} of the training list */
 static int l_timeline(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = pin_program(L, 1, 1)->p;
     const ck_plan *pl = p->train.n ? &p->train : &p->eval;
     size_t *cat = ck_plan_timeline(pl, p->g, p->persistent, p->retain, p->be);
     if (!cat) return luaL_error(L, "out of memory");
+    /* held by a userdata, so a raise below (memory, a poll) cannot leak it */
+    const size_t bytes = sizeof *cat * (size_t)(pl->n ? pl->n : 1) * CK_CAT_COUNT;
+    size_t *held = lua_newuserdatauv(L, bytes, 0);
+    memcpy(held, cat, bytes);
+    free(cat);
+    cat = held;
     lua_newtable(L);
     lua_createtable(L, pl->n, 0);
     for (int i = 0; i < pl->n; i++) {
+        POLL(L, i);
         lua_pushstring(L, ck_phase_name(pl->ops[i].phase));
         lua_rawseti(L, -2, i + 1);
     }
@@ -1067,12 +1189,12 @@ static int l_timeline(lua_State *L)
     for (int c = 0; c < CK_CAT_COUNT; c++) {
         lua_createtable(L, pl->n, 0);
         for (int i = 0; i < pl->n; i++) {
+            POLL(L, i);
             lua_pushinteger(L, (lua_Integer)cat[(size_t)i * CK_CAT_COUNT + c]);
             lua_rawseti(L, -2, i + 1);
         }
         lua_setfield(L, -2, ck_cat_names[c]);
     }
-    free(cat);
     return 1;
 }
 
@@ -1080,10 +1202,11 @@ static int l_timeline(lua_State *L)
  * parameters and optimizer state, in graph order */
 static int l_state_tensors(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = pin_program(L, 1, 1)->p;
     lua_newtable(L);
     int k = 0;
     for (int t = 0; t < p->g->nt; t++) {
+        POLL(L, t);
         ck_kind kind = p->g->t[t].kind;
         if ((kind == CK_KIND_PARAM || kind == CK_KIND_OPTSTATE) && p->g->t[t].name) {
             lua_pushstring(L, p->g->t[t].name);
@@ -1163,7 +1286,10 @@ static int l_fill_randn(lua_State *L)
     uint64_t stream = ck_rng_key(p->opt.seed, (uint64_t)step, key);
     float *x = ck_program_write_begin(p, id, 0);
     if (!x) return luaL_error(L, "randn: %s", p->err);
-    for (int64_t i = 0; i < n; i++) x[i] = scale * ck_rng_normal(stream, (uint64_t)i);
+    for (int64_t i = 0; i < n; i++) {
+        POLL(L, i);
+        x[i] = scale * ck_rng_normal(stream, (uint64_t)i);
+    }
     if (ck_program_write_end(p, id)) return luaL_error(L, "randn: %s", p->err);
     return 0;
 }
@@ -1247,9 +1373,9 @@ static int l_device_memory(lua_State *L)
 static int l_cuda_options(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
-    lua_getfield(L, 1, "deterministic");
+    rawfield(L, 1, "deterministic");
     int det = lua_isnil(L, -1) ? -1 : lua_toboolean(L, -1);
-    lua_getfield(L, 1, "tf32");
+    rawfield(L, 1, "tf32");
     int tf32 = lua_isnil(L, -1) ? -1 : lua_toboolean(L, -1);
     char err[512];
     if (ck_cuda_configure(det, tf32, err, sizeof err)) return ck_lua_raise(L, "cuda_options: %s", err);
@@ -1313,7 +1439,12 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     lua_setfield(L, -2, "__newindex");
     lua_pushcfunction(L, l_program_gc);
     lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, l_program_gc);
+    lua_pushcfunction(L, l_program_close);
+    lua_setfield(L, -2, "__close");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, PIN_MT);
+    lua_pushcfunction(L, l_pin_release);
     lua_setfield(L, -2, "__close");
     lua_pop(L, 1);
 

@@ -13,6 +13,12 @@
 
 /* The program at stack index i (raises if it is not one or is closed). */
 ck_program *ck_lua_program(lua_State *L, int i);
+/* The same, pinned until the calling binding returns or raises: for bindings
+ * that run Lua code (a metamethod, a collection step) while they use the
+ * program. A close meanwhile is deferred to then. Cuts the stack to the
+ * binding's nargs arguments and pushes the pin (a to-be-closed value) above
+ * them: the binding must leave it there. */
+ck_program *ck_lua_program_pinned(lua_State *L, int i, int nargs);
 /* A tensor handle or a name at index i, as a tensor id of program p. */
 int ck_lua_program_tensor(lua_State *L, ck_program *p, int i);
 /* vm/lua/lua_st.c: adds safetensors functions to the module table at index lib and

@@ -94,7 +94,8 @@ static void free_uses(uses *u)
  * of the training list (the forward list when nothing trains) */
 static int l_program_graph(lua_State *L)
 {
-    ck_program *p = ck_lua_program(L, 1);
+    /* pinned: a collection step while the tables are built may run Lua */
+    ck_program *p = ck_lua_program_pinned(L, 1, 1);
     const ck_plan *pl = p->train.n ? &p->train : &p->eval;
     const ck_graph *g = p->g;
     int nt = pl->ntensors;
@@ -130,6 +131,7 @@ static int l_program_graph(lua_State *L)
 
     lua_createtable(L, pl->n, 0);
     for (int i = 0; i < pl->n; i++) {
+        if ((i & 1023) == 1023) ck_limits_charge(L, 4096); /* a poll: about 4 instructions' work per field */
         const ck_op_ref *r = &pl->ops[i];
         const ck_node *nd = &g->n[r->node];
         lua_createtable(L, 0, 12);
@@ -156,6 +158,7 @@ static int l_program_graph(lua_State *L)
     lua_newtable(L);
     int k = 0;
     for (int t = 0; t < nt; t++) {
+        if ((t & 1023) == 1023) ck_limits_charge(L, 4096);
         if (ws[t] == ws[t + 1] && rs[t] == rs[t + 1]) continue;
         int o = pl->origin[t];
         const ck_tensor *tt = &g->t[o];

@@ -57,7 +57,13 @@ typedef struct enc {
     int digits;        /* the most any real needs (ck_json_digits): the dump's precision */
     char path[256];
     size_t plen;
+    long long work;    /* values visited: a poll of interrupts and limits every 4096 */
 } enc;
+
+static void poll(enc *e)
+{
+    if ((++e->work & 4095) == 0) ck_limits_charge(e->L, 4096);
+}
 
 static const char *path_of(enc *e) { return e->plen ? e->path : "the value"; }
 
@@ -153,6 +159,7 @@ static int table_kind(enc *e, int t, lua_Integer *n)
     lua_pushnil(L);
     while (lua_next(L, t)) {
         lua_pop(L, 1);
+        poll(e);
         if (lua_type(L, -1) == LUA_TSTRING) {
             strs++;
         } else if (lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 1) {
@@ -187,6 +194,7 @@ static void encode_table(enc *e, int t, int depth, json_t *parent, const char *k
     lua_rawset(L, e->seen);
     if (kind == ORDERED) {
         for (lua_Integer i = 1; i <= n; i++) {
+            poll(e);
             size_t old = path_push(e, NULL, 0, i);
             if (lua_rawgeti(L, t, i) != LUA_TTABLE)
                 enc_fail(e, "json_encode: %s of a ck.json_object is not a {key, value} pair%s", "");
@@ -205,6 +213,7 @@ static void encode_table(enc *e, int t, int depth, json_t *parent, const char *k
         }
     } else if (kind == LIST) {
         for (lua_Integer i = 1; i <= n; i++) {
+            poll(e);
             size_t old = path_push(e, NULL, 0, i);
             lua_rawgeti(L, t, i);
             encode(e, lua_gettop(L), depth + 1, c, NULL, 0);
@@ -224,6 +233,7 @@ static void encode_table(enc *e, int t, int depth, json_t *parent, const char *k
         }
         qsort(keys, (size_t)k, sizeof *keys, cmp_skey);
         for (lua_Integer i = 0; i < k; i++) {
+            poll(e);
             size_t old = path_push(e, keys[i].s, keys[i].n, 0);
             lua_pushlstring(L, keys[i].s, keys[i].n);
             lua_rawget(L, t);
@@ -379,9 +389,10 @@ static int l_json_object(lua_State *L)
 
 /* v as a Lua value on the stack: objects as tables keyed by name, arrays as
  * lists, null as ck.json_null */
-static void push_value(lua_State *L, const json_t *v, int depth)
+static void push_value(lua_State *L, const json_t *v, int depth, long long *work)
 {
     luaL_checkstack(L, 6, "json_decode: nested too deep");
+    if ((++*work & 4095) == 0) ck_limits_charge(L, 4096); /* the box frees the tree if this raises */
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         lua_createtable(L, 0, (int)json_object_size(v));
@@ -391,7 +402,7 @@ static void push_value(lua_State *L, const json_t *v, int depth)
         json_object_keylen_foreach((json_t *)v, k, kl, x)
         {
             lua_pushlstring(L, k, kl);
-            push_value(L, x, depth + 1);
+            push_value(L, x, depth + 1, work);
             lua_rawset(L, -3);
         }
         break;
@@ -400,7 +411,7 @@ static void push_value(lua_State *L, const json_t *v, int depth)
         size_t n = json_array_size(v);
         lua_createtable(L, n < 1u << 30 ? (int)n : 0, 0);
         for (size_t i = 0; i < n; i++) {
-            push_value(L, json_array_get(v, i), depth + 1);
+            push_value(L, json_array_get(v, i), depth + 1, work);
             lua_rawseti(L, -2, (lua_Integer)i + 1);
         }
         break;
@@ -424,7 +435,8 @@ static int l_json_decode(lua_State *L)
     json_error_t err;
     b->root = json_loadb(s, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!b->root) return ck_lua_raise(L, "json_decode: %s (line %d, column %d)", err.text, err.line, err.column);
-    push_value(L, b->root, 0);
+    long long work = 0;
+    push_value(L, b->root, 0, &work);
     json_decref(b->root);
     b->root = NULL;
     return 1;

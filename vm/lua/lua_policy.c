@@ -79,9 +79,16 @@ static int decide_builtin(void *ud, const ck_decide_ctx *c, unsigned char *recom
     return ck_policy_decide(&lp->pol, c, recompute, err, errlen);
 }
 
+/* the policy table is read raw: compile holds pointers while it reads */
+static int raw_field(lua_State *L, int t, const char *k)
+{
+    lua_pushstring(L, k);
+    return lua_rawget(L, t);
+}
+
 static double num_field(lua_State *L, int t, const char *k, double def)
 {
-    lua_getfield(L, t, k);
+    raw_field(L, t, k);
     double v = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : def;
     lua_pop(L, 1);
     return v;
@@ -105,26 +112,24 @@ int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts
     }
     if (!lua_istable(L, idx)) return ck_lua_raise(L, "checkpoint must be a policy (see ck.policy) or a function, got %s",
                                                   luaL_typename(L, idx));
-    lua_getfield(L, idx, "kind");
-    const char *kind = lua_tostring(L, -1);
+    const char *kind = raw_field(L, idx, "kind") == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
     lua_pop(L, 1); /* the string stays alive in the table */
     if (!kind) return ck_lua_raise(L, "checkpoint policy table has no kind");
     ck_policy *pol = &lp->pol;
     if (!strcmp(kind, "none")) pol->kind = CK_POLICY_NONE;
     else if (!strcmp(kind, "blocks")) {
         pol->kind = CK_POLICY_BLOCKS;
-        lua_getfield(L, idx, "patterns");
-        int n = lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
+        const lua_Unsigned n = raw_field(L, idx, "patterns") == LUA_TTABLE ? lua_rawlen(L, -1) : 0;
         if (n < 1 || n > MAX_PATTERNS) return ck_lua_raise(L, "blocks: give 1 to %d scope patterns", MAX_PATTERNS);
-        for (int i = 0; i < n; i++) {
-            lua_geti(L, -1, i + 1);
-            lp->patterns[i] = lua_tostring(L, -1);
-            lua_pop(L, 1);
+        for (int i = 0; i < (int)n; i++) {
+            /* strings only: lua_tostring would turn a number in the table into one */
+            lp->patterns[i] = lua_rawgeti(L, -1, i + 1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+            lua_pop(L, 1); /* held by the table; compile copies them before any Lua code runs */
             if (!lp->patterns[i]) return ck_lua_raise(L, "blocks: pattern %d is not a string", i + 1);
         }
         lua_pop(L, 1);
         pol->patterns = lp->patterns;
-        pol->npatterns = n;
+        pol->npatterns = (int)n;
     } else if (!strcmp(kind, "every_n")) {
         pol->kind = CK_POLICY_EVERY_N;
         const double n = num_field(L, idx, "n", 0);
@@ -133,14 +138,14 @@ int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts
     } else if (!strcmp(kind, "sqrt_n")) pol->kind = CK_POLICY_SQRT_N;
     else if (!strcmp(kind, "selective")) {
         pol->kind = CK_POLICY_SELECTIVE;
-        lua_getfield(L, idx, "recompute");
+        raw_field(L, idx, "recompute");
         if (lua_isnil(L, -1)) ck_policy_selective_default(pol->ops);
         else {
             if (!lua_istable(L, -1)) return ck_lua_raise(L, "selective: recompute must be a list of op kinds");
-            int n = (int)luaL_len(L, -1);
-            for (int i = 0; i < n; i++) {
-                lua_geti(L, -1, i + 1);
-                const char *name = lua_tostring(L, -1);
+            const lua_Unsigned n = lua_rawlen(L, -1);
+            for (lua_Unsigned i = 0; i < n; i++) {
+                if ((i & 4095) == 4095) ck_limits_charge(L, 4096);
+                const char *name = lua_rawgeti(L, -1, (lua_Integer)i + 1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
                 int op = name ? op_by_name(name) : -1;
                 if (op < 0) return ck_lua_raise(L, "selective: unknown op kind '%s'", name ? name : "?");
                 pol->ops[op] = 1;

@@ -9,6 +9,7 @@
 #include <lauxlib.h>
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,11 +174,13 @@ static void load_one(lua_State *L, ck_program *p, int id, lstfile *lf, const cha
  * misshaped key is an error that names it */
 static int l_load(lua_State *L)
 {
-    ck_program *p = ck_lua_program(L, 1);
+    ck_program *p = ck_lua_program_pinned(L, 1, 3);
     lstfile *lf = check_file(L, 2);
     luaL_checktype(L, 3, LUA_TTABLE);
+    long long k = 0;
     lua_pushnil(L);
-    while (lua_next(L, 3)) {
+    while (lua_next(L, 3)) { /* raw */
+        if ((++k & 255) == 0) ck_limits_charge(L, 4096);
         int id = ck_lua_program_tensor(L, p, -2);
         load_one(L, p, id, lf, luaL_checkstring(L, -1), 0, 0);
         lua_pop(L, 1);
@@ -188,7 +191,7 @@ static int l_load(lua_State *L)
 /* p:load_sample(tensor, index, file, key): entry `index` (1-based) of a batched input */
 static int l_load_sample(lua_State *L)
 {
-    ck_program *p = ck_lua_program(L, 1);
+    ck_program *p = ck_lua_program_pinned(L, 1, 5);
     int id = ck_lua_program_tensor(L, p, 2);
     lua_Integer index = luaL_checkinteger(L, 3);
     lstfile *lf = check_file(L, 4);
@@ -208,15 +211,24 @@ static ck_st_dtype dtype_arg(lua_State *L, const char *s)
     return CK_ST_F32;
 }
 
+/* Metadata keys are strings, values strings, numbers or booleans: read raw,
+ * with no __tostring (no Lua code runs while a save holds the program). */
 static void add_metadata(lua_State *L, int t, ck_st_writer *w)
 {
     if (!lua_istable(L, t)) return;
+    long long n = 0;
     lua_pushnil(L);
     while (lua_next(L, t)) {
-        lua_pushvalue(L, -2);
-        const char *k = lua_tostring(L, -1), *v = luaL_tolstring(L, -2, NULL);
-        ck_st_writer_meta(w, k, v);
-        lua_pop(L, 3);
+        if ((++n & 255) == 0) ck_limits_charge(L, 4096);
+        if (lua_type(L, -2) != LUA_TSTRING)
+            ck_lua_raise(L, "metadata keys must be strings, got %s", luaL_typename(L, -2));
+        const char *k = lua_tostring(L, -2);
+        const int ty = lua_type(L, -1);
+        if (ty == LUA_TBOOLEAN) lua_pushstring(L, lua_toboolean(L, -1) ? "true" : "false");
+        else if (ty == LUA_TNUMBER || ty == LUA_TSTRING) lua_pushvalue(L, -1);
+        else ck_lua_raise(L, "metadata '%s' must be a string, a number or a boolean, got %s", k, lua_typename(L, ty));
+        ck_st_writer_meta(w, k, lua_tostring(L, -1)); /* converts the copy, not the key lua_next needs */
+        lua_pop(L, 2);
     }
 }
 
@@ -259,28 +271,30 @@ static const float *program_values(void *ud, int id, char *err, size_t errlen)
  * with no Lua code in between, reading each tensor only as it is written. */
 static int l_save(lua_State *L)
 {
-    ck_program *p = ck_lua_program(L, 1);
+    ck_program *p = ck_lua_program_pinned(L, 1, 4);
     const char *path = luaL_checkstring(L, 2);
     luaL_checktype(L, 3, LUA_TTABLE);
     ck_lua_check_path(L, path, CK_ACCESS_WRITE);
     ck_st_dtype dtype = CK_ST_F32;
     if (lua_istable(L, 4)) {
-        lua_getfield(L, 4, "dtype");
+        lua_pushliteral(L, "dtype");
+        lua_rawget(L, 4);
         if (lua_isstring(L, -1)) dtype = dtype_arg(L, lua_tostring(L, -1));
         lua_pop(L, 1);
     }
     ck_st_writer *w = guarded_writer(L);
     int guard = lua_gettop(L);
-    /* metadata first: its values may run __tostring, which must not run
-     * between collecting the entries and the save */
+    /* metadata first, then the entries, then the save: all read raw */
     if (lua_istable(L, 4)) {
-        lua_getfield(L, 4, "metadata");
+        lua_pushliteral(L, "metadata");
+        lua_rawget(L, 4);
         add_metadata(L, lua_gettop(L), w);
         lua_pop(L, 1);
     }
-    int n = (int)lua_rawlen(L, 3);
-    for (int i = 1; i <= n; i++) {
-        lua_rawgeti(L, 3, i);
+    const lua_Unsigned n = lua_rawlen(L, 3);
+    for (lua_Unsigned i = 1; i <= n; i++) {
+        if ((i & 255) == 0) ck_limits_charge(L, 4096);
+        lua_rawgeti(L, 3, (lua_Integer)i);
         int e = lua_gettop(L);
         luaL_checktype(L, e, LUA_TTABLE);
         lua_rawgeti(L, e, 1);
@@ -314,30 +328,36 @@ static int l_write(lua_State *L)
     ck_st_dtype dtype = lua_isstring(L, 4) ? dtype_arg(L, lua_tostring(L, 4)) : CK_ST_F32;
     ck_st_writer *w = guarded_writer(L);
     int guard = lua_gettop(L);
-    int n = (int)luaL_len(L, 2);
-    for (int i = 1; i <= n; i++) {
-        lua_geti(L, 2, i);
+    /* read raw: the writer holds each key and buffer until the save */
+    const lua_Unsigned n = lua_rawlen(L, 2);
+    for (lua_Unsigned i = 1; i <= n; i++) {
+        lua_rawgeti(L, 2, (lua_Integer)i);
         int e = lua_gettop(L);
         luaL_checktype(L, e, LUA_TTABLE);
-        lua_geti(L, e, 1);
+        lua_rawgeti(L, e, 1);
         const char *key = luaL_checkstring(L, -1);
-        lua_geti(L, e, 2);
+        lua_rawgeti(L, e, 2);
         luaL_checktype(L, -1, LUA_TTABLE);
         int64_t shape[CK_ST_MAX_DIMS], numel = 1;
-        int nd = (int)luaL_len(L, -1);
+        const lua_Unsigned nd = lua_rawlen(L, -1);
         if (nd > CK_ST_MAX_DIMS) return ck_lua_raise(L, "'%s': too many dims", key);
-        for (int d = 0; d < nd; d++) {
-            lua_geti(L, -1, d + 1);
+        for (int d = 0; d < (int)nd; d++) {
+            lua_rawgeti(L, -1, d + 1);
             shape[d] = luaL_checkinteger(L, -1);
+            if (shape[d] < 0 || (shape[d] && numel > INT64_MAX / shape[d]))
+                return ck_lua_raise(L, "'%s': dim %d is negative or too large", key, d + 1);
             numel *= shape[d];
             lua_pop(L, 1);
         }
-        lua_geti(L, e, 3);
+        lua_rawgeti(L, e, 3);
         luaL_checktype(L, -1, LUA_TTABLE);
-        if (luaL_len(L, -1) != numel) return ck_lua_raise(L, "'%s': %d values for %d elements", key, (int)luaL_len(L, -1), (int)numel);
+        const lua_Unsigned nv = lua_rawlen(L, -1);
+        if (nv != (lua_Unsigned)numel)
+            return ck_lua_raise(L, "'%s': %I values for %I elements", key, (lua_Integer)nv, (lua_Integer)numel);
         float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(numel ? numel : 1), 0);
         for (int64_t k = 0; k < numel; k++) {
-            lua_geti(L, -2, k + 1);
+            if ((k & 4095) == 4095) ck_limits_charge(L, 4096);
+            lua_rawgeti(L, -2, k + 1);
             x[k] = (float)luaL_checknumber(L, -1);
             lua_pop(L, 1);
         }

@@ -197,6 +197,8 @@ local cases = {
   end, nil, "'a': 2 values for 3 elements"},
   {"ck.json_encode", function(_, H) return ck.json_encode(H{a = H{1, 2}, b = "x"}) end,
     function(_, s) return s == '{"a":[1,2],"b":"x"}' end},
+  {"ck.json_encode options", function(_, H) return ck.json_encode({1, 2}, H{spaced = true}) end,
+    function(_, s) return s == "[1, 2]" end},
   {"ck.cuda_options", function(_, H)
     local ok = pcall(ck.cuda_options, H{deterministic = true})
     return ok ~= nil

@@ -614,9 +614,10 @@ static int l_tensor_index(lua_State *L)
     lgraph *lg = tensor_graph(L, 1);
     const ck_tensor *t = &lg->g->t[lt->id];
     if (strcmp(k, "shape") == 0) {
-        lua_createtable(L, t->shape.ndim, 0);
-        for (int d = 0; d < t->shape.ndim; d++) {
-            lua_pushinteger(L, t->shape.d[d]);
+        const ck_shape shape = t->shape; /* a collection step in createtable could grow the graph */
+        lua_createtable(L, shape.ndim, 0);
+        for (int d = 0; d < shape.ndim; d++) {
+            lua_pushinteger(L, shape.d[d]);
             lua_rawseti(L, -2, d + 1);
         }
     } else if (strcmp(k, "ndim") == 0) lua_pushinteger(L, t->shape.ndim);

@@ -302,7 +302,8 @@ static void encode(enc *e, int idx, int depth, json_t *parent, const char *key, 
 static int opt_field(lua_State *L, int opts, const char *name, int type)
 {
     if (!opts) return 0;
-    int t = lua_getfield(L, opts, name);
+    lua_pushstring(L, name);
+    int t = lua_rawget(L, opts); /* raw, as every table json_encode reads */
     if (t == LUA_TNIL) {
         lua_pop(L, 1);
         return 0;

@@ -312,6 +312,34 @@ do
   end
 end
 
+-- a binding that raises lets go of its pin: a close right after is not deferred
+do
+  local e = fresh()
+  local raising = setmetatable({}, {__index = function() error("options raised") end})
+  -- a program of a 64 MiB arena, touched: freeing it gives back the pages
+  local g = ck.graph()
+  local big = g:input("big", {16 * 1024 * 1024})
+  local p = g:compile{outputs = {ck.silu(big)}, optimizer = "none"}
+  p:set(big, 1)
+  local set_raised = not pcall(p.set, p, big, {1, "x"})
+  local step_raised = not pcall(p.step, p, raising)
+  local before = ck.rss()
+  do local q <close> = p end
+  local freed = before - ck.rss()
+  T.ok(set_raised and not pcall(function() return p:plan() end) and freed > 48 * 1024 * 1024,
+    "after p:set raised (and p:step " .. (step_raised and "raised" or "read its options raw")
+    .. "), a close frees the program at once: " .. freed // 1048576 .. " MiB given back")
+  -- a coroutine that dies inside a binding keeps the pin until it is collected:
+  -- the close is deferred, the program reads as closed
+  local e2 = fresh()
+  local co = coroutine.create(function() return e2.p:step(raising) end)
+  coroutine.resume(co)
+  do local q <close> = e2.p end
+  T.ok(not pcall(function() return e2.p:plan() end), "closed after a coroutine died inside p:step")
+  co = nil
+  collectgarbage("collect")
+end
+
 for _, f in ipairs(ck.listdir(DIR)) do os.remove(DIR .. "/" .. f) end
 os.remove(DIR)
 T.done()

@@ -316,19 +316,31 @@ end
 do
   local e = fresh()
   local raising = setmetatable({}, {__index = function() error("options raised") end})
-  -- a program of a 64 MiB arena, touched: freeing it gives back the pages
-  local g = ck.graph()
-  local big = g:input("big", {16 * 1024 * 1024})
-  local p = g:compile{outputs = {ck.silu(big)}, optimizer = "none"}
-  p:set(big, 1)
+  -- programs of a 64 MiB arena, touched: freeing one gives back its pages
+  -- (where the allocator gives memory back at all: not under AddressSanitizer)
+  local function big_program()
+    local g = ck.graph()
+    local big = g:input("big", {16 * 1024 * 1024})
+    local p = g:compile{outputs = {ck.silu(big)}, optimizer = "none"}
+    p:set(big, 1)
+    return p, big
+  end
+  local function freed_by_close(p)
+    local before = ck.rss()
+    do local q <close> = p end
+    return before - ck.rss()
+  end
+  local MiB = 1024 * 1024
+  local calibrate = freed_by_close(big_program())
+  local p, big = big_program()
   local set_raised = not pcall(p.set, p, big, {1, "x"})
   local step_raised = not pcall(p.step, p, raising)
-  local before = ck.rss()
-  do local q <close> = p end
-  local freed = before - ck.rss()
-  T.ok(set_raised and not pcall(function() return p:plan() end) and freed > 48 * 1024 * 1024,
-    "after p:set raised (and p:step " .. (step_raised and "raised" or "read its options raw")
-    .. "), a close frees the program at once: " .. freed // 1048576 .. " MiB given back")
+  local freed = freed_by_close(p)
+  local what = "after p:set raised (and p:step " .. (step_raised and "raised" or "read its options raw")
+    .. "), a close frees the program at once: " .. freed // MiB .. " MiB given back"
+  T.ok(set_raised and not pcall(function() return p:plan() end), "after p:set raised, a close closes")
+  if calibrate > 48 * MiB then T.ok(freed > 48 * MiB, what)
+  else print("skip " .. what .. " (this allocator keeps freed memory: " .. calibrate // MiB .. " MiB came back)") end
   -- a coroutine that dies inside a binding keeps the pin until it is collected:
   -- the close is deferred, the program reads as closed
   local e2 = fresh()

@@ -64,6 +64,15 @@ static const ck_st_tensor *find(lua_State *L, lstfile *lf, const char *key)
     return t;
 }
 
+/* Each allocation below may run a collection step, and a finalizer there (in
+ * a trusted script) could close the file: loops look again after each. */
+static lstfile *still_open(lua_State *L, lstfile *lf, long long i)
+{
+    if (!lf->f) ck_lua_raise(L, "%s: the file was closed while it was read", lf->path);
+    if ((i & 4095) == 4095) ck_limits_charge(L, 4096);
+    return lf;
+}
+
 /* f:keys() -> list of tensor names in file order */
 static int l_keys(lua_State *L)
 {
@@ -71,6 +80,7 @@ static int l_keys(lua_State *L)
     int n = ck_st_count(lf->f);
     lua_createtable(L, n, 0);
     for (int i = 0; i < n; i++) {
+        still_open(L, lf, i);
         lua_pushstring(L, ck_st_get(lf->f, i)->name);
         lua_rawseti(L, -2, i + 1);
     }
@@ -89,9 +99,12 @@ static int l_shape(lua_State *L)
 {
     lstfile *lf = check_file(L, 1);
     const ck_st_tensor *t = find(L, lf, luaL_checkstring(L, 2));
-    lua_createtable(L, t->ndim, 0);
-    for (int d = 0; d < t->ndim; d++) {
-        lua_pushinteger(L, t->shape[d]);
+    int64_t shape[CK_ST_MAX_DIMS];
+    const int nd = t->ndim < CK_ST_MAX_DIMS ? t->ndim : CK_ST_MAX_DIMS;
+    for (int d = 0; d < nd; d++) shape[d] = t->shape[d];
+    lua_createtable(L, nd, 0);
+    for (int d = 0; d < nd; d++) {
+        lua_pushinteger(L, shape[d]);
         lua_rawseti(L, -2, d + 1);
     }
     return 1;
@@ -109,7 +122,7 @@ static int l_metadata(lua_State *L)
     lstfile *lf = check_file(L, 1);
     lua_newtable(L);
     const char *k, *v;
-    for (int i = 0; ck_st_meta_at(lf->f, i, &k, &v) == 0; i++) {
+    for (int i = 0; ck_st_meta_at(still_open(L, lf, i)->f, i, &k, &v) == 0; i++) {
         lua_pushstring(L, v);
         lua_setfield(L, -2, k);
     }
@@ -120,12 +133,15 @@ static int l_metadata(lua_State *L)
 static int l_read(lua_State *L)
 {
     lstfile *lf = check_file(L, 1);
-    const ck_st_tensor *t = find(L, lf, luaL_checkstring(L, 2));
+    const char *key = luaL_checkstring(L, 2);
+    const int64_t numel = find(L, lf, key)->numel;
     char err[512];
-    float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(t->numel ? t->numel : 1), 0);
-    if (ck_st_read_f32(t, x, t->numel, err, sizeof err)) return ck_lua_raise(L, "%s", err);
-    lua_createtable(L, (int)t->numel, 0);
-    for (int64_t i = 0; i < t->numel; i++) {
+    float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(numel ? numel : 1), 0);
+    const ck_st_tensor *t = find(L, still_open(L, lf, 0), key); /* again: the allocation may have run Lua */
+    if (ck_st_read_f32(t, x, numel, err, sizeof err)) return ck_lua_raise(L, "%s", err);
+    lua_createtable(L, (int)numel, 0);
+    for (int64_t i = 0; i < numel; i++) {
+        if ((i & 4095) == 4095) ck_limits_charge(L, 4096);
         lua_pushnumber(L, x[i]);
         lua_rawseti(L, -2, i + 1);
     }

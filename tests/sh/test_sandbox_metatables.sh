@@ -1,7 +1,8 @@
 # Long loops inside bindings poll for interrupts and limits: p:set over a
 # values table of a billion entries (a row shared many times over, so the
 # table is small) stops within 1 s of SIGINT, at the top level, one entry of a
-# batch, three levels deep, inside pcall, inside a checkpoint policy function;
+# batch, three levels deep, four levels of 200 each, inside pcall, inside a
+# checkpoint policy function;
 # and a policy function that calls it runs out of its instruction budget.
 # Each loop would run for seconds without the polls: a case fails if it ends
 # before the interrupt.
@@ -32,6 +33,15 @@ local mid = {}
 for i = 1, 100 do mid[i] = row end
 deep = {}
 for i = 1, 1000 do deep[i] = mid end
+-- four levels of 200 entries each: 1.6 * 10^9 values, no level long
+local r4 = {}
+for i = 1, 200 do r4[i] = i end
+for _ = 1, 3 do
+  local up = {}
+  for i = 1, 200 do up[i] = r4 end
+  r4 = up
+end
+short = r4
 function go() io.write("go\n") io.stdout:flush() end
 EOF
 
@@ -65,6 +75,8 @@ interrupt "p:set, one entry of the batch" $((L + 1)) "go()
 p:set(x, huge, 2)"
 interrupt "p:set, three levels" $((L + 1)) "go()
 p:set(x, deep)"
+interrupt "p:set, four levels of 200" $((L + 1)) "go()
+p:set(x, short)"
 interrupt "p:set inside pcall" $((L + 1)) "go()
 local ok, e = pcall(p.set, p, x, huge)
 print('swallowed', ok, e)"

@@ -908,25 +908,32 @@ int ck_lua_program_tensor(lua_State *L, ck_program *p, int i)
 }
 
 /* Values are read raw (no __index or __len: Lua code there could close the
- * program or free the buffer being filled). */
-static int64_t flatten(lua_State *L, int t, float *dst, int64_t n, int64_t k, int depth)
+ * program or free the buffer being filled). Polls by the entries visited at
+ * every level, so nested short lists cannot hide a long loop. */
+typedef struct flat {
+    float *dst;
+    int64_t n, k;      /* room in dst, values seen */
+    long long visited; /* entries, tables included */
+} flat;
+
+static void flatten(lua_State *L, int t, flat *f, int depth)
 {
     if (depth > CK_MAX_DIMS + 1) luaL_error(L, "values nested too deep (deeper than any tensor)");
     luaL_checkstack(L, 4, "values nested too deep");
     const lua_Unsigned len = lua_rawlen(L, t);
     for (lua_Unsigned i = 1; i <= len; i++) {
-        POLL(L, i);
-        if (lua_rawgeti(L, t, (lua_Integer)i) == LUA_TTABLE) k = flatten(L, lua_gettop(L), dst, n, k, depth + 1);
+        POLL(L, f->visited);
+        f->visited++;
+        if (lua_rawgeti(L, t, (lua_Integer)i) == LUA_TTABLE) flatten(L, lua_gettop(L), f, depth + 1);
         else {
             int ok;
             lua_Number v = lua_tonumberx(L, -1, &ok);
             if (!ok) luaL_error(L, "values must be numbers");
-            if (k < n) dst[k] = (float)v;
-            k++;
+            if (f->k < f->n) f->dst[f->k] = (float)v;
+            f->k++;
         }
         lua_pop(L, 1);
     }
-    return k;
 }
 
 /* p:set(tensor|name, values [, index]): a number fills; a (nested) table gives
@@ -953,7 +960,9 @@ static int l_set(lua_State *L)
     if (!lua_isnumber(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
         tmp = lua_newuserdatauv(L, sizeof(float) * (size_t)(n ? n : 1), 0);
-        int64_t k = flatten(L, 3, tmp, n, 0, 0);
+        flat f = {tmp, n, 0, 0};
+        flatten(L, 3, &f, 0);
+        const int64_t k = f.k;
         if (k != n) {
             char s[128];
             const char *name = p->g->t[id].name;

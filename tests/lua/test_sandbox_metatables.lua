@@ -348,6 +348,9 @@ do
   coroutine.resume(co)
   do local q <close> = e2.p end
   T.ok(not pcall(function() return e2.p:plan() end), "closed after a coroutine died inside p:step")
+  -- closing the dead coroutine lets go of its pin: the program is freed there
+  T.ok(coroutine.close(co) == false, "closing the coroutine reports the error it died of")
+  T.ok(not pcall(function() return e2.p:plan() end), "the program stays closed after its pin went")
   co = nil
   collectgarbage("collect")
 end

@@ -30,7 +30,8 @@ typedef struct ck_lua_policy {
     int fn;                    /* stack index of a function policy, 0 if none */
     char defined[300];         /* "defined at file:line" of a function policy */
     ck_policy pol;
-    const char *patterns[64];  /* blocks: strings held by the policy table */
+    const char *patterns[64];  /* blocks: strings held by the policy table (compile copies them before a
+                                * policy function can run) */
 } ck_lua_policy;
 /* Reads the policy at stack index idx (nil, a policy table or a function) into
  * lp and sets o->decide; raises on a malformed policy. The value must stay on

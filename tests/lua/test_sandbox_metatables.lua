@@ -243,6 +243,8 @@ local CALLBACKS = {
     if pcall(function() return e.p:step() end) then ATTACKS.close(e) end
   end},
   {"raises", function() error("policy raised") end, "policy raised"},
+  {"raises a table", function() error(setmetatable({}, {__tostring = function() return "x" end})) end,
+    "checkpoint policy: table"},
 }
 for _, cb in ipairs(CALLBACKS) do
   local e = fresh()

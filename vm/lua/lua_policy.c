@@ -53,7 +53,8 @@ static int decide_function(void *ud, const ck_decide_ctx *c, unsigned char *reco
         lua_pushstring(L, x->where);
         lua_setfield(L, -2, "where");
         if (ck_lua_pcall_limited(L, 1, 1) != LUA_OK) { /* under the callback instruction budget */
-            snprintf(err, errlen, "checkpoint policy: %s", lua_tostring(L, -1));
+            const char *msg = lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL; /* not error({}) */
+            snprintf(err, errlen, "checkpoint policy: %s", msg ? msg : luaL_typename(L, -1));
             lua_pop(L, 1);
             return -1;
         }

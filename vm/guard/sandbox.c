@@ -128,6 +128,8 @@ static int root_fd(ck_root *r)
     return r->fd;
 }
 
+static int split(const char *path, char *dir, size_t dirlen, char *name, size_t namelen);
+
 static int push_root(ck_sandbox *sb, const char *real, int write, int file, int lib)
 {
     const char *name = file ? strrchr(real, '/') + 1 : NULL;
@@ -171,8 +173,16 @@ int ck_sandbox_allow(ck_sandbox *sb, const char *dir, int write)
 
 int ck_sandbox_allow_file(ck_sandbox *sb, const char *file, int write)
 {
-    char real[PATH_MAX];
-    if (ck_sandbox_resolve(file, real, sizeof real)) return -1;
+    /* the directory resolved, the name as given: a symlink there is not
+     * the file (whether it was put there before or after) */
+    char dir[PATH_MAX], name[NAME_MAX + 1], real[PATH_MAX];
+    if (split(file, dir, sizeof dir, name, sizeof name) || ck_sandbox_resolve(dir, real, sizeof real)) return -1;
+    size_t n = strlen(real);
+    if (n + 1 + strlen(name) >= sizeof real) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    snprintf(real + n, sizeof real - n, "%s%s", n > 1 ? "/" : "", name);
     return push_root(sb, real, write, 1, 0);
 }
 

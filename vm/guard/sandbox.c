@@ -1,6 +1,8 @@
 /* The sandbox: an allow-list of Lua's libraries, only Lua source through any
  * loader, and file access only inside allowed directories, judged on real
- * paths (symlinks and ".." resolved) so that no path escapes by spelling. */
+ * paths (symlinks and ".." resolved) so that no path escapes by spelling,
+ * then opened beneath the allowed directory's descriptor so that no path
+ * escapes by changing after it was judged. */
 #define _GNU_SOURCE /* O_PATH */
 #include "guard/sandbox.h"
 #include "ck.h"

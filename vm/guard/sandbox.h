@@ -53,9 +53,10 @@ void ck_sandbox_install(lua_State *L, lua_Integer seed);
 void ck_sandbox_lock_metatables(lua_State *L);
 
 /* Raises "file:line: reading 'path' is denied ... (--allow-read
- * DIR allows it)" unless the VM's sandbox is off or allows the access; every
- * function that opens a file by name calls it first. DIR: the path is a
- * directory (the hint names it rather than its parent). */
+ * DIR allows it)" unless the VM's sandbox is off or allows the access: the
+ * judgment alone, for a refusal before any work; the open itself goes through
+ * ck_lua_open or ck_lua_open_parent below. DIR: the path is a directory (the
+ * hint names it rather than its parent). */
 #define CK_ACCESS_READ 1
 #define CK_ACCESS_WRITE 2
 #define CK_ACCESS_DIR 4

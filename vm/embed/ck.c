@@ -681,6 +681,13 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
                 }
             }
         }
+        /* the plan's --svg and --export-graph files: those files, not their directories */
+        const char *files[] = {h->plan_svg, h->plan_export_graph};
+        for (int k = 0; k < 2; k++)
+            if (files[k] && ck_sandbox_allow_file(&vm->host.sb, files[k], 1)) {
+                snprintf(msg, sizeof msg, "cannot allow writing '%s': %s", files[k], strerror(errno));
+                return dead(vm, errno == ENOMEM ? CK_EMEM : CK_EARG, msg);
+            }
         if (is_dir(stdlib) && ck_sandbox_set_lib(&vm->host.sb, stdlib)) return dead(vm, CK_EMEM, "out of memory");
     }
     vm->L = lua_newstate(ck_limits_alloc, &vm->host.lim);

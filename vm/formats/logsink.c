@@ -3,9 +3,11 @@
  * process killed at any moment leaves whole lines and whole records behind.
  * Async loggers hand records to a writer thread through a bounded queue; the
  * thread writes what is queued at least once per flush interval. */
+#define _GNU_SOURCE /* O_PATH */
 #include "formats/logsink.h"
 
 #include "formats/json.h"
+#include "util/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -212,6 +214,7 @@ int ck_log_rec_json(const ck_log_rec *r, char **out, size_t *len, size_t *cap)
 
 struct ck_logger {
     int fd_jsonl, fd_tb;
+    int dir_fd; /* while ck_log_open runs: the directory it opened itself */
     char *path_jsonl, *path_tb;
     int async, fsync_each;
     double interval;
@@ -361,12 +364,29 @@ static void free_logger(ck_logger *lg)
 {
     if (lg->fd_jsonl >= 0) close(lg->fd_jsonl);
     if (lg->fd_tb >= 0) close(lg->fd_tb);
+    if (lg->dir_fd >= 0) close(lg->dir_fd);
     free(lg->path_jsonl);
     free(lg->path_tb);
     free(lg->json);
     free(lg->ev);
     free(lg->q);
     free(lg);
+}
+
+/* name in the log directory: beneath it when confined (no symlink leads
+ * out), else as openat finds it. -1 with errno. */
+static int open_in_dir(const ck_log_opts *o, int dfd, const char *name, int flags)
+{
+    if (o->confined) return ck_open_beneath(dfd, name, flags, 0666);
+    return openat(dfd, name, flags | O_CLOEXEC, 0666);
+}
+
+static void open_failed(char *err, size_t errlen, const char *verb, const char *path)
+{
+    if (errno == EXDEV || errno == ELOOP)
+        snprintf(err, errlen, "cannot %s '%s': refused, it is a symlink that may lead out of the log directory", verb,
+                 path);
+    else snprintf(err, errlen, "cannot %s '%s': %s", verb, path, strerror(errno));
 }
 
 ck_logger *ck_log_open(const ck_log_opts *o, char *err, size_t errlen)
@@ -377,17 +397,27 @@ ck_logger *ck_log_open(const ck_log_opts *o, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    lg->fd_jsonl = lg->fd_tb = -1;
+    lg->fd_jsonl = lg->fd_tb = lg->dir_fd = -1;
     lg->async = o->async;
     lg->fsync_each = o->fsync && !o->async;
     lg->interval = o->flush_interval > 0 ? o->flush_interval : 1.0;
     const char *dir = o->dir && *o->dir ? o->dir : ".";
+    /* every file is opened in the directory's descriptor, never by a path
+     * looked up again */
+    int dfd = o->confined ? o->dir_fd : open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        snprintf(err, errlen, "cannot open the log directory '%s': %s", dir, strerror(errno));
+        free_logger(lg);
+        return NULL;
+    }
+    lg->dir_fd = o->confined ? -1 : dfd; /* closed with the logger when it is ours */
     if (o->jsonl) {
-        lg->path_jsonl = dup_path(dir, o->jsonl_name && *o->jsonl_name ? o->jsonl_name : "metrics.jsonl");
+        const char *jname = o->jsonl_name && *o->jsonl_name ? o->jsonl_name : "metrics.jsonl";
+        lg->path_jsonl = dup_path(dir, jname);
         if (!lg->path_jsonl) goto oom;
-        lg->fd_jsonl = open(lg->path_jsonl, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+        lg->fd_jsonl = open_in_dir(o, dfd, jname, O_WRONLY | O_CREAT | O_APPEND);
         if (lg->fd_jsonl < 0) {
-            snprintf(err, errlen, "cannot open '%s': %s", lg->path_jsonl, strerror(errno));
+            open_failed(err, errlen, "open", lg->path_jsonl);
             free_logger(lg);
             return NULL;
         }
@@ -404,9 +434,9 @@ ck_logger *ck_log_open(const ck_log_opts *o, char *err, size_t errlen)
             free(lg->path_tb);
             lg->path_tb = dup_path(dir, name);
             if (!lg->path_tb) goto oom;
-            lg->fd_tb = open(lg->path_tb, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0666);
+            lg->fd_tb = open_in_dir(o, dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_APPEND);
             if (lg->fd_tb < 0 && (errno != EEXIST || tries > 1000)) {
-                snprintf(err, errlen, "cannot create '%s': %s", lg->path_tb, strerror(errno));
+                open_failed(err, errlen, "create", lg->path_tb);
                 free_logger(lg);
                 return NULL;
             }
@@ -436,6 +466,8 @@ ck_logger *ck_log_open(const ck_log_opts *o, char *err, size_t errlen)
         }
         lg->started = 1;
     }
+    if (lg->dir_fd >= 0) close(lg->dir_fd);
+    lg->dir_fd = -1;
     return lg;
 oom:
     snprintf(err, errlen, "out of memory");

@@ -33,7 +33,10 @@ void ck_log_rec_close(ck_log_rec *r);
 int ck_log_rec_json(const ck_log_rec *r, char **out, size_t *len, size_t *cap);
 
 typedef struct ck_log_opts {
-    const char *dir;        /* where the files go (must exist) */
+    const char *dir;        /* where the files go (must exist); named in messages */
+    int confined;           /* 1: the files go into dir_fd (a directory the caller opened, O_PATH will do),
+                             * each opened beneath it: a symlink there that leads out is refused */
+    int dir_fd;
     int jsonl;              /* write DIR/<jsonl_name> (appended to when it exists) */
     const char *jsonl_name; /* default "metrics.jsonl" */
     int tensorboard;        /* write DIR/events.out.tfevents.<time>.<host>.<pid>.<n>, a new file per writer */

@@ -6,15 +6,18 @@
  * each tensor's source through another into the file. */
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64 /* offsets past 2 GiB on 32-bit systems too */
+#define _GNU_SOURCE /* O_PATH */
 #include "formats/safetensors.h"
 #include "formats/json.h"
 #include "../../ops/bf16.h"
 #include "../../ops/fp8.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -687,18 +690,29 @@ static int parse_file(ck_st_file *f, char *err, size_t errlen)
 
 ck_st_file *ck_st_open(const char *path, char *err, size_t errlen)
 {
+    return ck_st_open_fd(path ? open(path, O_RDONLY | O_CLOEXEC) : -1, path, err, errlen);
+}
+
+ck_st_file *ck_st_open_fd(int fd, const char *path, char *err, size_t errlen)
+{
+    int e = errno;
     if (err && errlen) err[0] = 0;
-    if (!path) { fail(err, errlen, NULL, "no path given"); return NULL; }
-    ck_st_file *f = new_file(path, err, errlen);
-    if (!f) return NULL;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        int e = errno;
+    if (!path) {
+        if (fd >= 0) close(fd);
+        fail(err, errlen, NULL, "no path given");
+        return NULL;
+    }
+    if (fd < 0) {
         fail(err, errlen, path, "cannot open: %s", strerror(e));
-        ck_st_close(f);
         errno = e; /* EMFILE tells a caller that closing files would help */
         return NULL;
     }
+    ck_st_file *f = new_file(path, err, errlen);
+    if (!f) {
+        close(fd);
+        return NULL;
+    }
+    f->fd = fd;
     struct stat st;
     if (fstat(f->fd, &st) != 0) {
         fail(err, errlen, path, "cannot stat: %s", strerror(errno));
@@ -1192,26 +1206,77 @@ static int write_tensor(const wtensor *t, int fd, unsigned char *buf, size_t cap
 /* The rename is only durable once the directory entry is synced. Some
  * filesystems refuse to fsync a directory; the new file is in place by then,
  * so a failure here is not worth failing the save over. */
-static void sync_dir(const char *path)
+static void sync_dir(int dirfd)
 {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? malloc((size_t)(slash - path) + 2) : NULL;
-    if (slash && !dir) return;
-    if (dir) {
-        size_t n = slash == path ? 1 : (size_t)(slash - path);
-        memcpy(dir, path, n);
-        dir[n] = 0;
-    }
-    int fd = open(dir ? dir : ".", O_RDONLY);
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
         fsync(fd);
         close(fd);
     }
-    free(dir);
+}
+
+/* The pid of a temp file of name ("name.tmp.PID"), or 0 for any other name. */
+static long temp_pid(const char *entry, const char *name)
+{
+    size_t n = strlen(name);
+    if (strncmp(entry, name, n) || strncmp(entry + n, ".tmp.", 5)) return 0;
+    const char *d = entry + n + 5;
+    if (!*d || *d == '0' || strspn(d, "0123456789") != strlen(d) || strlen(d) > 9) return 0;
+    return strtol(d, NULL, 10);
+}
+
+/* A save killed before its rename leaves its temp file behind. The next save
+ * of the same name removes those whose process is gone, and its own: only
+ * "name.tmp.PID" entries, nothing else in the directory. */
+static void remove_stale_temps(int dirfd, const char *name)
+{
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    long self = (long)getpid();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long pid = temp_pid(e->d_name, name);
+        if (pid > 0 && (pid == self || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)))
+            unlinkat(dirfd, e->d_name, 0);
+    }
+    closedir(d);
 }
 
 int ck_st_writer_save(ck_st_writer *w, const char *path, char *err, size_t errlen)
 {
+    if (!path) return fail(err, errlen, NULL, "no path given");
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    char *dir = malloc(b + 2), *name = malloc(n - b + 1);
+    if (!dir || !name) {
+        free(dir);
+        free(name);
+        return fail(err, errlen, path, "out of memory");
+    }
+    if (b == 0) strcpy(dir, ".");
+    else {
+        memcpy(dir, path, b);
+        dir[b] = 0;
+    }
+    memcpy(name, path + b, n - b);
+    name[n - b] = 0;
+    int dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int rc = ck_st_writer_save_at(w, dfd, name, path, err, errlen);
+    if (dfd >= 0) close(dfd);
+    free(dir);
+    free(name);
+    return rc;
+}
+
+int ck_st_writer_save_at(ck_st_writer *w, int dirfd, const char *name, const char *path, char *err, size_t errlen)
+{
+    int open_errno = errno;
     if (err && errlen) err[0] = 0;
     if (!path) return fail(err, errlen, NULL, "no path given");
     if (!w) return fail(err, errlen, path, "no writer given");
@@ -1238,22 +1303,28 @@ int ck_st_writer_save(ck_st_writer *w, const char *path, char *err, size_t errle
         if ((uint64_t)w->t[i].nbytes > cap) cap = (size_t)w->t[i].nbytes;
     if (cap > CK_ST_IO_BUFFER) cap = CK_ST_IO_BUFFER;
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
+    /* tmp names the temp file in messages, tname in dirfd */
+    size_t plen = strlen(path), nlen = strlen(name);
+    char *tmp = malloc(plen + 32), *tname = malloc(nlen + 32);
     unsigned char *buf = malloc(cap);
-    if (!tmp || !buf) {
+    if (!tmp || !tname || !buf) {
         free(tmp);
+        free(tname);
         free(buf);
         free(hb.p);
         return fail(err, errlen, path, "out of memory");
     }
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    /* O_EXCL: never write through, or later delete, a file that is not ours. */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    snprintf(tname, nlen + 32, "%s.tmp.%ld", name, (long)getpid());
+    if (dirfd >= 0) remove_stale_temps(dirfd, name);
+    /* O_EXCL (which follows no symlink): never write through, or later
+     * delete, a file that is not ours. */
+    int fd = dirfd >= 0 ? openat(dirfd, tname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666) : -1;
     if (fd < 0) {
-        int e = errno;
+        int e = dirfd >= 0 ? errno : open_errno;
         fail(err, errlen, path, "cannot create temp file %s: %s", tmp, strerror(e));
         free(tmp);
+        free(tname);
         free(buf);
         free(hb.p);
         return -1;
@@ -1279,15 +1350,16 @@ int ck_st_writer_save(ck_st_writer *w, const char *path, char *err, size_t errle
         if (close(c) != 0) { e = errno; goto bail; }
     }
     what = "rename";
-    if (rename(tmp, path) != 0) { e = errno; goto bail; }
-    sync_dir(path);
+    if (renameat(dirfd, tname, dirfd, name) != 0) { e = errno; goto bail; }
+    sync_dir(dirfd);
     free(tmp);
+    free(tname);
     free(buf);
     free(hb.p);
     return 0;
 bail:
     if (fd >= 0) close(fd);
-    unlink(tmp);
+    unlinkat(dirfd, tname, 0);
     if (bad >= 0)
         fail(err, errlen, path, "tensor '%s': %s", show(w->t[bad].name).s, msg);
     else if (!strcmp(what, "rename"))
@@ -1295,6 +1367,7 @@ bail:
     else
         fail(err, errlen, path, "%s of temp file %s failed: %s", what, tmp, e ? strerror(e) : "unknown error");
     free(tmp);
+    free(tname);
     free(buf);
     free(hb.p);
     return -1;

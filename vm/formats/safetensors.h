@@ -52,6 +52,10 @@ typedef struct ck_st_tensor {
  * NULL with a message on any problem; when open() itself failed, errno is
  * its errno (EMFILE: closing other files would help). */
 ck_st_file *ck_st_open(const char *path, char *err, size_t errlen);
+/* The same from fd, opened for reading by the caller (the sandbox's door),
+ * which the file now owns (closed on failure too); path names it in
+ * messages. fd -1 reports the open's failure from errno, as ck_st_open does. */
+ck_st_file *ck_st_open_fd(int fd, const char *path, char *err, size_t errlen);
 /* The same from len bytes in memory, which are copied; name stands for the
  * path in messages (NULL: "(memory)"). */
 ck_st_file *ck_st_open_memory(const void *buf, size_t len, const char *name, char *err, size_t errlen);
@@ -110,6 +114,13 @@ int ck_st_writer_add(ck_st_writer *w, const char *name, ck_st_dtype dtype, int n
  * on failure (a source's included) path is untouched and the temp file is
  * removed. */
 int ck_st_writer_save(ck_st_writer *w, const char *path, char *err, size_t errlen);
+/* The same into the directory dirfd (O_PATH will do) as name, with path
+ * naming the file in messages: the temp file is name.tmp.<pid> there,
+ * created with O_EXCL and renamed over name by renameat, so nothing is
+ * looked up by path again. Before it, temp files of name left by saves that
+ * were killed (their process is gone) or by this process are removed; no
+ * other entry is touched. dirfd -1: its open failed (errno says why). */
+int ck_st_writer_save_at(ck_st_writer *w, int dirfd, const char *name, const char *path, char *err, size_t errlen);
 void ck_st_writer_free(ck_st_writer *w);
 
 #endif

@@ -1,12 +1,15 @@
 /* Files, directories and clocks for scripts: the only ways a script reaches
  * the file system besides safetensors (vm/lua/lua_st.c) and the sandbox's checked
- * io.open (vm/guard/sandbox.c). Every path goes through the sandbox first. */
+ * io.open (vm/guard/sandbox.c). Every path goes through the sandbox's door
+ * (ck_lua_open, ck_lua_mkdirs), which judges it and opens it beneath the
+ * allowed directory's descriptor. */
 #include "lua/lua_ck.h"
 
 #include <lauxlib.h>
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -31,7 +34,6 @@ static int dirbox_gc(lua_State *L)
 static int l_listdir(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
-    ck_lua_check_path(L, path, CK_ACCESS_READ | CK_ACCESS_DIR);
     DIR **box = lua_newuserdatauv(L, sizeof(DIR *), 0);
     *box = NULL;
     if (luaL_newmetatable(L, DIRBOX_MT)) {
@@ -41,8 +43,14 @@ static int l_listdir(lua_State *L)
         lua_setfield(L, -2, "__metatable");
     }
     lua_setmetatable(L, -2);
-    DIR *d = *box = opendir(path);
+    int fd = ck_lua_open(L, path, CK_ACCESS_READ | CK_ACCESS_DIR, O_RDONLY | O_DIRECTORY, 0);
+    DIR *d = *box = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
+        if (fd >= 0) {
+            int e = errno;
+            close(fd);
+            errno = e;
+        }
         luaL_pushfail(L);
         lua_pushfstring(L, "cannot read directory '%s': %s", path, strerror(errno));
         return 2;
@@ -75,23 +83,11 @@ static int l_listdir(lua_State *L)
 /* ck.mkdir(path): creates the directory and its parents; true, or nil, message */
 static int l_mkdir(lua_State *L)
 {
-    char buf[4096];
     const char *path = luaL_checkstring(L, 1);
-    luaL_argcheck(L, strlen(path) < sizeof buf, 1, "path too long");
-    ck_lua_check_path(L, path, CK_ACCESS_WRITE | CK_ACCESS_DIR);
-    strcpy(buf, path);
-    for (char *q = buf + 1;; q++) {
-        char c = *q;
-        if (c == '/' || c == 0) {
-            *q = 0;
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
-                luaL_pushfail(L);
-                lua_pushfstring(L, "cannot create directory '%s': %s", buf, strerror(errno));
-                return 2;
-            }
-            *q = c;
-        }
-        if (!c) break;
+    if (ck_lua_mkdirs(L, path)) {
+        luaL_pushfail(L);
+        lua_pushfstring(L, "cannot create directory '%s': %s", path, strerror(errno));
+        return 2;
     }
     lua_pushboolean(L, 1);
     return 1;

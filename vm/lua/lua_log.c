@@ -3,6 +3,7 @@
  * against non-finite values (p:step{stats=, guard=}), p:enable_stats, op
  * timing (p:profile) and readers for tests and tools (ck.read_events,
  * ck.crc32c). */
+#define _GNU_SOURCE /* O_PATH */
 #include "formats/logsink.h"
 #include "guard/host.h"
 #include "lua/lua_ck.h"
@@ -12,6 +13,8 @@
 #include <lauxlib.h>
 #include <lua.h>
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -196,7 +199,14 @@ static int l_log_open(lua_State *L)
     l->sigterm = 0;
     luaL_setmetatable(L, LOGGER_MT);
     char err[512];
+    /* sandboxed, the files are opened beneath the directory the door opened */
+    o.confined = ck_lua_sandboxed(L);
+    if (o.confined) {
+        o.dir_fd = ck_lua_open(L, o.dir, CK_ACCESS_WRITE | CK_ACCESS_DIR, O_PATH | O_DIRECTORY, 0);
+        if (o.dir_fd < 0) return ck_lua_raise(L, "log: cannot open the log directory '%s': %s", o.dir, strerror(errno));
+    }
     l->lg = ck_log_open(&o, err, sizeof err);
+    if (o.confined) close(o.dir_fd);
     if (!l->lg) return ck_lua_raise(L, "log: %s", err);
     if (opt_bool(L, 1, "sigterm", 1)) l->sigterm = sigterm_hold(L);
     return 1;
@@ -565,9 +575,10 @@ static int push_event(void *ud, const ck_tb_read_event *e)
 static int l_read_events(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
-    ck_lua_check_path(L, path, CK_ACCESS_READ);
-    FILE *f = fopen(path, "rb");
+    int fd = ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
+        if (fd >= 0) close(fd);
         luaL_pushfail(L);
         lua_pushfstring(L, "cannot open '%s'", path);
         return 2;

@@ -9,9 +9,12 @@
 #include <lauxlib.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define STFILE_MT "ck.safetensors"
 #define WRITER_MT "ck.safetensors_writer"
@@ -33,16 +36,16 @@ static int l_open(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
     char err[512];
-    ck_lua_check_path(L, path, CK_ACCESS_READ);
     lstfile *lf = lua_newuserdatauv(L, sizeof *lf, 0);
     lf->f = NULL;
     luaL_setmetatable(L, STFILE_MT);
-    lf->f = ck_st_open(path, err, sizeof err);
+    /* opened through the sandbox's door, then read from that descriptor */
+    lf->f = ck_st_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, err, sizeof err);
     if (!lf->f && (errno == EMFILE || errno == ENFILE)) {
         /* an open file holds its descriptor: files the script dropped
          * without closing give theirs back when collected */
         lua_gc(L, LUA_GCCOLLECT);
-        lf->f = ck_st_open(path, err, sizeof err);
+        lf->f = ck_st_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, err, sizeof err);
     }
     if (!lf->f) return ck_lua_raise(L, "%s", err);
     snprintf(lf->path, sizeof lf->path, "%s", path);
@@ -262,8 +265,11 @@ static ck_st_writer *guarded_writer(lua_State *L)
 static int save_guarded(lua_State *L, int guard_idx, const char *path)
 {
     ck_st_writer **guard = lua_touserdata(L, guard_idx);
-    char err[512];
-    int rc = ck_st_writer_save(*guard, path, err, sizeof err);
+    char err[512], name[NAME_MAX + 1];
+    /* the temp file and the rename go into the directory the door opened */
+    int dfd = ck_lua_open_parent(L, path, CK_ACCESS_WRITE, name, sizeof name);
+    int rc = ck_st_writer_save_at(*guard, dfd, name, path, err, sizeof err);
+    if (dfd >= 0) close(dfd);
     ck_st_writer_free(*guard);
     *guard = NULL;
     if (rc) return ck_lua_raise(L, "%s", err);

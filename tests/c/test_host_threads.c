@@ -236,7 +236,8 @@ static void sigterm_between_ops(void)
 
 typedef struct churn {
     int id, rounds, bad;
-    ck_vm *stale; /* closed before the threads start */
+    ck_vm *stale;       /* closed before the threads start */
+    ck_model *stale_m;  /* the same */
 } churn;
 
 static void *churn_main(void *ud)
@@ -251,6 +252,15 @@ static void *churn_main(void *ud)
         if (i & 1) ck_run_string(vm, "lg:close()", "churn");
         ck_interrupt(c->stale);
         if (ck_run_string(c->stale, "x = 1", "stale") != CK_EINVAL || ck_status(c->stale) != CK_EINVAL) c->bad++;
+        ck_model *m = NULL;
+        st = ck_run_string(vm, MODEL, "model");
+        st = st ? st : ck_model_open(vm, "build", 0, NULL, &m);
+        if (st == CK_OK) {
+            st = ck_model_step(m, NULL);
+            if (i & 1) ck_model_close(m);
+        }
+        if (st != CK_OK && st != CK_EINTR) c->bad++;
+        if (ck_model_step(c->stale_m, NULL) != CK_EINVAL) c->bad++;
         ck_close(vm);
         ck_close(vm);
     }
@@ -265,11 +275,15 @@ static void handler_while_churning(void)
     void (*handler)(int) = sa.sa_handler;
     int usable = handler != SIG_DFL && handler != SIG_IGN && handler != host_on_term;
     ck_vm *stale = ck_open(NULL);
+    ck_model *stale_m = NULL;
+    if (ck_run_string(stale, MODEL, "model") || ck_model_open(stale, "build", 0, NULL, &stale_m))
+        printf("cannot open a model: %s\n", ck_error(stale));
+    ck_model_close(stale_m);
     ck_close(stale);
     pthread_t th[3];
     churn c[3];
     for (int i = 0; i < 3; i++) {
-        c[i] = (churn){i, 25, 0, stale};
+        c[i] = (churn){i, 25, 0, stale, stale_m};
         pthread_create(&th[i], NULL, churn_main, &c[i]);
     }
     int calls = 0;
@@ -284,8 +298,8 @@ static void handler_while_churning(void)
         bad += c[i].bad;
     }
     check(usable && calls > 0 && bad == 0,
-          "the SIGTERM handler called %d times while 3 threads open, log in, close twice 25 VMs each and call a "
-          "stale handle: %d wrong statuses",
+          "the SIGTERM handler called %d times while 3 threads open, log in, train in, close twice 25 VMs each "
+          "and call a closed VM and a closed model: %d wrong statuses",
           calls, bad);
     ck_close(anchor);
     check(term_is_host(), "the host's handler is back");

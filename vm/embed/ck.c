@@ -103,7 +103,8 @@ const char *ck_errstr(int code)
  * freed. A handle's memory is pages at an address no handle had before (taken
  * in turn from a range of address space reserved for them, HANDLE_SPACE, and
  * handed back to the kernel but never mapped again once freed), so a stale
- * pointer can never name a newer VM; past the range, malloc's. A closed
+ * pointer can never name a newer VM (models get theirs the same way); past
+ * the range, malloc's. A closed
  * handle is kept back from free: the last CLOSED_KEPT of them always (a call
  * racing with the close may still read the one it found), and all of them
  * while a SIGTERM handler is running (it may hold a pointer it read from a
@@ -128,22 +129,22 @@ static atomic_int term_inflight; /* SIGTERM handlers running now */
 static char *handle_base;  /* the reserved range: NULL until the first open, MAP_FAILED when none */
 static size_t handle_used; /* bytes of it handed out, never handed out again */
 
-static size_t handle_bytes(void)
+static size_t handle_bytes(size_t size)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    return (sizeof(ck_vm) + page - 1) / page * page;
+    return (size + page - 1) / page * page;
 }
 
-static int handle_mapped(const ck_vm *vm)
+static int handle_mapped(const void *h)
 {
-    const char *p = (const char *)vm;
+    const char *p = h;
     return handle_base && handle_base != MAP_FAILED && p >= handle_base && p < handle_base + HANDLE_SPACE;
 }
 
-/* zeroed memory for a new handle (under reg_mu), or NULL */
-static ck_vm *handle_new(void)
+/* size zeroed bytes for a new handle (under reg_mu), or NULL */
+static void *handle_new(size_t size)
 {
-    size_t n = handle_bytes();
+    size_t n = handle_bytes(size);
     if (!handle_base) {
         void *p = mmap(NULL, HANDLE_SPACE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         handle_base = p == MAP_FAILED ? MAP_FAILED : p;
@@ -152,22 +153,22 @@ static ck_vm *handle_new(void)
         char *p = handle_base + handle_used;
         if (mprotect(p, n, PROT_READ | PROT_WRITE) == 0) { /* fresh pages: zeros */
             handle_used += n;
-            return (ck_vm *)(void *)p;
+            return p;
         }
     }
-    return calloc(1, sizeof(ck_vm));
+    return calloc(1, size);
 }
 
 /* under reg_mu */
-static void handle_free(ck_vm *vm)
+static void handle_free(void *h, size_t size)
 {
-    if (!handle_mapped(vm)) {
-        free(vm);
+    if (!handle_mapped(h)) {
+        free(h);
         return;
     }
-    size_t n = handle_bytes();
-    madvise(vm, n, MADV_DONTNEED);
-    mprotect(vm, n, PROT_NONE);
+    size_t n = handle_bytes(size);
+    madvise(h, n, MADV_DONTNEED);
+    mprotect(h, n, PROT_NONE);
 }
 
 static int reg_has(const void *vm)
@@ -183,7 +184,7 @@ static int reg_has(const void *vm)
 static ck_vm *reg_new(void)
 {
     pthread_mutex_lock(&reg_mu);
-    ck_vm *vm = handle_new();
+    ck_vm *vm = handle_new(sizeof *vm);
     for (reg_block *b = &reg_head; vm; b = atomic_load(&b->next)) {
         for (int i = 0; i < REG_SLOTS; i++)
             if (!atomic_load(&b->slot[i])) {
@@ -194,7 +195,7 @@ static ck_vm *reg_new(void)
         if (!atomic_load(&b->next)) {
             reg_block *nb = calloc(1, sizeof *nb);
             if (!nb) {
-                handle_free(vm);
+                handle_free(vm, sizeof *vm);
                 vm = NULL;
                 break;
             }
@@ -231,7 +232,7 @@ static void reg_retire(ck_vm *vm)
             p->closed_next = NULL;
             while (rest) {
                 ck_vm *n = rest->closed_next;
-                handle_free(rest);
+                handle_free(rest, sizeof *rest);
                 rest = n;
             }
         }
@@ -818,14 +819,12 @@ void ck_close(ck_vm *vm)
     /* NULL, closed, never opened, or being closed by another call */
     if (!reg_has(vm) || !atomic_compare_exchange_strong(&vm->magic, &open, VM_CLOSING)) return;
     pthread_mutex_lock(&reg_mu);
-    ck_model *m = vm->models;
+    for (ck_model *m = vm->models, *next; m; m = next) {
+        next = m->next;
+        handle_free(m, sizeof *m);
+    }
     vm->models = NULL;
     pthread_mutex_unlock(&reg_mu);
-    while (m) {
-        ck_model *next = m->next;
-        vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
-        m = next;
-    }
     if (vm->L) {
         limit_close(&vm->host.lim);
         lua_close(vm->L);
@@ -1211,6 +1210,21 @@ static int p_model_open(lua_State *L)
     return 0;
 }
 
+static int p_unref(lua_State *L)
+{
+    luaL_unref(L, LUA_REGISTRYINDEX, (int)lua_tointeger(L, 1));
+    return 0;
+}
+
+/* lets the program go (at ref in the registry) */
+static void model_unref(ck_vm *vm, int ref)
+{
+    if (!vm->L) return;
+    lua_pushcfunction(vm->L, p_unref);
+    lua_pushinteger(vm->L, ref);
+    if (lua_pcall(vm->L, 1, 0, 0) != LUA_OK) lua_pop(vm->L, 1);
+}
+
 int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, ck_model **out)
 {
     if (out) *out = NULL;
@@ -1218,19 +1232,19 @@ int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, 
     if (!live_vm(vm)) return CK_EINVAL;
     if (!name || !out || nargs < 0 || (nargs && !args)) return set_error(vm, CK_EARG, "ck_model_open: bad arguments");
     if (vm->dead) return vm->status;
-    ck_model *m = vm->alloc(vm->alloc_ud, NULL, 0, sizeof *m);
-    if (!m) return set_error(vm, CK_EMEM, "out of memory");
-    memset(m, 0, sizeof *m);
     modelopen a = {{vm, 0}, name, nargs, args, LUA_NOREF};
     int st = protected(vm, p_model_open, &a.c, name);
-    if (st != CK_OK) {
-        vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
-        return st;
+    if (st != CK_OK) return st;
+    pthread_mutex_lock(&reg_mu);
+    ck_model *m = handle_new(sizeof *m);
+    if (!m) {
+        pthread_mutex_unlock(&reg_mu);
+        model_unref(vm, a.ref);
+        return set_error(vm, CK_EMEM, "out of memory");
     }
     m->vm = vm;
     m->ref = a.ref;
     m->loss = NAN;
-    pthread_mutex_lock(&reg_mu);
     m->next = vm->models;
     if (vm->models) vm->models->prev = m;
     vm->models = m;
@@ -1239,27 +1253,19 @@ int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, 
     return CK_OK;
 }
 
-static int p_unref(lua_State *L)
-{
-    luaL_unref(L, LUA_REGISTRYINDEX, (int)lua_tointeger(L, 1));
-    return 0;
-}
+
 
 void ck_model_close(ck_model *m)
 {
     if (!live_model(m)) return; /* NULL, closed, or its VM closed */
     ck_vm *vm = m->vm;
-    if (vm->L) {
-        lua_pushcfunction(vm->L, p_unref);
-        lua_pushinteger(vm->L, m->ref);
-        if (lua_pcall(vm->L, 1, 0, 0) != LUA_OK) lua_pop(vm->L, 1);
-    }
+    model_unref(vm, m->ref);
     pthread_mutex_lock(&reg_mu);
     if (m->prev) m->prev->next = m->next;
     else vm->models = m->next;
     if (m->next) m->next->prev = m->prev;
+    handle_free(m, sizeof *m);
     pthread_mutex_unlock(&reg_mu);
-    vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
 }
 
 typedef struct modelcall {

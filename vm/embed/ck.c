@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -100,16 +101,16 @@ const char *ck_errstr(int code)
  * for one that is not there (closed, or never opened), without reading
  * through it. The lookup takes no lock (ck_interrupt and the SIGTERM handler
  * run in signal handlers): slots are atomic pointers in blocks that are never
- * freed. A handle's memory is pages at an address no handle had before (taken
- * in turn from a range of address space reserved for them, HANDLE_SPACE, and
- * handed back to the kernel but never mapped again once freed), so a stale
- * pointer can never name a newer VM (models get theirs the same way); past
- * the range, malloc's. A closed
- * handle is kept back from free: the last CLOSED_KEPT of them always (a call
- * racing with the close may still read the one it found), and all of them
- * while a SIGTERM handler is running (it may hold a pointer it read from a
- * slot before the slot was emptied). The models of every VM are linked and
- * unlinked under reg_mu, which live_model holds while it walks them. */
+ * freed. A handle's memory is pages at an address no handle had before, taken
+ * in turn from a range of address space reserved for them (HANDLE_SPACE, or
+ * 1/32 of a limit on address space) and handed back to the kernel but never
+ * mapped again once freed, so a stale pointer can never name a newer VM or
+ * model; past the range, malloc's. A closed VM's handle is kept back from
+ * free: the last CLOSED_KEPT of them always (a call racing with the close may
+ * still read the one it found), and all of them while a SIGTERM handler is
+ * running (it may hold a pointer it read from a slot before the slot was
+ * emptied). The models of every VM are linked and unlinked under reg_mu,
+ * which live_model holds while it walks them. */
 #define VM_MAGIC 0x636b766du
 #define VM_CLOSING 0x636b7663u
 #define REG_SLOTS 64
@@ -127,7 +128,8 @@ static ck_vm *reg_closed;       /* closed handles kept, newest first */
 static atomic_int term_inflight; /* SIGTERM handlers running now */
 
 static char *handle_base;  /* the reserved range: NULL until the first open, MAP_FAILED when none */
-static size_t handle_used; /* bytes of it handed out, never handed out again */
+static size_t handle_space; /* its size: HANDLE_SPACE, or less under a limit on address space */
+static size_t handle_used;  /* bytes of it handed out, never handed out again */
 
 static size_t handle_bytes(size_t size)
 {
@@ -138,7 +140,7 @@ static size_t handle_bytes(size_t size)
 static int handle_mapped(const void *h)
 {
     const char *p = h;
-    return handle_base && handle_base != MAP_FAILED && p >= handle_base && p < handle_base + HANDLE_SPACE;
+    return handle_base && handle_base != MAP_FAILED && p >= handle_base && p < handle_base + handle_space;
 }
 
 /* size zeroed bytes for a new handle (under reg_mu), or NULL */
@@ -146,10 +148,16 @@ static void *handle_new(size_t size)
 {
     size_t n = handle_bytes(size);
     if (!handle_base) {
-        void *p = mmap(NULL, HANDLE_SPACE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        /* a process with a limit on its address space spends at most 1/32 of it here */
+        struct rlimit as;
+        handle_space = HANDLE_SPACE;
+        if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY && as.rlim_cur / 32 < handle_space)
+            handle_space = (size_t)(as.rlim_cur / 32) / n * n;
+        void *p = handle_space ? mmap(NULL, handle_space, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                               : MAP_FAILED;
         handle_base = p == MAP_FAILED ? MAP_FAILED : p;
     }
-    if (handle_base != MAP_FAILED && handle_used + n <= HANDLE_SPACE) {
+    if (handle_base != MAP_FAILED && handle_used + n <= handle_space) {
         char *p = handle_base + handle_used;
         if (mprotect(p, n, PROT_READ | PROT_WRITE) == 0) { /* fresh pages: zeros */
             handle_used += n;

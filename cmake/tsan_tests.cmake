@@ -8,14 +8,15 @@
 # seen and a race reported there would be a false one (OpenBLAS and Lua are
 # not instrumented either: accesses inside them are not checked).
 # Left out where the build is sanitized already (make test-asan, make fuzz)
-# or the compiler cannot build with -fsanitize=thread.
+# or where a program built with -fsanitize=thread cannot run.
 if(CMAKE_C_FLAGS MATCHES "sanitize" OR CK_FUZZ)
   return()
 endif()
-include(CheckCSourceCompiles)
+# run, not only built: on some kernels a ThreadSanitizer binary cannot start
+include(CheckCSourceRuns)
 set(CMAKE_REQUIRED_FLAGS -fsanitize=thread)
 set(CMAKE_REQUIRED_LINK_OPTIONS -fsanitize=thread)
-check_c_source_compiles("int main(void) { return 0; }" CK_HAVE_TSAN)
+check_c_source_runs("int main(void) { return 0; }" CK_HAVE_TSAN)
 unset(CMAKE_REQUIRED_FLAGS)
 unset(CMAKE_REQUIRED_LINK_OPTIONS)
 if(NOT CK_HAVE_TSAN)

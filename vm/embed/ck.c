@@ -8,7 +8,7 @@
 #include "guard/runlimits.h"
 #include "lua/lua_ck.h"
 #include "guard/sandbox.h"
-#include "embed/term.h"
+#include "guard/term.h"
 #include "run/program.h"
 #include "util/text.h"
 
@@ -248,7 +248,7 @@ static void reg_retire(ck_vm *vm)
     pthread_mutex_unlock(&reg_mu);
 }
 
-/* ---- SIGTERM (embed/term.h)
+/* ---- SIGTERM (guard/term.h)
  * The handler walks the registry as reg_has does and raises the interrupt of
  * every VM holding a logger that asked for it: each running VM stops between
  * two Lua instructions or two ops and unwinds, its loggers flushing as they

@@ -3,7 +3,7 @@
  * against non-finite values (p:step{stats=, guard=}), p:enable_stats, op
  * timing (p:profile) and readers for tests and tools (ck.read_events,
  * ck.crc32c). */
-#include "embed/term.h"
+#include "guard/term.h"
 #include "formats/logsink.h"
 #include "guard/host.h"
 #include "guard/runlimits.h"
@@ -26,7 +26,7 @@
 
 typedef struct llogger {
     ck_logger *lg;
-    void *term; /* its hold on SIGTERM (embed/term.h), or NULL */
+    void *term; /* its hold on SIGTERM (guard/term.h), or NULL */
 } llogger;
 
 /* ---- records from Lua tables */

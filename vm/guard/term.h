@@ -2,7 +2,9 @@
  * (ck.log_open{sigterm = true}, the default): the first hold in the process
  * installs one handler, which raises the interrupt flag of every open VM that
  * holds one at that moment; the last release puts back the disposition the
- * first hold found. A second SIGTERM kills the process. */
+ * first hold found. A second SIGTERM kills the process. The VM host
+ * (vm/embed/ck.c) implements it: the handler reaches VMs through its
+ * registry of open handles. */
 #ifndef CK_TERM_H
 #define CK_TERM_H
 

@@ -4,6 +4,7 @@
 #include "../fp8.h"
 #include "cpu.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,35 +88,45 @@ static int sync(void) { return 0; }
 static const char *error(void) { return ""; }
 static void clear_error(void) {}
 
+static ck_backend be;
+static pthread_once_t be_once = PTHREAD_ONCE_INIT;
+
+static void be_make(void)
+{
+    ck_backend b = {
+        .name = "cpu",
+        .kernels = ck_cpu_kernels,
+        .kernels_bf16 = ck_cpu_kernels_bf16,
+        .workspace = ck_op_workspace,
+        .nthreads = 1,
+        .host = 1,
+        .fixed_bytes = 0,
+        .granule = 1,
+        .enter = enter,
+        .alloc = alloc,
+        .release = release,
+        .upload = copy,
+        .download = copy,
+        .copy = copy,
+        .convert = convert,
+        .fill_u32 = fill_u32,
+        .high_water = high_water,
+        .all_finite = all_finite,
+        .sync = sync,
+        .error = error,
+        .clear_error = clear_error,
+    };
+    be = b;
+    be.nthreads = ck_cpu_threads();
+}
+
+/* One backend for every thread, made once. Workspace rules follow the thread
+ * count of the moment, stored only when it changes, so that threads of one
+ * OpenMP setting (every VM of a host, as a rule) only ever read it. */
 const ck_backend *ck_backend_cpu(void)
 {
-    static ck_backend be;
-    if (!be.name) {
-        ck_backend b = {
-            .name = "cpu",
-            .kernels = ck_cpu_kernels,
-            .kernels_bf16 = ck_cpu_kernels_bf16,
-            .workspace = ck_op_workspace,
-            .nthreads = 1,
-            .host = 1,
-            .fixed_bytes = 0,
-            .granule = 1,
-            .enter = enter,
-            .alloc = alloc,
-            .release = release,
-            .upload = copy,
-            .download = copy,
-            .copy = copy,
-            .convert = convert,
-            .fill_u32 = fill_u32,
-            .high_water = high_water,
-            .all_finite = all_finite,
-            .sync = sync,
-            .error = error,
-            .clear_error = clear_error,
-        };
-        be = b;
-    }
-    be.nthreads = ck_cpu_threads(); /* workspace rules follow the thread count of the moment */
+    pthread_once(&be_once, be_make);
+    const int n = ck_cpu_threads();
+    if (__atomic_load_n(&be.nthreads, __ATOMIC_RELAXED) != n) __atomic_store_n(&be.nthreads, n, __ATOMIC_RELAXED);
     return &be;
 }

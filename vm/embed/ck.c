@@ -8,6 +8,7 @@
 #include "guard/runlimits.h"
 #include "lua/lua_ck.h"
 #include "guard/sandbox.h"
+#include "guard/term.h"
 #include "run/program.h"
 #include "util/text.h"
 
@@ -21,11 +22,14 @@
 #include <stdatomic.h>
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,7 +53,8 @@ struct ck_model {
 };
 
 struct ck_vm {
-    unsigned magic;     /* VM_MAGIC while open; 0 once closed */
+    _Atomic unsigned magic; /* VM_MAGIC while open, VM_CLOSING in ck_close, then 0 */
+    _Atomic int term_holds; /* its loggers that SIGTERM stops the run of */
     ck_vm *closed_next; /* in the list of closed handles kept back from free */
     lua_State *L;
     lua_Alloc alloc;
@@ -91,19 +96,26 @@ const char *ck_errstr(int code)
 }
 
 /* ---- live handles
- * Every handle ck_open returns is in the registry until ck_close takes it out;
- * each entry point looks its handle up first and answers CK_EINVAL for one
- * that is not there (closed, or never opened), without reading through it.
- * The lookup takes no lock (ck_interrupt runs in signal handlers): slots are
- * atomic pointers in blocks that are never freed. The handle's own memory comes
- * from malloc, not the host's allocator, and a closed one is kept back from
- * free: the last CLOSED_KEPT of them always, and all of them while SIGTERM's
- * handler is not the one the process had when no VM was open (a logger's
- * handler may still point at a closed VM's interrupt flag: its write then
- * lands in kept memory, never in freed memory). */
+ * Every handle ck_open returns is in the registry until ck_close has closed its
+ * Lua state; each entry point looks its handle up first and answers CK_EINVAL
+ * for one that is not there (closed, or never opened), without reading
+ * through it. The lookup takes no lock (ck_interrupt and the SIGTERM handler
+ * run in signal handlers): slots are atomic pointers in blocks that are never
+ * freed. A handle's memory is pages at an address no handle had before, taken
+ * in turn from a range of address space reserved for them (HANDLE_SPACE, or
+ * 1/32 of a limit on address space) and handed back to the kernel but never
+ * mapped again once freed, so a stale pointer can never name a newer VM or
+ * model; past the range, malloc's. A closed VM's handle is kept back from
+ * free: the last CLOSED_KEPT of them always (a call racing with the close may
+ * still read the one it found), and all of them while a SIGTERM handler is
+ * running (it may hold a pointer it read from a slot before the slot was
+ * emptied). The models of every VM are linked and unlinked under reg_mu,
+ * which live_model holds while it walks them. */
 #define VM_MAGIC 0x636b766du
+#define VM_CLOSING 0x636b7663u
 #define REG_SLOTS 64
 #define CLOSED_KEPT 16
+#define HANDLE_SPACE ((size_t)16 << 30)
 
 typedef struct reg_block {
     _Atomic(ck_vm *) slot[REG_SLOTS];
@@ -112,9 +124,60 @@ typedef struct reg_block {
 
 static reg_block reg_head;
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static int reg_live;            /* open VMs */
-static struct sigaction reg_term; /* SIGTERM's disposition when none was open */
 static ck_vm *reg_closed;       /* closed handles kept, newest first */
+static atomic_int term_inflight; /* SIGTERM handlers running now */
+
+static char *handle_base;  /* the reserved range: NULL until the first open, MAP_FAILED when none */
+static size_t handle_space; /* its size: HANDLE_SPACE, or less under a limit on address space */
+static size_t handle_used;  /* bytes of it handed out, never handed out again */
+
+static size_t handle_bytes(size_t size)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (size + page - 1) / page * page;
+}
+
+static int handle_mapped(const void *h)
+{
+    const char *p = h;
+    return handle_base && handle_base != MAP_FAILED && p >= handle_base && p < handle_base + handle_space;
+}
+
+/* size zeroed bytes for a new handle (under reg_mu), or NULL */
+static void *handle_new(size_t size)
+{
+    size_t n = handle_bytes(size);
+    if (!handle_base) {
+        /* a process with a limit on its address space spends at most 1/32 of it here */
+        struct rlimit as;
+        handle_space = HANDLE_SPACE;
+        if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY && as.rlim_cur / 32 < handle_space)
+            handle_space = (size_t)(as.rlim_cur / 32) / n * n;
+        void *p = handle_space ? mmap(NULL, handle_space, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                               : MAP_FAILED;
+        handle_base = p == MAP_FAILED ? MAP_FAILED : p;
+    }
+    if (handle_base != MAP_FAILED && handle_used + n <= handle_space) {
+        char *p = handle_base + handle_used;
+        if (mprotect(p, n, PROT_READ | PROT_WRITE) == 0) { /* fresh pages: zeros */
+            handle_used += n;
+            return p;
+        }
+    }
+    return calloc(1, size);
+}
+
+/* under reg_mu */
+static void handle_free(void *h, size_t size)
+{
+    if (!handle_mapped(h)) {
+        free(h);
+        return;
+    }
+    size_t n = handle_bytes(size);
+    madvise(h, n, MADV_DONTNEED);
+    mprotect(h, n, PROT_NONE);
+}
 
 static int reg_has(const void *vm)
 {
@@ -125,64 +188,51 @@ static int reg_has(const void *vm)
     return 0;
 }
 
-/* 0, or -1 when a new block cannot be had */
-static int reg_add(ck_vm *vm)
+/* a new handle, zeroed and in the registry; NULL when out of memory */
+static ck_vm *reg_new(void)
 {
     pthread_mutex_lock(&reg_mu);
-    if (reg_live == 0) sigaction(SIGTERM, NULL, &reg_term);
-    for (reg_block *b = &reg_head;; b = atomic_load(&b->next)) {
+    ck_vm *vm = handle_new(sizeof *vm);
+    for (reg_block *b = &reg_head; vm; b = atomic_load(&b->next)) {
         for (int i = 0; i < REG_SLOTS; i++)
             if (!atomic_load(&b->slot[i])) {
                 atomic_store(&b->slot[i], vm);
-                reg_live++;
                 pthread_mutex_unlock(&reg_mu);
-                return 0;
+                return vm;
             }
         if (!atomic_load(&b->next)) {
             reg_block *nb = calloc(1, sizeof *nb);
             if (!nb) {
-                pthread_mutex_unlock(&reg_mu);
-                return -1;
+                handle_free(vm, sizeof *vm);
+                vm = NULL;
+                break;
             }
             atomic_store(&b->next, nb);
         }
     }
-}
-
-/* takes vm out of the registry: 1 if it was there (the caller closes it) */
-static int reg_remove(ck_vm *vm)
-{
-    int found = 0;
-    pthread_mutex_lock(&reg_mu);
-    for (reg_block *b = &reg_head; b && !found; b = atomic_load(&b->next))
-        for (int i = 0; i < REG_SLOTS; i++)
-            if (atomic_load(&b->slot[i]) == vm) {
-                atomic_store(&b->slot[i], NULL);
-                reg_live--;
-                found = 1;
-                break;
-            }
     pthread_mutex_unlock(&reg_mu);
-    return found;
+    return NULL;
 }
 
-static int term_is_base(void)
+/* takes vm out of the registry */
+static void reg_remove(ck_vm *vm)
 {
-    struct sigaction now;
-    sigaction(SIGTERM, NULL, &now);
-    return (now.sa_flags & SA_SIGINFO) == (reg_term.sa_flags & SA_SIGINFO) &&
-           ((now.sa_flags & SA_SIGINFO) ? now.sa_sigaction == reg_term.sa_sigaction
-                                        : now.sa_handler == reg_term.sa_handler);
+    pthread_mutex_lock(&reg_mu);
+    for (reg_block *b = &reg_head; b; b = atomic_load(&b->next))
+        for (int i = 0; i < REG_SLOTS; i++)
+            if (atomic_load(&b->slot[i]) == vm) atomic_store(&b->slot[i], NULL);
+    pthread_mutex_unlock(&reg_mu);
 }
 
-/* keeps the closed handle vm, freeing kept ones past what is needed */
+/* keeps the closed handle vm, freeing kept ones past what is needed; vm is
+ * out of the registry, so a handler that starts from now on cannot reach it */
 static void reg_retire(ck_vm *vm)
 {
     pthread_mutex_lock(&reg_mu);
-    vm->magic = 0;
+    atomic_store(&vm->magic, 0);
     vm->closed_next = reg_closed;
     reg_closed = vm;
-    if (term_is_base()) {
+    if (atomic_load(&term_inflight) == 0) {
         ck_vm *p = reg_closed;
         for (int k = 1; p && k < CLOSED_KEPT; k++) p = p->closed_next;
         if (p) {
@@ -190,7 +240,7 @@ static void reg_retire(ck_vm *vm)
             p->closed_next = NULL;
             while (rest) {
                 ck_vm *n = rest->closed_next;
-                free(rest);
+                handle_free(rest, sizeof *rest);
                 rest = n;
             }
         }
@@ -198,10 +248,68 @@ static void reg_retire(ck_vm *vm)
     pthread_mutex_unlock(&reg_mu);
 }
 
+/* ---- SIGTERM (guard/term.h)
+ * The handler walks the registry as reg_has does and raises the interrupt of
+ * every VM holding a logger that asked for it: each running VM stops between
+ * two Lua instructions or two ops and unwinds, its loggers flushing as they
+ * close. It touches only atomics, so it is async-signal-safe. */
+static pthread_mutex_t term_mu = PTHREAD_MUTEX_INITIALIZER;
+static int term_refs;             /* holds in the whole process */
+static struct sigaction term_old; /* SIGTERM's disposition before the first hold */
+
+static void on_sigterm(int sig)
+{
+    (void)sig;
+    atomic_fetch_add(&term_inflight, 1);
+    for (reg_block *b = &reg_head; b; b = atomic_load(&b->next))
+        for (int i = 0; i < REG_SLOTS; i++) {
+            ck_vm *vm = atomic_load(&b->slot[i]);
+            if (vm && atomic_load(&vm->term_holds) > 0) atomic_store(&vm->host.lim.interrupt, 1);
+        }
+    atomic_fetch_sub(&term_inflight, 1);
+}
+
+void *ck_term_hold(lua_State *L)
+{
+    ck_host *h = ck_host_of(L);
+    if (!h) return NULL;
+    ck_vm *vm = (ck_vm *)(void *)((char *)h - offsetof(ck_vm, host));
+    if (!reg_has(vm)) return NULL;
+    pthread_mutex_lock(&term_mu);
+    atomic_fetch_add(&vm->term_holds, 1);
+    if (term_refs++ == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigterm;
+        sa.sa_flags = SA_RESETHAND; /* a second SIGTERM kills */
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, &term_old);
+    }
+    pthread_mutex_unlock(&term_mu);
+    return vm;
+}
+
+void ck_term_release(void *token)
+{
+    ck_vm *vm = token;
+    if (!vm) return;
+    pthread_mutex_lock(&term_mu);
+    atomic_fetch_sub(&vm->term_holds, 1);
+    if (term_refs > 0 && --term_refs == 0) {
+        /* ours, or the default a first SIGTERM reset it to: put back what
+         * was there; a handler the host set since stays */
+        struct sigaction now;
+        sigaction(SIGTERM, NULL, &now);
+        if (now.sa_handler == SIG_DFL || (!(now.sa_flags & SA_SIGINFO) && now.sa_handler == on_sigterm))
+            sigaction(SIGTERM, &term_old, NULL);
+    }
+    pthread_mutex_unlock(&term_mu);
+}
+
 /* the VM of an open handle, else NULL */
 static ck_vm *live_vm(const ck_vm *vm)
 {
-    return reg_has(vm) && vm->magic == VM_MAGIC ? (ck_vm *)vm : NULL;
+    return reg_has(vm) && atomic_load(&vm->magic) == VM_MAGIC ? (ck_vm *)vm : NULL;
 }
 
 /* m when it is an open model of an open VM (looked up, never read through first) */
@@ -489,7 +597,7 @@ static int protected(ck_vm *vm, lua_CFunction f, call *c, const char *chunk)
     vm->err[0] = 0;
     if (chunk) snprintf(vm->chunk, sizeof vm->chunk, "%s", chunk);
     if (vm->host.lim.interrupt) {
-        vm->host.lim.interrupt = 0;
+        atomic_store(&vm->host.lim.interrupt, 0);
         return set_error(vm, CK_EINTR, "interrupted");
     }
     int base = lua_gettop(L);
@@ -503,7 +611,7 @@ static int protected(ck_vm *vm, lua_CFunction f, call *c, const char *chunk)
         code = classify(vm, st, msg, c->code);
         if (vm->host.lim.tripped) msg = vm->host.lim.noted;
         set_error(vm, code, msg);
-        if (code == CK_EINTR) vm->host.lim.interrupt = 0;
+        if (code == CK_EINTR) atomic_store(&vm->host.lim.interrupt, 0);
     }
     lua_settop(L, base);
     ck_limits_reset(&vm->host.lim);
@@ -622,13 +730,9 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
     /* options of an unknown size: nothing in them can be trusted, the allocator included */
     lua_Alloc alloc = osize && o.alloc ? o.alloc : default_alloc;
     void *alloc_ud = osize ? o.alloc_ud : NULL;
-    ck_vm *vm = calloc(1, sizeof *vm);
+    ck_vm *vm = reg_new();
     if (!vm) return NULL;
-    if (reg_add(vm)) {
-        free(vm);
-        return NULL;
-    }
-    vm->magic = VM_MAGIC;
+    atomic_store(&vm->magic, VM_MAGIC);
     vm->alloc = alloc;
     vm->alloc_ud = alloc_ud;
     vm->stdout_ref = vm->results_ref = LUA_NOREF;
@@ -706,21 +810,46 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
     return vm;
 }
 
+/* Lua code that runs while the state closes (finalizers, and what they call)
+ * runs as one callback: under the VM's callback budget (CLOSE_BUDGET
+ * instructions where the host set none), and ck_interrupt still stops it.
+ * Lua runs the body of a finalizer with hooks off, so what this bounds is the
+ * coroutines a finalizer resumes and the C loops that charge the budget
+ * (ck_limits_charge); a finalizer's own loop nothing can stop, which is why
+ * the sandbox lets no script install one. */
+#define CLOSE_BUDGET DEFAULT_CALLBACK_BUDGET
+
+static void limit_close(ck_limits *lim)
+{
+    ck_limits_reset(lim);
+    atomic_store(&lim->interrupt, 0); /* one meant for a call, not for the close */
+    if (lim->budget < 0) lim->budget = CLOSE_BUDGET;
+    lim->depth = 1;
+    lim->used = 0;
+}
+
 void ck_close(ck_vm *vm)
 {
-    if (!live_vm(vm) || !reg_remove(vm)) return; /* NULL, closed, or never opened */
-    while (vm->models) {
-        ck_model *m = vm->models;
-        vm->models = m->next;
-        vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
+    unsigned open = VM_MAGIC;
+    /* NULL, closed, never opened, or being closed by another call */
+    if (!reg_has(vm) || !atomic_compare_exchange_strong(&vm->magic, &open, VM_CLOSING)) return;
+    pthread_mutex_lock(&reg_mu);
+    for (ck_model *m = vm->models, *next; m; m = next) {
+        next = m->next;
+        handle_free(m, sizeof *m);
     }
-    if (vm->L) lua_close(vm->L);
+    vm->models = NULL;
+    pthread_mutex_unlock(&reg_mu);
+    if (vm->L) {
+        limit_close(&vm->host.lim);
+        lua_close(vm->L);
+    }
+    vm->L = NULL;
+    reg_remove(vm);
     ck_sandbox_free(&vm->host.sb);
     free_string(vm, vm->host.plan_policies);
     free_string(vm, vm->host.plan_svg);
     free_string(vm, vm->host.plan_export_graph);
-    vm->L = NULL;
-    vm->models = NULL;
     reg_retire(vm);
 }
 
@@ -738,7 +867,9 @@ const char *ck_error(const ck_vm *vm)
 
 void ck_interrupt(ck_vm *vm)
 {
-    if (live_vm(vm)) vm->host.lim.interrupt = 1;
+    if (!reg_has(vm)) return;
+    unsigned magic = atomic_load(&vm->magic);
+    if (magic == VM_MAGIC || magic == VM_CLOSING) atomic_store(&vm->host.lim.interrupt, 1);
 }
 
 /* ---- running scripts */
@@ -1094,6 +1225,21 @@ static int p_model_open(lua_State *L)
     return 0;
 }
 
+static int p_unref(lua_State *L)
+{
+    luaL_unref(L, LUA_REGISTRYINDEX, (int)lua_tointeger(L, 1));
+    return 0;
+}
+
+/* lets the program go (at ref in the registry) */
+static void model_unref(ck_vm *vm, int ref)
+{
+    if (!vm->L) return;
+    lua_pushcfunction(vm->L, p_unref);
+    lua_pushinteger(vm->L, ref);
+    if (lua_pcall(vm->L, 1, 0, 0) != LUA_OK) lua_pop(vm->L, 1);
+}
+
 int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, ck_model **out)
 {
     if (out) *out = NULL;
@@ -1101,14 +1247,15 @@ int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, 
     if (!live_vm(vm)) return CK_EINVAL;
     if (!name || !out || nargs < 0 || (nargs && !args)) return set_error(vm, CK_EARG, "ck_model_open: bad arguments");
     if (vm->dead) return vm->status;
-    ck_model *m = vm->alloc(vm->alloc_ud, NULL, 0, sizeof *m);
-    if (!m) return set_error(vm, CK_EMEM, "out of memory");
-    memset(m, 0, sizeof *m);
     modelopen a = {{vm, 0}, name, nargs, args, LUA_NOREF};
     int st = protected(vm, p_model_open, &a.c, name);
-    if (st != CK_OK) {
-        vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
-        return st;
+    if (st != CK_OK) return st;
+    pthread_mutex_lock(&reg_mu);
+    ck_model *m = handle_new(sizeof *m);
+    if (!m) {
+        pthread_mutex_unlock(&reg_mu);
+        model_unref(vm, a.ref);
+        return set_error(vm, CK_EMEM, "out of memory");
     }
     m->vm = vm;
     m->ref = a.ref;
@@ -1116,29 +1263,24 @@ int ck_model_open(ck_vm *vm, const char *name, int nargs, const ck_value *args, 
     m->next = vm->models;
     if (vm->models) vm->models->prev = m;
     vm->models = m;
+    pthread_mutex_unlock(&reg_mu);
     *out = m;
     return CK_OK;
 }
 
-static int p_unref(lua_State *L)
-{
-    luaL_unref(L, LUA_REGISTRYINDEX, (int)lua_tointeger(L, 1));
-    return 0;
-}
+
 
 void ck_model_close(ck_model *m)
 {
     if (!live_model(m)) return; /* NULL, closed, or its VM closed */
     ck_vm *vm = m->vm;
-    if (vm->L) {
-        lua_pushcfunction(vm->L, p_unref);
-        lua_pushinteger(vm->L, m->ref);
-        if (lua_pcall(vm->L, 1, 0, 0) != LUA_OK) lua_pop(vm->L, 1);
-    }
+    model_unref(vm, m->ref);
+    pthread_mutex_lock(&reg_mu);
     if (m->prev) m->prev->next = m->next;
     else vm->models = m->next;
     if (m->next) m->next->prev = m->prev;
-    vm->alloc(vm->alloc_ud, m, sizeof *m, 0);
+    handle_free(m, sizeof *m);
+    pthread_mutex_unlock(&reg_mu);
 }
 
 typedef struct modelcall {

@@ -5,6 +5,7 @@
  * The reader is for tests and tools: it checks every CRC. */
 #include "formats/logsink.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,7 @@
 /* ---- CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) */
 
 static uint32_t crc_table[8][256];
-static int crc_ready;
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT; /* loggers of many threads start at once */
 
 static void crc_init(void)
 {
@@ -23,12 +24,11 @@ static void crc_init(void)
     }
     for (int t = 1; t < 8; t++)
         for (int i = 0; i < 256; i++) crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
-    __atomic_store_n(&crc_ready, 1, __ATOMIC_RELEASE);
 }
 
 uint32_t ck_crc32c(const void *data, size_t n)
 {
-    if (!__atomic_load_n(&crc_ready, __ATOMIC_ACQUIRE)) crc_init(); /* idempotent: racing threads fill the same table */
+    pthread_once(&crc_once, crc_init);
     const unsigned char *p = data;
     uint32_t c = 0xFFFFFFFFu;
     for (; n >= 8; n -= 8, p += 8) { /* slicing by 8 */

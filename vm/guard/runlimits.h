@@ -21,7 +21,7 @@ typedef struct ck_limits {
     long long budget;       /* instructions per callback; < 0: none */
     long long used;         /* by the callbacks running now */
     int depth;              /* callbacks running now */
-    volatile int interrupt; /* set from any thread by ck_interrupt */
+    _Atomic int interrupt;  /* set from any thread and from signal handlers (ck_interrupt, SIGTERM) */
     int tripped;            /* CK_ELIMIT or CK_EINTR while such an error unwinds */
     lua_State *main;
     /* the last error the runtime raised with a status of its own, and that

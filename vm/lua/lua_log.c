@@ -5,7 +5,9 @@
  * ck.crc32c). */
 #define _GNU_SOURCE /* O_PATH */
 #include "formats/logsink.h"
+#include "guard/term.h"
 #include "guard/host.h"
+#include "guard/runlimits.h"
 #include "lua/lua_ck.h"
 #include "run/program.h"
 #include "util/text.h"
@@ -16,7 +18,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,45 +29,8 @@
 
 typedef struct llogger {
     ck_logger *lg;
-    int sigterm; /* holds a reference on the SIGTERM handler */
+    void *term; /* its hold on SIGTERM (guard/term.h), or NULL */
 } llogger;
-
-/* ---- SIGTERM: stop the run between two ops, as Ctrl-C does, so that the
- * script unwinds and every logger flushes as it closes */
-
-static volatile int *term_flag;
-static int term_refs;
-static struct sigaction term_old;
-
-static void on_sigterm(int sig)
-{
-    (void)sig;
-    if (term_flag) *term_flag = 1;
-}
-
-static int sigterm_hold(lua_State *L)
-{
-    ck_host *host = ck_host_of(L);
-    if (!host) return 0; /* a stock lua5.4: nothing to stop the run with */
-    volatile int *flag = &host->lim.interrupt;
-    if (term_refs++ == 0) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_sigterm;
-        sa.sa_flags = SA_RESETHAND; /* a second SIGTERM kills */
-        term_flag = flag;
-        sigaction(SIGTERM, &sa, &term_old);
-    }
-    return 1;
-}
-
-static void sigterm_release(void)
-{
-    if (term_refs > 0 && --term_refs == 0) {
-        sigaction(SIGTERM, &term_old, NULL);
-        term_flag = NULL;
-    }
-}
 
 /* ---- records from Lua tables */
 
@@ -93,9 +57,11 @@ static void add_table(lua_State *L, ck_log_rec *r, int t, int top, int depth, co
     const char *small[64], **keys = small;
     int n = 0, cap = 64, extra = 0;
     lua_Integer ints = 0, maxi = 0;
+    long long walked = 0;
     lua_pushnil(L);
     while (lua_next(L, t)) {
         lua_pop(L, 1);
+        if ((++walked & 1023) == 0) ck_limits_charge(L, 1024); /* a huge record stays interruptible */
         if (lua_type(L, -1) == LUA_TSTRING) {
             if (n == cap) { /* a bigger array, kept below the key until the walk ends */
                 const char **k2 = lua_newuserdatauv(L, sizeof(char *) * (size_t)cap * 2, 0);
@@ -117,7 +83,7 @@ static void add_table(lua_State *L, ck_log_rec *r, int t, int top, int depth, co
     if (!top) ck_log_rec_open(r, key, klen, ints > 0);
     if (ints) {
         for (lua_Integer i = 1; i <= ints; i++) {
-            lua_geti(L, t, i);
+            lua_rawgeti(L, t, i);
             add_value(L, r, NULL, 0, lua_gettop(L), depth);
             lua_pop(L, 1);
         }
@@ -125,7 +91,8 @@ static void add_table(lua_State *L, ck_log_rec *r, int t, int top, int depth, co
         qsort(keys, (size_t)n, sizeof *keys, cmp_key);
         for (int i = 0; i < n; i++) {
             if (top && (!strcmp(keys[i], "step") || !strcmp(keys[i], "time"))) continue;
-            lua_getfield(L, t, keys[i]);
+            lua_pushstring(L, keys[i]);
+            lua_rawget(L, t);
             add_value(L, r, keys[i], strlen(keys[i]), lua_gettop(L), depth);
             lua_pop(L, 1);
         }
@@ -164,9 +131,17 @@ static llogger *check_logger(lua_State *L, int i)
     return l;
 }
 
+/* t[k] read raw: an option table's metamethods never run */
+static int raw_field(lua_State *L, int t, const char *k)
+{
+    t = lua_absindex(L, t);
+    lua_pushstring(L, k);
+    return lua_rawget(L, t);
+}
+
 static int opt_bool(lua_State *L, int t, const char *k, int def)
 {
-    lua_getfield(L, t, k);
+    raw_field(L, t, k);
     int v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
     lua_pop(L, 1);
     return v;
@@ -178,25 +153,25 @@ static int l_log_open(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     ck_log_opts o = {0};
-    lua_getfield(L, 1, "dir");
+    raw_field(L, 1, "dir");
     o.dir = luaL_optstring(L, -1, ".");
-    lua_getfield(L, 1, "jsonl_name");
+    raw_field(L, 1, "jsonl_name");
     o.jsonl_name = luaL_optstring(L, -1, "metrics.jsonl");
     luaL_argcheck(L, !strchr(o.jsonl_name, '/'), 1, "jsonl_name is a file name inside dir");
     o.jsonl = opt_bool(L, 1, "jsonl", 1);
     o.tensorboard = opt_bool(L, 1, "tensorboard", 1);
     o.async = opt_bool(L, 1, "async", 0);
     o.fsync = opt_bool(L, 1, "fsync", 0);
-    lua_getfield(L, 1, "flush_interval");
+    raw_field(L, 1, "flush_interval");
     o.flush_interval = luaL_optnumber(L, -1, 1.0);
-    lua_getfield(L, 1, "queue");
+    raw_field(L, 1, "queue");
     o.queue = (int)luaL_optinteger(L, -1, 1024);
     luaL_argcheck(L, o.flush_interval > 0, 1, "flush_interval must be positive");
     luaL_argcheck(L, o.queue > 0, 1, "queue must be positive");
     ck_lua_check_path(L, o.dir, CK_ACCESS_WRITE | CK_ACCESS_DIR);
     llogger *l = lua_newuserdatauv(L, sizeof *l, 0);
     l->lg = NULL;
-    l->sigterm = 0;
+    l->term = NULL;
     luaL_setmetatable(L, LOGGER_MT);
     char err[512];
     /* sandboxed, the files are opened beneath the directory the door opened */
@@ -208,7 +183,9 @@ static int l_log_open(lua_State *L)
     l->lg = ck_log_open(&o, err, sizeof err);
     if (o.confined) close(o.dir_fd);
     if (!l->lg) return ck_lua_raise(L, "log: %s", err);
-    if (opt_bool(L, 1, "sigterm", 1)) l->sigterm = sigterm_hold(L);
+    /* SIGTERM stops the run between two ops, as Ctrl-C does, so that the
+     * script unwinds and every logger flushes as it closes */
+    if (opt_bool(L, 1, "sigterm", 1)) l->term = ck_term_hold(L);
     return 1;
 }
 
@@ -225,9 +202,9 @@ static int l_log_write(lua_State *L)
 {
     llogger *l = check_logger(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    lua_getfield(L, 2, "step");
+    raw_field(L, 2, "step");
     int64_t step = lua_isnil(L, -1) ? -1 : (int64_t)luaL_checkinteger(L, -1);
-    lua_getfield(L, 2, "time");
+    raw_field(L, 2, "time");
     double t = lua_isnil(L, -1) ? wall_now() : luaL_checknumber(L, -1);
     lua_pop(L, 2);
     ck_log_rec r;
@@ -261,8 +238,8 @@ static int close_logger(lua_State *L, int raise)
     char err[512];
     int rc = ck_log_close(l->lg, err, sizeof err);
     l->lg = NULL;
-    if (l->sigterm) sigterm_release();
-    l->sigterm = 0;
+    ck_term_release(l->term);
+    l->term = NULL;
     if (rc && raise) return ck_lua_raise(L, "log: %s", err);
     return 0;
 }
@@ -296,7 +273,8 @@ static int l_log_counts(lua_State *L)
 /* ---- statistics and guarded steps */
 
 
-static unsigned stats_mask(lua_State *L, int idx)
+/* stats: true, a name, a mask, or a list of those (nested at most 4 deep) */
+static unsigned stats_mask_at(lua_State *L, int idx, int depth)
 {
     if (lua_isnoneornil(L, idx) || (lua_isboolean(L, idx) && !lua_toboolean(L, idx))) return 0;
     if (lua_isboolean(L, idx)) return CK_STATS_ALL;
@@ -308,18 +286,21 @@ static unsigned stats_mask(lua_State *L, int idx)
         if (!strcmp(s, "all")) return CK_STATS_ALL;
         return (unsigned)ck_lua_raise(L, "unknown statistics '%s' (grads, acts, all)", s);
     }
-    if (lua_istable(L, idx)) {
+    if (lua_istable(L, idx) && depth < 4) {
         unsigned m = 0;
-        int n = (int)luaL_len(L, idx);
-        for (int i = 1; i <= n; i++) {
-            lua_geti(L, idx, i);
-            m |= stats_mask(L, lua_gettop(L));
+        const lua_Unsigned n = lua_rawlen(L, idx);
+        if (n > 64) return (unsigned)ck_lua_raise(L, "stats: a list of at most 64 names, got %d", (int)n);
+        for (lua_Unsigned i = 1; i <= n; i++) {
+            lua_rawgeti(L, idx, (lua_Integer)i);
+            m |= stats_mask_at(L, lua_gettop(L), depth + 1);
             lua_pop(L, 1);
         }
         return m;
     }
     return (unsigned)ck_lua_raise(L, "stats must be true, a name (grads, acts) or a list of names");
 }
+
+static unsigned stats_mask(lua_State *L, int idx) { return stats_mask_at(L, idx, 0); }
 
 void ck_lua_stats_request(lua_State *L, int idx, ck_compile_opts *o, const char **pats)
 {
@@ -473,7 +454,7 @@ int ck_lua_log_step(lua_State *L, ck_program *p)
 {
     ck_run_opts o = {0, 0, 0};
     if (lua_istable(L, 2)) {
-        lua_getfield(L, 2, "stats");
+        raw_field(L, 2, "stats");
         o.stats = stats_mask(L, lua_gettop(L));
         lua_pop(L, 1);
         o.guard = opt_bool(L, 2, "guard", 0);
@@ -566,7 +547,7 @@ static int push_event(void *ud, const ck_tb_read_event *e)
         }
         lua_setfield(L, -2, "values");
     }
-    lua_rawseti(L, -2, (lua_Integer)luaL_len(L, -2) + 1);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
     return 0;
 }
 

@@ -7,12 +7,17 @@
  * Where it is looked for: $CK_CUDA_MODULE when set (a path; it is loaded even
  * without a driver, which lets tests run an emulated backend), else beside the
  * library or program that holds this code (dir, dir/../lib, dir/..), else the
- * build and install directories this copy was configured with. */
+ * build and install directories this copy was configured with.
+ *
+ * Any thread may ask first: the module is looked for once (pthread_once), and
+ * the backend opened once under a lock, then read through an atomic pointer. */
 #define _GNU_SOURCE /* dladdr */
 #include "../../ops/backend.h"
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,15 +30,17 @@ typedef int (*devices_fn)(void);
 typedef int (*memory_fn)(size_t *free_bytes, size_t *total_bytes);
 typedef int (*configure_fn)(int deterministic, int tf32);
 
+/* written once, inside load_once; read only after pthread_once returns */
 static struct {
-    int tried;
     open_fn open;
     devices_fn devices;
     memory_fn memory;
     configure_fn configure;
-    const ck_backend *be;
     char why[PATH_MAX + 256];
 } mod;
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(const ck_backend *) opened; /* the backend, once open */
 
 static int driver_present(void)
 {
@@ -77,10 +84,8 @@ static void *find(void)
     return NULL;
 }
 
-static int load(void)
+static void load_module(void)
 {
-    if (mod.tried) return mod.open != NULL;
-    mod.tried = 1;
     const char *env = getenv("CK_CUDA_MODULE");
     void *h = NULL;
     if (env && env[0]) {
@@ -93,7 +98,7 @@ static int load(void)
         if (!h && !mod.why[0])
             snprintf(mod.why, sizeof mod.why, "this build has no CUDA backend (%s not found)", MODULE);
     }
-    if (!h) return 0;
+    if (!h) return;
     mod.open = (open_fn)dlsym(h, "ck_cuda_module_open");
     mod.devices = (devices_fn)dlsym(h, "ck_cuda_module_devices");
     mod.memory = (memory_fn)dlsym(h, "ck_cuda_module_memory");
@@ -101,28 +106,39 @@ static int load(void)
     if (!mod.open || !mod.devices || !mod.memory || !mod.configure) {
         snprintf(mod.why, sizeof mod.why, "%s is not a ckrun CUDA backend", MODULE);
         mod.open = NULL;
-        return 0;
     }
-    return 1;
+}
+
+static int load(void)
+{
+    pthread_once(&load_once, load_module);
+    return mod.open != NULL;
 }
 
 int ck_cuda_devices(void) { return load() ? mod.devices() : 0; }
 
 const ck_backend *ck_backend_cuda(char *err, size_t errlen)
 {
-    if (mod.be) return mod.be;
+    const ck_backend *be = atomic_load(&opened);
+    if (be) return be;
     if (!load()) {
         snprintf(err, errlen, "%s", mod.why);
         return NULL;
     }
-    mod.be = mod.open(err, errlen);
-    return mod.be;
+    pthread_mutex_lock(&open_mu);
+    be = atomic_load(&opened);
+    if (!be) {
+        be = mod.open(err, errlen);
+        atomic_store(&opened, be);
+    }
+    pthread_mutex_unlock(&open_mu);
+    return be;
 }
 
 int ck_cuda_memory(size_t *free_bytes, size_t *total_bytes)
 {
     *free_bytes = *total_bytes = 0;
-    return mod.be ? mod.memory(free_bytes, total_bytes) : -1;
+    return atomic_load(&opened) ? mod.memory(free_bytes, total_bytes) : -1;
 }
 
 int ck_cuda_configure(int deterministic, int tf32, char *err, size_t errlen)
@@ -146,26 +162,31 @@ static void *plan_alloc(size_t bytes)
 static const char *plan_error(void) { return "a plan-only CUDA target cannot run"; }
 static void plan_clear(void) {}
 
+static ck_kernel_fn plan_none[CK_OP_COUNT], plan_bf16[CK_OP_COUNT];
+static ck_backend plan_be;
+static pthread_once_t plan_once = PTHREAD_ONCE_INIT;
+
+static void plan_make(void)
+{
+    /* the ops with bf16 kernels need a non-NULL entry; nothing calls it */
+    for (int op = 0; op < CK_OP_COUNT; op++)
+        if (ck_cuda_bf16_op((enum ck_op)op)) plan_bf16[op] = plan_kernel;
+    plan_be = (ck_backend){.name = "cuda",
+                           .kernels = plan_none,
+                           .kernels_bf16 = plan_bf16,
+                           .workspace = ck_op_workspace_cuda,
+                           .nthreads = 1,
+                           .host = 0,
+                           .fixed_bytes = CK_CUDA_FIXED_BYTES,
+                           .granule = CK_CUDA_GRANULE,
+                           .enter = plan_enter,
+                           .alloc = plan_alloc,
+                           .error = plan_error,
+                           .clear_error = plan_clear};
+}
+
 const ck_backend *ck_backend_cuda_plan(void)
 {
-    static ck_kernel_fn none[CK_OP_COUNT], bf16[CK_OP_COUNT];
-    static ck_backend be;
-    if (!be.name) {
-        /* the ops with bf16 kernels need a non-NULL entry; nothing calls it */
-        for (int op = 0; op < CK_OP_COUNT; op++)
-            if (ck_cuda_bf16_op((enum ck_op)op)) bf16[op] = plan_kernel;
-        be = (ck_backend){.name = "cuda",
-                          .kernels = none,
-                          .kernels_bf16 = bf16,
-                          .workspace = ck_op_workspace_cuda,
-                          .nthreads = 1,
-                          .host = 0,
-                          .fixed_bytes = CK_CUDA_FIXED_BYTES,
-                          .granule = CK_CUDA_GRANULE,
-                          .enter = plan_enter,
-                          .alloc = plan_alloc,
-                          .error = plan_error,
-                          .clear_error = plan_clear};
-    }
-    return &be;
+    pthread_once(&plan_once, plan_make);
+    return &plan_be;
 }

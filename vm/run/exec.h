@@ -20,7 +20,7 @@ typedef struct ck_exec_env {
     float lr;
     int eval;                /* a forward pass that evaluates (no dropout) */
     int fused_backward;      /* updates run inside backward: an interrupt stops only forward entries */
-    const volatile int *interrupt; /* set from another thread to stop between two ops (NULL: never) */
+    const _Atomic int *interrupt; /* set from another thread to stop between two ops (NULL: never) */
     double *profile;         /* non-NULL: seconds per op kind (CK_OP_COUNT entries) added to */
 } ck_exec_env;
 

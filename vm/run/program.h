@@ -76,7 +76,7 @@ typedef struct ck_program {
     int64_t micro;
     const ck_plan *last;
     /* set from another thread to stop a run between two ops (NULL: never) */
-    const volatile int *interrupt;
+    const _Atomic int *interrupt;
     /* logging: the training list plus stat entries, per stats mask ([0] unused,
      * n == 0 where not built), the statistics and the block names they use */
     ck_plan logplan[CK_STATS_ALL + 1];

@@ -226,7 +226,7 @@ static const char *back_reference(matcher *m, const char *s, char digit)
 {
     int k = digit - '1';
     if (k < 0 || k >= m->ncap || m->cap[k].len == CAP_OPEN)
-        luaL_error(m->L, "invalid capture index %%%d in pattern", k + 1);
+        luaL_error(m->L, "invalid capture index %%%d", k + 1);
     ptrdiff_t len = m->cap[k].len;
     if (len == CAP_POSITION) return NULL; /* Lua's never matches either */
     m->steps += len / BYTES_PER_UNIT;

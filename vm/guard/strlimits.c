@@ -758,6 +758,38 @@ static int t_concat(lua_State *L)
     return 1;
 }
 
+/* string.upper, lower, reverse and sub build a copy in one C call, which the
+ * count hook sees as one instruction: a loop of them on a big string would
+ * run hundreds of copies between two hooks. Each charges what it will copy,
+ * then Lua's own function runs in this call's frame. */
+static int s_copying(lua_State *L)
+{
+    size_t l;
+    luaL_checklstring(L, 1, &l);
+    size_t n = l;
+    if (lua_toboolean(L, lua_upvalueindex(2))) { /* sub(s, i [, j]) */
+        size_t from = start_offset(luaL_checkinteger(L, 2), l);
+        lua_Integer j = luaL_optinteger(L, 3, -1);
+        size_t to = j > (lua_Integer)l ? l : j >= 0 ? (size_t)j : j < -(lua_Integer)l ? 0 : l + (size_t)j + 1;
+        n = to > from ? to - from : 0;
+    }
+    if (n >= BUILD_CHUNK) ck_limits_charge(L, (long long)(n / BYTES_PER_UNIT));
+    lua_CFunction stock = lua_tocfunction(L, lua_upvalueindex(1));
+    return stock(L);
+}
+
+static void wrap_copying(lua_State *L, const char *name, int sub)
+{
+    lua_getfield(L, -1, name);
+    if (!lua_tocfunction(L, -1)) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_pushboolean(L, sub);
+    lua_pushcclosure(L, s_copying, 2);
+    lua_setfield(L, -2, name);
+}
+
 static void set_fn(lua_State *L, const char *name, lua_CFunction fn, int keep_stock)
 {
     if (keep_stock) lua_getfield(L, -1, name);
@@ -778,6 +810,10 @@ void ck_strlimits_install(lua_State *L)
         int stock = lua_tocfunction(L, -1) != NULL;
         lua_pop(L, 1);
         if (stock) set_fn(L, "format", s_format, 1);
+        wrap_copying(L, "upper", 0);
+        wrap_copying(L, "lower", 0);
+        wrap_copying(L, "reverse", 0);
+        wrap_copying(L, "sub", 1);
     }
     lua_pop(L, 1);
     if (lua_getfield(L, -1, LUA_TABLIBNAME) == LUA_TTABLE) set_fn(L, "concat", t_concat, 0);

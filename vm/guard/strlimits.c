@@ -552,7 +552,7 @@ static void size_text(double n, char *buf, size_t len)
 {
     static const char *const unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     int u = 0;
-    while (n >= 1024 && u < 6) {
+    while (n >= 1023.95 && u < 6) { /* 1023.99 GiB reads 1.0 TiB */
         n /= 1024;
         u++;
     }

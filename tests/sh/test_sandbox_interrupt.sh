@@ -1,4 +1,4 @@
-# Ctrl-C and the callback budget stop the string functions' C loops: each
+# Ctrl-C and the callback budget stop the string and table functions' C loops: each
 # shape below runs for minutes or hours in Lua's own C code (a backtracking
 # pattern, a loop of big copies that the count hook sees as a few
 # instructions each). Started, sent SIGINT after 0.5 s, each must exit within
@@ -32,9 +32,13 @@ shapes=(
   'a loop of table.concat|local t = {} for i = 1, 1e6 do t[i] = "abcdefgh" end while true do local s = table.concat(t, ",") end'
   'table.concat through __index|local t = setmetatable({}, {__index = function(_, i) return "ab" end, __len = function() return 2^40 end}) print(#table.concat(t))'
   'a loop of string.format|local big = ("x"):rep(2^25) while true do local s = string.format("%s%s", big, big) end'
-  'a loop of plain finds|local s = ("a"):rep(2^28) while true do s:find("b", 1, true) end'
+  'a loop of plain finds|local s = ("a"):rep(2^27) while true do s:find("b", 1, true) end'
   'a loop of string.upper|local s = ("x"):rep(2^27) while true do local u = s:upper() end'
   'a loop of string.sub|local s = ("x"):rep(2^27) while true do local u = s:sub(2) end'
+  'a loop of string.byte ranges|local s = ("x"):rep(2^20) while true do local a = {s:byte(1, 9e5)} end'
+  'a loop of string.pack|while true do local s = string.pack("c67108864", "") end'
+  'a loop of table.insert and table.remove at the front|local t = {} for i = 1, 3e6 do t[i] = i end while true do table.insert(t, 1, 0) table.remove(t, 1) end'
+  'a loop of table.move|local t = {} for i = 1, 3e6 do t[i] = i end while true do table.move(t, 1, #t, 1, {}) end'
   'a pattern inside pcall|while true do pcall(string.find, ("a"):rep(1e5), ".-.-.-.-b") end'
   'a pattern in a coroutine|coroutine.wrap(function() print(("a"):rep(1e5):find(".-.-.-.-b")) end)()'
 )

@@ -758,35 +758,109 @@ static int t_concat(lua_State *L)
     return 1;
 }
 
-/* string.upper, lower, reverse and sub build a copy in one C call, which the
- * count hook sees as one instruction: a loop of them on a big string would
- * run hundreds of copies between two hooks. Each charges what it will copy,
- * then Lua's own function runs in this call's frame. */
-static int s_copying(lua_State *L)
+/* Functions of Lua's that build or move a lot in one C call, which the count
+ * hook sees as one instruction: a loop of them on big strings or tables would
+ * run hundreds of calls between two hooks. Each charges what it is about to
+ * do, then Lua's own function runs in this call's frame (its errors name the
+ * script line as before). */
+enum cost {
+    COST_STRING,  /* string.upper, lower, reverse: the length of s */
+    COST_SUB,     /* string.sub(s, i, j): the bytes it copies */
+    COST_BYTE,    /* string.byte(s, i, j): the values it pushes */
+    COST_ARGS,    /* string.char, utf8.char: one per argument */
+    COST_PACK,    /* string.pack: the sizes its format names, its string arguments */
+    COST_UNPACK,  /* table.unpack(t, i, j): the values it pushes */
+    COST_SHIFT,   /* table.insert(t, pos, v), table.remove(t, pos): the elements moved */
+    COST_MOVE,    /* table.move(a1, f, e, t): the elements moved */
+};
+
+/* j as an end position in a string of length l (1-based, negative from the end) */
+static size_t end_position(lua_Integer j, size_t l)
 {
-    size_t l;
-    luaL_checklstring(L, 1, &l);
-    size_t n = l;
-    if (lua_toboolean(L, lua_upvalueindex(2))) { /* sub(s, i [, j]) */
-        size_t from = start_offset(luaL_checkinteger(L, 2), l);
-        lua_Integer j = luaL_optinteger(L, 3, -1);
-        size_t to = j > (lua_Integer)l ? l : j >= 0 ? (size_t)j : j < -(lua_Integer)l ? 0 : l + (size_t)j + 1;
-        n = to > from ? to - from : 0;
+    if (j > (lua_Integer)l) return l;
+    if (j >= 0) return (size_t)j;
+    if (j < -(lua_Integer)l) return 0;
+    return l + (size_t)j + 1;
+}
+
+/* argument a as an integer (floats with an integral value too), or dflt */
+static lua_Integer int_or(lua_State *L, int a, lua_Integer dflt)
+{
+    int is;
+    lua_Integer v = lua_tointegerx(L, a, &is);
+    return is && lua_type(L, a) == LUA_TNUMBER ? v : dflt;
+}
+
+/* the work of the call on the stack as cost kind k; reads no metamethods */
+static double cost_of(lua_State *L, int k)
+{
+    size_t l = 0;
+    int top = lua_gettop(L);
+    if (k <= COST_BYTE) {
+        if (lua_type(L, 1) != LUA_TSTRING) return 0; /* numbers are short; the function reports the rest */
+        lua_tolstring(L, 1, &l);
     }
-    if (n >= BUILD_CHUNK) ck_limits_charge(L, (long long)(n / BYTES_PER_UNIT));
+    switch (k) {
+    case COST_STRING:
+        return (double)l / BYTES_PER_UNIT;
+    case COST_SUB:
+    case COST_BYTE: {
+        lua_Integer i = int_or(L, 2, 1);
+        size_t from = start_offset(i, l);
+        size_t to = end_position(int_or(L, 3, k == COST_SUB ? -1 : i), l);
+        double n = to > from ? (double)(to - from) : 0;
+        return k == COST_SUB ? n / BYTES_PER_UNIT : n;
+    }
+    case COST_ARGS:
+        return top;
+    case COST_PACK: {
+        double n = top;
+        size_t lf;
+        const char *f = lua_type(L, 1) == LUA_TSTRING ? lua_tolstring(L, 1, &lf) : NULL;
+        for (size_t at = 0; f && at < lf; at++) {
+            double v = 0;
+            while (at < lf && isdigit((unsigned char)f[at])) v = v * 10 + (f[at++] - '0');
+            n += v;
+        }
+        for (int a = 2; a <= top; a++)
+            if (lua_type(L, a) == LUA_TSTRING) n += (double)lua_rawlen(L, a);
+        return n / BYTES_PER_UNIT;
+    }
+    case COST_UNPACK: {
+        lua_Integer i = int_or(L, 2, 1);
+        lua_Integer j = int_or(L, 3, lua_type(L, 1) == LUA_TTABLE ? (lua_Integer)lua_rawlen(L, 1) : i);
+        return j >= i ? (double)j - (double)i + 1 : 0;
+    }
+    case COST_SHIFT: {
+        if (lua_type(L, 1) != LUA_TTABLE || top < 2) return 0;
+        double n = (double)lua_rawlen(L, 1) - (double)int_or(L, 2, LUA_MAXINTEGER);
+        return n > 0 ? n : 0;
+    }
+    case COST_MOVE: {
+        double n = (double)int_or(L, 3, 0) - (double)int_or(L, 2, 1) + 1;
+        return n > 0 ? n : 0;
+    }
+    }
+    return 0;
+}
+
+static int charged(lua_State *L)
+{
+    double units = cost_of(L, (int)lua_tointeger(L, lua_upvalueindex(2)));
+    if (units >= 1024) ck_limits_charge(L, units > 1e15 ? (long long)1e15 : (long long)units);
     lua_CFunction stock = lua_tocfunction(L, lua_upvalueindex(1));
     return stock(L);
 }
 
-static void wrap_copying(lua_State *L, const char *name, int sub)
+static void wrap_charged(lua_State *L, const char *name, int cost)
 {
     lua_getfield(L, -1, name);
     if (!lua_tocfunction(L, -1)) {
         lua_pop(L, 1);
         return;
     }
-    lua_pushboolean(L, sub);
-    lua_pushcclosure(L, s_copying, 2);
+    lua_pushinteger(L, cost);
+    lua_pushcclosure(L, charged, 2);
     lua_setfield(L, -2, name);
 }
 
@@ -810,12 +884,23 @@ void ck_strlimits_install(lua_State *L)
         int stock = lua_tocfunction(L, -1) != NULL;
         lua_pop(L, 1);
         if (stock) set_fn(L, "format", s_format, 1);
-        wrap_copying(L, "upper", 0);
-        wrap_copying(L, "lower", 0);
-        wrap_copying(L, "reverse", 0);
-        wrap_copying(L, "sub", 1);
+        wrap_charged(L, "upper", COST_STRING);
+        wrap_charged(L, "lower", COST_STRING);
+        wrap_charged(L, "reverse", COST_STRING);
+        wrap_charged(L, "sub", COST_SUB);
+        wrap_charged(L, "byte", COST_BYTE);
+        wrap_charged(L, "char", COST_ARGS);
+        wrap_charged(L, "pack", COST_PACK);
     }
     lua_pop(L, 1);
-    if (lua_getfield(L, -1, LUA_TABLIBNAME) == LUA_TTABLE) set_fn(L, "concat", t_concat, 0);
+    if (lua_getfield(L, -1, LUA_TABLIBNAME) == LUA_TTABLE) {
+        set_fn(L, "concat", t_concat, 0);
+        wrap_charged(L, "unpack", COST_UNPACK);
+        wrap_charged(L, "insert", COST_SHIFT);
+        wrap_charged(L, "remove", COST_SHIFT);
+        wrap_charged(L, "move", COST_MOVE);
+    }
+    lua_pop(L, 1);
+    if (lua_getfield(L, -1, LUA_UTF8LIBNAME) == LUA_TTABLE) wrap_charged(L, "char", COST_ARGS);
     lua_pop(L, 2);
 }

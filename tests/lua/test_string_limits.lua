@@ -1,7 +1,8 @@
 -- string.rep, string.format and table.concat refuse a result that the Lua
 -- heap limit (1 GiB in the sandbox) cannot hold, before building it, with one
 -- line that names the script line; results they can build are Lua's. The
--- pattern functions' errors name the script line too.
+-- pattern functions' errors name the script line too, and table.sort's own
+-- heap sort for big tables (which charges its work) sorts as Lua's does.
 package.path = "tests/lua/?.lua;" .. package.path
 local T = require "check"
 
@@ -147,6 +148,46 @@ do
   T.ok(got[1] == "kv" and k == "a" and v == "b", "gmatch: an iterator runs in any coroutine")
   local r = ("hello world"):gsub("o", setmetatable({}, {__index = function(_, k) return "0" end}))
   T.ok(r == "hell0 w0rld", "gsub: a replacement table's __index is used")
+end
+
+-- table.sort past 65536 elements
+do
+  local r = T.rng(7)
+  local n = 200003
+  local t, count = {}, {}
+  for i = 1, n do
+    local v = math.floor((r() + 1) * 5000)
+    t[i] = v
+    count[v] = (count[v] or 0) + 1
+  end
+  table.sort(t)
+  local sorted, same = true, true
+  for i = 2, n do if t[i - 1] > t[i] then sorted = false end end
+  for i = 1, n do count[t[i]] = count[t[i]] - 1 end
+  for _, c in pairs(count) do if c ~= 0 then same = false end end
+  T.ok(#t == n and sorted and same, "sort: 200003 numbers with ties come out in order, each value as often as before")
+  table.sort(t, function(a, b) return a > b end)
+  sorted = true
+  for i = 2, n do if t[i - 1] < t[i] then sorted = false end end
+  T.ok(sorted, "sort: with an order function (descending)")
+  local words = {}
+  for i = 1, 70000 do words[i] = ("w%05d"):format((i * 7919) % 70001) end
+  table.sort(words)
+  sorted = true
+  for i = 2, #words do if words[i - 1] >= words[i] then sorted = false end end
+  T.ok(sorted and words[1] == "w00001" and words[70000] == "w70000", "sort: 70000 distinct strings")
+  local store = {}
+  for i = 1, 70000 do store[i] = 70001 - i end
+  local proxy = setmetatable({}, {__index = store, __newindex = store, __len = function() return #store end})
+  table.sort(proxy)
+  T.ok(store[1] == 1 and store[70000] == 70000 and store[35000] == 35000, "sort: through __index, __newindex and __len, as Lua 5.4 does")
+  local mixed = {}
+  for i = 1, 70000 do mixed[i] = i end
+  mixed[40000] = "x"
+  local at, e = line(), err_of(function() table.sort(mixed) end)
+  T.ok(e and e:find("test_string_limits.lua:" .. at .. ": attempt to compare", 1, true), "sort: values that do not compare (" .. tostring(e) .. ")")
+  at, e = line(), err_of(function() table.sort(t, function(a, b) error("from the order function") end) end)
+  T.ok(e and e:find("test_string_limits.lua:" .. at .. ": from the order function", 1, true), "sort: an error in the order function (" .. tostring(e) .. ")")
 end
 
 T.done()

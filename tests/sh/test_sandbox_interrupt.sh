@@ -1,4 +1,5 @@
-# Ctrl-C and the callback budget stop the string and table functions' C loops: each
+# Ctrl-C and the callback budget stop the string and table functions' C loops
+# (patterns, builders, copies, table.sort): each
 # shape below runs for minutes or hours in Lua's own C code (a backtracking
 # pattern, a loop of big copies that the count hook sees as a few
 # instructions each). Started, sent SIGINT after 0.5 s, each must exit within
@@ -39,6 +40,8 @@ shapes=(
   'a loop of string.pack|while true do local s = string.pack("c67108864", "") end'
   'a loop of table.insert and table.remove at the front|local t = {} for i = 1, 3e6 do t[i] = i end while true do table.insert(t, 1, 0) table.remove(t, 1) end'
   'a loop of table.move|local t = {} for i = 1, 3e6 do t[i] = i end while true do table.move(t, 1, #t, 1, {}) end'
+  'table.sort of a big table|local t = {} for i = 1, 3e6 do t[i] = (i * 7919) % 3000017 end table.sort(t)'
+  'a loop of table.sort|local t = {} for i = 1, 6e4 do t[i] = (i * 7919) % 60013 end while true do table.sort(table.move(t, 1, #t, 1, {})) end'
   'a pattern inside pcall|while true do pcall(string.find, ("a"):rep(1e5), ".-.-.-.-b") end'
   'a pattern in a coroutine|coroutine.wrap(function() print(("a"):rep(1e5):find(".-.-.-.-b")) end)()'
 )
@@ -70,6 +73,7 @@ budget=(
   '%b|print(("("):rep(1e6):find("%b()"))'
   'a loop of string.rep|while true do local s = ("ab"):rep(2^24) end'
   'a loop of table.concat|local t = {} for i = 1, 1e5 do t[i] = "abcdefgh" end while true do local s = table.concat(t) end'
+  'table.sort|local t = {} for i = 1, 3e6 do t[i] = (i * 7919) % 3000017 end table.sort(t)'
   'a pattern in pcall|for i = 1, 1e9 do pcall(string.match, ("a"):rep(1e5), ".-.-.-b") end'
 )
 for entry in "${budget[@]}"; do

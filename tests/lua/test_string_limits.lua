@@ -28,15 +28,15 @@ local big = ("x"):rep(16 * MiB)
 do
   local c = os.clock()
   local at, e = line(), err_of(function() return ("x"):rep(2^33) end)
-  T.ok(says(e, at, "string.rep: a result of 8 GiB passes the Lua heap limit of 1 GiB"), "rep: 8 GiB is refused (" .. tostring(e) .. ")")
+  T.ok(says(e, at, "string.rep: out of memory: a result of 8 GiB passes the Lua heap limit of 1 GiB"), "rep: 8 GiB is refused (" .. tostring(e) .. ")")
   at, e = line(), err_of(function() return ("ab"):rep(2^62) end)
-  T.ok(says(e, at, "string.rep: a result of 8 EiB passes the Lua heap limit of 1 GiB"), "rep: 2^63 bytes, past size_t arithmetic, is refused (" .. tostring(e) .. ")")
+  T.ok(says(e, at, "string.rep: out of memory: a result of 8 EiB passes the Lua heap limit of 1 GiB"), "rep: 2^63 bytes, past size_t arithmetic, is refused (" .. tostring(e) .. ")")
   at, e = line(), err_of(function() return (""):rep(2^31, "ab") end)
-  T.ok(says(e, at, "string.rep: a result of 4.0 GiB passes the Lua heap limit of 1 GiB"), "rep: separators alone count (" .. tostring(e) .. ")")
+  T.ok(says(e, at, "string.rep: out of memory: a result of 4.0 GiB passes the Lua heap limit of 1 GiB"), "rep: separators alone count (" .. tostring(e) .. ")")
   at, e = line(), err_of(function() return ("abc"):rep(math.maxinteger, "de") end)
   T.ok(ends(e, at, "passes the Lua heap limit of 1 GiB"), "rep: math.maxinteger copies with a separator (" .. tostring(e) .. ")")
   at, e = line(), err_of(function() return ("x"):rep(700 * MiB) end)
-  T.ok(e and e:find("test_string_limits.lua:" .. at .. ": string.rep: a result of 700 MiB needs 1.4 GiB to build, which passes the Lua heap limit of 1 GiB (", 1, true) ~= nil,
+  T.ok(e and e:find("test_string_limits.lua:" .. at .. ": string.rep: out of memory: a result of 700 MiB needs 1.4 GiB to build, which passes the Lua heap limit of 1 GiB (", 1, true) ~= nil,
     "rep: a result under the limit whose buffer and string together pass it (" .. tostring(e) .. ")")
   T.ok(os.clock() - c < 0.5, ("rep: the five are refused before anything is built (%.3f s)"):format(os.clock() - c))
   local bad = nil
@@ -62,7 +62,7 @@ do
   for i = 1, 100 do refs[i] = big end
   local c = os.clock()
   local at, e = line(), err_of(function() return string.format(("%s"):rep(100), table.unpack(refs)) end)
-  T.ok(says(e, at, "string.format: a result of 1.6 GiB passes the Lua heap limit of 1 GiB"), "format: 100 %s of 16 MiB are refused (" .. tostring(e) .. ")")
+  T.ok(says(e, at, "string.format: out of memory: a result of 1.6 GiB passes the Lua heap limit of 1 GiB"), "format: 100 %s of 16 MiB are refused (" .. tostring(e) .. ")")
   at, e = line(), err_of(function() return string.format(("%q"):rep(70), table.unpack(refs, 1, 70)) end)
   T.ok(ends(e, at, "passes the Lua heap limit of 1 GiB"), "format: %q counts its quotes (" .. tostring(e) .. ")")
   at, e = line(), err_of(function() return string.format(("ab%-20s"):rep(70), table.unpack(refs, 1, 70)) end)
@@ -81,7 +81,7 @@ do
   for i = 1, 100 do refs[i] = big end
   local c = os.clock()
   local at, e = line(), err_of(function() return table.concat(refs) end)
-  T.ok(says(e, at, "table.concat: a result of 1.6 GiB passes the Lua heap limit of 1 GiB"), "concat: 100 strings of 16 MiB are refused (" .. tostring(e) .. ")")
+  T.ok(says(e, at, "table.concat: out of memory: a result of 1.6 GiB passes the Lua heap limit of 1 GiB"), "concat: 100 strings of 16 MiB are refused (" .. tostring(e) .. ")")
   local small = {}
   for i = 1, 100 do small[i] = "a" end
   at, e = line(), err_of(function() return table.concat(small, big) end)
@@ -90,7 +90,7 @@ do
   local calls = 0
   local proxy = setmetatable({}, {__index = function(_, i) calls = calls + 1; return big end, __len = function() return 100 end})
   at, e = line(), err_of(function() return table.concat(proxy) end)
-  T.ok(e and e:find("test_string_limits.lua:" .. at .. ": table.concat: a result of ", 1, true) and
+  T.ok(e and e:find("test_string_limits.lua:" .. at .. ": table.concat: out of memory: a result of ", 1, true) and
     e:find("passes the Lua heap limit of 1 GiB", 1, true) and calls < 100,
     ("concat: through __index, refused once what is built passes the limit (%d of 100 read: %s)"):format(calls, tostring(e)))
   T.ok(table.concat({1, 2.5, "x"}, "-") == "1-2.5-x", "concat: numbers as Lua writes them")

@@ -87,5 +87,21 @@ for entry in "${budget[@]}"; do
   ok $? "the callback budget stops $name (${took} ms, exit $rc: $(head -c 120 err))"
 done
 
+# what is charged is the work done: ordinary calls on big strings and tables
+# inside a callback stay far within a budget of 10M
+fine=(
+  'appends to a big table|local t = {} for i = 1, 1e6 do t[i] = i end for i = 1, 5000 do table.insert(t, i) end for i = 1, 5000 do table.remove(t) end'
+  'short pieces of a big string|local s = ("x"):rep(2^26) for i = 1, 5000 do local a, b = s:sub(i, i + 10), s:byte(-i) end'
+  'finds near the start of a big string|local s = ("x"):rep(2^26) .. "y" for i = 1, 2000 do assert(s:find("x", i, true) == i and s:find("^x+", #s - 5)) end'
+  'small concats, reps and formats|for i = 1, 2000 do local s = table.concat({"a", i, "b"}, ",") .. ("ab"):rep(10) .. string.format("%d %s", i, "x") end'
+)
+for entry in "${fine[@]}"; do
+  name=${entry%%|*} code=${entry#*|}
+  printf 'local ck = require "ck"\nck.call_limited(function()\n  %s\nend)\nprint("finished")\n' "$code" > fine.lua
+  timeout 20 "$CK" --callback-budget 10000000 fine.lua > out 2> err; rc=$?
+  [ $rc = 0 ] && grep -q finished out
+  ok $? "within a budget of 10M: $name (exit $rc: $(head -c 120 err))"
+done
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "guard/strlimits.h"
 #include "guard/runlimits.h"
+#include "ck.h"
 
 #include <lauxlib.h>
 #include <lualib.h>
@@ -563,24 +564,38 @@ static void size_text(double n, char *buf, size_t len)
         snprintf(buf, len, "%.1f %s", n, unit[u]);
 }
 
+/* raises "file:line: what: out of memory: a result of ..." with the status
+ * of a memory error (CK_EMEM for the host) */
+static void refuse(lua_State *L, const char *what, const char *detail)
+{
+    luaL_where(L, 1);
+    lua_pushfstring(L, "%s: out of memory: %s", what, detail);
+    lua_concat(L, 2);
+    ck_limits_note(L, CK_EMEM);
+    lua_error(L);
+}
+
 /* refuses a result of size bytes (a double: it may pass SIZE_MAX) that the
  * heap limit cannot hold, counting `copies` of it alive at once while it is
  * built (a buffer and the string made from it) */
 static void check_result(lua_State *L, const char *what, double size, int copies)
 {
     ck_limits *lim = ck_limits_of(L);
-    char a[64], c[64];
+    char a[64], c[64], msg[400];
+    size_text(size, a, sizeof a);
     if (!lim || !lim->heap_limit) {
         if (size >= (double)(LUA_MAXINTEGER < (lua_Integer)(~(size_t)0 / 2) ? LUA_MAXINTEGER : ~(size_t)0 / 2)) {
-            size_text(size, a, sizeof a);
-            luaL_error(L, "%s: a result of %s is too large", what, a);
+            snprintf(msg, sizeof msg, "a result of %s is too large", a);
+            refuse(L, what, msg);
         }
         return;
     }
     double limit = (double)lim->heap_limit;
-    size_text(size, a, sizeof a);
     size_text(limit, c, sizeof c);
-    if (size > limit) luaL_error(L, "%s: a result of %s passes the Lua heap limit of %s", what, a, c);
+    if (size > limit) {
+        snprintf(msg, sizeof msg, "a result of %s passes the Lua heap limit of %s", a, c);
+        refuse(L, what, msg);
+    }
     double need = size * copies;
     if ((double)lim->heap_used + need <= limit) return;
     lua_gc(L, LUA_GCCOLLECT, 0);
@@ -588,8 +603,9 @@ static void check_result(lua_State *L, const char *what, double size, int copies
     char u[64], nd[64];
     size_text((double)lim->heap_used, u, sizeof u);
     size_text(need, nd, sizeof nd);
-    luaL_error(L, "%s: a result of %s needs %s to build, which passes the Lua heap limit of %s (%s in use)", what, a,
-               nd, c, u);
+    snprintf(msg, sizeof msg, "a result of %s needs %s to build, which passes the Lua heap limit of %s (%s in use)",
+             a, nd, c, u);
+    refuse(L, what, msg);
 }
 
 /* string.rep(s, n [, sep]): the first s..sep is written once, the rest
@@ -746,7 +762,8 @@ static int t_concat(lua_State *L)
         lua_tolstring(L, -1, &len);
         built += (double)len + (k < last ? (double)lsep : 0);
         pending += 1 + (long long)(len / BYTES_PER_UNIT);
-        if (!raw && built > (double)BUILD_CHUNK) check_result(L, "table.concat", built, 2);
+        /* the buffer is in the heap already: one more copy, the string */
+        if (!raw && built > (double)BUILD_CHUNK) check_result(L, "table.concat", built, 1);
         luaL_addvalue(&b);
         if (k == last) break;
         luaL_addlstring(&b, sep, lsep);
@@ -771,7 +788,8 @@ enum cost {
     COST_ARGS,    /* string.char, utf8.char: one per argument */
     COST_PACK,    /* string.pack: the sizes its format names, its string arguments */
     COST_UNPACK,  /* table.unpack(t, i, j): the values it pushes */
-    COST_SHIFT,   /* table.insert(t, pos, v), table.remove(t, pos): the elements moved */
+    COST_INSERT,  /* table.insert(t, pos, v): the elements moved up */
+    COST_REMOVE,  /* table.remove(t, pos): the elements moved down */
     COST_MOVE,    /* table.move(a1, f, e, t): the elements moved */
 };
 
@@ -832,8 +850,10 @@ static double cost_of(lua_State *L, int k)
         lua_Integer j = int_or(L, 3, lua_type(L, 1) == LUA_TTABLE ? (lua_Integer)lua_rawlen(L, 1) : i);
         return j >= i ? (double)j - (double)i + 1 : 0;
     }
-    case COST_SHIFT: {
-        if (lua_type(L, 1) != LUA_TTABLE || top < 2) return 0;
+    case COST_INSERT:
+    case COST_REMOVE: {
+        /* insert(t, v) and remove(t) move nothing */
+        if (lua_type(L, 1) != LUA_TTABLE || top < (k == COST_INSERT ? 3 : 2)) return 0;
         double n = (double)lua_rawlen(L, 1) - (double)int_or(L, 2, LUA_MAXINTEGER);
         return n > 0 ? n : 0;
     }
@@ -983,8 +1003,8 @@ void ck_strlimits_install(lua_State *L)
     if (lua_getfield(L, -1, LUA_TABLIBNAME) == LUA_TTABLE) {
         set_fn(L, "concat", t_concat, 0);
         wrap_charged(L, "unpack", COST_UNPACK);
-        wrap_charged(L, "insert", COST_SHIFT);
-        wrap_charged(L, "remove", COST_SHIFT);
+        wrap_charged(L, "insert", COST_INSERT);
+        wrap_charged(L, "remove", COST_REMOVE);
         wrap_charged(L, "move", COST_MOVE);
         set_fn(L, "sort", t_sort, 1);
     }

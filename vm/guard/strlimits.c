@@ -3,8 +3,10 @@
  * VM's limits every CHARGE_EVERY steps: a pattern such as ".-.-.-.-b" on a
  * long subject runs for hours in Lua's C matcher, out of the count hook's
  * sight. The string builders (string.rep, string.format, table.concat) refuse
- * a result past the Lua heap limit before building it and charge long builds.
- * Errors raise at the calling script line, like Lua's. */
+ * a result past the Lua heap limit before building it and charge long builds;
+ * table.sort of big tables charges as it sorts; the rest of Lua's functions
+ * that do a lot in one call charge it first. Errors raise at the calling
+ * script line, like Lua's. */
 #define _GNU_SOURCE /* memmem */
 #include "guard/strlimits.h"
 #include "guard/runlimits.h"

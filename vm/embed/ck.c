@@ -8,6 +8,7 @@
 #include "guard/runlimits.h"
 #include "lua/lua_ck.h"
 #include "guard/sandbox.h"
+#include "guard/strlimits.h"
 #include "guard/term.h"
 #include "run/program.h"
 #include "util/text.h"
@@ -658,6 +659,7 @@ static int p_setup(lua_State *L)
     luaL_openlibs(L);
     ck_host_install(L, &vm->host);
     ck_limits_install(L, &vm->host.lim);
+    ck_strlimits_install(L);
     lua_setwarnf(L, warnf, vm);
     lua_getglobal(L, "math");
     lua_getfield(L, -1, "randomseed");

@@ -121,6 +121,9 @@ static int l_read(lua_State *L)
     lstfile *lf = check_file(L, 1);
     const ck_st_tensor *t = find(L, lf, luaL_checkstring(L, 2));
     char err[512];
+    /* the values held twice at once: as floats, then as a list */
+    ck_mem_check(L, t->numel, sizeof(float) + 16, "f:read of '%s' (%lld values) into a Lua list", t->name,
+                 (long long)t->numel);
     float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(t->numel ? t->numel : 1), 0);
     if (ck_st_read_f32(t, x, t->numel, err, sizeof err)) return ck_lua_raise(L, "%s", err);
     lua_createtable(L, (int)t->numel, 0);

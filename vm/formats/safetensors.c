@@ -673,13 +673,27 @@ static int parse_file(ck_st_file *f, char *err, size_t errlen)
         free(h);
         return fail(err, errlen, path, "out of memory reading the header");
     }
-    int rc = read_raw(f, 8, h, (size_t)hlen, "the header", err, errlen);
+    /* read a chunk at a time: JSON holds no zero byte, so a length over a
+     * hole (a sparse file's zeros) or over anything but an object stops at
+     * the first chunk, and the parser names what is wrong there */
+    size_t got = 0;
+    int rc = 0;
+    while (got < hlen && !rc) {
+        const size_t k = hlen - got < ((size_t)1 << 20) ? (size_t)hlen - got : (size_t)1 << 20;
+        rc = read_raw(f, 8 + got, h + got, k, "the header", err, errlen);
+        if (!rc && (h[0] != '{' || memchr(h + got, 0, k))) {
+            got += k;
+            break;
+        }
+        got += k;
+    }
     if (!rc) {
         parser p = {
-            .f = f, .err = err, .errlen = errlen, .s = h, .n = (size_t)hlen,
+            .f = f, .err = err, .errlen = errlen, .s = h, .n = got,
             .datasize = f->size - 8 - hlen,
         };
         rc = build(&p);
+        if (!rc && got < hlen) rc = fail(err, errlen, path, "header holds a zero byte (it is not JSON)");
     }
     free(h);
     return rc;

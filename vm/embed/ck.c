@@ -483,6 +483,7 @@ static int classify(ck_vm *vm, int st, const char *msg, int hint)
     if (c) return c;
     if (hint) return hint;
     if (st == LUA_ERRMEM || (vm->host.lim.heap_refused && msg && strstr(msg, "not enough memory"))) return CK_EMEM;
+    if (vm->host.lim.mem.refused && msg && strstr(msg, "would pass the memory limit of")) return CK_EMEM;
     if (vm->host.lim.interrupt) return CK_EINTR;
     return CK_ERUN;
 }

@@ -42,6 +42,7 @@ int ck_mem_take(ck_mem_budget *b, size_t n, const char *what, char *err, size_t 
         else if (need < gib) snprintf(allow, sizeof allow, "%zuMiB", (need + mib - 1) / mib);
         else snprintf(allow, sizeof allow, "%zuGiB", need / gib + (need % gib != 0));
         snprintf(err, errlen, "%s would pass the memory limit of %s (--max-memory %s allows it)", what, lim, allow);
+        b->refused = 1;
         return -1;
     }
     b->used += n;

@@ -65,6 +65,7 @@ typedef struct ck_mem_budget {
     void (*reclaim)(void *ud);
     void *reclaim_ud;
     int refusing;       /* a reclaim runs now: charges made meanwhile do not reclaim again */
+    int refused;        /* a charge was refused (the host reads it to give the error CK_EMEM) */
 } ck_mem_budget;
 
 /* Charges n bytes for `what` (a phrase naming the thing and its size: "the

@@ -219,6 +219,7 @@ void ck_limits_reset(ck_limits *lim)
     lim->used = 0;
     lim->heap_refused = 0;
     lim->mem_refused = 0;
+    lim->mem.refused = 0;
     lim->noted_code = 0;
     lim->noted[0] = 0;
 }

@@ -133,7 +133,7 @@ run timeout 60 "$CK" --max-memory "$allow" just_over.lua
 cat > programs.lua <<'EOF'
 local ck = require "ck"
 local keep = {}
-for i = 1, 2000 do
+for i = 1, 300 do
   local g = ck.graph()
   local x = g:input("x", {1 << 18})
   if args.mode == "keep" then keep[#keep + 1] = g:compile{outputs = {ck.silu(x)}}
@@ -142,9 +142,9 @@ for i = 1, 2000 do
 end
 print("done")
 EOF
-refused "2000 programs of 2 MiB, all kept" programs.lua 6 "compile: the program's arena of 2 MiB" --mode keep
-finishes "2000 programs of 2 MiB, each closed" programs.lua --mode close
-finishes "2000 programs of 2 MiB, each dropped" programs.lua --mode drop
+refused "300 programs of 2 MiB, all kept" programs.lua 6 "compile: the program's arena of 2 MiB" --mode keep
+finishes "300 programs of 2 MiB, each closed" programs.lua --mode close
+finishes "300 programs of 2 MiB, each dropped" programs.lua --mode drop
 cat > trained.lua <<'EOF'
 local ck = require "ck"
 local keep = {}
@@ -173,6 +173,15 @@ write("f16.safetensors", {"big": {"dtype": "F16", "shape": [4, 512 << 20], "data
 write("small.safetensors", {"a": {"dtype": "F32", "shape": [64], "data_offsets": [0, 256]},
                              "big": {"dtype": "BF16", "shape": [8 << 20], "data_offsets": [256, 256 + (16 << 20)]}},
       256 + (16 << 20))
+# a real header of 40 MB (an object, then spaces): 80 MB to parse
+with open("spaces.safetensors", "wb") as f:
+    n = 40_000_000
+    f.write(struct.pack("<Q", n) + b"{}" + b" " * (n - 2))
+# a small tensor and an 8 MiB one (a hole): reading the first makes the
+# file's read buffer, sized for the second
+write("buffer.safetensors", {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                              "b": {"dtype": "F32", "shape": [2 << 20], "data_offsets": [16, 16 + (8 << 20)]}},
+      16 + (8 << 20))
 # a header length of 95 MiB whose bytes are a hole in the file
 with open("hole.safetensors", "wb") as f:
     f.write(struct.pack("<Q", 99999999))
@@ -197,6 +206,33 @@ EOF
 run timeout 60 "$CK" --max-memory 64M hole.lua
 [ "$rc" = 1 ] && [ "$(wc -l < err)" = 1 ] && grep -q "^ckrun: hole.lua:2: " err && [ "$rss" -lt $((48 << 20)) ]
 ok $? "a header length of 95 MiB over a hole: refused at hole.lua:2, peak RSS $((rss >> 20)) MiB ($(head -c 300 err))"
+run timeout 60 "$CK" hole.lua
+[ "$rc" = 1 ] && grep -q "^ckrun: hole.lua:2: hole.safetensors: header is not a JSON object" err && [ "$rss" -lt $((48 << 20)) ]
+ok $? "the same without a tight limit: the first megabyte shows it is not JSON, peak RSS $((rss >> 20)) MiB ($(head -c 300 err))"
+
+cat > spaces.lua <<'EOF'
+local ck = require "ck"
+local f = ck.safetensors("spaces.safetensors")
+EOF
+refused "a header of 40 MB" spaces.lua 2 "spaces.safetensors: its header of 40000000 bytes \(76.3 MiB to parse\)"
+cat > buffers.lua <<'EOF'
+local ck = require "ck"
+local open = {}
+for i = 1, 500 do
+  open[i] = ck.safetensors("buffer.safetensors")
+  assert(#open[i]:read("a") == 4)
+end
+EOF
+refused "500 files kept open, each with its read buffer of 8 MiB" buffers.lua 5 "buffer.safetensors: its read buffer \(8.0 MiB\)"
+cat > reopened.lua <<'EOF'
+local ck = require "ck"
+for i = 1, 500 do
+  local f <close> = ck.safetensors("buffer.safetensors")
+  assert(#f:read("a") == 4)
+end
+print("done")
+EOF
+finishes "500 files opened, read and closed in turn" reopened.lua
 
 # 5. the Lua heap counts in: heap and graphs together, and the heap alone
 cat > mixed.lua <<'EOF'

@@ -99,6 +99,13 @@ void ck_mem_check(lua_State *L, int64_t count, size_t each, const char *fmt, ...
     lua_error(L);
 }
 
+int ck_mem_take_ud(void *budget, size_t n, const char *what, char *err, size_t errlen)
+{
+    return ck_mem_take(budget, n, what, err, errlen);
+}
+
+void ck_mem_give_ud(void *budget, size_t n) { ck_mem_give(budget, n); }
+
 /* the memory budget's reclaim: what dropped graphs and programs hold comes
  * back when they are collected */
 static void collect(void *ud) { lua_gc((lua_State *)ud, LUA_GCCOLLECT); }

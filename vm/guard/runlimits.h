@@ -58,6 +58,10 @@ ck_mem_budget *ck_mem_budget_of(lua_State *L);
  * plus those would pass the memory limit after a full collection, before any
  * of it is allocated. Charges nothing: the heap counts itself. */
 void ck_mem_check(lua_State *L, int64_t count, size_t each, const char *fmt, ...);
+/* ck_mem_take and ck_mem_give over a void pointer to a ck_mem_budget, for
+ * code that takes a charge as callbacks (ck_st_charge) */
+int ck_mem_take_ud(void *budget, size_t n, const char *what, char *err, size_t errlen);
+void ck_mem_give_ud(void *budget, size_t n);
 /* Back to a clean state once a call has returned to the host. */
 void ck_limits_reset(ck_limits *lim);
 /* The limits of L's VM (its host's), or NULL (a stock lua5.4 that loaded ck.so). */

@@ -36,12 +36,15 @@ static int l_open(lua_State *L)
     lstfile *lf = lua_newuserdatauv(L, sizeof *lf, 0);
     lf->f = NULL;
     luaL_setmetatable(L, STFILE_MT);
-    lf->f = ck_st_open(path, err, sizeof err);
+    /* its header and read buffer count in the VM's memory budget */
+    const ck_st_charge charge = {ck_mem_take_ud, ck_mem_give_ud, ck_mem_budget_of(L)};
+    const ck_st_charge *c = charge.ud ? &charge : NULL;
+    lf->f = ck_st_open_charged(path, c, err, sizeof err);
     if (!lf->f && (errno == EMFILE || errno == ENFILE)) {
         /* an open file holds its descriptor: files the script dropped
          * without closing give theirs back when collected */
         lua_gc(L, LUA_GCCOLLECT);
-        lf->f = ck_st_open(path, err, sizeof err);
+        lf->f = ck_st_open_charged(path, c, err, sizeof err);
     }
     if (!lf->f) return ck_lua_raise(L, "%s", err);
     snprintf(lf->path, sizeof lf->path, "%s", path);

@@ -180,7 +180,8 @@ typedef struct ck_options {
      * allocation, in one line naming its file and line, what would pass and
      * the --max-memory value that would allow it; closing (or collecting) a
      * graph or program gives its bytes back. 0: the machine's physical memory
-     * (MemTotal) in the sandbox, no limit with trust; SIZE_MAX: no limit. */
+     * in the sandbox (MemTotal, plus the GPU's memory once a program compiles
+     * for it), no limit with trust; SIZE_MAX: no limit. */
     size_t max_memory;
 } ck_options;
 #define CK_OPTIONS_INIT {.size = sizeof(ck_options)}

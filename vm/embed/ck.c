@@ -666,6 +666,7 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
         /* the sandbox's default: no more than the machine has */
         const long long total = ck_proc_kb_field("/proc/meminfo", "MemTotal");
         vm->host.lim.mem.limit = total > 0 ? (size_t)total : 0;
+        vm->host.lim.mem.add_device = 1;
     }
     vm->host.lim.budget = o.callback_budget < 0 ? -1 : o.callback_budget ? o.callback_budget : DEFAULT_CALLBACK_BUDGET;
     vm->host.sb.on = !o.trust;

@@ -66,6 +66,9 @@ typedef struct ck_mem_budget {
     void *reclaim_ud;
     int refusing;       /* a reclaim runs now: charges made meanwhile do not reclaim again */
     int refused;        /* a charge was refused (the host reads it to give the error CK_EMEM) */
+    /* 1: the limit is the sandbox's default, the machine's memory, and the
+     * device's own memory joins it when a program first compiles for one */
+    int add_device;
 } ck_mem_budget;
 
 /* Charges n bytes for `what` (a phrase naming the thing and its size: "the

@@ -431,6 +431,12 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     if (o->plan_only) goto done;
     {
         /* the plan states the arena's bytes: refused before the backend is asked */
+        size_t dev_free, dev_total;
+        if (!be->host && p->budget && p->budget->add_device && p->budget->limit &&
+            ck_cuda_memory(&dev_free, &dev_total) == 0) {
+            p->budget->limit += dev_total; /* the machine's memory is its host's and its device's */
+            p->budget->add_device = 0;
+        }
         char what[200], size[64], dev[64];
         const size_t bytes = ck_device_bytes(be, p->arena_bytes);
         ck_mem_text(p->arena_bytes, size, sizeof size);

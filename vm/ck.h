@@ -170,6 +170,19 @@ typedef struct ck_options {
     int no_default_dirs; /* 1: no defaults, only the lists above */
     /* math.random's seed: the same numbers every run (math.randomseed(n) reseeds) */
     uint64_t seed;
+
+    /* (the second layout of ck_options; an older caller's size ends before
+     * it and gets the default) bytes of memory all told that the VM's scripts may
+     * make it take: the Lua heap (heap_limit still caps it alone) plus graphs,
+     * plans and op lists, arenas (the device bytes their plans state), the
+     * host stage of a device, and tensors read from files into Lua. A script
+     * whose next allocation would pass it fails with CK_EMEM before the
+     * allocation, in one line naming its file and line, what would pass and
+     * the --max-memory value that would allow it; closing (or collecting) a
+     * graph or program gives its bytes back. 0: the machine's physical memory
+     * in the sandbox (MemTotal, plus the GPU's memory once a program compiles
+     * for it), no limit with trust; SIZE_MAX: no limit. */
+    size_t max_memory;
 } ck_options;
 #define CK_OPTIONS_INIT {.size = sizeof(ck_options)}
 

@@ -19,7 +19,7 @@ local M = {}
 -- its arguments, so an unknown one gets a hint. --help is left out: after the
 -- script it asks for the script's help.
 M.CKRUN_OPTIONS = {"version", "plan", "json", "nondeterministic", "policies", "max-batch", "svg", "export-graph", "allow-read",
-                   "allow-write", "trust", "max-heap", "callback-budget", "device"}
+                   "allow-write", "trust", "max-heap", "max-memory", "callback-budget", "device"}
 local CKRUN = {}
 for _, n in ipairs(M.CKRUN_OPTIONS) do CKRUN[n] = true end
 

@@ -41,6 +41,10 @@ static void usage(FILE *f)
             "                     the working directory)\n"
             "  --trust         no sandbox: all of Lua's libraries, any file\n"
             "  --max-heap SIZE the Lua heap's limit (default 1GiB in the sandbox; none)\n"
+            "  --max-memory SIZE  all the memory scripts may make ckrun take: the Lua\n"
+            "                  heap, graphs, plans, arenas, stages and tensors read into\n"
+            "                  Lua; an allocation that would pass it is refused first\n"
+            "                  (default: the machine's memory in the sandbox; none)\n"
             "  --callback-budget N  Lua instructions a compile-time callback may run\n"
             "                  (default 100000000; none)\n"
             "  --device NAME   the device to run on: cpu, cuda or auto (the default:\n"
@@ -61,15 +65,17 @@ static void passive_openmp(char **argv)
     /* if that fails, run with the default policy */
 }
 
-/* bytes from "24GiB", "512MiB", "1e9"; -1 if malformed */
+/* bytes from "24GiB", "512MiB", "64M" (K, M, G, T: powers of 1024, as
+ * truncate -s reads them), "1e9"; -1 if malformed */
 static double parse_size(const char *s)
 {
     char *end;
     double v = strtod(s, &end);
     double unit = !strcmp(end, "") || !strcmp(end, "B") ? 1
-                : !strcmp(end, "KiB") ? 1024.0
-                : !strcmp(end, "MiB") ? 1048576.0
-                : !strcmp(end, "GiB") ? 1073741824.0
+                : !strcmp(end, "KiB") || !strcmp(end, "K") ? 1024.0
+                : !strcmp(end, "MiB") || !strcmp(end, "M") ? 1048576.0
+                : !strcmp(end, "GiB") || !strcmp(end, "G") ? 1073741824.0
+                : !strcmp(end, "TiB") || !strcmp(end, "T") ? 1099511627776.0
                 : !strcmp(end, "GB") ? 1e9 : -1;
     return unit < 0 || end == s || v <= 0 ? -1 : v * unit;
 }
@@ -142,6 +148,14 @@ int main(int argc, char **argv)
                 goto done;
             }
             opt.heap_limit = v >= (double)SIZE_MAX ? SIZE_MAX : (size_t)v;
+        } else if (!strcmp(a, "--max-memory") && more) {
+            double v = !strcmp(argv[++i], "none") ? (double)SIZE_MAX : parse_size(argv[i]);
+            if (v < 0) {
+                fprintf(stderr, "ckrun: --max-memory wants a size such as 8GiB or 'none', got '%s'\n", argv[i]);
+                rc = 2;
+                goto done;
+            }
+            opt.max_memory = v >= (double)SIZE_MAX ? SIZE_MAX : (size_t)v;
         } else if (!strcmp(a, "--callback-budget") && more) {
             char *end;
             const char *s = argv[++i];

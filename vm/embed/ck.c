@@ -335,7 +335,8 @@ static ck_model *live_model(const ck_model *m)
 /* ---- the sizes of the caller's structs (ck.h, "Versions and sizes")
  * Each struct's first layout is its whole size in this version: a later one
  * appends fields and accepts every size it has known. 0 reads as the first. */
-#define OPTIONS_V1 sizeof(ck_options)
+#define OPTIONS_V1 offsetof(ck_options, max_memory)
+#define OPTIONS_V2 sizeof(ck_options)
 #define PLAN_REQUEST_V1 sizeof(ck_plan_request)
 #define PLAN_INFO_V1 sizeof(ck_plan_info)
 #define METRICS_V1 sizeof(ck_metrics)
@@ -539,7 +540,11 @@ static int set_error(ck_vm *vm, int code, const char *msg)
     const char *oom = strstr(line, "not enough memory");
     if (code == CK_EMEM && oom) {
         char what[160], size[64];
-        if (vm->host.lim.heap_limit) {
+        if (vm->host.lim.mem_refused) {
+            ck_mem_text(vm->host.lim.mem.limit, size, sizeof size);
+            snprintf(what, sizeof what, "out of memory (the memory limit of %s is reached; --max-memory allows more)",
+                     size);
+        } else if (vm->host.lim.heap_limit) {
             ck_bytes_text(vm->host.lim.heap_limit, size, sizeof size);
             snprintf(what, sizeof what, "out of memory (the Lua heap limit of %s is reached)", size);
         } else {
@@ -587,6 +592,7 @@ static int classify(ck_vm *vm, int st, const char *msg, int hint)
     if (c) return c;
     if (hint) return hint;
     if (st == LUA_ERRMEM || (vm->host.lim.heap_refused && msg && strstr(msg, "not enough memory"))) return CK_EMEM;
+    if (vm->host.lim.mem.refused && msg && strstr(msg, "would pass the memory limit of")) return CK_EMEM;
     if (vm->host.lim.interrupt) return CK_EINTR;
     return CK_ERUN;
 }
@@ -725,7 +731,9 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
     memset(&o, 0, sizeof o);
     memset(&req, 0, sizeof req);
     char msg[PATH_MAX + 128];
-    size_t osize = opt ? known_size(opt->size, OPTIONS_V1, "ck_options", msg, sizeof msg) : sizeof o;
+    /* ck_options has had two layouts: the first lacks max_memory */
+    size_t osize = !opt ? sizeof o : !opt->size || opt->size == OPTIONS_V1 ? OPTIONS_V1
+                 : known_size(opt->size, OPTIONS_V2, "ck_options", msg, sizeof msg);
     size_t rsize = plan && osize ? known_size(plan->size, PLAN_REQUEST_V1, "ck_plan_request", msg, sizeof msg) : 1;
     if (opt && osize) memcpy(&o, opt, osize);
     if (plan && rsize) memcpy(&req, plan, rsize);
@@ -756,6 +764,16 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
     vm->host.lim.alloc = alloc;
     vm->host.lim.alloc_ud = o.alloc_ud;
     vm->host.lim.heap_limit = o.heap_limit == SIZE_MAX ? 0 : o.heap_limit ? o.heap_limit : o.trust ? 0 : DEFAULT_SANDBOX_HEAP;
+    if (o.max_memory == SIZE_MAX || (!o.max_memory && o.trust)) {
+        vm->host.lim.mem.limit = 0;
+    } else if (o.max_memory) {
+        vm->host.lim.mem.limit = o.max_memory;
+    } else {
+        /* the sandbox's default: no more than the machine has */
+        const long long total = ck_proc_kb_field("/proc/meminfo", "MemTotal");
+        vm->host.lim.mem.limit = total > 0 ? (size_t)total : 0;
+        vm->host.lim.mem.add_device = 1;
+    }
     vm->host.lim.budget = o.callback_budget < 0 ? -1 : o.callback_budget ? o.callback_budget : DEFAULT_CALLBACK_BUDGET;
     vm->host.sb.on = !o.trust;
     vm->host.sb.alloc = alloc;

@@ -155,7 +155,39 @@ struct ck_st_file {
     const entry **by_name;
     meta *m;
     int nm, capm;
+    ck_st_charge charge; /* take NULL: charged to nothing */
+    size_t charged;
 };
+
+/* charges n bytes of f's memory for what (a phrase with its size): 0, or -1
+ * with err naming the file */
+static int take(ck_st_file *f, size_t n, const char *what, char *err, size_t errlen)
+{
+    if (!f->charge.take) return 0;
+    char msg[400];
+    if (f->charge.take(f->charge.ud, n, what, msg, sizeof msg)) {
+        snprintf(err, errlen, "%s: %s", f->path, msg);
+        return -1;
+    }
+    f->charged += n;
+    return 0;
+}
+
+static void give(ck_st_file *f, size_t n)
+{
+    if (!f->charge.take) return;
+    n = n < f->charged ? n : f->charged;
+    f->charge.give(f->charge.ud, n);
+    f->charged -= n;
+}
+
+/* n bytes in words, for what a charge names */
+static void size_words(size_t n, char *buf, size_t len)
+{
+    if (n >= ((size_t)1 << 30)) snprintf(buf, len, "%.1f GiB", (double)n / 1073741824.0);
+    else if (n >= ((size_t)1 << 20)) snprintf(buf, len, "%.1f MiB", (double)n / 1048576.0);
+    else snprintf(buf, len, "%zu bytes", n);
+}
 
 typedef struct parser {
     ck_st_file *f;
@@ -670,30 +702,57 @@ static int parse_file(ck_st_file *f, char *err, size_t errlen)
         return fail(err, errlen, path, "header length %" PRIu64 " reaches beyond the end of the file "
                     "(only %" PRIu64 " bytes follow it; truncated?)", hlen, f->size - 8);
     /* the header's own bytes are needed only while it is parsed */
+    char what[160], words[64];
+    size_words(2 * ((size_t)hlen + 1), words, sizeof words);
+    snprintf(what, sizeof what, "its header of %" PRIu64 " bytes (%s to parse)", hlen, words);
+    if (take(f, 2 * ((size_t)hlen + 1), what, err, errlen)) return -1;
     unsigned char *h = malloc((size_t)hlen + 1);
     f->arena = malloc((size_t)hlen + 1);
     if (!h || !f->arena) {
         free(h);
         return fail(err, errlen, path, "out of memory reading the header");
     }
-    int rc = read_raw(f, 8, h, (size_t)hlen, "the header", err, errlen);
+    /* read a chunk at a time: JSON holds no zero byte, so a length over a
+     * hole (a sparse file's zeros) or over anything but an object stops at
+     * the first chunk, and the parser names what is wrong there */
+    size_t got = 0;
+    int rc = 0;
+    while (got < hlen && !rc) {
+        const size_t k = hlen - got < ((size_t)1 << 20) ? (size_t)hlen - got : (size_t)1 << 20;
+        rc = read_raw(f, 8 + got, h + got, k, "the header", err, errlen);
+        if (!rc && (h[0] != '{' || memchr(h + got, 0, k))) {
+            got += k;
+            break;
+        }
+        got += k;
+    }
     if (!rc) {
         parser p = {
-            .f = f, .err = err, .errlen = errlen, .s = h, .n = (size_t)hlen,
+            .f = f, .err = err, .errlen = errlen, .s = h, .n = got,
             .datasize = f->size - 8 - hlen,
         };
         rc = build(&p);
+        if (!rc && got < hlen) rc = fail(err, errlen, path, "header holds a zero byte (it is not JSON)");
     }
     free(h);
+    give(f, (size_t)hlen + 1);
+    if (!rc) {
+        /* the tables of its tensors and metadata, made while parsing */
+        const size_t tables = sizeof *f->t * (size_t)f->capt + sizeof *f->by_name * (size_t)f->n +
+                              sizeof *f->m * (size_t)f->capm;
+        size_words(tables, words, sizeof words);
+        snprintf(what, sizeof what, "the tables of its %d tensors (%s)", f->n, words);
+        rc = take(f, tables, what, err, errlen);
+    }
     return rc;
 }
 
 ck_st_file *ck_st_open(const char *path, char *err, size_t errlen)
 {
-    return ck_st_open_fd(path ? open(path, O_RDONLY | O_CLOEXEC) : -1, path, err, errlen);
+    return ck_st_open_fd(path ? open(path, O_RDONLY | O_CLOEXEC) : -1, path, NULL, err, errlen);
 }
 
-ck_st_file *ck_st_open_fd(int fd, const char *path, char *err, size_t errlen)
+ck_st_file *ck_st_open_fd(int fd, const char *path, const ck_st_charge *c, char *err, size_t errlen)
 {
     int e = errno;
     if (err && errlen) err[0] = 0;
@@ -713,6 +772,7 @@ ck_st_file *ck_st_open_fd(int fd, const char *path, char *err, size_t errlen)
         return NULL;
     }
     f->fd = fd;
+    if (c && c->take && c->give) f->charge = *c;
     struct stat st;
     if (fstat(f->fd, &st) != 0) {
         fail(err, errlen, path, "cannot stat: %s", strerror(errno));
@@ -756,6 +816,7 @@ bail:
 void ck_st_close(ck_st_file *f)
 {
     if (!f) return;
+    give(f, f->charged);
     if (f->fd >= 0) close(f->fd);
     free(f->path);
     free(f->buf);
@@ -858,8 +919,16 @@ int ck_st_read_f32(const ck_st_tensor *t, float *dst, int64_t n, char *err, size
     if (!n) return 0;
     ck_st_file *f = t->src;
     if (!f) return fail(err, errlen, t->file, "tensor '%s': not from an open file", name.s);
-    if (!f->stage && !(f->stage = malloc(f->stage_bytes)))
-        return fail(err, errlen, f->path, "out of memory for a read buffer of %zu bytes", f->stage_bytes);
+    if (!f->stage) {
+        char what[96], words[64];
+        size_words(f->stage_bytes, words, sizeof words);
+        snprintf(what, sizeof what, "its read buffer (%s)", words);
+        if (take(f, f->stage_bytes, what, err, errlen)) return -1;
+        if (!(f->stage = malloc(f->stage_bytes))) {
+            give(f, f->stage_bytes);
+            return fail(err, errlen, f->path, "out of memory for a read buffer of %zu bytes", f->stage_bytes);
+        }
+    }
     char what[96];
     snprintf(what, sizeof what, "tensor '%s'", name.s);
     const size_t esize = dtypes[t->dtype].size;

@@ -52,10 +52,21 @@ typedef struct ck_st_tensor {
  * NULL with a message on any problem; when open() itself failed, errno is
  * its errno (EMFILE: closing other files would help). */
 ck_st_file *ck_st_open(const char *path, char *err, size_t errlen);
+/* What a file's memory is charged to before it is allocated: the header's
+ * bytes (twice while it is parsed, once while the file is open), the tables
+ * of its tensors, and its read buffer on the first read. take returns 0, or -1
+ * with a message in err (the open or the read then fails with it, after the
+ * path); give returns what take charged. */
+typedef struct ck_st_charge {
+    int (*take)(void *ud, size_t n, const char *what, char *err, size_t errlen);
+    void (*give)(void *ud, size_t n);
+    void *ud;
+} ck_st_charge;
 /* The same from fd, opened for reading by the caller (the sandbox's door),
  * which the file now owns (closed on failure too); path names it in
- * messages. fd -1 reports the open's failure from errno, as ck_st_open does. */
-ck_st_file *ck_st_open_fd(int fd, const char *path, char *err, size_t errlen);
+ * messages. fd -1 reports the open's failure from errno, as ck_st_open does.
+ * Its memory is charged to *c (copied; NULL: to nothing). */
+ck_st_file *ck_st_open_fd(int fd, const char *path, const ck_st_charge *c, char *err, size_t errlen);
 /* The same from len bytes in memory, which are copied; name stands for the
  * path in messages (NULL: "(memory)"). */
 ck_st_file *ck_st_open_memory(const void *buf, size_t len, const char *name, char *err, size_t errlen);

@@ -6,6 +6,54 @@
 #include <stdlib.h>
 #include <string.h>
 
+void ck_mem_text(size_t n, char *buf, size_t len)
+{
+    const double v = (double)n;
+    if (n >= ((size_t)1 << 40)) snprintf(buf, len, "%.1f TiB", v / 1099511627776.0);
+    else if (n >= ((size_t)1 << 30)) snprintf(buf, len, "%.1f GiB", v / 1073741824.0);
+    else if (n >= ((size_t)1 << 20) && n % ((size_t)1 << 20) == 0) snprintf(buf, len, "%zu MiB", n >> 20);
+    else if (n >= ((size_t)1 << 20)) snprintf(buf, len, "%.1f MiB", v / 1048576.0);
+    else if (n >= 1024) snprintf(buf, len, "%.1f KiB", v / 1024.0);
+    else snprintf(buf, len, "%zu bytes", n);
+}
+
+/* the total the VM would hold with n more bytes */
+static size_t mem_total(const ck_mem_budget *b, size_t n)
+{
+    size_t t = b->used + (b->heap ? *b->heap : 0);
+    return n > SIZE_MAX - t ? SIZE_MAX : t + n;
+}
+
+int ck_mem_take(ck_mem_budget *b, size_t n, const char *what, char *err, size_t errlen)
+{
+    if (!b) return 0;
+    if (b->limit && mem_total(b, n) > b->limit && b->reclaim && !b->refusing) {
+        b->refusing = 1;
+        b->reclaim(b->reclaim_ud);
+        b->refusing = 0;
+    }
+    if (b->limit && mem_total(b, n) > b->limit) {
+        /* the flag's value that would have allowed it: the total rounded up
+         * to a whole MiB (under 1 GiB) or GiB */
+        const size_t need = mem_total(b, n), mib = (size_t)1 << 20, gib = (size_t)1 << 30;
+        char lim[64], allow[64];
+        ck_mem_text(b->limit, lim, sizeof lim);
+        if (need == SIZE_MAX) snprintf(allow, sizeof allow, "none");
+        else if (need < gib) snprintf(allow, sizeof allow, "%zuMiB", (need + mib - 1) / mib);
+        else snprintf(allow, sizeof allow, "%zuGiB", need / gib + (need % gib != 0));
+        snprintf(err, errlen, "%s would pass the memory limit of %s (--max-memory %s allows it)", what, lim, allow);
+        b->refused = 1;
+        return -1;
+    }
+    b->used += n;
+    return 0;
+}
+
+void ck_mem_give(ck_mem_budget *b, size_t n)
+{
+    if (b) b->used = n > b->used ? 0 : b->used - n;
+}
+
 static char *dupstr(const char *s)
 {
     if (!s) return NULL;
@@ -54,6 +102,36 @@ size_t ck_malloc_chunk(size_t n)
 
 static size_t str_bytes(const char *s) { return s ? ck_malloc_chunk(strlen(s) + 1) : 0; }
 
+/* an array of cap elements of elem bytes grown, by doubling from 64, to hold
+ * n + more: its new capacity, and in *bytes what that adds */
+static int grown(int n, int cap, int more, size_t elem, size_t *bytes)
+{
+    int c = cap;
+    while (n + more > c) c = c ? 2 * c : 64;
+    *bytes = c == cap ? 0 : ck_malloc_chunk(elem * (size_t)c) - (cap ? ck_malloc_chunk(elem * (size_t)cap) : 0);
+    return c;
+}
+
+/* charges n bytes of growth to g's budget: 0, or -1 with g->err naming the
+ * graph's size as it would be */
+static int charge(ck_graph *g, size_t n, int nodes, int tensors)
+{
+    if (!g->budget || !n) {
+        g->charged += g->budget ? n : 0;
+        return 0;
+    }
+    char what[160], size[64];
+    ck_mem_text(g->charged + n, size, sizeof size);
+    snprintf(what, sizeof what, "the graph, grown to %d nodes and %d tensors (%s)", g->nn + nodes, g->nt + tensors, size);
+    char err[sizeof g->err];
+    if (ck_mem_take(g->budget, n, what, err, sizeof err)) {
+        memcpy(g->err, err, sizeof err);
+        return -1;
+    }
+    g->charged += n;
+    return 0;
+}
+
 size_t ck_graph_host_bytes(const ck_graph *g)
 {
     if (!g) return 0;
@@ -67,6 +145,7 @@ size_t ck_graph_host_bytes(const ck_graph *g)
 void ck_graph_free(ck_graph *g)
 {
     if (!g) return;
+    ck_mem_give(g->budget, g->charged);
     for (int i = 0; i < g->nt; i++) {
         free(g->t[i].name);
         free(g->t[i].scope);
@@ -161,6 +240,9 @@ int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *s
         snprintf(g->err, sizeof g->err, "'%s' is already defined", name);
         return -1;
     }
+    size_t need;
+    grown(g->nt, g->capt, 1, sizeof *g->t, &need);
+    if (charge(g, need + str_bytes(g->scope) + str_bytes(where ? where : "?") + str_bytes(name), 0, 1)) return -1;
     int id = new_tensor(g, shape, kind, where);
     if (id < 0) {
         snprintf(g->err, sizeof g->err, "out of memory");
@@ -209,6 +291,13 @@ int ck_graph_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_o
                      ck_op_name(op), g->scope[0] ? " in " : "", g->scope, ck_shape_str(&outs[k], b, sizeof b));
             return -1;
         }
+    int made = 0;
+    for (int k = 0; k < nout; k++) made += !want || want[k];
+    size_t nodes_b, tensors_b;
+    grown(g->nn, g->capn, 1, sizeof *g->n, &nodes_b);
+    grown(g->nt, g->capt, made, sizeof *g->t, &tensors_b);
+    const size_t strs = str_bytes(g->scope) + str_bytes(where ? where : "?");
+    if (charge(g, nodes_b + tensors_b + strs * (size_t)(1 + made), 1, made)) return -1;
     if (g->nn == g->capn) {
         int cap = g->capn ? 2 * g->capn : 64;
         ck_node *n = realloc(g->n, sizeof *n * (size_t)cap);

@@ -11,6 +11,7 @@
 
 #include <lauxlib.h>
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,11 @@ void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     }
     if (nsize > old && lim->heap_limit && lim->heap_used - old + nsize > lim->heap_limit) {
         lim->heap_refused = 1;
+        return NULL;
+    }
+    if (nsize > old && lim->mem.limit && (nsize - old > lim->mem.limit ||
+                                          lim->heap_used + lim->mem.used > lim->mem.limit - (nsize - old))) {
+        lim->heap_refused = lim->mem_refused = 1;
         return NULL;
     }
     void *p = lim->alloc(lim->alloc_ud, ptr, osize, nsize);
@@ -62,6 +68,55 @@ int ck_limits_code_of(const ck_limits *lim, const char *msg)
 }
 
 static void hook(lua_State *L, lua_Debug *ar);
+
+ck_mem_budget *ck_mem_budget_of(lua_State *L)
+{
+    ck_limits *lim = ck_limits_of(L);
+    return lim ? &lim->mem : NULL;
+}
+
+void ck_mem_check(lua_State *L, int64_t count, size_t each, const char *fmt, ...)
+{
+    ck_mem_budget *b = ck_mem_budget_of(L);
+    if (!b || !b->limit) return;
+    const size_t n = count <= 0 ? 0 : (uint64_t)count > SIZE_MAX / each ? SIZE_MAX : (size_t)count * each;
+    char what[300], size[64], err[400];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    ck_mem_text(n, size, sizeof size);
+    if (k >= 0 && (size_t)k < sizeof what) snprintf(what + k, sizeof what - (size_t)k, " (%s)", size);
+    /* a charge and its return: the heap's own growth is what counts */
+    if (ck_mem_take(b, n, what, err, sizeof err) == 0) {
+        ck_mem_give(b, n);
+        return;
+    }
+    char w[256];
+    ck_lua_where_from(L, 1, w, sizeof w);
+    lua_pushfstring(L, "%s: %s", w, err);
+    ck_limits_note(L, CK_EMEM);
+    lua_error(L);
+}
+
+int ck_mem_take_ud(void *budget, size_t n, const char *what, char *err, size_t errlen)
+{
+    return ck_mem_take(budget, n, what, err, errlen);
+}
+
+void ck_mem_give_ud(void *budget, size_t n) { ck_mem_give(budget, n); }
+
+/* the memory budget's reclaim: what dropped graphs and programs hold comes
+ * back when they are collected */
+static void collect(void *ud) { lua_gc((lua_State *)ud, LUA_GCCOLLECT); }
+
+/* bytes of the memory limit within which the count hook fails the heap's
+ * growth by name: 1/32 of it, at most 4 MiB */
+static size_t mem_margin(const ck_limits *lim)
+{
+    size_t m = lim->mem.limit / 32;
+    return m > ((size_t)4 << 20) ? (size_t)4 << 20 : m;
+}
 
 /* the cap less 1/8 of it, or less 16 MiB for caps above 128 MiB */
 static size_t soft_limit(const ck_limits *lim)
@@ -116,6 +171,20 @@ static void hook(lua_State *L, lua_Debug *ar)
             lua_error(L);
         }
     }
+    if (lim->mem.limit && lim->heap_used + lim->mem.used > lim->mem.limit - mem_margin(lim)) {
+        lua_gc(L, LUA_GCCOLLECT, 0);
+        if (lim->heap_used + lim->mem.used > lim->mem.limit - mem_margin(lim)) {
+            char w[256], size[64], heap[64], rest[64];
+            ck_lua_where_from(L, 0, w, sizeof w);
+            ck_mem_text(lim->mem.limit, size, sizeof size);
+            ck_mem_text(lim->heap_used, heap, sizeof heap);
+            ck_mem_text(lim->mem.used, rest, sizeof rest);
+            lua_pushfstring(L, "%s: out of memory (the memory limit of %s is reached: %s of Lua heap, %s of graphs, "
+                            "programs and buffers; --max-memory allows more)", w, size, heap, rest);
+            ck_limits_note(L, CK_EMEM);
+            lua_error(L);
+        }
+    }
 }
 
 void ck_limits_charge(lua_State *L, long long work)
@@ -140,6 +209,9 @@ void ck_limits_charge(lua_State *L, long long work)
 void ck_limits_install(lua_State *L, ck_limits *lim)
 {
     lim->main = L;
+    lim->mem.heap = &lim->heap_used;
+    lim->mem.reclaim = collect;
+    lim->mem.reclaim_ud = L;
     /* the hook's own way to lim, a load instead of a registry lookup every
      * 1000 instructions; new threads copy it */
     *(ck_limits **)lua_getextraspace(L) = lim;
@@ -153,6 +225,8 @@ void ck_limits_reset(ck_limits *lim)
     lim->depth = 0;
     lim->used = 0;
     lim->heap_refused = 0;
+    lim->mem_refused = 0;
+    lim->mem.refused = 0;
     lim->noted_code = 0;
     lim->noted[0] = 0;
 }

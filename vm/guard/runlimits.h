@@ -1,12 +1,16 @@
-/* What one VM's scripts may consume: bytes of Lua heap, instructions in a
- * callback, and a flag another thread raises to stop a run. A count hook
+/* What one VM's scripts may consume: bytes of Lua heap, bytes of memory in
+ * all (the heap and what the runtime takes for them: one budget), instructions
+ * in a callback, and a flag another thread raises to stop a run. A count hook
  * enforces the last two; errors it raises cannot be caught by pcall. */
 #ifndef CK_RUNLIMITS_H
 #define CK_RUNLIMITS_H
 
+#include "graph/graph.h"
+
 #include <lua.h>
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Lua instructions between two calls of the count hook */
 #define CK_HOOK_EVERY 1000
@@ -18,6 +22,10 @@ typedef struct ck_limits {
     size_t heap_used;
     size_t heap_peak;       /* the most heap_used has been */
     int heap_refused;       /* the allocator refused since the last reset */
+    /* all the memory: mem.limit caps the heap plus mem.used (0: none); its
+     * heap points at heap_used, its reclaim collects garbage */
+    ck_mem_budget mem;
+    int mem_refused;        /* the allocator refused for mem.limit since the last reset */
     long long budget;       /* instructions per callback; < 0: none */
     long long used;         /* by the callbacks running now */
     int depth;              /* callbacks running now */
@@ -41,6 +49,19 @@ void ck_limits_install(lua_State *L, ck_limits *lim);
  * budget when a callback is running. Call it every few thousand iterations;
  * it may raise, so hold nothing that would leak. Outside a VM it does nothing. */
 void ck_limits_charge(lua_State *L, long long work);
+/* The memory budget of L's VM (ck_graph.budget, ck_compile_opts.budget, reads
+ * of tensors into Lua charge it), or NULL outside a VM. */
+ck_mem_budget *ck_mem_budget_of(lua_State *L);
+/* For a binding about to make count * each bytes that the Lua heap will hold
+ * at once (a tensor read into Lua): raises "file:line: WHAT (SIZE) would pass
+ * the memory limit ..." (WHAT from fmt) when the heap and the runtime's bytes
+ * plus those would pass the memory limit after a full collection, before any
+ * of it is allocated. Charges nothing: the heap counts itself. */
+void ck_mem_check(lua_State *L, int64_t count, size_t each, const char *fmt, ...);
+/* ck_mem_take and ck_mem_give over a void pointer to a ck_mem_budget, for
+ * code that takes a charge as callbacks (ck_st_charge) */
+int ck_mem_take_ud(void *budget, size_t n, const char *what, char *err, size_t errlen);
+void ck_mem_give_ud(void *budget, size_t n);
 /* Back to a clean state once a call has returned to the host. */
 void ck_limits_reset(ck_limits *lim);
 /* The limits of L's VM (its host's), or NULL (a stock lua5.4 that loaded ck.so). */

@@ -103,6 +103,7 @@ static int l_graph_new(lua_State *L)
     memset(lg, 0, sizeof *lg);
     lg->g = ck_graph_new();
     if (!lg->g) return luaL_error(L, "out of memory");
+    lg->g->budget = ck_mem_budget_of(L); /* its programs charge it too */
     luaL_setmetatable(L, GRAPH_MT);
     return 1;
 }

@@ -39,13 +39,16 @@ static int l_open(lua_State *L)
     lstfile *lf = lua_newuserdatauv(L, sizeof *lf, 0);
     lf->f = NULL;
     luaL_setmetatable(L, STFILE_MT);
-    /* opened through the sandbox's door, then read from that descriptor */
-    lf->f = ck_st_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, err, sizeof err);
+    /* opened through the sandbox's door, then read from that descriptor;
+     * its header and read buffer count in the VM's memory budget */
+    const ck_st_charge charge = {ck_mem_take_ud, ck_mem_give_ud, ck_mem_budget_of(L)};
+    const ck_st_charge *c = charge.ud ? &charge : NULL;
+    lf->f = ck_st_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, c, err, sizeof err);
     if (!lf->f && (errno == EMFILE || errno == ENFILE)) {
         /* an open file holds its descriptor: files the script dropped
          * without closing give theirs back when collected */
         lua_gc(L, LUA_GCCOLLECT);
-        lf->f = ck_st_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, err, sizeof err);
+        lf->f = ck_st_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, c, err, sizeof err);
     }
     if (!lf->f) return ck_lua_raise(L, "%s", err);
     snprintf(lf->path, sizeof lf->path, "%s", path);
@@ -139,8 +142,11 @@ static int l_read(lua_State *L)
     const char *key = luaL_checkstring(L, 2);
     const int64_t numel = find(L, lf, key)->numel;
     char err[512];
+    if (numel > INT_MAX) return ck_lua_raise(L, "f:read of '%s': %lld values are more than a Lua list holds", key, (long long)numel);
+    /* the values held twice at once: as floats, then as a list */
+    ck_mem_check(L, numel, sizeof(float) + 16, "f:read of '%s' (%lld values) into a Lua list", key, (long long)numel);
     float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(numel ? numel : 1), 0);
-    const ck_st_tensor *t = find(L, still_open(L, lf, 0), key); /* again: the allocation may have run Lua */
+    const ck_st_tensor *t = find(L, still_open(L, lf, 0), key); /* again: the check and the allocation may have run Lua */
     if (ck_st_read_f32(t, x, numel, err, sizeof err)) return ck_lua_raise(L, "%s", err);
     lua_createtable(L, (int)numel, 0);
     for (int64_t i = 0; i < numel; i++) {

@@ -240,6 +240,57 @@ static int cut_list(const ck_graph *g, const int *sink_nodes, int nsinks, int ma
     return n;
 }
 
+/* the host bytes p holds besides its graph: op lists, statistics, per-tensor arrays */
+static size_t own_bytes(const ck_program *p)
+{
+    const size_t nt = (size_t)(p->g->nt ? p->g->nt : 1);
+    size_t b = ck_malloc_chunk(sizeof *p) + ck_plan_host_bytes(&p->train) + ck_plan_host_bytes(&p->eval) +
+               (p->retain ? ck_malloc_chunk(sizeof *p->retain * nt) : 0) +
+               (p->poff ? ck_malloc_chunk(sizeof *p->poff * nt) : 0);
+    for (int k = 1; k <= CK_STATS_ALL; k++) b += ck_plan_host_bytes(&p->logplan[k]);
+    if (p->nstats) b += ck_malloc_chunk(sizeof *p->stats * (size_t)p->nstats);
+    for (int k = 0; k < p->nblocks; k++) b += ck_malloc_chunk(strlen(p->blocks[k]) + 1);
+    if (p->accums) b += ck_malloc_chunk(sizeof *p->accums * (size_t)p->naccum);
+    return b;
+}
+
+/* charges n more bytes of p's own (a plan about to be built, or one built):
+ * 0, or -1 with err */
+static int take_own(ck_program *p, size_t n, const char *what, char *err, size_t errlen)
+{
+    char w[200], size[64];
+    ck_mem_text(n, size, sizeof size);
+    snprintf(w, sizeof w, "%s (%s)", what, size);
+    if (ck_mem_take(p->budget, n, w, err, errlen)) return -1;
+    p->charged_own += n;
+    return 0;
+}
+
+/* brings the charge for p's own bytes to what they are now (after a plan was
+ * built in place of its estimate): 0, or -1 with err when they grew past the
+ * limit */
+static int settle_own(ck_program *p, const char *what, char *err, size_t errlen)
+{
+    const size_t now = own_bytes(p);
+    if (now <= p->charged_own) {
+        ck_mem_give(p->budget, p->charged_own - now);
+        p->charged_own = now;
+        return 0;
+    }
+    return take_own(p, now - p->charged_own, what, err, errlen);
+}
+
+/* an upper bound on the host bytes of a plan of n entries over nt tensors,
+ * with up to extra recomputed entries (each one copy) */
+static size_t plan_estimate(int n, int nt, int extra)
+{
+    ck_plan pl = {0};
+    pl.ops = (ck_op_ref *)&pl; /* ck_plan_host_bytes counts only a plan that has ops */
+    pl.n = n + extra;
+    pl.ntensors = nt + extra;
+    return ck_plan_host_bytes(&pl);
+}
+
 ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
 {
     ck_program *p = calloc(1, sizeof *p);
@@ -254,8 +305,25 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     p->opt.stat_blocks = NULL;
     p->be = o->be ? o->be : ck_backend_cpu();
     p->loss = o->loss;
+    p->budget = src->budget;
+    /* the copy of the graph the program keeps: charged first, then its own */
+    const size_t gbytes = ck_graph_host_bytes(src);
+    {
+        char what[160], size[64];
+        ck_mem_text(gbytes, size, sizeof size);
+        snprintf(what, sizeof what, "the program's copy of the graph (%d nodes, %s)", src->nn, size);
+        if (ck_mem_take(p->budget, gbytes, what, err, errlen)) {
+            free(p);
+            return NULL;
+        }
+    }
     p->g = ck_graph_clone(src);
-    if (!p->g) goto oom;
+    if (!p->g) {
+        ck_mem_give(p->budget, gbytes);
+        goto oom;
+    }
+    p->g->budget = p->budget;
+    p->g->charged = gbytes;
     ck_graph *g = p->g;
     int trains = 0;
     for (int t = 0; t < g->nt; t++) trains |= g->t[t].kind == CK_KIND_PARAM;
@@ -293,6 +361,10 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             if (nd >= 0 && g->n[nd].op == CK_OP_RESHAPE) g->t[t].dtype = g->t[g->n[nd].in[0]].dtype;
         }
     }
+    if (take_own(p, ck_malloc_chunk(sizeof *p) + ck_malloc_chunk(sizeof(int) * (size_t)g->nt) +
+                        ck_malloc_chunk(sizeof(int64_t) * (size_t)g->nt),
+                 "the program's tensor tables", err, errlen))
+        goto fail;
     p->retain = calloc((size_t)g->nt, sizeof(int));
     p->poff = malloc(sizeof(int64_t) * (size_t)g->nt);
     list = malloc(sizeof(int) * (size_t)(g->nn + 1));
@@ -316,9 +388,11 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
     if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
     int n = cut_list(g, sinks, ns, CK_PHASE_FORWARD, list);
-    if (n < 0 || ck_schedule(&p->eval, g, list, n, NULL) ||
-        ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, be))
+    if (n < 0) goto oom;
+    if (take_own(p, plan_estimate(n, g->nt, 0), "the forward pass's op list and plan", err, errlen)) goto fail;
+    if (ck_schedule(&p->eval, g, list, n, NULL) || ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, be))
         goto oom;
+    if (settle_own(p, "the forward pass's op list and plan", err, errlen)) goto fail;
 
     if (o->loss >= 0 && trains) {
         for (int t = 0; t < g->nt; t++) {
@@ -340,15 +414,40 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             ck_decide_ctx dc = {g, list, n, cand, nc, p->poff, p->persistent, p->retain, be};
             if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
         }
+        int extra = 0;
+        for (int t = 0; recompute && t < g->nt; t++) extra += recompute[t] != 0;
+        if (take_own(p, plan_estimate(n, g->nt, 2 * extra), "the training step's op list and plan", err, errlen))
+            goto fail;
         if (ck_schedule(&p->train, g, list, n, recompute) ||
             ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be))
             goto oom;
+        if (settle_own(p, "the training step's op list and plan", err, errlen)) goto fail;
     }
     /* the one arena: the largest list the program will run */
     p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
     if (o->stats && ck_program_add_stats(p, o->stats, o->stat_blocks, o->nstat_blocks, err, errlen)) goto fail;
+    if (settle_own(p, "the logging steps' op lists and plans", err, errlen)) goto fail;
     if (o->plan_only) goto done;
+    {
+        /* the plan states the arena's bytes: refused before the backend is asked */
+        size_t dev_free, dev_total;
+        if (!be->host && p->budget && p->budget->add_device && p->budget->limit &&
+            ck_cuda_memory(&dev_free, &dev_total) == 0) {
+            p->budget->limit += dev_total; /* the machine's memory is its host's and its device's */
+            p->budget->add_device = 0;
+        }
+        char what[200], size[64], dev[64];
+        const size_t bytes = ck_device_bytes(be, p->arena_bytes);
+        ck_mem_text(p->arena_bytes, size, sizeof size);
+        ck_mem_text(bytes, dev, sizeof dev);
+        if (be->host || bytes == p->arena_bytes)
+            snprintf(what, sizeof what, "the program's arena of %s", size);
+        else
+            snprintf(what, sizeof what, "the program's arena of %s (%s of %s memory)", size, dev, be->name);
+        if (ck_mem_take(p->budget, bytes, what, err, errlen)) goto fail;
+        p->charged_arena = bytes;
+    }
     be->enter();
     p->arena = be->alloc(p->arena_bytes);
     if (!p->arena) {
@@ -403,17 +502,7 @@ size_t ck_device_bytes(const ck_backend *be, size_t arena)
     return (arena + g - 1) / g * g + be->fixed_bytes;
 }
 
-size_t ck_program_host_bytes(const ck_program *p)
-{
-    const size_t nt = (size_t)(p->g->nt ? p->g->nt : 1);
-    size_t b = ck_malloc_chunk(sizeof *p) + ck_graph_host_bytes(p->g) + ck_plan_host_bytes(&p->train) +
-               ck_plan_host_bytes(&p->eval) + ck_malloc_chunk(sizeof *p->retain * nt) + ck_malloc_chunk(sizeof *p->poff * nt);
-    for (int k = 1; k <= CK_STATS_ALL; k++) b += ck_plan_host_bytes(&p->logplan[k]);
-    if (p->nstats) b += ck_malloc_chunk(sizeof *p->stats * (size_t)p->nstats);
-    for (int k = 0; k < p->nblocks; k++) b += ck_malloc_chunk(strlen(p->blocks[k]) + 1);
-    if (p->accums) b += ck_malloc_chunk(sizeof *p->accums * (size_t)p->naccum);
-    return b;
-}
+size_t ck_program_host_bytes(const ck_program *p) { return own_bytes(p) + ck_graph_host_bytes(p->g); }
 
 size_t ck_program_stage_bound(const ck_program *p)
 {
@@ -431,6 +520,7 @@ size_t ck_program_stage_bound(const ck_program *p)
 void ck_program_free(ck_program *p)
 {
     if (!p) return;
+    ck_mem_give(p->budget, p->charged_own + p->charged_arena + p->charged_stage);
     ck_plan_free(&p->train);
     ck_plan_free(&p->eval);
     for (int k = 0; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
@@ -546,6 +636,8 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
         snprintf(p->err, sizeof p->err, "this program has nothing to train (no loss or no trainable parameter)");
         return -1;
     }
+    /* statistics enabled after compile added op lists: they are charged now */
+    if (settle_own(p, "the logging steps' op lists and plans", p->err, sizeof p->err)) return -1;
     const ck_plan *pl = &p->train;
     if (o->stats) {
         if (o->stats > CK_STATS_ALL || p->logplan[o->stats].n == 0) {
@@ -653,14 +745,24 @@ static float *host_of(ck_program *p, int t, float *x, int keep)
     int64_t n = ck_shape_numel(&tt->shape);
     size_t f32 = (size_t)n * sizeof(float), raw = tt->dtype == CK_F32 ? 0 : ck_tensor_bytes(tt);
     if (f32 + raw > p->stage_bytes) {
+        /* the stage grows to the largest tensor read or written: charged
+         * before it is allocated, the old one given back once it is freed */
+        const size_t bytes = ck_malloc_chunk(f32 + raw ? f32 + raw : 1);
+        char what[200], size[64];
+        ck_mem_text(bytes, size, sizeof size);
+        snprintf(what, sizeof what, "a host copy of '%s' (%s)", tt->name ? tt->name : "a tensor", size);
+        if (ck_mem_take(p->budget, bytes, what, p->err, sizeof p->err)) return NULL;
         float *s = malloc(f32 + raw ? f32 + raw : 1);
         if (!s) {
+            ck_mem_give(p->budget, bytes);
             snprintf(p->err, sizeof p->err, "out of host memory for a copy of %zu bytes", f32 + raw);
             return NULL;
         }
         free(p->stage);
+        ck_mem_give(p->budget, p->charged_stage);
         p->stage = s;
         p->stage_bytes = f32 + raw;
+        p->charged_stage = bytes;
     }
     if (!keep) return p->stage;
     p->be->enter();

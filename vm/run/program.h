@@ -87,9 +87,20 @@ typedef struct ck_program {
     unsigned stat_groups;
     /* when non-NULL, seconds spent per op kind (CK_OP_COUNT entries): ck_exec adds to it */
     double *profile;
+    /* the memory budget of the graph it was compiled from (NULL: none) and
+     * what the program charged to it besides its graph's own charges: its op
+     * lists and per-tensor arrays (own), the arena's device bytes and the
+     * stage; all given back when it is freed */
+    ck_mem_budget *budget;
+    size_t charged_own, charged_arena, charged_stage;
     char err[512];
 } ck_program;
 
+/* Charges g's budget (g->budget) before each allocation it makes: its copy of
+ * the graph and what autodiff adds, its op lists and plans, and the arena (the
+ * device bytes its plan states, ck_device_bytes) before the backend allocates
+ * it; one that would pass the limit fails with err saying what and by how much
+ * (ck_mem_take). */
 ck_program *ck_compile(const ck_graph *g, const ck_compile_opts *o, char *err, size_t errlen);
 /* What "auto" means: "cuda" when a CUDA device is present, else "cpu" (looks,
  * opens nothing). */

@@ -1,5 +1,5 @@
 # Ctrl-C and the callback budget stop the string and table functions' C loops
-# (patterns, builders, copies, table.sort): each
+# (patterns, builders, copies, table.sort) and the copies of `..`: each
 # shape below runs for minutes or hours in Lua's own C code (a backtracking
 # pattern, a loop of big copies that the count hook sees as a few
 # instructions each). Started, sent SIGINT after 0.5 s, each must exit within
@@ -42,6 +42,9 @@ shapes=(
   'a loop of table.move|local t = {} for i = 1, 3e6 do t[i] = i end while true do table.move(t, 1, #t, 1, {}) end'
   'table.sort of a big table|local t = {} for i = 1, 3e6 do t[i] = (i * 7919) % 3000017 end table.sort(t)'
   'a loop of table.sort|local t = {} for i = 1, 6e4 do t[i] = (i * 7919) % 60013 end while true do table.sort(table.move(t, 1, #t, 1, {})) end'
+  'a loop of ..|local a = ("x"):rep(2^26) while true do local s = a .. a end'
+  'a loop of .. of three strings|local a = ("x"):rep(2^25) while true do local s = a .. a .. a end'
+  'a loop of .. in a coroutine, under pcall|local a = ("x"):rep(2^26) coroutine.wrap(function() while true do pcall(function() local s = a .. a end) end end)()'
   'a pattern inside pcall|while true do pcall(string.find, ("a"):rep(1e5), ".-.-.-.-b") end'
   'a pattern in a coroutine|coroutine.wrap(function() print(("a"):rep(1e5):find(".-.-.-.-b")) end)()'
 )

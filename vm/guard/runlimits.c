@@ -16,6 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void hook(lua_State *L, lua_Debug *ar);
+
+/* growth of at least this much is a big build (a string `..` makes, a table
+ * resize): see ck_limits_alloc */
+#define CK_BIG_GROWTH ((size_t)1 << 20)
+
 void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
     ck_limits *lim = ud;
@@ -24,6 +30,16 @@ void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         lim->alloc(lim->alloc_ud, ptr, osize, 0);
         lim->heap_used -= old;
         return NULL;
+    }
+    /* One instruction can copy a gigabyte (a loop of `..` on big strings),
+     * and the count hook sees every 1000th: with an interrupt pending, the
+     * first big build makes the main thread's hook run at its next
+     * instruction, and from the third on they are refused, so whatever thread
+     * makes them (a coroutine's hook still counts to 1000) fails at once and
+     * reaches its hook within a few instructions. */
+    if (nsize > old && nsize - old >= CK_BIG_GROWTH && lim->interrupt) {
+        if (lim->interrupt_builds++ == 0 && lim->main) lua_sethook(lim->main, hook, LUA_MASKCOUNT, 1);
+        if (lim->interrupt_builds > 2) return NULL;
     }
     if (nsize > old && lim->heap_limit && lim->heap_used - old + nsize > lim->heap_limit) {
         lim->heap_refused = 1;
@@ -66,8 +82,6 @@ int ck_limits_code_of(const ck_limits *lim, const char *msg)
     if (strncmp(msg, lim->noted, n) != 0) return 0;
     return msg[n] == 0 || n == sizeof lim->noted - 1 ? lim->noted_code : 0;
 }
-
-static void hook(lua_State *L, lua_Debug *ar);
 
 ck_mem_budget *ck_mem_budget_of(lua_State *L)
 {
@@ -220,8 +234,9 @@ void ck_limits_install(lua_State *L, ck_limits *lim)
 
 void ck_limits_reset(ck_limits *lim)
 {
-    if (lim->tripped) lua_sethook(lim->main, hook, LUA_MASKCOUNT, CK_HOOK_EVERY);
+    if (lim->tripped || lim->interrupt_builds) lua_sethook(lim->main, hook, LUA_MASKCOUNT, CK_HOOK_EVERY);
     lim->tripped = 0;
+    lim->interrupt_builds = 0;
     lim->depth = 0;
     lim->used = 0;
     lim->heap_refused = 0;

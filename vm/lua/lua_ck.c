@@ -1331,6 +1331,7 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     lua_pushstring(L, host ? host->device : ck_default_device());
     lua_setfield(L, lib, "device");
     ck_lua_fs_register(L, lib);
+    ck_lua_lock_register(L, lib);
     ck_lua_json_register(L, lib);
     lua_pushstring(L, CK_VERSION);
     lua_setfield(L, lib, "version");

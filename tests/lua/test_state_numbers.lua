@@ -90,6 +90,21 @@ do
   T.ok(not ok and err:find("at most 999999999", 1, true) and #state.list(tmp .. "/huge") == 0,
        "saving at step 1,000,000,000 is refused: " .. tostring(err))
 end
+-- a script that sets the counts itself: the program refuses what would overflow the step after it
+for _, c in ipairs({{"steps", math.maxinteger}, {"updates", math.maxinteger}, {"steps", 1 << 53}, {"steps", -1}}) do
+  local q = build(1)
+  local ok, err = pcall(function() q[c[1]] = c[2] end)
+  T.ok(not ok and tostring(err):find("from 0 to 2^53 - 1", 1, true) and q.steps == 0 and q.updates == 0,
+       string.format("p.%s = %d is refused: %s", c[1], c[2], tostring(err)))
+end
+do
+  local q = build(1)
+  q.steps, q.updates = (1 << 53) - 1, (1 << 53) - 1
+  q:set("x", {1, 2, 3, 4, 5, 6, 7, 8})
+  q:set("t", {1, 0, 1, 0})
+  q:step()
+  T.ok(q.steps == 1 << 53, "a step from the largest count works: " .. q.steps)
+end
 -- state.latest passes over a file whose name and step are past the 9 digits
 do
   local dir = tmp .. "/latest"

@@ -1118,7 +1118,8 @@ static int l_program_newindex(lua_State *L)
     }
     else if (strcmp(k, "steps") == 0 || strcmp(k, "updates") == 0) { /* restoring a saved training state */
         lua_Integer n = luaL_checkinteger(L, 3);
-        luaL_argcheck(L, n >= 0, 3, "steps and updates must be >= 0");
+        /* below 2^53: the step after it, and its double in a log record, stay exact */
+        luaL_argcheck(L, n >= 0 && n < ((lua_Integer)1 << 53), 3, "steps and updates must be from 0 to 2^53 - 1");
         if (k[0] == 's') p->step = n;
         else p->updates = n;
     } else if (strcmp(k, "micro") == 0) { /* likewise: the steps summed since the last update */

@@ -88,6 +88,10 @@ rc=$?
 [ "$rc" != 0 ] && [ "$(cat "$dir/victim")" = precious ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] &&
   printf '%s\n' "$out" | grep -q "^ckrun: scripts/train_sdxl_lora.lua:[0-9]*: cannot open the lock file '$dir/linked/lock'"
 ok $? "a symlink as the lock file is refused and its target left alone: $out"
+printf 'weights, not a pid\n' > "$dir/data.txt"
+out=$("$CKRUN" "$dir/lock.lua" "$dir/data.txt" 2>&1)
+[ "$(cat "$dir/data.txt")" = "weights, not a pid" ] && printf '%s\n' "$out" | grep -q "^ck.lock"
+ok $? "ck.lock on a file with other contents locks it and leaves its bytes alone: $out"
 out=$("$CKRUN" "$dir/lock.lua" /tmp/ckrun_lock_outside 2>&1)
 [ $? != 0 ] && [ ! -e /tmp/ckrun_lock_outside ] && printf '%s\n' "$out" | grep -q "writing '/tmp/ckrun_lock_outside' is denied"
 ok $? "ck.lock outside the sandbox's directories is denied: $out"

@@ -113,11 +113,16 @@ static int l_lock(lua_State *L)
         lua_pushinteger(L, pid);
         return 2;
     }
-    /* the holder's pid, for the message a second process gives */
-    char text[24];
-    int n = snprintf(text, sizeof text, "%ld\n", (long)getpid());
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) {
-        /* the lock holds without its hint; a second process names no pid */
+    /* the holder's pid, for the message a second process gives; written over
+     * an empty file or an earlier holder's pid only, so that locking a file
+     * that holds anything else leaves its bytes alone */
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (st.st_size == 0 || holder_pid(fd) > 0)) {
+        char text[24];
+        int n = snprintf(text, sizeof text, "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) {
+            /* the lock holds without its hint; a second process names no pid */
+        }
     }
     luaL_getsubtable(L, LUA_REGISTRYINDEX, "ck.locks.held");
     lua_pushvalue(L, -2);

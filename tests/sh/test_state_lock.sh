@@ -88,6 +88,22 @@ rc=$?
 [ "$rc" != 0 ] && [ "$(cat "$dir/victim")" = precious ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] &&
   printf '%s\n' "$out" | grep -q "^ckrun: scripts/train_sdxl_lora.lua:[0-9]*: cannot open the lock file '$dir/linked/lock'"
 ok $? "a symlink as the lock file is refused and its target left alone: $out"
+# one VM locking a file twice (another spelling, a module loaded anew) holds
+# it once; released, it can be taken again
+cat > "$dir/twice.lua" <<'LUA'
+local ck = require "ck"
+local p = args[1]
+local a = assert(ck.lock(p))
+local b = assert(ck.lock("./" .. p))
+package.loaded["ck.state"] = nil
+require("ck.state").lock(p:match("^(.*)/[^/]*$"))
+a:release()
+local c = assert(ck.lock(p))
+print(rawequal(a, b), rawequal(a, c))
+LUA
+mkdir -p "$dir/twice"
+out=$("$CKRUN" "$dir/twice.lua" "$dir/twice/lock" 2>&1)
+[ "$out" = "true	false" ] ; ok $? "a second ck.lock of a file this VM holds gives the same lock; after release a new one: $out"
 printf 'weights, not a pid\n' > "$dir/data.txt"
 out=$("$CKRUN" "$dir/lock.lua" "$dir/data.txt" 2>&1)
 [ "$(cat "$dir/data.txt")" = "weights, not a pid" ] && printf '%s\n' "$out" | grep -q "^ck.lock"

@@ -89,7 +89,7 @@ static int l_lock(lua_State *L)
         return 2;
     }
     k->fd = fd; /* the box closes it if anything below raises */
-    char key[48];
+    char key[48] = "";
     if (held_lock(L, fd, key, sizeof key)) {
         close(fd);
         k->fd = -1;
@@ -124,10 +124,12 @@ static int l_lock(lua_State *L)
             /* the lock holds without its hint; a second process names no pid */
         }
     }
-    luaL_getsubtable(L, LUA_REGISTRYINDEX, "ck.locks.held");
-    lua_pushvalue(L, -2);
-    lua_setfield(L, -2, key);
-    lua_pop(L, 1);
+    if (key[0]) { /* known by its file from now on (fstat failing, it is not) */
+        luaL_getsubtable(L, LUA_REGISTRYINDEX, "ck.locks.held");
+        lua_pushvalue(L, -2);
+        lua_setfield(L, -2, key);
+        lua_pop(L, 1);
+    }
     return 1;
 }
 

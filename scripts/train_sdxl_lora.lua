@@ -113,6 +113,15 @@ for _, name in ipairs(full and LORA_OPTIONS or {}) do
   if o:given(name) then error("--" .. name .. " is an adapter's option; --full trains every parameter") end
 end
 
+-- one run at a time in a state directory: a second one saving or pruning there
+-- would break the first's renames, so it stops here, before anything runs
+local save_every, state_dir = o["save-every"], o["state-dir"]
+if not ck.plan_mode then
+  if save_every > 0 then state.lock(state_dir) end
+  local from = o.resume == true and state_dir or o.resume
+  if from and ck.listdir(from) then state.lock(from) end -- a missing one is refused below: no saved state
+end
+
 local size = o.size
 local config = unet.config(({tiny = "sdxl-tiny", mid = "sdxl-mid", full = "sdxl"})[size])
 local resolution = o.resolution
@@ -236,7 +245,7 @@ if o.weights then
   print(string.format("loaded %d tensors from %s in %.2f s", n, o.weights, ck.now() - t0))
 end
 
-local dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples,
+local dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples, timesteps = objective.n,
   height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
 do -- the data must fit the model
   local s, source = dataset:shapes()
@@ -274,7 +283,6 @@ print(string.format("training %s of sdxl-%s (%d parameters, %d trainable), %dx%d
 local val_before = validate()
 if val_every > 0 then print(string.format("step 0: validation loss %.4f", val_before)) end
 -- resume: the saved step, adapter, optimizer state and data position
-local save_every, state_dir = o["save-every"], o["state-dir"]
 local save_lora_every = o["save-lora-every"]
 
 -- the adapter as a file (with --full, the UNet in diffusers key names), its
@@ -314,7 +322,10 @@ if o.resume then
   local meta = state.load(p, path, settings)
   resumed_log_dir = meta["log.dir"]
   state.prune(from, o["keep-states"])
-  dataset.epoch, dataset.pos = tonumber(meta["data.epoch"]), tonumber(meta["data.pos"])
+  -- the data position, read from the file: an epoch is at least one step, and
+  -- a position within the epoch at most the set's size
+  dataset.epoch = state.count(meta, "data.epoch", path, 0, p.steps)
+  dataset.pos = state.count(meta, "data.pos", path, 0, dataset.n)
   dataset:shuffle()
   print(string.format("resumed from %s at step %d", path, p.steps))
 end

@@ -42,11 +42,14 @@ function M.synthetic_sample(i, o)
   }
 end
 
--- src: a directory or "synthetic". o: batch, seed, and for synthetic: n, height,
--- width (latent size), cross_attention_dim, pooled_dim.
+-- src: a directory or "synthetic". o: batch, seed, timesteps (the scheduler's
+-- num_train_timesteps, 1000: a sample's own timestep must be a whole number
+-- below it), and for synthetic: n, height, width (latent size),
+-- cross_attention_dim, pooled_dim.
 function M.latents(src, o)
   o = o or {}
-  local self = setmetatable({batch = o.batch or 1, seed = o.seed or 1, epoch = 0, pos = 0}, Dataset)
+  local self = setmetatable({batch = o.batch or 1, seed = o.seed or 1, epoch = 0, pos = 0,
+                             timesteps = o.timesteps or 1000}, Dataset)
   if src == nil or src == "synthetic" then
     self.synthetic = true
     self.n = o.n or 16
@@ -91,6 +94,25 @@ function Dataset:next_indices()
   return idx
 end
 
+-- A sample's own timestep, used as given: one whole number from 0 to the
+-- scheduler's last; anything else (1e9, -5, 2.5, NaN, infinity, several
+-- values) is refused naming the file, never clamped.
+function Dataset:timestep_of(f, path)
+  local shape = f:shape("timesteps")
+  if #shape ~= 1 or shape[1] ~= 1 then
+    error(string.format("%s: tensor 'timesteps' has shape [%s]; a sample has one timestep, shape [1]", path,
+      table.concat(shape, ", ")), 0)
+  end
+  local t = f:read("timesteps")[1]
+  local n = math.tointeger(t)
+  if not n or n < 0 or n >= self.timesteps then
+    error(string.format("%s: timestep %s is not a whole number from 0 to %d (the scheduler's %d timesteps; " ..
+      "a sample's timestep is used as given)", path, t ~= t and "nan" or string.format("%.9g", t),
+      self.timesteps - 1, self.timesteps), 0)
+  end
+  return n
+end
+
 -- Loads the samples `idx` into the program's inputs (a table field name ->
 -- tensor). Returns what the samples carried themselves: {noise = true,
 -- timesteps = {...}} when every sample had them.
@@ -110,7 +132,7 @@ function Dataset:load(p, inputs, idx)
         p:load_sample(inputs[name], b, f, name)
       end
       if f:has("noise") and inputs.noise then p:load_sample(inputs.noise, b, f, "noise") else all_noise = false end
-      if f:has("timesteps") then ts[b] = f:read("timesteps")[1] else all_t = false end
+      if f:has("timesteps") then ts[b] = self:timestep_of(f, path) else all_t = false end
     end
   end
   if all_noise then given.noise = true end

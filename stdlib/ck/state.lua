@@ -6,7 +6,30 @@ local ck = require "ck"
 
 local M = {}
 
+-- the largest step a state can have: its name holds the step in 9 digits,
+-- which keeps names in step order
+M.MAX_STEP = 999999999
+
 local function name_of(step) return string.format("state-%09d.safetensors", step) end
+
+-- A whole number read from a file: meta[key] as decimal digits, lo..hi
+-- (default when absent and one is given); else nil and a message naming the
+-- file and the key
+local function count_of(meta, key, path, lo, hi, default)
+  local s = meta[key]
+  if s == nil and default ~= nil then return default end
+  local n = type(s) == "string" and #s <= 18 and s:match("^%d+$") and math.tointeger(tonumber(s))
+  if n and n >= lo and n <= hi then return n end
+  local shown = s == nil and "missing" or string.format("'%s'", #tostring(s) > 40 and tostring(s):sub(1, 40) .. "..." or s)
+  return nil, string.format("%s: %s is %s, not a whole number from %d to %d", path, key, shown, lo, hi)
+end
+
+-- the same, raising the message at the caller's line
+function M.count(meta, key, path, lo, hi, default)
+  local n, err = count_of(meta, key, path, lo, hi, default)
+  if not n then error(err, 2) end
+  return n
+end
 
 -- the saved states in dir, oldest first
 function M.list(dir)
@@ -22,6 +45,27 @@ end
 -- paths this process saved (they need no checking before a prune)
 local written = {}
 
+-- the locks this process holds, by directory: held until the VM closes, and
+-- dropped by the kernel when the process ends however it ends
+local locks = {}
+
+-- Takes dir's lock (the file dir/lock) for the rest of the run, so that two
+-- runs never save into or prune the same directory: the second is refused
+-- with a line naming dir and the holder's pid. Taking it again is a no-op.
+function M.lock(dir)
+  dir = dir:gsub("/+$", ""):gsub("^%./+", "")
+  if dir == "" then dir = "." end
+  if locks[dir] then return end
+  assert(ck.mkdir(dir))
+  local lock, pid = ck.lock(dir .. "/lock")
+  if lock == nil then error(pid, 2) end
+  if not lock then
+    error(string.format("state directory '%s' is in use by another run%s; two runs saving into one directory " ..
+      "would break each other's states", dir, pid > 0 and string.format(" (pid %d)", pid) or ""), 2)
+  end
+  locks[dir] = lock
+end
+
 -- true when path is a state: it opens, and its step (metadata ck.step) is the
 -- number in its name; a stray file that only has a state's name is not one
 local function verified(path)
@@ -31,12 +75,14 @@ local function verified(path)
   local ok2, meta = pcall(f.metadata, f)
   f:close()
   local n = path:match("state%-(%d+)%.safetensors$")
-  return ok2 and type(meta) == "table" and n ~= nil and tonumber(meta["ck.step"]) == tonumber(n)
+  if not (ok2 and type(meta) == "table" and n ~= nil and #n <= 9) then return false end
+  return count_of(meta, "ck.step", path, 0, M.MAX_STEP) == math.tointeger(tonumber(n))
 end
 
 -- meta: a table of strings (settings, data position); keep: how many to keep
 function M.save(p, dir, meta, keep)
-  assert(ck.mkdir(dir))
+  if p.steps > M.MAX_STEP then error(string.format("step %d: a state's step is at most %d", p.steps, M.MAX_STEP), 2) end
+  M.lock(dir)
   local entries = {}
   for _, name in ipairs(p:state_tensors()) do entries[#entries + 1] = {name, name} end
   local md = {["ck.step"] = tostring(p.steps), ["ck.updates"] = tostring(p.updates), ["ck.micro"] = tostring(p.micro)}
@@ -54,6 +100,7 @@ end
 -- stray file named like a state (state-999999999.safetensors) is left alone
 -- and keeps no good state from being kept.
 function M.prune(dir, keep)
+  M.lock(dir)
   local all, good = M.list(dir), {}
   for _, path in ipairs(all) do
     if verified(path) then good[#good + 1] = path end
@@ -63,7 +110,8 @@ function M.prune(dir, keep)
     written[good[i]] = nil
   end
   -- a run killed while writing a state leaves its temp file (path.tmp.<pid>);
-  -- no save is under way while this one prunes, so every such file is stale
+  -- this process holds the directory's lock and saves nothing while it
+  -- prunes, so every such file is stale
   for _, n in ipairs(ck.listdir(dir) or {}) do
     if n:match("^state%-%d+%.safetensors%.tmp%.%d+$") then os.remove(dir .. "/" .. n) end
   end
@@ -89,14 +137,22 @@ function M.load(p, path, settings)
       error(string.format("%s: saved with %s = %s, this run has %s", path, k, tostring(meta[k]), tostring(v)), 2)
     end
   end
+  -- every count is checked before the program takes it: a state is a file,
+  -- and ck.step = 2^63-1 would overflow the step after it
+  local step, err = count_of(meta, "ck.step", path, 0, M.MAX_STEP)
+  local updates, micro
+  -- AdamW's step count: behind the step count when a guard skipped updates
+  if step then updates, err = count_of(meta, "ck.updates", path, 0, step, step) end
+  -- gradient accumulation: the steps summed into the saved gradient sums
+  if updates then micro, err = count_of(meta, "ck.micro", path, 0, step, 0) end
+  if not micro then error(err, 2) end
+  if not pcall(function() p.micro = micro end) then
+    error(string.format("%s: ck.micro is %d, more steps than this run's gradient accumulation sums", path, micro), 2)
+  end
   local map = {}
   for _, name in ipairs(p:state_tensors()) do map[name] = name end
   p:load(f, map)
-  p.steps = math.tointeger(tonumber(meta["ck.step"])) or error(path .. ": no step in the state", 2)
-  -- AdamW's step count: behind the step count when a guard skipped updates
-  p.updates = math.tointeger(tonumber(meta["ck.updates"])) or p.steps
-  -- gradient accumulation: the steps summed into the saved gradient sums
-  p.micro = math.tointeger(tonumber(meta["ck.micro"])) or 0
+  p.steps, p.updates = step, updates
   return meta
 end
 

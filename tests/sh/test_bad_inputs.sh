@@ -44,6 +44,15 @@ for case in "$SRC"/tests/bad/[0-9]*.lua; do
     # shellcheck disable=SC2086
     "$CK" $flags "$script" $args > "$T/out" 2> "$T/err" &
     pid=$!
+    # "after" counts from when ckrun catches SIGINT (SigCgt in /proc, set just
+    # before the script runs), not from the start: a slow start-up under load
+    # would otherwise take the signal's default action and leave no message
+    for _ in $(seq 3000); do
+      mask=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$pid/status" 2> /dev/null)
+      [ -z "$mask" ] && break
+      [ $(( 0x$mask & 2 )) != 0 ] && break
+      sleep 0.01
+    done
     sleep "$after"
     kill -INT $pid 2> /dev/null
     wait $pid

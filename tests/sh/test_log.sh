@@ -53,12 +53,24 @@ print(len(steps), recs[-1]["time"])
 EOF
 }
 
+# waits (up to 60 s: under load and sanitizers the runs are slow, and a kill
+# must come after the moment it waits for, not after a guess at the time)
+# until the file $2 has at least $3 lines or process $1 has ended
+wait_lines() {
+  for _ in $(seq 1200); do
+    [ "$(cat "$2" 2>/dev/null | wc -l)" -ge "$3" ] && return 0
+    kill -0 "$1" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
 # ---- SIGKILL, sync: every finished step is on disk, whole lines only
 for round in 1 2 3; do
   d="$dir/kill$round"; mkdir -p "$d"
   "$CKRUN" --allow-write "$d" $J --dir "$d/logs" --done "$d/done" > /dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 300); do [ "$(cat "$d/logs/metrics.jsonl" 2>/dev/null | wc -l)" -ge $((150 * round)) ] && break; sleep 0.05; done
+  wait_lines $pid "$d/logs/metrics.jsonl" $((150 * round))
   kill -KILL $pid; wait $pid 2>/dev/null
   res=$(check_logs "$d/logs" $((150 * round)) 2>&1); rc=$?
   n=${res%% *}; finished=$(tail -n 1 "$d/done")
@@ -69,7 +81,7 @@ done
 d="$dir/akill"; mkdir -p "$d"
 "$CKRUN" --allow-write "$d" $J --dir "$d/logs" --done "$d/done" --async --flush 0.25 > /dev/null 2>&1 &
 pid=$!
-for _ in $(seq 300); do [ "$(cat "$d/logs/metrics.jsonl" 2>/dev/null | wc -l)" -ge 1000 ] && break; sleep 0.05; done
+wait_lines $pid "$d/logs/metrics.jsonl" 1000
 sleep 0.37
 killed_at=$(date +%s.%N); kill -KILL $pid; wait $pid 2>/dev/null
 res=$(check_logs "$d/logs" 1000 2>&1); rc=$?
@@ -83,9 +95,9 @@ for sig in TERM INT; do
   d="$dir/sig$sig"; mkdir -p "$d"
   "$CKRUN" --allow-write "$d" $J --dir "$d/logs" --done "$d/done" --async --flush 60 > /dev/null 2> "$d/err" &
   pid=$!
-  for _ in $(seq 300); do [ "$(cat "$d/done" 2>/dev/null | wc -l)" -ge 500 ] && break; sleep 0.05; done
+  wait_lines $pid "$d/done" 500
   kill -$sig $pid
-  for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done
+  for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done
   kill -0 $pid 2>/dev/null && { kill -KILL $pid; echo "  (did not exit)"; }
   wait $pid; code=$?
   res=$(check_logs "$d/logs" 500 2>&1); rc=$?

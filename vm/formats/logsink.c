@@ -1,8 +1,10 @@
 /* Records and the writers that put them in files: one JSON line and one
  * TensorBoard event per record, each written whole with one write(2), so a
  * process killed at any moment leaves whole lines and whole records behind.
- * Async loggers hand records to a writer thread through a bounded queue; the
- * thread writes what is queued at least once per flush interval. */
+ * A write that fails (a full disk, the file size limit) is cut back to the
+ * last whole record. Async loggers hand records to a writer thread through a
+ * bounded queue; the thread writes what is queued at least once per flush
+ * interval. */
 #define _GNU_SOURCE /* O_PATH */
 #include "formats/logsink.h"
 
@@ -16,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -258,6 +262,35 @@ static int write_all(int fd, const void *p, size_t n)
     return 0;
 }
 
+/* One record appended whole to fd, or nothing: a record that would pass the
+ * process's file size limit is not begun (past it the kernel would cut the
+ * write and raise SIGXFSZ, which kills by default), and one that fails partway
+ * (ENOSPC, EIO) is truncated back to the file's length before it. On failure
+ * writes "cannot write 'path': reason ..." to lg->err and returns -1. */
+static int append_whole(ck_logger *lg, int fd, const char *path, const void *p, size_t n)
+{
+    struct stat st;
+    if (fstat(fd, &st)) {
+        snprintf(lg->err, sizeof lg->err, "cannot write '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    off_t before = st.st_size;
+    struct rlimit fsz;
+    if (S_ISREG(st.st_mode) && getrlimit(RLIMIT_FSIZE, &fsz) == 0 && fsz.rlim_cur != RLIM_INFINITY &&
+        (unsigned long long)before + n > (unsigned long long)fsz.rlim_cur) {
+        snprintf(lg->err, sizeof lg->err, "cannot write '%s': %s (the file size limit); the file ends with the last whole record",
+                 path, strerror(EFBIG));
+        return -1;
+    }
+    if (write_all(fd, p, n) == 0) return 0;
+    int e = errno;
+    /* a device or pipe has no length to go back to; a regular file does */
+    int cut = S_ISREG(st.st_mode) && ftruncate(fd, before) == 0;
+    snprintf(lg->err, sizeof lg->err, "cannot write '%s': %s%s", path, strerror(e),
+             cut ? "; the file ends with the last whole record" : "");
+    return -1;
+}
+
 /* writes one record to every file; sets lg->err on failure */
 static int write_rec(ck_logger *lg, const ck_log_rec *r)
 {
@@ -271,10 +304,7 @@ static int write_rec(ck_logger *lg, const ck_log_rec *r)
             snprintf(lg->err, sizeof lg->err, "out of memory while formatting a log record");
             return -1;
         }
-        if (write_all(lg->fd_jsonl, lg->json, lg->json_len)) {
-            snprintf(lg->err, sizeof lg->err, "cannot write '%s': %s", lg->path_jsonl, strerror(errno));
-            return -1;
-        }
+        if (append_whole(lg, lg->fd_jsonl, lg->path_jsonl, lg->json, lg->json_len)) return -1;
         if (lg->fsync_each && fdatasync(lg->fd_jsonl)) {
             snprintf(lg->err, sizeof lg->err, "cannot sync '%s': %s", lg->path_jsonl, strerror(errno));
             return -1;
@@ -287,10 +317,7 @@ static int write_rec(ck_logger *lg, const ck_log_rec *r)
             snprintf(lg->err, sizeof lg->err, "out of memory while encoding an event");
             return -1;
         }
-        if (k > 0 && write_all(lg->fd_tb, lg->ev, lg->ev_len)) {
-            snprintf(lg->err, sizeof lg->err, "cannot write '%s': %s", lg->path_tb, strerror(errno));
-            return -1;
-        }
+        if (k > 0 && append_whole(lg, lg->fd_tb, lg->path_tb, lg->ev, lg->ev_len)) return -1;
         if (k > 0 && lg->fsync_each && fdatasync(lg->fd_tb)) {
             snprintf(lg->err, sizeof lg->err, "cannot sync '%s': %s", lg->path_tb, strerror(errno));
             return -1;

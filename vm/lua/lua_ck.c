@@ -1252,7 +1252,8 @@ static int l_program_newindex(lua_State *L)
     }
     else if (strcmp(k, "steps") == 0 || strcmp(k, "updates") == 0) { /* restoring a saved training state */
         lua_Integer n = luaL_checkinteger(L, 3);
-        luaL_argcheck(L, n >= 0, 3, "steps and updates must be >= 0");
+        /* below 2^53: the step after it, and its double in a log record, stay exact */
+        luaL_argcheck(L, n >= 0 && n < ((lua_Integer)1 << 53), 3, "steps and updates must be from 0 to 2^53 - 1");
         if (k[0] == 's') p->step = n;
         else p->updates = n;
     } else if (strcmp(k, "micro") == 0) { /* likewise: the steps summed since the last update */
@@ -1473,6 +1474,7 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     lua_pushstring(L, host ? host->device : ck_default_device());
     lua_setfield(L, lib, "device");
     ck_lua_fs_register(L, lib);
+    ck_lua_lock_register(L, lib);
     ck_lua_json_register(L, lib);
     lua_pushstring(L, CK_VERSION);
     lua_setfield(L, lib, "version");

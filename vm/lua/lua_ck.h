@@ -51,6 +51,8 @@ int ck_lua_log_step(lua_State *L, ck_program *p);
 void ck_lua_stats_request(lua_State *L, int idx, ck_compile_opts *o, const char **pats);
 /* vm/lua/lua_fs.c: ck.listdir, ck.mkdir, ck.isatty, ck.now */
 void ck_lua_fs_register(lua_State *L, int lib);
+/* vm/lua/lua_lock.c: ck.lock */
+void ck_lua_lock_register(lua_State *L, int lib);
 /* vm/lua/lua_json.c: ck.json_encode, ck.json_decode, ck.json_object, ck.json_null */
 void ck_lua_json_register(lua_State *L, int lib);
 /* vm/lua/lua_graph.c: p:graph() in the program methods at index methods */

@@ -142,9 +142,10 @@ static int l_read(lua_State *L)
     const char *key = luaL_checkstring(L, 2);
     const int64_t numel = find(L, lf, key)->numel;
     char err[512];
-    if (numel > INT_MAX) return ck_lua_raise(L, "f:read of '%s': %lld values are more than a Lua list holds", key, (long long)numel);
     /* the values held twice at once: as floats, then as a list */
     ck_mem_check(L, numel, sizeof(float) + 16, "f:read of '%s' (%lld values) into a Lua list", key, (long long)numel);
+    if (numel > INT_MAX)
+        return ck_lua_raise(L, "f:read of '%s': %I values are more than a Lua list holds", key, (lua_Integer)numel);
     float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(numel ? numel : 1), 0);
     const ck_st_tensor *t = find(L, still_open(L, lf, 0), key); /* again: the check and the allocation may have run Lua */
     if (ck_st_read_f32(t, x, numel, err, sizeof err)) return ck_lua_raise(L, "%s", err);

@@ -60,7 +60,14 @@ done
 # another process's working directory
 mkdir -p "$t/$secret/cwd"
 (cd "$t/$secret/cwd" && exec sleep 30) & bg=$!
-sleep 0.2
+# until the link names the hidden directory (else the checks test nothing)
+for _ in $(seq 100); do
+  case $(readlink "/proc/$bg/cwd" 2> /dev/null) in *"$secret"*) break ;; esac
+  sleep 0.05
+done
+case $(readlink "/proc/$bg/cwd" 2> /dev/null) in
+  *"$secret"*) ;; *) echo "FAIL the helper process never entered the hidden directory"; exit 1 ;;
+esac
 for code in "io.open('/proc/$bg/cwd/x')" "io.open('/proc/$bg/cwd')" "require('ck').listdir('/proc/$bg/cwd')" \
             "require('ck').mkdir('/proc/$bg/cwd/d')"; do
   m=$("$CK" -e "$code" 2>&1)

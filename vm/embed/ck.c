@@ -144,6 +144,11 @@ static int handle_mapped(const void *h)
     return handle_base && handle_base != MAP_FAILED && p >= handle_base && p < handle_base + handle_space;
 }
 
+/* LeakSanitizer scans no mapping of ours, so live handles in the range are
+ * declared roots of the heap they point into (weak: without LSan, no call) */
+extern void __lsan_register_root_region(const void *p, size_t size) __attribute__((weak));
+extern void __lsan_unregister_root_region(const void *p, size_t size) __attribute__((weak));
+
 /* size zeroed bytes for a new handle (under reg_mu), or NULL */
 static void *handle_new(size_t size)
 {
@@ -162,6 +167,7 @@ static void *handle_new(size_t size)
         char *p = handle_base + handle_used;
         if (mprotect(p, n, PROT_READ | PROT_WRITE) == 0) { /* fresh pages: zeros */
             handle_used += n;
+            if (__lsan_register_root_region) __lsan_register_root_region(p, n);
             return p;
         }
     }
@@ -176,6 +182,7 @@ static void handle_free(void *h, size_t size)
         return;
     }
     size_t n = handle_bytes(size);
+    if (__lsan_unregister_root_region) __lsan_unregister_root_region(h, n);
     madvise(h, n, MADV_DONTNEED);
     mprotect(h, n, PROT_NONE);
 }
@@ -588,6 +595,8 @@ typedef struct call {
 static int classify(ck_vm *vm, int st, const char *msg, int hint)
 {
     if (vm->host.lim.tripped) return vm->host.lim.tripped;
+    /* a memory error from a build refused for the pending interrupt */
+    if (vm->host.lim.interrupt_refused && vm->host.lim.interrupt) return CK_EINTR;
     int c = ck_limits_code_of(&vm->host.lim, msg);
     if (c) return c;
     if (hint) return hint;
@@ -617,6 +626,12 @@ static int protected(ck_vm *vm, lua_CFunction f, call *c, const char *chunk)
         const char *msg = lua_tostring(L, -1);
         code = classify(vm, st, msg, c->code);
         if (vm->host.lim.tripped) msg = vm->host.lim.noted;
+        char intr[sizeof vm->chunk + 16];
+        if (!vm->host.lim.tripped && code == CK_EINTR && vm->host.lim.interrupt_refused) {
+            /* the refused build's memory error carries no line */
+            snprintf(intr, sizeof intr, "%s%sinterrupted", vm->chunk, vm->chunk[0] ? ": " : "");
+            msg = intr;
+        }
         set_error(vm, code, msg);
         if (code == CK_EINTR) atomic_store(&vm->host.lim.interrupt, 0);
     }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void hook(lua_State *L, lua_Debug *ar);
 
@@ -34,12 +35,23 @@ void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     /* One instruction can copy a gigabyte (a loop of `..` on big strings),
      * and the count hook sees every 1000th: with an interrupt pending, the
      * first big build makes the main thread's hook run at its next
-     * instruction, and from the third on they are refused, so whatever thread
-     * makes them (a coroutine's hook still counts to 1000) fails at once and
-     * reaches its hook within a few instructions. */
+     * instruction; big builds still asked for 50 ms later come from a thread
+     * whose hook still counts to 1000 (a coroutine) and are refused, so it
+     * fails at once and reaches a hook within a few instructions (an error
+     * such a refusal ends the call with is the interrupt's: see
+     * interrupt_refused). The grace lets one C function's own growing buffer
+     * (string.pack's) finish while the hook waits for the next instruction. */
     if (nsize > old && nsize - old >= CK_BIG_GROWTH && lim->interrupt) {
-        if (lim->interrupt_builds++ == 0 && lim->main) lua_sethook(lim->main, hook, LUA_MASKCOUNT, 1);
-        if (lim->interrupt_builds > 2) return NULL;
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        const long long ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+        if (!lim->interrupt_seen_ms) {
+            lim->interrupt_seen_ms = ms;
+            if (lim->main) lua_sethook(lim->main, hook, LUA_MASKCOUNT, 1);
+        } else if (ms - lim->interrupt_seen_ms >= 50) {
+            lim->interrupt_refused = 1;
+            return NULL;
+        }
     }
     if (nsize > old && lim->heap_limit && lim->heap_used - old + nsize > lim->heap_limit) {
         lim->heap_refused = 1;
@@ -234,9 +246,10 @@ void ck_limits_install(lua_State *L, ck_limits *lim)
 
 void ck_limits_reset(ck_limits *lim)
 {
-    if (lim->tripped || lim->interrupt_builds) lua_sethook(lim->main, hook, LUA_MASKCOUNT, CK_HOOK_EVERY);
+    if (lim->tripped || lim->interrupt_seen_ms) lua_sethook(lim->main, hook, LUA_MASKCOUNT, CK_HOOK_EVERY);
     lim->tripped = 0;
-    lim->interrupt_builds = 0;
+    lim->interrupt_seen_ms = 0;
+    lim->interrupt_refused = 0;
     lim->depth = 0;
     lim->used = 0;
     lim->heap_refused = 0;

@@ -30,7 +30,8 @@ typedef struct ck_limits {
     long long used;         /* by the callbacks running now */
     int depth;              /* callbacks running now */
     _Atomic int interrupt;  /* set from any thread and from signal handlers (ck_interrupt, SIGTERM) */
-    int interrupt_builds;   /* big allocations seen with the interrupt pending */
+    long long interrupt_seen_ms; /* when a big allocation first met the pending interrupt; 0: none */
+    int interrupt_refused;  /* a big allocation was refused for the pending interrupt */
     int tripped;            /* CK_ELIMIT or CK_EINTR while such an error unwinds */
     lua_State *main;
     /* the last error the runtime raised with a status of its own, and that

@@ -35,7 +35,7 @@ void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     /* One instruction can copy a gigabyte (a loop of `..` on big strings),
      * and the count hook sees every 1000th: with an interrupt pending, the
      * first big build makes the main thread's hook run at its next
-     * instruction; big builds still asked for 50 ms later come from a thread
+     * instruction; big builds still asked for 250 ms later come from a thread
      * whose hook still counts to 1000 (a coroutine) and are refused, so it
      * fails at once and reaches a hook within a few instructions (an error
      * such a refusal ends the call with is the interrupt's: see
@@ -48,7 +48,7 @@ void *ck_limits_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         if (!lim->interrupt_seen_ms) {
             lim->interrupt_seen_ms = ms;
             if (lim->main) lua_sethook(lim->main, hook, LUA_MASKCOUNT, 1);
-        } else if (ms - lim->interrupt_seen_ms >= 50) {
+        } else if (ms - lim->interrupt_seen_ms >= 250) {
             lim->interrupt_refused = 1;
             return NULL;
         }

@@ -15,6 +15,7 @@
  * thread: libgomp is not instrumented) and, by make test-asan, under
  * AddressSanitizer. Prints one line per check and "N passed, M failed". */
 #include "ck.h"
+#include "host_check.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -27,28 +28,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static int passed, failed;
-
-static void check(int cond, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf(cond ? "ok   " : "FAIL ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    if (cond) passed++;
-    else failed++;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void sleep_s(double s)
 {

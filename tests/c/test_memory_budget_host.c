@@ -5,26 +5,13 @@
  * max_memory) still opens, and gets the default; SIZE_MAX means no limit.
  * Prints one line per check and "N passed, M failed". */
 #include "ck.h"
+#include "host_check.h"
 
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-static int passed, failed;
-
-static void check(int cond, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf(cond ? "ok   " : "FAIL ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    if (cond) passed++;
-    else failed++;
-}
 
 static int has(const char *s, const char *part) { return s && strstr(s, part) != NULL; }
 

@@ -254,7 +254,7 @@ static int same_tensor(ck_program *a, ck_program *b, int id)
 static int inside_arena(const ck_program *p, const void *q)
 {
     const unsigned char *c = q;
-    return c >= p->arena && c < p->arena + p->arena_bytes;
+    return c >= p->grp->arena && c < p->grp->arena + p->arena_bytes;
 }
 
 /* the persistent tensors the update touches: parameters and AdamW moments */
@@ -327,8 +327,8 @@ static void test_equivalence(const model *m)
               b && inside_arena(dev, b) ? "inside" : "outside", fake.downloads - d0);
     }
     if (ok_steps) check(1, "3 steps on cpu and fakedev", "");
-    check(cpu->step == 3 && dev->step == 3, "both programs took 3 steps", "cpu %lld fakedev %lld",
-          (long long)cpu->step, (long long)dev->step);
+    check(cpu->grp->step == 3 && dev->grp->step == 3, "both programs took 3 steps", "cpu %lld fakedev %lld",
+          (long long)cpu->grp->step, (long long)dev->grp->step);
     check(isfinite(lc[0]) && lc[2] < lc[0], "the loss goes down", "%g %g %g", lc[0], lc[1], lc[2]);
 
     int ids[8];
@@ -501,7 +501,7 @@ static void test_failure_naming(const model *m)
     check(strstr(p->err, WHERE_LINEAR ": linear in head on faildev: linear_kernel: injected failure") == p->err,
           "error reads '<where>: <op> in <scope> on <backend>: <error>'", "'%s'", p->err);
     check(fail_be.error()[0] == 0, "the backend error is cleared after the report", "'%s'", fail_be.error());
-    check(p->step == 0, "a failed step is not counted", "step %lld", (long long)p->step);
+    check(p->grp->step == 0, "a failed step is not counted", "step %lld", (long long)p->grp->step);
     for (int k = 0; k < n; k++) {
         char name[160];
         snprintf(name, sizeof name, "failed step: %s unchanged", p->g->t[ids[k]].name);
@@ -534,7 +534,7 @@ static void test_missing_kernel(const model *m)
     check(strstr(p->err, "mse_loss") != NULL, "error names 'mse_loss'", "'%s'", p->err);
     check(strstr(p->err, "no gapdev kernel") != NULL, "error says 'no gapdev kernel'", "'%s'", p->err);
     check(strstr(p->err, WHERE_LOSS) == p->err, "error starts with the node's line", "'%s'", p->err);
-    check(p->step == 0, "the failed step is not counted", "step %lld", (long long)p->step);
+    check(p->grp->step == 0, "the failed step is not counted", "step %lld", (long long)p->grp->step);
     rc = ck_program_forward(p);
     check(rc == -1 && strstr(p->err, "no gapdev kernel"), "forward fails too", "rc %d '%s'", rc, p->err);
     ck_program_free(p);

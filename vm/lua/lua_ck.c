@@ -752,12 +752,22 @@ static void keep_patterns(lua_State *L, const char **a, int na, const char **b, 
  *           weight_decay=,
  *           max_grad_norm=, accumulate=, fused_backward=,
  *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
- *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena)} */
+ *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena),
+ *           share=program (weights, optimizer state, counters and arena shared with that program's group)} */
 static int l_compile(lua_State *L)
 {
     lgraph *lg = check_graph(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     ck_compile_opts o = {0};
+    lua_settop(L, 2);
+    /* share = a program: this one's weights, optimizer state, counters and
+     * arena are that program's group's (ck_group); pinned while this compiles */
+    if (rawfield(L, 2, "share") != LUA_TNIL) { /* at index 3 */
+        if (!luaL_testudata(L, 3, PROGRAM_MT)) return ck_lua_raise(L, "compile: share must be a program");
+        o.share = pin_program(L, 3, 3)->p;
+    } else {
+        lua_pop(L, 1);
+    }
     int outs[256];
     o.loss = -1;
     if (rawfield(L, 2, "loss") != LUA_TNIL) o.loss = tensor_id(L, -1);
@@ -1129,6 +1139,9 @@ static int l_plan(lua_State *L)
     set_int(L, "transient", (lua_Integer)pl->transient);
     set_int(L, "workspace", (lua_Integer)pl->workspace);
     set_int(L, "arena", (lua_Integer)p->arena_bytes);
+    /* programs that share weights (compile{share=}): their one arena, and the bytes of it they share */
+    set_int(L, "group_arena", (lua_Integer)p->grp->need);
+    set_int(L, "shared", (lua_Integer)p->grp->shared);
     set_int(L, "device_bytes", (lua_Integer)ck_device_bytes(p->be, p->arena_bytes));
     set_int(L, "ops", pl->n);
     set_int(L, "recompute_ops", nrec);
@@ -1231,9 +1244,9 @@ static int l_program_index(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
     const char *k = luaL_checkstring(L, 2);
-    if (strcmp(k, "steps") == 0) lua_pushinteger(L, p->step);
-    else if (strcmp(k, "updates") == 0) lua_pushinteger(L, p->updates);
-    else if (strcmp(k, "micro") == 0) lua_pushinteger(L, p->micro);
+    if (strcmp(k, "steps") == 0) lua_pushinteger(L, p->grp->step);
+    else if (strcmp(k, "updates") == 0) lua_pushinteger(L, p->grp->updates);
+    else if (strcmp(k, "micro") == 0) lua_pushinteger(L, p->grp->micro);
     else if (strcmp(k, "accumulate") == 0) lua_pushinteger(L, p->opt.accumulate > 1 ? p->opt.accumulate : 1);
     else if (strcmp(k, "lr") == 0) lua_pushnumber(L, p->opt.lr);
     else if (strcmp(k, "training") == 0) lua_pushboolean(L, !p->eval_mode);
@@ -1254,13 +1267,13 @@ static int l_program_newindex(lua_State *L)
         lua_Integer n = luaL_checkinteger(L, 3);
         /* below 2^53: the step after it, and its double in a log record, stay exact */
         luaL_argcheck(L, n >= 0 && n < ((lua_Integer)1 << 53), 3, "steps and updates must be from 0 to 2^53 - 1");
-        if (k[0] == 's') p->step = n;
-        else p->updates = n;
+        if (k[0] == 's') p->grp->step = n;
+        else p->grp->updates = n;
     } else if (strcmp(k, "micro") == 0) { /* likewise: the steps summed since the last update */
         lua_Integer n = luaL_checkinteger(L, 3);
         luaL_argcheck(L, n >= 0 && n < (p->opt.accumulate > 1 ? p->opt.accumulate : 1), 3,
                       "micro must be >= 0 and below the program's accumulate");
-        p->micro = n;
+        p->grp->micro = n;
     }
     else return luaL_error(L, "cannot set '%s' on a program", k);
     return 0;
@@ -1292,9 +1305,9 @@ static int l_fill_randn(lua_State *L)
     int id = ck_lua_program_tensor(L, p, 2);
     uint64_t key = (uint64_t)luaL_checkinteger(L, 3);
     float scale = (float)luaL_optnumber(L, 4, 1.0);
-    if (p->poff[id] < 0 || !p->arena) return luaL_error(L, "randn: not an input or parameter, or a plan-only program");
+    if (p->poff[id] < 0 || !p->grp->arena) return luaL_error(L, "randn: not an input or parameter, or a plan-only program");
     int64_t n = ck_shape_numel(&p->g->t[id].shape);
-    lua_Integer step = luaL_optinteger(L, 5, p->step + 1);
+    lua_Integer step = luaL_optinteger(L, 5, p->grp->step + 1);
     uint64_t stream = ck_rng_key(p->opt.seed, (uint64_t)step, key);
     float *x = ck_program_write_begin(p, id, 0);
     if (!x) return luaL_error(L, "randn: %s", p->err);

@@ -172,11 +172,11 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
     size_t need = p->arena_bytes;
     for (int k = 1; k <= CK_STATS_ALL; k++)
         if (p->logplan[k].peak > need) need = p->logplan[k].peak;
-    if (need > p->arena_bytes && p->arena) {
+    if (p->grp->arena && need > p->grp->bytes) {
         /* the arena is sized once, at compile: growing it would hold two at once */
         snprintf(err, errlen, "the logging steps need an arena of %zu bytes, %zu more than the %zu compile sized; "
                  "give compile{stats = ...} what logging will ask for (log.stats_request(logger options))",
-                 need, need - p->arena_bytes, p->arena_bytes);
+                 need, need - p->grp->bytes, p->grp->bytes);
         goto fail;
     }
     ck_plan_free(&p->train);
@@ -184,6 +184,7 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
     p->train = tr; /* p->last may point at either: the lists stay where they were */
     p->eval = ev;
     if (need > p->arena_bytes) p->arena_bytes = need;
+    if (need > p->grp->need) p->grp->need = need;
     free(nodes);
     free(placed);
     free(out_node);

@@ -291,6 +291,96 @@ static size_t plan_estimate(int n, int nt, int extra)
     return ck_plan_host_bytes(&pl);
 }
 
+/* p joins share's group, or starts its own (share NULL) */
+static int join_group(ck_program *p, const ck_program *share, char *err, size_t errlen)
+{
+    if (share) {
+        if (share->be != p->be)
+            return failf(err, errlen, "a program shares weights only with a program on the same device (%s, not %s)",
+                         p->be->name, share->be->name);
+        if ((share->grp->arena != NULL) != !p->opt.plan_only)
+            return failf(err, errlen, "a plan-only program shares weights only with a plan-only one, and a runnable "
+                         "one with a runnable one");
+        p->grp = share->grp;
+        p->grp->refs++;
+        return 0;
+    }
+    p->grp = calloc(1, sizeof *p->grp);
+    if (!p->grp) return failf(err, errlen, "out of memory");
+    p->grp->refs = 1;
+    p->grp->be = p->be;
+    return 0;
+}
+
+/* where share keeps a tensor like t in the group's shared region: same name,
+ * kind, shape and dtype; -1 where it has none */
+static int64_t shared_offset(const ck_program *share, const ck_tensor *t)
+{
+    if (!t->name) return -1;
+    const ck_graph *sg = share->g;
+    for (int s = 0; s < sg->nt; s++) {
+        const ck_tensor *u = &sg->t[s];
+        if (share->poff[s] < 0 || (size_t)share->poff[s] >= share->grp->shared) continue;
+        if (u->kind != t->kind || u->dtype != t->dtype || !u->name || strcmp(u->name, t->name)) continue;
+        if (u->shape.ndim != t->shape.ndim) return -1;
+        for (int d = 0; d < t->shape.ndim; d++)
+            if (u->shape.d[d] != t->shape.d[d]) return -1;
+        return share->poff[s];
+    }
+    return -1;
+}
+
+/* the group's arena made as large as p needs (before the first step: the
+ * shared region is copied into the larger one, the old one released) */
+static int group_grow(ck_program *p, char *err, size_t errlen)
+{
+    ck_group *gr = p->grp;
+    if (gr->bytes >= p->arena_bytes) return 0;
+    const ck_backend *be = p->be;
+    const size_t bytes = ck_device_bytes(be, p->arena_bytes);
+    char what[200], size[64];
+    ck_mem_text(p->arena_bytes, size, sizeof size);
+    snprintf(what, sizeof what, "the arena of programs that share weights, grown to %s", size);
+    if (ck_mem_take(gr->budget, bytes, what, err, errlen)) return -1;
+    be->enter();
+    unsigned char *a = be->alloc(p->arena_bytes);
+    if (!a) {
+        ck_mem_give(gr->budget, bytes);
+        failf(err, errlen, "cannot allocate the arena of %zu bytes on %s%s%s", p->arena_bytes, be->name,
+              be->error()[0] ? ": " : "", be->error());
+        be->clear_error();
+        return -1;
+    }
+    if (be->copy(a, gr->arena, gr->shared)) {
+        be->release(a);
+        ck_mem_give(gr->budget, bytes);
+        failf(err, errlen, "copying the shared weights on %s: %s", be->name, be->error());
+        be->clear_error();
+        return -1;
+    }
+    be->release(gr->arena);
+    ck_mem_give(gr->budget, gr->charged);
+    gr->arena = a;
+    gr->bytes = p->arena_bytes;
+    gr->charged = bytes;
+    return 0;
+}
+
+/* every persistent tensor at its initial values (own_only: those above the
+ * group's shared region) */
+static int init_persistent(ck_program *p, int own_only, char *err, size_t errlen)
+{
+    const ck_graph *g = p->g;
+    for (int t = 0; t < g->nt; t++) {
+        if (p->poff[t] < 0 || (own_only && (size_t)p->poff[t] < p->grp->shared)) continue;
+        float *x = ck_program_write_begin(p, t, 0);
+        if (x) init_tensor(&g->t[t], x, p->opt.seed);
+        if (!x || ck_program_write_end(p, t))
+            return failf(err, errlen, "initializing '%s': %s", g->t[t].name ? g->t[t].name : "tensor", p->err);
+    }
+    return 0;
+}
+
 ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
 {
     ck_program *p = calloc(1, sizeof *p);
@@ -373,15 +463,31 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     for (int i = 0; i < o->noutputs; i++) p->retain[o->outputs[i]] = 1;
     if (o->loss >= 0) p->retain[o->loss] = 1;
 
-    /* persistent region: parameters, inputs, optimizer state, by graph order */
-    size_t off = 0;
+    /* persistent region: parameters, inputs, optimizer state, by graph order;
+     * in a group, the tensors the group's first program has are its own */
+    if (join_group(p, o->share, err, errlen)) goto fail;
+    size_t off = p->grp->shared;
     for (int t = 0; t < g->nt; t++) {
         p->poff[t] = -1;
         if (!ck_is_persistent(g->t[t].kind)) continue;
+        if (o->share) {
+            const int64_t at = shared_offset(o->share, &g->t[t]);
+            if (at >= 0) {
+                p->poff[t] = at;
+                continue;
+            }
+            if (g->t[t].kind != CK_KIND_INPUT) {
+                failf(err, errlen, "'%s' (%s) is not in the program this one shares its weights with: a program "
+                      "that shares weights may add inputs only", g->t[t].name ? g->t[t].name : "a tensor",
+                      g->t[t].where ? g->t[t].where : "?");
+                goto fail;
+            }
+        }
         p->poff[t] = (int64_t)off;
         off += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
     }
     p->persistent = off;
+    if (!o->share) p->grp->shared = off;
 
     int ns = 0;
     const ck_backend *be = p->be;
@@ -428,7 +534,14 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
     if (o->stats && ck_program_add_stats(p, o->stats, o->stat_blocks, o->nstat_blocks, err, errlen)) goto fail;
     if (settle_own(p, "the logging steps' op lists and plans", err, errlen)) goto fail;
+    if (p->arena_bytes > p->grp->need) p->grp->need = p->arena_bytes;
     if (o->plan_only) goto done;
+    if (o->share) {
+        if (group_grow(p, err, errlen)) goto fail;
+        /* the shared tensors hold the group's values; the inputs start as any others do */
+        if (init_persistent(p, 1, err, errlen)) goto fail;
+        goto done;
+    }
     {
         /* the plan states the arena's bytes: refused before the backend is asked */
         size_t dev_free, dev_total;
@@ -446,25 +559,19 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         else
             snprintf(what, sizeof what, "the program's arena of %s (%s of %s memory)", size, dev, be->name);
         if (ck_mem_take(p->budget, bytes, what, err, errlen)) goto fail;
-        p->charged_arena = bytes;
+        p->grp->charged = bytes;
+        p->grp->budget = p->budget;
     }
     be->enter();
-    p->arena = be->alloc(p->arena_bytes);
-    if (!p->arena) {
+    p->grp->arena = be->alloc(p->arena_bytes);
+    if (!p->grp->arena) {
         failf(err, errlen, "cannot allocate the arena of %zu bytes on %s%s%s", p->arena_bytes, be->name,
               be->error()[0] ? ": " : "", be->error());
         be->clear_error();
         goto fail;
     }
-    for (int t = 0; t < g->nt; t++) {
-        if (p->poff[t] < 0) continue;
-        float *x = ck_program_write_begin(p, t, 0);
-        if (x) init_tensor(&g->t[t], x, o->seed);
-        if (!x || ck_program_write_end(p, t)) {
-            failf(err, errlen, "initializing '%s': %s", g->t[t].name ? g->t[t].name : "tensor", p->err);
-            goto fail;
-        }
-    }
+    p->grp->bytes = p->arena_bytes;
+    if (init_persistent(p, 0, err, errlen)) goto fail;
 done:
     free(list);
     free(sinks);
@@ -520,7 +627,7 @@ size_t ck_program_stage_bound(const ck_program *p)
 void ck_program_free(ck_program *p)
 {
     if (!p) return;
-    ck_mem_give(p->budget, p->charged_own + p->charged_arena + p->charged_stage);
+    ck_mem_give(p->budget, p->charged_own + p->charged_stage);
     ck_plan_free(&p->train);
     ck_plan_free(&p->eval);
     for (int k = 0; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
@@ -532,9 +639,13 @@ void ck_program_free(ck_program *p)
     free(p->retain);
     free(p->poff);
     free(p->accums);
-    if (p->arena) {
-        p->be->enter();
-        p->be->release(p->arena);
+    if (p->grp && --p->grp->refs == 0) {
+        if (p->grp->arena) {
+            p->be->enter();
+            p->be->release(p->grp->arena);
+        }
+        ck_mem_give(p->grp->budget, p->grp->charged);
+        free(p->grp);
     }
     free(p->stage);
     free(p);
@@ -545,13 +656,13 @@ static ck_exec_env exec_env(const ck_program *p, const ck_plan *pl)
 {
     return (ck_exec_env){.g = p->g,
                          .be = p->be,
-                         .arena = p->arena,
+                         .arena = p->grp->arena,
                          .arena_bytes = p->arena_bytes,
                          .persistent = p->persistent,
                          .poff = p->poff,
                          .seed = p->opt.seed,
-                         .step = p->step,
-                         .update = p->updates + 1,
+                         .step = p->grp->step,
+                         .update = p->grp->updates + 1,
                          .lr = p->opt.lr,
                          .eval = pl == &p->eval && p->eval_mode,
                          .fused_backward = p->opt.fused_backward,
@@ -561,7 +672,7 @@ static ck_exec_env exec_env(const ck_program *p, const ck_plan *pl)
 
 static int runnable(ck_program *p)
 {
-    if (p->arena) return 1;
+    if (p->grp->arena) return 1;
     snprintf(p->err, sizeof p->err, "this program was compiled for planning only and cannot run");
     return 0;
 }
@@ -596,7 +707,7 @@ static int zero_accums(ck_program *p)
     p->be->enter();
     for (int i = 0; i < p->naccum; i++) {
         const int t = p->accums[i];
-        if (p->be->fill_u32(p->arena + p->poff[t], 0u, ck_tensor_bytes(&p->g->t[t]) / 4)) {
+        if (p->be->fill_u32(p->grp->arena + p->poff[t], 0u, ck_tensor_bytes(&p->g->t[t]) / 4)) {
             snprintf(p->err, sizeof p->err, "%s device: %s", p->be->name, p->be->error());
             p->be->clear_error();
             return -1;
@@ -646,12 +757,12 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
         }
         pl = &p->logplan[o->stats];
     }
-    p->step++;
+    p->grp->step++;
     p->last = pl;
     r->plan = pl;
     const ck_exec_env e = exec_env(p, pl);
     if (o->measure && ck_arena_fill_sentinel(&e, p->err, sizeof p->err)) {
-        p->step--;
+        p->grp->step--;
         return -1;
     }
     /* forward and backward; then, if the guard passes, the optimizer's tail:
@@ -666,31 +777,31 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
     }
     /* a run that fails stops before the updates (exec.c): the step did not happen */
     if (ck_exec_range(&e, pl, 0, k, p->err, sizeof p->err)) {
-        p->step--;
+        p->grp->step--;
         return -1;
     }
     int fin = o->guard ? step_finite(p, &e, pl, k, r) : 1;
     if (fin < 0) {
-        p->step--;
+        p->grp->step--;
         return -1;
     }
     if (!fin) {
         r->nonfinite = 1;
         if (ck_exec_find_nonfinite(&e, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) {
-            p->step--;
+            p->grp->step--;
             return -1;
         }
     } else if (ck_exec_range(&e, pl, k, u, p->err, sizeof p->err)) {
-        p->step--;
+        p->grp->step--;
         return -1;
-    } else if (p->opt.accumulate > 1 && p->micro + 1 < p->opt.accumulate) {
-        p->micro++; /* summed; the update comes with a later step */
+    } else if (p->opt.accumulate > 1 && p->grp->micro + 1 < p->opt.accumulate) {
+        p->grp->micro++; /* summed; the update comes with a later step */
     } else if (ck_exec_range(&e, pl, u, pl->n, p->err, sizeof p->err) || zero_accums(p)) {
-        p->step--;
+        p->grp->step--;
         return -1;
     } else {
-        p->micro = 0;
-        if (u < pl->n) p->updates++; /* the list had updates, and they were applied */
+        p->grp->micro = 0;
+        if (u < pl->n) p->grp->updates++; /* the list had updates, and they were applied */
     }
     if (ck_exec_sync(p->be, p->err, sizeof p->err)) return -1;
     if (o->measure && ck_arena_high_water(&e, &r->high_water, p->err, sizeof p->err)) return -1;
@@ -708,7 +819,7 @@ int ck_program_forward(ck_program *p)
 
 int ck_program_step_measured(ck_program *p, size_t *high_water)
 {
-    if (!p->arena) return ck_program_step(p);
+    if (!p->grp->arena) return ck_program_step(p);
     ck_run_opts o = {.measure = 1};
     ck_run_info r;
     int rc = ck_program_run(p, &o, &r);
@@ -718,13 +829,13 @@ int ck_program_step_measured(ck_program *p, size_t *high_water)
 
 float *ck_program_data(ck_program *p, int t)
 {
-    if (t < 0 || t >= p->g->nt || !p->arena) return NULL;
-    if (p->poff[t] >= 0) return (float *)(p->arena + p->poff[t]);
+    if (t < 0 || t >= p->g->nt || !p->grp->arena) return NULL;
+    if (p->poff[t] >= 0) return (float *)(p->grp->arena + p->poff[t]);
     /* in a list scheduled before stat nodes were added, ids above its graph
      * tensors are recomputed copies, not those nodes' outputs */
     if (!p->last || !p->retain[t] || t >= p->last->ntensors || p->last->origin[t] != t || p->last->off[t] < 0)
         return NULL;
-    return (float *)(p->arena + p->last->off[t]);
+    return (float *)(p->grp->arena + p->last->off[t]);
 }
 
 static int copy_failed(ck_program *p, int t, const char *what)

@@ -9,6 +9,30 @@
 
 typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW, CK_OPTIM_LION, CK_OPTIM_ADAMW8 } ck_optim;
 
+struct ck_program;
+
+/* What the programs of one group hold in common: the one arena and the
+ * training counters. A program compiled with ck_compile_opts.share joins the
+ * group of that program; any other starts its own. Every member's persistent
+ * tensors that the group's first program also has (same name, kind, shape and
+ * dtype: the weights, their optimizer state and gradient sums) are that
+ * program's, at its offsets in [0, shared); a member's own inputs lie above,
+ * where other members keep activations, so they hold only until another member
+ * runs. The arena is as large as the largest member needs. */
+typedef struct ck_group {
+    int refs;
+    unsigned char *arena;
+    size_t bytes;   /* allocated */
+    size_t need;    /* the most any member's lists need (plan-only groups too) */
+    size_t shared;  /* the first program's persistent bytes */
+    size_t charged; /* the arena's device bytes, charged to the first program's budget */
+    int64_t step;   /* steps taken by any member */
+    int64_t updates; /* optimizer updates applied */
+    int64_t micro;  /* steps summed since the last update (accumulation) */
+    const ck_backend *be;
+    ck_mem_budget *budget; /* where charged is charged */
+} ck_group;
+
 typedef struct ck_compile_opts {
     int loss;          /* tensor id, -1 for a forward-only program */
     const int *outputs; /* tensors the host reads after a run */
@@ -32,6 +56,10 @@ typedef struct ck_compile_opts {
     int nstat_blocks;
     void *decide_ud;
     const ck_backend *be; /* where the program runs and its arena lives; NULL: the CPU */
+    /* a program to share weights, optimizer state and counters with (its
+     * group: ck_group); NULL: a program of its own. Both must be runnable,
+     * or both plan-only, and on one backend. */
+    const struct ck_program *share;
 } ck_compile_opts;
 
 /* Statistics that logging steps compute (vm/run/logstats.c), by group. */
@@ -59,13 +87,13 @@ typedef struct ck_program {
     size_t persistent; /* bytes of parameters, inputs and optimizer state */
     int64_t *poff;     /* per tensor: offset of a persistent tensor, -1 otherwise */
     const ck_backend *be;
-    unsigned char *arena; /* the backend's memory: device memory on a GPU */
-    size_t arena_bytes;
+    ck_group *grp;     /* the arena (grp->arena: the backend's memory, device memory on a GPU) and counters */
+    size_t arena_bytes; /* the bytes this program's lists need (the group's arena holds at least these) */
     float *stage;      /* host copy of one tensor on a device backend (ck_program_read) */
     size_t stage_bytes;
     ck_compile_opts opt;
-    int64_t step;      /* steps taken */
-    int64_t updates;   /* optimizer updates applied (steps taken less those a guard skipped) */
+    /* steps taken (grp->step), optimizer updates applied (grp->updates: steps
+     * taken less those a guard skipped): counted for the whole group */
     int eval_mode;     /* forward passes evaluate (no dropout); steps always train */
     /* gradient accumulation (opt.accumulate > 1): the sums (persistent, zeroed
      * after each update), the graph nodes that add into them (the first
@@ -73,7 +101,6 @@ typedef struct ck_program {
     int *accums;
     int naccum;
     int accum_nodes[2]; /* [first, end) */
-    int64_t micro;
     const ck_plan *last;
     /* set from another thread to stop a run between two ops (NULL: never) */
     const _Atomic int *interrupt;
@@ -89,10 +116,10 @@ typedef struct ck_program {
     double *profile;
     /* the memory budget of the graph it was compiled from (NULL: none) and
      * what the program charged to it besides its graph's own charges: its op
-     * lists and per-tensor arrays (own), the arena's device bytes and the
-     * stage; all given back when it is freed */
+     * lists and per-tensor arrays (own) and the stage; all given back when it
+     * is freed (the arena's device bytes are the group's: ck_group.charged) */
     ck_mem_budget *budget;
-    size_t charged_own, charged_arena, charged_stage;
+    size_t charged_own, charged_stage;
     char err[512];
 } ck_program;
 

@@ -179,10 +179,12 @@ local log_every = o["log-every"]
 local log_stats = log.stats_request{every = log_every, blocks = log.unet_blocks}
 
 -- The model, its adapters, the objective and the compiled program for one
--- batch size and checkpoint policy (plan_only: nothing allocated).
-local function build(batch, checkpoint, plan_only)
+-- batch size and checkpoint policy (plan_only: nothing allocated), at latents
+-- of shape {h, w} (default: the resolution's); share: a program whose weights,
+-- optimizer state and counters this one uses (another bucket's).
+local function build(batch, checkpoint, plan_only, shape, share)
   return sdxl.training_step{
-    config = config, batch = batch, latent = latent,
+    config = config, batch = batch, latent = shape or {latent, latent},
     lora = not full and {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
                          dropout = network_dropout, loraplus_lr_ratio = loraplus},
     objective = {prediction = prediction, noise_offset = noise_offset, ip_noise_gamma = ip_noise_gamma,
@@ -192,7 +194,7 @@ local function build(batch, checkpoint, plan_only)
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
                plan_only = plan_only, storage = o.storage, frozen = fp8_base and "fp8" or nil,
                max_grad_norm = max_grad_norm, accumulate = accumulate, fused_backward = fused_backward,
-               stats = log_stats},
+               stats = log_stats, share = share},
   }
 end
 
@@ -206,10 +208,72 @@ if checkpoint.kind == "auto" or batch == "auto" then
   if not ck.plan_mode then print(fit_reason) end
 end
 
+-- the data; samples of several latent shapes are aspect-ratio buckets, each
+-- trained by a program of its own (at each batch size its batches have), all
+-- compiled before the first step and sharing one set of weights
+local dataset
+if not ck.plan_mode or o.data ~= "synthetic" then
+  dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples, timesteps = 1000,
+    height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
+end
+local shapes, sizes = {{config.in_channels, latent, latent}}, {{batch}}
+if dataset then shapes, sizes = dataset:bucket_shapes() end
+do -- the data must fit the model
+  local s, source = dataset and dataset:shapes() or {}, nil
+  local want = {prompt_embeds = {sdxl.TOKENS, config.cross_attention_dim}, pooled_prompt_embeds = {pooled_dim}}
+  for name, shape in pairs(dataset and want or {}) do
+    if table.concat(s[name], ",") ~= table.concat(shape, ",") then
+      error(string.format("%s: tensor '%s' has shape [%s], the model expects [%s]", source, name,
+        table.concat(s[name], ", "), table.concat(shape, ", ")))
+    end
+  end
+  -- latents: the model's channels; sides the UNet's downsampling divides; no
+  -- more latent pixels than --resolution gives
+  local factor = 2 ^ (#config.block_out_channels - 1)
+  for k, sh in ipairs(shapes) do
+    local where = dataset and dataset.buckets and dataset.files[dataset.buckets[k].members[1]] or source
+    if #sh ~= 3 or sh[1] ~= config.in_channels or sh[2] % factor ~= 0 or sh[3] % factor ~= 0 or
+       sh[2] * sh[3] > latent * latent then
+      error(string.format("%s: tensor 'latents' has shape [%s], the model expects [%d, H, W] with H and W " ..
+        "multiples of %d and H x W at most %d x %d (--resolution %d)", where, table.concat(sh, ", "), config.in_channels,
+        factor, latent, latent, resolution))
+    end
+  end
+end
+
 local memory = require "ck.memory"
 local device_before = not ck.plan_mode and memory.device_used() or nil -- a GPU's memory in use before the program
-local run = build(batch, checkpoint, ck.plan_mode)
+local run = build(sizes[1][1], checkpoint, ck.plan_mode, {shapes[1][2], shapes[1][3]})
 local adapter, objective, inputs, p, g = run.adapter, run.objective, run.inputs, run.program, run.graph
+-- every bucket's program at every batch size its batches have: runs[k][n]
+local runs = {[1] = {[sizes[1][1]] = run}}
+local function run_for(k, n)
+  runs[k] = runs[k] or {}
+  if not runs[k][n] then runs[k][n] = build(n, checkpoint, ck.plan_mode, {shapes[k][2], shapes[k][3]}, p) end
+  return runs[k][n]
+end
+local nprograms = 0
+for k = 1, #shapes do
+  for _, n in ipairs(sizes[k]) do
+    run_for(k, n)
+    nprograms = nprograms + 1
+  end
+end
+local bucket_lines = {}
+if #shapes > 1 then
+  for k, sh in ipairs(shapes) do
+    for _, n in ipairs(sizes[k]) do
+      local pl = runs[k][n].program:plan()
+      bucket_lines[#bucket_lines + 1] = string.format("bucket %dx%d (latents %dx%d), batch %d: %s", sh[3] * 8, sh[2] * 8,
+        sh[3], sh[2], n, require("ck.plan").fmt_bytes(pl.arena))
+    end
+  end
+  if not ck.plan_mode then
+    print(string.format("%d buckets, %d programs sharing one copy of the weights: %s arena (the largest bucket's)",
+      #shapes, nprograms, require("ck.plan").fmt_bytes(p:plan().group_arena)))
+    for _, l in ipairs(bucket_lines) do print("  " .. l) end
+  end
+end
 local all_count, trainable_count = g:param_count()
 local param_count = all_count - (adapter and adapter.param_count() or 0) -- the UNet's own parameters
 
@@ -223,6 +287,12 @@ if ck.plan_mode then
     info[#info + 1] = {"lora_modules", #adapter.paths}
   end
   if fit_reason then info[#info + 1] = {"fit", fit_reason} end
+  if #shapes > 1 then -- every bucket's program, planned into one arena (the largest of them)
+    info[#info + 1] = {"buckets", #shapes}
+    info[#info + 1] = {"bucket_programs", nprograms}
+    info[#info + 1] = {"group_arena", p:plan().group_arena}
+    for k, l in ipairs(bucket_lines) do info[#info + 1] = {"bucket_program_" .. k, l} end
+  end
   require("ck.plan").report{
     info = info,
     program = p,
@@ -245,35 +315,22 @@ if o.weights then
   print(string.format("loaded %d tensors from %s in %.2f s", n, o.weights, ck.now() - t0))
 end
 
-local dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples, timesteps = objective.n,
-  height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
-do -- the data must fit the model
-  local s, source = dataset:shapes()
-  local want = {latents = {config.in_channels, latent, latent}, prompt_embeds = {sdxl.TOKENS, config.cross_attention_dim},
-                pooled_prompt_embeds = {pooled_dim}}
-  for name, shape in pairs(want) do
-    if table.concat(s[name], ",") ~= table.concat(shape, ",") then
-      error(string.format("%s: tensor '%s' has shape [%s], the model expects [%s]", source, name,
-        table.concat(s[name], ", "), table.concat(shape, ", ")))
-    end
-  end
-end
 
 -- fixed validation batches: the first samples in file order, fixed noise and timesteps
 local val_every = o["val-every"]
 local function validate()
-  p.training = false -- no dropout
-  local total, nb = 0, math.max(1, math.min(2, dataset.n // batch))
-  for v = 1, nb do
-    local idx = {}
-    for b = 1, batch do idx[b] = (v - 1) * batch + b end
-    local given = dataset:load(p, inputs, idx)
+  local vb = dataset:validation_batches(2)
+  local total = 0
+  for v, b in ipairs(vb) do
+    local r = run_for(b.bucket, #b.idx)
+    r.program.training = false -- no dropout
+    local given = dataset:load(r.program, r.inputs, b.idx)
     given.eval = true
-    objective:prepare(p, given, -v)
-    total = total + p:forward()
+    r.objective:prepare(r.program, given, -v)
+    total = total + r.program:forward()
+    r.program.training = true
   end
-  p.training = true
-  return total / nb
+  return total / #vb
 end
 
 print(string.format("training %s of sdxl-%s (%d parameters, %d trainable), %dx%d, batch %d, %d steps, %s-prediction",
@@ -342,10 +399,12 @@ if fit_reason then logger:write{step = start - 1, checkpoint = policy.name(check
 local first, window, recent, step_time = nil, {}, 0, 0
 for step = start, steps do
   local t0 = ck.now()
-  local given = dataset:load(p, inputs, dataset:next_indices())
-  objective:prepare(p, given)
+  local idx, k = dataset:next_indices()
+  local r = run_for(k, #idx)
+  local given = dataset:load(r.program, r.inputs, idx)
+  r.objective:prepare(r.program, given)
   -- a non-finite loss or gradient stops the run here, naming the step and the op
-  local l = logger:step(p, {lr = lr_at(p.updates)})
+  local l = logger:step(r.program, {lr = lr_at(p.updates)})
   if step > start then step_time = step_time + (ck.now() - t0) end
   first = first or l
   window[#window + 1] = l

@@ -64,25 +64,96 @@ function M.latents(src, o)
     end
     if #self.files == 0 then error("dataset '" .. src .. "' has no .safetensors files", 2) end
     self.n = #self.files
+    self:find_buckets()
   end
-  if self.n < self.batch then error(string.format("dataset has %d samples, fewer than the batch of %d", self.n, self.batch), 2) end
+  if self.n < self.batch and not self.buckets then
+    error(string.format("dataset has %d samples, fewer than the batch of %d", self.n, self.batch), 2)
+  end
   self:shuffle()
   return self
 end
 
--- Fisher-Yates with the generator keyed by (seed, epoch)
-function Dataset:shuffle()
-  local order = {}
-  for i = 1, self.n do order[i] = i end
-  for i = self.n, 2, -1 do
-    local j = 1 + math.floor(ck.random(self.seed, self.epoch, 0x6000, i) * i)
-    order[i], order[j] = order[j], order[i]
+-- Samples whose latents differ in shape (aspect-ratio buckets) are grouped by
+-- it: self.buckets, a list of {shape = {C, H, W}, members = {sample indices}}
+-- in order of first appearance, and self.bucket_of[i]. With one shape there
+-- are no buckets (self.buckets nil), and batching is as it always was.
+function Dataset:find_buckets()
+  local by, list, of = {}, {}, {}
+  for i, path in ipairs(self.files) do
+    local f <close> = ck.safetensors(path)
+    if not f:has("latents") then error(path .. ": missing tensor 'latents'", 0) end
+    local shape = f:shape("latents")
+    local key = table.concat(shape, "x")
+    local b = by[key]
+    if not b then
+      list[#list + 1] = {shape = shape, key = key, members = {}, k = #list + 1}
+      b = list[#list]
+      by[key] = b
+    end
+    b.members[#b.members + 1] = i
+    of[i] = b.k
   end
-  self.order = order
+  if #list > 1 then
+    self.buckets, self.bucket_of = list, of
+  end
 end
 
--- the sample indices of the next batch; a new epoch reshuffles
+-- Fisher-Yates of idx (in place) with the generator keyed by (seed, epoch, key)
+local function shuffle_list(idx, seed, epoch, key)
+  for i = #idx, 2, -1 do
+    local j = 1 + math.floor(ck.random(seed, epoch, key, i) * i)
+    idx[i], idx[j] = idx[j], idx[i]
+  end
+end
+
+-- One shape: every sample shuffled with the generator keyed by (seed,
+-- epoch), batches consecutive, a remainder left out. Buckets (as kohya's
+-- sd-scripts): each bucket shuffled on its own, cut into batches (its last
+-- one smaller where the bucket's size is not a multiple of the batch), and
+-- the batches of all buckets shuffled.
+function Dataset:shuffle()
+  if not self.buckets then
+    local order = {}
+    for i = 1, self.n do order[i] = i end
+    shuffle_list(order, self.seed, self.epoch, 0x6000)
+    self.order = order
+    return
+  end
+  local batches = {}
+  for k, b in ipairs(self.buckets) do
+    local order = {}
+    for i, m in ipairs(b.members) do order[i] = m end
+    shuffle_list(order, self.seed, self.epoch, 0x6000 + 16 * k)
+    for first = 1, #order, self.batch do
+      local idx = {}
+      for i = first, math.min(#order, first + self.batch - 1) do idx[#idx + 1] = order[i] end
+      batches[#batches + 1] = {bucket = k, idx = idx}
+    end
+  end
+  shuffle_list(batches, self.seed, self.epoch, 0x6001)
+  self.batches = batches
+end
+
+-- The sample indices of the next batch (and, with buckets, its bucket's
+-- index); a new epoch reshuffles. self.pos counts the samples of the epoch
+-- taken so far.
 function Dataset:next_indices()
+  if self.buckets then
+    local k, at = 1, 0
+    while k <= #self.batches and at < self.pos do
+      at = at + #self.batches[k].idx
+      k = k + 1
+    end
+    if k > #self.batches or at ~= self.pos then
+      self.epoch = self.epoch + 1
+      self.pos = 0
+      self:shuffle()
+      k = 1
+    end
+    local b = self.batches[k]
+    self.pos = self.pos + #b.idx
+    return b.idx, b.bucket
+  end
   if self.pos + self.batch > self.n then
     self.epoch = self.epoch + 1
     self.pos = 0
@@ -91,7 +162,43 @@ function Dataset:next_indices()
   local idx = {}
   for b = 1, self.batch do idx[b] = self.order[self.pos + b] end
   self.pos = self.pos + self.batch
-  return idx
+  return idx, 1
+end
+
+-- Fixed validation batches: up to n batches of the first samples in file
+-- order, all of one bucket (the first), each {idx = {...}, bucket = k}.
+function Dataset:validation_batches(n)
+  local members = self.buckets and self.buckets[1].members or nil
+  local count = members and #members or self.n
+  local out = {}
+  for v = 1, math.max(1, math.min(n, count // self.batch)) do
+    local idx = {}
+    for b = 1, math.min(self.batch, count) do
+      local i = (v - 1) * self.batch + b
+      idx[b] = members and members[i] or i
+    end
+    out[v] = {idx = idx, bucket = 1}
+  end
+  return out
+end
+
+-- The latent shapes of the batches this set makes: {[k] = {C, H, W}} by
+-- bucket index (one entry without buckets), and the batch sizes each bucket
+-- gives ({[k] = {batch, smaller}}).
+function Dataset:bucket_shapes()
+  if not self.buckets then
+    local s = self:shapes()
+    return {s.latents}, {{self.batch}}
+  end
+  local shapes, sizes = {}, {}
+  for k, b in ipairs(self.buckets) do
+    shapes[k] = b.shape
+    local n = #b.members
+    sizes[k] = {}
+    if n >= self.batch then sizes[k][1] = self.batch end
+    if n % self.batch ~= 0 then sizes[k][#sizes[k] + 1] = n % self.batch end
+  end
+  return shapes, sizes
 end
 
 -- A sample's own timestep, used as given: one whole number from 0 to the

@@ -34,7 +34,7 @@ function M.outside(p)
   local host = 0
   for _, r in ipairs(rows) do host = host + r[3] end
   if cpu then
-    local bound = o.lua_heap_limit > 0 and host + plan.arena or nil
+    local bound = o.lua_heap_limit > 0 and host + plan.group_arena or nil
     return rows, bound, nil, host
   end
   rows[#rows + 1] = {"device_fixed", "device: library workspace", o.device_fixed, "cuBLAS's workspace and a reduction scratch"}
@@ -99,7 +99,7 @@ function M.summary(p, device_before)
   if not bound then
     return string.format("memory: peak RSS %.1f MiB (no bound: the Lua heap has no cap)", peak / 2 ^ 20)
   end
-  local arena = p:plan().arena
+  local arena = p:plan().group_arena
   return string.format("memory: peak RSS %.1f MiB, %s the plan's bound of %.1f MiB (arena %.1f MiB + %.1f MiB outside it)",
     peak / 2 ^ 20, peak <= bound and "within" or "ABOVE", bound / 2 ^ 20, arena / 2 ^ 20, (bound - arena) / 2 ^ 20)
 end

@@ -19,7 +19,7 @@ end
 
 -- One training step, compiled. s:
 --   config        unet.config(...)
---   batch, latent the latent batch {batch, in_channels, latent, latent}
+--   batch, latent the latent batch {batch, in_channels, latent, latent}; latent may be {h, w}
 --   lora          {rank, alpha (rank), targets, conv_rank, conv_alpha, dropout, loraplus_lr_ratio} on a
 --                 frozen base, or false to train
 --                 every parameter
@@ -50,7 +50,9 @@ function M.training_step(s)
     time_ids = g:input("time_ids", {batch, 6}),
   }
   local x = r.inputs
-  local loss = r.objective:build(g, {batch, config.in_channels, latent, latent}, function(noisy, t)
+  local lh, lw = latent, latent
+  if type(latent) == "table" then lh, lw = latent[1], latent[2] end
+  local loss = r.objective:build(g, {batch, config.in_channels, lh, lw}, function(noisy, t)
     return r.model:forward(g, noisy, t, x.prompt_embeds, x.pooled_prompt_embeds, x.time_ids)
   end)
   x.latents, x.noise = r.objective.inputs.latents, r.objective.inputs.noise

@@ -1,4 +1,4 @@
 -- run: scripts/train_sdxl_lora.lua
 -- args: --resolution 64 --steps 3 --data wrong_data --out out.safetensors
--- expect: wrong_data/000001\.safetensors: tensor 'latents' has shape \[4, 16, 16\], the model expects \[4, 8, 8\]
+-- expect: wrong_data/000001\.safetensors: tensor 'latents' has shape \[4, 16, 16\], the model expects \[4, H, W\] with H and W multiples of 4 and H x W at most 8 x 8 \(--resolution 64\)
 -- Samples whose latents do not fit the model.

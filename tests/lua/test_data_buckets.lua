@@ -1,0 +1,108 @@
+-- A folder of samples whose latents differ in shape: aspect-ratio buckets, as
+-- kohya's sd-scripts batch them. Every batch holds one shape; each epoch takes
+-- every sample exactly once (a bucket's last batch smaller where its size is
+-- not a multiple of the batch); the order is a function of the seed and the
+-- epoch; a position saved and restored continues with the same batch; a
+-- folder of one shape batches as it always did.
+package.path = "tests/lua/?.lua;" .. package.path
+local ck = require "ck"
+local T = require "check"
+local data = require "ck.data"
+
+local dir = string.format("out/test_data_buckets.%d", math.floor(ck.now() * 1e6))
+assert(ck.mkdir(dir))
+for _, name in ipairs(ck.listdir(dir) or {}) do os.remove(dir .. "/" .. name) end
+
+-- 5 samples at 8x8 latents, 3 at 4x8, 2 at 8x4, interleaved in file order
+local layout = {{8, 8}, {4, 8}, {8, 8}, {8, 4}, {8, 8}, {4, 8}, {8, 8}, {8, 4}, {4, 8}, {8, 8}}
+for i, hw in ipairs(layout) do
+  local s = data.synthetic_sample(i, {seed = 3, height = hw[1], width = hw[2], cross_attention_dim = 8, pooled_dim = 8,
+                                      tokens = 77})
+  local tensors = {}
+  for _, f in ipairs(data.FIELDS) do tensors[#tensors + 1] = {f, s[f][1], s[f][2]} end
+  ck.write_safetensors(string.format("%s/%06d.safetensors", dir, i), tensors)
+end
+
+local ds = data.latents(dir, {batch = 2, seed = 9})
+T.ok(ds.buckets and #ds.buckets == 3, "three latent shapes make three buckets")
+local shapes, sizes = ds:bucket_shapes()
+local function key(t) return table.concat(t, ",") end
+T.ok(key(shapes[1]) == "4,8,8" and key(shapes[2]) == "4,4,8" and key(shapes[3]) == "4,8,4",
+  "buckets in order of first appearance: 8x8, 4x8, 8x4")
+T.ok(key(sizes[1]) == "2,1" and key(sizes[2]) == "2,1" and key(sizes[3]) == "2",
+  "batch sizes per bucket: 5 -> 2 and 1, 3 -> 2 and 1, 2 -> 2 (got " .. key(sizes[1]) .. " / " .. key(sizes[2]) ..
+  " / " .. key(sizes[3]) .. ")")
+
+-- one epoch: 3 + 2 + 1 = 6 batches, every sample once, one shape per batch
+local function epoch(d)
+  local seen, batches, mixed, order = {}, 0, false, {}
+  local e0 = d.epoch
+  for _ = 1, #d.batches do
+    local idx, k = d:next_indices()
+    if d.epoch ~= e0 then break end
+    batches = batches + 1
+    order[#order + 1] = key(idx)
+    for _, i in ipairs(idx) do
+      seen[i] = (seen[i] or 0) + 1
+      local hw = layout[i]
+      if hw[1] ~= shapes[k][2] or hw[2] ~= shapes[k][3] then mixed = true end
+    end
+  end
+  return seen, batches, mixed, order
+end
+local seen, batches, mixed, order1 = epoch(ds)
+local once = true
+for i = 1, #layout do once = once and seen[i] == 1 end
+T.ok(batches == 6 and once, string.format("an epoch is 6 batches taking every sample once (%d batches)", batches))
+T.ok(not mixed, "every batch holds samples of its bucket's shape only")
+local peek = data.latents(dir, {batch = 2, seed = 9})
+for _ = 1, 6 do peek:next_indices() end
+T.ok(peek.epoch == 0, "six batches stay in the first epoch")
+peek:next_indices()
+T.ok(peek.epoch == 1 and peek.pos == 2, "the seventh starts the next epoch")
+
+-- determinism: the same seed gives the same batches; another seed others; another epoch others
+local again = data.latents(dir, {batch = 2, seed = 9})
+local _, _, _, order2 = epoch(again)
+T.ok(table.concat(order1, ";") == table.concat(order2, ";"), "the same seed gives the same batches")
+local other = data.latents(dir, {batch = 2, seed = 10})
+local _, _, _, order3 = epoch(other)
+T.ok(table.concat(order1, ";") ~= table.concat(order3, ";"), "another seed gives other batches")
+local _, _, _, order4 = epoch(ds)
+T.ok(table.concat(order1, ";") ~= table.concat(order4, ";"), "the next epoch reshuffles")
+
+-- a saved position (epoch, samples taken) continues with the same batch
+local a = data.latents(dir, {batch = 2, seed = 9})
+for _ = 1, 4 do a:next_indices() end
+local b = data.latents(dir, {batch = 2, seed = 9})
+b.epoch, b.pos = a.epoch, a.pos
+b:shuffle()
+local ia, ka = a:next_indices()
+local ib, kb = b:next_indices()
+T.ok(key(ia) == key(ib) and ka == kb, "a restored position continues with the same batch (" .. key(ia) .. ")")
+
+-- validation: fixed batches of the first bucket, in file order
+local vb = ds:validation_batches(2)
+T.ok(#vb == 2 and key(vb[1].idx) == "1,3" and key(vb[2].idx) == "5,7" and vb[1].bucket == 1,
+  "validation takes the first bucket's samples in file order (" .. key(vb[1].idx) .. " / " .. key(vb[2].idx) .. ")")
+
+-- one shape: no buckets, batches of the old rule (shuffle all, drop the remainder)
+local one = dir .. "/one"
+assert(ck.mkdir(one))
+for i = 1, 5 do
+  local s = data.synthetic_sample(i, {seed = 3, height = 8, width = 8, cross_attention_dim = 8, pooled_dim = 8})
+  local tensors = {}
+  for _, f in ipairs(data.FIELDS) do tensors[#tensors + 1] = {f, s[f][1], s[f][2]} end
+  ck.write_safetensors(string.format("%s/%06d.safetensors", one, i), tensors)
+end
+local single = data.latents(one, {batch = 2, seed = 9})
+T.ok(single.buckets == nil, "one latent shape makes no buckets")
+local n = 0
+local e0 = single.epoch
+while single.epoch == e0 do
+  local idx = single:next_indices()
+  if single.epoch == e0 then n = n + 1; T.ok(#idx == 2, "a one-shape batch is full") end
+end
+T.ok(n == 2, "5 samples of one shape make 2 batches an epoch, the remainder left out (" .. n .. ")")
+
+T.done()

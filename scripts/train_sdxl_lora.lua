@@ -324,7 +324,7 @@ local function validate()
   for v, b in ipairs(vb) do
     local r = run_for(b.bucket, #b.idx)
     r.program.training = false -- no dropout
-    local given = dataset:load(r.program, r.inputs, b.idx)
+    local given = dataset:load(r.program, r.inputs, b.idx, true)
     given.eval = true
     r.objective:prepare(r.program, given, -v)
     total = total + r.program:forward()

@@ -44,17 +44,25 @@ end
 
 -- src: a directory or "synthetic". o: batch, seed, timesteps (the scheduler's
 -- num_train_timesteps, 1000: a sample's own timestep must be a whole number
--- below it), and for synthetic: n, height, width (latent size),
--- cross_attention_dim, pooled_dim.
+-- below it), flip_aug (samples that hold latents_flipped and
+-- time_ids_flipped are mirrored at half their uses), files (the sample files,
+-- in order, instead of every file of src), and for synthetic: n, height, width
+-- (latent size), cross_attention_dim, pooled_dim.
 function M.latents(src, o)
   o = o or {}
   local self = setmetatable({batch = o.batch or 1, seed = o.seed or 1, epoch = 0, pos = 0,
-                             timesteps = o.timesteps or 1000}, Dataset)
+                             timesteps = o.timesteps or 1000, flip_aug = o.flip_aug}, Dataset)
   if src == nil or src == "synthetic" then
     self.synthetic = true
     self.n = o.n or 16
     self.samples = {}
     for i = 1, self.n do self.samples[i] = M.synthetic_sample(i, o) end
+  elseif o.files then -- the samples named (an image folder's cache: a repeated image is named again)
+    self.files = {}
+    for i, f in ipairs(o.files) do self.files[i] = f end
+    if #self.files == 0 then error("dataset '" .. src .. "' has no samples", 2) end
+    self.n = #self.files
+    self:find_buckets()
   else
     local names, err = ck.listdir(src)
     if not names then error(err, 2) end
@@ -221,9 +229,9 @@ function Dataset:timestep_of(f, path)
 end
 
 -- Loads the samples `idx` into the program's inputs (a table field name ->
--- tensor). Returns what the samples carried themselves: {noise = true,
+-- tensor); eval: a validation batch (never mirrored). Returns what the samples carried themselves: {noise = true,
 -- timesteps = {...}} when every sample had them.
-function Dataset:load(p, inputs, idx)
+function Dataset:load(p, inputs, idx, eval)
   local given = {}
   local all_noise, all_t, ts = true, true, {}
   for b, i in ipairs(idx) do
@@ -234,9 +242,16 @@ function Dataset:load(p, inputs, idx)
     else
       local path = self.files[i]
       local f <close> = ck.safetensors(path)
+      -- --flip-aug: a sample cached with its mirror image too is mirrored
+      -- at half its uses, drawn by (seed, epoch, position in the epoch)
+      local flip = not eval and self.flip_aug and f:has("latents_flipped") and
+        ck.random(self.seed, self.epoch, 0x6200, self.pos + b) < 0.5
       for _, name in ipairs(M.FIELDS) do
         if not f:has(name) then error(path .. ": missing tensor '" .. name .. "'", 0) end
-        p:load_sample(inputs[name], b, f, name)
+        local from = name
+        if flip and (name == "latents" or name == "time_ids") then from = name .. "_flipped" end
+        if not f:has(from) then error(path .. ": missing tensor '" .. from .. "'", 0) end
+        p:load_sample(inputs[name], b, f, from)
       end
       if f:has("noise") and inputs.noise then p:load_sample(inputs.noise, b, f, "noise") else all_noise = false end
       if f:has("timesteps") then ts[b] = self:timestep_of(f, path) else all_t = false end

@@ -105,4 +105,45 @@ while single.epoch == e0 do
 end
 T.ok(n == 2, "5 samples of one shape make 2 batches an epoch, the remainder left out (" .. n .. ")")
 
+-- --flip-aug: a sample cached with its mirror too is mirrored at about half its uses, never in validation
+local fl = dir .. "/flip"
+assert(ck.mkdir(fl))
+for i = 1, 4 do
+  local lat, latf = {}, {}
+  for k = 1, 4 * 4 * 4 do lat[k], latf[k] = i, -i end
+  local pe = {}
+  for k = 1, 77 * 8 do pe[k] = 0 end
+  ck.write_safetensors(string.format("%s/%06d.safetensors", fl, i), {
+    {"latents", {4, 4, 4}, lat}, {"latents_flipped", {4, 4, 4}, latf},
+    {"prompt_embeds", {77, 8}, pe}, {"pooled_prompt_embeds", {8}, {0, 0, 0, 0, 0, 0, 0, 0}},
+    {"time_ids", {6}, {32, 32, 0, 0, 32, 32}}, {"time_ids_flipped", {6}, {32, 32, 0, 7, 32, 32}}})
+end
+local g = ck.graph()
+local inputs = {latents = g:input("latents", {1, 4, 4, 4}), prompt_embeds = g:input("prompt_embeds", {1, 77, 8}),
+                pooled_prompt_embeds = g:input("pooled_prompt_embeds", {1, 8}), time_ids = g:input("time_ids", {1, 6})}
+local prog = g:compile{outputs = {ck.mean(inputs.latents)}, optimizer = "none"}
+local function uses(d, eval)
+  local flipped, consistent = 0, true
+  for _ = 1, 40 do
+    local idx = d:next_indices()
+    d:load(prog, inputs, idx, eval)
+    local l, t = prog:get(inputs.latents)[1], prog:get(inputs.time_ids)[4]
+    if l < 0 then flipped = flipped + 1 end
+    if (l < 0) ~= (t == 7) or math.abs(l) ~= idx[1] then consistent = false end
+  end
+  return flipped, consistent
+end
+local nf, cons = uses(data.latents(fl, {batch = 1, seed = 4, flip_aug = true}))
+T.ok(nf >= 10 and nf <= 30, "with --flip-aug about half the uses are mirrored (" .. nf .. " of 40)")
+T.ok(cons, "a mirrored use takes the mirrored latents and time ids together, of its own sample")
+T.ok(uses(data.latents(fl, {batch = 1, seed = 4})) == 0, "without --flip-aug no use is mirrored")
+T.ok(uses(data.latents(fl, {batch = 1, seed = 4, flip_aug = true}), true) == 0, "validation loads are never mirrored")
+local n2 = uses(data.latents(fl, {batch = 1, seed = 4, flip_aug = true}))
+T.ok(n2 == nf, "the mirrored uses are a function of the seed")
+
+-- an explicit list of sample files, a repeated one named twice
+local listed = data.latents("images", {batch = 1, seed = 4, files = {fl .. "/000001.safetensors",
+  fl .. "/000001.safetensors", fl .. "/000002.safetensors"}})
+T.ok(listed.n == 3 and listed.buckets == nil, "files = {...} takes the samples named, repeats included")
+
 T.done()

@@ -398,10 +398,13 @@ function vae.build_encoder(g, config, opts)
   return m, mean, logvar
 end
 
--- vae.build_decoder(g, config, {batch=1, height=, width= (latent size; default sample_size/8), frozen=true})
+-- vae.build_decoder(g, config, {batch=1, height=, width= (latent size; default sample_size/8), frozen=true,
+--                   unscale=false})
 -- -> module, image. Declares the input "latents" [B, latent_channels, h, w], already divided by
--- scaling_factor (and shifted back by shift_factor where a config has one); image is
--- [B, out_channels, 8h, 8w] (with four blocks), roughly in [-1, 1].
+-- scaling_factor (diffusers' vae.decode(latents / scaling_factor)); with unscale = true it takes the
+-- UNet's latents as they are (what the cache stores) and the graph divides by scaling_factor first
+-- (a config with a shift_factor cannot: ck cannot add a constant). image is [B, out_channels, 8h, 8w]
+-- (with four blocks), roughly in [-1, 1].
 function vae.build_decoder(g, config, opts)
   local c = make_config(config)
   local down = 1 << (#c.block_out_channels - 1)
@@ -409,10 +412,15 @@ function vae.build_decoder(g, config, opts)
   for k, v in pairs(opts or {}) do o[k] = v end
   o.height = o.height or c.sample_size // down
   local b, h, w, frozen = shape_opts(c, o, "vae.build_decoder")
+  if o.unscale and c.shift_factor then
+    error("vae.build_decoder: unscale = true needs a config without shift_factor (it has " .. c.shift_factor .. ")", 2)
+  end
   local m = DecoderPart(c)
   if frozen then m:freeze() end
   local z = g:input("latents", {b, c.latent_channels, h, w})
-  return m, m:forward(g, z)
+  if o.unscale then z = ck.scale(z, 1 / c.scaling_factor) end
+  local image = m:forward(g, z)
+  return m, image
 end
 
 -- vae.weights(g [, prefix]) -> {name = key}: p:load's map for every VAE parameter of g

@@ -129,6 +129,19 @@ do -- the tiny decoder: the image equals diffusers' for a [1,4,8,6] latent
   print("     decoder compile, load, forward took " .. clock(t0) .. " CPU")
 end
 
+do -- unscale = true: the decoder takes latents as the cache stores them (times scaling_factor)
+  local g = ck.graph()
+  local _, image = vae.build_decoder(g, "tiny", {height = 8, width = 6, unscale = true})
+  local p = g:compile{outputs = {image}, optimizer = "none"}
+  p:load(weights, vae.weights(g))
+  local z = io_file:read("latents")
+  for i = 1, #z do z[i] = z[i] * 0.13025 end
+  p:set("latents", z)
+  p:forward()
+  local e = rel_err(p:get(image), io_file:read("image"))
+  T.ok(e < 1e-4, string.format("decoding scaled latents with unscale = true equals diffusers' (max rel err %.3g)", e))
+end
+
 do -- both halves in one graph, loaded from one file by the same map
   local g = ck.graph()
   local _, mean = vae.build_encoder(g, "tiny", {height = 64, width = 48})
@@ -177,6 +190,25 @@ do -- the full SDXL VAE: diffusers' keys and shapes; graphs at 1024x1024 build (
   T.ok(shape_str(mean.shape) == "[1,4,128,128]" and shape_str(logvar.shape) == "[1,4,128,128]" and
        shape_str(image.shape) == "[1,3,1024,1024]",
        "sdxl VAE graphs at 1024x1024: latents [1,4,128,128], image [1,3,1024,1024] (built in " .. clock(t0) .. ")")
+end
+
+do -- options: trainable on request; configs without quant convs or mid-block attention
+  local g = ck.graph()
+  vae.build_decoder(g, "tiny", {height = 8, width = 6, frozen = false})
+  local all, train = g:param_count()
+  T.ok(train == all and all > 0, "frozen = false leaves every decoder parameter trainable")
+  local c = vae.config("tiny")
+  c.use_quant_conv, c.use_post_quant_conv, c.mid_block_add_attention = false, false, false
+  local g2 = ck.graph()
+  vae.build_encoder(g2, c, {height = 64, width = 48})
+  vae.build_decoder(g2, c, {height = 8, width = 6})
+  local found = {}
+  for _, t in ipairs(g2:params()) do
+    if t.name:find("quant_conv", 1, true) then found[#found + 1] = t.name end
+    if t.name:find("attentions", 1, true) then found[#found + 1] = t.name end
+  end
+  T.ok(#found == 0, "use_quant_conv, use_post_quant_conv and mid_block_add_attention = false drop those modules (" ..
+       table.concat(found, ", ") .. ")")
 end
 
 do -- bad input: one clear error naming the script line

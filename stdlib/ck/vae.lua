@@ -207,8 +207,8 @@ end
 ---- Downsample2D with padding 0: one zero row and column appended (bottom and
 ---- right, torch's F.pad(x, (0, 1, 0, 1))), then a 3x3 conv of stride 2
 
--- x with `n` zeros appended along dim; the zeros are a slice of x times 0,
--- so no extra input is needed (a non-finite value there would read as NaN)
+-- x with one slice of zeros appended along dim. The zeros are x's first slice
+-- times 0, so no extra input is needed (an infinite value there becomes NaN)
 local function append_zeros(x, dim)
   local z = ck.scale(ck.slice(x, dim, 0, 1), 0)
   return ck.concat(x, z, dim)
@@ -375,9 +375,9 @@ local function shape_opts(c, opts, what)
   local b = opts.batch or 1
   local h = opts.height or c.sample_size
   local w = opts.width or h
-  for k, v in pairs{batch = b, height = h, width = w} do
-    if math.type(v) ~= "integer" or v < 1 then
-      error(what .. ": " .. k .. " must be a positive whole number, got " .. tostring(v), 3)
+  for _, kv in ipairs{{"batch", b}, {"height", h}, {"width", w}} do
+    if math.type(kv[2]) ~= "integer" or kv[2] < 1 then
+      error(what .. ": " .. kv[1] .. " must be a positive whole number, got " .. tostring(kv[2]), 3)
     end
   end
   return b, h, w, opts.frozen ~= false

@@ -645,4 +645,51 @@ M.cache_path = public("cache_path", function(e, dir, key)
   return string.format("%s/%s%s%s_%s.safetensors", (dir:gsub("(.)/+$", "%1")), sub, e.stem, shape, key)
 end)
 
+------------------------------------------------------------------------------
+-- options
+
+-- The dataset's command-line options, kohya's names with dashes, as entries
+-- for ck.options.parse (a training script appends them to its own list).
+M.OPTIONS = {
+  {"resolution", "list", "1024", "training resolution: W,H or one number for a square"},
+  {"enable-bucket", "flag", false, "aspect-ratio buckets (else every image is cropped to the resolution)"},
+  {"min-bucket-reso", "integer", 256, "the smallest bucket side", min = 1},
+  {"max-bucket-reso", "integer", 1024, "the largest bucket side", min = 1},
+  {"bucket-reso-steps", "integer", 64, "bucket sides are multiples of this", min = 1},
+  {"bucket-no-upscale", "flag", false, "buckets from each image's own size, never upscaled"},
+  {"random-crop", "flag", false, "crop anywhere in the resized image, not at its center"},
+  {"flip-aug", "flag", false, "flip half the samples left to right"},
+  {"shuffle-caption", "flag", false, "shuffle the caption's tags at each use"},
+  {"keep-tokens", "integer", 0, "tags at the caption's start kept in place by the shuffle", min = 0},
+  {"caption-dropout-rate", "number", 0, "chance of an empty caption at a use", min = 0, max = 1},
+  {"caption-tag-dropout-rate", "number", 0, "chance of dropping each shuffled tag at a use", min = 0, max = 1},
+  {"caption-separator", "string", ",", "what separates a caption's tags"},
+  {"keep-tokens-separator", "string", "", "tags before it (and after a second one) are kept in place"},
+  {"caption-extension", "string", ".txt", "caption files: <image stem><this> (for .txt, else <stem>.caption)"},
+}
+
+-- imagedata.settings(o) -> {scan = ..., buckets = ..., caption = ...,
+--   sample = ...}: the option tables of scan, buckets, caption and sample
+--   from options parsed with M.OPTIONS (read raw, by the dashed names)
+M.settings = public("settings", function(o)
+  if type(o) ~= "table" then fail("give the parsed options") end
+  local function g(k) return rawget(o, k) end
+  local res = g("resolution") or {"1024"}
+  if type(res) == "string" then res = plain_split(res, ",") end
+  if #res < 1 or #res > 2 then fail("resolution must be W,H or one number") end
+  local w = math.tointeger(tonumber(res[1]))
+  local h = math.tointeger(tonumber(res[2] or res[1]))
+  if not w or not h then fail("resolution must be whole numbers, got '%s'", table.concat(res, ",")) end
+  local ksep = g("keep-tokens-separator")
+  return {
+    scan = {caption_extension = g("caption-extension")},
+    buckets = {resolution = {w, h}, enable = g("enable-bucket"), min = g("min-bucket-reso"), max = g("max-bucket-reso"),
+               steps = g("bucket-reso-steps"), no_upscale = g("bucket-no-upscale")},
+    caption = {shuffle = g("shuffle-caption"), keep_tokens = g("keep-tokens"), dropout_rate = g("caption-dropout-rate"),
+               tag_dropout_rate = g("caption-tag-dropout-rate"), separator = g("caption-separator"),
+               keep_tokens_separator = ksep ~= "" and ksep or nil},
+    sample = {random_crop = g("random-crop"), flip_aug = g("flip-aug")},
+  }
+end)
+
 return M

@@ -434,4 +434,26 @@ do
   end
 end
 
+-- command-line options -------------------------------------------------------
+
+do
+  local options = require "ck.options"
+  local o = options.parse({["enable-bucket"] = true, resolution = "768,1024", ["min-bucket-reso"] = 320,
+                           ["shuffle-caption"] = "true", ["keep-tokens"] = 1, ["flip-aug"] = true,
+                           ["caption-extension"] = ".caption"}, imagedata.OPTIONS)
+  local s = imagedata.settings(o)
+  T.ok(s.buckets.enable == true and s.buckets.resolution[1] == 768 and s.buckets.resolution[2] == 1024
+       and s.buckets.min == 320 and s.buckets.max == 1024 and s.buckets.steps == 64 and s.buckets.no_upscale == false,
+       "bucket options from --enable-bucket, --resolution W,H, --min-bucket-reso and the defaults")
+  T.ok(s.caption.shuffle == true and s.caption.keep_tokens == 1 and s.caption.dropout_rate == 0 and s.caption.separator == ","
+       and s.caption.keep_tokens_separator == nil, "caption options from --shuffle-caption and --keep-tokens")
+  T.ok(s.sample.flip_aug == true and s.sample.random_crop == false and s.scan.caption_extension == ".caption",
+       "--flip-aug, --random-crop and --caption-extension")
+  local b2 = imagedata.buckets(s.buckets)
+  T.ok(#b2.list > 1, "the settings make buckets")
+  local sq = imagedata.settings(options.parse({resolution = "512"}, imagedata.OPTIONS))
+  T.ok(sq.buckets.resolution[1] == 512 and sq.buckets.resolution[2] == 512 and sq.buckets.enable == false,
+       "--resolution N is a square; bucketing is off by default")
+end
+
 T.done()

@@ -1,7 +1,8 @@
 # ck.imagedata under the sandbox: a folder outside the allowed roots is denied
 # with one line naming the script's line, and so is hashing a file there;
 # allowed with --allow-read, the scan and its cache key work, and a bad
-# caption file fails with one line naming the file and the script's line.
+# caption file fails with one line naming the file and the script's line;
+# hashing counts against the callback budget by the bytes it reads.
 set -u
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -45,5 +46,19 @@ check "with --allow-read the scan, plan and key work" 0 "^2	a dog	64$" --allow-r
 check "with --allow-read the hash works" 0 "^[0-9a-f]{64}$" --allow-read "$dir/data" "$dir/script/hash.lua"
 printf '\377\376bad' > "$dir/data/2_dog/a.txt"
 check "a caption that is not UTF-8 names the file and the script's line" 1 "scan\.lua:3: imagedata\.scan: caption file '.*2_dog/a\.txt' is not valid UTF-8" --allow-read "$dir/data" "$dir/script/scan.lua"
+# hashing is charged to the callback budget by the bytes it reads: a loop of
+# hashes of 1 MiB is stopped long before a 30 s limit (uncharged, each call
+# would count as one instruction and the loop would run for minutes)
+head -c 1048576 /dev/zero > "$dir/work/big.bin"
+printf 'local ck = require "ck"\nlocal s = string.rep("x", 1 << 20)\nck.call_limited(function()\n  for i = 1, 1e6 do ck.sha256(s) end\nend)\nprint("escaped")\n' > "$dir/work/str.lua"
+printf 'local ck = require "ck"\nck.call_limited(function()\n  for i = 1, 1e6 do ck.file_sha256("big.bin") end\nend)\nprint("escaped")\n' > "$dir/work/file.lua"
+for script in str file; do
+  (cd "$dir/work" && timeout 30 "$CKRUN" --callback-budget 1000000 "$script.lua" > "$dir/out" 2> "$dir/err"); rc=$?
+  if [ "$rc" -eq 1 ] && grep -q "instruction budget of 1000000" "$dir/err" && ! grep -q escaped "$dir/out"; then
+    pass=$((pass+1)); echo "ok   the callback budget stops a loop of $script hashes: $(cat "$dir/err")"
+  else
+    fail=$((fail+1)); echo "FAIL the callback budget stops a loop of $script hashes (exit $rc):"; cat "$dir/err"
+  fi
+done
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -16,6 +16,28 @@
 --     resolution without bucketing) is refused rather than upscaled
 --   * randomness comes from ck.random, keyed by (seed, epoch, what, index), so
 --     a run is reproducible sample by sample
+--   * without bucketing an image is resized to cover the resolution and
+--     center-cropped, as kohya's latent-caching path does (its uncached path
+--     only crops, and asks for images at least that large)
+--   * the time ids' crop is kohya's (get_crop_ltrb: where the image would sit
+--     if fitted inside the bucket), not the offset of the crop actually made;
+--     a random crop keeps the centered crop's time ids, as kohya does
+--
+--   local imagedata = require "ck.imagedata"
+--   local set = imagedata.scan("train", {caption_extension = ".txt"})
+--   local plan = imagedata.assign(set, imagedata.buckets{resolution = 1024, enable = true, max = 2048})
+--   local use = 0 -- tells the uses of an epoch apart (an image repeats)
+--   for _, bt in ipairs(imagedata.batches(plan, {batch = 4, seed = 1, epoch = 0})) do
+--     for _, i in ipairs(bt.entries) do
+--       local e = plan.items[i]
+--       use = use + 1
+--       local s = imagedata.sample(e, {flip_aug = true, seed = 1, epoch = 0, index = use})
+--       local key = imagedata.cache_key(e, {crop = s.crop, flip = s.flip, model_id = "sdxl-vae"})
+--       local path = imagedata.cache_path(e, "cache", key) -- encode ck.image_load(e.path,
+--       -- {resize = e.resized, crop = s.crop, flip = s.flip}) there unless it exists
+--       local text = imagedata.caption(e.caption, {shuffle = true, keep_tokens = 1, seed = 1, epoch = 0, index = use})
+--     end
+--   end
 local ck = require "ck"
 
 local M = {}

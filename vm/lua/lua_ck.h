@@ -55,6 +55,8 @@ void ck_lua_fs_register(lua_State *L, int lib);
 void ck_lua_lock_register(lua_State *L, int lib);
 /* vm/lua/lua_json.c: ck.json_encode, ck.json_decode, ck.json_object, ck.json_null */
 void ck_lua_json_register(lua_State *L, int lib);
+/* vm/lua/lua_hash.c: ck.sha256, ck.file_sha256 */
+void ck_lua_hash_register(lua_State *L, int lib);
 /* vm/lua/lua_graph.c: p:graph() in the program methods at index methods */
 void ck_lua_graph_register(lua_State *L, int methods);
 

@@ -238,8 +238,8 @@ end
 --     each name. diffusers' pipe.load_lora_weights(OUT) (StableDiffusionXL)
 --     builds its LoraConfig from that JSON alone, so each module runs at
 --     alpha/r; without it diffusers takes lora_alpha = r (scaling 1.0).
---     Give diffusers the file's path: pointed at the folder it guesses one
---     .safetensors file of those there.
+--     Give diffusers the file's path: given the folder, it picks one of the
+--     .safetensors files there by guesswork.
 --   adapter_config.json: the same fields, as peft's save_pretrained writes them;
 --   adapter_model.safetensors: the same tensors named
 --     base_model.model.<module>.lora_A.weight, as save_pretrained names them,
@@ -247,11 +247,13 @@ end
 --   weights are in both files: no one layout loads in both diffusers' pipeline
 --   (it keeps the keys under "unet.") and PeftModel (under "base_model.model.").
 --   A later save into the same folder replaces the pair.
---   ComfyUI loads neither: for SDXL it maps diffusers names of attention
---   projections only in the older "…attn1.processor.to_q" form, and it reads
---   alpha only from NAME.alpha tensors, which diffusers' loader refuses in a
---   PEFT file (every key must hold "lora"); without them ComfyUI would use
---   scaling 1.0. Use format "kohya" for ComfyUI.
+--   ComfyUI (comfy/lora.py model_lora_keys_unet) maps no key of either file
+--   for the attention projections: it knows SDXL's diffusers names for them
+--   only in the older "unet.<...>.attn1.processor.to_q" form. The other
+--   modules (proj_in, ff, resnets) it would map, but at scaling 1.0: it reads
+--   alpha only from NAME.alpha tensors, and diffusers' load_lora_weights
+--   refuses a file with those (every key must hold "lora"). Use format
+--   "kohya" for ComfyUI (and A1111/Forge).
 
 -- lora.peft_name(path): the module's key prefix in diffusers' layout ("unet." .. path);
 -- lora.peft_model_name(path): in peft's save_pretrained layout ("base_model.model." .. path).

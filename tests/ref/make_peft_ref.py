@@ -221,6 +221,10 @@ def make(case, locon, work):
     d_keys, d_dtypes, d_meta = file_layout(dfile)
     c_keys, _, c_meta = file_layout(cfile)
     assert d_keys == c_keys, "ckrun's layout has diffusers' keys and shapes"
+    # peft keeps target_modules as a set: recorded sorted, so that the data is the same run to run
+    d_fields = json.loads(d_meta["lora_adapter_metadata"])
+    d_fields["unet.target_modules"] = sorted(d_fields["unet.target_modules"])
+    peft_config_json["target_modules"] = sorted(peft_config_json["target_modules"])
     return {
         "case": case,
         "rank": RANK, "alpha": ALPHA,
@@ -228,7 +232,7 @@ def make(case, locon, work):
         "targets": TARGETS,
         "adapted": [{"path": p, "rank": r, "alpha": a} for p, r, a in adapters],
         "diffusers_file": {"keys": d_keys, "dtypes": d_dtypes, "format": d_meta.get("format"),
-                           "lora_adapter_metadata": json.loads(d_meta["lora_adapter_metadata"])},
+                           "lora_adapter_metadata": d_fields},
         "ckrun_file": {"lora_adapter_metadata": json.loads(c_meta["lora_adapter_metadata"])},
         "peft_folder": {"adapter_model_keys": peft_keys, "dtypes": peft_dtypes, "adapter_config": peft_config_json},
         "ckrun_adapter_config": ck_config,
@@ -251,7 +255,7 @@ def main():
         for case, locon in (("default", False), ("locon", True)):
             data = make(case, locon, work)
             with open(os.path.join(OUT_DIR, case + ".json"), "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
+                json.dump(data, f, sort_keys=True, separators=(",", ":"))
                 f.write("\n")
     finally:
         shutil.rmtree(work)

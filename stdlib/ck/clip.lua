@@ -337,7 +337,7 @@ end
 -- hidden_penultimate), last_hidden_state and pooled ([B, P] projected, else
 -- [B, H]) when every layer is built}. layers_needed "penultimate" builds all
 -- layers but the last and no final layer norm (no pooled output); a number N
--- builds N layers. Inputs (enc.inputs, outside any scope): prefix.."input_ids"
+-- builds N layers (0: the embeddings alone). Inputs (enc.inputs, outside any scope): prefix.."input_ids"
 -- [B, T], prefix.."causal_mask" and .."causal_keep" [T, T] (or opts.masks =
 -- {causal_mask=, causal_keep=} of another encoder), prefix.."eos_onehot"
 -- [B, 1, T] with a pooled output; enc:feed(p, ids) sets them all.
@@ -351,8 +351,8 @@ function clip.build(g, config, opts)
   end
   local n = opts.layers_needed or "all"
   local nl = n == "all" and c.num_hidden_layers or n == "penultimate" and c.num_hidden_layers - 1 or math.tointeger(n)
-  if not nl or nl < 1 or nl > c.num_hidden_layers then
-    error("clip: layers_needed must be \"all\", \"penultimate\" or 1 to " .. c.num_hidden_layers .. ", got "
+  if not nl or nl < 0 or nl > c.num_hidden_layers then
+    error("clip: layers_needed must be \"all\", \"penultimate\" or 0 to " .. c.num_hidden_layers .. ", got "
           .. tostring(n), 2)
   end
   local projection = opts.projection

@@ -155,6 +155,37 @@ do -- clip.sdxl: diffusers' StableDiffusionXLPipeline.encode_prompt
   compare(p, te.pooled, "sdxl.pooled_prompt_embeds", "clip.sdxl pooled")
 end
 
+do -- clip_skip 1: hidden_states[-3] of both encoders, as encode_prompt(clip_skip=1)
+  local g = ck.graph()
+  local te = clip.sdxl(g, cfg_l, cfg_g, {batch = 2, clip_skip = 1})
+  local p = g:compile{outputs = {te.prompt_embeds}}
+  clip.load(p, te.l, DATA .. "text_encoder/model.safetensors")
+  clip.load(p, te.g, DATA .. "text_encoder_2/model.safetensors")
+  te:feed(p, table.move(ref:read("ids_l"), 1, 154, 1, {}), table.move(ref:read("ids_g"), 1, 154, 1, {}))
+  p:forward()
+  compare(p, te.prompt_embeds, "sdxl.prompt_embeds_clip_skip_1", "clip.sdxl{clip_skip = 1} prompt_embeds")
+  local ok, err = pcall(clip.sdxl, ck.graph(), cfg_l, cfg_g, {clip_skip = 2})
+  T.ok(not ok and err:find("clip_skip must be", 1, true), "clip_skip past text_encoder_2's layers: " .. tostring(err))
+end
+
+do -- 16 tokens: causal, so each position's output is that of the 77-token run
+  local g = ck.graph()
+  local enc, r = clip.build(g, cfg_l, {batch = 4, tokens = 16, layers_needed = "penultimate"})
+  T.ok(r.pooled == nil and enc.final_layer_norm == nil, "layers_needed = \"penultimate\" builds no final layer norm")
+  local p = g:compile{outputs = {r.hidden_penultimate}}
+  clip.load(p, enc, DATA .. "text_encoder/model.safetensors")
+  local ids, want, full = ref:read("ids_l"), {}, ref:read("l.hidden_penultimate")
+  local rows = {}
+  for b = 0, 3 do
+    rows[b + 1] = table.move(ids, b * 77 + 1, b * 77 + 16, 1, {})
+    table.move(full, b * 77 * 32 + 1, (b * 77 + 16) * 32, b * 16 * 32 + 1, want)
+  end
+  enc:feed(p, rows)
+  p:forward()
+  local ok, e = close(p:get(r.hidden_penultimate), want, 1e-4)
+  T.ok(ok, string.format("16 tokens give the first 16 positions of transformers' hidden_states[-2] (rel err %.2e)", e))
+end
+
 -- "name [d0,d1,...]" per line -> {name = "d0,d1,..."}, count, parameters
 local function read_keys(path)
   local keys, n, numel = {}, 0, 0

@@ -22,6 +22,7 @@ Writes:
     sdxl.prompt_embeds [4,77,64], sdxl.pooled_prompt_embeds [4,48]
                                            diffusers' StableDiffusionXLPipeline.encode_prompt itself,
                                            run with l and g and tokenizers that return ids_l and ids_g
+    sdxl.prompt_embeds_clip_skip_1 [2,77,64]   the same with clip_skip=1, the first two prompts
   sdxl_l_keys.txt, sdxl_g_keys.txt         every key of the full SDXL text encoders with its shape
                                            (CLIP ViT-L/14 and OpenCLIP ViT-bigG/14 configs, built on
                                            the meta device)
@@ -164,6 +165,12 @@ def main():
         assert torch.equal(pe, torch.cat([out["l.hidden_penultimate"], out["g.hidden_penultimate"]], -1))
         out["sdxl.prompt_embeds"] = pe
         out["sdxl.pooled_prompt_embeds"] = pooled
+        # clip_skip 1: hidden_states[-3] of each (the first two prompts)
+        pe1, _, _, _ = StableDiffusionXLPipeline.encode_prompt(pipe, names[:2], device=torch.device("cpu"),
+                                                               num_images_per_prompt=1,
+                                                               do_classifier_free_guidance=False, clip_skip=1)
+        assert torch.equal(pe1, torch.cat([lo.hidden_states[-3][:2], go.hidden_states[-3][:2]], -1))
+        out["sdxl.prompt_embeds_clip_skip_1"] = pe1
     safetensors.torch.save_file({k: v.float().contiguous() for k, v in out.items()}, os.path.join(OUT, "outputs.safetensors"))
 
     # the full SDXL encoders' keys, from the configs of its text_encoder and text_encoder_2

@@ -281,10 +281,14 @@ local function rows_of(ids, B, T, V, level)
   end
   for b = 1, B do
     local row = rows[b]
-    if type(row) ~= "table" or #row ~= T then bad("row %d has %s ids, the encoder takes %d", b, type(row) == "table" and #row or "no", T) end
+    if type(row) ~= "table" or #row ~= T then
+      bad("row %d has %s ids, the encoder takes %d", b, type(row) == "table" and #row or "no", T)
+    end
     for t = 1, T do
       local v = math.tointeger(row[t])
-      if not v or v < 0 or v >= V then bad("row %d position %d: %s is not a token id (0 to %d)", b, t, tostring(row[t]), V - 1) end
+      if not v or v < 0 or v >= V then
+        bad("row %d position %d: %s is not a token id (0 to %d)", b, t, tostring(row[t]), V - 1)
+      end
     end
   end
   return rows

@@ -570,6 +570,18 @@ RULE(clip_factor)
     return 0;
 }
 
+/* ids [..], table [V, D] -> [.., D] */
+RULE(embedding)
+{
+    char a[96];
+    (void)op, (void)p, (void)nin;
+    if (in[1].ndim != 2) FAIL("the table must be 2-D (rows, dim), got %s", SH(&in[1], a));
+    if (in[0].ndim >= CK_MAX_DIMS) FAIL("ids have %d dims; at most %d leave room for the row", in[0].ndim, CK_MAX_DIMS - 1);
+    out[0] = in[0];
+    out[0].d[out[0].ndim++] = in[1].d[1];
+    return 0;
+}
+
 typedef int infer_fn(enum ck_op, const ck_op_params *, const ck_shape *, int, ck_shape *, char *, size_t);
 #define infer_none NULL
 

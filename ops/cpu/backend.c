@@ -5,6 +5,8 @@
 #include "cpu.h"
 
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,8 +87,25 @@ static int all_finite(const float *x, int64_t n, int *finite)
 }
 
 static int sync(void) { return 0; }
-static const char *error(void) { return ""; }
-static void clear_error(void) {}
+
+/* Kernels that meet bad data (an embedding id outside its table) record it
+ * here; the executor reads it after each op. One message per thread, as each
+ * VM's executor runs its kernels on its own thread. */
+static _Thread_local char cpu_err[256];
+
+void ck_cpu_fail(const char *op, const char *fmt, ...)
+{
+    if (cpu_err[0]) return; /* the first cause is kept */
+    int k = snprintf(cpu_err, sizeof cpu_err, "%s: ", op);
+    if (k < 0 || (size_t)k >= sizeof cpu_err) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cpu_err + k, sizeof cpu_err - (size_t)k, fmt, ap);
+    va_end(ap);
+}
+
+const char *ck_cpu_last_error(void) { return cpu_err; }
+void ck_cpu_clear_error(void) { cpu_err[0] = 0; }
 
 static ck_backend be;
 static pthread_once_t be_once = PTHREAD_ONCE_INIT;
@@ -113,8 +132,8 @@ static void be_make(void)
         .high_water = high_water,
         .all_finite = all_finite,
         .sync = sync,
-        .error = error,
-        .clear_error = clear_error,
+        .error = ck_cpu_last_error,
+        .clear_error = ck_cpu_clear_error,
     };
     be = b;
     be.nthreads = ck_cpu_threads();

@@ -13,6 +13,17 @@
 /* Threads kernels may use (omp_get_max_threads()); workspace rules scale by it. */
 int ck_cpu_threads(void);
 
+/* A kernel's failure on bad data (backend.c): "op: message", kept until
+ * cleared; the first one since the last clear wins. The CPU backend's error()
+ * and clear_error() (ops/backend.h) are these two, per thread. */
+void ck_cpu_fail(const char *op, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+const char *ck_cpu_last_error(void);
+void ck_cpu_clear_error(void);
+
 extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
 /* The ops with a kernel for bf16 storage (every tensor bf16, arithmetic in
  * fp32): the activations, softmax, the broadcasting add/sub/mul, scale, fill
@@ -85,6 +96,7 @@ CK_CPU_KERNEL(ck_cpu_mse_loss_bwd);
 /* embedding.c */
 CK_CPU_KERNEL(ck_cpu_timestep_embedding);
 CK_CPU_KERNEL(ck_cpu_dropout);
+CK_CPU_KERNEL(ck_cpu_embedding);
 /* optim.c */
 CK_CPU_KERNEL(ck_cpu_sgd_step);
 CK_CPU_KERNEL(ck_cpu_adamw_step);

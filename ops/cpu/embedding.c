@@ -1,6 +1,7 @@
 /* Sinusoidal timestep embedding (diffusers' get_timestep_embedding, computed in
- * float step by step as torch does) and dropout, whose mask is a pure function of
- * (seed, step, op key, element) so its backward redraws it instead of storing it. */
+ * float step by step as torch does), dropout, whose mask is a pure function of
+ * (seed, step, op key, element) so its backward redraws it instead of storing it,
+ * and the table lookup of token ids (torch.nn.functional.embedding). */
 #include "cpu.h"
 #include "../rng.h"
 
@@ -59,5 +60,35 @@ CK_CPU_KERNEL(ck_cpu_dropout)
     for (int64_t e = 0; e < n; e++) {
         const float m = ck_rng_uniform(key, (uint64_t)e) >= drop ? keep_scale : 0.0f;
         y[e] = x[e] * m;
+    }
+}
+
+/* Whether id names a row of a table of V rows: a whole number in [0, V) (NaN is not). */
+static inline int row_ok(float id, int64_t V) { return id >= 0.0f && id < (float)V && id == floorf(id) && (int64_t)id < V; }
+
+/* ids is any shape (N ids); table is (V, D); y is (ids.., D): row n of y is row
+ * ids[n] of the table. A bad id (not a row, row_ok) fills its row with NaN and
+ * records the first such id with its flat index (ck_cpu_fail), which the
+ * executor turns into the run's error; the other rows are still copied. */
+CK_CPU_KERNEL(ck_cpu_embedding)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const float *ids = in[0].data, *table = in[1].data;
+    float *y = out[0].data;
+    const int64_t N = ck_view_numel(&in[0]), V = in[1].shape[0], D = in[1].shape[1];
+    int64_t bad = -1;
+    for (int64_t n = 0; n < N && bad < 0; n++)
+        if (!row_ok(ids[n], V)) bad = n;
+    if (bad >= 0)
+        ck_cpu_fail("embedding", "id %.9g at index %lld is not a row of the [%lld, %lld] table (whole numbers 0 to %lld)",
+                    (double)ids[bad], (long long)bad, (long long)V, (long long)D, (long long)(V - 1));
+#pragma omp parallel for schedule(static) if (N * D > PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        float *row = y + n * D;
+        if (row_ok(ids[n], V)) {
+            memcpy(row, table + (int64_t)ids[n] * D, sizeof(float) * (size_t)D);
+        } else {
+            for (int64_t d = 0; d < D; d++) row[d] = NAN;
+        }
     }
 }

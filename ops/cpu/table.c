@@ -52,6 +52,7 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
     [CK_OP_ADAMW8_STEP] = ck_cpu_adamw8_step,
     [CK_OP_MISH] = ck_cpu_mish,
     [CK_OP_MISH_BWD] = ck_cpu_mish_bwd,
+    [CK_OP_EMBEDDING] = ck_cpu_embedding,
 };
 
 const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {

@@ -162,6 +162,7 @@ CK_CUDA_KERNEL(ck_cuda_mse_loss_bwd);
 /* embedding.cu */
 CK_CUDA_KERNEL(ck_cuda_timestep_embedding);
 CK_CUDA_KERNEL(ck_cuda_dropout);
+CK_CUDA_KERNEL(ck_cuda_embedding);
 /* optim.cu */
 CK_CUDA_KERNEL(ck_cuda_sgd_step);
 CK_CUDA_KERNEL(ck_cuda_adamw_step);

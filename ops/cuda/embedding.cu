@@ -1,8 +1,9 @@
-/* Sinusoidal timestep embedding and dropout on the GPU. The embedding rounds
- * each step to float as ops/cpu/embedding.c does (exp, sin and cos in double,
- * then rounded, to match the host's correctly rounded libm). Dropout draws the
- * same counter-based numbers as ops/rng.h, so the CPU and GPU masks agree bit
- * for bit (test_cuda_ops compares them). */
+/* Sinusoidal timestep embedding, dropout and the table lookup of token ids on
+ * the GPU. The embedding rounds each step to float as ops/cpu/embedding.c does
+ * (exp, sin and cos in double, then rounded, to match the host's correctly
+ * rounded libm). Dropout draws the same counter-based numbers as ops/rng.h, so
+ * the CPU and GPU masks agree bit for bit (test_cuda_ops compares them). The
+ * lookup checks its ids as ops/cpu/embedding.c does and reads the check back. */
 #include "common.cuh"
 
 #define THREADS 256
@@ -103,4 +104,68 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_dropout)
     ck_launch(dropout_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data, key,
               drop, keep_scale, n);
     ck_cuda_end(c, "dropout");
+}
+
+/* as ops/cpu/embedding.c's row_ok: a whole number in [0, V), NaN excluded */
+__device__ __forceinline__ int row_ok(float id, int64_t V)
+{
+    return id >= 0.0f && id < (float)V && id == floorf(id) && (int64_t)id < V;
+}
+
+// ids (N); table (V, D); y (N, D): row n of y is row ids[n] of the table, NaN for a bad id
+__global__ void __launch_bounds__(THREADS) embedding_kernel(float *y, const float *ids, const float *table, int64_t N,
+                                                            int64_t V, int64_t D)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N * D; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t n = i / D, d = i % D;
+        const float id = ids[n];
+        y[i] = row_ok(id, V) ? table[(int64_t)id * D + d] : NAN;
+    }
+}
+
+/* One block: first[0] = the smallest index n whose id is bad, or -1 (a fixed
+ * answer however the threads interleave). */
+__global__ void __launch_bounds__(THREADS) embedding_check_kernel(long long *first, const float *ids, int64_t N, int64_t V)
+{
+    __shared__ long long sh[THREADS];
+    long long m = -1;
+    for (int64_t n = threadIdx.x; n < N && m < 0; n += blockDim.x)
+        if (!row_ok(ids[n], V)) m = (long long)n;
+    sh[threadIdx.x] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long best = -1;
+        for (int t = 0; t < (int)blockDim.x; t++)
+            if (sh[t] >= 0 && (best < 0 || sh[t] < best)) best = sh[t];
+        first[0] = best;
+    }
+}
+
+/* ids is any shape (N ids); table is (V, D); y is (ids.., D). A bad id gives a
+ * NaN row and a recorded failure naming the id and its index, read back from
+ * the check kernel's answer in the context's scratch (a stream sync). */
+extern "C" CK_CUDA_KERNEL(ck_cuda_embedding)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    ck_cuda_ctx *c = ck_cuda_begin("embedding");
+    if (!c) return;
+    const int64_t N = ck_view_numel(&in[0]), V = in[1].shape[0], D = in[1].shape[1];
+    if (N == 0) return;
+    const float *ids = (const float *)in[0].data;
+    if (D > 0)
+        ck_launch(embedding_kernel, ck_grid(N * D, THREADS), THREADS, c->stream, out[0].data, ids,
+                  (const float *)in[1].data, N, V, D);
+    long long *first = (long long *)c->scratch;
+    ck_launch(embedding_check_kernel, 1, THREADS, c->stream, first, ids, N, V);
+    ck_cuda_end(c, "embedding");
+    long long bad = -1;
+    float id = 0.0f;
+    if (ck_cuda_failed() || !CK_CU("embedding", cudaMemcpyAsync(&bad, first, sizeof bad, cudaMemcpyDeviceToHost, c->stream)) ||
+        !CK_CU("embedding", cudaStreamSynchronize(c->stream)) || bad < 0)
+        return;
+    if (!CK_CU("embedding", cudaMemcpyAsync(&id, ids + bad, sizeof id, cudaMemcpyDeviceToHost, c->stream)) ||
+        !CK_CU("embedding", cudaStreamSynchronize(c->stream)))
+        return;
+    ck_cuda_fail("embedding", "id %.9g at index %lld is not a row of the [%lld, %lld] table (whole numbers 0 to %lld)",
+                 (double)id, bad, (long long)V, (long long)D, (long long)(V - 1));
 }

@@ -49,6 +49,7 @@ const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT] = {
     [CK_OP_ADAMW8_STEP] = ck_cuda_adamw8_step,
     [CK_OP_MISH] = ck_cuda_mish,
     [CK_OP_MISH_BWD] = ck_cuda_mish_bwd,
+    [CK_OP_EMBEDDING] = ck_cuda_embedding,
 };
 
 const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {

@@ -29,7 +29,7 @@
 
 #define POISON 777.0f
 
-enum fill_kind { UNIFORM = 0, POSITIVE, TIMESTEPS, WIDE, BYTES };
+enum fill_kind { UNIFORM = 0, POSITIVE, TIMESTEPS, WIDE, BYTES, IDS };
 
 typedef struct tcase {
     const char *label;
@@ -87,6 +87,13 @@ static void fill(float *x, int64_t n, int kind)
 {
     if (kind == BYTES) { /* n random bytes at the buffer's start (a CK_U8 tensor) */
         for (int64_t i = 0; i < n; i++) ((uint8_t *)x)[i] = (uint8_t)(255.0f * fabsf(frand()));
+        return;
+    }
+    if (kind == IDS) { /* token ids: whole numbers 0 to 15 (tables of 16 rows or more) */
+        for (int64_t i = 0; i < n; i++) {
+            const int id = (int)((frand() + 1.0f) * 8.0f);
+            x[i] = (float)(id > 15 ? 15 : id);
+        }
         return;
     }
     for (int64_t i = 0; i < n; i++) {
@@ -460,6 +467,10 @@ static const tcase cases[] = {
      .kind = {TIMESTEPS}, .tol = F32},
     {"dropout p 0.25 (same mask)", CK_OP_DROPOUT, {.i = {7}, .f = {0.25f}}, 1, {SH(3, 1001)}, .tol = EXACT},
     {"dropout p 0", CK_OP_DROPOUT, {.i = {7}, .f = {0.0f}}, 1, {SH(50)}, .tol = EXACT},
+    {"embedding [3,77] of [16,33]", CK_OP_EMBEDDING, {.i = {0}}, 2, {SH(3, 77), SH(16, 33)}, .kind = {IDS}, .tol = EXACT},
+    {"embedding [5] of [20,1]", CK_OP_EMBEDDING, {.i = {0}}, 2, {SH(5), SH(20, 1)}, .kind = {IDS}, .tol = EXACT},
+    {"embedding [2,77] of [49408,768]", CK_OP_EMBEDDING, {.i = {0}}, 2, {SH(2, 77), SH(49408, 768)}, .kind = {IDS},
+     .tol = EXACT, .big = 1},
     /* optim.cu */
     {"sgd_step", CK_OP_SGD_STEP, {.i = {0}, .f = {0.01f, 0, 0, 0, 0, 1}}, 2, {SH(7, 9), SH(7, 9)}, .tol = ARITH, .alias = {1}},
     {"adamw_step", CK_OP_ADAMW_STEP, {.i = {0}, .f = {0.9f, 0.999f, 1e-8f, 0.01f, 0, 1}}, 4, {SH(5, 13), SH(5, 13), SH(5, 13), SH(5, 13)},
@@ -530,6 +541,35 @@ static void short_workspace_names_the_op(void)
     const int ok = ck_cuda_failed() && strncmp(ck_cuda_last_error(), "attention_bwd: ", 15) == 0;
     report(ok, "short workspace: \"%s\"", ck_cuda_last_error());
     ck_cuda_clear_error();
+    ck_cuda_free(d);
+}
+
+/* An embedding id outside the table gives NaN rows and a failure naming the
+ * op, the first bad id and its index, as on the CPU; the good rows are copied. */
+static void embedding_bad_id_names_the_op(void)
+{
+    const int64_t N = 300, V = 16, D = 5;
+    float ids[300], table[80], y[1500];
+    for (int64_t n = 0; n < N; n++) ids[n] = (float)(n % V);
+    ids[257] = 16.0f, ids[299] = -3.0f, ids[280] = 1.5f; /* the first bad one is at 257 */
+    fill(table, V * D, UNIFORM);
+    float *d = ck_cuda_alloc(sizeof(float) * (size_t)(N + V * D + N * D));
+    ck_cuda_upload(d, ids, sizeof ids);
+    ck_cuda_upload(d + N, table, sizeof table);
+    ck_view in[2] = {{d, 1, {N}}, {d + N, 2, {V, D}}}, out[1] = {{d + N + V * D, 2, {N, D}}};
+    ck_cuda_kernels[CK_OP_EMBEDDING](&base_ctx, &(ck_op_params){.i = {0}}, out, 1, in, 2);
+    const char *want = "embedding: id 16 at index 257 is not a row of the [16, 5] table (whole numbers 0 to 15)";
+    int ok = ck_cuda_failed() && strcmp(ck_cuda_last_error(), want) == 0;
+    char got[512];
+    snprintf(got, sizeof got, "%s", ck_cuda_last_error());
+    ck_cuda_clear_error();
+    ok &= ck_cuda_download(y, out[0].data, sizeof y) == 0;
+    for (int64_t n = 0; n < N && ok; n++)
+        for (int64_t d2 = 0; d2 < D; d2++) {
+            const float v = y[n * D + d2];
+            ok &= n == 257 || n == 280 || n == 299 ? isnan(v) : v == table[(int64_t)ids[n] * D + d2];
+        }
+    report(ok, "embedding with bad ids: NaN rows, good rows copied, \"%s\"", got);
     ck_cuda_free(d);
 }
 
@@ -637,6 +677,7 @@ int main(void)
     arena_helpers();
     unbound_context_names_the_op(c);
     short_workspace_names_the_op();
+    embedding_bad_id_names_the_op();
 
     int covered[CK_OP_COUNT] = {0};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) covered[cases[i].op] = 1;

@@ -1,5 +1,6 @@
-/* Tests for the elementwise, loss, embedding and optimizer CPU kernels against
- * naive double-precision references, plus determinism (bitwise, run twice).
+/* Tests for the elementwise, loss, embedding (timesteps, token ids) and
+ * optimizer CPU kernels against naive double-precision references, plus
+ * determinism (bitwise, run twice).
  * Tolerance unless a check says otherwise: |got - ref| <= 1e-4 * max(1, |ref|).
  * Each line ends with the measured error (or, for counts, the measured value). */
 #include "../../ops/cpu/cpu.h"
@@ -345,6 +346,71 @@ static void test_timestep(int64_t dim, int flip, float shift, float scale)
     free(y);
 }
 
+/* ---- embedding (token id lookup) ---- */
+
+/* Rows of the table that the ids name, bit for bit; every id checked. N ids of
+ * a [V, D] table, in the shape given (1-D or [B, T]). */
+static void test_embedding(int64_t B, int64_t T, int64_t V, int64_t D)
+{
+    const int64_t N = B * T;
+    float *ids = malloc(sizeof(float) * (size_t)N), *table = rand_buf(V * D);
+    float *y = malloc(sizeof(float) * (size_t)(N * D));
+    for (int64_t n = 0; n < N; n++) ids[n] = (float)((n * 7919 + 13) % V);
+    ids[0] = 0.0f, ids[N - 1] = (float)(V - 1); /* both ends of the table */
+    int64_t sid[2] = {B, T}, stab[2] = {V, D}, sy[3] = {B, T, D};
+    ck_view vin[2] = {view(ids, 2, sid), view(table, 2, stab)}, vy = view(y, 3, sy);
+    ck_op_params p = {{0}, {0}};
+    ck_cpu_clear_error();
+    ck_cpu_embedding(&ctx0, &p, &vy, 1, vin, 2);
+    int64_t wrong = 0;
+    for (int64_t n = 0; n < N; n++)
+        wrong += memcmp(y + n * D, table + (int64_t)ids[n] * D, sizeof(float) * (size_t)D) != 0;
+    char name[160];
+    snprintf(name, sizeof name, "embedding [%lld,%lld] of [%lld,%lld]: each row is the table's row, bitwise, no failure",
+             (long long)B, (long long)T, (long long)V, (long long)D);
+    check(name, wrong == 0 && ck_cpu_last_error()[0] == 0, (double)wrong);
+    free(ids), free(table), free(y);
+}
+
+/* An id outside the table, fractional, negative or NaN gives a NaN row and a
+ * failure naming the op, the first bad id and its index; the good rows are
+ * still copied, and the first failure is kept until cleared. */
+static void test_embedding_bad_ids(void)
+{
+    const int64_t V = 10, D = 3, N = 7;
+    const float bad[4] = {10.0f, 2.5f, -1.0f, NAN};
+    const char *want[4] = {"embedding: id 10 at index 4 is not a row of the [10, 3] table",
+                           "embedding: id 2.5 at index 4 ", "embedding: id -1 at index 4 ", "embedding: id nan at index 4 "};
+    float *table = rand_buf(V * D), y[21];
+    for (int c = 0; c < 4; c++) {
+        float ids[7] = {1, 9, 0, 3, bad[c], 5, bad[c]};
+        int64_t sid[1] = {N}, stab[2] = {V, D}, sy[2] = {N, D};
+        ck_view vin[2] = {view(ids, 1, sid), view(table, 2, stab)}, vy = view(y, 2, sy);
+        ck_op_params p = {{0}, {0}};
+        ck_cpu_clear_error();
+        ck_cpu_embedding(&ctx0, &p, &vy, 1, vin, 2);
+        int ok = strncmp(ck_cpu_last_error(), want[c], strlen(want[c])) == 0;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t d = 0; d < D; d++) {
+                const float v = y[n * D + d];
+                ok &= n == 4 || n == 6 ? isnan(v) : v == table[(int64_t)ids[n] * D + d];
+            }
+        /* a second failure does not replace the first */
+        float one[1] = {99.0f};
+        int64_t s1[1] = {1}, sy1[2] = {1, D};
+        ck_view vin1[2] = {view(one, 1, s1), view(table, 2, stab)}, vy1 = view(y, 2, sy1);
+        ck_cpu_embedding(&ctx0, &p, &vy1, 1, vin1, 2);
+        ok &= strncmp(ck_cpu_last_error(), want[c], strlen(want[c])) == 0;
+        char name[200];
+        snprintf(name, sizeof name, "embedding with id %g: NaN rows where it stands, the rest copied, \"%s\"",
+                 (double)bad[c], ck_cpu_last_error());
+        check(name, ok, 0);
+    }
+    ck_cpu_clear_error();
+    check("embedding: the failure clears", ck_cpu_last_error()[0] == 0, 0);
+    free(table);
+}
+
 /* ---- dropout ---- */
 
 static void test_dropout(void)
@@ -686,6 +752,11 @@ int main(void)
     test_timestep(33, 0, 1.0f, 1.0f);
     test_timestep(33, 1, 0.0f, 2.0f);
     test_timestep(1, 1, 0.0f, 1.0f);
+
+    test_embedding(1, 7, 5, 3);
+    test_embedding(4, 77, 512, 32);
+    test_embedding(2, 77, 49408, 768); /* threaded: SDXL's vocabulary and CLIP-L's width */
+    test_embedding_bad_ids();
 
     test_dropout();
     test_sumsq();

@@ -68,6 +68,7 @@ static const struct {
     {CK_OP_ADAMW8_STEP, 44, "adamw8_step"},
     {CK_OP_MISH, 45, "mish"},
     {CK_OP_MISH_BWD, 46, "mish_bwd"},
+    {CK_OP_EMBEDDING, 47, "embedding"},
 };
 
 static void op_numbers_never_change(void)

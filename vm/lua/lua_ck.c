@@ -594,6 +594,10 @@ static int l_timestep_embedding(lua_State *L)
     return record(L, CK_OP_TIMESTEP_EMBEDDING, a, 1, &p, NULL);
 }
 
+/* embedding(ids, table): the rows of table [V, D] that ids (whole numbers
+ * stored as floats) name; out [ids.., D] */
+static int l_embedding(lua_State *L) { return binary(L, CK_OP_EMBEDDING); }
+
 /* dropout(x, p): each call site gets its own key, so replays draw the same mask */
 static int l_dropout(lua_State *L)
 {

@@ -184,6 +184,38 @@ for _, part in ipairs{"vae", "text_encoder", "text_encoder_2"} do
     tostring(bad1 or bad2)))
 end
 
+do -- SDXL base's own layout (no config given): the rule maps all 1680 UNet names as ck.lora's
+   -- diffusers -> SGM paths (written apart, for kohya's names) do, on a file of those names
+  local lora = require "ck.lora"
+  local g = ck.graph()
+  local entries, want = {}, {}
+  local big = {["conv_in.weight"] = true, ["add_embedding.linear_1.weight"] = true} -- the identifying shapes
+  for line in io.lines("tests/data/sdxl_full_keys.txt") do
+    local name, dims = line:match("^(%S+) %[([%d,]*)%]$")
+    local shape = {1}
+    if big[name] then
+      shape = {}
+      for d in dims:gmatch("%d+") do shape[#shape + 1] = tonumber(d) end
+    end
+    local key = "model.diffusion_model." .. lora.sgm_path(name)
+    want[name] = key
+    entries[#entries + 1] = {key, g:param(key, shape, {trainable = false, init = "zeros"})}
+  end
+  local p = g:compile{outputs = {entries[1][2]}}
+  p:save(path("sdxl_names.safetensors"), entries, {dtype = "F16"})
+  local desc = checkpoint.open(path("sdxl_names.safetensors"))
+  local n, bad = 0, nil
+  for name, key in pairs(want) do
+    n = n + 1
+    if desc.unet.map[name] ~= key then bad = bad or name end
+  end
+  local m = 0
+  for _ in pairs(desc.unet.map) do m = m + 1 end
+  T.ok(n == 1680 and m == 1680 and not bad and desc.unet_config == nil,
+    string.format("SDXL base: %d of %d names map as ck.lora's SGM paths (first wrong: %s)", m, n, tostring(bad)))
+  os.remove(path("sdxl_names.safetensors"))
+end
+
 do -- BF16: the same values rounded to bf16 (nearest even), through the same maps
   local function bf16(x)
     local b = string.unpack("<I4", string.pack("<f", x))

@@ -80,6 +80,8 @@ do -- what open describes
   T.ok(folder.unet_config.cross_attention_dim == 20 and folder.vae_config.latent_channels == 4
     and folder.text_encoder_config.hidden_size == 8 and folder.text_encoder_2_config.projection_dim == 8,
     "the folder's configs are its parsed config.json files")
+  T.ok(folder.tokenizer == FOLDER .. "/tokenizer" and folder.tokenizer_2 == FOLDER .. "/tokenizer_2"
+    and single.tokenizer == nil, "the folder names its tokenizer directories; a single file has none")
   T.ok(single.unet.file == SINGLE and single.vae.file == SINGLE and single.unet_config == folder.unet_config,
     "every part of the single file reads from the file; unet_config is the one given")
   T.ok(file(SINGLE):dtype("model.diffusion_model.input_blocks.0.0.weight") == "F16"

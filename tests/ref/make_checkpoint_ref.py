@@ -24,11 +24,33 @@ from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProject
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "checkpoint")
 FOLDER = os.path.join(OUT, "sdxl_tiny")
 
-CLIP_L = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, vocab_size=64,
-              max_position_embeddings=8, hidden_act="quick_gelu", bos_token_id=62, eos_token_id=63, pad_token_id=63)
-CLIP_G = dict(hidden_size=12, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2, vocab_size=64,
-              max_position_embeddings=8, hidden_act="gelu", projection_dim=8, bos_token_id=62, eos_token_id=63,
-              pad_token_id=0)
+
+
+def byte_chars():
+    """CLIP's byte-level BPE alphabet: printable Latin-1 bytes stand for
+    themselves, the rest for the code points from 256 up, in byte order."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+# a tiny CLIP vocabulary: every byte alone and word-final, two merges, the two specials
+MERGES = [("t", "h"), ("th", "e</w>")]
+VOCAB = byte_chars() + [c + "</w>" for c in byte_chars()] + ["th", "the</w>", "<|startoftext|>", "<|endoftext|>"]
+BOS, EOS = len(VOCAB) - 2, len(VOCAB) - 1
+
+CLIP_L = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, vocab_size=len(VOCAB),
+              max_position_embeddings=8, hidden_act="quick_gelu", bos_token_id=BOS, eos_token_id=EOS,
+              pad_token_id=EOS)
+CLIP_G = dict(hidden_size=12, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,
+              vocab_size=len(VOCAB), max_position_embeddings=8, hidden_act="gelu", projection_dim=8,
+              bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0)
 UNET = dict(sample_size=8, in_channels=4, out_channels=4, flip_sin_to_cos=True, freq_shift=0,
             down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
             mid_block_type="UNetMidBlock2DCrossAttn",
@@ -217,6 +239,33 @@ def main():
         "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"],
         "text_encoder": ["transformers", "CLIPTextModel"],
         "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"]})
+
+    # tokenizers as SDXL's: the first pads with <|endoftext|>, the second with "!" (id 0)
+    import tempfile
+    from transformers import CLIPTokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab, merges = os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt")
+        with open(vocab, "w") as f:
+            json.dump({t: i for i, t in enumerate(VOCAB)}, f, ensure_ascii=False)
+        with open(merges, "w") as f:
+            f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in MERGES))
+        for name, pad in (("tokenizer", "<|endoftext|>"), ("tokenizer_2", "!")):
+            tok = CLIPTokenizer(vocab, merges, pad_token=pad, model_max_length=CLIP_L["max_position_embeddings"])
+            ids = tok("the cat", padding="max_length")["input_ids"]
+            want = [BOS, VOCAB.index("the</w>"), VOCAB.index("c"), VOCAB.index("a"), VOCAB.index("t</w>"), EOS]
+            if ids[:6] != want or ids[6] != VOCAB.index(pad) and pad == "!" or ids[6] != EOS and pad != "!":
+                sys.exit(f"{name}: 'the cat' tokenizes to {ids}, expected {want} then padding")
+            out = os.path.join(FOLDER, name)
+            tok.save_pretrained(out)
+            # and the files SDXL's repositories hold beside tokenizer.json
+            shutil.copy(vocab, out)
+            shutil.copy(merges, out)
+            save_json(os.path.join(out, "special_tokens_map.json"), {
+                "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": pad,
+                "unk_token": "<|endoftext|>"})
+            again = CLIPTokenizer.from_pretrained(out)
+            if again("the cat", padding="max_length")["input_ids"] != ids:
+                sys.exit(f"{name}: the saved tokenizer reads back differently")
 
     # the single file, F16, and the same values in BF16
     single = {}

@@ -354,13 +354,16 @@ local function open_single(path, opts)
   for _, k in ipairs(keys) do
     if starts(k, UNET) then nunet = nunet + 1 end
     local lv = k:match("^first_stage_model%.encoder%.down%.(%d+)%.")
+      or k:match("^first_stage_model%.decoder%.up%.(%d+)%.")
     if lv then vae_levels = math.max(vae_levels, tonumber(lv) + 1) end
   end
   if nunet == 0 then
     fail("%s: not an SDXL checkpoint: no model.diffusion_model.* tensors%s", path,
       f:has("conv_in.weight") and " (a UNet in diffusers' names loads with p:load by name)" or "")
   end
-  local c = opts.unet_config and unet_config(opts.unet_config, path) or sdxl_config
+  local given = opts.unet_config
+  if type(given) == "string" then given = require("ck.unet").config(given) end
+  local c = given and unet_config(given, path) or sdxl_config
   -- the tensors that tell SDXL's UNet from others: its first conv, and the
   -- text_time embedding (SD 1.x and 2.x have none)
   local boc1 = c.block_out_channels[1]
@@ -373,8 +376,8 @@ local function open_single(path, opts)
     if not f:has(key) then fail("%s: not an SDXL checkpoint: no tensor '%s'", path, key) end
     local s = f:shape(key)
     if not same_shape(s, e[2]) then
-      fail("%s: not an SDXL checkpoint: tensor '%s' has shape %s, SDXL%s's is %s", path, key, shape_str(s),
-        opts.unet_config and " (the given config)" or "", shape_str(e[2]))
+      fail("%s: not an SDXL checkpoint: tensor '%s' has shape %s, %s has %s", path, key, shape_str(s),
+        given and "the given UNet config" or "SDXL base", shape_str(e[2]))
     end
   end
   local prefixes = unet_prefixes(c)
@@ -467,14 +470,13 @@ local function open_folder(path, opts)
       fail("%s: not a diffusers SDXL folder: no unet/config.json", path)
     end
   end
-  d.text_config, d.text_config_2 = d.text_encoder_config, d.text_encoder_2_config
   for _, name in ipairs{"tokenizer", "tokenizer_2"} do
     if ck.listdir(path .. "/" .. name) then d[name] = path .. "/" .. name end
   end
   return d
 end
 
--- checkpoint.open(path [, {unet_config = tbl, variant = "fp16"}]) -> a model
+-- checkpoint.open(path [, {unet_config = tbl | name, variant = "fp16"}]) -> a model
 -- description {kind = "single" | "diffusers", unet = {file =, map =}, vae =,
 -- text_encoder =, text_encoder_2 =, unet_config =, vae_config =,
 -- text_encoder_config =, text_encoder_2_config =, tokenizer = dir,

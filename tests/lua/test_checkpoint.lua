@@ -13,7 +13,8 @@ local unet = require "ck.unet"
 local checkpoint = require "ck.checkpoint"
 
 local DATA = "tests/data/checkpoint"
-local FOLDER, SINGLE, BF16 = DATA .. "/sdxl_tiny", DATA .. "/sdxl_tiny.safetensors", DATA .. "/sdxl_tiny_bf16.safetensors"
+local FOLDER = DATA .. "/sdxl_tiny"
+local SINGLE, BF16 = DATA .. "/sdxl_tiny.safetensors", DATA .. "/sdxl_tiny_bf16.safetensors"
 local PARTS = {"unet", "vae", "text_encoder", "text_encoder_2"}
 
 local tmp = string.format("out/test_checkpoint.%d", math.floor(ck.now() * 1e6))
@@ -170,7 +171,8 @@ do -- the UNet, built from the folder's config.json, loads equal from both forms
   local p = g:compile{outputs = {y}}
   local err
   ok, err = try(checkpoint.load, p, "unet", single.unet, g:params())
-  T.ok(not ok and one_line(err, SINGLE) and err:find("attn2%.to_[kv]%.weight' has shape %[%d+, 20%], expected %[%d+, 24%]"),
+  T.ok(not ok and one_line(err, SINGLE)
+    and err:find("attn2%.to_[kv]%.weight' has shape %[%d+, 20%], expected %[%d+, 24%]"),
     "a UNet whose shapes differ from the file's is refused naming the key and the file: " .. tostring(err))
 end
 
@@ -178,7 +180,8 @@ for _, part in ipairs{"vae", "text_encoder", "text_encoder_2"} do
   local names = sorted_keys(folder[part].map)
   local _, p1, ts1 = raw_program(part, names)
   local _, p2, ts2 = raw_program(part, names)
-  T.ok(checkpoint.load(p1, part, folder[part], ts1) == #names and checkpoint.load(p2, part, single[part], ts2) == #names,
+  T.ok(checkpoint.load(p1, part, folder[part], ts1) == #names
+    and checkpoint.load(p2, part, single[part], ts2) == #names,
     string.format("%s: all %d parameters load from both forms", part, #names))
   local ok1, bad1 = equal_to_folder(p1, part, ts1)
   local ok2, bad2 = equal_to_folder(p2, part, ts2)
@@ -274,7 +277,8 @@ do -- p:load's sources, on a file of known values
     local ok, err = pcall(p.load, p, f, c[1])
     T.ok(not ok and one_line(err, c[2]), "refused: " .. c[2] .. ": " .. tostring(err))
   end
-  T.ok(same(p:get(tr), {1, 3, 5, 2, 4, 6}) and same(p:get(plain), vals), "a refused load leaves the values as they were")
+  T.ok(same(p:get(tr), {1, 3, 5, 2, 4, 6}) and same(p:get(plain), vals),
+    "a refused load leaves the values as they were")
 end
 
 do -- bad models and files, each refused with one line naming the key and the file
@@ -343,12 +347,13 @@ do -- bad models and files, each refused with one line naming the key and the fi
     "a UNet without SDXL's text_time embedding (SD 1.x) is refused: " .. tostring(err))
   ok, err = try(checkpoint.open, SINGLE)
   T.ok(not ok and one_line(err, SINGLE, "not an SDXL checkpoint",
-    "'model.diffusion_model.input_blocks.0.0.weight' has shape [4, 4, 3, 3], SDXL's is [320, 4, 3, 3]"),
+    "'model.diffusion_model.input_blocks.0.0.weight' has shape [4, 4, 3, 3], SDXL base has [320, 4, 3, 3]"),
     "with no config the file must be SDXL base's size: " .. tostring(err))
   id[2][2] = {16, 33}
   local wrong = write("wrong.safetensors", {})
   ok, err = try(checkpoint.open, wrong, {unet_config = folder.unet_config})
-  T.ok(not ok and one_line(err, wrong, "'model.diffusion_model.label_emb.0.0.weight' has shape [16, 33]"),
+  T.ok(not ok and one_line(err, wrong,
+    "'model.diffusion_model.label_emb.0.0.weight' has shape [16, 33], the given UNet config has [16, 32]"),
     "the wrong shape of an identifying key: " .. tostring(err))
 
   -- a truncated file

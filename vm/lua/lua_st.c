@@ -1,8 +1,10 @@
 /* safetensors from Lua: open a file and read its tensors and metadata, load
  * named tensors straight into a program's arena (with shape checks that name
- * the key; a slice of rows, a transpose or a reshape on the way), and save a program's tensors. Values never pass through Lua tables
- * on the load and save paths, nor through a copy of the file: loads read each
- * tensor from the file into the arena, saves write each from the arena. */
+ * the key; a slice of rows, a transpose or a reshape on the way), and save a
+ * program's tensors. Values never pass through Lua tables on the load and save
+ * paths, nor through a copy of the file: loads read each tensor from the file
+ * into the arena (a transposed one through a scratch copy), saves write each
+ * from the arena. */
 #include "lua/lua_ck.h"
 #include "formats/safetensors.h"
 
@@ -304,7 +306,8 @@ static void load_source(lua_State *L, ck_program *p, int id, lstfile *lf, const 
     if (src->transpose) {
         if (view.ndim != 2) {
             shape_text(view.shape, view.ndim, a, sizeof a);
-            ck_lua_raise(L, "%s: tensor '%s'%s has shape %s: only a 2-D tensor transposes", lf->path, src->key, what, a);
+            ck_lua_raise(L, "%s: tensor '%s'%s has shape %s: only a 2-D tensor transposes", lf->path, src->key,
+                         what, a);
         }
         shape[0] = view.shape[1];
         shape[1] = view.shape[0];

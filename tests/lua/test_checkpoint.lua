@@ -264,12 +264,13 @@ do -- p:load's sources, on a file of known values
   T.ok(same(p:get(tr_rows), {5, 6}), "rows then transpose: row 3 [1, 2] as [2, 1]")
   T.ok(same(p:get(plain), vals), "a string source loads as before")
   local cases = {
-    {{tr = {key = "m", rows = {3, 2}}}, "no rows 3 to 4"},
+    {{tr = {key = "m", rows = {3, 2}}}, "no 2 rows from row 3"},
     {{re = {key = "m", transpose = true}}, "transposed has shape [2, 3], expected [6, 1, 1]"},
     {{tr = {key = "v", transpose = true}}, "only a 2-D tensor transposes"},
     {{plain = {key = "m", rows = {1, 2}, reshape = true}}, "rows 1 to 2 has shape [2, 2], expected [6] (or as many"},
     {{tr = {key = "m", tranpose = true}}, "unknown field 'tranpose'"},
     {{tr = {key = "m", rows = {0, 1}}}, "must start at 1"},
+    {{tr = {key = "m", rows = {math.maxinteger, math.maxinteger}}}, "no 9223372036854775807 rows from row"},
     {{tr = setmetatable({}, {__index = {key = "m"}})}, "needs key"},
     {{tr = {key = "nope", transpose = true}}, "missing tensor 'nope'"},
   }

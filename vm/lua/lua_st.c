@@ -287,10 +287,10 @@ static void load_source(lua_State *L, ck_program *p, int id, lstfile *lf, const 
     /* the view: the rows asked for, as a tensor of its own */
     ck_st_tensor view = *s;
     if (src->count >= 0) {
-        if (s->ndim < 1 || src->first + src->count > s->shape[0]) {
+        if (s->ndim < 1 || src->count > s->shape[0] || src->first > s->shape[0] - src->count) { /* no overflow */
             shape_text(s->shape, s->ndim, a, sizeof a);
-            ck_lua_raise(L, "%s: tensor '%s' has shape %s: no rows %I to %I", lf->path, src->key, a,
-                         (lua_Integer)src->first + 1, (lua_Integer)(src->first + src->count));
+            ck_lua_raise(L, "%s: tensor '%s' has shape %s: no %I rows from row %I", lf->path, src->key, a,
+                         (lua_Integer)src->count, (lua_Integer)src->first + 1);
         }
         const int64_t row = s->shape[0] ? s->numel / s->shape[0] : 0;
         const size_t esize = ck_st_dtype_size(s->dtype);

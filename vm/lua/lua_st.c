@@ -1,8 +1,10 @@
 /* safetensors from Lua: open a file and read its tensors and metadata, load
  * named tensors straight into a program's arena (with shape checks that name
- * the key), and save a program's tensors. Values never pass through Lua tables
- * on the load and save paths, nor through a copy of the file: loads read each
- * tensor from the file into the arena, saves write each from the arena. */
+ * the key; a slice of rows, a transpose or a reshape on the way), and save a
+ * program's tensors. Values never pass through Lua tables on the load and save
+ * paths, nor through a copy of the file: loads read each tensor from the file
+ * into the arena (a transposed one through a scratch copy), saves write each
+ * from the arena. */
 #include "lua/lua_ck.h"
 #include "formats/safetensors.h"
 
@@ -196,8 +198,156 @@ static void load_one(lua_State *L, ck_program *p, int id, lstfile *lf, const cha
     if (ck_program_write_end(p, id)) ck_lua_raise(L, "%s", p->err);
 }
 
-/* p:load(file, {tensor_name = key, ...}) loads each named tensor; a missing or
- * misshaped key is an error that names it */
+/* Where one parameter's values come from: a file tensor, or a slice of its
+ * first dim, seen transposed (2-D) or reshaped to the parameter's shape. */
+typedef struct source {
+    const char *key;
+    int64_t first, count; /* rows [first, first + count) of dim 0, 0-based; count < 0: all */
+    int transpose, reshape;
+} source;
+
+static int64_t int_field(lua_State *L, int t, lua_Integer i, const char *key)
+{
+    lua_rawgeti(L, t, i);
+    if (!lua_isinteger(L, -1))
+        ck_lua_raise(L, "p:load: source '%s': rows must be {first, count}, two integers", key);
+    int64_t v = (int64_t)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* The source at stack index i: a key, or {key = ..., rows = {first, count}
+ * (1-based first) | transpose = true | reshape = true}, read raw; a field
+ * it does not know is an error (a misspelt transform is not ignored). */
+static source source_arg(lua_State *L, int i)
+{
+    source src = {NULL, 0, -1, 0, 0};
+    if (lua_type(L, i) == LUA_TSTRING) {
+        src.key = lua_tostring(L, i);
+        return src;
+    }
+    if (!lua_istable(L, i))
+        ck_lua_raise(L, "p:load: a source is a key or a table {key = ..., rows | transpose | reshape}, got %s",
+                     luaL_typename(L, i));
+    i = lua_absindex(L, i);
+    lua_pushliteral(L, "key");
+    if (lua_rawget(L, i) != LUA_TSTRING) ck_lua_raise(L, "p:load: a source table needs key = a tensor name");
+    src.key = lua_tostring(L, -1); /* the table holds the string */
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    while (lua_next(L, i)) {
+        const char *f = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        if (f && strcmp(f, "key") == 0) {
+        } else if (f && strcmp(f, "transpose") == 0) {
+            src.transpose = lua_toboolean(L, -1);
+        } else if (f && strcmp(f, "reshape") == 0) {
+            src.reshape = lua_toboolean(L, -1);
+        } else if (f && strcmp(f, "rows") == 0) {
+            if (!lua_istable(L, -1) || lua_rawlen(L, -1) != 2)
+                ck_lua_raise(L, "p:load: source '%s': rows must be {first, count}, two integers", src.key);
+            const int t = lua_gettop(L);
+            const int64_t first = int_field(L, t, 1, src.key), count = int_field(L, t, 2, src.key);
+            if (first < 1 || count < 1)
+                ck_lua_raise(L, "p:load: source '%s': rows {%I, %I} must start at 1 or later and hold a row or more",
+                             src.key, (lua_Integer)first, (lua_Integer)count);
+            src.first = first - 1;
+            src.count = count;
+        } else if (f) {
+            ck_lua_raise(L, "p:load: source '%s': unknown field '%s' (key, rows, transpose, reshape)", src.key, f);
+        } else {
+            ck_lua_raise(L, "p:load: source '%s': a field keyed by a %s (key, rows, transpose, reshape)", src.key,
+                         luaL_typename(L, -2));
+        }
+        lua_pop(L, 1);
+    }
+    return src;
+}
+
+static int same_shape(const int64_t *a, int na, const ck_shape *b)
+{
+    if (na != b->ndim) return 0;
+    for (int d = 0; d < na; d++)
+        if (a[d] != b->d[d]) return 0;
+    return 1;
+}
+
+/* Loads one parameter from src. The source's shape after the transform must
+ * equal the parameter's (with reshape, only the element count); any refusal
+ * names the file and the key and leaves the parameter as it was. */
+static void load_source(lua_State *L, ck_program *p, int id, lstfile *lf, const source *src)
+{
+    const ck_tensor *t = &p->g->t[id];
+    const ck_st_tensor *s = ck_st_find(lf->f, src->key);
+    char a[128], b[128], err[512], what[96] = "";
+    if (!s) ck_lua_raise(L, "%s: missing tensor '%s'", lf->path, src->key);
+    if (!src->transpose && !src->reshape && src->count < 0) {
+        load_one(L, p, id, lf, src->key, 0, 0);
+        return;
+    }
+    /* the view: the rows asked for, as a tensor of its own */
+    ck_st_tensor view = *s;
+    if (src->count >= 0) {
+        if (s->ndim < 1 || src->count > s->shape[0] || src->first > s->shape[0] - src->count) { /* no overflow */
+            shape_text(s->shape, s->ndim, a, sizeof a);
+            ck_lua_raise(L, "%s: tensor '%s' has shape %s: no %I rows from row %I", lf->path, src->key, a,
+                         (lua_Integer)src->count, (lua_Integer)src->first + 1);
+        }
+        const int64_t row = s->shape[0] ? s->numel / s->shape[0] : 0;
+        const size_t esize = ck_st_dtype_size(s->dtype);
+        view.shape[0] = src->count;
+        view.numel = row * src->count;
+        view.nbytes = view.numel * (int64_t)esize;
+        view.offset = s->offset + src->first * row * (int64_t)esize;
+        snprintf(what, sizeof what, " rows %lld to %lld", (long long)src->first + 1,
+                 (long long)(src->first + src->count));
+    }
+    int64_t shape[CK_ST_MAX_DIMS];
+    for (int d = 0; d < view.ndim; d++) shape[d] = view.shape[d];
+    if (src->transpose) {
+        if (view.ndim != 2) {
+            shape_text(view.shape, view.ndim, a, sizeof a);
+            ck_lua_raise(L, "%s: tensor '%s'%s has shape %s: only a 2-D tensor transposes", lf->path, src->key,
+                         what, a);
+        }
+        shape[0] = view.shape[1];
+        shape[1] = view.shape[0];
+        snprintf(what + strlen(what), sizeof what - strlen(what), " transposed");
+    }
+    const int ok = src->reshape ? view.numel == ck_shape_numel(&t->shape) : same_shape(shape, view.ndim, &t->shape);
+    if (!ok) {
+        shape_text(shape, view.ndim, a, sizeof a);
+        ck_shape_str(&t->shape, b, sizeof b);
+        ck_lua_raise(L, "%s: tensor '%s'%s has shape %s, expected %s%s", lf->path, src->key, what, a, b,
+                     src->reshape ? " (or as many elements)" : "");
+    }
+    if (!ck_program_data(p, id) || p->poff[id] < 0)
+        ck_lua_raise(L, "'%s' is not an input or parameter", t->name ? t->name : src->key);
+    float *scratch = NULL;
+    if (src->transpose) {
+        /* read as stored, then written transposed */
+        ck_mem_check(L, view.numel, sizeof(float), "p:load of '%s' transposed (%lld values)", src->key,
+                     (long long)view.numel);
+        scratch = lua_newuserdatauv(L, sizeof(float) * (size_t)(view.numel ? view.numel : 1), 0);
+        s = ck_st_find(still_open(L, lf, 0)->f, src->key); /* the allocation may have run a finalizer */
+        if (!s) ck_lua_raise(L, "%s: missing tensor '%s'", lf->path, src->key);
+        ck_limits_charge(L, view.numel / 16);
+    }
+    float *dst = ck_program_write_begin(p, id, 0);
+    if (!dst) ck_lua_raise(L, "%s", p->err);
+    if (ck_st_read_f32(&view, scratch ? scratch : dst, view.numel, err, sizeof err)) ck_lua_raise(L, "%s", err);
+    if (scratch) {
+        const int64_t r = view.shape[0], c = view.shape[1];
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < c; j++) dst[j * r + i] = scratch[i * c + j];
+        lua_pop(L, 1);
+    }
+    if (ck_program_write_end(p, id)) ck_lua_raise(L, "%s", p->err);
+}
+
+/* p:load(file, {tensor_name = source, ...}) loads each named tensor, where a
+ * source is a key of the file or a table {key = ..., rows = {first, count} |
+ * transpose = true | reshape = true} (read raw); a missing or misshaped key
+ * is an error that names it and the file */
 static int l_load(lua_State *L)
 {
     ck_program *p = ck_lua_program_pinned(L, 1, 3);
@@ -208,8 +358,10 @@ static int l_load(lua_State *L)
     while (lua_next(L, 3)) { /* raw */
         if ((++k & 255) == 0) ck_limits_charge(L, 4096);
         int id = ck_lua_program_tensor(L, p, -2);
-        load_one(L, p, id, lf, luaL_checkstring(L, -1), 0, 0);
-        lua_pop(L, 1);
+        const int top = lua_gettop(L);
+        const source src = source_arg(L, -1);
+        load_source(L, p, id, lf, &src);
+        lua_settop(L, top - 1);
     }
     return 0;
 }

@@ -23,7 +23,7 @@ get_input_ids computes them from the tokenizer's output).
 --full-out: also tokenizes every string with the full vocabulary built from
 the real bpe file and writes the ids there (not committed: the check that
 ckrun gives the same with the real file is run by hand, see
-tests/lua/full_vocab_check.lua).
+tests/ref/full_vocab_check.lua).
 """
 
 import argparse
@@ -33,7 +33,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 
 import transformers
 from transformers import CLIPTokenizer
@@ -202,10 +201,10 @@ def main():
     print(f"{len(cases)} cases, vocab {len(vocab)}")
 
     if a.full_out:
-        with tempfile.TemporaryDirectory() as d:
-            write_folder(d, clip_vocab(merges), merges, "<|endoftext|>", "special_tokens_map")
-            tf = load(d)
-            full = [tf(c["text"], add_special_tokens=False).input_ids for c in cases]
+        d = a.full_out + ".d"  # the full folder, for the by-hand check of ckrun's folder loader
+        write_folder(d, clip_vocab(merges), merges, "<|endoftext|>", "special_tokens_map")
+        tf = load(d)
+        full = [tf(c["text"], add_special_tokens=False).input_ids for c in cases]
         with open(a.full_out, "w") as f:
             json.dump({"texts": [c["text"] for c in cases], "ids": full}, f, ensure_ascii=True)
         print(f"full vocabulary ids of {len(full)} strings in {a.full_out}")

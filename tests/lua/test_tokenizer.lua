@@ -57,7 +57,7 @@ T.ok(b.bos == ref.bos and b.eos == ref.eos and b.vocab_size == ref.vocab_size an
 T.ok(b2.pad == 0, "pad = \"!\" names the pad by its token")
 T.ok(ck.clip_tokenizer{bpe = D .. "bpe_small.txt.gz", pad = 7}.pad == 7, "pad = 7 gives the pad by id")
 
-all_cases("tokenize (BPE strings)", function(c) return l:tokenize(c.text), c.tokens_l end)
+all_cases("tokenize (BPE strings)", function(c) if c.tokens_l then return l:tokenize(c.text), c.tokens_l end end)
 
 local function wrap(ids, t)
   local w = {t.bos}
@@ -127,7 +127,7 @@ raises("vocab.json that is not JSON names it", "badjson/vocab%.json': vocab%.jso
 write("badjson/vocab.json", '{"a": -1}')
 raises("a negative id names the token", "badjson/vocab%.json': .*\"a\"", ck.clip_tokenizer, {dir = tmp .. "/badjson"})
 write("badjson/vocab.json", '{"a": 0}')
-raises("a vocabulary without <|startoftext|> says so", "has no <|startoftext|>", ck.clip_tokenizer,
+raises("a vocabulary without <|startoftext|> names vocab.json", "badjson/vocab%.json': vocab%.json has no <|startoftext|>", ck.clip_tokenizer,
   {dir = tmp .. "/badjson"})
 ck.mkdir(tmp .. "/badmerges")
 write("badmerges/vocab.json", assert(io.open(D .. "clip_l/vocab.json", "rb")):read("a"))
@@ -142,6 +142,10 @@ raises("a file that is no gzip names the file", "plain%.gz' is not a valid gzip 
 raises("pad not in the vocabulary", "pad token 'nosuchtoken' is not in the vocabulary",
   ck.clip_tokenizer, {bpe = D .. "bpe_small.txt.gz", pad = "nosuchtoken"})
 raises("pad id outside the vocabulary", "pad id 99999 is outside", ck.clip_tokenizer, {bpe = D .. "bpe_small.txt.gz", pad = 99999})
+raises("a folder outside the sandbox is denied through its door", "reading '/etc/vocab%.json' is denied",
+  ck.clip_tokenizer, {dir = "/etc"})
+raises("a .txt.gz outside the sandbox is denied", "reading '/etc/passwd' is denied", ck.clip_tokenizer, {bpe = "/etc/passwd"})
+raises("a directory given as bpe is no regular file", "is not a regular file", ck.clip_tokenizer, {bpe = D})
 raises("both dir and bpe", "one of dir", ck.clip_tokenizer, {dir = D .. "clip_l", bpe = D .. "bpe_small.txt.gz"})
 raises("invalid UTF-8 names the byte", "not valid UTF%-8 %(byte 3%)", l.encode, l, "ab\xff")
 raises("max_token_length not a multiple of 75", "multiple of 75", l.encode_chunks, l, "x", 100)

@@ -139,6 +139,10 @@ def test_strings():
         "score_9, score_8_up, score_7_up", "rating:safe", "artist:foo_bar",
         "abcdefghijklmnopqrstuvwxyz" * 4, "z" * 300, "ab" * 100, "ééééé" * 20,
     ]
+    # captions of exactly n tokens ("a" is one), at the edges of the 77 frame and of kohya's chunks
+    for n in (74, 75, 76, 149, 150, 151, 224, 225, 226):
+        s.append(" ".join(["a"] * n))
+        s.append(" ".join(["a"] * (n - 1)) + "!")
     rnd = random.Random(1234)
     for _ in range(40):
         k = rnd.randint(3, 30)
@@ -188,13 +192,15 @@ def main():
              "ids_g": tg(text, add_special_tokens=False).input_ids,
              "l77": tl(text, padding="max_length", truncation=True, max_length=77).input_ids,
              "g77": tg(text, padding="max_length", truncation=True, max_length=77).input_ids}
-        if len(c["ids_l"]) > 60 or i % 10 == 0:
+        if len(c["ids_l"]) > 80:
+            del c["tokens_l"]  # long captions repeat the words of shorter ones: their ids suffice
+        if (len(c["ids_l"]) > 60 and i % 3 == 0) or i % 40 == 0 or text.startswith("a a a"):
             c["l150"], c["g150"] = kohya_chunks(tl, text, 150), kohya_chunks(tg, text, 150)
             c["l225"], c["g225"] = kohya_chunks(tl, text, 225), kohya_chunks(tg, text, 225)
         cases.append(c)
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:
         json.dump({"bos": tl.bos_token_id, "eos": tl.eos_token_id, "vocab_size": len(vocab), "cases": cases}, f,
-                  ensure_ascii=True, separators=(",", ":"))
+                  ensure_ascii=False, separators=(",", ":"))
     with open(os.path.join(OUT, "VERSIONS.txt"), "w") as f:
         f.write(f"python {sys.version.split()[0]}\ntransformers {transformers.__version__} (slow CLIPTokenizer, "
                 f"ftfy not installed)\nbpe: first {SMALL_MERGES} merges of open_clip's bpe_simple_vocab_16e6.txt.gz\n")

@@ -283,7 +283,7 @@ static int l_clip_tokenizer(lua_State *L)
         k->t = ck_clip_bpe_from_files(b->file[0], b->flen[0], b->file[1], b->flen[1], err, sizeof err);
         if (!k->t) {
             /* the message names vocab.json or a merges line */
-            const char *bad = strncmp(err, "vocab.json", 10) == 0 ? lua_tostring(L, 7) : lua_tostring(L, 8);
+            const char *bad = strstr(err, "vocab.json") ? lua_tostring(L, 7) : lua_tostring(L, 8);
             return ck_lua_raise(L, "clip_tokenizer: '%s': %s", bad, err);
         }
         if (lua_isnil(L, 4)) {

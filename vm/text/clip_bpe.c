@@ -270,7 +270,7 @@ static int finish(ck_clip_bpe *t, char *err, size_t errlen)
     t->bos = ck_clip_bpe_id(t, sot, sizeof sot - 1);
     t->eos = ck_clip_bpe_id(t, eot, sizeof eot - 1);
     if (t->bos < 0 || t->eos < 0) {
-        fail(err, errlen, "the vocabulary has no %s", t->bos < 0 ? sot : eot);
+        fail(err, errlen, "vocab.json has no %s", t->bos < 0 ? sot : eot);
         return -1;
     }
     t->unk = t->eos;

@@ -23,6 +23,12 @@
  *   5. each resulting symbol becomes its vocabulary id (the unknown token,
  *      <|endoftext|>, when the vocabulary lacks it).
  *
+ * transformers 5 dropped the slow tokenizer: its CLIPTokenizer (the Rust
+ * one) keeps control and format characters, puts no spaces around CJK
+ * ideographs and lower-cases character by character, so it differs on such
+ * text (96 of the 286 reference strings with the full vocabulary); ckrun
+ * follows the slow one, which SDXL trainers of the 4.x era ran.
+ *
  * Unicode versions: character properties, case mapping and NFC come from
  * ICU (Debian 12's ICU 72: Unicode 15.0), the reference from Python 3.11
  * (unicodedata 14.0). Characters first assigned after Unicode 14.0 are

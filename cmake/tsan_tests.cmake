@@ -37,7 +37,7 @@ foreach(host test_host_threads)
   add_executable(${host}_tsan tests/c/${host}.c $<TARGET_OBJECTS:ck_tsan_objs>)
   target_compile_options(${host}_tsan PRIVATE ${CK_TSAN_FLAGS})
   target_link_options(${host}_tsan PRIVATE -fsanitize=thread)
-  target_link_libraries(${host}_tsan PRIVATE ${LUA_LINK_LIBRARIES} ${OPENBLAS_LIB} ${JANSSON_LIB} OpenMP::OpenMP_C Threads::Threads m)
+  target_link_libraries(${host}_tsan PRIVATE ${LUA_LINK_LIBRARIES} ${OPENBLAS_LIB} ${JANSSON_LIB} ${ICUUC_LIB} ${ZLIB_LIB} OpenMP::OpenMP_C Threads::Threads m)
   add_test(NAME ${host}_tsan COMMAND ${host}_tsan WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(${host}_tsan PROPERTIES ENVIRONMENT
     "OMP_NUM_THREADS=1;TSAN_OPTIONS=halt_on_error=1:exitcode=66:second_deadlock_stack=1")

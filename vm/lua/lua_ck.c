@@ -1460,6 +1460,7 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     luaL_newmetatable(L, PROGRAM_MT);
     luaL_newlib(L, program_methods);
     ck_lua_st_register(L, lib, lua_gettop(L));
+    ck_lua_text_register(L, lib);
     ck_lua_log_register(L, lib, lua_gettop(L));
     ck_lua_graph_register(L, lua_gettop(L));
     lua_pushcclosure(L, l_program_index, 1);

@@ -59,6 +59,8 @@ void ck_lua_json_register(lua_State *L, int lib);
 void ck_lua_hash_register(lua_State *L, int lib);
 /* vm/lua/lua_graph.c: p:graph() in the program methods at index methods */
 void ck_lua_graph_register(lua_State *L, int methods);
+/* vm/lua/lua_text.c: ck.clip_tokenizer */
+void ck_lua_text_register(lua_State *L, int lib);
 
 
 #endif

@@ -1,0 +1,166 @@
+-- ck.clip_tokenizer against transformers' slow CLIPTokenizer (4.57.1, no
+-- ftfy), token for token: tests/ref/make_tokenizer_ref.py wrote the expected
+-- tokens, ids, 77-token frames of both SDXL-style folders (pad <|endoftext|>
+-- and pad "!") and kohya-ss' 150/225 chunks for each string of
+-- tests/data/tokenizer/cases.json, tokenized with a small CLIP vocabulary
+-- (the first 3000 merges of the real bpe file). Bad files and bad arguments
+-- are one error naming the file and this script's line.
+package.path = "tests/lua/?.lua;" .. package.path
+local ck = require "ck"
+local T = require "check"
+
+local D = "tests/data/tokenizer/"
+local f = assert(io.open(D .. "cases.json", "rb"))
+local ref = ck.json_decode(f:read("a"))
+f:close()
+
+local function same(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do
+    if a[i] ~= b[i] then return false end
+  end
+  return true
+end
+
+local function show(t)
+  local s = {}
+  for i = 1, math.min(#t, 90) do s[i] = tostring(t[i]) end
+  return "{" .. table.concat(s, " ") .. (#t > 90 and " ..." or "") .. "}"
+end
+
+-- every case: f(case) -> got, want; the first mismatch is printed
+local function all_cases(what, f)
+  local bad, n = nil, 0
+  for i, c in ipairs(ref.cases) do
+    local got, want = f(c)
+    if want ~= nil then
+      n = n + 1
+      if not same(got, want) then
+        bad = string.format("case %d %q: got %s, want %s", i, c.text, show(got), show(want))
+        break
+      end
+    end
+  end
+  T.ok(bad == nil and n > 0, string.format("%s: %d strings match%s", what, n, bad and (" -- " .. bad) or ""))
+end
+
+local l = ck.clip_tokenizer{dir = D .. "clip_l"}
+local g = ck.clip_tokenizer{dir = D .. "clip_g"}
+local b = ck.clip_tokenizer{bpe = D .. "bpe_small.txt.gz"}
+local b2 = ck.clip_tokenizer{bpe = D .. "bpe_small.txt.gz", pad = "!"}
+
+T.ok(l.bos == ref.bos and l.eos == ref.eos and l.vocab_size == ref.vocab_size and l.pad == ref.eos,
+  string.format("clip_l: bos %d eos %d vocab %d, pad <|endoftext|> from special_tokens_map.json", l.bos, l.eos, l.vocab_size))
+T.ok(g.pad == 0 and g.eos == ref.eos, "clip_g: pad \"!\" (id 0) from tokenizer_config.json's {content = ...} entry")
+T.ok(b.bos == ref.bos and b.eos == ref.eos and b.vocab_size == ref.vocab_size and b.pad == b.eos,
+  "the .txt.gz builds CLIP's vocabulary: the same size and special ids as vocab.json, pad <|endoftext|> by default")
+T.ok(b2.pad == 0, "pad = \"!\" names the pad by its token")
+T.ok(ck.clip_tokenizer{bpe = D .. "bpe_small.txt.gz", pad = 7}.pad == 7, "pad = 7 gives the pad by id")
+
+all_cases("tokenize (BPE strings)", function(c) if c.tokens_l then return l:tokenize(c.text), c.tokens_l end end)
+
+local function wrap(ids, t)
+  local w = {t.bos}
+  for _, v in ipairs(ids) do w[#w + 1] = v end
+  w[#w + 1] = t.eos
+  return w
+end
+all_cases("encode, max_length = false (every token), clip_l", function(c)
+  return l:encode(c.text, {max_length = false}), wrap(c.ids_l, l)
+end)
+all_cases("encode, max_length = false, clip_g (a lone \"!\" is the pad token, id 0)", function(c)
+  return g:encode(c.text, {max_length = false}), wrap(c.ids_g, g)
+end)
+all_cases("encode to 77, truncated and padded with <|endoftext|> (clip_l)", function(c) return l:encode(c.text), c.l77 end)
+all_cases("encode to 77, truncated and padded with \"!\" (clip_g)", function(c) return g:encode(c.text), c.g77 end)
+all_cases("the .txt.gz gives the folder's ids (pad <|endoftext|>)", function(c) return b:encode(c.text), c.l77 end)
+all_cases("the .txt.gz with pad = \"!\" gives clip_g's ids", function(c) return b2:encode(c.text), c.g77 end)
+
+local function flat(chunks)
+  local t = {}
+  for _, ch in ipairs(chunks) do
+    if #ch ~= 77 then return {} end
+    for _, v in ipairs(ch) do t[#t + 1] = v end
+  end
+  return t
+end
+for _, k in ipairs{150, 225} do
+  all_cases("encode_chunks " .. k .. " as kohya-ss makes them, pad <|endoftext|>", function(c)
+    if c["l" .. k] then return flat(l:encode_chunks(c.text, k)), flat(c["l" .. k]) end
+  end)
+  all_cases("encode_chunks " .. k .. " as kohya-ss makes them, pad \"!\"", function(c)
+    if c["g" .. k] then return flat(g:encode_chunks(c.text, k)), flat(c["g" .. k]) end
+  end)
+end
+
+do
+  local c = l:encode_chunks("a photo of a cat", 75)
+  T.ok(#c == 1 and same(c[1], l:encode("a photo of a cat")), "encode_chunks 75: one chunk, the plain 77 frame")
+  local short = l:encode("a photo of a cat", {max_length = 8, pad = false})
+  T.ok(#short == 7 and short[1] == l.bos and short[7] == l.eos, "pad = false: no padding (" .. show(short) .. ")")
+  local cut = l:encode(string.rep("cat ", 50), {max_length = 10})
+  T.ok(#cut == 10 and cut[10] == l.eos and cut[9] ~= l.eos, "max_length = 10: 8 tokens, EOS last")
+end
+
+-- errors: one line naming the file and this script's line
+local tmp = string.format("out/test_tokenizer.%d", math.floor(ck.now() * 1e6))
+assert(ck.mkdir(tmp))
+local function write(name, s)
+  local h = assert(io.open(tmp .. "/" .. name, "wb"))
+  h:write(s)
+  h:close()
+  return tmp .. "/" .. name
+end
+local function raises(what, pattern, fn, ...)
+  local ok, err = pcall(fn, ...)
+  T.ok(not ok and tostring(err):find("test_tokenizer%.lua:%d+:") and tostring(err):find(pattern),
+    what .. " (" .. tostring(err) .. ")")
+end
+local src = assert(io.open(D .. "clip_l/merges.txt", "rb")):read("a")
+raises("a folder without vocab.json names the file", "missing/vocab%.json': No such file",
+  ck.clip_tokenizer, {dir = tmp .. "/missing"})
+ck.mkdir(tmp .. "/badjson")
+write("badjson/vocab.json", '{"a": 1,')
+write("badjson/merges.txt", src)
+raises("vocab.json that is not JSON names it", "badjson/vocab%.json': vocab%.json is not JSON",
+  ck.clip_tokenizer, {dir = tmp .. "/badjson"})
+write("badjson/vocab.json", '{"a": -1}')
+raises("a negative id names the token", "badjson/vocab%.json': .*\"a\"", ck.clip_tokenizer, {dir = tmp .. "/badjson"})
+write("badjson/vocab.json", '{"a": 0}')
+raises("a vocabulary without <|startoftext|> names vocab.json", "badjson/vocab%.json': vocab%.json has no <|startoftext|>", ck.clip_tokenizer,
+  {dir = tmp .. "/badjson"})
+ck.mkdir(tmp .. "/badmerges")
+write("badmerges/vocab.json", assert(io.open(D .. "clip_l/vocab.json", "rb")):read("a"))
+write("badmerges/merges.txt", "#version: 0.2\na b\nc d e\n")
+raises("a merges line of three tokens names the file and line", "badmerges/merges%.txt': merges line 3",
+  ck.clip_tokenizer, {dir = tmp .. "/badmerges"})
+local gz = assert(io.open(D .. "bpe_small.txt.gz", "rb")):read("a")
+raises("a truncated .gz names the file", "short%.gz' is not a valid gzip file",
+  ck.clip_tokenizer, {bpe = write("short.gz", gz:sub(1, #gz // 2))})
+raises("a file that is no gzip names the file", "plain%.gz' is not a valid gzip file",
+  ck.clip_tokenizer, {bpe = write("plain.gz", "#version 0.2\na b\n")})
+raises("pad not in the vocabulary", "pad token 'nosuchtoken' is not in the vocabulary",
+  ck.clip_tokenizer, {bpe = D .. "bpe_small.txt.gz", pad = "nosuchtoken"})
+raises("pad id outside the vocabulary", "pad id 99999 is outside", ck.clip_tokenizer, {bpe = D .. "bpe_small.txt.gz", pad = 99999})
+raises("a folder outside the sandbox is denied through its door", "reading '/etc/vocab%.json' is denied",
+  ck.clip_tokenizer, {dir = "/etc"})
+raises("a .txt.gz outside the sandbox is denied", "reading '/etc/passwd' is denied", ck.clip_tokenizer, {bpe = "/etc/passwd"})
+raises("a directory given as bpe is no regular file", "is not a regular file", ck.clip_tokenizer, {bpe = D})
+raises("both dir and bpe", "one of dir", ck.clip_tokenizer, {dir = D .. "clip_l", bpe = D .. "bpe_small.txt.gz"})
+raises("invalid UTF-8 names the byte", "not valid UTF%-8 %(byte 3%)", l.encode, l, "ab\xff")
+raises("max_token_length not a multiple of 75", "multiple of 75", l.encode_chunks, l, "x", 100)
+raises("max_length below 2", "max_length must be", l.encode, l, "x", {max_length = 1})
+
+-- options are read raw: a metatable on the options table is not consulted
+local opts = setmetatable({}, {__index = function() error("options read through __index") end})
+T.ok(pcall(l.encode, l, "x", opts), "encode's options are read raw")
+
+-- the scratch folder goes
+for _, d in ipairs{"badjson", "badmerges"} do
+  for _, n in ipairs(ck.listdir(tmp .. "/" .. d) or {}) do os.remove(tmp .. "/" .. d .. "/" .. n) end
+  os.remove(tmp .. "/" .. d)
+end
+for _, n in ipairs(ck.listdir(tmp) or {}) do os.remove(tmp .. "/" .. n) end
+os.remove(tmp)
+
+T.done()

@@ -42,6 +42,7 @@ struct ck_image_reader {
     uint64_t off;  /* next byte to read */
     unsigned char buf[IO_BUF];
     char msg[400]; /* a library's error, for the longjmp back */
+    char warn[200]; /* libpng's last warning, which often says why its error came */
     jmp_buf jb;
     int started;
     int row, pass, passes;
@@ -118,6 +119,12 @@ static void png_err_fn(png_structp png, png_const_charp msg)
 
 static void png_warn_fn(png_structp png, png_const_charp msg)
 {
+    ck_image_reader *r = png_get_error_ptr(png);
+    if (r) snprintf(r->warn, sizeof r->warn, "%s", msg);
+}
+
+static void pngw_warn_fn(png_structp png, png_const_charp msg)
+{
     (void)png;
     (void)msg;
 }
@@ -142,7 +149,9 @@ static int png_open(ck_image_reader *r, char *err, size_t errlen)
     if (!r->png) return fail(err, errlen, r->path, "out of memory");
     r->info = png_create_info_struct(r->png);
     if (!r->info) return fail(err, errlen, r->path, "out of memory");
-    if (setjmp(r->jb)) return fail(err, errlen, r->path, "not a valid PNG: %s", r->msg);
+    if (setjmp(r->jb))
+        return fail(err, errlen, r->path, "not a valid PNG: %s%s%s%s", r->msg, r->warn[0] ? " (" : "", r->warn,
+                    r->warn[0] ? ")" : "");
     png_set_read_fn(r->png, r, png_read_fn);
     /* the size is judged by the caller's pixel limit, not libpng's */
     png_set_user_limits(r->png, 0x7fffffff, 0x7fffffff);
@@ -257,11 +266,9 @@ static int jpeg_open(ck_image_reader *r, char *err, size_t errlen)
     jpeg_read_header(&r->jd, TRUE);
     r->w = (int)r->jd.image_width;
     r->h = (int)r->jd.image_height;
-    if (r->jd.jpeg_color_space == JCS_CMYK || r->jd.jpeg_color_space == JCS_YCCK)
-        return fail(err, errlen, r->path, "a CMYK JPEG, which is not supported (convert it to RGB)");
-    if (r->jd.num_components != 1 && r->jd.num_components != 3)
-        return fail(err, errlen, r->path, "a JPEG of %d components, which is not supported", r->jd.num_components);
-    r->jd.out_color_space = JCS_RGB;
+    /* a CMYK image's header still reads (its size, for ck.image_info);
+     * decoding it is refused at the first step */
+    if (r->jd.jpeg_color_space != JCS_CMYK && r->jd.jpeg_color_space != JCS_YCCK) r->jd.out_color_space = JCS_RGB;
     r->jd.dct_method = JDCT_ISLOW;
     r->jd.do_fancy_upsampling = TRUE;
     return 0;
@@ -271,6 +278,10 @@ static int jpeg_step(ck_image_reader *r, uint8_t *rgb, char *err, size_t errlen)
 {
     if (setjmp(r->jb)) return fail(err, errlen, r->path, "corrupt JPEG: %s", r->msg);
     if (!r->started) {
+        if (r->jd.jpeg_color_space == JCS_CMYK || r->jd.jpeg_color_space == JCS_YCCK)
+            return fail(err, errlen, r->path, "a CMYK JPEG, which is not supported (convert it to RGB)");
+        if (r->jd.num_components != 1 && r->jd.num_components != 3)
+            return fail(err, errlen, r->path, "a JPEG of %d components, which is not supported", r->jd.num_components);
         r->started = 1;
         jpeg_start_decompress(&r->jd);
         if (r->jd.output_components != 3 || (int)r->jd.output_width != r->w || (int)r->jd.output_height != r->h)
@@ -311,6 +322,11 @@ static int webp_open(ck_image_reader *r, char *err, size_t errlen)
     VP8StatusCode s = WebPGetFeatures(r->buf, (size_t)k, &f);
     if (s != VP8_STATUS_OK) return fail(err, errlen, r->path, "not a valid WebP: %s", vp8_status(s));
     if (f.has_animation) return fail(err, errlen, r->path, "an animated WebP, which is not supported");
+    /* the RIFF header's size: a file cut short of it is refused, even when
+     * what is left would decode */
+    const uint64_t riff = 8 + ((uint64_t)r->buf[4] | (uint64_t)r->buf[5] << 8 | (uint64_t)r->buf[6] << 16 |
+                               (uint64_t)r->buf[7] << 24);
+    if (r->size < riff) return fail(err, errlen, r->path, "not a valid WebP: %s", TRUNCATED);
     r->w = f.width;
     r->h = f.height;
     r->off = 0;
@@ -709,7 +725,7 @@ static int png_write_file(FILE *fp, int w, int h, const uint8_t *rgb, int ntext,
 {
     struct png_wctx c;
     c.msg[0] = 0;
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &c, pngw_err_fn, png_warn_fn);
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &c, pngw_err_fn, pngw_warn_fn);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!png || !info) {
         png_destroy_write_struct(&png, info ? &info : NULL);

@@ -133,6 +133,7 @@ static void flatten(lua_State *L, int t, float *x, int64_t n, int64_t *k, int de
 static int l_array(lua_State *L)
 {
     int64_t d[ARRAY_MAX_DIMS];
+    lua_settop(L, 2);
     const int nd = read_shape(L, 1, d, NULL);
     larray *a = new_array(L, nd, d);
     if (lua_type(L, 2) == LUA_TTABLE) {

@@ -198,6 +198,57 @@ static void test_corruption(const char *name, int tries)
     free(b);
 }
 
+/* a budget for the decoder's memory charge */
+typedef struct budget {
+    size_t limit, used, peak;
+} budget;
+
+static int take_fn(void *ud, size_t n, const char *what, char *err, size_t errlen)
+{
+    budget *b = ud;
+    if (b->used + n > b->limit) {
+        snprintf(err, errlen, "%s would pass the limit", what);
+        return -1;
+    }
+    b->used += n;
+    if (b->used > b->peak) b->peak = b->used;
+    return 0;
+}
+
+static void give_fn(void *ud, size_t n) { ((budget *)ud)->used -= n; }
+
+/* text chunks that inflate to 64 MiB: charged as libpng allocates them */
+static void test_charge(void)
+{
+    char path[1400], err[512];
+    snprintf(path, sizeof path, "%s/ztxt_bomb.png", data);
+    budget b = {32u << 20, 0, 0};
+    const ck_image_charge c = {take_fn, give_fn, &b};
+    ck_image_reader *r = ck_image_open_fd(open(path, O_RDONLY | O_CLOEXEC), path, 0, &c, err, sizeof err);
+    check(!r && strstr(err, path) == err && strstr(err, "the PNG decoder's memory would pass the limit") && b.used == 0,
+          "text chunks inflating past a 32 MiB budget are refused at the limit, every charge given back", "%s, %zu held",
+          r ? "opened" : err, b.used);
+    ck_image_close(r);
+    b = (budget){256u << 20, 0, 0};
+    r = ck_image_open_fd(open(path, O_RDONLY | O_CLOEXEC), path, 0, &c, err, sizeof err);
+    const char *k = NULL, *v = NULL;
+    int n = 0;
+    while (r && ck_image_text_at(r, n, &k, &v) == 0) n++;
+    const size_t peak = b.peak;
+    ck_image_close(r);
+    check(r && n == 16 && peak >= (size_t)64 << 20 && b.used == 0,
+          "under 256 MiB they are read (16 chunks), the peak charge at least their 64 MiB, all of it given back",
+          "%s, %d chunks, peak %zu, %zu held", r ? "opened" : err, n, peak, b.used);
+    /* a lossless WebP is charged its file and its whole image */
+    snprintf(path, sizeof path, "%s/lossless.webp", data);
+    b = (budget){1u << 20, 0, 0};
+    r = ck_image_open_fd(open(path, O_RDONLY | O_CLOEXEC), path, 0, &c, err, sizeof err);
+    const size_t held = b.used;
+    ck_image_close(r);
+    check(r && held >= 17 * 11 * 4 && b.used == 0, "a lossless WebP's decoder memory is charged while it is open",
+          "%zu held while open, %zu after", held, b.used);
+}
+
 static int near(float a, float b) { return fabsf(a - b) <= 1e-4f * fmaxf(1.0f, fabsf(b)); }
 
 static float byte_value(double v) { return (float)(v / 127.5 - 1.0); }
@@ -399,6 +450,7 @@ int main(void)
     for (size_t i = 0; i < sizeof cut / sizeof *cut; i++) test_prefixes(cut[i]);
     for (size_t i = 0; i < sizeof cut / sizeof *cut; i++) test_corruption(cut[i], 300);
     test_resample();
+    test_charge();
     test_write();
     rmdir(dir);
     printf("%d passed, %d failed\n", npass, nfail);

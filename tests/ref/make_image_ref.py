@@ -9,7 +9,8 @@ sd-scripts load), H*W*3 raw bytes. manifest.txt lists them:
 - 16-bit gray PNG: Pillow's convert("RGB") of mode I;16 clips values to 255,
   so its reference is the high byte of each sample (what ckrun decodes, and
   what Pillow itself keeps for 16-bit RGB);
-- cmyk.jpg has no .rgb: it must be refused.
+- cmyk.jpg has no .rgb: it must be refused;
+- ztxt_bomb.png (not in the manifest): text chunks that inflate to 64 MiB.
 PNGs Pillow cannot write (16-bit RGB and RGBA, Adam7 interlaced) are
 encoded here by hand (zlib, filter 0) and decoded by Pillow for the
 reference. Run: /work/venv-ref/bin/python tests/ref/make_image_ref.py
@@ -133,6 +134,13 @@ def main():
     save_ref("rgb8_interlaced.png", d, pillow_rgb(d), "png", 0, "Adam7")
     d = png_by_hand(picture(3, 5, 1), 0, 8, True)
     save_ref("gray8_interlaced_tiny.png", d, pillow_rgb(d), "png", 0, "Adam7, passes left empty")
+
+    # 16 zTXt chunks that inflate to 4 MiB each, for the decoder's memory
+    # charge (tests/c/test_image.c); not in the manifest
+    d = png_by_hand(picture(5, 7, 3), 2, 8, False)
+    bomb = b"".join(chunk(b"zTXt", b"k%d\0\0" % i + zlib.compress(b"a" * (4 << 20), 9)) for i in range(16))
+    with open(os.path.join(OUT, "ztxt_bomb.png"), "wb") as f:
+        f.write(d[:33] + bomb + d[33:])
 
     # JPEG: Pillow's libjpeg-turbo decodes; ours may differ in the last bit
     rgb = Image.fromarray(picture(11, 17, 3), "RGB")

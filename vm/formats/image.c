@@ -43,6 +43,7 @@ struct ck_image_reader {
     unsigned char buf[IO_BUF];
     char msg[400]; /* a library's error, for the longjmp back */
     char warn[200]; /* libpng's last warning, which often says why its error came */
+    char mem_err[300]; /* a charge refused to libpng's allocator */
     jmp_buf jb;
     int started;
     int row, pass, passes;
@@ -143,19 +144,61 @@ static void png_read_fn(png_structp png, png_bytep dst, size_t n)
     }
 }
 
+/* libpng's memory (text chunks, a decompressed zTXt or iCCP, row buffers)
+ * is charged as it is asked for: a small file whose chunks inflate to
+ * gigabytes is refused at the limit. Each block carries its size ahead. */
+#define PNG_HEAD 16
+
+static png_voidp png_malloc_fn(png_structp png, png_alloc_size_t n)
+{
+    ck_image_reader *r = png_get_mem_ptr(png);
+    if (n > SIZE_MAX - PNG_HEAD) return NULL;
+    if (r->charge.take) {
+        char msg[300];
+        if (r->charge.take(r->charge.ud, n + PNG_HEAD, "the PNG decoder's memory", msg, sizeof msg)) {
+            snprintf(r->mem_err, sizeof r->mem_err, "%s", msg);
+            return NULL;
+        }
+    }
+    unsigned char *p = malloc(n + PNG_HEAD);
+    if (!p) {
+        if (r->charge.give) r->charge.give(r->charge.ud, n + PNG_HEAD);
+        return NULL;
+    }
+    memcpy(p, &n, sizeof n);
+    return p + PNG_HEAD;
+}
+
+static void png_free_fn(png_structp png, png_voidp ptr)
+{
+    if (!ptr) return;
+    ck_image_reader *r = png_get_mem_ptr(png);
+    unsigned char *p = (unsigned char *)ptr - PNG_HEAD;
+    png_alloc_size_t n;
+    memcpy(&n, p, sizeof n);
+    if (r->charge.give) r->charge.give(r->charge.ud, n + PNG_HEAD);
+    free(p);
+}
+
 static int png_open(ck_image_reader *r, char *err, size_t errlen)
 {
-    r->png = png_create_read_struct(PNG_LIBPNG_VER_STRING, r, png_err_fn, png_warn_fn);
+    r->png = png_create_read_struct_2(PNG_LIBPNG_VER_STRING, r, png_err_fn, png_warn_fn, r, png_malloc_fn,
+                                      png_free_fn);
     if (!r->png) return fail(err, errlen, r->path, "out of memory");
     r->info = png_create_info_struct(r->png);
     if (!r->info) return fail(err, errlen, r->path, "out of memory");
-    if (setjmp(r->jb))
+    if (setjmp(r->jb)) {
+        if (r->mem_err[0]) return fail(err, errlen, r->path, "%s", r->mem_err);
         return fail(err, errlen, r->path, "not a valid PNG: %s%s%s%s", r->msg, r->warn[0] ? " (" : "", r->warn,
                     r->warn[0] ? ")" : "");
+    }
     png_set_read_fn(r->png, r, png_read_fn);
     /* the size is judged by the caller's pixel limit, not libpng's */
     png_set_user_limits(r->png, 0x7fffffff, 0x7fffffff);
     png_read_info(r->png, r->info);
+    /* libpng skips a text chunk it could not get memory for: refused here,
+     * rather than read without it */
+    if (r->mem_err[0]) return fail(err, errlen, r->path, "%s", r->mem_err);
     png_uint_32 w, h;
     int depth, color, interlace;
     png_get_IHDR(r->png, r->info, &w, &h, &depth, &color, &interlace, NULL, NULL);
@@ -178,7 +221,10 @@ static int png_open(ck_image_reader *r, char *err, size_t errlen)
 
 static int png_step(ck_image_reader *r, uint8_t *rgb, char *err, size_t errlen)
 {
-    if (setjmp(r->jb)) return fail(err, errlen, r->path, "corrupt PNG: %s", r->msg);
+    if (setjmp(r->jb)) {
+        if (r->mem_err[0]) return fail(err, errlen, r->path, "%s", r->mem_err);
+        return fail(err, errlen, r->path, "corrupt PNG: %s", r->msg);
+    }
     int rows = STEP_PIXELS / r->w;
     if (rows < 1) rows = 1;
     for (int k = 0; k < rows && r->pass < r->passes; k++) {

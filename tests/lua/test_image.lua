@@ -228,6 +228,29 @@ do
   os.remove("image_test_out.png")
 end
 
+-- option tables are read raw: their metamethods never run
+do
+  local trap = {__index = function() error("ran __index") end, __len = function() error("ran __len") end,
+                __pairs = function() error("ran __pairs") end}
+  local a = ck.image_load(DATA .. "rgb8.png", setmetatable({resize = setmetatable({5, 4}, trap)}, trap))
+  T.ok(a.shape[2] == 4 and a.shape[3] == 5, "image_load reads its options raw (no __index, __len)")
+  ck.write_png("image_test_raw.png", a, setmetatable({text = setmetatable({k = "v"}, trap)}, trap))
+  T.ok(ck.image_info("image_test_raw.png").text.k == "v", "write_png reads its options and text raw (no __pairs)")
+  os.remove("image_test_raw.png")
+end
+
+-- an image into a program input, without a Lua table
+do
+  local g = ck.graph()
+  local x = g:input("pixels", {2, 3, 11, 17})
+  local p = g:compile{outputs = {x * x}}
+  p:set("pixels", decoded["rgb8.png"], 2)
+  local back = p:array("pixels"):slice(1, 2, 1)
+  local same = #back == #decoded["rgb8.png"]
+  for i = 1, #back do same = same and back:get(i) == decoded["rgb8.png"]:get(i) end
+  T.ok(same, "a loaded image sets one batch entry of a program input and reads back the same")
+end
+
 -- the sandbox: reads and writes outside the allowed directories are denied
 fails(function() ck.write_png("../image_test_escape.png", decoded["rgb8.png"]) end,
   "writing '../image_test_escape.png' is denied", "write_png outside the working directory is denied")

@@ -214,6 +214,8 @@ do
     "NaN is refused, naming the file")
   fails(function() ck.write_png("image_test_out.png", a, {text = {[" bad key"] = "x"}}) end,
     "text key ' bad key' is not 1 to 79 printable ASCII", "a text key PNG cannot hold is refused")
+  fails(function() ck.write_png("image_test_out.png", a, {text = {k = "a\0b"}}) end, "text 'k' holds a NUL byte",
+    "a text value with a NUL byte is refused")
   fails(function() ck.write_png("image_test_out.png", ck.array({4, 2, 2})) end, "the array is [4, 2, 2], not [3, H, W]",
     "an array that is not [3, H, W] is refused")
   fails(function() ck.write_png("image_test_out.png", ck.array({3, 1, 1, 1, 1, 1, 1})) end,

@@ -139,17 +139,20 @@ static int l_image_load(lua_State *L)
     char err[512];
     int ow, oh;
     size_t scratch;
-    if (ck_image_xform_plan(&xf, w, h, &ow, &oh, &scratch, err, sizeof err))
+    if (ck_image_xform_plan(&xf, w, h, &ow, &oh, &scratch, err, sizeof err)) {
+        ck_image_close(*box);
+        *box = NULL;
         return ck_lua_raise(L, "%s: image_load: %s", path, err);
+    }
     /* the decoded bytes, the resampling's scratch and the array at once */
     const int64_t bytes = (int64_t)w * h * 3 + (int64_t)scratch + (int64_t)ow * oh * 3 * 4;
     ck_mem_check(L, bytes, 1, "decoding %s (%dx%d)", path, w, h);
     uint8_t *rgb = lua_newuserdatauv(L, (size_t)w * (size_t)h * 3, 0);
     int rc;
     while ((rc = ck_image_read_step(*box, rgb, err, sizeof err)) == 1) ck_limits_charge(L, 4096);
-    if (rc) return ck_lua_raise(L, "%s", err);
     ck_image_close(*box);
     *box = NULL;
+    if (rc) return ck_lua_raise(L, "%s", err);
     void *s = lua_newuserdatauv(L, scratch ? scratch : 1, 0);
     const int64_t d[3] = {3, oh, ow};
     float *out = ck_lua_newarray(L, 3, d);
@@ -196,7 +199,11 @@ static int l_write_png(lua_State *L)
                 lua_pushvalue(L, -2);
                 lua_rawseti(L, anchor, 2 * ntext + 1);
                 lua_pushvalue(L, -1);
-                lua_tostring(L, -1); /* converts the copy */
+                size_t vlen;
+                const char *val = lua_tolstring(L, -1, &vlen); /* converts the copy */
+                const char *key = lua_tostring(L, -3);
+                if (strlen(val) != vlen || strlen(key) != lua_rawlen(L, -3))
+                    return ck_lua_raise(L, "write_png: %s: text '%s' holds a NUL byte", path, key);
                 lua_rawseti(L, anchor, 2 * ntext + 2);
                 ntext++;
                 lua_pop(L, 1);

@@ -971,8 +971,15 @@ static int l_set(lua_State *L)
         n /= shape.d[0];
         at = (b - 1) * n;
     }
-    float *tmp = NULL;
-    if (!lua_isnumber(L, 3)) {
+    int64_t an = 0;
+    float *tmp = ck_lua_toarray_numel(L, 3, &an);
+    if (tmp && an != n) {
+        char s[128];
+        const char *name = p->g->t[id].name;
+        return luaL_error(L, "'%s' %s%s has %I elements, got an array of %I", name ? name : "tensor",
+                          ck_shape_str(&shape, s, sizeof s), entry ? " entry" : "", (lua_Integer)n, (lua_Integer)an);
+    }
+    if (!tmp && !lua_isnumber(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
         tmp = lua_newuserdatauv(L, sizeof(float) * (size_t)(n ? n : 1), 0);
         flat f = {tmp, n, 0, 0};
@@ -1463,6 +1470,7 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     ck_lua_text_register(L, lib);
     ck_lua_log_register(L, lib, lua_gettop(L));
     ck_lua_graph_register(L, lua_gettop(L));
+    ck_lua_array_register(L, lib, lua_gettop(L));
     lua_pushcclosure(L, l_program_index, 1);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_program_newindex);
@@ -1495,6 +1503,7 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     ck_lua_lock_register(L, lib);
     ck_lua_json_register(L, lib);
     ck_lua_hash_register(L, lib);
+    ck_lua_image_register(L, lib);
     lua_pushstring(L, CK_VERSION);
     lua_setfield(L, lib, "version");
     /* the host's plan request (ckrun --plan ...); nil without one */

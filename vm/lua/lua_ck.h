@@ -61,6 +61,17 @@ void ck_lua_hash_register(lua_State *L, int lib);
 void ck_lua_graph_register(lua_State *L, int methods);
 /* vm/lua/lua_text.c: ck.clip_tokenizer */
 void ck_lua_text_register(lua_State *L, int lib);
+/* vm/lua/lua_array.c: ck.array in the module table at index lib, p:array in the program methods at index methods */
+void ck_lua_array_register(lua_State *L, int lib, int methods);
+/* The values of the ck.array at idx (valid while it is reachable), its shape into *shape; NULL when idx is not an
+ * array. Raises for an array of more dims than a ck_shape holds. */
+float *ck_lua_toarray(lua_State *L, int idx, ck_shape *shape);
+/* The same with only the element count (any number of dims), into *numel */
+float *ck_lua_toarray_numel(lua_State *L, int idx, int64_t *numel);
+/* Pushes a new ck.array of shape d[0..ndim) (at most 8 dims; values unset), checked against the memory limit */
+float *ck_lua_newarray(lua_State *L, int ndim, const int64_t *d);
+/* vm/lua/lua_image.c: ck.image_info, ck.image_load, ck.write_png in the module table at index lib */
+void ck_lua_image_register(lua_State *L, int lib);
 
 
 #endif

@@ -251,7 +251,7 @@ end
 local function check_list(x, what, level, n, other)
   if type(x) ~= "table" then error(string.format("%s must be a list of numbers, got %s", what, type(x)), level + 1) end
   if n and #x ~= n then
-    error(string.format("%s holds %d values, %s %d", what, #x, other, n), level + 1)
+    error(string.format("%s holds %d values, %s holds %d", what, #x, other, n), level + 1)
   end
 end
 
@@ -376,9 +376,15 @@ function Sampler:step(model_output, i, x, noise_fn)
   check_step(self, i, 2)
   check_list(x, "step: x", 2)
   check_list(model_output, "step: model_output", 2, #x, "x")
-  if self.kind == "ddim" then return ddim_step(self, model_output, i, x) end
-  if self.kind == "dpm" then return dpm_step(self, model_output, i, x) end
-  return euler_step(self, model_output, i, x, noise_fn)
+  local r -- not tail calls: the errors euler_step raises name the caller's line
+  if self.kind == "ddim" then
+    r = ddim_step(self, model_output, i, x)
+  elseif self.kind == "dpm" then
+    r = dpm_step(self, model_output, i, x)
+  else
+    r = euler_step(self, model_output, i, x, noise_fn)
+  end
+  return r
 end
 
 -- Classifier-free guidance: uncond + scale * (cond - uncond), a new list

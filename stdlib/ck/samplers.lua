@@ -14,9 +14,9 @@
 --
 -- diffusers builds its schedule in float32 (betas, their cumulative product,
 -- the noise levels); the schedule here rounds each of those values to float32
--- the same way, because the float64 schedule's noise levels differ from
--- diffusers' by up to 1.3e-5 relative near t = 0. The steps themselves run in
--- float64.
+-- the same way and so gets diffusers' noise levels bit for bit, where float64
+-- ones differ by 1.3e-5 relative at t = 0 (the last Karras level). The steps
+-- themselves run in float64.
 local M = {}
 
 M.NAMES = {"euler", "euler_a", "ddim", "dpmpp_2m", "dpmpp_2m_karras"}

@@ -5,11 +5,11 @@
 --
 --   local samplers = require "ck.samplers"
 --   local s = samplers.new("dpmpp_2m_karras", {steps = 30})
---   local x = {}  -- N(0, 1) latents times s.init_noise_sigma
+--   local x = s:initial_latents(seed, 4 * 128 * 128)
 --   for i, t in ipairs(s.timesteps) do
 --     local xin = s:scale_model_input(x, i)
 --     local eps = samplers.cfg(unet(xin, t, uncond), unet(xin, t, cond), 5.0)
---     x = s:step(eps, i, x, noise_fn)
+--     x = s:step(eps, i, x, samplers.noise_fn(seed))
 --   end
 --
 -- diffusers builds its schedule in float32 (betas, their cumulative product,
@@ -17,6 +17,8 @@
 -- the same way and so gets diffusers' noise levels bit for bit, where float64
 -- ones differ by 1.3e-5 relative at t = 0 (the last Karras level). The steps
 -- themselves run in float64.
+local ck = require "ck"
+
 local M = {}
 
 M.NAMES = {"euler", "euler_a", "ddim", "dpmpp_2m", "dpmpp_2m_karras"}
@@ -26,11 +28,11 @@ local KIND = {euler = "euler", euler_a = "euler_a", ddim = "ddim", dpmpp_2m = "d
 -- the SDXL base scheduler config (stabilityai/stable-diffusion-xl-base-1.0)
 M.SDXL = {
   num_train_timesteps = 1000, beta_start = 0.00085, beta_end = 0.012, beta_schedule = "scaled_linear",
-  steps_offset = 1, timestep_spacing = "leading", set_alpha_to_one = false, lower_order_final = true,
+  steps_offset = 1, timestep_spacing = "leading", set_alpha_to_one = false,
 }
 local OPTIONS = {steps = "integer", prediction = "string", num_train_timesteps = "integer", beta_start = "number",
                  beta_end = "number", beta_schedule = "string", steps_offset = "integer",
-                 timestep_spacing = "string", set_alpha_to_one = "boolean", lower_order_final = "boolean"}
+                 timestep_spacing = "string", set_alpha_to_one = "boolean"}
 
 local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
 
@@ -139,7 +141,8 @@ Sampler.__index = Sampler
 -- timesteps (diffusers' scheduler.timesteps: floats for the Euler family,
 -- integers for DDIM and DPM++), sigmas (diffusers' sigmas, the final 0
 -- included; DDIM has none in diffusers: here its timesteps' noise levels),
--- init_noise_sigma, steps, name, prediction.
+-- init_noise_sigma, steps, name, prediction, alphas_cumprod (diffusers'
+-- float32 values, indexed by timestep + 1).
 function M.new(name, o)
   if type(name) ~= "string" or not KIND[name] then
     error(string.format("unknown sampler '%s' (samplers: %s)", tostring(name), table.concat(M.NAMES, ", ")), 2)
@@ -291,9 +294,9 @@ local function euler_step(self, out, i, x, noise_fn)
   end
   if self.kind == "euler_a" then
     if type(noise_fn) ~= "function" then
-      error("euler_a: step needs noise_fn(n), a function returning n N(0, 1) values", 3)
+      error("euler_a: step needs noise_fn(n, i), a function returning n N(0, 1) values (samplers.noise_fn(seed) makes one)", 3)
     end
-    local z = noise_fn(n)
+    local z = noise_fn(n, i)
     if type(z) ~= "table" or #z ~= n then
       error(string.format("euler_a: noise_fn(%d) must return a list of %d numbers, got %s", n, n,
         type(z) == "table" and (#z .. " values") or type(z)), 3)
@@ -370,8 +373,9 @@ end
 -- The latents after step i (1-based) from the model's output at step i for
 -- the latents x: a new list. DPM++ remembers the step's converted output for
 -- the next: a step continues the chain when it follows step i - 1, and starts
--- a new one (first order) otherwise. noise_fn(n) -> a list of n N(0, 1)
--- values: the ancestral sampler's noise, drawn once a step (the others ignore it).
+-- a new one (first order) otherwise. noise_fn(n, i) -> a list of n N(0, 1)
+-- values: the ancestral sampler's noise, drawn once a step (the others ignore
+-- it); M.noise_fn(seed) makes one.
 function Sampler:step(model_output, i, x, noise_fn)
   check_step(self, i, 2)
   check_list(x, "step: x", 2)
@@ -385,6 +389,36 @@ function Sampler:step(model_output, i, x, noise_fn)
     r = euler_step(self, model_output, i, x, noise_fn)
   end
   return r
+end
+
+-- keys of sampling's random streams (training's are 0x7100 .. 0x7400)
+M.KEY_LATENTS, M.KEY_ANCESTRAL = 0x7500, 0x7600
+
+-- n N(0, 1) values of the counter-based stream (seed, step, key): the same
+-- numbers on every run, machine and thread count
+function M.randn(seed, step, n, key)
+  for i, v in ipairs{seed, step, n, key} do
+    if math.type(v) ~= "integer" then
+      error(string.format("samplers.randn: argument %d must be an integer, got %s", i, tostring(v)), 2)
+    end
+  end
+  local out = {}
+  for k = 1, n do out[k] = ck.randn(seed, step, key, k - 1) end
+  return out
+end
+
+-- A noise_fn for step(): step i's noise is M.randn(seed, i, n, M.KEY_ANCESTRAL)
+function M.noise_fn(seed)
+  return function(n, i) return M.randn(seed, i, n, M.KEY_ANCESTRAL) end
+end
+
+-- The first latents for `seed`: n N(0, 1) values (step 0 of M.KEY_LATENTS)
+-- times init_noise_sigma, as diffusers' pipelines start
+function Sampler:initial_latents(seed, n)
+  local x = M.randn(seed, 0, n, M.KEY_LATENTS)
+  local s = self.init_noise_sigma
+  for k = 1, n do x[k] = x[k] * s end
+  return x
 end
 
 -- Classifier-free guidance: uncond + scale * (cond - uncond), a new list

@@ -110,8 +110,9 @@ do
         for k = 1, count do
           local at = string.format("%s/%d/%d/", case, N, k)
           local calls = 0
-          local noise_fn = function(n)
+          local noise_fn = function(n, i)
             calls = calls + 1
+            if i ~= k then failures[#failures + 1] = string.format("%s (noise_fn's step %s)", at, tostring(i)) end
             if ref.cases[case].sampler ~= "euler_a" then return nil end
             if n ~= #x then failures[#failures + 1] = string.format("%s (noise_fn(%s))", at, tostring(n)) end
             return f:read(at .. "noise")
@@ -178,6 +179,29 @@ do
 end
 
 -- fn calls the function that should fail, so the error names this file's line
+-- noise from the counter-based generator: the same for a seed and step, other for another
+do
+  local a, b = samplers.randn(7, 3, 5000, samplers.KEY_ANCESTRAL), samplers.noise_fn(7)(5000, 3)
+  local c, d = samplers.noise_fn(7)(5000, 4), samplers.noise_fn(8)(5000, 3)
+  local same, other_step, other_seed, mean, sq = true, 0, 0, 0, 0
+  for k = 1, 5000 do
+    if a[k] ~= b[k] or a[k] ~= ck.randn(7, 3, samplers.KEY_ANCESTRAL, k - 1) then same = false end
+    if c[k] ~= a[k] then other_step = other_step + 1 end
+    if d[k] ~= a[k] then other_seed = other_seed + 1 end
+    mean, sq = mean + a[k] / 5000, sq + a[k] * a[k] / 5000
+  end
+  T.ok(same and other_step == 5000 and other_seed == 5000,
+    "noise_fn(seed)(n, i) is ck.randn(seed, i, KEY_ANCESTRAL, 0 .. n - 1): repeatable, another for each step and seed")
+  T.ok(math.abs(mean) < 0.05 and math.abs(sq - 1) < 0.06, string.format("and N(0, 1) (mean %.3f, E[x^2] %.3f)", mean, sq))
+  local s = samplers.new("euler", {steps = 30})
+  local x = s:initial_latents(7, 300)
+  local ok = #x == 300
+  for k = 1, 300 do
+    if x[k] ~= ck.randn(7, 0, samplers.KEY_LATENTS, k - 1) * s.init_noise_sigma then ok = false end
+  end
+  T.ok(ok, "initial_latents(seed, n): n values of the seed's latent stream times init_noise_sigma")
+end
+
 local function fails(want, what, fn)
   local ok, err = pcall(fn)
   T.ok(not ok and tostring(err):match("test_samplers%.lua:%d+: ") and tostring(err):find(want, 1, true) ~= nil and

@@ -235,7 +235,7 @@ do
     function() local r = s:scale_model_input(x, 0); return r end)
   fails("step: model_output holds 2 values, x holds 3", "a model output of another size is refused",
     function() local r = s:step({1, 2}, 1, x, zeros); return r end)
-  fails("euler_a: step needs noise_fn(n)", "the ancestral sampler needs its noise",
+  fails("euler_a: step needs noise_fn(n, i)", "the ancestral sampler needs its noise",
     function() local r = s:step(x, 1, x); return r end)
   fails("noise_fn(3) must return a list of 3 numbers, got 2 values", "noise of the wrong size is refused",
     function() local r = s:step(x, 1, x, function() return {0, 0} end); return r end)

@@ -23,13 +23,27 @@ local fit = require "ck.fit"
 
 local options = require "ck.options"
 
-local function full_or_tiny(full, tiny) return function(v) if v.size == "full" then return full end return tiny end end
-local o = options.parse(args, {
+local imagedata = require "ck.imagedata"
+local checkpoint = require "ck.checkpoint"
+
+-- a base model (--pretrained-model-name-or-path) is SDXL-sized, as --size full
+local function full_or_tiny(full, tiny)
+  return function(v) if v.size == "full" or v["pretrained-model-name-or-path"] then return full end return tiny end
+end
+local spec = {
   about = "Train LoRA adapters (or, with --full, every parameter) of an SDXL UNet on cached latents.",
   -- the model and the data
   {"size", "choice", "tiny", "sdxl-tiny (8M parameters), sdxl-mid (SDXL at half width, 330M parameters) " ..
    "or the real SDXL UNet", choices = {"tiny", "mid", "full"}},
-  {"data", "string", "synthetic", "a folder of .safetensors samples, or the synthetic set", arg = "DIR|synthetic"},
+  {"data", "string", "synthetic", "a folder of images with captions (kohya's layout), a folder of .safetensors " ..
+   "samples, or the synthetic set", arg = "DIR|synthetic"},
+  {"pretrained-model-name-or-path", "string", nil, "the base model: an SDXL single-file checkpoint or a diffusers " ..
+   "folder (UNet, VAE, text encoders, tokenizers)", arg = "PATH"},
+  {"tokenizer", "string", nil, "CLIP's BPE vocabulary for a base model without tokenizer folders (open_clip's " ..
+   "bpe_simple_vocab_16e6.txt.gz) or a tokenizer folder", arg = "FILE|DIR"},
+  {"cache-latents-to-disk", "flag", false, "keep the encoded images on disk (ckrun always does: beside the images, " ..
+   "or in --cache-dir)"},
+  {"cache-dir", "string", nil, "where the encoded images go (default: beside the images)", arg = "DIR"},
   {"samples", "integer", 16, "the synthetic set's size", min = 1},
   {"weights", "string", nil, "the base UNet in diffusers key names (default: a seeded random base)", arg = "FILE"},
   {"resolution", "integer", full_or_tiny(1024, 256), "pixels per side (latents are 1/8 of it)", arg = "PX",
@@ -40,8 +54,8 @@ local o = options.parse(args, {
   {"steps", "integer", 300, "batches to train", min = 1},
   {"seed", "integer", 1, "the seed of weights, data, noise and timesteps", min = 0},
   -- the objective
-  {"prediction", "choice", function(v) return v.weights and "eps" or "v" end, "what the UNet predicts",
-   choices = {"eps", "v"}, shown = "eps with --weights, else v"},
+  {"prediction", "choice", function(v) return (v.weights or v["pretrained-model-name-or-path"]) and "eps" or "v" end,
+   "what the UNet predicts", choices = {"eps", "v"}, shown = "eps with a base model, else v"},
   {"noise-offset", "number", 0, "noise offset", min = 0},
   {"ip-noise-gamma", "number", 0, "input perturbation: noise the model sees and the target leaves out", min = 0},
   {"min-timestep", "integer", 0, "timesteps are drawn from [min, max)", min = 0},
@@ -102,7 +116,12 @@ local o = options.parse(args, {
    says = "must be a positive number of steps"},
   {"log-async", "flag", false, "a writer thread writes the log"},
   {"log-flush", "number", 1, "with --log-async: seconds between writes", above = 0},
-})
+}
+-- the image dataset's options, kohya's names (ck.imagedata); --resolution is the one above
+for _, opt in ipairs(imagedata.OPTIONS) do
+  if opt[1] ~= "resolution" then spec[#spec + 1] = opt end
+end
+local o = options.parse(args, spec)
 if not o then return end
 -- the adapter's options, which --full (every parameter trained) does not take
 local LORA_OPTIONS = {"rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "loraplus-lr-ratio", "targets",
@@ -124,6 +143,18 @@ end
 
 local size = o.size
 local config = unet.config(({tiny = "sdxl-tiny", mid = "sdxl-mid", full = "sdxl"})[size])
+-- the base model as users have it: a single-file SDXL checkpoint or a
+-- diffusers folder (its unet/config.json builds the UNet)
+local base_path = o["pretrained-model-name-or-path"]
+local base
+if base_path then
+  if o.weights then error("--weights and --pretrained-model-name-or-path both give the base UNet: give one") end
+  if o:given("size") then error("--size picks a random base; --pretrained-model-name-or-path gives the model") end
+  base = checkpoint.open(base_path)
+  config = base.unet_config and checkpoint.unet_config(base.unet_config, base_path .. "/unet/config.json")
+    or unet.config("sdxl")
+  size = base.kind == "single" and "single file" or "diffusers folder"
+end
 local resolution = o.resolution
 local latent = resolution // 8
 local batch = o.batch
@@ -212,16 +243,63 @@ end
 -- trained by a program of its own (at each batch size its batches have), all
 -- compiled before the first step and sharing one set of weights
 local dataset
-if not ck.plan_mode or o.data ~= "synthetic" then
+local shapes, sizes = {{config.in_channels, latent, latent}}, {{batch}}
+-- a folder of images: encoded once into the cache (the VAE and both text
+-- encoders as programs of their own, closed before the UNet's are made), or
+-- with caption augmentation the latents alone, the captions encoded at each step
+local encode = require "ck.encode"
+local images = o.data ~= "synthetic" and encode.is_image_folder(o.data)
+local caption_aug = o["shuffle-caption"] or o["caption-dropout-rate"] > 0 or o["caption-tag-dropout-rate"] > 0
+local models, captions, encode_bound, text_runs
+local settings_img
+if images then
+  local io_opts = {resolution = {tostring(resolution)}}
+  for _, opt in ipairs(imagedata.OPTIONS) do
+    if opt[1] ~= "resolution" then io_opts[opt[1]] = o[opt[1]] end
+  end
+  settings_img = imagedata.settings(io_opts)
+  local set = imagedata.scan(o.data, settings_img.scan)
+  local plan = imagedata.assign(set, imagedata.buckets(settings_img.buckets))
+  models = encode.models{base = base, seed = seed, tokenizer = o.tokenizer}
+  -- the encoders' widths must be the UNet's
+  local width = models.text_l.hidden_size + models.text_g.hidden_size
+  if width ~= config.cross_attention_dim or models.text_g.projection_dim ~= pooled_dim then
+    error(string.format("%s: the text encoders give %d channels and a pooled embedding of %d; the UNet takes %d and %d",
+      base_path or "the tiny model", width, models.text_g.projection_dim, config.cross_attention_dim, pooled_dim))
+  end
+  local files
+  if ck.plan_mode then
+    files = nil
+  else
+    files, encode_bound = encode.cache(plan, models, {cache_dir = o["cache-dir"] or set.dir, seed = seed,
+      flip_aug = o["flip-aug"], random_crop = o["random-crop"], progress = true, text = not caption_aug})
+  end
+  -- each image as often as its folder repeats it, with its caption
+  local list, caps, shp = {}, {}, {}
+  for i, e in ipairs(plan.items) do
+    for _ = 1, e.repeats do
+      list[#list + 1] = files and files[i] or false
+      caps[#caps + 1] = e.caption
+      shp[#shp + 1] = {config.in_channels, e.bucket[2] // 8, e.bucket[1] // 8}
+    end
+  end
+  captions = caps
+  if files then
+    dataset = data.latents(o.data, {files = list, batch = batch, seed = seed, timesteps = 1000, flip_aug = o["flip-aug"],
+                                    text = not caption_aug})
+  else -- --plan: the buckets from the images' headers, nothing encoded
+    dataset = data.shapes_only(shp, {batch = batch})
+  end
+elseif not ck.plan_mode or o.data ~= "synthetic" then
   dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples, timesteps = 1000,
     height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
 end
-local shapes, sizes = {{config.in_channels, latent, latent}}, {{batch}}
 if dataset then shapes, sizes = dataset:bucket_shapes() end
 do -- the data must fit the model
-  local s, source = dataset and dataset:shapes() or {}, nil
+  local s, source = {}, nil
+  if dataset and not images then s, source = dataset:shapes() end
   local want = {prompt_embeds = {sdxl.TOKENS, config.cross_attention_dim}, pooled_prompt_embeds = {pooled_dim}}
-  for name, shape in pairs(dataset and want or {}) do
+  for name, shape in pairs(dataset and not images and want or {}) do
     if table.concat(s[name], ",") ~= table.concat(shape, ",") then
       error(string.format("%s: tensor '%s' has shape [%s], the model expects [%s]", source, name,
         table.concat(s[name], ", "), table.concat(shape, ", ")))
@@ -258,6 +336,39 @@ for k = 1, #shapes do
     run_for(k, n)
     nprograms = nprograms + 1
   end
+end
+-- with caption augmentation, both text encoders at each batch size, sharing
+-- one copy of their weights: a batch's captions are made and encoded at each step
+text_runs = {}
+if caption_aug and images and not ck.plan_mode then
+  local first
+  for k = 1, #shapes do
+    for _, n in ipairs(sizes[k]) do
+      if not text_runs[n] then
+        text_runs[n] = encode.text_program(models, n, first and first.program or nil)
+        first = first or text_runs[n]
+      end
+    end
+  end
+end
+-- the text embeddings of samples idx into r's inputs: each caption as this
+-- use makes it (augment: shuffled, tags dropped, as ck.imagedata.caption), or as written
+local function set_text(r, idx, augment)
+  if not text_runs[#idx] then return end
+  local caps = {}
+  for b, i in ipairs(idx) do
+    if augment then
+      local c = {}
+      for k, v in pairs(settings_img.caption) do c[k] = v end
+      c.seed, c.epoch, c.index = seed, dataset.epoch, dataset.pos - #idx + b
+      caps[b] = imagedata.caption(captions[i], c)
+    else
+      caps[b] = captions[i]
+    end
+  end
+  local pe, pooled = encode.encode_text(text_runs[#idx], models, caps)
+  r.program:set(r.inputs.prompt_embeds, pe)
+  r.program:set(r.inputs.pooled_prompt_embeds, pooled)
 end
 local bucket_lines = {}
 if #shapes > 1 then
@@ -313,6 +424,14 @@ if o.weights then
   end
   p:load(f, map)
   print(string.format("loaded %d tensors from %s in %.2f s", n, o.weights, ck.now() - t0))
+elseif base then
+  local t0 = ck.now()
+  local params = {}
+  for _, t in ipairs(g:params()) do
+    if t.kind == "frozen" or full then params[#params + 1] = t end
+  end
+  local n = checkpoint.load(p, "unet", base.unet, params)
+  print(string.format("loaded %d UNet tensors from %s in %.2f s", n, base_path, ck.now() - t0))
 end
 
 
@@ -325,6 +444,7 @@ local function validate()
     local r = run_for(b.bucket, #b.idx)
     r.program.training = false -- no dropout
     local given = dataset:load(r.program, r.inputs, b.idx, true)
+    set_text(r, b.idx, false)
     given.eval = true
     r.objective:prepare(r.program, given, -v)
     total = total + r.program:forward()
@@ -402,6 +522,7 @@ for step = start, steps do
   local idx, k = dataset:next_indices()
   local r = run_for(k, #idx)
   local given = dataset:load(r.program, r.inputs, idx)
+  set_text(r, idx, true)
   r.objective:prepare(r.program, given)
   -- a non-finite loss or gradient stops the run here, naming the step and the op
   local l = logger:step(r.program, {lr = lr_at(p.updates)})
@@ -443,4 +564,7 @@ print("wrote logs to " .. log_dir)
 save_lora(out, p.steps)
 print("wrote " .. out)
 -- the whole run's memory against the plan's bound (README, "Memory outside the plan")
-print(memory.summary(p, device_before))
+local all = {p} -- every program the run holds: the buckets', the text encoders'
+for _, byn in pairs(runs) do for _, rr in pairs(byn) do if rr.program ~= p then all[#all + 1] = rr.program end end end
+for _, tr in pairs(text_runs) do all[#all + 1] = tr.program end
+print(memory.summary(p, device_before, all, encode_bound))

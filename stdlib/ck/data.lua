@@ -46,12 +46,15 @@ end
 -- num_train_timesteps, 1000: a sample's own timestep must be a whole number
 -- below it), flip_aug (samples that hold latents_flipped and
 -- time_ids_flipped are mirrored at half their uses), files (the sample files,
--- in order, instead of every file of src), and for synthetic: n, height, width
+-- in order, instead of every file of src), text = false (the samples hold
+-- latents and time_ids only: the caller sets the text embeddings), and for
+-- synthetic: n, height, width
 -- (latent size), cross_attention_dim, pooled_dim.
 function M.latents(src, o)
   o = o or {}
   local self = setmetatable({batch = o.batch or 1, seed = o.seed or 1, epoch = 0, pos = 0,
-                             timesteps = o.timesteps or 1000, flip_aug = o.flip_aug}, Dataset)
+                             timesteps = o.timesteps or 1000, flip_aug = o.flip_aug,
+                             fields = o.text == false and {"latents", "time_ids"} or M.FIELDS}, Dataset)
   if src == nil or src == "synthetic" then
     self.synthetic = true
     self.n = o.n or 16
@@ -85,12 +88,16 @@ end
 -- it: self.buckets, a list of {shape = {C, H, W}, members = {sample indices}}
 -- in order of first appearance, and self.bucket_of[i]. With one shape there
 -- are no buckets (self.buckets nil), and batching is as it always was.
-function Dataset:find_buckets()
+local function latents_shape(path)
+  local f <close> = ck.safetensors(path)
+  if not f:has("latents") then error(path .. ": missing tensor 'latents'", 0) end
+  return f:shape("latents")
+end
+
+function Dataset:find_buckets(shape_of)
   local by, list, of = {}, {}, {}
-  for i, path in ipairs(self.files) do
-    local f <close> = ck.safetensors(path)
-    if not f:has("latents") then error(path .. ": missing tensor 'latents'", 0) end
-    local shape = f:shape("latents")
+  for i = 1, self.n do
+    local shape = (shape_of or function(k) return latents_shape(self.files[k]) end)(i)
     local key = table.concat(shape, "x")
     local b = by[key]
     if not b then
@@ -231,6 +238,17 @@ end
 -- Loads the samples `idx` into the program's inputs (a table field name ->
 -- tensor); eval: a validation batch (never mirrored). Returns what the samples carried themselves: {noise = true,
 -- timesteps = {...}} when every sample had them.
+-- A set that only knows its samples' latent shapes (a list of {C, H, W}):
+-- --plan's buckets for a folder of images not encoded yet. It batches and
+-- reports shapes as a set of those samples would, and loads nothing.
+function M.shapes_only(list, o)
+  local self = setmetatable({batch = o.batch or 1, seed = o.seed or 1, epoch = 0, pos = 0, n = #list,
+                             shapes_list = list}, Dataset)
+  self:find_buckets(function(i) return list[i] end)
+  self:shuffle()
+  return self
+end
+
 function Dataset:load(p, inputs, idx, eval)
   local given = {}
   local all_noise, all_t, ts = true, true, {}
@@ -246,7 +264,7 @@ function Dataset:load(p, inputs, idx, eval)
       -- at half its uses, drawn by (seed, epoch, position in the epoch)
       local flip = not eval and self.flip_aug and f:has("latents_flipped") and
         ck.random(self.seed, self.epoch, 0x6200, self.pos + b) < 0.5
-      for _, name in ipairs(M.FIELDS) do
+      for _, name in ipairs(self.fields) do
         if not f:has(name) then error(path .. ": missing tensor '" .. name .. "'", 0) end
         local from = name
         if flip and (name == "latents" or name == "time_ids") then from = name .. "_flipped" end
@@ -269,9 +287,10 @@ function Dataset:shapes()
     return {latents = s.latents[1], prompt_embeds = s.prompt_embeds[1], pooled_prompt_embeds = s.pooled_prompt_embeds[1]},
       "synthetic sample 1"
   end
+  if self.shapes_list then return {latents = self.shapes_list[1]}, "the images" end
   local f <close> = ck.safetensors(self.files[1])
   local out = {}
-  for _, name in ipairs(M.FIELDS) do
+  for _, name in ipairs(self.fields) do
     if not f:has(name) then error(self.files[1] .. ": missing tensor '" .. name .. "'", 0) end
     out[name] = f:shape(name)
   end

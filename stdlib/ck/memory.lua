@@ -15,14 +15,27 @@ M.RUNTIME_PER_THREAD = 4 * 2 ^ 20
 -- then device rows on a GPU), the bound on the process's peak RSS (nil on a
 -- GPU, where the CUDA libraries' host memory is not planned, and when the Lua
 -- heap has no cap), and the device's whole figure (nil on the CPU).
-function M.outside(p)
+-- programs: every program the run holds at once, p among them (default {p}):
+-- their graphs, op lists and stages are added up, and their arenas, one per
+-- group of programs that share weights (compile{share}).
+function M.outside(p, programs)
   local o = p:outside_plan()
   local plan = p:plan()
   local cpu = p:device() == "cpu"
+  local graph, stage, ops, arenas, seen = 0, 0, 0, 0, {}
+  for _, q in ipairs(programs or {p}) do
+    local qo, qp = q:outside_plan(), q:plan()
+    graph, stage, ops = graph + qo.graph, stage + qo.stage, ops + qp.ops
+    if not seen[qp.group_id] then
+      seen[qp.group_id] = true
+      arenas = arenas + qp.group_arena
+    end
+  end
+  local nprog = #(programs or {p})
   local rows = {
-    {"graph", "graph and op lists", o.graph, string.format("%d ops in the training list, %.0f bytes per op",
-      plan.ops, o.graph / math.max(1, plan.ops))},
-    {"stage", "host stage", o.stage, cpu and o.stage == 0 and "none: fp32 tensors are read in place" or
+    {"graph", "graph and op lists", graph, string.format("%d ops in the training list%s, %.0f bytes per op",
+      ops, nprog > 1 and string.format("s of %d programs", nprog) or "", graph / math.max(1, ops))},
+    {"stage", "host stage", stage, cpu and stage == 0 and "none: fp32 tensors are read in place" or
       "the host copy of the largest tensor read or written"},
     {"file_staging", "file staging", o.file_buffer, "safetensors' buffers: one file read and one written at a time"},
     {"lua_heap_limit", "Lua heap limit", o.lua_heap_limit, o.lua_heap_limit > 0 and
@@ -34,13 +47,13 @@ function M.outside(p)
   local host = 0
   for _, r in ipairs(rows) do host = host + r[3] end
   if cpu then
-    local bound = o.lua_heap_limit > 0 and host + plan.group_arena or nil
-    return rows, bound, nil, host
+    local bound = o.lua_heap_limit > 0 and host + arenas or nil
+    return rows, bound, nil, host, arenas
   end
   rows[#rows + 1] = {"device_fixed", "device: library workspace", o.device_fixed, "cuBLAS's workspace and a reduction scratch"}
   rows[#rows + 1] = {"cuda_context", "device and host: CUDA", nil,
     "not planned: the CUDA context and the libraries' own memory (BENCHMARKS.md measures them)"}
-  return rows, nil, plan.device_bytes, host
+  return rows, nil, plan.device_bytes, host, arenas
 end
 
 -- The rows for `--plan`'s table.
@@ -87,8 +100,11 @@ end
 -- One line: the process's peak RSS so far against the bound; on a GPU the
 -- device memory in use now against the plan, from device_before (the
 -- memory in use before the program was compiled, M.device_used()).
-function M.summary(p, device_before)
-  local _, bound, device = M.outside(p)
+-- programs as M.outside takes them; floor: a bound an earlier phase of the
+-- run stated (the image encoders'), which the peak so far may have reached.
+function M.summary(p, device_before, programs, floor)
+  local _, bound, device, _, arena = M.outside(p, programs)
+  if bound and floor and floor > bound then bound = floor end
   local _, peak = ck.rss()
   if device then
     local now = M.device_used()
@@ -99,7 +115,6 @@ function M.summary(p, device_before)
   if not bound then
     return string.format("memory: peak RSS %.1f MiB (no bound: the Lua heap has no cap)", peak / 2 ^ 20)
   end
-  local arena = p:plan().group_arena
   return string.format("memory: peak RSS %.1f MiB, %s the plan's bound of %.1f MiB (arena %.1f MiB + %.1f MiB outside it)",
     peak / 2 ^ 20, peak <= bound and "within" or "ABOVE", bound / 2 ^ 20, arena / 2 ^ 20, (bound - arena) / 2 ^ 20)
 end

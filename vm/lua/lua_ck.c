@@ -1153,6 +1153,7 @@ static int l_plan(lua_State *L)
     /* programs that share weights (compile{share=}): their one arena, and the bytes of it they share */
     set_int(L, "group_arena", (lua_Integer)p->grp->need);
     set_int(L, "shared", (lua_Integer)p->grp->shared);
+    set_int(L, "group_id", (lua_Integer)(uintptr_t)p->grp); /* equal for the members of one group */
     set_int(L, "device_bytes", (lua_Integer)ck_device_bytes(p->be, p->grp->need)); /* the group's one arena */
     set_int(L, "ops", pl->n);
     set_int(L, "recompute_ops", nrec);

@@ -500,7 +500,7 @@ static int l_save(lua_State *L)
 }
 
 /* ck.write_safetensors(path, {{key, shape, values}, ...} [, metadata [, dtype]]):
- * values a flat list of numbers; saved atomically */
+ * values a flat list of numbers or a ck.array of as many; saved atomically */
 static int l_write(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
@@ -531,12 +531,23 @@ static int l_write(lua_State *L)
             lua_pop(L, 1);
         }
         lua_rawgeti(L, e, 3);
-        luaL_checktype(L, -1, LUA_TTABLE);
-        const lua_Unsigned nv = lua_rawlen(L, -1);
+        int64_t anum = 0;
+        const float *arr = ck_lua_toarray_numel(L, -1, &anum); /* a ck.array, or a flat list */
+        if (!arr) luaL_checktype(L, -1, LUA_TTABLE);
+        const lua_Unsigned nv = arr ? (lua_Unsigned)anum : lua_rawlen(L, -1);
         if (nv != (lua_Unsigned)numel)
             return ck_lua_raise(L, "'%s': %I values for %I elements", key, (lua_Integer)nv, (lua_Integer)numel);
+        ck_mem_check(L, numel, sizeof(float), "a copy of '%s' (%lld values) to write", key, (long long)numel);
         float *x = lua_newuserdatauv(L, sizeof(float) * (size_t)(numel ? numel : 1), 0);
-        for (int64_t k = 0; k < numel; k++) {
+        arr = arr ? ck_lua_toarray_numel(L, -2, &anum) : NULL; /* again: the allocation may have run Lua */
+        if (arr) {
+            for (int64_t k = 0; k < numel; k += 1 << 16) {
+                const int64_t m = numel - k < 1 << 16 ? numel - k : 1 << 16;
+                memcpy(x + k, arr + k, sizeof(float) * (size_t)m);
+                ck_limits_charge(L, m >> 4);
+            }
+        }
+        for (int64_t k = 0; !arr && k < numel; k++) {
             if ((k & 4095) == 4095) ck_limits_charge(L, 4096);
             lua_rawgeti(L, -2, k + 1);
             x[k] = (float)luaL_checknumber(L, -1);

@@ -1,0 +1,229 @@
+-- From images and captions to the samples training reads: the SDXL VAE's
+-- encoder and both text encoders as ck programs, run once per image into a
+-- cache of sample files (latents, prompt_embeds, pooled_prompt_embeds,
+-- time_ids: the format ck.data.latents reads), keyed so that a changed image,
+-- caption or setting re-encodes only that image.
+--
+--   local encode = require "ck.encode"
+--   local models = encode.models{base = desc_or_nil, size = "tiny", seed = 1}
+--   local files = encode.cache(plan, models, {cache_dir = "out/cache", seed = 1, flip_aug = false})
+--
+-- One VAE program per bucket shape, all sharing one copy of the VAE's weights
+-- (compile{share}); one text program for both encoders. The programs exist
+-- while encoding and are closed after it, before the training programs are
+-- made, so the run's peak is the larger of the two phases, not their sum.
+local ck = require "ck"
+local vae = require "ck.vae"
+local clip = require "ck.clip"
+local imagedata = require "ck.imagedata"
+local sdxl = require "ck.sdxl"
+
+local M = {}
+
+local KEY_VAE_NOISE = 0x7AE0
+
+-- Whether dir is a folder of images (kohya's layout: images, or N_concept
+-- folders of them) rather than of encoded samples: it holds no .safetensors
+-- file, and an image or a folder.
+function M.is_image_folder(dir)
+  local names = ck.listdir(dir)
+  if not names then return false end
+  local any = false
+  for _, name in ipairs(names) do
+    if name:match("%.safetensors$") then return false end
+    local ext = name:match("%.([^.]+)$")
+    if (ext and imagedata.IMAGE_EXTENSIONS[ext:lower()]) or ck.listdir(dir .. "/" .. name) then any = true end
+  end
+  return any
+end
+
+-- The tokenizer of a tiny random model, from the source tree: CLIP's
+-- byte-level BPE with its first merges (the tokenizer tests' vocabulary).
+M.TINY_TOKENIZER = "tests/data/tokenizer/bpe_small.txt.gz"
+
+-- ck.clip_tokenizer's options for a path: a folder, or a bpe .txt.gz file
+local function tokenizer_at(path, pad)
+  if ck.listdir(path) then return {dir = path, pad = pad} end
+  return {bpe = path, pad = pad}
+end
+
+-- The encoders for a base model (checkpoint.open's description) or, without
+-- one, the tiny random ones of --size tiny (seeded). o.tokenizer: a folder or
+-- a bpe file for both tokenizers (the pad of the second is "!", as SDXL's
+-- tokenizer_2), where the base has no tokenizer folders. Returns
+-- {vae_config, text_l, text_g (clip configs), tokenizer_l, tokenizer_g,
+-- base, seed, id (what the cache keys name: the model's identity)}.
+function M.models(o)
+  local m = {base = o.base, seed = o.seed or 1}
+  local d = o.base
+  local tl, tg
+  if d and d.tokenizer then tl = {dir = d.tokenizer} end
+  if d and d.tokenizer_2 then tg = {dir = d.tokenizer_2} end
+  local given = o.tokenizer or (not d and M.TINY_TOKENIZER) or nil
+  if (not tl or not tg) and not given then
+    error("the base model has no tokenizer folders: give --tokenizer FILE|DIR (open_clip's " ..
+      "bpe_simple_vocab_16e6.txt.gz, or a tokenizer folder)", 0)
+  end
+  tl = tl or tokenizer_at(given)
+  tg = tg or tokenizer_at(given, "!")
+  m.tokenizer_l, m.tokenizer_g = ck.clip_tokenizer(tl), ck.clip_tokenizer(tg)
+  if d then
+    m.vae_config = vae.config(d.vae_config or "sdxl")
+    m.text_l = clip.config(d.text_encoder_config or "sdxl-l")
+    m.text_g = clip.config(d.text_encoder_2_config or "sdxl-g")
+    m.id = "base " .. tostring(d.file)
+  else
+    m.vae_config = vae.config("tiny")
+    m.text_l, m.text_g = clip.config("tiny-l"), clip.config("tiny-g")
+    m.id = "tiny random seed " .. m.seed
+  end
+  return m
+end
+
+-- the VAE's encoder at one bucket (pixels w x h), batch 1; share: a program
+-- of the group whose weights it uses
+local function vae_program(models, w, h, share)
+  local g = ck.graph()
+  local _, mean, logvar = vae.build_encoder(g, models.vae_config, {batch = 1, height = h, width = w})
+  local p = g:compile{outputs = {mean, logvar}, optimizer = "none", seed = models.seed, share = share}
+  if not share and models.base then
+    require("ck.checkpoint").load(p, "vae", models.base.vae, g:params())
+  end
+  return {program = p, mean = mean, logvar = logvar}
+end
+
+-- a part of the base model with its map's names under prefix (the text
+-- encoders' parameters are "text_encoder." .. transformers' key)
+local function prefixed(part, prefix)
+  local m = {}
+  for k, v in pairs(part.map) do m[prefix .. k] = v end
+  return {file = part.file, map = m}
+end
+
+-- Both text encoders at batch b; share: a text program whose weights it uses.
+-- Returns {program, te (clip.sdxl's)}.
+function M.text_program(models, b, share)
+  local g = ck.graph()
+  local te = clip.sdxl(g, models.text_l, models.text_g, {batch = b})
+  local p = g:compile{outputs = {te.prompt_embeds, te.pooled}, optimizer = "none", seed = models.seed, share = share}
+  if models.base and not share then
+    local l, gg = {}, {}
+    for _, prm in ipairs(g:params()) do
+      if prm.name:match("^text_encoder_2%.") then gg[#gg + 1] = prm else l[#l + 1] = prm end
+    end
+    local checkpoint = require "ck.checkpoint"
+    checkpoint.load(p, "text_encoder", prefixed(models.base.text_encoder, "text_encoder."), l)
+    checkpoint.load(p, "text_encoder_2", prefixed(models.base.text_encoder_2, "text_encoder_2."), gg)
+  end
+  return {program = p, te = te}
+end
+
+-- The tokens of each caption for both encoders: ids_l, ids_g (lists of rows)
+function M.tokens(models, captions)
+  local l, g = {}, {}
+  for i, c in ipairs(captions) do
+    l[i] = models.tokenizer_l:encode(c)
+    g[i] = models.tokenizer_g:encode(c)
+  end
+  return l, g
+end
+
+-- prompt_embeds [B, 77, D] and pooled [B, P] of the captions, as flat lists
+function M.encode_text(tp, models, captions)
+  local ids_l, ids_g = M.tokens(models, captions)
+  tp.te:feed(tp.program, ids_l, ids_g)
+  tp.program:forward()
+  return tp.program:get(tp.te.prompt_embeds), tp.program:get(tp.te.pooled)
+end
+
+local function latents_of(vp, models, image, noise_key, seed)
+  local p = vp.program
+  p:set("sample", image)
+  p:forward()
+  local mean, logvar = p:get(vp.mean), p:get(vp.logvar)
+  local noise = {}
+  for i = 1, #mean do noise[i] = ck.randn(seed, 0, noise_key, i) end
+  return vae.latents(mean, logvar, noise, models.vae_config)
+end
+
+-- Encodes every image of plan (imagedata.assign's) not yet in the cache.
+-- o: cache_dir (the scanned folder: each image's file beside it, in its
+-- N_concept folder; or another folder, which gets the same layout), seed, flip_aug (each file holds
+-- the flipped latents and time ids too), random_crop (refused: a cached crop
+-- is fixed), progress (print a line per image and the rate), text = false
+-- (latents only: captions are encoded at each step). Returns the sample file
+-- of each plan item, in order, and the bound on the process's memory while
+-- encoding (ck.memory.outside's; nil without a heap cap).
+function M.cache(plan, models, o)
+  o = o or {}
+  if o.random_crop then
+    error("--random-crop draws a new crop at every use, so its latents cannot be cached; leave it out", 0)
+  end
+  local seed, with_text = o.seed or 1, o.text ~= false
+  if type(o.cache_dir) ~= "string" then error("encode.cache: give cache_dir", 2) end
+  local out, todo = {}, {}
+  for i, e in ipairs(plan.items) do
+    local id = models.id .. (o.flip_aug and " flip_aug" or "") .. (with_text and (" caption " .. e.caption) or "")
+    local key = imagedata.cache_key(e, {model_id = id})
+    local path = imagedata.cache_path(e, o.cache_dir, key)
+    out[i] = path
+    local f = io.open(path, "rb")
+    if f then f:close() else todo[#todo + 1] = i end
+  end
+  if #todo == 0 then
+    if o.progress then print(string.format("cache: all %d images encoded already", #plan.items)) end
+    return out
+  end
+  local t0 = ck.now()
+  local vps, first = {}, nil
+  local tp = with_text and M.text_program(models, 1) or nil
+  for n, i in ipairs(todo) do
+    local e = plan.items[i]
+    local bw, bh = e.bucket[1], e.bucket[2]
+    local bk = bw .. "x" .. bh
+    if not vps[bk] then
+      vps[bk] = vae_program(models, bw, bh, first and first.program or nil)
+      first = first or vps[bk]
+    end
+    local vp = vps[bk]
+    local tensors = {}
+    local c = e.crop
+    local img = ck.image_load(e.path, {resize = e.resized, crop = c})
+    local lat = latents_of(vp, models, img, KEY_VAE_NOISE + 2 * i, seed)
+    local lh, lw = bh // 8, bw // 8
+    tensors[#tensors + 1] = {"latents", {models.vae_config.latent_channels, lh, lw}, lat}
+    tensors[#tensors + 1] = {"time_ids", {6}, e.time_ids}
+    if o.flip_aug then
+      local flipped = ck.image_load(e.path, {resize = e.resized, crop = c, flip = true})
+      tensors[#tensors + 1] = {"latents_flipped", {models.vae_config.latent_channels, lh, lw},
+                               latents_of(vp, models, flipped, KEY_VAE_NOISE + 2 * i + 1, seed)}
+      tensors[#tensors + 1] = {"time_ids_flipped", {6}, e.time_ids_flip}
+    end
+    if tp then
+      local pe, pooled = M.encode_text(tp, models, {e.caption})
+      tensors[#tensors + 1] = {"prompt_embeds", {sdxl.TOKENS, #pe // sdxl.TOKENS}, pe}
+      tensors[#tensors + 1] = {"pooled_prompt_embeds", {#pooled}, pooled}
+    end
+    local d = out[i]:match("^(.*)/[^/]*$")
+    if d then assert(ck.mkdir(d)) end
+    ck.write_safetensors(out[i], tensors, {source = "ckrun image cache", image = e.path, caption = e.caption})
+    if o.progress and (n == 1 or n == #todo or n % 10 == 0) then
+      local dt = ck.now() - t0
+      print(string.format("cache: encoded %d/%d images (%.2f images/s) %s", n, #todo, n / math.max(dt, 1e-9), e.path))
+    end
+  end
+  if o.progress then
+    print(string.format("cache: %d images encoded in %.1f s, %d already there", #todo, ck.now() - t0,
+      #plan.items - #todo))
+  end
+  -- the bound this phase states for the whole process (nil without a heap
+  -- cap), then every encoder closed before training makes its programs
+  local programs = {first.program}
+  for _, vp in pairs(vps) do if vp ~= first then programs[#programs + 1] = vp.program end end
+  if tp then programs[#programs + 1] = tp.program end
+  local _, bound = require("ck.memory").outside(first.program, programs)
+  for _, q in ipairs(programs) do local closing <close> = q end
+  return out, bound
+end
+
+return M

@@ -1,0 +1,87 @@
+# scripts/train_sdxl_lora.lua from a folder of images with captions, end to
+# end on the tiny random model: scripts/make_shapes_dataset.lua draws the set;
+# the first run encodes every image into the cache beside it and trains; a
+# second run finds them all cached and trains the same adapter bitwise; a
+# changed image and a changed caption re-encode only their own images;
+# caption augmentation and --flip-aug train; bad inputs (a truncated image,
+# an image smaller than the smallest bucket, a base that is not SDXL) end with
+# one line naming the file and leave the cache and the adapter as they were.
+set -u
+dir=$(mktemp -d)
+logs=out/.test_train_images.$$
+trap 'rm -rf "$dir" "$logs"' EXIT
+pass=0 fail=0
+ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
+A="--allow-write $dir --allow-read $dir"
+"$CKRUN" $A scripts/make_shapes_dataset.lua "$dir/shapes" 6 --repeats 2 --size 64 >/dev/null || { echo "FAIL making the set"; exit 1; }
+S="scripts/train_sdxl_lora.lua --data $dir/shapes --resolution 64 --enable-bucket --min-bucket-reso 32 --max-bucket-reso 128 --batch 2 --steps 4 --log-dir $logs"
+cached() { find "$dir/shapes" -name '*.safetensors' | sort; }
+
+out=$("$CKRUN" $A $S --out "$dir/a.safetensors" 2>&1) ; rc=$?
+ok $rc "training from a folder of images exits 0"
+echo "$out" | grep -q "^cache: 6 images encoded in" ; ok $? "the first run encodes the 6 images"
+echo "$out" | grep -qE "^cache: encoded 6/6 images \([0-9.]+ images/s\)" ; ok $? "encoding reports progress and images per second"
+[ "$(cached | wc -l)" = 6 ] ; ok $? "one cached sample per image, beside it ($(cached | wc -l))"
+[ -s "$dir/a.safetensors" ] ; ok $? "the adapter is written"
+"$CKRUN" $A -e "local ck = require 'ck'
+for _, path in ipairs{$(cached | head -2 | sed 's/.*/\"&\",/' | tr -d '\n')} do
+  local f <close> = ck.safetensors(path)
+  for _, k in ipairs{'latents', 'prompt_embeds', 'pooled_prompt_embeds', 'time_ids'} do assert(f:has(k), k) end
+  local s = f:shape('prompt_embeds')
+  assert(s[1] == 77 and s[2] == 64, 'prompt_embeds ' .. table.concat(s, 'x'))
+  assert(#f:shape('latents') == 3 and f:shape('latents')[1] == 4)
+end" ; ok $? "a cached sample holds latents, prompt_embeds [77, 64], pooled_prompt_embeds and time_ids"
+
+before=$(cached | xargs md5sum)
+out=$("$CKRUN" $A $S --out "$dir/b.safetensors" 2>&1) ; rc=$?
+ok $rc "a second run exits 0"
+echo "$out" | grep -q "^cache: all 6 images encoded already" ; ok $? "the second run encodes nothing"
+[ "$before" = "$(cached | xargs md5sum)" ] ; ok $? "the cache is left as it was"
+cmp -s "$dir/a.safetensors" "$dir/b.safetensors" ; ok $? "the same data and seed train the same adapter bitwise"
+
+# a changed caption and a changed image: only theirs are encoded again
+first=$(ls "$dir"/shapes/2_shapes/*.txt | head -1)
+echo "a changed caption" > "$first"
+second=$(ls "$dir"/shapes/2_shapes/*.png | sed -n 2p)
+cp "$(ls "$dir"/shapes/2_shapes/*.png | sed -n 3p)" "$second"
+out=$("$CKRUN" $A $S --out "$dir/c.safetensors" 2>&1) ; rc=$?
+echo "$out" | grep -q "^cache: 2 images encoded in .*, 4 already there" ; ok $? "a changed caption and a changed image re-encode those 2 images only"
+
+# augmentation: captions made and encoded at each step; mirrored latents cached
+out=$("$CKRUN" $A $S --shuffle-caption --keep-tokens 1 --caption-dropout-rate 0.2 --flip-aug --out "$dir/d.safetensors" 2>&1) ; rc=$?
+ok $rc "--shuffle-caption --caption-dropout-rate --flip-aug train"
+"$CKRUN" $A -e "local ck = require 'ck'
+local n = 0
+for _, p in ipairs{$(cached | sed 's/.*/\"&\",/' | tr -d '\n')} do
+  local f <close> = ck.safetensors(p)
+  if f:has('latents_flipped') then n = n + 1; assert(not f:has('prompt_embeds')) end
+end
+assert(n == 6, n)" ; ok $? "with caption augmentation the cache holds latents and their mirror, no text"
+
+# --plan: the buckets from the images' headers, nothing encoded
+rm -f $(cached)
+json=$("$CKRUN" $A --plan --json $S)
+[ "$(echo "$json" | wc -l)" = 1 ] && [ "$(cached | wc -l)" = 0 ] ; ok $? "--plan on images plans without encoding"
+
+# bad input: one line naming the file; the adapter and the cache untouched
+"$CKRUN" $A $S --out "$dir/e.safetensors" >/dev/null 2>&1
+good=$(md5sum "$dir/e.safetensors")
+state=$(cached | xargs md5sum)
+bad=$(ls "$dir"/shapes/2_shapes/*.png | head -1)
+cp "$bad" "$dir/keep.png"
+head -c 100 "$dir/keep.png" > "$bad"
+err=$("$CKRUN" $A $S --out "$dir/e.safetensors" 2>&1 >/dev/null) ; rc=$?
+[ $rc != 0 ] && [ "$(echo "$err" | grep -c .)" = 1 ] && echo "$err" | grep -q "$bad" ; ok $? "a truncated image: one line naming it ($err)"
+[ "$good" = "$(md5sum "$dir/e.safetensors")" ] && [ "$state" = "$(cached | xargs md5sum)" ] ; ok $? "the adapter and the cache are as they were"
+cp "$dir/keep.png" "$bad"
+"$CKRUN" $A -e "local ck = require 'ck'; ck.write_png('$dir/shapes/2_shapes/tiny.png', ck.array({3, 16, 16}, 0))"
+err=$("$CKRUN" $A $S --out "$dir/e.safetensors" 2>&1 >/dev/null) ; rc=$?
+[ $rc != 0 ] && echo "$err" | grep -q "tiny.png" ; ok $? "an image smaller than the smallest bucket: refused naming it ($err)"
+rm -f "$dir/shapes/2_shapes/tiny.png"
+"$CKRUN" $A -e "local ck = require 'ck'; ck.write_safetensors('$dir/notsdxl.safetensors', {{'model.weight', {2}, {1, 2}}})"
+err=$("$CKRUN" $A $S --pretrained-model-name-or-path "$dir/notsdxl.safetensors" --out "$dir/e.safetensors" 2>&1 >/dev/null) ; rc=$?
+[ $rc != 0 ] && [ "$(echo "$err" | grep -c .)" = 1 ] && echo "$err" | grep -q "notsdxl.safetensors" ; ok $? "a checkpoint that is not SDXL: one line naming it ($err)"
+[ "$good" = "$(md5sum "$dir/e.safetensors")" ] ; ok $? "the adapter is as it was"
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

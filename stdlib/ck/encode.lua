@@ -37,9 +37,6 @@ function M.is_image_folder(dir)
   return any
 end
 
--- The tokenizer of a tiny random model, from the source tree: CLIP's
--- byte-level BPE with its first merges (the tokenizer tests' vocabulary).
-M.TINY_TOKENIZER = "tests/data/tokenizer/bpe_small.txt.gz"
 
 -- ck.clip_tokenizer's options for a path: a folder, or a bpe .txt.gz file
 local function tokenizer_at(path, pad)
@@ -59,10 +56,15 @@ function M.models(o)
   local tl, tg
   if d and d.tokenizer then tl = {dir = d.tokenizer} end
   if d and d.tokenizer_2 then tg = {dir = d.tokenizer_2} end
-  local given = o.tokenizer or (not d and M.TINY_TOKENIZER) or nil
+  local given = o.tokenizer
   if (not tl or not tg) and not given then
-    error("the base model has no tokenizer folders: give --tokenizer FILE|DIR (open_clip's " ..
-      "bpe_simple_vocab_16e6.txt.gz, or a tokenizer folder)", 0)
+    if d then
+      error("the base model has no tokenizer folders: give --tokenizer FILE|DIR (open_clip's " ..
+        "bpe_simple_vocab_16e6.txt.gz, or a tokenizer folder)", 0)
+    end
+    -- the tiny random encoders' vocabulary (ck.tiny_vocab)
+    local text = require "ck.tiny_vocab"
+    tl, tg = {merges = text}, {merges = text, pad = "!"}
   end
   tl = tl or tokenizer_at(given)
   tg = tg or tokenizer_at(given, "!")

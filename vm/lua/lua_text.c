@@ -256,7 +256,8 @@ static void set_pad(lua_State *L, ltok *k, const char *where)
     }
 }
 
-/* ck.clip_tokenizer{dir = folder} or {bpe = "bpe_simple_vocab_16e6.txt.gz" [, pad = token|id]} */
+/* ck.clip_tokenizer{dir = folder} or {bpe = "bpe_simple_vocab_16e6.txt.gz"} or {merges = text (what such a
+ * file holds, uncompressed)} [, pad = token|id]} */
 static int l_clip_tokenizer(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -264,7 +265,15 @@ static int l_clip_tokenizer(lua_State *L)
     int has_dir = opt(L, 1, "dir") != LUA_TNIL; /* 2 */
     int has_bpe = opt(L, 1, "bpe") != LUA_TNIL; /* 3 */
     opt(L, 1, "pad");                           /* 4 */
-    if (has_dir == has_bpe) return ck_lua_raise(L, "clip_tokenizer: give one of dir (a tokenizer folder) or bpe (a .txt.gz)");
+    const int has_text = opt(L, 1, "merges") != LUA_TNIL; /* 5 */
+    if (has_dir + has_bpe + has_text != 1)
+        return ck_lua_raise(L, "clip_tokenizer: give one of dir (a tokenizer folder), bpe (a .txt.gz) or merges (its text)");
+    if (has_text) {
+        if (lua_type(L, 5) != LUA_TSTRING) return ck_lua_raise(L, "clip_tokenizer: merges must be a string");
+        lua_replace(L, 3); /* the text where bpe's path would be */
+    } else {
+        lua_pop(L, 1);
+    }
     if (!lua_isstring(L, has_dir ? 2 : 3) || lua_type(L, has_dir ? 2 : 3) != LUA_TSTRING)
         return ck_lua_raise(L, "clip_tokenizer: %s must be a path", has_dir ? "dir" : "bpe");
     box *b = new_box(L); /* 5 */
@@ -296,6 +305,12 @@ static int l_clip_tokenizer(lua_State *L)
                 lua_pop(L, 1);
             }
         }
+    } else if (has_text) {
+        size_t len = 0;
+        const char *text = lua_tolstring(L, 3, &len);
+        ck_mem_check(L, (int64_t)len, 8, "clip_tokenizer: the tables of the merges given");
+        k->t = ck_clip_bpe_from_merges(text, len, err, sizeof err);
+        if (!k->t) return ck_lua_raise(L, "clip_tokenizer: the merges given: %s", err);
     } else {
         const char *path = lua_tostring(L, 3);
         read_whole(L, path, b, 0, 0);

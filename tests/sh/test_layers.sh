@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 # top to bottom; vm/ck.h (the public header, a leaf) may be included anywhere
-layers=(cli embed lua guard formats run plan graph util)
+layers=(cli embed lua guard formats run plan graph text util)
 fail=0
 rank() { local i; for i in "${!layers[@]}"; do [ "${layers[$i]}" = "$1" ] && { echo "$i"; return; }; done; echo -1; }
 
@@ -31,7 +31,7 @@ for dir in vm/*/; do
 done
 # nothing below the Lua bindings knows Lua, save the guard and util layers
 # (limits, the sandbox and the script's file:line are about a lua_State)
-for d in formats run plan graph; do
+for d in formats run plan graph text; do
   if grep -ln '#include <l\(ua\|auxlib\|ualib\)\.h>' vm/$d/*.[ch] 2>/dev/null; then
     echo "FAIL vm/$d includes a Lua header"; fail=1
   fi

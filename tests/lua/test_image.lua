@@ -32,7 +32,7 @@ local function fails(f, want, what)
   err = tostring(err)
   local found = true
   for _, w in ipairs(type(want) == "table" and want or {want}) do found = found and err:find(w, 1, true) ~= nil end
-  T.ok(not ok and err:match("^tests/lua/test_image%.lua:%d+: ") ~= nil and found and not err:find("\n"),
+  T.ok(not ok and err:match("^[^\n]-test_image%.lua:%d+: ") ~= nil and found and not err:find("\n"),
     what .. " (" .. err .. ")")
 end
 

@@ -4,6 +4,14 @@
 -- the file's tensors, and loaded into programs through p:load by that map.
 -- The single-file names map to diffusers' by rules built from the UNet's
 -- config (its blocks), not from a list of names.
+--
+--   local d = checkpoint.open("sd_xl_base_1.0.safetensors") -- or a diffusers folder
+--   local cfg = checkpoint.unet_config(d.unet_config or unet.config("sdxl"))
+--   local model, y = unet.build(g, unet.UNet2DConditionModel(cfg), {frozen = true})
+--   local p = g:compile{...}
+--   local base = {}
+--   for _, t in ipairs(g:params()) do if t.kind == "frozen" then base[#base + 1] = t end end
+--   checkpoint.load(p, "unet", d.unet, base)
 local ck = require "ck"
 
 local checkpoint = {}

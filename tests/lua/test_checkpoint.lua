@@ -368,6 +368,27 @@ do -- bad models and files, each refused with one line naming the key and the fi
   ok, err = try(checkpoint.open, cut, {unet_config = folder.unet_config})
   T.ok(not ok and one_line(err, cut), "a truncated file: " .. tostring(err))
 
+  -- a folder's weight names: plain first, the fp16 variant when asked; none is an error naming the folder
+  local dir = path("folder")
+  assert(ck.mkdir(dir .. "/unet"))
+  local cfg_in = assert(io.open(FOLDER .. "/unet/config.json", "rb"))
+  local cfg_out = assert(io.open(dir .. "/unet/config.json", "wb"))
+  cfg_out:write(cfg_in:read("a"))
+  cfg_in:close()
+  cfg_out:close()
+  ok, err = try(checkpoint.open, dir)
+  T.ok(not ok and one_line(err, dir .. "/unet", "no weights", "diffusion_pytorch_model.safetensors"),
+    "a folder part without weights: " .. tostring(err))
+  ck.write_safetensors(dir .. "/unet/diffusion_pytorch_model.safetensors", {{"a", {1}, {1}}})
+  ck.write_safetensors(dir .. "/unet/diffusion_pytorch_model.fp16.safetensors", {{"b", {1}, {2}}}, nil, "F16")
+  local plain, fp16 = checkpoint.open(dir), checkpoint.open(dir, {variant = "fp16"})
+  T.ok(plain.unet.map.a == "a" and plain.unet.map.b == nil and fp16.unet.map.b == "b" and fp16.unet.map.a == nil
+    and plain.vae == nil and plain.tokenizer == nil,
+    "plain weights by default, *.fp16.safetensors with variant = fp16; absent parts stay nil")
+  for _, n in ipairs(ck.listdir(dir .. "/unet")) do os.remove(dir .. "/unet/" .. n) end
+  os.remove(dir .. "/unet")
+  os.remove(dir)
+
   -- not a folder of SDXL, and configs ck.unet cannot build
   ok, err = try(checkpoint.open, FOLDER .. "/vae")
   T.ok(not ok and one_line(err, FOLDER .. "/vae", "no unet/config.json"), "a folder without a UNet: " .. tostring(err))

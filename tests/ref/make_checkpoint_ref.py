@@ -2,7 +2,7 @@
 models (UNet2DConditionModel, AutoencoderKL, CLIPTextModel,
 CLIPTextModelWithProjection) saved as a diffusers folder, and the same weights
 as a Stability SGM single file (F16, and a BF16 copy), proven equal through
-diffusers' own single-file loaders.
+diffusers' own single-file loaders (each model's, and the pipeline's).
 
 Run: /work/venv-ref/bin/python tests/ref/make_checkpoint_ref.py
 Writes tests/data/checkpoint/{sdxl_tiny/, sdxl_tiny.safetensors,
@@ -18,7 +18,7 @@ import torch
 import safetensors.torch as st
 import diffusers
 import transformers
-from diffusers import AutoencoderKL, UNet2DConditionModel
+from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "checkpoint")
@@ -234,11 +234,15 @@ def main():
         weight_map.update({k: fname for k in ks})
     save_json(os.path.join(FOLDER, "text_encoder_2", "model.safetensors.index.json"),
               {"metadata": {"total_size": sum(v.numel() * 2 for v in sd_te2.values())}, "weight_map": weight_map})
+    EulerDiscreteScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                           num_train_timesteps=1000).save_config(os.path.join(FOLDER, "scheduler"))
     save_json(os.path.join(FOLDER, "model_index.json"), {
         "_class_name": "StableDiffusionXLPipeline", "_diffusers_version": diffusers.__version__,
+        "force_zeros_for_empty_prompt": True, "scheduler": ["diffusers", "EulerDiscreteScheduler"],
         "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"],
-        "text_encoder": ["transformers", "CLIPTextModel"],
-        "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"]})
+        "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+        "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+        "tokenizer_2": ["transformers", "CLIPTokenizer"]})
 
     # tokenizers as SDXL's: the first pads with <|endoftext|>, the second with "!" (id 0)
     import tempfile
@@ -293,12 +297,19 @@ def main():
                                               local_files_only=True, torch_dtype=torch.float16)
     t2 = create_diffusers_clip_model_from_ldm(CLIPTextModelWithProjection, ckpt, subfolder="text_encoder_2",
                                               config=FOLDER, local_files_only=True, torch_dtype=torch.float16)
+    # the whole pipeline from the single file, with this folder as its config
+    pipe = StableDiffusionXLPipeline.from_single_file(single_path, config=FOLDER, local_files_only=True,
+                                                      torch_dtype=torch.float16)
     # and transformers reads the folder's text encoders (the sharded one too)
     t1f = CLIPTextModel.from_pretrained(os.path.join(FOLDER, "text_encoder"), torch_dtype=torch.float16)
     t2f = CLIPTextModelWithProjection.from_pretrained(os.path.join(FOLDER, "text_encoder_2"), torch_dtype=torch.float16)
     checked = 0
     for what, model, ref in (("unet", u2, half(unet.state_dict())), ("vae", v2, half(vae.state_dict())),
                              ("text_encoder", t1, half(te.state_dict())), ("text_encoder_2", t2, half(te2.state_dict())),
+                             ("pipeline unet", pipe.unet, half(unet.state_dict())),
+                             ("pipeline vae", pipe.vae, half(vae.state_dict())),
+                             ("pipeline text_encoder", pipe.text_encoder, half(te.state_dict())),
+                             ("pipeline text_encoder_2", pipe.text_encoder_2, half(te2.state_dict())),
                              ("text_encoder folder", t1f, half(te.state_dict())),
                              ("text_encoder_2 folder", t2f, half(te2.state_dict()))):
         got = model.state_dict()

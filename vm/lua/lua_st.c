@@ -218,7 +218,8 @@ static int64_t int_field(lua_State *L, int t, lua_Integer i, const char *key)
 
 /* The source at stack index i: a key, or {key = ..., rows = {first, count}
  * (1-based first) | transpose = true | reshape = true}, read raw; a field
- * it does not know is an error (a misspelt transform is not ignored). */
+ * it does not know is an error (a misspelt transform is not ignored). A
+ * table's key string is left pushed, so it outlives anything the load runs. */
 static source source_arg(lua_State *L, int i)
 {
     source src = {NULL, 0, -1, 0, 0};
@@ -232,8 +233,7 @@ static source source_arg(lua_State *L, int i)
     i = lua_absindex(L, i);
     lua_pushliteral(L, "key");
     if (lua_rawget(L, i) != LUA_TSTRING) ck_lua_raise(L, "p:load: a source table needs key = a tensor name");
-    src.key = lua_tostring(L, -1); /* the table holds the string */
-    lua_pop(L, 1);
+    src.key = lua_tostring(L, -1); /* stays on the stack: the caller's settop drops it */
     lua_pushnil(L);
     while (lua_next(L, i)) {
         const char *f = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
@@ -272,8 +272,9 @@ static int same_shape(const int64_t *a, int na, const ck_shape *b)
 }
 
 /* Loads one parameter from src. The source's shape after the transform must
- * equal the parameter's (with reshape, only the element count); any refusal
- * names the file and the key and leaves the parameter as it was. */
+ * equal the parameter's (with reshape, only the element count); a refusal
+ * names the file and the key, and one before the read (every shape or
+ * bounds check) leaves the parameter as it was. */
 static void load_source(lua_State *L, ck_program *p, int id, lstfile *lf, const source *src)
 {
     const ck_tensor *t = &p->g->t[id];

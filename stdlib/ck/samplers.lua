@@ -22,7 +22,7 @@ local ck = require "ck"
 local M = {}
 
 M.NAMES = {"euler", "euler_a", "ddim", "dpmpp_2m", "dpmpp_2m_karras"}
--- the family each name belongs to, and whether its noise levels are Karras'
+-- the family of update rules each name belongs to
 local KIND = {euler = "euler", euler_a = "euler_a", ddim = "ddim", dpmpp_2m = "dpm", dpmpp_2m_karras = "dpm"}
 
 -- the SDXL base scheduler config (stabilityai/stable-diffusion-xl-base-1.0)

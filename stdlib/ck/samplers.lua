@@ -22,7 +22,7 @@ local ck = require "ck"
 local M = {}
 
 M.NAMES = {"euler", "euler_a", "ddim", "dpmpp_2m", "dpmpp_2m_karras"}
--- the family each name belongs to, and whether its noise levels are Karras'
+-- the family of update rules each name belongs to
 local KIND = {euler = "euler", euler_a = "euler_a", ddim = "ddim", dpmpp_2m = "dpm", dpmpp_2m_karras = "dpm"}
 
 -- the SDXL base scheduler config (stabilityai/stable-diffusion-xl-base-1.0)
@@ -271,13 +271,6 @@ function Sampler:scale_model_input(x, i)
   return out
 end
 
--- Predicted clean latents from the model's output, each family's way
-local function x0_of(self, out, x, k, sigma)
-  local m, v = out[k], x[k]
-  if self.prediction == "eps" then return v - sigma * m end
-  return m * (-sigma / math.sqrt(sigma * sigma + 1)) + v / (sigma * sigma + 1)
-end
-
 local function euler_step(self, out, i, x, noise_fn)
   local s, s_to = self.sigmas[i], self.sigmas[i + 1]
   local n, r, dt, up = #x, {}, nil, 0
@@ -287,10 +280,19 @@ local function euler_step(self, out, i, x, noise_fn)
   else
     dt = s_to - s
   end
-  for k = 1, n do
-    local v = x[k]
-    local d = (v - x0_of(self, out, x, k, s)) / s
-    r[k] = v + d * dt
+  -- the derivative (x - x0) / sigma, x0 the predicted clean latents, in
+  -- diffusers' order of operations
+  if self.prediction == "eps" then
+    for k = 1, n do
+      local v = x[k]
+      r[k] = v + (v - (v - s * out[k])) / s * dt
+    end
+  else
+    local cm, cv = -s / math.sqrt(s * s + 1), 1 / (s * s + 1)
+    for k = 1, n do
+      local v = x[k]
+      r[k] = v + (v - (out[k] * cm + v * cv)) / s * dt
+    end
   end
   if self.kind == "euler_a" then
     if type(noise_fn) ~= "function" then

@@ -9,7 +9,11 @@ local samplers = require "ck.samplers"
 local T = require "check"
 
 local DIR = "tests/data/samplers/"
-local ref = ck.json_decode(assert(io.open(DIR .. "schedules.json")):read("a"))
+local ref
+do
+  local fh <close> = assert(io.open(DIR .. "schedules.json"))
+  ref = ck.json_decode(fh:read("a"))
+end
 
 -- max |a - b| / max |b| over the values: relative to the tensor's scale,
 -- because diffusers' float32 arithmetic itself leaves errors of a few 1e-7 of

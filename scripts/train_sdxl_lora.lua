@@ -44,6 +44,8 @@ local spec = {
   {"cache-latents-to-disk", "flag", false, "keep the encoded images on disk (ckrun always does: beside the images, " ..
    "or in --cache-dir)"},
   {"cache-dir", "string", nil, "where the encoded images go (default: beside the images)", arg = "DIR"},
+  {"max-token-length", "integer", 75, "caption tokens: 75, or kohya's 150 or 225 (encoded in chunks of 75)",
+   check = function(v) return v == 75 or v == 150 or v == 225 end, says = "must be 75, 150 or 225"},
   {"samples", "integer", 16, "the synthetic set's size", min = 1},
   {"weights", "string", nil, "the base UNet in diffusers key names (default: a seeded random base)", arg = "FILE"},
   {"resolution", "integer", full_or_tiny(1024, 256), "pixels per side (latents are 1/8 of it)", arg = "PX",
@@ -200,6 +202,9 @@ if scale_v_pred and prediction ~= "v" then
   error("--scale-v-pred-loss-like-noise-pred scales v-prediction's loss; this run predicts " .. prediction)
 end
 local pooled_dim = sdxl.pooled_dim(config)
+-- the text tokens a prompt has: CLIP's 77, or kohya's chunks joined (BOS, 75 a chunk, the last EOS)
+local max_token_length = o["max-token-length"]
+local tokens = max_token_length == 75 and sdxl.TOKENS or max_token_length + 2
 
 local checkpoint = policy.parse(o.checkpoint) -- auto is chosen below, once build is defined
 -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
@@ -215,7 +220,7 @@ local log_stats = log.stats_request{every = log_every, blocks = log.unet_blocks}
 -- optimizer state and counters this one uses (another bucket's).
 local function build(batch, checkpoint, plan_only, shape, share)
   return sdxl.training_step{
-    config = config, batch = batch, latent = shape or {latent, latent},
+    config = config, batch = batch, latent = shape or {latent, latent}, tokens = tokens,
     lora = not full and {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
                          dropout = network_dropout, loraplus_lr_ratio = loraplus},
     objective = {prediction = prediction, noise_offset = noise_offset, ip_noise_gamma = ip_noise_gamma,
@@ -260,7 +265,7 @@ if images then
   settings_img = imagedata.settings(io_opts)
   local set = imagedata.scan(o.data, settings_img.scan)
   local plan = imagedata.assign(set, imagedata.buckets(settings_img.buckets))
-  models = encode.models{base = base, seed = seed, tokenizer = o.tokenizer}
+  models = encode.models{base = base, seed = seed, tokenizer = o.tokenizer, max_token_length = max_token_length}
   -- the encoders' widths must be the UNet's
   local width = models.text_l.hidden_size + models.text_g.hidden_size
   if width ~= config.cross_attention_dim or models.text_g.projection_dim ~= pooled_dim then
@@ -298,7 +303,7 @@ if dataset then shapes, sizes = dataset:bucket_shapes() end
 do -- the data must fit the model
   local s, source = {}, nil
   if dataset and not images then s, source = dataset:shapes() end
-  local want = {prompt_embeds = {sdxl.TOKENS, config.cross_attention_dim}, pooled_prompt_embeds = {pooled_dim}}
+  local want = {prompt_embeds = {tokens, config.cross_attention_dim}, pooled_prompt_embeds = {pooled_dim}}
   for name, shape in pairs(dataset and not images and want or {}) do
     if table.concat(s[name], ",") ~= table.concat(shape, ",") then
       error(string.format("%s: tensor '%s' has shape [%s], the model expects [%s]", source, name,

@@ -51,7 +51,7 @@ end
 -- {vae_config, text_l, text_g (clip configs), tokenizer_l, tokenizer_g,
 -- base, seed, id (what the cache keys name: the model's identity)}.
 function M.models(o)
-  local m = {base = o.base, seed = o.seed or 1}
+  local m = {base = o.base, seed = o.seed or 1, chunks = (o.max_token_length or 75) // 75}
   local d = o.base
   local tl, tg
   if d and d.tokenizer then tl = {dir = d.tokenizer} end
@@ -79,6 +79,8 @@ function M.models(o)
     m.text_l, m.text_g = clip.config("tiny-l"), clip.config("tiny-g")
     m.id = "tiny random seed " .. m.seed
   end
+  m.tokens = m.chunks == 1 and sdxl.TOKENS or 75 * m.chunks + 2
+  if m.chunks > 1 then m.id = m.id .. " max_token_length " .. 75 * m.chunks end
   return m
 end
 
@@ -102,11 +104,12 @@ local function prefixed(part, prefix)
   return {file = part.file, map = m}
 end
 
--- Both text encoders at batch b; share: a text program whose weights it uses.
--- Returns {program, te (clip.sdxl's)}.
+-- Both text encoders for b captions (b times the chunks of each with
+-- --max-token-length); share: a text program whose weights it uses.
+-- Returns {program, te (clip.sdxl's), b}.
 function M.text_program(models, b, share)
   local g = ck.graph()
-  local te = clip.sdxl(g, models.text_l, models.text_g, {batch = b})
+  local te = clip.sdxl(g, models.text_l, models.text_g, {batch = b * models.chunks})
   local p = g:compile{outputs = {te.prompt_embeds, te.pooled}, optimizer = "none", seed = models.seed, share = share}
   if models.base and not share then
     local l, gg = {}, {}
@@ -117,25 +120,51 @@ function M.text_program(models, b, share)
     checkpoint.load(p, "text_encoder", prefixed(models.base.text_encoder, "text_encoder."), l)
     checkpoint.load(p, "text_encoder_2", prefixed(models.base.text_encoder_2, "text_encoder_2."), gg)
   end
-  return {program = p, te = te}
+  return {program = p, te = te, b = b}
 end
 
--- The tokens of each caption for both encoders: ids_l, ids_g (lists of rows)
+-- The tokens of each caption for both encoders: ids_l, ids_g (lists of rows
+-- of 77; with chunks, each caption's chunks in turn)
 function M.tokens(models, captions)
   local l, g = {}, {}
-  for i, c in ipairs(captions) do
-    l[i] = models.tokenizer_l:encode(c)
-    g[i] = models.tokenizer_g:encode(c)
+  for _, c in ipairs(captions) do
+    if models.chunks == 1 then
+      l[#l + 1] = models.tokenizer_l:encode(c)
+      g[#g + 1] = models.tokenizer_g:encode(c)
+    else
+      for _, row in ipairs(models.tokenizer_l:encode_chunks(c, 75 * models.chunks)) do l[#l + 1] = row end
+      for _, row in ipairs(models.tokenizer_g:encode_chunks(c, 75 * models.chunks)) do g[#g + 1] = row end
+    end
   end
   return l, g
 end
 
--- prompt_embeds [B, 77, D] and pooled [B, P] of the captions, as flat lists
+-- prompt_embeds [B, T, D] and pooled [B, P] of the captions, as flat lists.
+-- With k chunks a caption's hidden states are joined as kohya's sd-scripts
+-- joins them: the first chunk's BOS, the 75 states after BOS of each chunk,
+-- the last chunk's final state (T = 75 k + 2); pooled is the first chunk's.
 function M.encode_text(tp, models, captions)
   local ids_l, ids_g = M.tokens(models, captions)
   tp.te:feed(tp.program, ids_l, ids_g)
   tp.program:forward()
-  return tp.program:get(tp.te.prompt_embeds), tp.program:get(tp.te.pooled)
+  local pe, pooled = tp.program:get(tp.te.prompt_embeds), tp.program:get(tp.te.pooled)
+  local k = models.chunks
+  if k == 1 then return pe, pooled end
+  local D, P = #pe // (#ids_l * 77), #pooled // #ids_l
+  local out, pout = {}, {}
+  local function row(c, t) -- caption chunk c (0-based overall), token t (0-based): append its D values
+    local at = (c * 77 + t) * D
+    for j = 1, D do out[#out + 1] = pe[at + j] end
+  end
+  for b = 0, #captions - 1 do
+    row(b * k, 0)
+    for c = 0, k - 1 do
+      for t = 1, 75 do row(b * k + c, t) end
+    end
+    row(b * k + k - 1, 76)
+    for j = 1, P do pout[#pout + 1] = pooled[b * k * P + j] end
+  end
+  return out, pout
 end
 
 local function latents_of(vp, models, image, noise_key, seed)
@@ -203,7 +232,7 @@ function M.cache(plan, models, o)
     end
     if tp then
       local pe, pooled = M.encode_text(tp, models, {e.caption})
-      tensors[#tensors + 1] = {"prompt_embeds", {sdxl.TOKENS, #pe // sdxl.TOKENS}, pe}
+      tensors[#tensors + 1] = {"prompt_embeds", {models.tokens, #pe // models.tokens}, pe}
       tensors[#tensors + 1] = {"pooled_prompt_embeds", {#pooled}, pooled}
     end
     local d = out[i]:match("^(.*)/[^/]*$")

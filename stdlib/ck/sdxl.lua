@@ -25,6 +25,7 @@ end
 --                 every parameter
 --   objective     diffusion.objective's options (prediction "eps" unless given), and seed
 --   compile       g:compile's options besides the loss (optimizer "adamw" unless given)
+--   tokens        the text tokens per prompt (77; kohya's --max_token_length N gives N + 2)
 -- Returns {model, adapter (nil without lora), graph, objective, program, inputs = {prompt_embeds,
 -- pooled_prompt_embeds, time_ids, latents, noise}}.
 function M.training_step(s)
@@ -45,7 +46,7 @@ function M.training_step(s)
   r.objective = diffusion.objective(o)
   r.objective.seed = o.seed
   r.inputs = {
-    prompt_embeds = g:input("prompt_embeds", {batch, M.TOKENS, config.cross_attention_dim}),
+    prompt_embeds = g:input("prompt_embeds", {batch, s.tokens or M.TOKENS, config.cross_attention_dim}),
     pooled_prompt_embeds = g:input("pooled_prompt_embeds", {batch, M.pooled_dim(config)}),
     time_ids = g:input("time_ids", {batch, 6}),
   }

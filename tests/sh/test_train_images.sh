@@ -58,6 +58,17 @@ for _, p in ipairs{$(cached | sed 's/.*/\"&\",/' | tr -d '\n')} do
 end
 assert(n == 6, n)" ; ok $? "with caption augmentation the cache holds latents and their mirror, no text"
 
+# kohya's --max-token-length: 227 tokens a prompt, in the cache and in the UNet's input
+out=$("$CKRUN" $A $S --max-token-length 225 --out "$dir/t.safetensors" 2>&1) ; rc=$?
+ok $rc "--max-token-length 225 trains"
+"$CKRUN" $A -e "local ck = require 'ck'
+local n = 0
+for _, p in ipairs{$(cached | sed 's/.*/\"&\",/' | tr -d '\n')} do
+  local f <close> = ck.safetensors(p)
+  if f:has('prompt_embeds') and f:shape('prompt_embeds')[1] == 227 then n = n + 1 end
+end
+assert(n == 6, n)" ; ok $? "its cache holds prompt_embeds of 227 tokens for every image"
+
 # --plan: the buckets from the images' headers, nothing encoded
 rm -f $(cached)
 json=$("$CKRUN" $A --plan --json $S)

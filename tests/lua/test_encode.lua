@@ -1,0 +1,60 @@
+-- ck.encode: both text encoders as one program, captions to prompt_embeds
+-- and pooled embeddings as diffusers' SDXL pipeline joins them, and kohya's
+-- --max_token_length chunks joined as sd-scripts joins them; text programs at
+-- several batch sizes share one copy of the weights.
+package.path = "tests/lua/?.lua;" .. package.path
+local ck = require "ck"
+local T = require "check"
+local encode = require "ck.encode"
+
+local one = encode.models{seed = 3}
+local tp = encode.text_program(one, 2)
+local caps = {"a red circle on a white background", "a green triangle"}
+local pe, pooled = encode.encode_text(tp, one, caps)
+T.ok(#pe == 2 * 77 * 64 and #pooled == 2 * 64, "two captions give prompt_embeds [2, 77, 64] and pooled [2, 64]")
+
+-- one caption at batch 1 equals its row at batch 2, bitwise: the programs share the weights
+local tp1 = encode.text_program(one, 1, tp.program)
+local pe1, pooled1 = encode.encode_text(tp1, one, {caps[2]})
+local same = true
+for i = 1, 77 * 64 do same = same and pe1[i] == pe[77 * 64 + i] end
+for i = 1, 64 do same = same and pooled1[i] == pooled[64 + i] end
+T.ok(same, "a caption encoded at batch 1 (sharing the batch-2 program's weights) equals its row at batch 2")
+T.ok(tp1.program:plan().group_id == tp.program:plan().group_id, "the two text programs are one group")
+
+-- the concatenation: the first 768+1280 split is l's penultimate, then g's (tiny: 32 + 32)
+local differs = false
+for t = 0, 76 do
+  for j = 1, 32 do differs = differs or pe1[t * 64 + j] ~= pe1[t * 64 + 32 + j] end
+end
+T.ok(differs, "prompt_embeds joins two different encoders' states")
+
+-- kohya's chunks: a short caption's first 76 joined states are the plain encoding's
+for _, n in ipairs{150, 225} do
+  local m = encode.models{seed = 3, max_token_length = n}
+  local k = n // 75
+  T.ok(m.tokens == n + 2 and m.chunks == k, string.format("--max-token-length %d: %d tokens, %d chunks", n, n + 2, k))
+  local tk = encode.text_program(m, 1)
+  local pk, poolk = encode.encode_text(tk, m, {caps[2]})
+  T.ok(#pk == (n + 2) * 64 and #poolk == 64, string.format("a caption gives prompt_embeds [%d, 64]", n + 2))
+  local eq = true
+  for i = 1, 76 * 64 do eq = eq and pk[i] == pe1[i] end
+  for i = 1, 64 do eq = eq and poolk[i] == pooled1[i] end
+  T.ok(eq, "a short caption's first 76 joined states and its pooled embedding are the plain encoding's")
+  -- a long caption: more than 75 tokens reach the second chunk, so its states differ there
+  local long = string.rep("a small red square beside a big blue circle, ", 12)
+  local pl = encode.encode_text(tk, m, {long})
+  local p77 = encode.encode_text(tp1, one, {long})
+  local first_same, later_differ = true, false
+  for i = 1, 76 * 64 do first_same = first_same and pl[i] == p77[i] end
+  for i = 77 * 64 + 1, 150 * 64 do later_differ = later_differ or pl[i] ~= p77[(i - 1) % (77 * 64) + 1] end
+  T.ok(first_same and later_differ, "a long caption's first chunk is its 77-token encoding; the next chunks hold the rest")
+end
+
+-- the tiny model's tokenizer is the stdlib's (ck.tiny_vocab): every caption tokenizes
+local ids = one.tokenizer_l:encode("Émoji 🎉 and ünïcödé, 東京")
+T.ok(#ids == 77 and ids[1] == one.tokenizer_l.bos, "the tiny tokenizer encodes any text to 77 ids")
+T.ok(one.tokenizer_g:encode("a")[77] == 0 and one.tokenizer_l:encode("a")[77] == one.tokenizer_l.eos,
+  "tokenizer_2 pads with '!' (0), tokenizer with <|endoftext|>")
+
+T.done()

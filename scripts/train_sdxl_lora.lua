@@ -24,7 +24,7 @@ local fit = require "ck.fit"
 local options = require "ck.options"
 
 local imagedata = require "ck.imagedata"
-local checkpoint = require "ck.checkpoint"
+local ckpt = require "ck.checkpoint"
 
 -- a base model (--pretrained-model-name-or-path) is SDXL-sized, as --size full
 local function full_or_tiny(full, tiny)
@@ -152,8 +152,8 @@ local base
 if base_path then
   if o.weights then error("--weights and --pretrained-model-name-or-path both give the base UNet: give one") end
   if o:given("size") then error("--size picks a random base; --pretrained-model-name-or-path gives the model") end
-  base = checkpoint.open(base_path)
-  config = base.unet_config and checkpoint.unet_config(base.unet_config, base_path .. "/unet/config.json")
+  base = ckpt.open(base_path)
+  config = base.unet_config and ckpt.unet_config(base.unet_config, base_path .. "/unet/config.json")
     or unet.config("sdxl")
   size = base.kind == "single" and "single file" or "diffusers folder"
 end
@@ -266,6 +266,7 @@ if images then
   local set = imagedata.scan(o.data, settings_img.scan)
   local plan = imagedata.assign(set, imagedata.buckets(settings_img.buckets))
   models = encode.models{base = base, seed = seed, tokenizer = o.tokenizer, max_token_length = max_token_length}
+  tokens = models.tokens
   -- the encoders' widths must be the UNet's
   local width = models.text_l.hidden_size + models.text_g.hidden_size
   if width ~= config.cross_attention_dim or models.text_g.projection_dim ~= pooled_dim then
@@ -435,7 +436,7 @@ elseif base then
   for _, t in ipairs(g:params()) do
     if t.kind == "frozen" or full then params[#params + 1] = t end
   end
-  local n = checkpoint.load(p, "unet", base.unet, params)
+  local n = ckpt.load(p, "unet", base.unet, params)
   print(string.format("loaded %d UNet tensors from %s in %.2f s", n, base_path, ck.now() - t0))
 end
 

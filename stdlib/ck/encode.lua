@@ -79,14 +79,19 @@ function M.models(o)
     m.text_l, m.text_g = clip.config("tiny-l"), clip.config("tiny-g")
     m.id = "tiny random seed " .. m.seed
   end
-  m.tokens = m.chunks == 1 and sdxl.TOKENS or 75 * m.chunks + 2
+  -- the encoders' context: SDXL's 77 positions (a small test model may have fewer)
+  m.frame = math.min(m.text_l.max_position_embeddings, m.text_g.max_position_embeddings)
+  if m.chunks > 1 and m.frame ~= sdxl.TOKENS then
+    error(string.format("--max-token-length needs text encoders of %d positions; these have %d", sdxl.TOKENS, m.frame), 0)
+  end
+  m.tokens = m.chunks == 1 and m.frame or 75 * m.chunks + 2
   if m.chunks > 1 then m.id = m.id .. " max_token_length " .. 75 * m.chunks end
   return m
 end
 
--- the VAE's encoder at one bucket (pixels w x h), batch 1; share: a program
--- of the group whose weights it uses
-local function vae_program(models, w, h, share)
+-- The VAE's encoder at one bucket (pixels w x h), batch 1; share: a program
+-- of the group whose weights it uses. Returns {program, mean, logvar}.
+function M.vae_program(models, w, h, share)
   local g = ck.graph()
   local _, mean, logvar = vae.build_encoder(g, models.vae_config, {batch = 1, height = h, width = w})
   local p = g:compile{outputs = {mean, logvar}, optimizer = "none", seed = models.seed, share = share}
@@ -109,7 +114,7 @@ end
 -- Returns {program, te (clip.sdxl's), b}.
 function M.text_program(models, b, share)
   local g = ck.graph()
-  local te = clip.sdxl(g, models.text_l, models.text_g, {batch = b * models.chunks})
+  local te = clip.sdxl(g, models.text_l, models.text_g, {batch = b * models.chunks, tokens = models.frame})
   local p = g:compile{outputs = {te.prompt_embeds, te.pooled}, optimizer = "none", seed = models.seed, share = share}
   if models.base and not share then
     local l, gg = {}, {}
@@ -129,8 +134,8 @@ function M.tokens(models, captions)
   local l, g = {}, {}
   for _, c in ipairs(captions) do
     if models.chunks == 1 then
-      l[#l + 1] = models.tokenizer_l:encode(c)
-      g[#g + 1] = models.tokenizer_g:encode(c)
+      l[#l + 1] = models.tokenizer_l:encode(c, {max_length = models.frame})
+      g[#g + 1] = models.tokenizer_g:encode(c, {max_length = models.frame})
     else
       for _, row in ipairs(models.tokenizer_l:encode_chunks(c, 75 * models.chunks)) do l[#l + 1] = row end
       for _, row in ipairs(models.tokenizer_g:encode_chunks(c, 75 * models.chunks)) do g[#g + 1] = row end
@@ -150,7 +155,7 @@ function M.encode_text(tp, models, captions)
   local pe, pooled = tp.program:get(tp.te.prompt_embeds), tp.program:get(tp.te.pooled)
   local k = models.chunks
   if k == 1 then return pe, pooled end
-  local D, P = #pe // (#ids_l * 77), #pooled // #ids_l
+  local D, P = #pe // (#ids_l * sdxl.TOKENS), #pooled // #ids_l
   local out, pout = {}, {}
   local function row(c, t) -- caption chunk c (0-based overall), token t (0-based): append its D values
     local at = (c * 77 + t) * D
@@ -213,7 +218,7 @@ function M.cache(plan, models, o)
     local bw, bh = e.bucket[1], e.bucket[2]
     local bk = bw .. "x" .. bh
     if not vps[bk] then
-      vps[bk] = vae_program(models, bw, bh, first and first.program or nil)
+      vps[bk] = M.vae_program(models, bw, bh, first and first.program or nil)
       first = first or vps[bk]
     end
     local vp = vps[bk]

@@ -57,4 +57,35 @@ T.ok(#ids == 77 and ids[1] == one.tokenizer_l.bos, "the tiny tokenizer encodes a
 T.ok(one.tokenizer_g:encode("a")[77] == 0 and one.tokenizer_l:encode("a")[77] == one.tokenizer_l.eos,
   "tokenizer_2 pads with '!' (0), tokenizer with <|endoftext|>")
 
+-- a base model (a diffusers folder): its VAE and text encoders are loaded, not drawn
+local ckpt = require "ck.checkpoint"
+local desc = ckpt.open("tests/data/checkpoint/sdxl_tiny")
+local based = encode.models{base = desc, seed = 3}
+T.ok(based.tokens == based.text_l.max_position_embeddings, "the prompt's tokens are the encoders' positions (" ..
+  based.tokens .. ")")
+local tb = encode.text_program(based, 1)
+local function equal_to_file(p, name, files, key)
+  if type(files) == "string" then files = {files} end
+  local b
+  for _, file in ipairs(files) do
+    local f <close> = ck.safetensors(file)
+    if f:has(key) then b = f:read(key) end
+  end
+  local a = p:get(name)
+  if not b then return false end
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+local dir = "tests/data/checkpoint/sdxl_tiny/"
+T.ok(equal_to_file(tb.program, "text_encoder.text_model.embeddings.token_embedding.weight",
+  dir .. "text_encoder/model.safetensors", "text_model.embeddings.token_embedding.weight") and
+  equal_to_file(tb.program, "text_encoder_2.text_projection.weight",
+  {dir .. "text_encoder_2/model-00001-of-00002.safetensors", dir .. "text_encoder_2/model-00002-of-00002.safetensors"},
+  "text_projection.weight"),
+  "the text program holds the folder's text encoders' weights")
+local vp = encode.vae_program(based, 64, 64)
+T.ok(equal_to_file(vp.program, "encoder.conv_in.weight", dir .. "vae/diffusion_pytorch_model.safetensors",
+  "encoder.conv_in.weight"), "the VAE program holds the folder's VAE weights")
+
 T.done()

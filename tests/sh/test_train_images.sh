@@ -69,6 +69,12 @@ for _, p in ipairs{$(cached | sed 's/.*/\"&\",/' | tr -d '\n')} do
 end
 assert(n == 6, n)" ; ok $? "its cache holds prompt_embeds of 227 tokens for every image"
 
+# a base model as a diffusers folder (tests/data/checkpoint: a tiny SDXL made by diffusers): its UNet,
+# VAE, text encoders and tokenizers, through the same path
+out=$("$CKRUN" $A $S --pretrained-model-name-or-path tests/data/checkpoint/sdxl_tiny --out "$dir/base.safetensors" 2>&1) ; rc=$?
+ok $rc "training on a diffusers folder's model exits 0"
+echo "$out" | grep -qE "^loaded [0-9]+ UNet tensors from tests/data/checkpoint/sdxl_tiny" ; ok $? "its UNet is loaded ($(echo "$out" | grep '^loaded'))"
+
 # --plan: the buckets from the images' headers, nothing encoded
 rm -f $(cached)
 json=$("$CKRUN" $A --plan --json $S)

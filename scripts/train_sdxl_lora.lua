@@ -255,7 +255,11 @@ local shapes, sizes = {{config.in_channels, latent, latent}}, {{batch}}
 local encode = require "ck.encode"
 local images = o.data ~= "synthetic" and encode.is_image_folder(o.data)
 local caption_aug = o["shuffle-caption"] or o["caption-dropout-rate"] > 0 or o["caption-tag-dropout-rate"] > 0
-local models, captions, encode_bound, text_runs
+-- --random-crop: a crop drawn at each use cannot be cached, so the VAE runs
+-- at each step too (as kohya's sd-scripts without latent caching)
+local random_crop = images and o["random-crop"]
+local models, captions, entries, encode_bound, text_runs
+local vae_runs = {}
 local settings_img
 if images then
   local io_opts = {resolution = {tostring(resolution)}}
@@ -274,18 +278,20 @@ if images then
       base_path or "the tiny model", width, models.text_g.projection_dim, config.cross_attention_dim, pooled_dim))
   end
   local files
-  if ck.plan_mode then
-    files = nil
+  if ck.plan_mode or random_crop then
+    files = nil -- --random-crop: each use's crop encoded at its step, nothing cached
   else
     files, encode_bound = encode.cache(plan, models, {cache_dir = o["cache-dir"] or set.dir, seed = seed,
       flip_aug = o["flip-aug"], random_crop = o["random-crop"], progress = true, text = not caption_aug})
   end
   -- each image as often as its folder repeats it, with its caption
   local list, caps, shp = {}, {}, {}
+  entries = {}
   for i, e in ipairs(plan.items) do
     for _ = 1, e.repeats do
       list[#list + 1] = files and files[i] or false
       caps[#caps + 1] = e.caption
+      entries[#entries + 1] = e
       shp[#shp + 1] = {config.in_channels, e.bucket[2] // 8, e.bucket[1] // 8}
     end
   end
@@ -293,8 +299,8 @@ if images then
   if files then
     dataset = data.latents(o.data, {files = list, batch = batch, seed = seed, timesteps = 1000, flip_aug = o["flip-aug"],
                                     text = not caption_aug})
-  else -- --plan: the buckets from the images' headers, nothing encoded
-    dataset = data.shapes_only(shp, {batch = batch})
+  else -- --plan, --random-crop: the buckets from the images' headers, nothing cached
+    dataset = data.shapes_only(shp, {batch = batch, seed = seed})
   end
 elseif not ck.plan_mode or o.data ~= "synthetic" then
   dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples, timesteps = 1000,
@@ -346,7 +352,7 @@ end
 -- with caption augmentation, both text encoders at each batch size, sharing
 -- one copy of their weights: a batch's captions are made and encoded at each step
 text_runs = {}
-if caption_aug and images and not ck.plan_mode then
+if (caption_aug or random_crop) and images and not ck.plan_mode then
   local first
   for k = 1, #shapes do
     for _, n in ipairs(sizes[k]) do
@@ -355,6 +361,32 @@ if caption_aug and images and not ck.plan_mode then
         first = first or text_runs[n]
       end
     end
+  end
+end
+-- with --random-crop, the VAE's encoder at each bucket (batch 1: one image at
+-- a time), sharing one copy of its weights
+if random_crop and not ck.plan_mode then
+  local first
+  for k = 1, #shapes do
+    local key = shapes[k][3] * 8 .. "x" .. shapes[k][2] * 8
+    vae_runs[key] = encode.vae_program(models, shapes[k][3] * 8, shapes[k][2] * 8, first and first.program or nil)
+    first = first or vae_runs[key]
+  end
+end
+-- the latents and time ids of samples idx into r's inputs, encoded now: each
+-- use's crop (random, or centered for validation) and flip (--flip-aug)
+local function set_latents(r, idx, augment)
+  if not random_crop then return end
+  for b, i in ipairs(idx) do
+    local e = entries[i]
+    local use = dataset.pos - #idx + b
+    local s = imagedata.sample(e, {random_crop = augment, flip_aug = augment and o["flip-aug"], seed = seed,
+                                   epoch = dataset.epoch, index = use})
+    local vp = vae_runs[e.bucket[1] .. "x" .. e.bucket[2]]
+    local lat = encode.latents_of(vp, models, ck.image_load(e.path, {resize = e.resized, crop = s.crop, flip = s.flip}),
+      0x7AF0 + use, seed, dataset.epoch)
+    r.program:set(r.inputs.latents, lat, b)
+    r.program:set(r.inputs.time_ids, s.time_ids, b)
   end
 end
 -- the text embeddings of samples idx into r's inputs: each caption as this
@@ -450,6 +482,7 @@ local function validate()
     local r = run_for(b.bucket, #b.idx)
     r.program.training = false -- no dropout
     local given = dataset:load(r.program, r.inputs, b.idx, true)
+    set_latents(r, b.idx, false)
     set_text(r, b.idx, false)
     given.eval = true
     r.objective:prepare(r.program, given, -v)
@@ -528,6 +561,7 @@ for step = start, steps do
   local idx, k = dataset:next_indices()
   local r = run_for(k, #idx)
   local given = dataset:load(r.program, r.inputs, idx)
+  set_latents(r, idx, true)
   set_text(r, idx, true)
   r.objective:prepare(r.program, given)
   -- a non-finite loss or gradient stops the run here, naming the step and the op
@@ -573,4 +607,5 @@ print("wrote " .. out)
 local all = {p} -- every program the run holds: the buckets', the text encoders'
 for _, byn in pairs(runs) do for _, rr in pairs(byn) do if rr.program ~= p then all[#all + 1] = rr.program end end end
 for _, tr in pairs(text_runs) do all[#all + 1] = tr.program end
+for _, vr in pairs(vae_runs) do all[#all + 1] = vr.program end
 print(memory.summary(p, device_before, all, encode_bound))

@@ -172,13 +172,16 @@ function M.encode_text(tp, models, captions)
   return out, pout
 end
 
-local function latents_of(vp, models, image, noise_key, seed)
+-- The latents of one image (an array [3, H, W] in [-1, 1]) through a VAE
+-- program: sampled from the encoder's distribution with noise keyed by
+-- (seed, epoch, noise_key) and scaled by scaling_factor, as a flat list.
+function M.latents_of(vp, models, image, noise_key, seed, epoch)
   local p = vp.program
   p:set("sample", image)
   p:forward()
   local mean, logvar = p:get(vp.mean), p:get(vp.logvar)
   local noise = {}
-  for i = 1, #mean do noise[i] = ck.randn(seed, 0, noise_key, i) end
+  for i = 1, #mean do noise[i] = ck.randn(seed, epoch or 0, noise_key, i) end
   return vae.latents(mean, logvar, noise, models.vae_config)
 end
 
@@ -225,14 +228,14 @@ function M.cache(plan, models, o)
     local tensors = {}
     local c = e.crop
     local img = ck.image_load(e.path, {resize = e.resized, crop = c})
-    local lat = latents_of(vp, models, img, KEY_VAE_NOISE + 2 * i, seed)
+    local lat = M.latents_of(vp, models, img, KEY_VAE_NOISE + 2 * i, seed)
     local lh, lw = bh // 8, bw // 8
     tensors[#tensors + 1] = {"latents", {models.vae_config.latent_channels, lh, lw}, lat}
     tensors[#tensors + 1] = {"time_ids", {6}, e.time_ids}
     if o.flip_aug then
       local flipped = ck.image_load(e.path, {resize = e.resized, crop = c, flip = true})
       tensors[#tensors + 1] = {"latents_flipped", {models.vae_config.latent_channels, lh, lw},
-                               latents_of(vp, models, flipped, KEY_VAE_NOISE + 2 * i + 1, seed)}
+                               M.latents_of(vp, models, flipped, KEY_VAE_NOISE + 2 * i + 1, seed)}
       tensors[#tensors + 1] = {"time_ids_flipped", {6}, e.time_ids_flip}
     end
     if tp then

@@ -58,6 +58,16 @@ for _, p in ipairs{$(cached | sed 's/.*/\"&\",/' | tr -d '\n')} do
 end
 assert(n == 6, n)" ; ok $? "with caption augmentation the cache holds latents and their mirror, no text"
 
+# --random-crop: nothing cached, every use encoded at its step
+rm -f $(cached)
+out=$("$CKRUN" $A $S --random-crop --flip-aug --out "$dir/rc.safetensors" 2>&1) ; rc=$?
+ok $rc "--random-crop --flip-aug trains"
+[ "$(cached | wc -l)" = 0 ] && ! echo "$out" | grep -q "^cache:" ; ok $? "--random-crop caches nothing"
+"$CKRUN" $A $S --random-crop --flip-aug --out "$dir/rc2.safetensors" >/dev/null 2>&1
+cmp -s "$dir/rc.safetensors" "$dir/rc2.safetensors" ; ok $? "random crops are drawn from the seed: a second run trains the same adapter"
+"$CKRUN" $A $S --out "$dir/plain.safetensors" >/dev/null 2>&1
+! cmp -s "$dir/rc.safetensors" "$dir/plain.safetensors" ; ok $? "and another adapter than centered crops train"
+
 # kohya's --max-token-length: 227 tokens a prompt, in the cache and in the UNet's input
 out=$("$CKRUN" $A $S --max-token-length 225 --out "$dir/t.safetensors" 2>&1) ; rc=$?
 ok $rc "--max-token-length 225 trains"

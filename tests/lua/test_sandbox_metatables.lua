@@ -203,6 +203,44 @@ local cases = {
     local ok = pcall(ck.cuda_options, H{deterministic = true})
     return ok ~= nil
   end, function() return true end},
+  -- the image path's bindings
+  {"ck.array shape and values", function(_, H) return ck.array(H{2, 3}, H{1, 2, 3, 4, 5, 6}) end,
+    function(_, a) return #a == 6 and a:get(6) == 6 and a.shape[2] == 3 end},
+  {"a:reshape and a:slice", function(_, H)
+    return ck.array({2, 3}, {1, 2, 3, 4, 5, 6}):reshape(H{3, 2}):slice(1, 2, 1)
+  end, function(_, a) return #a == 2 and a:get(1) == 3 end},
+  {"p:set an array", function(e, H)
+    e.p:set(e.x, ck.array(H{4, 3}, 0.5))
+    return e.p
+  end, function(e, p) return p:get(e.x)[12] == 0.5 end},
+  {"ck.write_safetensors an array", function(_, H)
+    local path = DIR .. "/arr.safetensors"
+    ck.write_safetensors(path, H{H{"a", H{2}, ck.array({2}, {4, 5})}})
+    return ck.safetensors(path)
+  end, function(_, f) return f:read("a")[2] == 5 end},
+  {"ck.write_png options", function(_, H)
+    local path = DIR .. "/img.png"
+    ck.write_png(path, ck.array({3, 4, 6}, 0), H{text = H{parameters = "a prompt"}})
+    return ck.image_info(path)
+  end, function(_, i) return i.width == 6 and i.height == 4 and i.text.parameters == "a prompt" end},
+  {"ck.image_load options", function(_, H)
+    local path = DIR .. "/img2.png"
+    ck.write_png(path, ck.array({3, 4, 6}, 0))
+    return ck.image_load(path, H{resize = H{3, 2}, crop = H{0, 1, 2, 2}, flip = true})
+  end, function(_, a) return a.shape[2] == 2 and a.shape[3] == 2 end},
+  {"ck.clip_tokenizer options and tok:encode", function(_, H)
+    local tok = ck.clip_tokenizer(H{merges = require "ck.tiny_vocab", pad = "!"})
+    return tok:encode("a red circle", H{max_length = 8})
+  end, function(_, ids) return #ids == 8 and ids[8] == 0 end},
+  {"p:load sources with rows and transpose", function(e, H)
+    local path = DIR .. "/rows.safetensors"
+    ck.write_safetensors(path, {{"big", {4, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}},
+                                {"t", {2, 2}, {1, 2, 3, 4}}})
+    local f = ck.safetensors(path)
+    e.p:load(f, H{w = H{key = "big", rows = H{3, 2}}, w2 = H{key = "t", transpose = true}})
+    f:close()
+    return e.p
+  end, function(e, p) local v, u = p:get(e.w), p:get("w2") return v[1] == 7 and v[6] == 12 and u[2] == 3 end},
 }
 
 for _, case in ipairs(cases) do

@@ -517,7 +517,10 @@ local function save_lora(path, at_step)
     ss_fp8_base = fp8_base and "True" or "False",
     ss_training_comment = "trained with ckrun " .. ck.version,
   }
-  if not full then return lora.save(p, adapter, path, {format = format, dtype = save_dtype, metadata = meta}) end
+  -- peft: the folder's adapter_config.json and adapter_model.safetensors are the final adapter's, not a snapshot's
+  if not full then
+    return lora.save(p, adapter, path, {format = format, dtype = save_dtype, metadata = meta, peft_folder = path == out})
+  end
   local entries = {}
   for _, t in ipairs(g:params()) do entries[#entries + 1] = {t.name, t.name} end
   meta.format = "pt"

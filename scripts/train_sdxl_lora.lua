@@ -392,7 +392,11 @@ end
 -- the text embeddings of samples idx into r's inputs: each caption as this
 -- use makes it (augment: shuffled, tags dropped, as ck.imagedata.caption), or as written
 local function set_text(r, idx, augment)
-  if not text_runs[#idx] then return end
+  if not next(text_runs) then return end -- the text is in the samples
+  if not text_runs[#idx] then -- a batch size compiled on first use (sharing the weights)
+    local _, any = next(text_runs)
+    text_runs[#idx] = encode.text_program(models, #idx, any.program)
+  end
   local caps = {}
   for b, i in ipairs(idx) do
     if augment then

@@ -253,7 +253,9 @@ local shapes, sizes = {{config.in_channels, latent, latent}}, {{batch}}
 -- encoders as programs of their own, closed before the UNet's are made), or
 -- with caption augmentation the latents alone, the captions encoded at each step
 local encode = require "ck.encode"
-local images = o.data ~= "synthetic" and encode.is_image_folder(o.data)
+-- --plan reads a data folder only where there is one (a plan sized from a laptop needs none)
+local data_here = o.data ~= "synthetic" and (not ck.plan_mode or ck.listdir(o.data) ~= nil)
+local images = data_here and encode.is_image_folder(o.data)
 local caption_aug = o["shuffle-caption"] or o["caption-dropout-rate"] > 0 or o["caption-tag-dropout-rate"] > 0
 -- --random-crop: a crop drawn at each use cannot be cached, so the VAE runs
 -- at each step too (as kohya's sd-scripts without latent caching)
@@ -302,7 +304,7 @@ if images then
   else -- --plan, --random-crop: the buckets from the images' headers, nothing cached
     dataset = data.shapes_only(shp, {batch = batch, seed = seed})
   end
-elseif not ck.plan_mode or o.data ~= "synthetic" then
+elseif not ck.plan_mode or data_here then
   dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples, timesteps = 1000,
     height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
 end

@@ -51,6 +51,8 @@ how() {
     echo "run: build/ckrun --plan ${1#build/ckrun }; no dataset or SDXL weights here: planned, not run" ;;
   "build/ckrun scripts/train_sdxl_lora.lua --resume")
     echo "run: build/ckrun scripts/train_sdxl_lora.lua --steps 3 --save-every 2 > /dev/null && $1 --steps 3; a state to resume from first, 3 steps instead of 300" ;;
+  "build/ckrun --allow-write out/shapes scripts/train_sdxl_lora.lua --data out/shapes --resolution 128 --enable-bucket --min-bucket-reso 64 --max-bucket-reso 256 --steps 40 --out out/shapes_lora.safetensors")
+    echo "run: build/ckrun scripts/make_shapes_dataset.lua out/shapes > /dev/null && $1; the set the line above makes, made first" ;;
   "build/ckrun scripts/policy_sweep.lua")
     echo "run: $1 --resolution 256 --steps 2; shorter (tests/sh/test_policy_sweep.sh runs it with every default)" ;;
   "build/ckrun scripts/policy_sweep.lua --resolution 256 --batch 2 --budgets 80%,62% --svg out/sweep.svg")
@@ -63,7 +65,8 @@ build/ckrun scripts/train_sdxl_lora.lua --size full --data DIR --weights unet.sa
 build/ckrun scripts/train_sdxl_lora.lua --size full --data DIR --weights unet.safetensors --resolution 1024 --batch 1 --steps 2000 --lr 1e-4 --rank 16 --alpha 16 --checkpoint budget:62% --save-every 200 --out out/my_lora.safetensors
 build/ckrun scripts/train_sdxl_lora.lua --resume
 build/ckrun scripts/policy_sweep.lua
-build/ckrun scripts/policy_sweep.lua --resolution 256 --batch 2 --budgets 80%,62% --svg out/sweep.svg"
+build/ckrun scripts/policy_sweep.lua --resolution 256 --batch 2 --budgets 80%,62% --svg out/sweep.svg
+build/ckrun --allow-write out/shapes scripts/train_sdxl_lora.lua --data out/shapes --resolution 128 --enable-bucket --min-bucket-reso 64 --max-bucket-reso 256 --steps 40 --out out/shapes_lora.safetensors"
 while IFS= read -r c; do
   grep -qxF -- "$c" "$dir/commands"; ok $? "the README still shows: $c"
 done <<< "$TABLE"

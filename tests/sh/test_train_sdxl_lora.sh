@@ -134,12 +134,12 @@ bad() { # name, pattern, args...
 bad "missing dataset" "cannot read directory '$dir/none'" --data "$dir/none"
 mkdir "$dir/wrong"
 "$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'
-ck.write_safetensors('$dir/wrong/000001.safetensors', {{'latents', {4, 16, 16}, (function() local t = {} for i = 1, 1024 do t[i] = 0 end return t end)()},
+ck.write_safetensors('$dir/wrong/000001.safetensors', {{'latents', {4, 48, 48}, (function() local t = {} for i = 1, 4 * 48 * 48 do t[i] = 0 end return t end)()},
   {'prompt_embeds', {77, 64}, (function() local t = {} for i = 1, 77 * 64 do t[i] = 0 end return t end)()},
   {'pooled_prompt_embeds', {64}, (function() local t = {} for i = 1, 64 do t[i] = 0 end return t end)()},
   {'time_ids', {6}, {1, 1, 0, 0, 1, 1}}})"
 cp "$dir/wrong/000001.safetensors" "$dir/wrong/000002.safetensors"
-bad "wrong sample shape names the file and the tensor" "wrong/000001.safetensors.*latents.*\[4, 16, 16\].*\[4, 32, 32\]" --data "$dir/wrong"
+bad "wrong sample shape names the file and the tensor" "wrong/000001.safetensors.*latents.*\[4, 48, 48\].*at most 32 x 32" --data "$dir/wrong"
 "$CKRUN" --allow-write "$dir" -e "local ck = require 'ck'; local unet = require 'ck.unet'
 local g = ck.graph(); local _, y = unet.build(g, 'sdxl-tiny', {batch = 1, height = 8, width = 8, frozen = true})
 local p = g:compile{outputs = {y}}

@@ -185,6 +185,27 @@ function M.latents_of(vp, models, image, noise_key, seed, epoch)
   return vae.latents(mean, logvar, noise, models.vae_config)
 end
 
+-- Whether path holds a whole cached sample of plan entry e: a safetensors
+-- file whose header and sizes check out, with the latents of e's bucket and
+-- the other tensors this run reads. A file cut short or written by something
+-- else is encoded again (written whole and renamed into place, as always).
+function M.cached(path, e, models, flip_aug, with_text)
+  local ok, f = pcall(ck.safetensors, path)
+  if not ok then return false end
+  local good = f:has("latents") and f:has("time_ids")
+  if good then
+    local s = f:shape("latents")
+    good = #s == 3 and s[1] == models.vae_config.latent_channels and s[2] == e.bucket[2] // 8 and
+      s[3] == e.bucket[1] // 8
+  end
+  if good and flip_aug then good = f:has("latents_flipped") and f:has("time_ids_flipped") end
+  if good and with_text then
+    good = f:has("prompt_embeds") and f:has("pooled_prompt_embeds") and f:shape("prompt_embeds")[1] == models.tokens
+  end
+  f:close()
+  return good
+end
+
 -- Encodes every image of plan (imagedata.assign's) not yet in the cache.
 -- o: cache_dir (the scanned folder: each image's file beside it, in its
 -- N_concept folder; or another folder, which gets the same layout), seed, flip_aug (each file holds
@@ -206,8 +227,7 @@ function M.cache(plan, models, o)
     local key = imagedata.cache_key(e, {model_id = id})
     local path = imagedata.cache_path(e, o.cache_dir, key)
     out[i] = path
-    local f = io.open(path, "rb")
-    if f then f:close() else todo[#todo + 1] = i end
+    if not M.cached(path, e, models, o.flip_aug, with_text) then todo[#todo + 1] = i end
   end
   if #todo == 0 then
     if o.progress then print(string.format("cache: all %d images encoded already", #plan.items)) end
@@ -252,8 +272,8 @@ function M.cache(plan, models, o)
     end
   end
   if o.progress then
-    print(string.format("cache: %d images encoded in %.1f s, %d already there", #todo, ck.now() - t0,
-      #plan.items - #todo))
+    print(string.format("cache: %d image%s encoded in %.1f s, %d already there", #todo, #todo == 1 and "" or "s",
+      ck.now() - t0, #plan.items - #todo))
   end
   -- the bound this phase states for the whole process (nil without a heap
   -- cap), then every encoder closed before training makes its programs

@@ -39,6 +39,13 @@ echo "$out" | grep -q "^cache: all 6 images encoded already" ; ok $? "the second
 [ "$before" = "$(cached | xargs md5sum)" ] ; ok $? "the cache is left as it was"
 cmp -s "$dir/a.safetensors" "$dir/b.safetensors" ; ok $? "the same data and seed train the same adapter bitwise"
 
+# a cached file cut short is encoded again, the others kept
+victim=$(cached | head -1)
+head -c 200 "$victim" > "$dir/cut" && cat "$dir/cut" > "$victim"
+out=$("$CKRUN" $A $S --out "$dir/b2.safetensors" 2>&1) ; rc=$?
+echo "$out" | grep -q "^cache: 1 image encoded in .*, 5 already there" && cmp -s "$dir/a.safetensors" "$dir/b2.safetensors"
+ok $? "a cached file cut short is encoded again, and training is as before"
+
 # a changed caption and a changed image: only theirs are encoded again
 first=$(ls "$dir"/shapes/2_shapes/*.txt | head -1)
 echo "a changed caption" > "$first"

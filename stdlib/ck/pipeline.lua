@@ -90,6 +90,9 @@ local function kohya_modules(model)
     if e[1] ~= "" and (mt == nn.Linear or mt == nn.Conv2d) then
       local ok, name = pcall(lora.kohya_name, e[1], model.config)
       if ok then by[name] = {path = e[1], module = e[2]} end
+      -- the diffusers path with underscores, as some tools name SDXL's modules
+      local alias = "lora_unet_" .. e[1]:gsub("%.", "_")
+      by[alias] = by[alias] or {path = e[1], module = e[2]}
     end
   end
   return by
@@ -203,31 +206,58 @@ local function check_size(c, w, h, level)
   end
 end
 
--- the UNet at batch 2 with the LoRAs, compiled and loaded (kept per size and LoRA set)
+-- the LoRA weights of files (read_lora's lists, one per lora) into p
+local function load_loras(p, loras, files)
+  for k, ads in ipairs(files) do
+    local f <close> = ck.safetensors(loras[k][1])
+    local map = {}
+    for _, ad in ipairs(ads) do map[ad.down_param], map[ad.up_param] = ad.down, ad.up end
+    p:load(f, map)
+  end
+end
+
+-- The UNet at batch 2 with the LoRAs, compiled and loaded, kept per size and
+-- LoRA set. The files are read again at each call: the same modules, ranks,
+-- alphas and strengths reuse the program with the files' current weights (a
+-- training script's adapter saved anew); anything else compiles a new one in
+-- the old one's place.
 function Pipe:unet_program(w, h, loras, level)
   local key = {w, "x", h}
-  for _, l in ipairs(loras) do key[#key + 1] = " " .. l[1] .. ":" .. string.format("%.17g", l[2]) end
+  for _, l in ipairs(loras) do key[#key + 1] = " " .. l[1] end
   key = table.concat(key)
-  if self.unets[key] then return self.unets[key] end
   local models, c = self.models, self.models.unet_config
   local model = unet.UNet2DConditionModel(c)
   model:freeze()
   local by = kohya_modules(model)
-  local files = {}
+  local files, sig = {}, {}
   for k, l in ipairs(loras) do
     local ads = read_lora(l[1], by, level + 1)
+    local prefix = "lora" .. k .. "."
+    for _, ad in ipairs(ads) do
+      ad.prefix, ad.scale = prefix, l[2] * ad.alpha / ad.rank
+      ad.down_param, ad.up_param = ad.path .. "." .. prefix .. "lora_down.weight", ad.path .. "." .. prefix .. "lora_up.weight"
+      sig[#sig + 1] = string.format("%d %s %d %.17g", k, ad.key, ad.rank, ad.scale)
+    end
+    files[k] = ads
+  end
+  sig = table.concat(sig, "\n")
+  local had = self.unets[key]
+  if had and had.sig == sig then
+    load_loras(had.program, loras, files)
+    return had
+  elseif had then
+    self.unets[key] = nil
+    local closing <close> = had.program
+  end
+  for _, ads in ipairs(files) do
     for _, ad in ipairs(ads) do
       local m = ad.module
       if not m.lora_branches then
         m.lora_branches = {}
         m.updateOutput = branched(getmetatable(m).updateOutput)
       end
-      local prefix = "lora" .. k .. "."
-      m.lora_branches[#m.lora_branches + 1] = {conv = ad.conv, rank = ad.rank, prefix = prefix,
-                                               scale = l[2] * ad.alpha / ad.rank}
-      ad.down_param, ad.up_param = ad.path .. "." .. prefix .. "lora_down.weight", ad.path .. "." .. prefix .. "lora_up.weight"
+      m.lora_branches[#m.lora_branches + 1] = {conv = ad.conv, rank = ad.rank, prefix = ad.prefix, scale = ad.scale}
     end
-    files[k] = ads
   end
   local g = ck.graph()
   local _, y, x = unet.build(g, model, {batch = 2, height = h // 8, width = w // 8, tokens = models.tokens,
@@ -240,13 +270,8 @@ function Pipe:unet_program(w, h, loras, level)
     end
     checkpoint.load(p, "unet", models.base.unet, params)
   end
-  for k, ads in ipairs(files) do
-    local f <close> = ck.safetensors(loras[k][1])
-    local map = {}
-    for _, ad in ipairs(ads) do map[ad.down_param], map[ad.up_param] = ad.down, ad.up end
-    p:load(f, map)
-  end
-  local r = {program = p, out = y, inputs = x}
+  load_loras(p, loras, files)
+  local r = {program = p, out = y, inputs = x, sig = sig}
   self.unets[key] = r
   return r
 end

@@ -130,6 +130,22 @@ local at2 = pipe:generate(opts{loras = {{LORA, 0.5}, {LORA, 0.5}}}):table()
 e = rel(at2, at1)
 T.ok(e < 1e-4, string.format("two copies at 0.5 give the image of one at 1 (rel %.2e)", e))
 
+-- the file saved anew (as a training script does between samples): the kept
+-- program takes its new weights, as a fresh pipe would
+for _, ad in ipairs(h.adapters) do
+  local n = 1
+  for _, t in ipairs(g:params()) do
+    if t.name == ad.up then for _, d in ipairs(t.shape) do n = n * d end end
+  end
+  lp:set(ad.up, T.random_values(r, n, -0.5, 0.5))
+end
+lora.save(lp, h, LORA)
+local again = pipe:generate(opts{loras = {{LORA, 1.0}}}):table()
+local fresh = pipeline.new{base = checkpoint.open(FOLDER)}
+local want = fresh:generate(opts{loras = {{LORA, 1.0}}}):table()
+fresh:close()
+T.ok(not equal(again, at1) and equal(again, want), "a file saved anew is read again: the image a fresh pipe makes")
+
 -- one line naming the key and the file, and the calling line
 local function one_line(err, ...)
   err = tostring(err)

@@ -38,6 +38,7 @@ local o = options.parse(args, {
   {"cfg-scale", "number", 5.0, "classifier-free guidance scale (diffusers' guidance_scale; 1: none)", min = 0},
   {"seed", "integer", 0, "the seed of the initial noise (and euler_a's)", min = 0},
   {"sampler", "choice", "euler", "the sampler", choices = samplers.NAMES},
+  {"prediction", "choice", "eps", "what the UNet predicts (v for v-prediction models)", choices = {"eps", "v"}},
   {"out", "string", "out/image.png", "the PNG written (whole, renamed into place)", arg = "PNG"},
 })
 if not o then return end
@@ -57,7 +58,8 @@ local pipe <close> = pipeline.new{base = base, seed = o["seed-weights"], tokeniz
   name = base_path and base_path:gsub("/+$", ""):match("([^/]+)$"):gsub("%.safetensors$", "") or nil}
 local t0 = ck.now()
 local image, settings = pipe:generate{prompt = o.prompt, negative_prompt = o["negative-prompt"], width = o.width,
-  height = o.height, steps = o.steps, cfg = o["cfg-scale"], seed = o.seed, sampler = o.sampler, loras = loras}
+  height = o.height, steps = o.steps, cfg = o["cfg-scale"], seed = o.seed, sampler = o.sampler, loras = loras,
+  prediction = o.prediction}
 local text = pipeline.parameters(settings)
 local dir = o.out:match("^(.*)/[^/]*$")
 if dir and dir ~= "" then assert(ck.mkdir(dir)) end

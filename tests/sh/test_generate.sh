@@ -30,6 +30,9 @@ cmp -s "$dir/a.png" "$dir/b.png" ; ok $? "the same seed on one thread writes the
   --out "$dir/c.png" >/dev/null 2>&1
 ! cmp -s "$dir/a.png" "$dir/c.png" ; ok $? "another seed writes another image"
 
+"$CKRUN" $A $G --prompt "a red circle" --negative-prompt "blurry" --seed 5 --sampler euler_a --cfg-scale 4.5 \
+  --prediction v --out "$dir/v.png" >/dev/null 2>&1 && ! cmp -s "$dir/a.png" "$dir/v.png" ; ok $? "--prediction v runs and reads the output as v"
+
 # an adapter as train_sdxl_lora writes it (kohya naming, LoCon convolutions)
 "$CKRUN" $A scripts/train_sdxl_lora.lua --resolution 64 --steps 2 --batch 1 --samples 2 --conv-rank 2 \
   --targets kohya --lr 0.05 --out "$dir/l.safetensors" --log-dir "$dir/logs" >/dev/null 2>&1 || echo "FAIL training"

@@ -422,8 +422,9 @@ Pipe.__close = Pipe.close
 -- the tiny model's weight seed given as weights_seed, tokenizer) then one
 -- pipe:generate(o) with the rest; the pipe is closed after.
 function M.generate(o)
+  if type(o) ~= "table" then error("pipeline.generate: give a table of options", 2) end
   local mo, go = {}, {}
-  for k, v in pairs(o) do
+  for k, v in next, o do
     if k == "base" or k == "tokenizer" or k == "name" then mo[k] = v
     elseif k == "weights_seed" then mo.seed = v
     else go[k] = v end

@@ -96,6 +96,16 @@ T.ok(equal(a, b), "the same seed gives the same image bitwise (euler_a's noise t
 seeded.seed = 43
 T.ok(not equal(a, pipe:generate(seeded):table()), "another seed gives another image")
 
+-- pipeline.generate: a pipe made, used once and closed (the tiny random model here)
+local once = {prompt = "a red circle", width = 64, height = 32, steps = 2, seed = 3, sampler = "dpmpp_2m"}
+local tiny = pipeline.new{seed = 2}
+local want1 = tiny:generate(once):table()
+tiny:close()
+once.weights_seed = 2
+local got1, s1 = pipeline.generate(once)
+T.ok(equal(got1:table(), want1) and s1.model == "tiny-random-seed2" and s1.sampler == "dpmpp_2m",
+  "pipeline.generate is a pipe's generate, the tiny model's weights from weights_seed")
+
 -- a LoRA file as train_sdxl_lora writes it (kohya naming, LoCon convolutions)
 local cfg = pipe.models.unet_config
 local model = unet.UNet2DConditionModel(cfg)

@@ -98,12 +98,7 @@ local defaults = {
 
 local function is_null(v) return v == nil or v == ck.json_null end
 
-local function copy(v)
-  if type(v) ~= "table" then return v end
-  local c = {}
-  for k, x in pairs(v) do c[k] = copy(x) end
-  return c
-end
+local copy = require("ck.nn").copy
 
 local function unet_config(tbl, file)
   file = file or "unet config"

@@ -33,12 +33,7 @@ local clip = {}
 
 clip.MASKED = -1e30 -- causal_mask above the diagonal
 
-local function copy(t)
-  if type(t) ~= "table" then return t end
-  local c = {}
-  for k, v in pairs(t) do c[k] = copy(v) end
-  return c
-end
+local copy = nn.copy
 
 -- transformers' config.json keys. eos_token_id 2 is the value SDXL's files
 -- carry (transformers' legacy rule: the pooled row is the argmax of the ids).

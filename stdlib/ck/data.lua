@@ -95,9 +95,10 @@ local function latents_shape(path)
 end
 
 function Dataset:find_buckets(shape_of)
+  shape_of = shape_of or function(k) return latents_shape(self.files[k]) end
   local by, list, of = {}, {}, {}
   for i = 1, self.n do
-    local shape = (shape_of or function(k) return latents_shape(self.files[k]) end)(i)
+    local shape = shape_of(i)
     local key = table.concat(shape, "x")
     local b = by[key]
     if not b then

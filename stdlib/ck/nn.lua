@@ -11,6 +11,14 @@ Module.__name = "nn.Module"
 nn.Module = Module
 
 -- nn.class("Linear", nn.Module) -> a class table; calling it constructs an instance.
+-- A deep copy of a table of plain values (a model's config); other values as they are.
+function nn.copy(t)
+  if type(t) ~= "table" then return t end
+  local c = {}
+  for k, v in pairs(t) do c[k] = nn.copy(v) end
+  return c
+end
+
 function nn.class(name, parent)
   parent = parent or Module
   local cls = setmetatable({}, {

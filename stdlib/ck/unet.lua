@@ -6,12 +6,7 @@ local nn = require "ck.nn"
 
 local unet = {}
 
-local function copy(t)
-  if type(t) ~= "table" then return t end
-  local c = {}
-  for k, v in pairs(t) do c[k] = copy(v) end
-  return c
-end
+local copy = nn.copy
 
 local configs = {
   sdxl = {

@@ -7,12 +7,7 @@ local nn = require "ck.nn"
 
 local vae = {}
 
-local function copy(t)
-  if type(t) ~= "table" then return t end
-  local c = {}
-  for k, v in pairs(t) do c[k] = copy(v) end
-  return c
-end
+local copy = nn.copy
 
 local function rep(v, n)
   local t = {}

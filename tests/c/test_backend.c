@@ -21,24 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int npass, nfail;
-
-static void check(int ok, const char *name, const char *fmt, ...)
-{
-    if (ok) {
-        npass++;
-        printf("ok   %s\n", name);
-        return;
-    }
-    nfail++;
-    printf("FAIL %s: ", name);
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-}
+#include "named_check.h"
 
 /* ---- the fake device ---------------------------------------------------- */
 

@@ -18,25 +18,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "named_check.h"
 
-static int npass, nfail;
 static char data[1024], dir[64];
-
-static void check(int ok, const char *name, const char *fmt, ...)
-{
-    if (ok) {
-        npass++;
-        printf("ok   %s\n", name);
-        return;
-    }
-    nfail++;
-    printf("FAIL %s: ", name);
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-}
 
 static unsigned char *read_file(const char *path, size_t *n)
 {

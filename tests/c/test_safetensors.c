@@ -15,25 +15,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "named_check.h"
 
-static int npass, nfail;
 static char dir[64];
-
-static void check(int ok, const char *name, const char *fmt, ...)
-{
-    if (ok) {
-        npass++;
-        printf("ok   %s\n", name);
-        return;
-    }
-    nfail++;
-    printf("FAIL %s: ", name);
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-}
 
 static void path_of(char *out, size_t len, const char *name)
 {

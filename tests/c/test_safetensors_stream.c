@@ -13,29 +13,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "named_check.h"
 
 #define NT 64
 #define NUMEL (1 << 20)
 #define LIMIT_MIB 48
 
-static int npass, nfail;
 static float *buf; /* the one tensor-sized buffer: source of saves, destination of reads */
-
-static void check(int ok, const char *name, const char *fmt, ...)
-{
-    if (ok) {
-        npass++;
-        printf("ok   %s\n", name);
-        return;
-    }
-    nfail++;
-    printf("FAIL %s: ", name);
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-}
 
 /* Cheap values that differ per tensor and per element. */
 static float value(int t, int64_t i)

@@ -316,18 +316,13 @@ static int join_group(ck_program *p, const ck_program *share, char *err, size_t 
  * kind, shape and dtype; -1 where it has none */
 static int64_t shared_offset(const ck_program *share, const ck_tensor *t)
 {
-    if (!t->name) return -1;
-    const ck_graph *sg = share->g;
-    for (int s = 0; s < sg->nt; s++) {
-        const ck_tensor *u = &sg->t[s];
-        if (share->poff[s] < 0 || (size_t)share->poff[s] >= share->grp->shared) continue;
-        if (u->kind != t->kind || u->dtype != t->dtype || !u->name || strcmp(u->name, t->name)) continue;
-        if (u->shape.ndim != t->shape.ndim) return -1;
-        for (int d = 0; d < t->shape.ndim; d++)
-            if (u->shape.d[d] != t->shape.d[d]) return -1;
-        return share->poff[s];
-    }
-    return -1;
+    const int s = t->name ? ck_graph_find(share->g, t->name) : -1;
+    if (s < 0 || share->poff[s] < 0 || (size_t)share->poff[s] >= share->grp->shared) return -1;
+    const ck_tensor *u = &share->g->t[s];
+    if (u->kind != t->kind || u->dtype != t->dtype || u->shape.ndim != t->shape.ndim) return -1;
+    for (int d = 0; d < t->shape.ndim; d++)
+        if (u->shape.d[d] != t->shape.d[d]) return -1;
+    return share->poff[s];
 }
 
 /* the group's arena made as large as p needs (before the first step: the

@@ -2,8 +2,9 @@
 -- aspect-ratio bucket), all training one set of weights. They hold one copy
 -- of the parameters, the optimizer state and the counters, in one arena as
 -- large as the largest needs; steps alternating between them train exactly as
--- one program given the same batches does; a program may add inputs but no
--- weights of its own.
+-- one program given the same batches does; a program may add inputs and
+-- frozen weights of its own (a decoder), which hold until another member runs
+-- and are refused after that until written again.
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local T = require "check"
@@ -109,8 +110,8 @@ do -- refused: a weight of its own, a mismatched shape, mixing plan-only and run
   local y = g:input("y", {1, 4, 4, 4})
   local extra = g:param("other.weight", {4, 3, 3, 3})
   local ok, err = pcall(function() return g:compile{loss = ck.mse_loss(ck.conv2d(x, extra, nil, {padding = 1}), y), share = a} end)
-  T.ok(not ok and tostring(err):find("'other.weight'", 1, true) and tostring(err):find("may add inputs only", 1, true),
-    "a sharing program with a weight of its own is refused, naming it (" .. tostring(err) .. ")")
+  T.ok(not ok and tostring(err):find("'other.weight'", 1, true) and tostring(err):find("may add inputs and frozen weights only", 1, true),
+    "a sharing program with a trainable weight of its own is refused, naming it (" .. tostring(err) .. ")")
   local g2 = ck.graph()
   local x2 = g2:input("x", {1, 3, 4, 4})
   local y2 = g2:input("y", {1, 4, 4, 4})
@@ -119,11 +120,60 @@ do -- refused: a weight of its own, a mismatched shape, mixing plan-only and run
   local hb = g2:param("head.bias", {4})
   local out = ck.conv2d(ck.silu(ck.conv2d(x2, stem, nil, {padding = 2})), head, hb, {padding = 1})
   ok, err = pcall(function() return g2:compile{loss = ck.mse_loss(out, y2), share = a} end)
-  T.ok(not ok and tostring(err):find("'stem.weight'", 1, true), "a weight of another shape is refused, naming it")
+  T.ok(not ok and tostring(err):find("'stem.weight'", 1, true) and tostring(err):find("differs", 1, true),
+    "a frozen weight of another shape than the group's is refused, naming it (" .. tostring(err) .. ")")
   ok, err = pcall(build, 2, 4, 4, {plan_only = true, share = a})
   T.ok(not ok and tostring(err):find("plan-only", 1, true), "a plan-only program cannot join a runnable group")
   ok, err = pcall(build, 2, 4, 4, {share = "a"})
   T.ok(not ok, "share must be a program")
+end
+
+do -- a member's own frozen weights: a decoder after the shared stem, forward only
+  local a = build(2, 4, 4)
+  local g = ck.graph()
+  local x = g:input("x", {1, 3, 4, 4})
+  local stem = g:param("stem.weight", {8, 3, 3, 3}, {trainable = false})
+  local dec = g:param("decoder.weight", {3, 8, 3, 3}, {trainable = false, init = "normal", std = 0.2})
+  local y = ck.conv2d(ck.silu(ck.conv2d(x, stem, nil, {padding = 1})), dec, nil, {padding = 1})
+  local d = g:compile{outputs = {y}, optimizer = "none", share = a, seed = 3}
+  local pl, dp = a:plan(), d:plan()
+  T.ok(dp.shared and dp.group_arena >= dp.arena and dp.group_arena >= pl.arena,
+    "the group's arena holds the member with its own weight")
+  local xs = T.random_values(r, 3 * 16)
+  local dw = d:get("decoder.weight")
+  d:set("x", xs)
+  d:forward()
+  local first = d:get(y)
+  -- the shared stem changes nothing it holds of its own; a step of the first program overwrites the region above
+  local function step_a()
+    local bx, by = batch(2, 4, 4)
+    a:set("x", bx)
+    a:set("y", by)
+    a:step()
+  end
+  local function equal(u, v)
+    if #u ~= #v then return false end
+    for i = 1, #u do if u[i] ~= v[i] then return false end end
+    return true
+  end
+  step_a()
+  d:set("x", xs)
+  local ok, err = pcall(d.forward, d)
+  T.ok(not ok and tostring(err):find("'decoder.weight'", 1, true) and tostring(err):find("load it again", 1, true),
+    "after another member ran, the member's own weight is refused, naming it (" .. tostring(err) .. ")")
+  d:init_own()
+  d:set("x", xs)
+  d:forward()
+  local stem_now = a:get("stem.weight")
+  T.ok(equal(d:get("decoder.weight"), dw), "init_own gives the own weight its compiled values again")
+  -- the frozen stem did not train, so the output is the first one again
+  T.ok(equal(d:get(y), first), "with its weight restored, the member computes what it did before")
+  step_a()
+  d:set("decoder.weight", dw) -- writing the weight itself is as good
+  d:set("x", xs)
+  d:forward()
+  T.ok(equal(d:get(y), first), "a member whose own weight was written again runs")
+  T.ok(#stem_now == 8 * 27, "the shared stem is read through either member")
 end
 
 T.done()

@@ -1119,6 +1119,15 @@ static int l_forward(lua_State *L)
     return push_loss(L, p);
 }
 
+/* p:init_own(): the tensors only p holds in its group (its own frozen
+ * weights and inputs) back to their compiled initial values */
+static int l_init_own(lua_State *L)
+{
+    ck_program *p = check_program(L, 1)->p;
+    if (ck_program_init_own(p)) return luaL_error(L, "%s", p->err);
+    return 0;
+}
+
 static void set_int(lua_State *L, const char *k, lua_Integer v)
 {
     lua_pushinteger(L, v);
@@ -1427,6 +1436,7 @@ static const luaL_Reg program_methods[] = {
     {"grad", l_grad},
     {"step", l_step},
     {"forward", l_forward},
+    {"init_own", l_init_own},
     {"plan", l_plan},
     {"outside_plan", l_outside_plan},
     {"randn", l_fill_randn},

@@ -312,16 +312,41 @@ static int join_group(ck_program *p, const ck_program *share, char *err, size_t 
     return 0;
 }
 
+/* p is the group's actor: it runs, or writes above the shared region, where
+ * the other members' own tensors and activations lie */
+static void become_actor(ck_program *p)
+{
+    if (p->grp->actor == p) return;
+    p->grp->actor = p;
+    p->grp->serial++;
+}
+
+/* p's own frozen weights are as they were written: no other member has run or
+ * written above the shared region since; else one line naming the first */
+static int own_intact(ck_program *p)
+{
+    if (!p->own_at) return 0;
+    for (int t = 0; t < p->g->nt; t++) {
+        if (p->poff[t] < (int64_t)p->grp->shared || p->g->t[t].kind != CK_KIND_FROZEN) continue;
+        if (p->own_at[t] != p->grp->serial)
+            return failf(p->err, sizeof p->err, "'%s' is a weight of this program alone, and another program of its "
+                         "group has run since it was written: load it again (or p:init_own() for its initial values)",
+                         p->g->t[t].name ? p->g->t[t].name : "a tensor");
+    }
+    return 0;
+}
+
 /* where share keeps a tensor like t in the group's shared region: same name,
- * kind, shape and dtype; -1 where it has none */
+ * kind, shape and dtype; -1 where it has none by that name, -2 where its
+ * tensor of that name differs */
 static int64_t shared_offset(const ck_program *share, const ck_tensor *t)
 {
     const int s = t->name ? ck_graph_find(share->g, t->name) : -1;
     if (s < 0 || share->poff[s] < 0 || (size_t)share->poff[s] >= share->grp->shared) return -1;
     const ck_tensor *u = &share->g->t[s];
-    if (u->kind != t->kind || u->dtype != t->dtype || u->shape.ndim != t->shape.ndim) return -1;
+    if (u->kind != t->kind || u->dtype != t->dtype || u->shape.ndim != t->shape.ndim) return -2;
     for (int d = 0; d < t->shape.ndim; d++)
-        if (u->shape.d[d] != t->shape.d[d]) return -1;
+        if (u->shape.d[d] != t->shape.d[d]) return -2;
     return share->poff[s];
 }
 
@@ -355,6 +380,7 @@ static int group_grow(ck_program *p, char *err, size_t errlen)
     }
     be->release(gr->arena);
     ck_mem_give(gr->budget, gr->charged);
+    become_actor(p); /* only the shared region was copied */
     gr->arena = a;
     gr->bytes = p->arena_bytes;
     gr->charged = bytes;
@@ -471,11 +497,23 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
                 p->poff[t] = at;
                 continue;
             }
-            if (g->t[t].kind != CK_KIND_INPUT) {
-                failf(err, errlen, "'%s' (%s) is not in the program this one shares its weights with: a program "
-                      "that shares weights may add inputs only", g->t[t].name ? g->t[t].name : "a tensor",
-                      g->t[t].where ? g->t[t].where : "?");
+            if (at == -2 && g->t[t].kind != CK_KIND_INPUT) {
+                failf(err, errlen, "'%s' (%s) differs in kind, shape or type from the tensor of that name in the "
+                      "program this one shares its weights with", g->t[t].name, g->t[t].where ? g->t[t].where : "?");
                 goto fail;
+            }
+            if (g->t[t].kind != CK_KIND_INPUT && g->t[t].kind != CK_KIND_FROZEN) {
+                failf(err, errlen, "'%s' (%s) is not in the program this one shares its weights with: a program "
+                      "that shares weights may add inputs and frozen weights only", g->t[t].name ? g->t[t].name :
+                      "a tensor", g->t[t].where ? g->t[t].where : "?");
+                goto fail;
+            }
+            if (g->t[t].kind == CK_KIND_FROZEN && !p->own_at) {
+                if (take_own(p, ck_malloc_chunk(sizeof(uint64_t) * (size_t)g->nt), "the program's tensor tables",
+                             err, errlen))
+                    goto fail;
+                p->own_at = calloc((size_t)g->nt, sizeof(uint64_t));
+                if (!p->own_at) goto oom;
             }
         }
         p->poff[t] = (int64_t)off;
@@ -634,6 +672,8 @@ void ck_program_free(ck_program *p)
     free(p->retain);
     free(p->poff);
     free(p->accums);
+    free(p->own_at);
+    if (p->grp && p->grp->actor == p) p->grp->actor = NULL;
     if (p->grp && --p->grp->refs == 0) {
         if (p->grp->arena) {
             p->be->enter();
@@ -752,6 +792,8 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
         }
         pl = &p->logplan[o->stats];
     }
+    become_actor(p);
+    if (own_intact(p)) return -1;
     p->grp->step++;
     p->last = pl;
     r->plan = pl;
@@ -806,10 +848,18 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
 int ck_program_forward(ck_program *p)
 {
     if (!runnable(p)) return -1;
+    become_actor(p);
+    if (own_intact(p)) return -1;
     p->last = &p->eval;
     const ck_exec_env e = exec_env(p, &p->eval);
     if (ck_exec_range(&e, &p->eval, 0, p->eval.n, p->err, sizeof p->err)) return -1;
     return ck_exec_sync(p->be, p->err, sizeof p->err);
+}
+
+int ck_program_init_own(ck_program *p)
+{
+    if (!runnable(p)) return -1;
+    return init_persistent(p, 1, p->err, sizeof p->err); /* a first program's are all shared */
 }
 
 int ck_program_step_measured(ck_program *p, size_t *high_water)
@@ -897,6 +947,7 @@ const float *ck_program_read(ck_program *p, int t)
 float *ck_program_write_begin(ck_program *p, int t, int keep)
 {
     p->err[0] = 0;
+    if (t >= 0 && t < p->g->nt && p->poff[t] >= (int64_t)p->grp->shared) become_actor(p);
     float *x = ck_program_data(p, t);
     return x ? host_of(p, t, x, keep) : NULL;
 }
@@ -904,6 +955,7 @@ float *ck_program_write_begin(ck_program *p, int t, int keep)
 int ck_program_write_end(ck_program *p, int t)
 {
     const ck_tensor *tt = &p->g->t[t];
+    if (p->own_at && p->poff[t] >= (int64_t)p->grp->shared) p->own_at[t] = p->grp->serial;
     if (p->be->host && tt->dtype == CK_F32) return 0;
     float *x = ck_program_data(p, t);
     if (!x) return -1;

@@ -16,9 +16,12 @@ struct ck_program;
  * group of that program; any other starts its own. Every member's persistent
  * tensors that the group's first program also has (same name, kind, shape and
  * dtype: the weights, their optimizer state and gradient sums) are that
- * program's, at its offsets in [0, shared); a member's own inputs lie above,
+ * program's, at its offsets in [0, shared). A member may add inputs and frozen
+ * weights of its own (a decoder the training program lacks): they lie above,
  * where other members keep activations, so they hold only until another member
- * runs. The arena is as large as the largest member needs. */
+ * runs or writes there. A member refuses to run on own weights that another
+ * has overwritten since they were written (serial and actor say who last used
+ * the region above shared). The arena is as large as the largest member needs. */
 typedef struct ck_group {
     int refs;
     unsigned char *arena;
@@ -29,6 +32,8 @@ typedef struct ck_group {
     int64_t step;   /* steps taken by any member */
     int64_t updates; /* optimizer updates applied */
     int64_t micro;  /* steps summed since the last update (accumulation) */
+    const void *actor; /* the member that last ran, or wrote above shared */
+    uint64_t serial;   /* counts changes of actor */
     const ck_backend *be;
     ck_mem_budget *budget; /* where charged is charged */
 } ck_group;
@@ -120,6 +125,9 @@ typedef struct ck_program {
      * is freed (the arena's device bytes are the group's: ck_group.charged) */
     ck_mem_budget *budget;
     size_t charged_own, charged_stage;
+    /* a group member's own frozen weights (above grp->shared): per tensor, the
+     * group's serial when it was last written (NULL: it has none) */
+    uint64_t *own_at;
     char err[512];
 } ck_program;
 
@@ -150,6 +158,10 @@ size_t ck_program_stage_bound(const ck_program *p);
 int ck_program_step(ck_program *p);
 /* The forward pass only. */
 int ck_program_forward(ck_program *p);
+/* The tensors only p holds in its group (its own inputs and frozen weights,
+ * above the shared region) back to the values compile gave them (the seeded
+ * init); nothing for a group's first program. 0 or -1 with p->err. */
+int ck_program_init_own(ck_program *p);
 
 /* A training step as a logging script asks for it. */
 typedef struct ck_run_opts {

@@ -26,7 +26,7 @@ local o = options.parse(args, {
    "bpe_simple_vocab_16e6.txt.gz) or a tokenizer folder", arg = "FILE|DIR"},
   {"seed-weights", "integer", 1, "the tiny random model's weight seed", min = 0},
   {"lora", "string", nil, "LoRA files in kohya's naming (LoCon too), each at a strength (default 1): " ..
-   "a comma-separated list", arg = "FILE[:STRENGTH],..."},
+   "a comma-separated list, or --lora again for each", arg = "FILE[:STRENGTH],...", repeats = true},
   {"prompt", "string", "", "the prompt"},
   {"negative-prompt", "string", nil, "the negative prompt (default: none; SDXL then guides away from zero " ..
    "embeddings, as diffusers)"},
@@ -43,13 +43,15 @@ local o = options.parse(args, {
 })
 if not o then return end
 
--- --lora a.safetensors:0.8,b.safetensors
+-- --lora a.safetensors:0.8,b.safetensors --lora c.safetensors
 local loras = {}
-for _, item in ipairs(o.lora and options.types.list(nil, o.lora) or {}) do
-  local path, s = item:match("^(.*):([-+%d.eE]+)$")
-  local strength = s and tonumber(s)
-  if not path or not strength then path, strength = item, 1.0 end
-  loras[#loras + 1] = {path, strength}
+for _, given in ipairs(o.lora or {}) do
+  for _, item in ipairs(options.types.list(nil, given)) do
+    local path, s = item:match("^(.*):([-+%d.eE]+)$")
+    local strength = s and tonumber(s)
+    if not path or not strength then path, strength = item, 1.0 end
+    loras[#loras + 1] = {path, strength}
+  end
 end
 
 local base_path = o["pretrained-model-name-or-path"]

@@ -117,6 +117,16 @@ local spec = {
   {"log-every", "integer", 10, "gradient norms and memory every N steps, activation statistics every 5N", min = 1,
    says = "must be a positive number of steps"},
   {"log-async", "flag", false, "a writer thread writes the log"},
+  -- sample images
+  {"sample-every", "integer", 0, "render the sample prompts every N steps (0: never)", min = 0,
+   says = "must be a whole number of steps"},
+  {"sample-prompts", "string", nil, "kohya's prompt file: a prompt a line, with --n NEGATIVE --w --h --s STEPS " ..
+   "--l CFG --d SEED --ss SAMPLER", arg = "FILE"},
+  {"sample-sampler", "string", "ddim", "the samples' sampler: euler, euler_a, ddim, dpmpp_2m, dpmpp_2m_karras " ..
+   "(or kohya's k_euler, k_euler_a, dpmsolver++)", arg = "NAME",
+   check = function(v) return require("ck.pipeline").sampler_name(v) ~= nil end,
+   says = "must be euler, euler_a, ddim, dpmpp_2m, dpmpp_2m_karras, k_euler, k_euler_a or dpmsolver++"},
+  {"sample-at-first", "flag", false, "also render the sample prompts before the first step"},
   {"log-flush", "number", 1, "with --log-async: seconds between writes", above = 0},
 }
 -- the image dataset's options, kohya's names (ck.imagedata); --resolution is the one above
@@ -205,6 +215,21 @@ local pooled_dim = sdxl.pooled_dim(config)
 -- the text tokens a prompt has: CLIP's 77, or kohya's chunks joined (BOS, 75 a chunk, the last EOS)
 local max_token_length = o["max-token-length"]
 local tokens = max_token_length == 75 and sdxl.TOKENS or max_token_length + 2
+
+-- sample images (kohya's --sample_every_n_steps, --sample_prompts): the prompt
+-- file read now, so that a bad line stops the run before anything is made
+local sample_every = o["sample-every"]
+local sample_prompts
+if o["sample-prompts"] then
+  if sample_every == 0 and not o["sample-at-first"] then
+    error("--sample-prompts renders at --sample-every N steps or with --sample-at-first: give one")
+  end
+  sample_prompts = require("ck.pipeline").read_prompts(o["sample-prompts"], {width = resolution, height = resolution,
+    steps = 30, cfg = 7.5, seed = seed, sampler = require("ck.pipeline").sampler_name(o["sample-sampler"]),
+    factor = 8 * (1 << (#config.block_out_channels - 1))})
+elseif sample_every > 0 or o["sample-at-first"] then
+  error("--sample-every and --sample-at-first render the prompts of --sample-prompts FILE: give it")
+end
 
 local checkpoint = policy.parse(o.checkpoint) -- auto is chosen below, once build is defined
 -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
@@ -333,6 +358,25 @@ do -- the data must fit the model
   end
 end
 
+-- the sample prompts through both text encoders, once, before the training
+-- programs exist (a base model's encoders, or the tiny random ones)
+local sampler
+if sample_prompts then
+  models = models or encode.models{base = base, seed = seed, tokenizer = o.tokenizer,
+                                   max_token_length = max_token_length}
+  sampler = require("ck.sampling").new{prompts = sample_prompts, models = models, config = config, tokens = tokens,
+    lora = not full and {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
+                         dropout = network_dropout, loraplus_lr_ratio = loraplus},
+    prediction = prediction, compile_opts = {storage = o.storage, frozen = fp8_base and "fp8" or nil, seed = seed},
+    dir = (out:match("^(.*)/[^/]*$") or ".") .. "/samples", stem = out:match("([^/]+)$"):gsub("%.safetensors$", ""),
+    name = base_path and base_path:gsub("/+$", ""):match("([^/]+)$"):gsub("%.safetensors$", "") or
+      ("sdxl-" .. size .. " (trained by ckrun)")}
+  if not ck.plan_mode then
+    local b = sampler:encode()
+    if b and (not encode_bound or b > encode_bound) then encode_bound = b end
+  end
+end
+
 local memory = require "ck.memory"
 local device_before = not ck.plan_mode and memory.device_used() or nil -- a GPU's memory in use before the program
 local run = build(sizes[1][1], checkpoint, ck.plan_mode, {shapes[1][2], shapes[1][3]})
@@ -414,6 +458,9 @@ local function set_text(r, idx, augment)
   r.program:set(r.inputs.prompt_embeds, pe)
   r.program:set(r.inputs.pooled_prompt_embeds, pooled)
 end
+-- the sampling programs, in the training programs' group: the arena grows
+-- to the largest of them all, before the first step
+if sampler then sampler:compile(p, ck.plan_mode) end
 local bucket_lines = {}
 if #shapes > 1 then
   for k, sh in ipairs(shapes) do
@@ -442,6 +489,10 @@ if ck.plan_mode then
     info[#info + 1] = {"lora_modules", #adapter.paths}
   end
   if fit_reason then info[#info + 1] = {"fit", fit_reason} end
+  if sampler then -- sampling's programs share the arena: the run's is the larger of training and sampling
+    info[#info + 1] = {"sample_prompts", #sample_prompts}
+    for _, kv in ipairs(sampler:plan_info(require("ck.plan").fmt_bytes)) do info[#info + 1] = kv end
+  end
   if #shapes > 1 then -- every bucket's program, planned into one arena (the largest of them)
     info[#info + 1] = {"buckets", #shapes}
     info[#info + 1] = {"bucket_programs", nprograms}
@@ -564,6 +615,13 @@ local logger <close> = log.new{dir = log_dir, every = log_every, async = o["log-
   stop_note = "nothing was saved"}
 if start == 1 then logger:write{step = 0, val_loss = val_before} end
 if fit_reason then logger:write{step = start - 1, checkpoint = policy.name(checkpoint), batch = batch, fit = fit_reason} end
+-- the samples: each rendering's time logged beside the steps' (sample_time)
+local function render(step)
+  local secs, files = sampler:render(step, logger)
+  logger:print(string.format("step %d: %d sample%s in %.1f s (%s)", step, #files, #files == 1 and "" or "s", secs,
+    sampler.dir))
+end
+if sampler and o["sample-at-first"] and start == 1 then render(0) end
 local first, window, recent, step_time = nil, {}, 0, 0
 for step = start, steps do
   local t0 = ck.now()
@@ -585,6 +643,7 @@ for step = start, steps do
     logger:write{step = step, val_loss = v}
     logger:print(string.format("step %d: validation loss %.4f", step, v))
   end
+  if sampler and sample_every > 0 and step % sample_every == 0 then render(step) end
   if save_lora_every > 0 and step % save_lora_every == 0 and step < steps then
     local path = (out:gsub("%.safetensors$", "")) .. string.format("-step%08d.safetensors", step)
     save_lora(path, step)
@@ -617,4 +676,5 @@ local all = {p} -- every program the run holds: the buckets', the text encoders'
 for _, byn in pairs(runs) do for _, rr in pairs(byn) do if rr.program ~= p then all[#all + 1] = rr.program end end end
 for _, tr in pairs(text_runs) do all[#all + 1] = tr.program end
 for _, vr in pairs(vae_runs) do all[#all + 1] = vr.program end
+for _, sp in ipairs(sampler and sampler:programs() or {}) do all[#all + 1] = sp end
 print(memory.summary(p, device_before, all, encode_bound))

@@ -123,7 +123,7 @@ local function entries(spec)
     end
     local x = {name = name, type = ty, default = e[3], desc = desc, choices = e.choices, min = e.min, max = e.max,
                above = e.above, below = e.below, check = e.check, says = e.says, shown = e.shown, arg = e.arg,
-               pos = e.pos, required = e.required, also = e.also}
+               pos = e.pos, required = e.required, also = e.also, repeats = e.repeats}
     list[#list + 1], by[name] = x, x
   end
   return list, by
@@ -199,7 +199,9 @@ local Values = {}
 -- and check. An option outside spec (a misspelt --max-grad-norm would
 -- otherwise pass unnoticed) or a word without --name is refused, naming the
 -- closest name; every error names the line of the script that called parse.
--- Reading a name spec lacks is an error at the reading line.
+-- Reading a name spec lacks is an error at the reading line. An option given
+-- twice is refused, unless its entry says repeats = true: its value is then
+-- the list of what was given, in order (each through the type).
 function M.parse(args, spec)
   local list, by = entries(spec)
   args = args or {}
@@ -238,6 +240,17 @@ function M.parse(args, spec)
       bad[#bad + 1] = string.format("unknown option --%s%s", k, hint)
     end
   end
+  -- an option given more than once (the host lists its values in
+  -- getmetatable(args).repeated): a list for one that repeats, else refused
+  local mt = getmetatable(args)
+  local repeated = type(mt) == "table" and type(rawget(mt, "repeated")) == "table" and rawget(mt, "repeated") or {}
+  for k, vals in pairs(repeated) do
+    if by[k] and not by[k].pos and not by[k].repeats then
+      local shown = {}
+      for i, v in ipairs(vals) do shown[i] = "'" .. tostring(v) .. "'" end
+      bad[#bad + 1] = string.format("--%s is given %d times (%s): give it once", k, #vals, table.concat(shown, ", "))
+    end
+  end
   if #bad > 0 then
     table.sort(bad)
     local known = #names > 0 and "; the options are --" .. table.concat(names, ", --") or "; it takes no options"
@@ -257,7 +270,16 @@ function M.parse(args, spec)
       raw = e.default
       if type(raw) == "function" then raw = raw(above) end
     end
-    if raw == nil then
+    if e.repeats and raw ~= nil then -- a list: each value given, in order, through the type
+      local list = given[e.name] and (repeated[e.name] or {raw}) or (type(raw) == "table" and raw or {raw})
+      local vs = {}
+      for i, r in ipairs(list) do
+        local v, why = convert(e, r)
+        if why then error(given[e.name] and why or "the default of " .. why, 2) end
+        vs[i] = v
+      end
+      values[e.name] = vs
+    elseif raw == nil then
       if e.required then
         local why = (e.pos and (metavar(e) or e.name:upper()) or "--" .. e.name) .. " is required"
         error(why .. " (" .. (args.script or "the script") .. " --help lists the options)", 2)

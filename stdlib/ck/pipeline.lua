@@ -31,7 +31,7 @@ Pipe.__index = Pipe
 -- options generate reads (raw), and what each must be
 local OPTIONS = {prompt = "string", negative_prompt = "string", width = "integer", height = "integer",
                  steps = "integer", cfg = "number", seed = "integer", sampler = "string", loras = "table",
-                 latents = "table", prediction = "string", model_name = "string"}
+                 latents = "table", prediction = "string", model_name = "string", embeddings = "table"}
 
 local function sorted_keys(t)
   local k = {}
@@ -55,13 +55,23 @@ end
 
 -- pipeline.new{base = checkpoint.open's description | nil (the tiny random
 -- model, weights drawn from seed), seed = 1 (the tiny model's weights),
--- tokenizer = FILE|DIR (encode.models'), name = what settings.model says}
+-- tokenizer = FILE|DIR (encode.models'), name = what settings.model says,
+-- models = encode.models' table to use (base, seed and tokenizer then unused),
+-- unet_config = the UNet's config (default: the base's, or sdxl-tiny),
+-- unet = function(w, h) -> {program, out, inputs} (unet.build's, at batch 2)
+-- and vae = function(w, h) -> {program, image}: the programs to run, made by
+-- the caller (a training script's, sharing its weights; LoRA files are then
+-- refused), in place of the pipe's own}
 -- -> a pipe: models (encode.models' plus unet_config), generate.
 function M.new(o)
   o = o or {}
   local base = rawget(o, "base")
-  local models = encode.models{base = base, seed = rawget(o, "seed") or 1, tokenizer = rawget(o, "tokenizer")}
-  if base then
+  local models = rawget(o, "models") or
+    encode.models{base = base, seed = rawget(o, "seed") or 1, tokenizer = rawget(o, "tokenizer")}
+  base = models.base
+  if rawget(o, "unet_config") then
+    models.unet_config = rawget(o, "unet_config")
+  elseif base then
     models.unet_config = base.unet_config and checkpoint.unet_config(base.unet_config, base.file .. "/unet/config.json")
       or unet.config("sdxl")
   else
@@ -77,7 +87,8 @@ function M.new(o)
   models.force_zeros = force_zeros(base)
   local name = rawget(o, "name") or (base and tostring(base.file):match("([^/]+)/*$")) or
     ("tiny-random-seed" .. models.seed)
-  return setmetatable({models = models, name = name, unets = {}, vaes = {}}, Pipe)
+  return setmetatable({models = models, name = name, unets = {}, vaes = {}, make_unet = rawget(o, "unet"),
+                       make_vae = rawget(o, "vae")}, Pipe)
 end
 
 ---- LoRA files
@@ -371,8 +382,20 @@ local function run(self, o, lv)
     x = s:initial_latents(seed, n)
   end
 
-  local pe, pooled, npe, npooled = self:encode_prompts(prompt, negative)
-  local u = self:unet_program(w, h, loras, lv + 1)
+  local pe, pooled, npe, npooled
+  local given_e = rawget(o, "embeddings")
+  if given_e then -- pipe:encode_prompts' four lists, made once for a prompt used often
+    pe, pooled, npe, npooled = given_e[1], given_e[2], given_e[3], given_e[4]
+  else
+    pe, pooled, npe, npooled = self:encode_prompts(prompt, negative)
+  end
+  local u
+  if self.make_unet then
+    if #loras > 0 then error("generate: this pipe runs its caller's UNet, which takes no LoRA files", lv) end
+    u = self.make_unet(w, h)
+  else
+    u = self:unet_program(w, h, loras, lv + 1)
+  end
   local p, inp = u.program, u.inputs
   local emb, pool = join(npe, pe), join(npooled, pooled)
   p:set(inp.encoder_hidden_states, emb)
@@ -392,7 +415,7 @@ local function run(self, o, lv)
     x = s:step(eps, i, x, noise_fn)
     per_step[i] = x
   end
-  local vp = self:vae_program(w, h)
+  local vp = self.make_vae and self.make_vae(w, h) or self:vae_program(w, h)
   vp.program:set("latents", x)
   vp.program:forward()
   local image = vp.program:array(vp.image):reshape{3, h, w}
@@ -449,6 +472,101 @@ function M.parameters(s)
   lines[#lines + 1] = string.format("Steps: %d, Sampler: %s, CFG scale: %g, Seed: %d, Size: %dx%d, Model: %s",
     s.steps, A1111_SAMPLER[s.sampler] or s.sampler, s.cfg, s.seed, s.width, s.height, s.model)
   return table.concat(lines, "\n")
+end
+
+---- kohya's prompt files (--sample-prompts)
+
+-- sampler names as kohya's --sample_sampler gives them, to ck.samplers'
+M.SAMPLER_ALIASES = {k_euler = "euler", k_euler_a = "euler_a", ["dpmsolver++"] = "dpmpp_2m", dpmsolver = "dpmpp_2m"}
+
+-- a sampler name of ck.samplers or kohya's, as ck.samplers names it; nil if neither
+function M.sampler_name(name)
+  name = M.SAMPLER_ALIASES[name] or name
+  for _, n in ipairs(samplers.NAMES) do if n == name then return n end end
+  return nil
+end
+
+local PROMPT_OPTIONS = {n = "negative_prompt", w = "width", h = "height", s = "steps", l = "cfg", d = "seed",
+                        ss = "sampler"}
+
+-- pipeline.read_prompts(path, {width, height, steps, cfg, seed, sampler (the
+-- defaults), factor (sizes must be multiples of it: 8 times the UNet's
+-- downsampling)}) -> a list of generate's options plus line (the file's line
+-- number), one per prompt: kohya's format, a prompt a line with --n NEGATIVE,
+-- --w WIDTH, --h HEIGHT, --s STEPS, --l CFG, --d SEED, --ss SAMPLER after it;
+-- empty lines and lines starting with # skipped. Anything else (an unknown
+-- option, a value that is not one, a size that is not a multiple of 8 or of
+-- factor, an unknown sampler) is one line naming the file and line.
+function M.read_prompts(path, o)
+  o = o or {}
+  local f, why = io.open(path, "rb")
+  if not f then error(string.format("%s: cannot read the prompt file (%s)", path, tostring(why)), 2) end
+  local text = f:read("a")
+  f:close()
+  local factor = o.factor or 8
+  local out, n = {}, 0
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    n = n + 1
+    line = line:gsub("\r$", "")
+    local function bad(fmt, ...) error(string.format("%s:%d: " .. fmt, path, n, ...), 0) end
+    local stripped = line:match("^%s*(.-)%s*$")
+    if stripped ~= "" and stripped:sub(1, 1) ~= "#" then
+      if not utf8.len(stripped) then bad("the line is not UTF-8 text") end
+      local parts, at = {}, 1
+      while true do -- split on " --", as kohya's parser does
+        local i = stripped:find(" --", at, true)
+        parts[#parts + 1] = stripped:sub(at, i and i - 1 or -1)
+        if not i then break end
+        at = i + 3
+      end
+      if stripped:sub(1, 2) == "--" then -- a line that is options alone: the prompt is empty
+        parts[1] = stripped:sub(3)
+        table.insert(parts, 1, "")
+      end
+      local e = {prompt = parts[1]:match("^%s*(.-)%s*$"), line = n, width = o.width, height = o.height,
+                 steps = o.steps, cfg = o.cfg, seed = o.seed, sampler = o.sampler}
+      for k = 2, #parts do
+        local key, value = parts[k]:match("^(%S+)%s*(.-)%s*$")
+        local field = key and PROMPT_OPTIONS[key:lower()]
+        if not field then
+          local known = {}
+          for name in pairs(PROMPT_OPTIONS) do known[#known + 1] = "--" .. name end
+          table.sort(known)
+          bad("unknown option '--%s' (options: %s)", tostring(key or parts[k]), table.concat(known, ", "))
+        end
+        if value == "" and field ~= "negative_prompt" then bad("option '--%s' needs a value", key) end
+        if field == "negative_prompt" then
+          e.negative_prompt = value
+        elseif field == "sampler" then
+          e.sampler = M.sampler_name(value)
+          if not e.sampler then
+            bad("unknown sampler '%s' (samplers: %s, or kohya's k_euler, k_euler_a, dpmsolver++)", value,
+              table.concat(samplers.NAMES, ", "))
+          end
+        elseif field == "cfg" then
+          local v = tonumber(value)
+          if not v or v ~= v or v < 0 or v == math.huge then bad("--l must be a CFG scale >= 0, got '%s'", value) end
+          e.cfg = v
+        else
+          local v = value:match("^%d+$") and math.tointeger(tonumber(value))
+          if not v then bad("--%s must be a whole number, got '%s'", key, value) end
+          if field == "width" or field == "height" then
+            if v < 8 or v % 8 ~= 0 then bad("--%s %d: a size must be a positive multiple of 8 pixels", key, v) end
+            if v % factor ~= 0 then
+              bad("--%s %d: this UNet needs sizes that are multiples of %d pixels", key, v, factor)
+            end
+            if v > 16384 then bad("--%s %d: at most 16384 pixels", key, v) end
+          elseif field == "steps" then
+            if v < 1 or v > 1000 then bad("--s %d: steps must be 1 to 1000", v) end
+          end
+          e[field] = v
+        end
+      end
+      out[#out + 1] = e
+    end
+  end
+  if #out == 0 then error(string.format("%s: the prompt file holds no prompt", path), 0) end
+  return out
 end
 
 return M

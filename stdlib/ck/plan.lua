@@ -136,6 +136,7 @@ function M.summary(p)
     workspace = pl.workspace, ops = pl.ops, recompute_ops = pl.recompute_ops,
     activation_bytes = pl.activation_bytes, step_flops = pl.step_flops, recompute_flops = pl.recompute_flops,
     recompute_pct = base > 0 and 100 * pl.recompute_flops / base or 0, at_peak = pl.at_peak,
+    group_arena = pl.group_arena,
   }
 end
 
@@ -508,7 +509,7 @@ local function print_json(o, rows, limit, svg)
     parts[#parts + 1] = {"device", s.device}
     parts[#parts + 1] = {"device_fixed_bytes", s.device_fixed}
     parts[#parts + 1] = {"device_granule_bytes", s.device_granule}
-    for _, k in ipairs{"peak", "arena", "live_peak", "persistent", "transient", "workspace"} do
+    for _, k in ipairs{"peak", "arena", "group_arena", "live_peak", "persistent", "transient", "workspace"} do
       parts[#parts + 1] = {k .. "_bytes", s[k]}
     end
     parts[#parts + 1] = {"ops", s.ops}
@@ -570,8 +571,13 @@ local function print_text(o, rows, limit, svg)
       print(string.format("%-24s %s%s: the arena in the allocator's %s pages, and the library workspace",
         "device memory", M.fmt_bytes(s.device_bytes), lbl, M.fmt_bytes(s.device_granule)))
     end
-    print(string.format("%-24s %s%s: the largest list the run executes (training, validation, logging)", "arena",
-      M.fmt_bytes(s.arena), lbl))
+    if s.group_arena and s.group_arena > s.arena then -- programs sharing its weights need more (sampling, buckets)
+      print(string.format("%-24s %s%s: the largest list the run's programs execute (this one's: %s, training, " ..
+        "validation, logging)", "arena", M.fmt_bytes(s.group_arena), lbl, M.fmt_bytes(s.arena)))
+    else
+      print(string.format("%-24s %s%s: the largest list the run executes (training, validation, logging)", "arena",
+        M.fmt_bytes(s.arena), lbl))
+    end
     print(string.format("%-24s %s%s", "persistent", M.fmt_bytes(s.persistent), lbl))
     print(string.format("%-24s %s at the peak%s", "transient", M.fmt_bytes(s.transient), lbl))
     print(string.format("%-24s %d%s", "ops", s.ops, lbl))

@@ -131,4 +131,19 @@ do -- --help: every option with its description and default; parse returns nil s
   T.ok(options.parse({help = true, steps = "bad"}, SPEC) == nil, "--help makes parse return nil before any check")
 end
 
+do -- an option given twice: refused, unless it repeats (then a list of every value, in order)
+  local function with_repeats(t, reps) return setmetatable(t, {repeated = reps}) end
+  local ok, err = pcall(options.parse, with_repeats({steps = 5}, {steps = {3, 5}}), SPEC)
+  T.ok(not ok and err:find("--steps is given 2 times ('3', '5'): give it once", 1, true),
+    "a repeated option that does not repeat is refused, with its values (" .. tostring(err) .. ")")
+  local spec = {{"lora", "string", nil, "files", repeats = true}, {"n", "integer", 1, "a count", repeats = true, min = 1}}
+  local o = options.parse(with_repeats({lora = "c"}, {lora = {"a", "b", "c"}}), spec)
+  T.ok(#o.lora == 3 and o.lora[1] == "a" and o.lora[3] == "c", "a repeating option lists its values in order")
+  o = options.parse({lora = "a"}, spec)
+  T.ok(#o.lora == 1 and o.lora[1] == "a" and o.n[1] == 1, "given once, or by default, it is a list of one")
+  T.ok(options.parse({}, {{"lora", "string", nil, "files", repeats = true}}).lora == nil, "no default: nil")
+  local bad_ok, bad = pcall(options.parse, with_repeats({n = 0}, {n = {2, 0}}), spec)
+  T.ok(not bad_ok and tostring(bad):find("--n", 1, true), "each repeated value goes through the type's checks")
+end
+
 T.done()

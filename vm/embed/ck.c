@@ -914,6 +914,34 @@ static void push_arg_value(lua_State *L, const char *v)
     if (lua_stringtonumber(L, v) == 0) lua_pushstring(L, v);
 }
 
+/* key and value on top, the args table at t: where t already holds key, the
+ * value joins getmetatable(t).repeated[key] (made with the earlier value) */
+static void record_repeat(lua_State *L, int t)
+{
+    lua_pushvalue(L, -2);
+    lua_rawget(L, t);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_getmetatable(L, t);
+    lua_getfield(L, -1, "repeated");
+    lua_pushvalue(L, -5); /* key */
+    lua_rawget(L, -2);
+    if (lua_isnil(L, -1)) { /* the first repeat: a list of the earlier value */
+        lua_pop(L, 1);
+        lua_createtable(L, 4, 0);
+        lua_pushvalue(L, -4);
+        lua_rawseti(L, -2, 1);
+        lua_pushvalue(L, -6);
+        lua_pushvalue(L, -2);
+        lua_rawset(L, -4);
+    }
+    lua_pushvalue(L, -5); /* value */
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    lua_pop(L, 4);
+}
+
 static int refuse_binary(lua_State *L, call *c, const char *what)
 {
     c->code = CK_EDENIED;
@@ -957,8 +985,15 @@ static int p_run_file(lua_State *L)
         if (ck_sandbox_allow(&vm->host.sb, s ? (dir[0] ? dir : "/") : ".", 0) && errno == ENOMEM)
             return luaL_error(L, "not enough memory");
     }
-    /* args table: --key value pairs and positional words */
+    /* args table: --key value pairs and positional words; a key given more
+     * than once keeps its last value, and getmetatable(args).repeated[key]
+     * lists every value in order (ck.options takes them for options that
+     * repeat, and refuses a repeat of any other) */
     lua_newtable(L);
+    lua_newtable(L); /* the metatable */
+    lua_newtable(L);
+    lua_setfield(L, -2, "repeated");
+    lua_setmetatable(L, -2);
     int pos = 0;
     for (int i = 0; i < a->argc; i++) {
         const char *s = a->argv[i];
@@ -974,6 +1009,7 @@ static int p_run_file(lua_State *L)
                 lua_pushstring(L, key);
                 lua_pushboolean(L, 1);
             }
+            record_repeat(L, lua_gettop(L) - 2);
             lua_settable(L, -3);
         } else {
             push_arg_value(L, s);

@@ -1,0 +1,179 @@
+-- Sample images while training (train_sdxl_lora's --sample-every and
+-- --sample-prompts, kohya's --sample_every_n_steps and --sample_prompts): the
+-- prompts of a kohya prompt file rendered with the weights as they are at
+-- that step, written as PNGs and logged as TensorBoard images.
+--
+--   local sampling = require "ck.sampling"
+--   local s = sampling.new{prompts = pipeline.read_prompts(path, ...), models = encode.models{...},
+--                          config = unet_config, lora = {...} | false, tokens = 77, prediction = "eps",
+--                          compile_opts = {storage = "bf16", frozen = "fp8", seed = 1},
+--                          dir = "out/samples", stem = "lora", name = "model"}
+--   s:encode()                      the prompts through both text encoders (before p is made)
+--   s:compile(p, plan_only)         the programs, joined to p's group
+--   s:render(step, logger)          every prompt at this step
+--
+-- The programs are members of the training program's group (compile{share}):
+-- the UNet at batch 2 (classifier-free guidance) with the training adapter
+-- uses the training program's weights in place, adapter and base alike; the
+-- VAE's decoder holds its weights of its own in the group's arena above the
+-- shared region, loaded again before each decode (training overwrites them).
+-- The arena is as large as the largest member needs, so the run's peak is the
+-- larger of training and sampling, and the training program's op lists are
+-- the ones it has without sampling. The prompts are encoded once, before the
+-- training programs exist, by a text program closed after it.
+local ck = require "ck"
+local unet = require "ck.unet"
+local lora = require "ck.lora"
+local vae = require "ck.vae"
+local encode = require "ck.encode"
+local pipeline = require "ck.pipeline"
+local checkpoint = require "ck.checkpoint"
+
+local M = {}
+
+local Sampler = {}
+Sampler.__index = Sampler
+
+function M.new(o)
+  local s = setmetatable({}, Sampler)
+  for k, v in pairs(o) do s[k] = v end
+  s.unets, s.vaes, s.order = {}, {}, {}
+  return s
+end
+
+-- the sizes the prompts ask for, each once: {w, h, key}
+function Sampler:sizes()
+  local seen, out = {}, {}
+  for _, e in ipairs(self.prompts) do
+    local key = e.width .. "x" .. e.height
+    if not seen[key] then
+      seen[key] = true
+      out[#out + 1] = {e.width, e.height, key}
+    end
+  end
+  return out
+end
+
+-- Each prompt's embeddings (pipe:encode_prompts' four lists), by one text
+-- program closed after it; the bound on the process while it runs (nil
+-- without a heap cap), as encode.cache states its own.
+function Sampler:encode()
+  pipeline.new{models = self.models, unet_config = self.config} -- the encoders fit the UNet; force_zeros set
+  local tp = encode.text_program(self.models, 1)
+  local _, bound = require("ck.memory").outside(tp.program, {tp.program})
+  local closing <close> = tp.program
+  self.embeddings = {}
+  for i, e in ipairs(self.prompts) do
+    local pe, pooled = encode.encode_text(tp, self.models, {e.prompt})
+    local npe, npooled
+    if e.negative_prompt == nil and self.models.force_zeros then
+      npe, npooled = {}, {}
+      for k = 1, #pe do npe[k] = 0.0 end
+      for k = 1, #pooled do npooled[k] = 0.0 end
+    else
+      npe, npooled = encode.encode_text(tp, self.models, {e.negative_prompt or ""})
+    end
+    self.embeddings[i] = {pe, pooled, npe, npooled}
+  end
+  return bound
+end
+
+-- The UNet at batch 2 and the VAE's decoder at every size, joined to p's
+-- group (plan_only: planned, not allocated).
+function Sampler:compile(p, plan_only)
+  local c = self.config
+  for _, sz in ipairs(self:sizes()) do
+    local w, h, key = sz[1], sz[2], sz[3]
+    local model = unet.UNet2DConditionModel(c)
+    if self.lora then
+      model:freeze()
+      lora.attach(model, self.lora)
+    end
+    local g = ck.graph()
+    local _, y, x = unet.build(g, model, {batch = 2, height = h // 8, width = w // 8, tokens = self.tokens})
+    local co = {outputs = {y}, optimizer = "none", share = p, plan_only = plan_only}
+    for k, v in pairs(self.compile_opts or {}) do co[k] = v end
+    local up = g:compile(co)
+    up.training = false -- no adapter dropout
+    self.unets[key] = {program = up, out = y, inputs = x}
+    local gv = ck.graph()
+    local _, image = vae.build_decoder(gv, self.models.vae_config, {batch = 1, height = h // 8, width = w // 8,
+                                                                   frozen = true, unscale = true})
+    local vp = gv:compile{outputs = {image}, optimizer = "none", seed = self.models.seed, share = p,
+                          plan_only = plan_only}
+    self.vaes[key] = {program = vp, image = image, params = gv:params()}
+    self.order[#self.order + 1] = key
+  end
+end
+
+-- every program made, for ck.memory
+function Sampler:programs()
+  local out = {}
+  for _, key in ipairs(self.order) do
+    out[#out + 1] = self.unets[key].program
+    out[#out + 1] = self.vaes[key].program
+  end
+  return out
+end
+
+-- the --plan lines: each size's two programs' arenas
+function Sampler:plan_info(fmt)
+  local info = {}
+  for _, key in ipairs(self.order) do
+    info[#info + 1] = {"sample_unet_" .. key, fmt(self.unets[key].program:plan().arena)}
+    info[#info + 1] = {"sample_vae_decoder_" .. key, fmt(self.vaes[key].program:plan().arena)}
+  end
+  return info
+end
+
+-- the decoder at a size, its own weights as they were loaded (training ran
+-- over them in the group's arena since the last decode)
+function Sampler:decoder(w, h)
+  local r = self.vaes[w .. "x" .. h]
+  local base = self.models.base
+  if base then
+    checkpoint.load(r.program, "vae", base.vae, r.params)
+  else
+    r.program:init_own() -- the tiny random decoder's seeded weights
+  end
+  return r
+end
+
+local function png_bytes(path)
+  local f = assert(io.open(path, "rb"))
+  local b = f:read("a")
+  f:close()
+  return b
+end
+
+-- Every prompt at this step: DIR/STEM_SSSSSS_II.png (the step, the prompt's
+-- index from 0), with A1111's parameters text; one log record with
+-- sample_time (seconds for them all), each image as sample/II and the files
+-- as sample_files. Returns the seconds taken and the files.
+function Sampler:render(step, logger)
+  local t0 = ck.now()
+  if not self.pipe then
+    self.pipe = pipeline.new{models = self.models, unet_config = self.config, name = self.name,
+      unet = function(w, h) return self.unets[w .. "x" .. h] end,
+      vae = function(w, h) return self:decoder(w, h) end}
+  end
+  assert(ck.mkdir(self.dir))
+  local images, files = {}, {}
+  for i, e in ipairs(self.prompts) do
+    local image, st = self.pipe:generate{prompt = e.prompt, negative_prompt = e.negative_prompt, width = e.width,
+      height = e.height, steps = e.steps, cfg = e.cfg, seed = e.seed, sampler = e.sampler,
+      prediction = self.prediction, embeddings = self.embeddings[i]}
+    local name = string.format("%s_%06d_%02d.png", self.stem, step, i - 1)
+    local path = self.dir .. "/" .. name
+    ck.write_png(path, image, {text = {parameters = pipeline.parameters(st)}})
+    images[string.format("%02d", i - 1)] = ck.log_image and ck.log_image(png_bytes(path), e.width, e.height) or nil
+    files[i] = path
+  end
+  local secs = ck.now() - t0
+  if logger then
+    logger:write{step = step, sample_time = secs, sample = images, sample_files = files}
+  end
+  return secs, files
+end
+
+return M

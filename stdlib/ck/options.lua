@@ -242,6 +242,11 @@ function M.parse(args, spec)
   end
   -- an option given more than once (the host lists its values in
   -- getmetatable(args).repeated): a list for one that repeats, else refused
+  if #bad > 0 then
+    table.sort(bad)
+    local known = #names > 0 and "; the options are --" .. table.concat(names, ", --") or "; it takes no options"
+    error(table.concat(bad, "; ") .. known, 2)
+  end
   local mt = getmetatable(args)
   local repeated = type(mt) == "table" and type(rawget(mt, "repeated")) == "table" and rawget(mt, "repeated") or {}
   for k, vals in pairs(repeated) do
@@ -253,8 +258,7 @@ function M.parse(args, spec)
   end
   if #bad > 0 then
     table.sort(bad)
-    local known = #names > 0 and "; the options are --" .. table.concat(names, ", --") or "; it takes no options"
-    error(table.concat(bad, "; ") .. known, 2)
+    error(table.concat(bad, "; "), 2)
   end
   local values, given, done = {}, {}, {}
   -- what a computed default sees: the options above it

@@ -46,6 +46,14 @@ params "$dir/q.png" | head -1 | grep -qx "a red circle <lora:l:0.7>" ; ok $? "th
 local a, b = ck.image_load('$dir/p.png'):table(), ck.image_load('$dir/r.png'):table()
 for i = 1, #a do if a[i] ~= b[i] then io.write('differ') return end end io.write('same')")" = same ] ; ok $? "at strength 0 the pixels are the base's"
 
+# --lora again for each file: the same as one comma-separated list
+"$CKRUN" $A $G --prompt "a red circle" --lora "$dir/l.safetensors:0.4,$dir/l.safetensors:0.3" --out "$dir/s.png" >/dev/null 2>&1
+"$CKRUN" $A $G --prompt "a red circle" --lora "$dir/l.safetensors:0.4" --lora "$dir/l.safetensors:0.3" \
+  --out "$dir/t.png" >/dev/null 2>&1
+cmp -s "$dir/s.png" "$dir/t.png" && params "$dir/t.png" | head -1 | grep -qx "a red circle <lora:l:0.4> <lora:l:0.3>"
+ok $? "--lora given twice adds both adapters, as a comma-separated list does ($(params "$dir/t.png" | head -1))"
+! cmp -s "$dir/s.png" "$dir/q.png" ; ok $? "two adapters at 0.4 and 0.3 are not one at 0.7's file"
+
 # the diffusers folder's model (its own tokenizers, encoders, UNet and VAE)
 out=$("$CKRUN" $A $G --pretrained-model-name-or-path tests/data/checkpoint/sdxl_tiny --prompt "the cat" \
   --sampler dpmpp_2m_karras --out "$dir/f.png" 2>&1) ; rc=$?
@@ -61,7 +69,7 @@ one_line $rc "$err" "missing.safetensors" ; ok $? "a missing LoRA file: one line
 ck.write_safetensors('$dir/stray.safetensors', {{'lora_unet_nowhere.lora_down.weight', {2, 4}, {0,0,0,0,0,0,0,0}}})"
 err=$("$CKRUN" $A $G --lora "$dir/stray.safetensors" --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
 one_line $rc "$err" "stray.safetensors: LoRA key 'lora_unet_nowhere.lora_down.weight' matches no module" ; ok $? "a key matching no module: one line naming it and the file ($err)"
-err=$("$CKRUN" $A $G --width 60 --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
+err=$("$CKRUN" $A scripts/generate.lua --width 60 --height 32 --steps 3 --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
 one_line $rc "$err" "width must be a positive multiple of 8 pixels, got 60" ; ok $? "--width 60: one line ($err)"
 err=$("$CKRUN" $A $G --sampler heun --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
 one_line $rc "$err" "sampler" ; ok $? "--sampler heun: one line ($err)"

@@ -32,12 +32,13 @@ within() {
 }
 
 # 1. sdxl-tiny, the main job's model: logging every step, validation, states, resume
-T="scripts/train_sdxl_lora.lua --steps 4 --log-every 1 --val-every 2 --save-every 2 --state-dir $dir/tiny_state"
+T0="scripts/train_sdxl_lora.lua --log-every 1 --val-every 2 --save-every 2 --state-dir $dir/tiny_state"
+T="$T0 --steps 4"
 b=$(bound $T)
 "$CKRUN" $H --allow-write "$dir" $T --out "$dir/tiny.safetensors" --log-dir "$dir/tiny_log" > "$dir/tiny.out" 2>&1
 ok $? "sdxl-tiny: 4 steps logging every step, validating, saving states"
 within "sdxl-tiny" "$dir/tiny.out" "$b"
-"$CKRUN" $H --allow-write "$dir" $T --steps 6 --resume "$dir/tiny_state" --out "$dir/tiny.safetensors" > "$dir/tiny2.out" 2>&1
+"$CKRUN" $H --allow-write "$dir" $T0 --steps 6 --resume "$dir/tiny_state" --out "$dir/tiny.safetensors" > "$dir/tiny2.out" 2>&1
 ok $? "sdxl-tiny: resumed from its state to step 6"
 within "sdxl-tiny resumed" "$dir/tiny2.out" "$b"
 
@@ -55,12 +56,13 @@ rm -f "$dir/mid_unet.safetensors"
 
 # 3. the whole UNet trained with 8-bit AdamW, states saved and resumed
 H="--max-heap 16MiB"
-F="scripts/train_sdxl_lora.lua --full --optimizer adamw8bit --steps 3 --log-every 1 --val-every 1 --save-every 1 --state-dir $dir/full_state"
+F0="scripts/train_sdxl_lora.lua --full --optimizer adamw8bit --log-every 1 --val-every 1 --save-every 1 --state-dir $dir/full_state"
+F="$F0 --steps 3"
 b=$(bound $F)
 "$CKRUN" $H --allow-write "$dir" $F --out "$dir/full.safetensors" --log-dir "$dir/full_log" > "$dir/full.out" 2>&1
 ok $? "--full --optimizer adamw8bit: 3 steps logging every step, saving states"
 within "--full adamw8bit" "$dir/full.out" "$b"
-"$CKRUN" $H --allow-write "$dir" $F --steps 4 --resume "$dir/full_state" --out "$dir/full.safetensors" > "$dir/full2.out" 2>&1
+"$CKRUN" $H --allow-write "$dir" $F0 --steps 4 --resume "$dir/full_state" --out "$dir/full.safetensors" > "$dir/full2.out" 2>&1
 ok $? "--full adamw8bit: resumed to step 4"
 within "--full adamw8bit resumed" "$dir/full2.out" "$b"
 

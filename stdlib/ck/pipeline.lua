@@ -11,8 +11,10 @@
 --   ck.write_png("out.png", image, {text = {parameters = pipeline.parameters(settings)}})
 --
 -- The UNet is one forward-only program per size and set of LoRAs, compiled
--- on first use and kept by the pipe; the VAE decoder one per size; the text
--- encoders one program, closed after each prompt is encoded.
+-- on first use and kept by the pipe, all sharing one copy of the base
+-- weights (compile{share}); the VAE decoder one per size, sharing its
+-- weights the same way; the text encoders one program, closed after each
+-- prompt is encoded.
 local ck = require "ck"
 local nn = require "ck.nn"
 local unet = require "ck.unet"
@@ -273,8 +275,11 @@ function Pipe:unet_program(w, h, loras, level)
   local g = ck.graph()
   local _, y, x = unet.build(g, model, {batch = 2, height = h // 8, width = w // 8, tokens = models.tokens,
                                         frozen = true})
-  local p = g:compile{outputs = {y}, optimizer = "none", seed = models.seed}
-  if models.base then
+  -- every size's UNet in one group: one copy of the base weights (an adapter's
+  -- that the group's programs lack lie above them, loaded again at each call)
+  local _, other = next(self.unets)
+  local p = g:compile{outputs = {y}, optimizer = "none", seed = models.seed, share = other and other.program}
+  if models.base and not other then
     local params = {}
     for _, t in ipairs(g:params()) do
       if not t.name:match("%.lora%d+%.lora_[a-z]+%.weight$") then params[#params + 1] = t end
@@ -294,8 +299,9 @@ function Pipe:vae_program(w, h)
   local g = ck.graph()
   local _, image = vae.build_decoder(g, models.vae_config, {batch = 1, height = h // 8, width = w // 8, frozen = true,
                                                               unscale = true})
-  local p = g:compile{outputs = {image}, optimizer = "none", seed = models.seed}
-  if models.base then checkpoint.load(p, "vae", models.base.vae, g:params()) end
+  local _, other = next(self.vaes) -- every size's decoder sharing one copy of its weights
+  local p = g:compile{outputs = {image}, optimizer = "none", seed = models.seed, share = other and other.program}
+  if models.base and not other then checkpoint.load(p, "vae", models.base.vae, g:params()) end
   local r = {program = p, image = image}
   self.vaes[key] = r
   return r

@@ -156,6 +156,32 @@ local want = fresh:generate(opts{loras = {{LORA, 1.0}}}):table()
 fresh:close()
 T.ok(not equal(again, at1) and equal(again, want), "a file saved anew is read again: the image a fresh pipe makes")
 
+-- sizes and LoRA sets share one copy of the base weights; each image is the
+-- one a fresh pipe makes, whatever ran in between
+do
+  local small = opts{width = W * 2, height = H * 2, loras = {{LORA, 1.0}}, seed = 4}
+  small.latents = nil -- drawn from the seed at this size
+  local s1 = pipe:generate(small):table()
+  local big = pipe:generate(opts()):table()
+  local s2 = pipe:generate(small):table()
+  local progs = {}
+  for _, u in pairs(pipe.unets) do progs[#progs + 1] = u.program end
+  local same_group = #progs >= 2
+  for _, q in ipairs(progs) do same_group = same_group and q:plan().group_id == progs[1]:plan().group_id end
+  T.ok(same_group, "the pipe's UNets of " .. #progs .. " sizes and LoRA sets are one group: one copy of the base weights")
+  local vgroup = true
+  local vs = {}
+  for _, v in pairs(pipe.vaes) do vs[#vs + 1] = v.program end
+  for _, q in ipairs(vs) do vgroup = vgroup and q:plan().group_id == vs[1]:plan().group_id end
+  T.ok(#vs >= 2 and vgroup, "its VAE decoders of " .. #vs .. " sizes are one group")
+  local fresh2 = pipeline.new{base = checkpoint.open(FOLDER)}
+  local want_s = fresh2:generate(small):table()
+  local want_b = fresh2:generate(opts()):table()
+  fresh2:close()
+  T.ok(equal(s1, want_s) and equal(s2, want_s) and equal(big, want_b),
+    "each image is a fresh pipe's, before and after the other size ran")
+end
+
 -- one line naming the key and the file, and the calling line
 local function one_line(err, ...)
   err = tostring(err)

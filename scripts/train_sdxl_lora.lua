@@ -259,11 +259,33 @@ local function build(batch, checkpoint, plan_only, shape, share)
   }
 end
 
+-- the samples' programs (ck.sampling), with the encoders they need: a base
+-- model's, or the tiny random ones
+local sampler, models
+if sample_prompts then
+  models = require("ck.encode").models{base = base, seed = seed, tokenizer = o.tokenizer,
+                                       max_token_length = max_token_length}
+  sampler = require("ck.sampling").new{prompts = sample_prompts, models = models, config = config,
+    tokens = models.tokens,
+    lora = not full and {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
+                         dropout = network_dropout, loraplus_lr_ratio = loraplus},
+    prediction = prediction, compile_opts = {storage = o.storage, frozen = fp8_base and "fp8" or nil, seed = seed},
+    dir = (out:match("^(.*)/[^/]*$") or ".") .. "/samples", stem = out:match("([^/]+)$"):gsub("%.safetensors$", ""),
+    name = base_path and base_path:gsub("/+$", ""):match("([^/]+)$"):gsub("%.safetensors$", "") or
+      ("sdxl-" .. size .. " (trained by ckrun)")}
+end
+
 -- --checkpoint auto, --batch auto: the cheapest policy (and the largest batch)
--- whose whole-run plan fits the device's free memory, said in one line
+-- whose whole-run plan fits the device's free memory (sampling's programs
+-- included: they share the arena), said in one line
 local fit_reason
 if checkpoint.kind == "auto" or batch == "auto" then
-  local c = fit.choose{build = function(b, pol) return build(b, pol, true).program end, checkpoint = checkpoint,
+  local function planned(b, pol)
+    local pp = build(b, pol, true).program
+    if sampler then sampler:programs_for(pp, true) end -- the group's arena grows to them
+    return pp
+  end
+  local c = fit.choose{build = planned, checkpoint = checkpoint,
                        batch = batch, headroom = o["fit-headroom"]}
   checkpoint, batch, fit_reason = c.checkpoint, c.batch, c.reason
   if not ck.plan_mode then print(fit_reason) end
@@ -285,7 +307,7 @@ local caption_aug = o["shuffle-caption"] or o["caption-dropout-rate"] > 0 or o["
 -- --random-crop: a crop drawn at each use cannot be cached, so the VAE runs
 -- at each step too (as kohya's sd-scripts without latent caching)
 local random_crop = images and o["random-crop"]
-local models, captions, entries, encode_bound, text_runs
+local captions, entries, encode_bound, text_runs
 local vae_runs = {}
 local settings_img
 if images then
@@ -296,7 +318,7 @@ if images then
   settings_img = imagedata.settings(io_opts)
   local set = imagedata.scan(o.data, settings_img.scan)
   local plan = imagedata.assign(set, imagedata.buckets(settings_img.buckets))
-  models = encode.models{base = base, seed = seed, tokenizer = o.tokenizer, max_token_length = max_token_length}
+  models = models or encode.models{base = base, seed = seed, tokenizer = o.tokenizer, max_token_length = max_token_length}
   tokens = models.tokens
   -- the encoders' widths must be the UNet's
   local width = models.text_l.hidden_size + models.text_g.hidden_size
@@ -359,22 +381,10 @@ do -- the data must fit the model
 end
 
 -- the sample prompts through both text encoders, once, before the training
--- programs exist (a base model's encoders, or the tiny random ones)
-local sampler
-if sample_prompts then
-  models = models or encode.models{base = base, seed = seed, tokenizer = o.tokenizer,
-                                   max_token_length = max_token_length}
-  sampler = require("ck.sampling").new{prompts = sample_prompts, models = models, config = config, tokens = tokens,
-    lora = not full and {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
-                         dropout = network_dropout, loraplus_lr_ratio = loraplus},
-    prediction = prediction, compile_opts = {storage = o.storage, frozen = fp8_base and "fp8" or nil, seed = seed},
-    dir = (out:match("^(.*)/[^/]*$") or ".") .. "/samples", stem = out:match("([^/]+)$"):gsub("%.safetensors$", ""),
-    name = base_path and base_path:gsub("/+$", ""):match("([^/]+)$"):gsub("%.safetensors$", "") or
-      ("sdxl-" .. size .. " (trained by ckrun)")}
-  if not ck.plan_mode then
-    local b = sampler:encode()
-    if b and (not encode_bound or b > encode_bound) then encode_bound = b end
-  end
+-- programs exist
+if sampler and not ck.plan_mode then
+  local b = sampler:encode()
+  if b and (not encode_bound or b > encode_bound) then encode_bound = b end
 end
 
 local memory = require "ck.memory"

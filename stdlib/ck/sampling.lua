@@ -79,9 +79,16 @@ function Sampler:encode()
 end
 
 -- The UNet at batch 2 and the VAE's decoder at every size, joined to p's
--- group (plan_only: planned, not allocated).
+-- group (plan_only: planned, not allocated), kept by the sampler.
 function Sampler:compile(p, plan_only)
+  self.unets, self.vaes, self.order = self:programs_for(p, plan_only)
+end
+
+-- The same programs for p's group, returned (unets, vaes by "WxH", the keys
+-- in order), not kept: a plan-only group's arena grows to them all the same
+function Sampler:programs_for(p, plan_only)
   local c = self.config
+  local unets, vaes, order = {}, {}, {}
   for _, sz in ipairs(self:sizes()) do
     local w, h, key = sz[1], sz[2], sz[3]
     local model = unet.UNet2DConditionModel(c)
@@ -95,15 +102,16 @@ function Sampler:compile(p, plan_only)
     for k, v in pairs(self.compile_opts or {}) do co[k] = v end
     local up = g:compile(co)
     up.training = false -- no adapter dropout
-    self.unets[key] = {program = up, out = y, inputs = x}
+    unets[key] = {program = up, out = y, inputs = x}
     local gv = ck.graph()
     local _, image = vae.build_decoder(gv, self.models.vae_config, {batch = 1, height = h // 8, width = w // 8,
                                                                    frozen = true, unscale = true})
     local vp = gv:compile{outputs = {image}, optimizer = "none", seed = self.models.seed, share = p,
                           plan_only = plan_only}
-    self.vaes[key] = {program = vp, image = image, params = gv:params()}
-    self.order[#self.order + 1] = key
+    vaes[key] = {program = vp, image = image, params = gv:params()}
+    order[#order + 1] = key
   end
+  return unets, vaes, order
 end
 
 -- every program made, for ck.memory

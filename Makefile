@@ -13,8 +13,10 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
 	cmake --build $(BUILD) -j $(JOBS)
 
+# two tests at a time (those that time themselves run alone: CMakeLists.txt, RUN_SERIAL)
+TEST_JOBS ?= 2
 test: build
-	cd $(BUILD) && OMP_NUM_THREADS=2 ctest --output-on-failure
+	cd $(BUILD) && OMP_NUM_THREADS=2 ctest -j $(TEST_JOBS) --output-on-failure
 
 # make install [PREFIX=/usr/local]: ckrun, libck, ck.h, ck.pc, ck.so and the stdlib
 install: build
@@ -79,4 +81,4 @@ test-asan: deps
 	  ASAN_OPTIONS=detect_leaks=1:verify_asan_link_order=0 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --output-on-failure -E '$(ASAN_SKIP)'
+	  ctest -j $(TEST_JOBS) --output-on-failure -E '$(ASAN_SKIP)'

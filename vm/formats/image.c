@@ -4,6 +4,7 @@
  * image.h for what a decode keeps and drops. */
 #define _GNU_SOURCE
 #include "formats/image.h"
+#include "util/atomic.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -740,30 +741,6 @@ static int ascii(const char *s)
     return 1;
 }
 
-/* A write killed before its rename leaves name.tmp.PID behind: removed when
- * its process is gone (or it is ours), nothing else in the directory. */
-static void remove_stale_temps(int dirfd, const char *name)
-{
-    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-        if (fd >= 0) close(fd);
-        return;
-    }
-    const size_t n = strlen(name);
-    const long self = (long)getpid();
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        const char *t = e->d_name;
-        if (strncmp(t, name, n) || strncmp(t + n, ".tmp.", 5)) continue;
-        const char *p = t + n + 5;
-        if (!*p || *p == '0' || strspn(p, "0123456789") != strlen(p) || strlen(p) > 9) continue;
-        const long pid = strtol(p, NULL, 10);
-        if (pid == self || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) unlinkat(dirfd, t, 0);
-    }
-    closedir(d);
-}
-
 /* the part of a write that libpng may leave by longjmp: nothing allocated
  * here but what png_destroy_write_struct frees */
 static int png_write_file(FILE *fp, int w, int h, const uint8_t *rgb, int ntext, const char *const *keys,
@@ -825,57 +802,34 @@ int ck_image_write_png_at(int dirfd, const char *name, const char *path, int w, 
             if (!strcmp(keys[i], keys[j])) return fail(err, errlen, path, "text key '%s' given twice", keys[i]);
     }
     if (dirfd < 0) return fail(err, errlen, path, "cannot open its directory: %s", strerror(open_errno));
-    const size_t nlen = strlen(name), plen = strlen(path);
-    char *tname = malloc(nlen + 32), *tmp = malloc(plen + 32);
     png_textp text = calloc((size_t)(ntext ? ntext : 1), sizeof *text);
-    if (!tname || !tmp || !text) {
-        free(tname);
-        free(tmp);
+    if (!text) return fail(err, errlen, path, "out of memory");
+    ck_atomic_file af;
+    if (ck_atomic_begin(&af, dirfd, open_errno, name, path, err, errlen)) {
         free(text);
-        return fail(err, errlen, path, "out of memory");
+        return -1;
     }
-    snprintf(tname, nlen + 32, "%s.tmp.%ld", name, (long)getpid());
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    remove_stale_temps(dirfd, name);
-    int rc = -1;
+    /* libpng writes through stdio on a copy of the descriptor; the commit
+     * fsyncs and closes the temp file's own */
     char msg[320] = "";
-    /* O_EXCL: never write through, or later remove, a file that is not ours */
-    int fd = openat(dirfd, tname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        fail(err, errlen, path, "cannot create temp file %s: %s", tmp, strerror(errno));
-        goto done;
-    }
-    FILE *fp = fdopen(fd, "wb");
+    const int dup_fd = dup(af.fd);
+    FILE *fp = dup_fd >= 0 ? fdopen(dup_fd, "wb") : NULL;
     if (!fp) {
-        fail(err, errlen, path, "cannot write temp file %s: %s", tmp, strerror(errno));
-        close(fd);
-        unlinkat(dirfd, tname, 0);
-        goto done;
+        fail(err, errlen, path, "cannot write temp file %s: %s", af.tmp, strerror(errno));
+        if (dup_fd >= 0) close(dup_fd);
+        ck_atomic_abort(&af);
+        free(text);
+        return -1;
     }
-    if (png_write_file(fp, w, h, rgb, ntext, keys, values, text, msg, sizeof msg) == 0 && fflush(fp) == 0 &&
-        !ferror(fp) && fsync(fd) == 0) {
-        if (fclose(fp) != 0) {
-            fail(err, errlen, path, "cannot close temp file %s: %s", tmp, strerror(errno));
-        } else if (renameat(dirfd, tname, dirfd, name) != 0) {
-            fail(err, errlen, path, "cannot rename %s into place: %s", tmp, strerror(errno));
-        } else {
-            int dfd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-            if (dfd >= 0) {
-                fsync(dfd);
-                close(dfd);
-            }
-            rc = 0;
-            goto done;
-        }
-        unlinkat(dirfd, tname, 0);
-        goto done;
-    }
-    fail(err, errlen, path, "cannot write: %s", msg[0] ? msg : strerror(errno));
-    fclose(fp);
-    unlinkat(dirfd, tname, 0);
-done:
-    free(tname);
-    free(tmp);
+    const int wrote = png_write_file(fp, w, h, rgb, ntext, keys, values, text, msg, sizeof msg) == 0 &&
+                      fflush(fp) == 0 && !ferror(fp);
+    const int e = errno;
+    const int closed = fclose(fp) == 0;
     free(text);
-    return rc;
+    if (!wrote || !closed) {
+        fail(err, errlen, path, "cannot write: %s", msg[0] ? msg : strerror(e));
+        ck_atomic_abort(&af);
+        return -1;
+    }
+    return ck_atomic_commit(&af, path, err, errlen);
 }

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE /* O_PATH */
 #include "formats/safetensors.h"
 #include "formats/json.h"
+#include "util/atomic.h"
 #include "../../ops/bf16.h"
 #include "../../ops/fp8.h"
 
@@ -1272,49 +1273,6 @@ static int write_tensor(const wtensor *t, int fd, unsigned char *buf, size_t cap
     return 0;
 }
 
-/* The rename is only durable once the directory entry is synced. Some
- * filesystems refuse to fsync a directory; the new file is in place by then,
- * so a failure here is not worth failing the save over. */
-static void sync_dir(int dirfd)
-{
-    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
-
-/* The pid of a temp file of name ("name.tmp.PID"), or 0 for any other name. */
-static long temp_pid(const char *entry, const char *name)
-{
-    size_t n = strlen(name);
-    if (strncmp(entry, name, n) || strncmp(entry + n, ".tmp.", 5)) return 0;
-    const char *d = entry + n + 5;
-    if (!*d || *d == '0' || strspn(d, "0123456789") != strlen(d) || strlen(d) > 9) return 0;
-    return strtol(d, NULL, 10);
-}
-
-/* A save killed before its rename leaves its temp file behind. The next save
- * of the same name removes those whose process is gone, and its own: only
- * "name.tmp.PID" entries, nothing else in the directory. */
-static void remove_stale_temps(int dirfd, const char *name)
-{
-    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-        if (fd >= 0) close(fd);
-        return;
-    }
-    long self = (long)getpid();
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long pid = temp_pid(e->d_name, name);
-        if (pid > 0 && (pid == self || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)))
-            unlinkat(dirfd, e->d_name, 0);
-    }
-    closedir(d);
-}
-
 int ck_st_writer_save(ck_st_writer *w, const char *path, char *err, size_t errlen)
 {
     if (!path) return fail(err, errlen, NULL, "no path given");
@@ -1372,71 +1330,37 @@ int ck_st_writer_save_at(ck_st_writer *w, int dirfd, const char *name, const cha
         if ((uint64_t)w->t[i].nbytes > cap) cap = (size_t)w->t[i].nbytes;
     if (cap > CK_ST_IO_BUFFER) cap = CK_ST_IO_BUFFER;
 
-    /* tmp names the temp file in messages, tname in dirfd */
-    size_t plen = strlen(path), nlen = strlen(name);
-    char *tmp = malloc(plen + 32), *tname = malloc(nlen + 32);
     unsigned char *buf = malloc(cap);
-    if (!tmp || !tname || !buf) {
-        free(tmp);
-        free(tname);
-        free(buf);
+    if (!buf) {
         free(hb.p);
         return fail(err, errlen, path, "out of memory");
     }
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    snprintf(tname, nlen + 32, "%s.tmp.%ld", name, (long)getpid());
-    if (dirfd >= 0) remove_stale_temps(dirfd, name);
-    /* O_EXCL (which follows no symlink): never write through, or later
-     * delete, a file that is not ours. */
-    int fd = dirfd >= 0 ? openat(dirfd, tname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666) : -1;
-    if (fd < 0) {
-        int e = dirfd >= 0 ? errno : open_errno;
-        fail(err, errlen, path, "cannot create temp file %s: %s", tmp, strerror(e));
-        free(tmp);
-        free(tname);
+    ck_atomic_file af;
+    if (ck_atomic_begin(&af, dirfd, open_errno, name, path, err, errlen)) {
         free(buf);
         free(hb.p);
         return -1;
     }
     int e = 0, bad = -1; /* bad: the tensor whose values failed */
     char msg[256];
-    const char *what = "write";
-    if ((e = write_all(fd, len8, 8)) || (e = write_all(fd, hb.p, hb.n))) goto bail;
+    if ((e = write_all(af.fd, len8, 8)) || (e = write_all(af.fd, hb.p, hb.n))) goto bail;
     for (int i = 0; i < w->n; i++) {
-        int rc = write_tensor(&w->t[i], fd, buf, cap, msg, sizeof msg);
+        int rc = write_tensor(&w->t[i], af.fd, buf, cap, msg, sizeof msg);
         if (rc < 0) bad = i;
         if (rc) {
             e = rc > 0 ? rc : 0;
             goto bail;
         }
     }
-    what = "fsync";
-    if (fsync(fd) != 0) { e = errno; goto bail; }
-    what = "close";
-    {
-        int c = fd;
-        fd = -1;
-        if (close(c) != 0) { e = errno; goto bail; }
-    }
-    what = "rename";
-    if (renameat(dirfd, tname, dirfd, name) != 0) { e = errno; goto bail; }
-    sync_dir(dirfd);
-    free(tmp);
-    free(tname);
     free(buf);
     free(hb.p);
-    return 0;
+    return ck_atomic_commit(&af, path, err, errlen);
 bail:
-    if (fd >= 0) close(fd);
-    unlinkat(dirfd, tname, 0);
     if (bad >= 0)
         fail(err, errlen, path, "tensor '%s': %s", show(w->t[bad].name).s, msg);
-    else if (!strcmp(what, "rename"))
-        fail(err, errlen, path, "cannot rename temp file %s over it: %s", tmp, strerror(e));
     else
-        fail(err, errlen, path, "%s of temp file %s failed: %s", what, tmp, e ? strerror(e) : "unknown error");
-    free(tmp);
-    free(tname);
+        fail(err, errlen, path, "write of temp file %s failed: %s", af.tmp, e ? strerror(e) : "unknown error");
+    ck_atomic_abort(&af);
     free(buf);
     free(hb.p);
     return -1;

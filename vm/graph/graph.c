@@ -2,6 +2,7 @@
  * lines. Each tensor and node owns its strings; a clone is a deep copy. */
 #include "graph/graph.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,47 @@ static char *dupstr(const char *s)
     return d;
 }
 
+static uint32_t name_hash(const char *s)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+static void names_put(int *tab, int cap, const ck_tensor *t, int id)
+{
+    uint32_t k = name_hash(t[id].name) & (uint32_t)(cap - 1);
+    while (tab[k] >= 0) k = (k + 1) & (uint32_t)(cap - 1);
+    tab[k] = id;
+}
+
+/* the table's capacity for one more name, and the bytes growing to it adds */
+static int names_grown(const ck_graph *g, size_t *bytes)
+{
+    int cap = g->names_cap;
+    while (2 * (g->named + 1) > cap) cap = cap ? 2 * cap : 64;
+    *bytes = cap == g->names_cap ? 0
+                                 : ck_malloc_chunk(sizeof(int) * (size_t)cap) -
+                                       (g->names_cap ? ck_malloc_chunk(sizeof(int) * (size_t)g->names_cap) : 0);
+    return cap;
+}
+
+/* rebuilds g's table at cap slots from its tensors' names: 0, or -1 (out of memory) */
+static int names_rebuild(ck_graph *g, int cap)
+{
+    int *tab = malloc(sizeof(int) * (size_t)cap);
+    if (!tab) return -1;
+    for (int i = 0; i < cap; i++) tab[i] = -1;
+    int named = 0;
+    for (int i = 0; i < g->nt; i++)
+        if (g->t[i].name) names_put(tab, cap, g->t, i), named++;
+    free(g->names);
+    g->names = tab;
+    g->names_cap = cap;
+    g->named = named;
+    return 0;
+}
+
 ck_graph *ck_graph_new(void)
 {
     ck_graph *g = calloc(1, sizeof *g);
@@ -91,6 +133,7 @@ ck_graph *ck_graph_clone(const ck_graph *g)
         c->n[i].scope = dupstr(g->n[i].scope);
         c->n[i].where = dupstr(g->n[i].where);
     }
+    if (g->names_cap && names_rebuild(c, g->names_cap)) c->names_cap = 0; /* lookups then scan */
     return c;
 }
 
@@ -139,6 +182,7 @@ size_t ck_graph_host_bytes(const ck_graph *g)
                ck_malloc_chunk(sizeof *g->n * (size_t)(g->capn ? g->capn : 1)) + str_bytes(g->scope);
     for (int i = 0; i < g->nt; i++) b += str_bytes(g->t[i].name) + str_bytes(g->t[i].scope) + str_bytes(g->t[i].where);
     for (int i = 0; i < g->nn; i++) b += str_bytes(g->n[i].scope) + str_bytes(g->n[i].where);
+    if (g->names_cap) b += ck_malloc_chunk(sizeof(int) * (size_t)g->names_cap);
     return b;
 }
 
@@ -157,6 +201,7 @@ void ck_graph_free(ck_graph *g)
     }
     free(g->t);
     free(g->n);
+    free(g->names);
     free(g->scope);
     free(g);
 }
@@ -216,11 +261,42 @@ const char *ck_phase_name(ck_phase ph)
     return (unsigned)ph < sizeof names / sizeof *names ? names[ph] : "?";
 }
 
+void ck_graph_truncate(ck_graph *g, int nt, int nn)
+{
+    int named = 0;
+    for (int i = nt; i < g->nt; i++) {
+        named += g->t[i].name != NULL;
+        free(g->t[i].name);
+        free(g->t[i].scope);
+        free(g->t[i].where);
+    }
+    for (int i = nn; i < g->nn; i++) {
+        free(g->n[i].scope);
+        free(g->n[i].where);
+    }
+    g->nt = nt;
+    g->nn = nn;
+    /* the table at its size, without them (if that fails, lookups scan) */
+    if (named && g->names_cap && names_rebuild(g, g->names_cap)) {
+        free(g->names);
+        g->names = NULL;
+        g->names_cap = g->named = 0;
+    }
+}
+
 int ck_graph_find(const ck_graph *g, const char *name)
 {
-    for (int i = 0; i < g->nt; i++)
-        if (g->t[i].name && strcmp(g->t[i].name, name) == 0) return i;
-    return -1;
+    if (!g->names_cap) { /* a clone whose table could not be made */
+        for (int i = 0; i < g->nt; i++)
+            if (g->t[i].name && strcmp(g->t[i].name, name) == 0) return i;
+        return -1;
+    }
+    const uint32_t mask = (uint32_t)(g->names_cap - 1);
+    for (uint32_t k = name_hash(name) & mask;; k = (k + 1) & mask) {
+        const int id = g->names[k];
+        if (id < 0) return -1;
+        if (strcmp(g->t[id].name, name) == 0) return id;
+    }
 }
 
 int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *shape, const char *where)
@@ -240,15 +316,26 @@ int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *s
         snprintf(g->err, sizeof g->err, "'%s' is already defined", name);
         return -1;
     }
-    size_t need;
+    size_t need, table;
     grown(g->nt, g->capt, 1, sizeof *g->t, &need);
-    if (charge(g, need + str_bytes(g->scope) + str_bytes(where ? where : "?") + str_bytes(name), 0, 1)) return -1;
-    int id = new_tensor(g, shape, kind, where);
-    if (id < 0) {
+    const int cap = names_grown(g, &table);
+    if (charge(g, need + table + str_bytes(g->scope) + str_bytes(where ? where : "?") + str_bytes(name), 0, 1))
+        return -1;
+    char *own = dupstr(name);
+    if (!own || (cap != g->names_cap && names_rebuild(g, cap))) {
+        free(own);
         snprintf(g->err, sizeof g->err, "out of memory");
         return -1;
     }
-    g->t[id].name = dupstr(name);
+    int id = new_tensor(g, shape, kind, where);
+    if (id < 0) {
+        free(own);
+        snprintf(g->err, sizeof g->err, "out of memory");
+        return -1;
+    }
+    g->t[id].name = own;
+    names_put(g->names, g->names_cap, g->t, id);
+    g->named++;
     g->t[id].needs_grad = kind == CK_KIND_PARAM;
     g->t[id].lr_scale = 1.0f;
     return id;

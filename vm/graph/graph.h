@@ -97,6 +97,10 @@ typedef struct ck_graph {
      * to grow with g->err saying so */
     ck_mem_budget *budget;
     size_t charged;
+    /* the named tensors by name: an open-addressing table of tensor ids (-1
+     * empty), names_cap a power of two at least twice named (0: none yet) */
+    int *names;
+    int names_cap, named;
     char err[512];
 } ck_graph;
 
@@ -112,10 +116,15 @@ size_t ck_graph_host_bytes(const ck_graph *g);
  * bytes, n plus its 8-byte header rounded up to 16 (glibc on 64 bits). */
 size_t ck_malloc_chunk(size_t n);
 
+/* Removes the tensors from nt on and the nodes from nn on (the last ones
+ * added: a step that failed part way undone), names and all. */
+void ck_graph_truncate(ck_graph *g, int nt, int nn);
+
 /* Scope and script line that new tensors and nodes record. */
 void ck_graph_set_scope(ck_graph *g, const char *scope);
 /* Adds a leaf (parameter or input); returns its id. */
 int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *shape, const char *where);
+/* The tensor named name, or -1: a lookup in g's table of names. */
 int ck_graph_find(const ck_graph *g, const char *name);
 
 /* bytes one tensor holds in its dtype */

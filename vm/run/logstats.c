@@ -73,18 +73,7 @@ static int grow_int(int **a, int from, int to, int v)
 /* undoes a failed ck_program_add_stats: the graph and the program as they were */
 static void roll_back(ck_program *p, int base_nt, int base_nn, int base_nblocks)
 {
-    ck_graph *g = p->g;
-    for (int i = base_nt; i < g->nt; i++) {
-        free(g->t[i].name);
-        free(g->t[i].scope);
-        free(g->t[i].where);
-    }
-    for (int i = base_nn; i < g->nn; i++) {
-        free(g->n[i].scope);
-        free(g->n[i].where);
-    }
-    g->nt = base_nt;
-    g->nn = base_nn;
+    ck_graph_truncate(p->g, base_nt, base_nn);
     for (int k = 1; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
     for (int b = base_nblocks; b < p->nblocks; b++) free(p->blocks[b]);
     p->nblocks = base_nblocks;

@@ -155,7 +155,7 @@ static uint32_t be32(const unsigned char *p)
 static int image_size_arg(lua_State *L, int i, const char *what)
 {
     int isint = 0;
-    lua_Integer v = lua_tointegerx(L, i, &isint);
+    lua_Integer v = lua_type(L, i) == LUA_TNUMBER ? lua_tointegerx(L, i, &isint) : 0;
     if (!isint || v < 1 || v > 65535) {
         const char *shown = lua_type(L, i) == LUA_TNUMBER ? lua_tostring(L, i) : luaL_typename(L, i);
         return ck_lua_raise(L, "log_image: %s must be an integer from 1 to 65535, got %s", what, shown);
@@ -178,13 +178,14 @@ static int l_log_image(lua_State *L)
     const int w = image_size_arg(L, 2, "width"), h = image_size_arg(L, 3, "height");
     static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
     if (n < 8 || memcmp(png, sig, 8))
-        return ck_lua_raise(L, "log_image: png_bytes is not a PNG (%zu bytes without the PNG signature)", n);
+        return ck_lua_raise(L, "log_image: png_bytes is not a PNG (%I bytes without the PNG signature)", (lua_Integer)n);
     if (n < 24 || memcmp(png + 12, "IHDR", 4))
         return ck_lua_raise(L, "log_image: png_bytes is not a PNG (no IHDR header after the signature)");
     if (be32(png + 16) != (uint32_t)w || be32(png + 20) != (uint32_t)h)
-        return ck_lua_raise(L, "log_image: the PNG is %ux%u, not the %dx%d given", be32(png + 16), be32(png + 20), w, h);
+        return ck_lua_raise(L, "log_image: the PNG is %Ix%I, not the %dx%d given", (lua_Integer)be32(png + 16),
+                            (lua_Integer)be32(png + 20), w, h);
     if (n > CK_LOG_IMAGE_MAX)
-        return ck_lua_raise(L, "log_image: the PNG is %zu bytes, more than the 64 MiB a log image holds", n);
+        return ck_lua_raise(L, "log_image: the PNG is %I bytes, more than the 64 MiB a log image holds", (lua_Integer)n);
     ck_mem_check(L, (int64_t)n, 1, "log_image: a copy of %zu PNG bytes", n);
     limage *im = lua_newuserdatauv(L, sizeof *im + n, 0);
     im->width = w;

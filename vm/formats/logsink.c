@@ -91,6 +91,18 @@ void ck_log_rec_bool(ck_log_rec *r, const char *key, size_t klen, int v)
     rec_put(r, &b, 1);
 }
 
+void ck_log_rec_image(ck_log_rec *r, const char *key, size_t klen, int w, int h, const void *png, size_t len)
+{
+    if (len > UINT32_MAX) {
+        r->failed = 1;
+        return;
+    }
+    uint32_t head[3] = {(uint32_t)w, (uint32_t)h, (uint32_t)len};
+    rec_head(r, 'g', key, klen);
+    rec_put(r, head, sizeof head);
+    rec_put(r, png, len);
+}
+
 void ck_log_rec_open(ck_log_rec *r, const char *key, size_t klen, int array) { rec_head(r, array ? 'a' : 'o', key, klen); }
 
 void ck_log_rec_close(ck_log_rec *r)
@@ -174,6 +186,16 @@ static json_t *rec_tree(const ck_log_rec *r)
         case 'b':
             v = json_boolean(r->buf[i]);
             i += 1;
+            break;
+        case 'g': /* an image: its sizes, not its bytes */
+            v = json_object();
+            if (v && (json_object_set_new(v, "width", json_integer(rd32(r->buf + i))) ||
+                      json_object_set_new(v, "height", json_integer(rd32(r->buf + i + 4))) ||
+                      json_object_set_new(v, "png_bytes", json_integer(rd32(r->buf + i + 8))))) {
+                json_decref(v);
+                v = NULL;
+            }
+            i += 12 + rd32(r->buf + i + 8);
             break;
         default: break;
         }

@@ -9,8 +9,9 @@
 #include <stdint.h>
 
 /* A record under construction: a flat encoding of a tree of named values
- * (objects, arrays, numbers, strings, booleans) that the writer turns into one
- * JSON line and one TensorBoard event. */
+ * (objects, arrays, numbers, strings, booleans, images) that the writer turns
+ * into one JSON line and one TensorBoard event. The record owns copies of
+ * everything put in it (an image's PNG bytes too). */
 typedef struct ck_log_rec {
     double time;   /* capture time, seconds since the epoch */
     int64_t step;  /* -1: none */
@@ -26,6 +27,10 @@ void ck_log_rec_num(ck_log_rec *r, const char *key, size_t klen, double v);
 void ck_log_rec_int(ck_log_rec *r, const char *key, size_t klen, int64_t v);
 void ck_log_rec_str(ck_log_rec *r, const char *key, size_t klen, const char *s, size_t slen);
 void ck_log_rec_bool(ck_log_rec *r, const char *key, size_t klen, int v);
+/* An image: w x h pixels encoded as the len PNG bytes at png (copied). The
+ * JSON line shows {"width": w, "height": h, "png_bytes": len}; the event holds
+ * a Summary.Image with the bytes. len past 4 GiB marks the record failed. */
+void ck_log_rec_image(ck_log_rec *r, const char *key, size_t klen, int w, int h, const void *png, size_t len);
 void ck_log_rec_open(ck_log_rec *r, const char *key, size_t klen, int array);
 void ck_log_rec_close(ck_log_rec *r);
 
@@ -68,8 +73,10 @@ void ck_log_counts(ck_logger *lg, uint64_t *submitted, uint64_t *written);
 uint32_t ck_crc32c(const void *data, size_t n);
 uint32_t ck_crc32c_masked(const void *data, size_t n);
 /* One TFRecord holding an Event: wall_time, step, and either file_version
- * (when given) or a Summary with a simple_value per number in r (tags are the
- * names joined by '/'). Appended to *out; 0 records nothing (no numbers). */
+ * (when given) or a Summary with a simple_value per number in r and an image
+ * (Summary.Image: height, width, colorspace from the PNG's header, the PNG
+ * bytes) per image, in the record's order (tags are the names joined by '/').
+ * Appended to *out; 0 records nothing (no numbers, no images). */
 int ck_tb_event(const ck_log_rec *r, const char *file_version, unsigned char **out, size_t *len, size_t *cap);
 
 /* An event read back: tags and values point into the reader's buffer. */
@@ -79,13 +86,25 @@ typedef struct ck_tb_value {
     float value;
 } ck_tb_value;
 
+/* A Summary.Value that holds an image: its sizes, colorspace (0 when absent)
+ * and encoded bytes */
+typedef struct ck_tb_image {
+    const char *tag;
+    size_t tag_len;
+    int64_t width, height, colorspace;
+    const unsigned char *png;
+    size_t png_len;
+} ck_tb_image;
+
 typedef struct ck_tb_read_event {
     double wall_time;
     int64_t step;
     const char *file_version; /* NULL unless present */
     size_t file_version_len;
-    ck_tb_value *values;
+    ck_tb_value *values; /* the Summary's values that hold no image */
     int nvalues;
+    ck_tb_image *images;
+    int nimages;
 } ck_tb_read_event;
 
 /* Reads the whole records of an event file: fn is called per event. A record

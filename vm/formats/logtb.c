@@ -1,8 +1,10 @@
 /* TensorBoard event files, written by hand: TFRecord framing (little-endian
  * length, masked CRC-32C of the length, data, masked CRC-32C of the data)
  * around Event protobufs (wall_time = 1, step = 2, file_version = 3,
- * summary = 5; Summary.value = 1; Value.tag = 1, Value.simple_value = 2).
- * The reader is for tests and tools: it checks every CRC. */
+ * summary = 5; Summary.value = 1; Value.tag = 1, Value.simple_value = 2,
+ * Value.image = 4; Image.height = 1, Image.width = 2, Image.colorspace = 3,
+ * Image.encoded_image_string = 4). The reader is for tests and tools: it
+ * checks every CRC. */
 #include "formats/logsink.h"
 
 #include <pthread.h>
@@ -111,9 +113,18 @@ static void put_bytes_field(pbuf *b, int field, const void *x, size_t n)
     put(b, x, n);
 }
 
-/* ---- walking a record: every number with its '/'-joined path */
+/* ---- walking a record: every number and image with its '/'-joined path */
 
-typedef int (*leaf_fn)(void *ud, const char *tag, size_t len, double v);
+/* a leaf: type 'n' with v, or 'g' with the image's sizes and bytes */
+typedef struct leaf {
+    char type;
+    double v;
+    uint32_t w, h;
+    const unsigned char *png;
+    size_t png_len;
+} leaf;
+
+typedef int (*leaf_fn)(void *ud, const char *tag, size_t len, const leaf *x);
 
 static uint32_t rd32(const unsigned char *p)
 {
@@ -122,7 +133,7 @@ static uint32_t rd32(const unsigned char *p)
     return v;
 }
 
-static int walk_numbers(const ck_log_rec *r, leaf_fn fn, void *ud)
+static int walk_leaves(const ck_log_rec *r, leaf_fn fn, void *ud)
 {
     char path[1024];
     size_t plen[64];
@@ -153,6 +164,7 @@ static int walk_numbers(const ck_log_rec *r, leaf_fn fn, void *ud)
             memcpy(path + base, key, kl);
             base += kl;
         }
+        leaf x = {0};
         switch (type) {
         case 'o':
         case 'a':
@@ -164,20 +176,30 @@ static int walk_numbers(const ck_log_rec *r, leaf_fn fn, void *ud)
                 plen[depth] = len = base;
             }
             break;
-        case 'n': {
-            double v;
-            memcpy(&v, r->buf + i, 8);
+        case 'n':
+            x.type = 'n';
+            memcpy(&x.v, r->buf + i, 8);
             i += 8;
-            if (fn(ud, path, base, v)) return -1;
+            if (fn(ud, path, base, &x)) return -1;
             break;
-        }
         case 'i': {
             int64_t v;
             memcpy(&v, r->buf + i, 8);
             i += 8;
-            if (fn(ud, path, base, (double)v)) return -1;
+            x.type = 'n';
+            x.v = (double)v;
+            if (fn(ud, path, base, &x)) return -1;
             break;
         }
+        case 'g':
+            x.type = 'g';
+            x.w = rd32(r->buf + i);
+            x.h = rd32(r->buf + i + 4);
+            x.png_len = rd32(r->buf + i + 8);
+            x.png = r->buf + i + 12;
+            i += 12 + x.png_len;
+            if (fn(ud, path, base, &x)) return -1;
+            break;
         case 's': i += 4 + rd32(r->buf + i); break;
         case 'b': i += 1; break;
         default: return -1;
@@ -186,10 +208,42 @@ static int walk_numbers(const ck_log_rec *r, leaf_fn fn, void *ud)
     return 0;
 }
 
-/* Summary.value { tag = 1, simple_value = 2 } appended to the Summary */
-static int add_value(void *ud, const char *tag, size_t len, double v)
+/* Summary.Image.colorspace from the PNG's IHDR color type (grayscale 1,
+ * grayscale with alpha 2, RGB and palette 3, RGBA 4); 3 when it cannot tell */
+static int png_colorspace(const unsigned char *png, size_t n)
+{
+    if (n < 26 || memcmp(png + 12, "IHDR", 4)) return 3;
+    switch (png[25]) {
+    case 0: return 1;
+    case 4: return 2;
+    case 6: return 4;
+    default: return 3;
+    }
+}
+
+/* Summary.value { tag = 1, simple_value = 2 | image = 4 } appended to the Summary */
+static int add_value(void *ud, const char *tag, size_t len, const leaf *x)
 {
     pbuf *summary = ud;
+    if (x->type == 'g') {
+        int cs = png_colorspace(x->png, x->png_len);
+        size_t ilen = 1 + varint_len(x->h) + 1 + varint_len(x->w) + 1 + varint_len((uint64_t)cs) + 1 +
+                      varint_len(x->png_len) + x->png_len;
+        size_t vlen = 1 + varint_len(len) + len + 1 + varint_len(ilen) + ilen;
+        put_varint(summary, 1 << 3 | 2); /* Summary.value */
+        put_varint(summary, vlen);
+        put_bytes_field(summary, 1, tag, len); /* Value.tag */
+        put_varint(summary, 4 << 3 | 2);       /* Value.image */
+        put_varint(summary, ilen);
+        put_varint(summary, 1 << 3 | 0); /* Image.height */
+        put_varint(summary, x->h);
+        put_varint(summary, 2 << 3 | 0); /* Image.width */
+        put_varint(summary, x->w);
+        put_varint(summary, 3 << 3 | 0); /* Image.colorspace */
+        put_varint(summary, (uint64_t)cs);
+        put_bytes_field(summary, 4, x->png, x->png_len); /* Image.encoded_image_string */
+        return summary->failed ? -1 : 0;
+    }
     unsigned char head[24];
     size_t vlen = 1 + varint_len(len) + len + 1 + 4, k = 0;
     head[k++] = 1 << 3 | 2; /* Summary.value */
@@ -198,7 +252,7 @@ static int add_value(void *ud, const char *tag, size_t len, double v)
     k += varint_put(head + k, len);
     put(summary, head, k);
     put(summary, tag, len);
-    float f = (float)v;
+    float f = (float)x->v;
     uint32_t bits;
     memcpy(&bits, &f, 4);
     unsigned char tail[5] = {2 << 3 | 5, (unsigned char)bits, (unsigned char)(bits >> 8), (unsigned char)(bits >> 16),
@@ -220,7 +274,7 @@ int ck_tb_event(const ck_log_rec *r, const char *file_version, unsigned char **o
     if (file_version) {
         put_bytes_field(&ev, 3, file_version, strlen(file_version));
     } else {
-        if (walk_numbers(r, add_value, &summary)) summary.failed = 1;
+        if (walk_leaves(r, add_value, &summary)) summary.failed = 1;
         if (!summary.failed && summary.len == 0) {
             free(ev.p);
             return 0;
@@ -293,11 +347,89 @@ static int get_field(rd *r, int *field, int *wire, uint64_t *v, const unsigned c
     }
 }
 
-static int parse_event(const unsigned char *p, size_t n, ck_tb_read_event *e, ck_tb_value **vals, int *cap)
+/* the reader's arrays, reused from event to event */
+typedef struct rd_bufs {
+    ck_tb_value *vals;
+    int vcap;
+    ck_tb_image *imgs;
+    int icap;
+} rd_bufs;
+
+/* Image { height = 1, width = 2, colorspace = 3, encoded_image_string = 4 }
+ * into im (other fields skipped) */
+static int parse_image(const unsigned char *p, size_t n, ck_tb_image *im)
+{
+    rd r = {p, p + n};
+    while (r.p < r.end) {
+        int f, w;
+        uint64_t v;
+        const unsigned char *b = NULL;
+        if (get_field(&r, &f, &w, &v, &b)) return -1;
+        if (w == 0 && f == 1) im->height = (int64_t)v;
+        else if (w == 0 && f == 2) im->width = (int64_t)v;
+        else if (w == 0 && f == 3) im->colorspace = (int64_t)v;
+        else if (w == 2 && f == 4) {
+            im->png = b;
+            im->png_len = (size_t)v;
+        }
+    }
+    return 0;
+}
+
+/* one Summary.Value: an image when it holds one, else a number */
+static int parse_value(const unsigned char *p, size_t n, ck_tb_read_event *e, rd_bufs *bufs)
+{
+    rd val = {p, p + n};
+    ck_tb_value tv = {"", 0, 0};
+    ck_tb_image im = {"", 0, 0, 0, 0, (const unsigned char *)"", 0};
+    int is_image = 0;
+    while (val.p < val.end) {
+        int f3, w3;
+        uint64_t v3;
+        const unsigned char *b3 = NULL;
+        if (get_field(&val, &f3, &w3, &v3, &b3)) return -1;
+        if (f3 == 1 && w3 == 2) {
+            tv.tag = im.tag = (const char *)b3;
+            tv.tag_len = im.tag_len = (size_t)v3;
+        } else if (f3 == 2 && w3 == 5) {
+            uint32_t bits = (uint32_t)v3;
+            memcpy(&tv.value, &bits, 4);
+        } else if (f3 == 4 && w3 == 2) {
+            if (parse_image(b3, (size_t)v3, &im)) return -1;
+            is_image = 1;
+        }
+    }
+    if (is_image) {
+        if (e->nimages == bufs->icap) {
+            int nc = bufs->icap ? 2 * bufs->icap : 16;
+            ck_tb_image *ni = realloc(bufs->imgs, sizeof *ni * (size_t)nc);
+            if (!ni) return -2;
+            bufs->imgs = ni;
+            bufs->icap = nc;
+        }
+        e->images = bufs->imgs;
+        e->images[e->nimages++] = im;
+        return 0;
+    }
+    if (e->nvalues == bufs->vcap) {
+        int nc = bufs->vcap ? 2 * bufs->vcap : 64;
+        ck_tb_value *nv = realloc(bufs->vals, sizeof *nv * (size_t)nc);
+        if (!nv) return -2;
+        bufs->vals = nv;
+        bufs->vcap = nc;
+    }
+    e->values = bufs->vals;
+    e->values[e->nvalues++] = tv;
+    return 0;
+}
+
+/* 0, -1 (not an Event), -2 (out of memory) */
+static int parse_event(const unsigned char *p, size_t n, ck_tb_read_event *e, rd_bufs *bufs)
 {
     rd r = {p, p + n};
     memset(e, 0, sizeof *e);
-    e->values = *vals;
+    e->values = bufs->vals;
+    e->images = bufs->imgs;
     while (r.p < r.end) {
         int field, wire;
         uint64_t v;
@@ -316,30 +448,8 @@ static int parse_event(const unsigned char *p, size_t n, ck_tb_read_event *e, ck
                 const unsigned char *b2 = NULL;
                 if (get_field(&s, &f2, &w2, &v2, &b2)) return -1;
                 if (f2 != 1 || w2 != 2) continue;
-                rd val = {b2, b2 + v2};
-                ck_tb_value tv = {"", 0, 0};
-                while (val.p < val.end) {
-                    int f3, w3;
-                    uint64_t v3;
-                    const unsigned char *b3 = NULL;
-                    if (get_field(&val, &f3, &w3, &v3, &b3)) return -1;
-                    if (f3 == 1 && w3 == 2) {
-                        tv.tag = (const char *)b3;
-                        tv.tag_len = (size_t)v3;
-                    } else if (f3 == 2 && w3 == 5) {
-                        uint32_t bits = (uint32_t)v3;
-                        memcpy(&tv.value, &bits, 4);
-                    }
-                }
-                if (e->nvalues == *cap) {
-                    int nc = *cap ? 2 * *cap : 64;
-                    ck_tb_value *nv = realloc(*vals, sizeof *nv * (size_t)nc);
-                    if (!nv) return -1;
-                    *vals = nv;
-                    *cap = nc;
-                    e->values = nv;
-                }
-                e->values[e->nvalues++] = tv;
+                int rc = parse_value(b2, (size_t)v2, e, bufs);
+                if (rc) return rc;
             }
         }
     }
@@ -350,8 +460,8 @@ int ck_tb_read(const unsigned char *data, size_t n, int (*fn)(void *ud, const ck
                size_t *tail, char *err, size_t errlen)
 {
     size_t at = 0;
-    int k = 0, rc = 0, cap = 0;
-    ck_tb_value *vals = NULL;
+    int k = 0, rc = 0;
+    rd_bufs bufs = {0};
     while (n - at >= 12) {
         const unsigned char *h = data + at;
         uint64_t len = 0;
@@ -369,8 +479,10 @@ int ck_tb_read(const unsigned char *data, size_t n, int (*fn)(void *ud, const ck
             break;
         }
         ck_tb_read_event e;
-        if (parse_event(d, (size_t)len, &e, &vals, &cap)) {
-            snprintf(err, errlen, "record %d at byte %zu: not an Event protobuf", k + 1, at);
+        int pe = parse_event(d, (size_t)len, &e, &bufs);
+        if (pe) {
+            if (pe == -2) snprintf(err, errlen, "out of memory");
+            else snprintf(err, errlen, "record %d at byte %zu: not an Event protobuf", k + 1, at);
             rc = -1;
             break;
         }
@@ -382,7 +494,8 @@ int ck_tb_read(const unsigned char *data, size_t n, int (*fn)(void *ud, const ck
         at += 12 + (size_t)len + 4;
         k++;
     }
-    free(vals);
+    free(bufs.vals);
+    free(bufs.imgs);
     if (tail) *tail = n - at;
     return rc;
 }

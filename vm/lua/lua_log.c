@@ -1,5 +1,6 @@
 /* The Lua side of logging: log writers (ck.log_open) over vm/logsink, records
- * made from Lua tables, training steps that compute statistics or guard
+ * made from Lua tables (numbers, strings, booleans, tables and images made by
+ * ck.log_image), training steps that compute statistics or guard
  * against non-finite values (p:step{stats=, guard=}), p:enable_stats, op
  * timing (p:profile) and readers for tests and tools (ck.read_events,
  * ck.crc32c). */
@@ -26,6 +27,17 @@
 #include <unistd.h>
 
 #define LOGGER_MT "ck.logger"
+#define IMAGE_MT "ck.log_image"
+
+/* ck.log_image's value: the size and a copy of the PNG bytes */
+typedef struct limage {
+    int width, height;
+    size_t len;
+    unsigned char png[];
+} limage;
+
+/* the largest PNG a log image holds */
+#define CK_LOG_IMAGE_MAX ((size_t)64 << 20)
 
 typedef struct llogger {
     ck_logger *lg;
@@ -116,10 +128,91 @@ static void add_value(lua_State *L, ck_log_rec *r, const char *key, size_t klen,
     }
     case LUA_TBOOLEAN: ck_log_rec_bool(r, key, klen, lua_toboolean(L, idx)); break;
     case LUA_TTABLE: add_table(L, r, idx, 0, depth + 1, key, klen); break;
-    default:
-        ck_lua_raise(L, "log record: '%s' is a %s; records hold numbers, strings, booleans and tables", key ? key : "?",
-                     luaL_typename(L, idx));
+    case LUA_TUSERDATA: {
+        const limage *im = luaL_testudata(L, idx, IMAGE_MT);
+        if (im) {
+            /* the record's own copy, which outlives the value (an async writer writes it later) */
+            ck_mem_check(L, (int64_t)im->len, 1, "a log record's copy of an image (%zu bytes)", im->len);
+            ck_log_rec_image(r, key, klen, im->width, im->height, im->png, im->len);
+            break;
+        }
     }
+    /* fall through */
+    default:
+        ck_lua_raise(L, "log record: '%s' is a %s; records hold numbers, strings, booleans, tables and ck.log_image values",
+                     key ? key : "?", luaL_typename(L, idx));
+    }
+}
+
+/* ---- images */
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* a size argument: an integer in 1..65535 */
+static int image_size_arg(lua_State *L, int i, const char *what)
+{
+    int isint = 0;
+    lua_Integer v = lua_type(L, i) == LUA_TNUMBER ? lua_tointegerx(L, i, &isint) : 0;
+    if (!isint || v < 1 || v > 65535) {
+        const char *shown = lua_type(L, i) == LUA_TNUMBER ? lua_tostring(L, i) : luaL_typename(L, i);
+        return ck_lua_raise(L, "log_image: %s must be an integer from 1 to 65535, got %s", what, shown);
+    }
+    return (int)v;
+}
+
+/* ck.log_image(png_bytes, width, height) -> an image value for log records:
+ * a copy of the PNG bytes (a string that starts with the PNG signature and
+ * whose IHDR header says width x height; at most 64 MiB). In a record given to
+ * lg:write it becomes a TensorBoard image summary, and in the JSON line
+ * {"width": W, "height": H, "png_bytes": N}. */
+static int l_log_image(lua_State *L)
+{
+    if (lua_type(L, 1) != LUA_TSTRING)
+        return ck_lua_raise(L, "log_image: png_bytes must be a string (the bytes of a PNG file), got %s",
+                            luaL_typename(L, 1));
+    size_t n;
+    const unsigned char *png = (const unsigned char *)lua_tolstring(L, 1, &n);
+    const int w = image_size_arg(L, 2, "width"), h = image_size_arg(L, 3, "height");
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (n < 8 || memcmp(png, sig, 8))
+        return ck_lua_raise(L, "log_image: png_bytes is not a PNG (%I bytes without the PNG signature)", (lua_Integer)n);
+    if (n < 24 || memcmp(png + 12, "IHDR", 4))
+        return ck_lua_raise(L, "log_image: png_bytes is not a PNG (no IHDR header after the signature)");
+    if (be32(png + 16) != (uint32_t)w || be32(png + 20) != (uint32_t)h)
+        return ck_lua_raise(L, "log_image: the PNG is %Ix%I, not the %dx%d given", (lua_Integer)be32(png + 16),
+                            (lua_Integer)be32(png + 20), w, h);
+    if (n > CK_LOG_IMAGE_MAX)
+        return ck_lua_raise(L, "log_image: the PNG is %I bytes, more than the 64 MiB a log image holds", (lua_Integer)n);
+    ck_mem_check(L, (int64_t)n, 1, "log_image: a copy of %zu PNG bytes", n);
+    limage *im = lua_newuserdatauv(L, sizeof *im + n, 0);
+    im->width = w;
+    im->height = h;
+    im->len = n;
+    memcpy(im->png, png, n);
+    luaL_setmetatable(L, IMAGE_MT);
+    return 1;
+}
+
+/* img.width, img.height, img.png_bytes (the count of bytes) */
+static int l_image_index(lua_State *L)
+{
+    const limage *im = luaL_checkudata(L, 1, IMAGE_MT);
+    const char *k = lua_tostring(L, 2);
+    if (k && !strcmp(k, "width")) lua_pushinteger(L, im->width);
+    else if (k && !strcmp(k, "height")) lua_pushinteger(L, im->height);
+    else if (k && !strcmp(k, "png_bytes")) lua_pushinteger(L, (lua_Integer)im->len);
+    else lua_pushnil(L);
+    return 1;
+}
+
+static int l_image_tostring(lua_State *L)
+{
+    const limage *im = luaL_checkudata(L, 1, IMAGE_MT);
+    lua_pushfstring(L, "ck.log_image (%dx%d, %I PNG bytes)", im->width, im->height, (lua_Integer)im->len);
+    return 1;
 }
 
 /* ---- the logger */
@@ -547,12 +640,31 @@ static int push_event(void *ud, const ck_tb_read_event *e)
         }
         lua_setfield(L, -2, "values");
     }
+    if (e->nimages) {
+        lua_createtable(L, 0, e->nimages);
+        for (int i = 0; i < e->nimages; i++) {
+            const ck_tb_image *im = &e->images[i];
+            lua_pushlstring(L, im->tag, im->tag_len);
+            lua_createtable(L, 0, 4);
+            lua_pushinteger(L, (lua_Integer)im->width);
+            lua_setfield(L, -2, "width");
+            lua_pushinteger(L, (lua_Integer)im->height);
+            lua_setfield(L, -2, "height");
+            lua_pushinteger(L, (lua_Integer)im->colorspace);
+            lua_setfield(L, -2, "colorspace");
+            lua_pushlstring(L, (const char *)im->png, im->png_len);
+            lua_setfield(L, -2, "png");
+            lua_rawset(L, -3);
+        }
+        lua_setfield(L, -2, "images");
+    }
     lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
     return 0;
 }
 
-/* ck.read_events(path) -> list of {wall_time, step, file_version | values = {tag = value}},
- * bytes of a cut tail; or nil, message when a CRC or an Event is bad */
+/* ck.read_events(path) -> list of {wall_time, step, file_version | values = {tag = value},
+ * images = {tag = {width=, height=, colorspace=, png = bytes}}}, bytes of a
+ * cut tail; or nil, message when a CRC or an Event is bad */
 static int l_read_events(lua_State *L)
 {
     const char *path = luaL_checkstring(L, 1);
@@ -639,7 +751,7 @@ void ck_lua_log_register(lua_State *L, int lib, int methods)
         {"paths", l_log_paths}, {"counts", l_log_counts}, {NULL, NULL},
     };
     static const luaL_Reg funcs[] = {
-        {"log_open", l_log_open}, {"read_events", l_read_events}, {"crc32c", l_crc32c},
+        {"log_open", l_log_open}, {"log_image", l_log_image}, {"read_events", l_read_events}, {"crc32c", l_crc32c},
         {"wall_time", l_wall_time}, {"rss", l_rss}, {"host_memory", l_host_memory}, {NULL, NULL},
     };
     lib = lua_absindex(L, lib);
@@ -651,6 +763,14 @@ void ck_lua_log_register(lua_State *L, int lib, int methods)
     lua_setfield(L, -2, "__gc");
     lua_pushcfunction(L, l_log_gc);
     lua_setfield(L, -2, "__close");
+    lua_pop(L, 1);
+    luaL_newmetatable(L, IMAGE_MT);
+    lua_pushcfunction(L, l_image_index);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_image_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "__metatable");
     lua_pop(L, 1);
     lua_pushvalue(L, lib);
     luaL_setfuncs(L, funcs, 0);

@@ -174,7 +174,7 @@ function Sampler:render(step, logger)
     local name = string.format("%s_%06d_%02d.png", self.stem, step, i - 1)
     local path = self.dir .. "/" .. name
     ck.write_png(path, image, {text = {parameters = pipeline.parameters(st)}})
-    images[string.format("%02d", i - 1)] = ck.log_image and ck.log_image(png_bytes(path), e.width, e.height) or nil
+    images[string.format("%02d", i - 1)] = ck.log_image(png_bytes(path), e.width, e.height)
     files[i] = path
   end
   local secs = ck.now() - t0

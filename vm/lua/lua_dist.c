@@ -75,8 +75,9 @@ static void agree(lua_State *L, int kind, int64_t count, int64_t root)
                      "%s on rank 0 meets %s on rank %d: every rank must call the same collectives in the same order",
                      kind_name[ka], kind_name[kb], r);
         } else if (a[1] != b[1]) {
-            snprintf(msg, sizeof msg, "%s: every rank must pass the same count, but rank 0 passes %lld values and rank %d %lld",
-                     kind_name[kind], (long long)a[1], r, (long long)b[1]);
+            snprintf(msg, sizeof msg,
+                     "%s: every rank must pass the same count, but rank 0 passes %lld value%s and rank %d %lld",
+                     kind_name[kind], (long long)a[1], a[1] == 1 ? "" : "s", r, (long long)b[1]);
         } else if (a[2] != b[2]) {
             snprintf(msg, sizeof msg, "%s: every rank must name the same root, but rank 0 names %lld and rank %d %lld",
                      kind_name[kind], (long long)a[2], r, (long long)b[2]);

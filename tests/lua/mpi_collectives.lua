@@ -5,7 +5,8 @@
 -- exact in float32, so every order of summation gives the same bits).
 --   --case all      (default) every collective, the agreement errors,
 --                   same_on_all_ranks, the step, timeout and wait-time controls
---   --case error    rank 1 raises while rank 0 waits in an allreduce
+--   --case error    rank 1 raises while rank 0 waits in an allreduce (with
+--                   --log DIR, holding a logger that SIGTERM interrupts)
 --   --case hang     rank 1 loops for a minute while rank 0 waits in an
 --                   allreduce (the timeout: CK_DIST_TIMEOUT, or --timeout S
 --                   through ck.dist_timeout)
@@ -42,6 +43,9 @@ end
 
 ck.dist_step(1)
 if case == "error" then
+  -- --log DIR: rank 0 holds a logger there, so mpirun's SIGTERM interrupts its wait
+  local log = R == 0 and args.log and ck.log_open{dir = args.log, tensorboard = false}
+  if log then log:write{step = 1, loss = 0.5} end
   ck.allreduce({1})
   if R == 1 then error("rank 1 fails on purpose") end
   ck.allreduce({2}) -- rank 0 waits here until the job ends

@@ -74,6 +74,15 @@ grep -q '^ckrun: rank 1: tests/lua/mpi_collectives.lua:[0-9]*: rank 1 fails on p
   [ $rc != 0 ] && [ $rc != 124 ] && in_time 0 15 && ! grep -q "no reply" "$dir/error.err"
 ok $? "a Lua error on rank 1 ends the job in ${secs}s (rc $rc) with the line naming rank 1: $(grep -m1 '^ckrun:' "$dir/error.err")"
 
+# rank 0 holds a logger: mpirun's SIGTERM stops its wait, and it ends
+# through the script's own error path
+mkdir "$dir/log"
+TRUST="--allow-write $dir/log" ARGS="--log $dir/log" fault error
+grep -q '^ckrun: rank 1: .*rank 1 fails on purpose$' "$dir/error.err" &&
+  grep -q '^ckrun: rank 0: .*interrupted$' "$dir/error.err" && grep -q '"loss":0.5' "$dir/log/metrics.jsonl" &&
+  [ $rc != 0 ] && [ $rc != 124 ] && in_time 0 15
+ok $? "rank 0 with a logger: SIGTERM from mpirun stops its wait in ${secs}s: $(grep -m1 '^ckrun: rank 0' "$dir/error.err")"
+
 fault hang CK_DIST_TIMEOUT=3
 grep -qx 'ckrun: rank 0: no reply from the other ranks in a collective for 3 s (step 7)' "$dir/hang.err" &&
   [ $rc != 0 ] && [ $rc != 124 ] && in_time 3 20

@@ -33,7 +33,7 @@ ip netns add "$ns1" 2> "$dir/ns.err" || skip "cannot create a network namespace:
   ip -n "$ns0" link set "$v0" up && ip -n "$ns1" link set "$v1" up
 } 2> "$dir/ns.err" || skip "cannot join the namespaces with a veth pair: $(head -1 "$dir/ns.err")"
 
-probe=$(timeout 30 mpirun --oversubscribe -np 1 "$CKRUN" -e 'print(require("ck").world_size())' 2>&1)
+probe=$(timeout 30 mpirun --oversubscribe -np 2 "$CKRUN" -e 'print(require("ck").world_size())' 2>&1)
 case "$probe" in *"built without MPI"*) skip "ckrun was built without MPI";; esac
 
 # the rsh agent: `agent HOST COMMAND...` runs COMMAND in HOST's namespace,

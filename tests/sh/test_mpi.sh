@@ -25,6 +25,13 @@ unset CK_DIST_TIMEOUT
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 MPIRUN="timeout 60 mpirun --oversubscribe"
+# Under make test-asan, the ranks keep AddressSanitizer's checks but not its
+# leak check: Open MPI leaves its own allocations at exit, in components it
+# has unloaded by then (stacks of one unnamed frame no suppression can
+# match). ckrun's code is leak-checked by the one-process runs below.
+if [ -n "${ASAN_OPTIONS:-}" ]; then
+  MPIRUN="timeout 60 env ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 mpirun --oversubscribe"
+fi
 
 $MPIRUN -np 2 "$CKRUN" -e 'print(require("ck").world_size())' > "$dir/probe.out" 2> "$dir/probe.err"
 if grep -q "built without MPI" "$dir/probe.err"; then

@@ -91,9 +91,7 @@ static void at_exit(int status, void *arg)
         fprintf(stderr, "ckrun: rank %d: exiting with status %d while the job runs: ending the job\n", D.rank,
                 status);
         fflush(stderr);
-#ifdef CK_HAVE_MPI
         MPI_Abort(MPI_COMM_WORLD, status);
-#endif
         _exit(status); /* not exit: this runs inside exit */
     }
     ck_dist_finalize();

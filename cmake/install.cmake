@@ -36,6 +36,12 @@ if(CK_CUDA_FOUND)
   target_compile_definitions(ck_objs PRIVATE CK_CUDA_INSTALL_DIR="${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}")
 endif()
 
+# a static libck links MPI where it was built with it (CMakeLists.txt)
+set(CK_PC_MPI "")
+if(MPI_C_FOUND)
+  string(JOIN " " CK_PC_MPI ${MPI_C_LIBRARIES})
+endif()
+
 # ck.pc is written at install time, for the prefix given then
 install(CODE "
   set(prefix \"\${CMAKE_INSTALL_PREFIX}\")
@@ -44,6 +50,7 @@ install(CODE "
   set(version \"${PROJECT_VERSION}\")
   set(openblas \"-L${CK_OPENBLAS_DIR} -lopenblas\")
   set(jansson \"-L${CK_JANSSON_DIR} -ljansson\")
+  set(mpi \"${CK_PC_MPI}\")
   string(MD5 ck_pc_tag \"\${CMAKE_INSTALL_PREFIX}\")
   configure_file(\"${CMAKE_SOURCE_DIR}/cmake/ck.pc.in\" \"${CMAKE_BINARY_DIR}/ck-\${ck_pc_tag}.pc\" @ONLY)
   file(INSTALL \"${CMAKE_BINARY_DIR}/ck-\${ck_pc_tag}.pc\"

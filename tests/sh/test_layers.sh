@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 # top to bottom; vm/ck.h (the public header, a leaf) may be included anywhere
-layers=(cli embed lua guard formats run plan graph text util)
+layers=(cli embed lua guard formats run dist plan graph text util)
 fail=0
 rank() { local i; for i in "${!layers[@]}"; do [ "${layers[$i]}" = "$1" ] && { echo "$i"; return; }; done; echo -1; }
 

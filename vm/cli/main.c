@@ -1,6 +1,7 @@
 /* ckrun: the command line over vm/ck.h. Runs one script with its arguments in
  * a sandboxed VM; every failure is one line on stderr and a non-zero exit. */
 #include "ck.h"
+#include "dist/dist.h"
 
 #include <signal.h>
 #include <stdint.h>
@@ -177,6 +178,13 @@ int main(int argc, char **argv)
         rc = 2;
         goto done;
     }
+    /* MPI starts here when a launcher started this process: before the VM
+     * and its threads, and before the script runs */
+    char dist_err[300];
+    if (ck_dist_init(dist_err, sizeof dist_err)) {
+        fprintf(stderr, "ckrun: %s\n", dist_err);
+        goto done;
+    }
     vm = ck_open_plan(&opt, &plan);
     if (!vm) {
         fprintf(stderr, "ckrun: out of memory\n");
@@ -195,11 +203,19 @@ int main(int argc, char **argv)
         signal(SIGINT, SIG_DFL);
         running = NULL;
     }
+    rc = st == CK_OK ? 0 : st == CK_EINTR ? 130 : 1;
+    if (st != CK_OK && ck_dist_size() > 1) {
+        /* one rank failed: say which, and end the job so that the others do
+         * not wait for it in a collective */
+        fprintf(stderr, "ckrun: rank %d: %s\n", ck_dist_rank(), ck_error(vm));
+        ck_close(vm);
+        ck_dist_abort(rc);
+    }
     if (st != CK_OK) fprintf(stderr, "ckrun: %s\n", ck_error(vm));
     fflush(stdout);
-    rc = st == CK_OK ? 0 : st == CK_EINTR ? 130 : 1;
 done:
     ck_close(vm);
+    ck_dist_finalize();
     free(reads);
     free(writes);
     return rc;

@@ -1515,6 +1515,7 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     ck_lua_json_register(L, lib);
     ck_lua_hash_register(L, lib);
     ck_lua_image_register(L, lib);
+    ck_lua_dist_register(L, lib);
     lua_pushstring(L, CK_VERSION);
     lua_setfield(L, lib, "version");
     /* the host's plan request (ckrun --plan ...); nil without one */

@@ -72,6 +72,8 @@ float *ck_lua_toarray_numel(lua_State *L, int idx, int64_t *numel);
 float *ck_lua_newarray(lua_State *L, int ndim, const int64_t *d);
 /* vm/lua/lua_image.c: ck.image_info, ck.image_load, ck.write_png in the module table at index lib */
 void ck_lua_image_register(lua_State *L, int lib);
+/* vm/lua/lua_dist.c: ck.rank, ck.world_size, the collectives (after ck_lua_hash_register) */
+void ck_lua_dist_register(lua_State *L, int lib);
 
 
 #endif

@@ -1,0 +1,135 @@
+# Several ckrun processes on one machine under Open MPI's mpirun
+# (oversubscribed: CI has 2 cores): tests/lua/mpi_collectives.lua on 1, 2 and
+# 3 ranks checks every collective's values, the agreement errors and
+# same_on_all_ranks; tests/c/test_dist.c the C interface (non-blocking
+# allreduces, a stopped wait); then the faults, each ending the whole job
+# within seconds with the line that says why: a Lua error on rank 1 (the line
+# names rank 1), rank 1 hanging while rank 0 waits (CK_DIST_TIMEOUT, then
+# ck.dist_timeout), rank 1 leaving early, rank 1 killed, and a stock lua5.4
+# that loaded ck.so exiting on an error. SKIPs (77) where mpirun is missing or
+# ckrun was built without MPI.
+set -u
+pass=0 fail=0
+ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
+CKRUN=${CKRUN:-build/ckrun}
+BUILD=${CK_BUILD:-build}
+
+if ! command -v mpirun > /dev/null; then
+  echo "SKIP: mpirun is missing (apt-get install openmpi-bin libopenmpi-dev)"
+  exit 77
+fi
+# CI may run as root, which Open MPI refuses unless told
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMP_NUM_THREADS=1
+unset CK_DIST_TIMEOUT
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+MPIRUN="timeout 60 mpirun --oversubscribe"
+# Under make test-asan, the ranks keep AddressSanitizer's checks but not its
+# leak check: Open MPI leaves its own allocations at exit, in components it
+# has unloaded by then (stacks of one unnamed frame no suppression can
+# match). ckrun's code is leak-checked by the one-process runs below.
+if [ -n "${ASAN_OPTIONS:-}" ]; then
+  MPIRUN="timeout 60 env ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 mpirun --oversubscribe"
+fi
+
+$MPIRUN -np 2 "$CKRUN" -e 'print(require("ck").world_size())' > "$dir/probe.out" 2> "$dir/probe.err"
+if grep -q "built without MPI" "$dir/probe.err"; then
+  echo "SKIP: ckrun was built without MPI ($(grep -m1 'built without MPI' "$dir/probe.err"))"
+  exit 77
+fi
+[ "$(sort -u "$dir/probe.out")" = 2 ]
+ok $? "mpirun -np 2 ckrun: two ranks of a world of 2 ($(tr '\n' ' ' < "$dir/probe.out"))"
+
+# runs the collectives on N ranks and checks every rank passed every check
+collectives() {
+  local np=$1; shift
+  $MPIRUN -np "$np" "$CKRUN" tests/lua/mpi_collectives.lua --world "$np" "$@" > "$dir/all$np.out" 2> "$dir/all$np.err"
+  local rc=$?
+  local good; good=$(grep -c ' passed, 0 failed$' "$dir/all$np.out")
+  [ $rc = 0 ] && [ "$good" = "$np" ] && ! grep -q '^FAIL' "$dir/all$np.out"
+  ok $? "mpi_collectives.lua on $np ranks: every rank passes ($(grep ' passed, ' "$dir/all$np.out" | tr '\n' ' ')rc $rc)"
+  grep '^FAIL' "$dir/all$np.out"; [ $rc = 0 ] || tail -5 "$dir/all$np.err"
+}
+"$CKRUN" tests/lua/mpi_collectives.lua --world 1 --local 1 > "$dir/all1.out" 2>&1
+ok $? "mpi_collectives.lua as one process: the collectives are identities ($(tail -1 "$dir/all1.out"))"
+collectives 2 --local 2
+collectives 3
+
+# the C interface on 2 ranks; rank 0 ends the job with status 3 after its stopped wait
+$MPIRUN -np 2 "$BUILD/test_dist" > "$dir/c.out" 2> "$dir/c.err"
+rc=$?
+[ $rc = 3 ] && grep -q '^rank 0: [0-9]* passed, 0 failed$' "$dir/c.out" && grep -q '^rank 1: [0-9]* passed, 0 failed$' "$dir/c.out"
+ok $? "test_dist on 2 ranks: every check passes, a stopped wait ends the job (rc $rc: $(grep ' passed, ' "$dir/c.out" | tr '\n' ' '))"
+grep '^FAIL' "$dir/c.out"
+
+# a fault: runs mpi_collectives.lua --case CASE (with the rest as mpirun's
+# environment and arguments), records the time, exit status and stderr
+fault() {
+  local case=$1; shift
+  local t0; t0=$(date +%s%N)
+  env "$@" $MPIRUN -np 2 "$CKRUN" ${TRUST:-} tests/lua/mpi_collectives.lua --case "$case" ${ARGS:-} > "$dir/$case.out" 2> "$dir/$case.err"
+  rc=$?
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  secs=$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))
+}
+# the fault took at least $1 and less than $2 seconds
+in_time() { [ $ms -ge $(($1 * 1000)) ] && [ $ms -lt $(($2 * 1000)) ]; }
+
+fault error
+grep -q '^ckrun: rank 1: tests/lua/mpi_collectives.lua:[0-9]*: rank 1 fails on purpose$' "$dir/error.err" &&
+  [ $rc != 0 ] && [ $rc != 124 ] && in_time 0 15 && ! grep -q "no reply" "$dir/error.err"
+ok $? "a Lua error on rank 1 ends the job in ${secs}s (rc $rc) with the line naming rank 1: $(grep -m1 '^ckrun:' "$dir/error.err")"
+
+# rank 0 holds a logger: mpirun's SIGTERM stops its wait, and it ends
+# through the script's own error path
+mkdir "$dir/log"
+TRUST="--allow-write $dir/log" ARGS="--log $dir/log" fault error
+grep -q '^ckrun: rank 1: .*rank 1 fails on purpose$' "$dir/error.err" &&
+  grep -q '^ckrun: rank 0: .*interrupted$' "$dir/error.err" && grep -q '"loss":0.5' "$dir/log/metrics.jsonl" &&
+  [ $rc != 0 ] && [ $rc != 124 ] && in_time 0 15
+ok $? "rank 0 with a logger: SIGTERM from mpirun stops its wait in ${secs}s: $(grep -m1 '^ckrun: rank 0' "$dir/error.err")"
+
+fault hang CK_DIST_TIMEOUT=3
+grep -qx 'ckrun: rank 0: no reply from the other ranks in a collective for 3 s (step 7)' "$dir/hang.err" &&
+  [ $rc != 0 ] && [ $rc != 124 ] && in_time 3 20
+ok $? "rank 1 hangs, CK_DIST_TIMEOUT=3: the job ends in ${secs}s (rc $rc): $(grep -m1 '^ckrun:' "$dir/hang.err")"
+
+ARGS="--timeout 2" fault hang
+grep -qx 'ckrun: rank 0: no reply from the other ranks in a collective for 2 s (step 7)' "$dir/hang.err" &&
+  [ $rc != 0 ] && [ $rc != 124 ] && in_time 2 20
+ok $? "rank 1 hangs, ck.dist_timeout(2): the job ends in ${secs}s (rc $rc): $(grep -m1 '^ckrun:' "$dir/hang.err")"
+
+fault leave CK_DIST_TIMEOUT=3
+grep -qx 'ckrun: rank 0: no reply from the other ranks in a collective for 3 s (step 3)' "$dir/leave.err" &&
+  [ $rc != 0 ] && [ $rc != 124 ] && in_time 3 20
+ok $? "rank 1 returns while rank 0 waits: the job ends in ${secs}s (rc $rc): $(grep -m1 '^ckrun:' "$dir/leave.err")"
+
+TRUST=--trust fault die
+grep -q 'process rank 1 .* exited on signal 9' "$dir/die.err" && [ $rc != 0 ] && [ $rc != 124 ] && in_time 0 15
+ok $? "rank 1 killed: mpirun ends the job in ${secs}s (rc $rc) naming rank 1: $(grep -m1 'exited on signal' "$dir/die.err")"
+
+# a bad CK_DIST_TIMEOUT is one line, before anything runs
+CK_DIST_TIMEOUT=soon "$CKRUN" -e 'print("ran")' > "$dir/bad.out" 2> "$dir/bad.err"
+rc=$?
+[ $rc = 1 ] && [ ! -s "$dir/bad.out" ] && [ "$(cat "$dir/bad.err")" = "ckrun: CK_DIST_TIMEOUT wants seconds (a number > 0), got 'soon'" ]
+ok $? "CK_DIST_TIMEOUT=soon is refused in one line (rc $rc: $(cat "$dir/bad.err"))"
+
+# a stock lua5.4 that loads ck.so: MPI starts on first use, and an error exit ends the job
+if command -v lua5.4 > /dev/null && [ -f "$BUILD/lua/ck.so" ]; then
+  pre="package.cpath='$BUILD/lua/?.so;'..package.cpath package.path='stdlib/?.lua;'..package.path local ck=require'ck'"
+  $MPIRUN -np 2 lua5.4 -e "$pre print(ck.rank(), ck.allreduce({ck.rank() + 1})[1])" > "$dir/lua.out" 2> "$dir/lua.err"
+  rc=$?
+  [ $rc = 0 ] && [ "$(sort "$dir/lua.out" | tr '\t\n' ' ')" = "0 3.0 1 3.0 " ]
+  ok $? "lua5.4 with ck.so on 2 ranks: the ranks and their sum (rc $rc: $(tr '\t\n' ' ' < "$dir/lua.out"))"
+  t0=$(date +%s)
+  $MPIRUN -np 2 lua5.4 -e "$pre if ck.rank() == 1 then error('rank 1 fails') end ck.allreduce({1})" > "$dir/lua.out" 2> "$dir/lua.err"
+  rc=$?
+  secs=$(( $(date +%s) - t0 ))
+  grep -qx 'ckrun: rank 1: exiting with status 1 while the job runs: ending the job' "$dir/lua.err" &&
+    [ $rc != 0 ] && [ $rc != 124 ] && [ $secs -lt 15 ]
+  ok $? "lua5.4 with ck.so: an error on rank 1 ends the job in ${secs}s (rc $rc)"
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]

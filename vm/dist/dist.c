@@ -1,0 +1,393 @@
+/* ckrun's communicator over MPI (vm/dist/dist.h). Every collective is the
+ * non-blocking MPI call (MPI_Iallreduce, MPI_Ibcast, ...) followed by a wait
+ * that polls MPI_Test, yielding and then sleeping between polls, so that a
+ * wait can be timed, interrupted and given up past its timeout, and so that
+ * ranks oversubscribing a few cores leave them to each other rather than
+ * spinning. Without MPI (CK_HAVE_MPI undefined) it is one process. */
+#define _GNU_SOURCE
+#include "dist/dist.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef CK_HAVE_MPI
+#include <mpi.h>
+#endif
+
+static struct {
+    int active;          /* MPI started by ck_dist_init */
+    int finalized;
+    int rank, size, local_rank, local_size;
+    double timeout;      /* seconds */
+    long long step;
+    double comm_time;    /* seconds waited since the last reset */
+    int init_rc;
+    char init_err[256];
+#ifdef CK_HAVE_MPI
+    MPI_Comm comm;       /* our duplicate of MPI_COMM_WORLD */
+    MPI_Comm local;      /* the ranks on this machine */
+#endif
+} D = {.size = 1, .local_size = 1, .timeout = 300.0};
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+double ck_dist_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* the integer value of environment variable name, or -1 when unset or not a
+ * non-negative integer */
+static long env_int(const char *name)
+{
+    const char *s = getenv(name);
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    return errno || *end || v < 0 ? -1 : v;
+}
+
+/* the number of ranks a launcher announced in the environment, 0 if none */
+static long launcher_size(void)
+{
+    static const char *const sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        long v = env_int(sizes[i]);
+        if (v > 0) return v;
+    }
+    return 0;
+}
+
+/* whether a launcher (mpirun, srun, a PMI server) started this process */
+static int launched(void)
+{
+    static const char *const marks[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof marks / sizeof *marks; i++)
+        if (getenv(marks[i])) return 1;
+    return 0;
+}
+
+#ifdef CK_HAVE_MPI
+/* at exit (on_exit sees the status): finalize after a clean exit; after a
+ * failing one (a script error in a host that exits 1, os.exit(false)), end
+ * the whole job, as the other ranks would otherwise wait for this one in
+ * their next collective until the timeout */
+static void at_exit(int status, void *arg)
+{
+    (void)arg;
+    if (status != 0 && ck_dist_active() && D.size > 1) {
+        fflush(stdout);
+        fprintf(stderr, "ckrun: rank %d: exiting with status %d while the job runs: ending the job\n", D.rank,
+                status);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, status);
+        _exit(status); /* not exit: this runs inside exit */
+    }
+    ck_dist_finalize();
+}
+
+/* Keeps the object this code is in mapped until the process ends: a stock
+ * lua5.4 unloads ck.so when it closes its state, before exit runs at_exit. */
+static void pin_self(void)
+{
+    Dl_info info;
+    if (dladdr((void *)at_exit, &info) && info.dli_fname)
+        dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+#endif
+
+static void init_fail(const char *fmt, const char *arg)
+{
+    D.init_rc = -1;
+    snprintf(D.init_err, sizeof D.init_err, fmt, arg);
+}
+
+static void do_init(void)
+{
+    const char *t = getenv("CK_DIST_TIMEOUT");
+    if (t && *t) {
+        char *end;
+        double v = strtod(t, &end);
+        if (end == t || *end || !(v > 0) || v > 1e9) {
+            init_fail("CK_DIST_TIMEOUT wants seconds (a number > 0), got '%s'", t);
+            return;
+        }
+        D.timeout = v;
+    }
+    if (!launched()) return;
+#ifdef CK_HAVE_MPI
+    int provided = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        init_fail("MPI_Init failed%s", "");
+        return;
+    }
+    D.active = 1;
+    pin_self();
+    on_exit(at_exit, NULL);
+    MPI_Comm_dup(MPI_COMM_WORLD, &D.comm);
+    MPI_Comm_rank(D.comm, &D.rank);
+    MPI_Comm_size(D.comm, &D.size);
+    MPI_Comm_split_type(D.comm, MPI_COMM_TYPE_SHARED, D.rank, MPI_INFO_NULL, &D.local);
+    MPI_Comm_rank(D.local, &D.local_rank);
+    MPI_Comm_size(D.local, &D.local_size);
+    /* a launcher of another MPI starts each process alone: refuse to run
+     * the job once per process */
+    const long n = launcher_size();
+    if (n > 1 && D.size == 1) {
+        char num[32];
+        snprintf(num, sizeof num, "%ld", n);
+        init_fail("launched as one of %s ranks, but MPI started this process alone "
+                  "(is mpirun from the MPI ckrun was built with?)", num);
+    }
+#else
+    long n = launcher_size();
+    if (n > 1) {
+        char num[32];
+        snprintf(num, sizeof num, "%ld", n);
+        init_fail("launched as one of %s ranks, but this ckrun was built without MPI "
+                  "(install libopenmpi-dev and build again)", num);
+    }
+#endif
+}
+
+int ck_dist_init(char *err, size_t errlen)
+{
+    pthread_once(&init_once, do_init);
+    if (D.init_rc && err && errlen) snprintf(err, errlen, "%s", D.init_err);
+    return D.init_rc;
+}
+
+int ck_dist_active(void) { return D.active && !D.finalized; }
+int ck_dist_rank(void) { return D.rank; }
+int ck_dist_size(void) { return D.size; }
+int ck_dist_local_rank(void) { return D.local_rank; }
+int ck_dist_local_size(void) { return D.local_size; }
+
+double ck_dist_timeout(void) { return D.timeout; }
+
+void ck_dist_set_timeout(double seconds)
+{
+    if (seconds > 0) D.timeout = seconds;
+}
+
+void ck_dist_set_step(long long step) { D.step = step; }
+long long ck_dist_step(void) { return D.step; }
+
+double ck_dist_comm_time(int reset)
+{
+    double t = D.comm_time;
+    if (reset) D.comm_time = 0;
+    return t;
+}
+
+void ck_dist_abort(int code)
+{
+    fflush(stdout);
+    fflush(stderr);
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active()) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    exit(code);
+}
+
+void ck_dist_finalize(void)
+{
+#ifdef CK_HAVE_MPI
+    if (!D.active || D.finalized) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin) return;
+    D.finalized = 1;
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Comm_free(&D.local);
+    MPI_Comm_free(&D.comm);
+    MPI_Finalize();
+#endif
+}
+
+#ifdef CK_HAVE_MPI
+_Static_assert(sizeof(MPI_Request) <= sizeof(((ck_dist_req *)0)->mpi), "an MPI_Request fits ck_dist_req");
+
+/* the seconds of a wait's pause after k polls that found it unfinished: none
+ * at first (a yield), then 20 us doubling up to 1 ms */
+static void pause_after(int k)
+{
+    if (k < 64) {
+        sched_yield();
+        return;
+    }
+    int sh = (k - 64) / 8;
+    long ns = 20000L << (sh > 6 ? 6 : sh);
+    if (ns > 1000000L) ns = 1000000L;
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits for r: 0 when done, CK_DIST_STOPPED when poll asks; past the
+ * timeout, the one line and MPI_Abort. The time waited counts in comm_time. */
+static int wait_request(MPI_Request *r, ck_dist_poll_fn poll, void *ud)
+{
+    const double t0 = ck_dist_now();
+    int rc = 0;
+    for (int k = 0;; k++) {
+        int flag = 0;
+        MPI_Test(r, &flag, MPI_STATUS_IGNORE);
+        if (flag) break;
+        if (poll && poll(ud)) {
+            rc = CK_DIST_STOPPED;
+            break;
+        }
+        const double now = ck_dist_now();
+        if (now - t0 > D.timeout) {
+            fflush(stdout);
+            fprintf(stderr, "ckrun: rank %d: no reply from the other ranks in a collective for %g s (step %lld)\n",
+                    D.rank, D.timeout, D.step);
+            ck_dist_abort(1);
+        }
+        pause_after(k < INT_MAX - 1 ? k : INT_MAX - 1);
+    }
+    D.comm_time += ck_dist_now() - t0;
+    return rc;
+}
+#endif
+
+int ck_dist_allreduce(float *x, int64_t n, ck_dist_poll_fn poll, void *ud)
+{
+    if (n < 0 || n > INT_MAX) return CK_DIST_EINVAL;
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active() && D.size > 1) {
+        MPI_Request r;
+        MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, D.comm, &r);
+        return wait_request(&r, poll, ud);
+    }
+#endif
+    (void)x, (void)poll, (void)ud;
+    return 0;
+}
+
+int ck_dist_broadcast(float *x, int64_t n, int root, ck_dist_poll_fn poll, void *ud)
+{
+    if (n < 0 || n > INT_MAX || root < 0 || root >= D.size) return CK_DIST_EINVAL;
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active() && D.size > 1) {
+        MPI_Request r;
+        MPI_Ibcast(x, (int)n, MPI_FLOAT, root, D.comm, &r);
+        return wait_request(&r, poll, ud);
+    }
+#endif
+    (void)x, (void)poll, (void)ud;
+    return 0;
+}
+
+/* the allgather of n values of each elem bytes (dt: their MPI type) */
+static int allgather_bytes(const void *x, void *out, int64_t n, size_t elem, int is_i64, ck_dist_poll_fn poll,
+                           void *ud)
+{
+    if (n < 0 || n > INT_MAX) return CK_DIST_EINVAL;
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active() && D.size > 1) {
+        MPI_Request r;
+        const MPI_Datatype dt = is_i64 ? MPI_INT64_T : MPI_FLOAT;
+        MPI_Iallgather(x, (int)n, dt, out, (int)n, dt, D.comm, &r);
+        return wait_request(&r, poll, ud);
+    }
+#endif
+    (void)is_i64, (void)poll, (void)ud;
+    if (n) memmove(out, x, (size_t)n * elem);
+    return 0;
+}
+
+int ck_dist_allgather(const float *x, float *out, int64_t n, ck_dist_poll_fn poll, void *ud)
+{
+    return allgather_bytes(x, out, n, sizeof(float), 0, poll, ud);
+}
+
+int ck_dist_allgather_i64(const int64_t *x, int64_t *out, int64_t n, ck_dist_poll_fn poll, void *ud)
+{
+    return allgather_bytes(x, out, n, sizeof(int64_t), 1, poll, ud);
+}
+
+int ck_dist_reduce_scatter(const float *x, float *out, int64_t n, ck_dist_poll_fn poll, void *ud)
+{
+    if (n < 0 || n > INT_MAX) return CK_DIST_EINVAL;
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active() && D.size > 1) {
+        MPI_Request r;
+        MPI_Ireduce_scatter_block(x, out, (int)n, MPI_FLOAT, MPI_SUM, D.comm, &r);
+        return wait_request(&r, poll, ud);
+    }
+#endif
+    (void)poll, (void)ud;
+    if (n) memmove(out, x, (size_t)n * sizeof(float));
+    return 0;
+}
+
+int ck_dist_barrier(ck_dist_poll_fn poll, void *ud)
+{
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active() && D.size > 1) {
+        MPI_Request r;
+        MPI_Ibarrier(D.comm, &r);
+        return wait_request(&r, poll, ud);
+    }
+#endif
+    (void)poll, (void)ud;
+    return 0;
+}
+
+int ck_dist_iallreduce(float *x, int64_t n, ck_dist_req *req)
+{
+    memset(req, 0, sizeof *req);
+    if (n < 0 || n > INT_MAX) return CK_DIST_EINVAL;
+    req->started = ck_dist_now();
+    req->active = 1;
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active() && D.size > 1) {
+        MPI_Request *r = (MPI_Request *)(void *)req->mpi;
+        MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, D.comm, r);
+        return 0;
+    }
+#endif
+    (void)x;
+    req->done = 1;
+    return 0;
+}
+
+int ck_dist_test(ck_dist_req *req)
+{
+    if (!req->active || req->done) return 1;
+#ifdef CK_HAVE_MPI
+    int flag = 0;
+    MPI_Test((MPI_Request *)(void *)req->mpi, &flag, MPI_STATUS_IGNORE);
+    req->done = flag != 0;
+#endif
+    return req->done;
+}
+
+int ck_dist_wait(ck_dist_req *req, ck_dist_poll_fn poll, void *ud)
+{
+    if (!req->active) return 0;
+    int rc = 0;
+#ifdef CK_HAVE_MPI
+    if (!req->done) rc = wait_request((MPI_Request *)(void *)req->mpi, poll, ud);
+#else
+    (void)poll, (void)ud;
+#endif
+    if (rc == 0) {
+        req->active = 0;
+        req->done = 1;
+    }
+    return rc;
+}

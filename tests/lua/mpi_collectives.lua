@@ -78,6 +78,8 @@ ok(R >= 0 and R < W, string.format("rank %d of %d", R, W))
 local lr, ls = ck.local_rank(), ck.local_size()
 ok(lr >= 0 and lr < ls and ls <= W, string.format("local rank %d of %d on this machine", lr, ls))
 if args["local"] then ok(ls == tonumber(args["local"]), string.format("%d ranks on this machine, as expected", ls)) end
+-- all ranks on one machine: local ranks follow the ranks
+if ls == W then ok(lr == R, string.format("local rank %d of rank %d on a machine of all ranks", lr, R)) end
 local ranks = ck.allgather({R})
 local want = {}
 for r = 1, W do want[r] = r - 1 end

@@ -69,6 +69,8 @@ static const struct {
     {CK_OP_MISH, 45, "mish"},
     {CK_OP_MISH_BWD, 46, "mish_bwd"},
     {CK_OP_EMBEDDING, 47, "embedding"},
+    {CK_OP_ALLREDUCE_START, 48, "allreduce_start"},
+    {CK_OP_ALLREDUCE_WAIT, 49, "allreduce_wait"},
 };
 
 static void op_numbers_never_change(void)

@@ -754,7 +754,7 @@ static void keep_patterns(lua_State *L, const char **a, int na, const char **b, 
 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
  *           weight_decay=,
- *           max_grad_norm=, accumulate=, fused_backward=,
+ *           max_grad_norm=, accumulate=, fused_backward=, world_size=, bucket_mb=,
  *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
  *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena),
  *           share=program (weights, optimizer state, counters and arena shared with that program's group)} */
@@ -811,6 +811,16 @@ static int l_compile(lua_State *L)
         return ck_lua_raise(L, "compile: max_grad_norm must be a positive norm (or 0: no clipping), got %f",
                             (double)o.max_grad_norm);
     o.fused_backward = opt_bool(L, 2, "fused_backward", 0);
+    /* data parallel: the job's ranks (default 1: this process alone), and the
+     * buckets' size cap in MiB (DDP's bucket_cap_mb, 25) */
+    const double world = opt_num(L, 2, "world_size", 1);
+    if (!(world >= 1 && world <= 65536 && world == (double)(int)world))
+        return ck_lua_raise(L, "compile: world_size must be a whole number of ranks >= 1, got %f", world);
+    o.world = (int)world;
+    const double bucket_mb = opt_num(L, 2, "bucket_mb", 25);
+    if (!(bucket_mb > 0 && bucket_mb <= 1 << 20))
+        return ck_lua_raise(L, "compile: bucket_mb must be a size in MiB > 0, got %f", bucket_mb);
+    o.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
     if (o.fused_backward && (o.optim == CK_OPTIM_NONE || o.accumulate > 1 || o.max_grad_norm > 0))
         return ck_lua_raise(L, "compile: fused_backward updates each parameter as soon as its gradient is complete, "
                             "so it cannot %s", o.optim == CK_OPTIM_NONE ? "go without an optimizer"
@@ -1161,6 +1171,9 @@ static int l_plan(lua_State *L)
     set_int(L, "arena", (lua_Integer)p->arena_bytes);
     /* programs that share weights (compile{share=}): their one arena, and the bytes of it they share */
     set_int(L, "group_arena", (lua_Integer)p->grp->need);
+    set_int(L, "world_size", (lua_Integer)(p->opt.world > 1 ? p->opt.world : 1));
+    set_int(L, "buckets", (lua_Integer)p->nbuckets);
+    set_int(L, "bucket_bytes", (lua_Integer)p->bucket_total);
     set_int(L, "shared", (lua_Integer)p->grp->shared);
     set_int(L, "group_id", (lua_Integer)(uintptr_t)p->grp); /* equal for the members of one group */
     set_int(L, "device_bytes", (lua_Integer)ck_device_bytes(p->be, p->grp->need)); /* the group's one arena */

@@ -2,6 +2,8 @@
  * Every pointer it hands a kernel is an offset of the plan into the arena; a failure names the op, its scope and its script line. */
 #include "run/exec.h"
 
+#include "dist/dist.h"
+
 #include "../../ops/bf16.h"
 
 #include <stdio.h>
@@ -30,6 +32,30 @@ static int entry_failed(const ck_exec_env *p, const ck_plan *pl, int i, char *er
     return -1;
 }
 
+/* ALLREDUCE_START and ALLREDUCE_WAIT: the bucket (a range of the persistent
+ * region, in place) summed over the job's ranks through vm/dist */
+static int run_comm(const ck_exec_env *p, const ck_node *n, char *err, size_t errlen)
+{
+    const int first = (int)n->p.i[0], last = (int)n->p.i[1], b = (int)n->p.i[2];
+    if (!p->reqs || p->poff[first] < 0 || p->poff[last] < 0) {
+        snprintf(err, errlen, "%s: %s: the program has no buckets", n->where, ck_op_name(n->op));
+        return -1;
+    }
+    if (n->op == CK_OP_ALLREDUCE_START) {
+        float *x = (float *)(p->arena + p->poff[first]);
+        const int64_t bytes = p->poff[last] + (int64_t)ck_tensor_bytes(&p->g->t[last]) - p->poff[first];
+        if (ck_dist_iallreduce(x, bytes / 4, &p->reqs[b]) != 0) {
+            snprintf(err, errlen, "%s: bucket %d of %lld values is too large for one allreduce", n->where, b,
+                     (long long)(bytes / 4));
+            return -1;
+        }
+        return 0;
+    }
+    /* an update in flight is finished, never left half done (as an interrupt
+     * leaves the optimizer's entries to run): no poll */
+    return ck_dist_wait(&p->reqs[b], NULL, NULL) == 0 ? 0 : -1;
+}
+
 static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ctx, char *err, size_t errlen)
 {
     const ck_op_ref *r = &pl->ops[i];
@@ -42,6 +68,7 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
         snprintf(err, errlen, "interrupted");
         return -1;
     }
+    if (n->op == CK_OP_ALLREDUCE_START || n->op == CK_OP_ALLREDUCE_WAIT) return run_comm(p, n, err, errlen);
     const ck_backend *be = p->be;
     ck_view in[CK_MAX_IN], out[CK_MAX_OUT] = {{0}};
     const int native = ck_entry_bf16_native(pl, p->g, i, be);

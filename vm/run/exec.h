@@ -22,6 +22,7 @@ typedef struct ck_exec_env {
     int fused_backward;      /* updates run inside backward: an interrupt stops only forward entries */
     const _Atomic int *interrupt; /* set from another thread to stop between two ops (NULL: never) */
     double *profile;         /* non-NULL: seconds per op kind (CK_OP_COUNT entries) added to */
+    struct ck_dist_req *reqs; /* data parallel: the requests of ALLREDUCE entries, by bucket */
 } ck_exec_env;
 
 /* Runs entries [from, to) of a list. 0, or -1 with the failure naming the

@@ -3,6 +3,8 @@
  * parameters. The op lists are the seam the recompute scheduler works on. */
 #include "run/program.h"
 
+#include "dist/dist.h"
+
 #include "../../ops/adam8.h"
 #include "../../ops/bf16.h"
 #include "../../ops/fp8.h"
@@ -98,6 +100,62 @@ static int clip_factor(ck_graph *g, int nt, const int *src, float max_norm)
     return opt_node(g, CK_OP_CLIP_FACTOR, &total, 1, &cp, where);
 }
 
+/* Data parallel: the gradient sums (p->accums, one after another in the
+ * persistent region) in buckets of at most o->bucket_bytes, the last
+ * parameters first (DDP's order: theirs are complete first), each summed over
+ * the ranks by an ALLREDUCE_START entry, all started before the first
+ * ALLREDUCE_WAIT; in place, in the optimizer's tail after the accumulation
+ * entries (so once per update). */
+static int add_buckets(ck_graph *g, const ck_compile_opts *o, ck_program *p)
+{
+    const size_t cap = o->bucket_bytes ? o->bucket_bytes : (size_t)25 << 20;
+    int *lo = malloc(sizeof(int) * (size_t)(p->naccum ? p->naccum : 1)), *hi = malloc(sizeof(int) * (size_t)(p->naccum ? p->naccum : 1));
+    if (!lo || !hi) {
+        free(lo);
+        free(hi);
+        snprintf(g->err, sizeof g->err, "out of memory");
+        return -1;
+    }
+    int nb = 0;
+    size_t in_bucket = 0;
+    for (int k = p->naccum - 1; k >= 0; k--) {
+        const size_t b = (ck_tensor_bytes(&g->t[p->accums[k]]) + 63) / 64 * 64;
+        if (nb == 0 || (in_bucket > 0 && in_bucket + b > cap)) {
+            hi[nb] = k;
+            lo[nb++] = k;
+            in_bucket = 0;
+        }
+        lo[nb - 1] = k;
+        in_bucket += b;
+    }
+    int rc = 0;
+    ck_graph_set_scope(g, "data_parallel");
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        for (int b = 0; b < nb; b++) {
+            ck_op_params prm = {0};
+            prm.i[0] = p->accums[lo[b]];
+            prm.i[1] = p->accums[hi[b]];
+            prm.i[2] = b;
+            ck_shape outs[CK_MAX_OUT];
+            const int in[1] = {p->accums[hi[b]]}, want[CK_MAX_OUT] = {0, 0, 0};
+            for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+            const int id = ck_graph_node(g, pass ? CK_OP_ALLREDUCE_WAIT : CK_OP_ALLREDUCE_START, in, 1, &prm, outs, want,
+                                         NULL, g->t[p->accums[hi[b]]].where);
+            if (id < 0) {
+                rc = -1;
+                break;
+            }
+            g->n[id].phase = CK_PHASE_OPTIMIZER;
+            g->n[id].out[0] = p->accums[hi[b]]; /* in place */
+        }
+    }
+    ck_graph_set_scope(g, "");
+    free(lo);
+    free(hi);
+    p->nbuckets = nb;
+    return rc;
+}
+
 /* With accumulate = N > 1: per parameter a persistent sum "grad_sum.<name>"
  * and an in-place sum += grad node, all made before any other optimizer node
  * (the list keeps graph order, so they lead the optimizer's tail: the steps
@@ -130,8 +188,10 @@ static int add_accumulation(ck_graph *g, const ck_compile_opts *o, ck_program *p
         p->accums[p->naccum++] = acc;
     }
     p->accum_nodes[1] = g->nn;
+    const int world = o->world > 1 ? o->world : 1;
+    if (world > 1 && add_buckets(g, o, p)) return -1;
     ck_op_params mean = {0};
-    mean.f[0] = 1.0f / (float)o->accumulate;
+    mean.f[0] = 1.0f / ((float)(o->accumulate > 1 ? o->accumulate : 1) * (float)world);
     for (int k = 0, t = 0; t < nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
         ck_graph_set_scope(g, g->t[t].scope);
@@ -153,7 +213,7 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         return -1;
     }
     for (int t = 0; t < nt; t++) src[t] = g->t[t].grad;
-    if (o->accumulate > 1 && add_accumulation(g, o, prog, nt, src)) goto out;
+    if ((o->accumulate > 1 || o->world > 1) && add_accumulation(g, o, prog, nt, src)) goto out;
     if (o->max_grad_norm > 0 && (factor = clip_factor(g, nt, src, o->max_grad_norm)) == -1) goto out;
     for (int t = 0; t < nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
@@ -438,6 +498,23 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     ck_graph *g = p->g;
     int trains = 0;
     for (int t = 0; t < g->nt; t++) trains |= g->t[t].kind == CK_KIND_PARAM;
+    if (o->world > 1 && o->loss >= 0 && trains && o->optim != CK_OPTIM_NONE) {
+        if (o->fused_backward) {
+            failf(err, errlen, "fused updates run inside backward, before the ranks' gradients are summed: data "
+                  "parallel training refuses them (compile without fused_backward)");
+            goto fail;
+        }
+        if (!p->be->host && !o->plan_only) {
+            failf(err, errlen, "data parallel training on the %s device needs NCCL, which ckrun does not drive yet: "
+                  "run the ranks on the CPU", p->be->name);
+            goto fail;
+        }
+        if (!o->plan_only && ck_dist_size() != o->world) {
+            failf(err, errlen, "compiled for %d ranks, but this job has %d (mpirun -np %d ...)", o->world,
+                  ck_dist_size(), o->world);
+            goto fail;
+        }
+    }
     if (o->loss >= 0 && trains) {
         if (ck_autodiff(g, o->loss)) {
             failf(err, errlen, "%s", g->err);
@@ -520,6 +597,18 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         off += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
     }
     p->persistent = off;
+    /* data parallel: the buckets' bytes, and a request for each */
+    for (int i = 0; i < g->nn; i++)
+        if (g->n[i].op == CK_OP_ALLREDUCE_START) {
+            const int first = (int)g->n[i].p.i[0], last = (int)g->n[i].p.i[1];
+            p->bucket_total += (size_t)(p->poff[last] - p->poff[first]) + ck_tensor_bytes(&g->t[last]);
+        }
+    if (p->nbuckets) {
+        if (take_own(p, ck_malloc_chunk(sizeof *p->reqs * (size_t)p->nbuckets), "the buckets' requests", err, errlen))
+            goto fail;
+        p->reqs = calloc((size_t)p->nbuckets, sizeof *p->reqs);
+        if (!p->reqs) goto oom;
+    }
     if (!o->share) p->grp->shared = off;
 
     int ns = 0;
@@ -673,6 +762,7 @@ void ck_program_free(ck_program *p)
     free(p->poff);
     free(p->accums);
     free(p->own_at);
+    free(p->reqs);
     if (p->grp && p->grp->actor == p) p->grp->actor = NULL;
     if (p->grp && --p->grp->refs == 0) {
         if (p->grp->arena) {
@@ -702,7 +792,8 @@ static ck_exec_env exec_env(const ck_program *p, const ck_plan *pl)
                          .eval = pl == &p->eval && p->eval_mode,
                          .fused_backward = p->opt.fused_backward,
                          .interrupt = p->interrupt,
-                         .profile = p->profile};
+                         .profile = p->profile,
+                         .reqs = p->reqs};
 }
 
 static int runnable(ck_program *p)
@@ -821,6 +912,19 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
     if (fin < 0) {
         p->grp->step--;
         return -1;
+    }
+    if (o->guard && p->nbuckets && ck_dist_size() > 1) {
+        /* every rank skips the update if any rank's step was not finite:
+         * the ranks' weights stay equal, and none waits in a sum alone */
+        float bad = fin ? 0.0f : 1.0f;
+        if (ck_dist_allreduce(&bad, 1, NULL, NULL) != 0) {
+            p->grp->step--;
+            return failf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
+        }
+        if (bad > 0.0f && fin) {
+            fin = 0;
+            r->other_rank = 1;
+        }
     }
     if (!fin) {
         r->nonfinite = 1;

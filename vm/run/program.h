@@ -65,6 +65,16 @@ typedef struct ck_compile_opts {
      * group: ck_group); NULL: a program of its own. Both must be runnable,
      * or both plan-only, and on one backend. */
     const struct ck_program *share;
+    /* data parallel (vm/dist): the ranks of the job this program trains on
+     * (0 or 1: one process). Above 1 every trainable parameter's gradient is
+     * summed into a persistent grad_sum tensor (as with accumulate), the sums
+     * lie one after another in the persistent region, and before the update
+     * ALLREDUCE_START and ALLREDUCE_WAIT entries sum them over the ranks in
+     * buckets of at most bucket_bytes (0: 25 MiB, DDP's bucket_cap_mb), the
+     * last parameters first; the update reads the mean over ranks and
+     * accumulated steps. A plan-only program plans one rank of world. */
+    int world;
+    size_t bucket_bytes;
 } ck_compile_opts;
 
 /* Statistics that logging steps compute (vm/run/logstats.c), by group. */
@@ -128,6 +138,11 @@ typedef struct ck_program {
     /* a group member's own frozen weights (above grp->shared): per tensor, the
      * group's serial when it was last written (NULL: it has none) */
     uint64_t *own_at;
+    /* data parallel: one request per bucket (opt.world > 1), and the buckets'
+     * bytes (the gradient sums, padding included) */
+    struct ck_dist_req *reqs;
+    int nbuckets;
+    size_t bucket_total;
     char err[512];
 } ck_program;
 
@@ -174,6 +189,7 @@ typedef struct ck_run_info {
     const ck_plan *plan;  /* the list that ran */
     int nonfinite;        /* guard: the loss or a gradient was non-finite; the update was not applied */
     int loss_nonfinite;   /* the loss was */
+    int other_rank;       /* nonfinite: on another rank of a data-parallel job, not this one's */
     int bad_entry;        /* nonfinite: the first list entry whose output held a non-finite value, -1 */
     int bad_input;        /* a parameter or input of that entry holding non-finite values, -1 */
     size_t high_water;    /* measure: bytes from the arena's start to the last byte the step wrote */

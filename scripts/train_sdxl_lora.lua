@@ -144,10 +144,26 @@ for _, name in ipairs(full and LORA_OPTIONS or {}) do
   if o:given(name) then error("--" .. name .. " is an adapter's option; --full trains every parameter") end
 end
 
+-- data parallel: the ranks of an mpirun job (ckrun --plan --world-size N
+-- plans one rank of N), each training its share of every global batch of
+-- --batch times N samples (as torch's DistributedSampler splits it); rank 0
+-- alone writes the logs, the adapter, the states and the samples
+local world = ck.plan_mode and (ck.plan_world_size or 1) or ck.world_size()
+local dp_rank = ck.plan_mode and 0 or ck.rank()
+if dp_rank > 0 then print = function() end end -- rank 0 speaks for the job
+if world > 1 then
+  for _, name in ipairs{"fused-backward", "network-dropout", "shuffle-caption", "caption-dropout-rate",
+                        "caption-tag-dropout-rate", "random-crop", "enable-bucket", "sample-every"} do
+    if o:given(name) and o[name] ~= false and o[name] ~= 0 then
+      error(string.format("--%s is not supported on several ranks yet (this job has %d)", name, world))
+    end
+  end
+end
+
 -- one run at a time in a state directory: a second one saving or pruning there
 -- would break the first's renames, so it stops here, before anything runs
 local save_every, state_dir = o["save-every"], o["state-dir"]
-if not ck.plan_mode then
+if not ck.plan_mode and dp_rank == 0 then
   if save_every > 0 then state.lock(state_dir) end
   local from = o.resume == true and state_dir or o.resume
   if from and ck.listdir(from) then state.lock(from) end -- a missing one is refused below: no saved state
@@ -255,7 +271,7 @@ local function build(batch, checkpoint, plan_only, shape, share)
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
                plan_only = plan_only, storage = o.storage, frozen = fp8_base and "fp8" or nil,
                max_grad_norm = max_grad_norm, accumulate = accumulate, fused_backward = fused_backward,
-               stats = log_stats, share = share},
+               stats = log_stats, share = share, world_size = world},
   }
 end
 
@@ -295,7 +311,7 @@ end
 -- trained by a program of its own (at each batch size its batches have), all
 -- compiled before the first step and sharing one set of weights
 local dataset
-local shapes, sizes = {{config.in_channels, latent, latent}}, {{batch}}
+local shapes, sizes = {{config.in_channels, latent, latent}}, {{batch * world}} -- the global batches' sizes
 -- a folder of images: encoded once into the cache (the VAE and both text
 -- encoders as programs of their own, closed before the UNet's are made), or
 -- with caption augmentation the latents alone, the captions encoded at each step
@@ -346,13 +362,13 @@ if images then
   end
   captions = caps
   if files then
-    dataset = data.latents(o.data, {files = list, batch = batch, seed = seed, timesteps = 1000, flip_aug = o["flip-aug"],
+    dataset = data.latents(o.data, {files = list, batch = batch * world, seed = seed, timesteps = 1000, flip_aug = o["flip-aug"],
                                     text = not caption_aug})
   else -- --plan, --random-crop: the buckets from the images' headers, nothing cached
-    dataset = data.shapes_only(shp, {batch = batch, seed = seed})
+    dataset = data.shapes_only(shp, {batch = batch * world, seed = seed})
   end
 elseif not ck.plan_mode or data_here then
-  dataset = data.latents(o.data, {batch = batch, seed = seed, n = o.samples, timesteps = 1000,
+  dataset = data.latents(o.data, {batch = batch * world, seed = seed, n = o.samples, timesteps = 1000,
     height = latent, width = latent, cross_attention_dim = config.cross_attention_dim, pooled_dim = pooled_dim})
 end
 if dataset then shapes, sizes = dataset:bucket_shapes() end
@@ -389,13 +405,22 @@ end
 
 local memory = require "ck.memory"
 local device_before = not ck.plan_mode and memory.device_used() or nil -- a GPU's memory in use before the program
-local run = build(sizes[1][1], checkpoint, ck.plan_mode, {shapes[1][2], shapes[1][3]})
+-- each rank's program takes its share of a global batch of n: n / world samples
+for k = 1, #shapes do
+  for _, n in ipairs(sizes[k]) do
+    if n % world ~= 0 then
+      error(string.format("a batch of %d samples (bucket %dx%d) does not split over %d ranks", n, shapes[k][3] * 8,
+        shapes[k][2] * 8, world))
+    end
+  end
+end
+local run = build(sizes[1][1] // world, checkpoint, ck.plan_mode, {shapes[1][2], shapes[1][3]})
 local adapter, objective, inputs, p, g = run.adapter, run.objective, run.inputs, run.program, run.graph
 -- every bucket's program at every batch size its batches have: runs[k][n]
 local runs = {[1] = {[sizes[1][1]] = run}}
 local function run_for(k, n)
   runs[k] = runs[k] or {}
-  if not runs[k][n] then runs[k][n] = build(n, checkpoint, ck.plan_mode, {shapes[k][2], shapes[k][3]}, p) end
+  if not runs[k][n] then runs[k][n] = build(n // world, checkpoint, ck.plan_mode, {shapes[k][2], shapes[k][3]}, p) end
   return runs[k][n]
 end
 local nprograms = 0
@@ -499,6 +524,13 @@ if ck.plan_mode then
     info[#info + 1] = {"lora_modules", #adapter.paths}
   end
   if fit_reason then info[#info + 1] = {"fit", fit_reason} end
+  if world > 1 then -- one rank of the job: its share of the batch, the gradient sums its buckets hold
+    local pl = p:plan()
+    info[#info + 1] = {"world_size", world}
+    info[#info + 1] = {"rank_batch", sizes[1][1] // world}
+    info[#info + 1] = {"buckets", pl.buckets}
+    info[#info + 1] = {"bucket_bytes", pl.bucket_bytes}
+  end
   if sampler then -- sampling's programs share the arena: the run's is the larger of training and sampling
     info[#info + 1] = {"sample_prompts", #sample_prompts}
     for _, kv in ipairs(sampler:plan_info(require("ck.plan").fmt_bytes)) do info[#info + 1] = kv end
@@ -542,23 +574,50 @@ end
 
 -- fixed validation batches: the first samples in file order, fixed noise and timesteps
 local val_every = o["val-every"]
+-- this rank's samples of a global batch (positions rank, rank + world, ...)
+-- and their rows in it (0-based): what its noise and timesteps are keyed by
+local function share_of(idx)
+  if world == 1 then return idx, nil end
+  local mine, rows = {}, {}
+  for at = dp_rank + 1, #idx, world do
+    mine[#mine + 1] = idx[at]
+    rows[#rows + 1] = at - 1
+  end
+  return mine, rows
+end
 local function validate()
   local vb = dataset:validation_batches(2)
   local total = 0
   for v, b in ipairs(vb) do
     local r = run_for(b.bucket, #b.idx)
+    local mine, rows = share_of(b.idx)
     r.program.training = false -- no dropout
-    local given = dataset:load(r.program, r.inputs, b.idx, true)
-    set_latents(r, b.idx, false)
-    set_text(r, b.idx, false)
+    local given = dataset:load(r.program, r.inputs, mine, true)
+    set_latents(r, mine, false)
+    set_text(r, mine, false)
     given.eval = true
+    given.rows = rows
     r.objective:prepare(r.program, given, -v)
     total = total + r.program:forward()
     r.program.training = true
   end
+  if world > 1 then total = ck.allreduce({total})[1] / world end -- the mean of the ranks' shares
   return total / #vb
 end
 
+-- every rank must train the same thing: its script, options, program and
+-- starting weights are compared with rank 0's before the first step
+if world > 1 then
+  local parts = {ck.json_encode(args), tostring(world), tostring(p:plan().ops), tostring(p:plan().persistent)}
+  for _, t in ipairs(g:params()) do
+    if t.kind == "param" then parts[#parts + 1] = t.name .. "=" .. p:checksum(t.name) end
+  end
+  local same, other = ck.same_on_all_ranks(table.concat(parts, "\n"))
+  if not same then
+    error(string.format("rank %d's script, options or weights differ from rank 0's: every rank of a job must run " ..
+      "the same training", other))
+  end
+end
 print(string.format("training %s of sdxl-%s (%d parameters, %d trainable), %dx%d, batch %d, %d steps, %s-prediction",
   full and "every parameter" or string.format("LoRA rank %d%s on %d modules", rank,
     conv_rank and string.format(" (convolutions %d)", conv_rank) or "", #adapter.paths),
@@ -571,6 +630,7 @@ local save_lora_every = o["save-lora-every"]
 -- the adapter as a file (with --full, the UNet in diffusers key names), its
 -- metadata saying how far training went
 local function save_lora(path, at_step)
+  if dp_rank > 0 then return end -- rank 0 writes the job's files
   local d = path:match("^(.*)/[^/]*$")
   if d and d ~= "" then assert(ck.mkdir(d)) end
   local meta = {
@@ -607,7 +667,7 @@ if o.resume then
   local path = state.latest(from) or error("--resume: no saved state in '" .. tostring(from) .. "'")
   local meta = state.load(p, path, settings)
   resumed_log_dir = meta["log.dir"]
-  state.prune(from, o["keep-states"])
+  if dp_rank == 0 then state.prune(from, o["keep-states"]) end
   -- the data position, read from the file: an epoch is at least one step, and
   -- a position within the epoch at most the set's size
   dataset.epoch = state.count(meta, "data.epoch", path, 0, p.steps)
@@ -618,11 +678,11 @@ end
 local start = p.steps + 1
 
 -- a resumed run continues the log it had (without the steps after its state)
-local log_dir = o["log-dir"] or resumed_log_dir or log.run_dir("runs")
-if start > 1 then log.rewind(log_dir, start - 1) end
+local log_dir = dp_rank == 0 and (o["log-dir"] or resumed_log_dir or log.run_dir("runs")) or nil
+if start > 1 and log_dir then log.rewind(log_dir, start - 1) end
 local logger <close> = log.new{dir = log_dir, every = log_every, async = o["log-async"],
-  flush_interval = o["log-flush"], steps = steps, batch = batch, blocks = log.unet_blocks, on_nonfinite = "stop",
-  stop_note = "nothing was saved"}
+  flush_interval = o["log-flush"], steps = steps, batch = batch * world, blocks = log.unet_blocks, on_nonfinite = "stop",
+  stop_note = "nothing was saved", world = world, progress = dp_rank == 0}
 if start == 1 then logger:write{step = 0, val_loss = val_before} end
 if fit_reason then logger:write{step = start - 1, checkpoint = policy.name(checkpoint), batch = batch, fit = fit_reason} end
 -- the samples: each rendering's time logged beside the steps' (sample_time)
@@ -637,9 +697,11 @@ for step = start, steps do
   local t0 = ck.now()
   local idx, k = dataset:next_indices()
   local r = run_for(k, #idx)
-  local given = dataset:load(r.program, r.inputs, idx)
-  set_latents(r, idx, true)
-  set_text(r, idx, true)
+  local mine, rows = share_of(idx)
+  local given = dataset:load(r.program, r.inputs, mine)
+  set_latents(r, mine, true)
+  set_text(r, mine, true)
+  given.rows = rows
   r.objective:prepare(r.program, given)
   -- a non-finite loss or gradient stops the run here, naming the step and the op
   local l = logger:step(r.program, {lr = lr_at(p.updates)})
@@ -663,7 +725,8 @@ for step = start, steps do
     local meta = {["data.epoch"] = dataset.epoch, ["data.pos"] = dataset.pos, ["log.dir"] = log_dir}
     for k, v in pairs(settings) do meta[k] = v end
     logger:flush(true) -- the log holds every step the state holds
-    state.save(p, state_dir, meta, o["keep-states"])
+    if world > 1 then ck.barrier() end -- every rank has finished the step the state holds
+    if dp_rank == 0 then state.save(p, state_dir, meta, o["keep-states"]) end
   end
 end
 if steps > start then
@@ -677,7 +740,7 @@ local val_after = validate()
 logger:write{step = p.steps, val_loss = val_after}
 print(string.format("validation loss (fixed batches): before %.4f, after %.4f", val_before, val_after))
 logger:close()
-print("wrote logs to " .. log_dir)
+if log_dir then print("wrote logs to " .. log_dir) end
 
 save_lora(out, p.steps)
 print("wrote " .. out)

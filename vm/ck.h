@@ -207,6 +207,9 @@ typedef struct ck_plan_request {
      * compared decided (scripts see ck.plan_export_graph; the schema is in
      * README.md, "Graph export"); copied */
     const char *export_graph;
+    /* plan one rank of a data-parallel job of this many ranks, launching none
+     * (scripts see ck.plan_world_size; 0: not asked) */
+    int world_size;
 } ck_plan_request;
 #define CK_PLAN_REQUEST_INIT {.size = sizeof(ck_plan_request)}
 

@@ -129,12 +129,17 @@ function Objective:prepare(p, given, step)
   step = step or (p.steps + 1)
   local seed = self.seed or 0
   local B = self.shape[1]
+  -- given.rows: each sample's row in the global batch (0-based), a
+  -- data-parallel rank's share: its timesteps and noise are the ones one
+  -- process draws for those rows
+  local rows = given.rows
   local ts, sa, sb, w = {}, {}, {}, {}
   for b = 1, B do
     local t = given.timesteps and given.timesteps[b]
     if not t then
       local span = self.max_timestep - self.min_timestep
-      t = self.min_timestep + math.min(span - 1, math.floor(ck.random(seed, step, KEY_TIMESTEP, b - 1) * span))
+      t = self.min_timestep + math.min(span - 1, math.floor(ck.random(seed, step, KEY_TIMESTEP, rows and rows[b] or b - 1)
+        * span))
     end
     t = math.max(0, math.min(self.n - 1, math.floor(t)))
     ts[b] = t
@@ -145,10 +150,10 @@ function Objective:prepare(p, given, step)
   p:set(self.inputs.sa, sa)
   p:set(self.inputs.sb, sb)
   p:set(self.inputs.weight, w)
-  if not given.noise then p:randn(self.inputs.noise, KEY_NOISE, 1.0, step) end
-  if self.inputs.offset then p:randn(self.inputs.offset, KEY_OFFSET, self.noise_offset, step) end
+  if not given.noise then p:randn(self.inputs.noise, KEY_NOISE, 1.0, step, rows) end
+  if self.inputs.offset then p:randn(self.inputs.offset, KEY_OFFSET, self.noise_offset, step, rows) end
   if self.inputs.ip then
-    if given.eval then p:set(self.inputs.ip, 0) else p:randn(self.inputs.ip, KEY_IP, self.ip_noise_gamma, step) end
+    if given.eval then p:set(self.inputs.ip, 0) else p:randn(self.inputs.ip, KEY_IP, self.ip_noise_gamma, step, rows) end
   end
   return ts
 end

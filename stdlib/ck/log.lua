@@ -38,6 +38,7 @@ end
 function Cadence:observe(step, values)
   if self.observed == step then return nil end
   self.observed = step
+  self.seen = values
   if self.on_observe then return self.on_observe(self, step, values) end
 end
 
@@ -87,12 +88,16 @@ function M.at(steps)
   return cadence(function(_, step) return set[step] == true end)
 end
 
--- fn(step, last) -> bool, where last is the last step this cadence picked (nil
--- before the first); run under the VM's instruction budget for callbacks
+-- fn(step, last, seen) -> bool, where last is the last step this cadence
+-- picked (nil before the first) and seen what the step before this one
+-- observed (nil before the first): loss, grad_norm, nonfinite and, in a
+-- data-parallel job, step_time_max and comm_time_max (seconds, the slowest
+-- rank's step and the longest wait in collectives); run under the VM's
+-- instruction budget for callbacks
 function M.when(fn)
-  if type(fn) ~= "function" then error("log.when: expected a function (step, last) -> bool", 2) end
+  if type(fn) ~= "function" then error("log.when: expected a function (step, last, seen) -> bool", 2) end
   local call = ck.call_limited or function(f, ...) return f(...) end
-  return cadence(function(self, step) return call(fn, step, self.last) end)
+  return cadence(function(self, step) return call(fn, step, self.last, self.seen) end)
 end
 
 local function as_cadence(c, what)
@@ -110,9 +115,10 @@ local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge en
 -- The base cadence, and every step for k steps after a trigger: a loss more than
 -- spike standard deviations above the mean of the last window losses (once
 -- min_window are in), a gradient norm more than jump times the last one seen, a
--- non-finite loss or gradient. o: base (cadence or step count, default never),
--- k = 10, window = 50, min_window = 10, spike = 3 (false: off), jump = 3 (false:
--- off), nonfinite = true.
+-- non-finite loss or gradient, a data-parallel step whose slowest rank took
+-- more than slow times the mean of the last window's. o: base (cadence or step
+-- count, default never), k = 10, window = 50, min_window = 10, spike = 3
+-- (false: off), jump = 3 (false: off), slow = 2 (false: off), nonfinite = true.
 function M.adaptive(o)
   o = o or {}
   local base = as_cadence(o.base, "log.adaptive base")
@@ -122,7 +128,8 @@ function M.adaptive(o)
   local spike = o.spike == nil and 3 or o.spike
   local jump = o.jump == nil and 3 or o.jump
   local on_nonfinite = o.nonfinite ~= false
-  local losses, last_norm, until_step = {}, nil, 0
+  local slow = o.slow == nil and 2 or o.slow
+  local losses, last_norm, until_step, times = {}, nil, 0, {}
   local c = cadence(function(_, step) return base:due(step) or step <= until_step end,
     function(_, step, v)
       local why
@@ -138,6 +145,15 @@ function M.adaptive(o)
       if not why and jump and v.grad_norm ~= nil and last_norm and finite(v.grad_norm) and
          v.grad_norm > jump * last_norm then
         why = "grad_norm_jump"
+      end
+      if not why and slow and v.step_time_max ~= nil and #times >= min_window then
+        local sum = 0
+        for _, x in ipairs(times) do sum = sum + x end
+        if v.step_time_max > slow * sum / #times then why = "slow_rank" end
+      end
+      if v.step_time_max ~= nil then
+        times[#times + 1] = v.step_time_max
+        if #times > window then table.remove(times, 1) end
       end
       if v.loss ~= nil and finite(v.loss) then
         losses[#losses + 1] = v.loss
@@ -261,6 +277,10 @@ function M.new(o)
     self.bar = progress.new(o.steps or 0, {out = o.out, tty = o.tty, every = o.progress_every})
   end
   self.steps = o.steps
+  -- a data-parallel job: each step's loss is the mean over the ranks (one
+  -- process's on the whole batch), and the record says each rank's step time
+  -- and time waiting in collectives (every rank calls step together)
+  self.world = o.world or 1
   return self
 end
 
@@ -310,12 +330,30 @@ function Logger:step(p, opts)
                             measure = due.memory and self.measure_memory}
   local t1 = ck.now()
   info.step_time = t1 - t0
+  local ranks
+  if self.world > 1 then -- every rank's loss, step time and wait, in rank order
+    ck.dist_step(step)
+    local all = ck.allgather({loss, t1 - t0, ck.comm_time()})
+    local sum, slowest, most_wait = 0, 0, 0
+    ranks = {step_time = {}, comm_time = {}}
+    for r = 0, self.world - 1 do
+      local l, st, ct = all[3 * r + 1], all[3 * r + 2], all[3 * r + 3]
+      sum = sum + l
+      ranks.step_time[r + 1], ranks.comm_time[r + 1] = st, ct
+      if st > ranks.step_time[slowest + 1] then slowest = r end
+      most_wait = math.max(most_wait, ct)
+    end
+    loss = sum / self.world
+    ranks.step_time_max, ranks.slowest_rank, ranks.comm_time_max = ranks.step_time[slowest + 1], slowest, most_wait
+    info.ranks = ranks
+  end
   local rec = {step = step, time = ck.wall_time()}
   if due.loss then rec.loss = loss end
   if due.lr then rec.lr = p.lr end
   if due.time then
     rec.step_time = t1 - t0
     rec.images_per_s = self.batch / math.max(t1 - (self.last_end or t0), 1e-9)
+    if ranks then rec.ranks = ranks end
   end
   self.last_end = t1
   if due.grad_norm then rec.grad_norm = info.grad_norm end
@@ -335,7 +373,8 @@ function Logger:step(p, opts)
     rec.nonfinite = info.nonfinite
     rec.loss = loss
   end
-  local seen = {loss = loss, grad_norm = info.grad_norm, nonfinite = info.nonfinite ~= nil}
+  local seen = {loss = loss, grad_norm = info.grad_norm, nonfinite = info.nonfinite ~= nil,
+                step_time_max = ranks and ranks.step_time_max, comm_time_max = ranks and ranks.comm_time_max}
   local triggers
   for _, gname in ipairs(M.groups) do
     local why = self.cadences[gname]:observe(step, seen)

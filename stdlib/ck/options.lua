@@ -18,7 +18,7 @@ local M = {}
 -- tests/sh/test_readme_options.sh): given after the script they reach it as
 -- its arguments, so an unknown one gets a hint. --help is left out: after the
 -- script it asks for the script's help.
-M.CKRUN_OPTIONS = {"version", "plan", "json", "nondeterministic", "policies", "max-batch", "svg", "export-graph", "allow-read",
+M.CKRUN_OPTIONS = {"version", "plan", "json", "nondeterministic", "policies", "max-batch", "world-size", "svg", "export-graph", "allow-read",
                    "allow-write", "trust", "max-heap", "max-memory", "callback-budget", "device"}
 local CKRUN = {}
 for _, n in ipairs(M.CKRUN_OPTIONS) do CKRUN[n] = true end

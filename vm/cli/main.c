@@ -30,6 +30,8 @@ static void usage(FILE *f)
             "                  none,diffusers,selective,budget:62%%,budget:4GiB\n"
             "  --max-batch SIZE  with --plan: the largest batch whose plan fits SIZE\n"
             "                  (bytes, or with a unit: 24GiB, 512MiB)\n"
+            "  --world-size N  with --plan: plan one rank of a data-parallel job of N ranks\n"
+            "                  (launching none)\n"
             "  --svg FILE      with --plan: write the memory timeline as SVG\n"
             "  --export-graph FILE\n"
             "                  with --plan: write the compiled graph and each policy's\n"
@@ -133,7 +135,16 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--allow-read") && more) reads[nreads++] = argv[++i];
         else if (!strcmp(a, "--allow-write") && more) writes[nwrites++] = argv[++i];
         else if (!strcmp(a, "--device") && more) opt.device = argv[++i];
-        else if (!strcmp(a, "--max-batch") && more) {
+        else if (!strcmp(a, "--world-size") && more) {
+            char *end = NULL;
+            const long v = strtol(argv[++i], &end, 10);
+            if (!end || *end || v < 1 || v > 65536) {
+                fprintf(stderr, "ckrun: --world-size wants a number of ranks from 1 to 65536, got '%s'\n", argv[i]);
+                rc = 2;
+                goto done;
+            }
+            plan.world_size = (int)v;
+        } else if (!strcmp(a, "--max-batch") && more) {
             double v = parse_size(argv[++i]);
             if (v < 0) {
                 fprintf(stderr, "ckrun: --max-batch wants a size such as 24GiB, got '%s'\n", argv[i]);

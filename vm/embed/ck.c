@@ -344,7 +344,9 @@ static ck_model *live_model(const ck_model *m)
  * appends fields and accepts every size it has known. 0 reads as the first. */
 #define OPTIONS_V1 offsetof(ck_options, max_memory)
 #define OPTIONS_V2 sizeof(ck_options)
-#define PLAN_REQUEST_V1 sizeof(ck_plan_request)
+/* ck_plan_request has had two layouts: the first lacks world_size */
+#define PLAN_REQUEST_V1 offsetof(ck_plan_request, world_size)
+#define PLAN_REQUEST_V2 sizeof(ck_plan_request)
 #define PLAN_INFO_V1 sizeof(ck_plan_info)
 #define METRICS_V1 sizeof(ck_metrics)
 
@@ -749,7 +751,9 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
     /* ck_options has had two layouts: the first lacks max_memory */
     size_t osize = !opt ? sizeof o : !opt->size || opt->size == OPTIONS_V1 ? OPTIONS_V1
                  : known_size(opt->size, OPTIONS_V2, "ck_options", msg, sizeof msg);
-    size_t rsize = plan && osize ? known_size(plan->size, PLAN_REQUEST_V1, "ck_plan_request", msg, sizeof msg) : 1;
+    size_t rsize = !plan || !osize ? 1
+                 : plan->size == PLAN_REQUEST_V1 ? PLAN_REQUEST_V1
+                 : known_size(plan->size, PLAN_REQUEST_V2, "ck_plan_request", msg, sizeof msg);
     if (opt && osize) memcpy(&o, opt, osize);
     if (plan && rsize) memcpy(&req, plan, rsize);
     /* options of an unknown size: nothing in them can be trusted, the allocator included */
@@ -768,6 +772,7 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
         h->plan_only = req.plan_only;
         h->json = req.json;
         h->plan_max_batch = req.max_batch > 0 ? req.max_batch : 0;
+        h->plan_world_size = req.world_size > 0 ? req.world_size : 0;
         if (copy_string(vm, req.policies, &h->plan_policies) || copy_string(vm, req.svg, &h->plan_svg) ||
             copy_string(vm, req.export_graph, &h->plan_export_graph))
             return dead(vm, CK_EMEM, "out of memory");

@@ -22,6 +22,7 @@ typedef struct ck_host {
     char *plan_svg;
     char *plan_export_graph;
     double plan_max_batch; /* 0: none */
+    int plan_world_size;   /* ckrun --plan --world-size N (ck.plan_world_size); 0: none */
 } ck_host;
 
 /* Makes h the host of L (the registry key "ck.host"). */

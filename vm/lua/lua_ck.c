@@ -1331,8 +1331,12 @@ static int l_randn(lua_State *L)
     return 1;
 }
 
-/* p:randn(tensor, key [, scale [, step]]) fills an input with normal numbers keyed
- * by (seed, step, key); the step defaults to the one the next p:step() runs */
+/* p:randn(tensor, key [, scale [, step [, rows]]]) fills an input with normal
+ * numbers keyed by (seed, step, key) and each element's index; the step
+ * defaults to the one the next p:step() runs. rows: for each row of the
+ * tensor (its first dimension), the row of a larger batch whose numbers it
+ * takes (0-based): a data-parallel rank's share of the global batch gets the
+ * numbers one process gives those samples. */
 static int l_fill_randn(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
@@ -1342,12 +1346,36 @@ static int l_fill_randn(lua_State *L)
     if (p->poff[id] < 0 || !p->grp->arena) return luaL_error(L, "randn: not an input or parameter, or a plan-only program");
     int64_t n = ck_shape_numel(&p->g->t[id].shape);
     lua_Integer step = luaL_optinteger(L, 5, p->grp->step + 1);
+    const ck_shape *sh = &p->g->t[id].shape;
+    const int64_t nrows = sh->ndim > 0 ? sh->d[0] : 1, per = nrows > 0 ? n / nrows : 0;
+    int have_rows = !lua_isnoneornil(L, 6);
+    if (have_rows) {
+        luaL_checktype(L, 6, LUA_TTABLE);
+        if ((int64_t)lua_rawlen(L, 6) != nrows)
+            return luaL_error(L, "randn: rows lists %d rows, the tensor has %d", (int)lua_rawlen(L, 6), (int)nrows);
+        for (int64_t r = 0; r < nrows; r++) {
+            lua_rawgeti(L, 6, r + 1);
+            int whole = 0;
+            const lua_Integer v = lua_tointegerx(L, -1, &whole);
+            lua_pop(L, 1);
+            if (!whole || v < 0 || v > ((lua_Integer)1 << 40))
+                return luaL_error(L, "randn: rows[%d] must be a row number >= 0", (int)r + 1);
+        }
+    }
     uint64_t stream = ck_rng_key(p->opt.seed, (uint64_t)step, key);
     float *x = ck_program_write_begin(p, id, 0);
     if (!x) return luaL_error(L, "randn: %s", p->err);
-    for (int64_t i = 0; i < n; i++) {
-        POLL(L, i);
-        x[i] = scale * ck_rng_normal(stream, (uint64_t)i);
+    for (int64_t r = 0, i = 0; r < nrows || (nrows == 0 && i < n); r++) {
+        uint64_t from = (uint64_t)(r * per);
+        if (have_rows) {
+            lua_rawgeti(L, 6, r + 1);
+            from = (uint64_t)lua_tointeger(L, -1) * (uint64_t)per;
+            lua_pop(L, 1);
+        }
+        for (int64_t j = 0; j < per; j++, i++) {
+            POLL(L, i);
+            x[i] = scale * ck_rng_normal(stream, from + (uint64_t)j);
+        }
     }
     if (ck_program_write_end(p, id)) return luaL_error(L, "randn: %s", p->err);
     return 0;
@@ -1546,6 +1574,10 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
         if (host->plan_max_batch > 0) {
             lua_pushnumber(L, host->plan_max_batch);
             lua_setfield(L, lib, "plan_max_batch");
+        }
+        if (host->plan_world_size > 0) {
+            lua_pushinteger(L, host->plan_world_size);
+            lua_setfield(L, lib, "plan_world_size");
         }
     }
     return 1;

@@ -1,0 +1,104 @@
+# scripts/train_sdxl_lora.lua as a data-parallel job under Open MPI's mpirun
+# (2 ranks oversubscribed on CI's 2 cores, the tiny model): 2 ranks at --batch
+# 1 train what one process trains at --batch 2 (the same losses, the adapter
+# within fp32 summation-order tolerance: noise and timesteps are keyed by the
+# sample's row in the global batch); a second job repeats the first bitwise;
+# a job resumed from its state ends with the uninterrupted job's adapter,
+# bitwise; rank 0 alone writes the log, and each step's record says every
+# rank's step time and wait in collectives; ranks whose options differ are
+# refused at start; --plan --world-size N plans one rank of N. SKIPs (77)
+# where mpirun is missing or ckrun was built without MPI.
+set -u
+pass=0 fail=0
+ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
+CKRUN=${CKRUN:-build/ckrun}
+if ! command -v mpirun > /dev/null; then
+  echo "SKIP: mpirun is missing (apt-get install openmpi-bin libopenmpi-dev)"
+  exit 77
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 # CI may run as root
+export OMP_NUM_THREADS=1
+unset CK_DIST_TIMEOUT
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+MPIRUN="timeout 300 mpirun --oversubscribe"
+if [ -n "${ASAN_OPTIONS:-}" ]; then
+  MPIRUN="timeout 300 env ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 mpirun --oversubscribe"
+fi
+$MPIRUN -np 2 "$CKRUN" -e 'print(require("ck").world_size())' > "$dir/probe.out" 2> "$dir/probe.err"
+if grep -q "built without MPI" "$dir/probe.err"; then
+  echo "SKIP: ckrun was built without MPI"
+  exit 77
+fi
+A="--allow-write $dir"
+T="scripts/train_sdxl_lora.lua --resolution 64 --steps 6 --samples 8 --log-every 1 --val-every 3"
+losses() { "$CKRUN" $A -e "local ck = require 'ck'
+for line in io.lines('$1') do local r = ck.json_decode(line) if r.loss then io.write(string.format('%d:%.6f ', r.step, r.loss)) end end"; }
+
+$MPIRUN -np 2 "$CKRUN" $A $T --batch 1 --out "$dir/a.safetensors" --log-dir "$dir/la" > "$dir/a.out" 2>&1 ; rc=$?
+ok $rc "2 ranks at --batch 1 train ($(tail -1 "$dir/a.out"))"
+"$CKRUN" $A $T --batch 2 --out "$dir/one.safetensors" --log-dir "$dir/lone" > "$dir/one.out" 2>&1
+[ "$(losses "$dir/la/metrics.jsonl")" = "$(losses "$dir/lone/metrics.jsonl")" ] && [ -n "$(losses "$dir/la/metrics.jsonl")" ]
+ok $? "their losses (the mean over ranks) are one process's at --batch 2, step by step ($(losses "$dir/la/metrics.jsonl"))"
+"$CKRUN" $A -e "local ck = require 'ck'
+local a, b = ck.safetensors('$dir/a.safetensors'), ck.safetensors('$dir/one.safetensors')
+local rels, n = {}, 0
+for _, k in ipairs(b:keys()) do
+  local x, y = a:read(k), b:read(k)
+  local num, den = 0, 0
+  for i = 1, #y do num = num + (x[i] - y[i]) ^ 2; den = den + y[i] ^ 2 end
+  if den > 0 then rels[#rels + 1] = math.sqrt(num / den) end
+  n = n + 1
+end
+table.sort(rels)
+local worst, median = rels[#rels], rels[#rels // 2]
+io.write(string.format('%d tensors, median rel %.2e, worst %.2e', n, median, worst))
+-- AdamW's first steps move each element by about lr whatever its gradient's
+-- size, so an element of a lora_up (zero at the start) whose gradient is near
+-- zero moves one way or the other with the summation order: a few tensors
+-- differ by 1e-4 of their size, the median by 1e-6
+assert(n > 100 and median < 1e-5 and worst < 1e-3)" > "$dir/cmp.out" 2>&1
+ok $? "the adapter is one process's within fp32 summation-order tolerance ($(cat "$dir/cmp.out" | tail -1))"
+"$CKRUN" $A -e "local ck = require 'ck'
+local n = 0
+for line in io.lines('$dir/la/metrics.jsonl') do
+  local r = ck.json_decode(line)
+  if r.step_time then
+    local k = r.ranks
+    assert(k and #k.step_time == 2 and #k.comm_time == 2 and (k.slowest_rank == 0 or k.slowest_rank == 1), line)
+    assert(k.step_time_max >= k.step_time[1] and k.step_time_max >= k.step_time[2] and k.comm_time_max >= 0, line)
+    n = n + 1
+  end
+end
+assert(n == 6, n)" 2>&1 ; ok $? "each step's record holds every rank's step time and wait in collectives, the slowest rank"
+[ -s "$dir/la/metrics.jsonl" ] && [ "$(grep -c '"step":1,' "$dir/la/metrics.jsonl")" = 1 ]
+ok $? "rank 0 alone writes the log: each step once"
+
+$MPIRUN -np 2 "$CKRUN" $A $T --batch 1 --out "$dir/b.safetensors" --log-dir "$dir/lb" > "$dir/b.out" 2>&1
+cmp -s "$dir/a.safetensors" "$dir/b.safetensors" ; ok $? "a second job on 2 ranks repeats the first bitwise"
+
+# a state at step 3, and the job resumed from it
+$MPIRUN -np 2 "$CKRUN" $A $T --batch 1 --save-every 3 --state-dir "$dir/st" --out "$dir/c.safetensors" \
+  --log-dir "$dir/lc" > "$dir/c.out" 2>&1
+cmp -s "$dir/a.safetensors" "$dir/c.safetensors" && [ -n "$(ls "$dir/st" 2>/dev/null)" ]
+ok $? "a job saving states trains the same adapter, and rank 0 wrote the state ($(ls "$dir/st" 2>/dev/null | tr '\n' ' '))"
+$MPIRUN -np 2 "$CKRUN" $A $T --batch 1 --save-every 3 --state-dir "$dir/st" --resume --out "$dir/d.safetensors" \
+  --log-dir "$dir/ld" > "$dir/d.out" 2>&1 ; rc=$?
+grep -q "resumed from .* at step 3" "$dir/d.out" && cmp -s "$dir/a.safetensors" "$dir/d.safetensors"
+ok $? "the job resumed at step 3 ends with the uninterrupted job's adapter, bitwise (rc $rc)"
+
+# ranks that would train different things are refused before the first step
+$MPIRUN -np 1 "$CKRUN" $A $T --batch 1 --lr 1e-3 --out "$dir/e.safetensors" --log-dir "$dir/le" : \
+  -np 1 "$CKRUN" $A $T --batch 1 --lr 2e-3 --out "$dir/e.safetensors" --log-dir "$dir/le" > "$dir/e.out" 2>&1 ; rc=$?
+[ $rc != 0 ] && grep -q "rank 1's script, options or weights differ from rank 0's" "$dir/e.out" && [ ! -e "$dir/e.safetensors" ]
+ok $? "ranks with other options are refused, naming the rank, and nothing is written ($(grep -m1 differ "$dir/e.out"))"
+
+# planned for 4 ranks, launching none
+out=$("$CKRUN" --plan --world-size 4 scripts/train_sdxl_lora.lua --batch 1 2>&1)
+echo "$out" | grep -q "^world_size  *4$" && echo "$out" | grep -q "^rank_batch  *1$" && echo "$out" | grep -qE "^buckets  *[1-9]"
+ok $? "--plan --world-size 4 plans one rank of 4: its share of the batch and its buckets"
+err=$($MPIRUN -np 2 "$CKRUN" $A $T --batch 1 --fused-backward --max-grad-norm 0 2>&1 >/dev/null | grep -m1 "not supported on several ranks")
+[ -n "$err" ] ; ok $? "what the job cannot do on several ranks yet is refused in one line ($err)"
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

@@ -653,7 +653,8 @@ local function save_lora(path, at_step)
   meta.format = "pt"
   p:save(path, entries, {metadata = meta, dtype = save_dtype})
 end
-local settings = {size = size, resolution = resolution, batch = batch, rank = rank, alpha = alpha, seed = seed,
+local settings = {size = size, resolution = resolution, batch = batch * world, -- the global batch: a job of other ranks resumes it
+                  rank = rank, alpha = alpha, seed = seed,
                   full = full,
                   conv_rank = conv_rank or 0, conv_alpha = conv_alpha or 0, network_dropout = network_dropout,
                   loraplus_lr_ratio = loraplus,

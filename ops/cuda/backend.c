@@ -57,14 +57,17 @@ static ck_backend be = {
 
 #define EXPORT __attribute__((visibility("default")))
 
-EXPORT const ck_backend *ck_cuda_module_open(char *err, size_t errlen)
+/* local_rank: this process's rank among those of its machine (vm/dist): it
+ * takes device local_rank modulo the devices present, one GPU per rank */
+EXPORT const ck_backend *ck_cuda_module_open(int local_rank, char *err, size_t errlen)
 {
     if (ctx) return &be;
-    if (ck_cuda_device_count() == 0) {
+    const int n = ck_cuda_device_count();
+    if (n == 0) {
         snprintf(err, errlen, "no CUDA device is present");
         return NULL;
     }
-    ctx = ck_cuda_open(0);
+    ctx = ck_cuda_open((local_rank > 0 ? local_rank : 0) % n);
     if (!ctx) {
         snprintf(err, errlen, "cannot open the CUDA device: %s", ck_cuda_last_error());
         ck_cuda_clear_error();

@@ -12,6 +12,7 @@
  * Any thread may ask first: the module is looked for once (pthread_once), and
  * the backend opened once under a lock, then read through an atomic pointer. */
 #define _GNU_SOURCE /* dladdr */
+#include "dist/dist.h"
 #include "../../ops/backend.h"
 
 #include <dlfcn.h>
@@ -25,7 +26,8 @@
 
 #define MODULE "libck_cuda.so"
 
-typedef const ck_backend *(*open_fn)(char *err, size_t errlen);
+/* the module opens device local_rank modulo the devices it sees: one per rank of a machine */
+typedef const ck_backend *(*open_fn)(int local_rank, char *err, size_t errlen);
 typedef int (*devices_fn)(void);
 typedef int (*memory_fn)(size_t *free_bytes, size_t *total_bytes);
 typedef int (*configure_fn)(int deterministic, int tf32);
@@ -128,7 +130,7 @@ const ck_backend *ck_backend_cuda(char *err, size_t errlen)
     pthread_mutex_lock(&open_mu);
     be = atomic_load(&opened);
     if (!be) {
-        be = mod.open(err, errlen);
+        be = mod.open(ck_dist_local_rank(), err, errlen);
         atomic_store(&opened, be);
     }
     pthread_mutex_unlock(&open_mu);

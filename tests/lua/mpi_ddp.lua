@@ -121,6 +121,39 @@ ok(small:plan().buckets >= 3, string.format("small buckets: %d of them", small:p
 compare("lion", B, 3, {optimizer = "lion", lr = 2e-3})
 compare("sgd (the mean over ranks, not their sum)", B, 4, {optimizer = "sgd", lr = 0.5})
 
+-- the sums start inside backward (as soon as a bucket's gradients are complete), unless
+-- accumulating (then once per update, after it)
+local function overlapped(q)
+  local ph = q:timeline().phase
+  local first_opt, last_bwd = math.huge, 0
+  for i, x in ipairs(ph) do
+    if x == "optimizer" then first_opt = math.min(first_opt, i) end
+    if x == "backward" then last_bwd = i end
+  end
+  return first_opt < last_bwd
+end
+ok(overlapped(small), "with one step an update, the buckets' sums start inside backward")
+ok(not overlapped(build(2, {world_size = W, accumulate = 2})), "accumulating, they follow backward")
+
+-- a step that is not finite on one rank is skipped on every rank
+do
+  local q = build(2, {world_size = W})
+  local x, y = batch(1, mine(B))
+  if R == W - 1 then x[1] = 0 / 0 end
+  q:set("x", x)
+  q:set("y", y)
+  local before = q:checksum("head.weight")
+  local _, info = q:step{guard = true}
+  ok(info.nonfinite ~= nil and q:checksum("head.weight") == before,
+    "a NaN on rank " .. (W - 1) .. " skips the update on this rank too")
+  x, y = batch(2, mine(B))
+  q:set("x", x)
+  q:set("y", y)
+  local _, info2 = q:step{guard = true}
+  ok(info2.nonfinite == nil and q:checksum("head.weight") ~= before and
+    ck.same_on_all_ranks(q:checksum("head.weight")), "and the next step trains every rank alike")
+end
+
 -- planned for other world sizes without those ranks: the gradient sums are in the plan
 local p8 = build(2, {world_size = 8, plan_only = true})
 local p1 = build(2, {plan_only = true})

@@ -122,6 +122,7 @@ ck_graph *ck_graph_clone(const ck_graph *g)
     c->nn = c->capn = g->nn;
     c->scope = dupstr(g->scope);
     c->fused_updates = g->fused_updates;
+    c->comm_overlap = g->comm_overlap;
     if (g->nt) memcpy(c->t, g->t, sizeof *c->t * (size_t)g->nt);
     if (g->nn) memcpy(c->n, g->n, sizeof *c->n * (size_t)g->nn);
     for (int i = 0; i < g->nt; i++) {

@@ -91,6 +91,11 @@ typedef struct ck_graph {
      * gradient any more (vm/plan/schedule.c), so gradients do not wait for the
      * end of backward */
     int fused_updates;
+    /* 1: data parallel with its sums overlapped with backward: each gradient's
+     * accumulation into its sum runs as soon as the gradient is complete, and
+     * each bucket's ALLREDUCE_START as soon as its last sum is
+     * (vm/plan/schedule.c); the waits and the update stay at the end */
+    int comm_overlap;
     /* the budget its growth is charged to (NULL: none), and what it charged,
      * given back when it is freed: every new tensor, node and string is
      * charged before it is made, so a graph that would pass the limit fails

@@ -145,6 +145,82 @@ static int fuse_updates(ck_plan *pl)
     return 0;
 }
 
+/* an optimizer entry that adds a gradient into its persistent sum */
+static int is_accumulation(const ck_plan *pl, const ck_graph *g, int i)
+{
+    const ck_op_ref *r = &pl->ops[i];
+    const ck_node *nd = &g->n[r->node];
+    return r->phase == CK_PHASE_OPTIMIZER && nd->op == CK_OP_ADD && nd->out[0] >= 0 &&
+           g->t[nd->out[0]].kind == CK_KIND_OPTSTATE;
+}
+
+/* Data parallel overlapped with backward: each accumulation entry moves to
+ * right after the last other entry that reads or writes its gradient, and
+ * each ALLREDUCE_START right after the last accumulation of its bucket (the
+ * sums of graph tensors i0..i1); every other optimizer entry (the waits, the
+ * mean, clipping, the updates) stays at the end in list order. */
+static int hoist_comm(ck_plan *pl, const ck_graph *g)
+{
+    const int n = pl->n;
+    int *last = malloc(sizeof(int) * (size_t)(pl->ntensors ? pl->ntensors : 1));
+    int *after = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    int *sum_after = malloc(sizeof(int) * (size_t)(g->nt ? g->nt : 1));
+    int *head = malloc(sizeof(int) * (size_t)(n + 1)), *tail = malloc(sizeof(int) * (size_t)(n + 1));
+    int *next = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    ck_op_ref *ops = malloc(sizeof *ops * (size_t)(n ? n : 1));
+    int rc = -1;
+    if (!last || !after || !sum_after || !head || !tail || !next || !ops) goto out;
+    for (int t = 0; t < pl->ntensors; t++) last[t] = -1;
+    for (int t = 0; t < g->nt; t++) sum_after[t] = -1;
+    for (int i = 0; i < n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        if (r->phase == CK_PHASE_OPTIMIZER) continue;
+        for (int j = 0; j < r->nin; j++) last[r->in[j]] = i;
+        for (int k = 0; k < r->nout; k++)
+            if (r->out[k] >= 0) last[r->out[k]] = i;
+    }
+    for (int i = 0; i < n; i++) {
+        after[i] = -2; /* stays at the end */
+        if (is_accumulation(pl, g, i)) {
+            after[i] = -1;
+            for (int j = 0; j < pl->ops[i].nin; j++)
+                if (last[pl->ops[i].in[j]] > after[i]) after[i] = last[pl->ops[i].in[j]];
+            sum_after[g->n[pl->ops[i].node].out[0]] = after[i];
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const ck_node *nd = &g->n[pl->ops[i].node];
+        if (nd->op != CK_OP_ALLREDUCE_START) continue;
+        after[i] = -1;
+        for (int t = (int)nd->p.i[0]; t <= (int)nd->p.i[1] && t < g->nt; t++)
+            if (sum_after[t] > after[i]) after[i] = sum_after[t];
+    }
+    /* anchor b + 1 holds the entries that follow entry b, in list order */
+    for (int b = 0; b <= n; b++) head[b] = tail[b] = -1;
+    for (int u = 0; u < n; u++) {
+        if (after[u] == -2) continue;
+        const int b = after[u] + 1;
+        next[u] = -1;
+        if (tail[b] < 0) head[b] = u;
+        else next[tail[b]] = u;
+        tail[b] = u;
+    }
+    int m = 0;
+    for (int u = head[0]; u >= 0; u = next[u]) ops[m++] = pl->ops[u];
+    for (int i = 0; i < n; i++) {
+        if (pl->ops[i].phase == CK_PHASE_OPTIMIZER) continue;
+        ops[m++] = pl->ops[i];
+        for (int u = head[i + 1]; u >= 0; u = next[u]) ops[m++] = pl->ops[u];
+    }
+    for (int i = 0; i < n; i++)
+        if (pl->ops[i].phase == CK_PHASE_OPTIMIZER && after[i] == -2) ops[m++] = pl->ops[i];
+    memcpy(pl->ops, ops, sizeof *ops * (size_t)n);
+    rc = 0;
+out:
+    free(last), free(after), free(sum_after), free(head), free(tail), free(next), free(ops);
+    return rc;
+}
+
 int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const unsigned char *recompute)
 {
     sched s = {g, recompute, pl, 0, 0, NULL};
@@ -171,6 +247,7 @@ int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const u
         if (push(&s, &r)) goto fail;
     }
     if (g->fused_updates && fuse_updates(pl)) goto fail;
+    if (g->comm_overlap && !g->fused_updates && hoist_comm(pl, g)) goto fail;
     free(s.copy);
     return 0;
 fail:

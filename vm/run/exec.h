@@ -23,6 +23,8 @@ typedef struct ck_exec_env {
     const _Atomic int *interrupt; /* set from another thread to stop between two ops (NULL: never) */
     double *profile;         /* non-NULL: seconds per op kind (CK_OP_COUNT entries) added to */
     struct ck_dist_req *reqs; /* data parallel: the requests of ALLREDUCE entries, by bucket */
+    int nreqs;               /* how many; the active ones are progressed after every entry */
+    int replay;              /* a second pass (naming a non-finite op): ALLREDUCE entries do nothing */
 } ck_exec_env;
 
 /* Runs entries [from, to) of a list. 0, or -1 with the failure naming the

@@ -153,6 +153,8 @@ static int add_buckets(ck_graph *g, const ck_compile_opts *o, ck_program *p)
     free(lo);
     free(hi);
     p->nbuckets = nb;
+    /* one reduction a step: the sums start as backward completes them */
+    g->comm_overlap = o->accumulate <= 1;
     return rc;
 }
 
@@ -793,7 +795,8 @@ static ck_exec_env exec_env(const ck_program *p, const ck_plan *pl)
                          .fused_backward = p->opt.fused_backward,
                          .interrupt = p->interrupt,
                          .profile = p->profile,
-                         .reqs = p->reqs};
+                         .reqs = p->reqs,
+                         .nreqs = p->nbuckets};
 }
 
 static int runnable(ck_program *p)
@@ -842,6 +845,15 @@ static int zero_accums(ck_program *p)
     return 0;
 }
 
+/* the gradient sums (after their sums over the ranks: the same on every rank) are finite */
+static int sums_finite(ck_program *p, const ck_exec_env *e, const ck_plan *pl)
+{
+    int fin = 1;
+    for (int i = 0; i < p->naccum && fin; i++)
+        if (ck_exec_tensor_finite(e, pl, p->accums[i], &fin, p->err, sizeof p->err)) return -1;
+    return fin;
+}
+
 /* the loss and, where the update reads them, the gradients are finite */
 static int step_finite(ck_program *p, const ck_exec_env *e, const ck_plan *pl, int opt_start, ck_run_info *r)
 {
@@ -862,6 +874,62 @@ static int step_finite(ck_program *p, const ck_exec_env *e, const ck_plan *pl, i
         if (!fin) return 0;
     }
     return 1;
+}
+
+/* Data parallel overlapped with backward: forward and backward with each
+ * bucket's sum started as soon as backward completes it, then the waits;
+ * the guard checks the loss and the summed gradients (the same on every
+ * rank), agreed over the ranks; then the rest of the optimizer's tail runs as
+ * the update. k: where the tail starts (the waits lead it). */
+static int run_overlapped(ck_program *p, const ck_run_opts *o, ck_run_info *r, const ck_plan *pl,
+                          const ck_exec_env *e, int k)
+{
+    int w = k;
+    while (w < pl->n && p->g->n[pl->ops[w].node].op == CK_OP_ALLREDUCE_WAIT) w++;
+    if (ck_exec_range(e, pl, 0, w, p->err, sizeof p->err)) {
+        p->grp->step--;
+        return -1;
+    }
+    int fin = 1;
+    if (o->guard) {
+        if (p->loss >= 0 && pl->off[p->loss] >= 0 &&
+            ck_exec_tensor_finite(e, pl, p->loss, &fin, p->err, sizeof p->err)) {
+            p->grp->step--;
+            return -1;
+        }
+        r->loss_nonfinite = !fin;
+        const int sums = fin ? sums_finite(p, e, pl) : 0;
+        if (sums < 0) {
+            p->grp->step--;
+            return -1;
+        }
+        float bad = sums ? 0.0f : 1.0f;
+        if (ck_dist_allreduce(&bad, 1, NULL, NULL) != 0) {
+            p->grp->step--;
+            return failf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
+        }
+        if (bad > 0.0f && sums) r->other_rank = 1;
+        fin = bad == 0.0f;
+    }
+    if (!fin) {
+        /* a second pass names the op; it adds into the sums again, which start over */
+        ck_exec_env again = *e;
+        again.replay = 1;
+        r->nonfinite = 1;
+        if (ck_exec_find_nonfinite(&again, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err) ||
+            zero_accums(p)) {
+            p->grp->step--;
+            return -1;
+        }
+    } else if (ck_exec_range(e, pl, w, pl->n, p->err, sizeof p->err) || zero_accums(p)) {
+        p->grp->step--;
+        return -1;
+    } else {
+        p->grp->updates++;
+    }
+    if (ck_exec_sync(p->be, p->err, sizeof p->err)) return -1;
+    if (o->measure && ck_arena_high_water(e, &r->high_water, p->err, sizeof p->err)) return -1;
+    return 0;
 }
 
 int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
@@ -903,6 +971,7 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
         while (k < pl->n && pl->ops[k].phase == CK_PHASE_FORWARD) k++;
         u = k;
     }
+    if (p->g->comm_overlap && p->nbuckets) return run_overlapped(p, o, r, pl, &e, k);
     /* a run that fails stops before the updates (exec.c): the step did not happen */
     if (ck_exec_range(&e, pl, 0, k, p->err, sizeof p->err)) {
         p->grp->step--;

@@ -89,6 +89,8 @@ local spec = {
   {"weight-decay", "number", function(v) return v.optimizer == "lion" and 0 or 1e-2 end, "weight decay",
    shown = "1e-2, with lion 0"},
   {"fused-backward", "flag", false, "each update as soon as its gradient is complete (no global-norm clipping)"},
+  {"shard-optimizer", "flag", false, "ZeRO stage 1 on several ranks: each parameter's optimizer state on one rank, " ..
+   "which updates it and sends it to the others"},
   {"max-grad-norm", "number", function(v) return v["fused-backward"] and 0 or 1.0 end,
    "clip the gradients' global norm (0: no clipping)", min = 0, shown = "1.0, with --fused-backward 0"},
   {"gradient-accumulation-steps", "integer", 1, "update with the mean gradient of every N batches", min = 1,
@@ -151,6 +153,13 @@ end
 local world = ck.plan_mode and (ck.plan_world_size or 1) or ck.world_size()
 local dp_rank = ck.plan_mode and 0 or ck.rank()
 if dp_rank > 0 then print = function() end end -- rank 0 speaks for the job
+if o["shard-optimizer"] and world < 2 then
+  error("--shard-optimizer splits the optimizer state over the ranks of an mpirun job (or --plan --world-size N): " ..
+    "this run has one")
+end
+if o["shard-optimizer"] and (o["save-every"] > 0 or o.resume) then
+  error("--shard-optimizer: training states of a sharded optimizer are not saved yet (each rank holds part of it)")
+end
 if world > 1 then
   for _, name in ipairs{"fused-backward", "network-dropout", "shuffle-caption", "caption-dropout-rate",
                         "caption-tag-dropout-rate", "random-crop", "enable-bucket", "sample-every"} do
@@ -271,7 +280,8 @@ local function build(batch, checkpoint, plan_only, shape, share)
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
                plan_only = plan_only, storage = o.storage, frozen = fp8_base and "fp8" or nil,
                max_grad_norm = max_grad_norm, accumulate = accumulate, fused_backward = fused_backward,
-               stats = log_stats, share = share, world_size = world},
+               stats = log_stats, share = share, world_size = world,
+               shard_optimizer = o["shard-optimizer"] or nil},
   }
 end
 
@@ -530,6 +540,7 @@ if ck.plan_mode then
     info[#info + 1] = {"rank_batch", sizes[1][1] // world}
     info[#info + 1] = {"buckets", pl.buckets}
     info[#info + 1] = {"bucket_bytes", pl.bucket_bytes}
+    if o["shard-optimizer"] then info[#info + 1] = {"shard_optimizer", "rank 0 of " .. world} end
   end
   if sampler then -- sampling's programs share the arena: the run's is the larger of training and sampling
     info[#info + 1] = {"sample_prompts", #sample_prompts}

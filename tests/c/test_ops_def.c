@@ -71,6 +71,7 @@ static const struct {
     {CK_OP_EMBEDDING, 47, "embedding"},
     {CK_OP_ALLREDUCE_START, 48, "allreduce_start"},
     {CK_OP_ALLREDUCE_WAIT, 49, "allreduce_wait"},
+    {CK_OP_BROADCAST, 50, "broadcast"},
 };
 
 static void op_numbers_never_change(void)

@@ -11,6 +11,8 @@
 --     buckets (several per step), with Lion, with SGD (which, unlike AdamW,
 --     sees the gradient's scale: the mean over ranks, not their sum);
 --   - a repeat of the run gives the same bits;
+--   - ZeRO stage 1 (shard_optimizer): the same weights, each rank holding
+--     part of the optimizer state;
 --   - the buckets are in the plan; what is refused is refused in one line.
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
@@ -77,6 +79,7 @@ local function compare(label, B, steps, opts)
   local acc = opts.accumulate or 1
   local dp_opts, one_opts = {world_size = W}, {}
   for k, v in pairs(opts) do dp_opts[k], one_opts[k] = v, v end
+  one_opts.shard_optimizer = nil -- one process holds all of its state
   local dp = build(B // W // acc, dp_opts)
   local one = build(B // acc, one_opts)
   for s = 1, steps do
@@ -120,6 +123,23 @@ local small = compare("adamw, buckets of 1 KiB", B, 3, {bucket_mb = 1 / 1024})
 ok(small:plan().buckets >= 3, string.format("small buckets: %d of them", small:plan().buckets))
 compare("lion", B, 3, {optimizer = "lion", lr = 2e-3})
 compare("sgd (the mean over ranks, not their sum)", B, 4, {optimizer = "sgd", lr = 0.5})
+
+-- ZeRO stage 1: each parameter's optimizer state on one rank, which updates it and broadcasts it
+local z = compare("adamw, optimizer state sharded (ZeRO-1)", B, 4, {shard_optimizer = true})
+compare("adamw8bit, sharded", B, 3, {shard_optimizer = true, optimizer = "adamw8bit"})
+compare("sharded, accumulating 2 batches, clipped", 2 * B, 3, {shard_optimizer = true, accumulate = 2, max_grad_norm = 0.05})
+do
+  local full = build(B // W, {world_size = W})
+  ok(z:plan().persistent < full:plan().persistent,
+    string.format("sharded, this rank holds less (%d bytes persistent, %d without)", z:plan().persistent,
+      full:plan().persistent))
+  -- planned for 4 ranks, each rank's state is about a quarter
+  local opt_bytes = function(q) return q:plan().persistent end
+  local p1, p4 = build(2, {world_size = 4, plan_only = true}), build(2, {world_size = 4, plan_only = true,
+    shard_optimizer = true, rank = 3})
+  ok(opt_bytes(p4) < opt_bytes(p1), string.format("a plan-only rank 3 of 4 plans its shard (%d < %d bytes)",
+    opt_bytes(p4), opt_bytes(p1)))
+end
 
 -- the sums start inside backward (as soon as a bucket's gradients are complete), unless
 -- accumulating (then once per update, after it)

@@ -105,10 +105,11 @@ V=1
 # bf16 storage itself moves the same run from fp32's, 2.3e-2 (measured 2026-12-01); 8-bit AdamW
 # quantizes its moments by blocks)
 for v in "--storage bf16 --checkpoint diffusers|2e-2|1e-1" "--gradient-accumulation-steps 2 --max-grad-norm 0.01||" \
-         "--full --optimizer adamw8bit --lr 1e-4|1e-5|1e-2"; do
+         "--full --optimizer adamw8bit --lr 1e-4|1e-5|1e-2" "--shard-optimizer||"; do
   IFS='|' read -r extra med worst <<< "$v"
   $MPIRUN -np 2 "$CKRUN" $A $T --batch 1 $extra --out "$dir/v$V.a.safetensors" --log-dir "$dir/lv$V.a" > "$dir/v$V.a.out" 2>&1
   "$CKRUN" $A $T --batch 2 $extra --out "$dir/v$V.b.safetensors" --log-dir "$dir/lv$V.b" > "$dir/v$V.b.out" 2>&1
+  [ "$extra" = --shard-optimizer ] && "$CKRUN" $A $T --batch 2 --out "$dir/v$V.b.safetensors" --log-dir "$dir/lv$V.c" > /dev/null 2>&1
   close "$dir/v$V.a.safetensors" "$dir/v$V.b.safetensors" $med $worst > "$dir/v$V.cmp" 2>&1
   ok $? "with $extra: 2 ranks train one process's weights within tolerance ($(tail -1 "$dir/v$V.cmp"))"
   V=$((V+1))
@@ -119,6 +120,9 @@ $MPIRUN -np 1 "$CKRUN" $A $T --batch 1 --lr 1e-3 --out "$dir/e.safetensors" --lo
   -np 1 "$CKRUN" $A $T --batch 1 --lr 2e-3 --out "$dir/e.safetensors" --log-dir "$dir/le" > "$dir/e.out" 2>&1 ; rc=$?
 [ $rc != 0 ] && grep -q "rank 1's script, options or weights differ from rank 0's" "$dir/e.out" && [ ! -e "$dir/e.safetensors" ]
 ok $? "ranks with other options are refused, naming the rank, and nothing is written ($(grep -m1 differ "$dir/e.out"))"
+
+err=$("$CKRUN" $A $T --batch 2 --shard-optimizer 2>&1 >/dev/null)
+echo "$err" | grep -q "splits the optimizer state over the ranks" ; ok $? "--shard-optimizer in one process is refused ($err)"
 
 # planned for 4 ranks, launching none
 out=$("$CKRUN" --plan --world-size 4 scripts/train_sdxl_lora.lua --batch 1 2>&1)

@@ -821,6 +821,15 @@ static int l_compile(lua_State *L)
     if (!(bucket_mb > 0 && bucket_mb <= 1 << 20))
         return ck_lua_raise(L, "compile: bucket_mb must be a size in MiB > 0, got %f", bucket_mb);
     o.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
+    /* ZeRO-1: the optimizer state split over the ranks; rank: the one a
+     * plan-only program plans (a runnable one is this process's) */
+    o.shard = opt_bool(L, 2, "shard_optimizer", 0);
+    const double prank = opt_num(L, 2, "rank", 0);
+    if (!(prank >= 0 && prank < world && prank == (double)(int)prank))
+        return ck_lua_raise(L, "compile: rank must be a whole number from 0 to world_size - 1, got %f", prank);
+    o.rank = (int)prank;
+    if (o.shard && o.world < 2)
+        return ck_lua_raise(L, "compile: shard_optimizer splits the optimizer state over the ranks: give world_size > 1");
     if (o.fused_backward && (o.optim == CK_OPTIM_NONE || o.accumulate > 1 || o.max_grad_norm > 0))
         return ck_lua_raise(L, "compile: fused_backward updates each parameter as soon as its gradient is complete, "
                             "so it cannot %s", o.optim == CK_OPTIM_NONE ? "go without an optimizer"

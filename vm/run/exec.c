@@ -38,6 +38,15 @@ static int run_comm(const ck_exec_env *p, const ck_node *n, char *err, size_t er
 {
     const int first = (int)n->p.i[0], last = (int)n->p.i[1], b = (int)n->p.i[2];
     if (p->replay) return 0;
+    if (n->op == CK_OP_BROADCAST) { /* ZeRO-1: the owner's updated parameter to every rank */
+        const int t = n->in[0];
+        if (p->poff[t] < 0) {
+            snprintf(err, errlen, "%s: broadcast: not a parameter", n->where);
+            return -1;
+        }
+        return ck_dist_broadcast((float *)(p->arena + p->poff[t]), ck_shape_numel(&p->g->t[t].shape), (int)n->p.i[0],
+                                 NULL, NULL) == 0 ? 0 : -1;
+    }
     if (!p->reqs || p->poff[first] < 0 || p->poff[last] < 0) {
         snprintf(err, errlen, "%s: %s: the program has no buckets", n->where, ck_op_name(n->op));
         return -1;
@@ -69,7 +78,8 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
         snprintf(err, errlen, "interrupted");
         return -1;
     }
-    if (n->op == CK_OP_ALLREDUCE_START || n->op == CK_OP_ALLREDUCE_WAIT) return run_comm(p, n, err, errlen);
+    if (n->op == CK_OP_ALLREDUCE_START || n->op == CK_OP_ALLREDUCE_WAIT || n->op == CK_OP_BROADCAST)
+        return run_comm(p, n, err, errlen);
     const ck_backend *be = p->be;
     ck_view in[CK_MAX_IN], out[CK_MAX_OUT] = {{0}};
     const int native = ck_entry_bf16_native(pl, p->g, i, be);

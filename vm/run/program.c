@@ -215,10 +215,45 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         return -1;
     }
     for (int t = 0; t < nt; t++) src[t] = g->t[t].grad;
+    /* ZeRO-1: each parameter's owner, the rank that updates it and alone holds its state */
+    int *owner = NULL;
+    if (o->shard && o->world > 1) {
+        owner = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
+        size_t *held = calloc((size_t)o->world, sizeof(size_t));
+        int *order = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
+        if (!owner || !held || !order) {
+            free(owner), free(held), free(order);
+            owner = NULL;
+            snprintf(g->err, sizeof g->err, "out of memory");
+            goto out;
+        }
+        int np = 0;
+        for (int t = 0; t < nt; t++) {
+            owner[t] = -1;
+            if (g->t[t].kind == CK_KIND_PARAM) order[np++] = t;
+        }
+        /* largest first (ties: graph order), each to the rank holding the fewest bytes (ties: the lowest) */
+        for (int i = 1; i < np; i++)
+            for (int j = i; j > 0 && ck_tensor_bytes(&g->t[order[j]]) > ck_tensor_bytes(&g->t[order[j - 1]]); j--) {
+                const int x = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = x;
+            }
+        for (int i = 0; i < np; i++) {
+            int best = 0;
+            for (int r = 1; r < o->world; r++)
+                if (held[r] < held[best]) best = r;
+            owner[order[i]] = best;
+            held[best] += ck_tensor_bytes(&g->t[order[i]]);
+        }
+        free(held);
+        free(order);
+    }
     if ((o->accumulate > 1 || o->world > 1) && add_accumulation(g, o, prog, nt, src)) goto out;
     if (o->max_grad_norm > 0 && (factor = clip_factor(g, nt, src, o->max_grad_norm)) == -1) goto out;
     for (int t = 0; t < nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
+        if (owner && owner[t] != o->rank) continue; /* another rank updates it */
         ck_op_params p = {0};
         p.f[CK_OPT_LR_SCALE] = g->t[t].lr_scale;
         ck_shape outs[CK_MAX_OUT];
@@ -271,9 +306,24 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         n->out[0] = t;
         for (int k = 0; k < ns; k++) n->out[1 + k] = in[2 + k];
     }
+    /* ZeRO-1: every parameter from its owner to every rank, after the updates */
+    for (int t = 0; owner && t < nt; t++) {
+        if (g->t[t].kind != CK_KIND_PARAM) continue;
+        ck_op_params prm = {0};
+        prm.i[0] = owner[t];
+        ck_shape outs[CK_MAX_OUT];
+        const int in[1] = {t}, want[CK_MAX_OUT] = {0, 0, 0};
+        for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+        ck_graph_set_scope(g, "data_parallel");
+        const int id = ck_graph_node(g, CK_OP_BROADCAST, in, 1, &prm, outs, want, NULL, g->t[t].where);
+        if (id < 0) goto out;
+        g->n[id].phase = CK_PHASE_OPTIMIZER;
+        g->n[id].out[0] = t; /* in place */
+    }
     rc = 0;
 out:
     ck_graph_set_scope(g, "");
+    free(owner);
     free(src);
     return rc;
 }
@@ -516,7 +566,11 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
                   ck_dist_size(), o->world);
             goto fail;
         }
+        if (!o->plan_only) p->opt.rank = ck_dist_rank();
     }
+    ck_compile_opts own_opts = *o; /* with this process's rank */
+    own_opts.rank = p->opt.rank;
+    o = &own_opts;
     if (o->loss >= 0 && trains) {
         if (ck_autodiff(g, o->loss)) {
             failf(err, errlen, "%s", g->err);

@@ -75,6 +75,13 @@ typedef struct ck_compile_opts {
      * accumulated steps. A plan-only program plans one rank of world. */
     int world;
     size_t bucket_bytes;
+    /* ZeRO stage 1 (world > 1): each parameter's optimizer state lives on one
+     * rank, its owner (whole tensors, dealt largest first to the rank holding
+     * the fewest bytes), which alone updates it; BROADCAST entries then give
+     * every rank its new values. rank: this program's rank (a plan-only
+     * program plans the rank given; a runnable one is the job's) */
+    int shard;
+    int rank;
 } ck_compile_opts;
 
 /* Statistics that logging steps compute (vm/run/logstats.c), by group. */

@@ -6,29 +6,8 @@
 # fp32 summation-order tolerance (AdamW, clipping, accumulation, small
 # buckets, Lion, SGD), a bitwise repeat, the plan of one rank of 8, the
 # refusals. SKIPs (77) where mpirun is missing or ckrun was built without MPI.
-set -u
-pass=0 fail=0
-ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
-CKRUN=${CKRUN:-build/ckrun}
-if ! command -v mpirun > /dev/null; then
-  echo "SKIP: mpirun is missing (apt-get install openmpi-bin libopenmpi-dev)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 # CI may run as root
-export OMP_NUM_THREADS=1
-unset CK_DIST_TIMEOUT
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-MPIRUN="timeout 120 mpirun --oversubscribe"
-# under make test-asan the ranks keep ASan's checks, not its leak check (Open MPI's own allocations at exit)
-if [ -n "${ASAN_OPTIONS:-}" ]; then
-  MPIRUN="timeout 120 env ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 mpirun --oversubscribe"
-fi
-$MPIRUN -np 2 "$CKRUN" -e 'print(require("ck").world_size())' > "$dir/probe.out" 2> "$dir/probe.err"
-if grep -q "built without MPI" "$dir/probe.err"; then
-  echo "SKIP: ckrun was built without MPI"
-  exit 77
-fi
+MPI_TIMEOUT=120
+. tests/sh/mpi_setup.sh
 for np in 2 3; do
   $MPIRUN -np $np "$CKRUN" tests/lua/mpi_ddp.lua > "$dir/ddp$np.out" 2> "$dir/ddp$np.err"; rc=$?
   good=$(grep -c ' passed, 0 failed$' "$dir/ddp$np.out")

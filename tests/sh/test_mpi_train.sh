@@ -8,14 +8,7 @@
 # rank's step time and wait in collectives; ranks whose options differ are
 # refused at start; --plan --world-size N plans one rank of N. SKIPs (77)
 # where mpirun is missing or ckrun was built without MPI.
-set -u
-pass=0 fail=0
-ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
-CKRUN=${CKRUN:-build/ckrun}
-if ! command -v mpirun > /dev/null; then
-  echo "SKIP: mpirun is missing (apt-get install openmpi-bin libopenmpi-dev)"
-  exit 77
-fi
+. tests/sh/mpi_setup.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 # CI may run as root
 export OMP_NUM_THREADS=1
 unset CK_DIST_TIMEOUT

@@ -7,7 +7,9 @@
  * optimizer updates are never recomputed. With fused updates (the graph's
  * fused_updates), each update moves to right after the last entry that reads
  * or writes any of its operands (its parameter, gradient and state), so a
- * gradient is freed as soon as it is complete and applied. */
+ * gradient is freed as soon as it is complete and applied; data parallel
+ * (the graph's comm_overlap) moves each gradient's accumulation and each
+ * bucket's ALLREDUCE_START the same way. */
 #include "plan/plan.h"
 
 #include <stdlib.h>
@@ -93,58 +95,6 @@ static ck_op_ref ref_of(const ck_graph *g, int id)
     return r;
 }
 
-/* Fused updates: every optimizer entry after the last other entry that
- * touches one of its inputs; the rest keep their order. */
-static int fuse_updates(ck_plan *pl)
-{
-    const int n = pl->n;
-    int *last = malloc(sizeof(int) * (size_t)(pl->ntensors ? pl->ntensors : 1));
-    int *after = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    int *head = malloc(sizeof(int) * (size_t)(n + 1)), *tail = malloc(sizeof(int) * (size_t)(n + 1));
-    int *next = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    ck_op_ref *ops = malloc(sizeof *ops * (size_t)(n ? n : 1));
-    if (!last || !after || !head || !tail || !next || !ops) {
-        free(last), free(after), free(head), free(tail), free(next), free(ops);
-        return -1;
-    }
-    for (int t = 0; t < pl->ntensors; t++) last[t] = -1;
-    for (int i = 0; i < n; i++) {
-        const ck_op_ref *r = &pl->ops[i];
-        if (r->phase == CK_PHASE_OPTIMIZER) continue;
-        for (int j = 0; j < r->nin; j++) last[r->in[j]] = i;
-        for (int k = 0; k < r->nout; k++)
-            if (r->out[k] >= 0) last[r->out[k]] = i;
-    }
-    for (int i = 0; i < n; i++) {
-        after[i] = i;
-        if (pl->ops[i].phase != CK_PHASE_OPTIMIZER) continue;
-        after[i] = -1;
-        for (int j = 0; j < pl->ops[i].nin; j++)
-            if (last[pl->ops[i].in[j]] > after[i]) after[i] = last[pl->ops[i].in[j]];
-    }
-    /* bucket b + 1 holds the updates that follow entry b (bucket 0: those
-     * that touch nothing else), in list order */
-    for (int b = 0; b <= n; b++) head[b] = tail[b] = -1;
-    for (int u = 0; u < n; u++) {
-        if (pl->ops[u].phase != CK_PHASE_OPTIMIZER) continue;
-        const int b = after[u] + 1;
-        next[u] = -1;
-        if (tail[b] < 0) head[b] = u;
-        else next[tail[b]] = u;
-        tail[b] = u;
-    }
-    int m = 0;
-    for (int u = head[0]; u >= 0; u = next[u]) ops[m++] = pl->ops[u];
-    for (int i = 0; i < n; i++) {
-        if (pl->ops[i].phase == CK_PHASE_OPTIMIZER) continue;
-        ops[m++] = pl->ops[i];
-        for (int u = head[i + 1]; u >= 0; u = next[u]) ops[m++] = pl->ops[u];
-    }
-    memcpy(pl->ops, ops, sizeof *ops * (size_t)n);
-    free(last), free(after), free(head), free(tail), free(next), free(ops);
-    return 0;
-}
-
 /* an optimizer entry that adds a gradient into its persistent sum */
 static int is_accumulation(const ck_plan *pl, const ck_graph *g, int i)
 {
@@ -154,12 +104,15 @@ static int is_accumulation(const ck_plan *pl, const ck_graph *g, int i)
            g->t[nd->out[0]].kind == CK_KIND_OPTSTATE;
 }
 
-/* Data parallel overlapped with backward: each accumulation entry moves to
- * right after the last other entry that reads or writes its gradient, and
+/* Optimizer entries moved forward into the list. Fused updates (comm 0):
+ * every optimizer entry right after the last other entry that touches one
+ * of its inputs. Data parallel overlapped with backward (comm 1): each
+ * accumulation entry likewise (right after its gradient is complete), and
  * each ALLREDUCE_START right after the last accumulation of its bucket (the
  * sums of graph tensors i0..i1); every other optimizer entry (the waits, the
- * mean, clipping, the updates) stays at the end in list order. */
-static int hoist_comm(ck_plan *pl, const ck_graph *g)
+ * mean, clipping, the updates, the broadcasts) stays at the end in list
+ * order. The other entries keep their order. */
+static int move_optimizer_entries(ck_plan *pl, const ck_graph *g, int comm)
 {
     const int n = pl->n;
     int *last = malloc(sizeof(int) * (size_t)(pl->ntensors ? pl->ntensors : 1));
@@ -180,25 +133,25 @@ static int hoist_comm(ck_plan *pl, const ck_graph *g)
             if (r->out[k] >= 0) last[r->out[k]] = i;
     }
     for (int i = 0; i < n; i++) {
-        after[i] = -2; /* stays at the end */
-        if (is_accumulation(pl, g, i)) {
-            after[i] = -1;
-            for (int j = 0; j < pl->ops[i].nin; j++)
-                if (last[pl->ops[i].in[j]] > after[i]) after[i] = last[pl->ops[i].in[j]];
-            sum_after[g->n[pl->ops[i].node].out[0]] = after[i];
-        }
+        after[i] = pl->ops[i].phase == CK_PHASE_OPTIMIZER ? -2 : i; /* -2: stays at the end */
+        if (pl->ops[i].phase != CK_PHASE_OPTIMIZER || (comm && !is_accumulation(pl, g, i))) continue;
+        after[i] = -1;
+        for (int j = 0; j < pl->ops[i].nin; j++)
+            if (last[pl->ops[i].in[j]] > after[i]) after[i] = last[pl->ops[i].in[j]];
+        if (comm) sum_after[g->n[pl->ops[i].node].out[0]] = after[i];
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; comm && i < n; i++) {
         const ck_node *nd = &g->n[pl->ops[i].node];
         if (nd->op != CK_OP_ALLREDUCE_START) continue;
         after[i] = -1;
         for (int t = (int)nd->p.i[0]; t <= (int)nd->p.i[1] && t < g->nt; t++)
             if (sum_after[t] > after[i]) after[i] = sum_after[t];
     }
-    /* anchor b + 1 holds the entries that follow entry b, in list order */
+    /* anchor b + 1 holds the entries that follow entry b (anchor 0: those
+     * that touch nothing else), in list order */
     for (int b = 0; b <= n; b++) head[b] = tail[b] = -1;
     for (int u = 0; u < n; u++) {
-        if (after[u] == -2) continue;
+        if (pl->ops[u].phase != CK_PHASE_OPTIMIZER || after[u] == -2) continue;
         const int b = after[u] + 1;
         next[u] = -1;
         if (tail[b] < 0) head[b] = u;
@@ -213,7 +166,7 @@ static int hoist_comm(ck_plan *pl, const ck_graph *g)
         for (int u = head[i + 1]; u >= 0; u = next[u]) ops[m++] = pl->ops[u];
     }
     for (int i = 0; i < n; i++)
-        if (pl->ops[i].phase == CK_PHASE_OPTIMIZER && after[i] == -2) ops[m++] = pl->ops[i];
+        if (after[i] == -2) ops[m++] = pl->ops[i];
     memcpy(pl->ops, ops, sizeof *ops * (size_t)n);
     rc = 0;
 out:
@@ -246,8 +199,7 @@ int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const u
             if (marked(&s, r.in[j]) && (r.in[j] = materialize(&s, r.in[j])) < 0) goto fail;
         if (push(&s, &r)) goto fail;
     }
-    if (g->fused_updates && fuse_updates(pl)) goto fail;
-    if (g->comm_overlap && !g->fused_updates && hoist_comm(pl, g)) goto fail;
+    if ((g->fused_updates || g->comm_overlap) && move_optimizer_entries(pl, g, !g->fused_updates)) goto fail;
     free(s.copy);
     return 0;
 fail:

@@ -162,7 +162,7 @@ if o["shard-optimizer"] and (o["save-every"] > 0 or o.resume) then
 end
 if world > 1 then
   for _, name in ipairs{"fused-backward", "network-dropout", "shuffle-caption", "caption-dropout-rate",
-                        "caption-tag-dropout-rate", "random-crop", "enable-bucket", "sample-every"} do
+                        "caption-tag-dropout-rate", "random-crop", "enable-bucket"} do
     if o:given(name) and o[name] ~= false and o[name] ~= 0 then
       error(string.format("--%s is not supported on several ranks yet (this job has %d)", name, world))
     end
@@ -288,7 +288,7 @@ end
 -- the samples' programs (ck.sampling), with the encoders they need: a base
 -- model's, or the tiny random ones
 local sampler, models
-if sample_prompts then
+if sample_prompts and dp_rank == 0 then -- rank 0 renders the job's samples
   models = require("ck.encode").models{base = base, seed = seed, tokenizer = o.tokenizer,
                                        max_token_length = max_token_length}
   sampler = require("ck.sampling").new{prompts = sample_prompts, models = models, config = config,
@@ -699,11 +699,19 @@ if start == 1 then logger:write{step = 0, val_loss = val_before} end
 if fit_reason then logger:write{step = start - 1, checkpoint = policy.name(checkpoint), batch = batch, fit = fit_reason} end
 -- the samples: each rendering's time logged beside the steps' (sample_time)
 local function render(step)
-  local secs, files = sampler:render(step, logger)
-  logger:print(string.format("step %d: %d sample%s in %.1f s (%s)", step, #files, #files == 1 and "" or "s", secs,
-    sampler.dir))
+  if sampler then
+    local secs, files = sampler:render(step, logger)
+    logger:print(string.format("step %d: %d sample%s in %.1f s (%s)", step, #files, #files == 1 and "" or "s", secs,
+      sampler.dir))
+  end
+  if world > 1 then -- the other ranks wait for rank 0's samples: up to an hour, then the job ends
+    local t = ck.dist_timeout()
+    ck.dist_timeout(math.max(t, 3600))
+    ck.barrier()
+    ck.dist_timeout(t)
+  end
 end
-if sampler and o["sample-at-first"] and start == 1 then render(0) end
+if sample_prompts and o["sample-at-first"] and start == 1 then render(0) end
 local first, window, recent, step_time = nil, {}, 0, 0
 for step = start, steps do
   local t0 = ck.now()
@@ -727,7 +735,7 @@ for step = start, steps do
     logger:write{step = step, val_loss = v}
     logger:print(string.format("step %d: validation loss %.4f", step, v))
   end
-  if sampler and sample_every > 0 and step % sample_every == 0 then render(step) end
+  if sample_prompts and sample_every > 0 and step % sample_every == 0 then render(step) end
   if save_lora_every > 0 and step % save_lora_every == 0 and step < steps then
     local path = (out:gsub("%.safetensors$", "")) .. string.format("-step%08d.safetensors", step)
     save_lora(path, step)

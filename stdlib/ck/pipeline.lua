@@ -308,11 +308,13 @@ function Pipe:vae_program(w, h)
 end
 
 -- prompt_embeds and pooled of the negative (zeros when absent and the model
--- forces zeros) and positive prompts, each half as flat lists
-function Pipe:encode_prompts(prompt, negative)
+-- forces zeros) and positive prompts, each half as flat lists; tp: a text
+-- program (encode.text_program at batch 1) to run, else one made and closed
+function Pipe:encode_prompts(prompt, negative, tp)
   local models = self.models
-  local tp = encode.text_program(models, 1)
-  local closing <close> = tp.program
+  local own = not tp and encode.text_program(models, 1) or nil
+  tp = tp or own
+  local closing <close> = own and own.program or nil
   local pe, pooled = encode.encode_text(tp, models, {prompt})
   local npe, npooled
   if negative == nil and models.force_zeros then

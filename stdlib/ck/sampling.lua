@@ -58,23 +58,12 @@ end
 -- program closed after it; the bound on the process while it runs (nil
 -- without a heap cap), as encode.cache states its own.
 function Sampler:encode()
-  pipeline.new{models = self.models, unet_config = self.config} -- the encoders fit the UNet; force_zeros set
+  local pipe = pipeline.new{models = self.models, unet_config = self.config} -- the encoders must fit the UNet
   local tp = encode.text_program(self.models, 1)
   local _, bound = require("ck.memory").outside(tp.program, {tp.program})
   local closing <close> = tp.program
   self.embeddings = {}
-  for i, e in ipairs(self.prompts) do
-    local pe, pooled = encode.encode_text(tp, self.models, {e.prompt})
-    local npe, npooled
-    if e.negative_prompt == nil and self.models.force_zeros then
-      npe, npooled = {}, {}
-      for k = 1, #pe do npe[k] = 0.0 end
-      for k = 1, #pooled do npooled[k] = 0.0 end
-    else
-      npe, npooled = encode.encode_text(tp, self.models, {e.negative_prompt or ""})
-    end
-    self.embeddings[i] = {pe, pooled, npe, npooled}
-  end
+  for i, e in ipairs(self.prompts) do self.embeddings[i] = {pipe:encode_prompts(e.prompt, e.negative_prompt, tp)} end
   return bound
 end
 

@@ -59,11 +59,6 @@ local function mine(B) -- this rank's samples of a global batch of B (Distribute
   for i = R, B - 1, W do idx[#idx + 1] = i end
   return idx
 end
-local function all(B)
-  local idx = {}
-  for i = 0, B - 1 do idx[#idx + 1] = i end
-  return idx
-end
 
 local function rel(a, b)
   local num, den = 0, 0

@@ -8,36 +8,9 @@
 # ck.dist_timeout), rank 1 leaving early, rank 1 killed, and a stock lua5.4
 # that loaded ck.so exiting on an error. SKIPs (77) where mpirun is missing or
 # ckrun was built without MPI.
-set -u
-pass=0 fail=0
-ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
-CKRUN=${CKRUN:-build/ckrun}
+MPI_TIMEOUT=60
+. tests/sh/mpi_setup.sh
 BUILD=${CK_BUILD:-build}
-
-if ! command -v mpirun > /dev/null; then
-  echo "SKIP: mpirun is missing (apt-get install openmpi-bin libopenmpi-dev)"
-  exit 77
-fi
-# CI may run as root, which Open MPI refuses unless told
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMP_NUM_THREADS=1
-unset CK_DIST_TIMEOUT
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-MPIRUN="timeout 60 mpirun --oversubscribe"
-# Under make test-asan, the ranks keep AddressSanitizer's checks but not its
-# leak check: Open MPI leaves its own allocations at exit, in components it
-# has unloaded by then (stacks of one unnamed frame no suppression can
-# match). ckrun's code is leak-checked by the one-process runs below.
-if [ -n "${ASAN_OPTIONS:-}" ]; then
-  MPIRUN="timeout 60 env ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 mpirun --oversubscribe"
-fi
-
-$MPIRUN -np 2 "$CKRUN" -e 'print(require("ck").world_size())' > "$dir/probe.out" 2> "$dir/probe.err"
-if grep -q "built without MPI" "$dir/probe.err"; then
-  echo "SKIP: ckrun was built without MPI ($(grep -m1 'built without MPI' "$dir/probe.err"))"
-  exit 77
-fi
 [ "$(sort -u "$dir/probe.out")" = 2 ]
 ok $? "mpirun -np 2 ckrun: two ranks of a world of 2 ($(tr '\n' ' ' < "$dir/probe.out"))"
 

@@ -1374,7 +1374,7 @@ static int l_fill_randn(lua_State *L)
     uint64_t stream = ck_rng_key(p->opt.seed, (uint64_t)step, key);
     float *x = ck_program_write_begin(p, id, 0);
     if (!x) return luaL_error(L, "randn: %s", p->err);
-    for (int64_t r = 0, i = 0; r < nrows || (nrows == 0 && i < n); r++) {
+    for (int64_t r = 0, i = 0; r < nrows; r++) {
         uint64_t from = (uint64_t)(r * per);
         if (have_rows) {
             lua_rawgeti(L, 6, r + 1);

@@ -962,7 +962,6 @@ static int run_overlapped(ck_program *p, const ck_run_opts *o, ck_run_info *r, c
             p->grp->step--;
             return failf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
         }
-        if (bad > 0.0f && sums) r->other_rank = 1;
         fin = bad == 0.0f;
     }
     if (!fin) {
@@ -1044,10 +1043,7 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
             p->grp->step--;
             return failf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
         }
-        if (bad > 0.0f && fin) {
-            fin = 0;
-            r->other_rank = 1;
-        }
+        if (bad > 0.0f) fin = 0;
     }
     if (!fin) {
         r->nonfinite = 1;

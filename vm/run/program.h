@@ -196,7 +196,6 @@ typedef struct ck_run_info {
     const ck_plan *plan;  /* the list that ran */
     int nonfinite;        /* guard: the loss or a gradient was non-finite; the update was not applied */
     int loss_nonfinite;   /* the loss was */
-    int other_rank;       /* nonfinite: on another rank of a data-parallel job, not this one's */
     int bad_entry;        /* nonfinite: the first list entry whose output held a non-finite value, -1 */
     int bad_input;        /* a parameter or input of that entry holding non-finite values, -1 */
     size_t high_water;    /* measure: bytes from the arena's start to the last byte the step wrote */

@@ -14,7 +14,12 @@
 #   4. the whole run's device memory: full SDXL LoRA at 1024 logging every
 #      step, validating and saving, cudaMemGetInfo before the program, at each
 #      logged step and at the end against the plan (out/gpu_check/whole_run.md);
-#   5. time a training step, LoRA rank 4 on to_q/to_k/to_v/to_out.0 of a frozen
+#   5. mixed precision against PyTorch (bench/results/gpu_check.json): full
+#      SDXL at 1024x1024, ckrun --mixed-precision bf16 against PyTorch's bf16
+#      autocast with SDPA and torch.utils.checkpoint: LoRA rank 16 at batch 1
+#      and 4 under none and diffusers, full fine-tuning with 8-bit AdamW and
+#      fused updates, and torch.compile's step when time is left (speed.md);
+#   6. time a training step, LoRA rank 4 on to_q/to_k/to_v/to_out.0 of a frozen
 #      base, AdamW, fp32, batch 1: sdxl-tiny at 64x64 latents and full SDXL at
 #      1024x1024 pixels (128x128 latents; 512x512 when none's plan does not fit
 #      the free device memory, said in the table), under the policies none,
@@ -61,13 +66,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
     die "nvidia-smi sees no GPU: $(cat "$out/gpu.txt")"
 [ -s "$out/gpu.txt" ] || die "nvidia-smi lists no GPU"
 echo "GPU: $(head -1 "$out/gpu.txt")"
+export CK_GPU_NAME="$(head -1 "$out/gpu.txt" | cut -d, -f1)"
 [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "no nvcc (CUDA toolkit) found"
 
 # the results, also where the device tool collects them (at most 8 files)
 leave_results() {
     [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
     tar czf "$OUT/gpu_check.tar.gz" -C out gpu_check 2>/dev/null || true
-    for f in steps.md cuda_ops.md whole_run.md; do [ ! -f "$out/$f" ] || cp "$out/$f" "$OUT/"; done
+    for f in steps.md speed.md cuda_ops.md whole_run.md; do [ ! -f "$out/$f" ] || cp "$out/$f" "$OUT/"; done
 }
 trap leave_results EXIT
 
@@ -161,6 +167,75 @@ gpu_test test_cuda_ops_emu 60 build/test_cuda_ops_emu
 # bitwise, exact device peaks, host I/O, logging, the guard, bf16 storage
 gpu_test test_device 180 build/ckrun --trust tests/device/test_device.lua
 
+# ---- the time budget: each part below runs within what is left of it
+deadline=$(( start + ${GPU_CHECK_SECONDS:-470} ))
+# seconds a part may run: at most $1, and leaving $2 seconds before the deadline
+limit() {
+    local l=$(( deadline - $(date +%s) - $2 ))
+    [ "$l" -le "$1" ] || l=$1
+    [ "$l" -ge 0 ] || l=0
+    echo "$l"
+}
+# run_part NAME SECONDS COMMAND...: stdout to $out/NAME.jsonl, stderr to $out/NAME.txt
+run_part() {
+    local name=$1 secs=$2 rc=0
+    shift 2
+    : > "$out/$name.jsonl"
+    if [ "$secs" -lt 20 ]; then
+        fail "$name: not run: ${secs} s left of the ${GPU_CHECK_SECONDS:-470} s budget"
+        return 0
+    fi
+    local t0
+    t0=$(date +%s)
+    timeout -k 10 "$secs" "$@" > "$out/$name.jsonl" 2> "$out/$name.txt" || rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        fail "$name: stopped after its $secs s (see $out/$name.txt)"
+    elif [ $rc -ne 0 ]; then
+        fail "$name: exit $rc: $(tail -1 "$out/$name.txt") (see $out/$name.txt)"
+    fi
+    echo "$name: $(grep -c '"policy"' "$out/$name.jsonl" || true) results in $(( $(date +%s) - t0 )) s"
+}
+torch_cuda=0
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    torch_cuda=1
+fi
+
+# ---- mixed precision against PyTorch: full SDXL at 1024x1024 in bf16, ckrun's
+# --mixed-precision bf16 against PyTorch's bf16 autocast with SDPA and
+# torch.utils.checkpoint; LoRA rank 16 at batch 1 and 4 under none and
+# diffusers, and full fine-tuning with 8-bit AdamW and fused updates (PyTorch:
+# bitsandbytes' AdamW8bit, else fused AdamW); torch.compile's step time for the
+# batch-1 LoRA row when it compiles within 3 minutes and time is left. The
+# pairs go to bench/results/gpu_check.json (ckrun_ms, torch_ms, peaks, date,
+# device) and out/gpu_check/speed.md.
+speed_rows() {
+    local common="build/ckrun --trust bench/gpu_step.lua --case full --latent 128 --fallback none --mixed-precision bf16 --warmup 1 --steps 3"
+    run_part speed_lora_b1 "$(limit 75 240)" $common --rank 16 --batch 1 --policies none,diffusers
+    run_part speed_lora_b4 "$(limit 90 200)" $common --rank 16 --batch 4 --policies none,diffusers
+    run_part speed_full "$(limit 90 160)" $common --lora false --optimizer adamw8bit --fused-backward true \
+        --batch 1 --policies diffusers
+    cat "$out"/speed_lora_b1.jsonl "$out"/speed_lora_b4.jsonl "$out"/speed_full.jsonl > "$out/speed_ckrun.jsonl"
+    grep -q '"peak_match": false' "$out/speed_ckrun.jsonl" &&
+        fail "ckrun bf16: a measured arena high-water mark differs from the planned peak (see $out/speed_ckrun.jsonl)"
+    local files=("$out/speed_ckrun.jsonl")
+    if [ $torch_cuda -eq 1 ]; then
+        run_part speed_torch "$(limit 150 120)" python3 bench/gpu_step_torch.py "$out/speed_ckrun.jsonl"
+        files+=("$out/speed_torch.jsonl")
+        if [ "$(limit 180 100)" -ge 60 ]; then
+            run_part speed_torch_compile "$(limit 180 100)" python3 bench/gpu_step_torch.py --compile --policy none \
+                "$out/speed_lora_b1.jsonl"
+            files+=("$out/speed_torch_compile.jsonl")
+        else
+            echo "torch.compile: not run (too little of the time budget left)"
+        fi
+    fi
+    mkdir -p bench/results
+    python3 bench/gpu_step_torch.py --results bench/results/gpu_check.json "${files[@]}" | tee "$out/speed.md" ||
+        fail "bench/results/gpu_check.json (bench/gpu_step_torch.py --results)"
+    { echo; python3 bench/gpu_step_torch.py --table "${files[@]}"; } >> "$out/speed.md" || true
+}
+speed_rows
+
 # ---- the whole run's device memory: full SDXL LoRA at 1024, logging every
 # step (grad norms and block statistics), validating, saving a state; the
 # device memory in use (cudaMemGetInfo) before the program, at every logged
@@ -210,15 +285,11 @@ print("device memory above the start equals the plan" if worst < mib else f"DIFF
 sys.exit(0 if worst < mib else 1)
 EOF2
 }
-whole_run 150
+whole_run "$(limit 150 80)"
 
 # ---- per-op timings, ckrun and PyTorch
 timeout -k 10 120 build/bench_cuda_ops --reps 20 > "$out/cuda_ops.jsonl" 2> "$out/cuda_ops.txt" ||
     fail "bench_cuda_ops (see $out/cuda_ops.txt and the error fields of $out/cuda_ops.jsonl)"
-torch_cuda=0
-if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    torch_cuda=1
-fi
 if [ $torch_cuda -eq 1 ]; then
     timeout -k 10 120 python3 bench/cuda_ops_torch.py "$out/cuda_ops.jsonl" --reps 20 | tee "$out/cuda_ops.md" ||
         fail "bench/cuda_ops_torch.py"
@@ -236,33 +307,6 @@ EOF
 fi
 
 # ---- training steps, ckrun and PyTorch, within the time left
-deadline=$(( start + ${GPU_CHECK_SECONDS:-470} ))
-# seconds a part may run: at most $1, and leaving $2 seconds before the deadline
-limit() {
-    local l=$(( deadline - $(date +%s) - $2 ))
-    [ "$l" -le "$1" ] || l=$1
-    [ "$l" -ge 0 ] || l=0
-    echo "$l"
-}
-# run_part NAME SECONDS COMMAND...: stdout to $out/NAME.jsonl, stderr to $out/NAME.txt
-run_part() {
-    local name=$1 secs=$2 rc=0
-    shift 2
-    : > "$out/$name.jsonl"
-    if [ "$secs" -lt 20 ]; then
-        fail "$name: not run: ${secs} s left of the ${GPU_CHECK_SECONDS:-470} s budget"
-        return 0
-    fi
-    local t0
-    t0=$(date +%s)
-    timeout -k 10 "$secs" "$@" > "$out/$name.jsonl" 2> "$out/$name.txt" || rc=$?
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        fail "$name: stopped after its $secs s (see $out/$name.txt)"
-    elif [ $rc -ne 0 ]; then
-        fail "$name: exit $rc: $(tail -1 "$out/$name.txt") (see $out/$name.txt)"
-    fi
-    echo "$name: $(grep -c '"policy"' "$out/$name.jsonl" || true) results in $(( $(date +%s) - t0 )) s"
-}
 run_part step_tiny "$(limit 60 100)" build/ckrun --trust bench/gpu_step.lua --case tiny --warmup 3 --steps 10
 run_part step_full "$(limit 240 60)" build/ckrun --trust bench/gpu_step.lua --case full --warmup 1 --steps 3
 cat "$out/step_tiny.jsonl" "$out/step_full.jsonl" > "$out/steps_ckrun.jsonl"

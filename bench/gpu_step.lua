@@ -22,7 +22,8 @@
 -- another workspace).
 --
 -- The first line describes the case (event "case"); then one line per policy.
--- JSON fields: impl ("ckrun"), case, model, lora, rank, batch, latent, pixels,
+-- JSON fields: impl ("ckrun"), case, model, lora, rank, batch, latent, pixels, precision
+-- (--mixed-precision: no, bf16, fp16), optimizer, fused_backward,
 -- requested_latent, fallback (why the case runs smaller), policy, device,
 -- params, trainable, compile_s, step_ms (median), step_ms_all, warmup, steps,
 -- plan_peak, plan_persistent, plan_activation_bytes, arena, measured_peak
@@ -58,6 +59,8 @@ local o = options.parse(args, {
   {"optimizer", "choice", "adamw", "the optimizer", choices = {"adamw", "adamw8bit"}},
   {"fused-backward", "flag", false, "each update as soon as its gradient is complete", arg = "true|false"},
   {"rank", "integer", 4, "the adapters' rank", min = 1},
+  {"mixed-precision", "choice", "no", "no: fp32; bf16 or fp16: activations and frozen weights stored in 16 bits " ..
+   "(compile's precision)", choices = {"no", "bf16", "fp16"}},
   {"policies", "list", "none,diffusers,budget:62%", "the checkpoint policies (a budget percentage is of none's peak)"},
   {"warmup", "integer", 1, "untimed steps after the measuring one", min = 0},
   {"steps", "integer", 5, "timed steps", min = 1},
@@ -78,6 +81,7 @@ local batch = o.batch
 local use_lora = o.lora
 local optimizer = o.optimizer
 local fused = o["fused-backward"]
+local precision = o["mixed-precision"]
 local rank = o.rank
 local warmup = o.warmup
 local steps = o.steps
@@ -113,7 +117,8 @@ local function build(latent, checkpoint, plan_only)
     config = config, batch = batch, latent = latent, lora = use_lora and {rank = rank},
     objective = {prediction = "eps", seed = seed},
     compile = {optimizer = optimizer, lr = 1e-4, weight_decay = 1e-2, seed = seed, checkpoint = checkpoint,
-               plan_only = plan_only, device = device, fused_backward = fused},
+               plan_only = plan_only, device = device, fused_backward = fused,
+               precision = precision},
   }
 end
 
@@ -186,6 +191,7 @@ print(plan.json(plan.object{
   {"impl", "ckrun"}, {"event", "case"}, {"case", case}, {"model", model_name}, {"lora", use_lora},
   {"rank", use_lora and rank or nil}, {"batch", batch}, {"latent", latent}, {"pixels", latent * 8},
   {"requested_latent", requested}, {"fallback", fallback_note}, {"device", device}, {"policies", names},
+  {"precision", precision}, {"optimizer", optimizer}, {"fused_backward", fused},
 }))
 io.stdout:flush()
 
@@ -257,6 +263,7 @@ for _, name in ipairs(names) do
     {"impl", "ckrun"}, {"case", case}, {"model", model_name}, {"lora", use_lora}, {"rank", use_lora and rank or nil},
     {"batch", batch}, {"latent", latent}, {"pixels", latent * 8}, {"requested_latent", requested},
     {"fallback", fallback_note}, {"policy", name}, {"device", row.device or device},
+    {"precision", precision}, {"optimizer", optimizer}, {"fused_backward", fused},
     {"params", row.params}, {"trainable", row.trainable}, {"compile_s", row.compile_s},
     {"step_ms", row.step_ms}, {"step_ms_all", row.step_ms_all}, {"warmup", warmup}, {"steps", steps},
     {"plan_peak", row.plan_peak}, {"plan_persistent", row.plan_persistent},

@@ -17,6 +17,17 @@ per (case, policy) on stdout, progress on stderr.
   python3 bench/gpu_step_torch.py out/gpu_check/steps_ckrun.jsonl > out/gpu_check/steps_torch.jsonl
   python3 bench/gpu_step_torch.py --case tiny:16 --device cpu --steps 1     no ckrun file, on the CPU
   python3 bench/gpu_step_torch.py --table out/gpu_check/steps_ckrun.jsonl out/gpu_check/steps_torch.jsonl
+  python3 bench/gpu_step_torch.py --results bench/results/gpu_check.json FILES...   the JSON of ckrun/PyTorch pairs
+
+Mixed precision (a case's "precision", ckrun's --mixed-precision): bf16 or fp16
+run the forward and the loss under torch.autocast with that dtype, SDPA taking
+the flash kernels, as kohya's --mixed_precision does: for LoRA the frozen base is
+cast to the dtype (kohya's weight_dtype) and the adapters stay fp32; fp16 scales
+the loss with torch.amp.GradScaler. Mixed-precision cases allow TF32 (autocast
+runs products in 16 bits anyway). A case's optimizer adamw8bit is
+bitsandbytes' AdamW8bit when bitsandbytes imports, else torch.optim.AdamW with
+fused=True (the row's optimizer field says which). --compile wraps the model in
+torch.compile (impl "pytorch-compile"); gpu_check.sh runs it under a time limit.
 
 --table needs no torch: it prints the markdown table of ckrun's lines and
 PyTorch's (when given) with the notes under it.
@@ -158,22 +169,72 @@ def train_step(model, opt, i):
     return loss.item()  # waits for the device, as ckrun's p:step() does
 
 
-def run_case(vp, case, policies, warmup, steps, attention_note, device):
+def make_optimizer(case, trainable):
+    """The case's optimizer and its name: AdamW, or 8-bit AdamW (bitsandbytes, else fused AdamW)."""
+    import torch
+    kw = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+    if case.get("optimizer") == "adamw8bit":
+        try:
+            import bitsandbytes as bnb
+            return bnb.optim.AdamW8bit(trainable, **kw), "bitsandbytes AdamW8bit " + bnb.__version__
+        except Exception:  # not installed, or no build for this GPU
+            return torch.optim.AdamW(trainable, fused=True, **kw), "torch AdamW fused (no bitsandbytes)"
+    if case.get("fused_backward"):
+        return torch.optim.AdamW(trainable, fused=True, **kw), "torch AdamW fused"
+    return torch.optim.AdamW(trainable, **kw), "torch AdamW"
+
+
+def mixed_step(model, opt, i, dtype, scaler):
+    """train_step under autocast (and GradScaler for fp16)."""
+    import torch
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(i["latents"].device.type, dtype=dtype):
+        noisy = i["latents"] * i["sa"] + i["noise"] * i["sb"]
+        pred = model(noisy, i["timesteps"], i["prompt_embeds"], i["pooled"], i["time_ids"])
+    d = pred.float() - i["noise"]
+    loss = (d * d * i["weight"]).mean()
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+def run_case(vp, case, policies, warmup, steps, attention_note, device, compile_model=False):
     import torch
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     rows = []
-    base_row = dict(impl="pytorch", case=case["case"], model=case["model"], lora=case["lora"],
-                    rank=case["rank"] if case["lora"] else None, batch=case["batch"], latent=case["latent"],
-                    pixels=8 * case["latent"], device=str(dev), torch=torch.__version__, attention=attention_note,
-                    warmup=warmup, steps=steps)
+    precision = case.get("precision") or "no"
+    base_row = dict(impl="pytorch-compile" if compile_model else "pytorch", case=case["case"], model=case["model"],
+                    lora=case["lora"], rank=case["rank"] if case["lora"] else None, batch=case["batch"],
+                    latent=case["latent"], pixels=8 * case["latent"], device=str(dev), torch=torch.__version__,
+                    attention=attention_note, warmup=warmup, steps=steps, precision=precision,
+                    fused_backward=bool(case.get("fused_backward")))
     if cuda:
         torch.cuda.empty_cache()
         free0, total = torch.cuda.mem_get_info()
     t0 = time.perf_counter()
     try:
         model, trainable, params, base = build(vp, case, dev)
-        opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        if dtype is not None and case["lora"]:  # kohya: the frozen base in weight_dtype, the adapters fp32
+            keep = {id(p) for p in trainable}
+            for p in model.parameters():
+                if id(p) not in keep:
+                    p.data = p.data.to(dtype)
+        opt, opt_name = make_optimizer(case, trainable)
+        base_row["optimizer"] = opt_name
+        scaler = torch.amp.GradScaler(dev.type) if precision == "fp16" else None
+        if dtype is not None:
+            step_fn = lambda m, o, i: mixed_step(m, o, i, dtype, scaler)  # noqa: E731
+        else:
+            step_fn = train_step
+        if compile_model:
+            model = torch.compile(model)
     except (RuntimeError, MemoryError) as e:
         msg = "building the model: %s" % (str(e).splitlines()[0] if str(e) else type(e).__name__)
         log("%s %dx%d latents: FAILED: %s" % (case["model"], case["latent"], case["latent"], msg))
@@ -195,7 +256,7 @@ def run_case(vp, case, policies, warmup, steps, attention_note, device):
                 torch.cuda.empty_cache()
             losses = []
             for _ in range(warmup):
-                losses.append(train_step(model, opt, inputs.next()))
+                losses.append(step_fn(model, opt, inputs.next()))
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -205,7 +266,7 @@ def run_case(vp, case, policies, warmup, steps, attention_note, device):
                 if cuda:
                     torch.cuda.synchronize()
                 s0 = time.perf_counter()
-                losses.append(train_step(model, opt, i))
+                losses.append(step_fn(model, opt, i))
                 times.append(1e3 * (time.perf_counter() - s0))
             row.update(step_ms=statistics.median(times), step_ms_all=times, losses=losses)
             if cuda:
@@ -245,15 +306,23 @@ def read_lines(paths):
     return out
 
 
+def case_key(r):
+    """What makes two lines the same case on both sides (the optimizer is ckrun's name on ckrun's lines)."""
+    return (r["case"], r["latent"], r["batch"], bool(r.get("lora")), r.get("rank") if r.get("lora") else None,
+            r.get("precision", "no"), bool(r.get("fused_backward")))
+
+
 def cases_from(lines):
     """The cases of ckrun's lines, in order, with the policies each ran."""
     cases = {}
     for r in lines:
         if r.get("impl") != "ckrun" or "case" not in r or "latent" not in r:
             continue
-        key = (r["case"], r["latent"], r["batch"])
+        key = case_key(r)
         c = cases.setdefault(key, dict(case=r["case"], model=r["model"], lora=r["lora"], rank=r.get("rank") or 4,
-                                       batch=r["batch"], latent=r["latent"], policies=[]))
+                                       batch=r["batch"], latent=r["latent"], precision=r.get("precision", "no"),
+                                       optimizer=r.get("optimizer", "adamw"),
+                                       fused_backward=bool(r.get("fused_backward")), policies=[]))
         # ckrun's untimed steps: the measured one and its warm-up
         if "warmup" in r:
             c["warmup"] = r["warmup"] + 1
@@ -289,12 +358,15 @@ def fmt_bytes(b):
 
 def case_label(r):
     lo = "LoRA r%d" % r["rank"] if r.get("lora") else "full FT"
-    return "%s %dx%d (%d px) b%d %s" % (r["model"], r["latent"], r["latent"], 8 * r["latent"], r["batch"], lo)
+    extra = "" if r.get("precision", "no") == "no" else " " + r["precision"]
+    if r.get("fused_backward"):
+        extra += " fused"
+    return "%s %dx%d (%d px) b%d %s%s" % (r["model"], r["latent"], r["latent"], 8 * r["latent"], r["batch"], lo, extra)
 
 
 def table(lines):
     ck = [r for r in lines if r.get("impl") == "ckrun" and "policy" in r]
-    pt = {(r["case"], r["latent"], r["batch"], r["policy"]): r for r in lines if r.get("impl") == "pytorch"}
+    pt = {case_key(r) + (r["policy"],): r for r in lines if r.get("impl") == "pytorch"}
     have_pt = bool(pt)
     print("| case | policy | ckrun ms | PyTorch ms | ckrun / PyTorch | ckrun recompute FLOPs | ckrun planned peak | "
           "ckrun arena high-water | ckrun predicted device (pages + fixed) | ckrun cudaMemGetInfo (used + fixed) | "
@@ -311,12 +383,12 @@ def table(lines):
         return (fmt_bytes(p.get("peak_allocated")), fmt_bytes(p.get("cuda_used"))) if p else ("-", "-")
 
     for r in ck:
-        key = (r["case"], r["latent"], r["batch"], r["policy"])
+        key = case_key(r) + (r["policy"],)
         seen.add(key)
         p = pt.get(key)
-        cases.setdefault(key[:3], [r, None])
+        cases.setdefault(key[:-1], [r, None])
         if p:
-            cases[key[:3]][1] = p
+            cases[key[:-1]][1] = p
         label = case_label(r)
         if r.get("fallback"):
             notes.append("%s: %s" % (label, r["fallback"]))
@@ -348,7 +420,7 @@ def table(lines):
             fmt_bytes(r.get("plan_peak")), hw_cell, fmt_bytes(r.get("predicted_total")), meas_cell) + pt_mem(p)))
     for key, p in pt.items():  # PyTorch rows ckrun has none for
         if key not in seen:
-            cases.setdefault(key[:3], [None, p])
+            cases.setdefault(key[:-1], [None, p])
             print("| %s | %s | - | %s | - | - | - | - | - | - | %s | %s |" % ((case_label(p), p["policy"], pt_ms(p))
                                                                           + pt_mem(p)))
             if p.get("error"):
@@ -356,9 +428,10 @@ def table(lines):
     print()
     some = next(iter(pt.values()), None)
     if some:
-        print("- PyTorch %s, fp32, TF32 off, cuDNN deterministic; attention: %s; torch.optim.AdamW (its default "
-              "implementation); torch.utils.checkpoint (use_reentrant=False) for diffusers." % (
-                  some["torch"], some["attention"]))
+        print("- PyTorch %s; fp32 cases: TF32 off, cuDNN deterministic; bf16/fp16 cases: torch.autocast, TF32 on, "
+              "a LoRA's frozen base in the dtype, GradScaler for fp16; attention: %s; optimizer: %s; "
+              "torch.utils.checkpoint (use_reentrant=False) for diffusers." % (
+                  some["torch"], some["attention"], some.get("optimizer", "torch.optim.AdamW")))
     for c, p in cases.values():
         r = c or p
         steps = []
@@ -386,6 +459,50 @@ def table(lines):
         print("- " + n)
 
 
+def results(lines, path):
+    """The JSON of ckrun/PyTorch pairs, one row per ckrun line: bench/results/gpu_check.json. The peaks are the
+    device memory each side took: ckrun's predicted device bytes (the arena in pages + fixed; measured within 1%
+    of it by cudaMemGetInfo, the row says by how much), PyTorch's torch.cuda.max_memory_reserved (what its
+    allocator took from the device)."""
+    import datetime
+    pt = {}
+    for r in lines:
+        if r.get("impl") in ("pytorch", "pytorch-compile"):
+            pt[(r["impl"],) + case_key(r) + (r["policy"],)] = r
+    rows = []
+    for r in lines:
+        if r.get("impl") != "ckrun" or "policy" not in r:
+            continue
+        key = case_key(r) + (r["policy"],)
+        p, pc = pt.get(("pytorch",) + key), pt.get(("pytorch-compile",) + key)
+        ck_ms, t_ms = r.get("step_ms"), p.get("step_ms") if p else None
+        row = dict(case=case_label(r), policy=r["policy"], precision=r.get("precision", "no"),
+                   batch=r["batch"], optimizer=r.get("optimizer"), torch_optimizer=p.get("optimizer") if p else None,
+                   ckrun_ms=ck_ms, torch_ms=t_ms, torch_compile_ms=pc.get("step_ms") if pc else None,
+                   ckrun_images_per_s=1e3 * r["batch"] / ck_ms if ck_ms else None,
+                   torch_images_per_s=1e3 * r["batch"] / t_ms if t_ms else None,
+                   ratio=ck_ms / t_ms if ck_ms and t_ms else None,
+                   ckrun_planned_bytes=r.get("predicted_total"), ckrun_peak_bytes=r.get("measured_total"),
+                   torch_peak_bytes=p.get("peak_reserved") if p else None,
+                   torch_allocated_bytes=p.get("peak_allocated") if p else None,
+                   error=r.get("error") or (p.get("error") if p else None),
+                   date=datetime.date.today().isoformat(), device=os.environ.get("CK_GPU_NAME") or r.get("device"))
+        row["goal_met"] = (row["ratio"] is not None and row["ratio"] <= 0.8 and row["ckrun_peak_bytes"] is not None
+                           and row["torch_peak_bytes"] is not None
+                           and row["ckrun_peak_bytes"] <= row["torch_peak_bytes"])
+        rows.append(row)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"rows": rows}, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    for row in rows:
+        print("%-55s %-10s ckrun %8s ms  torch %8s ms  ratio %5s  goal %s" % (
+            row["case"], row["policy"], "%.1f" % row["ckrun_ms"] if row["ckrun_ms"] else "-",
+            "%.1f" % row["torch_ms"] if row["torch_ms"] else "-", "%.2f" % row["ratio"] if row["ratio"] else "-",
+            "met" if row["goal_met"] else "NOT met"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", help="bench/gpu_step.lua's JSON lines (and, with --table, this script's)")
@@ -399,12 +516,19 @@ def main():
     ap.add_argument("--steps", type=int, help="timed steps (default: ckrun's; 5 with --case)")
     ap.add_argument("--attention", choices=("sdpa", "matmul"), default="sdpa")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads on the CPU (0: torch's default)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (rows: impl pytorch-compile)")
+    ap.add_argument("--policy", action="append", default=[], help="run only these policies of the files' cases")
+    ap.add_argument("--results", metavar="JSON", help="write the ckrun/PyTorch pairs of the files' lines; needs no "
+                    "torch")
     args = ap.parse_args()
     if (args.warmup is not None and args.warmup < 1) or (args.steps is not None and args.steps < 1):
         raise SystemExit("--warmup and --steps must be at least 1")
     lines = read_lines(args.files)
     if args.table:
         table(lines)
+        return
+    if args.results:
+        results(lines, args.results)
         return
 
     import torch
@@ -426,14 +550,18 @@ def main():
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     log("PyTorch %s on %s, fp32, TF32 off, cuDNN deterministic, attention: %s" % (torch.__version__, where, note))
     for case in cases:
-        pols = [p for p in case["policies"] if p in TORCH_POLICIES]
+        pols = [p for p in case["policies"] if p in TORCH_POLICIES and (not args.policy or p in args.policy)]
         skipped = [p for p in case["policies"] if p not in TORCH_POLICIES]
         if skipped:
             log("%s: no PyTorch counterpart for %s" % (case["case"], ", ".join(skipped)))
         if pols:
             warmup = args.warmup or case.get("warmup") or 2
             steps = args.steps or case.get("steps") or 5
-            run_case(vp, case, pols, max(warmup, 1), steps, note, args.device)
+            # autocast runs products in 16 bits: TF32 for what stays fp32, as PyTorch users of mixed precision do
+            mixed = case.get("precision", "no") != "no"
+            torch.backends.cuda.matmul.allow_tf32 = mixed
+            torch.backends.cudnn.allow_tf32 = mixed
+            run_case(vp, case, pols, max(warmup, 1), steps, note, args.device, args.compile)
 
 
 if __name__ == "__main__":

@@ -164,3 +164,9 @@ if(CK_CUDA_EMU)
     message(STATUS "CUDA emulator tests: off (no C++ compiler)")
   endif()
 endif()
+
+# data parallel through NCCL on the emulator (tests/sh/test_mpi_nccl_emu.sh):
+# skipped (77) without mpirun, MPI or the emulator's NCCL; alone, as the other MPI tests
+if(TEST sh_test_mpi_nccl_emu)
+  set_tests_properties(sh_test_mpi_nccl_emu PROPERTIES SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+endif()

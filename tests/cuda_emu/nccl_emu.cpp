@@ -1,6 +1,9 @@
 /* The emulator's NCCL over MPI, and its stream events (nccl_emu.h). */
 #include "nccl_emu.h"
 
+/* MPI's C API only: its C++ bindings would need a library of their own */
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <fcntl.h>

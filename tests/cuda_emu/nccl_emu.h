@@ -4,7 +4,9 @@
  * collective is an MPI collective on a communicator duplicated from
  * MPI_COMM_WORLD, run at the point of the stream where it was queued; events
  * are complete as soon as they are recorded. The ranks are the processes of
- * an MPI job (mpirun), which must have started MPI before ncclCommInitRank.
+ * an MPI job (mpirun), which must have started MPI before ncclCommInitRank;
+ * a process outside one can make a communicator of one rank (its collectives
+ * copy).
  *
  * For tests: with CK_NCCL_EMU_LOG naming a file, each collective appends one
  * line to it ("rank R allreduce N" or "rank R broadcast N root Q"). */

@@ -9,8 +9,8 @@
 #   - tests/lua/mpi_nccl.lua on 2 ranks: the NCCL calls each rank made
 #     (CK_NCCL_EMU_LOG) are its buckets' sums and ZeRO-1's broadcasts, no more
 #     and no fewer; a second run gives the same bits;
-#   - the same on one rank with CK_COMM_FORCE=1 (what bench/gpu_check.sh runs
-#     on a GPU).
+#   - the same on one rank with CK_COMM_FORCE=1, under mpirun and alone (what
+#     bench/gpu_check.sh runs on a GPU).
 # SKIPs (77) where mpirun is missing, ckrun was built without MPI, or the
 # emulated backend without NCCL.
 MPI_TIMEOUT=120
@@ -72,5 +72,12 @@ again=$(grep -m1 '^nccl: ' "$dir/two_again.out" | sed 's/.*weights //')
 [ -n "$first" ] && [ "$first" = "$again" ]
 ok $? "a second run gives the same bits ($first)"
 nccl one 1 CK_COMM_FORCE=1
+# and a lone process, outside an MPI job (bench/gpu_check.sh where mpirun is missing)
+rm -f "$log"
+CK_COMM_FORCE=1 "$CKRUN" tests/lua/mpi_nccl.lua > "$dir/lone.out" 2> "$dir/lone.err"; rc=$?
+[ $rc = 0 ] && grep -q ' passed, 0 failed$' "$dir/lone.out" && [ "$(grep -c '^rank 0 allreduce ' "$log")" = \
+  "$(sed -n 's/^nccl: .*allreduce \([0-9]*\) .*/\1/p' "$dir/lone.out")" ]
+ok $? "one rank without mpirun, CK_COMM_FORCE=1: passes, its sums through NCCL (rc $rc)"
+[ $rc = 0 ] || tail -3 "$dir/lone.err"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

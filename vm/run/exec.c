@@ -48,6 +48,7 @@ int ck_exec_comm_open(const ck_backend *be, char *err, size_t errlen)
 {
     static const ck_backend *opened; /* one communicator per process, as one device */
     if (!be->comm_init || opened == be) return 0;
+    be->enter(); /* the communicator's stream and events are made on this thread's device */
     /* rank 0's id (and whether it has one) to every rank: a word of status, then the id */
     enum { W = 1 + CK_COMM_ID_BYTES / 8 };
     int64_t mine[W] = {0}, *all = calloc((size_t)ck_dist_size(), sizeof mine);

@@ -9,7 +9,10 @@
  * copy).
  *
  * For tests: with CK_NCCL_EMU_LOG naming a file, each collective appends one
- * line to it ("rank R allreduce N" or "rank R broadcast N root Q"). */
+ * line to it ("rank R allreduce N" or "rank R broadcast N root Q"), and
+ * ncclCommAbort "rank R abort 0";
+ * CK_NCCL_EMU_HANG=R makes rank R's collectives never complete (the events
+ * recorded after one stay pending: a host that polls them waits for ever). */
 #ifndef CK_NCCL_EMU_H
 #define CK_NCCL_EMU_H
 

@@ -49,6 +49,7 @@ local one = build(B, {})
 T.ok(dp:device() == DEVICE, "the program runs on " .. DEVICE)
 local loss
 for s = 1, STEPS do
+  ck.dist_step(s) -- the step a timeout names
   local mine, all = {}, {}
   for i = 0, B - 1 do
     all[#all + 1] = i

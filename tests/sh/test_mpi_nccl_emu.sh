@@ -10,7 +10,9 @@
 #     (CK_NCCL_EMU_LOG) are its buckets' sums and ZeRO-1's broadcasts, no more
 #     and no fewer; a second run gives the same bits;
 #   - the same on one rank with CK_COMM_FORCE=1, under mpirun and alone (what
-#     bench/gpu_check.sh runs on a GPU).
+#     bench/gpu_check.sh runs on a GPU);
+#   - a rank whose collectives never complete (CK_NCCL_EMU_HANG) ends the job
+#     after the timeout with one line naming it and the step.
 # SKIPs (77) where mpirun is missing, ckrun was built without MPI, or the
 # emulated backend without NCCL.
 MPI_TIMEOUT=120
@@ -79,5 +81,18 @@ CK_COMM_FORCE=1 "$CKRUN" tests/lua/mpi_nccl.lua > "$dir/lone.out" 2> "$dir/lone.
   "$(sed -n 's/^nccl: .*allreduce \([0-9]*\) .*/\1/p' "$dir/lone.out")" ]
 ok $? "one rank without mpirun, CK_COMM_FORCE=1: passes, its sums through NCCL (rc $rc)"
 [ $rc = 0 ] || tail -3 "$dir/lone.err"
+# the timeout: rank 1's sums never complete (CK_NCCL_EMU_HANG=1): polling them
+# before its first wait on the device, it ends the job after CK_DIST_TIMEOUT
+# seconds, naming itself and the step, its communicator aborted first
+rm -f "$log"
+t0=$(date +%s)
+$MPIRUN -np 2 env CK_NCCL_EMU_HANG=1 CK_DIST_TIMEOUT=1 "$CKRUN" tests/lua/mpi_nccl.lua > "$dir/hang.out" \
+  2> "$dir/hang.err"; rc=$?
+secs=$(( $(date +%s) - t0 ))
+[ $rc != 0 ] && [ $rc != 124 ] && [ $secs -lt 60 ] &&
+  grep -q '^ckrun: rank 1: no reply from the other ranks in an NCCL collective for 1 s (step 1)$' "$dir/hang.err" &&
+  grep -q '^rank 1 abort ' "$log" && ! grep -q ' passed, ' "$dir/hang.out"
+ok $? "a rank whose sums never complete ends the job after the timeout, naming it and the step (rc $rc, $secs s)"
+grep 'ckrun: rank' "$dir/hang.err"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

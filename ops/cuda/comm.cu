@@ -28,7 +28,7 @@ static struct {
     cudaEvent_t *ready;    /* per bucket: its gradient sums are complete (compute stream) */
     cudaEvent_t *done;     /* per bucket: its sum is done (communication stream) */
     int nevents;
-    cudaEvent_t quiet[2];  /* what a host wait polls: both streams drained */
+    cudaEvent_t quiet[2];  /* what a host wait polls (both streams drained); a broadcast orders by them too */
     int pending;           /* collectives queued since the last drain */
 } C;
 
@@ -42,7 +42,7 @@ static int nccl_ok(ncclResult_t r, const char *op, const char *what)
 static cudaEvent_t new_event(const char *op)
 {
     cudaEvent_t e = NULL;
-    /* no timing: the cheapest event, and the one cudaStreamWaitEvent wants */
+    /* no timing: the cheapest to record and to wait on */
     CK_CU(op, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return e;
 }

@@ -7,7 +7,9 @@
 #      emulator test, and tests/device/test_device.lua (20 steps of sdxl-tiny
 #      against the CPU's losses, recompute policies bitwise equal to none,
 #      predicted peaks equal to the device arena's measured ones, bf16
-#      storage); a skipped GPU test is a failure here;
+#      storage), and data parallel through NCCL as one rank (mpirun -np 1,
+#      tests/lua/mpi_nccl.lua with CK_COMM_FORCE=1); a skipped GPU test is a
+#      failure here;
 #   3. time the UNet's heaviest ops at sdxl-tiny 64x64 and full SDXL 1024x1024
 #      shapes (build/bench_cuda_ops), and the same ops in PyTorch when python3
 #      has torch with CUDA (bench/cuda_ops_torch.py), as one table;
@@ -166,6 +168,18 @@ gpu_test test_cuda_ops_emu 60 build/test_cuda_ops_emu
 # the executor on the GPU: sdxl-tiny's loss curve against the CPU's, recompute
 # bitwise, exact device peaks, host I/O, logging, the guard, bf16 storage
 gpu_test test_device 180 build/ckrun --trust tests/device/test_device.lua
+# data parallel through NCCL, as one rank: CK_COMM_FORCE=1 gives a world of one
+# the buckets' sums, each an ncclAllReduce on the communication stream
+# (tests/lua/mpi_nccl.lua: 3 steps of a small conv net, against the same
+# program without data parallel); under mpirun -np 1 where there is one
+nccl_run=(build/ckrun tests/lua/mpi_nccl.lua)
+if command -v mpirun >/dev/null; then
+    nccl_run=(mpirun -np 1 "${nccl_run[@]}")
+else
+    echo "nccl_one_rank: no mpirun here, run as a lone process"
+fi
+gpu_test nccl_one_rank 60 env CK_COMM_FORCE=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${nccl_run[@]}"
+grep '^nccl: ' "$out/nccl_one_rank.txt" || true
 
 # ---- the time budget: each part below runs within what is left of it
 deadline=$(( start + ${GPU_CHECK_SECONDS:-470} ))

@@ -4,19 +4,24 @@
 # - ck_cuda: ops/cuda/*.cu for sm_90 (SASS) plus compute_90 PTX, with cuBLAS
 #   and cuDNN; defines CK_HAVE_CUDA for whoever links it. Built when nvcc,
 #   cuBLAS and cuDNN are found (under /usr/local/cuda unless told otherwise).
+#   With NCCL found too (and CK_NCCL on) it defines CK_HAVE_NCCL and links it:
+#   data parallel on GPUs (ops/cuda/comm.cu); without, data parallel on CUDA
+#   is refused.
 # - test_cuda_table: every op with a CPU kernel has a CUDA kernel (no device needed).
 # - test_cuda_ops: every op on both backends, compared; skipped (exit 77) without a device.
 # - bench_cuda_ops (not built by default): per-op timings, see bench/gpu_check.sh.
 # - test_cuda_ops_emu: the same comparison with ops/cuda built as C++ against
 #   tests/cuda_emu, which runs the kernels on the CPU. Needs only a C++ compiler.
 # - libck_cuda.so: the backend libck loads on first use (vm/run/cuda_loader.c);
-#   libck_cuda_emu.so the same on the emulator.
+#   libck_cuda_emu.so the same on the emulator, whose NCCL (tests/cuda_emu/
+#   nccl_emu.cpp) runs over MPI when ckrun is built with MPI.
 # - lua_test_device: tests/device/test_device.lua on a CUDA device (skipped
 #   without one); lua_test_device_emu: the same on the emulator (smaller model).
 include(CheckLanguage)
 
 option(CK_CUDA "build the CUDA backend when the toolkit is found" ON)
 option(CK_CUDA_EMU "test the CUDA kernels under the CPU emulator (tests/cuda_emu)" ON)
+option(CK_NCCL "data parallel on GPUs through NCCL when it is found" ON)
 
 file(GLOB CK_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/ops/cuda/*.cu)
 set(CK_CUDA_FOUND FALSE)
@@ -59,6 +64,18 @@ if(CK_CUDA_FOUND)
   target_compile_options(ck_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 -lineinfo -Xcompiler=-Wall>)
   # the shared CUDA libraries are the toolkit's, on the loader's path
   set(CK_CUDA_LIBS CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY})
+  if(CK_NCCL)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/local/cuda/lib)
+  endif()
+  if(CK_NCCL AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    message(STATUS "CUDA backend: NCCL ${NCCL_LIBRARY}")
+    target_include_directories(ck_cuda PUBLIC ${NCCL_INCLUDE_DIR})
+    target_compile_definitions(ck_cuda PUBLIC CK_HAVE_NCCL)
+    list(APPEND CK_CUDA_LIBS ${NCCL_LIBRARY})
+  else()
+    message(STATUS "CUDA backend: no NCCL (data parallel on CUDA is refused)")
+  endif()
   # targets made before CUDA was enabled may link CUDA objects (the tests)
   get_property(made DIRECTORY ${CMAKE_SOURCE_DIR} PROPERTY BUILDSYSTEM_TARGETS)
   foreach(t ${made})
@@ -101,6 +118,13 @@ if(CK_CUDA_EMU)
     # each .cu compiled as C++ through a one-line wrapper (a source file can be
     # of one language only, and ck_cuda compiles the same files as CUDA)
     set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
+    # the emulated NCCL runs over MPI: with it, the emulated backend has data parallel
+    if(CK_NCCL AND TARGET MPI::MPI_C)
+      list(APPEND emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/nccl_emu.cpp)
+      set(emu_nccl TRUE)
+    else()
+      set(emu_nccl FALSE)
+    endif()
     foreach(cu ${CK_CUDA_SOURCES})
       get_filename_component(stem ${cu} NAME_WE)
       set(wrapper ${CMAKE_BINARY_DIR}/cuda_emu/${stem}.cpp)
@@ -114,6 +138,10 @@ if(CK_CUDA_EMU)
     target_include_directories(ck_cuda_emu PUBLIC ${CMAKE_SOURCE_DIR}/ops ${CMAKE_SOURCE_DIR}/tests/cuda_emu)
     target_compile_definitions(ck_cuda_emu PUBLIC CK_CUDA_EMU)
     target_compile_options(ck_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O2 -Wno-unknown-pragmas -Wno-unused-parameter>)
+    if(emu_nccl)
+      target_compile_definitions(ck_cuda_emu PUBLIC CK_HAVE_NCCL)
+      target_link_libraries(ck_cuda_emu PUBLIC MPI::MPI_C)
+    endif()
 
     add_executable(test_cuda_ops_emu ${CMAKE_SOURCE_DIR}/tests/c/test_cuda_ops.c)
     target_link_libraries(test_cuda_ops_emu PRIVATE ck_cuda_emu ck_static)
@@ -125,6 +153,9 @@ if(CK_CUDA_EMU)
     # "cuda" without a GPU (slow; small models only)
     add_library(ck_cuda_emu_module SHARED $<TARGET_OBJECTS:ck_cuda_emu> ${CMAKE_SOURCE_DIR}/ops/rules.c)
     set_target_properties(ck_cuda_emu_module PROPERTIES OUTPUT_NAME ck_cuda_emu LINKER_LANGUAGE CXX)
+    if(emu_nccl)
+      target_link_libraries(ck_cuda_emu_module PRIVATE MPI::MPI_C)
+    endif()
     add_test(NAME lua_test_device_emu COMMAND ckrun --trust tests/device/test_device.lua
       WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
     set_tests_properties(lua_test_device_emu PROPERTIES ENVIRONMENT
@@ -132,4 +163,10 @@ if(CK_CUDA_EMU)
   else()
     message(STATUS "CUDA emulator tests: off (no C++ compiler)")
   endif()
+endif()
+
+# data parallel through NCCL on the emulator (tests/sh/test_mpi_nccl_emu.sh):
+# skipped (77) without mpirun, MPI or the emulator's NCCL; alone, as the other MPI tests
+if(TEST sh_test_mpi_nccl_emu)
+  set_tests_properties(sh_test_mpi_nccl_emu PROPERTIES SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endif()

@@ -10,6 +10,8 @@
 
 #include "ops.h"
 
+struct ck_comm_host;
+
 /* An op's workspace rule: the bytes the plan gives its kernel as ctx->ws. */
 typedef size_t (*ck_workspace_fn)(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                                   const ck_shape *out, int nthreads);
@@ -50,7 +52,36 @@ typedef struct ck_backend {
      * their failures here, naming the call that failed */
     const char *(*error)(void);
     void (*clear_error)(void);
+    /* Data parallel on the device's own memory (ops/cuda/comm.cu: NCCL). NULL
+     * on the CPU, and on a CUDA build without NCCL: there the executor sums
+     * host memory through vm/dist. comm_id fills rank 0's CK_COMM_ID_BYTES of
+     * a new communicator's id; comm_init joins it (every rank, with the id
+     * rank 0 made). allreduce_start sums x[0..n) over the ranks in place,
+     * queued after the ops queued so far and overlapping those queued after;
+     * allreduce_wait orders the ops queued after it behind bucket b's sum;
+     * broadcast makes x[0..n) root's on every rank, ordered like an op. Each
+     * returns 0, or -1 with error(). A wait on the host (sync, download, ...)
+     * that the ranks' sums hold up past host->timeout() seconds, or a failed
+     * communicator, ends the job through host->abort, naming the rank and
+     * host->step(). */
+    int (*comm_id)(void *id);
+    int (*comm_init)(const void *id, int rank, int nranks, const struct ck_comm_host *host);
+    int (*allreduce_start)(float *x, int64_t n, int b);
+    int (*allreduce_wait)(int b);
+    int (*broadcast)(float *x, int64_t n, int root);
 } ck_backend;
+
+/* the bytes of a communicator's id (NCCL_UNIQUE_ID_BYTES) */
+#define CK_COMM_ID_BYTES 128
+
+/* What a backend's communicator asks of the process that runs it (vm/dist's
+ * timeout, step counter and end of the job): the module holding the
+ * communicator links none of libck. */
+typedef struct ck_comm_host {
+    double (*timeout)(void);
+    long long (*step)(void);
+    void (*abort)(int code) __attribute__((noreturn));
+} ck_comm_host;
 
 /* ops/cpu/backend.c */
 const ck_backend *ck_backend_cpu(void);

@@ -5,7 +5,7 @@
  * This file and the kernels make libck_cuda.so, which libck loads only when
  * a program asks for the GPU (vm/run/cuda_loader.c): CUDA's libraries cost a
  * CPU-only run nothing. The ck_cuda_module_* functions are what the loader
- * looks up. */
+ * looks up. With NCCL (CK_HAVE_NCCL), its data-parallel hooks are comm.cu's. */
 #include "../backend.h"
 #include "cuda.h"
 
@@ -17,9 +17,30 @@ static ck_cuda_ctx *ctx;
 static void enter(void) { ck_cuda_bind(ctx); }
 static void *alloc(size_t bytes) { return ck_cuda_alloc(bytes); }
 static void release(void *p) { ck_cuda_free(p); }
-static int sync(void) { return ck_cuda_sync(); }
 
-static int all_finite(const float *x, int64_t n, int *finite) { return ck_cuda_all_finite(x, n, finite); }
+#ifdef CK_HAVE_NCCL
+/* every wait of the host on the device first waits out the ranks'
+ * collectives under the timeout (comm.cu), so none hangs silently */
+#define QUIET() (ck_cuda_comm_quiet() ? -1 : 0)
+#else
+#define QUIET() 0
+#endif
+
+static int sync(void) { return QUIET() ? -1 : ck_cuda_sync(); }
+static int upload(void *dst, const void *src, size_t bytes) { return QUIET() ? -1 : ck_cuda_upload(dst, src, bytes); }
+static int download(void *dst, const void *src, size_t bytes)
+{
+    return QUIET() ? -1 : ck_cuda_download(dst, src, bytes);
+}
+static int copy(void *dst, const void *src, size_t bytes) { return QUIET() ? -1 : ck_cuda_copy(dst, src, bytes); }
+static int high_water(const void *base, size_t lo, size_t hi, uint32_t v, size_t *top)
+{
+    return QUIET() ? -1 : ck_cuda_high_water(base, lo, hi, v, top);
+}
+static int all_finite(const float *x, int64_t n, int *finite)
+{
+    return QUIET() ? -1 : ck_cuda_all_finite(x, n, finite);
+}
 
 _Static_assert(CK_CUDA_FIXED_BYTES ==
                    (CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES + CK_CUDA_GRANULE - 1) / CK_CUDA_GRANULE * CK_CUDA_GRANULE,
@@ -27,6 +48,9 @@ _Static_assert(CK_CUDA_FIXED_BYTES ==
 
 static void close_at_exit(void)
 {
+#ifdef CK_HAVE_NCCL
+    ck_cuda_comm_close();
+#endif
     ck_cuda_close(ctx);
     ctx = NULL;
 }
@@ -43,16 +67,23 @@ static ck_backend be = {
     .enter = enter,
     .alloc = alloc,
     .release = release,
-    .upload = ck_cuda_upload,
-    .download = ck_cuda_download,
-    .copy = ck_cuda_copy,
+    .upload = upload,
+    .download = download,
+    .copy = copy,
     .convert = ck_cuda_convert,
     .fill_u32 = ck_cuda_fill_u32,
-    .high_water = ck_cuda_high_water,
+    .high_water = high_water,
     .all_finite = all_finite,
     .sync = sync,
     .error = ck_cuda_last_error,
     .clear_error = ck_cuda_clear_error,
+#ifdef CK_HAVE_NCCL
+    .comm_id = ck_cuda_comm_id,
+    .comm_init = ck_cuda_comm_init,
+    .allreduce_start = ck_cuda_allreduce_start,
+    .allreduce_wait = ck_cuda_allreduce_wait,
+    .broadcast = ck_cuda_broadcast,
+#endif
 };
 
 #define EXPORT __attribute__((visibility("default")))

@@ -84,6 +84,21 @@ int ck_cuda_all_finite(const float *x, int64_t n, int *finite);
 /* n values between fp32 and bf16 storage (to == from copies), queued on the stream */
 int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n);
 
+/* comm.cu (built with CK_HAVE_NCCL): the backend's data-parallel hooks
+ * (ops/backend.h: comm_id, comm_init, allreduce_start, allreduce_wait,
+ * broadcast) on one NCCL communicator per process; ck_cuda_comm_quiet polls,
+ * under the host's timeout, until the collectives queued so far are done (the
+ * backend calls it before every wait of the host on the device);
+ * ck_cuda_comm_close frees the communicator (at exit, before the context). */
+struct ck_comm_host;
+int ck_cuda_comm_id(void *id);
+int ck_cuda_comm_init(const void *id, int rank, int nranks, const struct ck_comm_host *host);
+int ck_cuda_allreduce_start(float *x, int64_t n, int b);
+int ck_cuda_allreduce_wait(int b);
+int ck_cuda_broadcast(float *x, int64_t n, int root);
+int ck_cuda_comm_quiet(void);
+void ck_cuda_comm_close(void);
+
 /* op -> kernel, as ck_cpu_kernels; NULL where the CUDA backend lacks the op. */
 extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 

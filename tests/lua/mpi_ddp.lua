@@ -14,11 +14,14 @@
 --   - ZeRO stage 1 (shard_optimizer): the same weights, each rank holding
 --     part of the optimizer state;
 --   - the buckets are in the plan; what is refused is refused in one line.
+-- With --device cuda every program runs on that device (its sums through
+-- NCCL: tests/sh/test_mpi_nccl_emu.sh, on the CUDA emulator).
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local T = require "check"
 
 local R, W = ck.rank(), ck.world_size()
+local DEVICE = args.device
 local function ok(cond, what) return T.ok(cond, string.format("rank %d: %s", R, what)) end
 
 -- a small conv net on [B, 3, 8, 8]: a frozen stem, a trained middle and head
@@ -34,7 +37,7 @@ local function build(b, opts)
   local h1 = ck.silu(ck.conv2d(x, stem, nil, {padding = 1}))
   local h2 = ck.silu(ck.conv2d(h1, mid, mb, {padding = 1}))
   local out = ck.conv2d(h2, head, hb, {padding = 1})
-  local c = {loss = ck.mse_loss(out, y), optimizer = "adamw", lr = 2e-2, seed = 11}
+  local c = {loss = ck.mse_loss(out, y), optimizer = "adamw", lr = 2e-2, seed = 11, device = DEVICE}
   for k, v in pairs(opts or {}) do c[k] = v end
   return g:compile(c)
 end

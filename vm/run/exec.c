@@ -32,11 +32,56 @@ static int entry_failed(const ck_exec_env *p, const ck_plan *pl, int i, char *er
     return -1;
 }
 
+/* a backend's collective failed: its error, naming the entry */
+static int comm_failed(const ck_exec_env *p, const ck_node *n, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: %s in %s on %s: %s", n->where, ck_op_name(n->op), scope_of(n), p->be->name,
+             p->be->error());
+    p->be->clear_error();
+    return -1;
+}
+
+/* what the backend's communicator takes from vm/dist */
+static const ck_comm_host comm_host = {.timeout = ck_dist_timeout, .step = ck_dist_step, .abort = ck_dist_abort};
+
+int ck_exec_comm_open(const ck_backend *be, char *err, size_t errlen)
+{
+    static const ck_backend *opened; /* one communicator per process, as one device */
+    if (!be->comm_init || opened == be) return 0;
+    be->enter(); /* the communicator's stream and events are made on this thread's device */
+    /* rank 0's id (and whether it has one) to every rank: a word of status, then the id */
+    enum { W = 1 + CK_COMM_ID_BYTES / 8 };
+    int64_t mine[W] = {0}, *all = calloc((size_t)ck_dist_size(), sizeof mine);
+    if (!all) {
+        snprintf(err, errlen, "out of host memory");
+        return -1;
+    }
+    if (ck_dist_rank() == 0) mine[0] = be->comm_id(mine + 1) ? -1 : 1;
+    int rc = ck_dist_allgather_i64(mine, all, W, NULL, NULL);
+    if (rc == 0 && all[0] == 1) rc = be->comm_init(all + 1, ck_dist_rank(), ck_dist_size(), &comm_host);
+    else if (rc == 0) rc = -1;
+    free(all);
+    if (rc == 0) {
+        opened = be;
+        return 0;
+    }
+    if (be->error()[0]) {
+        snprintf(err, errlen, "data parallel on the %s device: %s", be->name, be->error());
+        be->clear_error();
+    } else {
+        snprintf(err, errlen, "data parallel on the %s device: rank 0 could not make the communicator's id", be->name);
+    }
+    return -1;
+}
+
 /* ALLREDUCE_START and ALLREDUCE_WAIT: the bucket (a range of the persistent
- * region, in place) summed over the job's ranks through vm/dist */
+ * region, in place) summed over the job's ranks: by the backend's own
+ * collectives (NCCL on device memory) when it has them, else through vm/dist
+ * on host memory; BROADCAST the same way */
 static int run_comm(const ck_exec_env *p, const ck_node *n, char *err, size_t errlen)
 {
     const int first = (int)n->p.i[0], last = (int)n->p.i[1], b = (int)n->p.i[2];
+    const ck_backend *be = p->be;
     if (p->replay) return 0;
     if (n->op == CK_OP_BROADCAST) { /* ZeRO-1: the owner's updated parameter to every rank */
         const int t = n->in[0];
@@ -44,12 +89,20 @@ static int run_comm(const ck_exec_env *p, const ck_node *n, char *err, size_t er
             snprintf(err, errlen, "%s: broadcast: not a parameter", n->where);
             return -1;
         }
-        return ck_dist_broadcast((float *)(p->arena + p->poff[t]), ck_shape_numel(&p->g->t[t].shape), (int)n->p.i[0],
-                                 NULL, NULL) == 0 ? 0 : -1;
+        float *x = (float *)(p->arena + p->poff[t]);
+        const int64_t count = ck_shape_numel(&p->g->t[t].shape);
+        if (be->broadcast) return be->broadcast(x, count, (int)n->p.i[0]) ? comm_failed(p, n, err, errlen) : 0;
+        return ck_dist_broadcast(x, count, (int)n->p.i[0], NULL, NULL) == 0 ? 0 : -1;
     }
     if (!p->reqs || p->poff[first] < 0 || p->poff[last] < 0) {
         snprintf(err, errlen, "%s: %s: the program has no buckets", n->where, ck_op_name(n->op));
         return -1;
+    }
+    if (be->allreduce_start) {
+        float *x = (float *)(p->arena + p->poff[first]);
+        const int64_t bytes = p->poff[last] + (int64_t)ck_tensor_bytes(&p->g->t[last]) - p->poff[first];
+        const int rc = n->op == CK_OP_ALLREDUCE_START ? be->allreduce_start(x, bytes / 4, b) : be->allreduce_wait(b);
+        return rc ? comm_failed(p, n, err, errlen) : 0;
     }
     if (n->op == CK_OP_ALLREDUCE_START) {
         float *x = (float *)(p->arena + p->poff[first]);

@@ -35,6 +35,12 @@ int ck_exec_range(const ck_exec_env *e, const ck_plan *pl, int from, int to, cha
  * it read that holds one (-1: none). */
 int ck_exec_find_nonfinite(const ck_exec_env *e, const ck_plan *pl, int to, int *entry, int *input, char *err,
                            size_t errlen);
+/* Data parallel on a backend with its own collectives (ops/backend.h's
+ * comm_init: NCCL on CUDA): rank 0 makes the communicator's id, vm/dist
+ * carries it to every rank, and each joins; once per process, a collective
+ * of every rank. Nothing to do for a backend without (the CPU). 0, or -1 with
+ * err. */
+int ck_exec_comm_open(const ck_backend *be, char *err, size_t errlen);
 /* Waits for the ops queued on the backend: 0, or -1 with the failure. */
 int ck_exec_sync(const ck_backend *be, char *err, size_t errlen);
 /* *finite: whether tensor id t of list pl holds only finite values. 0, or -1 with err. */

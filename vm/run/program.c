@@ -100,6 +100,15 @@ static int clip_factor(ck_graph *g, int nt, const int *src, float max_norm)
     return opt_node(g, CK_OP_CLIP_FACTOR, &total, 1, &cp, where);
 }
 
+/* Data parallel: compiled for several ranks, or for one with CK_COMM_FORCE=1
+ * in the environment, which runs a world of one through the same buckets and
+ * collectives (the collective path checked on a single device) */
+static int data_parallel(const ck_compile_opts *o)
+{
+    const char *force = getenv("CK_COMM_FORCE");
+    return o->world > 1 || (force && !strcmp(force, "1"));
+}
+
 /* Data parallel: the gradient sums (p->accums, one after another in the
  * persistent region) in buckets of at most o->bucket_bytes, the last
  * parameters first (DDP's order: theirs are complete first), each summed over
@@ -191,7 +200,7 @@ static int add_accumulation(ck_graph *g, const ck_compile_opts *o, ck_program *p
     }
     p->accum_nodes[1] = g->nn;
     const int world = o->world > 1 ? o->world : 1;
-    if (world > 1 && add_buckets(g, o, p)) return -1;
+    if (data_parallel(o) && add_buckets(g, o, p)) return -1;
     ck_op_params mean = {0};
     mean.f[0] = 1.0f / ((float)(o->accumulate > 1 ? o->accumulate : 1) * (float)world);
     for (int k = 0, t = 0; t < nt; t++) {
@@ -249,7 +258,7 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         free(held);
         free(order);
     }
-    if ((o->accumulate > 1 || o->world > 1) && add_accumulation(g, o, prog, nt, src)) goto out;
+    if ((o->accumulate > 1 || data_parallel(o)) && add_accumulation(g, o, prog, nt, src)) goto out;
     if (o->max_grad_norm > 0 && (factor = clip_factor(g, nt, src, o->max_grad_norm)) == -1) goto out;
     for (int t = 0; t < nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
@@ -550,22 +559,24 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     ck_graph *g = p->g;
     int trains = 0;
     for (int t = 0; t < g->nt; t++) trains |= g->t[t].kind == CK_KIND_PARAM;
-    if (o->world > 1 && o->loss >= 0 && trains && o->optim != CK_OPTIM_NONE) {
+    if (data_parallel(o) && o->loss >= 0 && trains && o->optim != CK_OPTIM_NONE) {
         if (o->fused_backward) {
             failf(err, errlen, "fused updates run inside backward, before the ranks' gradients are summed: data "
                   "parallel training refuses them (compile without fused_backward)");
             goto fail;
         }
-        if (!p->be->host && !o->plan_only) {
-            failf(err, errlen, "data parallel training on the %s device needs NCCL, which ckrun does not drive yet: "
-                  "run the ranks on the CPU", p->be->name);
+        if (!p->be->host && !p->be->allreduce_start && !o->plan_only) {
+            failf(err, errlen, "data parallel training on the %s device needs NCCL, and this build of its backend "
+                  "has none (rebuild with NCCL found, or run the ranks on the CPU)", p->be->name);
             goto fail;
         }
-        if (!o->plan_only && ck_dist_size() != o->world) {
+        if (!o->plan_only && ck_dist_size() != (o->world > 1 ? o->world : 1)) {
             failf(err, errlen, "compiled for %d ranks, but this job has %d (mpirun -np %d ...)", o->world,
                   ck_dist_size(), o->world);
             goto fail;
         }
+        /* a collective of every rank: each compiles the same program */
+        if (!o->plan_only && ck_exec_comm_open(p->be, err, errlen)) goto fail;
         if (!o->plan_only) p->opt.rank = ck_dist_rank();
     }
     ck_compile_opts own_opts = *o; /* with this process's rank */

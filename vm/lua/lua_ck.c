@@ -903,14 +903,14 @@ static int l_compile(lua_State *L)
         const double init = opt_num(L, t, "init", 65536.0), grow = opt_num(L, t, "growth_factor", 2.0),
                      back = opt_num(L, t, "backoff_factor", 0.5), every = opt_num(L, t, "growth_interval", 2000);
         if (!(init > 0 && init <= 3.0e38))
-            return ck_lua_raise(L, "compile: loss_scale.init must be a finite number > 0, got %g", init);
+            return ck_lua_raise(L, "compile: loss_scale.init must be a finite number > 0, got %f", init);
         if (!(grow > 1 && grow <= 1e6))
-            return ck_lua_raise(L, "compile: loss_scale.growth_factor must be > 1, got %g", grow);
+            return ck_lua_raise(L, "compile: loss_scale.growth_factor must be > 1, got %f", grow);
         if (!(back > 0 && back < 1))
-            return ck_lua_raise(L, "compile: loss_scale.backoff_factor must be between 0 and 1, got %g", back);
+            return ck_lua_raise(L, "compile: loss_scale.backoff_factor must be between 0 and 1, got %f", back);
         if (!(every >= 1 && every <= 16777216 && every == (double)(int)every))
             return ck_lua_raise(L, "compile: loss_scale.growth_interval must be a whole number of updates from 1 to "
-                                "2^24, got %g", every);
+                                "2^24, got %f", every);
         o.scaler = (ck_loss_scale){1, (float)init, (float)grow, (float)back, (int)every};
     } else if (ls != LUA_TNIL)
         return ck_lua_raise(L, "compile: loss_scale must be a table of GradScaler's settings, true or false, got %s",

@@ -612,9 +612,12 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     p->scale_t = p->tracker_t = p->inv_t = -1;
     if (o->scaler.on && o->loss >= 0 && trains) {
         if (o->optim == CK_OPTIM_NONE || o->fused_backward) {
-            failf(err, errlen, "loss scaling skips an update whose gradients overflow, after checking all of them: "
-                  "it needs an optimizer and %s", o->fused_backward ? "no fused updates (fused_backward updates each "
-                  "parameter inside backward, before the others' gradients exist)" : "optimizer = \"none\" has none");
+            if (o->fused_backward)
+                failf(err, errlen, "loss scaling checks every gradient for an overflow before any update, so it "
+                      "cannot go with fused_backward (each parameter updated inside backward)");
+            else
+                failf(err, errlen, "loss scaling skips the updates whose gradients overflow: it needs an optimizer "
+                      "(optimizer = \"none\" here)");
             goto fail;
         }
         if (add_loss_scale(g, o, p)) {

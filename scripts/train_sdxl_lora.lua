@@ -149,6 +149,10 @@ if o:given("storage") then
   end
   precision = as
 end
+if precision == "fp16" and o["fused-backward"] then
+  error("--mixed-precision fp16 scales the loss and skips updates whose gradients overflow, which --fused-backward " ..
+    "applies inside backward before all are checked: use bf16, or no --fused-backward")
+end
 -- the adapter's options, which --full (every parameter trained) does not take
 local LORA_OPTIONS = {"rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "loraplus-lr-ratio", "targets",
                       "lora-format", "fp8-base"}
@@ -664,7 +668,7 @@ local function save_lora(path, at_step)
       or "torch.optim.adamw.AdamW",
     ss_resolution = string.format("(%d, %d)", resolution, resolution),
     ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
-    ss_fp8_base = fp8_base and "True" or "False",
+    ss_fp8_base = fp8_base and "True" or "False", ss_mixed_precision = precision,
     ss_training_comment = "trained with ckrun " .. ck.version,
   }
   -- peft: the folder's adapter_config.json and adapter_model.safetensors are the final adapter's, not a snapshot's

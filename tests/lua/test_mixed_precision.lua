@@ -119,6 +119,38 @@ do
     string.format("one update applied, from the mean unscaled gradient (w = %g, updates %d)", p:get("w")[1], p.updates))
 end
 
+-- a non-finite loss under loss scaling: reported (guarded: the op named),
+-- the update skipped and the scale backed off, as GradScaler would on the
+-- gradients it makes
+do
+  for _, guard in ipairs{true, false} do
+    local p, x = one_weight{loss_scale = {init = 2 ^ 10}}
+    p:set(x, {0 / 0})
+    local l, info = p:step{guard = guard}
+    local nf = info.nonfinite or {}
+    T.ok(l ~= l and info.skipped and nf.loss and not info.overflow and p.updates == 0 and p:get("w")[1] == 1 and
+      p.loss_scale == 2 ^ 9 and (not guard or nf.input == "x"),
+      string.format("a NaN input (guard %s): the loss is reported non-finite%s, the update skipped, the scale halved",
+        tostring(guard), guard and " and the op named (" .. tostring(nf.op) .. ", input " .. tostring(nf.input) .. ")" or ""))
+  end
+end
+
+-- fp16 storage holds rounded values; a value beyond fp16 is refused, naming the tensor
+do
+  local g = ck.graph()
+  local x = g:input("x", {1, 2})
+  local f = g:param("frozen", {1, 2}, {trainable = false})
+  local w = g:param("w", {1, 2})
+  local p = g:compile{loss = ck.mean(ck.mul(ck.mul(x, f), w)), precision = "fp16", device = "cpu"}
+  p:set(f, {1 + 2 ^ -11, 1 + 2 ^ -10})
+  local v = p:get(f)
+  T.ok(v[1] == 1 and v[2] == 1 + 2 ^ -10, string.format("a frozen fp16 weight holds what was set, rounded to fp16 " ..
+    "(nearest even: %.10g, %.10g)", v[1], v[2]))
+  local ok, err = pcall(p.set, p, f, {1, 1e5})
+  T.ok(not ok and tostring(err):find("'frozen' holds 100000 at element 1, beyond what fp16 stores (largest 65504)", 1,
+    true), "a frozen weight beyond fp16 is refused: " .. tostring(err))
+end
+
 -- a power-of-two scale changes no bit of an fp32 run: the update reads the
 -- gradients times 1/scale, clipping sees the unscaled norm, accumulation sums
 -- scaled gradients and unscales once

@@ -1133,11 +1133,12 @@ static int run_scaled(ck_program *p, const ck_run_opts *o, ck_run_info *r, const
         if (zero_accums(p) || scale_end(p, scale, !fin)) return -1;
         r->overflow = !fin && loss_fin;
     }
-    if (!loss_fin && o->guard) {
+    if (!loss_fin) { /* reported guarded or not: the step's gradients never reach an update */
+        r->nonfinite = 1;
         ck_exec_env again = *e; /* a second pass names the op; it sums nothing over the ranks */
         again.replay = 1;
-        r->nonfinite = 1;
-        if (ck_exec_find_nonfinite(&again, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) return -1;
+        if (o->guard && ck_exec_find_nonfinite(&again, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err))
+            return -1;
     }
     return 0;
 }

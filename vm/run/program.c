@@ -611,13 +611,14 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     o = &own_opts;
     p->scale_t = p->tracker_t = p->inv_t = -1;
     if (o->scaler.on && o->loss >= 0 && trains) {
-        if (o->optim == CK_OPTIM_NONE || o->fused_backward) {
-            if (o->fused_backward)
-                failf(err, errlen, "loss scaling checks every gradient for an overflow before any update, so it "
-                      "cannot go with fused_backward (each parameter updated inside backward)");
-            else
-                failf(err, errlen, "loss scaling skips the updates whose gradients overflow: it needs an optimizer "
-                      "(optimizer = \"none\" here)");
+        if (o->fused_backward) {
+            failf(err, errlen, "loss scaling checks every gradient for an overflow before any update, so it cannot "
+                  "go with fused_backward (each parameter updated inside backward)");
+            goto fail;
+        }
+        if (o->optim == CK_OPTIM_NONE) {
+            failf(err, errlen, "loss scaling skips the updates whose gradients overflow: it needs an optimizer "
+                  "(optimizer = \"none\" here)");
             goto fail;
         }
         if (add_loss_scale(g, o, p)) {
@@ -1135,10 +1136,11 @@ static int run_scaled(ck_program *p, const ck_run_opts *o, ck_run_info *r, const
     }
     if (!loss_fin) { /* reported guarded or not: the step's gradients never reach an update */
         r->nonfinite = 1;
-        ck_exec_env again = *e; /* a second pass names the op; it sums nothing over the ranks */
-        again.replay = 1;
-        if (o->guard && ck_exec_find_nonfinite(&again, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err))
-            return -1;
+        if (o->guard) {
+            ck_exec_env again = *e; /* a second pass names the op; it sums nothing over the ranks */
+            again.replay = 1;
+            if (ck_exec_find_nonfinite(&again, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) return -1;
+        }
     }
     return 0;
 }

@@ -106,7 +106,9 @@ local spec = {
    "auto[:SIZE] (none if the run fits the device's free memory or SIZE, else the least recompute that fits)",
    arg = "POLICY", shown = "auto on a CUDA device, else none"},
   {"fit-headroom", "number", 0.1, "with auto: the share of the free memory left out of the plan", min = 0, below = 1},
-  {"storage", "string", "fp32", "bf16: activations and frozen weights stored in 16 bits", arg = "fp32|bf16"},
+  {"mixed-precision", "choice", "no", "bf16 or fp16: activations, their gradients and frozen weights stored in 16 " ..
+   "bits (fp16 with dynamic loss scaling); no: fp32", choices = {"no", "bf16", "fp16"}},
+  {"storage", "choice", "fp32", "the same choice by its other name (fp32 is no)", choices = {"fp32", "bf16", "fp16"}},
   {"fp8-base", "flag", false, "the frozen base stored in fp8 e4m3"},
   -- training states and logs
   {"save-every", "integer", 0, "write a training state every N steps", min = 0},
@@ -137,6 +139,20 @@ for _, opt in ipairs(imagedata.OPTIONS) do
 end
 local o = options.parse(args, spec)
 if not o then return end
+-- --mixed-precision (kohya's and diffusers' name) and --storage name one choice
+local precision = o["mixed-precision"]
+if o:given("storage") then
+  local as = o.storage == "fp32" and "no" or o.storage
+  if o:given("mixed-precision") and as ~= precision then
+    error(string.format("--mixed-precision %s and --storage %s differ (they name one choice): give one", precision,
+      o.storage))
+  end
+  precision = as
+end
+if precision == "fp16" and o["fused-backward"] then
+  error("--mixed-precision fp16 scales the loss and skips updates whose gradients overflow, which --fused-backward " ..
+    "applies inside backward before all are checked: use bf16, or no --fused-backward")
+end
 -- the adapter's options, which --full (every parameter trained) does not take
 local LORA_OPTIONS = {"rank", "alpha", "conv-rank", "conv-alpha", "network-dropout", "loraplus-lr-ratio", "targets",
                       "lora-format", "fp8-base"}
@@ -278,7 +294,7 @@ local function build(batch, checkpoint, plan_only, shape, share)
                  debiased_estimation = debiased, scale_v_pred_loss = scale_v_pred,
                  seed = seed},
     compile = {optimizer = optimizer, lr = lr, weight_decay = weight_decay, seed = seed, checkpoint = checkpoint,
-               plan_only = plan_only, storage = o.storage, frozen = fp8_base and "fp8" or nil,
+               plan_only = plan_only, precision = precision, frozen = fp8_base and "fp8" or nil,
                max_grad_norm = max_grad_norm, accumulate = accumulate, fused_backward = fused_backward,
                stats = log_stats, share = share, world_size = world,
                shard_optimizer = o["shard-optimizer"] or nil},
@@ -295,7 +311,7 @@ if sample_prompts and dp_rank == 0 then -- rank 0 renders the job's samples
     tokens = models.tokens,
     lora = not full and {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
                          dropout = network_dropout, loraplus_lr_ratio = loraplus},
-    prediction = prediction, compile_opts = {storage = o.storage, frozen = fp8_base and "fp8" or nil, seed = seed},
+    prediction = prediction, compile_opts = {precision = precision, frozen = fp8_base and "fp8" or nil, seed = seed},
     dir = (out:match("^(.*)/[^/]*$") or ".") .. "/samples", stem = out:match("([^/]+)$"):gsub("%.safetensors$", ""),
     name = base_path and base_path:gsub("/+$", ""):match("([^/]+)$"):gsub("%.safetensors$", "") or
       ("sdxl-" .. size .. " (trained by ckrun)")}
@@ -652,7 +668,7 @@ local function save_lora(path, at_step)
       or "torch.optim.adamw.AdamW",
     ss_resolution = string.format("(%d, %d)", resolution, resolution),
     ss_gradient_checkpointing = policy.name(checkpoint) == "none" and "False" or "True",
-    ss_fp8_base = fp8_base and "True" or "False",
+    ss_fp8_base = fp8_base and "True" or "False", ss_mixed_precision = precision,
     ss_training_comment = "trained with ckrun " .. ck.version,
   }
   -- peft: the folder's adapter_config.json and adapter_model.safetensors are the final adapter's, not a snapshot's

@@ -2,6 +2,7 @@
 #include "../backend.h"
 #include "../bf16.h"
 #include "../fp8.h"
+#include "../fp16.h"
 #include "cpu.h"
 
 #include <pthread.h>
@@ -38,8 +39,10 @@ __attribute__((constructor)) static void fp8_values(void)
 static int convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n)
 {
     if (to == from) return copy(dst, src, (size_t)n * ck_dtype_bytes(to));
-    /* fp32 <-> bf16, and fp8 -> fp32 (fp8 tensors are frozen: written from the host only); fp16: planned, never run */
-    if (!((to == CK_BF16 && from == CK_F32) || (to == CK_F32 && (from == CK_BF16 || from == CK_F8E4M3)))) return -1;
+    /* fp32 <-> bf16, fp32 <-> fp16, and fp8 -> fp32 (fp8 tensors are frozen: written from the host only) */
+    if (!(((to == CK_BF16 || to == CK_F16) && from == CK_F32) ||
+          (to == CK_F32 && (from == CK_BF16 || from == CK_F16 || from == CK_F8E4M3))))
+        return -1;
     /* runs of CONVERT_RUN values, one per task */
     const int64_t runs = (n + CONVERT_RUN - 1) / CONVERT_RUN;
 #pragma omp parallel for schedule(static) if (n > 65536)
@@ -47,6 +50,8 @@ static int convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64
         const int64_t i = r * CONVERT_RUN, m = n - i < CONVERT_RUN ? n - i : CONVERT_RUN;
         if (to == CK_BF16) ck_bf16_store((uint16_t *)dst + i, (const float *)src + i, m);
         else if (from == CK_BF16) ck_bf16_load((float *)dst + i, (const uint16_t *)src + i, m);
+        else if (to == CK_F16) ck_f16_store((uint16_t *)dst + i, (const float *)src + i, m);
+        else if (from == CK_F16) ck_f16_load((float *)dst + i, (const uint16_t *)src + i, m);
         else
             for (int64_t k = 0; k < m; k++) ((float *)dst)[i + k] = ck_f8e4m3_values[((const uint8_t *)src)[i + k]];
     }

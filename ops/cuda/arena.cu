@@ -5,6 +5,7 @@
  * with plain loops over host memory, vm/run/exec.c and vm/run/program.c). */
 #include "common.cuh"
 #include "../fp8.h"
+#include "../fp16.h"
 
 #define THREADS 256
 #define MAX_BLOCKS 1024
@@ -90,6 +91,19 @@ __global__ void __launch_bounds__(THREADS) to_f32_kernel(float *d, const __nv_bf
         d[i] = __bfloat162float(s[i]);
 }
 
+/* fp16 by bit arithmetic (ops/fp16.h): the bits the CPU backend stores */
+__global__ void __launch_bounds__(THREADS) to_f16_kernel(uint16_t *d, const float *s, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        d[i] = ck_f16_from_f32(s[i]);
+}
+
+__global__ void __launch_bounds__(THREADS) f16_to_f32_kernel(float *d, const uint16_t *s, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        d[i] = ck_f32_from_f16(s[i]);
+}
+
 __global__ void __launch_bounds__(THREADS) f8_to_f32_kernel(float *d, const uint8_t *s, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -107,6 +121,10 @@ extern "C" int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype
         ck_launch(to_bf16_kernel, ck_grid(n, THREADS), THREADS, c->stream, (__nv_bfloat16 *)dst, (const float *)src, n);
     } else if (to == CK_F32 && from == CK_BF16) {
         ck_launch(to_f32_kernel, ck_grid(n, THREADS), THREADS, c->stream, (float *)dst, (const __nv_bfloat16 *)src, n);
+    } else if (to == CK_F16 && from == CK_F32) {
+        ck_launch(to_f16_kernel, ck_grid(n, THREADS), THREADS, c->stream, (uint16_t *)dst, (const float *)src, n);
+    } else if (to == CK_F32 && from == CK_F16) {
+        ck_launch(f16_to_f32_kernel, ck_grid(n, THREADS), THREADS, c->stream, (float *)dst, (const uint16_t *)src, n);
     } else if (to == CK_F32 && from == CK_F8E4M3) {
         ck_launch(f8_to_f32_kernel, ck_grid(n, THREADS), THREADS, c->stream, (float *)dst, (const uint8_t *)src, n);
     } else {

@@ -349,6 +349,9 @@ function Logger:step(p, opts)
   end
   local rec = {step = step, time = ck.wall_time()}
   if due.loss then rec.loss = loss end
+  -- fp16's loss scale (GradScaler's), and the updates its overflows skip
+  if info.loss_scale and (due.loss or info.overflow) then rec.loss_scale = info.loss_scale end
+  if info.overflow then rec.overflow = true end
   if due.lr then rec.lr = p.lr end
   if due.time then
     rec.step_time = t1 - t0

@@ -2,8 +2,8 @@
 -- device "cuda" follows the CPU's loss curve; recompute policies give
 -- gradients bitwise those of none on the device, and each predicted peak is
 -- the device arena's measured high-water mark; host reads, writes, saves and
--- loads, logging statistics, the non-finite guard, bf16 storage and an fp8
--- frozen base work on device memory.
+-- loads, logging statistics, the non-finite guard, bf16 storage, fp16 storage
+-- with loss scaling and an fp8 frozen base work on device memory.
 --
 -- Run by ckrun --trust (cmake/cuda.cmake): on a CUDA device (skipped, exit 77,
 -- where there is none), and on the CPU emulator of the CUDA backend
@@ -39,7 +39,7 @@ if small then
 end
 local B, H, W = shape.batch, shape.height, shape.width
 
-local function build(device, checkpoint, storage, max_grad_norm, accumulate, frozen, stats)
+local function build(device, checkpoint, storage, max_grad_norm, accumulate, frozen, stats, loss_scale)
   local model = config
   if frozen then -- LoRA adapters on a frozen base stored as `frozen`
     model = unet.UNet2DConditionModel(config)
@@ -47,7 +47,7 @@ local function build(device, checkpoint, storage, max_grad_norm, accumulate, fro
   end
   return T.unet_step(model, {batch = B, height = H, width = W, frozen = frozen and true}, {optimizer = "adamw",
     lr = 1e-3, seed = 5, keep_grads = true, checkpoint = checkpoint, device = device, storage = storage,
-    max_grad_norm = max_grad_norm, accumulate = accumulate, frozen = frozen, stats = stats})
+    max_grad_norm = max_grad_norm, accumulate = accumulate, frozen = frozen, stats = stats, loss_scale = loss_scale})
 end
 
 local function rel(a, b) return math.abs(a - b) / math.max(1e-6, math.abs(b)) end
@@ -177,6 +177,39 @@ do
   end
   T.ok(worst < 1e-2, string.format("bf16 storage on cuda follows bf16 on the CPU (worst relative loss difference %.2g)", worst))
   T.ok(hw == pd:plan().peak, string.format("bf16 on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
+end
+
+-- 5b. fp16 storage on the device: fp32 kernels on copies converted as the
+-- CPU converts (ops/fp16.h), and dynamic loss scaling; a scale so large that
+-- the gradients overflow fp16 is backed off, the update skipped, on both alike
+do
+  local _, pc = build("cpu", nil, "fp16")
+  local _, pd = build("cuda", nil, "fp16")
+  local worst, hw = 0, 0
+  for s = 1, math.min(steps, 5) do
+    local lc = pc:step()
+    local ld, info = pd:step{measure = true}
+    hw = info.high_water
+    worst = math.max(worst, rel(ld, lc))
+  end
+  T.ok(worst < 1e-2 and pd.loss_scale == pc.loss_scale and pd.updates == pc.updates, string.format(
+    "fp16 storage on cuda follows fp16 on the CPU (worst relative loss difference %.2g, scale %g and %g)", worst,
+    pd.loss_scale, pc.loss_scale))
+  T.ok(hw == pd:plan().peak, string.format("fp16 on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
+  local _, qc = build("cpu", nil, "fp16", nil, nil, nil, nil, {init = 2 ^ 60})
+  local _, qd = build("cuda", nil, "fp16", nil, nil, nil, nil, {init = 2 ^ 60})
+  local w = qd:checksum("conv_in.weight")
+  local seen = {}
+  for s = 1, 2 do
+    local _, ic = qc:step()
+    local _, id = qd:step()
+    seen[#seen + 1] = string.format("%g%s/%g%s", ic.loss_scale, ic.overflow and "!" or "", id.loss_scale,
+      id.overflow and "!" or "")
+  end
+  T.ok(table.concat(seen, " ") == "1.15292e+18!/1.15292e+18! 5.76461e+17!/5.76461e+17!" and qd.loss_scale == 2 ^ 58
+    and qd.updates == 0 and qd:checksum("conv_in.weight") == w,
+    "fp16 with a scale of 2^60 on cuda: the gradients overflow, the updates are skipped and the scale halves, as on " ..
+    "the CPU (cpu/cuda scales, ! overflow: " .. table.concat(seen, " ") .. ")")
 end
 
 -- 6. gradient clipping and accumulation on the device: the summed squares,

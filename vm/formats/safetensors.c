@@ -12,6 +12,7 @@
 #include "util/atomic.h"
 #include "../../ops/bf16.h"
 #include "../../ops/fp8.h"
+#include "../../ops/fp16.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -94,39 +95,11 @@ static shown show(const char *name)
 static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
-uint16_t ck_st_f32_to_f16(float x)
-{
-    uint32_t u = f32_bits(x);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7FFFFFFFu;
-    /* NaN: keep the top payload bits and force the quiet bit, so a payload
-     * living only in the low bits cannot turn into inf. */
-    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* >= 65520 rounds to inf */
-    if (a < 0x38800000u) {
-        /* Below 2^-14 the half is subnormal: value = m * 2^-24. */
-        if (a < 0x33000000u) return sign; /* under 2^-25, rounds to zero */
-        uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
-        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1))) r++;
-        return (uint16_t)(sign | r); /* r may reach 0x400: the smallest normal, correctly */
-    }
-    uint32_t v = a - 0x38000000u; /* rebias the exponent from 127 to 15 */
-    uint32_t r = v >> 13, rem = v & 0x1FFFu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
-    return (uint16_t)(sign | r);
-}
+/* fp16 is the executor's own conversion (ops/fp16.h), so a saved fp16 tensor
+ * holds the bits fp16 storage holds */
+uint16_t ck_st_f32_to_f16(float x) { return ck_f16_from_f32(x); }
 
-float ck_st_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    if (e == 0x1F) return bits_f32(sign | 0x7F800000u | (m << 13));
-    if (e) return bits_f32(sign | ((e + 112) << 23) | (m << 13));
-    if (!m) return bits_f32(sign);
-    e = 113; /* subnormal: normalise, the result is exact in fp32 */
-    while (!(m & 0x400u)) { m <<= 1; e--; }
-    return bits_f32(sign | (e << 23) | ((m & 0x3FFu) << 13));
-}
+float ck_st_f16_to_f32(uint16_t h) { return ck_f32_from_f16(h); }
 
 /* bf16 is the kernels' own conversion (ops/bf16.h), so a saved bf16 tensor
  * holds the bits the executor stores */

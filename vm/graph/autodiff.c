@@ -334,7 +334,7 @@ static int backward(ad *a, const ck_node *n, int dy)
     return grad_rules[n->op](a, n, dy);
 }
 
-int ck_autodiff(ck_graph *g, int loss)
+int ck_autodiff(ck_graph *g, int loss, int seed_t)
 {
     if (loss < 0 || loss >= g->nt || ck_shape_numel(&g->t[loss].shape) != 1) {
         snprintf(g->err, sizeof g->err, "the loss must be a tensor with one element");
@@ -347,7 +347,9 @@ int ck_autodiff(ck_graph *g, int loss)
     for (int i = 0; i < cap; i++) a.grad[i] = -1;
 
     int nfwd = g->nn;
-    if (g->t[loss].needs_grad) {
+    if (g->t[loss].needs_grad && seed_t >= 0) {
+        a.grad[loss] = seed_t;
+    } else if (g->t[loss].needs_grad) {
         ck_node seed = {0};
         ck_op_params one = {0};
         one.f[0] = 1.0f;

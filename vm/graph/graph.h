@@ -146,7 +146,9 @@ int ck_graph_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_o
                   ck_shape *outs, const int *want, int *out_ids, const char *where);
 
 /* vm/graph/autodiff.c: appends backward nodes for d(loss)/d(every trainable parameter);
- * sets t[param].grad. Returns 0, or -1 with g->err set. */
-int ck_autodiff(ck_graph *g, int loss);
+ * sets t[param].grad. seed: a tensor of the loss's shape that backward starts
+ * from as the loss's gradient (a loss scale), or -1 for 1. Returns 0, or -1
+ * with g->err set. */
+int ck_autodiff(ck_graph *g, int loss, int seed);
 
 #endif

@@ -755,7 +755,9 @@ static void keep_patterns(lua_State *L, const char **a, int na, const char **b, 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
  *           weight_decay=,
  *           max_grad_norm=, accumulate=, fused_backward=, world_size=, bucket_mb=,
- *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
+ *           seed=, keep_grads=, plan_only=, precision="no"|"bf16"|"fp16" (or storage="fp32"|"bf16"|"fp16"),
+ *           loss_scale={init=, growth_factor=, backoff_factor=, growth_interval=}|true|false,
+ *           frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
  *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena),
  *           share=program (weights, optimizer state, counters and arena shared with that program's group)} */
 static int l_compile(lua_State *L)
@@ -856,11 +858,63 @@ static int l_compile(lua_State *L)
     o.keep_grads = opt_bool(L, 2, "keep_grads", 0);
     const ck_host *host = ck_host_of(L);
     o.plan_only = opt_bool(L, 2, "plan_only", host && host->plan_only);
-    rawfield(L, 2, "storage");
-    const char *storage = luaL_optstring(L, -1, "fp32");
-    if (!strcmp(storage, "bf16")) o.storage = CK_BF16;
-    else if (!strcmp(storage, "fp16")) o.storage = CK_F16;
-    else if (strcmp(storage, "fp32")) return ck_lua_raise(L, "compile: storage must be fp32, bf16 or fp16, got '%s'", storage);
+    /* precision: the storage choice by the name kohya's and diffusers'
+     * --mixed_precision give it ("no" is fp32); storage: the same choice */
+    o.storage = CK_F32;
+    int chosen = 0;
+    const char *chose = NULL;
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? "precision" : "storage";
+        if (rawfield(L, 2, key) != LUA_TNIL) {
+            const char *v = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+            ck_dtype d = CK_F32;
+            if (v && !strcmp(v, "bf16")) d = CK_BF16;
+            else if (v && !strcmp(v, "fp16")) d = CK_F16;
+            else if (!(v && (!strcmp(v, "fp32") || (k && !strcmp(v, "no")))))
+                return ck_lua_raise(L, "compile: %s must be %s, got %s%s%s", key,
+                                    k ? "no (fp32), bf16 or fp16" : "fp32, bf16 or fp16", v ? "'" : "",
+                                    v ? v : luaL_typename(L, -1), v ? "'" : "");
+            if (chosen && d != o.storage)
+                return ck_lua_raise(L, "compile: precision = '%s' and storage = '%s' differ (they name one choice: "
+                                    "give one)", v, chose);
+            o.storage = d;
+            chosen = 1;
+            chose = v;
+        }
+        lua_pop(L, 1);
+    }
+    /* loss scaling: on by default with fp16 (its gradients underflow
+     * without), off otherwise; false: off; a table: GradScaler's settings */
+    o.scaler = (ck_loss_scale){o.storage == CK_F16, 65536.0f, 2.0f, 0.5f, 2000};
+    const int ls = rawfield(L, 2, "loss_scale");
+    if (ls == LUA_TBOOLEAN) o.scaler.on = lua_toboolean(L, -1);
+    else if (ls == LUA_TTABLE) {
+        static const char *const keys[] = {"init", "growth_factor", "backoff_factor", "growth_interval", NULL};
+        const int t = lua_gettop(L);
+        lua_pushnil(L);
+        while (lua_next(L, t)) {
+            int known = 0;
+            for (int i = 0; keys[i] && !known; i++) known = lua_type(L, -2) == LUA_TSTRING && !strcmp(lua_tostring(L, -2), keys[i]);
+            if (!known)
+                return ck_lua_raise(L, "compile: loss_scale takes init, growth_factor, backoff_factor and "
+                                    "growth_interval, got '%s'", lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?");
+            lua_pop(L, 1);
+        }
+        const double init = opt_num(L, t, "init", 65536.0), grow = opt_num(L, t, "growth_factor", 2.0),
+                     back = opt_num(L, t, "backoff_factor", 0.5), every = opt_num(L, t, "growth_interval", 2000);
+        if (!(init > 0 && init <= 3.0e38))
+            return ck_lua_raise(L, "compile: loss_scale.init must be a finite number > 0, got %f", init);
+        if (!(grow > 1 && grow <= 1e6))
+            return ck_lua_raise(L, "compile: loss_scale.growth_factor must be > 1, got %f", grow);
+        if (!(back > 0 && back < 1))
+            return ck_lua_raise(L, "compile: loss_scale.backoff_factor must be between 0 and 1, got %f", back);
+        if (!(every >= 1 && every <= 16777216 && every == (double)(int)every))
+            return ck_lua_raise(L, "compile: loss_scale.growth_interval must be a whole number of updates from 1 to "
+                                "2^24, got %f", every);
+        o.scaler = (ck_loss_scale){1, (float)init, (float)grow, (float)back, (int)every};
+    } else if (ls != LUA_TNIL)
+        return ck_lua_raise(L, "compile: loss_scale must be a table of GradScaler's settings, true or false, got %s",
+                            luaL_typename(L, -1));
     lua_pop(L, 1);
     /* frozen weights narrower than storage: fp8 (e4m3, kohya's --fp8_base) or bf16 */
     rawfield(L, 2, "frozen");
@@ -1293,6 +1347,12 @@ static int l_program_index(lua_State *L)
     else if (strcmp(k, "accumulate") == 0) lua_pushinteger(L, p->opt.accumulate > 1 ? p->opt.accumulate : 1);
     else if (strcmp(k, "lr") == 0) lua_pushnumber(L, p->opt.lr);
     else if (strcmp(k, "training") == 0) lua_pushboolean(L, !p->eval_mode);
+    else if (strcmp(k, "loss_scale") == 0) { /* the scale the next step uses; nil without loss scaling */
+        const float *x = p->scale_t >= 0 ? ck_program_read(p, p->scale_t) : NULL;
+        if (p->scale_t >= 0 && !x) return luaL_error(L, "%s", p->err[0] ? p->err : "a plan-only program holds no values");
+        if (x) lua_pushnumber(L, x[0]);
+        else lua_pushnil(L);
+    }
     else lua_getfield(L, lua_upvalueindex(1), k);
     return 1;
 }

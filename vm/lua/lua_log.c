@@ -494,7 +494,7 @@ static void set_num(lua_State *L, const char *k, double v)
 }
 
 /* the statistics of the list that just ran into the table on top */
-static void push_stats(lua_State *L, ck_program *p, unsigned mask)
+static void push_stats(lua_State *L, ck_program *p, unsigned mask, double loss_scale)
 {
     if (mask & CK_STATS_GRADS) {
         double *sq = calloc((size_t)(p->nblocks ? p->nblocks : 1), sizeof(double));
@@ -514,10 +514,11 @@ static void push_stats(lua_State *L, ck_program *p, unsigned mask)
             seen[s->block] = 1;
             total += x[0];
         }
-        set_num(L, "grad_norm", (float)sqrt(total));
+        /* the gradients' norms as the update sees them: unscaled */
+        set_num(L, "grad_norm", (float)(sqrt(total) / loss_scale));
         lua_newtable(L);
         for (int b = 0; b < p->nblocks; b++)
-            if (seen[b]) set_num(L, p->blocks[b], (float)sqrt(sq[b]));
+            if (seen[b]) set_num(L, p->blocks[b], (float)(sqrt(sq[b]) / loss_scale));
         lua_setfield(L, -2, "grad_norms");
         free(sq);
         free(seen);
@@ -542,7 +543,9 @@ static void push_stats(lua_State *L, ck_program *p, unsigned mask)
 /* p:step([{stats=, guard=, measure=}]) (lr already applied by l_step) ->
  * loss, info. One shape whatever the options: loss (nil without one) first, as
  * torch's loss.item(); info a table: plan_peak always, high_water with measure,
- * grads/acts with stats, skipped and nonfinite when a guarded step skipped. */
+ * grads/acts with stats, skipped and nonfinite when a guarded step skipped;
+ * with loss scaling, loss_scale (the scale the step ran with) and, when its
+ * gradients overflowed, skipped and overflow. */
 int ck_lua_log_step(lua_State *L, ck_program *p)
 {
     ck_run_opts o = {0, 0, 0};
@@ -568,7 +571,17 @@ int ck_lua_log_step(lua_State *L, ck_program *p)
         lua_pushinteger(L, (lua_Integer)r.high_water);
         lua_setfield(L, -2, "high_water");
     }
-    push_stats(L, p, o.stats);
+    push_stats(L, p, o.stats, r.loss_scale);
+    if (p->scale_t >= 0) { /* the scale this step's gradients carried */
+        lua_pushnumber(L, r.loss_scale);
+        lua_setfield(L, -2, "loss_scale");
+    }
+    if (r.overflow) { /* loss scaling's skip: the gradients overflowed, the scale backed off */
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "skipped");
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "overflow");
+    }
     if (r.nonfinite) {
         lua_pushboolean(L, 1);
         lua_setfield(L, -2, "skipped");

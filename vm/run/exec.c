@@ -5,6 +5,7 @@
 #include "dist/dist.h"
 
 #include "../../ops/bf16.h"
+#include "../../ops/fp16.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,7 +232,9 @@ int ck_exec_tensor_finite(const ck_exec_env *p, const ck_plan *pl, int t, int *f
         int rc = p->be->download(h, x, bytes);
         *finite = 1;
         for (int64_t k = 0; k < n && *finite && !rc; k++)
-            *finite = dt == CK_F8E4M3 ? (h[k] & 0x7f) != 0x7f : ck_bf16_finite(((const uint16_t *)h)[k]);
+            *finite = dt == CK_F8E4M3 ? (h[k] & 0x7f) != 0x7f
+                      : dt == CK_F16  ? ck_f16_finite(((const uint16_t *)h)[k])
+                                      : ck_bf16_finite(((const uint16_t *)h)[k]);
         free(h);
         if (!rc) return 0;
         snprintf(err, errlen, "checking values on the %s device: %s", p->be->name, p->be->error());

@@ -8,6 +8,7 @@
 #include "../../ops/adam8.h"
 #include "../../ops/bf16.h"
 #include "../../ops/fp8.h"
+#include "../../ops/fp16.h"
 #include "../../ops/rng.h"
 
 #include <math.h>
@@ -74,7 +75,7 @@ static int opt_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck
  * gradients src[t]'s summed squares in parameter order: a chain of SUMSQ
  * nodes, each adding the squares of a few gradients to the running total of
  * the one before. The tensor, -2 when nothing trains, or -1 (g->err set). */
-static int clip_factor(ck_graph *g, int nt, const int *src, float max_norm)
+static int clip_factor(ck_graph *g, int nt, const int *src, float max_norm, int inv)
 {
     int total = -2, in[CK_MAX_IN], k = 0;
     const char *where = NULL;
@@ -95,9 +96,20 @@ static int clip_factor(ck_graph *g, int nt, const int *src, float max_norm)
         }
     }
     if (total < 0) return total;
+    static const ck_op_params none;
+    for (int k = 0; k < 2 && inv >= 0 && total >= 0; k++) { /* the unscaled gradients' squares */
+        const int by_inv[2] = {total, inv};
+        total = opt_node(g, CK_OP_MUL, by_inv, 2, &none, where);
+    }
+    if (total < 0) return -1;
     ck_op_params cp = {0};
     cp.f[0] = max_norm;
-    return opt_node(g, CK_OP_CLIP_FACTOR, &total, 1, &cp, where);
+    int factor = opt_node(g, CK_OP_CLIP_FACTOR, &total, 1, &cp, where);
+    if (factor >= 0 && inv >= 0) {
+        const int times_inv[2] = {factor, inv};
+        factor = opt_node(g, CK_OP_MUL, times_inv, 2, &none, where);
+    }
+    return factor;
 }
 
 /* Data parallel: compiled for several ranks, or for one with CK_COMM_FORCE=1
@@ -211,9 +223,34 @@ static int add_accumulation(ck_graph *g, const ck_compile_opts *o, ck_program *p
     return 0;
 }
 
+/* Loss scaling's tensors: the scale (the loss's shape: backward starts from
+ * it), the updates applied since it changed (optimizer state, saved with the
+ * rest) and 1/scale (an input each step writes). */
+static int add_loss_scale(ck_graph *g, const ck_compile_opts *o, ck_program *p)
+{
+    const ck_shape one = {0, {0}};
+    ck_shape loss_shape = g->t[o->loss].shape;
+    const char *where = g->t[o->loss].where;
+    ck_graph_set_scope(g, "loss_scale");
+    p->scale_t = ck_graph_leaf(g, CK_KIND_OPTSTATE, "loss_scale", &loss_shape, where);
+    p->tracker_t = p->scale_t < 0 ? -1 : ck_graph_leaf(g, CK_KIND_OPTSTATE, "loss_scale.growth_tracker", &one, where);
+    p->inv_t = p->tracker_t < 0 ? -1 : ck_graph_leaf(g, CK_KIND_INPUT, "loss_scale.inverse", &one, where);
+    ck_graph_set_scope(g, "");
+    if (p->inv_t < 0) return -1;
+    /* constant starts: uniform on [v, v] is v */
+    g->t[p->scale_t].init = g->t[p->inv_t].init = CK_INIT_UNIFORM;
+    g->t[p->scale_t].init_a = g->t[p->scale_t].init_b = o->scaler.init;
+    g->t[p->inv_t].init_a = g->t[p->inv_t].init_b = (float)(1.0 / (double)o->scaler.init);
+    g->t[p->tracker_t].init = CK_INIT_ZEROS;
+    return 0;
+}
+
 /* The optimizer's nodes: accumulation (when asked), the clip factor (when
  * asked), then per parameter its update, reading src[t]: the gradient, its
- * mean over the accumulated steps, either times the clip factor. */
+ * mean over the accumulated steps, either times the clip factor. With loss
+ * scaling, times 1/scale too: the clip factor is taken from the unscaled
+ * norm (the scaled squares times 1/scale twice) and multiplied by 1/scale,
+ * so one product per gradient does both, as with clipping alone. */
 static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog)
 {
     const int nt = g->nt;
@@ -259,7 +296,8 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
         free(order);
     }
     if ((o->accumulate > 1 || data_parallel(o)) && add_accumulation(g, o, prog, nt, src)) goto out;
-    if (o->max_grad_norm > 0 && (factor = clip_factor(g, nt, src, o->max_grad_norm)) == -1) goto out;
+    if (o->max_grad_norm > 0 && (factor = clip_factor(g, nt, src, o->max_grad_norm, prog->inv_t)) == -1) goto out;
+    if (factor == -2 && prog->inv_t >= 0) factor = prog->inv_t;
     for (int t = 0; t < nt; t++) {
         if (g->t[t].kind != CK_KIND_PARAM) continue;
         if (owner && owner[t] != o->rank) continue; /* another rank updates it */
@@ -582,8 +620,25 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     ck_compile_opts own_opts = *o; /* with this process's rank */
     own_opts.rank = p->opt.rank;
     o = &own_opts;
+    p->scale_t = p->tracker_t = p->inv_t = -1;
+    if (o->scaler.on && o->loss >= 0 && trains) {
+        if (o->fused_backward) {
+            failf(err, errlen, "loss scaling checks every gradient for an overflow before any update, so it cannot "
+                  "go with fused_backward (each parameter updated inside backward)");
+            goto fail;
+        }
+        if (o->optim == CK_OPTIM_NONE) {
+            failf(err, errlen, "loss scaling skips the updates whose gradients overflow: it needs an optimizer "
+                  "(optimizer = \"none\" here)");
+            goto fail;
+        }
+        if (add_loss_scale(g, o, p)) {
+            failf(err, errlen, "%s", g->err);
+            goto fail;
+        }
+    }
     if (o->loss >= 0 && trains) {
-        if (ck_autodiff(g, o->loss)) {
+        if (ck_autodiff(g, o->loss, p->scale_t)) {
             failf(err, errlen, "%s", g->err);
             goto fail;
         }
@@ -600,10 +655,6 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
          * the inputs and the loss stay fp32. Kernels compute in fp32: the
          * executor converts narrow operands around an op unless the backend
          * has a bf16 kernel for it (exec.c). */
-        if (o->storage == CK_F16 && !o->plan_only) {
-            failf(err, errlen, "fp16 storage can be planned (--plan) but not run (no loss scaling); use bf16");
-            goto fail;
-        }
         for (int t = 0; t < g->nt; t++) {
             ck_kind k = g->t[t].kind;
             int nd = g->t[t].node;
@@ -996,10 +1047,120 @@ static int run_overlapped(ck_program *p, const ck_run_opts *o, ck_run_info *r, c
     return 0;
 }
 
+/* one scalar of the arena, read or written from the host */
+static int scalar_get(ck_program *p, int t, float *v)
+{
+    const float *x = ck_program_read(p, t);
+    if (!x) return -1;
+    *v = x[0];
+    return 0;
+}
+
+static int scalar_set(ck_program *p, int t, float v)
+{
+    float *x = ck_program_write_begin(p, t, 0);
+    if (!x) return -1;
+    x[0] = v;
+    return ck_program_write_end(p, t);
+}
+
+/* Before a loss-scaled step: the scale (as saved, or as p:set left it) and
+ * 1/scale for the update, in fp32 from the double reciprocal as GradScaler
+ * computes inv_scale. */
+static int scale_begin(ck_program *p, float *scale)
+{
+    if (scalar_get(p, p->scale_t, scale)) return -1;
+    if (!(*scale > 0.0f) || isinf(*scale))
+        return failf(p->err, sizeof p->err, "the loss scale is %g: it must be a finite number > 0", (double)*scale);
+    return scalar_set(p, p->inv_t, (float)(1.0 / (double)*scale));
+}
+
+/* After an update step: GradScaler.update(). On an overflow the scale backs
+ * off and the count of updates since it changed starts over; after
+ * growth_interval updates in a row it grows (unless that is no longer
+ * finite), and the count starts over. */
+static int scale_end(ck_program *p, float scale, int overflow)
+{
+    const ck_loss_scale *c = &p->opt.scaler;
+    float tracker;
+    if (scalar_get(p, p->tracker_t, &tracker)) return -1;
+    if (overflow) {
+        scale *= c->backoff_factor;
+        tracker = 0.0f;
+    } else if (tracker + 1.0f >= (float)c->growth_interval) {
+        const float grown = scale * c->growth_factor;
+        if (isfinite(grown)) scale = grown;
+        tracker = 0.0f;
+    } else {
+        tracker += 1.0f;
+    }
+    if (scalar_set(p, p->scale_t, scale) || scalar_set(p, p->tracker_t, tracker)) return -1;
+    return 0;
+}
+
+/* A loss-scaled step: forward and backward from the scale, the gradients
+ * added into their sums whatever they hold (an inf in one accumulated step
+ * makes the whole update's sums non-finite, as in GradScaler, which checks
+ * once per update); on an update step, the update only if the loss and
+ * what the update reads are finite, and the scale updated. A non-finite
+ * loss is reported as such (and, with the guard, its op named); gradients
+ * that overflow with a finite loss are loss scaling's ordinary skip. */
+static int run_scaled(ck_program *p, const ck_run_opts *o, ck_run_info *r, const ck_plan *pl, const ck_exec_env *e,
+                      int k, int u)
+{
+    float scale;
+    if (scale_begin(p, &scale)) return -1;
+    r->loss_scale = scale;
+    /* data parallel overlapped with backward: the sums were started inside
+     * backward, so their waits (which lead the tail) run before the check */
+    if (p->g->comm_overlap && p->nbuckets)
+        while (u < pl->n && p->g->n[pl->ops[u].node].op == CK_OP_ALLREDUCE_WAIT) u++;
+    if (ck_exec_range(e, pl, 0, u, p->err, sizeof p->err)) return -1;
+    int loss_fin = 1;
+    if (p->loss >= 0 && pl->off[p->loss] >= 0 &&
+        ck_exec_tensor_finite(e, pl, p->loss, &loss_fin, p->err, sizeof p->err))
+        return -1;
+    r->loss_nonfinite = !loss_fin;
+    const int update = !(p->opt.accumulate > 1 && p->grp->micro + 1 < p->opt.accumulate);
+    int fin = loss_fin;
+    if (update && fin) {
+        if (p->naccum) fin = sums_finite(p, e, pl);
+        else fin = step_finite(p, e, pl, k, r);
+        if (fin < 0) return -1;
+    }
+    if (update && p->nbuckets && ck_dist_size() > 1) { /* every rank takes the same decision */
+        float bad = fin ? 0.0f : 1.0f;
+        if (ck_dist_allreduce(&bad, 1, NULL, NULL) != 0)
+            return failf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
+        if (bad > 0.0f) fin = 0;
+    }
+    if (!update) {
+        p->grp->micro++; /* summed; the update comes with a later step */
+    } else {
+        if (fin) {
+            if (ck_exec_range(e, pl, u, pl->n, p->err, sizeof p->err)) return -1;
+            p->grp->updates++;
+        }
+        p->grp->micro = 0;
+        if (zero_accums(p) || scale_end(p, scale, !fin)) return -1;
+        r->overflow = !fin && loss_fin;
+    }
+    if (!loss_fin) { /* reported guarded or not: the step's gradients never reach an update */
+        r->nonfinite = 1;
+        if (o->guard) {
+            ck_exec_env again = *e; /* a second pass names the op; it sums nothing over the ranks */
+            again.replay = 1;
+            if (ck_exec_find_nonfinite(&again, pl, k, &r->bad_entry, &r->bad_input, p->err, sizeof p->err)) return -1;
+        }
+    }
+    return 0;
+}
+
 int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
 {
     memset(r, 0, sizeof *r);
     r->bad_entry = r->bad_input = -1;
+    r->loss_scale = 1.0f;
     if (!runnable(p)) return -1;
     if (p->train.n == 0) {
         snprintf(p->err, sizeof p->err, "this program has nothing to train (no loss or no trainable parameter)");
@@ -1034,6 +1195,15 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
         k = 0;
         while (k < pl->n && pl->ops[k].phase == CK_PHASE_FORWARD) k++;
         u = k;
+    }
+    if (p->scale_t >= 0) {
+        if (run_scaled(p, o, r, pl, &e, k, u)) {
+            p->grp->step--;
+            return -1;
+        }
+        if (ck_exec_sync(p->be, p->err, sizeof p->err)) return -1;
+        if (o->measure && ck_arena_high_water(&e, &r->high_water, p->err, sizeof p->err)) return -1;
+        return 0;
     }
     if (p->g->comm_overlap && p->nbuckets) return run_overlapped(p, o, r, pl, &e, k);
     /* a run that fails stops before the updates (exec.c): the step did not happen */
@@ -1166,6 +1336,8 @@ static float *host_of(ck_program *p, int t, float *x, int keep)
         for (int64_t i = 0; i < n; i++) p->stage[i] = ck_f8e4m3_values[((const uint8_t *)h)[i]];
     else if (tt->dtype == CK_U8)
         for (int64_t i = 0; i < n; i++) p->stage[i] = (float)((const uint8_t *)h)[i];
+    else if (tt->dtype == CK_F16)
+        ck_f16_load(p->stage, (const uint16_t *)h, n);
     else
         ck_bf16_load(p->stage, (const uint16_t *)h, n);
     return p->stage;
@@ -1218,6 +1390,19 @@ int ck_program_write_end(ck_program *p, int t)
                 return -1;
             }
             ((uint8_t *)h)[i] = (uint8_t)v;
+        }
+        src = h;
+    } else if (tt->dtype == CK_F16) {
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t v = ck_f16_from_f32(p->stage[i]);
+            if (!ck_f16_finite(v) && isfinite(p->stage[i])) { /* a number the cast would make inf */
+                snprintf(p->err, sizeof p->err,
+                         "'%s' holds %g at element %lld, beyond what fp16 stores (largest %g): store it in bf16 "
+                         "or fp32", tt->name ? tt->name : "a tensor", (double)p->stage[i], (long long)i,
+                         (double)CK_F16_MAX);
+                return -1;
+            }
+            ((uint16_t *)h)[i] = v;
         }
         src = h;
     } else if (tt->dtype != CK_F32) {

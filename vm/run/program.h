@@ -38,6 +38,21 @@ typedef struct ck_group {
     ck_mem_budget *budget; /* where charged is charged */
 } ck_group;
 
+/* Dynamic loss scaling, as torch.cuda.amp.GradScaler: backward starts from
+ * the scale instead of 1 (the loss's gradient), the update reads the
+ * gradients times 1/scale (after the accumulated sum, before clipping, which
+ * sees the unscaled norm), and an update whose gradients hold an inf or NaN
+ * is skipped, the scale times backoff_factor; after growth_interval updates
+ * in a row that were applied, the scale times growth_factor. The scale and
+ * the count of updates since the last change are optimizer state (the
+ * persistent tensors "loss_scale" and "loss_scale.growth_tracker", saved
+ * with it). Exact for scales that are powers of two. */
+typedef struct ck_loss_scale {
+    int on;
+    float init, growth_factor, backoff_factor;
+    int growth_interval;
+} ck_loss_scale;
+
 typedef struct ck_compile_opts {
     int loss;          /* tensor id, -1 for a forward-only program */
     const int *outputs; /* tensors the host reads after a run */
@@ -50,8 +65,9 @@ typedef struct ck_compile_opts {
     uint64_t seed;
     int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
     int plan_only;     /* plan, allocate nothing: the program cannot run */
-    ck_dtype storage;  /* CK_BF16 / CK_F16: plan 16-bit activations and frozen weights (plan_only) */
+    ck_dtype storage;  /* CK_BF16 / CK_F16: 16-bit activations, their gradients and frozen weights */
     ck_dtype frozen;   /* frozen weights' storage (CK_BF16, CK_F8E4M3); CK_F32: as storage */
+    ck_loss_scale scaler; /* dynamic loss scaling (fp16's); needs an optimizer, and no fused updates */
     ck_decide_fn decide; /* the checkpoint policy; NULL keeps every activation */
     /* the statistics logging steps will compute (CK_STATS_*, as
      * ck_program_add_stats takes them), so that the one arena is sized for
@@ -150,6 +166,10 @@ typedef struct ck_program {
     struct ck_dist_req *reqs;
     int nbuckets;
     size_t bucket_total;
+    /* loss scaling (opt.scaler.on): the scale (the loss's gradient), the
+     * updates applied since it last changed, and 1/scale, which the update
+     * multiplies the gradients by (an input the step writes); -1 without */
+    int scale_t, tracker_t, inv_t;
     char err[512];
 } ck_program;
 
@@ -199,6 +219,8 @@ typedef struct ck_run_info {
     int bad_entry;        /* nonfinite: the first list entry whose output held a non-finite value, -1 */
     int bad_input;        /* a parameter or input of that entry holding non-finite values, -1 */
     size_t high_water;    /* measure: bytes from the arena's start to the last byte the step wrote */
+    float loss_scale;     /* the scale the step's gradients carry (1 without loss scaling) */
+    int overflow;         /* loss scaling: finite loss, gradients not; the update skipped, the scale backed off */
 } ck_run_info;
 /* 0 or -1 with p->err. On a non-finite step (guard) the list up to the
  * optimizer runs a second time checking every output, to name the first op

@@ -157,9 +157,6 @@ if o["shard-optimizer"] and world < 2 then
   error("--shard-optimizer splits the optimizer state over the ranks of an mpirun job (or --plan --world-size N): " ..
     "this run has one")
 end
-if o["shard-optimizer"] and (o["save-every"] > 0 or o.resume) then
-  error("--shard-optimizer: training states of a sharded optimizer are not saved yet (each rank holds part of it)")
-end
 if world > 1 then
   for _, name in ipairs{"fused-backward", "network-dropout", "shuffle-caption", "caption-dropout-rate",
                         "caption-tag-dropout-rate", "random-crop", "enable-bucket"} do
@@ -746,7 +743,7 @@ for step = start, steps do
     for k, v in pairs(settings) do meta[k] = v end
     logger:flush(true) -- the log holds every step the state holds
     if world > 1 then ck.barrier() end -- every rank has finished the step the state holds
-    if dp_rank == 0 then state.save(p, state_dir, meta, o["keep-states"]) end
+    state.save(p, state_dir, meta, o["keep-states"]) -- rank 0 writes it; with ZeRO-1 the others send their shares
   end
 end
 if steps > start then

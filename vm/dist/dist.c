@@ -347,6 +347,37 @@ int ck_dist_barrier(ck_dist_poll_fn poll, void *ud)
     return 0;
 }
 
+/* the tag of ck_dist_send's messages: the collectives use none */
+#define TAG_DATA 1
+
+int ck_dist_send(const float *x, int64_t n, int dest, ck_dist_poll_fn poll, void *ud)
+{
+    if (n < 0 || n > INT_MAX || dest < 0 || dest >= D.size || dest == D.rank) return CK_DIST_EINVAL;
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active()) {
+        MPI_Request r;
+        MPI_Isend(x, (int)n, MPI_FLOAT, dest, TAG_DATA, D.comm, &r);
+        return wait_request(&r, poll, ud);
+    }
+#endif
+    (void)x, (void)poll, (void)ud;
+    return CK_DIST_EINVAL;
+}
+
+int ck_dist_recv(float *x, int64_t n, int src, ck_dist_poll_fn poll, void *ud)
+{
+    if (n < 0 || n > INT_MAX || src < 0 || src >= D.size || src == D.rank) return CK_DIST_EINVAL;
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active()) {
+        MPI_Request r;
+        MPI_Irecv(x, (int)n, MPI_FLOAT, src, TAG_DATA, D.comm, &r);
+        return wait_request(&r, poll, ud);
+    }
+#endif
+    (void)x, (void)poll, (void)ud;
+    return CK_DIST_EINVAL;
+}
+
 int ck_dist_iallreduce(float *x, int64_t n, ck_dist_req *req)
 {
     memset(req, 0, sizeof *req);

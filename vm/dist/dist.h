@@ -76,6 +76,12 @@ int ck_dist_allgather_i64(const int64_t *x, int64_t *out, int64_t n, ck_dist_pol
 int ck_dist_reduce_scatter(const float *x, float *out, int64_t n, ck_dist_poll_fn poll, void *ud);
 /* returns when every rank has called it */
 int ck_dist_barrier(ck_dist_poll_fn poll, void *ud);
+/* Point to point: x[0..n) to rank dest, and into x[0..n) from rank src. The
+ * messages one rank sends another arrive in the order sent, each matching the
+ * receiver's next ck_dist_recv from that rank, which must ask for n values
+ * as sent. CK_DIST_EINVAL for a rank outside the job or this rank itself. */
+int ck_dist_send(const float *x, int64_t n, int dest, ck_dist_poll_fn poll, void *ud);
+int ck_dist_recv(float *x, int64_t n, int src, ck_dist_poll_fn poll, void *ud);
 
 /* A non-blocking allreduce (sum, in place) that a caller starts, then
  * progresses with ck_dist_test between other work, and finishes with

@@ -3,7 +3,15 @@
  * that polls MPI_Test, yielding and then sleeping between polls, so that a
  * wait can be timed, interrupted and given up past its timeout, and so that
  * ranks oversubscribing a few cores leave them to each other rather than
- * spinning. Without MPI (CK_HAVE_MPI undefined) it is one process. */
+ * spinning. Without MPI (CK_HAVE_MPI undefined) it is one process.
+ *
+ * Each rank numbers the collectives it enters (the ranks call them in one
+ * order, so number k is the same collective everywhere) and announces its
+ * arrival at each with one 8-byte non-blocking message to every other rank,
+ * on a communicator of their own; every rank takes in the announcements that
+ * have come at each collective it enters. A wait that passes the timeout
+ * takes in the rest and names the ranks whose arrival at its collective it
+ * has not seen: the ranks that hang or have left, not the one that waited. */
 #define _GNU_SOURCE
 #include "dist/dist.h"
 
@@ -31,9 +39,14 @@ static struct {
     double comm_time;    /* seconds waited since the last reset */
     int init_rc;
     char init_err[256];
+    int64_t ncoll;       /* collectives entered */
 #ifdef CK_HAVE_MPI
     MPI_Comm comm;       /* our duplicate of MPI_COMM_WORLD */
     MPI_Comm local;      /* the ranks on this machine */
+    MPI_Comm arrive;     /* the arrival announcements */
+    int64_t *seen;       /* per rank: the last collective it announced */
+    struct sent { MPI_Request r; int64_t k; } *sent; /* announcements in flight */
+    int nsent, capsent;
 #endif
 } D = {.size = 1, .local_size = 1, .timeout = 300.0};
 
@@ -138,6 +151,12 @@ static void do_init(void)
     MPI_Comm_dup(MPI_COMM_WORLD, &D.comm);
     MPI_Comm_rank(D.comm, &D.rank);
     MPI_Comm_size(D.comm, &D.size);
+    MPI_Comm_dup(MPI_COMM_WORLD, &D.arrive);
+    D.seen = calloc((size_t)D.size, sizeof *D.seen);
+    if (!D.seen) {
+        init_fail("out of memory%s", "");
+        return;
+    }
     MPI_Comm_split_type(D.comm, MPI_COMM_TYPE_SHARED, D.rank, MPI_INFO_NULL, &D.local);
     MPI_Comm_rank(D.local, &D.local_rank);
     MPI_Comm_size(D.local, &D.local_size);
@@ -211,6 +230,9 @@ void ck_dist_finalize(void)
     D.finalized = 1;
     fflush(stdout);
     fflush(stderr);
+    for (int i = 0; i < D.nsent; i++) MPI_Request_free(&D.sent[i].r);
+    D.nsent = 0;
+    MPI_Comm_free(&D.arrive);
     MPI_Comm_free(&D.local);
     MPI_Comm_free(&D.comm);
     MPI_Finalize();
@@ -235,13 +257,98 @@ static void pause_after(int k)
     nanosleep(&ts, NULL);
 }
 
-/* Waits for r: 0 when done, CK_DIST_STOPPED when poll asks; past the
- * timeout, the one line and MPI_Abort. The time waited counts in comm_time. */
-static int wait_request(MPI_Request *r, ck_dist_poll_fn poll, void *ud)
+/* takes in the arrival announcements that have come */
+static void take_arrivals(void)
+{
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, 0, D.arrive, &flag, &st);
+        if (!flag) return;
+        int64_t k = 0;
+        MPI_Recv(&k, 1, MPI_INT64_T, st.MPI_SOURCE, 0, D.arrive, MPI_STATUS_IGNORE);
+        if (k > D.seen[st.MPI_SOURCE]) D.seen[st.MPI_SOURCE] = k;
+    }
+}
+
+/* Enters the next collective: announces it to every other rank (forgetting
+ * the announcements that have left) and takes in the others'. Its number. */
+static int64_t arrive(void)
+{
+    const int64_t k = ++D.ncoll;
+    int keep = 0;
+    for (int i = 0; i < D.nsent; i++) {
+        int flag = 0;
+        MPI_Test(&D.sent[i].r, &flag, MPI_STATUS_IGNORE);
+        if (!flag) D.sent[keep++] = D.sent[i];
+    }
+    D.nsent = keep;
+    if (D.nsent + D.size > D.capsent) {
+        /* a send's buffer must stay put until it leaves: the pool grows by
+         * copies only while none of its own are in flight */
+        const int cap = 2 * (D.nsent + D.size);
+        struct sent *ns = malloc(sizeof *ns * (size_t)cap);
+        if (!ns) return k; /* unannounced: a waiter that times out names this rank too */
+        for (int i = 0; i < D.nsent; i++) MPI_Wait(&D.sent[i].r, MPI_STATUS_IGNORE); /* 8 bytes: they leave at once */
+        D.nsent = 0;
+        free(D.sent);
+        D.sent = ns;
+        D.capsent = cap;
+    }
+    for (int r = 0; r < D.size; r++) {
+        if (r == D.rank) continue;
+        struct sent *e = &D.sent[D.nsent++];
+        e->k = k;
+        MPI_Isend(&e->k, 1, MPI_INT64_T, r, 0, D.arrive, &e->r);
+    }
+    take_arrivals();
+    return k;
+}
+
+/* The timeout line: the ranks whose arrival at collective k this rank has
+ * not seen (after a moment to take in announcements still on their way), or
+ * peer, the rank of a transfer */
+static void timeout_line(int64_t k, int peer)
+{
+    char who[200];
+    int n = 0, len = 0;
+    if (peer >= 0) {
+        fflush(stdout);
+        fprintf(stderr, "ckrun: rank %d: no reply from rank %d in a transfer for %g s (step %lld)\n", D.rank, peer,
+                D.timeout, D.step);
+        return;
+    }
+    for (int i = 0; i < 50; i++) { /* 50 ms */
+        take_arrivals();
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    who[0] = 0;
+    for (int r = 0; r < D.size; r++) {
+        if (r == D.rank || D.seen[r] >= k) continue;
+        if (len < (int)sizeof who - 24)
+            len += snprintf(who + len, sizeof who - (size_t)len, "%s%d", n ? ", " : "", r);
+        else if (len < (int)sizeof who - 5)
+            len += snprintf(who + len, sizeof who - (size_t)len, ", ...");
+        n++;
+    }
+    fflush(stdout);
+    if (n)
+        fprintf(stderr, "ckrun: rank %d: no reply from rank%s %s (not arrived) in collective %lld for %g s (step %lld)\n",
+                D.rank, n > 1 ? "s" : "", who, (long long)k, D.timeout, D.step);
+    else
+        fprintf(stderr, "ckrun: rank %d: no reply from the other ranks in collective %lld (every rank arrived) for "
+                "%g s (step %lld)\n", D.rank, (long long)k, D.timeout, D.step);
+}
+
+/* Waits for r, collective number k (or the transfer with peer): 0 when done,
+ * CK_DIST_STOPPED when poll asks; past the timeout, the one line and
+ * MPI_Abort. The time waited counts in comm_time. */
+static int wait_request(MPI_Request *r, int64_t k, int peer, ck_dist_poll_fn poll, void *ud)
 {
     const double t0 = ck_dist_now();
     int rc = 0;
-    for (int k = 0;; k++) {
+    for (int i = 0;; i++) {
         int flag = 0;
         MPI_Test(r, &flag, MPI_STATUS_IGNORE);
         if (flag) break;
@@ -251,12 +358,10 @@ static int wait_request(MPI_Request *r, ck_dist_poll_fn poll, void *ud)
         }
         const double now = ck_dist_now();
         if (now - t0 > D.timeout) {
-            fflush(stdout);
-            fprintf(stderr, "ckrun: rank %d: no reply from the other ranks in a collective for %g s (step %lld)\n",
-                    D.rank, D.timeout, D.step);
+            timeout_line(k, peer);
             ck_dist_abort(1);
         }
-        pause_after(k < INT_MAX - 1 ? k : INT_MAX - 1);
+        pause_after(i < INT_MAX - 1 ? i : INT_MAX - 1);
     }
     D.comm_time += ck_dist_now() - t0;
     return rc;
@@ -269,8 +374,9 @@ int ck_dist_allreduce(float *x, int64_t n, ck_dist_poll_fn poll, void *ud)
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
+        const int64_t k = arrive();
         MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)x, (void)poll, (void)ud;
@@ -283,8 +389,9 @@ int ck_dist_broadcast(float *x, int64_t n, int root, ck_dist_poll_fn poll, void 
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
+        const int64_t k = arrive();
         MPI_Ibcast(x, (int)n, MPI_FLOAT, root, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)x, (void)poll, (void)ud;
@@ -300,8 +407,9 @@ static int allgather_bytes(const void *x, void *out, int64_t n, size_t elem, int
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
         const MPI_Datatype dt = is_i64 ? MPI_INT64_T : MPI_FLOAT;
+        const int64_t k = arrive();
         MPI_Iallgather(x, (int)n, dt, out, (int)n, dt, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)is_i64, (void)poll, (void)ud;
@@ -325,8 +433,9 @@ int ck_dist_reduce_scatter(const float *x, float *out, int64_t n, ck_dist_poll_f
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
+        const int64_t k = arrive();
         MPI_Ireduce_scatter_block(x, out, (int)n, MPI_FLOAT, MPI_SUM, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)poll, (void)ud;
@@ -339,8 +448,9 @@ int ck_dist_barrier(ck_dist_poll_fn poll, void *ud)
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
+        const int64_t k = arrive();
         MPI_Ibarrier(D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)poll, (void)ud;
@@ -357,7 +467,7 @@ int ck_dist_send(const float *x, int64_t n, int dest, ck_dist_poll_fn poll, void
     if (ck_dist_active()) {
         MPI_Request r;
         MPI_Isend(x, (int)n, MPI_FLOAT, dest, TAG_DATA, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, 0, dest, poll, ud);
     }
 #endif
     (void)x, (void)poll, (void)ud;
@@ -371,7 +481,7 @@ int ck_dist_recv(float *x, int64_t n, int src, ck_dist_poll_fn poll, void *ud)
     if (ck_dist_active()) {
         MPI_Request r;
         MPI_Irecv(x, (int)n, MPI_FLOAT, src, TAG_DATA, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, 0, src, poll, ud);
     }
 #endif
     (void)x, (void)poll, (void)ud;
@@ -387,6 +497,7 @@ int ck_dist_iallreduce(float *x, int64_t n, ck_dist_req *req)
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request *r = (MPI_Request *)(void *)req->mpi;
+        req->k = arrive();
         MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, D.comm, r);
         return 0;
     }
@@ -412,7 +523,7 @@ int ck_dist_wait(ck_dist_req *req, ck_dist_poll_fn poll, void *ud)
     if (!req->active) return 0;
     int rc = 0;
 #ifdef CK_HAVE_MPI
-    if (!req->done) rc = wait_request((MPI_Request *)(void *)req->mpi, poll, ud);
+    if (!req->done) rc = wait_request((MPI_Request *)(void *)req->mpi, req->k, -1, poll, ud);
 #else
     (void)poll, (void)ud;
 #endif

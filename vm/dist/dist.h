@@ -10,9 +10,11 @@
  *
  * Every wait polls (MPI_Test with short sleeps) and has a timeout: a rank
  * that waits longer than ck_dist_timeout() seconds for the others prints
- * "ckrun: rank R: no reply from the other ranks in a collective for S s
- * (step K)" and ends the whole job (MPI_Abort), so a rank that dies or hangs
- * never leaves the others hanging silently. */
+ * "ckrun: rank R: no reply from rank H (not arrived) in collective C for S s
+ * (step K)", H the ranks that have not entered the collective it waits in
+ * (each rank announces its arrival at each collective to the others), and
+ * ends the whole job (MPI_Abort), so a rank that dies or hangs never leaves
+ * the others hanging silently, and the line names it. */
 #ifndef CK_DIST_H
 #define CK_DIST_H
 
@@ -91,6 +93,7 @@ typedef struct ck_dist_req {
     int done;         /* finished (ck_dist_test saw it) */
     uint64_t mpi[2];  /* the MPI_Request, opaque here */
     double started;   /* when it started (seconds, monotonic) */
+    int64_t k;        /* its number among the collectives this rank entered */
 } ck_dist_req;
 
 /* Starts the sum of x[0..n) over ranks into x. 0, or CK_DIST_EINVAL (n over

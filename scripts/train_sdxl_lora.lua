@@ -158,7 +158,7 @@ if o["shard-optimizer"] and world < 2 then
     "this run has one")
 end
 if world > 1 then
-  for _, name in ipairs{"fused-backward", "network-dropout", "shuffle-caption", "caption-dropout-rate",
+  for _, name in ipairs{"fused-backward", "shuffle-caption", "caption-dropout-rate",
                         "caption-tag-dropout-rate", "random-crop", "enable-bucket"} do
     if o:given(name) and o[name] ~= false and o[name] ~= 0 then
       error(string.format("--%s is not supported on several ranks yet (this job has %d)", name, world))

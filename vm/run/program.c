@@ -601,6 +601,15 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     ck_compile_opts own_opts = *o; /* with this process's rank */
     own_opts.rank = p->opt.rank;
     o = &own_opts;
+    /* Data parallel: a dropout draws for each row of its input's first
+     * dimension (the sample) what one process draws for that sample's row of
+     * the global batch, rank + b * world, as torch's DistributedSampler deals
+     * the rows; its gradient (autodiff copies the parameters) the same. */
+    for (int i = 0; o->world > 1 && i < g->nn; i++)
+        if (g->n[i].op == CK_OP_DROPOUT) {
+            g->n[i].p.i[1] = o->world;
+            g->n[i].p.i[2] = o->rank;
+        }
     if (o->loss >= 0 && trains) {
         if (ck_autodiff(g, o->loss)) {
             failf(err, errlen, "%s", g->err);

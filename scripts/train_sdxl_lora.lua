@@ -158,8 +158,7 @@ if o["shard-optimizer"] and world < 2 then
     "this run has one")
 end
 if world > 1 then
-  for _, name in ipairs{"fused-backward", "shuffle-caption", "caption-dropout-rate",
-                        "caption-tag-dropout-rate", "random-crop", "enable-bucket"} do
+  for _, name in ipairs{"fused-backward", "enable-bucket"} do
     if o:given(name) and o[name] ~= false and o[name] ~= 0 then
       error(string.format("--%s is not supported on several ranks yet (this job has %d)", name, world))
     end
@@ -443,7 +442,8 @@ text_runs = {}
 if (caption_aug or random_crop) and images and not ck.plan_mode then
   local first
   for k = 1, #shapes do
-    for _, n in ipairs(sizes[k]) do
+    for _, global_n in ipairs(sizes[k]) do
+      local n = global_n // world -- this rank's share
       if not text_runs[n] then
         text_runs[n] = encode.text_program(models, n, first and first.program or nil)
         first = first or text_runs[n]
@@ -461,13 +461,20 @@ if random_crop and not ck.plan_mode then
     first = first or vae_runs[key]
   end
 end
+-- the position in the epoch of the b-th of samples idx: on a data-parallel
+-- rank (rows: their rows in the global batch of n, 0-based) the global
+-- batch's, so that each sample's draws are those one process makes
+local function use_of(idx, b, rows, n)
+  if rows then return dataset.pos - n + rows[b] + 1 end
+  return dataset.pos - #idx + b
+end
 -- the latents and time ids of samples idx into r's inputs, encoded now: each
 -- use's crop (random, or centered for validation) and flip (--flip-aug)
-local function set_latents(r, idx, augment)
+local function set_latents(r, idx, augment, rows, n)
   if not random_crop then return end
   for b, i in ipairs(idx) do
     local e = entries[i]
-    local use = dataset.pos - #idx + b
+    local use = use_of(idx, b, rows, n)
     local s = imagedata.sample(e, {random_crop = augment, flip_aug = augment and o["flip-aug"], seed = seed,
                                    epoch = dataset.epoch, index = use})
     local vp = vae_runs[e.bucket[1] .. "x" .. e.bucket[2]]
@@ -479,7 +486,7 @@ local function set_latents(r, idx, augment)
 end
 -- the text embeddings of samples idx into r's inputs: each caption as this
 -- use makes it (augment: shuffled, tags dropped, as ck.imagedata.caption), or as written
-local function set_text(r, idx, augment)
+local function set_text(r, idx, augment, rows, n)
   if not next(text_runs) then return end -- the text is in the samples
   if not text_runs[#idx] then -- a batch size compiled on first use (sharing the weights)
     local _, any = next(text_runs)
@@ -490,7 +497,7 @@ local function set_text(r, idx, augment)
     if augment then
       local c = {}
       for k, v in pairs(settings_img.caption) do c[k] = v end
-      c.seed, c.epoch, c.index = seed, dataset.epoch, dataset.pos - #idx + b
+      c.seed, c.epoch, c.index = seed, dataset.epoch, use_of(idx, b, rows, n)
       caps[b] = imagedata.caption(captions[i], c)
     else
       caps[b] = captions[i]
@@ -600,9 +607,9 @@ local function validate()
     local r = run_for(b.bucket, #b.idx)
     local mine, rows = share_of(b.idx)
     r.program.training = false -- no dropout
-    local given = dataset:load(r.program, r.inputs, mine, true)
-    set_latents(r, mine, false)
-    set_text(r, mine, false)
+    local given = dataset:load(r.program, r.inputs, mine, true, rows)
+    set_latents(r, mine, false, rows, #b.idx)
+    set_text(r, mine, false, rows, #b.idx)
     given.eval = true
     given.rows = rows
     r.objective:prepare(r.program, given, -v)
@@ -715,9 +722,9 @@ for step = start, steps do
   local idx, k = dataset:next_indices()
   local r = run_for(k, #idx)
   local mine, rows = share_of(idx)
-  local given = dataset:load(r.program, r.inputs, mine)
-  set_latents(r, mine, true)
-  set_text(r, mine, true)
+  local given = dataset:load(r.program, r.inputs, mine, false, rows)
+  set_latents(r, mine, true, rows, #idx)
+  set_text(r, mine, true, rows, #idx)
   given.rows = rows
   r.objective:prepare(r.program, given)
   -- a non-finite loss or gradient stops the run here, naming the step and the op

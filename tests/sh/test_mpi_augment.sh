@@ -1,7 +1,7 @@
 # What a data-parallel job draws at random, keyed by the sample's row in the
 # global batch (2 ranks under Open MPI's mpirun, oversubscribed on CI's 2
-# cores, the tiny model): with --network-dropout, caption augmentation and
-# --random-crop, 2 ranks at --batch 1 train the samples one process trains at
+# cores, the tiny model): with --network-dropout, caption augmentation,
+# --random-crop and --flip-aug, 2 ranks at --batch 1 train the samples one process trains at
 # --batch 2, with the same draws: the same losses and the adapter within fp32
 # summation-order tolerance. SKIPs (77) where mpirun is missing or ckrun was
 # built without MPI.
@@ -49,5 +49,11 @@ compare() {
 }
 
 compare dropout --samples 8 --network-dropout 0.5
+# a folder of images with captions (one bucket: 64x64, or 96 pixels a side to crop from)
+"$CKRUN" $A scripts/make_shapes_dataset.lua "$dir/shapes" 4 --repeats 2 --size 64 > /dev/null &&
+  "$CKRUN" $A scripts/make_shapes_dataset.lua "$dir/big" 4 --repeats 2 --size 96 > /dev/null || { echo "FAIL making the sets"; exit 1; }
+compare captions --data "$dir/shapes" --shuffle-caption --caption-dropout-rate 0.25 --caption-tag-dropout-rate 0.3
+compare crop --data "$dir/big" --random-crop --flip-aug
+compare flip --data "$dir/shapes" --flip-aug
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

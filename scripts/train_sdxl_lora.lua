@@ -157,6 +157,14 @@ if o["shard-optimizer"] and world < 2 then
   error("--shard-optimizer splits the optimizer state over the ranks of an mpirun job (or --plan --world-size N): " ..
     "this run has one")
 end
+-- a state between two updates holds the gradient sums so far, which on
+-- several ranks are each rank's own part until the update sums them: rank 0's
+-- alone would resume wrong
+if world > 1 and o["save-every"] > 0 and o["save-every"] % o["gradient-accumulation-steps"] ~= 0 then
+  error(string.format("--save-every %d on %d ranks must be a multiple of --gradient-accumulation-steps %d: a state " ..
+    "between two updates would hold rank 0's part of the gradient sums alone", o["save-every"], world,
+    o["gradient-accumulation-steps"]))
+end
 if world > 1 then
   for _, name in ipairs{"fused-backward"} do
     if o:given(name) and o[name] ~= false and o[name] ~= 0 then

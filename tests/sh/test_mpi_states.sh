@@ -4,7 +4,9 @@
 # unsharded job writes (the same tensors, bitwise: ZeRO-1 updates as the
 # unsharded job does); the job resumed from it ends bitwise as the
 # uninterrupted one; an unsharded job's state resumes sharded, and a sharded
-# one in one process at the same global batch; AdamW and 8-bit AdamW. SKIPs
+# one in one process at the same global batch; AdamW and 8-bit AdamW; with
+# gradient accumulation, states at updates (a cadence between them is
+# refused: each rank holds its own part of the sums there). SKIPs
 # (77) where mpirun is missing or ckrun was built without MPI.
 . tests/sh/mpi_setup.sh
 A="--allow-write $dir"
@@ -70,6 +72,21 @@ io.write(string.format('median rel %.2e, worst %.2e', rels[#rels // 2], rels[#re
 assert(#rels >= 100 and rels[#rels // 2] < 1e-5 and rels[#rels] < 1e-2)" > "$dir/close.$opt" 2>&1
   ok $? "$opt: and ends with the sharded job's adapter within fp32 summation-order tolerance ($(tail -1 "$dir/close.$opt"))"
 done
+
+# with gradient accumulation a state is saved at an update, when the sums are empty, and resumes bitwise; between
+# two updates each rank holds its own part of the sums, so a cadence that would save there is refused at start
+G="--gradient-accumulation-steps 2 --shard-optimizer"
+$MPIRUN -np 2 "$CKRUN" $A $T --batch 1 $G --out "$dir/g.safetensors" --log-dir "$dir/lg" > "$dir/g.out" 2>&1
+$MPIRUN -np 2 "$CKRUN" $A $T --batch 1 $G --save-every 2 --state-dir "$dir/gst" --out "$dir/g1.safetensors" \
+  --log-dir "$dir/lg1" > "$dir/g1.out" 2>&1
+$MPIRUN -np 2 "$CKRUN" $A $T --batch 1 $G --save-every 2 --state-dir "$dir/gst" --resume --out "$dir/g2.safetensors" \
+  --log-dir "$dir/lg2" > "$dir/g2.out" 2>&1 ; rc=$?
+grep -q "resumed from .* at step 4" "$dir/g2.out" && cmp -s "$dir/g.safetensors" "$dir/g2.safetensors"
+ok $? "accumulating over 2 steps: the job resumed at step 4 ends with the uninterrupted job's adapter, bitwise (rc $rc)"
+err=$($MPIRUN -np 2 "$CKRUN" $A $T --batch 1 $G --save-every 3 --state-dir "$dir/gst3" --out "$dir/g3.safetensors" 2>&1 |
+  grep -m1 "must be a multiple of --gradient-accumulation-steps")
+[ -n "$err" ] && [ ! -e "$dir/g3.safetensors" ] && [ -z "$(ls "$dir/gst3" 2>/dev/null | grep '^state-')" ]
+ok $? "a state cadence between updates is refused in one line, nothing written ($err)"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -231,7 +231,11 @@ void ck_dist_finalize(void)
     fflush(stdout);
     fflush(stderr);
     for (int i = 0; i < D.nsent; i++) MPI_Request_free(&D.sent[i].r);
-    D.nsent = 0;
+    D.nsent = D.capsent = 0;
+    free(D.sent);
+    D.sent = NULL;
+    free(D.seen);
+    D.seen = NULL;
     MPI_Comm_free(&D.arrive);
     MPI_Comm_free(&D.local);
     MPI_Comm_free(&D.comm);

@@ -639,7 +639,7 @@ local function validate()
     set_latents(r, mine, false, rows, #b.idx)
     set_text(r, mine, false, rows, #b.idx)
     given.eval = true
-    given.rows, given.loss_scale = rows, weight
+    given.rows, given.weight_scale = rows, weight
     r.objective:prepare(r.program, given, -v)
     total = total + r.program:forward()
     r.program.training = true
@@ -753,7 +753,7 @@ for step = start, steps do
   local given = dataset:load(r.program, r.inputs, mine, false, rows)
   set_latents(r, mine, true, rows, #idx)
   set_text(r, mine, true, rows, #idx)
-  given.rows, given.loss_scale = rows, weight
+  given.rows, given.weight_scale = rows, weight
   r.objective:prepare(r.program, given)
   -- a non-finite loss or gradient stops the run here, naming the step and the op
   local l = logger:step(r.program, {lr = lr_at(p.updates)})

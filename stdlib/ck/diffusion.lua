@@ -133,9 +133,9 @@ function Objective:prepare(p, given, step)
   -- data-parallel rank's share: its timesteps and noise are the ones one
   -- process draws for those rows
   local rows = given.rows
-  -- given.loss_scale: every sample's loss weight times this (a data-parallel
+  -- given.weight_scale: every sample's loss weight times this (a data-parallel
   -- rank's share of a batch that does not split evenly; 0 for a padding row)
-  local scale = given.loss_scale or 1
+  local scale = given.weight_scale or 1
   local ts, sa, sb, w = {}, {}, {}, {}
   for b = 1, B do
     local t = given.timesteps and given.timesteps[b]

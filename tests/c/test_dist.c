@@ -3,7 +3,8 @@
  * values every collective must give across ranks, non-blocking allreduces
  * progressed by ck_dist_test while other work runs and waited for out of
  * order, the wait time, point-to-point messages, and a wait stopped by its
- * poll. Every rank prints
+ * poll. With TEST_DIST_BUSY set, the last rank starts an allreduce and then
+ * works for a minute without progressing it, while the others wait. Every rank prints
  * "rank R: N passed, M failed"; under MPI the last check ends the job with
  * status 3 from rank 0 (a stopped wait must end the job). */
 #include "dist/dist.h"
@@ -43,6 +44,19 @@ int main(void)
     check(ck_dist_active() || W == 1, "without MPI, one rank", "%d", W);
     check(ck_dist_local_rank() < ck_dist_local_size() && ck_dist_local_size() <= W, "local rank", "%d of %d",
           ck_dist_local_rank(), ck_dist_local_size());
+
+    if (getenv("TEST_DIST_BUSY") && W > 1) {
+        /* the last rank starts an allreduce, then works past the others'
+         * timeout without progressing it: the line rank 0 prints names it
+         * as arrived and busy (tests/sh/test_mpi.sh) */
+        float v[4096] = {0};
+        ck_dist_req req;
+        ck_dist_iallreduce(v, 4096, &req);
+        ck_dist_set_step(5);
+        for (const double t0 = ck_dist_now(); R == W - 1 && ck_dist_now() - t0 < 60;) sleep_s(0.1);
+        ck_dist_wait(&req, NULL, NULL);
+        return 1; /* not reached: the wait times out */
+    }
 
     const char *env = getenv("CK_DIST_TIMEOUT");
     const double t_want = env ? atof(env) : 300;

@@ -8,10 +8,13 @@
  * Each rank numbers the collectives it enters (the ranks call them in one
  * order, so number k is the same collective everywhere) and announces its
  * arrival at each with one 8-byte non-blocking message to every other rank,
- * on a communicator of their own; every rank takes in the announcements that
- * have come at each collective it enters. A wait that passes the timeout
- * takes in the rest and names the ranks whose arrival at its collective it
- * has not seen: the ranks that hang or have left, not the one that waited. */
+ * on a communicator of their own, and once more when it has to wait in one;
+ * every rank takes in the announcements that have come at each collective it
+ * enters. A wait that passes the timeout takes in the rest and names the
+ * ranks that hold it up, not the one that waited: those whose arrival at its
+ * collective it has not seen (they hang before it, or have left), then those
+ * that arrived but do not wait in it (busy elsewhere, or stopped, while the
+ * collective needs them). */
 #define _GNU_SOURCE
 #include "dist/dist.h"
 
@@ -44,8 +47,9 @@ static struct {
     MPI_Comm comm;       /* our duplicate of MPI_COMM_WORLD */
     MPI_Comm local;      /* the ranks on this machine */
     MPI_Comm arrive;     /* the arrival announcements */
-    int64_t *seen;       /* per rank: the last collective it announced */
-    struct sent { MPI_Request r; int64_t k; } *sent; /* announcements in flight */
+    int64_t *seen;       /* per rank: the last collective it announced arriving at */
+    int64_t *waiting;    /* per rank: the last collective it announced waiting in */
+    struct sent { MPI_Request r; int64_t v; } *sent; /* announcements in flight */
     int nsent, capsent;
 #endif
 } D = {.size = 1, .local_size = 1, .timeout = 300.0};
@@ -153,7 +157,8 @@ static void do_init(void)
     MPI_Comm_size(D.comm, &D.size);
     MPI_Comm_dup(MPI_COMM_WORLD, &D.arrive);
     D.seen = calloc((size_t)D.size, sizeof *D.seen);
-    if (!D.seen) {
+    D.waiting = calloc((size_t)D.size, sizeof *D.waiting);
+    if (!D.seen || !D.waiting) {
         init_fail("out of memory%s", "");
         return;
     }
@@ -235,7 +240,8 @@ void ck_dist_finalize(void)
     free(D.sent);
     D.sent = NULL;
     free(D.seen);
-    D.seen = NULL;
+    free(D.waiting);
+    D.seen = D.waiting = NULL;
     MPI_Comm_free(&D.arrive);
     MPI_Comm_free(&D.local);
     MPI_Comm_free(&D.comm);
@@ -261,7 +267,8 @@ static void pause_after(int k)
     nanosleep(&ts, NULL);
 }
 
-/* takes in the arrival announcements that have come */
+/* takes in the announcements that have come: 2k for an arrival at
+ * collective k, 2k + 1 for a wait in it */
 static void take_arrivals(void)
 {
     for (;;) {
@@ -269,17 +276,17 @@ static void take_arrivals(void)
         MPI_Status st;
         MPI_Iprobe(MPI_ANY_SOURCE, 0, D.arrive, &flag, &st);
         if (!flag) return;
-        int64_t k = 0;
-        MPI_Recv(&k, 1, MPI_INT64_T, st.MPI_SOURCE, 0, D.arrive, MPI_STATUS_IGNORE);
-        if (k > D.seen[st.MPI_SOURCE]) D.seen[st.MPI_SOURCE] = k;
+        int64_t v = 0;
+        MPI_Recv(&v, 1, MPI_INT64_T, st.MPI_SOURCE, 0, D.arrive, MPI_STATUS_IGNORE);
+        int64_t *seen = v & 1 ? D.waiting : D.seen;
+        if (v >> 1 > seen[st.MPI_SOURCE]) seen[st.MPI_SOURCE] = v >> 1;
     }
 }
 
-/* Enters the next collective: announces it to every other rank (forgetting
- * the announcements that have left) and takes in the others'. Its number. */
-static int64_t arrive(void)
+/* Sends v to every other rank (forgetting the announcements that have left),
+ * then takes in the others'. */
+static void announce(int64_t v)
 {
-    const int64_t k = ++D.ncoll;
     int keep = 0;
     for (int i = 0; i < D.nsent; i++) {
         int flag = 0;
@@ -292,7 +299,7 @@ static int64_t arrive(void)
          * copies only while none of its own are in flight */
         const int cap = 2 * (D.nsent + D.size);
         struct sent *ns = malloc(sizeof *ns * (size_t)cap);
-        if (!ns) return k; /* unannounced: a waiter that times out names this rank too */
+        if (!ns) return; /* unannounced: a waiter that times out names this rank */
         for (int i = 0; i < D.nsent; i++) MPI_Wait(&D.sent[i].r, MPI_STATUS_IGNORE); /* 8 bytes: they leave at once */
         D.nsent = 0;
         free(D.sent);
@@ -302,19 +309,27 @@ static int64_t arrive(void)
     for (int r = 0; r < D.size; r++) {
         if (r == D.rank) continue;
         struct sent *e = &D.sent[D.nsent++];
-        e->k = k;
-        MPI_Isend(&e->k, 1, MPI_INT64_T, r, 0, D.arrive, &e->r);
+        e->v = v;
+        MPI_Isend(&e->v, 1, MPI_INT64_T, r, 0, D.arrive, &e->r);
     }
     take_arrivals();
+}
+
+/* Enters the next collective, announcing it; its number */
+static int64_t arrive(void)
+{
+    const int64_t k = ++D.ncoll;
+    announce(2 * k);
     return k;
 }
 
 /* The timeout line: the ranks whose arrival at collective k this rank has
- * not seen (after a moment to take in announcements still on their way), or
- * peer, the rank of a transfer */
+ * not seen, and those that arrived but neither wait in it nor have gone on
+ * to wait in a later one (busy elsewhere, or stopped), after a moment to
+ * take in announcements still on their way; or peer, the rank of a transfer */
 static void timeout_line(int64_t k, int peer)
 {
-    char who[200];
+    char who[240];
     int n = 0, len = 0;
     if (peer >= 0) {
         fflush(stdout);
@@ -328,21 +343,25 @@ static void timeout_line(int64_t k, int peer)
         nanosleep(&ts, NULL);
     }
     who[0] = 0;
-    for (int r = 0; r < D.size; r++) {
-        if (r == D.rank || D.seen[r] >= k) continue;
-        if (len < (int)sizeof who - 24)
-            len += snprintf(who + len, sizeof who - (size_t)len, "%s%d", n ? ", " : "", r);
-        else if (len < (int)sizeof who - 5)
-            len += snprintf(who + len, sizeof who - (size_t)len, ", ...");
-        n++;
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 0; r < D.size; r++) {
+            if (r == D.rank) continue;
+            const int missing = D.seen[r] < k, busy = !missing && D.waiting[r] < k;
+            if (!(pass == 0 ? missing : busy)) continue;
+            if (len < (int)sizeof who - 48)
+                len += snprintf(who + len, sizeof who - (size_t)len, "%srank %d (%s)", n ? ", " : "", r,
+                                missing ? "not arrived" : "arrived, not waiting: busy or stopped");
+            else if (len < (int)sizeof who - 5)
+                len += snprintf(who + len, sizeof who - (size_t)len, ", ...");
+            n++;
+        }
     fflush(stdout);
     if (n)
-        fprintf(stderr, "ckrun: rank %d: no reply from rank%s %s (not arrived) in collective %lld for %g s (step %lld)\n",
-                D.rank, n > 1 ? "s" : "", who, (long long)k, D.timeout, D.step);
+        fprintf(stderr, "ckrun: rank %d: no reply from %s in collective %lld for %g s (step %lld)\n", D.rank, who,
+                (long long)k, D.timeout, D.step);
     else
-        fprintf(stderr, "ckrun: rank %d: no reply from the other ranks in collective %lld (every rank arrived) for "
-                "%g s (step %lld)\n", D.rank, (long long)k, D.timeout, D.step);
+        fprintf(stderr, "ckrun: rank %d: no reply from the other ranks in collective %lld (every rank waits in it) "
+                "for %g s (step %lld)\n", D.rank, (long long)k, D.timeout, D.step);
 }
 
 /* Waits for r, collective number k (or the transfer with peer): 0 when done,
@@ -356,6 +375,7 @@ static int wait_request(MPI_Request *r, int64_t k, int peer, ck_dist_poll_fn pol
         int flag = 0;
         MPI_Test(r, &flag, MPI_STATUS_IGNORE);
         if (flag) break;
+        if (i == 0 && peer < 0) announce(2 * k + 1); /* it waits: the others learn it is not busy elsewhere */
         if (poll && poll(ud)) {
             rc = CK_DIST_STOPPED;
             break;

@@ -11,10 +11,12 @@
  * Every wait polls (MPI_Test with short sleeps) and has a timeout: a rank
  * that waits longer than ck_dist_timeout() seconds for the others prints
  * "ckrun: rank R: no reply from rank H (not arrived) in collective C for S s
- * (step K)", H the ranks that have not entered the collective it waits in
- * (each rank announces its arrival at each collective to the others), and
- * ends the whole job (MPI_Abort), so a rank that dies or hangs never leaves
- * the others hanging silently, and the line names it. */
+ * (step K)", H the ranks that have not entered the collective it waits in,
+ * or "rank H (arrived, not waiting: busy or stopped)" for one that entered it
+ * but neither waits in it nor progresses it (each rank announces to the
+ * others its arrival at each collective and its waiting in one), and ends
+ * the whole job (MPI_Abort), so a rank that dies or hangs never leaves the
+ * others hanging silently, and the line names it. */
 #ifndef CK_DIST_H
 #define CK_DIST_H
 

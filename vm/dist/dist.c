@@ -8,13 +8,13 @@
  * Each rank numbers the collectives it enters (the ranks call them in one
  * order, so number k is the same collective everywhere) and announces its
  * arrival at each with one 8-byte non-blocking message to every other rank,
- * on a communicator of their own, and once more when it has to wait in one;
- * every rank takes in the announcements that have come at each collective it
- * enters. A wait that passes the timeout takes in the rest and names the
- * ranks that hold it up, not the one that waited: those whose arrival at its
- * collective it has not seen (they hang before it, or have left), then those
- * that arrived but do not wait in it (busy elsewhere, or stopped, while the
- * collective needs them). */
+ * on a communicator of their own, and once more when it has waited in one
+ * for a while; every 64th announcement it takes in the others' (they wait in
+ * MPI's queue meanwhile). A wait that passes the timeout takes in the rest
+ * and names the ranks that hold it up, not the one that waited: those whose
+ * arrival at its collective it has not seen (they hang before it, or have
+ * left), then those that arrived but do not wait in it (busy elsewhere, or
+ * stopped, while the collective needs them). */
 #define _GNU_SOURCE
 #include "dist/dist.h"
 
@@ -51,6 +51,7 @@ static struct {
     int64_t *waiting;    /* per rank: the last collective it announced waiting in */
     struct sent { MPI_Request r; int64_t v; } *sent; /* announcements in flight */
     int nsent, capsent;
+    unsigned nannounced;
 #endif
 } D = {.size = 1, .local_size = 1, .timeout = 300.0};
 
@@ -283,17 +284,21 @@ static void take_arrivals(void)
     }
 }
 
-/* Sends v to every other rank (forgetting the announcements that have left),
- * then takes in the others'. */
+/* Sends v to every other rank; every 64th time also forgets the
+ * announcements that have left and takes in the others' (which wait in MPI's
+ * queue meanwhile: a few bytes each). */
 static void announce(int64_t v)
 {
-    int keep = 0;
-    for (int i = 0; i < D.nsent; i++) {
-        int flag = 0;
-        MPI_Test(&D.sent[i].r, &flag, MPI_STATUS_IGNORE);
-        if (!flag) D.sent[keep++] = D.sent[i];
+    if (D.nsent + D.size > D.capsent || (++D.nannounced & 63) == 0) {
+        int keep = 0;
+        for (int i = 0; i < D.nsent; i++) {
+            int flag = 0;
+            MPI_Test(&D.sent[i].r, &flag, MPI_STATUS_IGNORE);
+            if (!flag) D.sent[keep++] = D.sent[i];
+        }
+        D.nsent = keep;
+        take_arrivals();
     }
-    D.nsent = keep;
     if (D.nsent + D.size > D.capsent) {
         /* a send's buffer must stay put until it leaves: the pool grows by
          * copies only while none of its own are in flight */
@@ -312,7 +317,6 @@ static void announce(int64_t v)
         e->v = v;
         MPI_Isend(&e->v, 1, MPI_INT64_T, r, 0, D.arrive, &e->r);
     }
-    take_arrivals();
 }
 
 /* Enters the next collective, announcing it; its number */
@@ -370,17 +374,22 @@ static void timeout_line(int64_t k, int peer)
 static int wait_request(MPI_Request *r, int64_t k, int peer, ck_dist_poll_fn poll, void *ud)
 {
     const double t0 = ck_dist_now();
-    int rc = 0;
+    int rc = 0, told = 0;
     for (int i = 0;; i++) {
         int flag = 0;
         MPI_Test(r, &flag, MPI_STATUS_IGNORE);
         if (flag) break;
-        if (i == 0 && peer < 0) announce(2 * k + 1); /* it waits: the others learn it is not busy elsewhere */
         if (poll && poll(ud)) {
             rc = CK_DIST_STOPPED;
             break;
         }
         const double now = ck_dist_now();
+        /* a wait that lasts: the others learn it is here, not busy elsewhere
+         * (a short one, the common case, sends nothing) */
+        if (!told && peer < 0 && now - t0 > (D.timeout < 0.02 ? D.timeout / 2 : 0.01)) {
+            announce(2 * k + 1);
+            told = 1;
+        }
         if (now - t0 > D.timeout) {
             timeout_line(k, peer);
             ck_dist_abort(1);

@@ -41,4 +41,16 @@ static inline float ck_rng_normal(uint64_t stream, uint64_t counter)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+/* Dropout's counter for element e of a tensor whose rows (its first
+ * dimension) hold per elements each: e itself, or on a data-parallel rank
+ * (world > 1) the element of row rank + b * world of the global batch that
+ * row b is, so each sample draws what it draws in one process (the CUDA
+ * kernel holds a copy: ops/cuda/embedding.cu). */
+static inline uint64_t ck_dropout_counter(int64_t e, int64_t per, int64_t world, int64_t rank)
+{
+    if (world <= 1 || per <= 0) return (uint64_t)e;
+    const int64_t b = e / per;
+    return (uint64_t)((b * world + rank) * per + e % per);
+}
+
 #endif

@@ -173,12 +173,16 @@ if o["shard-optimizer"] and world < 2 then
   error("--shard-optimizer splits the optimizer state over the ranks of an mpirun job (or --plan --world-size N): " ..
     "this run has one")
 end
-if o["shard-optimizer"] and (o["save-every"] > 0 or o.resume) then
-  error("--shard-optimizer: training states of a sharded optimizer are not saved yet (each rank holds part of it)")
+-- a state between two updates holds the gradient sums so far, which on
+-- several ranks are each rank's own part until the update sums them: rank 0's
+-- alone would resume wrong
+if world > 1 and o["save-every"] > 0 and o["save-every"] % o["gradient-accumulation-steps"] ~= 0 then
+  error(string.format("--save-every %d on %d ranks must be a multiple of --gradient-accumulation-steps %d: a state " ..
+    "between two updates would hold rank 0's part of the gradient sums alone", o["save-every"], world,
+    o["gradient-accumulation-steps"]))
 end
 if world > 1 then
-  for _, name in ipairs{"fused-backward", "network-dropout", "shuffle-caption", "caption-dropout-rate",
-                        "caption-tag-dropout-rate", "random-crop", "enable-bucket"} do
+  for _, name in ipairs{"fused-backward"} do
     if o:given(name) and o[name] ~= false and o[name] ~= 0 then
       error(string.format("--%s is not supported on several ranks yet (this job has %d)", name, world))
     end
@@ -431,29 +435,45 @@ end
 
 local memory = require "ck.memory"
 local device_before = not ck.plan_mode and memory.device_used() or nil -- a GPU's memory in use before the program
--- each rank's program takes its share of a global batch of n: n / world samples
-for k = 1, #shapes do
-  for _, n in ipairs(sizes[k]) do
-    if n % world ~= 0 then
-      error(string.format("a batch of %d samples (bucket %dx%d) does not split over %d ranks", n, shapes[k][3] * 8,
-        shapes[k][2] * 8, world))
-    end
+-- each rank takes positions rank, rank + world, ... of a global batch of n:
+-- the number of them rank r has
+local function share_count(n, r) return n > r and (n - 1 - r) // world + 1 or 0 end
+-- the batch sizes of the programs a global batch of n needs on any rank, the
+-- largest first (every rank compiles them all, so the ranks' programs and
+-- plans are alike); a rank without a sample of a short batch runs one
+-- padding row, weighted 0
+local function rank_sizes(n)
+  local t, seen = {}, {}
+  for r = 0, world - 1 do
+    local m = math.max(1, share_count(n, r))
+    if not seen[m] then seen[m], t[#t + 1] = true, m end
   end
+  return t
 end
-local run = build(sizes[1][1] // world, checkpoint, ck.plan_mode, {shapes[1][2], shapes[1][3]})
+local run = build(rank_sizes(sizes[1][1])[1], checkpoint, ck.plan_mode, {shapes[1][2], shapes[1][3]})
 local adapter, objective, inputs, p, g = run.adapter, run.objective, run.inputs, run.program, run.graph
--- every bucket's program at every batch size its batches have: runs[k][n]
-local runs = {[1] = {[sizes[1][1]] = run}}
-local function run_for(k, n)
+-- every bucket's program at every batch size a rank's share of its batches
+-- has: runs[k][m]
+local runs = {[1] = {[rank_sizes(sizes[1][1])[1]] = run}}
+local function run_for(k, m)
   runs[k] = runs[k] or {}
-  if not runs[k][n] then runs[k][n] = build(n // world, checkpoint, ck.plan_mode, {shapes[k][2], shapes[k][3]}, p) end
-  return runs[k][n]
+  if not runs[k][m] then runs[k][m] = build(m, checkpoint, ck.plan_mode, {shapes[k][2], shapes[k][3]}, p) end
+  return runs[k][m]
 end
 local nprograms = 0
+local program_sizes = {} -- per bucket, the batch sizes of its programs
 for k = 1, #shapes do
+  local seen = {}
+  program_sizes[k] = {}
   for _, n in ipairs(sizes[k]) do
-    run_for(k, n)
-    nprograms = nprograms + 1
+    for _, m in ipairs(rank_sizes(n)) do
+      if not seen[m] then
+        seen[m] = true
+        run_for(k, m)
+        program_sizes[k][#program_sizes[k] + 1] = m
+        nprograms = nprograms + 1
+      end
+    end
   end
 end
 -- with caption augmentation, both text encoders at each batch size, sharing
@@ -462,7 +482,7 @@ text_runs = {}
 if (caption_aug or random_crop) and images and not ck.plan_mode then
   local first
   for k = 1, #shapes do
-    for _, n in ipairs(sizes[k]) do
+    for _, n in ipairs(program_sizes[k]) do
       if not text_runs[n] then
         text_runs[n] = encode.text_program(models, n, first and first.program or nil)
         first = first or text_runs[n]
@@ -480,13 +500,20 @@ if random_crop and not ck.plan_mode then
     first = first or vae_runs[key]
   end
 end
+-- the position in the epoch of the b-th of samples idx: on a data-parallel
+-- rank (rows: their rows in the global batch of n, 0-based) the global
+-- batch's, so that each sample's draws are those one process makes
+local function use_of(idx, b, rows, n)
+  if rows then return dataset.pos - n + rows[b] + 1 end
+  return dataset.pos - #idx + b
+end
 -- the latents and time ids of samples idx into r's inputs, encoded now: each
 -- use's crop (random, or centered for validation) and flip (--flip-aug)
-local function set_latents(r, idx, augment)
+local function set_latents(r, idx, augment, rows, n)
   if not random_crop then return end
   for b, i in ipairs(idx) do
     local e = entries[i]
-    local use = dataset.pos - #idx + b
+    local use = use_of(idx, b, rows, n)
     local s = imagedata.sample(e, {random_crop = augment, flip_aug = augment and o["flip-aug"], seed = seed,
                                    epoch = dataset.epoch, index = use})
     local vp = vae_runs[e.bucket[1] .. "x" .. e.bucket[2]]
@@ -498,7 +525,7 @@ local function set_latents(r, idx, augment)
 end
 -- the text embeddings of samples idx into r's inputs: each caption as this
 -- use makes it (augment: shuffled, tags dropped, as ck.imagedata.caption), or as written
-local function set_text(r, idx, augment)
+local function set_text(r, idx, augment, rows, n)
   if not next(text_runs) then return end -- the text is in the samples
   if not text_runs[#idx] then -- a batch size compiled on first use (sharing the weights)
     local _, any = next(text_runs)
@@ -509,7 +536,7 @@ local function set_text(r, idx, augment)
     if augment then
       local c = {}
       for k, v in pairs(settings_img.caption) do c[k] = v end
-      c.seed, c.epoch, c.index = seed, dataset.epoch, dataset.pos - #idx + b
+      c.seed, c.epoch, c.index = seed, dataset.epoch, use_of(idx, b, rows, n)
       caps[b] = imagedata.caption(captions[i], c)
     else
       caps[b] = captions[i]
@@ -525,7 +552,7 @@ if sampler then sampler:compile(p, ck.plan_mode) end
 local bucket_lines = {}
 if #shapes > 1 then
   for k, sh in ipairs(shapes) do
-    for _, n in ipairs(sizes[k]) do
+    for _, n in ipairs(program_sizes[k]) do
       local pl = runs[k][n].program:plan()
       bucket_lines[#bucket_lines + 1] = string.format("bucket %dx%d (latents %dx%d), batch %d: %s", sh[3] * 8, sh[2] * 8,
         sh[3], sh[2], n, require("ck.plan").fmt_bytes(pl.arena))
@@ -553,7 +580,7 @@ if ck.plan_mode then
   if world > 1 then -- one rank of the job: its share of the batch, the gradient sums its buckets hold
     local pl = p:plan()
     info[#info + 1] = {"world_size", world}
-    info[#info + 1] = {"rank_batch", sizes[1][1] // world}
+    info[#info + 1] = {"rank_batch", rank_sizes(sizes[1][1])[1]}
     info[#info + 1] = {"buckets", pl.buckets}
     info[#info + 1] = {"bucket_bytes", pl.bucket_bytes}
     if o["shard-optimizer"] then info[#info + 1] = {"shard_optimizer", "rank 0 of " .. world} end
@@ -601,29 +628,34 @@ end
 
 -- fixed validation batches: the first samples in file order, fixed noise and timesteps
 local val_every = o["val-every"]
--- this rank's samples of a global batch (positions rank, rank + world, ...)
--- and their rows in it (0-based): what its noise and timesteps are keyed by
+-- this rank's samples of a global batch (positions rank, rank + world, ...),
+-- their rows in it (0-based: what its noise and timesteps are keyed by), and
+-- the weight of its loss: its share of the batch's rows times world, as the
+-- update takes the mean over the ranks, so that a batch that does not split
+-- evenly trains as one process does; a rank without a sample runs the
+-- batch's first as a padding row, weighted 0
 local function share_of(idx)
-  if world == 1 then return idx, nil end
+  if world == 1 then return idx, nil, nil end
   local mine, rows = {}, {}
   for at = dp_rank + 1, #idx, world do
     mine[#mine + 1] = idx[at]
     rows[#rows + 1] = at - 1
   end
-  return mine, rows
+  if #mine == 0 then return {idx[1]}, {0}, 0 end
+  return mine, rows, world * #mine / #idx
 end
 local function validate()
   local vb = dataset:validation_batches(2)
   local total = 0
   for v, b in ipairs(vb) do
-    local r = run_for(b.bucket, #b.idx)
-    local mine, rows = share_of(b.idx)
+    local mine, rows, weight = share_of(b.idx)
+    local r = run_for(b.bucket, #mine)
     r.program.training = false -- no dropout
-    local given = dataset:load(r.program, r.inputs, mine, true)
-    set_latents(r, mine, false)
-    set_text(r, mine, false)
+    local given = dataset:load(r.program, r.inputs, mine, true, rows)
+    set_latents(r, mine, false, rows, #b.idx)
+    set_text(r, mine, false, rows, #b.idx)
     given.eval = true
-    given.rows = rows
+    given.rows, given.weight_scale = rows, weight
     r.objective:prepare(r.program, given, -v)
     total = total + r.program:forward()
     r.program.training = true
@@ -732,12 +764,12 @@ local first, window, recent, step_time = nil, {}, 0, 0
 for step = start, steps do
   local t0 = ck.now()
   local idx, k = dataset:next_indices()
-  local r = run_for(k, #idx)
-  local mine, rows = share_of(idx)
-  local given = dataset:load(r.program, r.inputs, mine)
-  set_latents(r, mine, true)
-  set_text(r, mine, true)
-  given.rows = rows
+  local mine, rows, weight = share_of(idx)
+  local r = run_for(k, #mine)
+  local given = dataset:load(r.program, r.inputs, mine, false, rows)
+  set_latents(r, mine, true, rows, #idx)
+  set_text(r, mine, true, rows, #idx)
+  given.rows, given.weight_scale = rows, weight
   r.objective:prepare(r.program, given)
   -- a non-finite loss or gradient stops the run here, naming the step and the op
   local l = logger:step(r.program, {lr = lr_at(p.updates)})
@@ -762,7 +794,7 @@ for step = start, steps do
     for k, v in pairs(settings) do meta[k] = v end
     logger:flush(true) -- the log holds every step the state holds
     if world > 1 then ck.barrier() end -- every rank has finished the step the state holds
-    if dp_rank == 0 then state.save(p, state_dir, meta, o["keep-states"]) end
+    state.save(p, state_dir, meta, o["keep-states"]) -- rank 0 writes it; with ZeRO-1 the others send their shares
   end
 end
 if steps > start then

@@ -41,7 +41,9 @@ CK_CPU_KERNEL(ck_cpu_timestep_embedding)
 /* x, y any shape, same numel. y = x * (mask / (1 - p)) like torch's dropout;
  * element e is kept when ck_rng_uniform(key, e) >= p. Run on dy with the same
  * context and params it gives dx with the same mask. In an evaluation pass
- * (ctx->eval), y = x. */
+ * (ctx->eval), y = x. A data-parallel rank (i1 = world > 1, i2 = rank) draws
+ * for row b of x's first dimension what row rank + b * world of the global
+ * batch draws (ck_dropout_counter). */
 CK_CPU_KERNEL(ck_cpu_dropout)
 {
     (void)nout, (void)nin;
@@ -56,9 +58,11 @@ CK_CPU_KERNEL(ck_cpu_dropout)
     /* p >= 1 keeps nothing; 1/(1-p) would be inf, and inf * 0 NaN. */
     const float keep_scale = drop < 1.0f ? 1.0f / (1.0f - drop) : 0.0f;
     const uint64_t key = ck_rng_key(ctx->seed, (uint64_t)ctx->step, (uint64_t)p->i[0]);
+    const int64_t rows = in[0].ndim > 0 && in[0].shape[0] > 0 ? in[0].shape[0] : 1, per = n / rows;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN / 8)
     for (int64_t e = 0; e < n; e++) {
-        const float m = ck_rng_uniform(key, (uint64_t)e) >= drop ? keep_scale : 0.0f;
+        const uint64_t c = ck_dropout_counter(e, per, p->i[1], p->i[2]);
+        const float m = ck_rng_uniform(key, c) >= drop ? keep_scale : 0.0f;
         y[e] = x[e] * m;
     }
 }

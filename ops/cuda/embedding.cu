@@ -72,18 +72,28 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_timestep_embedding)
     ck_cuda_end(c, "timestep_embedding");
 }
 
+/* ops/rng.h's ck_dropout_counter: a data-parallel rank's row b draws row rank + b * world's numbers */
+__device__ __forceinline__ uint64_t dropout_counter(int64_t e, int64_t per, int64_t world, int64_t rank)
+{
+    if (world <= 1 || per <= 0) return (uint64_t)e;
+    const int64_t b = e / per;
+    return (uint64_t)((b * world + rank) * per + e % per);
+}
+
 __global__ void __launch_bounds__(THREADS) dropout_kernel(float *y, const float *x, uint64_t key, float drop,
-                                                          float keep_scale, int64_t n)
+                                                          float keep_scale, int64_t n, int64_t per, int64_t world,
+                                                          int64_t rank)
 {
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-        const float m = rng_uniform(key, (uint64_t)e) >= drop ? keep_scale : 0.0f;
+        const float m = rng_uniform(key, dropout_counter(e, per, world, rank)) >= drop ? keep_scale : 0.0f;
         y[e] = x[e] * m;
     }
 }
 
 /* x, y any shape, same numel: y = x * mask / (1 - p), element e kept when
  * u(key, e) >= p. Run on dy with the same context and params, it is the
- * backward. In an evaluation pass (ctx->eval), y = x. */
+ * backward. In an evaluation pass (ctx->eval), y = x. A data-parallel rank
+ * (i1 = world, i2 = rank) draws its rows' numbers as ops/cpu/embedding.c. */
 extern "C" CK_CUDA_KERNEL(ck_cuda_dropout)
 {
     (void)nout, (void)nin;
@@ -101,8 +111,9 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_dropout)
     }
     const float keep_scale = drop < 1.0f ? 1.0f / (1.0f - drop) : 0.0f;
     const uint64_t key = host_key(ctx->seed, (uint64_t)ctx->step, (uint64_t)p->i[0]);
+    const int64_t rows = in[0].ndim > 0 && in[0].shape[0] > 0 ? in[0].shape[0] : 1;
     ck_launch(dropout_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data, key,
-              drop, keep_scale, n);
+              drop, keep_scale, n, n / rows, (int64_t)p->i[1], (int64_t)p->i[2]);
     ck_cuda_end(c, "dropout");
 }
 

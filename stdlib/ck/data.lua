@@ -250,7 +250,9 @@ function M.shapes_only(list, o)
   return self
 end
 
-function Dataset:load(p, inputs, idx, eval)
+-- rows: each sample's row in the global batch (0-based) on a data-parallel
+-- rank, whose draws (--flip-aug) it takes; default: its place in idx
+function Dataset:load(p, inputs, idx, eval, rows)
   local given = {}
   if self.shapes_list then return given end -- the caller sets every input
   local all_noise, all_t, ts = true, true, {}
@@ -265,7 +267,7 @@ function Dataset:load(p, inputs, idx, eval)
       -- --flip-aug: a sample cached with its mirror image too is mirrored
       -- at half its uses, drawn by (seed, epoch, position in the epoch)
       local flip = not eval and self.flip_aug and f:has("latents_flipped") and
-        ck.random(self.seed, self.epoch, 0x6200, self.pos + b) < 0.5
+        ck.random(self.seed, self.epoch, 0x6200, self.pos + (rows and rows[b] + 1 or b)) < 0.5
       for _, name in ipairs(self.fields) do
         if not f:has(name) then error(path .. ": missing tensor '" .. name .. "'", 0) end
         local from = name

@@ -133,6 +133,9 @@ function Objective:prepare(p, given, step)
   -- data-parallel rank's share: its timesteps and noise are the ones one
   -- process draws for those rows
   local rows = given.rows
+  -- given.weight_scale: every sample's loss weight times this (a data-parallel
+  -- rank's share of a batch that does not split evenly; 0 for a padding row)
+  local scale = given.weight_scale or 1
   local ts, sa, sb, w = {}, {}, {}, {}
   for b = 1, B do
     local t = given.timesteps and given.timesteps[b]
@@ -144,7 +147,7 @@ function Objective:prepare(p, given, step)
     t = math.max(0, math.min(self.n - 1, math.floor(t)))
     ts[b] = t
     local a = self.abar[t + 1]
-    sa[b], sb[b], w[b] = math.sqrt(a), math.sqrt(1 - a), self:weight(t)
+    sa[b], sb[b], w[b] = math.sqrt(a), math.sqrt(1 - a), self:weight(t) * scale
   end
   p:set(self.inputs.timesteps, ts)
   p:set(self.inputs.sa, sa)

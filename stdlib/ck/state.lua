@@ -79,8 +79,13 @@ local function verified(path)
   return count_of(meta, "ck.step", path, 0, M.MAX_STEP) == math.tointeger(tonumber(n))
 end
 
--- meta: a table of strings (settings, data position); keep: how many to keep
+-- meta: a table of strings (settings, data position); keep: how many to keep.
+-- On a data-parallel job every rank calls it: rank 0 writes the file, and
+-- under ZeRO-1 the other ranks send it the optimizer state they own, so the
+-- file holds the whole job's state in an unsharded program's layout (which
+-- any number of ranks, sharded or not, resumes).
 function M.save(p, dir, meta, keep)
+  if ck.rank() > 0 then return p:send_state() end
   if p.steps > M.MAX_STEP then error(string.format("step %d: a state's step is at most %d", p.steps, M.MAX_STEP), 2) end
   M.lock(dir)
   local entries = {}
@@ -88,7 +93,7 @@ function M.save(p, dir, meta, keep)
   local md = {["ck.step"] = tostring(p.steps), ["ck.updates"] = tostring(p.updates), ["ck.micro"] = tostring(p.micro)}
   for k, v in pairs(meta or {}) do md[k] = tostring(v) end
   local path = dir .. "/" .. name_of(p.steps)
-  p:save(path, entries, {metadata = md})
+  p:save(path, entries, {metadata = md, shards = true})
   written[path] = true
   M.prune(dir, keep)
 end

@@ -467,6 +467,8 @@ static const tcase cases[] = {
      .kind = {TIMESTEPS}, .tol = F32},
     {"dropout p 0.25 (same mask)", CK_OP_DROPOUT, {.i = {7}, .f = {0.25f}}, 1, {SH(3, 1001)}, .tol = EXACT},
     {"dropout p 0", CK_OP_DROPOUT, {.i = {7}, .f = {0.0f}}, 1, {SH(50)}, .tol = EXACT},
+    {"dropout on rank 1 of 3 (global rows)", CK_OP_DROPOUT, {.i = {7, 3, 1}, .f = {0.25f}}, 1, {SH(2, 5, 101)},
+     .tol = EXACT},
     {"embedding [3,77] of [16,33]", CK_OP_EMBEDDING, {.i = {0}}, 2, {SH(3, 77), SH(16, 33)}, .kind = {IDS}, .tol = EXACT},
     {"embedding [5] of [20,1]", CK_OP_EMBEDDING, {.i = {0}}, 2, {SH(5), SH(20, 1)}, .kind = {IDS}, .tol = EXACT},
     {"embedding [2,77] of [49408,768]", CK_OP_EMBEDDING, {.i = {0}}, 2, {SH(2, 77), SH(49408, 768)}, .kind = {IDS},

@@ -2,7 +2,9 @@
  * collectives are identities; under `mpirun -np N` (tests/sh/test_mpi.sh) the
  * values every collective must give across ranks, non-blocking allreduces
  * progressed by ck_dist_test while other work runs and waited for out of
- * order, the wait time, and a wait stopped by its poll. Every rank prints
+ * order, the wait time, point-to-point messages, and a wait stopped by its
+ * poll. With TEST_DIST_BUSY set, the last rank starts an allreduce and then
+ * works for a minute without progressing it, while the others wait. Every rank prints
  * "rank R: N passed, M failed"; under MPI the last check ends the job with
  * status 3 from rank 0 (a stopped wait must end the job). */
 #include "dist/dist.h"
@@ -42,6 +44,19 @@ int main(void)
     check(ck_dist_active() || W == 1, "without MPI, one rank", "%d", W);
     check(ck_dist_local_rank() < ck_dist_local_size() && ck_dist_local_size() <= W, "local rank", "%d of %d",
           ck_dist_local_rank(), ck_dist_local_size());
+
+    if (getenv("TEST_DIST_BUSY") && W > 1) {
+        /* the last rank starts an allreduce, then works past the others'
+         * timeout without progressing it: the line rank 0 prints names it
+         * as arrived and busy (tests/sh/test_mpi.sh) */
+        float v[4096] = {0};
+        ck_dist_req req;
+        ck_dist_iallreduce(v, 4096, &req);
+        ck_dist_set_step(5);
+        for (const double t0 = ck_dist_now(); R == W - 1 && ck_dist_now() - t0 < 60;) sleep_s(0.1);
+        ck_dist_wait(&req, NULL, NULL);
+        return 1; /* not reached: the wait times out */
+    }
 
     const char *env = getenv("CK_DIST_TIMEOUT");
     const double t_want = env ? atof(env) : 300;
@@ -128,6 +143,28 @@ int main(void)
         check(waited >= 0.25 && ct >= 0.25 && ct <= waited + 0.01, "comm_time counts the barrier's wait",
               "waited %.3f s, comm_time %.3f s", waited, ct);
     check(ck_dist_comm_time(0) == 0, "comm_time starts again from zero after a reset", "%g", ck_dist_comm_time(0));
+
+    /* point to point: every other rank sends rank 0 two messages, which
+     * arrive in the order sent; a rank cannot send itself anything */
+    float msg[3];
+    check(ck_dist_send(msg, 3, R, NULL, NULL) == CK_DIST_EINVAL && ck_dist_recv(msg, 3, R, NULL, NULL) == CK_DIST_EINVAL
+              && ck_dist_send(msg, 3, W, NULL, NULL) == CK_DIST_EINVAL,
+          "send and recv refuse this rank and ranks outside the job", "");
+    if (R > 0) {
+        for (int m = 0; m < 2; m++) {
+            for (int i = 0; i < 3; i++) msg[i] = (float)(100 * R + 10 * m + i);
+            rc = ck_dist_send(msg, 3, 0, NULL, NULL);
+            check(rc == 0, "send to rank 0", "rc %d", rc);
+        }
+    } else {
+        bad = 0;
+        for (int r = W - 1; r >= 1; r--) /* the ranks in another order than they send */
+            for (int m = 0; m < 2; m++) {
+                rc = ck_dist_recv(msg, 3, r, NULL, NULL);
+                for (int i = 0; i < 3; i++) bad += rc != 0 || msg[i] != (float)(100 * r + 10 * m + i);
+            }
+        check(bad == 0, "recv: each rank's messages, in the order sent", "%d wrong", bad);
+    }
 
     free(x), free(y), free(a), free(b);
     if (W == 1) {

@@ -482,6 +482,42 @@ static void test_dropout(void)
     free(x), free(y), free(y2), free(y3), free(dy);
 }
 
+/* A data-parallel rank's dropout (i1 = world, i2 = rank) draws for each row of
+ * its input's first dimension what that row draws in the global batch, as
+ * torch's DistributedSampler deals the rows: rank r has rows r, r + world, ...
+ * A global batch of 3 rows over 2 ranks: rank 0 rows 0 and 2, rank 1 row 1. */
+static void test_dropout_ranks(void)
+{
+    const int64_t gshape[3] = {3, 5, 7}, per = 5 * 7;
+    const int64_t n = 3 * per;
+    float *x = rand_buf(n), *y = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] == 0.0f) x[i] = 0.5f;
+    ck_op_params p = {{9}, {0.4f}};
+    ck_kctx ctx = {77, 3, 0.0f, NULL, 0, 0, 0};
+    ck_view vx = view(x, 3, gshape), vy = view(y, 3, gshape);
+    ck_cpu_dropout(&ctx, &p, &vy, 1, &vx, 1);
+    int64_t bad = 0, dropped = 0;
+    for (int rank = 0; rank < 2; rank++) {
+        const int64_t rows = rank == 0 ? 2 : 1, lshape[3] = {rows, 5, 7};
+        float *lx = malloc(sizeof(float) * (size_t)(rows * per)), *ly = malloc(sizeof(float) * (size_t)(rows * per));
+        for (int64_t b = 0; b < rows; b++) memcpy(lx + b * per, x + (rank + 2 * b) * per, sizeof(float) * (size_t)per);
+        ck_op_params q = p;
+        q.i[1] = 2, q.i[2] = rank;
+        ck_view lvx = view(lx, 3, lshape), lvy = view(ly, 3, lshape);
+        ck_cpu_dropout(&ctx, &q, &lvy, 1, &lvx, 1);
+        for (int64_t b = 0; b < rows; b++)
+            for (int64_t j = 0; j < per; j++) {
+                bad += ly[b * per + j] != y[(rank + 2 * b) * per + j];
+                dropped += ly[b * per + j] == 0.0f;
+            }
+        free(lx), free(ly);
+    }
+    check("dropout on ranks: each row draws what its row of the global batch draws (bitwise)", bad == 0, (double)bad);
+    check("dropout on ranks: some elements dropped", dropped > 0, (double)dropped);
+    free(x), free(y);
+}
+
 /* ---- summed squares: up to CK_MAX_IN tensors, or a running total and the rest ---- */
 
 static float sumsq_of(float *const *x, const int64_t *n, int nin, int total)
@@ -759,6 +795,7 @@ int main(void)
     test_embedding_bad_ids();
 
     test_dropout();
+    test_dropout_ranks();
     test_sumsq();
     test_lr_scale();
     test_sgd();

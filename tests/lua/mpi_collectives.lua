@@ -7,9 +7,9 @@
 --                   same_on_all_ranks, the step, timeout and wait-time controls
 --   --case error    rank 1 raises while rank 0 waits in an allreduce (with
 --                   --log DIR, holding a logger that SIGTERM interrupts)
---   --case hang     rank 1 loops for a minute while rank 0 waits in an
---                   allreduce (the timeout: CK_DIST_TIMEOUT, or --timeout S
---                   through ck.dist_timeout)
+--   --case hang     the last rank loops for a minute while the others wait
+--                   in an allreduce (the timeout: CK_DIST_TIMEOUT, or
+--                   --timeout S through ck.dist_timeout)
 --   --case leave    rank 1 returns while rank 0 waits in an allreduce
 --   --case die      rank 1 kills itself (SIGKILL; needs --trust)
 -- --world N: the world size expected; --local N: the ranks expected per machine.
@@ -54,7 +54,7 @@ elseif case == "hang" then
   if args.timeout then ck.dist_timeout(tonumber(args.timeout)) end
   ck.allreduce({1})
   ck.dist_step(7)
-  if R == 1 then
+  if R == W - 1 then
     local t = ck.now()
     while ck.now() < t + 60 do end
   end

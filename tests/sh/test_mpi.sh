@@ -5,7 +5,9 @@
 # allreduces, a stopped wait); then the faults, each ending the whole job
 # within seconds with the line that says why: a Lua error on rank 1 (the line
 # names rank 1), rank 1 hanging while rank 0 waits (CK_DIST_TIMEOUT, then
-# ck.dist_timeout), rank 1 leaving early, rank 1 killed, and a stock lua5.4
+# ck.dist_timeout; the line names rank 1; on 3 ranks rank 2 alone; a rank
+# busy inside an allreduce it started; a training job's rank stopped with
+# SIGSTOP, named with the step), rank 1 leaving early (named too), rank 1 killed, and a stock lua5.4
 # that loaded ck.so exiting on an error. SKIPs (77) where mpirun is missing or
 # ckrun was built without MPI.
 MPI_TIMEOUT=60
@@ -41,7 +43,7 @@ grep '^FAIL' "$dir/c.out"
 fault() {
   local case=$1; shift
   local t0; t0=$(date +%s%N)
-  env "$@" $MPIRUN -np 2 "$CKRUN" ${TRUST:-} tests/lua/mpi_collectives.lua --case "$case" ${ARGS:-} > "$dir/$case.out" 2> "$dir/$case.err"
+  env "$@" $MPIRUN -np "${NP:-2}" "$CKRUN" ${TRUST:-} tests/lua/mpi_collectives.lua --case "$case" ${ARGS:-} > "$dir/$case.out" 2> "$dir/$case.err"
   rc=$?
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   secs=$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))
@@ -63,18 +65,56 @@ grep -q '^ckrun: rank 1: .*rank 1 fails on purpose$' "$dir/error.err" &&
   [ $rc != 0 ] && [ $rc != 124 ] && in_time 0 15
 ok $? "rank 0 with a logger: SIGTERM from mpirun stops its wait in ${secs}s: $(grep -m1 '^ckrun: rank 0' "$dir/error.err")"
 
+# the line names the rank that hangs (it never arrived at the collective the others wait in), not the one that waited
 fault hang CK_DIST_TIMEOUT=3
-grep -qx 'ckrun: rank 0: no reply from the other ranks in a collective for 3 s (step 7)' "$dir/hang.err" &&
+grep -qx 'ckrun: rank 0: no reply from rank 1 (not arrived) in collective [0-9]* for 3 s (step 7)' "$dir/hang.err" &&
   [ $rc != 0 ] && [ $rc != 124 ] && in_time 3 20
 ok $? "rank 1 hangs, CK_DIST_TIMEOUT=3: the job ends in ${secs}s (rc $rc): $(grep -m1 '^ckrun:' "$dir/hang.err")"
 
 ARGS="--timeout 2" fault hang
-grep -qx 'ckrun: rank 0: no reply from the other ranks in a collective for 2 s (step 7)' "$dir/hang.err" &&
+grep -qx 'ckrun: rank 0: no reply from rank 1 (not arrived) in collective [0-9]* for 2 s (step 7)' "$dir/hang.err" &&
   [ $rc != 0 ] && [ $rc != 124 ] && in_time 2 20
 ok $? "rank 1 hangs, ck.dist_timeout(2): the job ends in ${secs}s (rc $rc): $(grep -m1 '^ckrun:' "$dir/hang.err")"
 
+# 3 ranks: rank 2 hangs; whichever of ranks 0 and 1 times out first names rank 2 alone
+NP=3 fault hang CK_DIST_TIMEOUT=3
+lines=$(grep '^ckrun: rank [0-9]*: no reply' "$dir/hang.err")
+[ -n "$lines" ] && ! echo "$lines" | grep -vqx 'ckrun: rank [01]: no reply from rank 2 (not arrived) in collective [0-9]* for 3 s (step 7)' &&
+  [ $rc != 0 ] && [ $rc != 124 ] && in_time 3 20
+ok $? "3 ranks, rank 2 hangs: the line names rank 2 alone, in ${secs}s (rc $rc): $(echo "$lines" | head -1)"
+
+# a rank that entered the collective but works elsewhere (or is stopped) without progressing it is named as such
+t0=$(date +%s%N)
+TEST_DIST_BUSY=1 CK_DIST_TIMEOUT=2 $MPIRUN -np 2 -x TEST_DIST_BUSY -x CK_DIST_TIMEOUT "$BUILD/test_dist" > "$dir/busy.out" 2> "$dir/busy.err"
+rc=$?; ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+grep -qx 'ckrun: rank 0: no reply from rank 1 (arrived, not waiting: busy or stopped) in collective 1 for 2 s (step 5)' \
+  "$dir/busy.err" && [ $rc != 0 ] && [ $rc != 124 ] && in_time 2 20
+ok $? "rank 1 busy inside an allreduce it started: named as arrived and busy, in ${ms} ms (rc $rc): $(grep -m1 '^ckrun:' "$dir/busy.err")"
+
+# a training job whose rank 1 is stopped (SIGSTOP) mid-run: rank 0 names it and the step it waited in
+A="--allow-write $dir"
+CK_DIST_TIMEOUT=3 $MPIRUN -np 2 "$CKRUN" $A scripts/train_sdxl_lora.lua --resolution 64 --samples 8 --batch 1 \
+  --steps 100000 --log-every 1000 --val-every 0 --out "$dir/stop.safetensors" --log-dir "$dir/lstop" \
+  > "$dir/stop.out" 2> "$dir/stop.err" &
+job=$! pid=""
+for _ in $(seq 1 300); do
+  for p in $(pgrep -f -- "ckrun $A scripts/train_sdxl_lora.lua"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && pid=$p
+  done
+  [ -n "$pid" ] && [ -s "$dir/lstop/metrics.jsonl" ] && break
+  sleep 0.1
+done
+sleep 0.5
+t0=$(date +%s%N)
+[ -n "$pid" ] && kill -STOP "$pid"
+wait $job; rc=$?; ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+grep -qE '^ckrun: rank 0: no reply from rank 1 \((not arrived|arrived, not waiting: busy or stopped)\) in collective [0-9]+ for 3 s \(step [1-9][0-9]*\)$' \
+  "$dir/stop.err" && [ $rc != 0 ] && [ $rc != 124 ] && in_time 3 20 && [ ! -e "$dir/stop.safetensors" ]
+ok $? "a training job's rank 1 stopped: rank 0 names it and the step in ${ms} ms (rc $rc): $(grep -m1 '^ckrun:' "$dir/stop.err")"
+
 fault leave CK_DIST_TIMEOUT=3
-grep -qx 'ckrun: rank 0: no reply from the other ranks in a collective for 3 s (step 3)' "$dir/leave.err" &&
+grep -qx 'ckrun: rank 0: no reply from rank 1 (not arrived) in collective [0-9]* for 3 s (step 3)' "$dir/leave.err" &&
   [ $rc != 0 ] && [ $rc != 124 ] && in_time 3 20
 ok $? "rank 1 returns while rank 0 waits: the job ends in ${secs}s (rc $rc): $(grep -m1 '^ckrun:' "$dir/leave.err")"
 

@@ -3,7 +3,18 @@
  * that polls MPI_Test, yielding and then sleeping between polls, so that a
  * wait can be timed, interrupted and given up past its timeout, and so that
  * ranks oversubscribing a few cores leave them to each other rather than
- * spinning. Without MPI (CK_HAVE_MPI undefined) it is one process. */
+ * spinning. Without MPI (CK_HAVE_MPI undefined) it is one process.
+ *
+ * Each rank numbers the collectives it enters (the ranks call them in one
+ * order, so number k is the same collective everywhere) and announces its
+ * arrival at each with one 8-byte non-blocking message to every other rank,
+ * on a communicator of their own, and once more when it has waited in one
+ * for a while; every 64th announcement it takes in the others' (they wait in
+ * MPI's queue meanwhile). A wait that passes the timeout takes in the rest
+ * and names the ranks that hold it up, not the one that waited: those whose
+ * arrival at its collective it has not seen (they hang before it, or have
+ * left), then those that arrived but do not wait in it (busy elsewhere, or
+ * stopped, while the collective needs them). */
 #define _GNU_SOURCE
 #include "dist/dist.h"
 
@@ -31,9 +42,16 @@ static struct {
     double comm_time;    /* seconds waited since the last reset */
     int init_rc;
     char init_err[256];
+    int64_t ncoll;       /* collectives entered */
 #ifdef CK_HAVE_MPI
     MPI_Comm comm;       /* our duplicate of MPI_COMM_WORLD */
     MPI_Comm local;      /* the ranks on this machine */
+    MPI_Comm arrive;     /* the arrival announcements */
+    int64_t *seen;       /* per rank: the last collective it announced arriving at */
+    int64_t *waiting;    /* per rank: the last collective it announced waiting in */
+    struct sent { MPI_Request r; int64_t v; } *sent; /* announcements in flight */
+    int nsent, capsent;
+    unsigned nannounced;
 #endif
 } D = {.size = 1, .local_size = 1, .timeout = 300.0};
 
@@ -138,6 +156,13 @@ static void do_init(void)
     MPI_Comm_dup(MPI_COMM_WORLD, &D.comm);
     MPI_Comm_rank(D.comm, &D.rank);
     MPI_Comm_size(D.comm, &D.size);
+    MPI_Comm_dup(MPI_COMM_WORLD, &D.arrive);
+    D.seen = calloc((size_t)D.size, sizeof *D.seen);
+    D.waiting = calloc((size_t)D.size, sizeof *D.waiting);
+    if (!D.seen || !D.waiting) {
+        init_fail("out of memory%s", "");
+        return;
+    }
     MPI_Comm_split_type(D.comm, MPI_COMM_TYPE_SHARED, D.rank, MPI_INFO_NULL, &D.local);
     MPI_Comm_rank(D.local, &D.local_rank);
     MPI_Comm_size(D.local, &D.local_size);
@@ -211,6 +236,14 @@ void ck_dist_finalize(void)
     D.finalized = 1;
     fflush(stdout);
     fflush(stderr);
+    for (int i = 0; i < D.nsent; i++) MPI_Request_free(&D.sent[i].r);
+    D.nsent = D.capsent = 0;
+    free(D.sent);
+    D.sent = NULL;
+    free(D.seen);
+    free(D.waiting);
+    D.seen = D.waiting = NULL;
+    MPI_Comm_free(&D.arrive);
     MPI_Comm_free(&D.local);
     MPI_Comm_free(&D.comm);
     MPI_Finalize();
@@ -235,13 +268,114 @@ static void pause_after(int k)
     nanosleep(&ts, NULL);
 }
 
-/* Waits for r: 0 when done, CK_DIST_STOPPED when poll asks; past the
- * timeout, the one line and MPI_Abort. The time waited counts in comm_time. */
-static int wait_request(MPI_Request *r, ck_dist_poll_fn poll, void *ud)
+/* takes in the announcements that have come: 2k for an arrival at
+ * collective k, 2k + 1 for a wait in it */
+static void take_arrivals(void)
+{
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, 0, D.arrive, &flag, &st);
+        if (!flag) return;
+        int64_t v = 0;
+        MPI_Recv(&v, 1, MPI_INT64_T, st.MPI_SOURCE, 0, D.arrive, MPI_STATUS_IGNORE);
+        int64_t *seen = v & 1 ? D.waiting : D.seen;
+        if (v >> 1 > seen[st.MPI_SOURCE]) seen[st.MPI_SOURCE] = v >> 1;
+    }
+}
+
+/* Sends v to every other rank; every 64th time also forgets the
+ * announcements that have left and takes in the others' (which wait in MPI's
+ * queue meanwhile: a few bytes each). */
+static void announce(int64_t v)
+{
+    if (D.nsent + D.size > D.capsent || (++D.nannounced & 63) == 0) {
+        int keep = 0;
+        for (int i = 0; i < D.nsent; i++) {
+            int flag = 0;
+            MPI_Test(&D.sent[i].r, &flag, MPI_STATUS_IGNORE);
+            if (!flag) D.sent[keep++] = D.sent[i];
+        }
+        D.nsent = keep;
+        take_arrivals();
+    }
+    if (D.nsent + D.size > D.capsent) {
+        /* a send's buffer must stay put until it leaves: the pool grows by
+         * copies only while none of its own are in flight */
+        const int cap = 2 * (D.nsent + D.size);
+        struct sent *ns = malloc(sizeof *ns * (size_t)cap);
+        if (!ns) return; /* unannounced: a waiter that times out names this rank */
+        for (int i = 0; i < D.nsent; i++) MPI_Wait(&D.sent[i].r, MPI_STATUS_IGNORE); /* 8 bytes: they leave at once */
+        D.nsent = 0;
+        free(D.sent);
+        D.sent = ns;
+        D.capsent = cap;
+    }
+    for (int r = 0; r < D.size; r++) {
+        if (r == D.rank) continue;
+        struct sent *e = &D.sent[D.nsent++];
+        e->v = v;
+        MPI_Isend(&e->v, 1, MPI_INT64_T, r, 0, D.arrive, &e->r);
+    }
+}
+
+/* Enters the next collective, announcing it; its number */
+static int64_t arrive(void)
+{
+    const int64_t k = ++D.ncoll;
+    announce(2 * k);
+    return k;
+}
+
+/* The timeout line: the ranks whose arrival at collective k this rank has
+ * not seen, and those that arrived but neither wait in it nor have gone on
+ * to wait in a later one (busy elsewhere, or stopped), after a moment to
+ * take in announcements still on their way; or peer, the rank of a transfer */
+static void timeout_line(int64_t k, int peer)
+{
+    char who[240];
+    int n = 0, len = 0;
+    if (peer >= 0) {
+        fflush(stdout);
+        fprintf(stderr, "ckrun: rank %d: no reply from rank %d in a transfer for %g s (step %lld)\n", D.rank, peer,
+                D.timeout, D.step);
+        return;
+    }
+    for (int i = 0; i < 50; i++) { /* 50 ms */
+        take_arrivals();
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    who[0] = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 0; r < D.size; r++) {
+            if (r == D.rank) continue;
+            const int missing = D.seen[r] < k, busy = !missing && D.waiting[r] < k;
+            if (!(pass == 0 ? missing : busy)) continue;
+            if (len < (int)sizeof who - 48)
+                len += snprintf(who + len, sizeof who - (size_t)len, "%srank %d (%s)", n ? ", " : "", r,
+                                missing ? "not arrived" : "arrived, not waiting: busy or stopped");
+            else if (len < (int)sizeof who - 5)
+                len += snprintf(who + len, sizeof who - (size_t)len, ", ...");
+            n++;
+        }
+    fflush(stdout);
+    if (n)
+        fprintf(stderr, "ckrun: rank %d: no reply from %s in collective %lld for %g s (step %lld)\n", D.rank, who,
+                (long long)k, D.timeout, D.step);
+    else
+        fprintf(stderr, "ckrun: rank %d: no reply from the other ranks in collective %lld (every rank waits in it) "
+                "for %g s (step %lld)\n", D.rank, (long long)k, D.timeout, D.step);
+}
+
+/* Waits for r, collective number k (or the transfer with peer): 0 when done,
+ * CK_DIST_STOPPED when poll asks; past the timeout, the one line and
+ * MPI_Abort. The time waited counts in comm_time. */
+static int wait_request(MPI_Request *r, int64_t k, int peer, ck_dist_poll_fn poll, void *ud)
 {
     const double t0 = ck_dist_now();
-    int rc = 0;
-    for (int k = 0;; k++) {
+    int rc = 0, told = 0;
+    for (int i = 0;; i++) {
         int flag = 0;
         MPI_Test(r, &flag, MPI_STATUS_IGNORE);
         if (flag) break;
@@ -250,13 +384,17 @@ static int wait_request(MPI_Request *r, ck_dist_poll_fn poll, void *ud)
             break;
         }
         const double now = ck_dist_now();
+        /* a wait that lasts: the others learn it is here, not busy elsewhere
+         * (a short one, the common case, sends nothing) */
+        if (!told && peer < 0 && now - t0 > (D.timeout < 0.02 ? D.timeout / 2 : 0.01)) {
+            announce(2 * k + 1);
+            told = 1;
+        }
         if (now - t0 > D.timeout) {
-            fflush(stdout);
-            fprintf(stderr, "ckrun: rank %d: no reply from the other ranks in a collective for %g s (step %lld)\n",
-                    D.rank, D.timeout, D.step);
+            timeout_line(k, peer);
             ck_dist_abort(1);
         }
-        pause_after(k < INT_MAX - 1 ? k : INT_MAX - 1);
+        pause_after(i < INT_MAX - 1 ? i : INT_MAX - 1);
     }
     D.comm_time += ck_dist_now() - t0;
     return rc;
@@ -269,8 +407,9 @@ int ck_dist_allreduce(float *x, int64_t n, ck_dist_poll_fn poll, void *ud)
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
+        const int64_t k = arrive();
         MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)x, (void)poll, (void)ud;
@@ -283,8 +422,9 @@ int ck_dist_broadcast(float *x, int64_t n, int root, ck_dist_poll_fn poll, void 
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
+        const int64_t k = arrive();
         MPI_Ibcast(x, (int)n, MPI_FLOAT, root, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)x, (void)poll, (void)ud;
@@ -300,8 +440,9 @@ static int allgather_bytes(const void *x, void *out, int64_t n, size_t elem, int
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
         const MPI_Datatype dt = is_i64 ? MPI_INT64_T : MPI_FLOAT;
+        const int64_t k = arrive();
         MPI_Iallgather(x, (int)n, dt, out, (int)n, dt, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)is_i64, (void)poll, (void)ud;
@@ -325,8 +466,9 @@ int ck_dist_reduce_scatter(const float *x, float *out, int64_t n, ck_dist_poll_f
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
+        const int64_t k = arrive();
         MPI_Ireduce_scatter_block(x, out, (int)n, MPI_FLOAT, MPI_SUM, D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)poll, (void)ud;
@@ -339,12 +481,44 @@ int ck_dist_barrier(ck_dist_poll_fn poll, void *ud)
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request r;
+        const int64_t k = arrive();
         MPI_Ibarrier(D.comm, &r);
-        return wait_request(&r, poll, ud);
+        return wait_request(&r, k, -1, poll, ud);
     }
 #endif
     (void)poll, (void)ud;
     return 0;
+}
+
+/* the tag of ck_dist_send's messages: the collectives use none */
+#define TAG_DATA 1
+
+int ck_dist_send(const float *x, int64_t n, int dest, ck_dist_poll_fn poll, void *ud)
+{
+    if (n < 0 || n > INT_MAX || dest < 0 || dest >= D.size || dest == D.rank) return CK_DIST_EINVAL;
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active()) {
+        MPI_Request r;
+        MPI_Isend(x, (int)n, MPI_FLOAT, dest, TAG_DATA, D.comm, &r);
+        return wait_request(&r, 0, dest, poll, ud);
+    }
+#endif
+    (void)x, (void)poll, (void)ud;
+    return CK_DIST_EINVAL;
+}
+
+int ck_dist_recv(float *x, int64_t n, int src, ck_dist_poll_fn poll, void *ud)
+{
+    if (n < 0 || n > INT_MAX || src < 0 || src >= D.size || src == D.rank) return CK_DIST_EINVAL;
+#ifdef CK_HAVE_MPI
+    if (ck_dist_active()) {
+        MPI_Request r;
+        MPI_Irecv(x, (int)n, MPI_FLOAT, src, TAG_DATA, D.comm, &r);
+        return wait_request(&r, 0, src, poll, ud);
+    }
+#endif
+    (void)x, (void)poll, (void)ud;
+    return CK_DIST_EINVAL;
 }
 
 int ck_dist_iallreduce(float *x, int64_t n, ck_dist_req *req)
@@ -356,6 +530,7 @@ int ck_dist_iallreduce(float *x, int64_t n, ck_dist_req *req)
 #ifdef CK_HAVE_MPI
     if (ck_dist_active() && D.size > 1) {
         MPI_Request *r = (MPI_Request *)(void *)req->mpi;
+        req->k = arrive();
         MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, D.comm, r);
         return 0;
     }
@@ -381,7 +556,7 @@ int ck_dist_wait(ck_dist_req *req, ck_dist_poll_fn poll, void *ud)
     if (!req->active) return 0;
     int rc = 0;
 #ifdef CK_HAVE_MPI
-    if (!req->done) rc = wait_request((MPI_Request *)(void *)req->mpi, poll, ud);
+    if (!req->done) rc = wait_request((MPI_Request *)(void *)req->mpi, req->k, -1, poll, ud);
 #else
     (void)poll, (void)ud;
 #endif

@@ -10,9 +10,13 @@
  *
  * Every wait polls (MPI_Test with short sleeps) and has a timeout: a rank
  * that waits longer than ck_dist_timeout() seconds for the others prints
- * "ckrun: rank R: no reply from the other ranks in a collective for S s
- * (step K)" and ends the whole job (MPI_Abort), so a rank that dies or hangs
- * never leaves the others hanging silently. */
+ * "ckrun: rank R: no reply from rank H (not arrived) in collective C for S s
+ * (step K)", H the ranks that have not entered the collective it waits in,
+ * or "rank H (arrived, not waiting: busy or stopped)" for one that entered it
+ * but neither waits in it nor progresses it (each rank announces to the
+ * others its arrival at each collective and its waiting in one), and ends
+ * the whole job (MPI_Abort), so a rank that dies or hangs never leaves the
+ * others hanging silently, and the line names it. */
 #ifndef CK_DIST_H
 #define CK_DIST_H
 
@@ -76,6 +80,12 @@ int ck_dist_allgather_i64(const int64_t *x, int64_t *out, int64_t n, ck_dist_pol
 int ck_dist_reduce_scatter(const float *x, float *out, int64_t n, ck_dist_poll_fn poll, void *ud);
 /* returns when every rank has called it */
 int ck_dist_barrier(ck_dist_poll_fn poll, void *ud);
+/* Point to point: x[0..n) to rank dest, and into x[0..n) from rank src. The
+ * messages one rank sends another arrive in the order sent, each matching the
+ * receiver's next ck_dist_recv from that rank, which must ask for n values
+ * as sent. CK_DIST_EINVAL for a rank outside the job or this rank itself. */
+int ck_dist_send(const float *x, int64_t n, int dest, ck_dist_poll_fn poll, void *ud);
+int ck_dist_recv(float *x, int64_t n, int src, ck_dist_poll_fn poll, void *ud);
 
 /* A non-blocking allreduce (sum, in place) that a caller starts, then
  * progresses with ck_dist_test between other work, and finishes with
@@ -85,6 +95,7 @@ typedef struct ck_dist_req {
     int done;         /* finished (ck_dist_test saw it) */
     uint64_t mpi[2];  /* the MPI_Request, opaque here */
     double started;   /* when it started (seconds, monotonic) */
+    int64_t k;        /* its number among the collectives this rank entered */
 } ck_dist_req;
 
 /* Starts the sum of x[0..n) over ranks into x. 0, or CK_DIST_EINVAL (n over

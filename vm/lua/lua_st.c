@@ -6,6 +6,7 @@
  * into the arena (a transposed one through a scratch copy), saves write each
  * from the arena. */
 #include "lua/lua_ck.h"
+#include "dist/dist.h"
 #include "formats/safetensors.h"
 
 #include <lauxlib.h>
@@ -13,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -446,11 +448,147 @@ static const float *program_values(void *ud, int id, char *err, size_t errlen)
     return x;
 }
 
-/* p:save(path, entries, {metadata = {k = v}, dtype = "F32"}) (byte tensors as U8) where each entry is
+/* ZeRO-1 states: rank 0 saves the whole job's optimizer state, each tensor
+ * another rank owns received from that rank as the save reaches it (one
+ * tensor's buffer at a time), while the owners send theirs (p:send_state).
+ * The file's tensors are written in name order, so each owner sends its
+ * tensors in name order too, and the messages match one by one. */
+typedef struct remote_state {
+    int owner;
+    int64_t numel;
+} remote_state;
+
+typedef struct gather_ctx {
+    float *buf;          /* the largest remote tensor's values */
+    remote_state *e;
+    lua_State *L;
+} gather_ctx;
+
+/* the wait's poll: stop when the VM's interrupt is raised */
+static int poll_interrupt(void *ud)
+{
+    ck_limits *lim = ck_limits_of((lua_State *)ud);
+    return lim && atomic_load(&lim->interrupt);
+}
+
+static const float *remote_values(void *ud, int i, char *err, size_t errlen)
+{
+    gather_ctx *c = ud;
+    const int rc = ck_dist_recv(c->buf, c->e[i].numel, c->e[i].owner, poll_interrupt, c->L);
+    if (rc == CK_DIST_STOPPED) {
+        snprintf(err, errlen, "interrupted while rank %d sent it", c->e[i].owner);
+        return NULL;
+    }
+    if (rc) {
+        snprintf(err, errlen, "rank %d cannot send it (%lld values)", c->e[i].owner, (long long)c->e[i].numel);
+        return NULL;
+    }
+    return c->buf;
+}
+
+/* Adds to w, as sources that receive them, the optimizer state tensors of p
+ * that other ranks own. Leaves a guard (the buffers) on the stack. */
+static void add_remote_states(lua_State *L, ck_program *p, ck_st_writer *w)
+{
+    const int nt = p->nowner, me = ck_dist_rank();
+    int n = 0;
+    int64_t most = 1;
+    char names[2][CK_STATE_NAME_MAX];
+    ck_shape shape[2];
+    ck_dtype dtype[2];
+    for (int t = 0; t < nt; t++) {
+        int owner;
+        const int ns = ck_program_param_state(p, t, names, shape, dtype, &owner);
+        if (owner < 0 || owner == me) continue;
+        for (int k = 0; k < ns; k++) {
+            const int64_t m = ck_shape_numel(&shape[k]);
+            if (m > most) most = m;
+            n++;
+        }
+    }
+    ck_mem_check(L, n + 1, sizeof(remote_state), "the list of %d optimizer states other ranks hold", n);
+    ck_mem_check(L, most, sizeof(float), "a buffer for optimizer states other ranks hold (%lld values)",
+                 (long long)most);
+    gather_ctx *c = lua_newuserdatauv(L, sizeof *c + sizeof(remote_state) * (size_t)(n + 1), 1);
+    c->e = (remote_state *)(c + 1);
+    c->L = L;
+    c->buf = lua_newuserdatauv(L, sizeof(float) * (size_t)most, 0);
+    lua_setiuservalue(L, -2, 1); /* the buffer lives as long as the context */
+    int i = 0;
+    for (int t = 0; t < nt; t++) {
+        int owner;
+        const int ns = ck_program_param_state(p, t, names, shape, dtype, &owner);
+        if (owner < 0 || owner == me) continue;
+        for (int k = 0; k < ns; k++) {
+            c->e[i] = (remote_state){owner, ck_shape_numel(&shape[k])};
+            ck_st_writer_add_source(w, names[k], dtype[k] == CK_U8 ? CK_ST_U8 : CK_ST_F32, shape[k].ndim, shape[k].d,
+                                    remote_values, c, i);
+            i++;
+        }
+    }
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* p:send_state(): on a rank of a ZeRO-1 job other than 0, while rank 0 runs
+ * p:save(path, entries, {shards = true}): sends rank 0 the optimizer state
+ * this rank owns, in name order (the order the file is written in). */
+static int l_send_state(lua_State *L)
+{
+    ck_program *p = ck_lua_program_pinned(L, 1, 1);
+    const int me = ck_dist_rank();
+    if (!p->owner || me == 0) return 0;
+    const int nt = p->nowner;
+    int n = 0;
+    char names[2][CK_STATE_NAME_MAX];
+    ck_shape shape[2];
+    ck_dtype dtype[2];
+    for (int t = 0; t < nt; t++) {
+        int owner;
+        const int ns = ck_program_param_state(p, t, names, shape, dtype, &owner);
+        if (owner == me) n += ns;
+    }
+    ck_mem_check(L, n + 1, sizeof(char *), "the list of %d optimizer states to send", n);
+    const char **list = lua_newuserdatauv(L, sizeof(char *) * (size_t)(n + 1), 0);
+    int i = 0;
+    for (int t = 0; t < nt; t++) {
+        int owner;
+        const int ns = ck_program_param_state(p, t, names, shape, dtype, &owner);
+        if (owner != me) continue;
+        for (int k = 0; k < ns; k++) {
+            const int id = ck_graph_find(p->g, names[k]);
+            if (id < 0) return ck_lua_raise(L, "send_state: this rank holds no '%s'", names[k]);
+            list[i++] = p->g->t[id].name;
+        }
+    }
+    qsort(list, (size_t)n, sizeof *list, cmp_names);
+    for (i = 0; i < n; i++) {
+        const int id = ck_graph_find(p->g, list[i]);
+        const int64_t m = ck_shape_numel(&p->g->t[id].shape);
+        if (!m) continue; /* the file's writer asks for no values of an empty tensor */
+        const float *x = ck_program_read(p, id);
+        if (!x) return ck_lua_raise(L, "send_state: '%s' is not readable%s%s", list[i], p->err[0] ? ": " : "", p->err);
+        const int rc = ck_dist_send(x, m, 0, poll_interrupt, L);
+        if (rc == CK_DIST_STOPPED) {
+            ck_limits_charge(L, 0);
+            return ck_lua_raise(L, "send_state: interrupted");
+        }
+        if (rc) return ck_lua_raise(L, "send_state: '%s' cannot be sent (%lld values)", list[i], (long long)m);
+    }
+    return 0;
+}
+
+/* p:save(path, entries, {metadata = {k = v}, dtype = "F32", shards = bool}) (byte tensors as U8) where each entry is
  * {key, tensor_or_name} or {key, value = number} (a 0-dim tensor). The file is
  * replaced atomically: a failed save leaves an existing file as it was. The
  * entries are read raw (no metamethods) into the writer, then the save runs
- * with no Lua code in between, reading each tensor only as it is written. */
+ * with no Lua code in between, reading each tensor only as it is written.
+ * shards (ZeRO-1, rank 0): the optimizer state the other ranks own is saved
+ * too, in an unsharded program's names, each tensor received from its owner
+ * as the save reaches it while the owners run p:send_state(). */
 static int l_save(lua_State *L)
 {
     ck_program *p = ck_lua_program_pinned(L, 1, 4);
@@ -496,6 +634,13 @@ static int l_save(lua_State *L)
                                     program_values, p, id);
         }
         lua_settop(L, e - 1);
+    }
+    if (lua_istable(L, 4)) {
+        lua_pushliteral(L, "shards");
+        lua_rawget(L, 4);
+        const int shards = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        if (shards && p->owner && ck_dist_rank() == 0) add_remote_states(L, p, w);
     }
     return save_guarded(L, guard, path);
 }
@@ -588,7 +733,7 @@ void ck_lua_st_register(lua_State *L, int lib, int methods)
     lua_pushcfunction(L, l_write);
     lua_setfield(L, lib, "write_safetensors");
     static const luaL_Reg prog[] = {
-        {"load", l_load}, {"load_sample", l_load_sample}, {"save", l_save}, {NULL, NULL},
+        {"load", l_load}, {"load_sample", l_load_sample}, {"save", l_save}, {"send_state", l_send_state}, {NULL, NULL},
     };
     lua_pushvalue(L, methods);
     luaL_setfuncs(L, prog, 0);

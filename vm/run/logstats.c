@@ -99,15 +99,37 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
     }
     const int base_nt = g->nt, base_nn = g->nn, base_nblocks = p->nblocks;
     char *saved_scope = strdup(g->scope ? g->scope : "");
-    int *nodes = NULL, *placed = NULL, *out_node = NULL;
+    int *nodes = NULL, *placed = NULL, *out_node = NULL, *mean_of = NULL;
     ck_plan tr = {0}, ev = {0};
     if (!saved_scope) goto oom;
     if (groups & CK_STATS_GRADS) {
+        /* Data parallel, one reduction a step: the norms of the mean
+         * gradients the update reads (the SCALE of each summed grad_sum,
+         * after the allreduce waits), which one process at the job's global
+         * batch logs; not this rank's own gradients. With accumulate the sums
+         * travel once per update, so a step's norms are the rank's own. */
+        if (p->opt.world > 1 && p->opt.accumulate <= 1) {
+            if (!(mean_of = malloc(sizeof(int) * (size_t)(base_nt ? base_nt : 1)))) goto oom;
+            for (int t = 0; t < base_nt; t++) mean_of[t] = -1;
+            for (int i = 0; i < base_nn; i++) {
+                const ck_node *nd = &g->n[i];
+                if (nd->op == CK_OP_SCALE && nd->phase == CK_PHASE_OPTIMIZER && nd->in[0] >= 0 &&
+                    g->t[nd->in[0]].kind == CK_KIND_OPTSTATE)
+                    mean_of[nd->in[0]] = nd->out[0];
+            }
+        }
         for (int t = 0; t < base_nt; t++) {
             if (g->t[t].kind != CK_KIND_PARAM || g->t[t].grad < 0) continue;
             const char *name = g->t[t].name ? g->t[t].name : "";
+            int src = g->t[t].grad;
+            if (mean_of) {
+                char sum[1024];
+                snprintf(sum, sizeof sum, "grad_sum.%s", name);
+                const int acc = ck_graph_find(g, sum);
+                if (acc >= 0 && acc < base_nt && mean_of[acc] >= 0) src = mean_of[acc];
+            }
             int b = block_id(p, name, block_len(name, pats, np));
-            if (b < 0 || add_stat(p, CK_OP_SUMSQ, g->t[t].grad, t, b, CK_STATS_GRADS)) goto oom;
+            if (b < 0 || add_stat(p, CK_OP_SUMSQ, src, t, b, CK_STATS_GRADS)) goto oom;
         }
     }
     if (groups & CK_STATS_ACTS) {
@@ -177,6 +199,7 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
     free(nodes);
     free(placed);
     free(out_node);
+    free(mean_of);
     free(saved_scope);
     return 0;
 oom:
@@ -189,6 +212,7 @@ fail:
     free(nodes);
     free(placed);
     free(out_node);
+    free(mean_of);
     free(saved_scope);
     return -1;
 }

@@ -245,6 +245,43 @@ static int add_loss_scale(ck_graph *g, const ck_compile_opts *o, ck_program *p)
     return 0;
 }
 
+/* The optimizer state of a parameter of shape ps: its count, each tensor's
+ * name prefix ("exp_avg" for "exp_avg.<parameter>"), shape and dtype, and
+ * the update op. AdamW's two moments, Lion's one, or 8-bit AdamW's codes
+ * (bytes) and their blocks' scales; zeros at first. */
+static int opt_state(ck_optim optim, const ck_shape *ps, const char *state[2], ck_shape shape[2], ck_dtype dtype[2],
+                     enum ck_op *op)
+{
+    const int64_t numel = ck_shape_numel(ps), nb = (numel + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
+    state[0] = "exp_avg", state[1] = "exp_avg_sq";
+    shape[0] = shape[1] = *ps;
+    dtype[0] = dtype[1] = CK_F32;
+    *op = CK_OP_ADAMW_STEP;
+    if (optim == CK_OPTIM_SGD) return *op = CK_OP_SGD_STEP, 0;
+    if (optim == CK_OPTIM_LION) return *op = CK_OP_LION_STEP, 1;
+    if (optim == CK_OPTIM_ADAMW8) {
+        *op = CK_OP_ADAMW8_STEP;
+        state[0] = "adam8_code", state[1] = "adam8_scale";
+        shape[0] = (ck_shape){1, {2 * numel}}, shape[1] = (ck_shape){1, {2 * nb}};
+        dtype[0] = CK_U8;
+    }
+    return 2;
+}
+
+int ck_program_param_state(const ck_program *p, int t, char names[2][CK_STATE_NAME_MAX], ck_shape shape[2],
+                           ck_dtype dtype[2], int *owner)
+{
+    const ck_graph *g = p->g;
+    *owner = -1;
+    if (t < 0 || t >= g->nt || g->t[t].kind != CK_KIND_PARAM || !g->t[t].name || !p->opt.optim) return 0;
+    if (p->owner && t < p->nowner) *owner = p->owner[t];
+    const char *state[2];
+    enum ck_op op;
+    const int ns = opt_state(p->opt.optim, &g->t[t].shape, state, shape, dtype, &op);
+    for (int k = 0; k < ns; k++) snprintf(names[k], CK_STATE_NAME_MAX, "%s.%s", state[k], g->t[t].name);
+    return ns;
+}
+
 /* The optimizer's nodes: accumulation (when asked), the clip factor (when
  * asked), then per parameter its update, reading src[t]: the gradient, its
  * mean over the accumulated steps, either times the clip factor. With loss
@@ -311,22 +348,11 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
             const int pair[2] = {src[t], factor};
             if ((in[1] = opt_node(g, CK_OP_MUL, pair, 2, &none, g->t[t].where)) < 0) goto out;
         }
-        /* the state: AdamW's two moments, Lion's one, or 8-bit AdamW's codes
-         * (bytes) and their blocks' scales; zeros at first */
-        const int64_t numel = ck_shape_numel(&g->t[t].shape), nb = (numel + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
-        const char *state[2] = {"exp_avg", "exp_avg_sq"};
-        ck_shape shape[2] = {g->t[t].shape, g->t[t].shape}; /* ck_graph_leaf may move g->t */
-        ck_dtype dtype[2] = {CK_F32, CK_F32};
-        int ns = 2;
-        enum ck_op op = CK_OP_ADAMW_STEP;
-        if (o->optim == CK_OPTIM_SGD) op = CK_OP_SGD_STEP, ns = 0;
-        else if (o->optim == CK_OPTIM_LION) op = CK_OP_LION_STEP, ns = 1;
-        else if (o->optim == CK_OPTIM_ADAMW8) {
-            op = CK_OP_ADAMW8_STEP;
-            state[0] = "adam8_code", state[1] = "adam8_scale";
-            shape[0] = (ck_shape){1, {2 * numel}}, shape[1] = (ck_shape){1, {2 * nb}};
-            dtype[0] = CK_U8;
-        }
+        const char *state[2];
+        ck_shape shape[2]; /* ck_graph_leaf may move g->t: the shapes are copies */
+        ck_dtype dtype[2];
+        enum ck_op op;
+        const int ns = opt_state(o->optim, &g->t[t].shape, state, shape, dtype, &op);
         for (int k = 0; k < ns; k++) {
             char name[1024];
             snprintf(name, sizeof name, "%s.%s", state[k], g->t[t].name);
@@ -370,6 +396,10 @@ static int add_optimizer(ck_graph *g, const ck_compile_opts *o, ck_program *prog
     rc = 0;
 out:
     ck_graph_set_scope(g, "");
+    if (rc == 0 && owner) {
+        prog->owner = owner, prog->nowner = nt; /* a saved state gathers each state from its owner */
+        owner = NULL;
+    }
     free(owner);
     free(src);
     return rc;
@@ -637,6 +667,15 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             goto fail;
         }
     }
+    /* Data parallel: a dropout draws for each row of its input's first
+     * dimension (the sample) what one process draws for that sample's row of
+     * the global batch, rank + b * world, as torch's DistributedSampler deals
+     * the rows; its gradient (autodiff copies the parameters) the same. */
+    for (int i = 0; o->world > 1 && i < g->nn; i++)
+        if (g->n[i].op == CK_OP_DROPOUT) {
+            g->n[i].p.i[1] = o->world;
+            g->n[i].p.i[2] = o->rank;
+        }
     if (o->loss >= 0 && trains) {
         if (ck_autodiff(g, o->loss, p->scale_t)) {
             failf(err, errlen, "%s", g->err);
@@ -879,6 +918,7 @@ void ck_program_free(ck_program *p)
     free(p->retain);
     free(p->poff);
     free(p->accums);
+    free(p->owner);
     free(p->own_at);
     free(p->reqs);
     if (p->grp && p->grp->actor == p) p->grp->actor = NULL;

@@ -170,6 +170,10 @@ typedef struct ck_program {
      * updates applied since it last changed, and 1/scale, which the update
      * multiplies the gradients by (an input the step writes); -1 without */
     int scale_t, tracker_t, inv_t;
+    /* ZeRO-1 (opt.shard): per tensor below nowner, the rank owning a
+     * parameter's optimizer state (-1 for other tensors); NULL unsharded */
+    int *owner;
+    int nowner;
     char err[512];
 } ck_program;
 
@@ -196,6 +200,14 @@ void ck_program_free(ck_program *p);
  * tensor can need (0 on the CPU when every tensor is fp32). */
 size_t ck_program_host_bytes(const ck_program *p);
 size_t ck_program_stage_bound(const ck_program *p);
+/* The optimizer state of parameter t as an unsharded program of the job
+ * holds it, whichever rank owns it: the count (0 for a tensor that is no
+ * trainable parameter), each state's name ("exp_avg.<parameter>"), shape and
+ * dtype; *owner gets the rank that holds it under ZeRO-1, or -1 when every
+ * rank does. A training state of a sharded job is saved in this layout. */
+#define CK_STATE_NAME_MAX 1024
+int ck_program_param_state(const ck_program *p, int t, char names[2][CK_STATE_NAME_MAX], ck_shape shape[2],
+                           ck_dtype dtype[2], int *owner);
 /* One training step (forward, backward, optimizer). 0 or -1 with p->err. */
 int ck_program_step(ck_program *p);
 /* The forward pass only. */

@@ -42,6 +42,8 @@ CK_CPU_KERNEL(ck_cpu_group_norm);
 CK_CPU_KERNEL(ck_cpu_group_norm_bwd);
 CK_CPU_KERNEL(ck_cpu_layer_norm);
 CK_CPU_KERNEL(ck_cpu_layer_norm_bwd);
+CK_CPU_KERNEL(ck_cpu_group_norm_silu);
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd);
 /* activation.c */
 CK_CPU_KERNEL(ck_cpu_silu);
 CK_CPU_KERNEL(ck_cpu_silu_bwd);

@@ -1,7 +1,11 @@
-/* Normalization on the CPU: GROUP_NORM and LAYER_NORM, forward and backward.
- * Statistics are two-pass sums in double, recomputed from x in the backward;
- * gamma/beta gradients are summed in one fixed order whatever the thread count. */
+/* Normalization on the CPU: GROUP_NORM, GROUP_NORM_SILU and LAYER_NORM,
+ * forward and backward. Statistics are two-pass sums in double, recomputed from
+ * x in the backward; gamma/beta gradients are summed in one fixed order
+ * whatever the thread count. GROUP_NORM_SILU does the float operations of
+ * GROUP_NORM then SILU (activation.c) in their order, so its results are the
+ * pair's bitwise. */
 #include "cpu.h"
+#include "vecmath.h"
 
 #include <assert.h>
 #include <math.h>
@@ -15,6 +19,10 @@
 #define LN_CHUNKS 64
 /* Chunk x column partials of gamma and beta kept on the stack (2 x 32 KiB). */
 #define LN_PART 4096
+/* GROUP_NORM_SILU_BWD: the pre-activation's gradient is made this many values
+ * at a time on the stack (a multiple of LANES, so the lane sums run as over
+ * one array). */
+#define GN_CHUNK 2048
 
 static double sum_f(const float *x, int64_t n)
 {
@@ -46,23 +54,34 @@ static double sumsq_dev(const float *x, int64_t n, float m)
     return s;
 }
 
-/* sum(dy) and sum(dy * (x - m)) in one pass. */
-static void sum_dy_dyx(const float *dy, const float *x, int64_t n, float m, double *sdy, double *sdyx)
+/* sum(dy) and sum(dy * (x - m)) in one pass, into lanes a and b and, for the
+ * n % LANES values at the end, into *sdy and *sdyx; the caller adds the lanes
+ * last. Consecutive calls on pieces of LANES-multiple length sum as one call. */
+static void lanes_dy_dyx(const float *dy, const float *x, int64_t n, float m, double *a, double *b, double *sdy,
+                         double *sdyx)
 {
-    double a[LANES] = {0}, b[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) {
             a[l] += dy[i + l];
             b[l] += (double)dy[i + l] * (x[i + l] - m);
         }
-    double s0 = 0, s1 = 0;
     for (; i < n; i++) {
-        s0 += dy[i];
-        s1 += (double)dy[i] * (x[i] - m);
+        *sdy += dy[i];
+        *sdyx += (double)dy[i] * (x[i] - m);
     }
-    for (int l = 0; l < LANES; l++) s0 += a[l], s1 += b[l];
-    *sdy = s0, *sdyx = s1;
+}
+
+/* The gradient of h = (x - m) * a + b through SiLU: GROUP_NORM's output and
+ * SILU_BWD's arithmetic on it, for n values. */
+static void silu_grad_of_norm(float *dh, const float *dy, const float *x, int64_t n, float m, float a, float b)
+{
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float h = (x[i] - m) * a + b;
+        const float s = sigmoid_c(h);
+        dh[i] = dy[i] * s * (1.0f + h * (1.0f - s));
+    }
 }
 
 /* Mean and 1/sqrt(var + eps) of n > 0 values, biased variance. The mean is
@@ -84,10 +103,9 @@ static int64_t spatial_of(const ck_view *x)
 }
 
 // x is (N,C,*) with S = prod(*) (1 when x is (N,C)), gamma and beta are (C), y is like x;
-// statistics per (n, group) over C/G channels x S positions.
-CK_CPU_KERNEL(ck_cpu_group_norm)
+// statistics per (n, group) over C/G channels x S positions. silu: y = silu(group_norm(x)).
+static void gn_fwd(const ck_op_params *p, ck_view *out, const ck_view *in, int silu)
 {
-    (void)ctx, (void)nout, (void)nin;
     const float *x = in[0].data, *gamma = in[1].data, *beta = in[2].data;
     float *y = out[0].data;
     const int64_t N = in[0].shape[0], C = in[0].shape[1], S = spatial_of(&in[0]);
@@ -107,25 +125,58 @@ CK_CPU_KERNEL(ck_cpu_group_norm)
             const float a = rs * gamma[c0 + c], b = beta[c0 + c];
             const float *xc = xg + c * S;
             float *yc = yg + c * S;
+            if (silu) {
 #pragma omp simd
-            for (int64_t s = 0; s < S; s++) yc[s] = (xc[s] - m) * a + b;
+                for (int64_t s = 0; s < S; s++) {
+                    const float h = (xc[s] - m) * a + b;
+                    yc[s] = h * sigmoid_c(h);
+                }
+            } else {
+#pragma omp simd
+                for (int64_t s = 0; s < S; s++) yc[s] = (xc[s] - m) * a + b;
+            }
         }
     }
 }
 
+CK_CPU_KERNEL(ck_cpu_group_norm)
+{
+    (void)ctx, (void)nout, (void)nin;
+    gn_fwd(p, out, in, 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_silu)
+{
+    (void)ctx, (void)nout, (void)nin;
+    gn_fwd(p, out, in, 1);
+}
+
 /* One (n, group) of GROUP_NORM_BWD: dx for its Cg*S elements, and its terms of
- * dgamma/dbeta for channels c0.. (stored when first, else added). */
-static void gn_bwd_group(const float *dy, const float *x, const float *gamma, float *dx, float *dgamma,
-                         float *dbeta, int64_t Cg, int64_t S, float eps, int first)
+ * dgamma/dbeta for channels c0.. (stored when first, else added). With beta
+ * (GROUP_NORM_SILU_BWD), dy is the gradient of the SiLU's output and the
+ * norm's is made from it and the recomputed pre-activation, GN_CHUNK values
+ * at a time, in each of the two passes. */
+static void gn_bwd_group(const float *dy, const float *x, const float *gamma, const float *beta, float *dx,
+                         float *dgamma, float *dbeta, int64_t Cg, int64_t S, float eps, int first)
 {
     const int64_t M = Cg * S;
     float m, rs;
     stats(x, M, eps, &m, &rs);
+    float dh[GN_CHUNK];
     // With g = gamma * dy and xh = (x - m) * rs: dx = rs * (g - mean(g) - xh * mean(g * xh)).
     double sg = 0, sgx = 0;
     for (int64_t c = 0; c < Cg; c++) {
-        double sdy, sdyx;
-        sum_dy_dyx(dy + c * S, x + c * S, S, m, &sdy, &sdyx);
+        const float *dyc = dy + c * S, *xc = x + c * S;
+        double a[LANES] = {0}, b[LANES] = {0}, sdy = 0, sdyx = 0;
+        if (!beta)
+            lanes_dy_dyx(dyc, xc, S, m, a, b, &sdy, &sdyx);
+        else
+            for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+                const int64_t n = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+                silu_grad_of_norm(dh, dyc + s0, xc + s0, n, m, rs * gamma[c], beta[c]);
+                lanes_dy_dyx(dh, xc + s0, n, m, a, b, &sdy, &sdyx);
+            }
+        for (int l = 0; l < LANES; l++) sdy += a[l], sdyx += b[l];
         sg += gamma[c] * sdy;
         sgx += gamma[c] * sdyx;
         if (dgamma) dgamma[c] = (first ? 0.0f : dgamma[c]) + (float)(sdyx * rs);
@@ -140,15 +191,24 @@ static void gn_bwd_group(const float *dy, const float *x, const float *gamma, fl
         const float gc = gamma[c];
         const float *dyc = dy + c * S, *xc = x + c * S;
         float *dxc = dx + c * S;
+        if (!beta) {
 #pragma omp simd
-        for (int64_t s = 0; s < S; s++) dxc[s] = (gc * dyc[s] - mg) * rs - (xc[s] - m) * k2;
+            for (int64_t s = 0; s < S; s++) dxc[s] = (gc * dyc[s] - mg) * rs - (xc[s] - m) * k2;
+            continue;
+        }
+        for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+            const int64_t n = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+            silu_grad_of_norm(dh, dyc + s0, xc + s0, n, m, rs * gc, beta[c]);
+#pragma omp simd
+            for (int64_t s = 0; s < n; s++) dxc[s0 + s] = (gc * dh[s] - mg) * rs - (xc[s0 + s] - m) * k2;
+        }
     }
 }
 
-// dy and x are (N,C,*), gamma is (C); dx is like x, dgamma and dbeta are (C).
-CK_CPU_KERNEL(ck_cpu_group_norm_bwd)
+// dy and x are (N,C,*), gamma (and beta, for GROUP_NORM_SILU_BWD) are (C); dx is like x,
+// dgamma and dbeta are (C).
+static void gn_bwd(const ck_op_params *p, ck_view *out, int nout, const ck_view *in, const float *beta)
 {
-    (void)ctx, (void)nin;
     const float *dy = in[0].data, *x = in[1].data, *gamma = in[2].data;
     float *dx = out[0].data;
     float *dgamma = nout > 1 ? out[1].data : NULL, *dbeta = nout > 2 ? out[2].data : NULL;
@@ -168,8 +228,8 @@ CK_CPU_KERNEL(ck_cpu_group_norm_bwd)
         if (!dx) return;
 #pragma omp parallel for schedule(static) if (total > 32768)
         for (int64_t ng = 0; ng < N * G; ng++) {
-            const int64_t off = ng * Cg * S;
-            gn_bwd_group(dy + off, x + off, gamma + (ng % G) * Cg, dx + off, NULL, NULL, Cg, S, eps, 1);
+            const int64_t off = ng * Cg * S, c0 = (ng % G) * Cg;
+            gn_bwd_group(dy + off, x + off, gamma + c0, beta ? beta + c0 : NULL, dx + off, NULL, NULL, Cg, S, eps, 1);
         }
         return;
     }
@@ -180,10 +240,22 @@ CK_CPU_KERNEL(ck_cpu_group_norm_bwd)
         const int64_t c0 = g * Cg;
         for (int64_t n = 0; n < N; n++) {
             const int64_t off = (n * C + c0) * S;
-            gn_bwd_group(dy + off, x + off, gamma + c0, dx ? dx + off : NULL, dgamma ? dgamma + c0 : NULL,
-                         dbeta ? dbeta + c0 : NULL, Cg, S, eps, n == 0);
+            gn_bwd_group(dy + off, x + off, gamma + c0, beta ? beta + c0 : NULL, dx ? dx + off : NULL,
+                         dgamma ? dgamma + c0 : NULL, dbeta ? dbeta + c0 : NULL, Cg, S, eps, n == 0);
         }
     }
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_bwd)
+{
+    (void)ctx, (void)nin;
+    gn_bwd(p, out, nout, in, NULL);
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd)
+{
+    (void)ctx, (void)nin;
+    gn_bwd(p, out, nout, in, in[3].data);
 }
 
 // x is (..,C), gamma and beta are (C), y is like x; each row of C is normalized.

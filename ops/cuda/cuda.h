@@ -106,6 +106,8 @@ CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter);
 /* norm.cu */
 CK_CUDA_KERNEL(ck_cuda_group_norm);
 CK_CUDA_KERNEL(ck_cuda_group_norm_bwd);
+CK_CUDA_KERNEL(ck_cuda_group_norm_silu);
+CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd);
 CK_CUDA_KERNEL(ck_cuda_layer_norm);
 CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd);
 /* activation.cu */

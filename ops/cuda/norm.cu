@@ -1,4 +1,6 @@
-/* Normalization on the GPU: GROUP_NORM and LAYER_NORM, forward and backward,
+/* Normalization on the GPU: GROUP_NORM (and GROUP_NORM_SILU, the same kernels
+ * with SiLU applied to the output, or its gradient taken through the
+ * recomputed pre-activation) and LAYER_NORM, forward and backward,
  * in the formulas of ops/cpu/norm.c: two-pass statistics about the float mean,
  * recomputed from x in the backward, fp32 accumulation. Every sum has one fixed
  * order (no atomics), so results are the same from run to run:
@@ -33,7 +35,12 @@ __device__ __forceinline__ void block_stats(const float *v, int64_t M, float eps
     *rstd = 1.0f / sqrtf(var + eps);
 }
 
-// x (N, C, S) with groups of Cg = C/G channels; block (n, g) normalizes its Cg*S values
+/* SILU's gate (activation.cu's formula) */
+__device__ __forceinline__ float gn_sigmoid(float h) { return 1.0f / (1.0f + expf(-h)); }
+
+// x (N, C, S) with groups of Cg = C/G channels; block (n, g) normalizes its Cg*S values;
+// SILU: y = silu of that
+template <bool SILU>
 __global__ void __launch_bounds__(GN_THREADS) gn_fwd(float *y, const float *x, const float *gamma, const float *beta,
                                                      int64_t G, int64_t Cg, int64_t S, float eps)
 {
@@ -45,17 +52,30 @@ __global__ void __launch_bounds__(GN_THREADS) gn_fwd(float *y, const float *x, c
     block_stats(xg, M, eps, sh, &m, &rs);
     for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
         const int64_t c = c0 + i / S;
-        yg[i] = (xg[i] - m) * (rs * gamma[c]) + beta[c];
+        const float h = (xg[i] - m) * (rs * gamma[c]) + beta[c];
+        yg[i] = SILU ? h * gn_sigmoid(h) : h;
     }
 }
 
 /* Group g (blockIdx.x, images n0 .. n1-1 in order) of GROUP_NORM_BWD. Warp w
  * owns channels w, w + WARPS, ...: their sums of dy and dy * (x - m) over S,
  * their dgamma/dbeta entries (stored at n0, added after), and its share of the
- * group's sums, which the warps then add in warp order. */
+ * group's sums, which the warps then add in warp order. SILU: dy is the
+ * gradient of silu(h), and the norm's, dh, is made from it and h (recomputed
+ * with beta) where it is read. */
+template <bool SILU>
+__device__ __forceinline__ float gn_grad_in(const float *dy, const float *x, int64_t i, float m, float a, float b)
+{
+    if (!SILU) return dy[i];
+    const float h = (x[i] - m) * a + b, s = gn_sigmoid(h);
+    return dy[i] * s * (1.0f + h * (1.0f - s));
+}
+
+template <bool SILU>
 __global__ void __launch_bounds__(GN_THREADS) gn_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
-                                                     const float *x, const float *gamma, int64_t C, int64_t G,
-                                                     int64_t Cg, int64_t S, float eps, int64_t n0, int64_t n1)
+                                                     const float *x, const float *gamma, const float *beta, int64_t C,
+                                                     int64_t G, int64_t Cg, int64_t S, float eps, int64_t n0,
+                                                     int64_t n1)
 {
     __shared__ float sh[33];
     __shared__ float wsum[2][32];
@@ -72,9 +92,10 @@ __global__ void __launch_bounds__(GN_THREADS) gn_bwd(float *dx, float *dgamma, f
         block_stats(xg, M, eps, sh, &m, &rs);
         float sg = 0.0f, sgx = 0.0f;
         for (int64_t c = warp; c < Cg; c += nwarps) {
+            const float ga = rs * gamma[c0 + c], gb = SILU ? beta[c0 + c] : 0.0f;
             float a = 0.0f, b = 0.0f;
             for (int64_t s = lane; s < S; s += 32) {
-                const float d = dyg[c * S + s];
+                const float d = gn_grad_in<SILU>(dyg, xg, c * S + s, m, ga, gb);
                 a += d;
                 b += d * (xg[c * S + s] - m);
             }
@@ -96,8 +117,11 @@ __global__ void __launch_bounds__(GN_THREADS) gn_bwd(float *dx, float *dgamma, f
         // With g = gamma * dy and xh = (x - m) * rs: dx = rs * (g - mean(g) - xh * mean(g * xh)).
         const float mg = sg / (float)M, k2 = rs * rs * rs * sgx / (float)M;
         float *dxg = dx + off;
-        for (int64_t i = threadIdx.x; i < M; i += blockDim.x)
-            dxg[i] = (gamma[c0 + i / S] * dyg[i] - mg) * rs - (xg[i] - m) * k2;
+        for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
+            const int64_t c = c0 + i / S;
+            const float d = gn_grad_in<SILU>(dyg, xg, i, m, rs * gamma[c], SILU ? beta[c] : 0.0f);
+            dxg[i] = (gamma[c] * d - mg) * rs - (xg[i] - m) * k2;
+        }
     }
 }
 
@@ -108,50 +132,74 @@ static int64_t spatial_of(const ck_view *x)
     return s;
 }
 
-// x is (N,C,*), gamma and beta (C), y like x; statistics per (n, group)
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm)
+// x is (N,C,*), gamma and beta (C), y like x; statistics per (n, group); silu: y = silu of the norm
+static void group_norm_fwd(const char *name, int silu, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)nout, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("group_norm");
+    ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
     const int64_t N = in[0].shape[0], C = in[0].shape[1], S = spatial_of(&in[0]), G = p->i[0];
     if (G <= 0 || C % G) {
-        ck_cuda_fail("group_norm", "%lld channels do not split into %lld groups", (long long)C, (long long)G);
+        ck_cuda_fail(name, "%lld channels do not split into %lld groups", (long long)C, (long long)G);
         return;
     }
     if (N * C * S == 0) return;
-    ck_launch(gn_fwd, (unsigned)(N * G), GN_THREADS, c->stream, out[0].data, (const float *)in[0].data,
-              (const float *)in[1].data, (const float *)in[2].data, G, C / G, S, p->f[0]);
-    ck_cuda_end(c, "group_norm");
+    ck_launch(silu ? gn_fwd<true> : gn_fwd<false>, (unsigned)(N * G), GN_THREADS, c->stream, out[0].data,
+              (const float *)in[0].data, (const float *)in[1].data, (const float *)in[2].data, G, C / G, S, p->f[0]);
+    ck_cuda_end(c, name);
 }
 
-// dy and x are (N,C,*), gamma is (C); dx like x, dgamma and dbeta (C), any unwanted
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd)
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm)
 {
-    (void)ctx, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("group_norm_bwd");
+    (void)ctx, (void)nout, (void)nin;
+    group_norm_fwd("group_norm", 0, p, out, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu)
+{
+    (void)ctx, (void)nout, (void)nin;
+    group_norm_fwd("group_norm_silu", 1, p, out, in);
+}
+
+// dy and x are (N,C,*), gamma (and beta when silu) is (C); dx like x, dgamma and dbeta (C), any unwanted
+static void group_norm_bwd(const char *name, const float *beta, const ck_op_params *p, ck_view *out, int nout,
+                           const ck_view *in)
+{
+    ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
     float *dx = out[0].data, *dgamma = nout > 1 ? out[1].data : NULL, *dbeta = nout > 2 ? out[2].data : NULL;
     const int64_t N = in[1].shape[0], C = in[1].shape[1], S = spatial_of(&in[1]), G = p->i[0];
     if (G <= 0 || C % G) {
-        ck_cuda_fail("group_norm_bwd", "%lld channels do not split into %lld groups", (long long)C, (long long)G);
+        ck_cuda_fail(name, "%lld channels do not split into %lld groups", (long long)C, (long long)G);
         return;
     }
     if (C == 0) return;
     if (N * S == 0) {
-        if (dgamma) CK_CU("group_norm_bwd", cudaMemsetAsync(dgamma, 0, sizeof(float) * (size_t)C, c->stream));
-        if (dbeta) CK_CU("group_norm_bwd", cudaMemsetAsync(dbeta, 0, sizeof(float) * (size_t)C, c->stream));
-        ck_cuda_end(c, "group_norm_bwd");
+        if (dgamma) CK_CU(name, cudaMemsetAsync(dgamma, 0, sizeof(float) * (size_t)C, c->stream));
+        if (dbeta) CK_CU(name, cudaMemsetAsync(dbeta, 0, sizeof(float) * (size_t)C, c->stream));
+        ck_cuda_end(c, name);
         return;
     }
     const float *dy = in[0].data, *x = in[1].data, *gamma = in[2].data;
+    auto k = beta ? gn_bwd<true> : gn_bwd<false>;
     if (dgamma || dbeta)
-        ck_launch(gn_bwd, (unsigned)G, GN_THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma, C, G, C / G, S, p->f[0],
+        ck_launch(k, (unsigned)G, GN_THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma, beta, C, G, C / G, S, p->f[0],
                   (int64_t)0, N);
     else if (dx)
-        ck_launch(gn_bwd, (unsigned)(N * G), GN_THREADS, c->stream, dx, (float *)NULL, (float *)NULL, dy, x, gamma, C, G,
-                  C / G, S, p->f[0], (int64_t)0, (int64_t)-1);
-    ck_cuda_end(c, "group_norm_bwd");
+        ck_launch(k, (unsigned)(N * G), GN_THREADS, c->stream, dx, (float *)NULL, (float *)NULL, dy, x, gamma, beta, C,
+                  G, C / G, S, p->f[0], (int64_t)0, (int64_t)-1);
+    ck_cuda_end(c, name);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd)
+{
+    (void)ctx, (void)nin;
+    group_norm_bwd("group_norm_bwd", NULL, p, out, nout, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd)
+{
+    (void)ctx, (void)nin;
+    group_norm_bwd("group_norm_silu_bwd", (const float *)in[3].data, p, out, nout, in);
 }
 
 /* ---- layer norm ---- */

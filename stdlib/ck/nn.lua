@@ -155,10 +155,26 @@ function GroupNorm:init(o)
   self.eps = o.eps or o[3] or 1e-5
 end
 
-function GroupNorm:updateOutput(g, x)
+-- act = "silu": silu of the norm as one op (nn.norm_silu)
+function GroupNorm:updateOutput(g, x, act)
   local w = self:param(g, "weight", {self.channels}, {init = "ones"})
   local b = self:param(g, "bias", {self.channels}, {init = "zeros"})
+  if act == "silu" then return ck.group_norm_silu(x, self.groups, w, b, self.eps) end
   return ck.group_norm(x, self.groups, w, b, self.eps)
+end
+
+-- Whether nn.norm_silu fuses: true keeps the norm's output out of the plan (one
+-- op, recorded in the norm's scope, whose backward recomputes it); false builds
+-- the two ops, for comparing the two graphs.
+nn.fuse_norm_silu = true
+
+-- silu(norm(x)) for a GroupNorm whose output nothing else reads; act, a SiLU
+-- module, names the activation's scope when the two are built apart.
+function nn.norm_silu(g, norm, x, act)
+  if nn.fuse_norm_silu then return norm:forward(g, x, "silu") end
+  local h = norm:forward(g, x)
+  if act then return act:forward(g, h) end
+  return ck.silu(h)
 end
 
 ---- LayerNorm{dim, eps=1e-5} over the last dim

@@ -4,8 +4,8 @@
 -- UNet builds it in every ResNet block (norm1, norm2) and at conv_norm_out, in
 -- the norm's scope, with the parameter names of before; sdxl-tiny's losses and
 -- gradients are bitwise those of the unfused graph under none and under
--- recompute; the plan holds fewer activation bytes; and recompute of the fused
--- op is bitwise.
+-- recompute; the plan holds fewer activation bytes; recompute of the fused op
+-- is bitwise; and the VAE's decoder, which fuses too, draws the same image.
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local nn = require "ck.nn"
@@ -109,6 +109,23 @@ do -- recompute: the fused op replayed gives bitwise what it saved, and equals t
     T.ok(run(build(true, {checkpoint = e[2]})) == base and run(build(false, {checkpoint = e[2]})) == base, string.format(
       "%s: fused and unfused, bitwise the losses and gradients of none", e[1]))
   end
+end
+
+do -- the VAE (its ResNet blocks and conv_norm_out): the tiny decoder's image, fused and not
+  local vae = require "ck.vae"
+  local function image(fuse)
+    nn.fuse_norm_silu = fuse
+    local g = ck.graph()
+    local _, img = vae.build_decoder(g, "tiny", {height = 4})
+    nn.fuse_norm_silu = true
+    local p = g:compile{outputs = {img}, seed = 2}
+    T.set_random(p, 4, {g:get("latents")})
+    p:forward()
+    return p:checksum(img), g:node_count()
+  end
+  local a, na = image(false)
+  local b, nb = image(true)
+  T.ok(a == b and nb < na, string.format("the tiny VAE decoder: bitwise the same image from %d nodes instead of %d", nb, na))
 end
 
 T.done()

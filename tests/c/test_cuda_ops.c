@@ -410,6 +410,13 @@ static const tcase cases[] = {
     {"geglu tanh", CK_OP_GEGLU, {.i = {1}}, 1, {SH(5, 22)}, .kind = {WIDE}, .tol = F32},
     {"geglu_bwd erf", CK_OP_GEGLU_BWD, {.i = {0}}, 2, {SH(3, 7, 9), SH(3, 7, 18)}, .kind = {UNIFORM, WIDE}, .tol = F32},
     {"geglu_bwd tanh", CK_OP_GEGLU_BWD, {.i = {1}}, 2, {SH(5, 11), SH(5, 22)}, .kind = {UNIFORM, WIDE}, .tol = F32},
+    /* rows of whole 16-byte vectors: the vector kernels (4 floats, 8 bf16 a load) */
+    {"geglu [4,5,32] vectors", CK_OP_GEGLU, {.i = {0}}, 1, {SH(4, 5, 32)}, .kind = {WIDE}, .tol = F32},
+    {"geglu_bwd [4,5,16] vectors", CK_OP_GEGLU_BWD, {.i = {1}}, 2, {SH(4, 5, 16), SH(4, 5, 32)}, .kind = {UNIFORM, WIDE},
+     .tol = F32},
+    {"geglu [2,4096,5120] vectors", CK_OP_GEGLU, {.i = {0}}, 1, {SH(2, 4096, 5120)}, .kind = {WIDE}, .tol = F32, .big = 1},
+    {"geglu_bwd [2,4096,2560] vectors", CK_OP_GEGLU_BWD, {.i = {0}}, 2, {SH(2, 4096, 2560), SH(2, 4096, 5120)},
+     .kind = {UNIFORM, WIDE}, .tol = F32, .big = 1},
     {"softmax [7,33]", CK_OP_SOFTMAX, {.i = {0}}, 1, {SH(7, 33)}, .kind = {WIDE}, .tol = F32},
     {"softmax [3,1500]", CK_OP_SOFTMAX, {.i = {0}}, 1, {SH(3, 1500)}, .kind = {WIDE}, .tol = F32},
     {"softmax_bwd", CK_OP_SOFTMAX_BWD, {.i = {0}}, 2, {SH(7, 33), SH(7, 33)}, .tol = F32},

@@ -1,17 +1,21 @@
-/* Normalization on the GPU: GROUP_NORM (and GROUP_NORM_SILU, the same kernels
- * with SiLU applied to the output, or its gradient taken through the
- * recomputed pre-activation) and LAYER_NORM, forward and backward,
- * in the formulas of ops/cpu/norm.c: two-pass statistics about the float mean,
- * recomputed from x in the backward, fp32 accumulation. Every sum has one fixed
- * order (no atomics), so results are the same from run to run:
- * - group norm: a block per (image, group); the backward runs a block per
- *   group walking the images in order when dgamma/dbeta are wanted;
+/* Normalization on the GPU: GROUP_NORM (and GROUP_NORM_SILU: the same
+ * kernels with SiLU applied to the output, or its gradient taken through the
+ * recomputed pre-activation) and LAYER_NORM, forward and backward, in the
+ * formulas of ops/cpu/norm.c with statistics recomputed from x in the
+ * backward and fp32 arithmetic. Every sum has one fixed order (no atomics), so
+ * results are the same from run to run and a recomputed op repeats itself:
+ * - group norm: a block per piece of GN_PIECE positions of one channel (SDXL's
+ *   320 channels at 128x128 make 1280 blocks, not 32 groups' worth). Pieces
+ *   leave partial sums in the workspace; the next kernel combines a group's
+ *   partials in piece order, in double. x's statistics are shifted sums
+ *   (about the group's first value) taken in one pass; the backward's
+ *   sum(dy) and sum(dy * (x - mean)) share another. Loads and stores are
+ *   16-byte vectors where channels are whole vectors;
  * - layer norm: a warp per row; dgamma/dbeta sum over rows in fixed chunks
  *   whose partials wait in dx's own buffer before dx is written (the plan
  *   gives this op no workspace), or in column tiles when dx is unwanted. */
 #include "common.cuh"
 
-#define GN_THREADS 512
 #define THREADS 256
 #define WARPS (THREADS / 32)
 /* layer norm backward: row chunks of the partial sums, at most */
@@ -19,109 +23,233 @@
 
 /* ---- group norm ---- */
 
-/* Mean and 1/sqrt(var + eps) of v[0..M), the variance about the float mean. */
-__device__ __forceinline__ void block_stats(const float *v, int64_t M, float eps, float *sh, float *mean, float *rstd)
-{
-    float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) s += v[i];
-    const float m = ck_block_sum(s, sh) / (float)M;
-    float q = 0.0f;
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-        const float d = v[i] - m;
-        q += d * d;
-    }
-    const float var = ck_block_sum(q, sh) / (float)M;
-    *mean = m;
-    *rstd = 1.0f / sqrtf(var + eps);
-}
+/* positions of one channel a block takes; ops/rules.c sizes the workspace by it */
+#define GN_PIECE 4096
 
-/* SILU's gate (activation.cu's formula) */
+/* Shapes of a group norm: x (N, C, S), G groups of Cg channels, P pieces a
+ * channel. The workspace holds, per piece (n, c, k) in that order, four
+ * floats: sum(x - K), sum((x - K)^2) with K the group's first value, then
+ * sum(dh), sum(dh * (x - mean)); after them, per (n, g), the mean and
+ * 1/sqrt(var + eps), then mean(gamma dh) and rstd^3 mean(gamma dh (x - mean)). */
+struct gn_dims {
+    int64_t N, C, G, Cg, S, P;
+};
+
 __device__ __forceinline__ float gn_sigmoid(float h) { return 1.0f / (1.0f + expf(-h)); }
 
-// x (N, C, S) with groups of Cg = C/G channels; block (n, g) normalizes its Cg*S values;
-// SILU: y = silu of that
+/* W values at p: one 16-byte vector (W = 4) or one float */
+template <int W>
+__device__ __forceinline__ void gn_ld(const float *p, float *v)
+{
+    if (W == 4) {
+        const ck_vec<float> t = *(const ck_vec<float> *)p;
+#pragma unroll
+        for (int w = 0; w < W; w++) v[w] = t.v[w];
+    } else {
+        v[0] = *p;
+    }
+}
+
+template <int W>
+__device__ __forceinline__ void gn_st(float *p, const float *v)
+{
+    if (W == 4) {
+        ck_vec<float> t;
+#pragma unroll
+        for (int w = 0; w < W; w++) t.v[w] = v[w];
+        *(ck_vec<float> *)p = t;
+    } else {
+        p[0] = v[0];
+    }
+}
+
+/* This block's piece: row nc = n C + c of x, positions [*s0, *s1). */
+__device__ __forceinline__ void gn_piece(const gn_dims &d, int64_t *nc, int64_t *s0, int64_t *s1)
+{
+    const int64_t b = blockIdx.x, k = b % d.P;
+    *nc = b / d.P;
+    *s0 = k * GN_PIECE;
+    *s1 = *s0 + GN_PIECE < d.S ? *s0 + GN_PIECE : d.S;
+}
+
+/* The gradient of h = (x - m) a + b through SiLU (SILU_BWD's arithmetic), or dy itself */
 template <bool SILU>
-__global__ void __launch_bounds__(GN_THREADS) gn_fwd(float *y, const float *x, const float *gamma, const float *beta,
-                                                     int64_t G, int64_t Cg, int64_t S, float eps)
+__device__ __forceinline__ float gn_grad_in(float dy, float x, float m, float a, float b)
+{
+    if (!SILU) return dy;
+    const float h = (x - m) * a + b, s = gn_sigmoid(h);
+    return dy * s * (1.0f + h * (1.0f - s));
+}
+
+// x (N, C, S); part: each piece's sum(x - K) and sum((x - K)^2)
+template <int W>
+__global__ void __launch_bounds__(THREADS) gn_stats(float *part, const float *x, gn_dims d)
 {
     __shared__ float sh[33];
-    const int64_t ng = blockIdx.x, c0 = ng % G * Cg, M = Cg * S;
-    const float *xg = x + ng * M;
-    float *yg = y + ng * M;
+    int64_t nc, s0, s1;
+    gn_piece(d, &nc, &s0, &s1);
+    const int64_t n = nc / d.C, g = nc % d.C / d.Cg;
+    const float K = x[(n * d.C + g * d.Cg) * d.S];
+    const float *row = x + nc * d.S;
+    float a = 0.0f, q = 0.0f;
+    for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
+        float v[W];
+        gn_ld<W>(row + i, v);
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float e = v[w] - K;
+            a += e;
+            q += e * e;
+        }
+    }
+    a = ck_block_sum(a, sh);
+    q = ck_block_sum(q, sh);
+    if (threadIdx.x == 0) part[4 * blockIdx.x] = a, part[4 * blockIdx.x + 1] = q;
+}
+
+/* The mean and rstd of group (n, g) from its pieces' partials, summed by warp 0
+ * in double (lane j takes entries j, j + 32, ...; then the xor tree), returned
+ * to every thread. Every thread of the block calls it. */
+__device__ __forceinline__ void gn_group_stats(const float *part, const float *x, const gn_dims &d, int64_t n,
+                                               int64_t g, float eps, float *mean, float *rstd)
+{
+    __shared__ float st[2];
+    if (threadIdx.x < 32) {
+        const int64_t first = (n * d.C + g * d.Cg) * d.P, cnt = d.Cg * d.P;
+        double a = 0.0, q = 0.0;
+        for (int64_t j = threadIdx.x; j < cnt; j += 32) a += part[4 * (first + j)], q += part[4 * (first + j) + 1];
+        a = ck_warp_sum(a);
+        q = ck_warp_sum(q);
+        if (threadIdx.x == 0) {
+            const double M = (double)(d.Cg * d.S), e = a / M, var = q / M - e * e;
+            st[0] = (float)((double)x[(n * d.C + g * d.Cg) * d.S] + e);
+            st[1] = (float)(1.0 / sqrt((var > 0.0 ? var : 0.0) + (double)eps));
+        }
+    }
+    __syncthreads();
+    *mean = st[0];
+    *rstd = st[1];
+}
+
+// y (N, C, S) = the norm of x, scaled and shifted per channel; SILU: silu of that
+template <int W, bool SILU>
+__global__ void __launch_bounds__(THREADS) gn_apply(float *y, const float *x, const float *gamma, const float *beta,
+                                                    const float *part, gn_dims d, float eps)
+{
+    int64_t nc, s0, s1;
+    gn_piece(d, &nc, &s0, &s1);
+    const int64_t n = nc / d.C, c = nc % d.C;
     float m, rs;
-    block_stats(xg, M, eps, sh, &m, &rs);
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-        const int64_t c = c0 + i / S;
-        const float h = (xg[i] - m) * (rs * gamma[c]) + beta[c];
-        yg[i] = SILU ? h * gn_sigmoid(h) : h;
+    gn_group_stats(part, x, d, n, c / d.Cg, eps, &m, &rs);
+    const float a = rs * gamma[c], b = beta[c];
+    const float *row = x + nc * d.S;
+    float *yr = y + nc * d.S;
+    for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
+        float v[W];
+        gn_ld<W>(row + i, v);
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float h = (v[w] - m) * a + b;
+            v[w] = SILU ? h * gn_sigmoid(h) : h;
+        }
+        gn_st<W>(yr + i, v);
     }
 }
 
-/* Group g (blockIdx.x, images n0 .. n1-1 in order) of GROUP_NORM_BWD. Warp w
- * owns channels w, w + WARPS, ...: their sums of dy and dy * (x - m) over S,
- * their dgamma/dbeta entries (stored at n0, added after), and its share of the
- * group's sums, which the warps then add in warp order. SILU: dy is the
- * gradient of silu(h), and the norm's, dh, is made from it and h (recomputed
- * with beta) where it is read. */
-template <bool SILU>
-__device__ __forceinline__ float gn_grad_in(const float *dy, const float *x, int64_t i, float m, float a, float b)
-{
-    if (!SILU) return dy[i];
-    const float h = (x[i] - m) * a + b, s = gn_sigmoid(h);
-    return dy[i] * s * (1.0f + h * (1.0f - s));
-}
-
-template <bool SILU>
-__global__ void __launch_bounds__(GN_THREADS) gn_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
-                                                     const float *x, const float *gamma, const float *beta, int64_t C,
-                                                     int64_t G, int64_t Cg, int64_t S, float eps, int64_t n0,
-                                                     int64_t n1)
+/* Backward, second pass: each piece's sum(dh) and sum(dh * (x - mean)) in one
+ * read of dy and x; the group's first piece also stores the group's mean and
+ * rstd for the passes after. */
+template <int W, bool SILU>
+__global__ void __launch_bounds__(THREADS) gn_grad_sums(float *part, float *gst, const float *dy, const float *x,
+                                                        const float *gamma, const float *beta, gn_dims d, float eps)
 {
     __shared__ float sh[33];
-    __shared__ float wsum[2][32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int64_t g = blockIdx.x % G, M = Cg * S, c0 = g * Cg;
-    if (n1 < 0) { /* a block per (n, g) */
-        n0 = blockIdx.x / G;
-        n1 = n0 + 1;
+    int64_t nc, s0, s1;
+    gn_piece(d, &nc, &s0, &s1);
+    const int64_t n = nc / d.C, c = nc % d.C, g = c / d.Cg;
+    float m, rs;
+    gn_group_stats(part, x, d, n, g, eps, &m, &rs);
+    if (threadIdx.x == 0 && c == g * d.Cg && s0 == 0) gst[4 * (n * d.G + g)] = m, gst[4 * (n * d.G + g) + 1] = rs;
+    const float a = rs * gamma[c], b = SILU ? beta[c] : 0.0f;
+    const float *row = x + nc * d.S, *dyr = dy + nc * d.S;
+    float sa = 0.0f, sb = 0.0f;
+    for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
+        float v[W], e[W];
+        gn_ld<W>(row + i, v);
+        gn_ld<W>(dyr + i, e);
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float dh = gn_grad_in<SILU>(e[w], v[w], m, a, b);
+            sa += dh;
+            sb += dh * (v[w] - m);
+        }
     }
-    for (int64_t n = n0; n < n1; n++) {
-        const int64_t off = (n * C + c0) * S;
-        const float *xg = x + off, *dyg = dy + off;
-        float m, rs;
-        block_stats(xg, M, eps, sh, &m, &rs);
-        float sg = 0.0f, sgx = 0.0f;
-        for (int64_t c = warp; c < Cg; c += nwarps) {
-            const float ga = rs * gamma[c0 + c], gb = SILU ? beta[c0 + c] : 0.0f;
-            float a = 0.0f, b = 0.0f;
-            for (int64_t s = lane; s < S; s += 32) {
-                const float d = gn_grad_in<SILU>(dyg, xg, c * S + s, m, ga, gb);
-                a += d;
-                b += d * (xg[c * S + s] - m);
-            }
-            a = ck_warp_sum(a);
-            b = ck_warp_sum(b);
-            if (lane == 0) {
-                if (dgamma) dgamma[c0 + c] = (n == n0 ? 0.0f : dgamma[c0 + c]) + b * rs;
-                if (dbeta) dbeta[c0 + c] = (n == n0 ? 0.0f : dbeta[c0 + c]) + a;
-            }
-            sg += gamma[c0 + c] * a;
-            sgx += gamma[c0 + c] * b;
+    sa = ck_block_sum(sa, sh);
+    sb = ck_block_sum(sb, sh);
+    if (threadIdx.x == 0) part[4 * blockIdx.x + 2] = sa, part[4 * blockIdx.x + 3] = sb;
+}
+
+/* Backward, dx: with g = gamma * dh and xh = (x - m) * rs,
+ * dx = rs * (g - mean(g) - xh * mean(g * xh)); warp 0 sums the group's
+ * gamma-weighted piece partials in double, in a fixed order. */
+template <int W, bool SILU>
+__global__ void __launch_bounds__(THREADS) gn_dx(float *dx, const float *dy, const float *x, const float *gamma,
+                                                 const float *beta, const float *part, const float *gst, gn_dims d)
+{
+    __shared__ float k[2];
+    int64_t nc, s0, s1;
+    gn_piece(d, &nc, &s0, &s1);
+    const int64_t n = nc / d.C, c = nc % d.C, g = c / d.Cg;
+    const float m = gst[4 * (n * d.G + g)], rs = gst[4 * (n * d.G + g) + 1];
+    if (threadIdx.x < 32) {
+        const int64_t first = (n * d.C + g * d.Cg) * d.P, cnt = d.Cg * d.P;
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = threadIdx.x; j < cnt; j += 32) {
+            const double gc = gamma[g * d.Cg + j / d.P];
+            sg += gc * part[4 * (first + j) + 2];
+            sgx += gc * part[4 * (first + j) + 3];
         }
-        if (lane == 0) wsum[0][warp] = sg, wsum[1][warp] = sgx;
-        __syncthreads();
-        sg = 0.0f, sgx = 0.0f;
-        for (int w = 0; w < nwarps; w++) sg += wsum[0][w], sgx += wsum[1][w];
-        __syncthreads();
-        if (!dx) continue;
-        // With g = gamma * dy and xh = (x - m) * rs: dx = rs * (g - mean(g) - xh * mean(g * xh)).
-        const float mg = sg / (float)M, k2 = rs * rs * rs * sgx / (float)M;
-        float *dxg = dx + off;
-        for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-            const int64_t c = c0 + i / S;
-            const float d = gn_grad_in<SILU>(dyg, xg, i, m, rs * gamma[c], SILU ? beta[c] : 0.0f);
-            dxg[i] = (gamma[c] * d - mg) * rs - (xg[i] - m) * k2;
+        sg = ck_warp_sum(sg);
+        sgx = ck_warp_sum(sgx);
+        if (threadIdx.x == 0) {
+            const double M = (double)(d.Cg * d.S);
+            k[0] = (float)(sg / M);
+            k[1] = (float)((double)rs * rs * rs * sgx / M);
         }
+    }
+    __syncthreads();
+    const float mg = k[0], k2 = k[1], gc = gamma[c], a = rs * gc, b = SILU ? beta[c] : 0.0f;
+    const float *row = x + nc * d.S, *dyr = dy + nc * d.S;
+    float *dxr = dx + nc * d.S;
+    for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
+        float v[W], e[W];
+        gn_ld<W>(row + i, v);
+        gn_ld<W>(dyr + i, e);
+#pragma unroll
+        for (int w = 0; w < W; w++) e[w] = (gc * gn_grad_in<SILU>(e[w], v[w], m, a, b) - mg) * rs - (v[w] - m) * k2;
+        gn_st<W>(dxr + i, e);
+    }
+}
+
+/* Backward, dgamma and dbeta: a thread per channel adds its pieces' partials,
+ * image by image in order (in double): dgamma = sum rs * sum(dh (x - m)),
+ * dbeta = sum(dh). */
+__global__ void __launch_bounds__(THREADS) gn_params(float *dgamma, float *dbeta, const float *part, const float *gst,
+                                                     gn_dims d)
+{
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < d.C; c += (int64_t)gridDim.x * blockDim.x) {
+        double a = 0.0, b = 0.0;
+        for (int64_t n = 0; n < d.N; n++) {
+            double pa = 0.0, pb = 0.0;
+            for (int64_t j = 0; j < d.P; j++) {
+                pa += part[4 * ((n * d.C + c) * d.P + j) + 3];
+                pb += part[4 * ((n * d.C + c) * d.P + j) + 2];
+            }
+            a += pa * gst[4 * (n * d.G + c / d.Cg) + 1];
+            b += pb;
+        }
+        if (dgamma) dgamma[c] = (float)a;
+        if (dbeta) dbeta[c] = (float)b;
     }
 }
 
@@ -132,74 +260,139 @@ static int64_t spatial_of(const ck_view *x)
     return s;
 }
 
+/* The shapes of x, checked; the pieces' and groups' workspace, checked against
+ * the plan's (ck_op_workspace_cuda). Returns 0 and fails naming the op if not. */
+static int gn_setup(const char *name, const ck_kctx *ctx, const ck_op_params *p, const ck_view *x, gn_dims *d,
+                    float **part, float **gst)
+{
+    d->N = x->shape[0], d->C = x->shape[1], d->S = spatial_of(x), d->G = p->i[0];
+    if (d->G <= 0 || d->C % d->G) {
+        ck_cuda_fail(name, "%lld channels do not split into %lld groups", (long long)d->C, (long long)d->G);
+        return 0;
+    }
+    d->Cg = d->C / d->G;
+    d->P = (d->S + GN_PIECE - 1) / GN_PIECE;
+    const size_t need = sizeof(float) * (size_t)(4 * d->N * d->C * d->P + 4 * d->N * d->G);
+    if (d->N * d->S > 0 && (!ctx->ws || ctx->ws_bytes < need)) {
+        ck_cuda_fail(name, "workspace of %zu bytes holds no partial sums (%zu needed)", ctx->ws_bytes, need);
+        return 0;
+    }
+    *part = (float *)ctx->ws;
+    *gst = *part + 4 * d->N * d->C * d->P;
+    return 1;
+}
+
+/* Threads a piece block runs: one per W values of a piece, in whole warps, at
+ * most THREADS (small channels, the UNet's deepest levels, leave none idle). */
+static unsigned gn_threads(const gn_dims &d, int W)
+{
+    const int64_t items = ((d.S < GN_PIECE ? d.S : GN_PIECE) + W - 1) / W, t = (items + 31) / 32 * 32;
+    return (unsigned)(t < THREADS ? t : THREADS);
+}
+
+/* whole 16-byte vectors: channels of a multiple of 4 positions, pointers aligned */
+static int gn_vec(const gn_dims &d, const void *a, const void *b, const void *c)
+{
+    return d.S % 4 == 0 && ck_aligned16(a) && ck_aligned16(b) && (!c || ck_aligned16(c));
+}
+
 // x is (N,C,*), gamma and beta (C), y like x; statistics per (n, group); silu: y = silu of the norm
-static void group_norm_fwd(const char *name, int silu, const ck_op_params *p, ck_view *out, const ck_view *in)
+static void group_norm_fwd(const char *name, int silu, const ck_kctx *ctx, const ck_op_params *p, ck_view *out,
+                           const ck_view *in)
 {
     ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
-    const int64_t N = in[0].shape[0], C = in[0].shape[1], S = spatial_of(&in[0]), G = p->i[0];
-    if (G <= 0 || C % G) {
-        ck_cuda_fail(name, "%lld channels do not split into %lld groups", (long long)C, (long long)G);
-        return;
+    gn_dims d;
+    float *part, *gst;
+    if (!gn_setup(name, ctx, p, &in[0], &d, &part, &gst)) return;
+    if (d.N * d.C * d.S == 0) return;
+    const float *x = (const float *)in[0].data, *gamma = (const float *)in[1].data, *beta = (const float *)in[2].data;
+    float *y = out[0].data;
+    const unsigned blocks = (unsigned)(d.N * d.C * d.P);
+    const float eps = p->f[0];
+    if (gn_vec(d, x, y, NULL)) {
+        const unsigned t = gn_threads(d, 4);
+        ck_launch(gn_stats<4>, blocks, t, c->stream, part, x, d);
+        ck_launch(silu ? gn_apply<4, true> : gn_apply<4, false>, blocks, t, c->stream, y, x, gamma, beta,
+                  (const float *)part, d, eps);
+    } else {
+        const unsigned t = gn_threads(d, 1);
+        ck_launch(gn_stats<1>, blocks, t, c->stream, part, x, d);
+        ck_launch(silu ? gn_apply<1, true> : gn_apply<1, false>, blocks, t, c->stream, y, x, gamma, beta,
+                  (const float *)part, d, eps);
     }
-    if (N * C * S == 0) return;
-    ck_launch(silu ? gn_fwd<true> : gn_fwd<false>, (unsigned)(N * G), GN_THREADS, c->stream, out[0].data,
-              (const float *)in[0].data, (const float *)in[1].data, (const float *)in[2].data, G, C / G, S, p->f[0]);
     ck_cuda_end(c, name);
 }
 
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm)
 {
-    (void)ctx, (void)nout, (void)nin;
-    group_norm_fwd("group_norm", 0, p, out, in);
+    (void)nout, (void)nin;
+    group_norm_fwd("group_norm", 0, ctx, p, out, in);
 }
 
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu)
 {
-    (void)ctx, (void)nout, (void)nin;
-    group_norm_fwd("group_norm_silu", 1, p, out, in);
+    (void)nout, (void)nin;
+    group_norm_fwd("group_norm_silu", 1, ctx, p, out, in);
+}
+
+template <int W, bool SILU>
+static void gn_bwd_passes(ck_cuda_ctx *c, const gn_dims &d, float *dx, float *dgamma, float *dbeta, const float *dy,
+                          const float *x, const float *gamma, const float *beta, float *part, float *gst, float eps)
+{
+    const unsigned blocks = (unsigned)(d.N * d.C * d.P), t = gn_threads(d, W);
+    ck_launch(gn_stats<W>, blocks, t, c->stream, part, x, d);
+    ck_launch(gn_grad_sums<W, SILU>, blocks, t, c->stream, part, gst, dy, x, gamma, beta, d, eps);
+    if (dx)
+        ck_launch(gn_dx<W, SILU>, blocks, t, c->stream, dx, dy, x, gamma, beta, (const float *)part,
+                  (const float *)gst, d);
+    if (dgamma || dbeta)
+        ck_launch(gn_params, ck_grid(d.C, THREADS), THREADS, c->stream, dgamma, dbeta, (const float *)part,
+                  (const float *)gst, d);
 }
 
 // dy and x are (N,C,*), gamma (and beta when silu) is (C); dx like x, dgamma and dbeta (C), any unwanted
-static void group_norm_bwd(const char *name, const float *beta, const ck_op_params *p, ck_view *out, int nout,
-                           const ck_view *in)
+static void group_norm_bwd(const char *name, const float *beta, const ck_kctx *ctx, const ck_op_params *p,
+                           ck_view *out, int nout, const ck_view *in)
 {
     ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
     float *dx = out[0].data, *dgamma = nout > 1 ? out[1].data : NULL, *dbeta = nout > 2 ? out[2].data : NULL;
-    const int64_t N = in[1].shape[0], C = in[1].shape[1], S = spatial_of(&in[1]), G = p->i[0];
-    if (G <= 0 || C % G) {
-        ck_cuda_fail(name, "%lld channels do not split into %lld groups", (long long)C, (long long)G);
-        return;
-    }
-    if (C == 0) return;
-    if (N * S == 0) {
-        if (dgamma) CK_CU(name, cudaMemsetAsync(dgamma, 0, sizeof(float) * (size_t)C, c->stream));
-        if (dbeta) CK_CU(name, cudaMemsetAsync(dbeta, 0, sizeof(float) * (size_t)C, c->stream));
+    gn_dims d;
+    float *part, *gst;
+    if (!gn_setup(name, ctx, p, &in[1], &d, &part, &gst)) return;
+    if (d.C == 0) return;
+    if (d.N * d.S == 0) {
+        if (dgamma) CK_CU(name, cudaMemsetAsync(dgamma, 0, sizeof(float) * (size_t)d.C, c->stream));
+        if (dbeta) CK_CU(name, cudaMemsetAsync(dbeta, 0, sizeof(float) * (size_t)d.C, c->stream));
         ck_cuda_end(c, name);
         return;
     }
+    if (!dx && !dgamma && !dbeta) return;
     const float *dy = in[0].data, *x = in[1].data, *gamma = in[2].data;
-    auto k = beta ? gn_bwd<true> : gn_bwd<false>;
-    if (dgamma || dbeta)
-        ck_launch(k, (unsigned)G, GN_THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma, beta, C, G, C / G, S, p->f[0],
-                  (int64_t)0, N);
-    else if (dx)
-        ck_launch(k, (unsigned)(N * G), GN_THREADS, c->stream, dx, (float *)NULL, (float *)NULL, dy, x, gamma, beta, C,
-                  G, C / G, S, p->f[0], (int64_t)0, (int64_t)-1);
+    const float eps = p->f[0];
+    const int vec = gn_vec(d, x, dy, dx);
+    if (vec && beta)
+        gn_bwd_passes<4, true>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+    else if (vec)
+        gn_bwd_passes<4, false>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+    else if (beta)
+        gn_bwd_passes<1, true>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+    else
+        gn_bwd_passes<1, false>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
     ck_cuda_end(c, name);
 }
 
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd)
 {
-    (void)ctx, (void)nin;
-    group_norm_bwd("group_norm_bwd", NULL, p, out, nout, in);
+    (void)nin;
+    group_norm_bwd("group_norm_bwd", NULL, ctx, p, out, nout, in);
 }
 
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd)
 {
-    (void)ctx, (void)nin;
-    group_norm_bwd("group_norm_silu_bwd", (const float *)in[3].data, p, out, nout, in);
+    (void)nin;
+    group_norm_bwd("group_norm_silu_bwd", (const float *)in[3].data, ctx, p, out, nout, in);
 }
 
 /* ---- layer norm ---- */

@@ -384,6 +384,17 @@ static const tcase cases[] = {
      {SH(1, 64, 32, 32), SH(1, 64, 32, 32), SH(64), SH(64)}, .tol = F32},
     {"group_norm_silu_bwd [2,640,64,64]", CK_OP_GROUP_NORM_SILU_BWD, {.i = {32}, .f = {1e-5f}}, 4,
      {SH(2, 640, 64, 64), SH(2, 640, 64, 64), SH(640), SH(640)}, .tol = F32, .big = 1},
+    /* channels of more than one 4096-position piece (the partial sums' second pass), with and without vectors */
+    {"group_norm [2,4,72,72] 2 pieces a channel", CK_OP_GROUP_NORM, {.i = {2}, .f = {1e-5f}}, 3,
+     {SH(2, 4, 72, 72), SH(4), SH(4)}, .tol = F32},
+    {"group_norm_bwd [2,6,4099] 2 pieces, scalar", CK_OP_GROUP_NORM_BWD, {.i = {3}, .f = {1e-5f}}, 3,
+     {SH(2, 6, 4099), SH(2, 6, 4099), SH(6)}, .tol = F32},
+    {"group_norm_silu [2,6,4099] 2 pieces, scalar", CK_OP_GROUP_NORM_SILU, {.i = {3}, .f = {1e-5f}}, 3,
+     {SH(2, 6, 4099), SH(6), SH(6)}, .tol = F32},
+    {"group_norm_silu_bwd [2,4,72,72] 2 pieces", CK_OP_GROUP_NORM_SILU_BWD, {.i = {2}, .f = {1e-5f}}, 4,
+     {SH(2, 4, 72, 72), SH(2, 4, 72, 72), SH(4), SH(4)}, .tol = F32},
+    {"group_norm_silu_bwd [3,4,9000] dgamma dbeta only", CK_OP_GROUP_NORM_SILU_BWD, {.i = {1}, .f = {1e-5f}}, 4,
+     {SH(3, 4, 9000), SH(3, 4, 9000), SH(4), SH(4)}, .unwanted = 1, .tol = F32},
     {"layer_norm [3,5,37]", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(3, 5, 37), SH(37), SH(37)}, .tol = F32},
     {"layer_norm [1,300,64]", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(1, 300, 64), SH(64), SH(64)}, .tol = F32},
     {"layer_norm C 2100", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(3, 2100), SH(2100), SH(2100)}, .tol = F32},
@@ -563,6 +574,12 @@ static void short_workspace_names_the_op(void)
     ck_cuda_kernels[CK_OP_SILU](&ctx, &p, out, 1, in, 1);
     const int ok = ck_cuda_failed() && strncmp(ck_cuda_last_error(), "attention_bwd: ", 15) == 0;
     report(ok, "short workspace: \"%s\"", ck_cuda_last_error());
+    ck_cuda_clear_error();
+    /* group norm keeps its partial sums in the workspace */
+    const ck_op_params gp = {.i = {3}, .f = {1e-5f}};
+    ck_cuda_kernels[CK_OP_GROUP_NORM_SILU](&ctx, &gp, out, 1, in, 3);
+    const int gok = ck_cuda_failed() && strncmp(ck_cuda_last_error(), "group_norm_silu: workspace", 26) == 0;
+    report(gok, "short workspace: \"%s\"", ck_cuda_last_error());
     ck_cuda_clear_error();
     ck_cuda_free(d);
 }

@@ -457,6 +457,156 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_dx(float *dx, const float *dy,
     FOR_ROWS(r, R) ln_dx_row(dx + r * C, dy + r * C, x + r * C, gamma, C, eps);
 }
 
+/* Rows held in registers: C a multiple of 4 and at most 128 NV (SDXL's 640 and
+ * 1280), pointers 16-byte aligned. Lane l holds the row's vectors l, l + 32,
+ * ..., NV of them, loaded once; the statistics and the output come from the
+ * registers, in the formulas above. */
+#define LN_NV_MAX 10
+
+template <int NV>
+__device__ __forceinline__ void ln_row_load(float (*v)[4], const float *r, int64_t C4)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int64_t j = lane + 32 * k;
+        if (j < C4) {
+            const ck_vec<float> t = ((const ck_vec<float> *)r)[j];
+#pragma unroll
+            for (int w = 0; w < 4; w++) v[k][w] = t.v[w];
+        } else {
+#pragma unroll
+            for (int w = 0; w < 4; w++) v[k][w] = 0.0f;
+        }
+    }
+}
+
+template <int NV>
+__device__ __forceinline__ void ln_row_stats(float (*v)[4], int64_t C, float eps, float *mean, float *rstd)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t C4 = C / 4;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (lane + 32 * k < C4) s += (v[k][0] + v[k][1]) + (v[k][2] + v[k][3]);
+    const float m = ck_warp_sum(s) / (float)C;
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (lane + 32 * k < C4)
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const float d = v[k][w] - m;
+                q += d * d;
+            }
+    *mean = m;
+    *rstd = 1.0f / sqrtf(ck_warp_sum(q) / (float)C + eps);
+}
+
+template <int NV>
+__global__ void __launch_bounds__(THREADS) ln_fwd_reg(float *y, const float *x, const float *gamma, const float *beta,
+                                                      int64_t R, int64_t C, float eps)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t C4 = C / 4;
+    FOR_ROWS(r, R)
+    {
+        float v[NV][4];
+        ln_row_load<NV>(v, x + r * C, C4);
+        float m, rs;
+        ln_row_stats<NV>(v, C, eps, &m, &rs);
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t j = lane + 32 * k;
+            if (j < C4) {
+                const ck_vec<float> g = ((const ck_vec<float> *)gamma)[j], b = ((const ck_vec<float> *)beta)[j];
+                ck_vec<float> o;
+#pragma unroll
+                for (int w = 0; w < 4; w++) o.v[w] = (v[k][w] - m) * rs * g.v[w] + b.v[w];
+                ((ck_vec<float> *)(y + r * C))[j] = o;
+            }
+        }
+    }
+}
+
+/* ln_dx_row from registers: x and dy each read once */
+template <int NV>
+__global__ void __launch_bounds__(THREADS) ln_bwd_dx_reg(float *dx, const float *dy, const float *x,
+                                                         const float *gamma, int64_t R, int64_t C, float eps)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t C4 = C / 4;
+    FOR_ROWS(r, R)
+    {
+        float v[NV][4], e[NV][4];
+        ln_row_load<NV>(v, x + r * C, C4);
+        ln_row_load<NV>(e, dy + r * C, C4);
+        float m, rs;
+        ln_row_stats<NV>(v, C, eps, &m, &rs);
+        float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t j = lane + 32 * k;
+            if (j < C4) {
+                const ck_vec<float> g = ((const ck_vec<float> *)gamma)[j];
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    const float gd = g.v[w] * e[k][w];
+                    sg += gd;
+                    sgx += gd * (v[k][w] - m);
+                }
+            }
+        }
+        const float mg = ck_warp_sum(sg) / (float)C;
+        const float k2 = rs * rs * rs * ck_warp_sum(sgx) / (float)C;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t j = lane + 32 * k;
+            if (j < C4) {
+                const ck_vec<float> g = ((const ck_vec<float> *)gamma)[j];
+                ck_vec<float> o;
+#pragma unroll
+                for (int w = 0; w < 4; w++) o.v[w] = (g.v[w] * e[k][w] - mg) * rs - (v[k][w] - m) * k2;
+                ((ck_vec<float> *)(dx + r * C))[j] = o;
+            }
+        }
+    }
+}
+
+/* The register kernels' NV for rows of C, or 0 where they do not apply. */
+static int ln_nv(int64_t C, const void *a, const void *b, const void *c, const void *d)
+{
+    if (C % 4 || C > 128 * LN_NV_MAX || !ck_aligned16(a) || !ck_aligned16(b) || !ck_aligned16(c) ||
+        (d && !ck_aligned16(d)))
+        return 0;
+    return (int)((C + 127) / 128);
+}
+
+#define LN_NV_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10)
+
+static void ln_fwd_launch(ck_cuda_ctx *c, int nv, float *y, const float *x, const float *gamma, const float *beta,
+                          int64_t R, int64_t C, float eps)
+{
+    switch (nv) {
+#define LN_FWD(n)                                                                                                          case n: ck_launch(ln_fwd_reg<n>, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps); break;
+        LN_NV_CASES(LN_FWD)
+#undef LN_FWD
+    default: ck_launch(ln_fwd, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps);
+    }
+}
+
+static void ln_dx_launch(ck_cuda_ctx *c, float *dx, const float *dy, const float *x, const float *gamma, int64_t R,
+                         int64_t C, float eps)
+{
+    switch (ln_nv(C, dx, dy, x, gamma)) {
+#define LN_DX(n)                                                                                                           case n: ck_launch(ln_bwd_dx_reg<n>, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps); break;
+        LN_NV_CASES(LN_DX)
+#undef LN_DX
+    default: ck_launch(ln_bwd_dx, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps);
+    }
+}
+
 /* Phase 1 of the chunked dgamma/dbeta: block k takes rows [R k / P, R (k+1) / P),
  * writes their statistics to st and, per column, the sums of dy * xh and dy
  * over its rows (in row order) to part[2k] and part[2k+1]. */
@@ -550,8 +700,10 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm)
     if (C == 0) return;
     const int64_t R = ck_view_numel(&in[0]) / C;
     if (R == 0) return;
-    ck_launch(ln_fwd, ck_grid(R, WARPS), THREADS, c->stream, out[0].data, (const float *)in[0].data,
-              (const float *)in[1].data, (const float *)in[2].data, R, C, p->f[0]);
+    const float *x = (const float *)in[0].data, *gamma = (const float *)in[1].data, *beta = (const float *)in[2].data;
+    float *y = out[0].data;
+    const int nv = ln_nv(C, y, x, gamma, beta);
+    ln_fwd_launch(c, nv, y, x, gamma, beta, R, C, p->f[0]);
     ck_cuda_end(c, "layer_norm");
 }
 
@@ -574,7 +726,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd)
         return;
     }
     if (!dgamma && !dbeta) {
-        if (dx) ck_launch(ln_bwd_dx, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps);
+        if (dx) ln_dx_launch(c, dx, dy, x, gamma, R, C, eps);
     } else if (dx && R >= 4 && C >= 4) {
         // Chunks of rows: their partials (2 P C floats) and row statistics (2 R)
         // fit in dx (R C floats) because P <= R / 4 and C >= 4.
@@ -583,7 +735,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd)
         float *part = dx, *st = dx + 2 * P * C;
         ck_launch(ln_bwd_partials, (unsigned)P, THREADS, c->stream, part, st, dy, x, R, C, eps, P);
         ck_launch(ln_bwd_combine, ck_grid(C, THREADS), THREADS, c->stream, dgamma, dbeta, (const float *)part, C, P);
-        ck_launch(ln_bwd_dx, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps);
+        ln_dx_launch(c, dx, dy, x, gamma, R, C, eps);
     } else {
         ck_launch(ln_bwd_columns, (unsigned)((C + 31) / 32), THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma, R, C,
                   eps);

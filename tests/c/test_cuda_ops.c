@@ -408,6 +408,15 @@ static const tcase cases[] = {
      {SH(9, 40), SH(9, 40), SH(40)}, .unwanted = 1, .tol = F32},
     {"layer_norm_bwd dx only", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3, {SH(7, 33), SH(7, 33), SH(33)}, .unwanted = 6,
      .tol = F32},
+    /* rows of whole vectors up to 1280: held in registers */
+    {"layer_norm [2,9,640] rows in registers", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3,
+     {SH(2, 9, 640), SH(640), SH(640)}, .tol = F32},
+    {"layer_norm [3,1280] rows in registers", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(3, 1280), SH(1280), SH(1280)},
+     .tol = F32},
+    {"layer_norm_bwd dx only [5,200] rows in registers", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
+     {SH(5, 200), SH(5, 200), SH(200)}, .unwanted = 6, .tol = F32},
+    {"layer_norm_bwd chunked [4,7,1280] rows in registers", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
+     {SH(4, 7, 1280), SH(4, 7, 1280), SH(1280)}, .tol = F32},
     {"layer_norm_bwd [2,4096,640]", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
      {SH(2, 4096, 640), SH(2, 4096, 640), SH(640)}, .tol = F32, .big = 1},
     /* activation.cu */

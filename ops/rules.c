@@ -657,12 +657,12 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
     if (op == CK_OP_GROUP_NORM || op == CK_OP_GROUP_NORM_BWD || op == CK_OP_GROUP_NORM_SILU ||
         op == CK_OP_GROUP_NORM_SILU_BWD) {
         /* ops/cuda/norm.cu: four partial sums per piece of 4096 positions of a
-         * channel (GN_PIECE), then four statistics per (image, group) */
+         * channel (GN_PIECE), then two statistics per (image, group) */
         const ck_shape *x = &in[op == CK_OP_GROUP_NORM || op == CK_OP_GROUP_NORM_SILU ? 0 : 1];
         int64_t s = 1;
         for (int d = 2; d < x->ndim; d++) s *= x->d[d];
         const int64_t n = x->ndim >= 2 ? x->d[0] : 0, c = x->ndim >= 2 ? x->d[1] : 0, g = p->i[0] > 0 ? p->i[0] : 1;
-        return sizeof(float) * (size_t)(4 * n * c * ((s + 4095) / 4096) + 4 * n * g);
+        return sizeof(float) * (size_t)(4 * n * c * ((s + 4095) / 4096) + 2 * n * g);
     }
     if (op != CK_OP_ATTENTION && op != CK_OP_ATTENTION_BWD) return ck_op_workspace(op, p, in, nin, out, 1);
     const int bwd = op == CK_OP_ATTENTION_BWD;

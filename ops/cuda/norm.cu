@@ -30,7 +30,7 @@
  * channel. The workspace holds, per piece (n, c, k) in that order, four
  * floats: sum(x - K), sum((x - K)^2) with K the group's first value, then
  * sum(dh), sum(dh * (x - mean)); after them, per (n, g), the mean and
- * 1/sqrt(var + eps), then mean(gamma dh) and rstd^3 mean(gamma dh (x - mean)). */
+ * 1/sqrt(var + eps) the backward's later passes read. */
 struct gn_dims {
     int64_t N, C, G, Cg, S, P;
 };
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(THREADS) gn_grad_sums(float *part, float *gst,
     const int64_t n = nc / d.C, c = nc % d.C, g = c / d.Cg;
     float m, rs;
     gn_group_stats(part, x, d, n, g, eps, &m, &rs);
-    if (threadIdx.x == 0 && c == g * d.Cg && s0 == 0) gst[4 * (n * d.G + g)] = m, gst[4 * (n * d.G + g) + 1] = rs;
+    if (threadIdx.x == 0 && c == g * d.Cg && s0 == 0) gst[2 * (n * d.G + g)] = m, gst[2 * (n * d.G + g) + 1] = rs;
     const float a = rs * gamma[c], b = SILU ? beta[c] : 0.0f;
     const float *row = x + nc * d.S, *dyr = dy + nc * d.S;
     float sa = 0.0f, sb = 0.0f;
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(THREADS) gn_dx(float *dx, const float *dy, con
     int64_t nc, s0, s1;
     gn_piece(d, &nc, &s0, &s1);
     const int64_t n = nc / d.C, c = nc % d.C, g = c / d.Cg;
-    const float m = gst[4 * (n * d.G + g)], rs = gst[4 * (n * d.G + g) + 1];
+    const float m = gst[2 * (n * d.G + g)], rs = gst[2 * (n * d.G + g) + 1];
     if (threadIdx.x < 32) {
         const int64_t first = (n * d.C + g * d.Cg) * d.P, cnt = d.Cg * d.P;
         double sg = 0.0, sgx = 0.0;
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(THREADS) gn_params(float *dgamma, float *dbeta
                 pa += part[4 * ((n * d.C + c) * d.P + j) + 3];
                 pb += part[4 * ((n * d.C + c) * d.P + j) + 2];
             }
-            a += pa * gst[4 * (n * d.G + c / d.Cg) + 1];
+            a += pa * gst[2 * (n * d.G + c / d.Cg) + 1];
             b += pb;
         }
         if (dgamma) dgamma[c] = (float)a;
@@ -272,7 +272,7 @@ static int gn_setup(const char *name, const ck_kctx *ctx, const ck_op_params *p,
     }
     d->Cg = d->C / d->G;
     d->P = (d->S + GN_PIECE - 1) / GN_PIECE;
-    const size_t need = sizeof(float) * (size_t)(4 * d->N * d->C * d->P + 4 * d->N * d->G);
+    const size_t need = sizeof(float) * (size_t)(4 * d->N * d->C * d->P + 2 * d->N * d->G);
     if (d->N * d->S > 0 && (!ctx->ws || ctx->ws_bytes < need)) {
         ck_cuda_fail(name, "workspace of %zu bytes holds no partial sums (%zu needed)", ctx->ws_bytes, need);
         return 0;

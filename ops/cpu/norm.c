@@ -6,6 +6,7 @@
  * pair's bitwise. */
 #include "cpu.h"
 #include "vecmath.h"
+#include "../bf16.h"
 
 #include <assert.h>
 #include <math.h>
@@ -24,32 +25,44 @@
  * one array). */
 #define GN_CHUNK 2048
 
-static double sum_f(const float *x, int64_t n)
+/* sum(x) over n values into lanes acc and, for the n % LANES at the end, *tail;
+ * the caller adds the lanes to *tail last. Consecutive calls on pieces of
+ * LANES-multiple length sum as one call (the bf16 kernels' pieces). */
+static void lanes_sum(const float *x, int64_t n, double *acc, double *tail)
 {
-    double acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) acc[l] += x[i + l];
-    double s = 0;
-    for (; i < n; i++) s += x[i];
-    for (int l = 0; l < LANES; l++) s += acc[l];
-    return s;
+    for (; i < n; i++) *tail += x[i];
 }
 
-static double sumsq_dev(const float *x, int64_t n, float m)
+/* sum((x - m)^2), as lanes_sum */
+static void lanes_sumsq_dev(const float *x, int64_t n, float m, double *acc, double *tail)
 {
-    double acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) {
             const double d = x[i + l] - m;
             acc[l] += d * d;
         }
-    double s = 0;
     for (; i < n; i++) {
         const double d = x[i] - m;
-        s += d * d;
+        *tail += d * d;
     }
+}
+
+static double sum_f(const float *x, int64_t n)
+{
+    double acc[LANES] = {0}, s = 0;
+    lanes_sum(x, n, acc, &s);
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s;
+}
+
+static double sumsq_dev(const float *x, int64_t n, float m)
+{
+    double acc[LANES] = {0}, s = 0;
+    lanes_sumsq_dev(x, n, m, acc, &s);
     for (int l = 0; l < LANES; l++) s += acc[l];
     return s;
 }
@@ -363,6 +376,176 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
             for (int64_t k = 0; k < nch; k++) sg += part[0][k * cw + c], sb += part[1][k * cw + c];
             if (dgamma) dgamma[c0 + c] = (float)sg;
             if (dbeta) dbeta[c0 + c] = (float)sb;
+        }
+    }
+}
+
+/* ---- GROUP_NORM_SILU with bf16 storage: every tensor bf16, the fp32 kernels'
+ * arithmetic on the values converted GN_CHUNK at a time (lane sums carried
+ * across pieces), so each output is the fp32 kernel's on the same values,
+ * rounded once. ---- */
+
+/* stats() over n bf16 values */
+static void stats_bf16(const uint16_t *x, int64_t n, float eps, float *mean, float *rstd)
+{
+    float buf[GN_CHUNK];
+    double acc[LANES] = {0}, s = 0;
+    for (int64_t o = 0; o < n; o += GN_CHUNK) {
+        const int64_t k = n - o < GN_CHUNK ? n - o : GN_CHUNK;
+        ck_bf16_load(buf, x + o, k);
+        lanes_sum(buf, k, acc, &s);
+    }
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    const float m = (float)(s / (double)n);
+    double acc2[LANES] = {0}, q = 0;
+    for (int64_t o = 0; o < n; o += GN_CHUNK) {
+        const int64_t k = n - o < GN_CHUNK ? n - o : GN_CHUNK;
+        ck_bf16_load(buf, x + o, k);
+        lanes_sumsq_dev(buf, k, m, acc2, &q);
+    }
+    for (int l = 0; l < LANES; l++) q += acc2[l];
+    *mean = m;
+    *rstd = (float)(1.0 / sqrt(q / (double)n + (double)eps));
+}
+
+// x is (N,C,*) as GROUP_NORM, gamma and beta (C), y = silu(group_norm(x)) like x; all bf16
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const uint16_t *x = (const uint16_t *)in[0].data, *gamma = (const uint16_t *)in[1].data;
+    const uint16_t *beta = (const uint16_t *)in[2].data;
+    uint16_t *y = (uint16_t *)out[0].data;
+    const int64_t N = in[0].shape[0], C = in[0].shape[1], S = spatial_of(&in[0]);
+    const int64_t G = p->i[0], Cg = G > 0 ? C / G : 0;
+    const float eps = p->f[0];
+    assert(G > 0 && C % G == 0);
+    if (N * C * S == 0) return;
+
+#pragma omp parallel for schedule(static) if (N * C * S > 32768)
+    for (int64_t ng = 0; ng < N * G; ng++) {
+        const int64_t c0 = (ng % G) * Cg;
+        const uint16_t *xg = x + ng * Cg * S;
+        uint16_t *yg = y + ng * Cg * S;
+        float m, rs, buf[GN_CHUNK];
+        stats_bf16(xg, Cg * S, eps, &m, &rs);
+        for (int64_t c = 0; c < Cg; c++) {
+            const float a = rs * ck_f32_from_bf16(gamma[c0 + c]), b = ck_f32_from_bf16(beta[c0 + c]);
+            for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+                const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+                ck_bf16_load(buf, xg + c * S + s0, k);
+#pragma omp simd
+                for (int64_t s = 0; s < k; s++) {
+                    const float h = (buf[s] - m) * a + b;
+                    buf[s] = h * sigmoid_c(h);
+                }
+                ck_bf16_store(yg + c * S + s0, buf, k);
+            }
+        }
+    }
+}
+
+/* One channel's sum(dh) and sum(dh (x - m)) from bf16 dy and x, dh through
+ * SiLU of h = (x - m) a + b: gn_bwd_group's sums, piece by piece. */
+static void channel_sums_bf16(const uint16_t *dy, const uint16_t *x, int64_t S, float m, float a, float b,
+                              double *sdy, double *sdyx)
+{
+    float xb[GN_CHUNK], dh[GN_CHUNK];
+    double la[LANES] = {0}, lb[LANES] = {0};
+    *sdy = 0, *sdyx = 0;
+    for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+        const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+        ck_bf16_load(xb, x + s0, k);
+        ck_bf16_load(dh, dy + s0, k);
+        silu_grad_of_norm(dh, dh, xb, k, m, a, b);
+        lanes_dy_dyx(dh, xb, k, m, la, lb, sdy, sdyx);
+    }
+    for (int l = 0; l < LANES; l++) *sdy += la[l], *sdyx += lb[l];
+}
+
+/* dx of one (n, group), as gn_bwd_group with beta */
+static void gn_silu_dx_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, const uint16_t *beta,
+                            uint16_t *dx, int64_t Cg, int64_t S, float eps)
+{
+    const int64_t M = Cg * S;
+    float m, rs;
+    stats_bf16(x, M, eps, &m, &rs);
+    double sg = 0, sgx = 0;
+    for (int64_t c = 0; c < Cg; c++) {
+        const float gc = ck_f32_from_bf16(gamma[c]);
+        double sdy, sdyx;
+        channel_sums_bf16(dy + c * S, x + c * S, S, m, rs * gc, ck_f32_from_bf16(beta[c]), &sdy, &sdyx);
+        sg += gc * sdy;
+        sgx += gc * sdyx;
+    }
+    const float mg = (float)(sg / (double)M);
+    const float k2 = (float)((double)rs * rs * rs * sgx / (double)M);
+    float xb[GN_CHUNK], dh[GN_CHUNK];
+    for (int64_t c = 0; c < Cg; c++) {
+        const float gc = ck_f32_from_bf16(gamma[c]), bc = ck_f32_from_bf16(beta[c]);
+        for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+            const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+            ck_bf16_load(xb, x + c * S + s0, k);
+            ck_bf16_load(dh, dy + c * S + s0, k);
+            silu_grad_of_norm(dh, dh, xb, k, m, rs * gc, bc);
+#pragma omp simd
+            for (int64_t s = 0; s < k; s++) dh[s] = (gc * dh[s] - mg) * rs - (xb[s] - m) * k2;
+            ck_bf16_store(dx + c * S + s0, dh, k);
+        }
+    }
+}
+
+/* channels a dgamma/dbeta sweep accumulates on the stack */
+#define GN_PARAM_BLOCK 256
+
+// dy and x are (N,C,*), gamma and beta (C); dx like x, dgamma and dbeta (C), any unwanted; all bf16.
+// dgamma and dbeta are summed over n in float, as the fp32 kernel does, and rounded once.
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16)
+{
+    (void)ctx, (void)nin;
+    const uint16_t *dy = (const uint16_t *)in[0].data, *x = (const uint16_t *)in[1].data;
+    const uint16_t *gamma = (const uint16_t *)in[2].data, *beta = (const uint16_t *)in[3].data;
+    uint16_t *dx = (uint16_t *)out[0].data;
+    uint16_t *dgamma = nout > 1 ? (uint16_t *)out[1].data : NULL, *dbeta = nout > 2 ? (uint16_t *)out[2].data : NULL;
+    const int64_t N = in[1].shape[0], C = in[1].shape[1], S = spatial_of(&in[1]);
+    const int64_t G = p->i[0], Cg = G > 0 ? C / G : 0;
+    const float eps = p->f[0];
+    assert(G > 0 && C % G == 0);
+    if (C == 0) return;
+    if (N * S == 0) {
+        if (dgamma) memset(dgamma, 0, (size_t)C * sizeof(uint16_t));
+        if (dbeta) memset(dbeta, 0, (size_t)C * sizeof(uint16_t));
+        return;
+    }
+    const int64_t total = N * C * S;
+    if (dx) {
+#pragma omp parallel for schedule(static) if (total > 32768)
+        for (int64_t ng = 0; ng < N * G; ng++) {
+            const int64_t off = ng * Cg * S, c0 = (ng % G) * Cg;
+            gn_silu_dx_bf16(dy + off, x + off, gamma + c0, beta + c0, dx + off, Cg, S, eps);
+        }
+    }
+    if (!dgamma && !dbeta) return;
+#pragma omp parallel for schedule(static) if (total > 32768)
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t cb = 0; cb < Cg; cb += GN_PARAM_BLOCK) {
+            const int64_t c0 = g * Cg, nb = Cg - cb < GN_PARAM_BLOCK ? Cg - cb : GN_PARAM_BLOCK;
+            float ag[GN_PARAM_BLOCK], ab[GN_PARAM_BLOCK];
+            for (int64_t n = 0; n < N; n++) {
+                const int64_t off = (n * C + c0) * S;
+                float m, rs;
+                stats_bf16(x + off, Cg * S, eps, &m, &rs);
+                for (int64_t c = cb; c < cb + nb; c++) {
+                    double sdy, sdyx;
+                    channel_sums_bf16(dy + off + c * S, x + off + c * S, S, m, rs * ck_f32_from_bf16(gamma[c0 + c]),
+                                      ck_f32_from_bf16(beta[c0 + c]), &sdy, &sdyx);
+                    ag[c - cb] = (n == 0 ? 0.0f : ag[c - cb]) + (float)(sdyx * rs);
+                    ab[c - cb] = (n == 0 ? 0.0f : ab[c - cb]) + (float)sdy;
+                }
+            }
+            for (int64_t c = cb; c < cb + nb; c++) {
+                if (dgamma) dgamma[c0 + c] = ck_bf16_from_f32(ag[c - cb]);
+                if (dbeta) dbeta[c0 + c] = ck_bf16_from_f32(ab[c - cb]);
+            }
         }
     }
 }

@@ -76,4 +76,6 @@ const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_RESHAPE] = ck_cpu_reshape_bf16,
     [CK_OP_MISH] = ck_cpu_mish_bf16,
     [CK_OP_MISH_BWD] = ck_cpu_mish_bwd_bf16,
+    [CK_OP_GROUP_NORM_SILU] = ck_cpu_group_norm_silu_bf16,
+    [CK_OP_GROUP_NORM_SILU_BWD] = ck_cpu_group_norm_silu_bwd_bf16,
 };

@@ -10,7 +10,8 @@
  *   partials in piece order, in double. x's statistics are shifted sums
  *   (about the group's first value) taken in one pass; the backward's
  *   sum(dy) and sum(dy * (x - mean)) share another. Loads and stores are
- *   16-byte vectors where channels are whole vectors;
+ *   16-byte vectors where channels are whole vectors. GROUP_NORM_SILU also
+ *   has bf16 storage (arithmetic and partial sums in fp32);
  * - layer norm: a warp per row; dgamma/dbeta sum over rows in fixed chunks
  *   whose partials wait in dx's own buffer before dx is written (the plan
  *   gives this op no workspace), or in column tiles when dx is unwanted. */
@@ -37,29 +38,30 @@ struct gn_dims {
 
 __device__ __forceinline__ float gn_sigmoid(float h) { return 1.0f / (1.0f + expf(-h)); }
 
-/* W values at p: one 16-byte vector (W = 4) or one float */
-template <int W>
-__device__ __forceinline__ void gn_ld(const float *p, float *v)
+/* W values of storage type T at p, as floats: one 16-byte vector (W = 16 /
+ * sizeof(T): 4 floats, 8 bf16) or one value (W = 1) */
+template <typename T, int W>
+__device__ __forceinline__ void gn_ld(const T *p, float *v)
 {
-    if (W == 4) {
-        const ck_vec<float> t = *(const ck_vec<float> *)p;
+    if (W > 1) {
+        const ck_vec<T> t = *(const ck_vec<T> *)p;
 #pragma unroll
-        for (int w = 0; w < W; w++) v[w] = t.v[w];
+        for (int w = 0; w < W; w++) v[w] = ck_ld(&t.v[w]);
     } else {
-        v[0] = *p;
+        v[0] = ck_ld(p);
     }
 }
 
-template <int W>
-__device__ __forceinline__ void gn_st(float *p, const float *v)
+template <typename T, int W>
+__device__ __forceinline__ void gn_st(T *p, const float *v)
 {
-    if (W == 4) {
-        ck_vec<float> t;
+    if (W > 1) {
+        ck_vec<T> t;
 #pragma unroll
-        for (int w = 0; w < W; w++) t.v[w] = v[w];
-        *(ck_vec<float> *)p = t;
+        for (int w = 0; w < W; w++) ck_st(&t.v[w], v[w]);
+        *(ck_vec<T> *)p = t;
     } else {
-        p[0] = v[0];
+        ck_st(p, v[0]);
     }
 }
 
@@ -82,19 +84,19 @@ __device__ __forceinline__ float gn_grad_in(float dy, float x, float m, float a,
 }
 
 // x (N, C, S); part: each piece's sum(x - K) and sum((x - K)^2)
-template <int W>
-__global__ void __launch_bounds__(THREADS) gn_stats(float *part, const float *x, gn_dims d)
+template <typename T, int W>
+__global__ void __launch_bounds__(THREADS) gn_stats(float *part, const T *x, gn_dims d)
 {
     __shared__ float sh[33];
     int64_t nc, s0, s1;
     gn_piece(d, &nc, &s0, &s1);
     const int64_t n = nc / d.C, g = nc % d.C / d.Cg;
-    const float K = x[(n * d.C + g * d.Cg) * d.S];
-    const float *row = x + nc * d.S;
+    const float K = ck_ld(x + (n * d.C + g * d.Cg) * d.S);
+    const T *row = x + nc * d.S;
     float a = 0.0f, q = 0.0f;
     for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
         float v[W];
-        gn_ld<W>(row + i, v);
+        gn_ld<T, W>(row + i, v);
 #pragma unroll
         for (int w = 0; w < W; w++) {
             const float e = v[w] - K;
@@ -110,7 +112,8 @@ __global__ void __launch_bounds__(THREADS) gn_stats(float *part, const float *x,
 /* The mean and rstd of group (n, g) from its pieces' partials, summed by warp 0
  * in double (lane j takes entries j, j + 32, ...; then the xor tree), returned
  * to every thread. Every thread of the block calls it. */
-__device__ __forceinline__ void gn_group_stats(const float *part, const float *x, const gn_dims &d, int64_t n,
+template <typename T>
+__device__ __forceinline__ void gn_group_stats(const float *part, const T *x, const gn_dims &d, int64_t n,
                                                int64_t g, float eps, float *mean, float *rstd)
 {
     __shared__ float st[2];
@@ -122,7 +125,7 @@ __device__ __forceinline__ void gn_group_stats(const float *part, const float *x
         q = ck_warp_sum(q);
         if (threadIdx.x == 0) {
             const double M = (double)(d.Cg * d.S), e = a / M, var = q / M - e * e;
-            st[0] = (float)((double)x[(n * d.C + g * d.Cg) * d.S] + e);
+            st[0] = (float)((double)ck_ld(x + (n * d.C + g * d.Cg) * d.S) + e);
             st[1] = (float)(1.0 / sqrt((var > 0.0 ? var : 0.0) + (double)eps));
         }
     }
@@ -132,36 +135,36 @@ __device__ __forceinline__ void gn_group_stats(const float *part, const float *x
 }
 
 // y (N, C, S) = the norm of x, scaled and shifted per channel; SILU: silu of that
-template <int W, bool SILU>
-__global__ void __launch_bounds__(THREADS) gn_apply(float *y, const float *x, const float *gamma, const float *beta,
-                                                    const float *part, gn_dims d, float eps)
+template <typename T, int W, bool SILU>
+__global__ void __launch_bounds__(THREADS) gn_apply(T *y, const T *x, const T *gamma, const T *beta, const float *part,
+                                                    gn_dims d, float eps)
 {
     int64_t nc, s0, s1;
     gn_piece(d, &nc, &s0, &s1);
     const int64_t n = nc / d.C, c = nc % d.C;
     float m, rs;
     gn_group_stats(part, x, d, n, c / d.Cg, eps, &m, &rs);
-    const float a = rs * gamma[c], b = beta[c];
-    const float *row = x + nc * d.S;
-    float *yr = y + nc * d.S;
+    const float a = rs * ck_ld(gamma + c), b = ck_ld(beta + c);
+    const T *row = x + nc * d.S;
+    T *yr = y + nc * d.S;
     for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
         float v[W];
-        gn_ld<W>(row + i, v);
+        gn_ld<T, W>(row + i, v);
 #pragma unroll
         for (int w = 0; w < W; w++) {
             const float h = (v[w] - m) * a + b;
             v[w] = SILU ? h * gn_sigmoid(h) : h;
         }
-        gn_st<W>(yr + i, v);
+        gn_st<T, W>(yr + i, v);
     }
 }
 
 /* Backward, second pass: each piece's sum(dh) and sum(dh * (x - mean)) in one
  * read of dy and x; the group's first piece also stores the group's mean and
  * rstd for the passes after. */
-template <int W, bool SILU>
-__global__ void __launch_bounds__(THREADS) gn_grad_sums(float *part, float *gst, const float *dy, const float *x,
-                                                        const float *gamma, const float *beta, gn_dims d, float eps)
+template <typename T, int W, bool SILU>
+__global__ void __launch_bounds__(THREADS) gn_grad_sums(float *part, float *gst, const T *dy, const T *x,
+                                                        const T *gamma, const T *beta, gn_dims d, float eps)
 {
     __shared__ float sh[33];
     int64_t nc, s0, s1;
@@ -170,13 +173,13 @@ __global__ void __launch_bounds__(THREADS) gn_grad_sums(float *part, float *gst,
     float m, rs;
     gn_group_stats(part, x, d, n, g, eps, &m, &rs);
     if (threadIdx.x == 0 && c == g * d.Cg && s0 == 0) gst[2 * (n * d.G + g)] = m, gst[2 * (n * d.G + g) + 1] = rs;
-    const float a = rs * gamma[c], b = SILU ? beta[c] : 0.0f;
-    const float *row = x + nc * d.S, *dyr = dy + nc * d.S;
+    const float a = rs * ck_ld(gamma + c), b = SILU ? ck_ld(beta + c) : 0.0f;
+    const T *row = x + nc * d.S, *dyr = dy + nc * d.S;
     float sa = 0.0f, sb = 0.0f;
     for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
         float v[W], e[W];
-        gn_ld<W>(row + i, v);
-        gn_ld<W>(dyr + i, e);
+        gn_ld<T, W>(row + i, v);
+        gn_ld<T, W>(dyr + i, e);
 #pragma unroll
         for (int w = 0; w < W; w++) {
             const float dh = gn_grad_in<SILU>(e[w], v[w], m, a, b);
@@ -192,9 +195,9 @@ __global__ void __launch_bounds__(THREADS) gn_grad_sums(float *part, float *gst,
 /* Backward, dx: with g = gamma * dh and xh = (x - m) * rs,
  * dx = rs * (g - mean(g) - xh * mean(g * xh)); warp 0 sums the group's
  * gamma-weighted piece partials in double, in a fixed order. */
-template <int W, bool SILU>
-__global__ void __launch_bounds__(THREADS) gn_dx(float *dx, const float *dy, const float *x, const float *gamma,
-                                                 const float *beta, const float *part, const float *gst, gn_dims d)
+template <typename T, int W, bool SILU>
+__global__ void __launch_bounds__(THREADS) gn_dx(T *dx, const T *dy, const T *x, const T *gamma, const T *beta,
+                                                 const float *part, const float *gst, gn_dims d)
 {
     __shared__ float k[2];
     int64_t nc, s0, s1;
@@ -205,7 +208,7 @@ __global__ void __launch_bounds__(THREADS) gn_dx(float *dx, const float *dy, con
         const int64_t first = (n * d.C + g * d.Cg) * d.P, cnt = d.Cg * d.P;
         double sg = 0.0, sgx = 0.0;
         for (int64_t j = threadIdx.x; j < cnt; j += 32) {
-            const double gc = gamma[g * d.Cg + j / d.P];
+            const double gc = ck_ld(gamma + g * d.Cg + j / d.P);
             sg += gc * part[4 * (first + j) + 2];
             sgx += gc * part[4 * (first + j) + 3];
         }
@@ -218,24 +221,24 @@ __global__ void __launch_bounds__(THREADS) gn_dx(float *dx, const float *dy, con
         }
     }
     __syncthreads();
-    const float mg = k[0], k2 = k[1], gc = gamma[c], a = rs * gc, b = SILU ? beta[c] : 0.0f;
-    const float *row = x + nc * d.S, *dyr = dy + nc * d.S;
-    float *dxr = dx + nc * d.S;
+    const float mg = k[0], k2 = k[1], gc = ck_ld(gamma + c), a = rs * gc, b = SILU ? ck_ld(beta + c) : 0.0f;
+    const T *row = x + nc * d.S, *dyr = dy + nc * d.S;
+    T *dxr = dx + nc * d.S;
     for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
         float v[W], e[W];
-        gn_ld<W>(row + i, v);
-        gn_ld<W>(dyr + i, e);
+        gn_ld<T, W>(row + i, v);
+        gn_ld<T, W>(dyr + i, e);
 #pragma unroll
         for (int w = 0; w < W; w++) e[w] = (gc * gn_grad_in<SILU>(e[w], v[w], m, a, b) - mg) * rs - (v[w] - m) * k2;
-        gn_st<W>(dxr + i, e);
+        gn_st<T, W>(dxr + i, e);
     }
 }
 
 /* Backward, dgamma and dbeta: a thread per channel adds its pieces' partials,
  * image by image in order (in double): dgamma = sum rs * sum(dh (x - m)),
  * dbeta = sum(dh). */
-__global__ void __launch_bounds__(THREADS) gn_params(float *dgamma, float *dbeta, const float *part, const float *gst,
-                                                     gn_dims d)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) gn_params(T *dgamma, T *dbeta, const float *part, const float *gst, gn_dims d)
 {
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < d.C; c += (int64_t)gridDim.x * blockDim.x) {
         double a = 0.0, b = 0.0;
@@ -248,8 +251,8 @@ __global__ void __launch_bounds__(THREADS) gn_params(float *dgamma, float *dbeta
             a += pa * gst[2 * (n * d.G + c / d.Cg) + 1];
             b += pb;
         }
-        if (dgamma) dgamma[c] = (float)a;
-        if (dbeta) dbeta[c] = (float)b;
+        if (dgamma) ck_st(dgamma + c, (float)a);
+        if (dbeta) ck_st(dbeta + c, (float)b);
     }
 }
 
@@ -290,13 +293,24 @@ static unsigned gn_threads(const gn_dims &d, int W)
     return (unsigned)(t < THREADS ? t : THREADS);
 }
 
-/* whole 16-byte vectors: channels of a multiple of 4 positions, pointers aligned */
-static int gn_vec(const gn_dims &d, const void *a, const void *b, const void *c)
+/* whole 16-byte vectors: channels of a multiple of W positions, pointers aligned */
+static int gn_vec(const gn_dims &d, int W, const void *a, const void *b, const void *c)
 {
-    return d.S % 4 == 0 && ck_aligned16(a) && ck_aligned16(b) && (!c || ck_aligned16(c));
+    return d.S % W == 0 && ck_aligned16(a) && ck_aligned16(b) && (!c || ck_aligned16(c));
 }
 
-// x is (N,C,*), gamma and beta (C), y like x; statistics per (n, group); silu: y = silu of the norm
+template <typename T, int W>
+static void gn_fwd_passes(ck_cuda_ctx *c, const gn_dims &d, int silu, T *y, const T *x, const T *gamma, const T *beta,
+                          float *part, float eps)
+{
+    const unsigned blocks = (unsigned)(d.N * d.C * d.P), t = gn_threads(d, W);
+    ck_launch(gn_stats<T, W>, blocks, t, c->stream, part, x, d);
+    ck_launch(silu ? gn_apply<T, W, true> : gn_apply<T, W, false>, blocks, t, c->stream, y, x, gamma, beta,
+              (const float *)part, d, eps);
+}
+
+// x is (N,C,*), gamma and beta (C), y like x, all T; statistics per (n, group); silu: y = silu of the norm
+template <typename T>
 static void group_norm_fwd(const char *name, int silu, const ck_kctx *ctx, const ck_op_params *p, ck_view *out,
                            const ck_view *in)
 {
@@ -306,93 +320,100 @@ static void group_norm_fwd(const char *name, int silu, const ck_kctx *ctx, const
     float *part, *gst;
     if (!gn_setup(name, ctx, p, &in[0], &d, &part, &gst)) return;
     if (d.N * d.C * d.S == 0) return;
-    const float *x = (const float *)in[0].data, *gamma = (const float *)in[1].data, *beta = (const float *)in[2].data;
-    float *y = out[0].data;
-    const unsigned blocks = (unsigned)(d.N * d.C * d.P);
-    const float eps = p->f[0];
-    if (gn_vec(d, x, y, NULL)) {
-        const unsigned t = gn_threads(d, 4);
-        ck_launch(gn_stats<4>, blocks, t, c->stream, part, x, d);
-        ck_launch(silu ? gn_apply<4, true> : gn_apply<4, false>, blocks, t, c->stream, y, x, gamma, beta,
-                  (const float *)part, d, eps);
-    } else {
-        const unsigned t = gn_threads(d, 1);
-        ck_launch(gn_stats<1>, blocks, t, c->stream, part, x, d);
-        ck_launch(silu ? gn_apply<1, true> : gn_apply<1, false>, blocks, t, c->stream, y, x, gamma, beta,
-                  (const float *)part, d, eps);
-    }
+    const T *x = (const T *)in[0].data, *gamma = (const T *)in[1].data, *beta = (const T *)in[2].data;
+    T *y = (T *)out[0].data;
+    constexpr int V = 16 / sizeof(T);
+    if (gn_vec(d, V, x, y, NULL))
+        gn_fwd_passes<T, V>(c, d, silu, y, x, gamma, beta, part, p->f[0]);
+    else
+        gn_fwd_passes<T, 1>(c, d, silu, y, x, gamma, beta, part, p->f[0]);
     ck_cuda_end(c, name);
 }
 
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm)
 {
     (void)nout, (void)nin;
-    group_norm_fwd("group_norm", 0, ctx, p, out, in);
+    group_norm_fwd<float>("group_norm", 0, ctx, p, out, in);
 }
 
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu)
 {
     (void)nout, (void)nin;
-    group_norm_fwd("group_norm_silu", 1, ctx, p, out, in);
+    group_norm_fwd<float>("group_norm_silu", 1, ctx, p, out, in);
 }
 
-template <int W, bool SILU>
-static void gn_bwd_passes(ck_cuda_ctx *c, const gn_dims &d, float *dx, float *dgamma, float *dbeta, const float *dy,
-                          const float *x, const float *gamma, const float *beta, float *part, float *gst, float eps)
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bf16)
+{
+    (void)nout, (void)nin;
+    group_norm_fwd<__nv_bfloat16>("group_norm_silu_bf16", 1, ctx, p, out, in);
+}
+
+template <typename T, int W, bool SILU>
+static void gn_bwd_passes(ck_cuda_ctx *c, const gn_dims &d, T *dx, T *dgamma, T *dbeta, const T *dy, const T *x,
+                          const T *gamma, const T *beta, float *part, float *gst, float eps)
 {
     const unsigned blocks = (unsigned)(d.N * d.C * d.P), t = gn_threads(d, W);
-    ck_launch(gn_stats<W>, blocks, t, c->stream, part, x, d);
-    ck_launch(gn_grad_sums<W, SILU>, blocks, t, c->stream, part, gst, dy, x, gamma, beta, d, eps);
+    ck_launch(gn_stats<T, W>, blocks, t, c->stream, part, x, d);
+    ck_launch(gn_grad_sums<T, W, SILU>, blocks, t, c->stream, part, gst, dy, x, gamma, beta, d, eps);
     if (dx)
-        ck_launch(gn_dx<W, SILU>, blocks, t, c->stream, dx, dy, x, gamma, beta, (const float *)part,
+        ck_launch(gn_dx<T, W, SILU>, blocks, t, c->stream, dx, dy, x, gamma, beta, (const float *)part,
                   (const float *)gst, d);
     if (dgamma || dbeta)
-        ck_launch(gn_params, ck_grid(d.C, THREADS), THREADS, c->stream, dgamma, dbeta, (const float *)part,
+        ck_launch(gn_params<T>, ck_grid(d.C, THREADS), THREADS, c->stream, dgamma, dbeta, (const float *)part,
                   (const float *)gst, d);
 }
 
-// dy and x are (N,C,*), gamma (and beta when silu) is (C); dx like x, dgamma and dbeta (C), any unwanted
-static void group_norm_bwd(const char *name, const float *beta, const ck_kctx *ctx, const ck_op_params *p,
-                           ck_view *out, int nout, const ck_view *in)
+// dy and x are (N,C,*), gamma (and beta when silu) is (C); dx like x, dgamma and dbeta (C), any unwanted; all T
+template <typename T>
+static void group_norm_bwd(const char *name, int silu, const ck_kctx *ctx, const ck_op_params *p, ck_view *out,
+                           int nout, const ck_view *in)
 {
     ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
-    float *dx = out[0].data, *dgamma = nout > 1 ? out[1].data : NULL, *dbeta = nout > 2 ? out[2].data : NULL;
+    T *dx = (T *)out[0].data, *dgamma = nout > 1 ? (T *)out[1].data : NULL, *dbeta = nout > 2 ? (T *)out[2].data : NULL;
     gn_dims d;
     float *part, *gst;
     if (!gn_setup(name, ctx, p, &in[1], &d, &part, &gst)) return;
     if (d.C == 0) return;
     if (d.N * d.S == 0) {
-        if (dgamma) CK_CU(name, cudaMemsetAsync(dgamma, 0, sizeof(float) * (size_t)d.C, c->stream));
-        if (dbeta) CK_CU(name, cudaMemsetAsync(dbeta, 0, sizeof(float) * (size_t)d.C, c->stream));
+        if (dgamma) CK_CU(name, cudaMemsetAsync(dgamma, 0, sizeof(T) * (size_t)d.C, c->stream));
+        if (dbeta) CK_CU(name, cudaMemsetAsync(dbeta, 0, sizeof(T) * (size_t)d.C, c->stream));
         ck_cuda_end(c, name);
         return;
     }
     if (!dx && !dgamma && !dbeta) return;
-    const float *dy = in[0].data, *x = in[1].data, *gamma = in[2].data;
+    const T *dy = (const T *)in[0].data, *x = (const T *)in[1].data, *gamma = (const T *)in[2].data;
+    const T *beta = silu ? (const T *)in[3].data : NULL;
     const float eps = p->f[0];
-    const int vec = gn_vec(d, x, dy, dx);
-    if (vec && beta)
-        gn_bwd_passes<4, true>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+    constexpr int V = 16 / sizeof(T);
+    const int vec = gn_vec(d, V, x, dy, dx);
+    if (vec && silu)
+        gn_bwd_passes<T, V, true>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
     else if (vec)
-        gn_bwd_passes<4, false>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
-    else if (beta)
-        gn_bwd_passes<1, true>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+        gn_bwd_passes<T, V, false>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+    else if (silu)
+        gn_bwd_passes<T, 1, true>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
     else
-        gn_bwd_passes<1, false>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+        gn_bwd_passes<T, 1, false>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
     ck_cuda_end(c, name);
 }
 
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd)
 {
     (void)nin;
-    group_norm_bwd("group_norm_bwd", NULL, ctx, p, out, nout, in);
+    group_norm_bwd<float>("group_norm_bwd", 0, ctx, p, out, nout, in);
 }
 
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd)
 {
     (void)nin;
-    group_norm_bwd("group_norm_silu_bwd", (const float *)in[3].data, ctx, p, out, nout, in);
+    group_norm_bwd<float>("group_norm_silu_bwd", 1, ctx, p, out, nout, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16)
+{
+    (void)nin;
+    group_norm_bwd<__nv_bfloat16>("group_norm_silu_bwd_bf16", 1, ctx, p, out, nout, in);
 }
 
 /* ---- layer norm ---- */

@@ -90,7 +90,8 @@ extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 /* The same ops with every tensor in bf16 storage (the views' data pointers
  * point at __nv_bfloat16; arithmetic stays fp32), for the ops where that is
  * one instantiation away: activations, softmax, broadcasting add/sub/mul,
- * scale, fill, and the copies concat, slice and reshape. NULL elsewhere. */
+ * scale, fill, GROUP_NORM_SILU, and the copies concat, slice and reshape.
+ * NULL elsewhere. */
 extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 
 #define CK_CUDA_KERNEL(name) \

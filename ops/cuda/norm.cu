@@ -653,15 +653,27 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_partials(float *part, float *s
     }
 }
 
-// Phase 2: dgamma[c], dbeta[c] = the P chunk partials of column c, added in chunk order
+/* Phase 2: dgamma[c], dbeta[c] = the P chunk partials of column c. Block b
+ * takes columns [32 b, 32 b + 32), a lane each; warp w adds chunks w, w +
+ * WARPS, ... in order (in double), then warp 0 adds the warps' sums in warp
+ * order: WARPS loads in flight per column instead of one thread walking all P. */
 __global__ void __launch_bounds__(THREADS) ln_bwd_combine(float *dgamma, float *dbeta, const float *part, int64_t C,
                                                           int64_t P)
 {
-    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
-        double a = 0.0, b = 0.0;
-        for (int64_t k = 0; k < P; k++) a += part[2 * k * C + c], b += part[(2 * k + 1) * C + c];
-        if (dgamma) dgamma[c] = (float)a;
-        if (dbeta) dbeta[c] = (float)b;
+    __shared__ double pa[WARPS][32], pb[WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t c = (int64_t)blockIdx.x * 32 + lane;
+    double a = 0.0, b = 0.0;
+    if (c < C)
+        for (int64_t k = warp; k < P; k += WARPS) a += part[2 * k * C + c], b += part[(2 * k + 1) * C + c];
+    pa[warp][lane] = a;
+    pb[warp][lane] = b;
+    __syncthreads();
+    if (warp == 0 && c < C) {
+        double sa = 0.0, sb = 0.0;
+        for (int w = 0; w < WARPS; w++) sa += pa[w][lane], sb += pb[w][lane];
+        if (dgamma) dgamma[c] = (float)sa;
+        if (dbeta) dbeta[c] = (float)sb;
     }
 }
 
@@ -755,7 +767,8 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd)
         if (P > LN_CHUNKS) P = LN_CHUNKS;
         float *part = dx, *st = dx + 2 * P * C;
         ck_launch(ln_bwd_partials, (unsigned)P, THREADS, c->stream, part, st, dy, x, R, C, eps, P);
-        ck_launch(ln_bwd_combine, ck_grid(C, THREADS), THREADS, c->stream, dgamma, dbeta, (const float *)part, C, P);
+        ck_launch(ln_bwd_combine, (unsigned)((C + 31) / 32), THREADS, c->stream, dgamma, dbeta, (const float *)part, C,
+                  P);
         ln_dx_launch(c, dx, dy, x, gamma, R, C, eps);
     } else {
         ck_launch(ln_bwd_columns, (unsigned)((C + 31) / 32), THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma, R, C,

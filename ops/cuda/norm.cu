@@ -12,7 +12,8 @@
  *   sum(dy) and sum(dy * (x - mean)) share another. Loads and stores are
  *   16-byte vectors where channels are whole vectors. GROUP_NORM_SILU also
  *   has bf16 storage (arithmetic and partial sums in fp32);
- * - layer norm: a warp per row; dgamma/dbeta sum over rows in fixed chunks
+ * - layer norm: a warp per row, held in the warp's registers where rows are
+ *   whole vectors up to 1280 wide; dgamma/dbeta sum over rows in fixed chunks
  *   whose partials wait in dx's own buffer before dx is written (the plan
  *   gives this op no workspace), or in column tiles when dx is unwanted. */
 #include "common.cuh"

@@ -68,6 +68,42 @@ __global__ void __launch_bounds__(THREADS) silu_bwd_kernel(T *dx, const T *dy, c
     }
 }
 
+/* SiLU and its backward with 16-byte accesses (4 floats, 8 bf16 each): nv
+ * vectors, pointers aligned; the same arithmetic per value */
+template <typename T>
+__global__ void __launch_bounds__(THREADS) silu_vec_kernel(T *y, const T *x, int64_t nv)
+{
+    constexpr int V = 16 / sizeof(T);
+    GRID_STRIDE(i, nv)
+    {
+        const ck_vec<T> a = ((const ck_vec<T> *)x)[i];
+        ck_vec<T> o;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const float v = ck_ld(&a.v[k]);
+            ck_st(&o.v[k], v * sigmoid_f(v));
+        }
+        ((ck_vec<T> *)y)[i] = o;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS) silu_bwd_vec_kernel(T *dx, const T *dy, const T *x, int64_t nv)
+{
+    constexpr int V = 16 / sizeof(T);
+    GRID_STRIDE(i, nv)
+    {
+        const ck_vec<T> a = ((const ck_vec<T> *)x)[i], d = ((const ck_vec<T> *)dy)[i];
+        ck_vec<T> o;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const float v = ck_ld(&a.v[k]), s = sigmoid_f(v);
+            ck_st(&o.v[k], ck_ld(&d.v[k]) * s * (1.0f + v * (1.0f - s)));
+        }
+        ((ck_vec<T> *)dx)[i] = o;
+    }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(THREADS) gelu_kernel(T *y, const T *x, int64_t n, int approx)
 {
@@ -230,7 +266,11 @@ static void silu_op(const char *name, const ck_op_params *p, ck_view *out, const
     if (!c) return;
     const int64_t n = ck_view_numel(&in[0]);
     if (n == 0) return;
-    ck_launch(silu_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), n);
+    const int64_t V = 16 / sizeof(T);
+    if (n % V == 0 && ck_aligned16(out[0].data) && ck_aligned16(in[0].data))
+        ck_launch(silu_vec_kernel<T>, ck_grid(n / V, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), n / V);
+    else
+        ck_launch(silu_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), n);
     ck_cuda_end(c, name);
 }
 
@@ -243,7 +283,13 @@ static void silu_bwd_op(const char *name, const ck_op_params *p, ck_view *out, c
     if (!c) return;
     const int64_t n = ck_view_numel(&in[1]);
     if (n == 0) return;
-    ck_launch(silu_bwd_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]), CDATA(in[1]), n);
+    const int64_t V = 16 / sizeof(T);
+    if (n % V == 0 && ck_aligned16(out[0].data) && ck_aligned16(in[0].data) && ck_aligned16(in[1].data))
+        ck_launch(silu_bwd_vec_kernel<T>, ck_grid(n / V, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]),
+                  CDATA(in[1]), n / V);
+    else
+        ck_launch(silu_bwd_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, DATA(out[0]), CDATA(in[0]),
+                  CDATA(in[1]), n);
     ck_cuda_end(c, name);
 }
 

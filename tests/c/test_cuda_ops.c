@@ -422,6 +422,9 @@ static const tcase cases[] = {
     /* activation.cu */
     {"silu", CK_OP_SILU, {.i = {0}}, 1, {SH(3, 333)}, .kind = {WIDE}, .tol = F32},
     {"silu_bwd", CK_OP_SILU_BWD, {.i = {0}}, 2, {SH(3, 333), SH(3, 333)}, .kind = {UNIFORM, WIDE}, .tol = F32},
+    {"silu [3,320] vectors", CK_OP_SILU, {.i = {0}}, 1, {SH(3, 320)}, .kind = {WIDE}, .tol = F32},
+    {"silu_bwd [3,320] vectors", CK_OP_SILU_BWD, {.i = {0}}, 2, {SH(3, 320), SH(3, 320)}, .kind = {UNIFORM, WIDE},
+     .tol = F32},
     {"gelu erf", CK_OP_GELU, {.i = {0}}, 1, {SH(1001)}, .kind = {WIDE}, .tol = F32},
     {"gelu tanh", CK_OP_GELU, {.i = {1}}, 1, {SH(1001)}, .kind = {WIDE}, .tol = F32},
     {"gelu_bwd erf", CK_OP_GELU_BWD, {.i = {0}}, 2, {SH(1001), SH(1001)}, .kind = {UNIFORM, WIDE}, .tol = F32},
@@ -466,6 +469,8 @@ static const tcase cases[] = {
      {SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640)}, .tol = F32, .big = 1},
     /* elementwise.cu */
     {"add same shape", CK_OP_ADD, {.i = {0}}, 2, {SH(3, 7, 5), SH(3, 7, 5)}, .tol = EXACT},
+    {"add same shape [4,6,10] vectors", CK_OP_ADD, {.i = {0}}, 2, {SH(4, 6, 10), SH(4, 6, 10)}, .tol = EXACT},
+    {"mul same shape [2,40] vectors", CK_OP_MUL, {.i = {0}}, 2, {SH(2, 40), SH(2, 40)}, .tol = EXACT},
     {"add row bias", CK_OP_ADD, {.i = {0}}, 2, {SH(4, 6, 9), SH(9)}, .tol = EXACT},
     {"add channel bias", CK_OP_ADD, {.i = {0}}, 2, {SH(2, 5, 3, 4), SH(5, 1, 1)}, .tol = EXACT},
     {"sub both broadcast", CK_OP_SUB, {.i = {0}}, 2, {SH(1, 5, 1, 1), SH(2, 1, 3, 4)}, .tol = EXACT},

@@ -7,7 +7,11 @@
  *
  * Each op runs on random inputs with the workspace a GPU plan gives it
  * (ck_op_workspace_cuda), twice to warm up, then N times (default 20)
- * between two syncs; the figure is wall time over N, launch overhead included. */
+ * between two syncs; the figure is wall time over N, launch overhead included.
+ * Memory-bound ops (norms, activations, add, the optimizer update) also report
+ * "bytes": every input read once and every output written once, the least an
+ * op can move, and "gbs", those bytes over the time, to set beside the
+ * device's memory bandwidth (the H200's 4.8 TB/s). */
 #include "cuda/cuda.h"
 
 #include <stdio.h>
@@ -22,6 +26,8 @@ typedef struct bcase {
     int nin;
     ck_shape in[CK_MAX_IN];
     ck_shape preset[CK_MAX_OUT];
+    int mem; /* memory-bound: report bytes and GB/s */
+    unsigned alias; /* bit k: output k updates an input in place (AdamW: param, m, v are inputs 0, 2, 3) */
 } bcase;
 
 #define SH(...) {sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}}
@@ -29,6 +35,8 @@ typedef struct bcase {
 #define GN {.i = {32}, .f = {1e-5f}}
 #define LN {.i = {0}, .f = {1e-5f}}
 #define NOP {.i = {0}}
+/* AdamW as ckrun's optimizer runs it: beta1, beta2, eps, weight decay, lr multiplier */
+#define ADAMW {.i = {0}, .f = {0.9f, 0.999f, 1e-8f, 1e-2f, 0.0f, 1.0f}}
 /* a forward conv and its two backward ops: x (1,C,S,S), w (C,C,3,3) */
 #define CONV(scale, label, C, S)                                                                                     \
     {scale, label, CK_OP_CONV2D, CONV3, 3, .in = {SH(1, C, S, S), SH(C, C, 3, 3), SH(C)}},                           \
@@ -49,25 +57,43 @@ static const bcase cases[] = {
     /* sdxl-tiny, 64x64 latents: channels 32/64/128, heads 1/2/4 of 32, context 77 x 64 */
     CONV("tiny", "conv 32->32 3x3 @64x64", 32, 64),
     CONV("tiny", "conv 64->64 3x3 @32x32", 64, 32),
-    {"tiny", "group_norm 32 @64x64", CK_OP_GROUP_NORM, GN, 3, .in = {SH(1, 32, 64, 64), SH(32), SH(32)}},
-    {"tiny", "group_norm 32 @64x64", CK_OP_GROUP_NORM_BWD, GN, 3, .in = {SH(1, 32, 64, 64), SH(1, 32, 64, 64), SH(32)}},
-    {"tiny", "silu 32 @64x64", CK_OP_SILU, NOP, 1, .in = {SH(1, 32, 64, 64)}},
+    {"tiny", "group_norm 32 @64x64", CK_OP_GROUP_NORM, GN, 3, .in = {SH(1, 32, 64, 64), SH(32), SH(32)}, .mem = 1},
+    {"tiny", "group_norm 32 @64x64", CK_OP_GROUP_NORM_BWD, GN, 3, .in = {SH(1, 32, 64, 64), SH(1, 32, 64, 64), SH(32)},
+     .mem = 1},
+    {"tiny", "silu 32 @64x64", CK_OP_SILU, NOP, 1, .in = {SH(1, 32, 64, 64)}, .mem = 1},
+    {"tiny", "group_norm_silu 32 @64x64", CK_OP_GROUP_NORM_SILU, GN, 3, .in = {SH(1, 32, 64, 64), SH(32), SH(32)},
+     .mem = 1},
+    {"tiny", "group_norm_silu 32 @64x64", CK_OP_GROUP_NORM_SILU_BWD, GN, 4,
+     .in = {SH(1, 32, 64, 64), SH(1, 32, 64, 64), SH(32), SH(32)}, .mem = 1},
     ATTN("tiny", "self attention L1024 2x32", 1024, 1024, 64, 2),
     ATTN("tiny", "cross attention L1024x77 2x32", 1024, 77, 64, 2),
     {"tiny", "to_q 1024x64 -> 64", CK_OP_LINEAR, NOP, 2, .in = {SH(1, 1024, 64), SH(64, 64)}},
     {"tiny", "ff proj 1024x64 -> 512", CK_OP_LINEAR, NOP, 3, .in = {SH(1, 1024, 64), SH(512, 64), SH(512)}},
-    {"tiny", "layer_norm 1024x64", CK_OP_LAYER_NORM, LN, 3, .in = {SH(1, 1024, 64), SH(64), SH(64)}},
-    {"tiny", "layer_norm 1024x64", CK_OP_LAYER_NORM_BWD, LN, 3, .in = {SH(1, 1024, 64), SH(1, 1024, 64), SH(64)}},
-    {"tiny", "geglu 1024x512", CK_OP_GEGLU, NOP, 1, .in = {SH(1, 1024, 512)}},
-    {"tiny", "geglu 1024x512", CK_OP_GEGLU_BWD, NOP, 2, .in = {SH(1, 1024, 256), SH(1, 1024, 512)}},
+    {"tiny", "layer_norm 1024x64", CK_OP_LAYER_NORM, LN, 3, .in = {SH(1, 1024, 64), SH(64), SH(64)}, .mem = 1},
+    {"tiny", "layer_norm 1024x64", CK_OP_LAYER_NORM_BWD, LN, 3, .in = {SH(1, 1024, 64), SH(1, 1024, 64), SH(64)},
+     .mem = 1},
+    {"tiny", "geglu 1024x512", CK_OP_GEGLU, NOP, 1, .in = {SH(1, 1024, 512)}, .mem = 1},
+    {"tiny", "geglu 1024x512", CK_OP_GEGLU_BWD, NOP, 2, .in = {SH(1, 1024, 256), SH(1, 1024, 512)}, .mem = 1},
+    {"tiny", "residual add 32 @64x64", CK_OP_ADD, NOP, 2, .in = {SH(1, 32, 64, 64), SH(1, 32, 64, 64)}, .mem = 1},
     /* SDXL at 1024x1024: channels 320/640/1280, heads 5/10/20 of 64, context 77 x 2048 */
     CONV("full", "conv 320->320 3x3 @128x128", 320, 128),
     CONV("full", "conv 640->640 3x3 @64x64", 640, 64),
     CONV("full", "conv 1280->1280 3x3 @32x32", 1280, 32),
-    {"full", "group_norm 320 @128x128", CK_OP_GROUP_NORM, GN, 3, .in = {SH(1, 320, 128, 128), SH(320), SH(320)}},
+    {"full", "group_norm 320 @128x128", CK_OP_GROUP_NORM, GN, 3, .in = {SH(1, 320, 128, 128), SH(320), SH(320)},
+     .mem = 1},
     {"full", "group_norm 320 @128x128", CK_OP_GROUP_NORM_BWD, GN, 3,
-     .in = {SH(1, 320, 128, 128), SH(1, 320, 128, 128), SH(320)}},
-    {"full", "silu 320 @128x128", CK_OP_SILU, NOP, 1, .in = {SH(1, 320, 128, 128)}},
+     .in = {SH(1, 320, 128, 128), SH(1, 320, 128, 128), SH(320)}, .mem = 1},
+    {"full", "silu 320 @128x128", CK_OP_SILU, NOP, 1, .in = {SH(1, 320, 128, 128)}, .mem = 1},
+    {"full", "group_norm_silu 320 @128x128", CK_OP_GROUP_NORM_SILU, GN, 3,
+     .in = {SH(1, 320, 128, 128), SH(320), SH(320)}, .mem = 1},
+    {"full", "group_norm_silu 320 @128x128", CK_OP_GROUP_NORM_SILU_BWD, GN, 4,
+     .in = {SH(1, 320, 128, 128), SH(1, 320, 128, 128), SH(320), SH(320)}, .mem = 1},
+    {"full", "group_norm_silu 1280 @32x32", CK_OP_GROUP_NORM_SILU, GN, 3, .in = {SH(1, 1280, 32, 32), SH(1280), SH(1280)},
+     .mem = 1},
+    {"full", "group_norm_silu 1280 @32x32", CK_OP_GROUP_NORM_SILU_BWD, GN, 4,
+     .in = {SH(1, 1280, 32, 32), SH(1, 1280, 32, 32), SH(1280), SH(1280)}, .mem = 1},
+    {"full", "residual add 320 @128x128", CK_OP_ADD, NOP, 2, .in = {SH(1, 320, 128, 128), SH(1, 320, 128, 128)},
+     .mem = 1},
     ATTN("full", "self attention L4096 10x64", 4096, 4096, 640, 10),
     ATTN("full", "cross attention L4096x77 10x64", 4096, 77, 640, 10),
     ATTN("full", "self attention L1024 20x64", 1024, 1024, 1280, 20),
@@ -76,10 +102,14 @@ static const bcase cases[] = {
     {"full", "ff proj 4096x640 -> 5120", CK_OP_LINEAR, NOP, 3, .in = {SH(1, 4096, 640), SH(5120, 640), SH(5120)}},
     {"full", "ff out 4096x2560 -> 640", CK_OP_LINEAR, NOP, 3, .in = {SH(1, 4096, 2560), SH(640, 2560), SH(640)}},
     {"full", "dW of ff proj (5120x640 over 4096)", CK_OP_MATMUL, {.i = {1, 0}}, 2, .in = {SH(4096, 5120), SH(4096, 640)}},
-    {"full", "layer_norm 4096x640", CK_OP_LAYER_NORM, LN, 3, .in = {SH(1, 4096, 640), SH(640), SH(640)}},
-    {"full", "layer_norm 4096x640", CK_OP_LAYER_NORM_BWD, LN, 3, .in = {SH(1, 4096, 640), SH(1, 4096, 640), SH(640)}},
-    {"full", "geglu 4096x5120", CK_OP_GEGLU, NOP, 1, .in = {SH(1, 4096, 5120)}},
-    {"full", "geglu 4096x5120", CK_OP_GEGLU_BWD, NOP, 2, .in = {SH(1, 4096, 2560), SH(1, 4096, 5120)}},
+    {"full", "layer_norm 4096x640", CK_OP_LAYER_NORM, LN, 3, .in = {SH(1, 4096, 640), SH(640), SH(640)}, .mem = 1},
+    {"full", "layer_norm 4096x640", CK_OP_LAYER_NORM_BWD, LN, 3, .in = {SH(1, 4096, 640), SH(1, 4096, 640), SH(640)},
+     .mem = 1},
+    {"full", "geglu 4096x5120", CK_OP_GEGLU, NOP, 1, .in = {SH(1, 4096, 5120)}, .mem = 1},
+    {"full", "geglu 4096x5120", CK_OP_GEGLU_BWD, NOP, 2, .in = {SH(1, 4096, 2560), SH(1, 4096, 5120)}, .mem = 1},
+    /* an AdamW update of 64M parameters (SDXL's 2.6B in 40 such calls): p, g, m, v read, p, m, v written */
+    {"full", "adamw_step 64M", CK_OP_ADAMW_STEP, ADAMW, 4, .in = {SH(1 << 26), SH(1 << 26), SH(1 << 26), SH(1 << 26)},
+     .mem = 1, .alias = 7},
 };
 
 
@@ -150,10 +180,16 @@ int main(int argc, char **argv)
             vin[j].ndim = b->in[j].ndim;
             memcpy(vin[j].shape, b->in[j].d, sizeof b->in[j].d);
         }
+        /* in-place updates (the optimizers): output k is input 0, 2, 3 (param, m, v) */
+        static const int adamw_in[CK_MAX_OUT] = {0, 2, 3};
+        size_t bytes = 0;
+        for (int j = 0; j < b->nin; j++) bytes += sizeof(float) * (size_t)ck_shape_numel(&b->in[j]);
         for (int k = 0; k < nout; k++) {
             vout[k].ndim = out[k].ndim;
             memcpy(vout[k].shape, out[k].d, sizeof out[k].d);
-            vout[k].data = ck_cuda_alloc(sizeof(float) * (size_t)ck_shape_numel(&out[k]));
+            bytes += sizeof(float) * (size_t)ck_shape_numel(&out[k]);
+            vout[k].data = b->alias >> k & 1 ? vin[adamw_in[k]].data
+                                             : ck_cuda_alloc(sizeof(float) * (size_t)ck_shape_numel(&out[k]));
         }
         const size_t ws = ck_op_workspace_cuda(b->op, &b->p, b->in, b->nin, out, 1);
         ck_kctx kctx = {1, 1, 1e-4f, ws ? ck_cuda_alloc(ws) : NULL, ws, 1, 0};
@@ -179,6 +215,7 @@ int main(int argc, char **argv)
             print_shape(&out[k]);
         }
         printf("], \"workspace_bytes\": %zu, \"flops\": %.0f, \"ms\": %.4f", ws, flops, ms);
+        if (b->mem) printf(", \"bytes\": %zu, \"gbs\": %.1f", bytes, ms > 0 ? (double)bytes / (ms * 1e6) : -1.0);
         if (ms < 0) {
             printf(", \"error\": \"%s\"", ck_cuda_last_error());
             ck_cuda_clear_error();
@@ -187,7 +224,8 @@ int main(int argc, char **argv)
         printf("}\n");
         fflush(stdout);
         for (int j = 0; j < b->nin; j++) ck_cuda_free(vin[j].data);
-        for (int k = 0; k < nout; k++) ck_cuda_free(vout[k].data);
+        for (int k = 0; k < nout; k++)
+            if (!(b->alias >> k & 1)) ck_cuda_free(vout[k].data);
         ck_cuda_free(kctx.ws);
     }
     ck_cuda_close(c);

@@ -9,7 +9,10 @@ defaults). Times are CUDA-event medians of --reps runs after two warm-ups. A
 backward is timed as PyTorch's own backward kernel where aten has one that takes
 the forward's saved statistics (group/layer norm: ckrun recomputes them, which
 the ratio includes); attention's backward is autograd's forward + backward
-minus the forward.
+minus the forward, and so is group_norm_silu's (silu of group_norm, two ops in
+PyTorch). Memory-bound rows give the bytes ckrun's row moves (every input read
+once, every output written once) over each side's time, beside the device's
+bandwidth (the H200's 4.8 TB/s); they are what the runs measured, nothing more.
 """
 import argparse
 import json
@@ -82,6 +85,29 @@ def torch_fn(rec):
         _, mean, rstd = torch.ops.aten.native_group_norm(x, g, None, N, C, HW, i[0], f[0])
         return lambda: torch.ops.aten.native_group_norm_backward(dy, x, mean, rstd, g, N, C, HW, i[0],
                                                                  [True, True, True])
+    if op == "group_norm_silu":
+        x, g, b = rand(ins[0]), rand(ins[1]), rand(ins[2])
+        return lambda: F.silu(F.group_norm(x, i[0], g, b, f[0]))
+    if op == "group_norm_silu_bwd":
+        dy = rand(ins[0])
+        x, g, b = (rand(s).requires_grad_() for s in ins[1:4])
+
+        def fwd_bwd():
+            torch.autograd.grad(F.silu(F.group_norm(x, i[0], g, b, f[0])), (x, g, b), dy)
+
+        def fwd():
+            with torch.no_grad():
+                F.silu(F.group_norm(x, i[0], g, b, f[0]))
+
+        return (fwd_bwd, fwd)
+    if op == "add":
+        a, b = rand(ins[0]), rand(ins[1])
+        return lambda: a + b
+    if op == "adamw_step":
+        p = torch.nn.Parameter(rand(ins[0]))
+        p.grad = rand(ins[1])
+        opt = torch.optim.AdamW([p], lr=1e-4, betas=(f[0], f[1]), eps=f[2], weight_decay=f[3], fused=True)
+        return opt.step
     if op == "layer_norm":
         x, g, b = rand(ins[0]), rand(ins[1]), rand(ins[2])
         return lambda: F.layer_norm(x, (x.shape[-1],), g, b, f[0])
@@ -150,8 +176,8 @@ def main():
 
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}, fp32, TF32 off, cuDNN deterministic")
     print()
-    print("| scale | op | shapes | ckrun ms | PyTorch ms | ckrun / PyTorch | ckrun TFLOP/s |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print("| scale | op | shapes | ckrun ms | PyTorch ms | ckrun / PyTorch | ckrun TFLOP/s | MB moved | ckrun GB/s | PyTorch GB/s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     tot = {}
     for rec in recs:
         ms = rec["ms"]
@@ -169,11 +195,18 @@ def main():
         ratio = f"{ms / tms:.2f}" if tms and ms > 0 else "-"
         cell = f"{ms:.3f}" if ms >= 0 else "FAILED: " + rec.get("error", "")
         tcell = f"{tms:.3f}" if tms is not None else "-"
-        print(f"| {rec['scale']} | {rec['op']} | {rec['label']} | {cell} | {tcell} | {ratio} | {tf:.1f} |")
+        mb = gb = tgb = "-"
+        if "bytes" in rec:
+            mb = f"{rec['bytes'] / 1e6:.1f}"
+            gb = f"{rec['bytes'] / (ms * 1e6):.0f}" if ms > 0 else "-"
+            tgb = f"{rec['bytes'] / (tms * 1e6):.0f}" if tms else "-"
+        print(f"| {rec['scale']} | {rec['op']} | {rec['label']} | {cell} | {tcell} | {ratio} | {tf:.1f} | {mb} | {gb} | {tgb} |")
         if ms > 0 and tms:
             t = tot.setdefault(rec["scale"], [0.0, 0.0])
             t[0] += ms
             t[1] += tms
+    print()
+    print("GB/s: the bytes of the MB column over each side's time; the H200's memory moves at most 4800 GB/s.")
     print()
     for scale, (a, b) in tot.items():
         print(f"{scale}: the ops above take {a:.2f} ms in ckrun, {b:.2f} ms in PyTorch ({a / b:.2f}x)")

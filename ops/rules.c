@@ -146,7 +146,8 @@ static int norm_check(enum ck_op op, const ck_op_params *p, const ck_shape *x, c
 {
     char a[96];
     int64_t c;
-    if (op == CK_OP_GROUP_NORM || op == CK_OP_GROUP_NORM_BWD) {
+    if (op == CK_OP_GROUP_NORM || op == CK_OP_GROUP_NORM_BWD || op == CK_OP_GROUP_NORM_SILU ||
+        op == CK_OP_GROUP_NORM_SILU_BWD) {
         if (x->ndim < 2) FAIL("input must be (N, C, ...), got %s", SH(x, a));
         c = x->d[1];
         if (p->i[0] < 1 || c % p->i[0]) FAIL("%lld channels do not split into %lld groups", (long long)c, (long long)p->i[0]);
@@ -277,10 +278,10 @@ RULE(norm)
     return 0;
 }
 
+/* GROUP_NORM_SILU_BWD also takes beta (the pre-activation is recomputed) */
 RULE(norm_bwd)
 {
-    (void)nin;
-    if (norm_check(op, p, &in[1], &in[2], NULL, err, errlen)) return -1;
+    if (norm_check(op, p, &in[1], &in[2], nin > 3 ? &in[3] : NULL, err, errlen)) return -1;
     if (same_shape(&in[0], &in[1], "dy", "x", err, errlen)) return -1;
     out[0] = in[1];
     out[1] = in[2];
@@ -653,6 +654,16 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
         if (all <= CONV_WS_CAP) return all;
         return column > CONV_WS_CAP ? column : CONV_WS_CAP;
     }
+    if (op == CK_OP_GROUP_NORM || op == CK_OP_GROUP_NORM_BWD || op == CK_OP_GROUP_NORM_SILU ||
+        op == CK_OP_GROUP_NORM_SILU_BWD) {
+        /* ops/cuda/norm.cu: four partial sums per piece of 4096 positions of a
+         * channel (GN_PIECE), then two statistics per (image, group) */
+        const ck_shape *x = &in[op == CK_OP_GROUP_NORM || op == CK_OP_GROUP_NORM_SILU ? 0 : 1];
+        int64_t s = 1;
+        for (int d = 2; d < x->ndim; d++) s *= x->d[d];
+        const int64_t n = x->ndim >= 2 ? x->d[0] : 0, c = x->ndim >= 2 ? x->d[1] : 0, g = p->i[0] > 0 ? p->i[0] : 1;
+        return sizeof(float) * (size_t)(4 * n * c * ((s + 4095) / 4096) + 2 * n * g);
+    }
     if (op != CK_OP_ATTENTION && op != CK_OP_ATTENTION_BWD) return ck_op_workspace(op, p, in, nin, out, 1);
     const int bwd = op == CK_OP_ATTENTION_BWD;
     const ck_shape *q = &in[bwd], *k = &in[bwd + 1];
@@ -692,6 +703,9 @@ double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int
     case CK_OP_LAYER_NORM: return 8.0 * n;
     case CK_OP_GROUP_NORM_BWD:
     case CK_OP_LAYER_NORM_BWD: return 14.0 * n;
+    /* the pair's counts; the backward recomputes the pre-activation too */
+    case CK_OP_GROUP_NORM_SILU: return 12.0 * n;
+    case CK_OP_GROUP_NORM_SILU_BWD: return 26.0 * n;
     case CK_OP_MEAN:
     case CK_OP_MSE_LOSS:
     case CK_OP_STATS: return 3.0 * (double)ck_shape_numel(&in[0]);

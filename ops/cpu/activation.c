@@ -39,11 +39,6 @@ static inline float erf_c(float x)
     return xc * p / q;
 }
 
-static inline float sigmoid_c(float x)
-{
-    return 1.0f / (1.0f + exp_c(-x));
-}
-
 static inline float gelu_erf(float x)
 {
     return 0.5f * x * (1.0f + erf_c(x * SQRT1_2));

@@ -26,8 +26,8 @@ void ck_cpu_clear_error(void);
 
 extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
 /* The ops with a kernel for bf16 storage (every tensor bf16, arithmetic in
- * fp32): the activations, softmax, the broadcasting add/sub/mul, scale, fill
- * and the copies, as on the GPU (ck_cuda_bf16_op). */
+ * fp32): the activations, softmax, the broadcasting add/sub/mul, scale, fill,
+ * GROUP_NORM_SILU and the copies, as on the GPU (ck_cuda_bf16_op). */
 extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
 
 /* matmul.c */
@@ -42,6 +42,10 @@ CK_CPU_KERNEL(ck_cpu_group_norm);
 CK_CPU_KERNEL(ck_cpu_group_norm_bwd);
 CK_CPU_KERNEL(ck_cpu_layer_norm);
 CK_CPU_KERNEL(ck_cpu_layer_norm_bwd);
+CK_CPU_KERNEL(ck_cpu_group_norm_silu);
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd);
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16);
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16);
 /* activation.c */
 CK_CPU_KERNEL(ck_cpu_silu);
 CK_CPU_KERNEL(ck_cpu_silu_bwd);

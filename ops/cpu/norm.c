@@ -1,7 +1,12 @@
-/* Normalization on the CPU: GROUP_NORM and LAYER_NORM, forward and backward.
- * Statistics are two-pass sums in double, recomputed from x in the backward;
- * gamma/beta gradients are summed in one fixed order whatever the thread count. */
+/* Normalization on the CPU: GROUP_NORM, GROUP_NORM_SILU and LAYER_NORM,
+ * forward and backward. Statistics are two-pass sums in double, recomputed from
+ * x in the backward; gamma/beta gradients are summed in one fixed order
+ * whatever the thread count. GROUP_NORM_SILU does the float operations of
+ * GROUP_NORM then SILU (activation.c) in their order, so its results are the
+ * pair's bitwise. */
 #include "cpu.h"
+#include "vecmath.h"
+#include "../bf16.h"
 
 #include <assert.h>
 #include <math.h>
@@ -15,54 +20,81 @@
 #define LN_CHUNKS 64
 /* Chunk x column partials of gamma and beta kept on the stack (2 x 32 KiB). */
 #define LN_PART 4096
+/* GROUP_NORM_SILU_BWD: the pre-activation's gradient is made this many values
+ * at a time on the stack (a multiple of LANES, so the lane sums run as over
+ * one array). */
+#define GN_CHUNK 2048
 
-static double sum_f(const float *x, int64_t n)
+/* sum(x) over n values into lanes acc and, for the n % LANES at the end, *tail;
+ * the caller adds the lanes to *tail last. Consecutive calls on pieces of
+ * LANES-multiple length sum as one call (the bf16 kernels' pieces). */
+static void lanes_sum(const float *x, int64_t n, double *acc, double *tail)
 {
-    double acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) acc[l] += x[i + l];
-    double s = 0;
-    for (; i < n; i++) s += x[i];
-    for (int l = 0; l < LANES; l++) s += acc[l];
-    return s;
+    for (; i < n; i++) *tail += x[i];
 }
 
-static double sumsq_dev(const float *x, int64_t n, float m)
+/* sum((x - m)^2), as lanes_sum */
+static void lanes_sumsq_dev(const float *x, int64_t n, float m, double *acc, double *tail)
 {
-    double acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) {
             const double d = x[i + l] - m;
             acc[l] += d * d;
         }
-    double s = 0;
     for (; i < n; i++) {
         const double d = x[i] - m;
-        s += d * d;
+        *tail += d * d;
     }
+}
+
+static double sum_f(const float *x, int64_t n)
+{
+    double acc[LANES] = {0}, s = 0;
+    lanes_sum(x, n, acc, &s);
     for (int l = 0; l < LANES; l++) s += acc[l];
     return s;
 }
 
-/* sum(dy) and sum(dy * (x - m)) in one pass. */
-static void sum_dy_dyx(const float *dy, const float *x, int64_t n, float m, double *sdy, double *sdyx)
+static double sumsq_dev(const float *x, int64_t n, float m)
 {
-    double a[LANES] = {0}, b[LANES] = {0};
+    double acc[LANES] = {0}, s = 0;
+    lanes_sumsq_dev(x, n, m, acc, &s);
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s;
+}
+
+/* sum(dy) and sum(dy * (x - m)) in one pass, into lanes a and b and, for the
+ * n % LANES values at the end, into *sdy and *sdyx; the caller adds the lanes
+ * last. Consecutive calls on pieces of LANES-multiple length sum as one call. */
+static void lanes_dy_dyx(const float *dy, const float *x, int64_t n, float m, double *a, double *b, double *sdy,
+                         double *sdyx)
+{
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) {
             a[l] += dy[i + l];
             b[l] += (double)dy[i + l] * (x[i + l] - m);
         }
-    double s0 = 0, s1 = 0;
     for (; i < n; i++) {
-        s0 += dy[i];
-        s1 += (double)dy[i] * (x[i] - m);
+        *sdy += dy[i];
+        *sdyx += (double)dy[i] * (x[i] - m);
     }
-    for (int l = 0; l < LANES; l++) s0 += a[l], s1 += b[l];
-    *sdy = s0, *sdyx = s1;
+}
+
+/* The gradient of h = (x - m) * a + b through SiLU: GROUP_NORM's output and
+ * SILU_BWD's arithmetic on it, for n values. */
+static void silu_grad_of_norm(float *dh, const float *dy, const float *x, int64_t n, float m, float a, float b)
+{
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float h = (x[i] - m) * a + b;
+        const float s = sigmoid_c(h);
+        dh[i] = dy[i] * s * (1.0f + h * (1.0f - s));
+    }
 }
 
 /* Mean and 1/sqrt(var + eps) of n > 0 values, biased variance. The mean is
@@ -84,10 +116,9 @@ static int64_t spatial_of(const ck_view *x)
 }
 
 // x is (N,C,*) with S = prod(*) (1 when x is (N,C)), gamma and beta are (C), y is like x;
-// statistics per (n, group) over C/G channels x S positions.
-CK_CPU_KERNEL(ck_cpu_group_norm)
+// statistics per (n, group) over C/G channels x S positions. silu: y = silu(group_norm(x)).
+static void gn_fwd(const ck_op_params *p, ck_view *out, const ck_view *in, int silu)
 {
-    (void)ctx, (void)nout, (void)nin;
     const float *x = in[0].data, *gamma = in[1].data, *beta = in[2].data;
     float *y = out[0].data;
     const int64_t N = in[0].shape[0], C = in[0].shape[1], S = spatial_of(&in[0]);
@@ -107,25 +138,58 @@ CK_CPU_KERNEL(ck_cpu_group_norm)
             const float a = rs * gamma[c0 + c], b = beta[c0 + c];
             const float *xc = xg + c * S;
             float *yc = yg + c * S;
+            if (silu) {
 #pragma omp simd
-            for (int64_t s = 0; s < S; s++) yc[s] = (xc[s] - m) * a + b;
+                for (int64_t s = 0; s < S; s++) {
+                    const float h = (xc[s] - m) * a + b;
+                    yc[s] = h * sigmoid_c(h);
+                }
+            } else {
+#pragma omp simd
+                for (int64_t s = 0; s < S; s++) yc[s] = (xc[s] - m) * a + b;
+            }
         }
     }
 }
 
+CK_CPU_KERNEL(ck_cpu_group_norm)
+{
+    (void)ctx, (void)nout, (void)nin;
+    gn_fwd(p, out, in, 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_silu)
+{
+    (void)ctx, (void)nout, (void)nin;
+    gn_fwd(p, out, in, 1);
+}
+
 /* One (n, group) of GROUP_NORM_BWD: dx for its Cg*S elements, and its terms of
- * dgamma/dbeta for channels c0.. (stored when first, else added). */
-static void gn_bwd_group(const float *dy, const float *x, const float *gamma, float *dx, float *dgamma,
-                         float *dbeta, int64_t Cg, int64_t S, float eps, int first)
+ * dgamma/dbeta for channels c0.. (stored when first, else added). With beta
+ * (GROUP_NORM_SILU_BWD), dy is the gradient of the SiLU's output and the
+ * norm's is made from it and the recomputed pre-activation, GN_CHUNK values
+ * at a time, in each of the two passes. */
+static void gn_bwd_group(const float *dy, const float *x, const float *gamma, const float *beta, float *dx,
+                         float *dgamma, float *dbeta, int64_t Cg, int64_t S, float eps, int first)
 {
     const int64_t M = Cg * S;
     float m, rs;
     stats(x, M, eps, &m, &rs);
+    float dh[GN_CHUNK];
     // With g = gamma * dy and xh = (x - m) * rs: dx = rs * (g - mean(g) - xh * mean(g * xh)).
     double sg = 0, sgx = 0;
     for (int64_t c = 0; c < Cg; c++) {
-        double sdy, sdyx;
-        sum_dy_dyx(dy + c * S, x + c * S, S, m, &sdy, &sdyx);
+        const float *dyc = dy + c * S, *xc = x + c * S;
+        double a[LANES] = {0}, b[LANES] = {0}, sdy = 0, sdyx = 0;
+        if (!beta)
+            lanes_dy_dyx(dyc, xc, S, m, a, b, &sdy, &sdyx);
+        else
+            for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+                const int64_t n = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+                silu_grad_of_norm(dh, dyc + s0, xc + s0, n, m, rs * gamma[c], beta[c]);
+                lanes_dy_dyx(dh, xc + s0, n, m, a, b, &sdy, &sdyx);
+            }
+        for (int l = 0; l < LANES; l++) sdy += a[l], sdyx += b[l];
         sg += gamma[c] * sdy;
         sgx += gamma[c] * sdyx;
         if (dgamma) dgamma[c] = (first ? 0.0f : dgamma[c]) + (float)(sdyx * rs);
@@ -140,15 +204,24 @@ static void gn_bwd_group(const float *dy, const float *x, const float *gamma, fl
         const float gc = gamma[c];
         const float *dyc = dy + c * S, *xc = x + c * S;
         float *dxc = dx + c * S;
+        if (!beta) {
 #pragma omp simd
-        for (int64_t s = 0; s < S; s++) dxc[s] = (gc * dyc[s] - mg) * rs - (xc[s] - m) * k2;
+            for (int64_t s = 0; s < S; s++) dxc[s] = (gc * dyc[s] - mg) * rs - (xc[s] - m) * k2;
+            continue;
+        }
+        for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+            const int64_t n = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+            silu_grad_of_norm(dh, dyc + s0, xc + s0, n, m, rs * gc, beta[c]);
+#pragma omp simd
+            for (int64_t s = 0; s < n; s++) dxc[s0 + s] = (gc * dh[s] - mg) * rs - (xc[s0 + s] - m) * k2;
+        }
     }
 }
 
-// dy and x are (N,C,*), gamma is (C); dx is like x, dgamma and dbeta are (C).
-CK_CPU_KERNEL(ck_cpu_group_norm_bwd)
+// dy and x are (N,C,*), gamma (and beta, for GROUP_NORM_SILU_BWD) are (C); dx is like x,
+// dgamma and dbeta are (C).
+static void gn_bwd(const ck_op_params *p, ck_view *out, int nout, const ck_view *in, const float *beta)
 {
-    (void)ctx, (void)nin;
     const float *dy = in[0].data, *x = in[1].data, *gamma = in[2].data;
     float *dx = out[0].data;
     float *dgamma = nout > 1 ? out[1].data : NULL, *dbeta = nout > 2 ? out[2].data : NULL;
@@ -168,8 +241,8 @@ CK_CPU_KERNEL(ck_cpu_group_norm_bwd)
         if (!dx) return;
 #pragma omp parallel for schedule(static) if (total > 32768)
         for (int64_t ng = 0; ng < N * G; ng++) {
-            const int64_t off = ng * Cg * S;
-            gn_bwd_group(dy + off, x + off, gamma + (ng % G) * Cg, dx + off, NULL, NULL, Cg, S, eps, 1);
+            const int64_t off = ng * Cg * S, c0 = (ng % G) * Cg;
+            gn_bwd_group(dy + off, x + off, gamma + c0, beta ? beta + c0 : NULL, dx + off, NULL, NULL, Cg, S, eps, 1);
         }
         return;
     }
@@ -180,10 +253,22 @@ CK_CPU_KERNEL(ck_cpu_group_norm_bwd)
         const int64_t c0 = g * Cg;
         for (int64_t n = 0; n < N; n++) {
             const int64_t off = (n * C + c0) * S;
-            gn_bwd_group(dy + off, x + off, gamma + c0, dx ? dx + off : NULL, dgamma ? dgamma + c0 : NULL,
-                         dbeta ? dbeta + c0 : NULL, Cg, S, eps, n == 0);
+            gn_bwd_group(dy + off, x + off, gamma + c0, beta ? beta + c0 : NULL, dx ? dx + off : NULL,
+                         dgamma ? dgamma + c0 : NULL, dbeta ? dbeta + c0 : NULL, Cg, S, eps, n == 0);
         }
     }
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_bwd)
+{
+    (void)ctx, (void)nin;
+    gn_bwd(p, out, nout, in, NULL);
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd)
+{
+    (void)ctx, (void)nin;
+    gn_bwd(p, out, nout, in, in[3].data);
 }
 
 // x is (..,C), gamma and beta are (C), y is like x; each row of C is normalized.
@@ -291,6 +376,176 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
             for (int64_t k = 0; k < nch; k++) sg += part[0][k * cw + c], sb += part[1][k * cw + c];
             if (dgamma) dgamma[c0 + c] = (float)sg;
             if (dbeta) dbeta[c0 + c] = (float)sb;
+        }
+    }
+}
+
+/* ---- GROUP_NORM_SILU with bf16 storage: every tensor bf16, the fp32 kernels'
+ * arithmetic on the values converted GN_CHUNK at a time (lane sums carried
+ * across pieces), so each output is the fp32 kernel's on the same values,
+ * rounded once. ---- */
+
+/* stats() over n bf16 values */
+static void stats_bf16(const uint16_t *x, int64_t n, float eps, float *mean, float *rstd)
+{
+    float buf[GN_CHUNK];
+    double acc[LANES] = {0}, s = 0;
+    for (int64_t o = 0; o < n; o += GN_CHUNK) {
+        const int64_t k = n - o < GN_CHUNK ? n - o : GN_CHUNK;
+        ck_bf16_load(buf, x + o, k);
+        lanes_sum(buf, k, acc, &s);
+    }
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    const float m = (float)(s / (double)n);
+    double acc2[LANES] = {0}, q = 0;
+    for (int64_t o = 0; o < n; o += GN_CHUNK) {
+        const int64_t k = n - o < GN_CHUNK ? n - o : GN_CHUNK;
+        ck_bf16_load(buf, x + o, k);
+        lanes_sumsq_dev(buf, k, m, acc2, &q);
+    }
+    for (int l = 0; l < LANES; l++) q += acc2[l];
+    *mean = m;
+    *rstd = (float)(1.0 / sqrt(q / (double)n + (double)eps));
+}
+
+// x is (N,C,*) as GROUP_NORM, gamma and beta (C), y = silu(group_norm(x)) like x; all bf16
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const uint16_t *x = (const uint16_t *)in[0].data, *gamma = (const uint16_t *)in[1].data;
+    const uint16_t *beta = (const uint16_t *)in[2].data;
+    uint16_t *y = (uint16_t *)out[0].data;
+    const int64_t N = in[0].shape[0], C = in[0].shape[1], S = spatial_of(&in[0]);
+    const int64_t G = p->i[0], Cg = G > 0 ? C / G : 0;
+    const float eps = p->f[0];
+    assert(G > 0 && C % G == 0);
+    if (N * C * S == 0) return;
+
+#pragma omp parallel for schedule(static) if (N * C * S > 32768)
+    for (int64_t ng = 0; ng < N * G; ng++) {
+        const int64_t c0 = (ng % G) * Cg;
+        const uint16_t *xg = x + ng * Cg * S;
+        uint16_t *yg = y + ng * Cg * S;
+        float m, rs, buf[GN_CHUNK];
+        stats_bf16(xg, Cg * S, eps, &m, &rs);
+        for (int64_t c = 0; c < Cg; c++) {
+            const float a = rs * ck_f32_from_bf16(gamma[c0 + c]), b = ck_f32_from_bf16(beta[c0 + c]);
+            for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+                const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+                ck_bf16_load(buf, xg + c * S + s0, k);
+#pragma omp simd
+                for (int64_t s = 0; s < k; s++) {
+                    const float h = (buf[s] - m) * a + b;
+                    buf[s] = h * sigmoid_c(h);
+                }
+                ck_bf16_store(yg + c * S + s0, buf, k);
+            }
+        }
+    }
+}
+
+/* One channel's sum(dh) and sum(dh (x - m)) from bf16 dy and x, dh through
+ * SiLU of h = (x - m) a + b: gn_bwd_group's sums, piece by piece. */
+static void channel_sums_bf16(const uint16_t *dy, const uint16_t *x, int64_t S, float m, float a, float b,
+                              double *sdy, double *sdyx)
+{
+    float xb[GN_CHUNK], dh[GN_CHUNK];
+    double la[LANES] = {0}, lb[LANES] = {0};
+    *sdy = 0, *sdyx = 0;
+    for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+        const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+        ck_bf16_load(xb, x + s0, k);
+        ck_bf16_load(dh, dy + s0, k);
+        silu_grad_of_norm(dh, dh, xb, k, m, a, b);
+        lanes_dy_dyx(dh, xb, k, m, la, lb, sdy, sdyx);
+    }
+    for (int l = 0; l < LANES; l++) *sdy += la[l], *sdyx += lb[l];
+}
+
+/* dx of one (n, group), as gn_bwd_group with beta */
+static void gn_silu_dx_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, const uint16_t *beta,
+                            uint16_t *dx, int64_t Cg, int64_t S, float eps)
+{
+    const int64_t M = Cg * S;
+    float m, rs;
+    stats_bf16(x, M, eps, &m, &rs);
+    double sg = 0, sgx = 0;
+    for (int64_t c = 0; c < Cg; c++) {
+        const float gc = ck_f32_from_bf16(gamma[c]);
+        double sdy, sdyx;
+        channel_sums_bf16(dy + c * S, x + c * S, S, m, rs * gc, ck_f32_from_bf16(beta[c]), &sdy, &sdyx);
+        sg += gc * sdy;
+        sgx += gc * sdyx;
+    }
+    const float mg = (float)(sg / (double)M);
+    const float k2 = (float)((double)rs * rs * rs * sgx / (double)M);
+    float xb[GN_CHUNK], dh[GN_CHUNK];
+    for (int64_t c = 0; c < Cg; c++) {
+        const float gc = ck_f32_from_bf16(gamma[c]), bc = ck_f32_from_bf16(beta[c]);
+        for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
+            const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
+            ck_bf16_load(xb, x + c * S + s0, k);
+            ck_bf16_load(dh, dy + c * S + s0, k);
+            silu_grad_of_norm(dh, dh, xb, k, m, rs * gc, bc);
+#pragma omp simd
+            for (int64_t s = 0; s < k; s++) dh[s] = (gc * dh[s] - mg) * rs - (xb[s] - m) * k2;
+            ck_bf16_store(dx + c * S + s0, dh, k);
+        }
+    }
+}
+
+/* channels a dgamma/dbeta sweep accumulates on the stack */
+#define GN_PARAM_BLOCK 256
+
+// dy and x are (N,C,*), gamma and beta (C); dx like x, dgamma and dbeta (C), any unwanted; all bf16.
+// dgamma and dbeta are summed over n in float, as the fp32 kernel does, and rounded once.
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16)
+{
+    (void)ctx, (void)nin;
+    const uint16_t *dy = (const uint16_t *)in[0].data, *x = (const uint16_t *)in[1].data;
+    const uint16_t *gamma = (const uint16_t *)in[2].data, *beta = (const uint16_t *)in[3].data;
+    uint16_t *dx = (uint16_t *)out[0].data;
+    uint16_t *dgamma = nout > 1 ? (uint16_t *)out[1].data : NULL, *dbeta = nout > 2 ? (uint16_t *)out[2].data : NULL;
+    const int64_t N = in[1].shape[0], C = in[1].shape[1], S = spatial_of(&in[1]);
+    const int64_t G = p->i[0], Cg = G > 0 ? C / G : 0;
+    const float eps = p->f[0];
+    assert(G > 0 && C % G == 0);
+    if (C == 0) return;
+    if (N * S == 0) {
+        if (dgamma) memset(dgamma, 0, (size_t)C * sizeof(uint16_t));
+        if (dbeta) memset(dbeta, 0, (size_t)C * sizeof(uint16_t));
+        return;
+    }
+    const int64_t total = N * C * S;
+    if (dx) {
+#pragma omp parallel for schedule(static) if (total > 32768)
+        for (int64_t ng = 0; ng < N * G; ng++) {
+            const int64_t off = ng * Cg * S, c0 = (ng % G) * Cg;
+            gn_silu_dx_bf16(dy + off, x + off, gamma + c0, beta + c0, dx + off, Cg, S, eps);
+        }
+    }
+    if (!dgamma && !dbeta) return;
+#pragma omp parallel for schedule(static) if (total > 32768)
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t cb = 0; cb < Cg; cb += GN_PARAM_BLOCK) {
+            const int64_t c0 = g * Cg, nb = Cg - cb < GN_PARAM_BLOCK ? Cg - cb : GN_PARAM_BLOCK;
+            float ag[GN_PARAM_BLOCK], ab[GN_PARAM_BLOCK];
+            for (int64_t n = 0; n < N; n++) {
+                const int64_t off = (n * C + c0) * S;
+                float m, rs;
+                stats_bf16(x + off, Cg * S, eps, &m, &rs);
+                for (int64_t c = cb; c < cb + nb; c++) {
+                    double sdy, sdyx;
+                    channel_sums_bf16(dy + off + c * S, x + off + c * S, S, m, rs * ck_f32_from_bf16(gamma[c0 + c]),
+                                      ck_f32_from_bf16(beta[c0 + c]), &sdy, &sdyx);
+                    ag[c - cb] = (n == 0 ? 0.0f : ag[c - cb]) + (float)(sdyx * rs);
+                    ab[c - cb] = (n == 0 ? 0.0f : ab[c - cb]) + (float)sdy;
+                }
+            }
+            for (int64_t c = cb; c < cb + nb; c++) {
+                if (dgamma) dgamma[c0 + c] = ck_bf16_from_f32(ag[c - cb]);
+                if (dbeta) dbeta[c0 + c] = ck_bf16_from_f32(ab[c - cb]);
+            }
         }
     }
 }

@@ -15,6 +15,8 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
     [CK_OP_GROUP_NORM_BWD] = ck_cpu_group_norm_bwd,
     [CK_OP_LAYER_NORM] = ck_cpu_layer_norm,
     [CK_OP_LAYER_NORM_BWD] = ck_cpu_layer_norm_bwd,
+    [CK_OP_GROUP_NORM_SILU] = ck_cpu_group_norm_silu,
+    [CK_OP_GROUP_NORM_SILU_BWD] = ck_cpu_group_norm_silu_bwd,
     [CK_OP_SILU] = ck_cpu_silu,
     [CK_OP_SILU_BWD] = ck_cpu_silu_bwd,
     [CK_OP_GELU] = ck_cpu_gelu,
@@ -74,4 +76,6 @@ const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_RESHAPE] = ck_cpu_reshape_bf16,
     [CK_OP_MISH] = ck_cpu_mish_bf16,
     [CK_OP_MISH_BWD] = ck_cpu_mish_bwd_bf16,
+    [CK_OP_GROUP_NORM_SILU] = ck_cpu_group_norm_silu_bf16,
+    [CK_OP_GROUP_NORM_SILU_BWD] = ck_cpu_group_norm_silu_bwd_bf16,
 };

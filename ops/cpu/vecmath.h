@@ -1,6 +1,6 @@
 /* Scalar float helpers the CPU kernels share: bit casts, a vectorizable e^x
- * (glibc's expf does not vectorize) and a row's max. Header-only, static
- * inline. */
+ * (glibc's expf does not vectorize), the sigmoid built on it, and a row's max.
+ * Header-only, static inline. */
 #ifndef CK_CPU_VECMATH_H
 #define CK_CPU_VECMATH_H
 
@@ -43,6 +43,12 @@ static inline float exp_c(float x)
     const uint32_t e = bits_of(y * float_of((uint32_t)((int32_t)n + 127) << 23));
     const uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
     return float_of((u & nan) | (e & ~nan));
+}
+
+/* SiLU's gate; GROUP_NORM_SILU (norm.c) shares it with SILU so the two agree bitwise */
+static inline float sigmoid_c(float x)
+{
+    return 1.0f / (1.0f + exp_c(-x));
 }
 
 /* Largest of n >= 1 values over interleaved lanes (vectorizes in GCC and

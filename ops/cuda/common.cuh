@@ -164,4 +164,14 @@ __device__ __forceinline__ float ck_ld(const __nv_bfloat16 *p) { return __bfloat
 __device__ __forceinline__ void ck_st(float *p, float v) { *p = v; }
 __device__ __forceinline__ void ck_st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
 
+/* 16 bytes of storage type T (4 floats, 8 bf16) loaded or stored as one
+ * vector access, where a kernel's rows are whole vectors and its pointers
+ * 16-byte aligned (ck_aligned16). */
+template <typename T>
+struct alignas(16) ck_vec {
+    T v[16 / sizeof(T)];
+};
+
+static inline bool ck_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 #endif

@@ -105,7 +105,8 @@ extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 /* The same ops with every tensor in bf16 storage (the views' data pointers
  * point at __nv_bfloat16; arithmetic stays fp32), for the ops where that is
  * one instantiation away: activations, softmax, broadcasting add/sub/mul,
- * scale, fill, and the copies concat, slice and reshape. NULL elsewhere. */
+ * scale, fill, GROUP_NORM_SILU, and the copies concat, slice and reshape.
+ * NULL elsewhere. */
 extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 
 #define CK_CUDA_KERNEL(name) \
@@ -121,6 +122,8 @@ CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter);
 /* norm.cu */
 CK_CUDA_KERNEL(ck_cuda_group_norm);
 CK_CUDA_KERNEL(ck_cuda_group_norm_bwd);
+CK_CUDA_KERNEL(ck_cuda_group_norm_silu);
+CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd);
 CK_CUDA_KERNEL(ck_cuda_layer_norm);
 CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd);
 /* activation.cu */
@@ -144,6 +147,8 @@ CK_CUDA_KERNEL(ck_cuda_mish);
 CK_CUDA_KERNEL(ck_cuda_mish_bwd);
 CK_CUDA_KERNEL(ck_cuda_mish_bf16);
 CK_CUDA_KERNEL(ck_cuda_mish_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bf16);
+CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16);
 /* attention.cu */
 CK_CUDA_KERNEL(ck_cuda_attention);
 CK_CUDA_KERNEL(ck_cuda_attention_bwd);

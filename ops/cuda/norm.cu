@@ -1,15 +1,23 @@
-/* Normalization on the GPU: GROUP_NORM and LAYER_NORM, forward and backward,
- * in the formulas of ops/cpu/norm.c: two-pass statistics about the float mean,
- * recomputed from x in the backward, fp32 accumulation. Every sum has one fixed
- * order (no atomics), so results are the same from run to run:
- * - group norm: a block per (image, group); the backward runs a block per
- *   group walking the images in order when dgamma/dbeta are wanted;
- * - layer norm: a warp per row; dgamma/dbeta sum over rows in fixed chunks
+/* Normalization on the GPU: GROUP_NORM (and GROUP_NORM_SILU: the same
+ * kernels with SiLU applied to the output, or its gradient taken through the
+ * recomputed pre-activation) and LAYER_NORM, forward and backward, in the
+ * formulas of ops/cpu/norm.c with statistics recomputed from x in the
+ * backward and fp32 arithmetic. Every sum has one fixed order (no atomics), so
+ * results are the same from run to run and a recomputed op repeats itself:
+ * - group norm: a block per piece of GN_PIECE positions of one channel (SDXL's
+ *   320 channels at 128x128 make 1280 blocks, not 32 groups' worth). Pieces
+ *   leave partial sums in the workspace; the next kernel combines a group's
+ *   partials in piece order, in double. x's statistics are shifted sums
+ *   (about the group's first value) taken in one pass; the backward's
+ *   sum(dy) and sum(dy * (x - mean)) share another. Loads and stores are
+ *   16-byte vectors where channels are whole vectors. GROUP_NORM_SILU also
+ *   has bf16 storage (arithmetic and partial sums in fp32);
+ * - layer norm: a warp per row, held in the warp's registers where rows are
+ *   whole vectors up to 1280 wide; dgamma/dbeta sum over rows in fixed chunks
  *   whose partials wait in dx's own buffer before dx is written (the plan
  *   gives this op no workspace), or in column tiles when dx is unwanted. */
 #include "common.cuh"
 
-#define GN_THREADS 512
 #define THREADS 256
 #define WARPS (THREADS / 32)
 /* layer norm backward: row chunks of the partial sums, at most */
@@ -17,87 +25,235 @@
 
 /* ---- group norm ---- */
 
-/* Mean and 1/sqrt(var + eps) of v[0..M), the variance about the float mean. */
-__device__ __forceinline__ void block_stats(const float *v, int64_t M, float eps, float *sh, float *mean, float *rstd)
-{
-    float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) s += v[i];
-    const float m = ck_block_sum(s, sh) / (float)M;
-    float q = 0.0f;
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-        const float d = v[i] - m;
-        q += d * d;
-    }
-    const float var = ck_block_sum(q, sh) / (float)M;
-    *mean = m;
-    *rstd = 1.0f / sqrtf(var + eps);
-}
+/* positions of one channel a block takes; ops/rules.c sizes the workspace by it */
+#define GN_PIECE 4096
 
-// x (N, C, S) with groups of Cg = C/G channels; block (n, g) normalizes its Cg*S values
-__global__ void __launch_bounds__(GN_THREADS) gn_fwd(float *y, const float *x, const float *gamma, const float *beta,
-                                                     int64_t G, int64_t Cg, int64_t S, float eps)
+/* Shapes of a group norm: x (N, C, S), G groups of Cg channels, P pieces a
+ * channel. The workspace holds, per piece (n, c, k) in that order, four
+ * floats: sum(x - K), sum((x - K)^2) with K the group's first value, then
+ * sum(dh), sum(dh * (x - mean)); after them, per (n, g), the mean and
+ * 1/sqrt(var + eps) the backward's later passes read. */
+struct gn_dims {
+    int64_t N, C, G, Cg, S, P;
+};
+
+__device__ __forceinline__ float gn_sigmoid(float h) { return 1.0f / (1.0f + expf(-h)); }
+
+/* W values of storage type T at p, as floats: one 16-byte vector (W = 16 /
+ * sizeof(T): 4 floats, 8 bf16) or one value (W = 1) */
+template <typename T, int W>
+__device__ __forceinline__ void gn_ld(const T *p, float *v)
 {
-    __shared__ float sh[33];
-    const int64_t ng = blockIdx.x, c0 = ng % G * Cg, M = Cg * S;
-    const float *xg = x + ng * M;
-    float *yg = y + ng * M;
-    float m, rs;
-    block_stats(xg, M, eps, sh, &m, &rs);
-    for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-        const int64_t c = c0 + i / S;
-        yg[i] = (xg[i] - m) * (rs * gamma[c]) + beta[c];
+    if (W > 1) {
+        const ck_vec<T> t = *(const ck_vec<T> *)p;
+#pragma unroll
+        for (int w = 0; w < W; w++) v[w] = ck_ld(&t.v[w]);
+    } else {
+        v[0] = ck_ld(p);
     }
 }
 
-/* Group g (blockIdx.x, images n0 .. n1-1 in order) of GROUP_NORM_BWD. Warp w
- * owns channels w, w + WARPS, ...: their sums of dy and dy * (x - m) over S,
- * their dgamma/dbeta entries (stored at n0, added after), and its share of the
- * group's sums, which the warps then add in warp order. */
-__global__ void __launch_bounds__(GN_THREADS) gn_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
-                                                     const float *x, const float *gamma, int64_t C, int64_t G,
-                                                     int64_t Cg, int64_t S, float eps, int64_t n0, int64_t n1)
+template <typename T, int W>
+__device__ __forceinline__ void gn_st(T *p, const float *v)
+{
+    if (W > 1) {
+        ck_vec<T> t;
+#pragma unroll
+        for (int w = 0; w < W; w++) ck_st(&t.v[w], v[w]);
+        *(ck_vec<T> *)p = t;
+    } else {
+        ck_st(p, v[0]);
+    }
+}
+
+/* This block's piece: row nc = n C + c of x, positions [*s0, *s1). */
+__device__ __forceinline__ void gn_piece(const gn_dims &d, int64_t *nc, int64_t *s0, int64_t *s1)
+{
+    const int64_t b = blockIdx.x, k = b % d.P;
+    *nc = b / d.P;
+    *s0 = k * GN_PIECE;
+    *s1 = *s0 + GN_PIECE < d.S ? *s0 + GN_PIECE : d.S;
+}
+
+/* The gradient of h = (x - m) a + b through SiLU (SILU_BWD's arithmetic), or dy itself */
+template <bool SILU>
+__device__ __forceinline__ float gn_grad_in(float dy, float x, float m, float a, float b)
+{
+    if (!SILU) return dy;
+    const float h = (x - m) * a + b, s = gn_sigmoid(h);
+    return dy * s * (1.0f + h * (1.0f - s));
+}
+
+// x (N, C, S); part: each piece's sum(x - K) and sum((x - K)^2)
+template <typename T, int W>
+__global__ void __launch_bounds__(THREADS) gn_stats(float *part, const T *x, gn_dims d)
 {
     __shared__ float sh[33];
-    __shared__ float wsum[2][32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int64_t g = blockIdx.x % G, M = Cg * S, c0 = g * Cg;
-    if (n1 < 0) { /* a block per (n, g) */
-        n0 = blockIdx.x / G;
-        n1 = n0 + 1;
-    }
-    for (int64_t n = n0; n < n1; n++) {
-        const int64_t off = (n * C + c0) * S;
-        const float *xg = x + off, *dyg = dy + off;
-        float m, rs;
-        block_stats(xg, M, eps, sh, &m, &rs);
-        float sg = 0.0f, sgx = 0.0f;
-        for (int64_t c = warp; c < Cg; c += nwarps) {
-            float a = 0.0f, b = 0.0f;
-            for (int64_t s = lane; s < S; s += 32) {
-                const float d = dyg[c * S + s];
-                a += d;
-                b += d * (xg[c * S + s] - m);
-            }
-            a = ck_warp_sum(a);
-            b = ck_warp_sum(b);
-            if (lane == 0) {
-                if (dgamma) dgamma[c0 + c] = (n == n0 ? 0.0f : dgamma[c0 + c]) + b * rs;
-                if (dbeta) dbeta[c0 + c] = (n == n0 ? 0.0f : dbeta[c0 + c]) + a;
-            }
-            sg += gamma[c0 + c] * a;
-            sgx += gamma[c0 + c] * b;
+    int64_t nc, s0, s1;
+    gn_piece(d, &nc, &s0, &s1);
+    const int64_t n = nc / d.C, g = nc % d.C / d.Cg;
+    const float K = ck_ld(x + (n * d.C + g * d.Cg) * d.S);
+    const T *row = x + nc * d.S;
+    float a = 0.0f, q = 0.0f;
+    for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
+        float v[W];
+        gn_ld<T, W>(row + i, v);
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float e = v[w] - K;
+            a += e;
+            q += e * e;
         }
-        if (lane == 0) wsum[0][warp] = sg, wsum[1][warp] = sgx;
-        __syncthreads();
-        sg = 0.0f, sgx = 0.0f;
-        for (int w = 0; w < nwarps; w++) sg += wsum[0][w], sgx += wsum[1][w];
-        __syncthreads();
-        if (!dx) continue;
-        // With g = gamma * dy and xh = (x - m) * rs: dx = rs * (g - mean(g) - xh * mean(g * xh)).
-        const float mg = sg / (float)M, k2 = rs * rs * rs * sgx / (float)M;
-        float *dxg = dx + off;
-        for (int64_t i = threadIdx.x; i < M; i += blockDim.x)
-            dxg[i] = (gamma[c0 + i / S] * dyg[i] - mg) * rs - (xg[i] - m) * k2;
+    }
+    a = ck_block_sum(a, sh);
+    q = ck_block_sum(q, sh);
+    if (threadIdx.x == 0) part[4 * blockIdx.x] = a, part[4 * blockIdx.x + 1] = q;
+}
+
+/* The mean and rstd of group (n, g) from its pieces' partials, summed by warp 0
+ * in double (lane j takes entries j, j + 32, ...; then the xor tree), returned
+ * to every thread. Every thread of the block calls it. */
+template <typename T>
+__device__ __forceinline__ void gn_group_stats(const float *part, const T *x, const gn_dims &d, int64_t n,
+                                               int64_t g, float eps, float *mean, float *rstd)
+{
+    __shared__ float st[2];
+    if (threadIdx.x < 32) {
+        const int64_t first = (n * d.C + g * d.Cg) * d.P, cnt = d.Cg * d.P;
+        double a = 0.0, q = 0.0;
+        for (int64_t j = threadIdx.x; j < cnt; j += 32) a += part[4 * (first + j)], q += part[4 * (first + j) + 1];
+        a = ck_warp_sum(a);
+        q = ck_warp_sum(q);
+        if (threadIdx.x == 0) {
+            const double M = (double)(d.Cg * d.S), e = a / M, var = q / M - e * e;
+            st[0] = (float)((double)ck_ld(x + (n * d.C + g * d.Cg) * d.S) + e);
+            st[1] = (float)(1.0 / sqrt((var > 0.0 ? var : 0.0) + (double)eps));
+        }
+    }
+    __syncthreads();
+    *mean = st[0];
+    *rstd = st[1];
+}
+
+// y (N, C, S) = the norm of x, scaled and shifted per channel; SILU: silu of that
+template <typename T, int W, bool SILU>
+__global__ void __launch_bounds__(THREADS) gn_apply(T *y, const T *x, const T *gamma, const T *beta, const float *part,
+                                                    gn_dims d, float eps)
+{
+    int64_t nc, s0, s1;
+    gn_piece(d, &nc, &s0, &s1);
+    const int64_t n = nc / d.C, c = nc % d.C;
+    float m, rs;
+    gn_group_stats(part, x, d, n, c / d.Cg, eps, &m, &rs);
+    const float a = rs * ck_ld(gamma + c), b = ck_ld(beta + c);
+    const T *row = x + nc * d.S;
+    T *yr = y + nc * d.S;
+    for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
+        float v[W];
+        gn_ld<T, W>(row + i, v);
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float h = (v[w] - m) * a + b;
+            v[w] = SILU ? h * gn_sigmoid(h) : h;
+        }
+        gn_st<T, W>(yr + i, v);
+    }
+}
+
+/* Backward, second pass: each piece's sum(dh) and sum(dh * (x - mean)) in one
+ * read of dy and x; the group's first piece also stores the group's mean and
+ * rstd for the passes after. */
+template <typename T, int W, bool SILU>
+__global__ void __launch_bounds__(THREADS) gn_grad_sums(float *part, float *gst, const T *dy, const T *x,
+                                                        const T *gamma, const T *beta, gn_dims d, float eps)
+{
+    __shared__ float sh[33];
+    int64_t nc, s0, s1;
+    gn_piece(d, &nc, &s0, &s1);
+    const int64_t n = nc / d.C, c = nc % d.C, g = c / d.Cg;
+    float m, rs;
+    gn_group_stats(part, x, d, n, g, eps, &m, &rs);
+    if (threadIdx.x == 0 && c == g * d.Cg && s0 == 0) gst[2 * (n * d.G + g)] = m, gst[2 * (n * d.G + g) + 1] = rs;
+    const float a = rs * ck_ld(gamma + c), b = SILU ? ck_ld(beta + c) : 0.0f;
+    const T *row = x + nc * d.S, *dyr = dy + nc * d.S;
+    float sa = 0.0f, sb = 0.0f;
+    for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
+        float v[W], e[W];
+        gn_ld<T, W>(row + i, v);
+        gn_ld<T, W>(dyr + i, e);
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            const float dh = gn_grad_in<SILU>(e[w], v[w], m, a, b);
+            sa += dh;
+            sb += dh * (v[w] - m);
+        }
+    }
+    sa = ck_block_sum(sa, sh);
+    sb = ck_block_sum(sb, sh);
+    if (threadIdx.x == 0) part[4 * blockIdx.x + 2] = sa, part[4 * blockIdx.x + 3] = sb;
+}
+
+/* Backward, dx: with g = gamma * dh and xh = (x - m) * rs,
+ * dx = rs * (g - mean(g) - xh * mean(g * xh)); warp 0 sums the group's
+ * gamma-weighted piece partials in double, in a fixed order. */
+template <typename T, int W, bool SILU>
+__global__ void __launch_bounds__(THREADS) gn_dx(T *dx, const T *dy, const T *x, const T *gamma, const T *beta,
+                                                 const float *part, const float *gst, gn_dims d)
+{
+    __shared__ float k[2];
+    int64_t nc, s0, s1;
+    gn_piece(d, &nc, &s0, &s1);
+    const int64_t n = nc / d.C, c = nc % d.C, g = c / d.Cg;
+    const float m = gst[2 * (n * d.G + g)], rs = gst[2 * (n * d.G + g) + 1];
+    if (threadIdx.x < 32) {
+        const int64_t first = (n * d.C + g * d.Cg) * d.P, cnt = d.Cg * d.P;
+        double sg = 0.0, sgx = 0.0;
+        for (int64_t j = threadIdx.x; j < cnt; j += 32) {
+            const double gc = ck_ld(gamma + g * d.Cg + j / d.P);
+            sg += gc * part[4 * (first + j) + 2];
+            sgx += gc * part[4 * (first + j) + 3];
+        }
+        sg = ck_warp_sum(sg);
+        sgx = ck_warp_sum(sgx);
+        if (threadIdx.x == 0) {
+            const double M = (double)(d.Cg * d.S);
+            k[0] = (float)(sg / M);
+            k[1] = (float)((double)rs * rs * rs * sgx / M);
+        }
+    }
+    __syncthreads();
+    const float mg = k[0], k2 = k[1], gc = ck_ld(gamma + c), a = rs * gc, b = SILU ? ck_ld(beta + c) : 0.0f;
+    const T *row = x + nc * d.S, *dyr = dy + nc * d.S;
+    T *dxr = dx + nc * d.S;
+    for (int64_t i = s0 + W * threadIdx.x; i < s1; i += W * blockDim.x) {
+        float v[W], e[W];
+        gn_ld<T, W>(row + i, v);
+        gn_ld<T, W>(dyr + i, e);
+#pragma unroll
+        for (int w = 0; w < W; w++) e[w] = (gc * gn_grad_in<SILU>(e[w], v[w], m, a, b) - mg) * rs - (v[w] - m) * k2;
+        gn_st<T, W>(dxr + i, e);
+    }
+}
+
+/* Backward, dgamma and dbeta: a thread per channel adds its pieces' partials,
+ * image by image in order (in double): dgamma = sum rs * sum(dh (x - m)),
+ * dbeta = sum(dh). */
+template <typename T>
+__global__ void __launch_bounds__(THREADS) gn_params(T *dgamma, T *dbeta, const float *part, const float *gst, gn_dims d)
+{
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < d.C; c += (int64_t)gridDim.x * blockDim.x) {
+        double a = 0.0, b = 0.0;
+        for (int64_t n = 0; n < d.N; n++) {
+            double pa = 0.0, pb = 0.0;
+            for (int64_t j = 0; j < d.P; j++) {
+                pa += part[4 * ((n * d.C + c) * d.P + j) + 3];
+                pb += part[4 * ((n * d.C + c) * d.P + j) + 2];
+            }
+            a += pa * gst[2 * (n * d.G + c / d.Cg) + 1];
+            b += pb;
+        }
+        if (dgamma) ck_st(dgamma + c, (float)a);
+        if (dbeta) ck_st(dbeta + c, (float)b);
     }
 }
 
@@ -108,50 +264,157 @@ static int64_t spatial_of(const ck_view *x)
     return s;
 }
 
-// x is (N,C,*), gamma and beta (C), y like x; statistics per (n, group)
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm)
+/* The shapes of x, checked; the pieces' and groups' workspace, checked against
+ * the plan's (ck_op_workspace_cuda). Returns 0 and fails naming the op if not. */
+static int gn_setup(const char *name, const ck_kctx *ctx, const ck_op_params *p, const ck_view *x, gn_dims *d,
+                    float **part, float **gst)
 {
-    (void)ctx, (void)nout, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("group_norm");
-    if (!c) return;
-    const int64_t N = in[0].shape[0], C = in[0].shape[1], S = spatial_of(&in[0]), G = p->i[0];
-    if (G <= 0 || C % G) {
-        ck_cuda_fail("group_norm", "%lld channels do not split into %lld groups", (long long)C, (long long)G);
-        return;
+    d->N = x->shape[0], d->C = x->shape[1], d->S = spatial_of(x), d->G = p->i[0];
+    if (d->G <= 0 || d->C % d->G) {
+        ck_cuda_fail(name, "%lld channels do not split into %lld groups", (long long)d->C, (long long)d->G);
+        return 0;
     }
-    if (N * C * S == 0) return;
-    ck_launch(gn_fwd, (unsigned)(N * G), GN_THREADS, c->stream, out[0].data, (const float *)in[0].data,
-              (const float *)in[1].data, (const float *)in[2].data, G, C / G, S, p->f[0]);
-    ck_cuda_end(c, "group_norm");
+    d->Cg = d->C / d->G;
+    d->P = (d->S + GN_PIECE - 1) / GN_PIECE;
+    const size_t need = sizeof(float) * (size_t)(4 * d->N * d->C * d->P + 2 * d->N * d->G);
+    if (d->N * d->S > 0 && (!ctx->ws || ctx->ws_bytes < need)) {
+        ck_cuda_fail(name, "workspace of %zu bytes holds no partial sums (%zu needed)", ctx->ws_bytes, need);
+        return 0;
+    }
+    *part = (float *)ctx->ws;
+    *gst = *part + 4 * d->N * d->C * d->P;
+    return 1;
 }
 
-// dy and x are (N,C,*), gamma is (C); dx like x, dgamma and dbeta (C), any unwanted
+/* Threads a piece block runs: one per W values of a piece, in whole warps, at
+ * most THREADS (small channels, the UNet's deepest levels, leave none idle). */
+static unsigned gn_threads(const gn_dims &d, int W)
+{
+    const int64_t items = ((d.S < GN_PIECE ? d.S : GN_PIECE) + W - 1) / W, t = (items + 31) / 32 * 32;
+    return (unsigned)(t < THREADS ? t : THREADS);
+}
+
+/* whole 16-byte vectors: channels of a multiple of W positions, pointers aligned */
+static int gn_vec(const gn_dims &d, int W, const void *a, const void *b, const void *c)
+{
+    return d.S % W == 0 && ck_aligned16(a) && ck_aligned16(b) && (!c || ck_aligned16(c));
+}
+
+template <typename T, int W>
+static void gn_fwd_passes(ck_cuda_ctx *c, const gn_dims &d, int silu, T *y, const T *x, const T *gamma, const T *beta,
+                          float *part, float eps)
+{
+    const unsigned blocks = (unsigned)(d.N * d.C * d.P), t = gn_threads(d, W);
+    ck_launch(gn_stats<T, W>, blocks, t, c->stream, part, x, d);
+    ck_launch(silu ? gn_apply<T, W, true> : gn_apply<T, W, false>, blocks, t, c->stream, y, x, gamma, beta,
+              (const float *)part, d, eps);
+}
+
+// x is (N,C,*), gamma and beta (C), y like x, all T; statistics per (n, group); silu: y = silu of the norm
+template <typename T>
+static void group_norm_fwd(const char *name, int silu, const ck_kctx *ctx, const ck_op_params *p, ck_view *out,
+                           const ck_view *in)
+{
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    gn_dims d;
+    float *part, *gst;
+    if (!gn_setup(name, ctx, p, &in[0], &d, &part, &gst)) return;
+    if (d.N * d.C * d.S == 0) return;
+    const T *x = (const T *)in[0].data, *gamma = (const T *)in[1].data, *beta = (const T *)in[2].data;
+    T *y = (T *)out[0].data;
+    constexpr int V = 16 / sizeof(T);
+    if (gn_vec(d, V, x, y, NULL))
+        gn_fwd_passes<T, V>(c, d, silu, y, x, gamma, beta, part, p->f[0]);
+    else
+        gn_fwd_passes<T, 1>(c, d, silu, y, x, gamma, beta, part, p->f[0]);
+    ck_cuda_end(c, name);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm)
+{
+    (void)nout, (void)nin;
+    group_norm_fwd<float>("group_norm", 0, ctx, p, out, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu)
+{
+    (void)nout, (void)nin;
+    group_norm_fwd<float>("group_norm_silu", 1, ctx, p, out, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bf16)
+{
+    (void)nout, (void)nin;
+    group_norm_fwd<__nv_bfloat16>("group_norm_silu_bf16", 1, ctx, p, out, in);
+}
+
+template <typename T, int W, bool SILU>
+static void gn_bwd_passes(ck_cuda_ctx *c, const gn_dims &d, T *dx, T *dgamma, T *dbeta, const T *dy, const T *x,
+                          const T *gamma, const T *beta, float *part, float *gst, float eps)
+{
+    const unsigned blocks = (unsigned)(d.N * d.C * d.P), t = gn_threads(d, W);
+    ck_launch(gn_stats<T, W>, blocks, t, c->stream, part, x, d);
+    ck_launch(gn_grad_sums<T, W, SILU>, blocks, t, c->stream, part, gst, dy, x, gamma, beta, d, eps);
+    if (dx)
+        ck_launch(gn_dx<T, W, SILU>, blocks, t, c->stream, dx, dy, x, gamma, beta, (const float *)part,
+                  (const float *)gst, d);
+    if (dgamma || dbeta)
+        ck_launch(gn_params<T>, ck_grid(d.C, THREADS), THREADS, c->stream, dgamma, dbeta, (const float *)part,
+                  (const float *)gst, d);
+}
+
+// dy and x are (N,C,*), gamma (and beta when silu) is (C); dx like x, dgamma and dbeta (C), any unwanted; all T
+template <typename T>
+static void group_norm_bwd(const char *name, int silu, const ck_kctx *ctx, const ck_op_params *p, ck_view *out,
+                           int nout, const ck_view *in)
+{
+    ck_cuda_ctx *c = ck_cuda_begin(name);
+    if (!c) return;
+    T *dx = (T *)out[0].data, *dgamma = nout > 1 ? (T *)out[1].data : NULL, *dbeta = nout > 2 ? (T *)out[2].data : NULL;
+    gn_dims d;
+    float *part, *gst;
+    if (!gn_setup(name, ctx, p, &in[1], &d, &part, &gst)) return;
+    if (d.C == 0) return;
+    if (d.N * d.S == 0) {
+        if (dgamma) CK_CU(name, cudaMemsetAsync(dgamma, 0, sizeof(T) * (size_t)d.C, c->stream));
+        if (dbeta) CK_CU(name, cudaMemsetAsync(dbeta, 0, sizeof(T) * (size_t)d.C, c->stream));
+        ck_cuda_end(c, name);
+        return;
+    }
+    if (!dx && !dgamma && !dbeta) return;
+    const T *dy = (const T *)in[0].data, *x = (const T *)in[1].data, *gamma = (const T *)in[2].data;
+    const T *beta = silu ? (const T *)in[3].data : NULL;
+    const float eps = p->f[0];
+    constexpr int V = 16 / sizeof(T);
+    const int vec = gn_vec(d, V, x, dy, dx);
+    if (vec && silu)
+        gn_bwd_passes<T, V, true>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+    else if (vec)
+        gn_bwd_passes<T, V, false>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+    else if (silu)
+        gn_bwd_passes<T, 1, true>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+    else
+        gn_bwd_passes<T, 1, false>(c, d, dx, dgamma, dbeta, dy, x, gamma, beta, part, gst, eps);
+    ck_cuda_end(c, name);
+}
+
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd)
 {
-    (void)ctx, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("group_norm_bwd");
-    if (!c) return;
-    float *dx = out[0].data, *dgamma = nout > 1 ? out[1].data : NULL, *dbeta = nout > 2 ? out[2].data : NULL;
-    const int64_t N = in[1].shape[0], C = in[1].shape[1], S = spatial_of(&in[1]), G = p->i[0];
-    if (G <= 0 || C % G) {
-        ck_cuda_fail("group_norm_bwd", "%lld channels do not split into %lld groups", (long long)C, (long long)G);
-        return;
-    }
-    if (C == 0) return;
-    if (N * S == 0) {
-        if (dgamma) CK_CU("group_norm_bwd", cudaMemsetAsync(dgamma, 0, sizeof(float) * (size_t)C, c->stream));
-        if (dbeta) CK_CU("group_norm_bwd", cudaMemsetAsync(dbeta, 0, sizeof(float) * (size_t)C, c->stream));
-        ck_cuda_end(c, "group_norm_bwd");
-        return;
-    }
-    const float *dy = in[0].data, *x = in[1].data, *gamma = in[2].data;
-    if (dgamma || dbeta)
-        ck_launch(gn_bwd, (unsigned)G, GN_THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma, C, G, C / G, S, p->f[0],
-                  (int64_t)0, N);
-    else if (dx)
-        ck_launch(gn_bwd, (unsigned)(N * G), GN_THREADS, c->stream, dx, (float *)NULL, (float *)NULL, dy, x, gamma, C, G,
-                  C / G, S, p->f[0], (int64_t)0, (int64_t)-1);
-    ck_cuda_end(c, "group_norm_bwd");
+    (void)nin;
+    group_norm_bwd<float>("group_norm_bwd", 0, ctx, p, out, nout, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd)
+{
+    (void)nin;
+    group_norm_bwd<float>("group_norm_silu_bwd", 1, ctx, p, out, nout, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16)
+{
+    (void)nin;
+    group_norm_bwd<__nv_bfloat16>("group_norm_silu_bwd_bf16", 1, ctx, p, out, nout, in);
 }
 
 /* ---- layer norm ---- */
@@ -216,6 +479,156 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_dx(float *dx, const float *dy,
     FOR_ROWS(r, R) ln_dx_row(dx + r * C, dy + r * C, x + r * C, gamma, C, eps);
 }
 
+/* Rows held in registers: C a multiple of 4 and at most 128 NV (SDXL's 640 and
+ * 1280), pointers 16-byte aligned. Lane l holds the row's vectors l, l + 32,
+ * ..., NV of them, loaded once; the statistics and the output come from the
+ * registers, in the formulas above. */
+#define LN_NV_MAX 10
+
+template <int NV>
+__device__ __forceinline__ void ln_row_load(float (*v)[4], const float *r, int64_t C4)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int64_t j = lane + 32 * k;
+        if (j < C4) {
+            const ck_vec<float> t = ((const ck_vec<float> *)r)[j];
+#pragma unroll
+            for (int w = 0; w < 4; w++) v[k][w] = t.v[w];
+        } else {
+#pragma unroll
+            for (int w = 0; w < 4; w++) v[k][w] = 0.0f;
+        }
+    }
+}
+
+template <int NV>
+__device__ __forceinline__ void ln_row_stats(float (*v)[4], int64_t C, float eps, float *mean, float *rstd)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t C4 = C / 4;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (lane + 32 * k < C4) s += (v[k][0] + v[k][1]) + (v[k][2] + v[k][3]);
+    const float m = ck_warp_sum(s) / (float)C;
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if (lane + 32 * k < C4)
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const float d = v[k][w] - m;
+                q += d * d;
+            }
+    *mean = m;
+    *rstd = 1.0f / sqrtf(ck_warp_sum(q) / (float)C + eps);
+}
+
+template <int NV>
+__global__ void __launch_bounds__(THREADS) ln_fwd_reg(float *y, const float *x, const float *gamma, const float *beta,
+                                                      int64_t R, int64_t C, float eps)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t C4 = C / 4;
+    FOR_ROWS(r, R)
+    {
+        float v[NV][4];
+        ln_row_load<NV>(v, x + r * C, C4);
+        float m, rs;
+        ln_row_stats<NV>(v, C, eps, &m, &rs);
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t j = lane + 32 * k;
+            if (j < C4) {
+                const ck_vec<float> g = ((const ck_vec<float> *)gamma)[j], b = ((const ck_vec<float> *)beta)[j];
+                ck_vec<float> o;
+#pragma unroll
+                for (int w = 0; w < 4; w++) o.v[w] = (v[k][w] - m) * rs * g.v[w] + b.v[w];
+                ((ck_vec<float> *)(y + r * C))[j] = o;
+            }
+        }
+    }
+}
+
+/* ln_dx_row from registers: x and dy each read once */
+template <int NV>
+__global__ void __launch_bounds__(THREADS) ln_bwd_dx_reg(float *dx, const float *dy, const float *x,
+                                                         const float *gamma, int64_t R, int64_t C, float eps)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t C4 = C / 4;
+    FOR_ROWS(r, R)
+    {
+        float v[NV][4], e[NV][4];
+        ln_row_load<NV>(v, x + r * C, C4);
+        ln_row_load<NV>(e, dy + r * C, C4);
+        float m, rs;
+        ln_row_stats<NV>(v, C, eps, &m, &rs);
+        float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t j = lane + 32 * k;
+            if (j < C4) {
+                const ck_vec<float> g = ((const ck_vec<float> *)gamma)[j];
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    const float gd = g.v[w] * e[k][w];
+                    sg += gd;
+                    sgx += gd * (v[k][w] - m);
+                }
+            }
+        }
+        const float mg = ck_warp_sum(sg) / (float)C;
+        const float k2 = rs * rs * rs * ck_warp_sum(sgx) / (float)C;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t j = lane + 32 * k;
+            if (j < C4) {
+                const ck_vec<float> g = ((const ck_vec<float> *)gamma)[j];
+                ck_vec<float> o;
+#pragma unroll
+                for (int w = 0; w < 4; w++) o.v[w] = (g.v[w] * e[k][w] - mg) * rs - (v[k][w] - m) * k2;
+                ((ck_vec<float> *)(dx + r * C))[j] = o;
+            }
+        }
+    }
+}
+
+/* The register kernels' NV for rows of C, or 0 where they do not apply. */
+static int ln_nv(int64_t C, const void *a, const void *b, const void *c, const void *d)
+{
+    if (C % 4 || C > 128 * LN_NV_MAX || !ck_aligned16(a) || !ck_aligned16(b) || !ck_aligned16(c) ||
+        (d && !ck_aligned16(d)))
+        return 0;
+    return (int)((C + 127) / 128);
+}
+
+#define LN_NV_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10)
+
+static void ln_fwd_launch(ck_cuda_ctx *c, int nv, float *y, const float *x, const float *gamma, const float *beta,
+                          int64_t R, int64_t C, float eps)
+{
+    switch (nv) {
+#define LN_FWD(n)                                                                                                          case n: ck_launch(ln_fwd_reg<n>, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps); break;
+        LN_NV_CASES(LN_FWD)
+#undef LN_FWD
+    default: ck_launch(ln_fwd, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps);
+    }
+}
+
+static void ln_dx_launch(ck_cuda_ctx *c, float *dx, const float *dy, const float *x, const float *gamma, int64_t R,
+                         int64_t C, float eps)
+{
+    switch (ln_nv(C, dx, dy, x, gamma)) {
+#define LN_DX(n)                                                                                                           case n: ck_launch(ln_bwd_dx_reg<n>, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps); break;
+        LN_NV_CASES(LN_DX)
+#undef LN_DX
+    default: ck_launch(ln_bwd_dx, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps);
+    }
+}
+
 /* Phase 1 of the chunked dgamma/dbeta: block k takes rows [R k / P, R (k+1) / P),
  * writes their statistics to st and, per column, the sums of dy * xh and dy
  * over its rows (in row order) to part[2k] and part[2k+1]. */
@@ -241,15 +654,27 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_partials(float *part, float *s
     }
 }
 
-// Phase 2: dgamma[c], dbeta[c] = the P chunk partials of column c, added in chunk order
+/* Phase 2: dgamma[c], dbeta[c] = the P chunk partials of column c. Block b
+ * takes columns [32 b, 32 b + 32), a lane each; warp w adds chunks w, w +
+ * WARPS, ... in order (in double), then warp 0 adds the warps' sums in warp
+ * order: WARPS loads in flight per column instead of one thread walking all P. */
 __global__ void __launch_bounds__(THREADS) ln_bwd_combine(float *dgamma, float *dbeta, const float *part, int64_t C,
                                                           int64_t P)
 {
-    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
-        double a = 0.0, b = 0.0;
-        for (int64_t k = 0; k < P; k++) a += part[2 * k * C + c], b += part[(2 * k + 1) * C + c];
-        if (dgamma) dgamma[c] = (float)a;
-        if (dbeta) dbeta[c] = (float)b;
+    __shared__ double pa[WARPS][32], pb[WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t c = (int64_t)blockIdx.x * 32 + lane;
+    double a = 0.0, b = 0.0;
+    if (c < C)
+        for (int64_t k = warp; k < P; k += WARPS) a += part[2 * k * C + c], b += part[(2 * k + 1) * C + c];
+    pa[warp][lane] = a;
+    pb[warp][lane] = b;
+    __syncthreads();
+    if (warp == 0 && c < C) {
+        double sa = 0.0, sb = 0.0;
+        for (int w = 0; w < WARPS; w++) sa += pa[w][lane], sb += pb[w][lane];
+        if (dgamma) dgamma[c] = (float)sa;
+        if (dbeta) dbeta[c] = (float)sb;
     }
 }
 
@@ -309,8 +734,10 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm)
     if (C == 0) return;
     const int64_t R = ck_view_numel(&in[0]) / C;
     if (R == 0) return;
-    ck_launch(ln_fwd, ck_grid(R, WARPS), THREADS, c->stream, out[0].data, (const float *)in[0].data,
-              (const float *)in[1].data, (const float *)in[2].data, R, C, p->f[0]);
+    const float *x = (const float *)in[0].data, *gamma = (const float *)in[1].data, *beta = (const float *)in[2].data;
+    float *y = out[0].data;
+    const int nv = ln_nv(C, y, x, gamma, beta);
+    ln_fwd_launch(c, nv, y, x, gamma, beta, R, C, p->f[0]);
     ck_cuda_end(c, "layer_norm");
 }
 
@@ -333,7 +760,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd)
         return;
     }
     if (!dgamma && !dbeta) {
-        if (dx) ck_launch(ln_bwd_dx, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps);
+        if (dx) ln_dx_launch(c, dx, dy, x, gamma, R, C, eps);
     } else if (dx && R >= 4 && C >= 4) {
         // Chunks of rows: their partials (2 P C floats) and row statistics (2 R)
         // fit in dx (R C floats) because P <= R / 4 and C >= 4.
@@ -341,8 +768,9 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd)
         if (P > LN_CHUNKS) P = LN_CHUNKS;
         float *part = dx, *st = dx + 2 * P * C;
         ck_launch(ln_bwd_partials, (unsigned)P, THREADS, c->stream, part, st, dy, x, R, C, eps, P);
-        ck_launch(ln_bwd_combine, ck_grid(C, THREADS), THREADS, c->stream, dgamma, dbeta, (const float *)part, C, P);
-        ck_launch(ln_bwd_dx, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps);
+        ck_launch(ln_bwd_combine, (unsigned)((C + 31) / 32), THREADS, c->stream, dgamma, dbeta, (const float *)part, C,
+                  P);
+        ln_dx_launch(c, dx, dy, x, gamma, R, C, eps);
     } else {
         ck_launch(ln_bwd_columns, (unsigned)((C + 31) / 32), THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma, R, C,
                   eps);

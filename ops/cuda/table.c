@@ -12,6 +12,8 @@ const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT] = {
     [CK_OP_GROUP_NORM_BWD] = ck_cuda_group_norm_bwd,
     [CK_OP_LAYER_NORM] = ck_cuda_layer_norm,
     [CK_OP_LAYER_NORM_BWD] = ck_cuda_layer_norm_bwd,
+    [CK_OP_GROUP_NORM_SILU] = ck_cuda_group_norm_silu,
+    [CK_OP_GROUP_NORM_SILU_BWD] = ck_cuda_group_norm_silu_bwd,
     [CK_OP_SILU] = ck_cuda_silu,
     [CK_OP_SILU_BWD] = ck_cuda_silu_bwd,
     [CK_OP_GELU] = ck_cuda_gelu,
@@ -71,4 +73,6 @@ const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_RESHAPE] = ck_cuda_reshape_bf16,
     [CK_OP_MISH] = ck_cuda_mish_bf16,
     [CK_OP_MISH_BWD] = ck_cuda_mish_bwd_bf16,
+    [CK_OP_GROUP_NORM_SILU] = ck_cuda_group_norm_silu_bf16,
+    [CK_OP_GROUP_NORM_SILU_BWD] = ck_cuda_group_norm_silu_bwd_bf16,
 };

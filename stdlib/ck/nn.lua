@@ -155,10 +155,29 @@ function GroupNorm:init(o)
   self.eps = o.eps or o[3] or 1e-5
 end
 
-function GroupNorm:updateOutput(g, x)
+-- act = "silu": silu of the norm as one op (nn.norm_act)
+function GroupNorm:updateOutput(g, x, act)
   local w = self:param(g, "weight", {self.channels}, {init = "ones"})
   local b = self:param(g, "bias", {self.channels}, {init = "zeros"})
+  if act == "silu" then return ck.group_norm_silu(x, self.groups, w, b, self.eps) end
   return ck.group_norm(x, self.groups, w, b, self.eps)
+end
+
+-- Whether nn.norm_act fuses a GroupNorm and SiLU: true keeps the norm's output
+-- out of the plan (one op, recorded in the norm's scope, whose backward
+-- recomputes it); false builds the two ops, for comparing the two graphs.
+nn.fuse_norm_silu = true
+
+-- act(norm(x)) for a GroupNorm whose output nothing else reads. act: nil
+-- (SiLU), an op constructor (ck.silu, ck.mish) or a module (a SiLU module
+-- names the activation's scope when the two are built apart).
+function nn.norm_act(g, norm, x, act)
+  local silu = act == nil or act == ck.silu or getmetatable(act) == nn.SiLU
+  if silu and nn.fuse_norm_silu then return norm:forward(g, x, "silu") end
+  local h = norm:forward(g, x)
+  if act == nil then return ck.silu(h) end
+  if type(act) == "function" then return act(h) end
+  return act:forward(g, h)
 end
 
 ---- LayerNorm{dim, eps=1e-5} over the last dim

@@ -99,11 +99,11 @@ end
 
 -- x [B, Cin, H, W], temb [B, T] -> [B, Cout, H, W]
 function ResnetBlock2D:updateOutput(g, x, temb)
-  local h = self.conv1:forward(g, ck.silu(self.norm1:forward(g, x)))
+  local h = self.conv1:forward(g, nn.norm_act(g, self.norm1, x))
   local t = self.time_emb_proj:forward(g, ck.silu(temb))
   local ts = t.shape
   h = h + ck.reshape(t, {ts[1], ts[2], 1, 1})
-  h = ck.silu(self.norm2:forward(g, h))
+  h = nn.norm_act(g, self.norm2, h)
   if (self.dropout or 0) > 0 then h = ck.dropout(h, self.dropout) end
   h = self.conv2:forward(g, h)
   if self.conv_shortcut then x = self.conv_shortcut:forward(g, x) end
@@ -425,7 +425,7 @@ function UNet2DConditionModel:updateOutput(g, sample, timesteps, encoder_hidden_
   end
   x = self.mid_block:forward(g, x, emb, encoder_hidden_states)
   for _, blk in ipairs(self.up_blocks) do x = blk:forward(g, x, skips, emb, encoder_hidden_states) end
-  x = self.conv_act:forward(g, self.conv_norm_out:forward(g, x))
+  x = nn.norm_act(g, self.conv_norm_out, x, self.conv_act)
   return self.conv_out:forward(g, x)
 end
 

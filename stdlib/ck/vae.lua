@@ -147,8 +147,8 @@ end
 
 -- x [B, Cin, H, W] -> [B, Cout, H, W]
 function ResnetBlock2D:updateOutput(g, x)
-  local h = self.conv1:forward(g, self.act(self.norm1:forward(g, x)))
-  h = self.conv2:forward(g, self.act(self.norm2:forward(g, h)))
+  local h = self.conv1:forward(g, nn.norm_act(g, self.norm1, x, self.act))
+  h = self.conv2:forward(g, nn.norm_act(g, self.norm2, h, self.act))
   if self.conv_shortcut then x = self.conv_shortcut:forward(g, x) end
   return x + h
 end
@@ -294,7 +294,7 @@ function Encoder:updateOutput(g, x)
   x = self.conv_in:forward(g, x)
   for _, blk in ipairs(self.down_blocks) do x = blk:forward(g, x) end
   x = self.mid_block:forward(g, x)
-  return self.conv_out:forward(g, self.act(self.conv_norm_out:forward(g, x)))
+  return self.conv_out:forward(g, nn.norm_act(g, self.conv_norm_out, x, self.act))
 end
 
 ---- Decoder(config): conv_in, mid_block, up_blocks (layers_per_block + 1 resnets each), conv_norm_out, act, conv_out
@@ -322,7 +322,7 @@ end
 function Decoder:updateOutput(g, z)
   local x = self.mid_block:forward(g, self.conv_in:forward(g, z))
   for _, blk in ipairs(self.up_blocks) do x = blk:forward(g, x) end
-  return self.conv_out:forward(g, self.act(self.conv_norm_out:forward(g, x)))
+  return self.conv_out:forward(g, nn.norm_act(g, self.conv_norm_out, x, self.act))
 end
 
 ---- the two halves of AutoencoderKL, each a root module whose children are

@@ -368,6 +368,33 @@ static const tcase cases[] = {
      {SH(1, 64, 32, 32), SH(1, 64, 32, 32), SH(64)}, .tol = F32},
     {"group_norm_bwd [2,640,64,64]", CK_OP_GROUP_NORM_BWD, {.i = {32}, .f = {1e-5f}}, 3,
      {SH(2, 640, 64, 64), SH(2, 640, 64, 64), SH(640)}, .tol = F32, .big = 1},
+    {"group_norm_silu [2,6,5,3] 3 groups", CK_OP_GROUP_NORM_SILU, {.i = {3}, .f = {1e-5f}}, 3,
+     {SH(2, 6, 5, 3), SH(6), SH(6)}, .tol = F32},
+    {"group_norm_silu [1,64,32,32] 32 groups", CK_OP_GROUP_NORM_SILU, {.i = {32}, .f = {1e-5f}}, 3,
+     {SH(1, 64, 32, 32), SH(64), SH(64)}, .tol = F32},
+    {"group_norm_silu [2,640,64,64] 32 groups", CK_OP_GROUP_NORM_SILU, {.i = {32}, .f = {1e-5f}}, 3,
+     {SH(2, 640, 64, 64), SH(640), SH(640)}, .tol = F32, .big = 1},
+    {"group_norm_silu_bwd all", CK_OP_GROUP_NORM_SILU_BWD, {.i = {3}, .f = {1e-5f}}, 4,
+     {SH(3, 6, 5, 3), SH(3, 6, 5, 3), SH(6), SH(6)}, .tol = F32},
+    {"group_norm_silu_bwd dx only", CK_OP_GROUP_NORM_SILU_BWD, {.i = {2}, .f = {1e-5f}}, 4,
+     {SH(2, 4, 7), SH(2, 4, 7), SH(4), SH(4)}, .unwanted = 6, .tol = F32},
+    {"group_norm_silu_bwd dgamma dbeta only", CK_OP_GROUP_NORM_SILU_BWD, {.i = {2}, .f = {1e-5f}}, 4,
+     {SH(2, 4, 7), SH(2, 4, 7), SH(4), SH(4)}, .unwanted = 1, .tol = F32},
+    {"group_norm_silu_bwd [1,64,32,32]", CK_OP_GROUP_NORM_SILU_BWD, {.i = {32}, .f = {1e-5f}}, 4,
+     {SH(1, 64, 32, 32), SH(1, 64, 32, 32), SH(64), SH(64)}, .tol = F32},
+    {"group_norm_silu_bwd [2,640,64,64]", CK_OP_GROUP_NORM_SILU_BWD, {.i = {32}, .f = {1e-5f}}, 4,
+     {SH(2, 640, 64, 64), SH(2, 640, 64, 64), SH(640), SH(640)}, .tol = F32, .big = 1},
+    /* channels of more than one 4096-position piece (the partial sums' second pass), with and without vectors */
+    {"group_norm [2,4,72,72] 2 pieces a channel", CK_OP_GROUP_NORM, {.i = {2}, .f = {1e-5f}}, 3,
+     {SH(2, 4, 72, 72), SH(4), SH(4)}, .tol = F32},
+    {"group_norm_bwd [2,6,4099] 2 pieces, scalar", CK_OP_GROUP_NORM_BWD, {.i = {3}, .f = {1e-5f}}, 3,
+     {SH(2, 6, 4099), SH(2, 6, 4099), SH(6)}, .tol = F32},
+    {"group_norm_silu [2,6,4099] 2 pieces, scalar", CK_OP_GROUP_NORM_SILU, {.i = {3}, .f = {1e-5f}}, 3,
+     {SH(2, 6, 4099), SH(6), SH(6)}, .tol = F32},
+    {"group_norm_silu_bwd [2,4,72,72] 2 pieces", CK_OP_GROUP_NORM_SILU_BWD, {.i = {2}, .f = {1e-5f}}, 4,
+     {SH(2, 4, 72, 72), SH(2, 4, 72, 72), SH(4), SH(4)}, .tol = F32},
+    {"group_norm_silu_bwd [3,4,9000] dgamma dbeta only", CK_OP_GROUP_NORM_SILU_BWD, {.i = {1}, .f = {1e-5f}}, 4,
+     {SH(3, 4, 9000), SH(3, 4, 9000), SH(4), SH(4)}, .unwanted = 1, .tol = F32},
     {"layer_norm [3,5,37]", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(3, 5, 37), SH(37), SH(37)}, .tol = F32},
     {"layer_norm [1,300,64]", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(1, 300, 64), SH(64), SH(64)}, .tol = F32},
     {"layer_norm C 2100", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(3, 2100), SH(2100), SH(2100)}, .tol = F32},
@@ -381,11 +408,23 @@ static const tcase cases[] = {
      {SH(9, 40), SH(9, 40), SH(40)}, .unwanted = 1, .tol = F32},
     {"layer_norm_bwd dx only", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3, {SH(7, 33), SH(7, 33), SH(33)}, .unwanted = 6,
      .tol = F32},
+    /* rows of whole vectors up to 1280: held in registers */
+    {"layer_norm [2,9,640] rows in registers", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3,
+     {SH(2, 9, 640), SH(640), SH(640)}, .tol = F32},
+    {"layer_norm [3,1280] rows in registers", CK_OP_LAYER_NORM, {.i = {0}, .f = {1e-5f}}, 3, {SH(3, 1280), SH(1280), SH(1280)},
+     .tol = F32},
+    {"layer_norm_bwd dx only [5,200] rows in registers", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
+     {SH(5, 200), SH(5, 200), SH(200)}, .unwanted = 6, .tol = F32},
+    {"layer_norm_bwd chunked [4,7,1280] rows in registers", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
+     {SH(4, 7, 1280), SH(4, 7, 1280), SH(1280)}, .tol = F32},
     {"layer_norm_bwd [2,4096,640]", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
      {SH(2, 4096, 640), SH(2, 4096, 640), SH(640)}, .tol = F32, .big = 1},
     /* activation.cu */
     {"silu", CK_OP_SILU, {.i = {0}}, 1, {SH(3, 333)}, .kind = {WIDE}, .tol = F32},
     {"silu_bwd", CK_OP_SILU_BWD, {.i = {0}}, 2, {SH(3, 333), SH(3, 333)}, .kind = {UNIFORM, WIDE}, .tol = F32},
+    {"silu [3,320] vectors", CK_OP_SILU, {.i = {0}}, 1, {SH(3, 320)}, .kind = {WIDE}, .tol = F32},
+    {"silu_bwd [3,320] vectors", CK_OP_SILU_BWD, {.i = {0}}, 2, {SH(3, 320), SH(3, 320)}, .kind = {UNIFORM, WIDE},
+     .tol = F32},
     {"gelu erf", CK_OP_GELU, {.i = {0}}, 1, {SH(1001)}, .kind = {WIDE}, .tol = F32},
     {"gelu tanh", CK_OP_GELU, {.i = {1}}, 1, {SH(1001)}, .kind = {WIDE}, .tol = F32},
     {"gelu_bwd erf", CK_OP_GELU_BWD, {.i = {0}}, 2, {SH(1001), SH(1001)}, .kind = {UNIFORM, WIDE}, .tol = F32},
@@ -394,6 +433,13 @@ static const tcase cases[] = {
     {"geglu tanh", CK_OP_GEGLU, {.i = {1}}, 1, {SH(5, 22)}, .kind = {WIDE}, .tol = F32},
     {"geglu_bwd erf", CK_OP_GEGLU_BWD, {.i = {0}}, 2, {SH(3, 7, 9), SH(3, 7, 18)}, .kind = {UNIFORM, WIDE}, .tol = F32},
     {"geglu_bwd tanh", CK_OP_GEGLU_BWD, {.i = {1}}, 2, {SH(5, 11), SH(5, 22)}, .kind = {UNIFORM, WIDE}, .tol = F32},
+    /* rows of whole 16-byte vectors: the vector kernels (4 floats, 8 bf16 a load) */
+    {"geglu [4,5,32] vectors", CK_OP_GEGLU, {.i = {0}}, 1, {SH(4, 5, 32)}, .kind = {WIDE}, .tol = F32},
+    {"geglu_bwd [4,5,16] vectors", CK_OP_GEGLU_BWD, {.i = {1}}, 2, {SH(4, 5, 16), SH(4, 5, 32)}, .kind = {UNIFORM, WIDE},
+     .tol = F32},
+    {"geglu [2,4096,5120] vectors", CK_OP_GEGLU, {.i = {0}}, 1, {SH(2, 4096, 5120)}, .kind = {WIDE}, .tol = F32, .big = 1},
+    {"geglu_bwd [2,4096,2560] vectors", CK_OP_GEGLU_BWD, {.i = {0}}, 2, {SH(2, 4096, 2560), SH(2, 4096, 5120)},
+     .kind = {UNIFORM, WIDE}, .tol = F32, .big = 1},
     {"softmax [7,33]", CK_OP_SOFTMAX, {.i = {0}}, 1, {SH(7, 33)}, .kind = {WIDE}, .tol = F32},
     {"softmax [3,1500]", CK_OP_SOFTMAX, {.i = {0}}, 1, {SH(3, 1500)}, .kind = {WIDE}, .tol = F32},
     {"softmax_bwd", CK_OP_SOFTMAX_BWD, {.i = {0}}, 2, {SH(7, 33), SH(7, 33)}, .tol = F32},
@@ -423,6 +469,8 @@ static const tcase cases[] = {
      {SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640)}, .tol = F32, .big = 1},
     /* elementwise.cu */
     {"add same shape", CK_OP_ADD, {.i = {0}}, 2, {SH(3, 7, 5), SH(3, 7, 5)}, .tol = EXACT},
+    {"add same shape [4,6,10] vectors", CK_OP_ADD, {.i = {0}}, 2, {SH(4, 6, 10), SH(4, 6, 10)}, .tol = EXACT},
+    {"mul same shape [2,40] vectors", CK_OP_MUL, {.i = {0}}, 2, {SH(2, 40), SH(2, 40)}, .tol = EXACT},
     {"add row bias", CK_OP_ADD, {.i = {0}}, 2, {SH(4, 6, 9), SH(9)}, .tol = EXACT},
     {"add channel bias", CK_OP_ADD, {.i = {0}}, 2, {SH(2, 5, 3, 4), SH(5, 1, 1)}, .tol = EXACT},
     {"sub both broadcast", CK_OP_SUB, {.i = {0}}, 2, {SH(1, 5, 1, 1), SH(2, 1, 3, 4)}, .tol = EXACT},
@@ -542,6 +590,12 @@ static void short_workspace_names_the_op(void)
     ck_cuda_kernels[CK_OP_SILU](&ctx, &p, out, 1, in, 1);
     const int ok = ck_cuda_failed() && strncmp(ck_cuda_last_error(), "attention_bwd: ", 15) == 0;
     report(ok, "short workspace: \"%s\"", ck_cuda_last_error());
+    ck_cuda_clear_error();
+    /* group norm keeps its partial sums in the workspace */
+    const ck_op_params gp = {.i = {3}, .f = {1e-5f}};
+    ck_cuda_kernels[CK_OP_GROUP_NORM_SILU](&ctx, &gp, out, 1, in, 3);
+    const int gok = ck_cuda_failed() && strncmp(ck_cuda_last_error(), "group_norm_silu: workspace", 26) == 0;
+    report(gok, "short workspace: \"%s\"", ck_cuda_last_error());
     ck_cuda_clear_error();
     ck_cuda_free(d);
 }

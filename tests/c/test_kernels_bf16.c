@@ -1,8 +1,9 @@
 /* The CPU kernels for bf16 storage (ck_cpu_kernels_bf16) against the fp32
  * kernels on the same inputs: every input is a bf16 value, the fp32 kernel's
  * output is the reference, and each bf16 output must be that reference
- * rounded once: |got - ref| <= 2^-8 |ref| + 1e-5 max |ref| (bf16 keeps 8
- * significant bits; the second term allows for a sum taken in another order).
+ * rounded once: |got - ref| <= 2^-8 |ref| + 1e-5 max |ref| over each of its
+ * outputs (bf16 keeps 8 significant bits; the second term allows for a sum
+ * taken in another order).
  * Odd sizes cross the kernels' 256-value blocks. Also: two runs agree bitwise,
  * nothing is written past an output, every op with a bf16 kernel has a case
  * here, and the CPU's bf16 ops are the GPU's (ck_cuda_bf16_op), so that plans
@@ -32,13 +33,14 @@ typedef struct tcase {
     enum ck_op op;
     ck_op_params p;
     int nin;
-    ck_shape in[3];
+    ck_shape in[4];
     ck_shape out; /* preset (FILL); otherwise from the op's rule */
 } tcase;
 
 /* label, op, params, inputs (FILL: none, its output preset) */
 #define CASE(l_, o_, p_, n_, ...) {.label = l_, .op = o_, .p = p_, .nin = n_, .in = {__VA_ARGS__}}
 #define NOP {.i = {0}}
+#define GN(groups, eps) {.i = {groups}, .f = {eps}}
 static const tcase cases[] = {
     CASE("silu [3,1001]", CK_OP_SILU, NOP, 1, SH(3, 1001)),
     CASE("silu_bwd [3,1001]", CK_OP_SILU_BWD, NOP, 2, SH(3, 1001), SH(3, 1001)),
@@ -55,6 +57,12 @@ static const tcase cases[] = {
     CASE("softmax_bwd [7,600]", CK_OP_SOFTMAX_BWD, NOP, 2, SH(7, 600), SH(7, 600)),
     CASE("mish [3,1001]", CK_OP_MISH, NOP, 1, SH(3, 1001)),
     CASE("mish_bwd [3,1001]", CK_OP_MISH_BWD, NOP, 2, SH(3, 1001), SH(3, 1001)),
+    /* one group's 2 x 2100 values cross the 2048-value pieces; dx of the backward */
+    CASE("group_norm_silu [2,4,30,70] 2 groups", CK_OP_GROUP_NORM_SILU, GN(2, 1e-5f), 3, SH(2, 4, 30, 70),
+         SH(4), SH(4)),
+    CASE("group_norm_silu_bwd [2,4,30,70] 2 groups", CK_OP_GROUP_NORM_SILU_BWD, GN(2, 1e-5f), 4,
+         SH(2, 4, 30, 70), SH(2, 4, 30, 70), SH(4), SH(4)),
+    CASE("group_norm_silu [3,6,7] 3 groups", CK_OP_GROUP_NORM_SILU, GN(3, 1e-6f), 3, SH(3, 6, 7), SH(6), SH(6)),
     CASE("add same shape [3,333]", CK_OP_ADD, NOP, 2, SH(3, 333), SH(3, 333)),
     CASE("add bias [4,5,6] + [6]", CK_OP_ADD, NOP, 2, SH(4, 5, 6), SH(6)),
     CASE("sub per channel [2,3,4,5] - [3,1,1]", CK_OP_SUB, NOP, 2, SH(2, 3, 4, 5), SH(3, 1, 1)),
@@ -76,17 +84,19 @@ static ck_view view(void *data, const ck_shape *s)
 
 static void run_case(const tcase *t)
 {
-    ck_shape out = t->out;
+    ck_shape outs[CK_MAX_OUT] = {t->out};
     char err[160];
-    if (t->op != CK_OP_FILL && ck_op_infer(t->op, &t->p, t->in, t->nin, &out, err, sizeof err)) {
+    if (t->op != CK_OP_FILL && ck_op_infer(t->op, &t->p, t->in, t->nin, outs, err, sizeof err)) {
         check(t->label, 0, 0);
         printf("  shape rule: %s\n", err);
         return;
     }
-    const int64_t n = ck_shape_numel(&out);
-    float *in32[3] = {0}, *ref = malloc(sizeof(float) * (size_t)(n + 1));
-    uint16_t *in16[3] = {0}, *got = malloc(sizeof(uint16_t) * (size_t)(n + 1)), *got2 = malloc(sizeof(uint16_t) * (size_t)(n + 1));
-    ck_view v32[3], v16[3];
+    /* every output the op has (a norm's backward: dx, dgamma, dbeta) */
+    const int nout = t->op == CK_OP_FILL ? 1 : ck_op_nout(t->op);
+    float *in32[4] = {0}, *ref[CK_MAX_OUT];
+    uint16_t *in16[4] = {0}, *got[CK_MAX_OUT], *got2[CK_MAX_OUT];
+    int64_t n[CK_MAX_OUT];
+    ck_view v32[4], v16[4], o32[CK_MAX_OUT], o16[CK_MAX_OUT], o16b[CK_MAX_OUT];
     for (int j = 0; j < t->nin; j++) {
         const int64_t m = ck_shape_numel(&t->in[j]);
         in32[j] = malloc(sizeof(float) * (size_t)m);
@@ -98,30 +108,40 @@ static void run_case(const tcase *t)
         v32[j] = view(in32[j], &t->in[j]);
         v16[j] = view(in16[j], &t->in[j]);
     }
-    ck_view o32 = view(ref, &out), o16 = view(got, &out);
-    ck_cpu_kernels[t->op](&ctx0, &t->p, &o32, 1, v32, t->nin);
-    got[n] = got2[n] = GUARD;
-    ck_cpu_kernels_bf16[t->op](&ctx0, &t->p, &o16, 1, v16, t->nin);
-    o16.data = (float *)got2;
-    ck_cpu_kernels_bf16[t->op](&ctx0, &t->p, &o16, 1, v16, t->nin);
-
-    double mx = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
-    int ok = 1;
-    for (int64_t i = 0; i < n; i++) {
-        const double g = ck_f32_from_bf16(got[i]), d = fabs(g - ref[i]);
-        const double allowed = ldexp(fabs(ref[i]), -8) + 1e-5 * mx;
-        if (!(d <= allowed)) ok = 0;
-        const double rel = d / fmax(fabs(ref[i]), 1e-30);
-        if (!(rel <= worst)) worst = rel;
+    for (int k = 0; k < nout; k++) {
+        n[k] = ck_shape_numel(&outs[k]);
+        ref[k] = malloc(sizeof(float) * (size_t)(n[k] + 1));
+        got[k] = malloc(sizeof(uint16_t) * (size_t)(n[k] + 1));
+        got2[k] = malloc(sizeof(uint16_t) * (size_t)(n[k] + 1));
+        got[k][n[k]] = got2[k][n[k]] = GUARD;
+        o32[k] = view(ref[k], &outs[k]);
+        o16[k] = view(got[k], &outs[k]);
+        o16b[k] = view(got2[k], &outs[k]);
     }
-    const int same = memcmp(got, got2, sizeof(uint16_t) * (size_t)n) == 0;
-    const int guard = got[n] == GUARD && got2[n] == GUARD;
+    ck_cpu_kernels[t->op](&ctx0, &t->p, o32, nout, v32, t->nin);
+    ck_cpu_kernels_bf16[t->op](&ctx0, &t->p, o16, nout, v16, t->nin);
+    ck_cpu_kernels_bf16[t->op](&ctx0, &t->p, o16b, nout, v16, t->nin);
+
+    double worst = 0;
+    int ok = 1, same = 1, guard = 1;
+    for (int k = 0; k < nout; k++) {
+        double mx = 0;
+        for (int64_t i = 0; i < n[k]; i++) mx = fmax(mx, fabs(ref[k][i]));
+        for (int64_t i = 0; i < n[k]; i++) {
+            const double g = ck_f32_from_bf16(got[k][i]), d = fabs(g - ref[k][i]);
+            const double allowed = ldexp(fabs(ref[k][i]), -8) + 1e-5 * mx;
+            if (!(d <= allowed)) ok = 0;
+            const double rel = d / fmax(fabs(ref[k][i]), 1e-30);
+            if (!(rel <= worst)) worst = rel;
+        }
+        same &= memcmp(got[k], got2[k], sizeof(uint16_t) * (size_t)n[k]) == 0;
+        guard &= got[k][n[k]] == GUARD && got2[k][n[k]] == GUARD;
+    }
     if (!same) printf("  two runs differ\n");
     if (!guard) printf("  wrote past the output\n");
     check(t->label, ok && same && guard, worst);
     for (int j = 0; j < t->nin; j++) free(in32[j]), free(in16[j]);
-    free(ref), free(got), free(got2);
+    for (int k = 0; k < nout; k++) free(ref[k]), free(got[k]), free(got2[k]);
 }
 
 int main(void)

@@ -72,6 +72,8 @@ static const struct {
     {CK_OP_ALLREDUCE_START, 48, "allreduce_start"},
     {CK_OP_ALLREDUCE_WAIT, 49, "allreduce_wait"},
     {CK_OP_BROADCAST, 50, "broadcast"},
+    {CK_OP_GROUP_NORM_SILU, 51, "group_norm_silu"},
+    {CK_OP_GROUP_NORM_SILU_BWD, 52, "group_norm_silu_bwd"},
 };
 
 static void op_numbers_never_change(void)

@@ -68,6 +68,10 @@ gradcheck("conv2d 3x3 stride 2 pad 1", {{2, 3, 7, 5}, {2, 3, 3, 3}, {2}}, functi
 gradcheck("conv2d 1x1 no bias", {{1, 5, 3, 3}, {3, 5, 1, 1}}, function(g, x) return ck.conv2d(x[1], x[2]) end)
 gradcheck("group_norm", {{2, 6, 3, 5}, {6}, {6}}, function(g, x) return ck.group_norm(x[1], 3, x[2], x[3]) end, {probe = 16})
 gradcheck("group_norm one group, 3-D", {{2, 4, 7}, {4}, {4}}, function(g, x) return ck.group_norm(x[1], 1, x[2], x[3], 1e-6) end)
+gradcheck("group_norm_silu", {{2, 6, 3, 5}, {6}, {6}}, function(g, x) return ck.group_norm_silu(x[1], 3, x[2], x[3]) end,
+  {probe = 16})
+gradcheck("group_norm_silu one group, 3-D", {{2, 4, 7}, {4}, {4}},
+  function(g, x) return ck.group_norm_silu(x[1], 1, x[2], x[3], 1e-6) end)
 gradcheck("layer_norm", {{3, 2, 9}, {9}, {9}}, function(g, x) return ck.layer_norm(x[1], x[2], x[3]) end, {probe = 16})
 gradcheck("silu", {{3, 7}}, function(g, x) return ck.silu(x[1]) end)
 gradcheck("gelu erf", {{3, 7}}, function(g, x) return ck.gelu(x[1]) end)

@@ -80,9 +80,12 @@ for _, e in ipairs(policies) do
   T.ok(r.plan.peak == r.measured[1] and r.plan.peak == r.measured[2],
     string.format("%s: predicted peak %d equals the measured high-water mark %d", e[1], r.plan.peak, r.measured[2]))
   if e[1] ~= "auto that fits without recompute" then
-    T.ok(recomputes and r.plan.activation_bytes < base.plan.activation_bytes and r.plan.peak <= base.plan.peak,
-      string.format("%s: recomputes, holds fewer activations for backward (%.2f -> %.2f MiB), peak %.2f -> %.2f MiB",
-        e[1], base.plan.activation_bytes / 2 ^ 20, r.plan.activation_bytes / 2 ^ 20, base.plan.peak / 2 ^ 20, r.plan.peak / 2 ^ 20))
+    -- the bytes live at once: the arena adds the packing's gaps, which move by
+    -- kilobytes either way with any change to the op list
+    T.ok(recomputes and r.plan.activation_bytes < base.plan.activation_bytes and r.plan.live_peak <= base.plan.live_peak,
+      string.format("%s: recomputes, holds fewer activations for backward (%.2f -> %.2f MiB), live peak %.2f -> %.2f MiB",
+        e[1], base.plan.activation_bytes / 2 ^ 20, r.plan.activation_bytes / 2 ^ 20, base.plan.live_peak / 2 ^ 20,
+        r.plan.live_peak / 2 ^ 20))
   else
     T.ok(not recomputes, "auto with room to spare recomputes nothing")
   end

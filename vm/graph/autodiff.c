@@ -189,6 +189,13 @@ GRAD(norm)
     return grad_multi(a, n, bi, 3, 3, &n->p);
 }
 
+/* dx, dgamma, dbeta from dy, x, gamma and beta (the pre-activation is recomputed) */
+GRAD(norm_silu)
+{
+    int bi[4] = {dy, n->in[0], n->in[1], n->in[2]};
+    return grad_multi(a, n, bi, 4, 3, &n->p);
+}
+
 GRAD(attention)
 {
     int bi[4] = {dy, n->in[0], n->in[1], n->in[2]};

@@ -472,15 +472,20 @@ static int l_conv2d(lua_State *L)
     return record(L, CK_OP_CONV2D, a, has_b ? 3 : 2, &p, NULL);
 }
 
-/* group_norm(x, groups, gamma, beta [, eps=1e-5]) */
-static int l_group_norm(lua_State *L)
+static int group_norm_op(lua_State *L, enum ck_op op)
 {
     ck_op_params p = {0};
     int a[3] = {1, 3, 4};
     p.i[0] = luaL_checkinteger(L, 2);
     p.f[0] = (float)luaL_optnumber(L, 5, 1e-5);
-    return record(L, CK_OP_GROUP_NORM, a, 3, &p, NULL);
+    return record(L, op, a, 3, &p, NULL);
 }
+
+/* group_norm(x, groups, gamma, beta [, eps=1e-5]) */
+static int l_group_norm(lua_State *L) { return group_norm_op(L, CK_OP_GROUP_NORM); }
+
+/* group_norm_silu(x, groups, gamma, beta [, eps=1e-5]): silu(group_norm(...)) as one op */
+static int l_group_norm_silu(lua_State *L) { return group_norm_op(L, CK_OP_GROUP_NORM_SILU); }
 
 /* layer_norm(x, gamma, beta [, eps=1e-5]) */
 static int l_layer_norm(lua_State *L)

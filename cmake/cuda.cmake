@@ -58,7 +58,7 @@ if(CK_CUDA_FOUND)
   target_compile_definitions(ck_cuda PUBLIC CK_HAVE_CUDA)
   target_compile_options(ck_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 -lineinfo -Xcompiler=-Wall>)
   # the shared CUDA libraries are the toolkit's, on the loader's path
-  set(CK_CUDA_LIBS CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY})
+  set(CK_CUDA_LIBS CUDA::cudart CUDA::cublas CUDA::cublasLt ${CUDNN_LIBRARY})
   # targets made before CUDA was enabled may link CUDA objects (the tests)
   get_property(made DIRECTORY ${CMAKE_SOURCE_DIR} PROPERTY BUILDSYSTEM_TARGETS)
   foreach(t ${made})
@@ -100,7 +100,8 @@ if(CK_CUDA_EMU)
     enable_language(CXX)
     # each .cu compiled as C++ through a one-line wrapper (a source file can be
     # of one language only, and ck_cuda compiles the same files as CUDA)
-    set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
+    set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cublaslt_emu.cpp
+      ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cudnn_find_emu.cpp ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
     foreach(cu ${CK_CUDA_SOURCES})
       get_filename_component(stem ${cu} NAME_WE)
       set(wrapper ${CMAKE_BINARY_DIR}/cuda_emu/${stem}.cpp)

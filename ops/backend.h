@@ -21,6 +21,8 @@ typedef struct ck_backend {
      * elsewhere bf16 operands are converted to fp32 around the fp32 kernel */
     const ck_kernel_fn *kernels_bf16;
     ck_workspace_fn workspace;    /* the rule the plan sizes each op's workspace by */
+    /* the rule for an op that runs its kernels_bf16 entry (NULL: workspace's) */
+    ck_workspace_fn workspace_bf16;
     int nthreads;                 /* passed to the rule (the CPU's threads; 1 on a GPU) */
     int host;                     /* 1: the arena is host memory */
     size_t fixed_bytes;           /* device memory held outside every plan (library workspaces) */

@@ -118,6 +118,10 @@ size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in,
  * without one. */
 size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                             const ck_shape *out, int nthreads);
+/* The CUDA rule for an op run by its bf16 kernel (products: cuBLASLt's
+ * workspace; elsewhere ck_op_workspace_cuda's) */
+size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
+                                 const ck_shape *out, int nthreads);
 int ck_cuda_bf16_op(enum ck_op op);
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out);
 

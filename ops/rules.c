@@ -671,6 +671,24 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
     return per_head * (size_t)heads;
 }
 
+/* bf16 products run through cuBLASLt, whose heuristic takes the workspace it
+ * is offered: 4 bytes per output element (room for one fp32 partial of a
+ * split-K product), at most LT_WS_CAP (what cuBLAS itself sets aside on
+ * Hopper). Elsewhere the fp32 rule: the convolutions' stated rule stands for
+ * the algorithm a device picks per shape (ops/cuda/conv2d.cu) when a plan is
+ * made without one. */
+#define LT_WS_CAP ((size_t)32 << 20)
+
+size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
+                                 const ck_shape *out, int nthreads)
+{
+    if (op == CK_OP_MATMUL || op == CK_OP_LINEAR) {
+        const size_t b = (size_t)ck_shape_numel(&out[0]) * sizeof(float);
+        return b < LT_WS_CAP ? b : LT_WS_CAP;
+    }
+    return ck_op_workspace_cuda(op, p, in, nin, out, nthreads);
+}
+
 int ck_cuda_bf16_op(enum ck_op op) { return (ck_op_precisions(op, 1) & CK_PREC_MASK_BF16) != 0; }
 
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out)

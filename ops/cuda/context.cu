@@ -117,6 +117,7 @@ extern "C" void ck_cuda_close(ck_cuda_ctx *c)
     if (c->ty) CK_DNN(op, cudnnDestroyTensorDescriptor(c->ty));
     if (c->tx) CK_DNN(op, cudnnDestroyTensorDescriptor(c->tx));
     if (c->dnn) CK_DNN(op, cudnnDestroy(c->dnn));
+    if (c->lt) CK_BLAS(op, cublasLtDestroy(c->lt));
     if (c->blas) CK_BLAS(op, cublasDestroy(c->blas));
     if (c->scratch) CK_CU(op, cudaFree(c->scratch)); /* the one allocation blas_ws is part of */
     if (c->stream) CK_CU(op, cudaStreamDestroy(c->stream));
@@ -144,6 +145,7 @@ extern "C" ck_cuda_ctx *ck_cuda_open(int device)
              /* the scratch and cuBLAS's workspace in one allocation: CK_CUDA_FIXED_BYTES */
              CK_CU(op, cudaMalloc(&c->scratch, CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES)) &&
              (c->blas_ws = (char *)c->scratch + CK_CUDA_SCRATCH_BYTES) && CK_BLAS(op, cublasCreate(&c->blas)) &&
+             CK_BLAS(op, cublasLtCreate(&c->lt)) &&
              /* the stream first: setting it resets cuBLAS to its default pool */
              CK_BLAS(op, cublasSetStream(c->blas, c->stream)) &&
              CK_BLAS(op, cublasSetWorkspace(c->blas, c->blas_ws, CK_CUDA_BLAS_WS_BYTES)) &&

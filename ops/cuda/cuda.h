@@ -88,9 +88,10 @@ int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int6
 extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 
 /* The same ops with every tensor in bf16 storage (the views' data pointers
- * point at __nv_bfloat16; arithmetic stays fp32), for the ops where that is
- * one instantiation away: activations, softmax, broadcasting add/sub/mul,
- * scale, fill, and the copies concat, slice and reshape. NULL elsewhere. */
+ * point at __nv_bfloat16; arithmetic stays fp32): activations, softmax,
+ * broadcasting add/sub/mul, scale, fill, the copies concat, slice and
+ * reshape, and on tensor cores (fp32 accumulation) the products (cuBLASLt)
+ * and convolutions (cuDNN). NULL elsewhere. */
 extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 
 #define CK_CUDA_KERNEL(name) \
@@ -99,6 +100,8 @@ extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 /* matmul.cu */
 CK_CUDA_KERNEL(ck_cuda_matmul);
 CK_CUDA_KERNEL(ck_cuda_linear);
+CK_CUDA_KERNEL(ck_cuda_matmul_bf16);
+CK_CUDA_KERNEL(ck_cuda_linear_bf16);
 /* conv2d.cu */
 CK_CUDA_KERNEL(ck_cuda_conv2d);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data);

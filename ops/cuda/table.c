@@ -53,6 +53,8 @@ const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT] = {
 };
 
 const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
+    [CK_OP_MATMUL] = ck_cuda_matmul_bf16,
+    [CK_OP_LINEAR] = ck_cuda_linear_bf16,
     [CK_OP_SILU] = ck_cuda_silu_bf16,
     [CK_OP_SILU_BWD] = ck_cuda_silu_bwd_bf16,
     [CK_OP_GELU] = ck_cuda_gelu_bf16,

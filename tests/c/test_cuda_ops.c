@@ -249,7 +249,7 @@ static void run_case(const tcase *t, int bf16)
     ck_cpu_kernels[op](&cctx, &t->p, vout, nout, vin, nin);
 
     // CUDA, with the workspace of a GPU plan (or columns_only columns of a convolution)
-    size_t gws = ck_op_workspace_cuda(op, &t->p, t->in, nin, out, 1);
+    size_t gws = (bf16 ? ck_op_workspace_cuda_bf16 : ck_op_workspace_cuda)(op, &t->p, t->in, nin, out, 1);
     if (columns_only && (op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA || op == CK_OP_CONV2D_BWD_FILTER)) {
         const ck_shape *w = op == CK_OP_CONV2D_BWD_FILTER ? &out[0] : &t->in[1];
         const int64_t ch = op == CK_OP_CONV2D ? t->in[0].d[1] : op == CK_OP_CONV2D_BWD_DATA ? out[0].d[1] : t->in[1].d[1];
@@ -325,6 +325,10 @@ static const tcase cases[] = {
     {"matmul [2,128,320] x [320,640]", CK_OP_MATMUL, {.i = {0}}, 2, {SH(2, 128, 320), SH(320, 640)}, .tol = F32, .big = 1},
     {"linear with bias", CK_OP_LINEAR, {.i = {0}}, 3, {SH(2, 5, 7), SH(6, 7), SH(6)}, .tol = F32},
     {"linear without bias", CK_OP_LINEAR, {.i = {0}}, 2, {SH(13, 3), SH(5, 3)}, .tol = F32},
+    {"linear [2,64,320] x [640,320]^T + b (SDXL-like)", CK_OP_LINEAR, {.i = {0}}, 3, {SH(2, 64, 320), SH(640, 320), SH(640)},
+     .tol = F32},
+    {"matmul [2,5,64,40] x [2,5,77,40]^T (attention-like)", CK_OP_MATMUL, {.i = {0, 1}}, 2, {SH(2, 5, 64, 40), SH(2, 5, 77, 40)},
+     .tol = F32},
     {"linear [4096,640] x [640,640]^T + b", CK_OP_LINEAR, {.i = {0}}, 3, {SH(4096, 640), SH(640, 640), SH(640)}, .tol = F32,
      .big = 1},
     /* conv2d.cu */

@@ -115,8 +115,10 @@ static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, const ck
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
-    size_t conv = ck_entry_bf16_native(pl, g, i, be) ? 0 : ck_entry_convert_bytes(pl, g, i);
-    return conv + be->workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
+    const int native = ck_entry_bf16_native(pl, g, i, be);
+    size_t conv = native ? 0 : ck_entry_convert_bytes(pl, g, i);
+    const ck_workspace_fn rule = native && be->workspace_bf16 ? be->workspace_bf16 : be->workspace;
+    return conv + rule(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
 }
 
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)

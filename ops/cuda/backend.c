@@ -19,6 +19,24 @@ static void *alloc(size_t bytes) { return ck_cuda_alloc(bytes); }
 static void release(void *p) { ck_cuda_free(p); }
 static int sync(void) { return ck_cuda_sync(); }
 
+/* the plan's workspace rules: convolutions get the algorithm chosen for their
+ * shape on this device (ck_cuda_workspace), which plans may be made for on
+ * any thread */
+static size_t workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
+                        int nthreads)
+{
+    (void)nthreads;
+    ck_cuda_bind(ctx);
+    return ck_cuda_workspace(op, p, in, nin, out, 0);
+}
+static size_t workspace_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
+                             int nthreads)
+{
+    (void)nthreads;
+    ck_cuda_bind(ctx);
+    return ck_cuda_workspace(op, p, in, nin, out, 1);
+}
+
 static int all_finite(const float *x, int64_t n, int *finite) { return ck_cuda_all_finite(x, n, finite); }
 
 _Static_assert(CK_CUDA_FIXED_BYTES ==
@@ -35,7 +53,8 @@ static ck_backend be = {
     .name = "cuda",
     .kernels = ck_cuda_kernels,
     .kernels_bf16 = ck_cuda_kernels_bf16,
-    .workspace = ck_op_workspace_cuda,
+    .workspace = workspace,
+    .workspace_bf16 = workspace_bf16,
     .nthreads = 1,
     .host = 0,
     .fixed_bytes = CK_CUDA_FIXED_BYTES,

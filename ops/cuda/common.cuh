@@ -35,6 +35,7 @@ struct ck_cuda_ctx {
     void *blas_ws; /* CK_CUDA_BLAS_WS_BYTES, cuBLAS's only workspace */
     int deterministic, tf32, sync_each;
     int conv_im2col; /* conv2d.cu's own path instead of cuDNN (tests) */
+    size_t conv_ws_cap; /* the most workspace a convolution's algorithm may take (conv2d.cu) */
     const char *last_op; /* the op queued last, for asynchronous faults */
 };
 

@@ -139,6 +139,7 @@ extern "C" ck_cuda_ctx *ck_cuda_open(int device)
     }
     c->device = device;
     c->deterministic = 1;
+    c->conv_ws_cap = CK_CUDA_CONV_WS_CAP;
     const char *s = getenv("CK_CUDA_SYNC");
     c->sync_each = s && s[0] == '1';
     int ok = CK_CU(op, cudaSetDevice(device)) && CK_CU(op, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) &&

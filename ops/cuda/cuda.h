@@ -13,11 +13,12 @@
 #ifndef CK_CUDA_H
 #define CK_CUDA_H
 
-#include "../ops.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* inside the C linkage: the rules of ops/rules.c are C functions */
+#include "../ops.h"
 
 typedef struct ck_cuda_ctx ck_cuda_ctx;
 
@@ -51,6 +52,20 @@ void ck_cuda_set_tf32(ck_cuda_ctx *c, int on);
 /* Convolutions through our own im2col + cuBLAS path, which they take anyway
  * when no cuDNN algorithm fits the planned workspace (default 0; for tests). */
 void ck_cuda_set_conv_im2col(ck_cuda_ctx *c, int on);
+/* The most workspace a convolution's cuDNN algorithm may take (default
+ * CK_CUDA_CONV_WS_CAP): the per-shape choice below stays within it. */
+#define CK_CUDA_CONV_WS_CAP ((size_t)256 << 20)
+void ck_cuda_set_conv_workspace_cap(ck_cuda_ctx *c, size_t bytes);
+/* The workspace a convolution op (CONV2D, CONV2D_BWD_DATA, CONV2D_BWD_FILTER)
+ * takes on the current context, in fp32 or bf16 storage: the workspace of the
+ * algorithm chosen for its shape, the fastest (by cudnnFind*AlgorithmEx, or
+ * cuDNN's heuristic where the search cannot allocate its buffers) that fits
+ * the cap and is deterministic unless determinism is off; searched once per
+ * shape and kept, so the kernel later runs the algorithm the plan paid for.
+ * Where none fits, the im2col path's workspace (fp32; ck_op_workspace_cuda).
+ * Other ops: the rules of ops/rules.c. */
+size_t ck_cuda_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
+                         int bf16);
 /* Synchronize after every op so an asynchronous fault names its op
  * (default 0; the environment variable CK_CUDA_SYNC=1 turns it on at open). */
 void ck_cuda_set_sync_each_op(ck_cuda_ctx *c, int on);
@@ -106,6 +121,9 @@ CK_CUDA_KERNEL(ck_cuda_linear_bf16);
 CK_CUDA_KERNEL(ck_cuda_conv2d);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bf16);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data_bf16);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter_bf16);
 /* norm.cu */
 CK_CUDA_KERNEL(ck_cuda_group_norm);
 CK_CUDA_KERNEL(ck_cuda_group_norm_bwd);

@@ -123,6 +123,9 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
 size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                                  const ck_shape *out, int nthreads);
 int ck_cuda_bf16_op(enum ck_op op);
+/* the ops PyTorch's autocast runs in bf16 whatever their fp32 operands:
+ * products and convolutions, forward and backward (vm/plan/memplan.c) */
+int ck_op_autocast(enum ck_op op);
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out);
 
 #endif

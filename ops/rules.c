@@ -689,6 +689,12 @@ size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_
     return ck_op_workspace_cuda(op, p, in, nin, out, nthreads);
 }
 
+int ck_op_autocast(enum ck_op op)
+{
+    return op == CK_OP_MATMUL || op == CK_OP_LINEAR || op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA ||
+           op == CK_OP_CONV2D_BWD_FILTER;
+}
+
 int ck_cuda_bf16_op(enum ck_op op) { return (ck_op_precisions(op, 1) & CK_PREC_MASK_BF16) != 0; }
 
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out)

@@ -102,6 +102,22 @@ do -- bf16 (inputs stay fp32): both devices have bf16 silu kernels; scale reads 
       .. "writes its bf16 output through one (%d bytes on the CPU, %d on the GPU)", ws("cpu"), ws("cuda")))
 end
 
+do -- a product of a bf16 activation and an fp32 (trainable) weight: on the GPU, as PyTorch's autocast, it
+  -- runs in bf16 on a bf16 copy of the weight (plus cuBLASLt's workspace, 4 bytes per output element); on the
+  -- CPU in fp32 on fp32 copies of the bf16 activation and output
+  local g = ck.graph()
+  local h = ck.silu(g:input("x", {64, 32}))
+  local y = ck.linear(h, g:param("l.weight", {16, 32}))
+  local function ws(device)
+    for _, op in ipairs(g:compile{outputs = {y}, plan_only = true, device = device, storage = "bf16"}:graph().ops) do
+      if op.op == "linear" then return op.workspace_bytes end
+    end
+  end
+  T.ok(ws("cuda") == 16 * 32 * 2 + 64 * 16 * 4 and ws("cpu") == 64 * 32 * 4 + 64 * 16 * 4, string.format(
+    "bf16 x fp32 weight: %d bytes of workspace on the GPU (a bf16 weight and cuBLASLt's), %d on the CPU (fp32 copies)",
+    ws("cuda"), ws("cpu")))
+end
+
 if not devices:match("cuda") then
   local g = ck.graph()
   local x = g:input("x", {2, 2})

@@ -689,6 +689,25 @@ size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_
     return ck_op_workspace_cuda(op, p, in, nin, out, nthreads);
 }
 
+/* The CPU's bf16 products and convolutions (ops/cpu/products_bf16.c) widen
+ * their operands into the workspace: the fp32 copies of the inputs and of the
+ * wanted outputs (a filter gradient's db is wanted when it is given its [O]
+ * shape; an unwanted output stands in with the first input's), each rounded
+ * up to 64 bytes, then the fp32 kernel's workspace. Elsewhere the fp32 rule. */
+size_t ck_op_workspace_cpu_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
+                                const ck_shape *out, int nthreads)
+{
+    const size_t own = ck_op_workspace(op, p, in, nin, out, nthreads);
+    if (!ck_op_autocast(op)) return own;
+    size_t b = 0;
+    for (int j = 0; j < nin; j++) b += ((size_t)ck_shape_numel(&in[j]) * sizeof(float) + 63) / 64 * 64;
+    for (int k = 0; k < ck_op_nout(op); k++) {
+        if (op == CK_OP_CONV2D_BWD_FILTER && k == 1 && out[1].ndim != 1) continue;
+        b += ((size_t)ck_shape_numel(&out[k]) * sizeof(float) + 63) / 64 * 64;
+    }
+    return b + own;
+}
+
 int ck_op_autocast(enum ck_op op)
 {
     return op == CK_OP_MATMUL || op == CK_OP_LINEAR || op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA ||

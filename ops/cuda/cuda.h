@@ -96,7 +96,8 @@ int ck_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 int ck_cuda_fill_u32(void *dst, uint32_t v, size_t nwords);
 int ck_cuda_high_water(const void *base, size_t lo, size_t hi, uint32_t v, size_t *top);
 int ck_cuda_all_finite(const float *x, int64_t n, int *finite);
-/* n values between fp32 and bf16 storage (to == from copies), queued on the stream */
+/* n values between fp32 and bf16 storage, and from fp8 to either (to == from
+ * copies), queued on the stream */
 int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n);
 
 /* op -> kernel, as ck_cpu_kernels; NULL where the CUDA backend lacks the op. */

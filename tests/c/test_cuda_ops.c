@@ -634,6 +634,16 @@ static void arena_helpers(void)
     }
     report(ok && wrong == 0, "convert fp8 -> fp32: the 256 codes as the CPU decodes them (%d differ)", wrong);
     ck_cuda_clear_error();
+    /* fp8 -> bf16 (an fp8 base cast for a bf16 product): exact, NaN as NaN */
+    uint16_t got16[256];
+    ok = ck_cuda_convert(d32, CK_BF16, d8, CK_F8E4M3, 256) == 0 && ck_cuda_download(got16, d32, sizeof got16) == 0;
+    wrong = 0;
+    for (int c = 0; c < 256; c++) {
+        const float want = ck_f8e4m3_decode((uint8_t)c), back = from_bf16(got16[c]);
+        wrong += isnan(want) ? !isnan(back) : memcmp(&want, &back, sizeof want) != 0;
+    }
+    report(ok && wrong == 0, "convert fp8 -> bf16: the 256 codes exactly (%d differ)", wrong);
+    ck_cuda_clear_error();
     ck_cuda_free(d8);
     ck_cuda_free(d32);
 }

@@ -102,9 +102,9 @@ do -- bf16 (inputs stay fp32): both devices have bf16 silu kernels; scale reads 
       .. "writes its bf16 output through one (%d bytes on the CPU, %d on the GPU)", ws("cpu"), ws("cuda")))
 end
 
-do -- a product of a bf16 activation and an fp32 (trainable) weight: on the GPU, as PyTorch's autocast, it
-  -- runs in bf16 on a bf16 copy of the weight (plus cuBLASLt's workspace, 4 bytes per output element); on the
-  -- CPU in fp32 on fp32 copies of the bf16 activation and output
+do -- a product of a bf16 activation and an fp32 (trainable) weight runs in bf16, as under PyTorch's autocast,
+  -- on a bf16 copy of the weight: on the GPU plus cuBLASLt's workspace (4 bytes per output element); on the
+  -- CPU plus the fp32 copies its bf16 kernel widens every operand into
   local g = ck.graph()
   local h = ck.silu(g:input("x", {64, 32}))
   local y = ck.linear(h, g:param("l.weight", {16, 32}))
@@ -113,9 +113,10 @@ do -- a product of a bf16 activation and an fp32 (trainable) weight: on the GPU,
       if op.op == "linear" then return op.workspace_bytes end
     end
   end
-  T.ok(ws("cuda") == 16 * 32 * 2 + 64 * 16 * 4 and ws("cpu") == 64 * 32 * 4 + 64 * 16 * 4, string.format(
-    "bf16 x fp32 weight: %d bytes of workspace on the GPU (a bf16 weight and cuBLASLt's), %d on the CPU (fp32 copies)",
-    ws("cuda"), ws("cpu")))
+  local cast = 16 * 32 * 2
+  T.ok(ws("cuda") == cast + 64 * 16 * 4 and ws("cpu") == cast + (64 * 32 + 16 * 32 + 64 * 16) * 4, string.format(
+    "bf16 x fp32 weight: %d bytes of workspace on the GPU (a bf16 weight and cuBLASLt's), %d on the CPU (a bf16 " ..
+    "weight and the fp32 copies)", ws("cuda"), ws("cpu")))
 end
 
 if not devices:match("cuda") then

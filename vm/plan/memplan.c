@@ -91,25 +91,29 @@ int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_b
     const ck_op_ref *r = &pl->ops[i];
     const enum ck_op op = g->n[r->node].op;
     if (!be->kernels_bf16 || !be->kernels_bf16[op]) return 0;
-    /* as PyTorch's autocast: a product or convolution with bf16 operands
-     * runs in bf16, its fp32 operands (trainable weights, inputs) cast */
+    /* as PyTorch's autocast: a product or convolution of bf16 activations
+     * (bf16 storage) runs in bf16, its other operands (trainable fp32
+     * weights, fp32 inputs, an fp8 base) cast; with fp32 activations it stays
+     * fp32 whatever its weights are stored in */
     const int cast = ck_op_autocast(op);
-    int bf16 = 0;
+    int bf16 = 0, act16 = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         const int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
         if (t < 0) continue;
         const ck_dtype dt = dtype_of(pl, g, t);
-        if (dt == CK_BF16)
+        if (dt == CK_BF16) {
             bf16 = 1;
-        else if (!(cast && dt == CK_F32))
+            act16 |= g->t[pl->origin[t]].kind == CK_KIND_ACT;
+        } else if (!(cast && (dt == CK_F32 || dt == CK_F8E4M3))) {
             return 0;
+        }
     }
-    return bf16;
+    return cast ? act16 : bf16;
 }
 
 ck_dtype ck_entry_copy_type(ck_dtype dt, int native)
 {
-    if (native) return dt == CK_F32 ? CK_BF16 : dt;
+    if (native) return dt == CK_F32 || dt == CK_F8E4M3 ? CK_BF16 : dt;
     return ck_dtype_copied(dt) ? CK_F32 : dt;
 }
 

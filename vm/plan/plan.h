@@ -110,9 +110,11 @@ int ck_is_persistent(ck_kind k);
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
 /* bf16 storage: whether list entry i runs the backend's bf16 kernel (the
  * backend has one, and every operand is bf16, or for a product or
- * convolution (ck_op_autocast) bf16 or fp32 with at least one bf16); the
+ * convolution (ck_op_autocast) a bf16 activation among operands of bf16,
+ * fp32 or fp8, which are cast); the
  * bytes of the copies its kernel reads and writes in its own type (native:
- * bf16 copies of its fp32 operands; else fp32 copies of its 16-bit ones),
+ * bf16 copies of its fp32 and fp8 operands; else fp32 copies of its 16- and
+ * 8-bit ones),
  * placed at the start of its workspace (inputs, then outputs, each rounded up
  * to 64 bytes) */
 int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);

@@ -86,6 +86,15 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_linear)
 
 /* ---- bf16 through cuBLASLt ---- */
 
+/* The largest power of two (at most 256) dividing a bf16 operand's address
+ * and, when batched, its batch stride of `stride` elements. */
+static uint32_t lt_align(const void *p, int64_t stride, int64_t batch)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p | 256;
+    if (batch > 1 && stride) a |= (uint64_t)stride * sizeof(__nv_bfloat16);
+    return (uint32_t)(a & (~a + 1));
+}
+
 /* Row-major D = op(A) op(B) (+ bias per column of D) over `batch` matrices, A
  * and B bf16, D of type dt, in the workspace given (the heuristic is offered
  * exactly that); strides in elements, 0 broadcasts. */
@@ -104,6 +113,9 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
     const uint32_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     const int32_t nb = (int32_t)batch;
     const uint64_t max_ws = ws ? ws_bytes : 0;
+    /* what the heuristic may assume of each operand's alignment (it assumes
+     * 256 bytes unless told): its pointer's and, batched, its stride's */
+    const uint32_t al_a = lt_align(B, sb, batch), al_b = lt_align(A, sa, batch), al_d = lt_align(D, sd * (dt == CUDA_R_16BF ? 1 : 2), batch);
     const float one = 1.0f, zero = 0.0f;
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
@@ -127,6 +139,14 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
     ok = ok && CK_BLAS(op, cublasLtMatmulPreferenceCreate(&pref)) &&
          CK_BLAS(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
                                                           sizeof max_ws)) &&
+         CK_BLAS(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                          sizeof al_a)) &&
+         CK_BLAS(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                          sizeof al_b)) &&
+         CK_BLAS(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                                          sizeof al_d)) &&
+         CK_BLAS(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                                          sizeof al_d)) &&
          CK_BLAS(op, cublasLtMatmulAlgoGetHeuristic(c->lt, desc, lb, la, ld, ld, pref, 1, &h, &found));
     if (ok && found < 1) ok = ck_cuda_fail(op, "cuBLASLt offers no bf16 algorithm within the planned workspace of %zu bytes", ws_bytes);
     ok = ok && CK_BLAS(op, cublasLtMatmul(c->lt, desc, &one, B, lb, A, la, &zero, D, ld, D, ld, &h.algo, ws,

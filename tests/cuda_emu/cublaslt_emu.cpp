@@ -29,6 +29,7 @@ struct ck_emu_lt_layout {
 };
 struct ck_emu_lt_pref {
     uint64_t max_ws;
+    uint32_t align[4]; /* A, B, C, D */
 };
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
@@ -120,7 +121,7 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublas
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
 {
-    *p = new ck_emu_lt_pref{0};
+    *p = new ck_emu_lt_pref{0, {256, 256, 256, 256}};
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
@@ -132,10 +133,18 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
                                                     size_t bytes)
 {
-    if (!p || !buf || attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || bytes != sizeof(uint64_t))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    memcpy(&p->max_ws, buf, sizeof p->max_ws);
-    return CUBLAS_STATUS_SUCCESS;
+    if (!p || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+        if (bytes != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&p->max_ws, buf, sizeof p->max_ws);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
+        if (bytes != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, sizeof(uint32_t));
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
 /* op(A) is m x k, op(B) k x n, C and D m x n, batches agree (a stride of 0 broadcasts) */
@@ -166,6 +175,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (ck_emu_lt_ws > pref->max_ws) return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(&results[0], 0, sizeof results[0]);
     results[0].algo.data[0] = 1;
+    for (int i = 0; i < 4; i++) results[0].algo.data[1 + i] = pref->align[i] < 16 ? pref->align[i] : 16;
     results[0].workspaceSize = ck_emu_lt_ws;
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0f;
@@ -195,6 +205,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     if (s) return s;
     if (!algo || algo->data[0] != 1) return CUBLAS_STATUS_INVALID_VALUE;
     if (ws_bytes < ck_emu_lt_ws || (ck_emu_lt_ws && !ws)) return CUBLAS_STATUS_INVALID_VALUE;
+    /* each operand, and each batch entry of it, as aligned as the algorithm needs */
+    const struct {
+        const void *p;
+        const ck_emu_lt_layout *l;
+    } ops[4] = {{A, ad}, {B, bd}, {C, cd}, {D, dd}};
+    for (int i = 0; i < 4; i++) {
+        const uint64_t need = algo->data[1 + i] ? algo->data[1 + i] : 1;
+        const uint64_t es = ops[i].l->type == CUDA_R_16BF ? 2 : 4;
+        if ((uintptr_t)ops[i].p % need || (ops[i].l->batch > 1 && (uint64_t)ops[i].l->stride * es % need))
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     const int64_t m = (int64_t)dd->rows, n = (int64_t)dd->cols;
     const int64_t k = (int64_t)(op->ta == CUBLAS_OP_N ? ad->cols : ad->rows);
     const float al = *(const float *)alpha, be = *(const float *)beta;

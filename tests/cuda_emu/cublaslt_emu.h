@@ -1,5 +1,9 @@
 /* cuBLASLt on the CPU emulator (tests/cuda_emu): the calls ops/cuda makes for
- * bf16 products, with the documented names and values. A matmul is a naive
+ * bf16 products, with the documented names and values. The heuristic assumes
+ * what the preference says of the operands' alignment (256 bytes unless told
+ * less, as documented) and offers an algorithm that needs min(that, 16)
+ * bytes; cublasLtMatmul refuses operands (and batch strides) less aligned
+ * than its algorithm needs, as a GPU kernel would fault. A matmul is a naive
  * loop: bf16 inputs read exactly (widened to fp32), products accumulated in
  * fp32 as CUBLAS_COMPUTE_32F does (in double here: a bound, not a rounding
  * model), alpha and beta applied in fp32, the bias added in the epilogue, D
@@ -30,7 +34,13 @@ typedef enum {
     CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
     CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,
 } cublasLtMatrixLayoutAttribute_t;
-typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;
+typedef enum {
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+} cublasLtMatmulPreferenceAttributes_t;
 
 typedef struct {
     uint64_t data[8];

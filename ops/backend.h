@@ -77,9 +77,10 @@ const ck_backend *ck_backend_cuda_plan(void);
 /* CUDA devices usable now: 0 without an NVIDIA driver, a device, or a build
  * of the CUDA backend. Loads nothing on a machine without a driver. */
 int ck_cuda_devices(void);
-/* CUDA algorithm choices, for programs run from now on: deterministic (the
- * default, 1): cuDNN's deterministic convolution algorithms, so gradients are
- * bitwise repeatable; 0: cuDNN's heuristic first choice (the fastest). tf32
+/* CUDA algorithm choices, for programs compiled from now on: deterministic
+ * (the default, 1): the fastest of cuDNN's deterministic convolution
+ * algorithms, so gradients are bitwise repeatable; 0: the fastest of all
+ * (timed once per shape, ops/cuda/conv2d.cu). tf32
  * (default 0): TF32 tensor cores for fp32 products and convolutions. A value
  * below 0 leaves that setting. 0, or -1 with err when there is no CUDA backend. */
 int ck_cuda_configure(int deterministic, int tf32, char *err, size_t errlen);

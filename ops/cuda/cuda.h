@@ -43,9 +43,10 @@ ck_cuda_ctx *ck_cuda_current(void);
 #define CK_CUDA_SCRATCH_BYTES ((size_t)1 << 18)
 #define CK_CUDA_BLAS_WS_BYTES ((size_t)4 << 20)
 
-/* Deterministic algorithms (default 1): cuDNN's deterministic convolution
- * algorithms; 0 takes cuDNN's heuristic first choice that fits the planned
- * workspace. Our own kernels are deterministic either way. */
+/* Deterministic algorithms (default 1): the fastest of cuDNN's deterministic
+ * convolution algorithms (ck_cuda_workspace); 0 the fastest of all. Our own
+ * kernels, and cuBLAS/cuBLASLt with a fixed workspace, are deterministic
+ * either way. */
 void ck_cuda_set_deterministic(ck_cuda_ctx *c, int on);
 /* TF32 tensor cores for fp32 products and convolutions (default 0: exact fp32). */
 void ck_cuda_set_tf32(ck_cuda_ctx *c, int on);

@@ -115,7 +115,8 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
     const uint64_t max_ws = ws ? ws_bytes : 0;
     /* what the heuristic may assume of each operand's alignment (it assumes
      * 256 bytes unless told): its pointer's and, batched, its stride's */
-    const uint32_t al_a = lt_align(B, sb, batch), al_b = lt_align(A, sa, batch), al_d = lt_align(D, sd * (dt == CUDA_R_16BF ? 1 : 2), batch);
+    const uint32_t al_a = lt_align(B, sb, batch), al_b = lt_align(A, sa, batch);
+    const uint32_t al_d = lt_align(D, sd * (dt == CUDA_R_16BF ? 1 : 2), batch);
     const float one = 1.0f, zero = 0.0f;
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;

@@ -33,7 +33,19 @@ static conv_geom geom(const ck_op_params *p, const ck_view *x, const int64_t *w,
     return g;
 }
 
-static int describe(ck_cuda_ctx *c, const char *op, const conv_geom *g, int bf16)
+/* A handle and the descriptors of one convolution: the context's, which the
+ * kernels set per call on the thread that runs them, or the search's own
+ * (below), so that plans made on other threads never touch the kernels'. */
+struct conv_desc {
+    cudnnHandle_t dnn;
+    cudnnTensorDescriptor_t tx, ty;
+    cudnnFilterDescriptor_t fw;
+    cudnnConvolutionDescriptor_t conv;
+};
+
+static conv_desc kernel_desc(const ck_cuda_ctx *c) { return {c->dnn, c->tx, c->ty, c->fw, c->conv}; }
+
+static int describe(ck_cuda_ctx *c, const char *op, const conv_geom *g, int bf16, const conv_desc *k)
 {
     const cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     /* bf16 is tensor-core math whatever TF32 says; fp32 is exact unless TF32 is on */
@@ -41,18 +53,18 @@ static int describe(ck_cuda_ctx *c, const char *op, const conv_geom *g, int bf16
     const int64_t v[] = {g->N, g->C, g->H, g->W, g->O, g->KH, g->KW, g->HO, g->WO, g->sh, g->sw, g->ph, g->pw};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         if (v[i] > INT_MAX) return ck_cuda_fail(op, "a dimension exceeds cuDNN's int sizes");
-    if (!(CK_DNN(op, cudnnSetTensor4dDescriptor(c->tx, CUDNN_TENSOR_NCHW, dt, (int)g->N, (int)g->C,
+    if (!(CK_DNN(op, cudnnSetTensor4dDescriptor(k->tx, CUDNN_TENSOR_NCHW, dt, (int)g->N, (int)g->C,
                                                 (int)g->H, (int)g->W)) &&
-          CK_DNN(op, cudnnSetTensor4dDescriptor(c->ty, CUDNN_TENSOR_NCHW, dt, (int)g->N, (int)g->O,
+          CK_DNN(op, cudnnSetTensor4dDescriptor(k->ty, CUDNN_TENSOR_NCHW, dt, (int)g->N, (int)g->O,
                                                 (int)g->HO, (int)g->WO)) &&
-          CK_DNN(op, cudnnSetFilter4dDescriptor(c->fw, dt, CUDNN_TENSOR_NCHW, (int)g->O, (int)g->C,
+          CK_DNN(op, cudnnSetFilter4dDescriptor(k->fw, dt, CUDNN_TENSOR_NCHW, (int)g->O, (int)g->C,
                                                 (int)g->KH, (int)g->KW)) &&
-          CK_DNN(op, cudnnSetConvolution2dDescriptor(c->conv, (int)g->ph, (int)g->pw, (int)g->sh, (int)g->sw, 1, 1,
+          CK_DNN(op, cudnnSetConvolution2dDescriptor(k->conv, (int)g->ph, (int)g->pw, (int)g->sh, (int)g->sw, 1, 1,
                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT)) &&
-          CK_DNN(op, cudnnSetConvolutionMathType(c->conv, math))))
+          CK_DNN(op, cudnnSetConvolutionMathType(k->conv, math))))
         return 0;
     int n, o, h, w;
-    if (!CK_DNN(op, cudnnGetConvolution2dForwardOutputDim(c->conv, c->tx, c->fw, &n, &o, &h, &w))) return 0;
+    if (!CK_DNN(op, cudnnGetConvolution2dForwardOutputDim(k->conv, k->tx, k->fw, &n, &o, &h, &w))) return 0;
     if (n != g->N || o != g->O || h != g->HO || w != g->WO)
         return ck_cuda_fail(op, "cuDNN computes a %dx%dx%dx%d output, the plan %lldx%lldx%lldx%lld", n, o, h, w,
                             (long long)g->N, (long long)g->O, (long long)g->HO, (long long)g->WO);
@@ -67,18 +79,18 @@ static const int algo_count[3] = {CUDNN_CONVOLUTION_FWD_ALGO_COUNT, CUDNN_CONVOL
 
 /* Workspace of one algorithm, or SIZE_MAX when cuDNN does not offer it here
  * (a refusal is an answer, not a failure). */
-static size_t ws_need(ck_cuda_ctx *c, dir d, int algo)
+static size_t ws_need(const conv_desc *k, dir d, int algo)
 {
     size_t bytes = 0;
     cudnnStatus_t s;
     if (d == FWD)
-        s = cudnnGetConvolutionForwardWorkspaceSize(c->dnn, c->tx, c->fw, c->conv, c->ty, (cudnnConvolutionFwdAlgo_t)algo,
+        s = cudnnGetConvolutionForwardWorkspaceSize(k->dnn, k->tx, k->fw, k->conv, k->ty, (cudnnConvolutionFwdAlgo_t)algo,
                                                     &bytes);
     else if (d == BWD_DATA)
-        s = cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, c->fw, c->ty, c->conv, c->tx,
+        s = cudnnGetConvolutionBackwardDataWorkspaceSize(k->dnn, k->fw, k->ty, k->conv, k->tx,
                                                          (cudnnConvolutionBwdDataAlgo_t)algo, &bytes);
     else
-        s = cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, c->tx, c->ty, c->conv, c->fw,
+        s = cudnnGetConvolutionBackwardFilterWorkspaceSize(k->dnn, k->tx, k->ty, k->conv, k->fw,
                                                            (cudnnConvolutionBwdFilterAlgo_t)algo, &bytes);
     return s == CUDNN_STATUS_SUCCESS ? bytes : SIZE_MAX;
 }
@@ -120,29 +132,29 @@ static void keep(conv_search *s, const Perf *perf, int k)
 
 /* cuDNN's heuristic order (no timing runs, no memory), for when the search
  * cannot have its buffers. */
-static int heuristic(ck_cuda_ctx *c, dir d, conv_search *s)
+static int heuristic(const conv_desc *k, dir d, conv_search *s)
 {
-    int k = 0;
+    int n = 0;
     if (d == FWD) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        if (cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, c->tx, c->fw, c->conv, c->ty,
-                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &k, perf) != CUDNN_STATUS_SUCCESS)
+        if (cudnnGetConvolutionForwardAlgorithm_v7(k->dnn, k->tx, k->fw, k->conv, k->ty,
+                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf) != CUDNN_STATUS_SUCCESS)
             return 0;
-        keep(s, perf, k);
+        keep(s, perf, n);
     } else if (d == BWD_DATA) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        if (cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, c->fw, c->ty, c->conv, c->tx,
-                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &k,
+        if (cudnnGetConvolutionBackwardDataAlgorithm_v7(k->dnn, k->fw, k->ty, k->conv, k->tx,
+                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n,
                                                         perf) != CUDNN_STATUS_SUCCESS)
             return 0;
-        keep(s, perf, k);
+        keep(s, perf, n);
     } else {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        if (cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->dnn, c->tx, c->ty, c->conv, c->fw,
-                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &k,
+        if (cudnnGetConvolutionBackwardFilterAlgorithm_v7(k->dnn, k->tx, k->ty, k->conv, k->fw,
+                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n,
                                                           perf) != CUDNN_STATUS_SUCCESS)
             return 0;
-        keep(s, perf, k);
+        keep(s, perf, n);
     }
     return 1;
 }
@@ -151,11 +163,11 @@ static int heuristic(ck_cuda_ctx *c, dir d, conv_search *s)
  * large as the largest algorithm within the cap needs: one allocation, freed
  * at once (outside every plan: it happens while plans are made, before the
  * arena is taken). 0 when the memory is not there. */
-static int timed(ck_cuda_ctx *c, dir d, const conv_geom *g, int bf16, size_t cap, conv_search *s)
+static int timed(const conv_desc *k, dir d, const conv_geom *g, int bf16, size_t cap, conv_search *s)
 {
     size_t ws = 0;
     for (int a = 0; a < algo_count[d]; a++) {
-        const size_t need = ws_need(c, d, a);
+        const size_t need = ws_need(k, d, a);
         if (need != SIZE_MAX && need <= cap && need > ws) ws = need;
     }
     const size_t es = bf16 ? 2 : 4, al = 256;
@@ -168,32 +180,57 @@ static int timed(ck_cuda_ctx *c, dir d, const conv_geom *g, int bf16, size_t cap
         return 0;
     }
     char *x = buf, *w = buf + xb, *y = w + wb, *wsp = ws ? y + yb : NULL;
-    int k = 0;
+    int n = 0;
     cudnnStatus_t st;
     if (d == FWD) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        st = cudnnFindConvolutionForwardAlgorithmEx(c->dnn, c->tx, x, c->fw, w, c->conv, c->ty, y,
-                                                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &k, perf, wsp, ws);
-        if (st == CUDNN_STATUS_SUCCESS) keep(s, perf, k);
+        st = cudnnFindConvolutionForwardAlgorithmEx(k->dnn, k->tx, x, k->fw, w, k->conv, k->ty, y,
+                                                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf, wsp, ws);
+        if (st == CUDNN_STATUS_SUCCESS) keep(s, perf, n);
     } else if (d == BWD_DATA) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        st = cudnnFindConvolutionBackwardDataAlgorithmEx(c->dnn, c->fw, w, c->ty, y, c->conv, c->tx, x,
-                                                         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &k, perf, wsp, ws);
-        if (st == CUDNN_STATUS_SUCCESS) keep(s, perf, k);
+        st = cudnnFindConvolutionBackwardDataAlgorithmEx(k->dnn, k->fw, w, k->ty, y, k->conv, k->tx, x,
+                                                         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf, wsp, ws);
+        if (st == CUDNN_STATUS_SUCCESS) keep(s, perf, n);
     } else {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        st = cudnnFindConvolutionBackwardFilterAlgorithmEx(c->dnn, c->tx, x, c->ty, y, c->conv, c->fw, w,
-                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &k, perf, wsp, ws);
-        if (st == CUDNN_STATUS_SUCCESS) keep(s, perf, k);
+        st = cudnnFindConvolutionBackwardFilterAlgorithmEx(k->dnn, k->tx, x, k->ty, y, k->conv, k->fw, w,
+                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf, wsp, ws);
+        if (st == CUDNN_STATUS_SUCCESS) keep(s, perf, n);
     }
     cudaFree(buf);
     (void)cudaGetLastError();
     return st == CUDNN_STATUS_SUCCESS;
 }
 
-/* The shape's algorithm list (descriptors already set by describe): searched
- * on first use under the context's cap, then kept. */
-static conv_search search(ck_cuda_ctx *c, dir d, const conv_geom *g, int bf16)
+/* The search's own handle and descriptors (one device per process), made on
+ * first use; used under searches_lock only. */
+static conv_desc searcher;
+static int searcher_device = -1;
+
+static int searcher_for(ck_cuda_ctx *c, const char *op)
+{
+    if (searcher_device == c->device) return 1;
+    if (searcher.dnn) return ck_cuda_fail(op, "convolution algorithms are searched on device %d only", searcher_device);
+    conv_desc k = {};
+    if (!(CK_DNN(op, cudnnCreate(&k.dnn)) && CK_DNN(op, cudnnCreateTensorDescriptor(&k.tx)) &&
+          CK_DNN(op, cudnnCreateTensorDescriptor(&k.ty)) && CK_DNN(op, cudnnCreateFilterDescriptor(&k.fw)) &&
+          CK_DNN(op, cudnnCreateConvolutionDescriptor(&k.conv)))) {
+        if (k.conv) cudnnDestroyConvolutionDescriptor(k.conv);
+        if (k.fw) cudnnDestroyFilterDescriptor(k.fw);
+        if (k.ty) cudnnDestroyTensorDescriptor(k.ty);
+        if (k.tx) cudnnDestroyTensorDescriptor(k.tx);
+        if (k.dnn) cudnnDestroy(k.dnn);
+        return 0;
+    }
+    searcher = k, searcher_device = c->device;
+    return 1;
+}
+
+/* The shape's algorithm list: searched on first use (with the search's own
+ * handle and descriptors) under the context's cap, then kept. A shape cuDNN
+ * refuses records the failure and gives an empty list, not kept. */
+static conv_search search(ck_cuda_ctx *c, const char *op, dir d, const conv_geom *g, int bf16)
 {
     conv_search s;
     memset(&s, 0, sizeof s);
@@ -204,7 +241,8 @@ static conv_search search(ck_cuda_ctx *c, dir d, const conv_geom *g, int bf16)
         if (o.device == s.device && o.dir == s.dir && o.bf16 == s.bf16 && o.tf32 == s.tf32 && o.cap == s.cap &&
             !memcmp(o.key, s.key, sizeof s.key))
             return o;
-    if (!timed(c, d, g, bf16, s.cap, &s) && !heuristic(c, d, &s)) s.n = 0;
+    if (!searcher_for(c, op) || !describe(c, op, g, bf16, &searcher)) return s;
+    if (!timed(&searcher, d, g, bf16, s.cap, &s) && !heuristic(&searcher, d, &s)) s.n = 0;
     searches.push_back(s);
     return s;
 }
@@ -225,10 +263,10 @@ static int pick(ck_cuda_ctx *c, const conv_search *s, size_t limit, size_t *byte
 }
 
 /* The cuDNN algorithm to run in ws_bytes, or -1 for our im2col path. */
-static int choose(ck_cuda_ctx *c, dir d, const conv_geom *g, int bf16, size_t ws_bytes)
+static int choose(ck_cuda_ctx *c, const char *op, dir d, const conv_geom *g, int bf16, size_t ws_bytes)
 {
     if (c->conv_im2col && !bf16) return -1;
-    const conv_search s = search(c, d, g, bf16);
+    const conv_search s = search(c, op, d, g, bf16);
     return pick(c, &s, ws_bytes, NULL);
 }
 
@@ -412,6 +450,7 @@ static void conv_fwd(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, co
     const char *op = "conv2d";
     ck_cuda_ctx *c = ck_cuda_begin(op);
     if (!c) return;
+    const conv_desc kd = kernel_desc(c);
     const size_t es = bf16 ? 2 : 4;
     const conv_geom g = geom(p, &in[0], in[1].shape, &out[0]);
     const void *bias = nin > 2 ? in[2].data : NULL;
@@ -425,8 +464,8 @@ static void conv_fwd(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, co
         ck_cuda_bias_fill(c, (float *)y, (const float *)bias, g.N, g.O, g.HO * g.WO);
     else if (g.C * g.KH * g.KW == 0)
         CK_CU(op, cudaMemsetAsync(y, 0, es * (size_t)ny, c->stream));
-    if (g.C * g.KH * g.KW > 0 && describe(c, op, &g, bf16)) {
-        const int algo = choose(c, FWD, &g, bf16, ctx->ws_bytes);
+    if (g.C * g.KH * g.KW > 0 && describe(c, op, &g, bf16, &kd)) {
+        const int algo = choose(c, op, FWD, &g, bf16, ctx->ws_bytes);
         const float one = 1.0f, beta = bias ? 1.0f : 0.0f;
         if (algo >= 0)
             CK_DNN(op, cudnnConvolutionForward(c->dnn, &one, c->tx, in[0].data, c->fw, in[1].data, c->conv,
@@ -444,14 +483,15 @@ static void conv_bwd_data(const ck_kctx *ctx, const ck_op_params *p, ck_view *ou
     const char *op = "conv2d_bwd_data";
     ck_cuda_ctx *c = ck_cuda_begin(op);
     if (!c) return;
+    const conv_desc kd = kernel_desc(c);
     const size_t es = bf16 ? 2 : 4;
     const conv_geom g = geom(p, &out[0], in[1].shape, &in[0]);
     void *dx = out[0].data;
     if (!dx || g.N * g.C * g.H * g.W == 0) return;
     if (g.O * g.HO * g.WO * g.KH * g.KW == 0) {
         CK_CU(op, cudaMemsetAsync(dx, 0, es * (size_t)(g.N * g.C * g.H * g.W), c->stream));
-    } else if (describe(c, op, &g, bf16)) {
-        const int algo = choose(c, BWD_DATA, &g, bf16, ctx->ws_bytes);
+    } else if (describe(c, op, &g, bf16, &kd)) {
+        const int algo = choose(c, op, BWD_DATA, &g, bf16, ctx->ws_bytes);
         const float one = 1.0f, zero = 0.0f;
         if (algo >= 0)
             CK_DNN(op, cudnnConvolutionBackwardData(c->dnn, &one, c->fw, in[1].data, c->ty, in[0].data, c->conv,
@@ -471,6 +511,7 @@ static void conv_bwd_filter(const ck_kctx *ctx, const ck_op_params *p, ck_view *
     const char *op = "conv2d_bwd_filter";
     ck_cuda_ctx *c = ck_cuda_begin(op);
     if (!c) return;
+    const conv_desc kd = kernel_desc(c);
     const size_t es = bf16 ? 2 : 4;
     void *dw = out[0].data, *db = nout > 1 ? out[1].data : NULL;
     // dw's shape gives the kernel size; with dw unwanted only O (from dy) matters.
@@ -489,8 +530,8 @@ static void conv_bwd_filter(const ck_kctx *ctx, const ck_op_params *p, ck_view *
     if (dw && g.O * g.C * g.KH * g.KW > 0) {
         if (g.N * howo == 0) {
             CK_CU(op, cudaMemsetAsync(dw, 0, es * (size_t)(g.O * g.C * g.KH * g.KW), c->stream));
-        } else if (describe(c, op, &g, bf16)) {
-            const int algo = choose(c, BWD_FILTER, &g, bf16, ctx->ws_bytes);
+        } else if (describe(c, op, &g, bf16, &kd)) {
+            const int algo = choose(c, op, BWD_FILTER, &g, bf16, ctx->ws_bytes);
             const float one = 1.0f, zero = 0.0f;
             if (algo >= 0)
                 CK_DNN(op, cudnnConvolutionBackwardFilter(c->dnn, &one, c->tx, in[1].data, c->ty, in[0].data, c->conv,
@@ -546,7 +587,8 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter_bf16)
 extern "C" size_t ck_cuda_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                                     const ck_shape *out, int bf16)
 {
-    const size_t stated = bf16 ? ck_op_workspace_cuda_bf16(op, p, in, nin, out, 1) : ck_op_workspace_cuda(op, p, in, nin, out, 1);
+    const size_t stated =
+        bf16 ? ck_op_workspace_cuda_bf16(op, p, in, nin, out, 1) : ck_op_workspace_cuda(op, p, in, nin, out, 1);
     if (op != CK_OP_CONV2D && op != CK_OP_CONV2D_BWD_DATA && op != CK_OP_CONV2D_BWD_FILTER) return stated;
     ck_cuda_ctx *c = ck_cuda_current();
     if (!c || ck_cuda_failed()) return stated;
@@ -564,13 +606,13 @@ extern "C" size_t ck_cuda_workspace(enum ck_op op, const ck_op_params *p, const 
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] == 0) return 0; /* the kernels call no algorithm */
     const dir d = op == CK_OP_CONV2D ? FWD : op == CK_OP_CONV2D_BWD_DATA ? BWD_DATA : BWD_FILTER;
+    if (c->conv_im2col && !bf16) return stated;
     /* a shape cuDNN refuses (or an unwanted dw, which comes as dy's shape) keeps the stated rule */
-    if (!describe(c, ck_op_name(op), &g, bf16)) {
+    const conv_search s = search(c, ck_op_name(op), d, &g, bf16);
+    if (ck_cuda_failed()) {
         ck_cuda_clear_error();
         return stated;
     }
-    if (c->conv_im2col && !bf16) return stated;
-    const conv_search s = search(c, d, &g, bf16);
     size_t bytes = 0;
     return pick(c, &s, c->conv_ws_cap, &bytes) >= 0 ? bytes : stated;
 }

@@ -6,8 +6,8 @@
  *   build/bench_cuda_ops [--reps N] [--only tiny|full] > out/cuda_ops.jsonl
  *
  * Each op runs on random inputs with the workspace a GPU plan gives it
- * (ck_op_workspace_cuda), twice to warm up, then N times (default 20)
- * between two syncs; the figure is wall time over N, launch overhead included.
+ * (ck_cuda_workspace: for a convolution, the algorithm chosen for its shape), twice to warm up, then N times
+ * (default 20) between two syncs; the figure is wall time over N, launch overhead included.
  * Memory-bound ops (norms, activations, add, the optimizer update) also report
  * "bytes": every input read once and every output written once, the least an
  * op can move, and "gbs", those bytes over the time, to set beside the
@@ -191,7 +191,7 @@ int main(int argc, char **argv)
             vout[k].data = b->alias >> k & 1 ? vin[adamw_in[k]].data
                                              : ck_cuda_alloc(sizeof(float) * (size_t)ck_shape_numel(&out[k]));
         }
-        const size_t ws = ck_op_workspace_cuda(b->op, &b->p, b->in, b->nin, out, 1);
+        const size_t ws = ck_cuda_workspace(b->op, &b->p, b->in, b->nin, out, 0);
         ck_kctx kctx = {1, 1, 1e-4f, ws ? ck_cuda_alloc(ws) : NULL, ws, 1, 0};
         double ms = -1;
         for (int r = 0; r < 2; r++) ck_cuda_kernels[b->op](&kctx, &b->p, vout, nout, vin, b->nin);

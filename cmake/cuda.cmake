@@ -63,7 +63,7 @@ if(CK_CUDA_FOUND)
   target_compile_definitions(ck_cuda PUBLIC CK_HAVE_CUDA)
   target_compile_options(ck_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 -lineinfo -Xcompiler=-Wall>)
   # the shared CUDA libraries are the toolkit's, on the loader's path
-  set(CK_CUDA_LIBS CUDA::cudart CUDA::cublas ${CUDNN_LIBRARY})
+  set(CK_CUDA_LIBS CUDA::cudart CUDA::cublas CUDA::cublasLt ${CUDNN_LIBRARY})
   if(CK_NCCL)
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
     find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/local/cuda/lib)
@@ -117,7 +117,8 @@ if(CK_CUDA_EMU)
     enable_language(CXX)
     # each .cu compiled as C++ through a one-line wrapper (a source file can be
     # of one language only, and ck_cuda compiles the same files as CUDA)
-    set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
+    set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cublaslt_emu.cpp
+      ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cudnn_find_emu.cpp ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
     # the emulated NCCL runs over MPI: with it, the emulated backend has data parallel
     if(CK_NCCL AND TARGET MPI::MPI_C)
       list(APPEND emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/nccl_emu.cpp)

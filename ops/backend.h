@@ -23,6 +23,8 @@ typedef struct ck_backend {
      * elsewhere bf16 operands are converted to fp32 around the fp32 kernel */
     const ck_kernel_fn *kernels_bf16;
     ck_workspace_fn workspace;    /* the rule the plan sizes each op's workspace by */
+    /* the rule for an op that runs its kernels_bf16 entry (NULL: workspace's) */
+    ck_workspace_fn workspace_bf16;
     int nthreads;                 /* passed to the rule (the CPU's threads; 1 on a GPU) */
     int host;                     /* 1: the arena is host memory */
     size_t fixed_bytes;           /* device memory held outside every plan (library workspaces) */
@@ -39,7 +41,8 @@ typedef struct ck_backend {
     int (*download)(void *dst_host, const void *src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes);
     /* n values of dtype from at src into dtype to at dst (arena memory;
-     * CK_F32 <-> CK_BF16), queued like a kernel: 0, or -1 with error() */
+     * CK_F32 <-> CK_BF16, CK_F8E4M3 -> either), queued like a kernel: 0, or
+     * -1 with error() */
     int (*convert)(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n);
     /* the measured peak (a sentinel fill, then the highest word in [lo, hi)
      * that differs, plus one) and the non-finite guard */
@@ -105,9 +108,10 @@ const ck_backend *ck_backend_cuda_plan(void);
 /* CUDA devices usable now: 0 without an NVIDIA driver, a device, or a build
  * of the CUDA backend. Loads nothing on a machine without a driver. */
 int ck_cuda_devices(void);
-/* CUDA algorithm choices, for programs run from now on: deterministic (the
- * default, 1): cuDNN's deterministic convolution algorithms, so gradients are
- * bitwise repeatable; 0: cuDNN's heuristic first choice (the fastest). tf32
+/* CUDA algorithm choices, for programs compiled from now on: deterministic
+ * (the default, 1): the fastest of cuDNN's deterministic convolution
+ * algorithms, so gradients are bitwise repeatable; 0: the fastest of all
+ * (timed once per shape, ops/cuda/conv2d.cu). tf32
  * (default 0): TF32 tensor cores for fp32 products and convolutions. A value
  * below 0 leaves that setting. 0, or -1 with err when there is no CUDA backend. */
 int ck_cuda_configure(int deterministic, int tf32, char *err, size_t errlen);

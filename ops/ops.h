@@ -118,7 +118,18 @@ size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in,
  * without one. */
 size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                             const ck_shape *out, int nthreads);
+/* The CUDA rule for an op run by its bf16 kernel (products: cuBLASLt's
+ * workspace; elsewhere ck_op_workspace_cuda's) */
+size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
+                                 const ck_shape *out, int nthreads);
 int ck_cuda_bf16_op(enum ck_op op);
+/* The CPU rule for an op run by its bf16 kernel: products and convolutions
+ * widen their operands into it (ops/cpu/products_bf16.c) */
+size_t ck_op_workspace_cpu_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
+                                const ck_shape *out, int nthreads);
+/* the ops PyTorch's autocast runs in bf16 whatever their fp32 operands:
+ * products and convolutions, forward and backward (vm/plan/memplan.c) */
+int ck_op_autocast(enum ck_op op);
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out);
 
 #endif

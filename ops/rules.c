@@ -682,6 +682,49 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
     return per_head * (size_t)heads;
 }
 
+/* bf16 products run through cuBLASLt, whose heuristic takes the workspace it
+ * is offered: 4 bytes per output element (room for one fp32 partial of a
+ * split-K product), at most LT_WS_CAP (what cuBLAS itself sets aside on
+ * Hopper). Elsewhere the fp32 rule: the convolutions' stated rule stands for
+ * the algorithm a device picks per shape (ops/cuda/conv2d.cu) when a plan is
+ * made without one. */
+#define LT_WS_CAP ((size_t)32 << 20)
+
+size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
+                                 const ck_shape *out, int nthreads)
+{
+    if (op == CK_OP_MATMUL || op == CK_OP_LINEAR) {
+        const size_t b = (size_t)ck_shape_numel(&out[0]) * sizeof(float);
+        return b < LT_WS_CAP ? b : LT_WS_CAP;
+    }
+    return ck_op_workspace_cuda(op, p, in, nin, out, nthreads);
+}
+
+/* The CPU's bf16 products and convolutions (ops/cpu/products_bf16.c) widen
+ * their operands into the workspace: the fp32 copies of the inputs and of the
+ * wanted outputs (a filter gradient's db is wanted when it is given its [O]
+ * shape; an unwanted output stands in with the first input's), each rounded
+ * up to 64 bytes, then the fp32 kernel's workspace. Elsewhere the fp32 rule. */
+size_t ck_op_workspace_cpu_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
+                                const ck_shape *out, int nthreads)
+{
+    const size_t own = ck_op_workspace(op, p, in, nin, out, nthreads);
+    if (!ck_op_autocast(op)) return own;
+    size_t b = 0;
+    for (int j = 0; j < nin; j++) b += ((size_t)ck_shape_numel(&in[j]) * sizeof(float) + 63) / 64 * 64;
+    for (int k = 0; k < ck_op_nout(op); k++) {
+        if (op == CK_OP_CONV2D_BWD_FILTER && k == 1 && out[1].ndim != 1) continue;
+        b += ((size_t)ck_shape_numel(&out[k]) * sizeof(float) + 63) / 64 * 64;
+    }
+    return b + own;
+}
+
+int ck_op_autocast(enum ck_op op)
+{
+    return op == CK_OP_MATMUL || op == CK_OP_LINEAR || op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA ||
+           op == CK_OP_CONV2D_BWD_FILTER;
+}
+
 int ck_cuda_bf16_op(enum ck_op op) { return (ck_op_precisions(op, 1) & CK_PREC_MASK_BF16) != 0; }
 
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out)

@@ -27,12 +27,19 @@ void ck_cpu_clear_error(void);
 extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
 /* The ops with a kernel for bf16 storage (every tensor bf16, arithmetic in
  * fp32): the activations, softmax, the broadcasting add/sub/mul, scale, fill,
- * GROUP_NORM_SILU and the copies, as on the GPU (ck_cuda_bf16_op). */
+ * GROUP_NORM_SILU, the copies, and the products and convolutions (widened
+ * into their workspace), as on the GPU (ck_cuda_bf16_op). */
 extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
 
 /* matmul.c */
 CK_CPU_KERNEL(ck_cpu_matmul);
 CK_CPU_KERNEL(ck_cpu_linear);
+/* products_bf16.c */
+CK_CPU_KERNEL(ck_cpu_matmul_bf16);
+CK_CPU_KERNEL(ck_cpu_linear_bf16);
+CK_CPU_KERNEL(ck_cpu_conv2d_bf16);
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_bf16);
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_bf16);
 /* conv2d.c */
 CK_CPU_KERNEL(ck_cpu_conv2d);
 CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data);

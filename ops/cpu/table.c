@@ -58,6 +58,11 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
 };
 
 const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
+    [CK_OP_MATMUL] = ck_cpu_matmul_bf16,
+    [CK_OP_LINEAR] = ck_cpu_linear_bf16,
+    [CK_OP_CONV2D] = ck_cpu_conv2d_bf16,
+    [CK_OP_CONV2D_BWD_DATA] = ck_cpu_conv2d_bwd_data_bf16,
+    [CK_OP_CONV2D_BWD_FILTER] = ck_cpu_conv2d_bwd_filter_bf16,
     [CK_OP_SILU] = ck_cpu_silu_bf16,
     [CK_OP_SILU_BWD] = ck_cpu_silu_bwd_bf16,
     [CK_OP_GELU] = ck_cpu_gelu_bf16,

@@ -42,6 +42,25 @@ static int all_finite(const float *x, int64_t n, int *finite)
     return QUIET() ? -1 : ck_cuda_all_finite(x, n, finite);
 }
 
+/* the plan's workspace rules: convolutions get the algorithm chosen for their
+ * shape on this device (ck_cuda_workspace), which plans may be made for on
+ * any thread */
+static size_t workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
+                        int nthreads)
+{
+    (void)nthreads;
+    ck_cuda_bind(ctx);
+    return ck_cuda_workspace(op, p, in, nin, out, 0);
+}
+static size_t workspace_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
+                             int nthreads)
+{
+    (void)nthreads;
+    ck_cuda_bind(ctx);
+    return ck_cuda_workspace(op, p, in, nin, out, 1);
+}
+
+
 _Static_assert(CK_CUDA_FIXED_BYTES ==
                    (CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES + CK_CUDA_GRANULE - 1) / CK_CUDA_GRANULE * CK_CUDA_GRANULE,
                "fixed bytes: the one allocation of the scratch and the cuBLAS workspace, in pages");
@@ -59,7 +78,8 @@ static ck_backend be = {
     .name = "cuda",
     .kernels = ck_cuda_kernels,
     .kernels_bf16 = ck_cuda_kernels_bf16,
-    .workspace = ck_op_workspace_cuda,
+    .workspace = workspace,
+    .workspace_bf16 = workspace_bf16,
     .nthreads = 1,
     .host = 0,
     .fixed_bytes = CK_CUDA_FIXED_BYTES,

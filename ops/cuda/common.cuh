@@ -8,6 +8,7 @@
 #ifdef CK_CUDA_EMU
 #include "cuda_emu.h"
 #else
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@ struct ck_cuda_ctx {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
+    cublasLtHandle_t lt; /* bf16 products (matmul.cu) */
     cudnnHandle_t dnn;
     /* conv2d.cu sets these per call (host-side only, no device memory) */
     cudnnTensorDescriptor_t tx, ty;
@@ -33,6 +35,7 @@ struct ck_cuda_ctx {
     void *blas_ws; /* CK_CUDA_BLAS_WS_BYTES, cuBLAS's only workspace */
     int deterministic, tf32, sync_each;
     int conv_im2col; /* conv2d.cu's own path instead of cuDNN (tests) */
+    size_t conv_ws_cap; /* the most workspace a convolution's algorithm may take (conv2d.cu) */
     const char *last_op; /* the op queued last, for asynchronous faults */
 };
 

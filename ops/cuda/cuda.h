@@ -13,11 +13,12 @@
 #ifndef CK_CUDA_H
 #define CK_CUDA_H
 
-#include "../ops.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* inside the C linkage: the rules of ops/rules.c are C functions */
+#include "../ops.h"
 
 typedef struct ck_cuda_ctx ck_cuda_ctx;
 
@@ -42,15 +43,30 @@ ck_cuda_ctx *ck_cuda_current(void);
 #define CK_CUDA_SCRATCH_BYTES ((size_t)1 << 18)
 #define CK_CUDA_BLAS_WS_BYTES ((size_t)4 << 20)
 
-/* Deterministic algorithms (default 1): cuDNN's deterministic convolution
- * algorithms; 0 takes cuDNN's heuristic first choice that fits the planned
- * workspace. Our own kernels are deterministic either way. */
+/* Deterministic algorithms (default 1): the fastest of cuDNN's deterministic
+ * convolution algorithms (ck_cuda_workspace); 0 the fastest of all. Our own
+ * kernels, and cuBLAS/cuBLASLt with a fixed workspace, are deterministic
+ * either way. */
 void ck_cuda_set_deterministic(ck_cuda_ctx *c, int on);
 /* TF32 tensor cores for fp32 products and convolutions (default 0: exact fp32). */
 void ck_cuda_set_tf32(ck_cuda_ctx *c, int on);
 /* Convolutions through our own im2col + cuBLAS path, which they take anyway
  * when no cuDNN algorithm fits the planned workspace (default 0; for tests). */
 void ck_cuda_set_conv_im2col(ck_cuda_ctx *c, int on);
+/* The most workspace a convolution's cuDNN algorithm may take (default
+ * CK_CUDA_CONV_WS_CAP): the per-shape choice below stays within it. */
+#define CK_CUDA_CONV_WS_CAP ((size_t)256 << 20)
+void ck_cuda_set_conv_workspace_cap(ck_cuda_ctx *c, size_t bytes);
+/* The workspace a convolution op (CONV2D, CONV2D_BWD_DATA, CONV2D_BWD_FILTER)
+ * takes on the current context, in fp32 or bf16 storage: the workspace of the
+ * algorithm chosen for its shape, the fastest (by cudnnFind*AlgorithmEx, or
+ * cuDNN's heuristic where the search cannot allocate its buffers) that fits
+ * the cap and is deterministic unless determinism is off; searched once per
+ * shape and kept, so the kernel later runs the algorithm the plan paid for.
+ * Where none fits, the im2col path's workspace (fp32; ck_op_workspace_cuda).
+ * Other ops: the rules of ops/rules.c. */
+size_t ck_cuda_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
+                         int bf16);
 /* Synchronize after every op so an asynchronous fault names its op
  * (default 0; the environment variable CK_CUDA_SYNC=1 turns it on at open). */
 void ck_cuda_set_sync_each_op(ck_cuda_ctx *c, int on);
@@ -81,7 +97,8 @@ int ck_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 int ck_cuda_fill_u32(void *dst, uint32_t v, size_t nwords);
 int ck_cuda_high_water(const void *base, size_t lo, size_t hi, uint32_t v, size_t *top);
 int ck_cuda_all_finite(const float *x, int64_t n, int *finite);
-/* n values between fp32 and bf16 storage (to == from copies), queued on the stream */
+/* n values between fp32 and bf16 storage, and from fp8 to either (to == from
+ * copies), queued on the stream */
 int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n);
 
 /* comm.cu (built with CK_HAVE_NCCL): the backend's data-parallel hooks
@@ -103,10 +120,10 @@ void ck_cuda_comm_close(void);
 extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 
 /* The same ops with every tensor in bf16 storage (the views' data pointers
- * point at __nv_bfloat16; arithmetic stays fp32), for the ops where that is
- * one instantiation away: activations, softmax, broadcasting add/sub/mul,
- * scale, fill, GROUP_NORM_SILU, and the copies concat, slice and reshape.
- * NULL elsewhere. */
+ * point at __nv_bfloat16; arithmetic stays fp32): activations, softmax,
+ * broadcasting add/sub/mul, scale, fill, GROUP_NORM_SILU, the copies concat,
+ * slice and reshape, and on tensor cores (fp32 accumulation) the products
+ * (cuBLASLt) and convolutions (cuDNN). NULL elsewhere. */
 extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 
 #define CK_CUDA_KERNEL(name) \
@@ -115,10 +132,15 @@ extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 /* matmul.cu */
 CK_CUDA_KERNEL(ck_cuda_matmul);
 CK_CUDA_KERNEL(ck_cuda_linear);
+CK_CUDA_KERNEL(ck_cuda_matmul_bf16);
+CK_CUDA_KERNEL(ck_cuda_linear_bf16);
 /* conv2d.cu */
 CK_CUDA_KERNEL(ck_cuda_conv2d);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bf16);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data_bf16);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter_bf16);
 /* norm.cu */
 CK_CUDA_KERNEL(ck_cuda_group_norm);
 CK_CUDA_KERNEL(ck_cuda_group_norm_bwd);

@@ -55,6 +55,11 @@ const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT] = {
 };
 
 const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
+    [CK_OP_MATMUL] = ck_cuda_matmul_bf16,
+    [CK_OP_LINEAR] = ck_cuda_linear_bf16,
+    [CK_OP_CONV2D] = ck_cuda_conv2d_bf16,
+    [CK_OP_CONV2D_BWD_DATA] = ck_cuda_conv2d_bwd_data_bf16,
+    [CK_OP_CONV2D_BWD_FILTER] = ck_cuda_conv2d_bwd_filter_bf16,
     [CK_OP_SILU] = ck_cuda_silu_bf16,
     [CK_OP_SILU_BWD] = ck_cuda_silu_bwd_bf16,
     [CK_OP_GELU] = ck_cuda_gelu_bf16,

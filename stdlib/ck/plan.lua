@@ -136,7 +136,8 @@ function M.summary(p)
     workspace = pl.workspace, ops = pl.ops, recompute_ops = pl.recompute_ops,
     activation_bytes = pl.activation_bytes, step_flops = pl.step_flops, recompute_flops = pl.recompute_flops,
     recompute_pct = base > 0 and 100 * pl.recompute_flops / base or 0, at_peak = pl.at_peak,
-    group_arena = pl.group_arena,
+    group_arena = pl.group_arena, conv_workspace = pl.conv_workspace, conv_workspace_max = pl.conv_workspace_max,
+    conv_rule = pl.conv_rule,
   }
 end
 
@@ -526,7 +527,9 @@ local function print_json(o, rows, limit, svg)
       local s = r.summary
       for _, kv in ipairs{{"peak_bytes", s.peak}, {"device_bytes", s.device_bytes}, {"live_peak_bytes", s.live_peak},
         {"persistent_bytes", s.persistent},
-        {"transient_bytes", s.transient}, {"workspace_bytes", s.workspace}, {"activation_bytes", s.activation_bytes},
+        {"transient_bytes", s.transient}, {"workspace_bytes", s.workspace},
+        {"conv_workspace_bytes", s.conv_workspace}, {"conv_workspace_max_bytes", s.conv_workspace_max},
+        {"activation_bytes", s.activation_bytes},
         {"step_flops", s.step_flops}, {"recompute_flops", s.recompute_flops}, {"recompute_pct", s.recompute_pct},
         {"ops", s.ops}, {"recompute_ops", s.recompute_ops}, {"at_peak", at_peak_object(s.at_peak)},
         {"fit", r.auto}} do
@@ -580,6 +583,11 @@ local function print_text(o, rows, limit, svg)
     end
     print(string.format("%-24s %s%s", "persistent", M.fmt_bytes(s.persistent), lbl))
     print(string.format("%-24s %s at the peak%s", "transient", M.fmt_bytes(s.transient), lbl))
+    if s.device == "cuda" and s.conv_workspace > 0 then
+      print(string.format("%-24s %s over the list's convolutions, the largest %s%s: %s", "conv workspace",
+        M.fmt_bytes(s.conv_workspace), M.fmt_bytes(s.conv_workspace_max), lbl, s.conv_rule == "chosen" and
+        "the algorithms chosen per shape on this device" or "the stated rule (no device: columns of one image, at most 32 MiB)"))
+    end
     print(string.format("%-24s %d%s", "ops", s.ops, lbl))
   end
   -- one unit for the whole table

@@ -1,8 +1,8 @@
 /* Every op forward and backward on both backends, on the same random inputs
  * (odd sizes included), compared: the CUDA results are copied back
  * (ck_cuda_download, a cudaMemcpy) and must agree with the CPU kernels, which
- * are the reference. Also: the CUDA kernels fit the workspace the plan's GPU
- * rule gives (ck_op_workspace_cuda), never write past their
+ * are the reference. Also: the CUDA kernels fit the workspace a GPU plan gives
+ * them (ck_cuda_workspace, the backend's rule), never write past their
  * outputs, give bitwise the same result when run twice, and name the op when
  * they fail.
  *
@@ -249,7 +249,7 @@ static void run_case(const tcase *t, int bf16)
     ck_cpu_kernels[op](&cctx, &t->p, vout, nout, vin, nin);
 
     // CUDA, with the workspace of a GPU plan (or columns_only columns of a convolution)
-    size_t gws = ck_op_workspace_cuda(op, &t->p, t->in, nin, out, 1);
+    size_t gws = ck_cuda_workspace(op, &t->p, t->in, nin, out, bf16);
     if (columns_only && (op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA || op == CK_OP_CONV2D_BWD_FILTER)) {
         const ck_shape *w = op == CK_OP_CONV2D_BWD_FILTER ? &out[0] : &t->in[1];
         const int64_t ch = op == CK_OP_CONV2D ? t->in[0].d[1] : op == CK_OP_CONV2D_BWD_DATA ? out[0].d[1] : t->in[1].d[1];
@@ -325,6 +325,10 @@ static const tcase cases[] = {
     {"matmul [2,128,320] x [320,640]", CK_OP_MATMUL, {.i = {0}}, 2, {SH(2, 128, 320), SH(320, 640)}, .tol = F32, .big = 1},
     {"linear with bias", CK_OP_LINEAR, {.i = {0}}, 3, {SH(2, 5, 7), SH(6, 7), SH(6)}, .tol = F32},
     {"linear without bias", CK_OP_LINEAR, {.i = {0}}, 2, {SH(13, 3), SH(5, 3)}, .tol = F32},
+    {"linear [2,64,320] x [640,320]^T + b (SDXL-like)", CK_OP_LINEAR, {.i = {0}}, 3, {SH(2, 64, 320), SH(640, 320), SH(640)},
+     .tol = F32},
+    {"matmul [2,5,64,40] x [2,5,77,40]^T (attention-like)", CK_OP_MATMUL, {.i = {0, 1}}, 2, {SH(2, 5, 64, 40), SH(2, 5, 77, 40)},
+     .tol = F32},
     {"linear [4096,640] x [640,640]^T + b", CK_OP_LINEAR, {.i = {0}}, 3, {SH(4096, 640), SH(640, 640), SH(640)}, .tol = F32,
      .big = 1},
     /* conv2d.cu */
@@ -332,6 +336,10 @@ static const tcase cases[] = {
     {"conv2d 3x3 stride 2 pad 1", CK_OP_CONV2D, {.i = {2, 2, 1, 1}}, 2, {SH(2, 4, 9, 8), SH(3, 4, 3, 3)}, .tol = F32},
     {"conv2d 1x1 bias", CK_OP_CONV2D, {.i = {1, 1, 0, 0}}, 3, {SH(1, 3, 5, 5), SH(4, 3, 1, 1), SH(4)}, .tol = F32},
     {"conv2d 3x2 stride (2,1) pad (0,1)", CK_OP_CONV2D, {.i = {2, 1, 0, 1}}, 2, {SH(2, 2, 7, 5), SH(3, 2, 3, 2)}, .tol = F32},
+    {"conv2d [1,32,16,16] 3x3 pad 1 bias (SDXL-like)", CK_OP_CONV2D, {.i = {1, 1, 1, 1}}, 3,
+     {SH(1, 32, 16, 16), SH(32, 32, 3, 3), SH(32)}, .tol = F32},
+    {"conv2d [1,32,16,16] 3x3 stride 2 (SDXL-like downsample)", CK_OP_CONV2D, {.i = {2, 2, 1, 1}}, 2,
+     {SH(1, 32, 16, 16), SH(32, 32, 3, 3)}, .tol = F32},
     {"conv2d [2,320,64,64] 3x3", CK_OP_CONV2D, {.i = {1, 1, 1, 1}}, 3, {SH(2, 320, 64, 64), SH(320, 320, 3, 3), SH(320)},
      .tol = F32, .big = 1},
     {"conv2d_bwd_data 3x3 pad 1", CK_OP_CONV2D_BWD_DATA, {.i = {1, 1, 1, 1}}, 2, {SH(2, 5, 9, 7), SH(5, 3, 3, 3)},
@@ -340,6 +348,8 @@ static const tcase cases[] = {
      {SH(2, 4, 9, 8)}, .tol = F32},
     {"conv2d_bwd_data 3x2 stride (2,1)", CK_OP_CONV2D_BWD_DATA, {.i = {2, 1, 0, 1}}, 2, {SH(2, 3, 3, 6), SH(3, 2, 3, 2)},
      {SH(2, 2, 7, 5)}, .tol = F32},
+    {"conv2d_bwd_data [1,32,16,16] 3x3 pad 1 (SDXL-like)", CK_OP_CONV2D_BWD_DATA, {.i = {1, 1, 1, 1}}, 2,
+     {SH(1, 32, 16, 16), SH(32, 32, 3, 3)}, {SH(1, 32, 16, 16)}, .tol = F32},
     {"conv2d_bwd_data [2,320,64,64]", CK_OP_CONV2D_BWD_DATA, {.i = {1, 1, 1, 1}}, 2, {SH(2, 320, 64, 64), SH(320, 320, 3, 3)},
      {SH(2, 320, 64, 64)}, .tol = F32, .big = 1},
     {"conv2d_bwd_filter dw and db", CK_OP_CONV2D_BWD_FILTER, {.i = {1, 1, 1, 1}}, 2, {SH(2, 5, 9, 7), SH(2, 3, 9, 7)},
@@ -350,6 +360,10 @@ static const tcase cases[] = {
      {SH(4, 2, 1, 1)}, .unwanted = 1, .tol = F32},
     {"conv2d_bwd_filter 1x1", CK_OP_CONV2D_BWD_FILTER, {.i = {1, 1, 0, 0}}, 2, {SH(1, 4, 5, 5), SH(1, 3, 5, 5)},
      {SH(4, 3, 1, 1)}, .tol = F32},
+    {"conv2d_bwd_filter [1,32,16,16] dw and db (SDXL-like)", CK_OP_CONV2D_BWD_FILTER, {.i = {1, 1, 1, 1}}, 2,
+     {SH(1, 32, 16, 16), SH(1, 32, 16, 16)}, {SH(32, 32, 3, 3)}, .tol = F32},
+    {"conv2d_bwd_filter [1,32,16,16] dw only (SDXL-like)", CK_OP_CONV2D_BWD_FILTER, {.i = {1, 1, 1, 1}}, 2,
+     {SH(1, 32, 16, 16), SH(1, 32, 16, 16)}, {SH(32, 32, 3, 3)}, .unwanted = 2, .tol = F32},
     {"conv2d_bwd_filter [2,320,64,64]", CK_OP_CONV2D_BWD_FILTER, {.i = {1, 1, 1, 1}}, 2,
      {SH(2, 320, 64, 64), SH(2, 320, 64, 64)}, {SH(320, 320, 3, 3)}, .tol = F32, .big = 1},
     /* norm.cu */
@@ -676,9 +690,152 @@ static void arena_helpers(void)
     }
     report(ok && wrong == 0, "convert fp8 -> fp32: the 256 codes as the CPU decodes them (%d differ)", wrong);
     ck_cuda_clear_error();
+    /* fp8 -> bf16 (an fp8 base cast for a bf16 product): exact, NaN as NaN */
+    uint16_t got16[256];
+    ok = ck_cuda_convert(d32, CK_BF16, d8, CK_F8E4M3, 256) == 0 && ck_cuda_download(got16, d32, sizeof got16) == 0;
+    wrong = 0;
+    for (int c = 0; c < 256; c++) {
+        const float want = ck_f8e4m3_decode((uint8_t)c), back = from_bf16(got16[c]);
+        wrong += isnan(want) ? !isnan(back) : memcmp(&want, &back, sizeof want) != 0;
+    }
+    report(ok && wrong == 0, "convert fp8 -> bf16: the 256 codes exactly (%d differ)", wrong);
+    ck_cuda_clear_error();
     ck_cuda_free(d8);
     ck_cuda_free(d32);
 }
+
+#ifdef CK_CUDA_EMU
+/* the emulator's hooks (tests/cuda_emu): each algorithm's workspace and
+ * made-up time, the algorithms the last calls ran, searches so far, and the
+ * workspace cuBLASLt's one algorithm claims */
+extern size_t ck_emu_conv_ws[3][8];
+extern float ck_emu_conv_ms[3][8];
+extern int ck_emu_last_algo[3];
+extern int ck_emu_find_calls;
+extern size_t ck_emu_lt_ws;
+
+/* Runs op once on zeros with the workspace ws_bytes (out[0] preset): 0, or -1
+ * with the failure kept. */
+static int run_once(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out0, int bf16,
+                    size_t ws_bytes)
+{
+    ck_shape out[CK_MAX_OUT];
+    char err[128];
+    memset(out, 0, sizeof out);
+    out[0] = *out0;
+    if (ck_op_infer(op, p, in, nin, out, err, sizeof err)) return -1;
+    ck_view vin[CK_MAX_IN], vout[CK_MAX_OUT];
+    float *bufs[CK_MAX_IN + CK_MAX_OUT] = {0};
+    int nb = 0;
+    for (int j = 0; j < nin; j++) {
+        bufs[nb] = dev_alloc(ck_shape_numel(&in[j]), 4);
+        ck_cuda_memset(bufs[nb], 0, 4 * (size_t)ck_shape_numel(&in[j]));
+        vin[j] = view(bufs[nb++], &in[j]);
+    }
+    for (int k = 0; k < ck_op_nout(op); k++) {
+        bufs[nb] = dev_alloc(ck_shape_numel(&out[k]), 4);
+        vout[k] = view(bufs[nb++], &out[k]);
+    }
+    float *ws = ws_bytes ? dev_alloc((int64_t)((ws_bytes + 3) / 4), 4) : NULL;
+    ck_kctx ctx = base_ctx;
+    ctx.ws = ws, ctx.ws_bytes = ws_bytes;
+    (bf16 ? ck_cuda_kernels_bf16 : ck_cuda_kernels)[op](&ctx, p, vout, ck_op_nout(op), vin, nin);
+    const int rc = ck_cuda_failed() || ck_cuda_sync() ? -1 : 0;
+    for (int i = 0; i < nb; i++) ck_cuda_free(bufs[i]);
+    ck_cuda_free(ws);
+    return rc;
+}
+
+/* Per shape the fastest algorithm that fits the cap (and is deterministic
+ * unless that is off) is chosen once: its workspace is what the plan gives
+ * the op, and the kernel given that workspace runs it. */
+static void algorithm_choice(ck_cuda_ctx *c)
+{
+    size_t saved[3][8];
+    memcpy(saved, ck_emu_conv_ws, sizeof saved);
+    /* forward: FFT (4) fastest at 3 MiB, precomputed implicit GEMM (1) next at
+     * 4 KiB, implicit GEMM (0) slowest at none */
+    ck_emu_conv_ws[0][4] = (size_t)3 << 20;
+    const ck_op_params p = {.i = {1, 1, 1, 1}};
+    const ck_shape fin[2] = {SH(1, 4, 6, 6), SH(5, 4, 3, 3)};
+    ck_shape fout[1] = {SH(1, 5, 6, 6)};
+    const size_t caps[3] = {(size_t)8 << 20, 5000, 0};
+    const size_t want_ws[3] = {(size_t)3 << 20, 4096, 0};
+    const int want_algo[3] = {4, 1, 0};
+    for (int k = 0; k < 3; k++) {
+        ck_cuda_set_conv_workspace_cap(c, caps[k]);
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            const int before = ck_emu_find_calls;
+            const size_t ws = ck_cuda_workspace(CK_OP_CONV2D, &p, fin, 2, fout, bf16);
+            const int searched = ck_emu_find_calls - before;
+            const size_t again = ck_cuda_workspace(CK_OP_CONV2D, &p, fin, 2, fout, bf16);
+            ck_emu_last_algo[0] = -1;
+            const int rc = run_once(CK_OP_CONV2D, &p, fin, 2, fout, bf16, ws);
+            report(rc == 0 && ws == want_ws[k] && again == ws && searched == 1 && ck_emu_find_calls - before == 1 &&
+                       ck_emu_last_algo[0] == want_algo[k],
+                   "conv2d%s under a cap of %zu bytes: algorithm %d (expect %d) planned with %zu bytes (expect %zu), "
+                   "searched %d time(s), kernel ran it%s",
+                   bf16 ? " bf16" : "", caps[k], ck_emu_last_algo[0], want_algo[k], ws, want_ws[k],
+                   ck_emu_find_calls - before, rc ? ck_cuda_last_error() : "");
+            ck_cuda_clear_error();
+        }
+    }
+    ck_cuda_set_conv_workspace_cap(c, CK_CUDA_CONV_WS_CAP);
+
+    /* data gradient: ALGO_0 (nondeterministic) beats ALGO_1 (deterministic) */
+    const ck_shape din[2] = {SH(1, 5, 6, 6), SH(5, 4, 3, 3)};
+    ck_shape dout[1] = {SH(1, 4, 6, 6)};
+    for (int det = 1; det >= 0; det--) {
+        ck_cuda_set_deterministic(c, det);
+        const size_t ws = ck_cuda_workspace(CK_OP_CONV2D_BWD_DATA, &p, din, 2, dout, 0);
+        ck_emu_last_algo[1] = -1;
+        const int rc = run_once(CK_OP_CONV2D_BWD_DATA, &p, din, 2, dout, 0, ws);
+        const int want = det ? 1 : 0;
+        report(rc == 0 && ck_emu_last_algo[1] == want && ws == ck_emu_conv_ws[1][want],
+               "conv2d_bwd_data, deterministic %d: algorithm %d (expect %d), workspace %zu", det, ck_emu_last_algo[1],
+               want, ws);
+        ck_cuda_clear_error();
+    }
+    ck_cuda_set_deterministic(c, 1);
+
+    /* a workspace short of every algorithm: fp32 falls back to im2col, bf16 names the op */
+    for (int k = 0; k < 8; k++) ck_emu_conv_ws[0][k] = (size_t)1 << 30;
+    const ck_shape gin[2] = {SH(1, 3, 5, 5), SH(2, 3, 3, 3)};
+    ck_shape gout[1] = {SH(1, 2, 5, 5)};
+    const size_t ws32 = ck_cuda_workspace(CK_OP_CONV2D, &p, gin, 2, gout, 0);
+    const size_t cols = ck_op_workspace_cuda(CK_OP_CONV2D, &p, gin, 2, gout, 1);
+    ck_emu_last_algo[0] = -1;
+    const int rc32 = run_once(CK_OP_CONV2D, &p, gin, 2, gout, 0, ws32);
+    report(rc32 == 0 && ws32 == cols && ck_emu_last_algo[0] == -1,
+           "conv2d with no algorithm under the cap: the im2col workspace (%zu bytes, expect %zu), no cuDNN call", ws32, cols);
+    ck_cuda_clear_error();
+    const int rc16 = run_once(CK_OP_CONV2D, &p, gin, 2, gout, 1, ck_cuda_workspace(CK_OP_CONV2D, &p, gin, 2, gout, 1));
+    report(rc16 != 0 && strstr(ck_cuda_last_error(), "conv2d: no cuDNN bf16 algorithm"), "conv2d bf16 with no algorithm: \"%s\"",
+           ck_cuda_last_error());
+    ck_cuda_clear_error();
+    memcpy(ck_emu_conv_ws, saved, sizeof saved);
+}
+
+/* A bf16 product runs in the workspace its rule gives; an algorithm that
+ * would need more is not taken (here: none is left, and the op says so). */
+static void lt_workspace(void)
+{
+    const ck_op_params p = {.i = {0}};
+    const ck_shape in[3] = {SH(3, 8), SH(5, 8), SH(5)};
+    ck_shape out[1] = {SH(3, 5)};
+    const size_t ws = ck_cuda_workspace(CK_OP_LINEAR, &p, in, 3, out, 1);
+    ck_emu_lt_ws = ws;
+    const int fits = run_once(CK_OP_LINEAR, &p, in, 3, out, 1, ws);
+    ck_cuda_clear_error();
+    ck_emu_lt_ws = ws + 1;
+    const int over = run_once(CK_OP_LINEAR, &p, in, 3, out, 1, ws);
+    report(ws == 3 * 5 * 4 && fits == 0 && over != 0 && strstr(ck_cuda_last_error(), "linear: "),
+           "linear bf16: the planned %zu bytes suffice; an algorithm needing one more is refused (\"%s\")", ws,
+           ck_cuda_last_error());
+    ck_cuda_clear_error();
+    ck_emu_lt_ws = 0;
+}
+#endif
 
 int main(void)
 {
@@ -731,6 +888,10 @@ int main(void)
     ck_cuda_set_tf32(c, 0);
 
     arena_helpers();
+#ifdef CK_CUDA_EMU
+    algorithm_choice(c);
+    lt_workspace();
+#endif
     unbound_context_names_the_op(c);
     short_workspace_names_the_op();
     embedding_bad_id_names_the_op();

@@ -4,7 +4,9 @@
  * rounded once: |got - ref| <= 2^-8 |ref| + 1e-5 max |ref| over each of its
  * outputs (bf16 keeps 8 significant bits; the second term allows for a sum
  * taken in another order).
- * Odd sizes cross the kernels' 256-value blocks. Also: two runs agree bitwise,
+ * Odd sizes cross the kernels' 256-value blocks. Products and convolutions
+ * (fp32 accumulation) run in the workspace their bf16 rule gives
+ * (ck_op_workspace_cpu_bf16), the fp32 kernel in its own. Also: two runs agree bitwise,
  * nothing is written past an output, every op with a bf16 kernel has a case
  * here, and the CPU's bf16 ops are the GPU's (ck_cuda_bf16_op), so that plans
  * for either device convert the same operands. */
@@ -71,6 +73,18 @@ static const tcase cases[] = {
     CASE("mul by a scalar [1] * [9,9]", CK_OP_MUL, NOP, 2, SH(1), SH(9, 9)),
     CASE("scale by -0.37 [1000]", CK_OP_SCALE, {.f = {-0.37f}}, 1, SH(1000)),
     {.label = "fill 0.1 [3,77]", .op = CK_OP_FILL, .p = {.f = {0.1f}}, .nin = 0, .out = SH(3, 77)},
+    {.label = "matmul [2,5,64,40] x [2,5,77,40]^T", .op = CK_OP_MATMUL, .p = {.i = {0, 1}}, .nin = 2,
+     .in = {SH(2, 5, 64, 40), SH(2, 5, 77, 40)}},
+    {.label = "matmul [3,7]^T x [3,9]", .op = CK_OP_MATMUL, .p = {.i = {1, 0}}, .nin = 2, .in = {SH(3, 7), SH(3, 9)}},
+    CASE("linear [2,64,320] x [640,320]^T + b", CK_OP_LINEAR, NOP, 3, SH(2, 64, 320), SH(640, 320), SH(640)),
+    {.label = "conv2d [1,32,16,16] 3x3 pad 1 + b", .op = CK_OP_CONV2D, .p = {.i = {1, 1, 1, 1}}, .nin = 3,
+     .in = {SH(1, 32, 16, 16), SH(32, 32, 3, 3), SH(32)}},
+    {.label = "conv2d [2,5,9,7] 3x3 stride 2", .op = CK_OP_CONV2D, .p = {.i = {2, 2, 1, 1}}, .nin = 2,
+     .in = {SH(2, 5, 9, 7), SH(3, 5, 3, 3)}},
+    {.label = "conv2d_bwd_data [1,32,16,16] 3x3 pad 1", .op = CK_OP_CONV2D_BWD_DATA, .p = {.i = {1, 1, 1, 1}},
+     .nin = 2, .in = {SH(1, 32, 16, 16), SH(32, 32, 3, 3)}, .out = SH(1, 32, 16, 16)},
+    {.label = "conv2d_bwd_filter [1,32,16,16] dw", .op = CK_OP_CONV2D_BWD_FILTER, .p = {.i = {1, 1, 1, 1}},
+     .nin = 2, .in = {SH(1, 32, 16, 16), SH(1, 32, 16, 16)}, .out = SH(32, 32, 3, 3)},
 };
 
 static const ck_kctx ctx0 = {7, 1, 0.01f, NULL, 0, 1, 0};
@@ -118,9 +132,16 @@ static void run_case(const tcase *t)
         o16[k] = view(got[k], &outs[k]);
         o16b[k] = view(got2[k], &outs[k]);
     }
-    ck_cpu_kernels[t->op](&ctx0, &t->p, o32, nout, v32, t->nin);
-    ck_cpu_kernels_bf16[t->op](&ctx0, &t->p, o16, nout, v16, t->nin);
-    ck_cpu_kernels_bf16[t->op](&ctx0, &t->p, o16b, nout, v16, t->nin);
+    ck_kctx c32 = ctx0, c16 = ctx0;
+    c32.ws_bytes = ck_op_workspace(t->op, &t->p, t->in, t->nin, outs, ck_cpu_threads());
+    c16.ws_bytes = ck_op_workspace_cpu_bf16(t->op, &t->p, t->in, t->nin, outs, ck_cpu_threads());
+    c32.ws = c32.ws_bytes ? malloc(c32.ws_bytes) : NULL;
+    c16.ws = c16.ws_bytes ? malloc(c16.ws_bytes) : NULL;
+    ck_cpu_kernels[t->op](&c32, &t->p, o32, nout, v32, t->nin);
+    ck_cpu_kernels_bf16[t->op](&c16, &t->p, o16, nout, v16, t->nin);
+    ck_cpu_kernels_bf16[t->op](&c16, &t->p, o16b, nout, v16, t->nin);
+    if (ck_cpu_last_error()[0]) printf("  %s\n", ck_cpu_last_error()), ck_cpu_clear_error();
+    free(c32.ws), free(c16.ws);
 
     double worst = 0;
     int ok = 1, same = 1, guard = 1;

@@ -514,6 +514,7 @@ struct ck_emu_dnn {
 };
 struct ck_emu_tensor {
     int set, n, c, h, w;
+    cudnnDataType_t type; /* fp32 or bf16 storage; the arithmetic is fp32 either way */
 };
 struct ck_emu_conv {
     int set, ph, pw, sh, sw, dh, dw, mode;
@@ -559,23 +560,24 @@ cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d)
     delete d;
     return CUDNN_STATUS_SUCCESS;
 }
-static cudnnStatus_t set4(ck_emu_tensor *d, int n, int c, int h, int w)
+static cudnnStatus_t set4(ck_emu_tensor *d, cudnnDataType_t t, int n, int c, int h, int w)
 {
     if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
-    *d = {1, n, c, h, w};
+    if (t != CUDNN_DATA_FLOAT && t != CUDNN_DATA_BFLOAT16) return CUDNN_STATUS_NOT_SUPPORTED;
+    *d = {1, n, c, h, w, t};
     return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t, cudnnDataType_t, int n, int c,
-                                         int h, int w)
+cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t, cudnnDataType_t t, int n,
+                                         int c, int h, int w)
 {
-    return set4(d, n, c, h, w);
+    return set4(d, t, n, c, h, w);
 }
 cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t *d) { return cudnnCreateTensorDescriptor(d); }
 cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) { return cudnnDestroyTensorDescriptor(d); }
-cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t, cudnnTensorFormat_t, int k, int c,
-                                         int h, int w)
+cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t t, cudnnTensorFormat_t, int k,
+                                         int c, int h, int w)
 {
-    return set4(d, k, c, h, w);
+    return set4(d, t, k, c, h, w);
 }
 cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t *d)
 {
@@ -603,6 +605,7 @@ static cudnnStatus_t geometry(const ck_emu_conv *cv, const ck_emu_tensor *x, con
     if (!cv->set || !x->set || !w->set || (y && !y->set)) return CUDNN_STATUS_BAD_PARAM;
     if (cv->mode != CUDNN_CROSS_CORRELATION || cv->dh != 1 || cv->dw != 1) return CUDNN_STATUS_NOT_SUPPORTED;
     if (x->c != w->c) return CUDNN_STATUS_BAD_PARAM;
+    if (w->type != x->type || (y && y->type != x->type)) return CUDNN_STATUS_NOT_SUPPORTED;
     const int ho = (x->h + 2 * cv->ph - w->h) / cv->sh + 1, wo = (x->w + 2 * cv->pw - w->w) / cv->sw + 1;
     if (ho <= 0 || wo <= 0) return CUDNN_STATUS_BAD_PARAM;
     if (y && (y->n != x->n || y->c != w->n || y->h != ho || y->w != wo)) return CUDNN_STATUS_BAD_PARAM;
@@ -711,10 +714,16 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t, const
  * three roles: out = alpha * result + beta * out */
 enum conv_role { FWD, BWD_DATA, BWD_FILTER };
 
-static void conv_loops(conv_role role, const ck_emu_conv *cv, const ck_emu_tensor *xd, const ck_emu_tensor *wd,
-                       const ck_emu_tensor *yd, const float *x, const float *w, const float *y, float *out,
-                       float alpha, float beta)
+static float ld_t(cudnnDataType_t t, const void *p, long i)
 {
+    return t == CUDNN_DATA_BFLOAT16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+}
+
+static void conv_loops(conv_role role, const ck_emu_conv *cv, const ck_emu_tensor *xd, const ck_emu_tensor *wd,
+                       const ck_emu_tensor *yd, const void *x, const void *w, const void *y, void *out, float alpha,
+                       float beta)
+{
+    const cudnnDataType_t t = xd->type;
     const int N = xd->n, C = xd->c, H = xd->h, W = xd->w, K = wd->n, R = wd->h, S = wd->w, HO = yd->h, WO = yd->w;
     const long total = role == FWD ? (long)N * K * HO * WO : role == BWD_DATA ? (long)N * C * H * W : (long)K * C * R * S;
     std::vector<double> acc((size_t)total, 0.0);
@@ -731,13 +740,20 @@ static void conv_loops(conv_role role, const ck_emu_conv *cv, const ck_emu_tenso
                                 const long wi = (((long)k * C + c) * R + r) * S + s;
                                 const long yi = (((long)n * K + k) * HO + ho) * WO + wo;
                                 if (role == FWD)
-                                    acc[yi] += (double)x[xi] * w[wi];
+                                    acc[yi] += (double)ld_t(t, x, xi) * ld_t(t, w, wi);
                                 else if (role == BWD_DATA)
-                                    acc[xi] += (double)y[yi] * w[wi];
+                                    acc[xi] += (double)ld_t(t, y, yi) * ld_t(t, w, wi);
                                 else
-                                    acc[wi] += (double)y[yi] * x[xi];
+                                    acc[wi] += (double)ld_t(t, y, yi) * ld_t(t, x, xi);
                             }
-    for (long i = 0; i < total; i++) out[i] = (float)(alpha * acc[i] + (beta == 0.0f ? 0.0 : (double)beta * out[i]));
+    /* bf16 output: the fp32 result rounded once */
+    for (long i = 0; i < total; i++) {
+        const float v = (float)(alpha * acc[i] + (beta == 0.0f ? 0.0 : (double)beta * ld_t(t, out, i)));
+        if (t == CUDNN_DATA_BFLOAT16)
+            ((__nv_bfloat16 *)out)[i] = __float2bfloat16(v);
+        else
+            ((float *)out)[i] = v;
+    }
 }
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, const cudnnTensorDescriptor_t xd,
@@ -749,8 +765,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, const 
     if (s) return s;
     if (!h || ws_bytes < ck_emu_conv_ws[0][algo] || (ck_emu_conv_ws[0][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
     ck_emu_last_algo[0] = algo;
-    conv_loops(FWD, cv, xd, wd, yd, (const float *)x, (const float *)w, NULL, (float *)y, *(const float *)alpha,
-               *(const float *)beta);
+    conv_loops(FWD, cv, xd, wd, yd, x, w, NULL, y, *(const float *)alpha, *(const float *)beta);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, const cudnnFilterDescriptor_t wd,
@@ -763,8 +778,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
     if (s) return s;
     if (!h || ws_bytes < ck_emu_conv_ws[1][algo] || (ck_emu_conv_ws[1][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
     ck_emu_last_algo[1] = algo;
-    conv_loops(BWD_DATA, cv, dxd, wd, dyd, NULL, (const float *)w, (const float *)dy, (float *)dx,
-               *(const float *)alpha, *(const float *)beta);
+    conv_loops(BWD_DATA, cv, dxd, wd, dyd, NULL, w, dy, dx, *(const float *)alpha, *(const float *)beta);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha, const cudnnTensorDescriptor_t xd,
@@ -777,7 +791,6 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
     if (s) return s;
     if (!h || ws_bytes < ck_emu_conv_ws[2][algo] || (ck_emu_conv_ws[2][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
     ck_emu_last_algo[2] = algo;
-    conv_loops(BWD_FILTER, cv, xd, dwd, dyd, (const float *)x, NULL, (const float *)dy, (float *)dw,
-               *(const float *)alpha, *(const float *)beta);
+    conv_loops(BWD_FILTER, cv, xd, dwd, dyd, x, NULL, dy, dw, *(const float *)alpha, *(const float *)beta);
     return CUDNN_STATUS_SUCCESS;
 }

@@ -165,6 +165,8 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
                                          const float *B, int ldb, long long sb, const float *beta, float *C, int ldc,
                                          long long sc, int batch);
 
+#include "cublaslt_emu.h"
+
 /* ---- cuDNN (the legacy convolution API) ---- */
 
 typedef struct ck_emu_dnn *cudnnHandle_t;
@@ -176,7 +178,7 @@ typedef enum {
     CUDNN_STATUS_BAD_PARAM = 2000,
     CUDNN_STATUS_NOT_SUPPORTED = 3000,
 } cudnnStatus_t;
-typedef enum { CUDNN_DATA_FLOAT = 0 } cudnnDataType_t;
+typedef enum { CUDNN_DATA_FLOAT = 0, CUDNN_DATA_BFLOAT16 = 9 } cudnnDataType_t;
 typedef enum { CUDNN_TENSOR_NCHW = 0 } cudnnTensorFormat_t;
 typedef enum { CUDNN_CONVOLUTION = 0, CUDNN_CROSS_CORRELATION = 1 } cudnnConvolutionMode_t;
 typedef enum { CUDNN_DEFAULT_MATH = 0, CUDNN_TENSOR_OP_MATH = 1, CUDNN_FMA_MATH = 3 } cudnnMathType_t;
@@ -310,5 +312,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
  * fitting logic), and the algorithms the last calls ran. */
 extern size_t ck_emu_conv_ws[3][8];
 extern int ck_emu_last_algo[3];
+
+#include "cudnn_find_emu.h"
 
 #endif

@@ -244,6 +244,24 @@ do
   T.ok(hw == pd:plan().peak, string.format("fp8 base on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
 end
 
+-- 7b. LoRA on a bf16 base in bf16 storage: the base's products and
+-- convolutions run their bf16 kernels on tensor cores (cuBLASLt, cuDNN) in the
+-- workspaces the plan gave them, and the plan stays exact
+do
+  local _, pc = build("cpu", nil, "bf16", nil, nil, "bf16")
+  local _, pd = build("cuda", nil, "bf16", nil, nil, "bf16")
+  local worst, hw = 0, 0
+  for _ = 1, 3 do
+    local lc = pc:step()
+    local ld, info = pd:step{measure = true}
+    hw = info.high_water
+    worst = math.max(worst, rel(ld, lc))
+  end
+  T.ok(worst < 1e-2, string.format("LoRA on a bf16 base on cuda follows bf16 on the CPU (worst relative loss difference %.2g)",
+    worst))
+  T.ok(hw == pd:plan().peak, string.format("bf16 base on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
+end
+
 -- 8. fused updates on the device (updates inside backward): bitwise the unfused program's weights
 do
   local function on_cuda(fused)

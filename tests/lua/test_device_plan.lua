@@ -43,18 +43,50 @@ do
   T.ok(not ok and err:match("planning only"), "a plan-only program does not run: " .. tostring(err))
 end
 
-do -- a convolution's workspace: one image's im2col columns on the CPU, at most 32 MiB on the GPU
-  local function ws(device, c, o, side)
+do -- a convolution's workspace: one image's im2col columns on the CPU; on the GPU the algorithm chosen for
+  -- the shape on a device, and without one the stated rule: the columns, at most 32 MiB
+  local function plan(device, c, o, side)
     local g = ck.graph()
     local x = g:input("x", {1, c, side, side})
     local w = g:input("w", {o, c, 3, 3})
-    return g:compile{outputs = {ck.conv2d(x, w, nil, {padding = 1})}, plan_only = true, device = device}:plan().workspace
+    return g:compile{outputs = {ck.conv2d(x, w, nil, {padding = 1})}, plan_only = true, device = device}:plan()
   end
-  local cpu, gpu = ws("cpu", 960, 320, 128), ws("cuda", 960, 320, 128)
-  T.ok(cpu == 960 * 9 * 128 * 128 * 4 and gpu == 32 * 2 ^ 20,
-    string.format("conv 960->320 3x3 @128x128: workspace %d bytes on the CPU, %d on the GPU", cpu, gpu))
-  local small = ws("cuda", 8, 8, 16)
-  T.ok(small == 8 * 9 * 16 * 16 * 4, "a small convolution gets all its columns on the GPU too: " .. small)
+  -- two trained convolutions: forward, both filter gradients and the second's data gradient
+  local function trained(storage)
+    local g = ck.graph()
+    local x = g:input("x", {2, 16, 12, 12})
+    local h = ck.conv2d(x, g:param("a.weight", {8, 16, 3, 3}), g:param("a.bias", {8}), {padding = 1})
+    local y = ck.conv2d(ck.silu(h), g:param("b.weight", {4, 8, 3, 3}), nil, {stride = 2, padding = 1})
+    local p = g:compile{loss = ck.mean(ck.mul(y, y)), optimizer = "none", keep_grads = true, plan_only = true,
+      device = "cuda", storage = storage}
+    return p:plan(), p:graph()
+  end
+  local cpu, gpu = plan("cpu", 960, 320, 128).workspace, plan("cuda", 960, 320, 128)
+  local cap = 256 * 2 ^ 20 -- CK_CUDA_CONV_WS_CAP
+  if gpu.conv_rule == "stated" then
+    T.ok(cpu == 960 * 9 * 128 * 128 * 4 and gpu.conv_workspace_max == 32 * 2 ^ 20,
+      string.format("conv 960->320 3x3 @128x128: workspace %d bytes on the CPU, %d on the GPU (the stated rule)", cpu,
+        gpu.conv_workspace_max))
+    local small = plan("cuda", 8, 8, 16).conv_workspace_max
+    T.ok(small == 8 * 9 * 16 * 16 * 4, "a small convolution gets all its columns on the GPU too: " .. small)
+  else
+    T.ok(gpu.conv_rule == "chosen" and gpu.conv_workspace_max <= cap, string.format(
+      "conv 960->320 3x3 @128x128 on this device: the chosen algorithms take at most %d bytes (cap %d)",
+      gpu.conv_workspace_max, cap))
+  end
+  -- the report's figures are the plan's own: the convolutions' workspaces, summed and the largest
+  for _, storage in ipairs{"fp32", "bf16"} do
+    local pl, graph = trained(storage ~= "fp32" and storage or nil)
+    local sum, max, n = 0, 0, 0
+    for _, op in ipairs(graph.ops) do
+      if op.op:match("^conv2d") then
+        sum, max, n = sum + op.workspace_bytes, math.max(max, op.workspace_bytes), n + 1
+      end
+    end
+    T.ok(n == 5 and pl.conv_workspace == sum and pl.conv_workspace_max == max and (pl.conv_rule ~= "stated" or max > 0),
+      string.format("%s on cuda (%s): %d convolution entries, workspace %d in all (the ops' %d), the largest %d", storage,
+        pl.conv_rule, n, pl.conv_workspace, sum, pl.conv_workspace_max))
+  end
 end
 
 do -- bf16 (inputs stay fp32): both devices have bf16 silu kernels; scale reads an fp32 input
@@ -68,6 +100,23 @@ do -- bf16 (inputs stay fp32): both devices have bf16 silu kernels; scale reads 
   T.ok(ws("cpu") == n and ws("cuda") == n,
     string.format("bf16 activations: the silus need no fp32 copies on either device; scale, from an fp32 input, "
       .. "writes its bf16 output through one (%d bytes on the CPU, %d on the GPU)", ws("cpu"), ws("cuda")))
+end
+
+do -- a product of a bf16 activation and an fp32 (trainable) weight runs in bf16, as under PyTorch's autocast,
+  -- on a bf16 copy of the weight: on the GPU plus cuBLASLt's workspace (4 bytes per output element); on the
+  -- CPU plus the fp32 copies its bf16 kernel widens every operand into
+  local g = ck.graph()
+  local h = ck.silu(g:input("x", {64, 32}))
+  local y = ck.linear(h, g:param("l.weight", {16, 32}))
+  local function ws(device)
+    for _, op in ipairs(g:compile{outputs = {y}, plan_only = true, device = device, storage = "bf16"}:graph().ops) do
+      if op.op == "linear" then return op.workspace_bytes end
+    end
+  end
+  local cast = 16 * 32 * 2
+  T.ok(ws("cuda") == cast + 64 * 16 * 4 and ws("cpu") == cast + (64 * 32 + 16 * 32 + 64 * 16) * 4, string.format(
+    "bf16 x fp32 weight: %d bytes of workspace on the GPU (a bf16 weight and cuBLASLt's), %d on the CPU (a bf16 " ..
+    "weight and the fp32 copies)", ws("cuda"), ws("cpu")))
 end
 
 if not devices:match("cuda") then

@@ -78,6 +78,18 @@ for g in panels:
 EOF
 [ $rc = 0 ] && [ ! -e "$dir/t.svg.tmp" ]; ok $? "--svg leaves no temporary file"
 
+# on cuda the report says what the convolutions' workspaces cost, summed and the largest (the algorithms
+# chosen per shape on a device; the stated rule without one), in text and in JSON
+out=$("$CKRUN" --plan --device cuda $train $small 2>&1); rc=$?
+[ $rc = 0 ] && printf '%s\n' "$out" | grep -qE '^conv workspace +[0-9.]+ [KMG]?i?B over the list.s convolutions, the largest [0-9.]+ [KMG]?i?B'
+ok $? "--plan --device cuda prints the convolutions' workspace: $(printf '%s\n' "$out" | grep '^conv workspace')"
+"$CKRUN" --plan --json --device cuda $train $small > "$dir/cuda.json"
+python3 - "$dir/cuda.json" <<'EOF'; ok $? "--plan --json --device cuda: conv_workspace_bytes >= conv_workspace_max_bytes > 0"
+import json, sys
+p = json.load(open(sys.argv[1]))["policies"][0]
+assert p["conv_workspace_bytes"] >= p["conv_workspace_max_bytes"] > 0, p
+EOF
+
 # errors: one clear line and a non-zero exit
 err=$("$CKRUN" --plan --policies none,bogus $train $small 2>&1 >/dev/null); rc=$?
 [ $rc != 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && printf '%s' "$err" | grep -q "unknown checkpoint policy 'bogus'"

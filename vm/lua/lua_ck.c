@@ -1223,13 +1223,24 @@ static void set_num(lua_State *L, const char *k, double v)
  * transient, workspace, arena, device_bytes (the device memory the program
  * takes: the arena in the allocator's pages, and the backend's fixed bytes),
  * ops, recompute_ops, activation_bytes,
- * step_flops, recompute_flops, and at_peak = {category = bytes live at the peak} */
+ * step_flops, recompute_flops, conv_workspace and conv_workspace_max (the
+ * workspace of the list's convolutions, summed and the largest: on cuda the
+ * algorithms chosen per shape), conv_rule (how those were sized: "chosen"
+ * on a CUDA device, "stated" for cuda without one (ops/rules.c), "cpu"), and at_peak = {category = bytes live at the peak} */
 static int l_plan(lua_State *L)
 {
     ck_program *p = pin_program(L, 1, 1)->p;
     const ck_plan *pl = p->train.n ? &p->train : &p->eval;
     int nrec = 0;
-    for (int i = 0; i < pl->n; i++) nrec += pl->ops[i].phase == CK_PHASE_RECOMPUTE;
+    size_t conv_ws = 0, conv_ws_max = 0;
+    for (int i = 0; i < pl->n; i++) {
+        nrec += pl->ops[i].phase == CK_PHASE_RECOMPUTE;
+        const enum ck_op op = p->g->n[pl->ops[i].node].op;
+        if (pl->ws_bytes && (op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA || op == CK_OP_CONV2D_BWD_FILTER)) {
+            conv_ws += pl->ws_bytes[i];
+            if (pl->ws_bytes[i] > conv_ws_max) conv_ws_max = pl->ws_bytes[i];
+        }
+    }
     lua_newtable(L);
     set_int(L, "peak", (lua_Integer)pl->peak);
     set_int(L, "live_peak", (lua_Integer)pl->live_peak);
@@ -1247,6 +1258,10 @@ static int l_plan(lua_State *L)
     set_int(L, "device_bytes", (lua_Integer)ck_device_bytes(p->be, p->grp->need)); /* the group's one arena */
     set_int(L, "ops", pl->n);
     set_int(L, "recompute_ops", nrec);
+    set_int(L, "conv_workspace", (lua_Integer)conv_ws);
+    set_int(L, "conv_workspace_max", (lua_Integer)conv_ws_max);
+    lua_pushstring(L, p->be->host ? "cpu" : p->be == ck_backend_cuda_plan() ? "stated" : "chosen");
+    lua_setfield(L, -2, "conv_rule");
     set_int(L, "activation_bytes", (lua_Integer)pl->activation_bytes);
     set_num(L, "step_flops", pl->step_flops);
     set_num(L, "recompute_flops", pl->recompute_flops);

@@ -89,22 +89,44 @@ static ck_dtype dtype_of(const ck_plan *pl, const ck_graph *g, int id) { return 
 int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
     const ck_op_ref *r = &pl->ops[i];
-    if (!be->kernels_bf16 || !be->kernels_bf16[g->n[r->node].op]) return 0;
-    for (int j = 0; j < r->nin; j++)
-        if (dtype_of(pl, g, r->in[j]) != CK_BF16) return 0;
-    for (int j = 0; j < r->nout; j++)
-        if (r->out[j] >= 0 && dtype_of(pl, g, r->out[j]) != CK_BF16) return 0;
-    return 1;
+    const enum ck_op op = g->n[r->node].op;
+    if (!be->kernels_bf16 || !be->kernels_bf16[op]) return 0;
+    /* as PyTorch's autocast: a product or convolution of bf16 activations
+     * (bf16 storage) runs in bf16, its other operands (trainable fp32
+     * weights, fp32 inputs, an fp8 base) cast; with fp32 activations it stays
+     * fp32 whatever its weights are stored in */
+    const int cast = ck_op_autocast(op);
+    int bf16 = 0, act16 = 0;
+    for (int j = 0; j < r->nin + r->nout; j++) {
+        const int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
+        if (t < 0) continue;
+        const ck_dtype dt = dtype_of(pl, g, t);
+        if (dt == CK_BF16) {
+            bf16 = 1;
+            act16 |= g->t[pl->origin[t]].kind == CK_KIND_ACT;
+        } else if (!(cast && (dt == CK_F32 || dt == CK_F8E4M3))) {
+            return 0;
+        }
+    }
+    return cast ? act16 : bf16;
 }
 
-size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i)
+ck_dtype ck_entry_copy_type(ck_dtype dt, int native)
+{
+    if (native) return dt == CK_F32 || dt == CK_F8E4M3 ? CK_BF16 : dt;
+    return ck_dtype_copied(dt) ? CK_F32 : dt;
+}
+
+size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, int native)
 {
     const ck_op_ref *r = &pl->ops[i];
     size_t b = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
-        if (t >= 0 && ck_dtype_copied(dtype_of(pl, g, t)))
-            b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)sizeof(float));
+        if (t < 0) continue;
+        const ck_dtype dt = dtype_of(pl, g, t), kt = ck_entry_copy_type(dt, native);
+        if (kt != dt)
+            b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)ck_dtype_bytes(kt));
     }
     return b;
 }
@@ -115,8 +137,10 @@ static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, const ck
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
-    size_t conv = ck_entry_bf16_native(pl, g, i, be) ? 0 : ck_entry_convert_bytes(pl, g, i);
-    return conv + be->workspace(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
+    const int native = ck_entry_bf16_native(pl, g, i, be);
+    size_t conv = ck_entry_convert_bytes(pl, g, i, native);
+    const ck_workspace_fn rule = native && be->workspace_bf16 ? be->workspace_bf16 : be->workspace;
+    return conv + rule(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
 }
 
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)

@@ -177,6 +177,7 @@ static void plan_make(void)
                            .kernels = plan_none,
                            .kernels_bf16 = plan_bf16,
                            .workspace = ck_op_workspace_cuda,
+                           .workspace_bf16 = ck_op_workspace_cuda_bf16,
                            .nthreads = 1,
                            .host = 0,
                            .fixed_bytes = CK_CUDA_FIXED_BYTES,

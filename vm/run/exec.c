@@ -145,26 +145,27 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
     for (int j = 0; j < r->nin; j++) view_of(p, pl, r->in[j], &in[j]);
     for (int j = 0; j < r->nout; j++)
         if (r->out[j] >= 0) view_of(p, pl, r->out[j], &out[j]);
-    /* 16-bit operands of an fp32 kernel: fp32 copies at the workspace's start */
+    /* operands not in the kernel's type (16-bit ones of an fp32 kernel, fp32
+     * ones of a bf16 product): copies in its type at the workspace's start */
     unsigned char *ws = pl->ws_off[i] >= 0 ? p->arena + pl->ws_off[i] : NULL;
-    size_t conv = native ? 0 : ck_entry_convert_bytes(pl, p->g, i);
+    size_t conv = ck_entry_convert_bytes(pl, p->g, i, native);
     void *stored[CK_MAX_OUT] = {0};
     if (conv) {
         unsigned char *slot = ws;
         for (int j = 0; j < r->nin + r->nout; j++) {
             int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
             if (t < 0) continue;
-            ck_dtype dt = p->g->t[pl->origin[t]].dtype;
-            if (!ck_dtype_copied(dt)) continue;
+            ck_dtype dt = p->g->t[pl->origin[t]].dtype, kt = ck_entry_copy_type(dt, native);
+            if (kt == dt) continue;
             ck_view *v = j < r->nin ? &in[j] : &out[j - r->nin];
             int64_t ne = ck_view_numel(v);
             if (j < r->nin) {
-                if (be->convert(slot, CK_F32, v->data, dt, ne)) return entry_failed(p, pl, i, err, errlen);
+                if (be->convert(slot, kt, v->data, dt, ne)) return entry_failed(p, pl, i, err, errlen);
             } else {
                 stored[j - r->nin] = v->data;
             }
             v->data = (float *)slot;
-            slot += (ne * 4 + 63) / 64 * 64;
+            slot += (ne * (int64_t)ck_dtype_bytes(kt) + 63) / 64 * 64;
         }
         ws += conv;
     }
@@ -181,7 +182,8 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
         p->profile[n->op] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     }
     for (int j = 0; j < r->nout; j++)
-        if (stored[j] && be->convert(stored[j], p->g->t[pl->origin[r->out[j]]].dtype, out[j].data, CK_F32,
+        if (stored[j] && be->convert(stored[j], p->g->t[pl->origin[r->out[j]]].dtype, out[j].data,
+                                     ck_entry_copy_type(p->g->t[pl->origin[r->out[j]]].dtype, native),
                                      ck_view_numel(&out[j])))
             return entry_failed(p, pl, i, err, errlen);
     /* kernels record failures instead of returning them (the CPU's never fail) */

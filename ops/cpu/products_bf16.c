@@ -1,0 +1,51 @@
+/* bf16 storage for products and convolutions on the CPU: the operands widened
+ * to fp32 in the op's workspace, the fp32 kernel run on them, each output
+ * rounded once to bf16: fp32 accumulation and one rounding, as the GPU's
+ * tensor-core kernels do. With ck_op_autocast's operands cast to bf16 first
+ * by the executor, the CPU computes what PyTorch's autocast does, and remains
+ * the GPU's reference.
+ *
+ * The workspace (ck_op_workspace_cpu_bf16): the fp32 copies of the inputs,
+ * then of the wanted outputs, each rounded up to 64 bytes, then the fp32
+ * kernel's own workspace. */
+#include "cpu.h"
+#include "../bf16.h"
+
+static size_t align64(size_t b) { return (b + 63) / 64 * 64; }
+
+static void widened(enum ck_op op, const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout,
+                    const ck_view *in, int nin)
+{
+    ck_view in32[CK_MAX_IN] = {{0}}, out32[CK_MAX_OUT] = {{0}};
+    unsigned char *ws = ctx->ws;
+    size_t used = 0;
+    for (int j = 0; j < nin; j++) {
+        const int64_t n = ck_view_numel(&in[j]);
+        in32[j] = in[j];
+        in32[j].data = (float *)(ws + used);
+        ck_bf16_load(in32[j].data, (const uint16_t *)in[j].data, n);
+        used += align64((size_t)n * sizeof(float));
+    }
+    for (int k = 0; k < nout; k++) {
+        out32[k] = out[k];
+        if (!out[k].data) continue;
+        out32[k].data = (float *)(ws + used);
+        used += align64((size_t)ck_view_numel(&out[k]) * sizeof(float));
+    }
+    if (used > ctx->ws_bytes) {
+        ck_cpu_fail(ck_op_name(op), "a workspace of %zu bytes holds no fp32 copies of %zu bytes", ctx->ws_bytes, used);
+        return;
+    }
+    ck_kctx inner = *ctx;
+    inner.ws = ctx->ws_bytes > used ? ws + used : NULL;
+    inner.ws_bytes = ctx->ws_bytes - used;
+    ck_cpu_kernels[op](&inner, p, out32, nout, in32, nin);
+    for (int k = 0; k < nout; k++)
+        if (out[k].data) ck_bf16_store((uint16_t *)out[k].data, out32[k].data, ck_view_numel(&out[k]));
+}
+
+CK_CPU_KERNEL(ck_cpu_matmul_bf16) { widened(CK_OP_MATMUL, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_linear_bf16) { widened(CK_OP_LINEAR, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_conv2d_bf16) { widened(CK_OP_CONV2D, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_bf16) { widened(CK_OP_CONV2D_BWD_DATA, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_bf16) { widened(CK_OP_CONV2D_BWD_FILTER, ctx, p, out, nout, in, nin); }

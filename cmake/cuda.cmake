@@ -13,6 +13,8 @@
 #   libck_cuda_emu.so the same on the emulator.
 # - lua_test_device: tests/device/test_device.lua on a CUDA device (skipped
 #   without one); lua_test_device_emu: the same on the emulator (smaller model).
+# - lua_test_graph, lua_test_graph_emu: tests/device/test_graph.lua (graph
+#   replay against op by op) on a device, and on the emulator.
 include(CheckLanguage)
 
 option(CK_CUDA "build the CUDA backend when the toolkit is found" ON)
@@ -82,6 +84,9 @@ endif()
 # skipped (exit 77) where no CUDA device is usable
 add_test(NAME lua_test_device COMMAND ckrun --trust tests/device/test_device.lua WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_test_device PROPERTIES ENVIRONMENT "CK_BUILD=${CMAKE_BINARY_DIR}" SKIP_RETURN_CODE 77)
+# graph replay against op by op on the CUDA backend (tests/device/test_graph.lua)
+add_test(NAME lua_test_graph COMMAND ckrun --trust tests/device/test_graph.lua WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_test_graph PROPERTIES ENVIRONMENT "CK_BUILD=${CMAKE_BINARY_DIR}" SKIP_RETURN_CODE 77)
 
 foreach(name test_cuda_ops test_cuda_table)
   if(TARGET ${name})
@@ -100,7 +105,8 @@ if(CK_CUDA_EMU)
     enable_language(CXX)
     # each .cu compiled as C++ through a one-line wrapper (a source file can be
     # of one language only, and ck_cuda compiles the same files as CUDA)
-    set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
+    set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/graph_emu.cpp
+      ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
     foreach(cu ${CK_CUDA_SOURCES})
       get_filename_component(stem ${cu} NAME_WE)
       set(wrapper ${CMAKE_BINARY_DIR}/cuda_emu/${stem}.cpp)
@@ -129,6 +135,10 @@ if(CK_CUDA_EMU)
       WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
     set_tests_properties(lua_test_device_emu PROPERTIES ENVIRONMENT
       "CK_BUILD=${CMAKE_BINARY_DIR};CK_CUDA_MODULE=$<TARGET_FILE:ck_cuda_emu_module>;CK_DEVICE_TEST=small")
+    add_test(NAME lua_test_graph_emu COMMAND ckrun --trust tests/device/test_graph.lua
+      WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(lua_test_graph_emu PROPERTIES ENVIRONMENT
+      "CK_BUILD=${CMAKE_BINARY_DIR};CK_CUDA_MODULE=$<TARGET_FILE:ck_cuda_emu_module>;CK_EMU_GRAPH_LOG=${CMAKE_BINARY_DIR}/test_graph_emu.log")
   else()
     message(STATUS "CUDA emulator tests: off (no C++ compiler)")
   endif()

@@ -755,7 +755,7 @@ static void keep_patterns(lua_State *L, const char **a, int na, const char **b, 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
  *           weight_decay=,
  *           max_grad_norm=, accumulate=, fused_backward=, world_size=, bucket_mb=,
- *           seed=, keep_grads=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
+ *           seed=, keep_grads=, cuda_graph=, plan_only=, storage=, frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
  *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena),
  *           share=program (weights, optimizer state, counters and arena shared with that program's group)} */
 static int l_compile(lua_State *L)
@@ -854,6 +854,7 @@ static int l_compile(lua_State *L)
     o.seed = (uint64_t)seed;
     lua_pop(L, 1);
     o.keep_grads = opt_bool(L, 2, "keep_grads", 0);
+    o.no_cuda_graph = !opt_bool(L, 2, "cuda_graph", 1);
     const ck_host *host = ck_host_of(L);
     o.plan_only = opt_bool(L, 2, "plan_only", host && host->plan_only);
     rawfield(L, 2, "storage");

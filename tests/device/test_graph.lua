@@ -1,0 +1,124 @@
+-- Graph replay on the CUDA backend: a training program whose lists are each
+-- captured once as a CUDA graph and replayed at every later step trains
+-- bitwise as the same program run op by op (compile{cuda_graph = false}):
+-- AdamW with its update count, dropout keyed by the step, a learning rate
+-- that changes every step, logging steps with statistics, evaluation passes
+-- with dropout on and off; each measured peak is the plan's under replay and
+-- replay takes no device memory; and the captured path is the one taken.
+--
+-- Run by ckrun --trust (cmake/cuda.cmake) on a CUDA device (skipped, exit 77,
+-- where there is none) and on the CPU emulator of the CUDA backend
+-- (CK_CUDA_MODULE=libck_cuda_emu.so, CK_EMU_GRAPH_LOG: the emulator's count
+-- of graph launches, read back here).
+package.path = "tests/lua/?.lua;" .. package.path
+local ck = require "ck"
+local T = require "check"
+local unet = require "ck.unet"
+
+local usable = false
+for _, d in ipairs(ck.devices()) do usable = usable or d == "cuda" end
+if not usable then
+  print("SKIP: no CUDA device is usable here (no driver, no device, or a build without the CUDA backend)")
+  os.exit(77)
+end
+
+local config = unet.config("sdxl-tiny")
+config.dropout = 0.1
+config.block_out_channels = {8, 16, 16}
+config.norm_num_groups = 4
+config.transformer_layers_per_block = {1, 1, 1}
+config.attention_head_dim = {1, 2, 2}
+config.cross_attention_dim = 16
+config.addition_time_embed_dim = 8
+config.projection_class_embeddings_input_dim = 16 + 6 * 8
+local shape = {batch = 1, height = 8, width = 8}
+
+local log = os.getenv("CK_EMU_GRAPH_LOG")
+local function launches()
+  local f = log and io.open(log)
+  if not f then return 0 end
+  local n = tonumber(f:read("a"):match("launches (%d+)")) or 0
+  f:close()
+  return n
+end
+
+local function build(graph)
+  local _, p = T.unet_step(config, shape, {optimizer = "adamw", lr = 1e-3, seed = 5, device = "cuda",
+    cuda_graph = graph, stats = {blocks = {}}})
+  return p
+end
+
+local used0
+do
+  local free, total = ck.device_memory()
+  used0 = total - free
+end
+local pg, pe = build(true), build(false)
+local free, total = ck.device_memory()
+local used = total - free
+if log then os.remove(log) end
+
+-- a learning-rate schedule (warmup, then decay), a logging step, measured steps
+local same_loss, worst_peak, info_g, info_e = true, true, nil, nil
+local n0 = launches()
+local steps = 5
+for s = 1, steps do
+  local o = {lr = 1e-3 * math.min(s, 2) / 2 / (1 + 0.3 * s), measure = s >= 4, stats = s == 3 and "all" or nil}
+  local lg, ig = pg:step(o)
+  local le, ie = pe:step(o)
+  same_loss = same_loss and lg == le
+  if o.measure then
+    worst_peak = worst_peak and ig.high_water == pg:plan().peak and ie.high_water == pe:plan().peak
+  end
+  if s == 3 then info_g, info_e = ig, ie end
+end
+T.ok(same_loss, string.format("%d steps replayed as graphs give the losses of the same steps run op by op, bitwise", steps))
+local differ = {}
+for _, name in ipairs(pg:state_tensors()) do
+  if pg:checksum(name) ~= pe:checksum(name) then differ[#differ + 1] = name end
+end
+T.ok(#pg:state_tensors() > 0 and #differ == 0, string.format(
+  "and end with the same weights and AdamW moments, bitwise (%d tensors; %d differ%s)", #pg:state_tensors(), #differ,
+  #differ > 0 and ", the first " .. differ[1] or ""))
+T.ok(info_g.grad_norm == info_e.grad_norm and next(info_g.acts) ~= nil, string.format(
+  "a logging step's list replays too: the gradient norm %.9g is the op-by-op run's %.9g", info_g.grad_norm,
+  info_e.grad_norm))
+T.ok(worst_peak, "measured steps under replay: the arena's high-water mark is the plan's peak")
+do
+  local f2, t2 = ck.device_memory()
+  T.ok(t2 - f2 == used and used > used0, string.format(
+    "captured graphs take no device memory beyond the plans (%d bytes in use after compile and after %d steps)",
+    t2 - f2, steps))
+end
+
+-- evaluation passes: the forward list captured once, dropout on, then off, then on again
+local a1, b1 = pg:forward(), pe:forward()
+pg.training, pe.training = false, false
+local a2, b2 = pg:forward(), pe:forward()
+pg.training, pe.training = true, true
+local a3, b3 = pg:forward(), pe:forward()
+T.ok(a1 == b1 and a2 == b2 and a3 == b3 and a2 ~= a1 and a3 == a1, string.format(
+  "a replayed forward list reads the evaluation flag at each run: %.9g, %.9g (eval), %.9g, as op by op", a1, a2, a3))
+
+-- and the steps after it still replay the training list with this step's values
+local lg, le = pg:step{lr = 2e-4}, pe:step{lr = 2e-4}
+T.ok(lg == le and pg:checksum("conv_in.weight") == pe:checksum("conv_in.weight"),
+  "a step after evaluation passes replays bitwise as op by op")
+
+if log then
+  -- the plain training list (forward and backward, then the update), the
+  -- logging list and the forward list: steps + 4 forward passes, each range a launch
+  local n = launches() - n0
+  T.ok(n >= 2 * (steps + 1) + 3, string.format("the captured path is taken: %d graph launches", n))
+  local again = build(true)
+  local m0 = launches()
+  again:step()
+  T.ok(launches() - m0 == 2, string.format("a step is two launches: forward and backward, then the update (%d)",
+    launches() - m0))
+  local off = build(false)
+  local k0 = launches()
+  off:step()
+  off:forward()
+  T.ok(launches() == k0, "compile{cuda_graph = false}: no graph is launched")
+end
+T.done()

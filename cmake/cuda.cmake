@@ -7,6 +7,8 @@
 # - test_cuda_table: every op with a CPU kernel has a CUDA kernel (no device needed).
 # - test_cuda_ops: every op on both backends, compared; skipped (exit 77) without a device.
 # - bench_cuda_ops (not built by default): per-op timings, see bench/gpu_check.sh.
+# - test_cuda_graph (skipped without a device), test_cuda_graph_emu: stream
+#   capture and graph replay of single ops against eager launches.
 # - test_cuda_ops_emu: the same comparison with ops/cuda built as C++ against
 #   tests/cuda_emu, which runs the kernels on the CPU. Needs only a C++ compiler.
 # - libck_cuda.so: the backend libck loads on first use (vm/run/cuda_loader.c);
@@ -88,7 +90,7 @@ set_tests_properties(lua_test_device PROPERTIES ENVIRONMENT "CK_BUILD=${CMAKE_BI
 add_test(NAME lua_test_graph COMMAND ckrun --trust tests/device/test_graph.lua WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_test_graph PROPERTIES ENVIRONMENT "CK_BUILD=${CMAKE_BINARY_DIR}" SKIP_RETURN_CODE 77)
 
-foreach(name test_cuda_ops test_cuda_table)
+foreach(name test_cuda_ops test_cuda_table test_cuda_graph)
   if(TARGET ${name})
     if(CK_CUDA_FOUND)
       target_link_libraries(${name} PRIVATE ck_cuda ${CK_CUDA_LIBS})
@@ -125,6 +127,10 @@ if(CK_CUDA_EMU)
     target_link_libraries(test_cuda_ops_emu PRIVATE ck_cuda_emu ck_static)
     set_target_properties(test_cuda_ops_emu PROPERTIES LINKER_LANGUAGE CXX)
     add_test(NAME test_cuda_ops_emu COMMAND test_cuda_ops_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    add_executable(test_cuda_graph_emu ${CMAKE_SOURCE_DIR}/tests/c/test_cuda_graph.c)
+    target_link_libraries(test_cuda_graph_emu PRIVATE ck_cuda_emu ck_static)
+    set_target_properties(test_cuda_graph_emu PROPERTIES LINKER_LANGUAGE CXX)
+    add_test(NAME test_cuda_graph_emu COMMAND test_cuda_graph_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
 
     # libck_cuda_emu.so: the CUDA backend on the emulator, for
     # CK_CUDA_MODULE=...: the executor, the plans and the Lua API on device

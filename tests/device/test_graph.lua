@@ -85,6 +85,26 @@ T.ok(info_g.grad_norm == info_e.grad_norm and next(info_g.acts) ~= nil, string.f
   info_e.grad_norm))
 T.ok(worst_peak, "measured steps under replay: the arena's high-water mark is the plan's peak")
 do
+  -- the training list in two ranges (forward and backward, then the update),
+  -- the logging list in two: four captures, two launches a step
+  local g, e = pg:graphs(), pe:graphs()
+  T.ok(g.captures == 4 and g.launches == 2 * steps and g.op_by_op == 0 and e.captures == 0 and e.launches == 0,
+    string.format("each list's ranges are captured once and replayed: %d captures, %d launches in %d steps (op by op: %d, %d)",
+      g.captures, g.launches, steps, e.captures, e.launches))
+end
+do
+  -- profiling times each op (a sync after each): the lists run op by op meanwhile
+  local g0 = pg:graphs()
+  pg:profile(true)
+  local lg, le = pg:step{lr = 3e-4}, pe:step{lr = 3e-4}
+  local prof = pg:profile()
+  pg:profile(false)
+  local g1 = pg:graphs()
+  T.ok(lg == le and g1.launches == g0.launches and g1.op_by_op == g0.op_by_op + 2 and next(prof) ~= nil,
+    string.format("a profiled step runs op by op (%d ranges), bitwise as before, and times its ops",
+      g1.op_by_op - g0.op_by_op))
+end
+do
   local f2, t2 = ck.device_memory()
   T.ok(t2 - f2 == used and used > used0, string.format(
     "captured graphs take no device memory beyond the plans (%d bytes in use after compile and after %d steps)",
@@ -109,7 +129,8 @@ if log then
   -- the plain training list (forward and backward, then the update), the
   -- logging list and the forward list: steps + 4 forward passes, each range a launch
   local n = launches() - n0
-  T.ok(n >= 2 * (steps + 1) + 3, string.format("the captured path is taken: %d graph launches", n))
+  T.ok(n == pg:graphs().launches and n == 2 * (steps + 1) + 3, string.format(
+    "the captured path is taken: the emulator ran %d graph launches", n))
   local again = build(true)
   local m0 = launches()
   again:step()

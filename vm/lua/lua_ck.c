@@ -1440,6 +1440,23 @@ static int l_program_device(lua_State *L)
     return 3;
 }
 
+/* p:graphs() -> {captures =, launches =, op_by_op =}: the ranges of p's lists
+ * captured as CUDA graphs, the graph launches since, and the runs of a range
+ * that went op by op with replay on (profiling, collectives, read-backs);
+ * all 0 where lists are not captured (the CPU, compile{cuda_graph = false}) */
+static int l_program_graphs(lua_State *L)
+{
+    const ck_program *p = check_program(L, 1)->p;
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, (lua_Integer)p->graphs.captures);
+    lua_setfield(L, -2, "captures");
+    lua_pushinteger(L, (lua_Integer)p->graphs.launches);
+    lua_setfield(L, -2, "launches");
+    lua_pushinteger(L, (lua_Integer)p->graphs.op_by_op);
+    lua_setfield(L, -2, "op_by_op");
+    return 1;
+}
+
 /* ck.devices() -> the names of the devices this process can run on, e.g. {"cpu", "cuda"} */
 static int l_devices(lua_State *L)
 {
@@ -1481,6 +1498,7 @@ static int l_cuda_options(lua_State *L)
 
 static const luaL_Reg program_methods[] = {
     {"device", l_program_device},
+    {"graphs", l_program_graphs},
     {"set", l_set},
     {"get", l_get},
     {"scalar", l_scalar},

@@ -231,12 +231,9 @@ int ck_exec_range(const ck_exec_env *p, const ck_plan *pl, int from, int to, cha
         return -1;
     }
     if (p->graphs && p->be->capture_begin) {
-        if (capturable(p, pl, from, to)) {
-            const int rc = run_graph(p, pl, from, to, &ctx, err, errlen);
-            if (rc <= 0) return rc;
-        } else {
-            p->graphs->op_by_op++;
-        }
+        const int rc = capturable(p, pl, from, to) ? run_graph(p, pl, from, to, &ctx, err, errlen) : 1;
+        if (rc <= 0) return rc;
+        p->graphs->op_by_op++;
     }
     for (int i = from; i < to; i++) {
         if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;

@@ -7,7 +7,8 @@
 #      emulator test, and tests/device/test_device.lua (20 steps of sdxl-tiny
 #      against the CPU's losses, recompute policies bitwise equal to none,
 #      predicted peaks equal to the device arena's measured ones, bf16
-#      storage); a skipped GPU test is a failure here;
+#      storage), test_cuda_graph and tests/device/test_graph.lua (CUDA graph
+#      replay bitwise equal to op by op); a skipped GPU test is a failure here;
 #   3. time the UNet's heaviest ops at sdxl-tiny 64x64 and full SDXL 1024x1024
 #      shapes (build/bench_cuda_ops), and the same ops in PyTorch when python3
 #      has torch with CUDA (bench/cuda_ops_torch.py), as one table;
@@ -166,6 +167,10 @@ gpu_test test_cuda_ops_emu 60 build/test_cuda_ops_emu
 # the executor on the GPU: sdxl-tiny's loss curve against the CPU's, recompute
 # bitwise, exact device peaks, host I/O, logging, the guard, bf16 storage
 gpu_test test_device 180 build/ckrun --trust tests/device/test_device.lua
+# graph replay: single ops captured against eager launches, and training
+# programs replayed as graphs bitwise equal to op by op
+gpu_test test_cuda_graph 60 build/test_cuda_graph
+gpu_test test_graph 120 build/ckrun --trust tests/device/test_graph.lua
 
 # ---- the time budget: each part below runs within what is left of it
 deadline=$(( start + ${GPU_CHECK_SECONDS:-470} ))

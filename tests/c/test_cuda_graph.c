@@ -5,7 +5,8 @@
  * and learning rate, dropout's step and evaluation flag) are those of the
  * replay; cuBLAS products and cuDNN convolutions are captured and read their
  * inputs as they are at replay; a kernel that reads back to the host cannot
- * be captured, and a change of per-step values inside a capture is refused.
+ * be captured, and a change of per-step values inside a capture is refused;
+ * CK_CUDA_GRAPH=0 and CK_CUDA_SYNC=1 turn capture off.
  *
  * Built like test_cuda_ops: against ck_cuda (skipped, exit 77, without a
  * device), against the CPU emulator (test_cuda_graph_emu), or without
@@ -254,6 +255,12 @@ int main(void)
     library_call(CK_OP_CONV2D, "a cuDNN 3x3 convolution with bias", cv, 3, &(ck_op_params){.i = {1, 1, 1, 1}});
     host_reads_refused();
     step_change_in_capture_refused();
+    ck_cuda_set_sync_each_op(c, 1);
+    check(!ck_cuda_capturable(CK_OP_MATMUL), "with a sync after each op (CK_CUDA_SYNC=1) nothing is capturable");
+    ck_cuda_close(c);
+    setenv("CK_CUDA_GRAPH", "0", 1);
+    c = ck_cuda_open(0);
+    check(c && !ck_cuda_capturable(CK_OP_MATMUL), "a context opened with CK_CUDA_GRAPH=0 captures nothing");
     ck_cuda_close(c);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -510,11 +510,14 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
         return CUBLAS_STATUS_INVALID_VALUE;
     /* captured with the scalars' values (host pointer mode); without a
      * workspace of the user's, cuBLAS would allocate inside the capture */
+    cudaStreamCaptureStatus capturing;
+    cudaStreamIsCapturing(NULL, &capturing);
+    if (capturing != cudaStreamCaptureStatusNone && !h->ws) return CUBLAS_STATUS_NOT_SUPPORTED;
     const float al = *alpha, be = *beta;
     if (ck_emu_capture([=] {
             cublasSgemmStridedBatched(h, ta, tb, m, n, k, &al, A, lda, sa, B, ldb, sb, &be, C, ldc, sc, batch);
         }))
-        return h->ws ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+        return CUBLAS_STATUS_SUCCESS;
     for (int b = 0; b < batch; b++) {
         const float *a = A + b * sa, *bb = B + b * sb;
         float *c = C + b * sc;

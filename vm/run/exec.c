@@ -203,7 +203,10 @@ static int run_graph(const ck_exec_env *p, const ck_plan *pl, int from, int to, 
             be->graph_free(x->graph);
             x->graph = NULL;
         }
-        if (!x->graph) return 1;
+        if (!x->graph) { /* what failed in the capture fails again op by op, if it fails at all */
+            if (errlen) err[0] = 0;
+            return 1;
+        }
         gs->captures++;
     }
     if (!x->graph) return 1;

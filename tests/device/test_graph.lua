@@ -27,6 +27,7 @@ end
 local config = unet.config("sdxl-tiny")
 config.dropout = 0.1
 config.block_out_channels = {8, 16, 16}
+config.layers_per_block = 1 -- small: the emulator runs every GPU thread in turn (and under ASan)
 config.norm_num_groups = 4
 config.transformer_layers_per_block = {1, 1, 1}
 config.attention_head_dim = {1, 2, 2}
@@ -63,16 +64,16 @@ if log then os.remove(log) end
 -- a learning-rate schedule (warmup, then decay), a logging step, measured steps
 local same_loss, worst_peak, info_g, info_e = true, true, nil, nil
 local n0 = launches()
-local steps = 5
+local steps = 3
 for s = 1, steps do
-  local o = {lr = 1e-3 * math.min(s, 2) / 2 / (1 + 0.3 * s), measure = s >= 4, stats = s == 3 and "all" or nil}
+  local o = {lr = 1e-3 * math.min(s, 2) / 2 / (1 + 0.3 * s), measure = s == 3, stats = s == 2 and "all" or nil}
   local lg, ig = pg:step(o)
   local le, ie = pe:step(o)
   same_loss = same_loss and lg == le
   if o.measure then
     worst_peak = worst_peak and ig.high_water == pg:plan().peak and ie.high_water == pe:plan().peak
   end
-  if s == 3 then info_g, info_e = ig, ie end
+  if s == 2 then info_g, info_e = ig, ie end
 end
 T.ok(same_loss, string.format("%d steps replayed as graphs give the losses of the same steps run op by op, bitwise", steps))
 local differ = {}
@@ -136,15 +137,13 @@ if log then
   local n = launches() - n0
   T.ok(n == pg:graphs().launches and n == 2 * (steps + 1) + 3, string.format(
     "the captured path is taken: the emulator ran %d graph launches", n))
-  local again = build(true)
   local m0 = launches()
-  again:step()
+  pg:step()
   T.ok(launches() - m0 == 2, string.format("a step is two launches: forward and backward, then the update (%d)",
     launches() - m0))
-  local off = build(false)
   local k0 = launches()
-  off:step()
-  off:forward()
+  pe:step()
+  pe:forward()
   T.ok(launches() == k0, "compile{cuda_graph = false}: no graph is launched")
 end
 -- every optimizer kernel that reads the step block, gradient accumulation with

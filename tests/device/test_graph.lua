@@ -4,9 +4,9 @@
 -- AdamW with its update count, dropout keyed by the step, a learning rate
 -- that changes every step, logging steps with statistics, evaluation passes
 -- with dropout on and off, SGD, Lion and 8-bit AdamW, accumulation with
--- clipping, a guarded step skipped; each measured peak is the plan's under
+-- clipping, a guarded step skipped; a measured peak is the plan's under
 -- replay, replay takes no device memory the plan does not state (on the
--- emulator), and the captured path is the one taken.
+-- emulator), the captured path is the one taken, and profiling runs op by op.
 --
 -- Run by ckrun --trust (cmake/cuda.cmake) on a CUDA device (skipped, exit 77,
 -- where there is none) and on the CPU emulator of the CUDA backend
@@ -60,64 +60,23 @@ local pg, pe = build(true), build(false)
 local free, total = ck.device_memory()
 local used = total - free
 if log then os.remove(log) end
-
--- a learning-rate schedule (warmup, then decay), a logging step, measured steps
-local same_loss, worst_peak, info_g, info_e = true, true, nil, nil
 local n0 = launches()
-local steps = 3
-for s = 1, steps do
-  local o = {lr = 1e-3 * math.min(s, 2) / 2 / (1 + 0.3 * s), measure = s == 3, stats = s == 2 and "all" or nil}
+
+-- AdamW at a changing learning rate: a plain step (the training list
+-- captured), a logging step (its list captured), evaluation passes (the
+-- forward list captured, dropout on, off, on again), then a measured step
+-- (the training list replayed)
+local same, info_g, info_e = true, nil, nil
+for s = 1, 2 do
+  local o = {lr = 1e-3 / s, stats = s == 2 and "all" or nil}
   local lg, ig = pg:step(o)
   local le, ie = pe:step(o)
-  same_loss = same_loss and lg == le
-  if o.measure then
-    worst_peak = worst_peak and ig.high_water == pg:plan().peak and ie.high_water == pe:plan().peak
-  end
+  same = same and lg == le
   if s == 2 then info_g, info_e = ig, ie end
 end
-T.ok(same_loss, string.format("%d steps replayed as graphs give the losses of the same steps run op by op, bitwise", steps))
-local differ = {}
-for _, name in ipairs(pg:state_tensors()) do
-  if pg:checksum(name) ~= pe:checksum(name) then differ[#differ + 1] = name end
-end
-T.ok(#pg:state_tensors() > 0 and #differ == 0, string.format(
-  "and end with the same weights and AdamW moments, bitwise (%d tensors; %d differ%s)", #pg:state_tensors(), #differ,
-  #differ > 0 and ", the first " .. differ[1] or ""))
 T.ok(info_g.grad_norm == info_e.grad_norm and next(info_g.acts) ~= nil, string.format(
-  "a logging step's list replays too: the gradient norm %.9g is the op-by-op run's %.9g", info_g.grad_norm,
+  "a logging step's list captured: the gradient norm %.9g is the op-by-op run's %.9g", info_g.grad_norm,
   info_e.grad_norm))
-T.ok(worst_peak, "measured steps under replay: the arena's high-water mark is the plan's peak")
-do
-  -- the training list in two ranges (forward and backward, then the update),
-  -- the logging list in two: four captures, two launches a step
-  local g, e = pg:graphs(), pe:graphs()
-  T.ok(g.captures == 4 and g.launches == 2 * steps and g.op_by_op == 0 and e.captures == 0 and e.launches == 0,
-    string.format("each list's ranges are captured once and replayed: %d captures, %d launches in %d steps (op by op: %d, %d)",
-      g.captures, g.launches, steps, e.captures, e.launches))
-end
-do
-  -- profiling times each op (a sync after each): the lists run op by op meanwhile
-  local g0 = pg:graphs()
-  pg:profile(true)
-  local lg, le = pg:step{lr = 3e-4}, pe:step{lr = 3e-4}
-  local prof = pg:profile()
-  pg:profile(false)
-  local g1 = pg:graphs()
-  T.ok(lg == le and g1.launches == g0.launches and g1.op_by_op == g0.op_by_op + 2 and next(prof) ~= nil,
-    string.format("a profiled step runs op by op (%d ranges), bitwise as before, and times its ops",
-      g1.op_by_op - g0.op_by_op))
-end
-if log then
-  -- on the emulator, whose device memory is cudaMalloc's alone (a driver
-  -- keeps its copy of each graph in memory of its own: README, "Memory
-  -- outside the plan")
-  local f2, t2 = ck.device_memory()
-  T.ok(t2 - f2 == used and used > used0, string.format(
-    "captured graphs take no device memory beyond the plans (%d bytes in use after compile and after %d steps)",
-    t2 - f2, steps))
-end
-
--- evaluation passes: the forward list captured once, dropout on, then off, then on again
 local a1, b1 = pg:forward(), pe:forward()
 pg.training, pe.training = false, false
 local a2, b2 = pg:forward(), pe:forward()
@@ -125,27 +84,38 @@ pg.training, pe.training = true, true
 local a3, b3 = pg:forward(), pe:forward()
 T.ok(a1 == b1 and a2 == b2 and a3 == b3 and a2 ~= a1 and a3 == a1, string.format(
   "a replayed forward list reads the evaluation flag at each run: %.9g, %.9g (eval), %.9g, as op by op", a1, a2, a3))
-
--- and the steps after it still replay the training list with this step's values
-local lg, le = pg:step{lr = 2e-4}, pe:step{lr = 2e-4}
-T.ok(lg == le and pg:checksum("conv_in.weight") == pe:checksum("conv_in.weight"),
-  "a step after evaluation passes replays bitwise as op by op")
-
-if log then
-  -- the plain training list (forward and backward, then the update), the
-  -- logging list and the forward list: steps + 4 forward passes, each range a launch
-  local n = launches() - n0
-  T.ok(n == pg:graphs().launches and n == 2 * (steps + 1) + 3, string.format(
-    "the captured path is taken: the emulator ran %d graph launches", n))
-  local m0 = launches()
-  pg:step()
-  T.ok(launches() - m0 == 2, string.format("a step is two launches: forward and backward, then the update (%d)",
-    launches() - m0))
-  local k0 = launches()
-  pe:step()
-  pe:forward()
-  T.ok(launches() == k0, "compile{cuda_graph = false}: no graph is launched")
+local lg, ig = pg:step{lr = 3e-4, measure = true}
+local le, ie = pe:step{lr = 3e-4, measure = true}
+T.ok(same and lg == le, "3 steps (AdamW, dropout, the learning rate changed each step) replayed as graphs give the " ..
+  "losses of the same steps run op by op, bitwise")
+local differ = {}
+for _, name in ipairs(pg:state_tensors()) do
+  if pg:checksum(name) ~= pe:checksum(name) then differ[#differ + 1] = name end
 end
+T.ok(#pg:state_tensors() > 0 and #differ == 0, string.format(
+  "and end with the same weights and AdamW moments, bitwise (%d tensors; %d differ%s)", #pg:state_tensors(), #differ,
+  #differ > 0 and ", the first " .. differ[1] or ""))
+T.ok(ig.high_water == pg:plan().peak and ie.high_water == pe:plan().peak, string.format(
+  "a measured step under replay: the arena's high-water mark %d is the plan's peak %d", ig.high_water, pg:plan().peak))
+do
+  -- the training list in two ranges (forward and backward, then the update),
+  -- the logging list in two, the forward list in one
+  local g, e = pg:graphs(), pe:graphs()
+  T.ok(g.captures == 5 and g.launches == 2 * 3 + 3 and g.op_by_op == 0 and e.captures + e.launches == 0,
+    string.format("each list's ranges are captured once and replayed: %d captures, %d launches " ..
+      "(compile{cuda_graph = false}: %d, %d)", g.captures, g.launches, e.captures, e.launches))
+end
+if log then
+  -- on the emulator, whose device memory is cudaMalloc's alone (a driver
+  -- keeps its copy of each graph in memory of its own: README, "Memory
+  -- outside the plan")
+  local f2, t2 = ck.device_memory()
+  T.ok(t2 - f2 == used and used > used0, string.format(
+    "captured graphs take no device memory beyond the plans (%d bytes in use after compile and after 3 steps)", t2 - f2))
+  local n = launches() - n0
+  T.ok(n == pg:graphs().launches, string.format("the captured path is taken: the emulator ran %d graph launches", n))
+end
+
 -- every optimizer kernel that reads the step block, gradient accumulation with
 -- clipping (three parts a list), and a guarded step skipped on a NaN (the
 -- update count then falls behind the step): an MLP, graphs against op by op
@@ -176,6 +146,34 @@ for _, opt in ipairs{{optimizer = "sgd"}, {optimizer = "lion"}, {optimizer = "ad
   T.ok(same and ps[1].p:graphs().launches == want, string.format("%s%s: 6 guarded steps (a NaN skipped) replayed " ..
     "bitwise as op by op (%d launches)", opt.optimizer, opt.accumulate and " with accumulation and clipping" or "",
     ps[1].p:graphs().launches))
+end
+
+do
+  -- profiling times each op (a sync after each): the lists run op by op
+  -- meanwhile; and a program compiled with cuda_graph = false launches none
+  local g, c, x, t = T.mlp(4, {lr = 1e-2, device = "cuda"})
+  local p = g:compile(c)
+  T.set_random(p, 9, {x, t})
+  p:step()
+  local g0, l0 = p:graphs(), launches()
+  p:step()
+  local g1 = p:graphs()
+  p:profile(true)
+  p:step()
+  local prof = p:profile()
+  p:profile(false)
+  local g2, l2 = p:graphs(), launches()
+  T.ok(g1.launches - g0.launches == 2 and g2.launches == g1.launches and g2.op_by_op == g1.op_by_op + 2 and
+    next(prof) ~= nil and (not log or l2 - l0 == 2), string.format(
+    "a step is two launches (%d); a profiled step runs op by op (%d ranges) and times its ops",
+    g1.launches - g0.launches, g2.op_by_op - g1.op_by_op))
+  c.cuda_graph = false
+  local q = g:compile(c)
+  T.set_random(q, 9, {x, t})
+  q:step()
+  q:forward()
+  T.ok(q:graphs().launches == 0 and q:graphs().captures == 0 and launches() == l2,
+    "compile{cuda_graph = false}: no graph is captured or launched")
 end
 
 T.done()

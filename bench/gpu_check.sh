@@ -7,9 +7,10 @@
 #      emulator test, and tests/device/test_device.lua (20 steps of sdxl-tiny
 #      against the CPU's losses, recompute policies bitwise equal to none,
 #      predicted peaks equal to the device arena's measured ones, bf16
-#      storage), and data parallel through NCCL as one rank (mpirun -np 1,
-#      tests/lua/mpi_nccl.lua with CK_COMM_FORCE=1); a skipped GPU test is a
-#      failure here;
+#      storage), data parallel through NCCL as one rank (mpirun -np 1,
+#      tests/lua/mpi_nccl.lua with CK_COMM_FORCE=1), test_cuda_graph and
+#      tests/device/test_graph.lua (CUDA graph replay bitwise equal to op by
+#      op); a skipped GPU test is a failure here;
 #   3. time the UNet's heaviest ops at sdxl-tiny 64x64 and full SDXL 1024x1024
 #      shapes (build/bench_cuda_ops), and the same ops in PyTorch when python3
 #      has torch with CUDA (bench/cuda_ops_torch.py), as one table;
@@ -180,6 +181,10 @@ else
 fi
 gpu_test nccl_one_rank 60 env CK_COMM_FORCE=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "${nccl_run[@]}"
 grep '^nccl: ' "$out/nccl_one_rank.txt" || true
+# graph replay: single ops captured against eager launches, and training
+# programs replayed as graphs bitwise equal to op by op
+gpu_test test_cuda_graph 60 build/test_cuda_graph
+gpu_test test_graph 120 build/ckrun --trust tests/device/test_graph.lua
 
 # ---- the time budget: each part below runs within what is left of it
 deadline=$(( start + ${GPU_CHECK_SECONDS:-470} ))

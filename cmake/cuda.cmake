@@ -10,6 +10,8 @@
 # - test_cuda_table: every op with a CPU kernel has a CUDA kernel (no device needed).
 # - test_cuda_ops: every op on both backends, compared; skipped (exit 77) without a device.
 # - bench_cuda_ops (not built by default): per-op timings, see bench/gpu_check.sh.
+# - test_cuda_graph (skipped without a device), test_cuda_graph_emu: stream
+#   capture and graph replay of single ops against eager launches.
 # - test_cuda_ops_emu: the same comparison with ops/cuda built as C++ against
 #   tests/cuda_emu, which runs the kernels on the CPU. Needs only a C++ compiler.
 # - libck_cuda.so: the backend libck loads on first use (vm/run/cuda_loader.c);
@@ -17,6 +19,8 @@
 #   nccl_emu.cpp) runs over MPI when ckrun is built with MPI.
 # - lua_test_device: tests/device/test_device.lua on a CUDA device (skipped
 #   without one); lua_test_device_emu: the same on the emulator (smaller model).
+# - lua_test_graph, lua_test_graph_emu: tests/device/test_graph.lua (graph
+#   replay against op by op) on a device, and on the emulator.
 include(CheckLanguage)
 
 option(CK_CUDA "build the CUDA backend when the toolkit is found" ON)
@@ -99,8 +103,11 @@ endif()
 # skipped (exit 77) where no CUDA device is usable
 add_test(NAME lua_test_device COMMAND ckrun --trust tests/device/test_device.lua WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_test_device PROPERTIES ENVIRONMENT "CK_BUILD=${CMAKE_BINARY_DIR}" SKIP_RETURN_CODE 77)
+# graph replay against op by op on the CUDA backend (tests/device/test_graph.lua)
+add_test(NAME lua_test_graph COMMAND ckrun --trust tests/device/test_graph.lua WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_test_graph PROPERTIES ENVIRONMENT "CK_BUILD=${CMAKE_BINARY_DIR}" SKIP_RETURN_CODE 77)
 
-foreach(name test_cuda_ops test_cuda_table)
+foreach(name test_cuda_ops test_cuda_table test_cuda_graph)
   if(TARGET ${name})
     if(CK_CUDA_FOUND)
       target_link_libraries(${name} PRIVATE ck_cuda ${CK_CUDA_LIBS})
@@ -118,7 +125,8 @@ if(CK_CUDA_EMU)
     # each .cu compiled as C++ through a one-line wrapper (a source file can be
     # of one language only, and ck_cuda compiles the same files as CUDA)
     set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cublaslt_emu.cpp
-      ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cudnn_find_emu.cpp ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
+      ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cudnn_find_emu.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/graph_emu.cpp
+      ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
     # the emulated NCCL runs over MPI: with it, the emulated backend has data parallel
     if(CK_NCCL AND TARGET MPI::MPI_C)
       list(APPEND emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/nccl_emu.cpp)
@@ -148,6 +156,10 @@ if(CK_CUDA_EMU)
     target_link_libraries(test_cuda_ops_emu PRIVATE ck_cuda_emu ck_static)
     set_target_properties(test_cuda_ops_emu PROPERTIES LINKER_LANGUAGE CXX)
     add_test(NAME test_cuda_ops_emu COMMAND test_cuda_ops_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    add_executable(test_cuda_graph_emu ${CMAKE_SOURCE_DIR}/tests/c/test_cuda_graph.c)
+    target_link_libraries(test_cuda_graph_emu PRIVATE ck_cuda_emu ck_static)
+    set_target_properties(test_cuda_graph_emu PROPERTIES LINKER_LANGUAGE CXX)
+    add_test(NAME test_cuda_graph_emu COMMAND test_cuda_graph_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
 
     # libck_cuda_emu.so: the CUDA backend on the emulator, for
     # CK_CUDA_MODULE=...: the executor, the plans and the Lua API on device
@@ -161,6 +173,10 @@ if(CK_CUDA_EMU)
       WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
     set_tests_properties(lua_test_device_emu PROPERTIES ENVIRONMENT
       "CK_BUILD=${CMAKE_BINARY_DIR};CK_CUDA_MODULE=$<TARGET_FILE:ck_cuda_emu_module>;CK_DEVICE_TEST=small")
+    add_test(NAME lua_test_graph_emu COMMAND ckrun --trust tests/device/test_graph.lua
+      WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(lua_test_graph_emu PROPERTIES ENVIRONMENT
+      "CK_BUILD=${CMAKE_BINARY_DIR};CK_CUDA_MODULE=$<TARGET_FILE:ck_cuda_emu_module>;CK_EMU_GRAPH_LOG=${CMAKE_BINARY_DIR}/test_graph_emu.log")
   else()
     message(STATUS "CUDA emulator tests: off (no C++ compiler)")
   endif()

@@ -60,12 +60,13 @@ static inline void ck_adam8_maps_make(ck_adam8_maps *maps)
 }
 
 /* A step's scalars, formed in double from the context and the op's params
- * and rounded to float once (as AdamW's). */
+ * and rounded to float once (as AdamW's); on the GPU, on the device, from the
+ * step block (ops/cuda/optim.cu). */
 typedef struct ck_adam8_step {
     float b1, b2, w1, w2, eps, decay, neg_step, bc2_sqrt;
 } ck_adam8_step;
 
-static inline ck_adam8_step ck_adam8_step_of(const ck_kctx *ctx, const ck_op_params *p)
+static inline CK_ADAM8_HD ck_adam8_step ck_adam8_step_of(const ck_kctx *ctx, const ck_op_params *p)
 {
     const double lr = (double)ctx->lr * p->f[CK_OPT_LR_SCALE], b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
     const double t = (double)(ctx->update > 0 ? ctx->update : 1);

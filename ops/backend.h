@@ -49,6 +49,21 @@ typedef struct ck_backend {
     int (*fill_u32)(void *dst, uint32_t v, size_t nwords);
     int (*high_water)(const void *base, size_t lo, size_t hi, uint32_t v, size_t *top);
     int (*all_finite)(const float *x, int64_t n, int *finite);
+    /* Graph replay (NULL on the CPU). set_step: ctx's per-step values (seed,
+     * step, lr, update, eval) into the device block kernels read them from,
+     * queued: kernels never take them as launch arguments, so a list captured
+     * once reads each step's values when replayed. capture_begin and
+     * capture_end record the kernels queued between them as one graph
+     * (capture_end: NULL on failure, with error()), graph_launch queues it,
+     * graph_free destroys it. capturable: whether op's kernel can be captured
+     * (it reads nothing back to the host mid-list), 0 for every op when
+     * graphs are turned off. 0, or -1 with error(). */
+    int (*set_step)(const ck_kctx *ctx);
+    int (*capture_begin)(void);
+    void *(*capture_end)(void);
+    int (*graph_launch)(void *graph);
+    void (*graph_free)(void *graph);
+    int (*capturable)(enum ck_op op);
     /* waits for every op queued so far: 0, or -1 with error() */
     int (*sync)(void);
     /* the first failure since the last clear ("" when none): kernels record
@@ -100,11 +115,12 @@ const ck_backend *ck_backend_cuda_plan(void);
  * rounded up to a multiple of this */
 #define CK_CUDA_GRANULE ((size_t)2 << 20)
 /* device memory the CUDA backend holds outside every plan: one allocation of
- * cuBLAS's workspace and the reduction scratch (CK_CUDA_BLAS_WS_BYTES +
- * CK_CUDA_SCRATCH_BYTES, 4.25 MiB), in whole pages. The CUDA context and what
+ * cuBLAS's workspace, the reduction scratch and the block of per-step values
+ * (CK_CUDA_BLAS_WS_BYTES + CK_CUDA_SCRATCH_BYTES + CK_CUDA_STEP_BYTES, 4.25
+ * MiB and 256 bytes), in whole pages. The CUDA context and what
  * cuBLAS and cuDNN allocate for themselves are not in it (README, "Memory
  * outside the plan"). */
-#define CK_CUDA_FIXED_BYTES (((((size_t)4 << 20) + ((size_t)1 << 18)) + CK_CUDA_GRANULE - 1) / CK_CUDA_GRANULE * CK_CUDA_GRANULE)
+#define CK_CUDA_FIXED_BYTES (((((size_t)4 << 20) + ((size_t)1 << 18) + 256) + CK_CUDA_GRANULE - 1) / CK_CUDA_GRANULE * CK_CUDA_GRANULE)
 /* CUDA devices usable now: 0 without an NVIDIA driver, a device, or a build
  * of the CUDA backend. Loads nothing on a machine without a driver. */
 int ck_cuda_devices(void);

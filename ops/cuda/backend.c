@@ -61,9 +61,9 @@ static size_t workspace_bf16(enum ck_op op, const ck_op_params *p, const ck_shap
 }
 
 
-_Static_assert(CK_CUDA_FIXED_BYTES ==
-                   (CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES + CK_CUDA_GRANULE - 1) / CK_CUDA_GRANULE * CK_CUDA_GRANULE,
-               "fixed bytes: the one allocation of the scratch and the cuBLAS workspace, in pages");
+_Static_assert(CK_CUDA_FIXED_BYTES == (CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES + CK_CUDA_STEP_BYTES +
+                                       CK_CUDA_GRANULE - 1) / CK_CUDA_GRANULE * CK_CUDA_GRANULE,
+               "fixed bytes: the one allocation of the scratch, the cuBLAS workspace and the step block, in pages");
 
 static void close_at_exit(void)
 {
@@ -94,6 +94,12 @@ static ck_backend be = {
     .fill_u32 = ck_cuda_fill_u32,
     .high_water = high_water,
     .all_finite = all_finite,
+    .set_step = ck_cuda_set_step,
+    .capture_begin = ck_cuda_capture_begin,
+    .capture_end = ck_cuda_capture_end,
+    .graph_launch = ck_cuda_graph_launch,
+    .graph_free = ck_cuda_graph_free,
+    .capturable = ck_cuda_capturable,
     .sync = sync,
     .error = ck_cuda_last_error,
     .clear_error = ck_cuda_clear_error,

@@ -21,6 +21,17 @@
 
 #include "cuda.h"
 
+/* The per-step values of ck_kctx as kernels read them on the GPU: from this
+ * block in device memory (after the cuBLAS workspace, in the fixed bytes),
+ * through a pointer, never as launch arguments, so that a list captured as a
+ * graph once (graph.cu) reads each step's values when it is replayed. */
+struct ck_cuda_step {
+    uint64_t seed;
+    int64_t step, update;
+    float lr;
+    int eval;
+};
+
 struct ck_cuda_ctx {
     int device;
     cudaStream_t stream;
@@ -37,6 +48,11 @@ struct ck_cuda_ctx {
     int conv_im2col; /* conv2d.cu's own path instead of cuDNN (tests) */
     size_t conv_ws_cap; /* the most workspace a convolution's algorithm may take (conv2d.cu) */
     const char *last_op; /* the op queued last, for asynchronous faults */
+    ck_cuda_step *step_dev; /* CK_CUDA_STEP_BYTES: the block kernels read */
+    ck_cuda_step step_host; /* what was last queued into it (step_set: whether anything was) */
+    int step_set;
+    int graphs;    /* lists may be captured as graphs (CK_CUDA_GRAPH=0 turns it off) */
+    int capturing; /* between ck_cuda_capture_begin and _end */
 };
 
 /* context.cu */
@@ -59,6 +75,20 @@ int ck_cuda_dnn_ok(cudnnStatus_t s, const char *op, const char *what);
 #define CK_CU(op, call) ck_cuda_ok((call), (op), #call)
 #define CK_BLAS(op, call) ck_cuda_blas_ok((call), (op), #call)
 #define CK_DNN(op, call) ck_cuda_dnn_ok((call), (op), #call)
+
+/* graph.cu: the device block holding ctx's per-step values, with a write of
+ * them queued first when they differ from what the block holds (the
+ * executor writes them before each list, so inside a captured list they never
+ * differ); NULL with a failure recorded when they would change during capture. */
+const ck_cuda_step *ck_cuda_step_of(ck_cuda_ctx *c, const ck_kctx *ctx, const char *op);
+/* The kctx fields a device-side formula reads, from the block. */
+__device__ __forceinline__ ck_kctx ck_cuda_kctx(const ck_cuda_step *s)
+{
+    ck_kctx k;
+    memset(&k, 0, sizeof k);
+    k.seed = s->seed, k.step = s->step, k.update = s->update, k.lr = s->lr, k.eval = s->eval;
+    return k;
+}
 
 /* matmul.cu: row-major C = alpha op(A) op(B) + beta C over `batch` matrices
  * (strides in elements, 0 broadcasts); M x N result, K inner. */
@@ -90,7 +120,8 @@ static inline void ck_launch(void (*k)(P...), dim3 grid, dim3 block, cudaStream_
 {
 #ifdef CK_CUDA_EMU
     (void)s;
-    ck_emu_launch(grid, block, [&] { k(a...); });
+    /* the arguments by value, as a launch takes them (a captured graph keeps them) */
+    ck_emu_launch(grid, block, [=] { k(a...); });
 #else
     k<<<grid, block, 0, s>>>(a...);
 #endif

@@ -119,7 +119,7 @@ extern "C" void ck_cuda_close(ck_cuda_ctx *c)
     if (c->dnn) CK_DNN(op, cudnnDestroy(c->dnn));
     if (c->lt) CK_BLAS(op, cublasLtDestroy(c->lt));
     if (c->blas) CK_BLAS(op, cublasDestroy(c->blas));
-    if (c->scratch) CK_CU(op, cudaFree(c->scratch)); /* the one allocation blas_ws is part of */
+    if (c->scratch) CK_CU(op, cudaFree(c->scratch)); /* the one allocation blas_ws and step_dev are part of */
     if (c->stream) CK_CU(op, cudaStreamDestroy(c->stream));
     free(c);
 }
@@ -142,11 +142,14 @@ extern "C" ck_cuda_ctx *ck_cuda_open(int device)
     c->conv_ws_cap = CK_CUDA_CONV_WS_CAP;
     const char *s = getenv("CK_CUDA_SYNC");
     c->sync_each = s && s[0] == '1';
+    const char *gr = getenv("CK_CUDA_GRAPH");
+    c->graphs = !(gr && gr[0] == '0');
     int ok = CK_CU(op, cudaSetDevice(device)) && CK_CU(op, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) &&
-             /* the scratch and cuBLAS's workspace in one allocation: CK_CUDA_FIXED_BYTES */
-             CK_CU(op, cudaMalloc(&c->scratch, CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES)) &&
-             (c->blas_ws = (char *)c->scratch + CK_CUDA_SCRATCH_BYTES) && CK_BLAS(op, cublasCreate(&c->blas)) &&
-             CK_BLAS(op, cublasLtCreate(&c->lt)) &&
+             /* the scratch, cuBLAS's workspace and the step block in one allocation: CK_CUDA_FIXED_BYTES */
+             CK_CU(op, cudaMalloc(&c->scratch, CK_CUDA_SCRATCH_BYTES + CK_CUDA_BLAS_WS_BYTES + CK_CUDA_STEP_BYTES)) &&
+             (c->blas_ws = (char *)c->scratch + CK_CUDA_SCRATCH_BYTES) &&
+             (c->step_dev = (ck_cuda_step *)((char *)c->blas_ws + CK_CUDA_BLAS_WS_BYTES)) &&
+             CK_BLAS(op, cublasCreate(&c->blas)) && CK_BLAS(op, cublasLtCreate(&c->lt)) &&
              /* the stream first: setting it resets cuBLAS to its default pool */
              CK_BLAS(op, cublasSetStream(c->blas, c->stream)) &&
              CK_BLAS(op, cublasSetWorkspace(c->blas, c->blas_ws, CK_CUDA_BLAS_WS_BYTES)) &&

@@ -42,6 +42,8 @@ ck_cuda_ctx *ck_cuda_current(void);
  * cuBLAS may fail with no workspace at all). */
 #define CK_CUDA_SCRATCH_BYTES ((size_t)1 << 18)
 #define CK_CUDA_BLAS_WS_BYTES ((size_t)4 << 20)
+/* and the block of per-step values kernels read (graph.cu), in the same allocation */
+#define CK_CUDA_STEP_BYTES ((size_t)256)
 
 /* Deterministic algorithms (default 1): the fastest of cuDNN's deterministic
  * convolution algorithms (ck_cuda_workspace); 0 the fastest of all. Our own
@@ -115,6 +117,23 @@ int ck_cuda_allreduce_wait(int b);
 int ck_cuda_broadcast(float *x, int64_t n, int root);
 int ck_cuda_comm_quiet(void);
 void ck_cuda_comm_close(void);
+
+/* graph.cu: one launch per list. ck_cuda_set_step queues the per-step values
+ * (seed, step, lr, update, eval) into the device block the kernels read them
+ * from; the executor calls it before each list, outside any capture. Between
+ * ck_cuda_capture_begin and ck_cuda_capture_end the kernels called on this
+ * thread are recorded on the stream, not run; _end instantiates them as a
+ * graph (NULL on failure, with the reason), which ck_cuda_graph_launch
+ * queues as one launch and ck_cuda_graph_free destroys. ck_cuda_capturable:
+ * whether op's kernel can be captured (0 for every op when graphs are off:
+ * CK_CUDA_GRAPH=0, or CK_CUDA_SYNC=1; and for the kernels that read a result
+ * back to the host). 0, or -1 with ck_cuda_last_error(). */
+int ck_cuda_set_step(const ck_kctx *ctx);
+int ck_cuda_capture_begin(void);
+void *ck_cuda_capture_end(void);
+int ck_cuda_graph_launch(void *graph);
+void ck_cuda_graph_free(void *graph);
+int ck_cuda_capturable(enum ck_op op);
 
 /* op -> kernel, as ck_cpu_kernels; NULL where the CUDA backend lacks the op. */
 extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];

@@ -22,18 +22,10 @@ __device__ __forceinline__ float rng_uniform(uint64_t stream, uint64_t counter)
     return (float)(rng_mix(stream ^ rng_mix(counter)) >> 40) * (1.0f / 16777216.0f);
 }
 
-static uint64_t host_mix(uint64_t z)
+/* ck_rng_key, on the device: the seed and step come from the step block */
+__device__ __forceinline__ uint64_t rng_key(uint64_t seed, uint64_t step, uint64_t key)
 {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* ck_rng_key */
-static uint64_t host_key(uint64_t seed, uint64_t step, uint64_t key)
-{
-    return host_mix(host_mix(host_mix(seed) ^ step) ^ key);
+    return rng_mix(rng_mix(rng_mix(seed) ^ step) ^ key);
 }
 
 // t (B); y (B, dim): [sin | cos] (or [cos | sin] when flipped), a zero column when dim is odd
@@ -80,11 +72,17 @@ __device__ __forceinline__ uint64_t dropout_counter(int64_t e, int64_t per, int6
     return (uint64_t)((b * world + rank) * per + e % per);
 }
 
-__global__ void __launch_bounds__(THREADS) dropout_kernel(float *y, const float *x, uint64_t key, float drop,
-                                                          float keep_scale, int64_t n, int64_t per, int64_t world,
-                                                          int64_t rank)
+__global__ void __launch_bounds__(THREADS) dropout_kernel(float *y, const float *x, const ck_cuda_step *st,
+                                                          uint64_t op_key, float drop, float keep_scale, int64_t n,
+                                                          int64_t per, int64_t world, int64_t rank)
 {
+    const int eval = st->eval;
+    const uint64_t key = rng_key(st->seed, (uint64_t)st->step, op_key);
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        if (eval) {
+            y[e] = x[e];
+            continue;
+        }
         const float m = rng_uniform(key, dropout_counter(e, per, world, rank)) >= drop ? keep_scale : 0.0f;
         y[e] = x[e] * m;
     }
@@ -92,8 +90,10 @@ __global__ void __launch_bounds__(THREADS) dropout_kernel(float *y, const float 
 
 /* x, y any shape, same numel: y = x * mask / (1 - p), element e kept when
  * u(key, e) >= p. Run on dy with the same context and params, it is the
- * backward. In an evaluation pass (ctx->eval), y = x. A data-parallel rank
- * (i1 = world, i2 = rank) draws its rows' numbers as ops/cpu/embedding.c. */
+ * backward. In an evaluation pass (ctx->eval), y = x. The key's seed and
+ * step and the eval flag are read on the device (graph.cu's step block). A
+ * data-parallel rank (i1 = world, i2 = rank) draws its rows' numbers as
+ * ops/cpu/embedding.c. */
 extern "C" CK_CUDA_KERNEL(ck_cuda_dropout)
 {
     (void)nout, (void)nin;
@@ -102,7 +102,7 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_dropout)
     const int64_t n = ck_view_numel(&in[0]);
     if (n == 0) return;
     const float drop = p->f[0];
-    if (drop <= 0.0f || ctx->eval) {
+    if (drop <= 0.0f) {
         if (out[0].data != in[0].data)
             CK_CU("dropout", cudaMemcpyAsync(out[0].data, in[0].data, sizeof(float) * (size_t)n,
                                              cudaMemcpyDeviceToDevice, c->stream));
@@ -110,10 +110,11 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_dropout)
         return;
     }
     const float keep_scale = drop < 1.0f ? 1.0f / (1.0f - drop) : 0.0f;
-    const uint64_t key = host_key(ctx->seed, (uint64_t)ctx->step, (uint64_t)p->i[0]);
+    const ck_cuda_step *st = ck_cuda_step_of(c, ctx, "dropout");
+    if (!st) return;
     const int64_t rows = in[0].ndim > 0 && in[0].shape[0] > 0 ? in[0].shape[0] : 1;
-    ck_launch(dropout_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data, key,
-              drop, keep_scale, n, n / rows, (int64_t)p->i[1], (int64_t)p->i[2]);
+    ck_launch(dropout_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data, st,
+              (uint64_t)p->i[0], drop, keep_scale, n, n / rows, (int64_t)p->i[1], (int64_t)p->i[2]);
     ck_cuda_end(c, "dropout");
 }
 

@@ -1,15 +1,19 @@
 /* Optimizer steps on the GPU, updating parameters and moments in place (out[k]
- * is the same buffer as the matching input). The scalars are formed on the host
- * in double and rounded where torch.optim rounds them, exactly as
- * ops/cpu/optim.c does; the per-element order follows torch's. */
+ * is the same buffer as the matching input). The scalars are formed in double
+ * and rounded where torch.optim rounds them, by the formulas ops/cpu/optim.c
+ * uses; the per-element order follows torch's. The learning rate and the
+ * update count are read on the device from the step block (graph.cu), so a
+ * replayed graph uses each step's; the scalars that depend on them are formed
+ * there, by each thread, before its loop. */
 #include "common.cuh"
 #include "../adam8.h"
 
 #define THREADS 256
 
-__global__ void __launch_bounds__(THREADS) sgd_kernel(float *pw, const float *pr, const float *g, float lr, float wd,
-                                                      int64_t n)
+__global__ void __launch_bounds__(THREADS) sgd_kernel(float *pw, const float *pr, const float *g,
+                                                      const ck_cuda_step *st, float lr_scale, float wd, int64_t n)
 {
+    const float lr = st->lr * lr_scale;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         pw[i] = pr[i] - lr * (g[i] + wd * pr[i]);
 }
@@ -22,9 +26,10 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_sgd_step)
     ck_cuda_ctx *c = ck_cuda_begin("sgd_step");
     if (!c) return;
     const int64_t n = ck_view_numel(&in[0]);
-    if (n == 0) return;
+    const ck_cuda_step *st = ck_cuda_step_of(c, ctx, "sgd_step");
+    if (n == 0 || !st) return;
     ck_launch(sgd_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data,
-              (const float *)in[1].data, ctx->lr * p->f[CK_OPT_LR_SCALE], p->f[0], n);
+              (const float *)in[1].data, st, p->f[CK_OPT_LR_SCALE], p->f[0], n);
     ck_cuda_end(c, "sgd_step");
 }
 
@@ -33,10 +38,31 @@ struct adamw_scalars {
     int lerp_low;
 };
 
+/* t = ctx->update */
+static __device__ adamw_scalars adamw_of(const ck_kctx *ctx, const ck_op_params *p)
+{
+    const double lr = (double)ctx->lr * p->f[CK_OPT_LR_SCALE], b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
+    const double t = (double)(ctx->update > 0 ? ctx->update : 1);
+    adamw_scalars s;
+    s.eps = p->f[2];
+    s.beta2 = p->f[1];
+    s.decay = (float)(1.0 - lr * wd);
+    s.w1 = (float)(1.0 - b1);
+    s.w2 = (float)(1.0 - b2);
+    s.neg_step = (float)(-(lr / (1.0 - pow(b1, t))));
+    s.bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
+    /* torch's lerp switches form at weight 0.5 to stay exact at weight 1 */
+    s.lerp_low = fabsf(s.w1) < 0.5f;
+    s.w1c = 1.0f - s.w1;
+    return s;
+}
+
 __global__ void __launch_bounds__(THREADS) adamw_kernel(float *pw, float *mw, float *vw, const float *pr,
                                                         const float *grad, const float *mr, const float *vr,
-                                                        adamw_scalars s, int64_t n)
+                                                        const ck_cuda_step *st, ck_op_params p, int64_t n)
 {
+    const ck_kctx k = ck_cuda_kctx(st);
+    const adamw_scalars s = adamw_of(&k, &p);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float g = grad[i], m0 = mr[i];
         const float m = s.lerp_low ? m0 + s.w1 * (g - m0) : g - (g - m0) * s.w1c;
@@ -58,23 +84,11 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_adamw_step)
     ck_cuda_ctx *c = ck_cuda_begin("adamw_step");
     if (!c) return;
     const int64_t n = ck_view_numel(&in[0]);
-    if (n == 0) return;
-    const double lr = (double)ctx->lr * p->f[CK_OPT_LR_SCALE], b1 = p->f[0], b2 = p->f[1], wd = p->f[3];
-    const double t = (double)(ctx->update > 0 ? ctx->update : 1);
-    adamw_scalars s;
-    s.eps = p->f[2];
-    s.beta2 = p->f[1];
-    s.decay = (float)(1.0 - lr * wd);
-    s.w1 = (float)(1.0 - b1);
-    s.w2 = (float)(1.0 - b2);
-    s.neg_step = (float)(-(lr / (1.0 - pow(b1, t))));
-    s.bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
-    /* torch's lerp switches form at weight 0.5 to stay exact at weight 1 */
-    s.lerp_low = fabsf(s.w1) < 0.5f;
-    s.w1c = 1.0f - s.w1;
+    const ck_cuda_step *st = ck_cuda_step_of(c, ctx, "adamw_step");
+    if (n == 0 || !st) return;
     ck_launch(adamw_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, out[1].data, out[2].data,
               (const float *)in[0].data, (const float *)in[1].data, (const float *)in[2].data,
-              (const float *)in[3].data, s, n);
+              (const float *)in[3].data, st, *p, n);
     ck_cuda_end(c, "adamw_step");
 }
 
@@ -96,8 +110,9 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_clip_factor)
 
 __global__ void __launch_bounds__(THREADS) lion_kernel(float *pw, float *mw, const float *pr, const float *grad,
                                                        const float *mr, float b1, float b2, float w1, float w2,
-                                                       float decay, float neg_lr, int64_t n)
+                                                       const ck_cuda_step *st, float lr_scale, float wd, int64_t n)
 {
+    const float lr = st->lr * lr_scale, decay = (float)(1.0 - (double)lr * wd), neg_lr = -lr;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float g = grad[i], m = mr[i], c = m * b1 + g * w1;
         const float s = c > 0.0f ? 1.0f : c < 0.0f ? -1.0f : c;
@@ -114,20 +129,23 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_lion_step)
     ck_cuda_ctx *c = ck_cuda_begin("lion_step");
     if (!c) return;
     const int64_t n = ck_view_numel(&in[0]);
-    if (n == 0) return;
+    const ck_cuda_step *st = ck_cuda_step_of(c, ctx, "lion_step");
+    if (n == 0 || !st) return;
     const float w1 = (float)(1.0 - p->f[0]), w2 = (float)(1.0 - p->f[1]);
-    const float lr = ctx->lr * p->f[CK_OPT_LR_SCALE], decay = (float)(1.0 - (double)lr * p->f[2]);
     ck_launch(lion_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, out[1].data, (const float *)in[0].data,
-              (const float *)in[1].data, (const float *)in[2].data, p->f[0], p->f[1], w1, w2, decay, -lr, n);
+              (const float *)in[1].data, (const float *)in[2].data, p->f[0], p->f[1], w1, w2, st,
+              p->f[CK_OPT_LR_SCALE], p->f[2], n);
     ck_cuda_end(c, "lion_step");
 }
 
 /* one thread block per quantization block, one thread per value */
 __global__ void __launch_bounds__(CK_ADAM8_BLOCK) adamw8_kernel(float *pw, uint8_t *q, float *sw, const float *pr,
                                                                 const float *grad, int64_t n, int64_t nb,
-                                                                ck_adam8_step s, ck_adam8_maps mp)
+                                                                const ck_cuda_step *st, ck_op_params p, ck_adam8_maps mp)
 {
     __shared__ float sh[33];
+    const ck_kctx k = ck_cuda_kctx(st);
+    const ck_adam8_step s = ck_adam8_step_of(&k, &p);
     const int64_t b = blockIdx.x, i = b * CK_ADAM8_BLOCK + threadIdx.x;
     const bool here = i < n;
     float m = 0.0f, v = 0.0f;
@@ -154,8 +172,9 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_adamw8_step)
     ck_cuda_ctx *c = ck_cuda_begin("adamw8_step");
     if (!c) return;
     const int64_t n = ck_view_numel(&in[0]), nb = (n + CK_ADAM8_BLOCK - 1) / CK_ADAM8_BLOCK;
-    if (n == 0) return;
+    const ck_cuda_step *st = ck_cuda_step_of(c, ctx, "adamw8_step");
+    if (n == 0 || !st) return;
     ck_launch(adamw8_kernel, (unsigned)nb, CK_ADAM8_BLOCK, c->stream, out[0].data, (uint8_t *)out[1].data,
-              out[2].data, (const float *)in[0].data, (const float *)in[1].data, n, nb, ck_adam8_step_of(ctx, p), maps);
+              out[2].data, (const float *)in[0].data, (const float *)in[1].data, n, nb, st, *p, maps);
     ck_cuda_end(c, "adamw8_step");
 }

@@ -50,9 +50,11 @@ function M.outside(p, programs)
     local bound = o.lua_heap_limit > 0 and host + arenas or nil
     return rows, bound, nil, host, arenas
   end
-  rows[#rows + 1] = {"device_fixed", "device: library workspace", o.device_fixed, "cuBLAS's workspace and a reduction scratch"}
+  rows[#rows + 1] = {"device_fixed", "device: library workspace", o.device_fixed,
+    "cuBLAS's workspace, a reduction scratch and the per-step values graph replays read"}
   rows[#rows + 1] = {"cuda_context", "device and host: CUDA", nil,
-    "not planned: the CUDA context and the libraries' own memory (BENCHMARKS.md measures them)"}
+    "not planned: the CUDA context, the libraries' own memory (BENCHMARKS.md measures them) and the driver's " ..
+    "copy of each list captured as a graph (a list with collectives or an embedding runs op by op)"}
   return rows, nil, plan.device_bytes, host, arenas
 end
 

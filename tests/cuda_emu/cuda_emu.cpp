@@ -283,6 +283,7 @@ void ck_emu_launch(dim3 grid, dim3 block, const std::function<void()> &f)
         return;
     }
     if (cur) die("kernel launched from inside a kernel");
+    if (ck_emu_capture([grid, block, f] { ck_emu_launch(grid, block, f); })) return;
     if (fast_switch < 0) {
 #if CK_EMU_FAST_SWITCH
         fast_switch = !shadow_stack_on();
@@ -359,6 +360,9 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorIllegalState: return "the operation is not permitted in the current state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     }
     return "unknown error";
 }
@@ -383,8 +387,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return ck_emu_capture_forbid(); }
+cudaError_t cudaDeviceSynchronize(void) { return ck_emu_capture_forbid(); }
 
 /* Device memory as the driver gives it: cudaMalloc takes whole 2 MiB pages
  * from a device of EMU_TOTAL bytes and fails when they are not free;
@@ -413,6 +417,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
     const size_t taken = (bytes + EMU_PAGE - 1) / EMU_PAGE * EMU_PAGE;
     std::lock_guard<std::mutex> hold(emu_mem_lock);
     *p = NULL;
+    if (cudaError_t e = ck_emu_capture_forbid()) return e;
     if (taken > EMU_TOTAL - emu_used) return cudaErrorMemoryAllocation;
     *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!*p) return cudaErrorMemoryAllocation;
@@ -424,6 +429,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
 cudaError_t cudaFree(void *p)
 {
     if (!p) return cudaSuccess;
+    if (cudaError_t e = ck_emu_capture_forbid()) return e;
     std::lock_guard<std::mutex> hold(emu_mem_lock);
     auto it = emu_blocks.find(p);
     if (it == emu_blocks.end()) return cudaErrorInvalidValue;
@@ -435,6 +441,7 @@ cudaError_t cudaFree(void *p)
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind, cudaStream_t)
 {
     if (bytes && (!dst || !src)) return cudaErrorInvalidValue;
+    if (ck_emu_capture([=] { memmove(dst, src, bytes); })) return cudaSuccess;
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -442,11 +449,14 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               cudaMemcpyKind, cudaStream_t)
 {
     if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+    if (ck_emu_capture([=] { cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, NULL); }))
+        return cudaSuccess;
     for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t)
 {
+    if (ck_emu_capture([=] { memset(dst, v, bytes); })) return cudaSuccess;
     memset(dst, v, bytes);
     return cudaSuccess;
 }
@@ -461,7 +471,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 /* ---- cuBLAS: column-major, as documented ---- */
 
 struct ck_emu_blas {
-    int unused;
+    void *ws; /* set by cublasSetWorkspace; NULL: cuBLAS's own pool, which capture cannot use */
 };
 
 cublasStatus_t cublasCreate(cublasHandle_t *h)
@@ -474,8 +484,17 @@ cublasStatus_t cublasDestroy(cublasHandle_t h)
     delete h;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *, size_t) { return CUBLAS_STATUS_SUCCESS; }
+/* setting the stream resets the workspace to the default pool (documented) */
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t)
+{
+    h->ws = NULL;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t)
+{
+    h->ws = ws;
+    return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasSetPointerMode(cublasHandle_t, cublasPointerMode_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
 
@@ -489,6 +508,16 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
     if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) ||
         ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
+    /* captured with the scalars' values (host pointer mode); without a
+     * workspace of the user's, cuBLAS would allocate inside the capture */
+    cudaStreamCaptureStatus capturing;
+    cudaStreamIsCapturing(NULL, &capturing);
+    if (capturing != cudaStreamCaptureStatusNone && !h->ws) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const float al = *alpha, be = *beta;
+    if (ck_emu_capture([=] {
+            cublasSgemmStridedBatched(h, ta, tb, m, n, k, &al, A, lda, sa, B, ldb, sb, &be, C, ldc, sc, batch);
+        }))
+        return CUBLAS_STATUS_SUCCESS;
     for (int b = 0; b < batch; b++) {
         const float *a = A + b * sa, *bb = B + b * sb;
         float *c = C + b * sc;
@@ -710,6 +739,16 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t, const
     return CUDNN_STATUS_SUCCESS;
 }
 
+/* Under capture a convolution is recorded with copies of its descriptors
+ * (which ops/cuda sets anew for every call) and of its scalars. */
+#define CAPTURE_CONV(call, D1, D2, D3)                                                                                 \
+    do {                                                                                                               \
+        const float al = *(const float *)alpha, be = *(const float *)beta;                                             \
+        ck_emu_tensor d1 = *D1, d2 = *D2, d3 = *D3;                                                                    \
+        ck_emu_conv dc = *cv;                                                                                          \
+        if (ck_emu_capture([=]() mutable { (void)(call); })) return CUDNN_STATUS_SUCCESS;                             \
+    } while (0)
+
 /* y (N,K,HO,WO) += sum over c, r, s of x(n, c, ho*sh-ph+r, wo*sw-pw+s) w(k, c, r, s), in the
  * three roles: out = alpha * result + beta * out */
 enum conv_role { FWD, BWD_DATA, BWD_FILTER };
@@ -764,6 +803,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, const 
     cudnnStatus_t s = geometry(cv, xd, wd, yd);
     if (s) return s;
     if (!h || ws_bytes < ck_emu_conv_ws[0][algo] || (ck_emu_conv_ws[0][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
+    CAPTURE_CONV(cudnnConvolutionForward(h, &al, &d1, x, &d2, w, &dc, algo, ws, ws_bytes, &be, &d3, y), xd, wd, yd);
     ck_emu_last_algo[0] = algo;
     conv_loops(FWD, cv, xd, wd, yd, x, w, NULL, y, *(const float *)alpha, *(const float *)beta);
     return CUDNN_STATUS_SUCCESS;
@@ -777,6 +817,8 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
     cudnnStatus_t s = geometry(cv, dxd, wd, dyd);
     if (s) return s;
     if (!h || ws_bytes < ck_emu_conv_ws[1][algo] || (ck_emu_conv_ws[1][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
+    CAPTURE_CONV(cudnnConvolutionBackwardData(h, &al, &d1, w, &d2, dy, &dc, algo, ws, ws_bytes, &be, &d3, dx), wd, dyd,
+                 dxd);
     ck_emu_last_algo[1] = algo;
     conv_loops(BWD_DATA, cv, dxd, wd, dyd, NULL, w, dy, dx, *(const float *)alpha, *(const float *)beta);
     return CUDNN_STATUS_SUCCESS;
@@ -790,6 +832,8 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
     cudnnStatus_t s = geometry(cv, xd, dwd, dyd);
     if (s) return s;
     if (!h || ws_bytes < ck_emu_conv_ws[2][algo] || (ck_emu_conv_ws[2][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
+    CAPTURE_CONV(cudnnConvolutionBackwardFilter(h, &al, &d1, x, &d2, dy, &dc, algo, ws, ws_bytes, &be, &d3, dw), xd, dyd,
+                 dwd);
     ck_emu_last_algo[2] = algo;
     conv_loops(BWD_FILTER, cv, xd, dwd, dyd, x, NULL, dy, dw, *(const float *)alpha, *(const float *)beta);
     return CUDNN_STATUS_SUCCESS;

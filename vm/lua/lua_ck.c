@@ -760,7 +760,7 @@ static void keep_patterns(lua_State *L, const char **a, int na, const char **b, 
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
  *           weight_decay=,
  *           max_grad_norm=, accumulate=, fused_backward=, world_size=, bucket_mb=,
- *           seed=, keep_grads=, plan_only=, precision="no"|"bf16"|"fp16" (or storage="fp32"|"bf16"|"fp16"),
+ *           seed=, keep_grads=, cuda_graph=, plan_only=, precision="no"|"bf16"|"fp16" (or storage="fp32"|"bf16"|"fp16"),
  *           loss_scale={init=, growth_factor=, backoff_factor=, growth_interval=}|true|false,
  *           frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
  *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena),
@@ -861,6 +861,7 @@ static int l_compile(lua_State *L)
     o.seed = (uint64_t)seed;
     lua_pop(L, 1);
     o.keep_grads = opt_bool(L, 2, "keep_grads", 0);
+    o.no_cuda_graph = !opt_bool(L, 2, "cuda_graph", 1);
     const ck_host *host = ck_host_of(L);
     o.plan_only = opt_bool(L, 2, "plan_only", host && host->plan_only);
     /* precision: the storage choice by the name kohya's and diffusers'
@@ -1519,6 +1520,23 @@ static int l_program_device(lua_State *L)
     return 3;
 }
 
+/* p:graphs() -> {captures =, launches =, op_by_op =}: the ranges of p's lists
+ * captured as CUDA graphs, the graph launches since, and the runs of a range
+ * that went op by op with replay on (profiling, collectives, read-backs);
+ * all 0 where lists are not captured (the CPU, compile{cuda_graph = false}) */
+static int l_program_graphs(lua_State *L)
+{
+    const ck_program *p = check_program(L, 1)->p;
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, (lua_Integer)p->graphs.captures);
+    lua_setfield(L, -2, "captures");
+    lua_pushinteger(L, (lua_Integer)p->graphs.launches);
+    lua_setfield(L, -2, "launches");
+    lua_pushinteger(L, (lua_Integer)p->graphs.op_by_op);
+    lua_setfield(L, -2, "op_by_op");
+    return 1;
+}
+
 /* ck.devices() -> the names of the devices this process can run on, e.g. {"cpu", "cuda"} */
 static int l_devices(lua_State *L)
 {
@@ -1560,6 +1578,7 @@ static int l_cuda_options(lua_State *L)
 
 static const luaL_Reg program_methods[] = {
     {"device", l_program_device},
+    {"graphs", l_program_graphs},
     {"set", l_set},
     {"get", l_get},
     {"scalar", l_scalar},

@@ -191,10 +191,110 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
     return 0;
 }
 
+void ck_exec_graphs_clear(const ck_backend *be, ck_exec_graphs *gs)
+{
+    if (gs->n) be->enter();
+    for (int i = 0; i < gs->n; i++)
+        if (gs->g[i].graph) be->graph_free(gs->g[i].graph);
+    free(gs->g);
+    gs->g = NULL;
+    gs->n = gs->cap = 0;
+}
+
+/* Whether entries [from, to) can run as one captured graph. Not when the
+ * host acts between two ops: profiling (a sync after each op), collectives
+ * (progressed by the host, or host calls), a kernel that reads a result back
+ * (the backend's capturable), a pending interrupt (checked between ops). */
+static int capturable(const ck_exec_env *p, const ck_plan *pl, int from, int to)
+{
+    if (p->profile || p->nreqs || p->replay || (p->interrupt && *p->interrupt)) return 0;
+    for (int i = from; i < to; i++) {
+        const enum ck_op op = p->g->n[pl->ops[i].node].op;
+        if (op == CK_OP_ALLREDUCE_START || op == CK_OP_ALLREDUCE_WAIT || op == CK_OP_BROADCAST ||
+            !p->be->capturable(op))
+            return 0;
+    }
+    return 1;
+}
+
+static ck_exec_graph *graph_of(ck_exec_graphs *gs, const ck_exec_env *p, const ck_plan *pl, int from, int to)
+{
+    for (int i = 0; i < gs->n; i++) {
+        ck_exec_graph *x = &gs->g[i];
+        if (x->pl == pl && x->ops == pl->ops && x->n == pl->n && x->from == from && x->to == to && x->arena == p->arena)
+            return x;
+    }
+    if (gs->n == gs->cap) {
+        const int cap = gs->cap ? 2 * gs->cap : 8;
+        ck_exec_graph *g = realloc(gs->g, sizeof *g * (size_t)cap);
+        if (!g) return NULL;
+        gs->g = g, gs->cap = cap;
+    }
+    ck_exec_graph *x = &gs->g[gs->n++];
+    *x = (ck_exec_graph){.pl = pl, .ops = pl->ops, .n = pl->n, .from = from, .to = to, .arena = p->arena, .graph = NULL};
+    return x;
+}
+
+/* Entries [from, to) as one graph launch, capturing them at the first run.
+ * 0: done; 1: not captured (run them op by op); -1: failed, with err. A
+ * capture that fails (a kernel doing what capture forbids) is not an error:
+ * nothing it recorded ran, and the range runs op by op from then on. */
+static int run_graph(const ck_exec_env *p, const ck_plan *pl, int from, int to, ck_kctx *ctx, char *err, size_t errlen)
+{
+    ck_exec_graphs *gs = p->graphs;
+    const ck_backend *be = p->be;
+    const int fresh = gs->n;
+    ck_exec_graph *x = graph_of(gs, p, pl, from, to);
+    if (!x) return 1;
+    if (gs->n > fresh) {
+        if (be->capture_begin()) {
+            be->clear_error();
+            return 1;
+        }
+        int bad = 0;
+        for (int i = from; i < to && !bad; i++) bad = run_entry(p, pl, i, ctx, err, errlen) != 0;
+        x->graph = be->capture_end();
+        be->clear_error();
+        if (x->graph && bad) { /* a part of the range: never launched */
+            be->graph_free(x->graph);
+            x->graph = NULL;
+        }
+        if (!x->graph) { /* what failed in the capture fails again op by op, if it fails at all */
+            if (errlen) err[0] = 0;
+            if (p->interrupt && *p->interrupt) gs->n--; /* stopped, not refused: a later run captures it */
+            return 1;
+        }
+        gs->captures++;
+    }
+    if (!x->graph) return 1;
+    if (be->graph_launch(x->graph)) {
+        const ck_node *n = &p->g->n[pl->ops[from].node];
+        snprintf(err, errlen, "%s: the captured entries %d to %d (from %s in %s) on %s: %s", n->where, from, to - 1,
+                 ck_op_name(n->op), scope_of(n), be->name, be->error());
+        be->clear_error();
+        return -1;
+    }
+    gs->launches++;
+    return 0;
+}
+
 int ck_exec_range(const ck_exec_env *p, const ck_plan *pl, int from, int to, char *err, size_t errlen)
 {
     ck_kctx ctx = {.seed = p->seed, .step = p->step, .lr = p->lr, .update = p->update, .eval = p->eval};
     p->be->enter();
+    if (from >= to) return 0;
+    /* the per-step values first, outside any capture: kernels read them from
+     * the device, so a graph replays with this step's */
+    if (p->be->set_step && p->be->set_step(&ctx)) {
+        snprintf(err, errlen, "%s device: %s", p->be->name, p->be->error());
+        p->be->clear_error();
+        return -1;
+    }
+    if (p->graphs && p->be->capture_begin) {
+        const int rc = capturable(p, pl, from, to) ? run_graph(p, pl, from, to, &ctx, err, errlen) : 1;
+        if (rc <= 0) return rc;
+        p->graphs->op_by_op++;
+    }
     for (int i = from; i < to; i++) {
         if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;
         /* sums in flight move on between ops (MPI progresses inside its calls) */

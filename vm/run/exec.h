@@ -6,6 +6,28 @@
 
 #include "plan/plan.h"
 
+/* Graph replay (a backend with capture_begin, the CUDA one): a range of a
+ * list captured once, kept by the program that runs it, keyed by the list
+ * (its plan, its entries' array and count), the range and the arena. */
+typedef struct ck_exec_graph {
+    const ck_plan *pl;
+    const void *ops;
+    int n, from, to;
+    const unsigned char *arena;
+    void *graph; /* the backend's; NULL: the range could not be captured, it runs op by op */
+} ck_exec_graph;
+
+typedef struct ck_exec_graphs {
+    ck_exec_graph *g;
+    int n, cap;
+    /* ranges captured, graph launches, and ranges run op by op although
+     * graphs were on (profiling, collectives, host reads, an interrupt) */
+    int64_t captures, launches, op_by_op;
+} ck_exec_graphs;
+
+/* Destroys every graph in gs (after a list is replaced, or with the program). */
+void ck_exec_graphs_clear(const ck_backend *be, ck_exec_graphs *gs);
+
 /* What one run of a list needs: the program builds it before each run. */
 typedef struct ck_exec_env {
     const ck_graph *g;
@@ -25,6 +47,9 @@ typedef struct ck_exec_env {
     struct ck_dist_req *reqs; /* data parallel: the requests of ALLREDUCE entries, by bucket */
     int nreqs;               /* how many; the active ones are progressed after every entry */
     int replay;              /* a second pass (naming a non-finite op): ALLREDUCE entries do nothing */
+    /* non-NULL: a range the backend can capture runs as one graph, captured
+     * at its first run and kept here (NULL: op by op, as on the CPU) */
+    ck_exec_graphs *graphs;
 } ck_exec_env;
 
 /* Runs entries [from, to) of a list. 0, or -1 with the failure naming the

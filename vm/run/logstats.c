@@ -190,6 +190,7 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
                  need, need - p->grp->bytes, p->grp->bytes);
         goto fail;
     }
+    ck_exec_graphs_clear(p->be, &p->graphs); /* graphs of the lists replaced */
     ck_plan_free(&p->train);
     ck_plan_free(&p->eval);
     p->train = tr; /* p->last may point at either: the lists stay where they were */

@@ -907,6 +907,7 @@ void ck_program_free(ck_program *p)
 {
     if (!p) return;
     ck_mem_give(p->budget, p->charged_own + p->charged_stage);
+    ck_exec_graphs_clear(p->be, &p->graphs);
     ck_plan_free(&p->train);
     ck_plan_free(&p->eval);
     for (int k = 0; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
@@ -935,7 +936,7 @@ void ck_program_free(ck_program *p)
 }
 
 /* what the executor needs of p for a run of list pl */
-static ck_exec_env exec_env(const ck_program *p, const ck_plan *pl)
+static ck_exec_env exec_env(ck_program *p, const ck_plan *pl)
 {
     return (ck_exec_env){.g = p->g,
                          .be = p->be,
@@ -952,7 +953,8 @@ static ck_exec_env exec_env(const ck_program *p, const ck_plan *pl)
                          .interrupt = p->interrupt,
                          .profile = p->profile,
                          .reqs = p->reqs,
-                         .nreqs = p->nbuckets};
+                         .nreqs = p->nbuckets,
+                         .graphs = p->opt.no_cuda_graph || !p->be->capture_begin ? NULL : &p->graphs};
 }
 
 static int runnable(ck_program *p)

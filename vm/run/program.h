@@ -64,6 +64,9 @@ typedef struct ck_compile_opts {
     int fused_backward;  /* each update runs as soon as its gradient is complete (kohya's --fused_backward_pass) */
     uint64_t seed;
     int keep_grads;    /* gradients stay readable after a step (no optimizer update needed) */
+    /* 1: on CUDA every list runs op by op; 0: each run of a list that the host
+     * does not act within is one graph launch, captured at its first run */
+    int no_cuda_graph;
     int plan_only;     /* plan, allocate nothing: the program cannot run */
     ck_dtype storage;  /* CK_BF16 / CK_F16: 16-bit activations, their gradients and frozen weights */
     ck_dtype frozen;   /* frozen weights' storage (CK_BF16, CK_F8E4M3); CK_F32: as storage */
@@ -152,6 +155,8 @@ typedef struct ck_program {
     unsigned stat_groups;
     /* when non-NULL, seconds spent per op kind (CK_OP_COUNT entries): ck_exec adds to it */
     double *profile;
+    /* the ranges of its lists captured as graphs (a backend with capture, opt.no_cuda_graph == 0) */
+    ck_exec_graphs graphs;
     /* the memory budget of the graph it was compiled from (NULL: none) and
      * what the program charged to it besides its graph's own charges: its op
      * lists and per-tensor arrays (own) and the stage; all given back when it

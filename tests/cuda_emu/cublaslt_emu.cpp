@@ -4,6 +4,7 @@
  * D = alpha op(A) op(B) + beta C (+ bias per row of D) over a strided batch,
  * column-major, in the types the layouts name (fp32 or bf16). */
 #include "cuda_emu.h"
+#include "graph_emu.h"
 
 #include <vector>
 
@@ -195,6 +196,10 @@ static void store(cudaDataType_t t, void *p, int64_t i, float v)
         ((float *)p)[i] = v;
 }
 
+static void lt_compute(const ck_emu_lt_desc *op, const ck_emu_lt_layout *ad, const ck_emu_lt_layout *bd,
+                       const ck_emu_lt_layout *cd, const ck_emu_lt_layout *dd, float al, float be, const void *A,
+                       const void *B, const void *C, void *D);
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t ad, const void *B, cublasLtMatrixLayout_t bd, const void *beta,
                               const void *C, cublasLtMatrixLayout_t cd, void *D, cublasLtMatrixLayout_t dd,
@@ -216,9 +221,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
         if ((uintptr_t)ops[i].p % need || (ops[i].l->batch > 1 && (uint64_t)ops[i].l->stride * es % need))
             return CUBLAS_STATUS_NOT_SUPPORTED;
     }
+    /* under graph capture the product is recorded, with copies of its
+     * descriptors (which ops/cuda may change or destroy after the call) and
+     * scalars, and runs at each launch of the graph */
+    const float al = *(const float *)alpha, be = *(const float *)beta;
+    if (ck_emu_capture([=, o = *op, a = *ad, b = *bd, c = *cd, d = *dd]() mutable {
+            lt_compute(&o, &a, &b, &c, &d, al, be, A, B, C, D);
+        }))
+        return CUBLAS_STATUS_SUCCESS;
+    lt_compute(op, ad, bd, cd, dd, al, be, A, B, C, D);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static void lt_compute(const ck_emu_lt_desc *op, const ck_emu_lt_layout *ad, const ck_emu_lt_layout *bd,
+                       const ck_emu_lt_layout *cd, const ck_emu_lt_layout *dd, float al, float be, const void *A,
+                       const void *B, const void *C, void *D)
+{
     const int64_t m = (int64_t)dd->rows, n = (int64_t)dd->cols;
     const int64_t k = (int64_t)(op->ta == CUBLAS_OP_N ? ad->cols : ad->rows);
-    const float al = *(const float *)alpha, be = *(const float *)beta;
     const cudaDataType_t bt = op->bias_type < 0 ? dd->type : (cudaDataType_t)op->bias_type;
     std::vector<float> out((size_t)(m * n));
     for (int32_t bi = 0; bi < dd->batch; bi++) {
@@ -240,5 +260,4 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
         for (int64_t j = 0; j < n; j++)
             for (int64_t i = 0; i < m; i++) store(dd->type, D, od + i + j * dd->ld, out[(size_t)(i + j * m)]);
     }
-    return CUBLAS_STATUS_SUCCESS;
 }

@@ -311,4 +311,6 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
 extern size_t ck_emu_conv_ws[3][8];
 extern int ck_emu_last_algo[3];
 
+#include "mma_emu.h" /* nvcuda::wmma and fp16 */
+
 #endif

@@ -27,7 +27,7 @@ void ck_cpu_clear_error(void);
 extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
 /* The ops with a kernel for bf16 storage (every tensor bf16, arithmetic in
  * fp32): the activations, softmax, the broadcasting add/sub/mul, scale, fill
- * and the copies, as on the GPU (ck_cuda_bf16_op). */
+ * and the copies, as on the GPU (ck_cuda_bf16_op), which has attention too. */
 extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
 
 /* matmul.c */

@@ -16,7 +16,25 @@
  * element is owned by one thread and summed in one order.
  *
  * Larger head dims: the scores of a few heads at a time are materialized in the
- * workspace and the products go through cuBLAS, as ops/cpu/attention.c does. */
+ * workspace and the products go through cuBLAS, as ops/cpu/attention.c does.
+ *
+ * bf16 storage (ck_cuda_attention_bf16, ck_cuda_attention_bwd_bf16; head dims
+ * up to 256): the same three steps, FlashAttention-2 style on tensor cores
+ * (nvcuda::wmma, 16x16x16 bf16 tiles, fp32 accumulation). A warp owns 16 query
+ * rows (16 key rows for dk/dv); tiles of the other side pass through shared
+ * memory; the scores and P (rounded to bf16 for the P v and dS k products) live
+ * in shared memory a tile at a time; the softmax, lse, delta and the output's
+ * rescaling are fp32. The backward is deterministic like the fp32 one: dq per
+ * query tile, dk and dv per key tile, tiles in order, no atomics. The kernels
+ * are templates on the 16-bit type, bf16 or fp16; only bf16 is instantiated,
+ * since fp16 storage is planned but never run (no fp16 kernel table).
+ *
+ * Unverified: these tensor-core kernels have been compiled for sm_90 and run
+ * only on the CPU emulator (tests/cuda_emu/mma_emu.h, which holds a whole tile
+ * in every lane), never on a GPU. Their speed is unmeasured, the per-lane
+ * layout of a fragment is never relied on (row-wise work goes through shared
+ * memory), and the emulator cannot show bank conflicts, register spills (head
+ * dims above 128 spill under ptxas) or the hardware's summation order. */
 #include "common.cuh"
 
 #ifndef CK_CUDA_EMU

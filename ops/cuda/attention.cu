@@ -469,10 +469,34 @@ __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return
 template <>
 __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
 
-/* Rows [r0, r0 + R) of a (L, HD) head view into an R x DP tile s, zero past L and D. */
-template <typename T, int R, int DP>
-__device__ __forceinline__ void tile_load(T *s, const T *base, int64_t r0, int64_t L, int64_t HD, int D)
+/* eight 16-bit values: one 16-byte load */
+struct __align__(16) vec8 {
+    uint32_t w[4];
+};
+
+/* Whether tile_load may move 8 values at a time: the head's columns come in
+ * whole groups of 8 and every row of the view starts 16-byte aligned. */
+template <typename T>
+static bool vec8_ok(const T *base, int64_t HD, int64_t D)
 {
+    return D % 8 == 0 && HD % 8 == 0 && (uintptr_t)base % 16 == 0;
+}
+
+/* Rows [r0, r0 + R) of a (L, HD) head view into an R x DP tile s, zero past L
+ * and D; vec: in 16-byte pieces (vec8_ok). */
+template <typename T, int R, int DP>
+__device__ __forceinline__ void tile_load(T *s, const T *base, int64_t r0, int64_t L, int64_t HD, int D, bool vec)
+{
+    if (vec) {
+        for (int idx = threadIdx.x; idx < R * DP / 8; idx += blockDim.x) {
+            const int rr = idx / (DP / 8), d = idx % (DP / 8) * 8;
+            const int64_t r = r0 + rr;
+            vec8 x = {{0u, 0u, 0u, 0u}}; /* +0.0 in bf16 and fp16 */
+            if (r < L && d < D) x = *(const vec8 *)(base + r * HD + d);
+            *(vec8 *)(s + rr * DP + d) = x;
+        }
+        return;
+    }
     const T z = from_f<T>(0.0f);
     for (int idx = threadIdx.x; idx < R * DP; idx += blockDim.x) {
         const int rr = idx / DP, d = idx % DP;
@@ -565,7 +589,7 @@ __device__ __forceinline__ void store_rows(T *base, const frag_c *acc, float *sc
 template <typename T, int DP, bool STATS>
 __global__ void __launch_bounds__(32 * WARPS) tc_fwd(T *o, const T *q, const T *k, const T *v, const T *dout,
                                                       float *lse, float *delta, int64_t LQ, int64_t LK, int64_t H,
-                                                      int D, int64_t HD, float scale, int64_t pair0)
+                                                      int D, int64_t HD, float scale, int64_t pair0, bool vec)
 {
     constexpr int N = ktile<DP>();
     constexpr int MAIN = 2 * N * DP * (int)sizeof(T) + WARPS * 16 * N * (4 + (int)sizeof(T));
@@ -582,7 +606,7 @@ __global__ void __launch_bounds__(32 * WARPS) tc_fwd(T *o, const T *q, const T *
 
     frag_a<T> qa[DP / 16];
     frag_c acc[DP / 16];
-    tile_load<T, TROWS, DP>((T *)sm, q + qoff, (int64_t)blockIdx.x * TROWS, LQ, HD, D);
+    tile_load<T, TROWS, DP>((T *)sm, q + qoff, (int64_t)blockIdx.x * TROWS, LQ, HD, D, vec);
     __syncthreads();
     rows_to_frags<T, DP>(qa, (const T *)sm, w);
     __syncthreads();
@@ -591,8 +615,8 @@ __global__ void __launch_bounds__(32 * WARPS) tc_fwd(T *o, const T *q, const T *
 
     float m = -INFINITY, l = 0.0f;
     for (int64_t k0 = 0; k0 < LK; k0 += N) {
-        tile_load<T, N, DP>(Ks, k + koff, k0, LK, HD, D);
-        tile_load<T, N, DP>(Vs, v + koff, k0, LK, HD, D);
+        tile_load<T, N, DP>(Ks, k + koff, k0, LK, HD, D, vec);
+        tile_load<T, N, DP>(Vs, v + koff, k0, LK, HD, D, vec);
         __syncthreads();
         mul_abt<T, DP, N>(S, qa, Ks);
         __syncwarp();
@@ -617,9 +641,12 @@ __global__ void __launch_bounds__(32 * WARPS) tc_fwd(T *o, const T *q, const T *
         m = mnew;
         if (!half) rowf[w][r] = corr;
         __syncwarp();
-        /* S is free now: its first 256 floats are the rescaling scratch */
+        /* S is free now: its first 256 floats are the rescaling scratch; a
+         * factor of 1 everywhere in the warp (no row's max moved) changes nothing */
+        if (ck_warp_max(corr != 1.0f ? 1.0f : 0.0f) != 0.0f) {
 #pragma unroll
-        for (int d = 0; d < DP / 16; d++) scale_rows(acc[d], S, rowf[w]);
+            for (int d = 0; d < DP / 16; d++) scale_rows(acc[d], S, rowf[w]);
+        }
         mul_ab<T, DP, N>(acc, P, Vs);
         __syncthreads();
     }
@@ -655,7 +682,7 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(32 * WARPS) tc_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const T *v,
                                                          const float *lse, const float *delta, int64_t LQ,
                                                          int64_t LK, int64_t H, int D, int64_t HD, float scale,
-                                                         int64_t pair0)
+                                                         int64_t pair0, bool vec)
 {
     constexpr int N = btile<DP>();
     constexpr int MAIN = 2 * N * DP * (int)sizeof(T) + WARPS * 16 * N * (8 + (int)sizeof(T));
@@ -673,11 +700,11 @@ __global__ void __launch_bounds__(32 * WARPS) tc_bwd_dq(T *dq, const T *dout, co
 
     frag_a<T> qa[DP / 16], oa[DP / 16];
     frag_c acc[DP / 16];
-    tile_load<T, TROWS, DP>((T *)sm, q + qoff, (int64_t)blockIdx.x * TROWS, LQ, HD, D);
+    tile_load<T, TROWS, DP>((T *)sm, q + qoff, (int64_t)blockIdx.x * TROWS, LQ, HD, D, vec);
     __syncthreads();
     rows_to_frags<T, DP>(qa, (const T *)sm, w);
     __syncthreads();
-    tile_load<T, TROWS, DP>((T *)sm, dout + qoff, (int64_t)blockIdx.x * TROWS, LQ, HD, D);
+    tile_load<T, TROWS, DP>((T *)sm, dout + qoff, (int64_t)blockIdx.x * TROWS, LQ, HD, D, vec);
     __syncthreads();
     rows_to_frags<T, DP>(oa, (const T *)sm, w);
     __syncthreads();
@@ -686,8 +713,8 @@ __global__ void __launch_bounds__(32 * WARPS) tc_bwd_dq(T *dq, const T *dout, co
     const float li = i < LQ ? lse[blockIdx.y * LQ + i] : 0.0f, di = i < LQ ? delta[blockIdx.y * LQ + i] : 0.0f;
 
     for (int64_t k0 = 0; k0 < LK; k0 += N) {
-        tile_load<T, N, DP>(Ks, k + koff, k0, LK, HD, D);
-        tile_load<T, N, DP>(Vs, v + koff, k0, LK, HD, D);
+        tile_load<T, N, DP>(Ks, k + koff, k0, LK, HD, D, vec);
+        tile_load<T, N, DP>(Vs, v + koff, k0, LK, HD, D, vec);
         __syncthreads();
         mul_abt<T, DP, N>(S, qa, Ks);
         mul_abt<T, DP, N>(dP, oa, Vs);
@@ -713,7 +740,7 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(32 * WARPS) tc_bwd_dkdv(T *dk, T *dv, const T *dout, const T *q, const T *k,
                                                            const T *v, const float *lse, const float *delta,
                                                            int64_t LQ, int64_t LK, int64_t H, int D, int64_t HD,
-                                                           float scale, int64_t pair0)
+                                                           float scale, int64_t pair0, bool vec)
 {
     constexpr int N = btile<DP>();
     constexpr int MAIN = 2 * N * DP * (int)sizeof(T) + WARPS * 16 * N * (8 + (int)sizeof(T));
@@ -731,11 +758,11 @@ __global__ void __launch_bounds__(32 * WARPS) tc_bwd_dkdv(T *dk, T *dv, const T 
 
     frag_a<T> ka[DP / 16], va[DP / 16];
     frag_c dka[DP / 16], dva[DP / 16];
-    tile_load<T, TROWS, DP>((T *)sm, k + koff, (int64_t)blockIdx.x * TROWS, LK, HD, D);
+    tile_load<T, TROWS, DP>((T *)sm, k + koff, (int64_t)blockIdx.x * TROWS, LK, HD, D, vec);
     __syncthreads();
     rows_to_frags<T, DP>(ka, (const T *)sm, w);
     __syncthreads();
-    tile_load<T, TROWS, DP>((T *)sm, v + koff, (int64_t)blockIdx.x * TROWS, LK, HD, D);
+    tile_load<T, TROWS, DP>((T *)sm, v + koff, (int64_t)blockIdx.x * TROWS, LK, HD, D, vec);
     __syncthreads();
     rows_to_frags<T, DP>(va, (const T *)sm, w);
     __syncthreads();
@@ -746,8 +773,8 @@ __global__ void __launch_bounds__(32 * WARPS) tc_bwd_dkdv(T *dk, T *dv, const T 
     }
 
     for (int64_t q0 = 0; q0 < LQ; q0 += N) {
-        tile_load<T, N, DP>(Qs, q + qoff, q0, LQ, HD, D);
-        tile_load<T, N, DP>(Os, dout + qoff, q0, LQ, HD, D);
+        tile_load<T, N, DP>(Qs, q + qoff, q0, LQ, HD, D, vec);
+        tile_load<T, N, DP>(Os, dout + qoff, q0, LQ, HD, D, vec);
         for (int t = threadIdx.x; t < N; t += blockDim.x) {
             const int64_t i = q0 + t;
             Ls[t] = i < LQ ? lse[blockIdx.y * LQ + i] : 0.0f;
@@ -782,11 +809,12 @@ template <typename T, int DP>
 static void tc_forward(ck_cuda_ctx *c, const att_geom *g, T *o, const T *q, const T *k, const T *v)
 {
     const int64_t pairs = g->B * g->H;
+    const bool vec = vec8_ok(q, g->HD, g->D) && vec8_ok(k, g->HD, g->D) && vec8_ok(v, g->HD, g->D);
     for (int64_t p0 = 0; p0 < pairs; p0 += 65535) {
         const int64_t np = pairs - p0 < 65535 ? pairs - p0 : 65535;
         ck_launch(tc_fwd<T, DP, false>, dim3((unsigned)((g->LQ + TROWS - 1) / TROWS), (unsigned)np), 32 * WARPS,
                   c->stream, o, q, k, v, (const T *)NULL, (float *)NULL, (float *)NULL, g->LQ, g->LK, g->H, (int)g->D,
-                  g->HD, g->scale, p0);
+                  g->HD, g->scale, p0, vec);
     }
 }
 
@@ -798,16 +826,20 @@ static void tc_backward(ck_cuda_ctx *c, const att_geom *g, T *dq, T *dk, T *dv, 
     const int64_t pairs = g->B * g->H;
     float *lse = ws, *delta = ws + chunk * g->LQ;
     const unsigned qblocks = (unsigned)((g->LQ + TROWS - 1) / TROWS), kblocks = (unsigned)((g->LK + TROWS - 1) / TROWS);
+    const bool vec = vec8_ok(q, g->HD, g->D) && vec8_ok(k, g->HD, g->D) && vec8_ok(v, g->HD, g->D) &&
+                     vec8_ok(dout, g->HD, g->D);
     for (int64_t p0 = 0; p0 < pairs; p0 += chunk) {
         const unsigned np = (unsigned)(pairs - p0 < chunk ? pairs - p0 : chunk);
         ck_launch(tc_fwd<T, DP, true>, dim3(qblocks, np), 32 * WARPS, c->stream, (T *)NULL, q, k, v, dout, lse, delta,
-                  g->LQ, g->LK, g->H, (int)g->D, g->HD, g->scale, p0);
+                  g->LQ, g->LK, g->H, (int)g->D, g->HD, g->scale, p0, vec);
         if (dq)
             ck_launch(tc_bwd_dq<T, DP>, dim3(qblocks, np), 32 * WARPS, c->stream, dq, dout, q, k, v,
-                      (const float *)lse, (const float *)delta, g->LQ, g->LK, g->H, (int)g->D, g->HD, g->scale, p0);
+                      (const float *)lse, (const float *)delta, g->LQ, g->LK, g->H, (int)g->D, g->HD, g->scale, p0,
+                      vec);
         if (dk || dv)
             ck_launch(tc_bwd_dkdv<T, DP>, dim3(kblocks, np), 32 * WARPS, c->stream, dk, dv, dout, q, k, v,
-                      (const float *)lse, (const float *)delta, g->LQ, g->LK, g->H, (int)g->D, g->HD, g->scale, p0);
+                      (const float *)lse, (const float *)delta, g->LQ, g->LK, g->H, (int)g->D, g->HD, g->scale, p0,
+                      vec);
     }
 }
 

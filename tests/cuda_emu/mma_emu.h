@@ -158,13 +158,30 @@ static inline void store_matrix_sync(T *p, const fragment<accumulator, M, N, K, 
         }
 }
 
-/* d = a b + c, products and sums in fp32 */
+/* d = a b + c, products and sums in fp32. The lanes of a warp run one after
+ * another with the same tiles, so the last product is kept and reused when
+ * the next call's tiles are bitwise the same (the warp's other lanes): the
+ * same result, computed once instead of 32 times. */
 template <int M, int N, int K, typename TA, typename LA, typename LB, typename TC>
 static inline void mma_sync(fragment<accumulator, M, N, K, TC, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
                             const fragment<matrix_b, M, N, K, TA, LB> &b,
                             const fragment<accumulator, M, N, K, TC, void> &c)
 {
     __syncwarp();
+    struct last_t {
+        bool valid;
+        TA a[M * K], b[K * N];
+        TC c[M * N], d[M * N];
+    };
+    static thread_local last_t last;
+    if (last.valid && !memcmp(last.a, a.x, sizeof last.a) && !memcmp(last.b, b.x, sizeof last.b) &&
+        !memcmp(last.c, c.x, sizeof last.c)) {
+        memcpy(d.x, last.d, sizeof last.d);
+        return;
+    }
+    memcpy(last.a, a.x, sizeof last.a);
+    memcpy(last.b, b.x, sizeof last.b);
+    memcpy(last.c, c.x, sizeof last.c);
     float af[M * K], bf[K * N];
     for (int i = 0; i < M * K; i++) af[i] = ck_emu_f(a.x[i]);
     for (int i = 0; i < K * N; i++) bf[i] = ck_emu_f(b.x[i]);
@@ -175,8 +192,9 @@ static inline void mma_sync(fragment<accumulator, M, N, K, TC, void> &d, const f
             const float av = af[r * K + k];
             for (int j = 0; j < N; j++) acc[j] += av * bf[k * N + j];
         }
-        for (int j = 0; j < N; j++) d.x[r * N + j] = ck_emu_to<TC>(acc[j]);
+        for (int j = 0; j < N; j++) d.x[r * N + j] = last.d[r * N + j] = ck_emu_to<TC>(acc[j]);
     }
+    last.valid = true;
 }
 
 } // namespace wmma

@@ -441,6 +441,10 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_attention_bwd)
 #define WARPS 4
 #define TROWS (16 * WARPS)
 
+/* Rows of the streamed side per tile, so that a block's shared memory (the two
+ * tiles, and per warp the fp32 scores and their 16-bit copy; the backward a
+ * second fp32 tile) stays within the 48 KiB a kernel may declare statically:
+ * 41 KiB at most (the forward at DP 64). */
 template <int DP>
 __host__ __device__ constexpr int ktile() { return DP == 64 ? 64 : DP == 128 ? 32 : 16; }
 template <int DP>

@@ -5,14 +5,22 @@
  * row-major order for every use and layout). A kernel is correct on a GPU only
  * if it treats x[] alike for every element or goes through memory with
  * load_matrix_sync / store_matrix_sync, and the emulator cannot tell it
- * otherwise. The *_sync calls wait for the warp's lanes, as documented, so
- * memory written before them by other lanes is seen.
+ * otherwise.
+ *
+ * The *_sync calls do not wait for the warp's other lanes here (each wait
+ * would switch every lane's fiber, which dominates the emulator's time). The
+ * guide promises no memory ordering from that wait, so a kernel must
+ * __syncwarp between one lane's writes and another lane's reads anyway; a
+ * kernel that does not is caught here when it loads a tile other lanes are
+ * still to write (every lane reads the whole tile at once).
  *
  * mma_sync multiplies exactly (products of 16-bit values are exact in fp32)
  * and accumulates in fp32 in k order; the hardware's accumulation order is
  * not documented, so sums may differ from a GPU's in the last bits. */
 #ifndef CK_MMA_EMU_H
 #define CK_MMA_EMU_H
+
+#include <stdlib.h>
 
 /* a type's alignment (wmma tiles in shared memory are 256-bit aligned) */
 #define __align__(n) alignas(n)
@@ -127,14 +135,12 @@ static inline T ck_emu_at(const T *p, unsigned ldm, int r, int c, bool col)
 template <typename Use, int M, int N, int K, typename T>
 static inline void load_matrix_sync(fragment<Use, M, N, K, T, row_major> &f, const T *p, unsigned ldm)
 {
-    __syncwarp();
     for (int r = 0; r < f.rows; r++)
         for (int c = 0; c < f.cols; c++) f.x[r * f.cols + c] = ck_emu_at(p, ldm, r, c, false);
 }
 template <typename Use, int M, int N, int K, typename T>
 static inline void load_matrix_sync(fragment<Use, M, N, K, T, col_major> &f, const T *p, unsigned ldm)
 {
-    __syncwarp();
     for (int r = 0; r < f.rows; r++)
         for (int c = 0; c < f.cols; c++) f.x[r * f.cols + c] = ck_emu_at(p, ldm, r, c, true);
 }
@@ -143,14 +149,12 @@ static inline void load_matrix_sync(fragment<Use, M, N, K, T, col_major> &f, con
 template <int M, int N, int K, typename T>
 static inline void load_matrix_sync(fragment<accumulator, M, N, K, T, void> &f, const T *p, unsigned ldm, layout_t l)
 {
-    __syncwarp();
     for (int r = 0; r < f.rows; r++)
         for (int c = 0; c < f.cols; c++) f.x[r * f.cols + c] = ck_emu_at(p, ldm, r, c, l == mem_col_major);
 }
 template <int M, int N, int K, typename T>
 static inline void store_matrix_sync(T *p, const fragment<accumulator, M, N, K, T, void> &f, unsigned ldm, layout_t l)
 {
-    __syncwarp();
     for (int r = 0; r < f.rows; r++)
         for (int c = 0; c < f.cols; c++) {
             T *d = l == mem_col_major ? p + (size_t)c * ldm + r : p + (size_t)r * ldm + c;
@@ -158,30 +162,47 @@ static inline void store_matrix_sync(T *p, const fragment<accumulator, M, N, K, 
         }
 }
 
-/* d = a b + c, products and sums in fp32. The lanes of a warp run one after
- * another with the same tiles, so the last product is kept and reused when
- * the next call's tiles are bitwise the same (the warp's other lanes): the
- * same result, computed once instead of 32 times. */
+/* d = a b + c, products and sums in fp32. Every lane of a warp makes the same
+ * calls with the same tiles, one lane after another, so products are kept in
+ * a small table keyed by a hash of their tiles and reused when a call's tiles
+ * are bitwise those of a kept one: the same result, computed once a warp
+ * instead of 32 times. */
+static inline uint64_t ck_emu_hash(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
 template <int M, int N, int K, typename TA, typename LA, typename LB, typename TC>
 static inline void mma_sync(fragment<accumulator, M, N, K, TC, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
                             const fragment<matrix_b, M, N, K, TA, LB> &b,
                             const fragment<accumulator, M, N, K, TC, void> &c)
 {
-    __syncwarp();
-    struct last_t {
+    struct kept_t {
         bool valid;
         TA a[M * K], b[K * N];
         TC c[M * N], d[M * N];
     };
-    static thread_local last_t last;
-    if (last.valid && !memcmp(last.a, a.x, sizeof last.a) && !memcmp(last.b, b.x, sizeof last.b) &&
-        !memcmp(last.c, c.x, sizeof last.c)) {
-        memcpy(d.x, last.d, sizeof last.d);
+    enum { KEPT = 1024 }; /* far more than a warp's calls between two waits, so that few collide */
+    static thread_local kept_t *kept;
+    if (!kept && !(kept = (kept_t *)calloc(KEPT, sizeof *kept))) abort();
+    uint64_t h = ck_emu_hash(0xcbf29ce484222325ull, b.x, sizeof b.x);
+    h = ck_emu_hash(h, a.x, sizeof a.x);
+    h = ck_emu_hash(h, c.x, sizeof c.x);
+    kept_t &e = kept[h % KEPT];
+    if (e.valid && !memcmp(e.b, b.x, sizeof e.b) && !memcmp(e.a, a.x, sizeof e.a) && !memcmp(e.c, c.x, sizeof e.c)) {
+        memcpy(d.x, e.d, sizeof e.d);
         return;
     }
-    memcpy(last.a, a.x, sizeof last.a);
-    memcpy(last.b, b.x, sizeof last.b);
-    memcpy(last.c, c.x, sizeof last.c);
+    memcpy(e.a, a.x, sizeof e.a);
+    memcpy(e.b, b.x, sizeof e.b);
+    memcpy(e.c, c.x, sizeof e.c);
     float af[M * K], bf[K * N];
     for (int i = 0; i < M * K; i++) af[i] = ck_emu_f(a.x[i]);
     for (int i = 0; i < K * N; i++) bf[i] = ck_emu_f(b.x[i]);
@@ -192,9 +213,9 @@ static inline void mma_sync(fragment<accumulator, M, N, K, TC, void> &d, const f
             const float av = af[r * K + k];
             for (int j = 0; j < N; j++) acc[j] += av * bf[k * N + j];
         }
-        for (int j = 0; j < N; j++) d.x[r * N + j] = last.d[r * N + j] = ck_emu_to<TC>(acc[j]);
+        for (int j = 0; j < N; j++) d.x[r * N + j] = e.d[r * N + j] = ck_emu_to<TC>(acc[j]);
     }
-    last.valid = true;
+    e.valid = true;
 }
 
 } // namespace wmma

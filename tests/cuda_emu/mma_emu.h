@@ -4,8 +4,8 @@
  * mapping is unspecified, so here every lane holds the whole tile (x[] in
  * row-major order for every use and layout). A kernel is correct on a GPU only
  * if it treats x[] alike for every element or goes through memory with
- * load_matrix_sync / store_matrix_sync, and the emulator cannot tell it
- * otherwise.
+ * load_matrix_sync / store_matrix_sync; the emulator cannot catch a kernel
+ * that does otherwise.
  *
  * The *_sync calls do not wait for the warp's other lanes here (each wait
  * would switch every lane's fiber, which dominates the emulator's time). The

@@ -1,7 +1,9 @@
 /* Times the UNet's heaviest ops on the CUDA backend at two scales: sdxl-tiny
  * with 64x64 latents and full SDXL at 1024x1024 (128x128 latents), batch 1,
- * fp32, deterministic algorithms (the defaults). One JSON object per line on
- * stdout, which bench/cuda_ops_torch.py reads to time the same ops in PyTorch:
+ * fp32, deterministic algorithms (the defaults), and attention again with
+ * bf16 storage (the tensor-core kernels) at SDXL's two self-attention sizes.
+ * One JSON object per line on stdout, which bench/cuda_ops_torch.py reads to
+ * time the same ops in PyTorch:
  *
  *   build/bench_cuda_ops [--reps N] [--only tiny|full] > out/cuda_ops.jsonl
  *
@@ -28,6 +30,7 @@ typedef struct bcase {
     ck_shape preset[CK_MAX_OUT];
     int mem; /* memory-bound: report bytes and GB/s */
     unsigned alias; /* bit k: output k updates an input in place (AdamW: param, m, v are inputs 0, 2, 3) */
+    int bf16; /* every tensor in bf16 storage (ck_cuda_kernels_bf16) */
 } bcase;
 
 #define SH(...) {sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}}
@@ -49,6 +52,12 @@ typedef struct bcase {
     {scale, label, CK_OP_ATTENTION, {.i = {H}}, 3, .in = {SH(1, LQ, HD), SH(1, LK, HD), SH(1, LK, HD)}},             \
         {scale, label, CK_OP_ATTENTION_BWD, {.i = {H}}, 4,                                                           \
          .in = {SH(1, LQ, HD), SH(1, LQ, HD), SH(1, LK, HD), SH(1, LK, HD)}}
+
+/* the same with every tensor in bf16 */
+#define ATTN_BF16(scale, label, LQ, LK, HD, H)                                                                       \
+    {scale, label, CK_OP_ATTENTION, {.i = {H}}, 3, .in = {SH(1, LQ, HD), SH(1, LK, HD), SH(1, LK, HD)}, .bf16 = 1},  \
+        {scale, label, CK_OP_ATTENTION_BWD, {.i = {H}}, 4,                                                           \
+         .in = {SH(1, LQ, HD), SH(1, LQ, HD), SH(1, LK, HD), SH(1, LK, HD)}, .bf16 = 1}
 
 /* The shapes of one resnet (GroupNorm, SiLU, 3x3 conv) and one transformer block
  * (LayerNorm, self and cross attention, projections, GEGLU feed-forward) at the
@@ -97,6 +106,8 @@ static const bcase cases[] = {
     ATTN("full", "self attention L4096 10x64", 4096, 4096, 640, 10),
     ATTN("full", "cross attention L4096x77 10x64", 4096, 77, 640, 10),
     ATTN("full", "self attention L1024 20x64", 1024, 1024, 1280, 20),
+    ATTN_BF16("full", "self attention L4096 10x64 bf16", 4096, 4096, 640, 10),
+    ATTN_BF16("full", "self attention L1024 20x64 bf16", 1024, 1024, 1280, 20),
     {"full", "to_q 4096x640 -> 640", CK_OP_LINEAR, NOP, 2, .in = {SH(1, 4096, 640), SH(640, 640)}},
     {"full", "to_k 77x2048 -> 640", CK_OP_LINEAR, NOP, 2, .in = {SH(1, 77, 2048), SH(640, 2048)}},
     {"full", "ff proj 4096x640 -> 5120", CK_OP_LINEAR, NOP, 3, .in = {SH(1, 4096, 640), SH(5120, 640), SH(5120)}},
@@ -112,6 +123,14 @@ static const bcase cases[] = {
      .mem = 1, .alias = 7},
 };
 
+
+/* round to nearest even, as the backend's conversion does */
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 static double now(void)
 {
@@ -166,43 +185,47 @@ int main(int argc, char **argv)
         ck_view vin[CK_MAX_IN], vout[CK_MAX_OUT];
         memset(vin, 0, sizeof vin);
         memset(vout, 0, sizeof vout);
+        const size_t es = b->bf16 ? 2 : 4;
         for (int j = 0; j < b->nin; j++) {
             const int64_t n = ck_shape_numel(&b->in[j]);
             float *h = malloc(sizeof(float) * (size_t)n);
+            uint16_t *h16 = malloc(sizeof(uint16_t) * (size_t)n);
             uint64_t s = 0x9E3779B97F4A7C15ull + (uint64_t)j;
             for (int64_t e = 0; e < n; e++) {
                 s ^= s << 13, s ^= s >> 7, s ^= s << 17;
                 h[e] = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+                h16[e] = to_bf16(h[e]);
             }
-            vin[j].data = ck_cuda_alloc(sizeof(float) * (size_t)n);
-            ck_cuda_upload(vin[j].data, h, sizeof(float) * (size_t)n);
-            free(h);
+            vin[j].data = ck_cuda_alloc(es * (size_t)n);
+            ck_cuda_upload(vin[j].data, b->bf16 ? (const void *)h16 : (const void *)h, es * (size_t)n);
+            free(h), free(h16);
             vin[j].ndim = b->in[j].ndim;
             memcpy(vin[j].shape, b->in[j].d, sizeof b->in[j].d);
         }
         /* in-place updates (the optimizers): output k is input 0, 2, 3 (param, m, v) */
         static const int adamw_in[CK_MAX_OUT] = {0, 2, 3};
         size_t bytes = 0;
-        for (int j = 0; j < b->nin; j++) bytes += sizeof(float) * (size_t)ck_shape_numel(&b->in[j]);
+        for (int j = 0; j < b->nin; j++) bytes += es * (size_t)ck_shape_numel(&b->in[j]);
         for (int k = 0; k < nout; k++) {
             vout[k].ndim = out[k].ndim;
             memcpy(vout[k].shape, out[k].d, sizeof out[k].d);
-            bytes += sizeof(float) * (size_t)ck_shape_numel(&out[k]);
+            bytes += es * (size_t)ck_shape_numel(&out[k]);
             vout[k].data = b->alias >> k & 1 ? vin[adamw_in[k]].data
-                                             : ck_cuda_alloc(sizeof(float) * (size_t)ck_shape_numel(&out[k]));
+                                             : ck_cuda_alloc(es * (size_t)ck_shape_numel(&out[k]));
         }
         const size_t ws = ck_cuda_workspace(b->op, &b->p, b->in, b->nin, out, 0);
         ck_kctx kctx = {1, 1, 1e-4f, ws ? ck_cuda_alloc(ws) : NULL, ws, 1, 0};
+        const ck_kernel_fn run = (b->bf16 ? ck_cuda_kernels_bf16 : ck_cuda_kernels)[b->op];
         double ms = -1;
-        for (int r = 0; r < 2; r++) ck_cuda_kernels[b->op](&kctx, &b->p, vout, nout, vin, b->nin);
+        for (int r = 0; r < 2; r++) run(&kctx, &b->p, vout, nout, vin, b->nin);
         if (!ck_cuda_failed() && !ck_cuda_sync()) {
             const double t0 = now();
-            for (int r = 0; r < reps; r++) ck_cuda_kernels[b->op](&kctx, &b->p, vout, nout, vin, b->nin);
+            for (int r = 0; r < reps; r++) run(&kctx, &b->p, vout, nout, vin, b->nin);
             if (!ck_cuda_sync()) ms = (now() - t0) * 1e3 / reps;
         }
         const double flops = ck_op_flops(b->op, &b->p, b->in, b->nin, out);
-        printf("{\"scale\": \"%s\", \"label\": \"%s\", \"op\": \"%s\", \"i\": [", b->scale, b->label,
-               ck_op_name(b->op));
+        printf("{\"scale\": \"%s\", \"label\": \"%s\", \"op\": \"%s\", \"dtype\": \"%s\", \"i\": [", b->scale,
+               b->label, ck_op_name(b->op), b->bf16 ? "bf16" : "fp32");
         for (int k = 0; k < 8; k++) printf(k ? ", %lld" : "%lld", (long long)b->p.i[k]);
         printf("], \"f\": [%g, %g, %g, %g], \"in\": [", b->p.f[0], b->p.f[1], b->p.f[2], b->p.f[3]);
         for (int j = 0; j < b->nin; j++) {

@@ -5,7 +5,8 @@ on the same shapes, in PyTorch on the same GPU, and prints one markdown table.
   python3 bench/cuda_ops_torch.py out/cuda_ops.jsonl
 
 PyTorch runs fp32 with TF32 off and cuDNN's deterministic algorithms (ckrun's
-defaults). Times are CUDA-event medians of --reps runs after two warm-ups. A
+defaults); records with "dtype": "bf16" (attention with bf16 storage) run in
+bf16, where scaled_dot_product_attention picks its flash-attention kernels. Times are CUDA-event medians of --reps runs after two warm-ups. A
 backward is timed as PyTorch's own backward kernel where aten has one that takes
 the forward's saved statistics (group/layer norm: ckrun recomputes them, which
 the ratio includes); attention's backward is autograd's forward + backward
@@ -38,17 +39,22 @@ def timed(fn, reps):
     return statistics.median(times)
 
 
-def rand(shape):
-    return torch.rand(*shape, device="cuda") * 2 - 1
+def rand(shape, dtype=torch.float32):
+    return (torch.rand(*shape, device="cuda") * 2 - 1).to(dtype)
+
+
+def dtype_of(rec):
+    return torch.bfloat16 if rec.get("dtype") == "bf16" else torch.float32
 
 
 def attention_inputs(rec):
     (q, k, v), heads = rec["in"][-3:], rec["i"][0]
     B, LQ, HD = q
     LK, D = k[1], HD // heads
-    tq = rand(q).view(B, LQ, heads, D).transpose(1, 2)
-    tk = rand(k).view(B, LK, heads, D).transpose(1, 2)
-    tv = rand(v).view(B, LK, heads, D).transpose(1, 2)
+    dt = dtype_of(rec)
+    tq = rand(q, dt).view(B, LQ, heads, D).transpose(1, 2)
+    tk = rand(k, dt).view(B, LK, heads, D).transpose(1, 2)
+    tv = rand(v, dt).view(B, LK, heads, D).transpose(1, 2)
     return tq, tk, tv
 
 
@@ -123,7 +129,7 @@ def torch_fn(rec):
         return lambda: F.scaled_dot_product_attention(q, k, v, scale=scale)
     if op == "attention_bwd":
         q, k, v = (t.detach().requires_grad_() for t in attention_inputs(rec))
-        dout = rand(rec["in"][0]).view(q.shape[0], q.shape[2], q.shape[1], q.shape[3]).transpose(1, 2)
+        dout = rand(rec["in"][0], dtype_of(rec)).view(q.shape[0], q.shape[2], q.shape[1], q.shape[3]).transpose(1, 2)
         scale = f[0] or None
 
         def fwd_bwd():
@@ -174,10 +180,11 @@ def main():
     src = sys.stdin if args.jsonl == "-" else open(args.jsonl)
     recs = [json.loads(line) for line in src if line.strip()]
 
-    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}, fp32, TF32 off, cuDNN deterministic")
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}, fp32 (bf16 where the op says so), "
+          "TF32 off, cuDNN deterministic")
     print()
-    print("| scale | op | shapes | ckrun ms | PyTorch ms | ckrun / PyTorch | ckrun TFLOP/s | MB moved | ckrun GB/s | PyTorch GB/s |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| scale | op | shapes | ckrun ms | PyTorch ms | ckrun / PyTorch | ckrun TFLOP/s | PyTorch TFLOP/s | MB moved | ckrun GB/s | PyTorch GB/s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     tot = {}
     for rec in recs:
         ms = rec["ms"]
@@ -192,6 +199,8 @@ def main():
             del fn
             torch.cuda.empty_cache()
         tf = rec["flops"] / (ms * 1e9) if ms > 0 else float("nan")
+        ttf = f"{rec['flops'] / (tms * 1e9):.1f}" if tms else "-"
+        op = rec["op"] + (" (bf16)" if rec.get("dtype") == "bf16" else "")
         ratio = f"{ms / tms:.2f}" if tms and ms > 0 else "-"
         cell = f"{ms:.3f}" if ms >= 0 else "FAILED: " + rec.get("error", "")
         tcell = f"{tms:.3f}" if tms is not None else "-"
@@ -200,8 +209,8 @@ def main():
             mb = f"{rec['bytes'] / 1e6:.1f}"
             gb = f"{rec['bytes'] / (ms * 1e6):.0f}" if ms > 0 else "-"
             tgb = f"{rec['bytes'] / (tms * 1e6):.0f}" if tms else "-"
-        print(f"| {rec['scale']} | {rec['op']} | {rec['label']} | {cell} | {tcell} | {ratio} | {tf:.1f} | {mb} | {gb} | {tgb} |")
-        if ms > 0 and tms:
+        print(f"| {rec['scale']} | {op} | {rec['label']} | {cell} | {tcell} | {ratio} | {tf:.1f} | {ttf} | {mb} | {gb} | {tgb} |")
+        if ms > 0 and tms and rec.get("dtype", "fp32") == "fp32":
             t = tot.setdefault(rec["scale"], [0.0, 0.0])
             t[0] += ms
             t[1] += tms
@@ -209,7 +218,7 @@ def main():
     print("GB/s: the bytes of the MB column over each side's time; the H200's memory moves at most 4800 GB/s.")
     print()
     for scale, (a, b) in tot.items():
-        print(f"{scale}: the ops above take {a:.2f} ms in ckrun, {b:.2f} ms in PyTorch ({a / b:.2f}x)")
+        print(f"{scale}: the fp32 ops above take {a:.2f} ms in ckrun, {b:.2f} ms in PyTorch ({a / b:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -636,9 +636,12 @@ size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in,
  * CONV_WS_CAP (and at least one column): cuDNN's implicit-GEMM algorithms,
  * which the deterministic choice prefers, need far less, and our im2col path
  * runs in as many column chunks as the workspace needs; fused attention (head
- * size up to 128) no workspace forward and row statistics of every head
- * backward; wider heads score matrices of as many heads as fit in 64 MiB, at
- * least one. */
+ * size up to 128, fp32 and bf16 alike) no workspace forward and row statistics
+ * (lse and delta, 2 LQ floats) of every head backward; wider heads score
+ * matrices of as many heads as fit in 64 MiB, at least one. The rule sees no
+ * dtypes: with bf16 storage, heads of 129 to 256 run the tensor-core kernels,
+ * which use only the row statistics of that workspace, so there the plan
+ * holds more than the kernel touches (SDXL's heads are 64). */
 #define CONV_WS_CAP ((size_t)32 << 20)
 
 size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,

@@ -28,7 +28,8 @@ extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
 /* The ops with a kernel for bf16 storage (every tensor bf16, arithmetic in
  * fp32): the activations, softmax, the broadcasting add/sub/mul, scale, fill,
  * GROUP_NORM_SILU, the copies, and the products and convolutions (widened
- * into their workspace), as on the GPU (ck_cuda_bf16_op). */
+ * into their workspace), as on the GPU (ck_cuda_bf16_op),
+ * which has attention too. */
 extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
 
 /* matmul.c */

@@ -193,6 +193,8 @@ CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16);
 /* attention.cu */
 CK_CUDA_KERNEL(ck_cuda_attention);
 CK_CUDA_KERNEL(ck_cuda_attention_bwd);
+CK_CUDA_KERNEL(ck_cuda_attention_bf16);
+CK_CUDA_KERNEL(ck_cuda_attention_bwd_bf16);
 /* elementwise.cu */
 CK_CUDA_KERNEL(ck_cuda_add);
 CK_CUDA_KERNEL(ck_cuda_sub);

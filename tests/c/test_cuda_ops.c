@@ -44,6 +44,7 @@ typedef struct tcase {
     int alias[CK_MAX_OUT]; /* in-place optimizers: output k is input alias[k]-1 (0: its own buffer) */
     int big;               /* device only: too slow for the emulator */
     unsigned bytes;        /* bit k: output k holds bytes (8-bit codes), each within 1 of the CPU's */
+    int bf16_only;         /* bf16 storage only: the fp32 kernels have cases of their own */
 } tcase;
 
 static int passed, failed, skipped;
@@ -465,7 +466,7 @@ static const tcase cases[] = {
      .tol = F32},
     {"attention D 100, scale 0.3", CK_OP_ATTENTION, {.i = {1}, .f = {0.3f}}, 3, {SH(2, 5, 100), SH(2, 70, 100), SH(2, 70, 100)},
      .tol = F32},
-    {"attention D 160 (cuBLAS)", CK_OP_ATTENTION, {.i = {2}}, 3, {SH(1, 13, 320), SH(1, 17, 320), SH(1, 17, 320)},
+    {"attention D 160 (cuBLAS in fp32)", CK_OP_ATTENTION, {.i = {2}}, 3, {SH(1, 13, 320), SH(1, 17, 320), SH(1, 17, 320)},
      .tol = F32},
     {"attention [2,1024,640] 10 heads", CK_OP_ATTENTION, {.i = {10}}, 3,
      {SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640)}, .tol = F32, .big = 1},
@@ -477,10 +478,24 @@ static const tcase cases[] = {
      {SH(1, 37, 80), SH(1, 37, 80), SH(1, 37, 80), SH(1, 37, 80)}, .tol = F32},
     {"attention_bwd D 100, dk unwanted", CK_OP_ATTENTION_BWD, {.i = {1}, .f = {0.3f}}, 4,
      {SH(2, 5, 100), SH(2, 5, 100), SH(2, 70, 100), SH(2, 70, 100)}, .unwanted = 2, .tol = F32},
-    {"attention_bwd D 160 (cuBLAS)", CK_OP_ATTENTION_BWD, {.i = {2}}, 4,
+    {"attention_bwd D 160 (cuBLAS in fp32)", CK_OP_ATTENTION_BWD, {.i = {2}}, 4,
      {SH(1, 13, 320), SH(1, 13, 320), SH(1, 17, 320), SH(1, 17, 320)}, .tol = F32},
     {"attention_bwd [2,1024,640] 10 heads", CK_OP_ATTENTION_BWD, {.i = {10}}, 4,
      {SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640), SH(2, 1024, 640)}, .tol = F32, .big = 1},
+    /* The tensor-core kernels of bf16 storage at SDXL's shapes, shortened (self-attention 256 tokens,
+     * cross-attention 77 keys), and head dim 128 with lengths that are no multiple of any tile */
+    {"attention [1,256,640] 10 heads (D 64)", CK_OP_ATTENTION, {.i = {10}}, 3, {SH(1, 256, 640), SH(1, 256, 640), SH(1, 256, 640)},
+     .tol = F32, .bf16_only = 1},
+    {"attention [2,100,640] x 77 keys, 10 heads", CK_OP_ATTENTION, {.i = {10}}, 3,
+     {SH(2, 100, 640), SH(2, 77, 640), SH(2, 77, 640)}, .tol = F32, .bf16_only = 1},
+    {"attention D 128, 2 heads, 93 x 45", CK_OP_ATTENTION, {.i = {2}}, 3, {SH(1, 93, 256), SH(1, 45, 256), SH(1, 45, 256)},
+     .tol = F32, .bf16_only = 1},
+    {"attention_bwd [1,256,640] 10 heads (D 64)", CK_OP_ATTENTION_BWD, {.i = {10}}, 4,
+     {SH(1, 256, 640), SH(1, 256, 640), SH(1, 256, 640), SH(1, 256, 640)}, .tol = F32, .bf16_only = 1},
+    {"attention_bwd [2,100,640] x 77 keys, 10 heads", CK_OP_ATTENTION_BWD, {.i = {10}}, 4,
+     {SH(2, 100, 640), SH(2, 100, 640), SH(2, 77, 640), SH(2, 77, 640)}, .tol = F32, .bf16_only = 1},
+    {"attention_bwd D 128, 2 heads, 93 x 45, scale 0.05", CK_OP_ATTENTION_BWD, {.i = {2}, .f = {0.05f}}, 4,
+     {SH(1, 93, 256), SH(1, 93, 256), SH(1, 45, 256), SH(1, 45, 256)}, .tol = F32, .bf16_only = 1},
     /* elementwise.cu */
     {"add same shape", CK_OP_ADD, {.i = {0}}, 2, {SH(3, 7, 5), SH(3, 7, 5)}, .tol = EXACT},
     {"add same shape [4,6,10] vectors", CK_OP_ADD, {.i = {0}}, 2, {SH(4, 6, 10), SH(4, 6, 10)}, .tol = EXACT},
@@ -611,6 +626,29 @@ static void short_workspace_names_the_op(void)
     const int gok = ck_cuda_failed() && strncmp(ck_cuda_last_error(), "group_norm_silu: workspace", 26) == 0;
     report(gok, "short workspace: \"%s\"", ck_cuda_last_error());
     ck_cuda_clear_error();
+    ck_cuda_free(d);
+}
+
+/* bf16 attention runs on tensor cores for head dims up to 256; a wider head is
+ * refused, naming the op, and nothing is written. */
+static void bf16_attention_wide_head_names_the_op(void)
+{
+    const int64_t n = 2 * 3 * 320;
+    uint16_t *d = ck_cuda_alloc(sizeof(uint16_t) * (size_t)n * 4);
+    uint16_t h[2 * 3 * 320], back[2 * 3 * 320];
+    for (int64_t i = 0; i < n; i++) h[i] = to_bf16(0.5f);
+    for (int j = 0; j < 4; j++) ck_cuda_upload(d + j * n, h, sizeof h);
+    ck_view in[4], out[1];
+    for (int j = 0; j < 3; j++) in[j] = (ck_view){(float *)(d + j * n), 3, {2, 3, 320}};
+    out[0] = (ck_view){(float *)(d + 3 * n), 3, {2, 3, 320}}; /* bf16 data */
+    ck_cuda_kernels_bf16[CK_OP_ATTENTION](&base_ctx, &(ck_op_params){.i = {1}}, out, 1, in, 3);
+    const int failed_ok = ck_cuda_failed() && strstr(ck_cuda_last_error(), "attention_bf16: head dim 320") &&
+                          strstr(ck_cuda_last_error(), "up to 256");
+    char got[256];
+    snprintf(got, sizeof got, "%s", ck_cuda_last_error());
+    ck_cuda_clear_error();
+    const int untouched = ck_cuda_download(back, out[0].data, sizeof back) == 0 && memcmp(back, h, sizeof h) == 0;
+    report(failed_ok && untouched, "bf16 attention with head dim 320: \"%s\"%s", got, untouched ? "" : ", output written");
     ck_cuda_free(d);
 }
 
@@ -863,7 +901,7 @@ int main(void)
             skipped++;
             continue;
         }
-        run_case(&cases[i], 0);
+        if (!cases[i].bf16_only) run_case(&cases[i], 0);
     }
     // bf16 storage, where the op has it
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -894,6 +932,7 @@ int main(void)
 #endif
     unbound_context_names_the_op(c);
     short_workspace_names_the_op();
+    bf16_attention_wide_head_names_the_op();
     embedding_bad_id_names_the_op();
 
     int covered[CK_OP_COUNT] = {0};

@@ -8,8 +8,9 @@
  * (fp32 accumulation) run in the workspace their bf16 rule gives
  * (ck_op_workspace_cpu_bf16), the fp32 kernel in its own. Also: two runs agree bitwise,
  * nothing is written past an output, every op with a bf16 kernel has a case
- * here, and the CPU's bf16 ops are the GPU's (ck_cuda_bf16_op), so that plans
- * for either device convert the same operands. */
+ * here, and every bf16 op of the CPU is one of the GPU's (ck_cuda_bf16_op).
+ * The GPU has more: attention runs on tensor cores in bf16, where the CPU
+ * converts around its fp32 kernel. */
 #include "../../ops/bf16.h"
 #include "../../ops/cpu/cpu.h"
 #include "check.h"
@@ -177,8 +178,8 @@ int main(void)
     for (int op = 1; op < CK_OP_COUNT; op++) {
         const char *name = ck_op_name((enum ck_op)op);
         if (ck_cpu_kernels_bf16[op] && !covered[op]) check(name, 0, 0), printf("  has a bf16 kernel and no case here\n");
-        if ((ck_cpu_kernels_bf16[op] != NULL) != ck_cuda_bf16_op((enum ck_op)op))
-            check(name, 0, 0), printf("  the CPU and the GPU disagree on a bf16 kernel\n");
+        if (ck_cpu_kernels_bf16[op] && !ck_cuda_bf16_op((enum ck_op)op))
+            check(name, 0, 0), printf("  a bf16 kernel on the CPU and none on the GPU\n");
         if (ck_cpu_kernels_bf16[op] && !ck_cpu_kernels[op]) check(name, 0, 0), printf("  bf16 kernel without an fp32 one\n");
     }
     return checks_done();

@@ -319,5 +319,6 @@ extern size_t ck_emu_conv_ws[3][8];
 extern int ck_emu_last_algo[3];
 
 #include "cudnn_find_emu.h"
+#include "mma_emu.h" /* nvcuda::wmma and fp16 */
 
 #endif

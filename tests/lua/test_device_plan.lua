@@ -119,6 +119,20 @@ do -- a product of a bf16 activation and an fp32 (trainable) weight runs in bf16
     "weight and the fp32 copies)", ws("cuda"), ws("cpu")))
 end
 
+do -- bf16: the GPU's attention reads and writes bf16 (tensor cores); the CPU's converts around its fp32 kernel
+  local g = ck.graph()
+  local x = g:input("x", {1, 256, 128})
+  local q = ck.silu(x)
+  local y = ck.attention(q, q, q, 2)
+  local function ws(device)
+    return g:compile{outputs = {y}, plan_only = true, device = device, storage = "bf16"}:plan().workspace
+  end
+  local n = 256 * 128 * 4
+  T.ok(ws("cuda") == n and ws("cpu") >= 4 * n,
+    string.format("bf16 attention: no fp32 copies on the GPU, only silu's from an fp32 input (%d bytes); "
+      .. "on the CPU copies of q, k, v and o and its scores (%d bytes)", ws("cuda"), ws("cpu")))
+end
+
 if not devices:match("cuda") then
   local g = ck.graph()
   local x = g:input("x", {2, 2})

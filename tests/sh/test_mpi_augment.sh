@@ -8,6 +8,7 @@
 # ranks, on 2 and 3 ranks. SKIPs (77) where mpirun is missing or ckrun was
 # built without MPI.
 . tests/sh/mpi_setup.sh
+. tests/sh/mpi_compare.sh
 A="--allow-write $dir --allow-read $dir"
 T="scripts/train_sdxl_lora.lua --resolution 64 --log-every 1 --val-every 0 --steps 4"
 # FILE FILE: the same steps, each loss within 1e-5 relative
@@ -22,21 +23,6 @@ for i = 1, #a do
   if rel > worst then worst = rel end
 end
 io.write(string.format('%d steps, worst rel %.1e', #a, worst))"; }
-close() { # FILE FILE: the adapters agree within fp32 summation-order tolerance
-  "$CKRUN" $A -e "local ck = require 'ck'
-local a, b = ck.safetensors('$1'), ck.safetensors('$2')
-local rels, n = {}, 0
-for _, k in ipairs(b:keys()) do
-  local x, y = a:read(k), b:read(k)
-  local num, den = 0, 0
-  for i = 1, #y do num = num + (x[i] - y[i]) ^ 2; den = den + y[i] ^ 2 end
-  if den > 0 then rels[#rels + 1] = math.sqrt(num / den) end
-  n = n + 1
-end
-table.sort(rels)
-io.write(string.format('%d tensors, median rel %.2e, worst %.2e', n, rels[#rels // 2], rels[#rels]))
-assert(n >= 100 and rels[#rels // 2] < 1e-5 and rels[#rels] < 1e-3)"
-}
 # NAME EXTRA...: 2 ranks at --batch 1 against one process at --batch 2
 compare() {
   local name=$1; shift

@@ -9,10 +9,9 @@
 # refused: each rank holds its own part of the sums there). SKIPs
 # (77) where mpirun is missing or ckrun was built without MPI.
 . tests/sh/mpi_setup.sh
+. tests/sh/mpi_compare.sh
 A="--allow-write $dir"
 T="scripts/train_sdxl_lora.lua --resolution 64 --samples 8 --log-every 1 --val-every 3 --steps 6"
-losses() { "$CKRUN" $A -e "local ck = require 'ck'
-for line in io.lines('$1') do local r = ck.json_decode(line) if r.loss then io.write(string.format('%d:%.6f ', r.step, r.loss)) end end"; }
 same_tensors() { # FILE FILE: the same tensor names, shapes and values, bitwise
   "$CKRUN" $A -e "local ck = require 'ck'
 local a, b = ck.safetensors('$1'), ck.safetensors('$2')

@@ -632,26 +632,31 @@ static void short_workspace_names_the_op(void)
     ck_cuda_free(d);
 }
 
-/* bf16 attention runs on tensor cores for head dims up to 256; a wider head is
- * refused, naming the op, and nothing is written. */
-static void bf16_attention_wide_head_names_the_op(void)
+/* 16-bit attention (bf16 or fp16) runs on tensor cores for head dims up to
+ * 256; a wider head is refused, naming the op, and nothing is written. */
+static void attention16_wide_head_names_the_op(ck_dtype st)
 {
     const int64_t n = 2 * 3 * 320;
+    const char *name = st == CK_F16 ? "fp16" : "bf16";
     uint16_t *d = ck_cuda_alloc(sizeof(uint16_t) * (size_t)n * 4);
     uint16_t h[2 * 3 * 320], back[2 * 3 * 320];
-    for (int64_t i = 0; i < n; i++) h[i] = to_bf16(0.5f);
+    for (int64_t i = 0; i < n; i++) h[i] = to_16(st, 0.5f);
     for (int j = 0; j < 4; j++) ck_cuda_upload(d + j * n, h, sizeof h);
     ck_view in[4], out[1];
     for (int j = 0; j < 3; j++) in[j] = (ck_view){(float *)(d + j * n), 3, {2, 3, 320}};
-    out[0] = (ck_view){(float *)(d + 3 * n), 3, {2, 3, 320}}; /* bf16 data */
-    ck_cuda_kernels_bf16[CK_OP_ATTENTION](&base_ctx, &(ck_op_params){.i = {1}}, out, 1, in, 3);
-    const int failed_ok = ck_cuda_failed() && strstr(ck_cuda_last_error(), "attention_bf16: head dim 320") &&
+    out[0] = (ck_view){(float *)(d + 3 * n), 3, {2, 3, 320}}; /* 16-bit data */
+    (st == CK_F16 ? ck_cuda_kernels_f16 : ck_cuda_kernels_bf16)[CK_OP_ATTENTION](&base_ctx, &(ck_op_params){.i = {1}},
+                                                                                 out, 1, in, 3);
+    char want[64];
+    snprintf(want, sizeof want, "attention_%s: head dim 320", st == CK_F16 ? "f16" : "bf16");
+    const int failed_ok = ck_cuda_failed() && strstr(ck_cuda_last_error(), want) &&
                           strstr(ck_cuda_last_error(), "up to 256");
     char got[256];
     snprintf(got, sizeof got, "%s", ck_cuda_last_error());
     ck_cuda_clear_error();
     const int untouched = ck_cuda_download(back, out[0].data, sizeof back) == 0 && memcmp(back, h, sizeof h) == 0;
-    report(failed_ok && untouched, "bf16 attention with head dim 320: \"%s\"%s", got, untouched ? "" : ", output written");
+    report(failed_ok && untouched, "%s attention with head dim 320: \"%s\"%s", name, got,
+           untouched ? "" : ", output written");
     ck_cuda_free(d);
 }
 
@@ -938,7 +943,8 @@ int main(void)
 #endif
     unbound_context_names_the_op(c);
     short_workspace_names_the_op();
-    bf16_attention_wide_head_names_the_op();
+    attention16_wide_head_names_the_op(CK_BF16);
+    attention16_wide_head_names_the_op(CK_F16);
     embedding_bad_id_names_the_op();
 
     int covered[CK_OP_COUNT] = {0};

@@ -46,8 +46,8 @@ typedef struct ck_backend {
     int (*download)(void *dst_host, const void *src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes);
     /* n values of dtype from at src into dtype to at dst (arena memory;
-     * CK_F32 <-> CK_BF16 or CK_F16, CK_F8E4M3 -> any of them), queued like a kernel: 0, or
-     * -1 with error() */
+     * CK_F32 <-> CK_BF16 or CK_F16, CK_F8E4M3 -> any of them), queued like a
+     * kernel: 0, or -1 with error() */
     int (*convert)(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n);
     /* the measured peak (a sentinel fill, then the highest word in [lo, hi)
      * that differs, plus one) and the non-finite guard */

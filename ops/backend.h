@@ -19,12 +19,17 @@ typedef size_t (*ck_workspace_fn)(enum ck_op op, const ck_op_params *p, const ck
 typedef struct ck_backend {
     const char *name;             /* "cpu", "cuda" */
     const ck_kernel_fn *kernels;  /* op -> kernel; views point into the arena */
-    /* op -> kernel whose every tensor is bf16 (NULL, or NULL entries: none);
-     * elsewhere bf16 operands are converted to fp32 around the fp32 kernel */
+    /* op -> kernel whose every tensor is bf16, or fp16 (NULL, or NULL
+     * entries: none); elsewhere 16-bit operands are converted to fp32 around
+     * the fp32 kernel (ck_backend_kernels16 picks the table by dtype) */
     const ck_kernel_fn *kernels_bf16;
+    const ck_kernel_fn *kernels_f16;
     ck_workspace_fn workspace;    /* the rule the plan sizes each op's workspace by */
-    /* the rule for an op that runs its kernels_bf16 entry (NULL: workspace's) */
+    /* the rules for an op that runs its kernels_bf16 or kernels_f16 entry
+     * (NULL: workspace's; workspace_f16 NULL: workspace_bf16's, the bytes
+     * being the same where no algorithm is chosen per storage type) */
     ck_workspace_fn workspace_bf16;
+    ck_workspace_fn workspace_f16;
     int nthreads;                 /* passed to the rule (the CPU's threads; 1 on a GPU) */
     int host;                     /* 1: the arena is host memory */
     size_t fixed_bytes;           /* device memory held outside every plan (library workspaces) */
@@ -41,8 +46,8 @@ typedef struct ck_backend {
     int (*download)(void *dst_host, const void *src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes);
     /* n values of dtype from at src into dtype to at dst (arena memory;
-     * CK_F32 <-> CK_BF16, CK_F8E4M3 -> either), queued like a kernel: 0, or
-     * -1 with error() */
+     * CK_F32 <-> CK_BF16 or CK_F16, CK_F8E4M3 -> any of them), queued like a
+     * kernel: 0, or -1 with error() */
     int (*convert)(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n);
     /* the measured peak (a sentinel fill, then the highest word in [lo, hi)
      * that differs, plus one) and the non-finite guard */
@@ -88,6 +93,21 @@ typedef struct ck_backend {
     int (*allreduce_wait)(int b);
     int (*broadcast)(float *x, int64_t n, int root);
 } ck_backend;
+
+/* the table of kernels whose every tensor is of the 16-bit dtype dt (NULL for
+ * another dtype, or when the backend has none) */
+static inline const ck_kernel_fn *ck_backend_kernels16(const ck_backend *be, ck_dtype dt)
+{
+    return dt == CK_BF16 ? be->kernels_bf16 : dt == CK_F16 ? be->kernels_f16 : NULL;
+}
+
+/* the workspace rule of an op run by a kernel of type kt (CK_F32: fp32) */
+static inline ck_workspace_fn ck_backend_workspace(const ck_backend *be, ck_dtype kt)
+{
+    if (kt == CK_F16 && be->workspace_f16) return be->workspace_f16;
+    if (kt != CK_F32 && be->workspace_bf16) return be->workspace_bf16;
+    return be->workspace;
+}
 
 /* the bytes of a communicator's id (NCCL_UNIQUE_ID_BYTES) */
 #define CK_COMM_ID_BYTES 128

@@ -107,14 +107,15 @@ enum ck_op ck_op_backward(enum ck_op op);
  * CK_PREC_MASK_* bits, for the CPU (cuda == 0) or the CUDA backend */
 #define CK_PREC_MASK_F32 1u
 #define CK_PREC_MASK_BF16 2u
+#define CK_PREC_MASK_F16 4u
 unsigned ck_op_precisions(enum ck_op op, int cuda);
 int ck_op_infer(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, ck_shape *out,
                 char *err, size_t errlen);
 size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                        const ck_shape *out, int nthreads);
 /* The CUDA backend's workspace rule (its kernels need less than the CPU's),
- * and the ops it runs with every tensor in bf16 (ops.def's cuda column, which
- * ops/cuda/table.c's ck_cuda_kernels_bf16 follows): plans for the GPU are made
+ * and the ops it runs with every tensor in bf16, or in fp16 (ops.def's cuda
+ * column, which ops/cuda/table.c's ck_cuda_kernels_bf16 and _f16 follow): plans for the GPU are made
  * without one. */
 size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                             const ck_shape *out, int nthreads);
@@ -123,7 +124,8 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
 size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                                  const ck_shape *out, int nthreads);
 int ck_cuda_bf16_op(enum ck_op op);
-/* The CPU rule for an op run by its bf16 kernel: products and convolutions
+int ck_cuda_f16_op(enum ck_op op);
+/* The CPU rule for an op run by its bf16 or fp16 kernel: products and convolutions
  * widen their operands into it (ops/cpu/products_bf16.c) */
 size_t ck_op_workspace_cpu_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                                 const ck_shape *out, int nthreads);

@@ -29,6 +29,7 @@ _Static_assert(sizeof backward_ops / sizeof backward_ops[0] == CK_OP_COUNT, "a b
 #define CK_PREC_NO 0
 #define CK_PREC_F32 CK_PREC_MASK_F32
 #define CK_PREC_F32_BF16 (CK_PREC_MASK_F32 | CK_PREC_MASK_BF16)
+#define CK_PREC_F32_BF16_F16 (CK_PREC_MASK_F32 | CK_PREC_MASK_BF16 | CK_PREC_MASK_F16)
 static const unsigned char precisions[][2] = {
 #define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, cpu, cuda, ...) [CK_OP_##E] = {CK_PREC_##cpu, CK_PREC_##cuda},
 #include "ops.def"
@@ -636,10 +637,10 @@ size_t ck_op_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in,
  * CONV_WS_CAP (and at least one column): cuDNN's implicit-GEMM algorithms,
  * which the deterministic choice prefers, need far less, and our im2col path
  * runs in as many column chunks as the workspace needs; fused attention (head
- * size up to 128, fp32 and bf16 alike) no workspace forward and row statistics
+ * size up to 128, fp32, bf16 and fp16 alike) no workspace forward and row statistics
  * (lse and delta, 2 LQ floats) of every head backward; wider heads score
  * matrices of as many heads as fit in 64 MiB, at least one. The rule sees no
- * dtypes: with bf16 storage, heads of 129 to 256 run the tensor-core kernels,
+ * dtypes: with 16-bit storage, heads of 129 to 256 run the tensor-core kernels,
  * which use only the row statistics of that workspace, so there the plan
  * holds more than the kernel touches (SDXL's heads are 64). */
 #define CONV_WS_CAP ((size_t)32 << 20)
@@ -685,7 +686,7 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
     return per_head * (size_t)heads;
 }
 
-/* bf16 products run through cuBLASLt, whose heuristic takes the workspace it
+/* 16-bit products (bf16, fp16) run through cuBLASLt, whose heuristic takes the workspace it
  * is offered: 4 bytes per output element (room for one fp32 partial of a
  * split-K product), at most LT_WS_CAP (what cuBLAS itself sets aside on
  * Hopper). Elsewhere the fp32 rule: the convolutions' stated rule stands for
@@ -703,7 +704,7 @@ size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_
     return ck_op_workspace_cuda(op, p, in, nin, out, nthreads);
 }
 
-/* The CPU's bf16 products and convolutions (ops/cpu/products_bf16.c) widen
+/* The CPU's bf16 and fp16 products and convolutions (ops/cpu/products_bf16.c) widen
  * their operands into the workspace: the fp32 copies of the inputs and of the
  * wanted outputs (a filter gradient's db is wanted when it is given its [O]
  * shape; an unwanted output stands in with the first input's), each rounded
@@ -729,6 +730,7 @@ int ck_op_autocast(enum ck_op op)
 }
 
 int ck_cuda_bf16_op(enum ck_op op) { return (ck_op_precisions(op, 1) & CK_PREC_MASK_BF16) != 0; }
+int ck_cuda_f16_op(enum ck_op op) { return (ck_op_precisions(op, 1) & CK_PREC_MASK_F16) != 0; }
 
 double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out)
 {

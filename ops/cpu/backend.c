@@ -39,9 +39,9 @@ __attribute__((constructor)) static void fp8_values(void)
 static int convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n)
 {
     if (to == from) return copy(dst, src, (size_t)n * ck_dtype_bytes(to));
-    /* fp32 <-> bf16, fp32 <-> fp16, and fp8 -> fp32 or bf16 (fp8 tensors are frozen: written from the host
-     * only; every fp8 value is a bf16 value) */
-    if (!(((to == CK_BF16 || to == CK_F16) && from == CK_F32) || (to == CK_BF16 && from == CK_F8E4M3) ||
+    /* fp32 <-> bf16, fp32 <-> fp16, and fp8 -> fp32, bf16 or fp16 (fp8 tensors are frozen: written from the
+     * host only; every fp8 value is a bf16 and an fp16 value) */
+    if (!(((to == CK_BF16 || to == CK_F16) && (from == CK_F32 || from == CK_F8E4M3)) ||
           (to == CK_F32 && (from == CK_BF16 || from == CK_F16 || from == CK_F8E4M3))))
         return -1;
     /* runs of CONVERT_RUN values, one per task */
@@ -52,6 +52,9 @@ static int convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64
         if (to == CK_BF16 && from == CK_F8E4M3)
             for (int64_t k = 0; k < m; k++)
                 ((uint16_t *)dst)[i + k] = ck_bf16_from_f32(ck_f8e4m3_values[((const uint8_t *)src)[i + k]]);
+        else if (to == CK_F16 && from == CK_F8E4M3)
+            for (int64_t k = 0; k < m; k++)
+                ((uint16_t *)dst)[i + k] = ck_f16_from_f32(ck_f8e4m3_values[((const uint8_t *)src)[i + k]]);
         else if (to == CK_BF16) ck_bf16_store((uint16_t *)dst + i, (const float *)src + i, m);
         else if (from == CK_BF16) ck_bf16_load((float *)dst + i, (const uint16_t *)src + i, m);
         else if (to == CK_F16) ck_f16_store((uint16_t *)dst + i, (const float *)src + i, m);
@@ -125,6 +128,7 @@ static void be_make(void)
         .name = "cpu",
         .kernels = ck_cpu_kernels,
         .kernels_bf16 = ck_cpu_kernels_bf16,
+        .kernels_f16 = ck_cpu_kernels_f16,
         .workspace = ck_op_workspace,
         .workspace_bf16 = ck_op_workspace_cpu_bf16,
         .nthreads = 1,

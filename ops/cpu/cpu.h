@@ -31,6 +31,9 @@ extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
  * into their workspace), as on the GPU (ck_cuda_bf16_op),
  * which has attention too. */
 extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
+/* fp16 storage: the products and convolutions, widened as bf16's are (the GPU
+ * has attention too, ck_cuda_f16_op); other ops read fp32 copies. */
+extern const ck_kernel_fn ck_cpu_kernels_f16[CK_OP_COUNT];
 
 /* matmul.c */
 CK_CPU_KERNEL(ck_cpu_matmul);
@@ -41,6 +44,11 @@ CK_CPU_KERNEL(ck_cpu_linear_bf16);
 CK_CPU_KERNEL(ck_cpu_conv2d_bf16);
 CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_bf16);
 CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_bf16);
+CK_CPU_KERNEL(ck_cpu_matmul_f16);
+CK_CPU_KERNEL(ck_cpu_linear_f16);
+CK_CPU_KERNEL(ck_cpu_conv2d_f16);
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_f16);
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_f16);
 /* conv2d.c */
 CK_CPU_KERNEL(ck_cpu_conv2d);
 CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data);

@@ -1,7 +1,8 @@
-/* bf16 storage for products and convolutions on the CPU: the operands widened
- * to fp32 in the op's workspace, the fp32 kernel run on them, each output
- * rounded once to bf16: fp32 accumulation and one rounding, as the GPU's
- * tensor-core kernels do. With ck_op_autocast's operands cast to bf16 first
+/* bf16 and fp16 storage for products and convolutions on the CPU: the
+ * operands widened to fp32 in the op's workspace, the fp32 kernel run on them,
+ * each output rounded once to the storage type: fp32 accumulation and one
+ * rounding, as the GPU's tensor-core kernels do. With ck_op_autocast's
+ * operands cast to the storage type first
  * by the executor, the CPU computes what PyTorch's autocast does, and remains
  * the GPU's reference.
  *
@@ -10,10 +11,11 @@
  * kernel's own workspace. */
 #include "cpu.h"
 #include "../bf16.h"
+#include "../fp16.h"
 
 static size_t align64(size_t b) { return (b + 63) / 64 * 64; }
 
-static void widened(enum ck_op op, const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout,
+static void widened(enum ck_op op, ck_dtype st, const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout,
                     const ck_view *in, int nin)
 {
     ck_view in32[CK_MAX_IN] = {{0}}, out32[CK_MAX_OUT] = {{0}};
@@ -23,7 +25,8 @@ static void widened(enum ck_op op, const ck_kctx *ctx, const ck_op_params *p, ck
         const int64_t n = ck_view_numel(&in[j]);
         in32[j] = in[j];
         in32[j].data = (float *)(ws + used);
-        ck_bf16_load(in32[j].data, (const uint16_t *)in[j].data, n);
+        if (st == CK_F16) ck_f16_load(in32[j].data, (const uint16_t *)in[j].data, n);
+        else ck_bf16_load(in32[j].data, (const uint16_t *)in[j].data, n);
         used += align64((size_t)n * sizeof(float));
     }
     for (int k = 0; k < nout; k++) {
@@ -41,11 +44,17 @@ static void widened(enum ck_op op, const ck_kctx *ctx, const ck_op_params *p, ck
     inner.ws_bytes = ctx->ws_bytes - used;
     ck_cpu_kernels[op](&inner, p, out32, nout, in32, nin);
     for (int k = 0; k < nout; k++)
-        if (out[k].data) ck_bf16_store((uint16_t *)out[k].data, out32[k].data, ck_view_numel(&out[k]));
+        if (out[k].data && st == CK_F16) ck_f16_store((uint16_t *)out[k].data, out32[k].data, ck_view_numel(&out[k]));
+        else if (out[k].data) ck_bf16_store((uint16_t *)out[k].data, out32[k].data, ck_view_numel(&out[k]));
 }
 
-CK_CPU_KERNEL(ck_cpu_matmul_bf16) { widened(CK_OP_MATMUL, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_linear_bf16) { widened(CK_OP_LINEAR, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_conv2d_bf16) { widened(CK_OP_CONV2D, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_bf16) { widened(CK_OP_CONV2D_BWD_DATA, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_bf16) { widened(CK_OP_CONV2D_BWD_FILTER, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_matmul_bf16) { widened(CK_OP_MATMUL, CK_BF16, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_linear_bf16) { widened(CK_OP_LINEAR, CK_BF16, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_conv2d_bf16) { widened(CK_OP_CONV2D, CK_BF16, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_bf16) { widened(CK_OP_CONV2D_BWD_DATA, CK_BF16, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_bf16) { widened(CK_OP_CONV2D_BWD_FILTER, CK_BF16, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_matmul_f16) { widened(CK_OP_MATMUL, CK_F16, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_linear_f16) { widened(CK_OP_LINEAR, CK_F16, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_conv2d_f16) { widened(CK_OP_CONV2D, CK_F16, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_f16) { widened(CK_OP_CONV2D_BWD_DATA, CK_F16, ctx, p, out, nout, in, nin); }
+CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_f16) { widened(CK_OP_CONV2D_BWD_FILTER, CK_F16, ctx, p, out, nout, in, nin); }

@@ -84,3 +84,11 @@ const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_GROUP_NORM_SILU] = ck_cpu_group_norm_silu_bf16,
     [CK_OP_GROUP_NORM_SILU_BWD] = ck_cpu_group_norm_silu_bwd_bf16,
 };
+
+const ck_kernel_fn ck_cpu_kernels_f16[CK_OP_COUNT] = {
+    [CK_OP_MATMUL] = ck_cpu_matmul_f16,
+    [CK_OP_LINEAR] = ck_cpu_linear_f16,
+    [CK_OP_CONV2D] = ck_cpu_conv2d_f16,
+    [CK_OP_CONV2D_BWD_DATA] = ck_cpu_conv2d_bwd_data_f16,
+    [CK_OP_CONV2D_BWD_FILTER] = ck_cpu_conv2d_bwd_filter_f16,
+};

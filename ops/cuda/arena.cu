@@ -117,6 +117,13 @@ __global__ void __launch_bounds__(THREADS) f8_to_bf16_kernel(__nv_bfloat16 *d, c
         d[i] = __float2bfloat16(ck_f8e4m3_decode(s[i]));
 }
 
+// d (fp16) = the fp8 codes s decoded: exact, every fp8 value is an fp16 value
+__global__ void __launch_bounds__(THREADS) f8_to_f16_kernel(uint16_t *d, const uint8_t *s, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        d[i] = ck_f16_from_f32(ck_f8e4m3_decode(s[i]));
+}
+
 extern "C" int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n)
 {
     ck_cuda_ctx *c = ck_cuda_begin("convert");
@@ -136,6 +143,8 @@ extern "C" int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype
         ck_launch(f8_to_f32_kernel, ck_grid(n, THREADS), THREADS, c->stream, (float *)dst, (const uint8_t *)src, n);
     } else if (to == CK_BF16 && from == CK_F8E4M3) {
         ck_launch(f8_to_bf16_kernel, ck_grid(n, THREADS), THREADS, c->stream, (__nv_bfloat16 *)dst, (const uint8_t *)src, n);
+    } else if (to == CK_F16 && from == CK_F8E4M3) {
+        ck_launch(f8_to_f16_kernel, ck_grid(n, THREADS), THREADS, c->stream, (uint16_t *)dst, (const uint8_t *)src, n);
     } else {
         ck_cuda_fail("convert", "no conversion between these storage types");
     }

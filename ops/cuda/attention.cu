@@ -26,8 +26,8 @@
  * in shared memory a tile at a time; the softmax, lse, delta and the output's
  * rescaling are fp32. The backward is deterministic like the fp32 one: dq per
  * query tile, dk and dv per key tile, tiles in order, no atomics. The kernels
- * are templates on the 16-bit type, bf16 or fp16; only bf16 is instantiated,
- * since fp16 storage is planned but never run (no fp16 kernel table).
+ * are templates on the 16-bit type, instantiated for bf16 and fp16 storage
+ * (ck_cuda_attention_f16, ck_cuda_attention_bwd_f16).
  *
  * Unverified: these tensor-core kernels have been compiled for sm_90 and run
  * only on the CPU emulator (tests/cuda_emu/mma_emu.h, which holds a whole tile
@@ -921,4 +921,16 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_attention_bwd_bf16)
 {
     (void)nin;
     attention_bwd_16<__nv_bfloat16>(ctx, p, out, nout, in, "attention_bwd_bf16");
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_attention_f16)
+{
+    (void)nout, (void)nin;
+    attention_16<__half>(ctx, p, out, in, "attention_f16");
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_attention_bwd_f16)
+{
+    (void)nin;
+    attention_bwd_16<__half>(ctx, p, out, nout, in, "attention_bwd_f16");
 }

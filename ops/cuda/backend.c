@@ -50,14 +50,21 @@ static size_t workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in
 {
     (void)nthreads;
     ck_cuda_bind(ctx);
-    return ck_cuda_workspace(op, p, in, nin, out, 0);
+    return ck_cuda_workspace(op, p, in, nin, out, CK_F32);
 }
 static size_t workspace_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
                              int nthreads)
 {
     (void)nthreads;
     ck_cuda_bind(ctx);
-    return ck_cuda_workspace(op, p, in, nin, out, 1);
+    return ck_cuda_workspace(op, p, in, nin, out, CK_BF16);
+}
+static size_t workspace_f16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
+                            int nthreads)
+{
+    (void)nthreads;
+    ck_cuda_bind(ctx);
+    return ck_cuda_workspace(op, p, in, nin, out, CK_F16);
 }
 
 
@@ -78,8 +85,10 @@ static ck_backend be = {
     .name = "cuda",
     .kernels = ck_cuda_kernels,
     .kernels_bf16 = ck_cuda_kernels_bf16,
+    .kernels_f16 = ck_cuda_kernels_f16,
     .workspace = workspace,
     .workspace_bf16 = workspace_bf16,
+    .workspace_f16 = workspace_f16,
     .nthreads = 1,
     .host = 0,
     .fixed_bytes = CK_CUDA_FIXED_BYTES,

@@ -1,5 +1,5 @@
 /* What every file of ops/cuda shares: the context layout, error checks that
- * name the op, the launch helper, block and warp reductions, and fp32/bf16
+ * name the op, the launch helper, block and warp reductions, and fp32/bf16/fp16
  * loads and stores. Built with nvcc, or with a C++ compiler against
  * tests/cuda_emu (CK_CUDA_EMU), which runs the kernels on the CPU. */
 #ifndef CK_CUDA_COMMON_CUH
@@ -11,6 +11,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #endif
@@ -192,11 +193,13 @@ __device__ __forceinline__ float ck_block_max(float v, float *sh)
     return r;
 }
 
-/* Storage types: activations may be fp32 or bf16; arithmetic is fp32. */
+/* Storage types: activations may be fp32, bf16 or fp16; arithmetic is fp32. */
 __device__ __forceinline__ float ck_ld(const float *p) { return *p; }
 __device__ __forceinline__ float ck_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ck_ld(const __half *p) { return __half2float(*p); }
 __device__ __forceinline__ void ck_st(float *p, float v) { *p = v; }
 __device__ __forceinline__ void ck_st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ void ck_st(__half *p, float v) { *p = __float2half(v); }
 
 /* 16 bytes of storage type T (4 floats, 8 bf16) loaded or stored as one
  * vector access, where a kernel's rows are whole vectors and its pointers

@@ -1,6 +1,6 @@
 /* 2-D convolution on the GPU (NCHW, zero padding, any kernel and stride):
  * forward, data gradient and filter gradient through cuDNN's convolution API,
- * in fp32 (exact FMA math unless the context allows TF32) or bf16 storage
+ * in fp32 (exact FMA math unless the context allows TF32) or bf16 or fp16 storage
  * (tensor cores, fp32 compute type); the bias and its gradient through our
  * own kernels. The algorithm is chosen once per shape: cudnnFind*AlgorithmEx
  * times every algorithm (cuDNN's heuristic order where the search cannot
@@ -45,11 +45,11 @@ struct conv_desc {
 
 static conv_desc kernel_desc(const ck_cuda_ctx *c) { return {c->dnn, c->tx, c->ty, c->fw, c->conv}; }
 
-static int describe(ck_cuda_ctx *c, const char *op, const conv_geom *g, int bf16, const conv_desc *k)
+static int describe(ck_cuda_ctx *c, const char *op, const conv_geom *g, ck_dtype st, const conv_desc *k)
 {
-    const cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
-    /* bf16 is tensor-core math whatever TF32 says; fp32 is exact unless TF32 is on */
-    const cudnnMathType_t math = bf16 || c->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    const cudnnDataType_t dt = st == CK_BF16 ? CUDNN_DATA_BFLOAT16 : st == CK_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+    /* 16-bit storage is tensor-core math whatever TF32 says; fp32 is exact unless TF32 is on */
+    const cudnnMathType_t math = st || c->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
     const int64_t v[] = {g->N, g->C, g->H, g->W, g->O, g->KH, g->KW, g->HO, g->WO, g->sh, g->sw, g->ph, g->pw};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         if (v[i] > INT_MAX) return ck_cuda_fail(op, "a dimension exceeds cuDNN's int sizes");
@@ -104,7 +104,8 @@ struct algo_perf {
 /* A shape's algorithms, fastest first, as searched once (on this device, in
  * this storage and math); kept for the process. */
 struct conv_search {
-    int device, dir, bf16, tf32;
+    int device, dir, tf32;
+    ck_dtype st;
     int64_t key[13];
     size_t cap;
     int n;
@@ -163,14 +164,14 @@ static int heuristic(const conv_desc *k, dir d, conv_search *s)
  * large as the largest algorithm within the cap needs: one allocation, freed
  * at once (outside every plan: it happens while plans are made, before the
  * arena is taken). 0 when the memory is not there. */
-static int timed(const conv_desc *k, dir d, const conv_geom *g, int bf16, size_t cap, conv_search *s)
+static int timed(const conv_desc *k, dir d, const conv_geom *g, ck_dtype st, size_t cap, conv_search *s)
 {
     size_t ws = 0;
     for (int a = 0; a < algo_count[d]; a++) {
         const size_t need = ws_need(k, d, a);
         if (need != SIZE_MAX && need <= cap && need > ws) ws = need;
     }
-    const size_t es = bf16 ? 2 : 4, al = 256;
+    const size_t es = st ? 2 : 4, al = 256;
     const size_t xb = ((size_t)(g->N * g->C * g->H * g->W) * es + al - 1) / al * al;
     const size_t wb = ((size_t)(g->O * g->C * g->KH * g->KW) * es + al - 1) / al * al;
     const size_t yb = ((size_t)(g->N * g->O * g->HO * g->WO) * es + al - 1) / al * al;
@@ -181,26 +182,26 @@ static int timed(const conv_desc *k, dir d, const conv_geom *g, int bf16, size_t
     }
     char *x = buf, *w = buf + xb, *y = w + wb, *wsp = ws ? y + yb : NULL;
     int n = 0;
-    cudnnStatus_t st;
+    cudnnStatus_t rc;
     if (d == FWD) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        st = cudnnFindConvolutionForwardAlgorithmEx(k->dnn, k->tx, x, k->fw, w, k->conv, k->ty, y,
+        rc = cudnnFindConvolutionForwardAlgorithmEx(k->dnn, k->tx, x, k->fw, w, k->conv, k->ty, y,
                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf, wsp, ws);
-        if (st == CUDNN_STATUS_SUCCESS) keep(s, perf, n);
+        if (rc == CUDNN_STATUS_SUCCESS) keep(s, perf, n);
     } else if (d == BWD_DATA) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        st = cudnnFindConvolutionBackwardDataAlgorithmEx(k->dnn, k->fw, w, k->ty, y, k->conv, k->tx, x,
+        rc = cudnnFindConvolutionBackwardDataAlgorithmEx(k->dnn, k->fw, w, k->ty, y, k->conv, k->tx, x,
                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf, wsp, ws);
-        if (st == CUDNN_STATUS_SUCCESS) keep(s, perf, n);
+        if (rc == CUDNN_STATUS_SUCCESS) keep(s, perf, n);
     } else {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        st = cudnnFindConvolutionBackwardFilterAlgorithmEx(k->dnn, k->tx, x, k->ty, y, k->conv, k->fw, w,
+        rc = cudnnFindConvolutionBackwardFilterAlgorithmEx(k->dnn, k->tx, x, k->ty, y, k->conv, k->fw, w,
                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf, wsp, ws);
-        if (st == CUDNN_STATUS_SUCCESS) keep(s, perf, n);
+        if (rc == CUDNN_STATUS_SUCCESS) keep(s, perf, n);
     }
     cudaFree(buf);
     (void)cudaGetLastError();
-    return st == CUDNN_STATUS_SUCCESS;
+    return rc == CUDNN_STATUS_SUCCESS;
 }
 
 /* The search's own handle and descriptors (one device per process), made on
@@ -230,31 +231,31 @@ static int searcher_for(ck_cuda_ctx *c, const char *op)
 /* The shape's algorithm list: searched on first use (with the search's own
  * handle and descriptors) under the context's cap, then kept. A shape cuDNN
  * refuses records the failure and gives an empty list, not kept. */
-static conv_search search(ck_cuda_ctx *c, const char *op, dir d, const conv_geom *g, int bf16)
+static conv_search search(ck_cuda_ctx *c, const char *op, dir d, const conv_geom *g, ck_dtype st)
 {
     conv_search s;
     memset(&s, 0, sizeof s);
-    s.device = c->device, s.dir = d, s.bf16 = bf16, s.tf32 = bf16 ? 0 : c->tf32, s.cap = c->conv_ws_cap;
+    s.device = c->device, s.dir = d, s.st = st, s.tf32 = st ? 0 : c->tf32, s.cap = c->conv_ws_cap;
     key_of(g, s.key);
     std::lock_guard<std::mutex> hold(searches_lock);
     for (const conv_search &o : searches)
-        if (o.device == s.device && o.dir == s.dir && o.bf16 == s.bf16 && o.tf32 == s.tf32 && o.cap == s.cap &&
+        if (o.device == s.device && o.dir == s.dir && o.st == s.st && o.tf32 == s.tf32 && o.cap == s.cap &&
             !memcmp(o.key, s.key, sizeof s.key))
             return o;
-    if (!searcher_for(c, op) || !describe(c, op, g, bf16, &searcher)) return s;
-    if (!timed(&searcher, d, g, bf16, s.cap, &s) && !heuristic(&searcher, d, &s)) s.n = 0;
+    if (!searcher_for(c, op) || !describe(c, op, g, st, &searcher)) return s;
+    if (!timed(&searcher, d, g, st, s.cap, &s) && !heuristic(&searcher, d, &s)) s.n = 0;
     searches.push_back(s);
     return s;
 }
 
 /* The first algorithm of the list that ran, fits `limit`, keeps to the math
- * the context allows (TF32 only if allowed; bf16 is tensor-core math anyway)
+ * the context allows (TF32 only if allowed; 16-bit storage is tensor-core math anyway)
  * and is deterministic unless that is off; -1 if none. */
 static int pick(ck_cuda_ctx *c, const conv_search *s, size_t limit, size_t *bytes)
 {
     for (int i = 0; i < s->n; i++) {
         const algo_perf *a = &s->perf[i];
-        if (a->ok && a->mem <= limit && (!c->deterministic || a->det) && (s->bf16 || c->tf32 || !a->tensor)) {
+        if (a->ok && a->mem <= limit && (!c->deterministic || a->det) && (s->st || c->tf32 || !a->tensor)) {
             if (bytes) *bytes = a->mem;
             return a->algo;
         }
@@ -263,10 +264,10 @@ static int pick(ck_cuda_ctx *c, const conv_search *s, size_t limit, size_t *byte
 }
 
 /* The cuDNN algorithm to run in ws_bytes, or -1 for our im2col path. */
-static int choose(ck_cuda_ctx *c, const char *op, dir d, const conv_geom *g, int bf16, size_t ws_bytes)
+static int choose(ck_cuda_ctx *c, const char *op, dir d, const conv_geom *g, ck_dtype st, size_t ws_bytes)
 {
-    if (c->conv_im2col && !bf16) return -1;
-    const conv_search s = search(c, op, d, g, bf16);
+    if (c->conv_im2col && !st) return -1;
+    const conv_search s = search(c, op, d, g, st);
     return pick(c, &s, ws_bytes, NULL);
 }
 
@@ -414,63 +415,69 @@ static void im2col_bwd_filter(ck_cuda_ctx *c, const conv_geom *g, float *dw, con
     }
 }
 
-/* ---- bf16 storage: the bias and its gradient ---- */
+/* ---- 16-bit storage (T: __nv_bfloat16 or __half): the bias and its gradient ---- */
 
-// y (N,O,HW) = b[o] broadcast, rounded to bf16
-__global__ void __launch_bounds__(THREADS) bias_fill_bf16(__nv_bfloat16 *y, const __nv_bfloat16 *b, int64_t O,
-                                                          int64_t HW, int64_t n)
+// y (N,O,HW) = b[o] broadcast
+template <typename T>
+__global__ void __launch_bounds__(THREADS) bias_fill_16(T *y, const T *b, int64_t O, int64_t HW, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = b[i / HW % O];
 }
 
 // db (O) = dy (N,O,HW) summed over N and HW in fp32, one block per channel in a fixed order
-__global__ void __launch_bounds__(THREADS) bias_grad_bf16(__nv_bfloat16 *db, const __nv_bfloat16 *dy, int64_t N,
-                                                          int64_t O, int64_t HW)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) bias_grad_16(T *db, const T *dy, int64_t N, int64_t O, int64_t HW)
 {
     __shared__ float sh[33];
     const int64_t o = blockIdx.x;
     float acc = 0.0f;
     for (int64_t i = threadIdx.x; i < N * HW; i += blockDim.x)
-        acc += __bfloat162float(dy[(i / HW * O + o) * HW + i % HW]);
+        acc += ck_ld(&dy[(i / HW * O + o) * HW + i % HW]);
     acc = ck_block_sum(acc, sh);
-    if (threadIdx.x == 0) db[o] = __float2bfloat16(acc);
+    if (threadIdx.x == 0) ck_st(&db[o], acc);
 }
 
-/* The three kernels in either storage (es: 4 fp32, 2 bf16). bf16 has no
- * im2col path: an algorithm that fits is required. */
-static int no_algo(const char *op, int bf16, size_t ws_bytes)
+/* The three kernels in any storage (st: CK_F32, CK_BF16 or CK_F16; es: 4 or
+ * 2 bytes). 16-bit storage has no im2col path: an algorithm that fits is
+ * required. */
+static int no_algo(const char *op, ck_dtype st, size_t ws_bytes)
 {
-    if (bf16) ck_cuda_fail(op, "no cuDNN bf16 algorithm fits the planned workspace of %zu bytes", ws_bytes);
-    return bf16;
+    if (st)
+        ck_cuda_fail(op, "no cuDNN %s algorithm fits the planned workspace of %zu bytes", st == CK_F16 ? "fp16" : "bf16",
+                     ws_bytes);
+    return st != CK_F32;
 }
 
-static void conv_fwd(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, const ck_view *in, int nin, int bf16)
+static void conv_fwd(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, const ck_view *in, int nin, ck_dtype st)
 {
     const char *op = "conv2d";
     ck_cuda_ctx *c = ck_cuda_begin(op);
     if (!c) return;
     const conv_desc kd = kernel_desc(c);
-    const size_t es = bf16 ? 2 : 4;
+    const size_t es = st ? 2 : 4;
     const conv_geom g = geom(p, &in[0], in[1].shape, &out[0]);
     const void *bias = nin > 2 ? in[2].data : NULL;
     void *y = out[0].data;
     const int64_t ny = g.N * g.O * g.HO * g.WO;
     if (ny == 0) return;
-    if (bias && bf16)
-        ck_launch(bias_fill_bf16, ck_grid(ny, THREADS), THREADS, c->stream, (__nv_bfloat16 *)y,
+    if (bias && st == CK_BF16)
+        ck_launch(bias_fill_16<__nv_bfloat16>, ck_grid(ny, THREADS), THREADS, c->stream, (__nv_bfloat16 *)y,
                   (const __nv_bfloat16 *)bias, g.O, g.HO * g.WO, ny);
+    else if (bias && st == CK_F16)
+        ck_launch(bias_fill_16<__half>, ck_grid(ny, THREADS), THREADS, c->stream, (__half *)y, (const __half *)bias,
+                  g.O, g.HO * g.WO, ny);
     else if (bias)
         ck_cuda_bias_fill(c, (float *)y, (const float *)bias, g.N, g.O, g.HO * g.WO);
     else if (g.C * g.KH * g.KW == 0)
         CK_CU(op, cudaMemsetAsync(y, 0, es * (size_t)ny, c->stream));
-    if (g.C * g.KH * g.KW > 0 && describe(c, op, &g, bf16, &kd)) {
-        const int algo = choose(c, op, FWD, &g, bf16, ctx->ws_bytes);
+    if (g.C * g.KH * g.KW > 0 && describe(c, op, &g, st, &kd)) {
+        const int algo = choose(c, op, FWD, &g, st, ctx->ws_bytes);
         const float one = 1.0f, beta = bias ? 1.0f : 0.0f;
         if (algo >= 0)
             CK_DNN(op, cudnnConvolutionForward(c->dnn, &one, c->tx, in[0].data, c->fw, in[1].data, c->conv,
                                                (cudnnConvolutionFwdAlgo_t)algo, ctx->ws, ctx->ws_bytes, &beta, c->ty, y));
-        else if (no_algo(op, bf16, ctx->ws_bytes))
+        else if (no_algo(op, st, ctx->ws_bytes))
             ;
         else if (const int64_t chunk = chunk_of(op, &g, ctx->ws_bytes))
             im2col_fwd(c, &g, (float *)y, in[0].data, in[1].data, beta, (float *)ctx->ws, chunk);
@@ -478,26 +485,26 @@ static void conv_fwd(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, co
     ck_cuda_end(c, op);
 }
 
-static void conv_bwd_data(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, const ck_view *in, int bf16)
+static void conv_bwd_data(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, const ck_view *in, ck_dtype st)
 {
     const char *op = "conv2d_bwd_data";
     ck_cuda_ctx *c = ck_cuda_begin(op);
     if (!c) return;
     const conv_desc kd = kernel_desc(c);
-    const size_t es = bf16 ? 2 : 4;
+    const size_t es = st ? 2 : 4;
     const conv_geom g = geom(p, &out[0], in[1].shape, &in[0]);
     void *dx = out[0].data;
     if (!dx || g.N * g.C * g.H * g.W == 0) return;
     if (g.O * g.HO * g.WO * g.KH * g.KW == 0) {
         CK_CU(op, cudaMemsetAsync(dx, 0, es * (size_t)(g.N * g.C * g.H * g.W), c->stream));
-    } else if (describe(c, op, &g, bf16, &kd)) {
-        const int algo = choose(c, op, BWD_DATA, &g, bf16, ctx->ws_bytes);
+    } else if (describe(c, op, &g, st, &kd)) {
+        const int algo = choose(c, op, BWD_DATA, &g, st, ctx->ws_bytes);
         const float one = 1.0f, zero = 0.0f;
         if (algo >= 0)
             CK_DNN(op, cudnnConvolutionBackwardData(c->dnn, &one, c->fw, in[1].data, c->ty, in[0].data, c->conv,
                                                     (cudnnConvolutionBwdDataAlgo_t)algo, ctx->ws, ctx->ws_bytes, &zero,
                                                     c->tx, dx));
-        else if (no_algo(op, bf16, ctx->ws_bytes))
+        else if (no_algo(op, st, ctx->ws_bytes))
             ;
         else if (const int64_t chunk = chunk_of(op, &g, ctx->ws_bytes))
             im2col_bwd_data(c, &g, (float *)dx, in[0].data, in[1].data, (float *)ctx->ws, chunk);
@@ -506,13 +513,13 @@ static void conv_bwd_data(const ck_kctx *ctx, const ck_op_params *p, ck_view *ou
 }
 
 static void conv_bwd_filter(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout, const ck_view *in,
-                            int bf16)
+                            ck_dtype st)
 {
     const char *op = "conv2d_bwd_filter";
     ck_cuda_ctx *c = ck_cuda_begin(op);
     if (!c) return;
     const conv_desc kd = kernel_desc(c);
-    const size_t es = bf16 ? 2 : 4;
+    const size_t es = st ? 2 : 4;
     void *dw = out[0].data, *db = nout > 1 ? out[1].data : NULL;
     // dw's shape gives the kernel size; with dw unwanted only O (from dy) matters.
     const int64_t wshape[4] = {in[0].shape[1], in[1].shape[1], dw ? out[0].shape[2] : 1, dw ? out[0].shape[3] : 1};
@@ -521,23 +528,26 @@ static void conv_bwd_filter(const ck_kctx *ctx, const ck_op_params *p, ck_view *
     if (db && g.O > 0) {
         if (g.N * howo == 0)
             CK_CU(op, cudaMemsetAsync(db, 0, es * (size_t)g.O, c->stream));
-        else if (bf16)
-            ck_launch(bias_grad_bf16, dim3((unsigned)g.O), THREADS, c->stream, (__nv_bfloat16 *)db,
+        else if (st == CK_BF16)
+            ck_launch(bias_grad_16<__nv_bfloat16>, dim3((unsigned)g.O), THREADS, c->stream, (__nv_bfloat16 *)db,
                       (const __nv_bfloat16 *)in[0].data, g.N, g.O, howo);
+        else if (st == CK_F16)
+            ck_launch(bias_grad_16<__half>, dim3((unsigned)g.O), THREADS, c->stream, (__half *)db,
+                      (const __half *)in[0].data, g.N, g.O, howo);
         else
             ck_cuda_sum_pqr(c, (float *)db, in[0].data, g.N, g.O, howo);
     }
     if (dw && g.O * g.C * g.KH * g.KW > 0) {
         if (g.N * howo == 0) {
             CK_CU(op, cudaMemsetAsync(dw, 0, es * (size_t)(g.O * g.C * g.KH * g.KW), c->stream));
-        } else if (describe(c, op, &g, bf16, &kd)) {
-            const int algo = choose(c, op, BWD_FILTER, &g, bf16, ctx->ws_bytes);
+        } else if (describe(c, op, &g, st, &kd)) {
+            const int algo = choose(c, op, BWD_FILTER, &g, st, ctx->ws_bytes);
             const float one = 1.0f, zero = 0.0f;
             if (algo >= 0)
                 CK_DNN(op, cudnnConvolutionBackwardFilter(c->dnn, &one, c->tx, in[1].data, c->ty, in[0].data, c->conv,
                                                           (cudnnConvolutionBwdFilterAlgo_t)algo, ctx->ws,
                                                           ctx->ws_bytes, &zero, c->fw, dw));
-            else if (no_algo(op, bf16, ctx->ws_bytes))
+            else if (no_algo(op, st, ctx->ws_bytes))
                 ;
             else if (const int64_t chunk = chunk_of(op, &g, ctx->ws_bytes))
                 im2col_bwd_filter(c, &g, (float *)dw, in[0].data, in[1].data, (float *)ctx->ws, chunk);
@@ -550,45 +560,60 @@ static void conv_bwd_filter(const ck_kctx *ctx, const ck_op_params *p, ck_view *
 extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d)
 {
     (void)nout;
-    conv_fwd(ctx, p, out, in, nin, 0);
+    conv_fwd(ctx, p, out, in, nin, CK_F32);
 }
 extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bf16)
 {
     (void)nout;
-    conv_fwd(ctx, p, out, in, nin, 1);
+    conv_fwd(ctx, p, out, in, nin, CK_BF16);
+}
+extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_f16)
+{
+    (void)nout;
+    conv_fwd(ctx, p, out, in, nin, CK_F16);
 }
 
 // dy is (N,O,HO,WO), w is (O,C,KH,KW); out dx is (N,C,H,W).
 extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data)
 {
     (void)nout, (void)nin;
-    conv_bwd_data(ctx, p, out, in, 0);
+    conv_bwd_data(ctx, p, out, in, CK_F32);
 }
 extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data_bf16)
 {
     (void)nout, (void)nin;
-    conv_bwd_data(ctx, p, out, in, 1);
+    conv_bwd_data(ctx, p, out, in, CK_BF16);
+}
+extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data_f16)
+{
+    (void)nout, (void)nin;
+    conv_bwd_data(ctx, p, out, in, CK_F16);
 }
 
 // dy is (N,O,HO,WO), x is (N,C,H,W); out dw is (O,C,KH,KW), db is (O); either may be unwanted.
 extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter)
 {
     (void)nin;
-    conv_bwd_filter(ctx, p, out, nout, in, 0);
+    conv_bwd_filter(ctx, p, out, nout, in, CK_F32);
 }
 extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter_bf16)
 {
     (void)nin;
-    conv_bwd_filter(ctx, p, out, nout, in, 1);
+    conv_bwd_filter(ctx, p, out, nout, in, CK_BF16);
+}
+extern "C" CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter_f16)
+{
+    (void)nin;
+    conv_bwd_filter(ctx, p, out, nout, in, CK_F16);
 }
 
 /* ---- the plan's workspace ---- */
 
 extern "C" size_t ck_cuda_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
-                                    const ck_shape *out, int bf16)
+                                    const ck_shape *out, ck_dtype st)
 {
     const size_t stated =
-        bf16 ? ck_op_workspace_cuda_bf16(op, p, in, nin, out, 1) : ck_op_workspace_cuda(op, p, in, nin, out, 1);
+        st ? ck_op_workspace_cuda_bf16(op, p, in, nin, out, 1) : ck_op_workspace_cuda(op, p, in, nin, out, 1);
     if (op != CK_OP_CONV2D && op != CK_OP_CONV2D_BWD_DATA && op != CK_OP_CONV2D_BWD_FILTER) return stated;
     ck_cuda_ctx *c = ck_cuda_current();
     if (!c || ck_cuda_failed()) return stated;
@@ -606,9 +631,9 @@ extern "C" size_t ck_cuda_workspace(enum ck_op op, const ck_op_params *p, const 
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] == 0) return 0; /* the kernels call no algorithm */
     const dir d = op == CK_OP_CONV2D ? FWD : op == CK_OP_CONV2D_BWD_DATA ? BWD_DATA : BWD_FILTER;
-    if (c->conv_im2col && !bf16) return stated;
+    if (c->conv_im2col && !st) return stated;
     /* a shape cuDNN refuses (or an unwanted dw, which comes as dy's shape) keeps the stated rule */
-    const conv_search s = search(c, ck_op_name(op), d, &g, bf16);
+    const conv_search s = search(c, ck_op_name(op), d, &g, st);
     if (ck_cuda_failed()) {
         ck_cuda_clear_error();
         return stated;

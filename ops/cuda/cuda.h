@@ -60,7 +60,8 @@ void ck_cuda_set_conv_im2col(ck_cuda_ctx *c, int on);
 #define CK_CUDA_CONV_WS_CAP ((size_t)256 << 20)
 void ck_cuda_set_conv_workspace_cap(ck_cuda_ctx *c, size_t bytes);
 /* The workspace a convolution op (CONV2D, CONV2D_BWD_DATA, CONV2D_BWD_FILTER)
- * takes on the current context, in fp32 or bf16 storage: the workspace of the
+ * takes on the current context, in storage st (CK_F32, CK_BF16, CK_F16; the
+ * search is keyed by it): the workspace of the
  * algorithm chosen for its shape, the fastest (by cudnnFind*AlgorithmEx, or
  * cuDNN's heuristic where the search cannot allocate its buffers) that fits
  * the cap and is deterministic unless determinism is off; searched once per
@@ -68,7 +69,7 @@ void ck_cuda_set_conv_workspace_cap(ck_cuda_ctx *c, size_t bytes);
  * Where none fits, the im2col path's workspace (fp32; ck_op_workspace_cuda).
  * Other ops: the rules of ops/rules.c. */
 size_t ck_cuda_workspace(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin, const ck_shape *out,
-                         int bf16);
+                         ck_dtype st);
 /* Synchronize after every op so an asynchronous fault names its op
  * (default 0; the environment variable CK_CUDA_SYNC=1 turns it on at open). */
 void ck_cuda_set_sync_each_op(ck_cuda_ctx *c, int on);
@@ -99,7 +100,7 @@ int ck_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 int ck_cuda_fill_u32(void *dst, uint32_t v, size_t nwords);
 int ck_cuda_high_water(const void *base, size_t lo, size_t hi, uint32_t v, size_t *top);
 int ck_cuda_all_finite(const float *x, int64_t n, int *finite);
-/* n values between fp32 and bf16 storage, and from fp8 to either (to == from
+/* n values between fp32 and bf16 or fp16 storage, and from fp8 to any of them (to == from
  * copies), queued on the stream */
 int ck_cuda_convert(void *dst, ck_dtype to, const void *src, ck_dtype from, int64_t n);
 
@@ -144,6 +145,10 @@ extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
  * slice and reshape, and on tensor cores (fp32 accumulation) the products
  * (cuBLASLt) and convolutions (cuDNN). NULL elsewhere. */
 extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
+/* Every tensor in fp16 storage (__half): the products, convolutions and
+ * attention on tensor cores with fp32 accumulation, the same code as bf16's
+ * instantiated for the other type. NULL elsewhere: those ops read fp32 copies. */
+extern const ck_kernel_fn ck_cuda_kernels_f16[CK_OP_COUNT];
 
 #define CK_CUDA_KERNEL(name) \
     void name(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout, const ck_view *in, int nin)
@@ -152,14 +157,19 @@ extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 CK_CUDA_KERNEL(ck_cuda_matmul);
 CK_CUDA_KERNEL(ck_cuda_linear);
 CK_CUDA_KERNEL(ck_cuda_matmul_bf16);
+CK_CUDA_KERNEL(ck_cuda_matmul_f16);
 CK_CUDA_KERNEL(ck_cuda_linear_bf16);
+CK_CUDA_KERNEL(ck_cuda_linear_f16);
 /* conv2d.cu */
 CK_CUDA_KERNEL(ck_cuda_conv2d);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bf16);
+CK_CUDA_KERNEL(ck_cuda_conv2d_f16);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data_bf16);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_data_f16);
 CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter_bf16);
+CK_CUDA_KERNEL(ck_cuda_conv2d_bwd_filter_f16);
 /* norm.cu */
 CK_CUDA_KERNEL(ck_cuda_group_norm);
 CK_CUDA_KERNEL(ck_cuda_group_norm_bwd);
@@ -194,7 +204,9 @@ CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16);
 CK_CUDA_KERNEL(ck_cuda_attention);
 CK_CUDA_KERNEL(ck_cuda_attention_bwd);
 CK_CUDA_KERNEL(ck_cuda_attention_bf16);
+CK_CUDA_KERNEL(ck_cuda_attention_f16);
 CK_CUDA_KERNEL(ck_cuda_attention_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_attention_bwd_f16);
 /* elementwise.cu */
 CK_CUDA_KERNEL(ck_cuda_add);
 CK_CUDA_KERNEL(ck_cuda_sub);

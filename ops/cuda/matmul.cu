@@ -1,9 +1,10 @@
 /* Dense products on the GPU: batched MATMUL and LINEAR (x W^T + b). fp32
  * through cuBLAS sgemm (strided batched), exact unless the context allows
  * TF32; cuBLAS's workspace is the context's fixed one (the plan gives fp32
- * products none). bf16 storage through cuBLASLt on tensor cores: bf16 A and B,
- * fp32 accumulation (CUBLAS_COMPUTE_32F), bf16 D, the bias added in the
- * epilogue, in the workspace the plan gave the op (ck_op_workspace_cuda_bf16).
+ * products none). bf16 and fp16 storage through cuBLASLt on tensor cores: A,
+ * B and D of the storage type (CUDA_R_16BF, CUDA_R_16F), fp32 accumulation
+ * (CUBLAS_COMPUTE_32F), the bias added in the epilogue, in the workspace the
+ * plan gave the op (ck_op_workspace_cuda_bf16, the same for either type).
  * Row-major operands are handed to column-major cuBLAS as their transposes:
  * C^T = op(B)^T op(A)^T. One stream and a fixed workspace per op keep results
  * bitwise reproducible. */
@@ -84,9 +85,9 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_linear)
     ck_cuda_end(c, "linear");
 }
 
-/* ---- bf16 through cuBLASLt ---- */
+/* ---- bf16 and fp16 through cuBLASLt ---- */
 
-/* The largest power of two (at most 256) dividing a bf16 operand's address
+/* The largest power of two (at most 256) dividing a 16-bit operand's address
  * and, when batched, its batch stride of `stride` elements. */
 static uint32_t lt_align(const void *p, int64_t stride, int64_t batch)
 {
@@ -95,8 +96,9 @@ static uint32_t lt_align(const void *p, int64_t stride, int64_t batch)
     return (uint32_t)(a & (~a + 1));
 }
 
-/* Row-major D = op(A) op(B) (+ bias per column of D) over `batch` matrices, A
- * and B bf16, D of type dt, in the workspace given (the heuristic is offered
+/* Row-major D = op(A) op(B) (+ bias per column of D) over `batch` matrices, A,
+ * B, D and the bias of the 16-bit type dt (CUDA_R_16BF or CUDA_R_16F), fp32
+ * accumulation, in the workspace given (the heuristic is offered
  * exactly that); strides in elements, 0 broadcasts. */
 static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A,
                    int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *D, cudaDataType_t dt,
@@ -116,7 +118,7 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
     /* what the heuristic may assume of each operand's alignment (it assumes
      * 256 bytes unless told): its pointer's and, batched, its stride's */
     const uint32_t al_a = lt_align(B, sb, batch), al_b = lt_align(A, sa, batch);
-    const uint32_t al_d = lt_align(D, sd * (dt == CUDA_R_16BF ? 1 : 2), batch);
+    const uint32_t al_d = lt_align(D, sd, batch);
     const float one = 1.0f, zero = 0.0f;
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
@@ -126,8 +128,8 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
              CK_BLAS(op, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) &&
              (!bias ||
               CK_BLAS(op, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))) &&
-             CK_BLAS(op, cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb)) &&
-             CK_BLAS(op, cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda)) &&
+             CK_BLAS(op, cublasLtMatrixLayoutCreate(&lb, dt, tb ? K : N, tb ? N : K, ldb)) &&
+             CK_BLAS(op, cublasLtMatrixLayoutCreate(&la, dt, ta ? M : K, ta ? K : M, lda)) &&
              CK_BLAS(op, cublasLtMatrixLayoutCreate(&ld, dt, N, M, ldd));
     const struct {
         cublasLtMatrixLayout_t l;
@@ -149,7 +151,8 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
          CK_BLAS(op, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
                                                           sizeof al_d)) &&
          CK_BLAS(op, cublasLtMatmulAlgoGetHeuristic(c->lt, desc, lb, la, ld, ld, pref, 1, &h, &found));
-    if (ok && found < 1) ok = ck_cuda_fail(op, "cuBLASLt offers no bf16 algorithm within the planned workspace of %zu bytes", ws_bytes);
+    if (ok && found < 1) ok = ck_cuda_fail(op, "cuBLASLt offers no %s algorithm within the planned workspace of %zu bytes",
+                                          dt == CUDA_R_16F ? "fp16" : "bf16", ws_bytes);
     ok = ok && CK_BLAS(op, cublasLtMatmul(c->lt, desc, &one, B, lb, A, la, &zero, D, ld, D, ld, &h.algo, ws,
                                           (size_t)max_ws, c->stream));
     if (pref) CK_BLAS(op, cublasLtMatmulPreferenceDestroy(pref));
@@ -161,16 +164,16 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
 }
 
 // y (rows, OUT) = b[j] broadcast, or 0 without b: a product with no inner dimension
-__global__ void __launch_bounds__(256) fill_rows_bf16(__nv_bfloat16 *y, const __nv_bfloat16 *b, int64_t OUT, int64_t n)
+template <typename T>
+__global__ void __launch_bounds__(256) fill_rows_16(T *y, const T *b, int64_t OUT, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = b ? b[i % OUT] : __float2bfloat16(0.0f);
+        ck_st(&y[i], b ? ck_ld(&b[i % OUT]) : 0.0f);
 }
 
-// a, b, out as ck_cuda_matmul, every tensor bf16.
-extern "C" CK_CUDA_KERNEL(ck_cuda_matmul_bf16)
+// a, b, out as ck_cuda_matmul, every tensor of the 16-bit type dt
+static void matmul_16(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, const ck_view *in, cudaDataType_t dt)
 {
-    (void)nout, (void)nin;
     ck_cuda_ctx *c = ck_cuda_begin("matmul");
     if (!c) return;
     const ck_view *a = &in[0], *b = &in[1];
@@ -181,25 +184,24 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_matmul_bf16)
     const int64_t batch = batch_of(y), abatch = batch_of(a), bbatch = batch_of(b);
     if (batch * M * N == 0) return;
     if (K == 0) {
-        CK_CU("matmul", cudaMemsetAsync(y->data, 0, sizeof(__nv_bfloat16) * (size_t)(batch * M * N), c->stream));
+        CK_CU("matmul", cudaMemsetAsync(y->data, 0, 2 * (size_t)(batch * M * N), c->stream));
         ck_cuda_end(c, "matmul");
         return;
     }
     const int64_t lda = ta ? M : K, ldb = tb ? K : N;
     const int64_t sa = abatch == 1 ? 0 : M * K, sb = bbatch == 1 ? 0 : K * N;
     if (sb == 0 && !ta && abatch == batch)
-        gemm_lt(c, "matmul", 0, tb, batch * M, N, K, a->data, lda, 0, b->data, ldb, 0, y->data, CUDA_R_16BF, N, 0, 1,
-                NULL, ctx->ws, ctx->ws_bytes);
+        gemm_lt(c, "matmul", 0, tb, batch * M, N, K, a->data, lda, 0, b->data, ldb, 0, y->data, dt, N, 0, 1, NULL,
+                ctx->ws, ctx->ws_bytes);
     else
-        gemm_lt(c, "matmul", ta, tb, M, N, K, a->data, lda, sa, b->data, ldb, sb, y->data, CUDA_R_16BF, N, M * N,
-                batch, NULL, ctx->ws, ctx->ws_bytes);
+        gemm_lt(c, "matmul", ta, tb, M, N, K, a->data, lda, sa, b->data, ldb, sb, y->data, dt, N, M * N, batch, NULL,
+                ctx->ws, ctx->ws_bytes);
     ck_cuda_end(c, "matmul");
 }
 
-// x, w, b, out as ck_cuda_linear, every tensor bf16; the bias in cuBLASLt's epilogue.
-extern "C" CK_CUDA_KERNEL(ck_cuda_linear_bf16)
+// x, w, b, out as ck_cuda_linear, every tensor of the 16-bit type dt; the bias in cuBLASLt's epilogue.
+static void linear_16(const ck_kctx *ctx, ck_view *out, const ck_view *in, int nin, cudaDataType_t dt)
 {
-    (void)p, (void)nout;
     ck_cuda_ctx *c = ck_cuda_begin("linear");
     if (!c) return;
     const void *bias = nin > 2 ? in[2].data : NULL;
@@ -209,11 +211,36 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_linear_bf16)
     if (rows == 0) return;
     if (IN == 0) {
         const int64_t n = rows * OUT;
-        ck_launch(fill_rows_bf16, ck_grid(n, 256), 256, c->stream, (__nv_bfloat16 *)out[0].data,
-                  (const __nv_bfloat16 *)bias, OUT, n);
+        if (dt == CUDA_R_16F)
+            ck_launch(fill_rows_16<__half>, ck_grid(n, 256), 256, c->stream, (__half *)out[0].data,
+                      (const __half *)bias, OUT, n);
+        else
+            ck_launch(fill_rows_16<__nv_bfloat16>, ck_grid(n, 256), 256, c->stream, (__nv_bfloat16 *)out[0].data,
+                      (const __nv_bfloat16 *)bias, OUT, n);
     } else {
-        gemm_lt(c, "linear", 0, 1, rows, OUT, IN, in[0].data, IN, 0, in[1].data, IN, 0, out[0].data, CUDA_R_16BF, OUT, 0,
-                1, bias, ctx->ws, ctx->ws_bytes);
+        gemm_lt(c, "linear", 0, 1, rows, OUT, IN, in[0].data, IN, 0, in[1].data, IN, 0, out[0].data, dt, OUT, 0, 1,
+                bias, ctx->ws, ctx->ws_bytes);
     }
     ck_cuda_end(c, "linear");
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_matmul_bf16)
+{
+    (void)nout, (void)nin;
+    matmul_16(ctx, p, out, in, CUDA_R_16BF);
+}
+extern "C" CK_CUDA_KERNEL(ck_cuda_matmul_f16)
+{
+    (void)nout, (void)nin;
+    matmul_16(ctx, p, out, in, CUDA_R_16F);
+}
+extern "C" CK_CUDA_KERNEL(ck_cuda_linear_bf16)
+{
+    (void)p, (void)nout;
+    linear_16(ctx, out, in, nin, CUDA_R_16BF);
+}
+extern "C" CK_CUDA_KERNEL(ck_cuda_linear_f16)
+{
+    (void)p, (void)nout;
+    linear_16(ctx, out, in, nin, CUDA_R_16F);
 }

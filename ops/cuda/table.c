@@ -83,3 +83,13 @@ const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_GROUP_NORM_SILU] = ck_cuda_group_norm_silu_bf16,
     [CK_OP_GROUP_NORM_SILU_BWD] = ck_cuda_group_norm_silu_bwd_bf16,
 };
+
+const ck_kernel_fn ck_cuda_kernels_f16[CK_OP_COUNT] = {
+    [CK_OP_MATMUL] = ck_cuda_matmul_f16,
+    [CK_OP_LINEAR] = ck_cuda_linear_f16,
+    [CK_OP_CONV2D] = ck_cuda_conv2d_f16,
+    [CK_OP_CONV2D_BWD_DATA] = ck_cuda_conv2d_bwd_data_f16,
+    [CK_OP_CONV2D_BWD_FILTER] = ck_cuda_conv2d_bwd_filter_f16,
+    [CK_OP_ATTENTION] = ck_cuda_attention_f16,
+    [CK_OP_ATTENTION_BWD] = ck_cuda_attention_bwd_f16,
+};

@@ -9,13 +9,15 @@
  * Tolerance: max |gpu - cpu| <= tol * max |cpu| over each output. fp32 ops
  * 1e-4 (the issue's bound); data movement, dropout (the same counter-based
  * mask), fill and plain arithmetic 0 or 1e-6 (the same float operations, at
- * most an FMA apart). TF32 cases 1e-2 (10 mantissa bits); bf16 storage 1e-2
- * (the output's own rounding is 2^-9), against the CPU fed the same rounded inputs.
+ * most an FMA apart). TF32 cases 1e-2 (10 mantissa bits); bf16 and fp16
+ * storage 1e-2 (the output's own rounding is 2^-9, 2^-11), against the CPU fed
+ * the same rounded inputs.
  *
  * Built three ways: against ck_cuda (CK_HAVE_CUDA; skipped, exit 77, without
  * a device), against the CPU emulator of tests/cuda_emu (CK_CUDA_EMU; small
  * shapes unless CK_TEST_BIG=1), or without either (skipped). */
 #include "cpu/cpu.h"
+#include "fp16.h"
 #include "fp8.h"
 
 #include <math.h>
@@ -128,47 +130,49 @@ static float from_bf16(uint16_t h)
     return f;
 }
 
-/* n elements of es bytes (4: fp32, 2: bf16) on the device, then GUARD_BYTES of 0xA5 */
+/* n elements of storage st (fp32, bf16 or fp16) on the device, then GUARD_BYTES of 0xA5 */
 #define GUARD_BYTES 64
-static void upload(void *d, const float *h, int64_t n, int es)
+static uint16_t to_16(ck_dtype st, float f) { return st == CK_F16 ? ck_f16_from_f32(f) : to_bf16(f); }
+static float from_16(ck_dtype st, uint16_t h) { return st == CK_F16 ? ck_f32_from_f16(h) : from_bf16(h); }
+static void upload(void *d, const float *h, int64_t n, ck_dtype st)
 {
-    if (es == 4) {
+    if (st == CK_F32) {
         ck_cuda_upload(d, h, sizeof(float) * (size_t)n);
         return;
     }
     uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(n + 1));
-    for (int64_t i = 0; i < n; i++) b[i] = to_bf16(h[i]);
+    for (int64_t i = 0; i < n; i++) b[i] = to_16(st, h[i]);
     ck_cuda_upload(d, b, sizeof(uint16_t) * (size_t)n);
     free(b);
 }
-static void download(float *h, const void *d, int64_t n, int es)
+static void download(float *h, const void *d, int64_t n, ck_dtype st)
 {
-    if (es == 4) {
+    if (st == CK_F32) {
         ck_cuda_download(h, d, sizeof(float) * (size_t)n);
         return;
     }
     uint16_t *b = malloc(sizeof(uint16_t) * (size_t)(n + 1));
     ck_cuda_download(b, d, sizeof(uint16_t) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) h[i] = from_bf16(b[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = from_16(st, b[i]);
     free(b);
 }
-static float *dev_alloc(int64_t n, int es)
+static float *dev_alloc(int64_t n, ck_dtype st)
 {
-    const size_t bytes = (size_t)n * (size_t)es;
+    const size_t bytes = (size_t)n * ck_dtype_bytes(st);
     float *d = ck_cuda_alloc(bytes + GUARD_BYTES);
     float *h = malloc(sizeof(float) * (size_t)(n + 1));
     for (int64_t i = 0; i < n; i++) h[i] = POISON;
-    upload(d, h, n, es);
+    upload(d, h, n, st);
     free(h);
     unsigned char g[GUARD_BYTES];
     memset(g, 0xA5, sizeof g);
     ck_cuda_upload((char *)d + bytes, g, sizeof g);
     return d;
 }
-static int dev_guard_ok(const float *d, int64_t n, int es)
+static int dev_guard_ok(const float *d, int64_t n, ck_dtype st)
 {
     unsigned char g[GUARD_BYTES];
-    ck_cuda_download(g, (const char *)d + (size_t)n * (size_t)es, sizeof g);
+    ck_cuda_download(g, (const char *)d + (size_t)n * ck_dtype_bytes(st), sizeof g);
     for (int i = 0; i < GUARD_BYTES; i++)
         if (g[i] != 0xA5) return 0;
     return 1;
@@ -187,19 +191,18 @@ static double rel_err(const float *got, const float *ref, int64_t n)
 
 static const ck_kctx base_ctx = {42, 3, 1e-3f, NULL, 0, 3, 0};
 
-/* Runs one case on both backends and reports. bf16: every tensor in bf16
- * storage on the device (ck_cuda_kernels_bf16), the CPU fed the same rounded
- * inputs. */
+/* Runs one case on both backends and reports. st CK_BF16 or CK_F16: every
+ * tensor in that storage on the device (ck_cuda_kernels_bf16, _f16), the CPU
+ * fed the same rounded inputs. */
 /* the convolutions' workspace cut to this many im2col columns (0: the rule's) */
 static int columns_only;
 /* 1: cuDNN's heuristic (fastest) algorithms, which need not repeat bitwise */
 static int nondeterministic;
 
-static void run_case(const tcase *t, int bf16)
+static void run_case(const tcase *t, ck_dtype st)
 {
     if (!selected(t->label)) return;
-    const int es = bf16 ? 2 : 4;
-    const ck_kernel_fn *table = bf16 ? ck_cuda_kernels_bf16 : ck_cuda_kernels;
+    const ck_kernel_fn *table = st == CK_BF16 ? ck_cuda_kernels_bf16 : st == CK_F16 ? ck_cuda_kernels_f16 : ck_cuda_kernels;
     char err[256];
     const enum ck_op op = t->op;
     const int nin = t->nin, nout = ck_op_nout(op);
@@ -218,11 +221,11 @@ static void run_case(const tcase *t, int bf16)
         hin[j] = malloc(sizeof(float) * (size_t)(nin_el[j] + 1));
         cpu_in[j] = malloc(sizeof(float) * (size_t)(nin_el[j] + 1));
         fill(hin[j], nin_el[j], t->kind[j]);
-        if (bf16)
-            for (int64_t i = 0; i < nin_el[j]; i++) hin[j][i] = from_bf16(to_bf16(hin[j][i]));
+        if (st != CK_F32)
+            for (int64_t i = 0; i < nin_el[j]; i++) hin[j][i] = from_16(st, to_16(st, hin[j][i]));
         memcpy(cpu_in[j], hin[j], sizeof(float) * (size_t)nin_el[j]);
-        din[j] = dev_alloc(nin_el[j], es);
-        upload(din[j], hin[j], nin_el[j], es);
+        din[j] = dev_alloc(nin_el[j], st);
+        upload(din[j], hin[j], nin_el[j], st);
     }
     for (int k = 0; k < nout; k++) {
         nout_el[k] = ck_shape_numel(&out[k]);
@@ -235,7 +238,7 @@ static void run_case(const tcase *t, int bf16)
         } else {
             cpu_out[k] = malloc(sizeof(float) * (size_t)(nout_el[k] + 1));
             for (int64_t i = 0; i < nout_el[k]; i++) cpu_out[k][i] = POISON;
-            dout[k] = dev_alloc(nout_el[k], es);
+            dout[k] = dev_alloc(nout_el[k], st);
         }
     }
 
@@ -250,14 +253,14 @@ static void run_case(const tcase *t, int bf16)
     ck_cpu_kernels[op](&cctx, &t->p, vout, nout, vin, nin);
 
     // CUDA, with the workspace of a GPU plan (or columns_only columns of a convolution)
-    size_t gws = ck_cuda_workspace(op, &t->p, t->in, nin, out, bf16);
+    size_t gws = ck_cuda_workspace(op, &t->p, t->in, nin, out, st);
     if (columns_only && (op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA || op == CK_OP_CONV2D_BWD_FILTER)) {
         const ck_shape *w = op == CK_OP_CONV2D_BWD_FILTER ? &out[0] : &t->in[1];
         const int64_t ch = op == CK_OP_CONV2D ? t->in[0].d[1] : op == CK_OP_CONV2D_BWD_DATA ? out[0].d[1] : t->in[1].d[1];
         const size_t cols = (size_t)columns_only * sizeof(float) * (size_t)(ch * w->d[2] * w->d[3]);
         if (cols < gws) gws = cols;
     }
-    float *dws = gws ? dev_alloc((int64_t)((gws + 3) / 4), 4) : NULL;
+    float *dws = gws ? dev_alloc((int64_t)((gws + 3) / 4), CK_F32) : NULL;
     ck_kctx gctx = base_ctx;
     gctx.ws = dws, gctx.ws_bytes = gws;
     for (int j = 0; j < nin; j++) vin[j] = view(din[j], &t->in[j]);
@@ -265,7 +268,7 @@ static void run_case(const tcase *t, int bf16)
     int ok = 1;
     for (int run = 0; run < 2 && ok; run++) {
         if (run == 1)
-            for (int j = 0; j < nin; j++) upload(din[j], hin[j], nin_el[j], es);
+            for (int j = 0; j < nin; j++) upload(din[j], hin[j], nin_el[j], st);
         table[op](&gctx, &t->p, vout, nout, vin, nin);
         if (ck_cuda_failed() || ck_cuda_sync()) {
             report(0, "%s: %s", t->label, ck_cuda_last_error());
@@ -274,7 +277,7 @@ static void run_case(const tcase *t, int bf16)
             break;
         }
         for (int k = 0; k < nout; k++)
-            if (dout[k]) download(run ? got2[k] : got[k], dout[k], nout_el[k], es);
+            if (dout[k]) download(run ? got2[k] : got[k], dout[k], nout_el[k], st);
     }
     if (ok) {
         double worst = 0;
@@ -290,12 +293,12 @@ static void run_case(const tcase *t, int bf16)
             }
             if (!(e <= worst)) worst = e;
             bitwise &= memcmp(got[k], got2[k], sizeof(float) * (size_t)nout_el[k]) == 0;
-            guards &= dev_guard_ok(dout[k], nout_el[k], es);
+            guards &= dev_guard_ok(dout[k], nout_el[k], st);
         }
-        for (int j = 0; j < nin; j++) guards &= dev_guard_ok(din[j], nin_el[j], es);
-        if (dws) guards &= dev_guard_ok(dws, (int64_t)((gws + 3) / 4), 4);
-        const double tol = bf16 ? 1e-2 : t->tol;
-        report(worst <= tol && (bitwise || nondeterministic) && guards, "%s%s: rel err %.2e (tol %.0e)%s%s", t->label, bf16 ? ", bf16" : "",
+        for (int j = 0; j < nin; j++) guards &= dev_guard_ok(din[j], nin_el[j], st);
+        if (dws) guards &= dev_guard_ok(dws, (int64_t)((gws + 3) / 4), CK_F32);
+        const double tol = st != CK_F32 ? 1e-2 : t->tol;
+        report(worst <= tol && (bitwise || nondeterministic) && guards, "%s%s: rel err %.2e (tol %.0e)%s%s", t->label, st == CK_BF16 ? ", bf16" : st == CK_F16 ? ", fp16" : "",
                worst, tol,
                bitwise ? "" : nondeterministic ? " (differs between two runs, as the heuristic may)" : ", differs between two runs",
                guards ? "" : ", wrote past a buffer");
@@ -585,7 +588,7 @@ static void rerun(const enum ck_op *ops, const char *what, double tol, int emula
         snprintf(label, sizeof label, "%s, %s", t.label, what);
         t.label = label;
         if (tol > 0) t.tol = tol;
-        run_case(&t, 0);
+        run_case(&t, CK_F32);
     }
 }
 
@@ -629,26 +632,31 @@ static void short_workspace_names_the_op(void)
     ck_cuda_free(d);
 }
 
-/* bf16 attention runs on tensor cores for head dims up to 256; a wider head is
- * refused, naming the op, and nothing is written. */
-static void bf16_attention_wide_head_names_the_op(void)
+/* 16-bit attention (bf16 or fp16) runs on tensor cores for head dims up to
+ * 256; a wider head is refused, naming the op, and nothing is written. */
+static void attention16_wide_head_names_the_op(ck_dtype st)
 {
     const int64_t n = 2 * 3 * 320;
+    const char *name = st == CK_F16 ? "fp16" : "bf16";
     uint16_t *d = ck_cuda_alloc(sizeof(uint16_t) * (size_t)n * 4);
     uint16_t h[2 * 3 * 320], back[2 * 3 * 320];
-    for (int64_t i = 0; i < n; i++) h[i] = to_bf16(0.5f);
+    for (int64_t i = 0; i < n; i++) h[i] = to_16(st, 0.5f);
     for (int j = 0; j < 4; j++) ck_cuda_upload(d + j * n, h, sizeof h);
     ck_view in[4], out[1];
     for (int j = 0; j < 3; j++) in[j] = (ck_view){(float *)(d + j * n), 3, {2, 3, 320}};
-    out[0] = (ck_view){(float *)(d + 3 * n), 3, {2, 3, 320}}; /* bf16 data */
-    ck_cuda_kernels_bf16[CK_OP_ATTENTION](&base_ctx, &(ck_op_params){.i = {1}}, out, 1, in, 3);
-    const int failed_ok = ck_cuda_failed() && strstr(ck_cuda_last_error(), "attention_bf16: head dim 320") &&
+    out[0] = (ck_view){(float *)(d + 3 * n), 3, {2, 3, 320}}; /* 16-bit data */
+    (st == CK_F16 ? ck_cuda_kernels_f16 : ck_cuda_kernels_bf16)[CK_OP_ATTENTION](&base_ctx, &(ck_op_params){.i = {1}},
+                                                                                 out, 1, in, 3);
+    char want[64];
+    snprintf(want, sizeof want, "attention_%s: head dim 320", st == CK_F16 ? "f16" : "bf16");
+    const int failed_ok = ck_cuda_failed() && strstr(ck_cuda_last_error(), want) &&
                           strstr(ck_cuda_last_error(), "up to 256");
     char got[256];
     snprintf(got, sizeof got, "%s", ck_cuda_last_error());
     ck_cuda_clear_error();
     const int untouched = ck_cuda_download(back, out[0].data, sizeof back) == 0 && memcmp(back, h, sizeof h) == 0;
-    report(failed_ok && untouched, "bf16 attention with head dim 320: \"%s\"%s", got, untouched ? "" : ", output written");
+    report(failed_ok && untouched, "%s attention with head dim 320: \"%s\"%s", name, got,
+           untouched ? "" : ", output written");
     ck_cuda_free(d);
 }
 
@@ -766,15 +774,15 @@ static int run_once(enum ck_op op, const ck_op_params *p, const ck_shape *in, in
     float *bufs[CK_MAX_IN + CK_MAX_OUT] = {0};
     int nb = 0;
     for (int j = 0; j < nin; j++) {
-        bufs[nb] = dev_alloc(ck_shape_numel(&in[j]), 4);
+        bufs[nb] = dev_alloc(ck_shape_numel(&in[j]), CK_F32);
         ck_cuda_memset(bufs[nb], 0, 4 * (size_t)ck_shape_numel(&in[j]));
         vin[j] = view(bufs[nb++], &in[j]);
     }
     for (int k = 0; k < ck_op_nout(op); k++) {
-        bufs[nb] = dev_alloc(ck_shape_numel(&out[k]), 4);
+        bufs[nb] = dev_alloc(ck_shape_numel(&out[k]), CK_F32);
         vout[k] = view(bufs[nb++], &out[k]);
     }
-    float *ws = ws_bytes ? dev_alloc((int64_t)((ws_bytes + 3) / 4), 4) : NULL;
+    float *ws = ws_bytes ? dev_alloc((int64_t)((ws_bytes + 3) / 4), CK_F32) : NULL;
     ck_kctx ctx = base_ctx;
     ctx.ws = ws, ctx.ws_bytes = ws_bytes;
     (bf16 ? ck_cuda_kernels_bf16 : ck_cuda_kernels)[op](&ctx, p, vout, ck_op_nout(op), vin, nin);
@@ -901,11 +909,14 @@ int main(void)
             skipped++;
             continue;
         }
-        if (!cases[i].bf16_only) run_case(&cases[i], 0);
+        if (!cases[i].bf16_only) run_case(&cases[i], CK_F32);
     }
     // bf16 storage, where the op has it
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (ck_cuda_kernels_bf16[cases[i].op] && !(cases[i].big && emulated)) run_case(&cases[i], 1);
+        if (ck_cuda_kernels_bf16[cases[i].op] && !(cases[i].big && emulated)) run_case(&cases[i], CK_BF16);
+    // fp16 storage: the products, convolutions and attention on tensor cores
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (ck_cuda_kernels_f16[cases[i].op] && !(cases[i].big && emulated)) run_case(&cases[i], CK_F16);
 
     // cuDNN's heuristic choice (determinism off), our im2col path, TF32 products
     static const enum ck_op convs[] = {CK_OP_CONV2D, CK_OP_CONV2D_BWD_DATA, CK_OP_CONV2D_BWD_FILTER, CK_OP_NONE};
@@ -932,7 +943,8 @@ int main(void)
 #endif
     unbound_context_names_the_op(c);
     short_workspace_names_the_op();
-    bf16_attention_wide_head_names_the_op();
+    attention16_wide_head_names_the_op(CK_BF16);
+    attention16_wide_head_names_the_op(CK_F16);
     embedding_bad_id_names_the_op();
 
     int covered[CK_OP_COUNT] = {0};

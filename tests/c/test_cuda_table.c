@@ -1,5 +1,5 @@
 /* The CUDA kernel tables hold exactly the kernels ops.def's cuda column
- * promises (fp32, and bf16 storage), and the CUDA backend has a kernel for
+ * promises (fp32, and bf16 and fp16 storage), and the CUDA backend has a kernel for
  * every op the CPU backend has and for no op the CPU lacks. Runs without a
  * device: it only reads the tables. */
 #include "cpu/cpu.h"
@@ -25,12 +25,18 @@ int main(void)
         const unsigned prec = ck_op_precisions((enum ck_op)op, 1);
         bad += !follows("ck_cuda_kernels", ck_cuda_kernels, op, prec, CK_PREC_MASK_F32);
         bad += !follows("ck_cuda_kernels_bf16", ck_cuda_kernels_bf16, op, prec, CK_PREC_MASK_BF16);
+        bad += !follows("ck_cuda_kernels_f16", ck_cuda_kernels_f16, op, prec, CK_PREC_MASK_F16);
         const int cpu = ck_cpu_kernels[op] != NULL, gpu = ck_cuda_kernels[op] != NULL;
         if (cpu != gpu)
             printf("FAIL: %s has a %s kernel and no %s kernel\n", ck_op_name((enum ck_op)op), cpu ? "CPU" : "CUDA",
                    cpu ? "CUDA" : "CPU"), bad++;
         if (ck_cuda_kernels_bf16[op] && !gpu)
             printf("FAIL: %s has a bf16 CUDA kernel and no fp32 one\n", ck_op_name((enum ck_op)op)), bad++;
+        if (ck_cuda_kernels_f16[op] && !ck_cuda_kernels_bf16[op])
+            printf("FAIL: %s has an fp16 CUDA kernel and no bf16 one\n", ck_op_name((enum ck_op)op)), bad++;
+        if ((ck_cuda_kernels_f16[op] != NULL) != ck_cuda_f16_op((enum ck_op)op))
+            printf("FAIL: %s: ck_cuda_f16_op (plans made without a device) disagrees with the fp16 table\n",
+                   ck_op_name((enum ck_op)op)), bad++;
         if ((ck_cuda_kernels_bf16[op] != NULL) != ck_cuda_bf16_op((enum ck_op)op))
             printf("FAIL: %s: ck_cuda_bf16_op (plans made without a device) disagrees with the bf16 table\n",
                    ck_op_name((enum ck_op)op)), bad++;

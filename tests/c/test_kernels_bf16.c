@@ -1,17 +1,20 @@
-/* The CPU kernels for bf16 storage (ck_cpu_kernels_bf16) against the fp32
+/* The CPU kernels for bf16 storage (ck_cpu_kernels_bf16), and for fp16
+ * (ck_cpu_kernels_f16: the products and convolutions), against the fp32
  * kernels on the same inputs: every input is a bf16 value, the fp32 kernel's
  * output is the reference, and each bf16 output must be that reference
  * rounded once: |got - ref| <= 2^-8 |ref| + 1e-5 max |ref| over each of its
- * outputs (bf16 keeps 8 significant bits; the second term allows for a sum
- * taken in another order).
+ * outputs (bf16 keeps 8 significant bits; fp16 keeps 11 and is held to
+ * 2^-10; the second term allows for a sum taken in another order).
  * Odd sizes cross the kernels' 256-value blocks. Products and convolutions
  * (fp32 accumulation) run in the workspace their bf16 rule gives
  * (ck_op_workspace_cpu_bf16), the fp32 kernel in its own. Also: two runs agree bitwise,
  * nothing is written past an output, every op with a bf16 kernel has a case
- * here, and every bf16 op of the CPU is one of the GPU's (ck_cuda_bf16_op).
- * The GPU has more: attention runs on tensor cores in bf16, where the CPU
- * converts around its fp32 kernel. */
+ * here, and every bf16 op of the CPU is one of the GPU's (ck_cuda_bf16_op),
+ * every fp16 op one of the GPU's fp16 ops (ck_cuda_f16_op) and of the CPU's
+ * bf16 ones. The GPU has more: attention runs on tensor cores in bf16 and
+ * fp16, where the CPU converts around its fp32 kernel. */
 #include "../../ops/bf16.h"
+#include "../../ops/fp16.h"
 #include "../../ops/cpu/cpu.h"
 #include "check.h"
 
@@ -97,8 +100,13 @@ static ck_view view(void *data, const ck_shape *s)
     return v;
 }
 
-static void run_case(const tcase *t)
+static uint16_t to_16(ck_dtype st, float f) { return st == CK_F16 ? ck_f16_from_f32(f) : ck_bf16_from_f32(f); }
+static float from_16(ck_dtype st, uint16_t h) { return st == CK_F16 ? ck_f32_from_f16(h) : ck_f32_from_bf16(h); }
+
+/* st: CK_BF16 or CK_F16, the storage of every tensor of the 16-bit kernel */
+static void run_case(const tcase *t, ck_dtype st)
 {
+    const ck_kernel_fn *k16 = st == CK_F16 ? ck_cpu_kernels_f16 : ck_cpu_kernels_bf16;
     ck_shape outs[CK_MAX_OUT] = {t->out};
     char err[160];
     if (t->op != CK_OP_FILL && ck_op_infer(t->op, &t->p, t->in, t->nin, outs, err, sizeof err)) {
@@ -117,8 +125,8 @@ static void run_case(const tcase *t)
         in32[j] = malloc(sizeof(float) * (size_t)m);
         in16[j] = malloc(sizeof(uint16_t) * (size_t)m);
         for (int64_t i = 0; i < m; i++) {
-            in16[j][i] = ck_bf16_from_f32(frand());
-            in32[j][i] = ck_f32_from_bf16(in16[j][i]);
+            in16[j][i] = to_16(st, frand());
+            in32[j][i] = from_16(st, in16[j][i]);
         }
         v32[j] = view(in32[j], &t->in[j]);
         v16[j] = view(in16[j], &t->in[j]);
@@ -139,8 +147,8 @@ static void run_case(const tcase *t)
     c32.ws = c32.ws_bytes ? malloc(c32.ws_bytes) : NULL;
     c16.ws = c16.ws_bytes ? malloc(c16.ws_bytes) : NULL;
     ck_cpu_kernels[t->op](&c32, &t->p, o32, nout, v32, t->nin);
-    ck_cpu_kernels_bf16[t->op](&c16, &t->p, o16, nout, v16, t->nin);
-    ck_cpu_kernels_bf16[t->op](&c16, &t->p, o16b, nout, v16, t->nin);
+    k16[t->op](&c16, &t->p, o16, nout, v16, t->nin);
+    k16[t->op](&c16, &t->p, o16b, nout, v16, t->nin);
     if (ck_cpu_last_error()[0]) printf("  %s\n", ck_cpu_last_error()), ck_cpu_clear_error();
     free(c32.ws), free(c16.ws);
 
@@ -150,8 +158,8 @@ static void run_case(const tcase *t)
         double mx = 0;
         for (int64_t i = 0; i < n[k]; i++) mx = fmax(mx, fabs(ref[k][i]));
         for (int64_t i = 0; i < n[k]; i++) {
-            const double g = ck_f32_from_bf16(got[k][i]), d = fabs(g - ref[k][i]);
-            const double allowed = ldexp(fabs(ref[k][i]), -8) + 1e-5 * mx;
+            const double g = from_16(st, got[k][i]), d = fabs(g - ref[k][i]);
+            const double allowed = ldexp(fabs(ref[k][i]), st == CK_F16 ? -10 : -8) + 1e-5 * mx;
             if (!(d <= allowed)) ok = 0;
             const double rel = d / fmax(fabs(ref[k][i]), 1e-30);
             if (!(rel <= worst)) worst = rel;
@@ -161,7 +169,9 @@ static void run_case(const tcase *t)
     }
     if (!same) printf("  two runs differ\n");
     if (!guard) printf("  wrote past the output\n");
-    check(t->label, ok && same && guard, worst);
+    char label[160];
+    snprintf(label, sizeof label, "%s%s", t->label, st == CK_F16 ? ", fp16" : "");
+    check(label, ok && same && guard, worst);
     for (int j = 0; j < t->nin; j++) free(in32[j]), free(in16[j]);
     for (int k = 0; k < nout; k++) free(ref[k]), free(got[k]), free(got2[k]);
 }
@@ -170,7 +180,8 @@ int main(void)
 {
     int covered[CK_OP_COUNT] = {0};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        run_case(&cases[i]);
+        run_case(&cases[i], CK_BF16);
+        if (ck_cpu_kernels_f16[cases[i].op]) run_case(&cases[i], CK_F16);
         covered[cases[i].op] = 1;
     }
     /* the copies move bytes and are checked by the executor's bf16 tests */
@@ -181,6 +192,13 @@ int main(void)
         if (ck_cpu_kernels_bf16[op] && !ck_cuda_bf16_op((enum ck_op)op))
             check(name, 0, 0), printf("  a bf16 kernel on the CPU and none on the GPU\n");
         if (ck_cpu_kernels_bf16[op] && !ck_cpu_kernels[op]) check(name, 0, 0), printf("  bf16 kernel without an fp32 one\n");
+        if (ck_cpu_kernels_f16[op] && !covered[op]) check(name, 0, 0), printf("  has an fp16 kernel and no case here\n");
+        if (ck_cpu_kernels_f16[op] && !ck_cuda_f16_op((enum ck_op)op))
+            check(name, 0, 0), printf("  an fp16 kernel on the CPU and none on the GPU\n");
+        if (ck_cpu_kernels_f16[op] && !ck_cpu_kernels_bf16[op]) check(name, 0, 0), printf("  fp16 kernel without a bf16 one\n");
+        /* the GPU's fp16 ops the CPU lacks are those its bf16 set lacks too (attention) */
+        if (ck_cuda_f16_op((enum ck_op)op) && !ck_cpu_kernels_f16[op] && ck_cpu_kernels_bf16[op])
+            check(name, 0, 0), printf("  an fp16 kernel on the GPU and none on the CPU, which has a bf16 one\n");
     }
     return checks_done();
 }

@@ -94,6 +94,9 @@ static void cpu_tables_follow_the_cpu_column(void)
         if ((ck_cpu_kernels_bf16[op] != NULL) != ((prec & CK_PREC_MASK_BF16) != 0))
             fail(ck_cpu_kernels_bf16[op] ? "a bf16 CPU kernel ops.def does not list" : "no bf16 CPU kernel, ops.def lists BF16",
                  op);
+        if ((ck_cpu_kernels_f16[op] != NULL) != ((prec & CK_PREC_MASK_F16) != 0))
+            fail(ck_cpu_kernels_f16[op] ? "an fp16 CPU kernel ops.def does not list" : "no fp16 CPU kernel, ops.def lists F16",
+                 op);
     }
 }
 

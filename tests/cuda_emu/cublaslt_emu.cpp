@@ -93,7 +93,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols,
                                           int64_t ld)
 {
-    if (type != CUDA_R_32F && type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (type != CUDA_R_32F && type != CUDA_R_16BF && type != CUDA_R_16F) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (ld < (int64_t)(rows > 1 ? rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
     *l = new ck_emu_lt_layout{type, rows, cols, ld, 1, 0};
     return CUBLAS_STATUS_SUCCESS;
@@ -186,12 +186,16 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
 
 static float load(cudaDataType_t t, const void *p, int64_t i)
 {
-    return t == CUDA_R_16BF ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+    return t == CUDA_R_16BF ? __bfloat162float(((const __nv_bfloat16 *)p)[i])
+           : t == CUDA_R_16F ? __half2float(((const __half *)p)[i])
+                             : ((const float *)p)[i];
 }
 static void store(cudaDataType_t t, void *p, int64_t i, float v)
 {
     if (t == CUDA_R_16BF)
         ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
+    else if (t == CUDA_R_16F)
+        ((__half *)p)[i] = __float2half(v);
     else
         ((float *)p)[i] = v;
 }
@@ -217,7 +221,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     } ops[4] = {{A, ad}, {B, bd}, {C, cd}, {D, dd}};
     for (int i = 0; i < 4; i++) {
         const uint64_t need = algo->data[1 + i] ? algo->data[1 + i] : 1;
-        const uint64_t es = ops[i].l->type == CUDA_R_16BF ? 2 : 4;
+        const uint64_t es = ops[i].l->type == CUDA_R_32F ? 4 : 2;
         if ((uintptr_t)ops[i].p % need || (ops[i].l->batch > 1 && (uint64_t)ops[i].l->stride * es % need))
             return CUBLAS_STATUS_NOT_SUPPORTED;
     }

@@ -11,7 +11,7 @@
 #ifndef CK_CUBLASLT_EMU_H
 #define CK_CUBLASLT_EMU_H
 
-typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;
+typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType_t;
 typedef cudaDataType_t cudaDataType;
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 

@@ -592,7 +592,7 @@ cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d)
 static cudnnStatus_t set4(ck_emu_tensor *d, cudnnDataType_t t, int n, int c, int h, int w)
 {
     if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
-    if (t != CUDNN_DATA_FLOAT && t != CUDNN_DATA_BFLOAT16) return CUDNN_STATUS_NOT_SUPPORTED;
+    if (t != CUDNN_DATA_FLOAT && t != CUDNN_DATA_BFLOAT16 && t != CUDNN_DATA_HALF) return CUDNN_STATUS_NOT_SUPPORTED;
     *d = {1, n, c, h, w, t};
     return CUDNN_STATUS_SUCCESS;
 }
@@ -755,7 +755,9 @@ enum conv_role { FWD, BWD_DATA, BWD_FILTER };
 
 static float ld_t(cudnnDataType_t t, const void *p, long i)
 {
-    return t == CUDNN_DATA_BFLOAT16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+    return t == CUDNN_DATA_BFLOAT16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i])
+           : t == CUDNN_DATA_HALF   ? __half2float(((const __half *)p)[i])
+                                    : ((const float *)p)[i];
 }
 
 static void conv_loops(conv_role role, const ck_emu_conv *cv, const ck_emu_tensor *xd, const ck_emu_tensor *wd,
@@ -785,11 +787,13 @@ static void conv_loops(conv_role role, const ck_emu_conv *cv, const ck_emu_tenso
                                 else
                                     acc[wi] += (double)ld_t(t, y, yi) * ld_t(t, x, xi);
                             }
-    /* bf16 output: the fp32 result rounded once */
+    /* 16-bit output: the fp32 result rounded once */
     for (long i = 0; i < total; i++) {
         const float v = (float)(alpha * acc[i] + (beta == 0.0f ? 0.0 : (double)beta * ld_t(t, out, i)));
         if (t == CUDNN_DATA_BFLOAT16)
             ((__nv_bfloat16 *)out)[i] = __float2bfloat16(v);
+        else if (t == CUDNN_DATA_HALF)
+            ((__half *)out)[i] = __float2half(v);
         else
             ((float *)out)[i] = v;
     }

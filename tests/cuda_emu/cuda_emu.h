@@ -183,7 +183,7 @@ typedef enum {
     CUDNN_STATUS_BAD_PARAM = 2000,
     CUDNN_STATUS_NOT_SUPPORTED = 3000,
 } cudnnStatus_t;
-typedef enum { CUDNN_DATA_FLOAT = 0, CUDNN_DATA_BFLOAT16 = 9 } cudnnDataType_t;
+typedef enum { CUDNN_DATA_FLOAT = 0, CUDNN_DATA_HALF = 2, CUDNN_DATA_BFLOAT16 = 9 } cudnnDataType_t;
 typedef enum { CUDNN_TENSOR_NCHW = 0 } cudnnTensorFormat_t;
 typedef enum { CUDNN_CONVOLUTION = 0, CUDNN_CROSS_CORRELATION = 1 } cudnnConvolutionMode_t;
 typedef enum { CUDNN_DEFAULT_MATH = 0, CUDNN_TENSOR_OP_MATH = 1, CUDNN_FMA_MATH = 3 } cudnnMathType_t;

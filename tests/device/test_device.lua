@@ -179,9 +179,12 @@ do
   T.ok(hw == pd:plan().peak, string.format("bf16 on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
 end
 
--- 5b. fp16 storage on the device: fp32 kernels on copies converted as the
--- CPU converts (ops/fp16.h), and dynamic loss scaling; a scale so large that
--- the gradients overflow fp16 is backed off, the update skipped, on both alike
+-- 5b. fp16 storage on the device: the products, convolutions and attention on
+-- their fp16 kernels (tensor cores, fp32 accumulation; the CPU widens its
+-- products and convolutions and converts around its fp32 attention), fp32
+-- kernels on copies converted as the CPU converts (ops/fp16.h) elsewhere, the
+-- plan exact; and dynamic loss scaling: a scale so large that the gradients
+-- overflow fp16 is backed off, the update skipped, on both alike
 do
   local _, pc = build("cpu", nil, "fp16")
   local _, pd = build("cuda", nil, "fp16")

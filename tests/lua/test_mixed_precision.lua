@@ -97,6 +97,22 @@ do
       p.updates, p.loss_scale))
 end
 
+-- as under autocast, the product of an fp16 activation runs in fp16 (its fp32
+-- weight and input cast): the weight's gradient x * scale is an fp16 value, so
+-- with x = 3 it overflows at a scale of 2^15 (98304 > 65504) though the scale
+-- itself fits, and with x = 1 it does not
+do
+  local p, x = one_weight{loss_scale = {init = 2 ^ 15}}
+  p:set(x, {3})
+  local _, info = p:step()
+  local q, qx = one_weight{loss_scale = {init = 2 ^ 15}}
+  q:set(qx, {1})
+  local _, qinfo = q:step()
+  T.ok(info.skipped and info.overflow and p.loss_scale == 2 ^ 14 and not qinfo.skipped and q.loss_scale == 2 ^ 15,
+    string.format("an fp16 product's weight gradient is fp16: x = 3 overflows at 2^15 (skipped %s, scale now %g), " ..
+      "x = 1 does not (skipped %s)", tostring(info.skipped), p.loss_scale, tostring(qinfo.skipped)))
+end
+
 -- accumulation: one check per update; one micro step that overflows skips
 -- the whole update and backs the scale off once. loss = mean((x w)^2): the
 -- activation gradient 2 x w scale overflows at x = 64, scale 2^10
@@ -226,13 +242,15 @@ do
     return table.concat(out, " ") .. " " .. p:checksum("w") .. " " .. p.loss_scale
   end
   local interval = 3
-  local a, ax = one_weight{optimizer = "adamw", lr = 1e-2, loss_scale = {init = 2 ^ 14, growth_interval = interval}}
+  -- the weight's gradient comes from the fp16 product (x up to 3 times the
+  -- scale): 2^13 grows once within the first four steps without overflowing
+  local a, ax = one_weight{optimizer = "adamw", lr = 1e-2, loss_scale = {init = 2 ^ 13, growth_interval = interval}}
   run(a, ax, 1, 4)
   state.save(a, tmp, {}, 2)
   local rest = run(a, ax, 5, 12)
-  local b, bx = one_weight{optimizer = "adamw", lr = 1e-2, loss_scale = {init = 2 ^ 14, growth_interval = interval}}
+  local b, bx = one_weight{optimizer = "adamw", lr = 1e-2, loss_scale = {init = 2 ^ 13, growth_interval = interval}}
   state.load(b, state.latest(tmp))
-  T.ok(b.loss_scale == 2 ^ 15 and b.steps == 4, string.format("the state restores the scale (%g after one growth)",
+  T.ok(b.loss_scale == 2 ^ 14 and b.steps == 4, string.format("the state restores the scale (%g after one growth)",
     b.loss_scale))
   local resumed = run(b, bx, 5, 12)
   T.ok(resumed == rest, "resumed: losses, scales and weights bitwise the uninterrupted run's: " .. resumed)

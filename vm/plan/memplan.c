@@ -86,47 +86,50 @@ static void shapes_of(const ck_plan *pl, const ck_graph *g, int i, ck_shape *ins
 
 static ck_dtype dtype_of(const ck_plan *pl, const ck_graph *g, int id) { return g->t[pl->origin[id]].dtype; }
 
-int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
     const ck_op_ref *r = &pl->ops[i];
     const enum ck_op op = g->n[r->node].op;
-    if (!be->kernels_bf16 || !be->kernels_bf16[op]) return 0;
-    /* as PyTorch's autocast: a product or convolution of bf16 activations
-     * (bf16 storage) runs in bf16, its other operands (trainable fp32
-     * weights, fp32 inputs, an fp8 base) cast; with fp32 activations it stays
-     * fp32 whatever its weights are stored in */
+    /* as PyTorch's autocast: a product or convolution of 16-bit activations
+     * (bf16 or fp16 storage) runs in their type, its other operands
+     * (trainable fp32 weights, fp32 inputs, an fp8 base) cast; with fp32
+     * activations it stays fp32 whatever its weights are stored in */
     const int cast = ck_op_autocast(op);
-    int bf16 = 0, act16 = 0;
+    ck_dtype half = CK_F32;
+    int act16 = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         const int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
         if (t < 0) continue;
         const ck_dtype dt = dtype_of(pl, g, t);
-        if (dt == CK_BF16) {
-            bf16 = 1;
+        if (dt == CK_BF16 || dt == CK_F16) {
+            if (half != CK_F32 && half != dt) return CK_F32;
+            half = dt;
             act16 |= g->t[pl->origin[t]].kind == CK_KIND_ACT;
         } else if (!(cast && (dt == CK_F32 || dt == CK_F8E4M3))) {
-            return 0;
+            return CK_F32;
         }
     }
-    return cast ? act16 : bf16;
+    const ck_kernel_fn *k16 = ck_backend_kernels16(be, half);
+    if (!k16 || !k16[op]) return CK_F32;
+    return !cast || act16 ? half : CK_F32;
 }
 
-ck_dtype ck_entry_copy_type(ck_dtype dt, int native)
+ck_dtype ck_entry_copy_type(ck_dtype dt, ck_dtype kt)
 {
-    if (native) return dt == CK_F32 || dt == CK_F8E4M3 ? CK_BF16 : dt;
+    if (kt != CK_F32) return dt == CK_F32 || dt == CK_F8E4M3 ? kt : dt;
     return ck_dtype_copied(dt) ? CK_F32 : dt;
 }
 
-size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, int native)
+size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dtype kt)
 {
     const ck_op_ref *r = &pl->ops[i];
     size_t b = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
         if (t < 0) continue;
-        const ck_dtype dt = dtype_of(pl, g, t), kt = ck_entry_copy_type(dt, native);
-        if (kt != dt)
-            b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)ck_dtype_bytes(kt));
+        const ck_dtype dt = dtype_of(pl, g, t), ct = ck_entry_copy_type(dt, kt);
+        if (ct != dt)
+            b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)ck_dtype_bytes(ct));
     }
     return b;
 }
@@ -137,9 +140,9 @@ static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, const ck
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
-    const int native = ck_entry_bf16_native(pl, g, i, be);
-    size_t conv = ck_entry_convert_bytes(pl, g, i, native);
-    const ck_workspace_fn rule = native && be->workspace_bf16 ? be->workspace_bf16 : be->workspace;
+    const ck_dtype kt = ck_entry_kernel_type(pl, g, i, be);
+    size_t conv = ck_entry_convert_bytes(pl, g, i, kt);
+    const ck_workspace_fn rule = ck_backend_workspace(be, kt);
     return conv + rule(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
 }
 

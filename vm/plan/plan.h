@@ -108,20 +108,19 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
 void ck_plan_free(ck_plan *pl);
 int ck_is_persistent(ck_kind k);
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
-/* bf16 storage: whether list entry i runs the backend's bf16 kernel (the
- * backend has one, and every operand is bf16, or for a product or
- * convolution (ck_op_autocast) a bf16 activation among operands of bf16,
- * fp32 or fp8, which are cast); the
- * bytes of the copies its kernel reads and writes in its own type (native:
- * bf16 copies of its fp32 and fp8 operands; else fp32 copies of its 16- and
- * 8-bit ones),
- * placed at the start of its workspace (inputs, then outputs, each rounded up
- * to 64 bytes) */
-int ck_entry_bf16_native(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
-size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, int native);
-/* the type an operand of dtype dt is copied into for entry's kernel (native:
- * bf16), or dt itself when the kernel reads it as it is */
-ck_dtype ck_entry_copy_type(ck_dtype dt, int native);
+/* 16-bit storage: the type of the kernel list entry i runs: CK_BF16 or CK_F16
+ * when the backend has that type's kernel (ck_backend_kernels16) and every
+ * operand is of it, or for a product or convolution (ck_op_autocast) a 16-bit
+ * activation among operands of that type, fp32 or fp8, which are cast; else
+ * CK_F32. The bytes of the copies its kernel reads and writes in its own type
+ * (16-bit kt: kt copies of its fp32 and fp8 operands; else fp32 copies of its
+ * 16- and 8-bit ones), placed at the start of its workspace (inputs, then
+ * outputs, each rounded up to 64 bytes) */
+ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
+size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dtype kt);
+/* the type an operand of dtype dt is copied into for a kernel of type kt, or
+ * dt itself when the kernel reads it as it is */
+ck_dtype ck_entry_copy_type(ck_dtype dt, ck_dtype kt);
 /* FLOPs of list entry i */
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i);
 /* bytes of tensor id (a graph tensor or a recomputed copy) */

@@ -164,18 +164,21 @@ static void *plan_alloc(size_t bytes)
 static const char *plan_error(void) { return "a plan-only CUDA target cannot run"; }
 static void plan_clear(void) {}
 
-static ck_kernel_fn plan_none[CK_OP_COUNT], plan_bf16[CK_OP_COUNT];
+static ck_kernel_fn plan_none[CK_OP_COUNT], plan_bf16[CK_OP_COUNT], plan_f16[CK_OP_COUNT];
 static ck_backend plan_be;
 static pthread_once_t plan_once = PTHREAD_ONCE_INIT;
 
 static void plan_make(void)
 {
-    /* the ops with bf16 kernels need a non-NULL entry; nothing calls it */
-    for (int op = 0; op < CK_OP_COUNT; op++)
+    /* the ops with 16-bit kernels need a non-NULL entry; nothing calls it */
+    for (int op = 0; op < CK_OP_COUNT; op++) {
         if (ck_cuda_bf16_op((enum ck_op)op)) plan_bf16[op] = plan_kernel;
+        if (ck_cuda_f16_op((enum ck_op)op)) plan_f16[op] = plan_kernel;
+    }
     plan_be = (ck_backend){.name = "cuda",
                            .kernels = plan_none,
                            .kernels_bf16 = plan_bf16,
+                           .kernels_f16 = plan_f16,
                            .workspace = ck_op_workspace_cuda,
                            .workspace_bf16 = ck_op_workspace_cuda_bf16,
                            .nthreads = 1,

@@ -136,8 +136,8 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
         return run_comm(p, n, err, errlen);
     const ck_backend *be = p->be;
     ck_view in[CK_MAX_IN], out[CK_MAX_OUT] = {{0}};
-    const int native = ck_entry_bf16_native(pl, p->g, i, be);
-    ck_kernel_fn k = native ? be->kernels_bf16[n->op] : be->kernels[n->op];
+    const ck_dtype kt = ck_entry_kernel_type(pl, p->g, i, be);
+    ck_kernel_fn k = kt != CK_F32 ? ck_backend_kernels16(be, kt)[n->op] : be->kernels[n->op];
     if (!k) {
         snprintf(err, errlen, "%s: %s in %s: no %s kernel", n->where, ck_op_name(n->op), scope_of(n), be->name);
         return -1;
@@ -146,26 +146,26 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
     for (int j = 0; j < r->nout; j++)
         if (r->out[j] >= 0) view_of(p, pl, r->out[j], &out[j]);
     /* operands not in the kernel's type (16-bit ones of an fp32 kernel, fp32
-     * ones of a bf16 product): copies in its type at the workspace's start */
+     * ones of a 16-bit product): copies in its type at the workspace's start */
     unsigned char *ws = pl->ws_off[i] >= 0 ? p->arena + pl->ws_off[i] : NULL;
-    size_t conv = ck_entry_convert_bytes(pl, p->g, i, native);
+    size_t conv = ck_entry_convert_bytes(pl, p->g, i, kt);
     void *stored[CK_MAX_OUT] = {0};
     if (conv) {
         unsigned char *slot = ws;
         for (int j = 0; j < r->nin + r->nout; j++) {
             int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
             if (t < 0) continue;
-            ck_dtype dt = p->g->t[pl->origin[t]].dtype, kt = ck_entry_copy_type(dt, native);
-            if (kt == dt) continue;
+            ck_dtype dt = p->g->t[pl->origin[t]].dtype, ct = ck_entry_copy_type(dt, kt);
+            if (ct == dt) continue;
             ck_view *v = j < r->nin ? &in[j] : &out[j - r->nin];
             int64_t ne = ck_view_numel(v);
             if (j < r->nin) {
-                if (be->convert(slot, kt, v->data, dt, ne)) return entry_failed(p, pl, i, err, errlen);
+                if (be->convert(slot, ct, v->data, dt, ne)) return entry_failed(p, pl, i, err, errlen);
             } else {
                 stored[j - r->nin] = v->data;
             }
             v->data = (float *)slot;
-            slot += (ne * (int64_t)ck_dtype_bytes(kt) + 63) / 64 * 64;
+            slot += (ne * (int64_t)ck_dtype_bytes(ct) + 63) / 64 * 64;
         }
         ws += conv;
     }
@@ -183,7 +183,7 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
     }
     for (int j = 0; j < r->nout; j++)
         if (stored[j] && be->convert(stored[j], p->g->t[pl->origin[r->out[j]]].dtype, out[j].data,
-                                     ck_entry_copy_type(p->g->t[pl->origin[r->out[j]]].dtype, native),
+                                     ck_entry_copy_type(p->g->t[pl->origin[r->out[j]]].dtype, kt),
                                      ck_view_numel(&out[j])))
             return entry_failed(p, pl, i, err, errlen);
     /* kernels record failures instead of returning them (the CPU's never fail) */

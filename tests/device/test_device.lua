@@ -52,6 +52,19 @@ end
 
 local function rel(a, b) return math.abs(a - b) / math.max(1e-6, math.abs(b)) end
 
+-- n steps of the same program on the CPU (pc) and the device (pd, measured):
+-- the worst relative loss difference and the device's last high-water mark
+local function follow(pc, pd, n)
+  local worst, hw = 0, 0
+  for _ = 1, n do
+    local lc = pc:step()
+    local ld, info = pd:step{measure = true}
+    hw = info.high_water
+    worst = math.max(worst, rel(ld, lc))
+  end
+  return worst, hw
+end
+
 -- 1. the loss curve
 do
   local _, pc = build("cpu")
@@ -168,13 +181,7 @@ end
 do
   local _, pc = build("cpu", nil, "bf16")
   local _, pd = build("cuda", nil, "bf16")
-  local worst, hw = 0, 0
-  for s = 1, math.min(steps, 5) do
-    local lc = pc:step()
-    local ld, info = pd:step{measure = true}
-    hw = info.high_water
-    worst = math.max(worst, rel(ld, lc))
-  end
+  local worst, hw = follow(pc, pd, math.min(steps, 5))
   T.ok(worst < 1e-2, string.format("bf16 storage on cuda follows bf16 on the CPU (worst relative loss difference %.2g)", worst))
   T.ok(hw == pd:plan().peak, string.format("bf16 on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
 end
@@ -188,13 +195,7 @@ end
 do
   local _, pc = build("cpu", nil, "fp16")
   local _, pd = build("cuda", nil, "fp16")
-  local worst, hw = 0, 0
-  for s = 1, math.min(steps, 5) do
-    local lc = pc:step()
-    local ld, info = pd:step{measure = true}
-    hw = info.high_water
-    worst = math.max(worst, rel(ld, lc))
-  end
+  local worst, hw = follow(pc, pd, math.min(steps, 5))
   T.ok(worst < 1e-2 and pd.loss_scale == pc.loss_scale and pd.updates == pc.updates, string.format(
     "fp16 storage on cuda follows fp16 on the CPU (worst relative loss difference %.2g, scale %g and %g)", worst,
     pd.loss_scale, pc.loss_scale))
@@ -235,13 +236,7 @@ end
 do
   local _, pc = build("cpu", nil, nil, nil, nil, "fp8")
   local _, pd = build("cuda", nil, nil, nil, nil, "fp8")
-  local worst, hw = 0, 0
-  for _ = 1, 3 do
-    local lc = pc:step()
-    local ld, info = pd:step{measure = true}
-    hw = info.high_water
-    worst = math.max(worst, rel(ld, lc))
-  end
+  local worst, hw = follow(pc, pd, 3)
   T.ok(worst < 1e-4, string.format("LoRA on an fp8 base on cuda follows the CPU (worst relative loss difference %.2g)",
     worst))
   T.ok(hw == pd:plan().peak, string.format("fp8 base on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
@@ -253,13 +248,7 @@ end
 do
   local _, pc = build("cpu", nil, "bf16", nil, nil, "bf16")
   local _, pd = build("cuda", nil, "bf16", nil, nil, "bf16")
-  local worst, hw = 0, 0
-  for _ = 1, 3 do
-    local lc = pc:step()
-    local ld, info = pd:step{measure = true}
-    hw = info.high_water
-    worst = math.max(worst, rel(ld, lc))
-  end
+  local worst, hw = follow(pc, pd, 3)
   T.ok(worst < 1e-2, string.format("LoRA on a bf16 base on cuda follows bf16 on the CPU (worst relative loss difference %.2g)",
     worst))
   T.ok(hw == pd:plan().peak, string.format("bf16 base on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))

@@ -22,24 +22,20 @@ static void view_of(const ck_exec_env *p, const ck_plan *pl, int t, ck_view *v)
 
 static const char *scope_of(const ck_node *n) { return n->scope && n->scope[0] ? n->scope : "(top)"; }
 
-/* The backend's pending failure as the error of list entry i, naming the op,
- * its scope and its script line. */
-static int entry_failed(const ck_exec_env *p, const ck_plan *pl, int i, char *err, size_t errlen)
-{
-    const ck_node *n = &p->g->n[pl->ops[i].node];
-    snprintf(err, errlen, "%s: %s in %s on %s: %s", n->where, ck_op_name(n->op), scope_of(n),
-             p->be->name, p->be->error());
-    p->be->clear_error();
-    return -1;
-}
-
-/* a backend's collective failed: its error, naming the entry */
-static int comm_failed(const ck_exec_env *p, const ck_node *n, char *err, size_t errlen)
+/* The backend's pending failure as the error of node n, naming the op, its
+ * scope and its script line. */
+static int node_failed(const ck_exec_env *p, const ck_node *n, char *err, size_t errlen)
 {
     snprintf(err, errlen, "%s: %s in %s on %s: %s", n->where, ck_op_name(n->op), scope_of(n), p->be->name,
              p->be->error());
     p->be->clear_error();
     return -1;
+}
+
+/* the same for list entry i */
+static int entry_failed(const ck_exec_env *p, const ck_plan *pl, int i, char *err, size_t errlen)
+{
+    return node_failed(p, &p->g->n[pl->ops[i].node], err, errlen);
 }
 
 /* what the backend's communicator takes from vm/dist */
@@ -92,22 +88,20 @@ static int run_comm(const ck_exec_env *p, const ck_node *n, char *err, size_t er
         }
         float *x = (float *)(p->arena + p->poff[t]);
         const int64_t count = ck_shape_numel(&p->g->t[t].shape);
-        if (be->broadcast) return be->broadcast(x, count, (int)n->p.i[0]) ? comm_failed(p, n, err, errlen) : 0;
+        if (be->broadcast) return be->broadcast(x, count, (int)n->p.i[0]) ? node_failed(p, n, err, errlen) : 0;
         return ck_dist_broadcast(x, count, (int)n->p.i[0], NULL, NULL) == 0 ? 0 : -1;
     }
     if (!p->reqs || p->poff[first] < 0 || p->poff[last] < 0) {
         snprintf(err, errlen, "%s: %s: the program has no buckets", n->where, ck_op_name(n->op));
         return -1;
     }
+    float *x = (float *)(p->arena + p->poff[first]);
+    const int64_t bytes = p->poff[last] + (int64_t)ck_tensor_bytes(&p->g->t[last]) - p->poff[first];
     if (be->allreduce_start) {
-        float *x = (float *)(p->arena + p->poff[first]);
-        const int64_t bytes = p->poff[last] + (int64_t)ck_tensor_bytes(&p->g->t[last]) - p->poff[first];
         const int rc = n->op == CK_OP_ALLREDUCE_START ? be->allreduce_start(x, bytes / 4, b) : be->allreduce_wait(b);
-        return rc ? comm_failed(p, n, err, errlen) : 0;
+        return rc ? node_failed(p, n, err, errlen) : 0;
     }
     if (n->op == CK_OP_ALLREDUCE_START) {
-        float *x = (float *)(p->arena + p->poff[first]);
-        const int64_t bytes = p->poff[last] + (int64_t)ck_tensor_bytes(&p->g->t[last]) - p->poff[first];
         if (ck_dist_iallreduce(x, bytes / 4, &p->reqs[b]) != 0) {
             snprintf(err, errlen, "%s: bucket %d of %lld values is too large for one allreduce", n->where, b,
                      (long long)(bytes / 4));

@@ -118,6 +118,14 @@ static const bcase cases[] = {
      .mem = 1},
     {"full", "geglu 4096x5120", CK_OP_GEGLU, NOP, 1, .in = {SH(1, 4096, 5120)}, .mem = 1},
     {"full", "geglu 4096x5120", CK_OP_GEGLU_BWD, NOP, 2, .in = {SH(1, 4096, 2560), SH(1, 4096, 5120)}, .mem = 1},
+    /* the feed-forward's product and GEGLU in bf16: apart, and as LINEAR_GEGLU (h in 16 MiB slices) */
+    {"full", "ff proj 4096x640 -> 5120 bf16", CK_OP_LINEAR, NOP, 3, .in = {SH(1, 4096, 640), SH(5120, 640), SH(5120)},
+     .bf16 = 1},
+    {"full", "geglu 4096x5120 bf16", CK_OP_GEGLU, NOP, 1, .in = {SH(1, 4096, 5120)}, .mem = 1, .bf16 = 1},
+    {"full", "ff proj + geglu 4096x640 -> 2560 bf16", CK_OP_LINEAR_GEGLU, NOP, 3,
+     .in = {SH(1, 4096, 640), SH(5120, 640), SH(5120)}, .bf16 = 1},
+    {"full", "ff proj + geglu 1024x1280 -> 5120 bf16", CK_OP_LINEAR_GEGLU, NOP, 3,
+     .in = {SH(1, 1024, 1280), SH(10240, 1280), SH(10240)}, .bf16 = 1},
     /* an AdamW update of 64M parameters (SDXL's 2.6B in 40 such calls): p, g, m, v read, p, m, v written */
     {"full", "adamw_step 64M", CK_OP_ADAMW_STEP, ADAMW, 4, .in = {SH(1 << 26), SH(1 << 26), SH(1 << 26), SH(1 << 26)},
      .mem = 1, .alias = 7},
@@ -213,7 +221,7 @@ int main(int argc, char **argv)
             vout[k].data = b->alias >> k & 1 ? vin[adamw_in[k]].data
                                              : ck_cuda_alloc(es * (size_t)ck_shape_numel(&out[k]));
         }
-        const size_t ws = ck_cuda_workspace(b->op, &b->p, b->in, b->nin, out, 0);
+        const size_t ws = ck_cuda_workspace(b->op, &b->p, b->in, b->nin, out, b->bf16 ? CK_BF16 : CK_F32);
         ck_kctx kctx = {1, 1, 1e-4f, ws ? ck_cuda_alloc(ws) : NULL, ws, 1, 0};
         const ck_kernel_fn run = (b->bf16 ? ck_cuda_kernels_bf16 : ck_cuda_kernels)[b->op];
         double ms = -1;

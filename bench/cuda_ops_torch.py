@@ -61,10 +61,14 @@ def attention_inputs(rec):
 def torch_fn(rec):
     """A closure running rec's op in PyTorch, or None when there is no counterpart."""
     op, i, f, ins = rec["op"], rec["i"], rec["f"], rec["in"]
-    if op == "linear":
-        x, w = rand(ins[0]), rand(ins[1])
-        b = rand(ins[2]) if len(ins) > 2 else None
-        return lambda: F.linear(x, w, b)
+    if op in ("linear", "linear_geglu"):
+        dt = dtype_of(rec)
+        x, w = rand(ins[0], dt), rand(ins[1], dt)
+        b = rand(ins[2], dt) if len(ins) > 2 else None
+        if op == "linear":
+            return lambda: F.linear(x, w, b)
+        approx = "tanh" if i[0] else "none"
+        return lambda: (lambda h, g: h * F.gelu(g, approximate=approx))(*F.linear(x, w, b).chunk(2, -1))
     if op == "matmul":
         a, b = rand(ins[0]), rand(ins[1])
         a = a.transpose(-1, -2) if i[0] else a
@@ -142,7 +146,7 @@ def torch_fn(rec):
 
         return (fwd_bwd, fwd)
     if op == "geglu":
-        x = rand(ins[0])
+        x = rand(ins[0], dtype_of(rec))
         approx = "tanh" if i[0] else "none"
         return lambda: (lambda h, g: h * F.gelu(g, approximate=approx))(*x.chunk(2, -1))
     if op == "geglu_bwd":

@@ -347,6 +347,13 @@ RULE(geglu_bwd)
     return 0;
 }
 
+/* out[0] y [..,D] = geglu(h), out[1] h [..,2D] = x w^T + b: the two rules in turn */
+RULE(linear_geglu)
+{
+    return infer_linear(CK_OP_LINEAR, p, in, nin, &out[1], err, errlen) ||
+           infer_geglu(CK_OP_GEGLU, p, &out[1], 1, &out[0], err, errlen);
+}
+
 RULE(attention)
 {
     (void)op, (void)nin;
@@ -697,8 +704,9 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
 size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                                  const ck_shape *out, int nthreads)
 {
-    if (op == CK_OP_MATMUL || op == CK_OP_LINEAR) {
-        const size_t b = (size_t)ck_shape_numel(&out[0]) * sizeof(float);
+    if (op == CK_OP_MATMUL || op == CK_OP_LINEAR || op == CK_OP_LINEAR_GEGLU) {
+        /* the product's output: D, or LINEAR_GEGLU's h */
+        const size_t b = (size_t)ck_shape_numel(&out[op == CK_OP_LINEAR_GEGLU]) * sizeof(float);
         return b < LT_WS_CAP ? b : LT_WS_CAP;
     }
     return ck_op_workspace_cuda(op, p, in, nin, out, nthreads);
@@ -725,7 +733,8 @@ size_t ck_op_workspace_cpu_bf16(enum ck_op op, const ck_op_params *p, const ck_s
 
 int ck_op_autocast(enum ck_op op)
 {
-    return op == CK_OP_MATMUL || op == CK_OP_LINEAR || op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA ||
+    return op == CK_OP_MATMUL || op == CK_OP_LINEAR || op == CK_OP_LINEAR_GEGLU || op == CK_OP_CONV2D ||
+           op == CK_OP_CONV2D_BWD_DATA ||
            op == CK_OP_CONV2D_BWD_FILTER;
 }
 
@@ -742,6 +751,8 @@ double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int
         return 2.0 * n * (double)k;
     }
     case CK_OP_LINEAR: return 2.0 * n * (double)in[1].d[1];
+    /* the product's (h has 2 n elements) and the GEGLU's */
+    case CK_OP_LINEAR_GEGLU: return 4.0 * n * (double)in[1].d[1] + 4.0 * n;
     case CK_OP_CONV2D: return 2.0 * n * (double)(in[1].d[1] * in[1].d[2] * in[1].d[3]);
     case CK_OP_CONV2D_BWD_DATA: return 2.0 * (double)ck_shape_numel(&in[0]) * (double)(in[1].d[1] * in[1].d[2] * in[1].d[3]);
     case CK_OP_CONV2D_BWD_FILTER: return 2.0 * (double)ck_shape_numel(&in[0]) * (double)(out[0].d[1] * out[0].d[2] * out[0].d[3]);

@@ -38,14 +38,17 @@ extern const ck_kernel_fn ck_cpu_kernels_f16[CK_OP_COUNT];
 /* matmul.c */
 CK_CPU_KERNEL(ck_cpu_matmul);
 CK_CPU_KERNEL(ck_cpu_linear);
+CK_CPU_KERNEL(ck_cpu_linear_geglu);
 /* products_bf16.c */
 CK_CPU_KERNEL(ck_cpu_matmul_bf16);
 CK_CPU_KERNEL(ck_cpu_linear_bf16);
+CK_CPU_KERNEL(ck_cpu_linear_geglu_bf16);
 CK_CPU_KERNEL(ck_cpu_conv2d_bf16);
 CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_bf16);
 CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_bf16);
 CK_CPU_KERNEL(ck_cpu_matmul_f16);
 CK_CPU_KERNEL(ck_cpu_linear_f16);
+CK_CPU_KERNEL(ck_cpu_linear_geglu_f16);
 CK_CPU_KERNEL(ck_cpu_conv2d_f16);
 CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_f16);
 CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_f16);

@@ -115,3 +115,13 @@ CK_CPU_KERNEL(ck_cpu_linear)
                         (int)IN, w, (int)IN, bias ? 1.0f : 0.0f, y + r0 * OUT, (int)OUT);
     }
 }
+
+// LINEAR_GEGLU: x, w, b as ck_cpu_linear; out[1] h = x w^T + b, out[0] y = geglu(h),
+// the pair's kernels in turn, so both outputs are theirs bitwise.
+CK_CPU_KERNEL(ck_cpu_linear_geglu)
+{
+    static const ck_op_params none;
+    (void)nout;
+    ck_cpu_linear(ctx, &none, &out[1], 1, in, nin);
+    ck_cpu_geglu(ctx, p, &out[0], 1, &out[1], 1);
+}

@@ -184,6 +184,9 @@ CK_CUDA_KERNEL(ck_cuda_gelu);
 CK_CUDA_KERNEL(ck_cuda_gelu_bwd);
 CK_CUDA_KERNEL(ck_cuda_geglu);
 CK_CUDA_KERNEL(ck_cuda_geglu_bwd);
+CK_CUDA_KERNEL(ck_cuda_linear_geglu); /* the product by matmul.cu's linear kernels */
+CK_CUDA_KERNEL(ck_cuda_linear_geglu_bf16);
+CK_CUDA_KERNEL(ck_cuda_linear_geglu_f16);
 CK_CUDA_KERNEL(ck_cuda_softmax);
 CK_CUDA_KERNEL(ck_cuda_softmax_bwd);
 CK_CUDA_KERNEL(ck_cuda_silu_bf16);

@@ -117,9 +117,11 @@ function Linear:init(o)
   self.bias = o.bias ~= false and o[3] ~= false
 end
 
-function Linear:updateOutput(g, x)
+-- act = "geglu": geglu of the product as one op (GEGLU, nn.fuse_linear_geglu)
+function Linear:updateOutput(g, x, act)
   local w = self:param(g, "weight", {self.out_features, self.in_features})
   local b = self.bias and self:param(g, "bias", {self.out_features}, bias_init(self.in_features)) or nil
+  if act == "geglu" then return ck.linear_geglu(x, w, b) end
   return ck.linear(x, w, b)
 end
 
@@ -251,7 +253,19 @@ function GEGLU:init(o)
   self.proj = self:add("proj", Linear{o[1] or o.dim_in, 2 * (o[2] or o.dim_out)})
 end
 
-function GEGLU:updateOutput(g, x) return ck.geglu(self.proj:forward(g, x)) end
+-- Whether GEGLU builds its product and the GEGLU as one op (LINEAR_GEGLU, in
+-- proj's scope, with proj's parameter names): true where proj is a plain Linear
+-- (an adapter adds its branch between the two, so an adapted proj builds the
+-- pair); false builds the pair, for comparing the two graphs.
+nn.fuse_linear_geglu = true
+
+function GEGLU:updateOutput(g, x)
+  local proj = self.proj
+  if nn.fuse_linear_geglu and getmetatable(proj) == Linear and rawget(proj, "updateOutput") == nil then
+    return proj:forward(g, x, "geglu")
+  end
+  return ck.geglu(proj:forward(g, x))
+end
 
 ---- FeedForward{dim, mult=4}: net.0 (GEGLU), net.1 (dropout when self.dropout > 0), net.2 (Linear)
 

@@ -335,6 +335,12 @@ static const tcase cases[] = {
      .tol = F32},
     {"linear [4096,640] x [640,640]^T + b", CK_OP_LINEAR, {.i = {0}}, 3, {SH(4096, 640), SH(640, 640), SH(640)}, .tol = F32,
      .big = 1},
+    /* LINEAR_GEGLU (activation.cu): y and h against the CPU's pair; 2500 rows of 4096-wide h run as
+     * slices of 16 MiB (3 in fp32, 2 in 16 bits, the last short) */
+    {"linear_geglu with bias", CK_OP_LINEAR_GEGLU, {.i = {0}}, 3, {SH(2, 5, 7), SH(12, 7), SH(12)}, .tol = F32},
+    {"linear_geglu without bias, tanh", CK_OP_LINEAR_GEGLU, {.i = {1}}, 2, {SH(13, 3), SH(10, 3)}, .tol = F32},
+    {"linear_geglu [2500,16] x [4096,16]^T + b in slices", CK_OP_LINEAR_GEGLU, {.i = {0}}, 3,
+     {SH(2500, 16), SH(4096, 16), SH(4096)}, .tol = F32},
     /* conv2d.cu */
     {"conv2d 3x3 pad 1 bias", CK_OP_CONV2D, {.i = {1, 1, 1, 1}}, 3, {SH(2, 3, 9, 7), SH(5, 3, 3, 3), SH(5)}, .tol = F32},
     {"conv2d 3x3 stride 2 pad 1", CK_OP_CONV2D, {.i = {2, 2, 1, 1}}, 2, {SH(2, 4, 9, 8), SH(3, 4, 3, 3)}, .tol = F32},

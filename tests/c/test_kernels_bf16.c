@@ -7,7 +7,8 @@
  * 2^-10; the second term allows for a sum taken in another order).
  * Odd sizes cross the kernels' 256-value blocks. Products and convolutions
  * (fp32 accumulation) run in the workspace their bf16 rule gives
- * (ck_op_workspace_cpu_bf16), the fp32 kernel in its own. Also: two runs agree bitwise,
+ * (ck_op_workspace_cpu_bf16), the fp32 kernel in its own. LINEAR_GEGLU's y is
+ * held to the fp32 GEGLU of its rounded h, which is what the pair computes. Also: two runs agree bitwise,
  * nothing is written past an output, every op with a bf16 kernel has a case
  * here, and every bf16 op of the CPU is one of the GPU's (ck_cuda_bf16_op),
  * every fp16 op one of the GPU's fp16 ops (ck_cuda_f16_op) and of the CPU's
@@ -81,6 +82,8 @@ static const tcase cases[] = {
      .in = {SH(2, 5, 64, 40), SH(2, 5, 77, 40)}},
     {.label = "matmul [3,7]^T x [3,9]", .op = CK_OP_MATMUL, .p = {.i = {1, 0}}, .nin = 2, .in = {SH(3, 7), SH(3, 9)}},
     CASE("linear [2,64,320] x [640,320]^T + b", CK_OP_LINEAR, NOP, 3, SH(2, 64, 320), SH(640, 320), SH(640)),
+    CASE("linear_geglu [2,33,40] x [96,40]^T + b", CK_OP_LINEAR_GEGLU, NOP, 3, SH(2, 33, 40), SH(96, 40), SH(96)),
+    CASE("linear_geglu tanh [7,9] x [600,9]^T", CK_OP_LINEAR_GEGLU, {.i = {1}}, 2, SH(7, 9), SH(600, 9)),
     {.label = "conv2d [1,32,16,16] 3x3 pad 1 + b", .op = CK_OP_CONV2D, .p = {.i = {1, 1, 1, 1}}, .nin = 3,
      .in = {SH(1, 32, 16, 16), SH(32, 32, 3, 3), SH(32)}},
     {.label = "conv2d [2,5,9,7] 3x3 stride 2", .op = CK_OP_CONV2D, .p = {.i = {2, 2, 1, 1}}, .nin = 2,
@@ -147,6 +150,14 @@ static void run_case(const tcase *t, ck_dtype st)
     c32.ws = c32.ws_bytes ? malloc(c32.ws_bytes) : NULL;
     c16.ws = c16.ws_bytes ? malloc(c16.ws_bytes) : NULL;
     ck_cpu_kernels[t->op](&c32, &t->p, o32, nout, v32, t->nin);
+    if (t->op == CK_OP_LINEAR_GEGLU) {
+        /* y is the GEGLU of the stored (rounded) h, as the pair computes it */
+        float *h = malloc(sizeof(float) * (size_t)n[1]);
+        for (int64_t i = 0; i < n[1]; i++) h[i] = from_16(st, to_16(st, ref[1][i]));
+        const ck_view vh = view(h, &outs[1]);
+        ck_cpu_kernels[CK_OP_GEGLU](&c32, &t->p, o32, 1, &vh, 1);
+        free(h);
+    }
     k16[t->op](&c16, &t->p, o16, nout, v16, t->nin);
     k16[t->op](&c16, &t->p, o16b, nout, v16, t->nin);
     if (ck_cpu_last_error()[0]) printf("  %s\n", ck_cpu_last_error()), ck_cpu_clear_error();

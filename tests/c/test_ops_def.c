@@ -74,6 +74,7 @@ static const struct {
     {CK_OP_BROADCAST, 50, "broadcast"},
     {CK_OP_GROUP_NORM_SILU, 51, "group_norm_silu"},
     {CK_OP_GROUP_NORM_SILU_BWD, 52, "group_norm_silu_bwd"},
+    {CK_OP_LINEAR_GEGLU, 53, "linear_geglu"},
 };
 
 static void op_numbers_never_change(void)

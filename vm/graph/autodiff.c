@@ -144,6 +144,14 @@ GRAD(linear)
     return 0;
 }
 
+/* GEGLU's backward on the saved product h, then the product's gradients */
+GRAD(linear_geglu)
+{
+    int bi[2] = {dy, n->out[1]};
+    int dh = emit1(a, CK_OP_GEGLU_BWD, bi, 2, &n->p, NULL);
+    return dh < 0 ? -1 : grad_linear(a, n, dh);
+}
+
 GRAD(conv2d)
 {
     ck_graph *g = a->g;

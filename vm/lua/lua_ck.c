@@ -459,6 +459,16 @@ static int l_linear(lua_State *L)
     return record(L, CK_OP_LINEAR, a, lua_isnoneornil(L, 3) ? 2 : 3, &NOPARAMS, NULL);
 }
 
+/* linear_geglu(x, w [, b] [, approximate]): geglu(linear(x, w, b)) as one op */
+static int l_linear_geglu(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[3] = {1, 2, 3};
+    const int has_b = luaL_testudata(L, 3, TENSOR_MT) != NULL;
+    p.i[0] = approx_arg(L, lua_type(L, 3) == LUA_TSTRING ? 3 : 4);
+    return record(L, CK_OP_LINEAR_GEGLU, a, has_b ? 3 : 2, &p, NULL);
+}
+
 /* conv2d(x, w [, b] [, {stride=1, padding=0}]) */
 static int l_conv2d(lua_State *L)
 {

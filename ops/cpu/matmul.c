@@ -1,8 +1,15 @@
 /* Dense products on the CPU: batched MATMUL and LINEAR (x W^T + b).
  * All the arithmetic is OpenBLAS sgemm. One parallel region per op: each
- * thread runs single-threaded sgemm on a fixed share of the output, so a
+ * thread runs single-threaded sgemm on whole blocks of the output, so a
  * product costs one wake-up of the other threads (OpenBLAS's own threading
- * costs several) and small products wake nobody. */
+ * costs several) and small products wake nobody.
+ *
+ * The blocks are fixed by the shapes alone: at most BLOCK rows of each product
+ * (columns, when it is wider than tall), and for a linear whose input has a
+ * leading batch dim, of each sample. sgemm's value for a row can depend on the
+ * size of the call and the row's place in it, so cutting by thread count would
+ * make results depend on the machine's cores, and cutting across samples
+ * would make a sample's results depend on the batch it came in. */
 #include "cpu.h"
 
 #include <cblas.h>
@@ -12,26 +19,27 @@
 /* Products below this many FLOPs run on one thread: each parallel region costs
  * tens of microseconds here, what one core needs for a few MFLOP. */
 #define PAR_FLOPS 1e7
+#define BLOCK 256
 
 static int threads_for(double flops)
 {
     return flops >= PAR_FLOPS ? omp_get_max_threads() : 1;
 }
 
-/* Part t of T of the row-major product C (M,N) = op(A) op(B) (beta 0 or 1): a
- * fixed range of C's rows, or of its columns when C is wider than tall. */
-static void gemm_part(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b,
-                      int64_t ldb, float beta, float *c, int64_t ldc, int t, int T)
+static int64_t blocks_of(int64_t M, int64_t N) { return ((M >= N ? M : N) + BLOCK - 1) / BLOCK; }
+
+/* Block k of the row-major product C (M,N) = op(A) op(B) (beta 0 or 1): rows
+ * [k BLOCK, (k+1) BLOCK) of C, or those columns when C is wider than tall. */
+static void gemm_block(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda, const float *b,
+                       int64_t ldb, float beta, float *c, int64_t ldc, int64_t k)
 {
     if (M >= N) {
-        const int64_t m0 = M * t / T, m1 = M * (t + 1) / T;
-        if (m1 <= m0) return;
+        const int64_t m0 = k * BLOCK, m1 = m0 + BLOCK < M ? m0 + BLOCK : M;
         a += ta ? m0 : m0 * lda;
         c += m0 * ldc;
         M = m1 - m0;
     } else {
-        const int64_t n0 = N * t / T, n1 = N * (t + 1) / T;
-        if (n1 <= n0) return;
+        const int64_t n0 = k * BLOCK, n1 = n0 + BLOCK < N ? n0 + BLOCK : N;
         b += tb ? n0 * ldb : n0;
         c += n0;
         N = n1 - n0;
@@ -65,25 +73,16 @@ CK_CPU_KERNEL(ck_cpu_matmul)
     }
     const int64_t lda = ta ? M : K, ldb = tb ? K : N;
     const int64_t astride = abatch == 1 ? 0 : M * K, bstride = bbatch == 1 ? 0 : K * N;
-    // A shared b with row-major, untransposed a stacks the whole batch into one
-    // tall product.
-    const int tall = bstride == 0 && !ta && abatch == batch;
+    const int64_t per = blocks_of(M, N), units = batch * per;
 
 #pragma omp parallel num_threads(threads_for(2.0 * batch * M * N * K))
     {
         omp_set_num_threads(1); // this thread's sgemm runs single-threaded
         const int t = omp_get_thread_num(), T = omp_get_num_threads();
-        if (tall) {
-            gemm_part(0, tb, batch * M, N, K, a->data, lda, b->data, ldb, 0.0f, y->data, N, t, T);
-        } else if (batch >= T) {
-            // whole products per thread
-            for (int64_t i = batch * t / T; i < batch * (t + 1) / T; i++)
-                gemm_part(ta, tb, M, N, K, a->data + i * astride, lda, b->data + i * bstride, ldb, 0.0f,
-                          y->data + i * M * N, N, 0, 1);
-        } else {
-            for (int64_t i = 0; i < batch; i++)
-                gemm_part(ta, tb, M, N, K, a->data + i * astride, lda, b->data + i * bstride, ldb, 0.0f,
-                          y->data + i * M * N, N, t, T);
+        for (int64_t u = units * t / T; u < units * (t + 1) / T; u++) {
+            const int64_t i = u / per;
+            gemm_block(ta, tb, M, N, K, a->data + i * astride, lda, b->data + i * bstride, ldb, 0.0f,
+                       y->data + i * M * N, N, u % per);
         }
     }
 }
@@ -99,20 +98,25 @@ CK_CPU_KERNEL(ck_cpu_linear)
     if (OUT == 0) return;
     const int64_t rows = ck_view_numel(&out[0]) / OUT;
     if (rows == 0) return;
+    // blocks of BLOCK rows within each sample (the leading dim of a 3-D or wider x)
+    const int64_t samples = in[0].ndim >= 3 && in[0].shape[0] > 0 ? in[0].shape[0] : 1, S = rows / samples;
+    const int64_t per = (S + BLOCK - 1) / BLOCK, units = samples * per;
 
 #pragma omp parallel num_threads(threads_for(2.0 * rows * OUT * IN))
     {
         omp_set_num_threads(1); // this thread's sgemm runs single-threaded
         const int t = omp_get_thread_num(), T = omp_get_num_threads();
-        const int64_t r0 = rows * t / T, r1 = rows * (t + 1) / T;
-        // The bias is laid down first so sgemm adds onto it (beta = 1).
-        if (bias)
-            for (int64_t r = r0; r < r1; r++) memcpy(y + r * OUT, bias, (size_t)OUT * sizeof(float));
-        else if (IN == 0 && r1 > r0)
-            memset(y + r0 * OUT, 0, (size_t)((r1 - r0) * OUT) * sizeof(float));
-        if (IN > 0 && r1 > r0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)OUT, (int)IN, 1.0f, x + r0 * IN,
-                        (int)IN, w, (int)IN, bias ? 1.0f : 0.0f, y + r0 * OUT, (int)OUT);
+        for (int64_t u = units * t / T; u < units * (t + 1) / T; u++) {
+            const int64_t s0 = u % per * BLOCK, r0 = u / per * S + s0, n = S - s0 < BLOCK ? S - s0 : BLOCK;
+            // The bias is laid down first so sgemm adds onto it (beta = 1).
+            if (bias)
+                for (int64_t r = r0; r < r0 + n; r++) memcpy(y + r * OUT, bias, (size_t)OUT * sizeof(float));
+            else if (IN == 0)
+                memset(y + r0 * OUT, 0, (size_t)(n * OUT) * sizeof(float));
+            if (IN > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)OUT, (int)IN, 1.0f, x + r0 * IN,
+                            (int)IN, w, (int)IN, bias ? 1.0f : 0.0f, y + r0 * OUT, (int)OUT);
+        }
     }
 }
 

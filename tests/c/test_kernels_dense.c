@@ -4,6 +4,7 @@
 #include "cpu/cpu.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,6 +181,44 @@ static void test_linear(int64_t R1, int64_t R2, int64_t IN, int64_t OUT, int wit
     ck_cpu_linear(&c, &p, out, 1, in, with_bias ? 3 : 2);
     check(!memcmp(y, y2, (size_t)(R * OUT) * sizeof(float)), "linear deterministic");
     free(x), free(w), free(b), free(y), free(y2), free(ref);
+}
+
+/* A product's values depend on neither the thread count nor, for an input
+ * with a leading batch dim, the other samples of the batch: the same sample
+ * alone (batch 1) and as the middle one of three, on 1, 2 and 3 threads, gives
+ * the same bits (sgemm's value for a row can depend on the call's size and
+ * the row's place in it, so the kernels cut products into blocks fixed by the
+ * shapes alone). */
+static void test_invariance(const char *op)
+{
+    const int64_t S = 300, IN = 129, OUT = 171; /* 2 S IN OUT x 3 > 10 MFLOP: threaded */
+    float *x = rbuf(3 * S * IN), *w = rbuf(OUT * IN), *b = rbuf(OUT), *y3 = buf(3 * S * OUT), *y1 = buf(S * OUT);
+    const int lin = !strcmp(op, "linear");
+    const int saved = omp_get_max_threads();
+    int same = 1;
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        for (int B = 1; B <= 3; B += 2) {
+            int64_t xs[3] = {B, S, IN}, ws[2] = {OUT, IN}, wt[2] = {IN, OUT}, bs[1] = {OUT}, ys[3] = {B, S, OUT};
+            /* batch 1 holds the middle sample of the three */
+            ck_view in[3] = {view(B == 3 ? x : x + S * IN, 3, xs), view(w, 2, lin ? ws : wt), view(b, 1, bs)};
+            ck_view out[1] = {view(B == 3 ? y3 : y1, 3, ys)};
+            ck_op_params p;
+            memset(&p, 0, sizeof p);
+            ck_kctx c = kctx(NULL, 0);
+            if (lin) ck_cpu_linear(&c, &p, out, 1, in, 3);
+            else ck_cpu_matmul(&c, &p, out, 1, in, 2);
+        }
+        static float first[300 * 171];
+        if (threads == 1) memcpy(first, y1, sizeof first);
+        same &= !memcmp(y1, y3 + S * OUT, (size_t)(S * OUT) * sizeof(float)) &&
+                !memcmp(y1, first, (size_t)(S * OUT) * sizeof(float));
+    }
+    omp_set_num_threads(saved);
+    check(same, "%s [3,300,129] -> 171: a sample's output is bitwise the same alone and in a batch of 3, on 1, 2 and 3 "
+                "threads",
+          op);
+    free(x), free(w), free(b), free(y3), free(y1);
 }
 
 /* ---------------------------------------------------------------- conv2d */
@@ -517,6 +556,8 @@ int main(void)
     test_linear(5, 67, 33, 130, 1);
     test_linear(7, 67, 129, 171, 1); /* split over threads */
     test_linear(7, 67, 129, 171, 0);
+    test_invariance("linear");
+    test_invariance("matmul");
 
     const conv_case cases[] = {
         {2, 3, 7, 9, 4, 3, 3, 1, 1, 1, 1, 1},    /* 3x3 same */

@@ -10,10 +10,10 @@
  * Each op runs on random inputs with the workspace a GPU plan gives it
  * (ck_cuda_workspace: for a convolution, the algorithm chosen for its shape), twice to warm up, then N times
  * (default 20) between two syncs; the figure is wall time over N, launch overhead included.
- * Memory-bound ops (norms, activations, add, the optimizer update) also report
- * "bytes": every input read once and every output written once, the least an
- * op can move, and "gbs", those bytes over the time, to set beside the
- * device's memory bandwidth (the H200's 4.8 TB/s). */
+ * Memory-bound ops (norms, activations, add, permute, upsample, the optimizer
+ * update) also report "bytes": every input read once and every output written
+ * once, the least an op can move, and "gbs", those bytes over the time, to set
+ * beside the device's memory bandwidth (the H200's 4.8 TB/s). */
 #include "cuda/cuda.h"
 
 #include <stdio.h>
@@ -126,6 +126,13 @@ static const bcase cases[] = {
      .in = {SH(1, 4096, 640), SH(5120, 640), SH(5120)}, .bf16 = 1},
     {"full", "ff proj + geglu 1024x1280 -> 5120 bf16", CK_OP_LINEAR_GEGLU, NOP, 3,
      .in = {SH(1, 1024, 1280), SH(10240, 1280), SH(10240)}, .bf16 = 1},
+    /* a transformer's NCHW -> tokens permute (the tiled transpose), fp32 and bf16,
+     * and an up block's nearest 2x upsample in bf16 */
+    {"full", "permute 640 @64x64 -> tokens", CK_OP_PERMUTE, {.i = {0, 2, 3, 1}}, 1, .in = {SH(1, 640, 64, 64)},
+     .mem = 1},
+    {"full", "permute 640 @64x64 -> tokens bf16", CK_OP_PERMUTE, {.i = {0, 2, 3, 1}}, 1, .in = {SH(1, 640, 64, 64)},
+     .mem = 1, .bf16 = 1},
+    {"full", "upsample2x 1280 @32x32 bf16", CK_OP_UPSAMPLE2X, NOP, 1, .in = {SH(1, 1280, 32, 32)}, .mem = 1, .bf16 = 1},
     /* an AdamW update of 64M parameters (SDXL's 2.6B in 40 such calls): p, g, m, v read, p, m, v written */
     {"full", "adamw_step 64M", CK_OP_ADAMW_STEP, ADAMW, 4, .in = {SH(1 << 26), SH(1 << 26), SH(1 << 26), SH(1 << 26)},
      .mem = 1, .alias = 7},

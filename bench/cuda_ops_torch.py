@@ -5,8 +5,9 @@ on the same shapes, in PyTorch on the same GPU, and prints one markdown table.
   python3 bench/cuda_ops_torch.py out/cuda_ops.jsonl
 
 PyTorch runs fp32 with TF32 off and cuDNN's deterministic algorithms (ckrun's
-defaults); records with "dtype": "bf16" (attention with bf16 storage) run in
-bf16, where scaled_dot_product_attention picks its flash-attention kernels. Times are CUDA-event medians of --reps runs after two warm-ups. A
+defaults); records with "dtype": "bf16" (attention, products, GEGLU, permute,
+upsample with bf16 storage) run in bf16, where scaled_dot_product_attention
+picks its flash-attention kernels. Times are CUDA-event medians of --reps runs after two warm-ups. A
 backward is timed as PyTorch's own backward kernel where aten has one that takes
 the forward's saved statistics (group/layer norm: ckrun recomputes them, which
 the ratio includes); attention's backward is autograd's forward + backward
@@ -167,6 +168,13 @@ def torch_fn(rec):
     if op == "silu":
         x = rand(ins[0])
         return lambda: F.silu(x)
+    if op == "permute":
+        x = rand(ins[0], dtype_of(rec))
+        order = i[:x.dim()]
+        return lambda: x.permute(*order).contiguous()
+    if op == "upsample2x":
+        x = rand(ins[0], dtype_of(rec))
+        return lambda: F.interpolate(x, scale_factor=2, mode="nearest")
     return None
 
 

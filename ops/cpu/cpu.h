@@ -27,7 +27,8 @@ void ck_cpu_clear_error(void);
 extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
 /* The ops with a kernel for bf16 storage (every tensor bf16, arithmetic in
  * fp32): the activations, softmax, the broadcasting add/sub/mul, scale, fill,
- * GROUP_NORM_SILU, the copies, and the products and convolutions (widened
+ * GROUP_NORM_SILU, the copies (permute among them), the nearest 2x upsample
+ * and its backward, and the products and convolutions (widened
  * into their workspace), as on the GPU (ck_cuda_bf16_op),
  * which has attention too. */
 extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
@@ -111,6 +112,9 @@ CK_CPU_KERNEL(ck_cpu_reshape_bf16);
 CK_CPU_KERNEL(ck_cpu_permute);
 CK_CPU_KERNEL(ck_cpu_upsample2x);
 CK_CPU_KERNEL(ck_cpu_upsample2x_bwd);
+CK_CPU_KERNEL(ck_cpu_permute_bf16);
+CK_CPU_KERNEL(ck_cpu_upsample2x_bf16);
+CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_bf16);
 /* loss.c */
 CK_CPU_KERNEL(ck_cpu_mean);
 CK_CPU_KERNEL(ck_cpu_mean_bwd);

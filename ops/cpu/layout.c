@@ -2,6 +2,7 @@
  * upsampling (with its backward). Everything but the upsample backward is a pure
  * copy; each output element is written by one thread. */
 #include "cpu.h"
+#include "../bf16.h"
 
 #include <omp.h>
 #include <string.h>
@@ -29,8 +30,6 @@ static void copy_bytes(void *dst, const void *src, size_t n)
         memcpy((char *)dst + lo, (const char *)src + lo, len);
     }
 }
-
-static void copy_floats(float *dst, const float *src, int64_t n) { copy_bytes(dst, src, (size_t)n * sizeof(float)); }
 
 /* Concat, slice and reshape move elements of es bytes: fp32 (4) or bf16 (2). */
 
@@ -115,10 +114,29 @@ CK_CPU_KERNEL(ck_cpu_reshape_bf16)
 
 #define TILE 32
 
-// x is (d0..dn-1); out is (d_i0 .. d_i(n-1)): out dim j is input dim p->i[j].
-CK_CPU_KERNEL(ck_cpu_permute)
+/* Permute and the upsample forward move elements of es bytes too, as integers
+ * of that width (bitwise whatever they hold). */
+
+// One tile of a transpose: dst[a * ok + b] = src[a + b * sl] over a in [bk, ek), b in [bl, el).
+static void tile_copy(char *dst, const char *src, int64_t bk, int64_t ek, int64_t ok, int64_t bl, int64_t el, int64_t sl,
+                      size_t es)
 {
-    (void)ctx, (void)nout, (void)nin;
+    for (int64_t a = bk; a < ek; a++) {
+        if (es == 4) {
+            uint32_t *drow = (uint32_t *)dst + a * ok;
+            const uint32_t *scol = (const uint32_t *)src + a;
+            for (int64_t b = bl; b < el; b++) drow[b] = scol[b * sl];
+        } else {
+            uint16_t *drow = (uint16_t *)dst + a * ok;
+            const uint16_t *scol = (const uint16_t *)src + a;
+            for (int64_t b = bl; b < el; b++) drow[b] = scol[b * sl];
+        }
+    }
+}
+
+// x is (d0..dn-1); out is (d_i0 .. d_i(n-1)): out dim j is input dim p->i[j].
+static void permute(const ck_op_params *p, ck_view *out, const ck_view *in, size_t es)
+{
     const ck_view *x = &in[0];
     const int nd = x->ndim;
     const int64_t n = ck_view_numel(x);
@@ -140,10 +158,10 @@ CK_CPU_KERNEL(ck_cpu_permute)
             sz[m] = e, st[m] = t, m++;
         }
     }
-    const float *src = x->data;
-    float *dst = out[0].data;
+    const char *src = (const char *)x->data;
+    char *dst = (char *)out[0].data;
     if (m <= 1) {
-        copy_floats(dst, src, n);
+        copy_bytes(dst, src, (size_t)n * es);
         return;
     }
 
@@ -158,7 +176,7 @@ CK_CPU_KERNEL(ck_cpu_permute)
             int64_t idx[CK_MAX_DIMS], off = 0, r0 = lo;
             for (int j = m - 2; j >= 0; j--) idx[j] = r0 % sz[j], r0 /= sz[j], off += idx[j] * st[j];
             for (int64_t r = lo; r < hi; r++) {
-                memcpy(dst + r * L, src + off, (size_t)L * sizeof(float));
+                memcpy(dst + (size_t)(r * L) * es, src + (size_t)off * es, (size_t)L * es);
                 for (int j = m - 2; j >= 0; j--) {
                     off += st[j];
                     if (++idx[j] < sz[j]) break;
@@ -191,28 +209,42 @@ CK_CPU_KERNEL(ck_cpu_permute)
             r /= sz[j], io += i * st[j], oo += i * ost[j];
         }
         const int64_t ek = bk + TILE < K ? bk + TILE : K, el = bl + TILE < L ? bl + TILE : L;
-        for (int64_t a = bk; a < ek; a++) {
-            float *drow = dst + oo + a * ok;
-            const float *scol = src + io + a;
-            for (int64_t b = bl; b < el; b++) drow[b] = scol[b * sl];
-        }
+        tile_copy(dst + (size_t)oo * es, src + (size_t)io * es, bk, ek, ok, bl, el, sl, es);
     }
 }
 
 // x is (N,C,H,W); out is (N,C,2H,2W), each pixel repeated over a 2x2 block.
+static void upsample2x(ck_view *out, const ck_view *in, size_t es)
+{
+    const int64_t W = in[0].shape[3], rows = in[0].shape[0] * in[0].shape[1] * in[0].shape[2];
+    const char *x = (const char *)in[0].data;
+    char *y = (char *)out[0].data;
+#pragma omp parallel for schedule(static) if (rows * W > PAR_MIN / 4)
+    for (int64_t r = 0; r < rows; r++) {
+        char *d = y + (size_t)(r * 4 * W) * es;
+        if (es == 4) {
+            const uint32_t *s = (const uint32_t *)x + r * W;
+            uint32_t *d4 = (uint32_t *)d;
+            for (int64_t w = 0; w < W; w++) d4[2 * w] = s[w], d4[2 * w + 1] = s[w];
+        } else {
+            const uint16_t *s = (const uint16_t *)x + r * W;
+            uint16_t *d2 = (uint16_t *)d;
+            for (int64_t w = 0; w < W; w++) d2[2 * w] = s[w], d2[2 * w + 1] = s[w];
+        }
+        memcpy(d + (size_t)(2 * W) * es, d, (size_t)(2 * W) * es);
+    }
+}
+
+CK_CPU_KERNEL(ck_cpu_permute)
+{
+    (void)ctx, (void)nout, (void)nin;
+    permute(p, out, in, sizeof(float));
+}
+
 CK_CPU_KERNEL(ck_cpu_upsample2x)
 {
     (void)ctx, (void)p, (void)nout, (void)nin;
-    const int64_t W = in[0].shape[3], rows = in[0].shape[0] * in[0].shape[1] * in[0].shape[2];
-    const float *x = in[0].data;
-    float *y = out[0].data;
-#pragma omp parallel for schedule(static) if (rows * W > PAR_MIN / 4)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *s = x + r * W;
-        float *d = y + r * 4 * W;
-        for (int64_t w = 0; w < W; w++) d[2 * w] = s[w], d[2 * w + 1] = s[w];
-        memcpy(d + 2 * W, d, (size_t)(2 * W) * sizeof(float));
-    }
+    upsample2x(out, in, sizeof(float));
 }
 
 // dy is (N,C,2H,2W); out dx is (N,C,H,W), the sum of each 2x2 block.
@@ -227,5 +259,39 @@ CK_CPU_KERNEL(ck_cpu_upsample2x_bwd)
         const float *d0 = dy + r * 4 * W, *d1 = d0 + 2 * W;
         float *s = dx + r * W;
         for (int64_t w = 0; w < W; w++) s[w] = (d0[2 * w] + d0[2 * w + 1]) + (d1[2 * w] + d1[2 * w + 1]);
+    }
+}
+
+/* bf16 storage: permute and the upsample move 2-byte elements; the upsample
+ * backward sums each window in fp32, in the fp32 kernel's order, and rounds
+ * once, so its output is the fp32 kernel's on the same values, rounded. */
+CK_CPU_KERNEL(ck_cpu_permute_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    permute(p, out, in, 2);
+}
+
+CK_CPU_KERNEL(ck_cpu_upsample2x_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    upsample2x(out, in, 2);
+}
+
+// dy is (N,C,2H,2W) bf16; out dx is (N,C,H,W) bf16.
+CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    const int64_t W = out[0].shape[3], rows = out[0].shape[0] * out[0].shape[1] * out[0].shape[2];
+    const uint16_t *dy = (const uint16_t *)in[0].data;
+    uint16_t *dx = (uint16_t *)out[0].data;
+#pragma omp parallel for schedule(static) if (rows * W > PAR_MIN / 4)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *d0 = dy + r * 4 * W, *d1 = d0 + 2 * W;
+        uint16_t *s = dx + r * W;
+        for (int64_t w = 0; w < W; w++) {
+            const float a = ck_f32_from_bf16(d0[2 * w]), b = ck_f32_from_bf16(d0[2 * w + 1]);
+            const float c = ck_f32_from_bf16(d1[2 * w]), d = ck_f32_from_bf16(d1[2 * w + 1]);
+            s[w] = ck_bf16_from_f32((a + b) + (c + d));
+        }
     }
 }

@@ -142,8 +142,9 @@ extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 /* The same ops with every tensor in bf16 storage (the views' data pointers
  * point at __nv_bfloat16; arithmetic stays fp32): activations, softmax,
  * broadcasting add/sub/mul, scale, fill, GROUP_NORM_SILU, the copies concat,
- * slice and reshape, and on tensor cores (fp32 accumulation) the products
- * (cuBLASLt) and convolutions (cuDNN). NULL elsewhere. */
+ * slice, reshape and permute, the nearest 2x upsample and its backward, and
+ * on tensor cores (fp32 accumulation) the products (cuBLASLt) and
+ * convolutions (cuDNN). NULL elsewhere. */
 extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 /* Every tensor in fp16 storage (__half): the products, convolutions and
  * attention on tensor cores with fp32 accumulation, the same code as bf16's
@@ -232,6 +233,9 @@ CK_CUDA_KERNEL(ck_cuda_reshape_bf16);
 CK_CUDA_KERNEL(ck_cuda_permute);
 CK_CUDA_KERNEL(ck_cuda_upsample2x);
 CK_CUDA_KERNEL(ck_cuda_upsample2x_bwd);
+CK_CUDA_KERNEL(ck_cuda_permute_bf16);
+CK_CUDA_KERNEL(ck_cuda_upsample2x_bf16);
+CK_CUDA_KERNEL(ck_cuda_upsample2x_bwd_bf16);
 /* loss.cu */
 CK_CUDA_KERNEL(ck_cuda_mean);
 CK_CUDA_KERNEL(ck_cuda_mean_bwd);

@@ -101,6 +101,10 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_reshape_bf16)
     reshape(out, in, 2);
 }
 
+/* Permute and the upsample move elements of storage type T (float or
+ * __nv_bfloat16) as they are; the upsample backward sums in fp32 (ck_ld) and
+ * rounds once (ck_st). */
+
 /* Output dims (merged, size-1 dropped) with their input strides. */
 struct perm {
     int m;
@@ -108,8 +112,8 @@ struct perm {
 };
 
 // out[i] = in[offset of i's index over p.sz, at strides p.st]
-template <typename I>
-__global__ void __launch_bounds__(THREADS) permute_gather(float *y, const float *x, perm pm, I n)
+template <typename T, typename I>
+__global__ void __launch_bounds__(THREADS) permute_gather(T *y, const T *x, perm pm, I n)
 {
     I sz[CK_MAX_DIMS], st[CK_MAX_DIMS];
     for (int d = 0; d < pm.m; d++) sz[d] = (I)pm.sz[d], st[d] = (I)pm.st[d];
@@ -127,10 +131,11 @@ __global__ void __launch_bounds__(THREADS) permute_gather(float *y, const float 
  * not: TILE x TILE blocks of (k, last) go through shared memory, read along k
  * and written along L, both coalesced. Block (TILE, 8); blockIdx.x walks
  * (rest, tile of k, tile of L), rest over the other dims. */
-__global__ void __launch_bounds__(TILE * 8) permute_tiled(float *y, const float *x, perm pm, int k, perm ost, int64_t tk,
+template <typename T>
+__global__ void __launch_bounds__(TILE * 8) permute_tiled(T *y, const T *x, perm pm, int k, perm ost, int64_t tk,
                                                           int64_t tl)
 {
-    __shared__ float tile[TILE][TILE + 1];
+    __shared__ T tile[TILE][TILE + 1];
     const int last = pm.m - 1;
     const int64_t K = pm.sz[k], L = pm.sz[last], sl = pm.st[last], ok = ost.st[k];
     int64_t u = blockIdx.x;
@@ -160,10 +165,10 @@ __global__ void __launch_bounds__(TILE * 8) permute_tiled(float *y, const float 
 }
 
 // x is (d0..dn-1); out is (d_i0 .. d_i(n-1)): out dim j is input dim p->i[j].
-extern "C" CK_CUDA_KERNEL(ck_cuda_permute)
+template <typename T>
+static void permute_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)nout, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("permute");
+    ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
     const ck_view *x = &in[0];
     const int nd = x->ndim;
@@ -182,9 +187,11 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_permute)
             pm.sz[pm.m] = e, pm.st[pm.m] = t, pm.m++;
         }
     }
+    T *y = (T *)out[0].data;
+    const T *xs = (const T *)x->data;
     if (pm.m <= 1) {
-        copy_rows(c, "permute", out[0].data, 0, x->data, 0, n, 1, sizeof(float));
-        ck_cuda_end(c, "permute");
+        copy_rows(c, name, y, 0, xs, 0, n, 1, sizeof(T));
+        ck_cuda_end(c, name);
         return;
     }
     const int last = pm.m - 1;
@@ -197,23 +204,21 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_permute)
         const int64_t tk = (pm.sz[k] + TILE - 1) / TILE, tl = (pm.sz[last] + TILE - 1) / TILE;
         const int64_t units = n / (pm.sz[k] * pm.sz[last]) * tk * tl;
         if (units < 0x7fffffffLL) {
-            ck_launch(permute_tiled, dim3((unsigned)units), dim3(TILE, 8), c->stream, out[0].data,
-                      (const float *)x->data, pm, k, ost, tk, tl);
-            ck_cuda_end(c, "permute");
+            ck_launch(permute_tiled<T>, dim3((unsigned)units), dim3(TILE, 8), c->stream, y, xs, pm, k, ost, tk, tl);
+            ck_cuda_end(c, name);
             return;
         }
     }
     if (n < ((int64_t)1 << 31))
-        ck_launch(permute_gather<uint32_t>, ck_grid(n, THREADS), THREADS, c->stream, out[0].data,
-                  (const float *)x->data, pm, (uint32_t)n);
+        ck_launch(permute_gather<T, uint32_t>, ck_grid(n, THREADS), THREADS, c->stream, y, xs, pm, (uint32_t)n);
     else
-        ck_launch(permute_gather<int64_t>, ck_grid(n, THREADS), THREADS, c->stream, out[0].data,
-                  (const float *)x->data, pm, n);
-    ck_cuda_end(c, "permute");
+        ck_launch(permute_gather<T, int64_t>, ck_grid(n, THREADS), THREADS, c->stream, y, xs, pm, n);
+    ck_cuda_end(c, name);
 }
 
 // x is (R, W) rows of N*C*H; y is (R, 2, 2W): each pixel repeated over a 2x2 block
-__global__ void __launch_bounds__(THREADS) upsample_kernel(float *y, const float *x, int64_t W, int64_t n)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) upsample_kernel(T *y, const T *x, int64_t W, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t ow = i % (2 * W), r = i / (4 * W);
@@ -222,37 +227,57 @@ __global__ void __launch_bounds__(THREADS) upsample_kernel(float *y, const float
 }
 
 // dy is (R, 2, 2W); dx is (R, W), the sum of each 2x2 block in the CPU's order
-__global__ void __launch_bounds__(THREADS) upsample_bwd_kernel(float *dx, const float *dy, int64_t W, int64_t n)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) upsample_bwd_kernel(T *dx, const T *dy, int64_t W, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / W, w = i % W;
-        const float *d0 = dy + r * 4 * W, *d1 = d0 + 2 * W;
-        dx[i] = (d0[2 * w] + d0[2 * w + 1]) + (d1[2 * w] + d1[2 * w + 1]);
+        const T *d0 = dy + r * 4 * W, *d1 = d0 + 2 * W;
+        ck_st(dx + i, (ck_ld(d0 + 2 * w) + ck_ld(d0 + 2 * w + 1)) + (ck_ld(d1 + 2 * w) + ck_ld(d1 + 2 * w + 1)));
     }
 }
 
 // x is (N,C,H,W); out is (N,C,2H,2W)
-extern "C" CK_CUDA_KERNEL(ck_cuda_upsample2x)
+template <typename T>
+static void upsample_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("upsample2x");
+    (void)p;
+    ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
     const int64_t n = ck_view_numel(&out[0]);
     if (n == 0) return;
-    ck_launch(upsample_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data,
+    ck_launch(upsample_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, (T *)out[0].data, (const T *)in[0].data,
               in[0].shape[3], n);
-    ck_cuda_end(c, "upsample2x");
+    ck_cuda_end(c, name);
 }
 
 // dy is (N,C,2H,2W); out dx is (N,C,H,W)
-extern "C" CK_CUDA_KERNEL(ck_cuda_upsample2x_bwd)
+template <typename T>
+static void upsample_bwd_op(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("upsample2x_bwd");
+    (void)p;
+    ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
     const int64_t n = ck_view_numel(&out[0]);
     if (n == 0) return;
-    ck_launch(upsample_bwd_kernel, ck_grid(n, THREADS), THREADS, c->stream, out[0].data, (const float *)in[0].data,
+    ck_launch(upsample_bwd_kernel<T>, ck_grid(n, THREADS), THREADS, c->stream, (T *)out[0].data, (const T *)in[0].data,
               out[0].shape[3], n);
-    ck_cuda_end(c, "upsample2x_bwd");
+    ck_cuda_end(c, name);
 }
+
+/* fp32 and bf16 entry points of each op */
+#define ENTRY(fn, run)                                                                                                 \
+    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn)                                                                            \
+    {                                                                                                                  \
+        (void)ctx, (void)nout, (void)nin;                                                                              \
+        run<float>(#fn, p, out, in);                                                                                   \
+    }                                                                                                                  \
+    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_bf16)                                                                     \
+    {                                                                                                                  \
+        (void)ctx, (void)nout, (void)nin;                                                                              \
+        run<__nv_bfloat16>(#fn "_bf16", p, out, in);                                                                   \
+    }
+
+ENTRY(permute, permute_op)
+ENTRY(upsample2x, upsample_op)
+ENTRY(upsample2x_bwd, upsample_bwd_op)

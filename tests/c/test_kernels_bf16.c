@@ -8,7 +8,10 @@
  * Odd sizes cross the kernels' 256-value blocks. Products and convolutions
  * (fp32 accumulation) run in the workspace their bf16 rule gives
  * (ck_op_workspace_cpu_bf16), the fp32 kernel in its own. LINEAR_GEGLU's y is
- * held to the fp32 GEGLU of its rounded h, which is what the pair computes. Also: two runs agree bitwise,
+ * held to the fp32 GEGLU of its rounded h, which is what the pair computes.
+ * Permute and the nearest upsample (moves) and the upsample's backward (each
+ * window summed in fp32 in the fp32 kernel's order) are held to more: bitwise
+ * the fp32 kernel's output rounded once. Also: two runs agree bitwise,
  * nothing is written past an output, every op with a bf16 kernel has a case
  * here, and every bf16 op of the CPU is one of the GPU's (ck_cuda_bf16_op),
  * every fp16 op one of the GPU's fp16 ops (ck_cuda_f16_op) and of the CPU's
@@ -42,12 +45,16 @@ typedef struct tcase {
     int nin;
     ck_shape in[4];
     ck_shape out; /* preset (FILL); otherwise from the op's rule */
+    int exact;    /* each output bitwise the fp32 kernel's rounded once */
 } tcase;
 
 /* label, op, params, inputs (FILL: none, its output preset) */
 #define CASE(l_, o_, p_, n_, ...) {.label = l_, .op = o_, .p = p_, .nin = n_, .in = {__VA_ARGS__}}
 #define NOP {.i = {0}}
 #define GN(groups, eps) {.i = {groups}, .f = {eps}}
+#define PERM(...) {.i = {__VA_ARGS__}}
+/* one input; the output held bitwise to the fp32 kernel's rounded once */
+#define EXACT(l_, o_, p_, in_) {.label = l_, .op = o_, .p = p_, .nin = 1, .in = {in_}, .exact = 1}
 static const tcase cases[] = {
     CASE("silu [3,1001]", CK_OP_SILU, NOP, 1, SH(3, 1001)),
     CASE("silu_bwd [3,1001]", CK_OP_SILU_BWD, NOP, 2, SH(3, 1001), SH(3, 1001)),
@@ -78,6 +85,18 @@ static const tcase cases[] = {
     CASE("mul by a scalar [1] * [9,9]", CK_OP_MUL, NOP, 2, SH(1), SH(9, 9)),
     CASE("scale by -0.37 [1000]", CK_OP_SCALE, {.f = {-0.37f}}, 1, SH(1000)),
     {.label = "fill 0.1 [3,77]", .op = CK_OP_FILL, .p = {.f = {0.1f}}, .nin = 0, .out = SH(3, 77)},
+    /* a transformer's NCHW -> tokens and back (tiles of the transpose), odd
+     * sizes crossing the 32 x 32 tiles, one keeping the last dim (runs), one
+     * past the size that starts the thread pool */
+    EXACT("permute [2,4,6,5] (0,2,3,1)", CK_OP_PERMUTE, PERM(0, 2, 3, 1), SH(2, 4, 6, 5)),
+    EXACT("permute [2,6,5,4] (0,3,1,2)", CK_OP_PERMUTE, PERM(0, 3, 1, 2), SH(2, 6, 5, 4)),
+    EXACT("permute [2,37,5,9] (0,2,3,1)", CK_OP_PERMUTE, PERM(0, 2, 3, 1), SH(2, 37, 5, 9)),
+    EXACT("permute [3,7,5,9] (0,2,1,3) keeps the last dim", CK_OP_PERMUTE, PERM(0, 2, 1, 3), SH(3, 7, 5, 9)),
+    EXACT("permute [1,320,33,29] (0,2,3,1)", CK_OP_PERMUTE, PERM(0, 2, 3, 1), SH(1, 320, 33, 29)),
+    EXACT("upsample2x [2,3,5,7]", CK_OP_UPSAMPLE2X, NOP, SH(2, 3, 5, 7)),
+    EXACT("upsample2x [1,130,33,35]", CK_OP_UPSAMPLE2X, NOP, SH(1, 130, 33, 35)),
+    EXACT("upsample2x_bwd [2,3,10,14]", CK_OP_UPSAMPLE2X_BWD, NOP, SH(2, 3, 10, 14)),
+    EXACT("upsample2x_bwd [1,130,66,70]", CK_OP_UPSAMPLE2X_BWD, NOP, SH(1, 130, 66, 70)),
     {.label = "matmul [2,5,64,40] x [2,5,77,40]^T", .op = CK_OP_MATMUL, .p = {.i = {0, 1}}, .nin = 2,
      .in = {SH(2, 5, 64, 40), SH(2, 5, 77, 40)}},
     {.label = "matmul [3,7]^T x [3,9]", .op = CK_OP_MATMUL, .p = {.i = {1, 0}}, .nin = 2, .in = {SH(3, 7), SH(3, 9)}},
@@ -165,6 +184,7 @@ static void run_case(const tcase *t, ck_dtype st)
 
     double worst = 0;
     int ok = 1, same = 1, guard = 1;
+    int64_t inexact = 0;
     for (int k = 0; k < nout; k++) {
         double mx = 0;
         for (int64_t i = 0; i < n[k]; i++) mx = fmax(mx, fabs(ref[k][i]));
@@ -174,10 +194,12 @@ static void run_case(const tcase *t, ck_dtype st)
             if (!(d <= allowed)) ok = 0;
             const double rel = d / fmax(fabs(ref[k][i]), 1e-30);
             if (!(rel <= worst)) worst = rel;
+            if (t->exact && got[k][i] != to_16(st, ref[k][i])) inexact++;
         }
         same &= memcmp(got[k], got2[k], sizeof(uint16_t) * (size_t)n[k]) == 0;
         guard &= got[k][n[k]] == GUARD && got2[k][n[k]] == GUARD;
     }
+    if (inexact) printf("  %lld values not the fp32 kernel's rounded once\n", (long long)inexact), ok = 0;
     if (!same) printf("  two runs differ\n");
     if (!guard) printf("  wrote past the output\n");
     char label[160];

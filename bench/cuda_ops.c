@@ -116,6 +116,18 @@ static const bcase cases[] = {
     {"full", "layer_norm 4096x640", CK_OP_LAYER_NORM, LN, 3, .in = {SH(1, 4096, 640), SH(640), SH(640)}, .mem = 1},
     {"full", "layer_norm 4096x640", CK_OP_LAYER_NORM_BWD, LN, 3, .in = {SH(1, 4096, 640), SH(1, 4096, 640), SH(640)},
      .mem = 1},
+    /* the transformer's norms in bf16 storage (a frozen-weight mixed-precision run): half the bytes */
+    {"full", "layer_norm 4096x640 bf16", CK_OP_LAYER_NORM, LN, 3, .in = {SH(1, 4096, 640), SH(640), SH(640)}, .mem = 1,
+     .bf16 = 1},
+    {"full", "layer_norm 4096x640 bf16", CK_OP_LAYER_NORM_BWD, LN, 3,
+     .in = {SH(1, 4096, 640), SH(1, 4096, 640), SH(640)}, .mem = 1, .bf16 = 1},
+    {"full", "group_norm 640 @64x64", CK_OP_GROUP_NORM, GN, 3, .in = {SH(1, 640, 64, 64), SH(640), SH(640)}, .mem = 1},
+    {"full", "group_norm 640 @64x64", CK_OP_GROUP_NORM_BWD, GN, 3,
+     .in = {SH(1, 640, 64, 64), SH(1, 640, 64, 64), SH(640)}, .mem = 1},
+    {"full", "group_norm 640 @64x64 bf16", CK_OP_GROUP_NORM, GN, 3, .in = {SH(1, 640, 64, 64), SH(640), SH(640)},
+     .mem = 1, .bf16 = 1},
+    {"full", "group_norm 640 @64x64 bf16", CK_OP_GROUP_NORM_BWD, GN, 3,
+     .in = {SH(1, 640, 64, 64), SH(1, 640, 64, 64), SH(640)}, .mem = 1, .bf16 = 1},
     {"full", "geglu 4096x5120", CK_OP_GEGLU, NOP, 1, .in = {SH(1, 4096, 5120)}, .mem = 1},
     {"full", "geglu 4096x5120", CK_OP_GEGLU_BWD, NOP, 2, .in = {SH(1, 4096, 2560), SH(1, 4096, 5120)}, .mem = 1},
     /* the feed-forward's product and GEGLU in bf16: apart, and as LINEAR_GEGLU (h in 16 MiB slices) */

@@ -87,10 +87,12 @@ def torch_fn(rec):
         dy, x, ws = rand(ins[0]), rand(ins[1]), rec["out"][0]
         return lambda: (torch.nn.grad.conv2d_weight(x, ws, dy, stride, padding), dy.sum((0, 2, 3)))
     if op == "group_norm":
-        x, g, b = rand(ins[0]), rand(ins[1]), rand(ins[2])
+        dt = dtype_of(rec)
+        x, g, b = rand(ins[0], dt), rand(ins[1], dt), rand(ins[2], dt)
         return lambda: F.group_norm(x, i[0], g, b, f[0])
     if op == "group_norm_bwd":
-        dy, x, g = rand(ins[0]), rand(ins[1]), rand(ins[2])
+        dt = dtype_of(rec)
+        dy, x, g = rand(ins[0], dt), rand(ins[1], dt), rand(ins[2], dt)
         N, C = x.shape[0], x.shape[1]
         HW = x.numel() // (N * C)
         _, mean, rstd = torch.ops.aten.native_group_norm(x, g, None, N, C, HW, i[0], f[0])
@@ -120,10 +122,12 @@ def torch_fn(rec):
         opt = torch.optim.AdamW([p], lr=1e-4, betas=(f[0], f[1]), eps=f[2], weight_decay=f[3], fused=True)
         return opt.step
     if op == "layer_norm":
-        x, g, b = rand(ins[0]), rand(ins[1]), rand(ins[2])
+        dt = dtype_of(rec)
+        x, g, b = rand(ins[0], dt), rand(ins[1], dt), rand(ins[2], dt)
         return lambda: F.layer_norm(x, (x.shape[-1],), g, b, f[0])
     if op == "layer_norm_bwd":
-        dy, x, g = rand(ins[0]), rand(ins[1]), rand(ins[2])
+        dt = dtype_of(rec)
+        dy, x, g = rand(ins[0], dt), rand(ins[1], dt), rand(ins[2], dt)
         b = torch.zeros_like(g)
         shape = [x.shape[-1]]
         _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, g, b, f[0])

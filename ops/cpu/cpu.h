@@ -66,6 +66,10 @@ CK_CPU_KERNEL(ck_cpu_group_norm_silu);
 CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd);
 CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16);
 CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_group_norm_bf16);
+CK_CPU_KERNEL(ck_cpu_group_norm_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_layer_norm_bf16);
+CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16);
 /* activation.c */
 CK_CPU_KERNEL(ck_cpu_silu);
 CK_CPU_KERNEL(ck_cpu_silu_bwd);

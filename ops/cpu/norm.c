@@ -3,7 +3,8 @@
  * x in the backward; gamma/beta gradients are summed in one fixed order
  * whatever the thread count. GROUP_NORM_SILU does the float operations of
  * GROUP_NORM then SILU (activation.c) in their order, so its results are the
- * pair's bitwise. */
+ * pair's bitwise. All three have bf16 storage kernels, the fp32 arithmetic on
+ * converted pieces. */
 #include "cpu.h"
 #include "vecmath.h"
 #include "../bf16.h"
@@ -380,10 +381,11 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
     }
 }
 
-/* ---- GROUP_NORM_SILU with bf16 storage: every tensor bf16, the fp32 kernels'
- * arithmetic on the values converted GN_CHUNK at a time (lane sums carried
- * across pieces), so each output is the fp32 kernel's on the same values,
- * rounded once. ---- */
+/* ---- bf16 storage: GROUP_NORM, GROUP_NORM_SILU and LAYER_NORM with every
+ * tensor bf16, the fp32 kernels' arithmetic on the values converted GN_CHUNK
+ * at a time (lane sums carried across pieces, whose lengths are multiples of
+ * LANES), so each output is the fp32 kernel's on the same values, rounded
+ * once. ---- */
 
 /* stats() over n bf16 values */
 static void stats_bf16(const uint16_t *x, int64_t n, float eps, float *mean, float *rstd)
@@ -408,10 +410,9 @@ static void stats_bf16(const uint16_t *x, int64_t n, float eps, float *mean, flo
     *rstd = (float)(1.0 / sqrt(q / (double)n + (double)eps));
 }
 
-// x is (N,C,*) as GROUP_NORM, gamma and beta (C), y = silu(group_norm(x)) like x; all bf16
-CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16)
+// x is (N,C,*) as GROUP_NORM, gamma and beta (C), y like x; all bf16. silu: y = silu(group_norm(x))
+static void gn_fwd_bf16(const ck_op_params *p, ck_view *out, const ck_view *in, int silu)
 {
-    (void)ctx, (void)nout, (void)nin;
     const uint16_t *x = (const uint16_t *)in[0].data, *gamma = (const uint16_t *)in[1].data;
     const uint16_t *beta = (const uint16_t *)in[2].data;
     uint16_t *y = (uint16_t *)out[0].data;
@@ -433,10 +434,15 @@ CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16)
             for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
                 const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
                 ck_bf16_load(buf, xg + c * S + s0, k);
+                if (silu) {
 #pragma omp simd
-                for (int64_t s = 0; s < k; s++) {
-                    const float h = (buf[s] - m) * a + b;
-                    buf[s] = h * sigmoid_c(h);
+                    for (int64_t s = 0; s < k; s++) {
+                        const float h = (buf[s] - m) * a + b;
+                        buf[s] = h * sigmoid_c(h);
+                    }
+                } else {
+#pragma omp simd
+                    for (int64_t s = 0; s < k; s++) buf[s] = (buf[s] - m) * a + b;
                 }
                 ck_bf16_store(yg + c * S + s0, buf, k);
             }
@@ -444,9 +450,22 @@ CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16)
     }
 }
 
-/* One channel's sum(dh) and sum(dh (x - m)) from bf16 dy and x, dh through
- * SiLU of h = (x - m) a + b: gn_bwd_group's sums, piece by piece. */
-static void channel_sums_bf16(const uint16_t *dy, const uint16_t *x, int64_t S, float m, float a, float b,
+CK_CPU_KERNEL(ck_cpu_group_norm_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    gn_fwd_bf16(p, out, in, 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    gn_fwd_bf16(p, out, in, 1);
+}
+
+/* One channel's sum(dh) and sum(dh (x - m)) from bf16 dy and x: gn_bwd_group's
+ * sums, piece by piece. silu: dh is dy through SiLU of h = (x - m) a + b;
+ * otherwise dy itself. */
+static void channel_sums_bf16(const uint16_t *dy, const uint16_t *x, int64_t S, float m, float a, float b, int silu,
                               double *sdy, double *sdyx)
 {
     float xb[GN_CHUNK], dh[GN_CHUNK];
@@ -456,24 +475,24 @@ static void channel_sums_bf16(const uint16_t *dy, const uint16_t *x, int64_t S, 
         const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
         ck_bf16_load(xb, x + s0, k);
         ck_bf16_load(dh, dy + s0, k);
-        silu_grad_of_norm(dh, dh, xb, k, m, a, b);
+        if (silu) silu_grad_of_norm(dh, dh, xb, k, m, a, b);
         lanes_dy_dyx(dh, xb, k, m, la, lb, sdy, sdyx);
     }
     for (int l = 0; l < LANES; l++) *sdy += la[l], *sdyx += lb[l];
 }
 
-/* dx of one (n, group), as gn_bwd_group with beta */
-static void gn_silu_dx_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, const uint16_t *beta,
-                            uint16_t *dx, int64_t Cg, int64_t S, float eps)
+/* dx of one (n, group), as gn_bwd_group (through SiLU when beta is given) */
+static void gn_dx_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, const uint16_t *beta,
+                       uint16_t *dx, int64_t Cg, int64_t S, float eps)
 {
     const int64_t M = Cg * S;
     float m, rs;
     stats_bf16(x, M, eps, &m, &rs);
     double sg = 0, sgx = 0;
     for (int64_t c = 0; c < Cg; c++) {
-        const float gc = ck_f32_from_bf16(gamma[c]);
+        const float gc = ck_f32_from_bf16(gamma[c]), bc = beta ? ck_f32_from_bf16(beta[c]) : 0.0f;
         double sdy, sdyx;
-        channel_sums_bf16(dy + c * S, x + c * S, S, m, rs * gc, ck_f32_from_bf16(beta[c]), &sdy, &sdyx);
+        channel_sums_bf16(dy + c * S, x + c * S, S, m, rs * gc, bc, beta != NULL, &sdy, &sdyx);
         sg += gc * sdy;
         sgx += gc * sdyx;
     }
@@ -481,12 +500,12 @@ static void gn_silu_dx_bf16(const uint16_t *dy, const uint16_t *x, const uint16_
     const float k2 = (float)((double)rs * rs * rs * sgx / (double)M);
     float xb[GN_CHUNK], dh[GN_CHUNK];
     for (int64_t c = 0; c < Cg; c++) {
-        const float gc = ck_f32_from_bf16(gamma[c]), bc = ck_f32_from_bf16(beta[c]);
+        const float gc = ck_f32_from_bf16(gamma[c]), bc = beta ? ck_f32_from_bf16(beta[c]) : 0.0f;
         for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
             const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
             ck_bf16_load(xb, x + c * S + s0, k);
             ck_bf16_load(dh, dy + c * S + s0, k);
-            silu_grad_of_norm(dh, dh, xb, k, m, rs * gc, bc);
+            if (beta) silu_grad_of_norm(dh, dh, xb, k, m, rs * gc, bc);
 #pragma omp simd
             for (int64_t s = 0; s < k; s++) dh[s] = (gc * dh[s] - mg) * rs - (xb[s] - m) * k2;
             ck_bf16_store(dx + c * S + s0, dh, k);
@@ -497,13 +516,13 @@ static void gn_silu_dx_bf16(const uint16_t *dy, const uint16_t *x, const uint16_
 /* channels a dgamma/dbeta sweep accumulates on the stack */
 #define GN_PARAM_BLOCK 256
 
-// dy and x are (N,C,*), gamma and beta (C); dx like x, dgamma and dbeta (C), any unwanted; all bf16.
-// dgamma and dbeta are summed over n in float, as the fp32 kernel does, and rounded once.
-CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16)
+// dy and x are (N,C,*), gamma (and beta, for GROUP_NORM_SILU_BWD) (C); dx like x, dgamma and dbeta (C),
+// any unwanted; all bf16. dgamma and dbeta are summed over n in float, as the fp32 kernel does, and
+// rounded once.
+static void gn_bwd_bf16(const ck_op_params *p, ck_view *out, int nout, const ck_view *in, const uint16_t *beta)
 {
-    (void)ctx, (void)nin;
     const uint16_t *dy = (const uint16_t *)in[0].data, *x = (const uint16_t *)in[1].data;
-    const uint16_t *gamma = (const uint16_t *)in[2].data, *beta = (const uint16_t *)in[3].data;
+    const uint16_t *gamma = (const uint16_t *)in[2].data;
     uint16_t *dx = (uint16_t *)out[0].data;
     uint16_t *dgamma = nout > 1 ? (uint16_t *)out[1].data : NULL, *dbeta = nout > 2 ? (uint16_t *)out[2].data : NULL;
     const int64_t N = in[1].shape[0], C = in[1].shape[1], S = spatial_of(&in[1]);
@@ -521,7 +540,7 @@ CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16)
 #pragma omp parallel for schedule(static) if (total > 32768)
         for (int64_t ng = 0; ng < N * G; ng++) {
             const int64_t off = ng * Cg * S, c0 = (ng % G) * Cg;
-            gn_silu_dx_bf16(dy + off, x + off, gamma + c0, beta + c0, dx + off, Cg, S, eps);
+            gn_dx_bf16(dy + off, x + off, gamma + c0, beta ? beta + c0 : NULL, dx + off, Cg, S, eps);
         }
     }
     if (!dgamma && !dbeta) return;
@@ -535,9 +554,10 @@ CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16)
                 float m, rs;
                 stats_bf16(x + off, Cg * S, eps, &m, &rs);
                 for (int64_t c = cb; c < cb + nb; c++) {
+                    const float bc = beta ? ck_f32_from_bf16(beta[c0 + c]) : 0.0f;
                     double sdy, sdyx;
                     channel_sums_bf16(dy + off + c * S, x + off + c * S, S, m, rs * ck_f32_from_bf16(gamma[c0 + c]),
-                                      ck_f32_from_bf16(beta[c0 + c]), &sdy, &sdyx);
+                                      bc, beta != NULL, &sdy, &sdyx);
                     ag[c - cb] = (n == 0 ? 0.0f : ag[c - cb]) + (float)(sdyx * rs);
                     ab[c - cb] = (n == 0 ? 0.0f : ab[c - cb]) + (float)sdy;
                 }
@@ -546,6 +566,140 @@ CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16)
                 if (dgamma) dgamma[c0 + c] = ck_bf16_from_f32(ag[c - cb]);
                 if (dbeta) dbeta[c0 + c] = ck_bf16_from_f32(ab[c - cb]);
             }
+        }
+    }
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_bwd_bf16)
+{
+    (void)ctx, (void)nin;
+    gn_bwd_bf16(p, out, nout, in, NULL);
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16)
+{
+    (void)ctx, (void)nin;
+    gn_bwd_bf16(p, out, nout, in, (const uint16_t *)in[3].data);
+}
+
+// x is (..,C), gamma and beta (C), y like x, all bf16; each row of C normalized
+CK_CPU_KERNEL(ck_cpu_layer_norm_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    const uint16_t *x = (const uint16_t *)in[0].data, *gamma = (const uint16_t *)in[1].data;
+    const uint16_t *beta = (const uint16_t *)in[2].data;
+    uint16_t *y = (uint16_t *)out[0].data;
+    const int64_t C = in[0].shape[in[0].ndim - 1];
+    if (C == 0) return;
+    const int64_t R = ck_view_numel(&in[0]) / C;
+    const float eps = p->f[0];
+
+#pragma omp parallel for schedule(static) if (R * C > 32768)
+    for (int64_t r = 0; r < R; r++) {
+        float m, rs, xb[GN_CHUNK], gb[GN_CHUNK], bb[GN_CHUNK];
+        stats_bf16(x + r * C, C, eps, &m, &rs);
+        for (int64_t c0 = 0; c0 < C; c0 += GN_CHUNK) {
+            const int64_t k = C - c0 < GN_CHUNK ? C - c0 : GN_CHUNK;
+            ck_bf16_load(xb, x + r * C + c0, k);
+            ck_bf16_load(gb, gamma + c0, k);
+            ck_bf16_load(bb, beta + c0, k);
+#pragma omp simd
+            for (int64_t c = 0; c < k; c++) xb[c] = (xb[c] - m) * rs * gb[c] + bb[c];
+            ck_bf16_store(y + r * C + c0, xb, k);
+        }
+    }
+}
+
+/* ln_bwd_row on one bf16 row: the sums of g = gamma * dy and g (x - m) go
+ * through lanes_dy_dyx with g in place of dy, which is ln_bwd_row's order. */
+static void ln_bwd_row_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, uint16_t *dx, int64_t C,
+                            float m, float rs)
+{
+    float xb[GN_CHUNK], gb[GN_CHUNK], db[GN_CHUNK];
+    double a[LANES] = {0}, b[LANES] = {0}, sg = 0, sgx = 0;
+    for (int64_t c0 = 0; c0 < C; c0 += GN_CHUNK) {
+        const int64_t k = C - c0 < GN_CHUNK ? C - c0 : GN_CHUNK;
+        ck_bf16_load(xb, x + c0, k);
+        ck_bf16_load(gb, gamma + c0, k);
+        ck_bf16_load(db, dy + c0, k);
+#pragma omp simd
+        for (int64_t c = 0; c < k; c++) db[c] = gb[c] * db[c];
+        lanes_dy_dyx(db, xb, k, m, a, b, &sg, &sgx);
+    }
+    for (int l = 0; l < LANES; l++) sg += a[l], sgx += b[l];
+    const float mg = (float)(sg / (double)C);
+    const float k2 = (float)((double)rs * rs * rs * sgx / (double)C);
+    for (int64_t c0 = 0; c0 < C; c0 += GN_CHUNK) {
+        const int64_t k = C - c0 < GN_CHUNK ? C - c0 : GN_CHUNK;
+        ck_bf16_load(xb, x + c0, k);
+        ck_bf16_load(gb, gamma + c0, k);
+        ck_bf16_load(db, dy + c0, k);
+#pragma omp simd
+        for (int64_t c = 0; c < k; c++) xb[c] = (gb[c] * db[c] - mg) * rs - (xb[c] - m) * k2;
+        ck_bf16_store(dx + c0, xb, k);
+    }
+}
+
+// dy and x are (..,C), gamma (C); dx like x, dgamma and dbeta (C), any unwanted; all bf16.
+// The fp32 kernel's chunks of rows and column sweeps, its double partials rounded once.
+CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16)
+{
+    (void)ctx, (void)nin;
+    const uint16_t *dy = (const uint16_t *)in[0].data, *x = (const uint16_t *)in[1].data;
+    const uint16_t *gamma = (const uint16_t *)in[2].data;
+    uint16_t *dx = (uint16_t *)out[0].data;
+    uint16_t *dgamma = nout > 1 ? (uint16_t *)out[1].data : NULL, *dbeta = nout > 2 ? (uint16_t *)out[2].data : NULL;
+    const int64_t C = in[1].shape[in[1].ndim - 1];
+    if (C == 0) return;
+    const int64_t R = ck_view_numel(&in[1]) / C;
+    const float eps = p->f[0];
+
+    if (!dgamma && !dbeta) {
+        if (!dx) return;
+#pragma omp parallel for schedule(static) if (R * C > 32768)
+        for (int64_t r = 0; r < R; r++) {
+            float m, rs;
+            stats_bf16(x + r * C, C, eps, &m, &rs);
+            ln_bwd_row_bf16(dy + r * C, x + r * C, gamma, dx + r * C, C, m, rs);
+        }
+        return;
+    }
+    if (R == 0) {
+        if (dgamma) memset(dgamma, 0, (size_t)C * sizeof(uint16_t));
+        if (dbeta) memset(dbeta, 0, (size_t)C * sizeof(uint16_t));
+        return;
+    }
+    const int64_t nch = R < LN_CHUNKS ? R : LN_CHUNKS, cols = LN_PART / nch;
+    double part[2][LN_PART];
+    for (int64_t c0 = 0; c0 < C; c0 += cols) {
+        const int64_t cw = C - c0 < cols ? C - c0 : cols;
+#pragma omp parallel for schedule(static) if (R * C > 32768)
+        for (int64_t k = 0; k < nch; k++) {
+            double *pg = part[0] + k * cw, *pb = part[1] + k * cw;
+            float xb[GN_CHUNK], db[GN_CHUNK];
+            for (int64_t c = 0; c < cw; c++) pg[c] = 0, pb[c] = 0;
+            for (int64_t r = R * k / nch; r < R * (k + 1) / nch; r++) {
+                const uint16_t *dyr = dy + r * C, *xr = x + r * C;
+                float m, rs;
+                stats_bf16(xr, C, eps, &m, &rs);
+                if (dx && c0 == 0) ln_bwd_row_bf16(dyr, xr, gamma, dx + r * C, C, m, rs);
+                for (int64_t o = 0; o < cw; o += GN_CHUNK) {
+                    const int64_t n = cw - o < GN_CHUNK ? cw - o : GN_CHUNK;
+                    ck_bf16_load(xb, xr + c0 + o, n);
+                    ck_bf16_load(db, dyr + c0 + o, n);
+#pragma omp simd
+                    for (int64_t c = 0; c < n; c++) {
+                        pg[o + c] += (double)db[c] * ((xb[c] - m) * rs);
+                        pb[o + c] += db[c];
+                    }
+                }
+            }
+        }
+        for (int64_t c = 0; c < cw; c++) {
+            double sg = 0, sb = 0;
+            for (int64_t k = 0; k < nch; k++) sg += part[0][k * cw + c], sb += part[1][k * cw + c];
+            if (dgamma) dgamma[c0 + c] = ck_bf16_from_f32((float)sg);
+            if (dbeta) dbeta[c0 + c] = ck_bf16_from_f32((float)sb);
         }
     }
 }

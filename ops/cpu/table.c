@@ -88,6 +88,10 @@ const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_MISH_BWD] = ck_cpu_mish_bwd_bf16,
     [CK_OP_GROUP_NORM_SILU] = ck_cpu_group_norm_silu_bf16,
     [CK_OP_GROUP_NORM_SILU_BWD] = ck_cpu_group_norm_silu_bwd_bf16,
+    [CK_OP_GROUP_NORM] = ck_cpu_group_norm_bf16,
+    [CK_OP_GROUP_NORM_BWD] = ck_cpu_group_norm_bwd_bf16,
+    [CK_OP_LAYER_NORM] = ck_cpu_layer_norm_bf16,
+    [CK_OP_LAYER_NORM_BWD] = ck_cpu_layer_norm_bwd_bf16,
 };
 
 const ck_kernel_fn ck_cpu_kernels_f16[CK_OP_COUNT] = {

@@ -204,6 +204,10 @@ CK_CUDA_KERNEL(ck_cuda_mish_bf16);
 CK_CUDA_KERNEL(ck_cuda_mish_bwd_bf16);
 CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bf16);
 CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_group_norm_bf16);
+CK_CUDA_KERNEL(ck_cuda_group_norm_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_layer_norm_bf16);
+CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_bf16);
 /* attention.cu */
 CK_CUDA_KERNEL(ck_cuda_attention);
 CK_CUDA_KERNEL(ck_cuda_attention_bwd);

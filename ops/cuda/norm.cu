@@ -10,12 +10,13 @@
  *   partials in piece order, in double. x's statistics are shifted sums
  *   (about the group's first value) taken in one pass; the backward's
  *   sum(dy) and sum(dy * (x - mean)) share another. Loads and stores are
- *   16-byte vectors where channels are whole vectors. GROUP_NORM_SILU also
- *   has bf16 storage (arithmetic and partial sums in fp32);
+ *   16-byte vectors where channels are whole vectors;
  * - layer norm: a warp per row, held in the warp's registers where rows are
  *   whole vectors up to 1280 wide; dgamma/dbeta sum over rows in fixed chunks
  *   whose partials wait in dx's own buffer before dx is written (the plan
- *   gives this op no workspace), or in column tiles when dx is unwanted. */
+ *   gives this op no workspace), or in column tiles when dx is unwanted.
+ * Every op here also has bf16 storage: the same kernels templated on the
+ * storage type, arithmetic and partial sums in fp32. */
 #include "common.cuh"
 
 #define THREADS 256
@@ -343,6 +344,12 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu)
     group_norm_fwd<float>("group_norm_silu", 1, ctx, p, out, in);
 }
 
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bf16)
+{
+    (void)nout, (void)nin;
+    group_norm_fwd<__nv_bfloat16>("group_norm_bf16", 0, ctx, p, out, in);
+}
+
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bf16)
 {
     (void)nout, (void)nin;
@@ -411,6 +418,12 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd)
     group_norm_bwd<float>("group_norm_silu_bwd", 1, ctx, p, out, nout, in);
 }
 
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd_bf16)
+{
+    (void)nin;
+    group_norm_bwd<__nv_bfloat16>("group_norm_bwd_bf16", 0, ctx, p, out, nout, in);
+}
+
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16)
 {
     (void)nin;
@@ -420,15 +433,16 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16)
 /* ---- layer norm ---- */
 
 /* A warp's mean and 1/sqrt(var + eps) of one row of C. */
-__device__ __forceinline__ void warp_stats(const float *xr, int64_t C, float eps, float *mean, float *rstd)
+template <typename T>
+__device__ __forceinline__ void warp_stats(const T *xr, int64_t C, float eps, float *mean, float *rstd)
 {
     const int lane = threadIdx.x & 31;
     float s = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) s += xr[c];
+    for (int64_t c = lane; c < C; c += 32) s += ck_ld(xr + c);
     const float m = ck_warp_sum(s) / (float)C;
     float q = 0.0f;
     for (int64_t c = lane; c < C; c += 32) {
-        const float d = xr[c] - m;
+        const float d = ck_ld(xr + c) - m;
         q += d * d;
     }
     *mean = m;
@@ -440,85 +454,104 @@ __device__ __forceinline__ void warp_stats(const float *xr, int64_t C, float eps
          r += (int64_t)gridDim.x * WARPS)
 
 // x (R, C); y (R, C): each row normalized, then scaled by gamma and shifted by beta
-__global__ void __launch_bounds__(THREADS) ln_fwd(float *y, const float *x, const float *gamma, const float *beta,
-                                                  int64_t R, int64_t C, float eps)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) ln_fwd(T *y, const T *x, const T *gamma, const T *beta, int64_t R,
+                                                  int64_t C, float eps)
 {
     const int lane = threadIdx.x & 31;
     FOR_ROWS(r, R)
     {
-        const float *xr = x + r * C;
-        float *yr = y + r * C;
+        const T *xr = x + r * C;
+        T *yr = y + r * C;
         float m, rs;
         warp_stats(xr, C, eps, &m, &rs);
-        for (int64_t c = lane; c < C; c += 32) yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
+        for (int64_t c = lane; c < C; c += 32)
+            ck_st(yr + c, (ck_ld(xr + c) - m) * rs * ck_ld(gamma + c) + ck_ld(beta + c));
     }
 }
 
 /* dx of one row by its warp. With g = gamma * dy and xh = (x - m) * rs:
  * dx = rs * (g - mean(g) - xh * mean(g * xh)). */
-__device__ __forceinline__ void ln_dx_row(float *dxr, const float *dyr, const float *xr, const float *gamma, int64_t C,
-                                          float eps)
+template <typename T>
+__device__ __forceinline__ void ln_dx_row(T *dxr, const T *dyr, const T *xr, const T *gamma, int64_t C, float eps)
 {
     const int lane = threadIdx.x & 31;
     float m, rs;
     warp_stats(xr, C, eps, &m, &rs);
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t c = lane; c < C; c += 32) {
-        const float g = gamma[c] * dyr[c];
+        const float g = ck_ld(gamma + c) * ck_ld(dyr + c);
         sg += g;
-        sgx += g * (xr[c] - m);
+        sgx += g * (ck_ld(xr + c) - m);
     }
     const float mg = ck_warp_sum(sg) / (float)C;
     const float k2 = rs * rs * rs * ck_warp_sum(sgx) / (float)C;
-    for (int64_t c = lane; c < C; c += 32) dxr[c] = (gamma[c] * dyr[c] - mg) * rs - (xr[c] - m) * k2;
+    for (int64_t c = lane; c < C; c += 32)
+        ck_st(dxr + c, (ck_ld(gamma + c) * ck_ld(dyr + c) - mg) * rs - (ck_ld(xr + c) - m) * k2);
 }
 
-__global__ void __launch_bounds__(THREADS) ln_bwd_dx(float *dx, const float *dy, const float *x, const float *gamma,
-                                                     int64_t R, int64_t C, float eps)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) ln_bwd_dx(T *dx, const T *dy, const T *x, const T *gamma, int64_t R,
+                                                     int64_t C, float eps)
 {
     FOR_ROWS(r, R) ln_dx_row(dx + r * C, dy + r * C, x + r * C, gamma, C, eps);
 }
 
-/* Rows held in registers: C a multiple of 4 and at most 128 NV (SDXL's 640 and
+/* Rows held in registers: C a multiple of W = 16 / sizeof(T) (a vector: 4
+ * floats, 8 bf16) and at most 32 W NV with NV <= LN_NV_MAX(T) (SDXL's 640 and
  * 1280), pointers 16-byte aligned. Lane l holds the row's vectors l, l + 32,
- * ..., NV of them, loaded once; the statistics and the output come from the
- * registers, in the formulas above. */
-#define LN_NV_MAX 10
+ * ..., NV of them, loaded once (as floats: at most 40 a lane whatever T); the
+ * statistics and the output come from the registers, in the formulas above. */
+#define LN_NV_MAX(T) (10 * (int)sizeof(T) / 4)
+#define LN_W(T) (16 / (int)sizeof(T))
 
-template <int NV>
-__device__ __forceinline__ void ln_row_load(float (*v)[4], const float *r, int64_t C4)
+/* one vector's sum, pairwise: (v0 + v1) + (v2 + v3) for floats */
+template <int W>
+__device__ __forceinline__ float ln_vsum(const float *v);
+template <>
+__device__ __forceinline__ float ln_vsum<4>(const float *v)
 {
+    return (v[0] + v[1]) + (v[2] + v[3]);
+}
+template <>
+__device__ __forceinline__ float ln_vsum<8>(const float *v)
+{
+    return ln_vsum<4>(v) + ln_vsum<4>(v + 4);
+}
+
+template <typename T, int NV>
+__device__ __forceinline__ void ln_row_load(float (*v)[LN_W(T)], const T *r, int64_t CW)
+{
+    constexpr int W = LN_W(T);
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const int64_t j = lane + 32 * k;
-        if (j < C4) {
-            const ck_vec<float> t = ((const ck_vec<float> *)r)[j];
-#pragma unroll
-            for (int w = 0; w < 4; w++) v[k][w] = t.v[w];
+        if (j < CW) {
+            gn_ld<T, W>(r + W * j, v[k]);
         } else {
 #pragma unroll
-            for (int w = 0; w < 4; w++) v[k][w] = 0.0f;
+            for (int w = 0; w < W; w++) v[k][w] = 0.0f;
         }
     }
 }
 
-template <int NV>
-__device__ __forceinline__ void ln_row_stats(float (*v)[4], int64_t C, float eps, float *mean, float *rstd)
+template <int W, int NV>
+__device__ __forceinline__ void ln_row_stats(float (*v)[W], int64_t C, float eps, float *mean, float *rstd)
 {
     const int lane = threadIdx.x & 31;
-    const int64_t C4 = C / 4;
+    const int64_t CW = C / W;
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; k++)
-        if (lane + 32 * k < C4) s += (v[k][0] + v[k][1]) + (v[k][2] + v[k][3]);
+        if (lane + 32 * k < CW) s += ln_vsum<W>(v[k]);
     const float m = ck_warp_sum(s) / (float)C;
     float q = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; k++)
-        if (lane + 32 * k < C4)
+        if (lane + 32 * k < CW)
 #pragma unroll
-            for (int w = 0; w < 4; w++) {
+            for (int w = 0; w < W; w++) {
                 const float d = v[k][w] - m;
                 q += d * d;
             }
@@ -526,55 +559,59 @@ __device__ __forceinline__ void ln_row_stats(float (*v)[4], int64_t C, float eps
     *rstd = 1.0f / sqrtf(ck_warp_sum(q) / (float)C + eps);
 }
 
-template <int NV>
-__global__ void __launch_bounds__(THREADS) ln_fwd_reg(float *y, const float *x, const float *gamma, const float *beta,
-                                                      int64_t R, int64_t C, float eps)
+template <typename T, int NV>
+__global__ void __launch_bounds__(THREADS) ln_fwd_reg(T *y, const T *x, const T *gamma, const T *beta, int64_t R,
+                                                      int64_t C, float eps)
 {
+    constexpr int W = LN_W(T);
     const int lane = threadIdx.x & 31;
-    const int64_t C4 = C / 4;
+    const int64_t CW = C / W;
     FOR_ROWS(r, R)
     {
-        float v[NV][4];
-        ln_row_load<NV>(v, x + r * C, C4);
+        float v[NV][W];
+        ln_row_load<T, NV>(v, x + r * C, CW);
         float m, rs;
-        ln_row_stats<NV>(v, C, eps, &m, &rs);
+        ln_row_stats<W, NV>(v, C, eps, &m, &rs);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int64_t j = lane + 32 * k;
-            if (j < C4) {
-                const ck_vec<float> g = ((const ck_vec<float> *)gamma)[j], b = ((const ck_vec<float> *)beta)[j];
-                ck_vec<float> o;
+            if (j < CW) {
+                float g[W], b[W];
+                gn_ld<T, W>(gamma + W * j, g);
+                gn_ld<T, W>(beta + W * j, b);
 #pragma unroll
-                for (int w = 0; w < 4; w++) o.v[w] = (v[k][w] - m) * rs * g.v[w] + b.v[w];
-                ((ck_vec<float> *)(y + r * C))[j] = o;
+                for (int w = 0; w < W; w++) g[w] = (v[k][w] - m) * rs * g[w] + b[w];
+                gn_st<T, W>(y + r * C + W * j, g);
             }
         }
     }
 }
 
 /* ln_dx_row from registers: x and dy each read once */
-template <int NV>
-__global__ void __launch_bounds__(THREADS) ln_bwd_dx_reg(float *dx, const float *dy, const float *x,
-                                                         const float *gamma, int64_t R, int64_t C, float eps)
+template <typename T, int NV>
+__global__ void __launch_bounds__(THREADS) ln_bwd_dx_reg(T *dx, const T *dy, const T *x, const T *gamma, int64_t R,
+                                                         int64_t C, float eps)
 {
+    constexpr int W = LN_W(T);
     const int lane = threadIdx.x & 31;
-    const int64_t C4 = C / 4;
+    const int64_t CW = C / W;
     FOR_ROWS(r, R)
     {
-        float v[NV][4], e[NV][4];
-        ln_row_load<NV>(v, x + r * C, C4);
-        ln_row_load<NV>(e, dy + r * C, C4);
+        float v[NV][W], e[NV][W];
+        ln_row_load<T, NV>(v, x + r * C, CW);
+        ln_row_load<T, NV>(e, dy + r * C, CW);
         float m, rs;
-        ln_row_stats<NV>(v, C, eps, &m, &rs);
+        ln_row_stats<W, NV>(v, C, eps, &m, &rs);
         float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int64_t j = lane + 32 * k;
-            if (j < C4) {
-                const ck_vec<float> g = ((const ck_vec<float> *)gamma)[j];
+            if (j < CW) {
+                float g[W];
+                gn_ld<T, W>(gamma + W * j, g);
 #pragma unroll
-                for (int w = 0; w < 4; w++) {
-                    const float gd = g.v[w] * e[k][w];
+                for (int w = 0; w < W; w++) {
+                    const float gd = g[w] * e[k][w];
                     sg += gd;
                     sgx += gd * (v[k][w] - m);
                 }
@@ -585,55 +622,62 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_dx_reg(float *dx, const float 
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int64_t j = lane + 32 * k;
-            if (j < C4) {
-                const ck_vec<float> g = ((const ck_vec<float> *)gamma)[j];
-                ck_vec<float> o;
+            if (j < CW) {
+                float g[W];
+                gn_ld<T, W>(gamma + W * j, g);
 #pragma unroll
-                for (int w = 0; w < 4; w++) o.v[w] = (g.v[w] * e[k][w] - mg) * rs - (v[k][w] - m) * k2;
-                ((ck_vec<float> *)(dx + r * C))[j] = o;
+                for (int w = 0; w < W; w++) g[w] = (g[w] * e[k][w] - mg) * rs - (v[k][w] - m) * k2;
+                gn_st<T, W>(dx + r * C + W * j, g);
             }
         }
     }
 }
 
 /* The register kernels' NV for rows of C, or 0 where they do not apply. */
+template <typename T>
 static int ln_nv(int64_t C, const void *a, const void *b, const void *c, const void *d)
 {
-    if (C % 4 || C > 128 * LN_NV_MAX || !ck_aligned16(a) || !ck_aligned16(b) || !ck_aligned16(c) ||
+    const int64_t W = LN_W(T);
+    if (C % W || C > 32 * W * LN_NV_MAX(T) || !ck_aligned16(a) || !ck_aligned16(b) || !ck_aligned16(c) ||
         (d && !ck_aligned16(d)))
         return 0;
-    return (int)((C + 127) / 128);
+    return (int)((C + 32 * W - 1) / (32 * W));
 }
 
+/* ln_nv's values; a T's cases past LN_NV_MAX(T) never occur and instantiate its largest */
 #define LN_NV_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10)
+#define LN_NVT(T, n) ((n) <= LN_NV_MAX(T) ? (n) : LN_NV_MAX(T))
 
-static void ln_fwd_launch(ck_cuda_ctx *c, int nv, float *y, const float *x, const float *gamma, const float *beta,
-                          int64_t R, int64_t C, float eps)
+template <typename T>
+static void ln_fwd_launch(ck_cuda_ctx *c, int nv, T *y, const T *x, const T *gamma, const T *beta, int64_t R,
+                          int64_t C, float eps)
 {
     switch (nv) {
-#define LN_FWD(n)                                                                                                          case n: ck_launch(ln_fwd_reg<n>, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps); break;
+#define LN_FWD(n)                                                                                                          case n: ck_launch(ln_fwd_reg<T, LN_NVT(T, n)>, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps); break;
         LN_NV_CASES(LN_FWD)
 #undef LN_FWD
-    default: ck_launch(ln_fwd, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps);
+    default: ck_launch(ln_fwd<T>, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps);
     }
 }
 
-static void ln_dx_launch(ck_cuda_ctx *c, float *dx, const float *dy, const float *x, const float *gamma, int64_t R,
-                         int64_t C, float eps)
+template <typename T>
+static void ln_dx_launch(ck_cuda_ctx *c, T *dx, const T *dy, const T *x, const T *gamma, int64_t R, int64_t C,
+                         float eps)
 {
-    switch (ln_nv(C, dx, dy, x, gamma)) {
-#define LN_DX(n)                                                                                                           case n: ck_launch(ln_bwd_dx_reg<n>, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps); break;
+    switch (ln_nv<T>(C, dx, dy, x, gamma)) {
+#define LN_DX(n)                                                                                                           case n: ck_launch(ln_bwd_dx_reg<T, LN_NVT(T, n)>, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps); break;
         LN_NV_CASES(LN_DX)
 #undef LN_DX
-    default: ck_launch(ln_bwd_dx, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps);
+    default: ck_launch(ln_bwd_dx<T>, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps);
     }
 }
 
 /* Phase 1 of the chunked dgamma/dbeta: block k takes rows [R k / P, R (k+1) / P),
  * writes their statistics to st and, per column, the sums of dy * xh and dy
  * over its rows (in row order) to part[2k] and part[2k+1]. */
-__global__ void __launch_bounds__(THREADS) ln_bwd_partials(float *part, float *st, const float *dy, const float *x,
-                                                           int64_t R, int64_t C, float eps, int64_t P)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) ln_bwd_partials(float *part, float *st, const T *dy, const T *x, int64_t R,
+                                                           int64_t C, float eps, int64_t P)
 {
     const int64_t k = blockIdx.x, r0 = R * k / P, r1 = R * (k + 1) / P;
     for (int64_t r = r0 + (threadIdx.x >> 5); r < r1; r += WARPS) {
@@ -645,8 +689,8 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_partials(float *part, float *s
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         float a = 0.0f, b = 0.0f;
         for (int64_t r = r0; r < r1; r++) {
-            const float d = dy[r * C + c];
-            a += d * ((x[r * C + c] - st[2 * r]) * st[2 * r + 1]);
+            const float d = ck_ld(dy + r * C + c);
+            a += d * ((ck_ld(x + r * C + c) - st[2 * r]) * st[2 * r + 1]);
             b += d;
         }
         part[2 * k * C + c] = a;
@@ -658,8 +702,8 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_partials(float *part, float *s
  * takes columns [32 b, 32 b + 32), a lane each; warp w adds chunks w, w +
  * WARPS, ... in order (in double), then warp 0 adds the warps' sums in warp
  * order: WARPS loads in flight per column instead of one thread walking all P. */
-__global__ void __launch_bounds__(THREADS) ln_bwd_combine(float *dgamma, float *dbeta, const float *part, int64_t C,
-                                                          int64_t P)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) ln_bwd_combine(T *dgamma, T *dbeta, const float *part, int64_t C, int64_t P)
 {
     __shared__ double pa[WARPS][32], pb[WARPS][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -673,8 +717,8 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_combine(float *dgamma, float *
     if (warp == 0 && c < C) {
         double sa = 0.0, sb = 0.0;
         for (int w = 0; w < WARPS; w++) sa += pa[w][lane], sb += pb[w][lane];
-        if (dgamma) dgamma[c] = (float)sa;
-        if (dbeta) dbeta[c] = (float)sb;
+        if (dgamma) ck_st(dgamma + c, (float)sa);
+        if (dbeta) ck_st(dbeta + c, (float)sb);
     }
 }
 
@@ -683,34 +727,34 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_combine(float *dgamma, float *
  * statistics (and its dx sums when dx is wanted) and its lane's column terms;
  * the warps' partials are then added in warp order. Reads every row once per
  * column tile: slower, and only for shapes the chunked path cannot take. */
-__global__ void __launch_bounds__(THREADS) ln_bwd_columns(float *dx, float *dgamma, float *dbeta, const float *dy,
-                                                          const float *x, const float *gamma, int64_t R, int64_t C,
-                                                          float eps)
+template <typename T>
+__global__ void __launch_bounds__(THREADS) ln_bwd_columns(T *dx, T *dgamma, T *dbeta, const T *dy, const T *x,
+                                                          const T *gamma, int64_t R, int64_t C, float eps)
 {
     __shared__ float pa[WARPS][32], pb[WARPS][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t c = (int64_t)blockIdx.x * 32 + lane;
     float a = 0.0f, b = 0.0f;
     for (int64_t r = warp; r < R; r += WARPS) {
-        const float *xr = x + r * C, *dyr = dy + r * C;
+        const T *xr = x + r * C, *dyr = dy + r * C;
         float m, rs;
         warp_stats(xr, C, eps, &m, &rs);
         float mg = 0.0f, k2 = 0.0f;
         if (dx) {
             float sg = 0.0f, sgx = 0.0f;
             for (int64_t j = lane; j < C; j += 32) {
-                const float g = gamma[j] * dyr[j];
+                const float g = ck_ld(gamma + j) * ck_ld(dyr + j);
                 sg += g;
-                sgx += g * (xr[j] - m);
+                sgx += g * (ck_ld(xr + j) - m);
             }
             mg = ck_warp_sum(sg) / (float)C;
             k2 = rs * rs * rs * ck_warp_sum(sgx) / (float)C;
         }
         if (c < C) {
-            const float d = dyr[c];
-            a += d * ((xr[c] - m) * rs);
+            const float d = ck_ld(dyr + c), xc = ck_ld(xr + c);
+            a += d * ((xc - m) * rs);
             b += d;
-            if (dx) dx[r * C + c] = (gamma[c] * d - mg) * rs - (xr[c] - m) * k2;
+            if (dx) ck_st(dx + r * C + c, (ck_ld(gamma + c) * d - mg) * rs - (xc - m) * k2);
         }
     }
     pa[warp][lane] = a;
@@ -719,61 +763,88 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_columns(float *dx, float *dgam
     if (warp == 0 && c < C) {
         float sa = 0.0f, sb = 0.0f;
         for (int w = 0; w < WARPS; w++) sa += pa[w][lane], sb += pb[w][lane];
-        if (dgamma) dgamma[c] = sa;
-        if (dbeta) dbeta[c] = sb;
+        if (dgamma) ck_st(dgamma + c, sa);
+        if (dbeta) ck_st(dbeta + c, sb);
     }
 }
 
-// x is (..,C), gamma and beta (C), y like x; each row of C normalized
-extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm)
+// x is (..,C), gamma and beta (C), y like x, all T; each row of C normalized
+template <typename T>
+static void layer_norm_fwd(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)nout, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("layer_norm");
+    ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
     const int64_t C = in[0].shape[in[0].ndim - 1];
     if (C == 0) return;
     const int64_t R = ck_view_numel(&in[0]) / C;
     if (R == 0) return;
-    const float *x = (const float *)in[0].data, *gamma = (const float *)in[1].data, *beta = (const float *)in[2].data;
-    float *y = out[0].data;
-    const int nv = ln_nv(C, y, x, gamma, beta);
-    ln_fwd_launch(c, nv, y, x, gamma, beta, R, C, p->f[0]);
-    ck_cuda_end(c, "layer_norm");
+    const T *x = (const T *)in[0].data, *gamma = (const T *)in[1].data, *beta = (const T *)in[2].data;
+    T *y = (T *)out[0].data;
+    ln_fwd_launch<T>(c, ln_nv<T>(C, y, x, gamma, beta), y, x, gamma, beta, R, C, p->f[0]);
+    ck_cuda_end(c, name);
 }
 
-// dy and x are (..,C), gamma (C); dx like x, dgamma and dbeta (C), any unwanted
-extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd)
+extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm)
 {
-    (void)ctx, (void)nin;
-    ck_cuda_ctx *c = ck_cuda_begin("layer_norm_bwd");
+    (void)ctx, (void)nout, (void)nin;
+    layer_norm_fwd<float>("layer_norm", p, out, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    layer_norm_fwd<__nv_bfloat16>("layer_norm_bf16", p, out, in);
+}
+
+// dy and x are (..,C), gamma (C); dx like x, dgamma and dbeta (C), any unwanted; all T
+template <typename T>
+static void layer_norm_bwd(const char *name, const ck_op_params *p, ck_view *out, int nout, const ck_view *in)
+{
+    ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
-    float *dx = out[0].data, *dgamma = nout > 1 ? out[1].data : NULL, *dbeta = nout > 2 ? out[2].data : NULL;
-    const float *dy = in[0].data, *x = in[1].data, *gamma = in[2].data;
+    T *dx = (T *)out[0].data, *dgamma = nout > 1 ? (T *)out[1].data : NULL, *dbeta = nout > 2 ? (T *)out[2].data : NULL;
+    const T *dy = (const T *)in[0].data, *x = (const T *)in[1].data, *gamma = (const T *)in[2].data;
     const int64_t C = in[1].shape[in[1].ndim - 1];
     if (C == 0) return;
     const int64_t R = ck_view_numel(&in[1]) / C;
     const float eps = p->f[0];
     if (R == 0) {
-        if (dgamma) CK_CU("layer_norm_bwd", cudaMemsetAsync(dgamma, 0, sizeof(float) * (size_t)C, c->stream));
-        if (dbeta) CK_CU("layer_norm_bwd", cudaMemsetAsync(dbeta, 0, sizeof(float) * (size_t)C, c->stream));
-        ck_cuda_end(c, "layer_norm_bwd");
+        if (dgamma) CK_CU(name, cudaMemsetAsync(dgamma, 0, sizeof(T) * (size_t)C, c->stream));
+        if (dbeta) CK_CU(name, cudaMemsetAsync(dbeta, 0, sizeof(T) * (size_t)C, c->stream));
+        ck_cuda_end(c, name);
         return;
     }
+    // Chunks of rows: their partials (2 P C floats) and row statistics (2 R)
+    // fit in dx (R C sizeof(T) / 4 floats) because, with W = 16 / sizeof(T),
+    // P <= R / W and C >= W: each takes at most half. bf16's dx holds half
+    // fp32's floats, so it has R / 8 chunks where fp32 has R / 4; the floats
+    // need dx 4-byte aligned.
+    const int64_t W = LN_W(T);
     if (!dgamma && !dbeta) {
-        if (dx) ln_dx_launch(c, dx, dy, x, gamma, R, C, eps);
-    } else if (dx && R >= 4 && C >= 4) {
-        // Chunks of rows: their partials (2 P C floats) and row statistics (2 R)
-        // fit in dx (R C floats) because P <= R / 4 and C >= 4.
-        int64_t P = R / 4;
+        if (dx) ln_dx_launch<T>(c, dx, dy, x, gamma, R, C, eps);
+    } else if (dx && R >= W && C >= W && ((uintptr_t)dx & 3u) == 0) {
+        int64_t P = R / W;
         if (P > LN_CHUNKS) P = LN_CHUNKS;
-        float *part = dx, *st = dx + 2 * P * C;
-        ck_launch(ln_bwd_partials, (unsigned)P, THREADS, c->stream, part, st, dy, x, R, C, eps, P);
-        ck_launch(ln_bwd_combine, (unsigned)((C + 31) / 32), THREADS, c->stream, dgamma, dbeta, (const float *)part, C,
-                  P);
-        ln_dx_launch(c, dx, dy, x, gamma, R, C, eps);
+        float *part = (float *)dx, *st = part + 2 * P * C;
+        ck_launch(ln_bwd_partials<T>, (unsigned)P, THREADS, c->stream, part, st, dy, x, R, C, eps, P);
+        ck_launch(ln_bwd_combine<T>, (unsigned)((C + 31) / 32), THREADS, c->stream, dgamma, dbeta,
+                  (const float *)part, C, P);
+        ln_dx_launch<T>(c, dx, dy, x, gamma, R, C, eps);
     } else {
-        ck_launch(ln_bwd_columns, (unsigned)((C + 31) / 32), THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma, R, C,
-                  eps);
+        ck_launch(ln_bwd_columns<T>, (unsigned)((C + 31) / 32), THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma,
+                  R, C, eps);
     }
-    ck_cuda_end(c, "layer_norm_bwd");
+    ck_cuda_end(c, name);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd)
+{
+    (void)ctx, (void)nin;
+    layer_norm_bwd<float>("layer_norm_bwd", p, out, nout, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_bf16)
+{
+    (void)ctx, (void)nin;
+    layer_norm_bwd<__nv_bfloat16>("layer_norm_bwd_bf16", p, out, nout, in);
 }

@@ -87,6 +87,10 @@ const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_MISH_BWD] = ck_cuda_mish_bwd_bf16,
     [CK_OP_GROUP_NORM_SILU] = ck_cuda_group_norm_silu_bf16,
     [CK_OP_GROUP_NORM_SILU_BWD] = ck_cuda_group_norm_silu_bwd_bf16,
+    [CK_OP_GROUP_NORM] = ck_cuda_group_norm_bf16,
+    [CK_OP_GROUP_NORM_BWD] = ck_cuda_group_norm_bwd_bf16,
+    [CK_OP_LAYER_NORM] = ck_cuda_layer_norm_bf16,
+    [CK_OP_LAYER_NORM_BWD] = ck_cuda_layer_norm_bwd_bf16,
 };
 
 const ck_kernel_fn ck_cuda_kernels_f16[CK_OP_COUNT] = {

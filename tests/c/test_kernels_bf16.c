@@ -77,6 +77,22 @@ static const tcase cases[] = {
     CASE("group_norm_silu_bwd [2,4,30,70] 2 groups", CK_OP_GROUP_NORM_SILU_BWD, GN(2, 1e-5f), 4,
          SH(2, 4, 30, 70), SH(2, 4, 30, 70), SH(4), SH(4)),
     CASE("group_norm_silu [3,6,7] 3 groups", CK_OP_GROUP_NORM_SILU, GN(3, 1e-6f), 3, SH(3, 6, 7), SH(6), SH(6)),
+    /* group_norm's and layer_norm's: a group of 2 x 2100 values (the 2048-value
+     * pieces), 300 channels (the 256-channel dgamma/dbeta blocks), rows of 640
+     * and 1280 (the transformer's) and of 2100 (pieces within a row) */
+    CASE("group_norm [2,4,30,70] 2 groups", CK_OP_GROUP_NORM, GN(2, 1e-5f), 3, SH(2, 4, 30, 70), SH(4), SH(4)),
+    CASE("group_norm_bwd [2,4,30,70] 2 groups", CK_OP_GROUP_NORM_BWD, GN(2, 1e-5f), 3, SH(2, 4, 30, 70),
+         SH(2, 4, 30, 70), SH(4)),
+    CASE("group_norm [2,300,3] 1 group", CK_OP_GROUP_NORM, GN(1, 1e-6f), 3, SH(2, 300, 3), SH(300), SH(300)),
+    CASE("group_norm_bwd [3,300,5] 3 groups", CK_OP_GROUP_NORM_BWD, GN(3, 1e-6f), 3, SH(3, 300, 5), SH(3, 300, 5),
+         SH(300)),
+    CASE("layer_norm [2,37,640]", CK_OP_LAYER_NORM, GN(0, 1e-5f), 3, SH(2, 37, 640), SH(640), SH(640)),
+    CASE("layer_norm [9,1280]", CK_OP_LAYER_NORM, GN(0, 1e-5f), 3, SH(9, 1280), SH(1280), SH(1280)),
+    CASE("layer_norm [3,2100]", CK_OP_LAYER_NORM, GN(0, 1e-5f), 3, SH(3, 2100), SH(2100), SH(2100)),
+    CASE("layer_norm_bwd [2,37,640]", CK_OP_LAYER_NORM_BWD, GN(0, 1e-5f), 3, SH(2, 37, 640), SH(2, 37, 640),
+         SH(640)),
+    CASE("layer_norm_bwd [70,1280]", CK_OP_LAYER_NORM_BWD, GN(0, 1e-5f), 3, SH(70, 1280), SH(70, 1280), SH(1280)),
+    CASE("layer_norm_bwd [5,2100]", CK_OP_LAYER_NORM_BWD, GN(0, 1e-5f), 3, SH(5, 2100), SH(5, 2100), SH(2100)),
     CASE("add same shape [3,333]", CK_OP_ADD, NOP, 2, SH(3, 333), SH(3, 333)),
     CASE("add bias [4,5,6] + [6]", CK_OP_ADD, NOP, 2, SH(4, 5, 6), SH(6)),
     CASE("sub per channel [2,3,4,5] - [3,1,1]", CK_OP_SUB, NOP, 2, SH(2, 3, 4, 5), SH(3, 1, 1)),

@@ -350,6 +350,7 @@ RULE(geglu_bwd)
 /* out[0] y [..,D] = geglu(h), out[1] h [..,2D] = x w^T + b: the two rules in turn */
 RULE(linear_geglu)
 {
+    (void)op;
     return infer_linear(CK_OP_LINEAR, p, in, nin, &out[1], err, errlen) ||
            infer_geglu(CK_OP_GEGLU, p, &out[1], 1, &out[0], err, errlen);
 }

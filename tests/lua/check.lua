@@ -68,6 +68,25 @@ function M.unet_step(what, shape, opts)
   return g, p, x, t
 end
 
+-- Every trainable parameter's gradient and value checksums, a line each
+-- ("name=grad/value"): two programs whose digests agree trained alike, bitwise.
+function M.param_digest(g, p)
+  local sums = {}
+  for _, prm in ipairs(g:params()) do
+    if prm.kind == "param" then
+      sums[#sums + 1] = prm.name .. "=" .. p:checksum(prm.name, "grad") .. "/" .. p:checksum(prm.name)
+    end
+  end
+  return table.concat(sums, "\n")
+end
+
+-- The losses of n steps of p (2 by default), then M.param_digest.
+function M.train_digest(g, p, n)
+  local losses = {}
+  for s = 1, n or 2 do losses[s] = p:step() end
+  return table.concat(losses, " ") .. "\n" .. M.param_digest(g, p)
+end
+
 -- A two-layer MLP (3 -> 8 SiLU -> 2, mean squared error) on `batch` rows for
 -- the optimizer tests. Returns the graph, its compile settings (the loss, then
 -- those of `defaults`, then of `opts` over them: the test compiles, so that

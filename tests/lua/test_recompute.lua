@@ -39,9 +39,7 @@ local function run(checkpoint)
     losses[s], info = p:step{measure = true}
     measured[s] = info.high_water
   end
-  local sums = {}
-  for _, prm in ipairs(g:params()) do sums[#sums + 1] = prm.name .. "=" .. p:checksum(prm.name, "grad") .. "/" .. p:checksum(prm.name) end
-  return {losses = losses, measured = measured, plan = p:plan(), grads = table.concat(sums, "\n")}
+  return {losses = losses, measured = measured, plan = p:plan(), grads = T.param_digest(g, p)}
 end
 
 local base = run(nil)

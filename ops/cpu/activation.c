@@ -430,12 +430,13 @@ static void geglu_bwd_16(ck_dtype st, const ck_op_params *p, ck_view *out, const
             ck_cpu_load16(st, g, x + r * 2 * D + D + j, m);
             ck_cpu_load16(st, d, dy + r * D + j, m);
             gelu_blk(dh, g, NULL, m, approx);
-            gelu_bwd_blk(dg, d, g, m, approx);
+            // dg = (dy * h) * gelu'(g), the fp32 kernel's order (dy * gelu'(g) first rounds differently)
 #pragma omp simd
             for (int64_t i = 0; i < m; i++) {
                 dh[i] *= d[i];
-                dg[i] *= h[i];
+                h[i] *= d[i];
             }
+            gelu_bwd_blk(dg, h, g, m, approx);
             ck_cpu_store16(st, dx + r * 2 * D + j, dh, m);
             ck_cpu_store16(st, dx + r * 2 * D + D + j, dg, m);
         }

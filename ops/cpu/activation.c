@@ -3,7 +3,6 @@
  * order; exp and erf are inline polynomials so the loops vectorize (libm's do not). */
 #include "cpu.h"
 #include "vecmath.h"
-#include "../bf16.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -283,9 +282,10 @@ CK_CPU_KERNEL(ck_cpu_softmax_bwd)
     }
 }
 
-/* ---- bf16 storage: every tensor in bf16, arithmetic in fp32 ----
+/* ---- 16-bit storage (bf16 or fp16, st): every tensor of that type,
+ * arithmetic in fp32 ----
  * The same functions over blocks of BLK values converted to fp32 on the
- * stack; each output is rounded to bf16 once. */
+ * stack; each output is rounded to the storage type once. */
 
 #define BLK 256
 
@@ -347,60 +347,51 @@ static void mish_bwd_blk(float *dx, const float *dy, const float *x, int64_t m, 
 }
 
 // y (n) = f(a (n)[, b (n)]), in blocks
-static void map_bf16(block_fn f, uint16_t *y, const uint16_t *a, const uint16_t *b, int64_t n, int flag)
+static void map16(ck_dtype st, block_fn f, uint16_t *y, const uint16_t *a, const uint16_t *b, int64_t n, int flag)
 {
     const int64_t nb = (n + BLK - 1) / BLK;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (int64_t k = 0; k < nb; k++) {
         float ya[BLK], aa[BLK], ba[BLK];
         const int64_t o = k * BLK, m = n - o < BLK ? n - o : BLK;
-        ck_bf16_load(aa, a + o, m);
-        if (b) ck_bf16_load(ba, b + o, m);
+        ck_cpu_load16(st, aa, a + o, m);
+        if (b) ck_cpu_load16(st, ba, b + o, m);
         f(ya, aa, ba, m, flag);
-        ck_bf16_store(y + o, ya, m);
+        ck_cpu_store16(st, y + o, ya, m);
     }
 }
 
-CK_CPU_KERNEL(ck_cpu_silu_bf16)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    map_bf16(silu_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, NULL, ck_view_numel(&in[0]), 0);
-}
+/* an op's _bf16 and _f16 entry points, both running op##_16 */
+#define ENTRIES16(op)                                                                                                \
+    CK_CPU_KERNEL(ck_cpu_##op##_bf16)                                                                                \
+    {                                                                                                                \
+        (void)ctx, (void)nout, (void)nin;                                                                            \
+        op##_16(CK_BF16, p, out, in);                                                                                \
+    }                                                                                                                \
+    CK_CPU_KERNEL(ck_cpu_##op##_f16)                                                                                 \
+    {                                                                                                                \
+        (void)ctx, (void)nout, (void)nin;                                                                            \
+        op##_16(CK_F16, p, out, in);                                                                                 \
+    }
 
-CK_CPU_KERNEL(ck_cpu_silu_bwd_bf16)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    map_bf16(silu_bwd_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, (const uint16_t *)in[1].data, ck_view_numel(&in[1]), 0);
-}
-
-CK_CPU_KERNEL(ck_cpu_gelu_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    map_bf16(gelu_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, NULL, ck_view_numel(&in[0]), p->i[0] != 0);
-}
-
-CK_CPU_KERNEL(ck_cpu_gelu_bwd_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    map_bf16(gelu_bwd_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, (const uint16_t *)in[1].data, ck_view_numel(&in[1]), p->i[0] != 0);
-}
-
-CK_CPU_KERNEL(ck_cpu_mish_bf16)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    map_bf16(mish_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, NULL, ck_view_numel(&in[0]), 0);
-}
-
-CK_CPU_KERNEL(ck_cpu_mish_bwd_bf16)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    map_bf16(mish_bwd_blk, (uint16_t *)out[0].data, (const uint16_t *)in[0].data, (const uint16_t *)in[1].data, ck_view_numel(&in[1]), 0);
-}
+/* an elementwise op: y = f(in[0][, in[1]]) over the numel of in[binary] */
+#define MAP_ENTRIES(op, f, binary)                                                                                   \
+    static void op##_16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)                       \
+    {                                                                                                                \
+        map16(st, f, (uint16_t *)out[0].data, (const uint16_t *)in[0].data,                                         \
+              binary ? (const uint16_t *)in[1].data : NULL, ck_view_numel(&in[binary]), p->i[0] != 0);               \
+    }                                                                                                                \
+    ENTRIES16(op)
+MAP_ENTRIES(silu, silu_blk, 0)
+MAP_ENTRIES(silu_bwd, silu_bwd_blk, 1)
+MAP_ENTRIES(gelu, gelu_blk, 0)
+MAP_ENTRIES(gelu_bwd, gelu_bwd_blk, 1)
+MAP_ENTRIES(mish, mish_blk, 0)
+MAP_ENTRIES(mish_bwd, mish_bwd_blk, 1)
 
 // x is (..,2D); y is (..,D) = hidden * gelu(gate), a row's D in blocks
-CK_CPU_KERNEL(ck_cpu_geglu_bf16)
+static void geglu_16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)nout, (void)nin;
     const uint16_t *x = (const uint16_t *)in[0].data;
     uint16_t *y = (uint16_t *)out[0].data;
     const int64_t D = out[0].shape[out[0].ndim - 1];
@@ -412,19 +403,18 @@ CK_CPU_KERNEL(ck_cpu_geglu_bf16)
         for (int64_t j = 0; j < D; j += BLK) {
             float h[BLK], g[BLK], yb[BLK];
             const int64_t m = D - j < BLK ? D - j : BLK;
-            ck_bf16_load(h, x + r * 2 * D + j, m);
-            ck_bf16_load(g, x + r * 2 * D + D + j, m);
+            ck_cpu_load16(st, h, x + r * 2 * D + j, m);
+            ck_cpu_load16(st, g, x + r * 2 * D + D + j, m);
             gelu_blk(yb, g, NULL, m, approx);
 #pragma omp simd
             for (int64_t i = 0; i < m; i++) yb[i] *= h[i];
-            ck_bf16_store(y + r * D + j, yb, m);
+            ck_cpu_store16(st, y + r * D + j, yb, m);
         }
 }
 
 // dy is (..,D), x is (..,2D); dx is (..,2D)
-CK_CPU_KERNEL(ck_cpu_geglu_bwd_bf16)
+static void geglu_bwd_16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)nout, (void)nin;
     const uint16_t *dy = (const uint16_t *)in[0].data, *x = (const uint16_t *)in[1].data;
     uint16_t *dx = (uint16_t *)out[0].data;
     const int64_t D = in[0].shape[in[0].ndim - 1];
@@ -436,26 +426,27 @@ CK_CPU_KERNEL(ck_cpu_geglu_bwd_bf16)
         for (int64_t j = 0; j < D; j += BLK) {
             float h[BLK], g[BLK], d[BLK], dh[BLK], dg[BLK];
             const int64_t m = D - j < BLK ? D - j : BLK;
-            ck_bf16_load(h, x + r * 2 * D + j, m);
-            ck_bf16_load(g, x + r * 2 * D + D + j, m);
-            ck_bf16_load(d, dy + r * D + j, m);
+            ck_cpu_load16(st, h, x + r * 2 * D + j, m);
+            ck_cpu_load16(st, g, x + r * 2 * D + D + j, m);
+            ck_cpu_load16(st, d, dy + r * D + j, m);
             gelu_blk(dh, g, NULL, m, approx);
-            gelu_bwd_blk(dg, d, g, m, approx);
+            // dg = (dy * h) * gelu'(g), the fp32 kernel's order (dy * gelu'(g) first rounds differently)
 #pragma omp simd
             for (int64_t i = 0; i < m; i++) {
                 dh[i] *= d[i];
-                dg[i] *= h[i];
+                h[i] *= d[i];
             }
-            ck_bf16_store(dx + r * 2 * D + j, dh, m);
-            ck_bf16_store(dx + r * 2 * D + D + j, dg, m);
+            gelu_bwd_blk(dg, h, g, m, approx);
+            ck_cpu_store16(st, dx + r * 2 * D + j, dh, m);
+            ck_cpu_store16(st, dx + r * 2 * D + D + j, dg, m);
         }
 }
 
 // x is (..,C); y like x: per row the max, then the sum of exp in double, then y
 // (exp computed twice rather than kept: a row may be longer than any stack block)
-CK_CPU_KERNEL(ck_cpu_softmax_bf16)
+static void softmax_16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)p, (void)nout, (void)nin;
+    (void)p;
     const uint16_t *x = (const uint16_t *)in[0].data;
     uint16_t *y = (uint16_t *)out[0].data;
     const int64_t C = in[0].shape[in[0].ndim - 1];
@@ -465,17 +456,17 @@ CK_CPU_KERNEL(ck_cpu_softmax_bf16)
     for (int64_t r = 0; r < R; r++) {
         const uint16_t *xr = x + r * C;
         uint16_t *yr = y + r * C;
-        float b[BLK], mx = ck_f32_from_bf16(xr[0]);
+        float b[BLK], mx = ck_cpu_f32_of16(st, xr[0]);
         double sum = 0;
         for (int64_t j = 0; j < C; j += BLK) {
             const int64_t m = C - j < BLK ? C - j : BLK;
-            ck_bf16_load(b, xr + j, m);
+            ck_cpu_load16(st, b, xr + j, m);
             const float bm = max_c(b, m);
             mx = bm > mx ? bm : mx;
         }
         for (int64_t j = 0; j < C; j += BLK) {
             const int64_t m = C - j < BLK ? C - j : BLK;
-            ck_bf16_load(b, xr + j, m);
+            ck_cpu_load16(st, b, xr + j, m);
 #pragma omp simd
             for (int64_t c = 0; c < m; c++) b[c] = exp_c(b[c] - mx);
             sum += sum_f(b, m);
@@ -483,18 +474,18 @@ CK_CPU_KERNEL(ck_cpu_softmax_bf16)
         const float inv = (float)(1.0 / sum);
         for (int64_t j = 0; j < C; j += BLK) {
             const int64_t m = C - j < BLK ? C - j : BLK;
-            ck_bf16_load(b, xr + j, m);
+            ck_cpu_load16(st, b, xr + j, m);
 #pragma omp simd
             for (int64_t c = 0; c < m; c++) b[c] = exp_c(b[c] - mx) * inv;
-            ck_bf16_store(yr + j, b, m);
+            ck_cpu_store16(st, yr + j, b, m);
         }
     }
 }
 
 // dy and y are (..,C); dx = y * (dy - sum(dy * y)) per row
-CK_CPU_KERNEL(ck_cpu_softmax_bwd_bf16)
+static void softmax_bwd_16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)p, (void)nout, (void)nin;
+    (void)p;
     const uint16_t *dy = (const uint16_t *)in[0].data, *y = (const uint16_t *)in[1].data;
     uint16_t *dx = (uint16_t *)out[0].data;
     const int64_t C = in[1].shape[in[1].ndim - 1];
@@ -507,18 +498,23 @@ CK_CPU_KERNEL(ck_cpu_softmax_bwd_bf16)
         double s = 0;
         for (int64_t j = 0; j < C; j += BLK) {
             const int64_t m = C - j < BLK ? C - j : BLK;
-            ck_bf16_load(a, dyr + j, m);
-            ck_bf16_load(b, yr + j, m);
+            ck_cpu_load16(st, a, dyr + j, m);
+            ck_cpu_load16(st, b, yr + j, m);
             s += dot_f(a, b, m);
         }
         const float sf = (float)s;
         for (int64_t j = 0; j < C; j += BLK) {
             const int64_t m = C - j < BLK ? C - j : BLK;
-            ck_bf16_load(a, dyr + j, m);
-            ck_bf16_load(b, yr + j, m);
+            ck_cpu_load16(st, a, dyr + j, m);
+            ck_cpu_load16(st, b, yr + j, m);
 #pragma omp simd
             for (int64_t c = 0; c < m; c++) a[c] = b[c] * (a[c] - sf);
-            ck_bf16_store(dx + r * C + j, a, m);
+            ck_cpu_store16(st, dx + r * C + j, a, m);
         }
     }
 }
+
+ENTRIES16(geglu)
+ENTRIES16(geglu_bwd)
+ENTRIES16(softmax)
+ENTRIES16(softmax_bwd)

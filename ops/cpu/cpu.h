@@ -6,9 +6,35 @@
 #define CK_CPU_H
 
 #include "../ops.h"
+#include "../bf16.h"
+#include "../fp16.h"
 
 #define CK_CPU_KERNEL(name) \
     void name(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, int nout, const ck_view *in, int nin)
+
+/* 16-bit storage (st is CK_BF16 or CK_F16): the kernels with _bf16 and _f16
+ * entry points share one body that takes st, and convert with these. */
+static inline float ck_cpu_f32_of16(ck_dtype st, uint16_t h)
+{
+    return st == CK_F16 ? ck_f32_from_f16(h) : ck_f32_from_bf16(h);
+}
+
+static inline uint16_t ck_cpu_16_of_f32(ck_dtype st, float x)
+{
+    return st == CK_F16 ? ck_f16_from_f32(x) : ck_bf16_from_f32(x);
+}
+
+static inline void ck_cpu_load16(ck_dtype st, float *dst, const uint16_t *src, int64_t n)
+{
+    if (st == CK_F16) ck_f16_load(dst, src, n);
+    else ck_bf16_load(dst, src, n);
+}
+
+static inline void ck_cpu_store16(ck_dtype st, uint16_t *dst, const float *src, int64_t n)
+{
+    if (st == CK_F16) ck_f16_store(dst, src, n);
+    else ck_bf16_store(dst, src, n);
+}
 
 /* Threads kernels may use (omp_get_max_threads()); workspace rules scale by it. */
 int ck_cpu_threads(void);
@@ -26,14 +52,14 @@ void ck_cpu_clear_error(void);
 
 extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
 /* The ops with a kernel for bf16 storage (every tensor bf16, arithmetic in
- * fp32): the activations, softmax, the broadcasting add/sub/mul, scale, fill,
- * GROUP_NORM_SILU, the copies (permute among them), the nearest 2x upsample
- * and its backward, and the products and convolutions (widened
- * into their workspace), as on the GPU (ck_cuda_bf16_op),
- * which has attention too. */
+ * fp32): the activations, softmax, the norms (GROUP_NORM_SILU among them),
+ * the broadcasting add/sub/mul, scale, fill, the copies (permute among them),
+ * the nearest 2x upsample and its backward, and the products and convolutions
+ * (widened into their workspace), as on the GPU (ck_cuda_bf16_op), which has
+ * attention too. */
 extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
-/* fp16 storage: the products and convolutions, widened as bf16's are (the GPU
- * has attention too, ck_cuda_f16_op); other ops read fp32 copies. */
+/* fp16 storage: the same ops, each bf16 kernel's body run on fp16 (the GPU has
+ * attention too, ck_cuda_f16_op). */
 extern const ck_kernel_fn ck_cpu_kernels_f16[CK_OP_COUNT];
 
 /* matmul.c */
@@ -65,11 +91,17 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd);
 CK_CPU_KERNEL(ck_cpu_group_norm_silu);
 CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd);
 CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16);
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_f16);
 CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_f16);
 CK_CPU_KERNEL(ck_cpu_group_norm_bf16);
+CK_CPU_KERNEL(ck_cpu_group_norm_f16);
 CK_CPU_KERNEL(ck_cpu_group_norm_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_group_norm_bwd_f16);
 CK_CPU_KERNEL(ck_cpu_layer_norm_bf16);
+CK_CPU_KERNEL(ck_cpu_layer_norm_f16);
 CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_f16);
 /* activation.c */
 CK_CPU_KERNEL(ck_cpu_silu);
 CK_CPU_KERNEL(ck_cpu_silu_bwd);
@@ -80,17 +112,27 @@ CK_CPU_KERNEL(ck_cpu_geglu_bwd);
 CK_CPU_KERNEL(ck_cpu_softmax);
 CK_CPU_KERNEL(ck_cpu_softmax_bwd);
 CK_CPU_KERNEL(ck_cpu_silu_bf16);
+CK_CPU_KERNEL(ck_cpu_silu_f16);
 CK_CPU_KERNEL(ck_cpu_silu_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_silu_bwd_f16);
 CK_CPU_KERNEL(ck_cpu_gelu_bf16);
+CK_CPU_KERNEL(ck_cpu_gelu_f16);
 CK_CPU_KERNEL(ck_cpu_gelu_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_gelu_bwd_f16);
 CK_CPU_KERNEL(ck_cpu_geglu_bf16);
+CK_CPU_KERNEL(ck_cpu_geglu_f16);
 CK_CPU_KERNEL(ck_cpu_geglu_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_geglu_bwd_f16);
 CK_CPU_KERNEL(ck_cpu_softmax_bf16);
+CK_CPU_KERNEL(ck_cpu_softmax_f16);
 CK_CPU_KERNEL(ck_cpu_softmax_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_softmax_bwd_f16);
 CK_CPU_KERNEL(ck_cpu_mish);
 CK_CPU_KERNEL(ck_cpu_mish_bwd);
 CK_CPU_KERNEL(ck_cpu_mish_bf16);
+CK_CPU_KERNEL(ck_cpu_mish_f16);
 CK_CPU_KERNEL(ck_cpu_mish_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_mish_bwd_f16);
 /* attention.c */
 CK_CPU_KERNEL(ck_cpu_attention);
 CK_CPU_KERNEL(ck_cpu_attention_bwd);
@@ -102,23 +144,34 @@ CK_CPU_KERNEL(ck_cpu_scale);
 CK_CPU_KERNEL(ck_cpu_reduce_to);
 CK_CPU_KERNEL(ck_cpu_fill);
 CK_CPU_KERNEL(ck_cpu_add_bf16);
+CK_CPU_KERNEL(ck_cpu_add_f16);
 CK_CPU_KERNEL(ck_cpu_sub_bf16);
+CK_CPU_KERNEL(ck_cpu_sub_f16);
 CK_CPU_KERNEL(ck_cpu_mul_bf16);
+CK_CPU_KERNEL(ck_cpu_mul_f16);
 CK_CPU_KERNEL(ck_cpu_scale_bf16);
+CK_CPU_KERNEL(ck_cpu_scale_f16);
 CK_CPU_KERNEL(ck_cpu_fill_bf16);
+CK_CPU_KERNEL(ck_cpu_fill_f16);
 /* layout.c */
 CK_CPU_KERNEL(ck_cpu_concat);
 CK_CPU_KERNEL(ck_cpu_slice);
 CK_CPU_KERNEL(ck_cpu_reshape);
 CK_CPU_KERNEL(ck_cpu_concat_bf16);
+CK_CPU_KERNEL(ck_cpu_concat_f16);
 CK_CPU_KERNEL(ck_cpu_slice_bf16);
+CK_CPU_KERNEL(ck_cpu_slice_f16);
 CK_CPU_KERNEL(ck_cpu_reshape_bf16);
+CK_CPU_KERNEL(ck_cpu_reshape_f16);
 CK_CPU_KERNEL(ck_cpu_permute);
 CK_CPU_KERNEL(ck_cpu_upsample2x);
 CK_CPU_KERNEL(ck_cpu_upsample2x_bwd);
 CK_CPU_KERNEL(ck_cpu_permute_bf16);
+CK_CPU_KERNEL(ck_cpu_permute_f16);
 CK_CPU_KERNEL(ck_cpu_upsample2x_bf16);
+CK_CPU_KERNEL(ck_cpu_upsample2x_f16);
 CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_f16);
 /* loss.c */
 CK_CPU_KERNEL(ck_cpu_mean);
 CK_CPU_KERNEL(ck_cpu_mean_bwd);

@@ -2,7 +2,6 @@
  * REDUCE_TO (the backward of broadcasting). Shapes are first folded into a few
  * merged dims so that every inner loop is a plain contiguous (or constant) run. */
 #include "cpu.h"
-#include "../bf16.h"
 
 #include <assert.h>
 #include <string.h>
@@ -55,12 +54,12 @@ static ALWAYS_INLINE void bin_run(enum binop op, float *o, const float *a, int64
     }
 }
 
-// the same on bf16 storage: each value converted, the result rounded once
-static ALWAYS_INLINE void bin_run_bf16(enum binop op, uint16_t *o, const uint16_t *a, int64_t sa, const uint16_t *b,
-                                       int64_t sb, int64_t n)
+// the same on 16-bit storage st: each value converted, the result rounded once
+static ALWAYS_INLINE void bin_run16(enum binop op, ck_dtype st, uint16_t *o, const uint16_t *a, int64_t sa,
+                                    const uint16_t *b, int64_t sb, int64_t n)
 {
     for (int64_t j = 0; j < n; j++)
-        o[j] = ck_bf16_from_f32(bin_apply(op, ck_f32_from_bf16(a[j * sa]), ck_f32_from_bf16(b[j * sb])));
+        o[j] = ck_cpu_16_of_f32(st, bin_apply(op, ck_cpu_f32_of16(st, a[j * sa]), ck_cpu_f32_of16(st, b[j * sb])));
 }
 
 /* The output's dims with size-1 dims dropped and neighbours merged wherever both
@@ -125,7 +124,7 @@ static int64_t bcast_init(bcast *bc, const ck_view *o, const ck_view *a, const c
  * loop: OpenMP outlines a region before inlining, so an op passed into a shared
  * region would stay a runtime value and block vectorization. */
 static ALWAYS_INLINE void bin_chunk(enum binop op, void *o, const void *a, const void *b, const bcast *bc,
-                                    int64_t total, int64_t c, int bf16)
+                                    int64_t total, int64_t c, ck_dtype st)
 {
     const int last = bc->m - 1;
     int64_t i = c * CHUNK;
@@ -140,8 +139,8 @@ static ALWAYS_INLINE void bin_chunk(enum binop op, void *o, const void *a, const
     while (i < end) {
         int64_t len = bc->n[last] - idx[last];
         if (len > end - i) len = end - i;
-        if (bf16)
-            bin_run_bf16(op, (uint16_t *)o + i, (const uint16_t *)a + oa, bc->sa[last], (const uint16_t *)b + ob,
+        if (st != CK_F32)
+            bin_run16(op, st, (uint16_t *)o + i, (const uint16_t *)a + oa, bc->sa[last], (const uint16_t *)b + ob,
                          bc->sb[last], len);
         else
             bin_run(op, (float *)o + i, (const float *)a + oa, bc->sa[last], (const float *)b + ob, bc->sb[last], len);
@@ -158,22 +157,25 @@ static ALWAYS_INLINE void bin_chunk(enum binop op, void *o, const void *a, const
     }
 }
 
-// a, b broadcast to out (shapes aligned on the right); fp32 or (bf16 = 1) bf16 storage
-#define BIN_KERNEL(name, op, bf16)                                                                               \
+// a, b broadcast to out (shapes aligned on the right); storage st: CK_F32, CK_BF16 or CK_F16
+#define BIN_KERNEL(name, op, st)                                                                               \
     CK_CPU_KERNEL(name)                                                                                          \
     {                                                                                                            \
         (void)ctx, (void)p, (void)nout, (void)nin;                                                               \
         bcast bc;                                                                                                \
         const int64_t total = bcast_init(&bc, &out[0], &in[0], &in[1]), nchunks = (total + CHUNK - 1) / CHUNK; \
         _Pragma("omp parallel for schedule(static) if (total > PAR_MIN)")                                       \
-        for (int64_t c = 0; c < nchunks; c++) bin_chunk(op, out[0].data, in[0].data, in[1].data, &bc, total, c, bf16); \
+        for (int64_t c = 0; c < nchunks; c++) bin_chunk(op, out[0].data, in[0].data, in[1].data, &bc, total, c, st);   \
     }
-BIN_KERNEL(ck_cpu_add, BIN_ADD, 0)
-BIN_KERNEL(ck_cpu_sub, BIN_SUB, 0)
-BIN_KERNEL(ck_cpu_mul, BIN_MUL, 0)
-BIN_KERNEL(ck_cpu_add_bf16, BIN_ADD, 1)
-BIN_KERNEL(ck_cpu_sub_bf16, BIN_SUB, 1)
-BIN_KERNEL(ck_cpu_mul_bf16, BIN_MUL, 1)
+BIN_KERNEL(ck_cpu_add, BIN_ADD, CK_F32)
+BIN_KERNEL(ck_cpu_sub, BIN_SUB, CK_F32)
+BIN_KERNEL(ck_cpu_mul, BIN_MUL, CK_F32)
+BIN_KERNEL(ck_cpu_add_bf16, BIN_ADD, CK_BF16)
+BIN_KERNEL(ck_cpu_sub_bf16, BIN_SUB, CK_BF16)
+BIN_KERNEL(ck_cpu_mul_bf16, BIN_MUL, CK_BF16)
+BIN_KERNEL(ck_cpu_add_f16, BIN_ADD, CK_F16)
+BIN_KERNEL(ck_cpu_sub_f16, BIN_SUB, CK_F16)
+BIN_KERNEL(ck_cpu_mul_f16, BIN_MUL, CK_F16)
 
 // x and y any shape, same numel
 CK_CPU_KERNEL(ck_cpu_scale)
@@ -198,26 +200,48 @@ CK_CPU_KERNEL(ck_cpu_fill)
     for (int64_t i = 0; i < n; i++) y[i] = f;
 }
 
-// bf16 storage: y = f * x and y = f, rounded once
-CK_CPU_KERNEL(ck_cpu_scale_bf16)
+// 16-bit storage st: y = f * x and y = f, rounded once
+static ALWAYS_INLINE void scale16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)nout, (void)nin;
     uint16_t *y = (uint16_t *)out[0].data;
     const uint16_t *x = (const uint16_t *)in[0].data;
     const float f = p->f[0];
     const int64_t n = ck_view_numel(&out[0]);
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) y[i] = ck_bf16_from_f32(f * ck_f32_from_bf16(x[i]));
+    for (int64_t i = 0; i < n; i++) y[i] = ck_cpu_16_of_f32(st, f * ck_cpu_f32_of16(st, x[i]));
+}
+
+static void fill16(ck_dtype st, const ck_op_params *p, ck_view *out)
+{
+    uint16_t *y = (uint16_t *)out[0].data;
+    const uint16_t v = ck_cpu_16_of_f32(st, p->f[0]);
+    const int64_t n = ck_view_numel(&out[0]);
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] = v;
+}
+
+CK_CPU_KERNEL(ck_cpu_scale_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    scale16(CK_BF16, p, out, in);
+}
+
+CK_CPU_KERNEL(ck_cpu_scale_f16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    scale16(CK_F16, p, out, in);
 }
 
 CK_CPU_KERNEL(ck_cpu_fill_bf16)
 {
-    (void)ctx, (void)nout, (void)in, (void)nin;
-    uint16_t *y = (uint16_t *)out[0].data;
-    const uint16_t v = ck_bf16_from_f32(p->f[0]);
-    const int64_t n = ck_view_numel(&out[0]);
-#pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) y[i] = v;
+    (void)ctx, (void)in, (void)nout, (void)nin;
+    fill16(CK_BF16, p, out);
+}
+
+CK_CPU_KERNEL(ck_cpu_fill_f16)
+{
+    (void)ctx, (void)in, (void)nout, (void)nin;
+    fill16(CK_F16, p, out);
 }
 
 /* ---- REDUCE_TO ---- */

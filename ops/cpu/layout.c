@@ -2,7 +2,6 @@
  * upsampling (with its backward). Everything but the upsample backward is a pure
  * copy; each output element is written by one thread. */
 #include "cpu.h"
-#include "../bf16.h"
 
 #include <omp.h>
 #include <string.h>
@@ -31,7 +30,8 @@ static void copy_bytes(void *dst, const void *src, size_t n)
     }
 }
 
-/* Concat, slice and reshape move elements of es bytes: fp32 (4) or bf16 (2). */
+/* Concat, slice and reshape move elements of es bytes: fp32 (4), or bf16 and
+ * fp16 alike (2). */
 
 // a is (P,A,Q), b is (P,B,Q) around dim i0; out is (P,A+B,Q).
 static void concat(const ck_op_params *p, ck_view *out, const ck_view *in, size_t es)
@@ -93,24 +93,22 @@ CK_CPU_KERNEL(ck_cpu_reshape)
     reshape(out, in, sizeof(float));
 }
 
-/* bf16 storage (ops/cpu/table.c's ck_cpu_kernels_bf16): the same copies of 2-byte elements */
-CK_CPU_KERNEL(ck_cpu_concat_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    concat(p, out, in, 2);
-}
-
-CK_CPU_KERNEL(ck_cpu_slice_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    slice(p, out, in, 2);
-}
-
-CK_CPU_KERNEL(ck_cpu_reshape_bf16)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    reshape(out, in, 2);
-}
+/* bf16 and fp16 storage (ops/cpu/table.c's ck_cpu_kernels_bf16 and _f16): the
+ * same copies of 2-byte elements, bitwise whatever they hold */
+#define COPY16_ENTRIES(op, call)                                                                                     \
+    CK_CPU_KERNEL(ck_cpu_##op##_bf16)                                                                                \
+    {                                                                                                                \
+        (void)ctx, (void)p, (void)nout, (void)nin;                                                                   \
+        call;                                                                                                        \
+    }                                                                                                                \
+    CK_CPU_KERNEL(ck_cpu_##op##_f16)                                                                                 \
+    {                                                                                                                \
+        (void)ctx, (void)p, (void)nout, (void)nin;                                                                   \
+        call;                                                                                                        \
+    }
+COPY16_ENTRIES(concat, concat(p, out, in, 2))
+COPY16_ENTRIES(slice, slice(p, out, in, 2))
+COPY16_ENTRIES(reshape, reshape(out, in, 2))
 
 #define TILE 32
 
@@ -262,25 +260,15 @@ CK_CPU_KERNEL(ck_cpu_upsample2x_bwd)
     }
 }
 
-/* bf16 storage: permute and the upsample move 2-byte elements; the upsample
+/* 16-bit storage: permute and the upsample move 2-byte elements; the upsample
  * backward sums each window in fp32, in the fp32 kernel's order, and rounds
  * once, so its output is the fp32 kernel's on the same values, rounded. */
-CK_CPU_KERNEL(ck_cpu_permute_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    permute(p, out, in, 2);
-}
+COPY16_ENTRIES(permute, permute(p, out, in, 2))
+COPY16_ENTRIES(upsample2x, upsample2x(out, in, 2))
 
-CK_CPU_KERNEL(ck_cpu_upsample2x_bf16)
+// dy is (N,C,2H,2W); out dx is (N,C,H,W); both of storage type st.
+static void upsample2x_bwd16(ck_dtype st, ck_view *out, const ck_view *in)
 {
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    upsample2x(out, in, 2);
-}
-
-// dy is (N,C,2H,2W) bf16; out dx is (N,C,H,W) bf16.
-CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_bf16)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
     const int64_t W = out[0].shape[3], rows = out[0].shape[0] * out[0].shape[1] * out[0].shape[2];
     const uint16_t *dy = (const uint16_t *)in[0].data;
     uint16_t *dx = (uint16_t *)out[0].data;
@@ -289,9 +277,21 @@ CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_bf16)
         const uint16_t *d0 = dy + r * 4 * W, *d1 = d0 + 2 * W;
         uint16_t *s = dx + r * W;
         for (int64_t w = 0; w < W; w++) {
-            const float a = ck_f32_from_bf16(d0[2 * w]), b = ck_f32_from_bf16(d0[2 * w + 1]);
-            const float c = ck_f32_from_bf16(d1[2 * w]), d = ck_f32_from_bf16(d1[2 * w + 1]);
-            s[w] = ck_bf16_from_f32((a + b) + (c + d));
+            const float a = ck_cpu_f32_of16(st, d0[2 * w]), b = ck_cpu_f32_of16(st, d0[2 * w + 1]);
+            const float c = ck_cpu_f32_of16(st, d1[2 * w]), d = ck_cpu_f32_of16(st, d1[2 * w + 1]);
+            s[w] = ck_cpu_16_of_f32(st, (a + b) + (c + d));
         }
     }
+}
+
+CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_bf16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    upsample2x_bwd16(CK_BF16, out, in);
+}
+
+CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_f16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    upsample2x_bwd16(CK_F16, out, in);
 }

@@ -3,11 +3,10 @@
  * x in the backward; gamma/beta gradients are summed in one fixed order
  * whatever the thread count. GROUP_NORM_SILU does the float operations of
  * GROUP_NORM then SILU (activation.c) in their order, so its results are the
- * pair's bitwise. All three have bf16 storage kernels, the fp32 arithmetic on
- * converted pieces. */
+ * pair's bitwise. All three have bf16 and fp16 storage kernels, one body each
+ * taking the type, the fp32 arithmetic on converted pieces. */
 #include "cpu.h"
 #include "vecmath.h"
-#include "../bf16.h"
 
 #include <assert.h>
 #include <math.h>
@@ -28,7 +27,7 @@
 
 /* sum(x) over n values into lanes acc and, for the n % LANES at the end, *tail;
  * the caller adds the lanes to *tail last. Consecutive calls on pieces of
- * LANES-multiple length sum as one call (the bf16 kernels' pieces). */
+ * LANES-multiple length sum as one call (the 16-bit kernels' pieces). */
 static void lanes_sum(const float *x, int64_t n, double *acc, double *tail)
 {
     int64_t i = 0;
@@ -381,20 +380,20 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
     }
 }
 
-/* ---- bf16 storage: GROUP_NORM, GROUP_NORM_SILU and LAYER_NORM with every
- * tensor bf16, the fp32 kernels' arithmetic on the values converted GN_CHUNK
+/* ---- 16-bit storage (st: bf16 or fp16): GROUP_NORM, GROUP_NORM_SILU and
+ * LAYER_NORM with every tensor of that type, the fp32 kernels' arithmetic on the values converted GN_CHUNK
  * at a time (lane sums carried across pieces, whose lengths are multiples of
  * LANES), so each output is the fp32 kernel's on the same values, rounded
  * once. ---- */
 
-/* stats() over n bf16 values */
-static void stats_bf16(const uint16_t *x, int64_t n, float eps, float *mean, float *rstd)
+/* stats() over n values of type st */
+static void stats16(ck_dtype st, const uint16_t *x, int64_t n, float eps, float *mean, float *rstd)
 {
     float buf[GN_CHUNK];
     double acc[LANES] = {0}, s = 0;
     for (int64_t o = 0; o < n; o += GN_CHUNK) {
         const int64_t k = n - o < GN_CHUNK ? n - o : GN_CHUNK;
-        ck_bf16_load(buf, x + o, k);
+        ck_cpu_load16(st, buf, x + o, k);
         lanes_sum(buf, k, acc, &s);
     }
     for (int l = 0; l < LANES; l++) s += acc[l];
@@ -402,7 +401,7 @@ static void stats_bf16(const uint16_t *x, int64_t n, float eps, float *mean, flo
     double acc2[LANES] = {0}, q = 0;
     for (int64_t o = 0; o < n; o += GN_CHUNK) {
         const int64_t k = n - o < GN_CHUNK ? n - o : GN_CHUNK;
-        ck_bf16_load(buf, x + o, k);
+        ck_cpu_load16(st, buf, x + o, k);
         lanes_sumsq_dev(buf, k, m, acc2, &q);
     }
     for (int l = 0; l < LANES; l++) q += acc2[l];
@@ -410,8 +409,8 @@ static void stats_bf16(const uint16_t *x, int64_t n, float eps, float *mean, flo
     *rstd = (float)(1.0 / sqrt(q / (double)n + (double)eps));
 }
 
-// x is (N,C,*) as GROUP_NORM, gamma and beta (C), y like x; all bf16. silu: y = silu(group_norm(x))
-static void gn_fwd_bf16(const ck_op_params *p, ck_view *out, const ck_view *in, int silu)
+// x is (N,C,*) as GROUP_NORM, gamma and beta (C), y like x; all st. silu: y = silu(group_norm(x))
+static void gn_fwd16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in, int silu)
 {
     const uint16_t *x = (const uint16_t *)in[0].data, *gamma = (const uint16_t *)in[1].data;
     const uint16_t *beta = (const uint16_t *)in[2].data;
@@ -428,12 +427,12 @@ static void gn_fwd_bf16(const ck_op_params *p, ck_view *out, const ck_view *in, 
         const uint16_t *xg = x + ng * Cg * S;
         uint16_t *yg = y + ng * Cg * S;
         float m, rs, buf[GN_CHUNK];
-        stats_bf16(xg, Cg * S, eps, &m, &rs);
+        stats16(st, xg, Cg * S, eps, &m, &rs);
         for (int64_t c = 0; c < Cg; c++) {
-            const float a = rs * ck_f32_from_bf16(gamma[c0 + c]), b = ck_f32_from_bf16(beta[c0 + c]);
+            const float a = rs * ck_cpu_f32_of16(st, gamma[c0 + c]), b = ck_cpu_f32_of16(st, beta[c0 + c]);
             for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
                 const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
-                ck_bf16_load(buf, xg + c * S + s0, k);
+                ck_cpu_load16(st, buf, xg + c * S + s0, k);
                 if (silu) {
 #pragma omp simd
                     for (int64_t s = 0; s < k; s++) {
@@ -444,7 +443,7 @@ static void gn_fwd_bf16(const ck_op_params *p, ck_view *out, const ck_view *in, 
 #pragma omp simd
                     for (int64_t s = 0; s < k; s++) buf[s] = (buf[s] - m) * a + b;
                 }
-                ck_bf16_store(yg + c * S + s0, buf, k);
+                ck_cpu_store16(st, yg + c * S + s0, buf, k);
             }
         }
     }
@@ -453,28 +452,40 @@ static void gn_fwd_bf16(const ck_op_params *p, ck_view *out, const ck_view *in, 
 CK_CPU_KERNEL(ck_cpu_group_norm_bf16)
 {
     (void)ctx, (void)nout, (void)nin;
-    gn_fwd_bf16(p, out, in, 0);
+    gn_fwd16(CK_BF16, p, out, in, 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_f16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    gn_fwd16(CK_F16, p, out, in, 0);
 }
 
 CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16)
 {
     (void)ctx, (void)nout, (void)nin;
-    gn_fwd_bf16(p, out, in, 1);
+    gn_fwd16(CK_BF16, p, out, in, 1);
 }
 
-/* One channel's sum(dh) and sum(dh (x - m)) from bf16 dy and x: gn_bwd_group's
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_f16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    gn_fwd16(CK_F16, p, out, in, 1);
+}
+
+/* One channel's sum(dh) and sum(dh (x - m)) from dy and x of type st: gn_bwd_group's
  * sums, piece by piece. silu: dh is dy through SiLU of h = (x - m) a + b;
  * otherwise dy itself. */
-static void channel_sums_bf16(const uint16_t *dy, const uint16_t *x, int64_t S, float m, float a, float b, int silu,
-                              double *sdy, double *sdyx)
+static void channel_sums16(ck_dtype st, const uint16_t *dy, const uint16_t *x, int64_t S, float m, float a, float b,
+                           int silu, double *sdy, double *sdyx)
 {
     float xb[GN_CHUNK], dh[GN_CHUNK];
     double la[LANES] = {0}, lb[LANES] = {0};
     *sdy = 0, *sdyx = 0;
     for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
         const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
-        ck_bf16_load(xb, x + s0, k);
-        ck_bf16_load(dh, dy + s0, k);
+        ck_cpu_load16(st, xb, x + s0, k);
+        ck_cpu_load16(st, dh, dy + s0, k);
         if (silu) silu_grad_of_norm(dh, dh, xb, k, m, a, b);
         lanes_dy_dyx(dh, xb, k, m, la, lb, sdy, sdyx);
     }
@@ -482,17 +493,17 @@ static void channel_sums_bf16(const uint16_t *dy, const uint16_t *x, int64_t S, 
 }
 
 /* dx of one (n, group), as gn_bwd_group (through SiLU when beta is given) */
-static void gn_dx_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, const uint16_t *beta,
-                       uint16_t *dx, int64_t Cg, int64_t S, float eps)
+static void gn_dx16(ck_dtype st, const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, const uint16_t *beta,
+                    uint16_t *dx, int64_t Cg, int64_t S, float eps)
 {
     const int64_t M = Cg * S;
     float m, rs;
-    stats_bf16(x, M, eps, &m, &rs);
+    stats16(st, x, M, eps, &m, &rs);
     double sg = 0, sgx = 0;
     for (int64_t c = 0; c < Cg; c++) {
-        const float gc = ck_f32_from_bf16(gamma[c]), bc = beta ? ck_f32_from_bf16(beta[c]) : 0.0f;
+        const float gc = ck_cpu_f32_of16(st, gamma[c]), bc = beta ? ck_cpu_f32_of16(st, beta[c]) : 0.0f;
         double sdy, sdyx;
-        channel_sums_bf16(dy + c * S, x + c * S, S, m, rs * gc, bc, beta != NULL, &sdy, &sdyx);
+        channel_sums16(st, dy + c * S, x + c * S, S, m, rs * gc, bc, beta != NULL, &sdy, &sdyx);
         sg += gc * sdy;
         sgx += gc * sdyx;
     }
@@ -500,15 +511,15 @@ static void gn_dx_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *ga
     const float k2 = (float)((double)rs * rs * rs * sgx / (double)M);
     float xb[GN_CHUNK], dh[GN_CHUNK];
     for (int64_t c = 0; c < Cg; c++) {
-        const float gc = ck_f32_from_bf16(gamma[c]), bc = beta ? ck_f32_from_bf16(beta[c]) : 0.0f;
+        const float gc = ck_cpu_f32_of16(st, gamma[c]), bc = beta ? ck_cpu_f32_of16(st, beta[c]) : 0.0f;
         for (int64_t s0 = 0; s0 < S; s0 += GN_CHUNK) {
             const int64_t k = S - s0 < GN_CHUNK ? S - s0 : GN_CHUNK;
-            ck_bf16_load(xb, x + c * S + s0, k);
-            ck_bf16_load(dh, dy + c * S + s0, k);
+            ck_cpu_load16(st, xb, x + c * S + s0, k);
+            ck_cpu_load16(st, dh, dy + c * S + s0, k);
             if (beta) silu_grad_of_norm(dh, dh, xb, k, m, rs * gc, bc);
 #pragma omp simd
             for (int64_t s = 0; s < k; s++) dh[s] = (gc * dh[s] - mg) * rs - (xb[s] - m) * k2;
-            ck_bf16_store(dx + c * S + s0, dh, k);
+            ck_cpu_store16(st, dx + c * S + s0, dh, k);
         }
     }
 }
@@ -517,9 +528,10 @@ static void gn_dx_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *ga
 #define GN_PARAM_BLOCK 256
 
 // dy and x are (N,C,*), gamma (and beta, for GROUP_NORM_SILU_BWD) (C); dx like x, dgamma and dbeta (C),
-// any unwanted; all bf16. dgamma and dbeta are summed over n in float, as the fp32 kernel does, and
+// any unwanted; all st. dgamma and dbeta are summed over n in float, as the fp32 kernel does, and
 // rounded once.
-static void gn_bwd_bf16(const ck_op_params *p, ck_view *out, int nout, const ck_view *in, const uint16_t *beta)
+static void gn_bwd16(ck_dtype st, const ck_op_params *p, ck_view *out, int nout, const ck_view *in,
+                     const uint16_t *beta)
 {
     const uint16_t *dy = (const uint16_t *)in[0].data, *x = (const uint16_t *)in[1].data;
     const uint16_t *gamma = (const uint16_t *)in[2].data;
@@ -540,7 +552,7 @@ static void gn_bwd_bf16(const ck_op_params *p, ck_view *out, int nout, const ck_
 #pragma omp parallel for schedule(static) if (total > 32768)
         for (int64_t ng = 0; ng < N * G; ng++) {
             const int64_t off = ng * Cg * S, c0 = (ng % G) * Cg;
-            gn_dx_bf16(dy + off, x + off, gamma + c0, beta ? beta + c0 : NULL, dx + off, Cg, S, eps);
+            gn_dx16(st, dy + off, x + off, gamma + c0, beta ? beta + c0 : NULL, dx + off, Cg, S, eps);
         }
     }
     if (!dgamma && !dbeta) return;
@@ -552,19 +564,19 @@ static void gn_bwd_bf16(const ck_op_params *p, ck_view *out, int nout, const ck_
             for (int64_t n = 0; n < N; n++) {
                 const int64_t off = (n * C + c0) * S;
                 float m, rs;
-                stats_bf16(x + off, Cg * S, eps, &m, &rs);
+                stats16(st, x + off, Cg * S, eps, &m, &rs);
                 for (int64_t c = cb; c < cb + nb; c++) {
-                    const float bc = beta ? ck_f32_from_bf16(beta[c0 + c]) : 0.0f;
+                    const float bc = beta ? ck_cpu_f32_of16(st, beta[c0 + c]) : 0.0f;
                     double sdy, sdyx;
-                    channel_sums_bf16(dy + off + c * S, x + off + c * S, S, m, rs * ck_f32_from_bf16(gamma[c0 + c]),
+                    channel_sums16(st, dy + off + c * S, x + off + c * S, S, m, rs * ck_cpu_f32_of16(st, gamma[c0 + c]),
                                       bc, beta != NULL, &sdy, &sdyx);
                     ag[c - cb] = (n == 0 ? 0.0f : ag[c - cb]) + (float)(sdyx * rs);
                     ab[c - cb] = (n == 0 ? 0.0f : ab[c - cb]) + (float)sdy;
                 }
             }
             for (int64_t c = cb; c < cb + nb; c++) {
-                if (dgamma) dgamma[c0 + c] = ck_bf16_from_f32(ag[c - cb]);
-                if (dbeta) dbeta[c0 + c] = ck_bf16_from_f32(ab[c - cb]);
+                if (dgamma) dgamma[c0 + c] = ck_cpu_16_of_f32(st, ag[c - cb]);
+                if (dbeta) dbeta[c0 + c] = ck_cpu_16_of_f32(st, ab[c - cb]);
             }
         }
     }
@@ -573,19 +585,30 @@ static void gn_bwd_bf16(const ck_op_params *p, ck_view *out, int nout, const ck_
 CK_CPU_KERNEL(ck_cpu_group_norm_bwd_bf16)
 {
     (void)ctx, (void)nin;
-    gn_bwd_bf16(p, out, nout, in, NULL);
+    gn_bwd16(CK_BF16, p, out, nout, in, NULL);
+}
+
+CK_CPU_KERNEL(ck_cpu_group_norm_bwd_f16)
+{
+    (void)ctx, (void)nin;
+    gn_bwd16(CK_F16, p, out, nout, in, NULL);
 }
 
 CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16)
 {
     (void)ctx, (void)nin;
-    gn_bwd_bf16(p, out, nout, in, (const uint16_t *)in[3].data);
+    gn_bwd16(CK_BF16, p, out, nout, in, (const uint16_t *)in[3].data);
 }
 
-// x is (..,C), gamma and beta (C), y like x, all bf16; each row of C normalized
-CK_CPU_KERNEL(ck_cpu_layer_norm_bf16)
+CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_f16)
 {
-    (void)ctx, (void)nout, (void)nin;
+    (void)ctx, (void)nin;
+    gn_bwd16(CK_F16, p, out, nout, in, (const uint16_t *)in[3].data);
+}
+
+// x is (..,C), gamma and beta (C), y like x, all st; each row of C normalized
+static void ln_fwd16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)
+{
     const uint16_t *x = (const uint16_t *)in[0].data, *gamma = (const uint16_t *)in[1].data;
     const uint16_t *beta = (const uint16_t *)in[2].data;
     uint16_t *y = (uint16_t *)out[0].data;
@@ -597,31 +620,31 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bf16)
 #pragma omp parallel for schedule(static) if (R * C > 32768)
     for (int64_t r = 0; r < R; r++) {
         float m, rs, xb[GN_CHUNK], gb[GN_CHUNK], bb[GN_CHUNK];
-        stats_bf16(x + r * C, C, eps, &m, &rs);
+        stats16(st, x + r * C, C, eps, &m, &rs);
         for (int64_t c0 = 0; c0 < C; c0 += GN_CHUNK) {
             const int64_t k = C - c0 < GN_CHUNK ? C - c0 : GN_CHUNK;
-            ck_bf16_load(xb, x + r * C + c0, k);
-            ck_bf16_load(gb, gamma + c0, k);
-            ck_bf16_load(bb, beta + c0, k);
+            ck_cpu_load16(st, xb, x + r * C + c0, k);
+            ck_cpu_load16(st, gb, gamma + c0, k);
+            ck_cpu_load16(st, bb, beta + c0, k);
 #pragma omp simd
             for (int64_t c = 0; c < k; c++) xb[c] = (xb[c] - m) * rs * gb[c] + bb[c];
-            ck_bf16_store(y + r * C + c0, xb, k);
+            ck_cpu_store16(st, y + r * C + c0, xb, k);
         }
     }
 }
 
-/* ln_bwd_row on one bf16 row: the sums of g = gamma * dy and g (x - m) go
+/* ln_bwd_row on one row of type st: the sums of g = gamma * dy and g (x - m) go
  * through lanes_dy_dyx with g in place of dy, which is ln_bwd_row's order. */
-static void ln_bwd_row_bf16(const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, uint16_t *dx, int64_t C,
-                            float m, float rs)
+static void ln_bwd_row16(ck_dtype st, const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, uint16_t *dx,
+                         int64_t C, float m, float rs)
 {
     float xb[GN_CHUNK], gb[GN_CHUNK], db[GN_CHUNK];
     double a[LANES] = {0}, b[LANES] = {0}, sg = 0, sgx = 0;
     for (int64_t c0 = 0; c0 < C; c0 += GN_CHUNK) {
         const int64_t k = C - c0 < GN_CHUNK ? C - c0 : GN_CHUNK;
-        ck_bf16_load(xb, x + c0, k);
-        ck_bf16_load(gb, gamma + c0, k);
-        ck_bf16_load(db, dy + c0, k);
+        ck_cpu_load16(st, xb, x + c0, k);
+        ck_cpu_load16(st, gb, gamma + c0, k);
+        ck_cpu_load16(st, db, dy + c0, k);
 #pragma omp simd
         for (int64_t c = 0; c < k; c++) db[c] = gb[c] * db[c];
         lanes_dy_dyx(db, xb, k, m, a, b, &sg, &sgx);
@@ -631,20 +654,19 @@ static void ln_bwd_row_bf16(const uint16_t *dy, const uint16_t *x, const uint16_
     const float k2 = (float)((double)rs * rs * rs * sgx / (double)C);
     for (int64_t c0 = 0; c0 < C; c0 += GN_CHUNK) {
         const int64_t k = C - c0 < GN_CHUNK ? C - c0 : GN_CHUNK;
-        ck_bf16_load(xb, x + c0, k);
-        ck_bf16_load(gb, gamma + c0, k);
-        ck_bf16_load(db, dy + c0, k);
+        ck_cpu_load16(st, xb, x + c0, k);
+        ck_cpu_load16(st, gb, gamma + c0, k);
+        ck_cpu_load16(st, db, dy + c0, k);
 #pragma omp simd
         for (int64_t c = 0; c < k; c++) xb[c] = (gb[c] * db[c] - mg) * rs - (xb[c] - m) * k2;
-        ck_bf16_store(dx + c0, xb, k);
+        ck_cpu_store16(st, dx + c0, xb, k);
     }
 }
 
-// dy and x are (..,C), gamma (C); dx like x, dgamma and dbeta (C), any unwanted; all bf16.
+// dy and x are (..,C), gamma (C); dx like x, dgamma and dbeta (C), any unwanted; all st.
 // The fp32 kernel's chunks of rows and column sweeps, its double partials rounded once.
-CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16)
+static void ln_bwd16(ck_dtype st, const ck_op_params *p, ck_view *out, int nout, const ck_view *in)
 {
-    (void)ctx, (void)nin;
     const uint16_t *dy = (const uint16_t *)in[0].data, *x = (const uint16_t *)in[1].data;
     const uint16_t *gamma = (const uint16_t *)in[2].data;
     uint16_t *dx = (uint16_t *)out[0].data;
@@ -659,8 +681,8 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16)
 #pragma omp parallel for schedule(static) if (R * C > 32768)
         for (int64_t r = 0; r < R; r++) {
             float m, rs;
-            stats_bf16(x + r * C, C, eps, &m, &rs);
-            ln_bwd_row_bf16(dy + r * C, x + r * C, gamma, dx + r * C, C, m, rs);
+            stats16(st, x + r * C, C, eps, &m, &rs);
+            ln_bwd_row16(st, dy + r * C, x + r * C, gamma, dx + r * C, C, m, rs);
         }
         return;
     }
@@ -681,12 +703,12 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16)
             for (int64_t r = R * k / nch; r < R * (k + 1) / nch; r++) {
                 const uint16_t *dyr = dy + r * C, *xr = x + r * C;
                 float m, rs;
-                stats_bf16(xr, C, eps, &m, &rs);
-                if (dx && c0 == 0) ln_bwd_row_bf16(dyr, xr, gamma, dx + r * C, C, m, rs);
+                stats16(st, xr, C, eps, &m, &rs);
+                if (dx && c0 == 0) ln_bwd_row16(st, dyr, xr, gamma, dx + r * C, C, m, rs);
                 for (int64_t o = 0; o < cw; o += GN_CHUNK) {
                     const int64_t n = cw - o < GN_CHUNK ? cw - o : GN_CHUNK;
-                    ck_bf16_load(xb, xr + c0 + o, n);
-                    ck_bf16_load(db, dyr + c0 + o, n);
+                    ck_cpu_load16(st, xb, xr + c0 + o, n);
+                    ck_cpu_load16(st, db, dyr + c0 + o, n);
 #pragma omp simd
                     for (int64_t c = 0; c < n; c++) {
                         pg[o + c] += (double)db[c] * ((xb[c] - m) * rs);
@@ -698,8 +720,32 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16)
         for (int64_t c = 0; c < cw; c++) {
             double sg = 0, sb = 0;
             for (int64_t k = 0; k < nch; k++) sg += part[0][k * cw + c], sb += part[1][k * cw + c];
-            if (dgamma) dgamma[c0 + c] = ck_bf16_from_f32((float)sg);
-            if (dbeta) dbeta[c0 + c] = ck_bf16_from_f32((float)sb);
+            if (dgamma) dgamma[c0 + c] = ck_cpu_16_of_f32(st, (float)sg);
+            if (dbeta) dbeta[c0 + c] = ck_cpu_16_of_f32(st, (float)sb);
         }
     }
+}
+
+CK_CPU_KERNEL(ck_cpu_layer_norm_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    ln_fwd16(CK_BF16, p, out, in);
+}
+
+CK_CPU_KERNEL(ck_cpu_layer_norm_f16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    ln_fwd16(CK_F16, p, out, in);
+}
+
+CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16)
+{
+    (void)ctx, (void)nin;
+    ln_bwd16(CK_BF16, p, out, nout, in);
+}
+
+CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_f16)
+{
+    (void)ctx, (void)nin;
+    ln_bwd16(CK_F16, p, out, nout, in);
 }

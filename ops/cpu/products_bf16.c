@@ -60,30 +60,17 @@ CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_f16) { widened(CK_OP_CONV2D_BWD_DATA, CK_F1
 CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_f16) { widened(CK_OP_CONV2D_BWD_FILTER, CK_F16, ctx, p, out, nout, in, nin); }
 
 /* LINEAR_GEGLU with 16-bit storage: the product into h as ck_cpu_linear_<type>
- * computes it, then the GEGLU of the rounded h as the pair computes it (bf16:
- * its bf16 kernel; fp16, which has no GEGLU kernel of its own: h widened, the
- * fp32 kernel, y rounded once), so outputs are the pair's bitwise. */
+ * computes it, then the type's GEGLU kernel on the rounded h, so outputs are
+ * the pair's bitwise. */
 static void linear_geglu_16(ck_dtype st, const ck_kctx *ctx, const ck_op_params *p, ck_view *out, const ck_view *in,
                             int nin)
 {
     static const ck_op_params none;
     widened(CK_OP_LINEAR, st, ctx, &none, &out[1], 1, in, nin);
-    if (st == CK_BF16) {
+    if (st == CK_BF16)
         ck_cpu_geglu_bf16(ctx, p, &out[0], 1, &out[1], 1);
-        return;
-    }
-    const int64_t nh = ck_view_numel(&out[1]), ny = ck_view_numel(&out[0]);
-    const size_t used = align64((size_t)nh * sizeof(float)) + align64((size_t)ny * sizeof(float));
-    if (used > ctx->ws_bytes) {
-        ck_cpu_fail("linear_geglu", "a workspace of %zu bytes holds no fp32 copies of %zu bytes", ctx->ws_bytes, used);
-        return;
-    }
-    ck_view h32 = out[1], y32 = out[0];
-    h32.data = (float *)ctx->ws;
-    y32.data = (float *)((unsigned char *)ctx->ws + align64((size_t)nh * sizeof(float)));
-    ck_f16_load(h32.data, (const uint16_t *)out[1].data, nh);
-    ck_cpu_geglu(ctx, p, &y32, 1, &h32, 1);
-    ck_f16_store((uint16_t *)out[0].data, y32.data, ny);
+    else
+        ck_cpu_geglu_f16(ctx, p, &out[0], 1, &out[1], 1);
 }
 
 CK_CPU_KERNEL(ck_cpu_linear_geglu_bf16)

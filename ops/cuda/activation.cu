@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(THREADS) silu_bwd_kernel(T *dx, const T *dy, c
     }
 }
 
-/* SiLU and its backward with 16-byte accesses (4 floats, 8 bf16 each): nv
+/* SiLU and its backward with 16-byte accesses (4 floats, 8 bf16 or fp16): nv
  * vectors, pointers aligned; the same arithmetic per value */
 template <typename T>
 __global__ void __launch_bounds__(THREADS) silu_vec_kernel(T *y, const T *x, int64_t nv)
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(THREADS) geglu_bwd_kernel(T *dx, const T *dy, 
 /* GEGLU with 16-byte accesses: V = 16 / sizeof(T) outputs a step, their hidden
  * and gate halves each one vector load, the outputs one vector store (D a
  * multiple of V, pointers aligned): x is read once and y written once, as the
- * element kernels above do, in a quarter (fp32) or an eighth (bf16) of the accesses. */
+ * element kernels above do, in a quarter (fp32) or an eighth (16-bit) of the accesses. */
 template <typename T>
 __global__ void __launch_bounds__(THREADS) geglu_vec_kernel(T *y, const T *x, int64_t D, int64_t nv, int approx)
 {
@@ -408,7 +408,7 @@ static void softmax_bwd_op(const char *name, const ck_op_params *p, ck_view *out
     ck_cuda_end(c, name);
 }
 
-/* fp32 and bf16 entry points of each op */
+/* fp32, bf16 and fp16 entry points of each op */
 #define ENTRY(fn, run)                                                                                                 \
     extern "C" CK_CUDA_KERNEL(ck_cuda_##fn)                                                                            \
     {                                                                                                                  \
@@ -419,6 +419,11 @@ static void softmax_bwd_op(const char *name, const ck_op_params *p, ck_view *out
     {                                                                                                                  \
         (void)ctx, (void)nout, (void)nin;                                                                              \
         run<__nv_bfloat16>(#fn "_bf16", p, out, in);                                                                   \
+    }                                                                                                                  \
+    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_f16)                                                                      \
+    {                                                                                                                  \
+        (void)ctx, (void)nout, (void)nin;                                                                              \
+        run<__half>(#fn "_f16", p, out, in);                                                                           \
     }
 
 ENTRY(silu, silu_op)

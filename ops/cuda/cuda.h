@@ -141,14 +141,14 @@ extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 
 /* The same ops with every tensor in bf16 storage (the views' data pointers
  * point at __nv_bfloat16; arithmetic stays fp32): activations, softmax,
- * broadcasting add/sub/mul, scale, fill, GROUP_NORM_SILU, the copies concat,
- * slice, reshape and permute, the nearest 2x upsample and its backward, and
- * on tensor cores (fp32 accumulation) the products (cuBLASLt) and
- * convolutions (cuDNN). NULL elsewhere. */
+ * the norms (GROUP_NORM_SILU among them), broadcasting add/sub/mul, scale,
+ * fill, the copies concat, slice, reshape and permute, the nearest 2x
+ * upsample and its backward, and on tensor cores (fp32 accumulation) the
+ * products (cuBLASLt), convolutions (cuDNN) and attention. NULL elsewhere. */
 extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
-/* Every tensor in fp16 storage (__half): the products, convolutions and
- * attention on tensor cores with fp32 accumulation, the same code as bf16's
- * instantiated for the other type. NULL elsewhere: those ops read fp32 copies. */
+/* Every tensor in fp16 storage (__half): the same ops as bf16's, the same
+ * code instantiated for the other type (partial sums stay fp32). NULL
+ * elsewhere: those ops read fp32 copies. */
 extern const ck_kernel_fn ck_cuda_kernels_f16[CK_OP_COUNT];
 
 #define CK_CUDA_KERNEL(name) \
@@ -191,23 +191,39 @@ CK_CUDA_KERNEL(ck_cuda_linear_geglu_f16);
 CK_CUDA_KERNEL(ck_cuda_softmax);
 CK_CUDA_KERNEL(ck_cuda_softmax_bwd);
 CK_CUDA_KERNEL(ck_cuda_silu_bf16);
+CK_CUDA_KERNEL(ck_cuda_silu_f16);
 CK_CUDA_KERNEL(ck_cuda_silu_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_silu_bwd_f16);
 CK_CUDA_KERNEL(ck_cuda_gelu_bf16);
+CK_CUDA_KERNEL(ck_cuda_gelu_f16);
 CK_CUDA_KERNEL(ck_cuda_gelu_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_gelu_bwd_f16);
 CK_CUDA_KERNEL(ck_cuda_geglu_bf16);
+CK_CUDA_KERNEL(ck_cuda_geglu_f16);
 CK_CUDA_KERNEL(ck_cuda_geglu_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_geglu_bwd_f16);
 CK_CUDA_KERNEL(ck_cuda_softmax_bf16);
+CK_CUDA_KERNEL(ck_cuda_softmax_f16);
 CK_CUDA_KERNEL(ck_cuda_softmax_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_softmax_bwd_f16);
 CK_CUDA_KERNEL(ck_cuda_mish);
 CK_CUDA_KERNEL(ck_cuda_mish_bwd);
 CK_CUDA_KERNEL(ck_cuda_mish_bf16);
+CK_CUDA_KERNEL(ck_cuda_mish_f16);
 CK_CUDA_KERNEL(ck_cuda_mish_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_mish_bwd_f16);
 CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bf16);
+CK_CUDA_KERNEL(ck_cuda_group_norm_silu_f16);
 CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_f16);
 CK_CUDA_KERNEL(ck_cuda_group_norm_bf16);
+CK_CUDA_KERNEL(ck_cuda_group_norm_f16);
 CK_CUDA_KERNEL(ck_cuda_group_norm_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_group_norm_bwd_f16);
 CK_CUDA_KERNEL(ck_cuda_layer_norm_bf16);
+CK_CUDA_KERNEL(ck_cuda_layer_norm_f16);
 CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_f16);
 /* attention.cu */
 CK_CUDA_KERNEL(ck_cuda_attention);
 CK_CUDA_KERNEL(ck_cuda_attention_bwd);
@@ -223,23 +239,34 @@ CK_CUDA_KERNEL(ck_cuda_scale);
 CK_CUDA_KERNEL(ck_cuda_reduce_to);
 CK_CUDA_KERNEL(ck_cuda_fill);
 CK_CUDA_KERNEL(ck_cuda_add_bf16);
+CK_CUDA_KERNEL(ck_cuda_add_f16);
 CK_CUDA_KERNEL(ck_cuda_sub_bf16);
+CK_CUDA_KERNEL(ck_cuda_sub_f16);
 CK_CUDA_KERNEL(ck_cuda_mul_bf16);
+CK_CUDA_KERNEL(ck_cuda_mul_f16);
 CK_CUDA_KERNEL(ck_cuda_scale_bf16);
+CK_CUDA_KERNEL(ck_cuda_scale_f16);
 CK_CUDA_KERNEL(ck_cuda_fill_bf16);
+CK_CUDA_KERNEL(ck_cuda_fill_f16);
 /* layout.cu */
 CK_CUDA_KERNEL(ck_cuda_concat);
 CK_CUDA_KERNEL(ck_cuda_slice);
 CK_CUDA_KERNEL(ck_cuda_reshape);
 CK_CUDA_KERNEL(ck_cuda_concat_bf16);
+CK_CUDA_KERNEL(ck_cuda_concat_f16);
 CK_CUDA_KERNEL(ck_cuda_slice_bf16);
+CK_CUDA_KERNEL(ck_cuda_slice_f16);
 CK_CUDA_KERNEL(ck_cuda_reshape_bf16);
+CK_CUDA_KERNEL(ck_cuda_reshape_f16);
 CK_CUDA_KERNEL(ck_cuda_permute);
 CK_CUDA_KERNEL(ck_cuda_upsample2x);
 CK_CUDA_KERNEL(ck_cuda_upsample2x_bwd);
 CK_CUDA_KERNEL(ck_cuda_permute_bf16);
+CK_CUDA_KERNEL(ck_cuda_permute_f16);
 CK_CUDA_KERNEL(ck_cuda_upsample2x_bf16);
+CK_CUDA_KERNEL(ck_cuda_upsample2x_f16);
 CK_CUDA_KERNEL(ck_cuda_upsample2x_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_upsample2x_bwd_f16);
 /* loss.cu */
 CK_CUDA_KERNEL(ck_cuda_mean);
 CK_CUDA_KERNEL(ck_cuda_mean_bwd);

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(THREADS) binary_flat(T *o, const T *a, const T
         ck_st(o + i, bin_apply<OP>(ck_ld(a + i), ck_ld(b + i)));
 }
 
-/* binary_flat with 16-byte accesses (4 floats, 8 bf16 each): nv vectors,
+/* binary_flat with 16-byte accesses (4 floats, 8 bf16 or fp16): nv vectors,
  * pointers aligned */
 template <int OP, typename T>
 __global__ void __launch_bounds__(THREADS) binary_flat_vec(T *o, const T *a, const T *b, int64_t nv)
@@ -130,7 +130,7 @@ static void binary(const char *name, ck_view *out, const ck_view *in)
     ck_cuda_end(c, name);
 }
 
-/* a, b broadcast to out (shapes aligned on the right); fp32 and bf16 storage */
+/* a, b broadcast to out (shapes aligned on the right); fp32, bf16 and fp16 storage */
 #define BINARY(fn, OP)                                                                                                 \
     extern "C" CK_CUDA_KERNEL(ck_cuda_##fn)                                                                            \
     {                                                                                                                  \
@@ -141,6 +141,11 @@ static void binary(const char *name, ck_view *out, const ck_view *in)
     {                                                                                                                  \
         (void)ctx, (void)p, (void)nout, (void)nin;                                                                     \
         binary<OP, __nv_bfloat16>(#fn "_bf16", out, in);                                                               \
+    }                                                                                                                  \
+    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_f16)                                                                      \
+    {                                                                                                                  \
+        (void)ctx, (void)p, (void)nout, (void)nin;                                                                     \
+        binary<OP, __half>(#fn "_f16", out, in);                                                                       \
     }
 
 BINARY(add, BIN_ADD)
@@ -197,6 +202,11 @@ static void fill_op(const char *name, const ck_op_params *p, ck_view *out, const
     {                                                                                                                  \
         (void)ctx, (void)nout, (void)nin;                                                                              \
         run<__nv_bfloat16>(#fn "_bf16", p, out, in);                                                                   \
+    }                                                                                                                  \
+    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_f16)                                                                      \
+    {                                                                                                                  \
+        (void)ctx, (void)nout, (void)nin;                                                                              \
+        run<__half>(#fn "_f16", p, out, in);                                                                           \
     }
 
 UNARY(scale, scale_op)

@@ -28,7 +28,8 @@ static int copy_rows(ck_cuda_ctx *c, const char *op, void *dst, int64_t dpitch, 
                                        (size_t)height, cudaMemcpyDeviceToDevice, c->stream));
 }
 
-/* Concat, slice and reshape move elements of es bytes: fp32 (4) or bf16 (2). */
+/* Concat, slice and reshape move elements of es bytes: fp32 (4), or bf16 and
+ * fp16 alike (2). */
 
 // a is (P,A,Q), b is (P,B,Q) around dim i0; out is (P,A+B,Q).
 static void concat(const ck_op_params *p, ck_view *out, const ck_view *in, size_t es)
@@ -89,7 +90,19 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_concat_bf16)
     concat(p, out, in, 2);
 }
 
+extern "C" CK_CUDA_KERNEL(ck_cuda_concat_f16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    concat(p, out, in, 2);
+}
+
 extern "C" CK_CUDA_KERNEL(ck_cuda_slice_bf16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    slice(p, out, in, 2);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_slice_f16)
 {
     (void)ctx, (void)nout, (void)nin;
     slice(p, out, in, 2);
@@ -101,8 +114,14 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_reshape_bf16)
     reshape(out, in, 2);
 }
 
+extern "C" CK_CUDA_KERNEL(ck_cuda_reshape_f16)
+{
+    (void)ctx, (void)p, (void)nout, (void)nin;
+    reshape(out, in, 2);
+}
+
 /* Permute and the upsample move elements of storage type T (float or
- * __nv_bfloat16) as they are; the upsample backward sums in fp32 (ck_ld) and
+ * __nv_bfloat16 or __half) as they are; the upsample backward sums in fp32 (ck_ld) and
  * rounds once (ck_st). */
 
 /* Output dims (merged, size-1 dropped) with their input strides. */
@@ -265,7 +284,7 @@ static void upsample_bwd_op(const char *name, const ck_op_params *p, ck_view *ou
     ck_cuda_end(c, name);
 }
 
-/* fp32 and bf16 entry points of each op */
+/* fp32, bf16 and fp16 entry points of each op */
 #define ENTRY(fn, run)                                                                                                 \
     extern "C" CK_CUDA_KERNEL(ck_cuda_##fn)                                                                            \
     {                                                                                                                  \
@@ -276,6 +295,11 @@ static void upsample_bwd_op(const char *name, const ck_op_params *p, ck_view *ou
     {                                                                                                                  \
         (void)ctx, (void)nout, (void)nin;                                                                              \
         run<__nv_bfloat16>(#fn "_bf16", p, out, in);                                                                   \
+    }                                                                                                                  \
+    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_f16)                                                                      \
+    {                                                                                                                  \
+        (void)ctx, (void)nout, (void)nin;                                                                              \
+        run<__half>(#fn "_f16", p, out, in);                                                                           \
     }
 
 ENTRY(permute, permute_op)

@@ -15,8 +15,9 @@
  *   whole vectors up to 1280 wide; dgamma/dbeta sum over rows in fixed chunks
  *   whose partials wait in dx's own buffer before dx is written (the plan
  *   gives this op no workspace), or in column tiles when dx is unwanted.
- * Every op here also has bf16 storage: the same kernels templated on the
- * storage type, arithmetic and partial sums in fp32. */
+ * Every op here also has bf16 and fp16 storage: the same kernels templated on
+ * the storage type, arithmetic and partial sums in fp32, never in the 16-bit
+ * type (fp16 ends at 65504). */
 #include "common.cuh"
 
 #define THREADS 256
@@ -41,7 +42,7 @@ struct gn_dims {
 __device__ __forceinline__ float gn_sigmoid(float h) { return 1.0f / (1.0f + expf(-h)); }
 
 /* W values of storage type T at p, as floats: one 16-byte vector (W = 16 /
- * sizeof(T): 4 floats, 8 bf16) or one value (W = 1) */
+ * sizeof(T): 4 floats, 8 bf16 or fp16) or one value (W = 1) */
 template <typename T, int W>
 __device__ __forceinline__ void gn_ld(const T *p, float *v)
 {
@@ -350,10 +351,22 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bf16)
     group_norm_fwd<__nv_bfloat16>("group_norm_bf16", 0, ctx, p, out, in);
 }
 
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_f16)
+{
+    (void)nout, (void)nin;
+    group_norm_fwd<__half>("group_norm_f16", 0, ctx, p, out, in);
+}
+
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bf16)
 {
     (void)nout, (void)nin;
     group_norm_fwd<__nv_bfloat16>("group_norm_silu_bf16", 1, ctx, p, out, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_f16)
+{
+    (void)nout, (void)nin;
+    group_norm_fwd<__half>("group_norm_silu_f16", 1, ctx, p, out, in);
 }
 
 template <typename T, int W, bool SILU>
@@ -424,10 +437,22 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd_bf16)
     group_norm_bwd<__nv_bfloat16>("group_norm_bwd_bf16", 0, ctx, p, out, nout, in);
 }
 
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd_f16)
+{
+    (void)nin;
+    group_norm_bwd<__half>("group_norm_bwd_f16", 0, ctx, p, out, nout, in);
+}
+
 extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16)
 {
     (void)nin;
     group_norm_bwd<__nv_bfloat16>("group_norm_silu_bwd_bf16", 1, ctx, p, out, nout, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_f16)
+{
+    (void)nin;
+    group_norm_bwd<__half>("group_norm_silu_bwd_f16", 1, ctx, p, out, nout, in);
 }
 
 /* ---- layer norm ---- */
@@ -498,7 +523,7 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_dx(T *dx, const T *dy, const T
 }
 
 /* Rows held in registers: C a multiple of W = 16 / sizeof(T) (a vector: 4
- * floats, 8 bf16) and at most 32 W NV with NV <= LN_NV_MAX(T) (SDXL's 640 and
+ * floats, 8 bf16 or fp16) and at most 32 W NV with NV <= LN_NV_MAX(T) (SDXL's 640 and
  * 1280), pointers 16-byte aligned. Lane l holds the row's vectors l, l + 32,
  * ..., NV of them, loaded once (as floats: at most 40 a lane whatever T); the
  * statistics and the output come from the registers, in the formulas above. */
@@ -796,6 +821,12 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bf16)
     layer_norm_fwd<__nv_bfloat16>("layer_norm_bf16", p, out, in);
 }
 
+extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_f16)
+{
+    (void)ctx, (void)nout, (void)nin;
+    layer_norm_fwd<__half>("layer_norm_f16", p, out, in);
+}
+
 // dy and x are (..,C), gamma (C); dx like x, dgamma and dbeta (C), any unwanted; all T
 template <typename T>
 static void layer_norm_bwd(const char *name, const ck_op_params *p, ck_view *out, int nout, const ck_view *in)
@@ -816,9 +847,10 @@ static void layer_norm_bwd(const char *name, const ck_op_params *p, ck_view *out
     }
     // Chunks of rows: their partials (2 P C floats) and row statistics (2 R)
     // fit in dx (R C sizeof(T) / 4 floats) because, with W = 16 / sizeof(T),
-    // P <= R / W and C >= W: each takes at most half. bf16's dx holds half
-    // fp32's floats, so it has R / 8 chunks where fp32 has R / 4; the floats
-    // need dx 4-byte aligned.
+    // P <= R / W and C >= W: each takes at most half. A 16-bit dx (bf16 or
+    // fp16) holds half fp32's floats, so it has R / 8 chunks where fp32 has
+    // R / 4; the floats need dx 4-byte aligned. They are fp32 bits whatever T
+    // is, so fp16's range never bounds them.
     const int64_t W = LN_W(T);
     if (!dgamma && !dbeta) {
         if (dx) ln_dx_launch<T>(c, dx, dy, x, gamma, R, C, eps);
@@ -847,4 +879,10 @@ extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_bf16)
 {
     (void)ctx, (void)nin;
     layer_norm_bwd<__nv_bfloat16>("layer_norm_bwd_bf16", p, out, nout, in);
+}
+
+extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_f16)
+{
+    (void)ctx, (void)nin;
+    layer_norm_bwd<__half>("layer_norm_bwd_f16", p, out, nout, in);
 }

@@ -958,7 +958,7 @@ int main(void)
     // bf16 storage, where the op has it
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (ck_cuda_kernels_bf16[cases[i].op] && !(cases[i].big && emulated)) run_case(&cases[i], CK_BF16);
-    // fp16 storage: the products, convolutions and attention on tensor cores
+    // fp16 storage, where the op has it (every op with bf16 storage)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (ck_cuda_kernels_f16[cases[i].op] && !(cases[i].big && emulated)) run_case(&cases[i], CK_F16);
 

@@ -1,17 +1,18 @@
 /* The CPU kernels for bf16 storage (ck_cpu_kernels_bf16), and for fp16
- * (ck_cpu_kernels_f16: the products and convolutions), against the fp32
- * kernels on the same inputs: every input is a bf16 value, the fp32 kernel's
- * output is the reference, and each bf16 output must be that reference
- * rounded once: |got - ref| <= 2^-8 |ref| + 1e-5 max |ref| over each of its
+ * (ck_cpu_kernels_f16: every op with a bf16 kernel), against the fp32
+ * kernels on the same inputs: every input is a value of the 16-bit type,
+ * the fp32 kernel's output is the reference, and each 16-bit output must be
+ * that reference rounded once: |got - ref| <= 2^-8 |ref| + 1e-5 max |ref| over each of its
  * outputs (bf16 keeps 8 significant bits; fp16 keeps 11 and is held to
  * 2^-10; the second term allows for a sum taken in another order).
  * Odd sizes cross the kernels' 256-value blocks. Products and convolutions
  * (fp32 accumulation) run in the workspace their bf16 rule gives
  * (ck_op_workspace_cpu_bf16), the fp32 kernel in its own. LINEAR_GEGLU's y is
  * held to the fp32 GEGLU of its rounded h, which is what the pair computes.
- * Permute and the nearest upsample (moves) and the upsample's backward (each
- * window summed in fp32 in the fp32 kernel's order) are held to more: bitwise
- * the fp32 kernel's output rounded once. Also: two runs agree bitwise,
+ * The copies (concat, slice, reshape, permute), the nearest upsample (moves)
+ * and the upsample's backward (each window summed in fp32 in the fp32
+ * kernel's order) are held to more: bitwise the fp32 kernel's output rounded
+ * once. Also: two runs agree bitwise,
  * nothing is written past an output, every op with a bf16 kernel has a case
  * here, and every bf16 op of the CPU is one of the GPU's (ck_cuda_bf16_op),
  * every fp16 op one of the GPU's fp16 ops (ck_cuda_f16_op) and of the CPU's
@@ -44,7 +45,7 @@ typedef struct tcase {
     ck_op_params p;
     int nin;
     ck_shape in[4];
-    ck_shape out; /* preset (FILL); otherwise from the op's rule */
+    ck_shape out; /* preset (FILL, RESHAPE); otherwise from the op's rule */
     int exact;    /* each output bitwise the fp32 kernel's rounded once */
 } tcase;
 
@@ -66,6 +67,10 @@ static const tcase cases[] = {
     CASE("geglu tanh [2,3,10]", CK_OP_GEGLU, {.i = {1}}, 1, SH(2, 3, 10)),
     CASE("geglu_bwd erf [5,300] [5,600]", CK_OP_GEGLU_BWD, {.i = {0}}, 2, SH(5, 300), SH(5, 600)),
     CASE("geglu_bwd tanh [4,7] [4,14]", CK_OP_GEGLU_BWD, {.i = {1}}, 2, SH(4, 7), SH(4, 14)),
+    /* dg = (dy * h) * gelu'(g), the fp32 kernel's order: (dy * gelu'(g)) * h
+     * gives other fp16 values for a few of these 128000 */
+    {.label = "geglu_bwd erf [64,1000] [64,2000] bitwise", .op = CK_OP_GEGLU_BWD, .p = {.i = {0}}, .nin = 2,
+     .in = {SH(64, 1000), SH(64, 2000)}, .exact = 1},
     CASE("softmax [7,600]", CK_OP_SOFTMAX, NOP, 1, SH(7, 600)),
     CASE("softmax [3,5]", CK_OP_SOFTMAX, NOP, 1, SH(3, 5)),
     CASE("softmax_bwd [7,600]", CK_OP_SOFTMAX_BWD, NOP, 2, SH(7, 600), SH(7, 600)),
@@ -109,6 +114,15 @@ static const tcase cases[] = {
     EXACT("permute [2,37,5,9] (0,2,3,1)", CK_OP_PERMUTE, PERM(0, 2, 3, 1), SH(2, 37, 5, 9)),
     EXACT("permute [3,7,5,9] (0,2,1,3) keeps the last dim", CK_OP_PERMUTE, PERM(0, 2, 1, 3), SH(3, 7, 5, 9)),
     EXACT("permute [1,320,33,29] (0,2,3,1)", CK_OP_PERMUTE, PERM(0, 2, 3, 1), SH(1, 320, 33, 29)),
+    /* the copies: bitwise, as the moves above */
+    {.label = "concat [2,3,5] [2,4,5] on dim 1", .op = CK_OP_CONCAT, .p = {.i = {1}}, .nin = 2,
+     .in = {SH(2, 3, 5), SH(2, 4, 5)}, .exact = 1},
+    {.label = "concat [3,7] [2,7] on dim 0", .op = CK_OP_CONCAT, .p = {.i = {0}}, .nin = 2, .in = {SH(3, 7), SH(2, 7)},
+     .exact = 1},
+    {.label = "slice [3,10,7] dim 1, 5 from 2", .op = CK_OP_SLICE, .p = {.i = {1, 2, 5}}, .nin = 1, .in = {SH(3, 10, 7)},
+     .exact = 1},
+    {.label = "reshape [6,35] to [2,3,5,7]", .op = CK_OP_RESHAPE, .nin = 1, .in = {SH(6, 35)}, .out = SH(2, 3, 5, 7),
+     .exact = 1},
     EXACT("upsample2x [2,3,5,7]", CK_OP_UPSAMPLE2X, NOP, SH(2, 3, 5, 7)),
     EXACT("upsample2x [1,130,33,35]", CK_OP_UPSAMPLE2X, NOP, SH(1, 130, 33, 35)),
     EXACT("upsample2x_bwd [2,3,10,14]", CK_OP_UPSAMPLE2X_BWD, NOP, SH(2, 3, 10, 14)),
@@ -233,8 +247,6 @@ int main(void)
         if (ck_cpu_kernels_f16[cases[i].op]) run_case(&cases[i], CK_F16);
         covered[cases[i].op] = 1;
     }
-    /* the copies move bytes and are checked by the executor's bf16 tests */
-    covered[CK_OP_CONCAT] = covered[CK_OP_SLICE] = covered[CK_OP_RESHAPE] = 1;
     for (int op = 1; op < CK_OP_COUNT; op++) {
         const char *name = ck_op_name((enum ck_op)op);
         if (ck_cpu_kernels_bf16[op] && !covered[op]) check(name, 0, 0), printf("  has a bf16 kernel and no case here\n");

@@ -25,8 +25,7 @@ static void widened(enum ck_op op, ck_dtype st, const ck_kctx *ctx, const ck_op_
         const int64_t n = ck_view_numel(&in[j]);
         in32[j] = in[j];
         in32[j].data = (float *)(ws + used);
-        if (st == CK_F16) ck_f16_load(in32[j].data, (const uint16_t *)in[j].data, n);
-        else ck_bf16_load(in32[j].data, (const uint16_t *)in[j].data, n);
+        ck_cpu_load16(st, in32[j].data, (const uint16_t *)in[j].data, n);
         used += align64((size_t)n * sizeof(float));
     }
     for (int k = 0; k < nout; k++) {
@@ -44,8 +43,7 @@ static void widened(enum ck_op op, ck_dtype st, const ck_kctx *ctx, const ck_op_
     inner.ws_bytes = ctx->ws_bytes - used;
     ck_cpu_kernels[op](&inner, p, out32, nout, in32, nin);
     for (int k = 0; k < nout; k++)
-        if (out[k].data && st == CK_F16) ck_f16_store((uint16_t *)out[k].data, out32[k].data, ck_view_numel(&out[k]));
-        else if (out[k].data) ck_bf16_store((uint16_t *)out[k].data, out32[k].data, ck_view_numel(&out[k]));
+        if (out[k].data) ck_cpu_store16(st, (uint16_t *)out[k].data, out32[k].data, ck_view_numel(&out[k]));
 }
 
 CK_CPU_KERNEL(ck_cpu_matmul_bf16) { widened(CK_OP_MATMUL, CK_BF16, ctx, p, out, nout, in, nin); }

@@ -186,11 +186,12 @@ do
   T.ok(hw == pd:plan().peak, string.format("bf16 on cuda: predicted peak %d, measured %d", pd:plan().peak, hw))
 end
 
--- 5b. fp16 storage on the device: the products, convolutions and attention on
--- their fp16 kernels (tensor cores, fp32 accumulation; the CPU widens its
--- products and convolutions and converts around its fp32 attention), fp32
--- kernels on copies converted as the CPU converts (ops/fp16.h) elsewhere, the
--- plan exact; and dynamic loss scaling: a scale so large that the gradients
+-- 5b. fp16 storage on the device: every op with a bf16 kernel on its fp16
+-- kernel (products, convolutions and attention on tensor cores with fp32
+-- accumulation; the CPU widens its products and convolutions and converts
+-- around its fp32 attention), fp32 kernels on copies converted as the CPU
+-- converts (ops/fp16.h) where an operand is fp32, the plan exact; and dynamic
+-- loss scaling: a scale so large that the gradients
 -- overflow fp16 is backed off, the update skipped, on both alike
 do
   local _, pc = build("cpu", nil, "fp16")

@@ -242,6 +242,8 @@ for mode in openat2 walk; do
     f:write('x'); f:close(); return 'in'")" 500
   check_race "$mode: listing it" "$(race 500 "local l = ck.listdir('indir'); if not l then return 'no' end
     for _, e in ipairs(l) do if e == 'in_marker' then return 'in' end end; return 'out'")" 500
+  check_race "$mode: a lock file in it" "$(race 500 "local l = ck.lock('indir/l.lock'); if not l then return 'no' end
+    l:release(); return 'in'")" 500
   [ $mode = walk ] || check_race "$mode: require through it" "$(race 500 "package.path = './indir/?.lua'; package.loaded.mod = nil
     return require('mod') == 'SECRET' and 'out' or 'in'")" 500
   [ $mode = walk ] || check_race "$mode: ck.safetensors through it" "$(race 500 "local f = ck.safetensors('indir/s.safetensors')

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -82,7 +83,17 @@ static int l_lock(lua_State *L)
     llock *k = lua_newuserdatauv(L, sizeof *k, 0);
     k->fd = -1;
     luaL_setmetatable(L, LOCK_MT);
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    /* its directory through the sandbox's door, as every file the VM writes
+     * (resolved once, beneath an allowed root), then the file in it, a
+     * symlink there refused */
+    char name[NAME_MAX + 1];
+    const int dfd = ck_lua_open_parent(L, path, CK_ACCESS_WRITE, name, sizeof name);
+    int fd = dfd < 0 ? -1 : openat(dfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (dfd >= 0) {
+        const int e = errno;
+        close(dfd);
+        errno = e;
+    }
     if (fd < 0) {
         luaL_pushfail(L);
         lua_pushfstring(L, "cannot open the lock file '%s': %s", path, strerror(errno));

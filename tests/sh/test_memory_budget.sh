@@ -251,6 +251,23 @@ run timeout 60 "$CK" --max-memory 64M --max-heap 1G -e 'local t = {} for i = 1, 
 [ "$rc" = 1 ] && grep -q "the memory limit of 64 MiB is reached" err && [ "$rss" -lt "$BOUND" ]
 ok $? "the Lua heap alone under a larger --max-heap: the memory limit holds, peak RSS $((rss >> 20)) MiB ($(head -c 300 err))"
 
+# 5b. JSON text whose values take tens of times its bytes (jansson's, not the
+#     Lua heap's): 12 MiB of "[]," decode to some 500 MiB of empty arrays;
+#     a text whose values fit decodes whole under the same limit
+cat > json_bomb.lua <<'EOF'
+local ck = require "ck"
+local s = string.rep("[],", 4 * 1024 * 1024) .. "[]"
+local v = ck.json_decode("[" .. s .. "]")
+EOF
+refused "12 MiB of JSON empty arrays" json_bomb.lua 3 "json_decode: the values of 12.0 MiB of JSON text"
+cat > json_fits.lua <<'EOF'
+local ck = require "ck"
+local v = ck.json_decode("[" .. string.rep("[1,2],", 20000) .. "[]]")
+assert(#v == 20001 and v[1][2] == 2)
+print("done")
+EOF
+finishes "a JSON text whose values fit" json_fits.lua
+
 # 6. the defaults: the machine's memory in the sandbox, none with --trust or
 #    --max-memory none; the flag's own errors
 total=$(python3 -c "print(int(open('/proc/meminfo').read().split('MemTotal:')[1].split()[0]) * 1024)")

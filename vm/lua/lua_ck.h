@@ -55,6 +55,22 @@ void ck_lua_fs_register(lua_State *L, int lib);
 void ck_lua_lock_register(lua_State *L, int lib);
 /* vm/lua/lua_json.c: ck.json_encode, ck.json_decode, ck.json_object, ck.json_null */
 void ck_lua_json_register(lua_State *L, int lib);
+/* jansson's allocations in this thread charged to L's memory budget from
+ * begin to end, a parse between the two (no Lua may run there): a text can
+ * decode to tens of times its bytes, which the Lua heap does not see. A
+ * charge the budget refuses fails that allocation, so the parse fails, and
+ * sets refused, with the message in err. Blocks freed during the parse stay
+ * charged; ck_lua_json_give returns all of it once the values are freed. */
+typedef struct ck_json_charge {
+    ck_mem_budget *budget;
+    size_t charged;
+    int refused, refusing;
+    struct ck_json_charge *prev;
+    char err[256];
+} ck_json_charge;
+void ck_lua_json_charge_begin(lua_State *L, ck_json_charge *c);
+void ck_lua_json_charge_end(ck_json_charge *c);
+void ck_lua_json_give(ck_json_charge *c);
 /* vm/lua/lua_hash.c: ck.sha256, ck.file_sha256 */
 void ck_lua_hash_register(lua_State *L, int lib);
 /* vm/lua/lua_graph.c: p:graph() in the program methods at index methods */

@@ -8,7 +8,9 @@
 
 #include <lauxlib.h>
 
+#include <malloc.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,12 +23,61 @@
 static const char null_tag;
 #define NULL_TAG ((void *)&null_tag)
 
+/* ---- jansson's allocations charged to a VM's memory budget during a parse
+ * (ck_lua_json_charge_begin); elsewhere, and in other threads, plain malloc */
+
+static _Thread_local ck_json_charge *charging;
+
+static void *charged_malloc(size_t n)
+{
+    void *p = malloc(n);
+    ck_json_charge *c = charging;
+    if (!p || !c) return p;
+    const size_t sz = malloc_usable_size(p) + sizeof(size_t); /* the block and its header */
+    if (c->refused || ck_mem_take(c->budget, sz, "the values of the JSON text", c->err, sizeof c->err)) {
+        c->refused = 1;
+        free(p);
+        return NULL;
+    }
+    c->charged += sz;
+    return p;
+}
+
+static pthread_once_t alloc_once = PTHREAD_ONCE_INIT;
+static void install_alloc(void) { json_set_alloc_funcs(charged_malloc, free); }
+
+void ck_lua_json_charge_begin(lua_State *L, ck_json_charge *c)
+{
+    pthread_once(&alloc_once, install_alloc);
+    memset(c, 0, sizeof *c);
+    c->budget = ck_mem_budget_of(L);
+    /* no collection inside jansson's allocator: the caller collects and
+     * parses again when a charge is refused */
+    if (c->budget) c->refusing = c->budget->refusing, c->budget->refusing = 1;
+    c->prev = charging;
+    charging = c;
+}
+
+void ck_lua_json_charge_end(ck_json_charge *c)
+{
+    charging = c->prev;
+    if (c->budget) c->budget->refusing = c->refusing;
+}
+
+void ck_lua_json_give(ck_json_charge *c)
+{
+    ck_mem_give(c->budget, c->charged);
+    c->charged = 0;
+}
+
 /* What a raise must not leak: the tree being built and the text being
- * dumped, freed by the box's __gc when an error unwinds past them. */
+ * dumped, freed by the box's __gc when an error unwinds past them, and the
+ * charge for a decoded tree. */
 typedef struct box {
     json_t *root;
     char *buf;
     size_t len, cap;
+    ck_json_charge charge;
 } box;
 
 static int box_gc(lua_State *L)
@@ -34,6 +85,7 @@ static int box_gc(lua_State *L)
     box *b = luaL_checkudata(L, 1, BOX_MT);
     json_decref(b->root);
     free(b->buf);
+    ck_lua_json_give(&b->charge);
     memset(b, 0, sizeof *b);
     return 0;
 }
@@ -426,6 +478,23 @@ static void push_value(lua_State *L, const json_t *v, int depth, long long *work
     }
 }
 
+/* the text handed to jansson a piece at a time, so that a parse stopped by
+ * the memory limit tells how much of it the values so far came from */
+typedef struct reader {
+    const char *s;
+    size_t n, off;
+} reader;
+
+static size_t read_piece(void *buf, size_t len, void *ud)
+{
+    reader *r = ud;
+    size_t k = r->n - r->off < len ? r->n - r->off : len;
+    if (k > 65536) k = 65536;
+    memcpy(buf, r->s + r->off, k);
+    r->off += k;
+    return k;
+}
+
 /* ck.json_decode(text) -> value; malformed text (duplicate keys included) is
  * an error naming the line and column */
 static int l_json_decode(lua_State *L)
@@ -434,12 +503,39 @@ static int l_json_decode(lua_State *L)
     const char *s = luaL_checklstring(L, 1, &n);
     box *b = new_box(L);
     json_error_t err;
-    b->root = json_loadb(s, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+    /* the tree is charged to the memory budget while it lives; refused, once
+     * more after a full collection */
+    for (int tries = 0;; tries++) {
+        reader r = {s, n, 0};
+        ck_lua_json_charge_begin(L, &b->charge);
+        b->root = json_load_callback(read_piece, &r, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+        ck_lua_json_charge_end(&b->charge);
+        if (!b->charge.refused) break;
+        json_decref(b->root);
+        b->root = NULL;
+        /* what the whole text would take, from what the part read took */
+        const size_t read = r.off > 0 ? r.off : 1, took = b->charge.charged;
+        ck_lua_json_give(&b->charge);
+        if (tries) {
+            const double whole = (double)took * ((double)n / (double)read);
+            const size_t est = whole < (double)SIZE_MAX / 2 ? (size_t)whole : SIZE_MAX / 2;
+            char what[96], size[32], msg[256];
+            ck_mem_text(n, size, sizeof size);
+            snprintf(what, sizeof what, "the values of %s of JSON text", size);
+            if (ck_mem_take(b->charge.budget, est > took ? est : took, what, msg, sizeof msg) == 0) {
+                ck_mem_give(b->charge.budget, est > took ? est : took);
+                return ck_lua_raise(L, "json_decode: %s", b->charge.err);
+            }
+            return ck_lua_raise(L, "json_decode: %s", msg);
+        }
+        lua_gc(L, LUA_GCCOLLECT);
+    }
     if (!b->root) return ck_lua_raise(L, "json_decode: %s (line %d, column %d)", err.text, err.line, err.column);
     long long work = 0;
     push_value(L, b->root, 0, &work);
     json_decref(b->root);
     b->root = NULL;
+    ck_lua_json_give(&b->charge);
     return 1;
 }
 

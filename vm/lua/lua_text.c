@@ -196,7 +196,15 @@ static int config_pad(lua_State *L, const char *dir, box *b, char *out, size_t o
             continue;
         }
         json_error_t je;
+        ck_json_charge jc;
+        ck_lua_json_charge_begin(L, &jc);
         json_t *j = json_loadb(b->file[1], b->flen[1], 0, &je);
+        ck_lua_json_charge_end(&jc);
+        ck_lua_json_give(&jc); /* a small file, read here and freed below */
+        if (jc.refused) {
+            json_decref(j);
+            return ck_lua_raise(L, "clip_tokenizer: '%s': %s", path, jc.err);
+        }
         if (!j || !json_is_object(j)) {
             json_decref(j);
             return ck_lua_raise(L, "clip_tokenizer: '%s' is not a JSON object%s%s", path, j ? "" : ": ", j ? "" : je.text);
@@ -289,7 +297,16 @@ static int l_clip_tokenizer(lua_State *L)
         read_whole(L, lua_tostring(L, 7), b, 0, 0);
         read_whole(L, lua_tostring(L, 8), b, 1, 0);
         ck_mem_check(L, (int64_t)(b->flen[0] + b->flen[1]), 8, "clip_tokenizer: the tables of '%s'", dir);
+        ck_json_charge jc;
+        ck_lua_json_charge_begin(L, &jc);
         k->t = ck_clip_bpe_from_files(b->file[0], b->flen[0], b->file[1], b->flen[1], err, sizeof err);
+        ck_lua_json_charge_end(&jc);
+        ck_lua_json_give(&jc); /* vocab.json's values, freed once its tables are built */
+        if (jc.refused) {
+            ck_clip_bpe_free(k->t);
+            k->t = NULL;
+            return ck_lua_raise(L, "clip_tokenizer: '%s': %s", lua_tostring(L, 7), jc.err);
+        }
         if (!k->t) {
             /* the message names vocab.json or a merges line */
             const char *bad = strstr(err, "vocab.json") ? lua_tostring(L, 7) : lua_tostring(L, 8);

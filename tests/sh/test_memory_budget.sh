@@ -253,7 +253,9 @@ ok $? "the Lua heap alone under a larger --max-heap: the memory limit holds, pea
 
 # 5b. JSON text whose values take tens of times its bytes (jansson's, not the
 #     Lua heap's): 12 MiB of "[]," decode to some 500 MiB of empty arrays;
-#     a text whose values fit decodes whole under the same limit
+#     a text whose values fit decodes whole under the same limit; and the
+#     other way, a small table referenced a million times encodes to as many
+#     arrays
 cat > json_bomb.lua <<'EOF'
 local ck = require "ck"
 local s = string.rep("[],", 4 * 1024 * 1024) .. "[]"
@@ -267,6 +269,13 @@ assert(#v == 20001 and v[1][2] == 2)
 print("done")
 EOF
 finishes "a JSON text whose values fit" json_fits.lua
+cat > json_refs.lua <<'EOF'
+local ck = require "ck"
+local x, t = {}, {}
+for i = 1, 1000000 do t[i] = x end
+local s = ck.json_encode(t)
+EOF
+refused "json_encode of one table referenced a million times" json_refs.lua 4 "json_encode: the values of the JSON text"
 
 # 6. the defaults: the machine's memory in the sandbox, none with --trust or
 #    --max-memory none; the flag's own errors

@@ -80,13 +80,20 @@ typedef struct box {
     ck_json_charge charge;
 } box;
 
+/* frees what the box holds and gives its charge back; the box stays usable */
+static void box_gc_now(box *b)
+{
+    json_decref(b->root);
+    b->root = NULL;
+    free(b->buf);
+    b->buf = NULL;
+    b->len = b->cap = 0;
+    ck_lua_json_give(&b->charge);
+}
+
 static int box_gc(lua_State *L)
 {
-    box *b = luaL_checkudata(L, 1, BOX_MT);
-    json_decref(b->root);
-    free(b->buf);
-    ck_lua_json_give(&b->charge);
-    memset(b, 0, sizeof *b);
+    box_gc_now(luaL_checkudata(L, 1, BOX_MT));
     return 0;
 }
 
@@ -162,6 +169,21 @@ static void encode(enc *e, int idx, int depth, json_t *parent, const char *key, 
 static void attach(enc *e, json_t *parent, const char *key, size_t klen, json_t *v)
 {
     if (!v) luaL_error(e->L, "json_encode: out of memory");
+    /* charged to the memory budget as jansson holds it: the value (null and
+     * the booleans are shared) and its place in the parent, with room for
+     * malloc's headers and a container's first table */
+    size_t sz = json_is_string(v) ? 48 + json_string_length(v)
+                : json_is_array(v) || json_is_object(v) ? 160
+                : json_is_number(v) ? 48 : 0;
+    if (parent) sz += key ? 64 + klen : 16;
+    char err[256];
+    if (ck_mem_take(e->box->charge.budget, sz, "json_encode: the values of the JSON text", err, sizeof err)) {
+        /* everything made so far goes before the raise, which needs room for its message */
+        json_decref(v);
+        box_gc_now(e->box);
+        ck_lua_raise(e->L, "%s", err);
+    }
+    e->box->charge.charged += sz;
     int rc = 0;
     if (!parent) e->box->root = v;
     else if (key) rc = json_object_setn_new_nocheck(parent, key, klen, v);
@@ -414,13 +436,22 @@ static int l_json_encode(lua_State *L)
         lua_pop(L, 1);
     }
     e.box = new_box(L);
+    e.box->charge.budget = ck_mem_budget_of(L);
     lua_newtable(L);
     e.seen = lua_gettop(L);
     encode(&e, 1, 0, NULL, NULL, 0);
     if (e.digits) flags |= JSON_REAL_PRECISION(e.digits);
     if (ck_json_append(e.box->root, flags, &e.box->buf, &e.box->len, &e.box->cap))
         return luaL_error(L, "json_encode: out of memory");
+    /* the text, charged once written (the budget refusing it frees it with the box) */
+    char err[256];
+    if (ck_mem_take(e.box->charge.budget, e.box->cap, "json_encode: the JSON text", err, sizeof err)) {
+        box_gc_now(e.box);
+        return ck_lua_raise(L, "%s", err);
+    }
+    e.box->charge.charged += e.box->cap;
     lua_pushlstring(L, e.box->buf, e.box->len);
+    box_gc_now(e.box); /* the tree and the text go now, not when the box is collected */
     return 1;
 }
 

@@ -408,34 +408,17 @@ static void softmax_bwd_op(const char *name, const ck_op_params *p, ck_view *out
     ck_cuda_end(c, name);
 }
 
-/* fp32, bf16 and fp16 entry points of each op */
-#define ENTRY(fn, run)                                                                                                 \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn)                                                                            \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<float>(#fn, p, out, in);                                                                                   \
-    }                                                                                                                  \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_bf16)                                                                     \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<__nv_bfloat16>(#fn "_bf16", p, out, in);                                                                   \
-    }                                                                                                                  \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_f16)                                                                      \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<__half>(#fn "_f16", p, out, in);                                                                           \
-    }
 
-ENTRY(silu, silu_op)
-ENTRY(silu_bwd, silu_bwd_op)
-ENTRY(gelu, gelu_op)
-ENTRY(gelu_bwd, gelu_bwd_op)
-ENTRY(geglu, geglu_op)
-ENTRY(geglu_bwd, geglu_bwd_op)
-ENTRY(softmax, softmax_op)
-ENTRY(softmax_bwd, softmax_bwd_op)
-ENTRY(mish, mish_op)
-ENTRY(mish_bwd, mish_bwd_op)
+CK_CUDA_ENTRIES(silu, silu_op)
+CK_CUDA_ENTRIES(silu_bwd, silu_bwd_op)
+CK_CUDA_ENTRIES(gelu, gelu_op)
+CK_CUDA_ENTRIES(gelu_bwd, gelu_bwd_op)
+CK_CUDA_ENTRIES(geglu, geglu_op)
+CK_CUDA_ENTRIES(geglu_bwd, geglu_bwd_op)
+CK_CUDA_ENTRIES(softmax, softmax_op)
+CK_CUDA_ENTRIES(softmax_bwd, softmax_bwd_op)
+CK_CUDA_ENTRIES(mish, mish_op)
+CK_CUDA_ENTRIES(mish_bwd, mish_bwd_op)
 
 /* LINEAR_GEGLU: the rows of x in slices whose part of h is at most
  * LG_SLICE_BYTES (whole multiples of 128 rows; one slice when h is small),

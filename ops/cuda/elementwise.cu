@@ -192,25 +192,8 @@ static void fill_op(const char *name, const ck_op_params *p, ck_view *out, const
     ck_cuda_end(c, name);
 }
 
-#define UNARY(fn, run)                                                                                                 \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn)                                                                            \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<float>(#fn, p, out, in);                                                                                   \
-    }                                                                                                                  \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_bf16)                                                                     \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<__nv_bfloat16>(#fn "_bf16", p, out, in);                                                                   \
-    }                                                                                                                  \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_f16)                                                                      \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<__half>(#fn "_f16", p, out, in);                                                                           \
-    }
-
-UNARY(scale, scale_op)
-UNARY(fill, fill_op)
+CK_CUDA_ENTRIES(scale, scale_op)
+CK_CUDA_ENTRIES(fill, fill_op)
 
 /* ---- REDUCE_TO ---- */
 

@@ -284,24 +284,7 @@ static void upsample_bwd_op(const char *name, const ck_op_params *p, ck_view *ou
     ck_cuda_end(c, name);
 }
 
-/* fp32, bf16 and fp16 entry points of each op */
-#define ENTRY(fn, run)                                                                                                 \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn)                                                                            \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<float>(#fn, p, out, in);                                                                                   \
-    }                                                                                                                  \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_bf16)                                                                     \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<__nv_bfloat16>(#fn "_bf16", p, out, in);                                                                   \
-    }                                                                                                                  \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_f16)                                                                      \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<__half>(#fn "_f16", p, out, in);                                                                           \
-    }
 
-ENTRY(permute, permute_op)
-ENTRY(upsample2x, upsample_op)
-ENTRY(upsample2x_bwd, upsample_bwd_op)
+CK_CUDA_ENTRIES(permute, permute_op)
+CK_CUDA_ENTRIES(upsample2x, upsample_op)
+CK_CUDA_ENTRIES(upsample2x_bwd, upsample_bwd_op)

@@ -23,7 +23,7 @@ shapes=(
   'gmatch|for x in ("a"):rep(1e4):gmatch("a*a*a*a*b") do end'
   'gmatch with init|for x in ("a"):rep(1e4):gmatch("(a-)a-a-a-b", 5) do end'
   'gsub|print(("a"):rep(1e5):gsub("a-a-a-a-b", ""))'
-  'gsub with a callback|print(("a"):rep(1e7):gsub(".", function(c) return c end))'
+  'a loop of gsub with a callback|while true do local s = ("a"):rep(1e6):gsub(".", function(c) return c end) end'
   'gsub with a table, no match|print(("a"):rep(1e5):gsub("a-a-a-a-b", {}))'
   '%b over unbalanced text|print(("("):rep(1e6):find("%b()"))'
   'back references|print(("a"):rep(1e5):find("(a*)%1%1b"))'

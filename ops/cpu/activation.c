@@ -361,19 +361,6 @@ static void map16(ck_dtype st, block_fn f, uint16_t *y, const uint16_t *a, const
     }
 }
 
-/* an op's _bf16 and _f16 entry points, both running op##_16 */
-#define ENTRIES16(op)                                                                                                \
-    CK_CPU_KERNEL(ck_cpu_##op##_bf16)                                                                                \
-    {                                                                                                                \
-        (void)ctx, (void)nout, (void)nin;                                                                            \
-        op##_16(CK_BF16, p, out, in);                                                                                \
-    }                                                                                                                \
-    CK_CPU_KERNEL(ck_cpu_##op##_f16)                                                                                 \
-    {                                                                                                                \
-        (void)ctx, (void)nout, (void)nin;                                                                            \
-        op##_16(CK_F16, p, out, in);                                                                                 \
-    }
-
 /* an elementwise op: y = f(in[0][, in[1]]) over the numel of in[binary] */
 #define MAP_ENTRIES(op, f, binary)                                                                                   \
     static void op##_16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)                       \
@@ -381,7 +368,7 @@ static void map16(ck_dtype st, block_fn f, uint16_t *y, const uint16_t *a, const
         map16(st, f, (uint16_t *)out[0].data, (const uint16_t *)in[0].data,                                         \
               binary ? (const uint16_t *)in[1].data : NULL, ck_view_numel(&in[binary]), p->i[0] != 0);               \
     }                                                                                                                \
-    ENTRIES16(op)
+    CK_CPU_ENTRIES16(op, op##_16(st, p, out, in))
 MAP_ENTRIES(silu, silu_blk, 0)
 MAP_ENTRIES(silu_bwd, silu_bwd_blk, 1)
 MAP_ENTRIES(gelu, gelu_blk, 0)
@@ -514,7 +501,7 @@ static void softmax_bwd_16(ck_dtype st, const ck_op_params *p, ck_view *out, con
     }
 }
 
-ENTRIES16(geglu)
-ENTRIES16(geglu_bwd)
-ENTRIES16(softmax)
-ENTRIES16(softmax_bwd)
+CK_CPU_ENTRIES16(geglu, geglu_16(st, p, out, in))
+CK_CPU_ENTRIES16(geglu_bwd, geglu_bwd_16(st, p, out, in))
+CK_CPU_ENTRIES16(softmax, softmax_16(st, p, out, in))
+CK_CPU_ENTRIES16(softmax_bwd, softmax_bwd_16(st, p, out, in))

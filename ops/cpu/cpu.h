@@ -36,6 +36,22 @@ static inline void ck_cpu_store16(ck_dtype st, uint16_t *dst, const float *src, 
     else ck_bf16_store(dst, src, n);
 }
 
+/* An op's ck_cpu_<op>_bf16 and _f16 entry points: each runs `call`, which may
+ * use st (its storage type) and the kernel's arguments. */
+#define CK_CPU_ENTRIES16(op, call)                                                                                   \
+    CK_CPU_KERNEL(ck_cpu_##op##_bf16)                                                                                \
+    {                                                                                                                \
+        const ck_dtype st = CK_BF16;                                                                                 \
+        (void)ctx, (void)p, (void)out, (void)nout, (void)in, (void)nin, (void)st;                                    \
+        call;                                                                                                        \
+    }                                                                                                                \
+    CK_CPU_KERNEL(ck_cpu_##op##_f16)                                                                                 \
+    {                                                                                                                \
+        const ck_dtype st = CK_F16;                                                                                  \
+        (void)ctx, (void)p, (void)out, (void)nout, (void)in, (void)nin, (void)st;                                    \
+        call;                                                                                                        \
+    }
+
 /* Threads kernels may use (omp_get_max_threads()); workspace rules scale by it. */
 int ck_cpu_threads(void);
 

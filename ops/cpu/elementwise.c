@@ -220,29 +220,8 @@ static void fill16(ck_dtype st, const ck_op_params *p, ck_view *out)
     for (int64_t i = 0; i < n; i++) y[i] = v;
 }
 
-CK_CPU_KERNEL(ck_cpu_scale_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    scale16(CK_BF16, p, out, in);
-}
-
-CK_CPU_KERNEL(ck_cpu_scale_f16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    scale16(CK_F16, p, out, in);
-}
-
-CK_CPU_KERNEL(ck_cpu_fill_bf16)
-{
-    (void)ctx, (void)in, (void)nout, (void)nin;
-    fill16(CK_BF16, p, out);
-}
-
-CK_CPU_KERNEL(ck_cpu_fill_f16)
-{
-    (void)ctx, (void)in, (void)nout, (void)nin;
-    fill16(CK_F16, p, out);
-}
+CK_CPU_ENTRIES16(scale, scale16(st, p, out, in))
+CK_CPU_ENTRIES16(fill, fill16(st, p, out))
 
 /* ---- REDUCE_TO ---- */
 

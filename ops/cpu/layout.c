@@ -95,20 +95,9 @@ CK_CPU_KERNEL(ck_cpu_reshape)
 
 /* bf16 and fp16 storage (ops/cpu/table.c's ck_cpu_kernels_bf16 and _f16): the
  * same copies of 2-byte elements, bitwise whatever they hold */
-#define COPY16_ENTRIES(op, call)                                                                                     \
-    CK_CPU_KERNEL(ck_cpu_##op##_bf16)                                                                                \
-    {                                                                                                                \
-        (void)ctx, (void)p, (void)nout, (void)nin;                                                                   \
-        call;                                                                                                        \
-    }                                                                                                                \
-    CK_CPU_KERNEL(ck_cpu_##op##_f16)                                                                                 \
-    {                                                                                                                \
-        (void)ctx, (void)p, (void)nout, (void)nin;                                                                   \
-        call;                                                                                                        \
-    }
-COPY16_ENTRIES(concat, concat(p, out, in, 2))
-COPY16_ENTRIES(slice, slice(p, out, in, 2))
-COPY16_ENTRIES(reshape, reshape(out, in, 2))
+CK_CPU_ENTRIES16(concat, concat(p, out, in, 2))
+CK_CPU_ENTRIES16(slice, slice(p, out, in, 2))
+CK_CPU_ENTRIES16(reshape, reshape(out, in, 2))
 
 #define TILE 32
 
@@ -263,8 +252,8 @@ CK_CPU_KERNEL(ck_cpu_upsample2x_bwd)
 /* 16-bit storage: permute and the upsample move 2-byte elements; the upsample
  * backward sums each window in fp32, in the fp32 kernel's order, and rounds
  * once, so its output is the fp32 kernel's on the same values, rounded. */
-COPY16_ENTRIES(permute, permute(p, out, in, 2))
-COPY16_ENTRIES(upsample2x, upsample2x(out, in, 2))
+CK_CPU_ENTRIES16(permute, permute(p, out, in, 2))
+CK_CPU_ENTRIES16(upsample2x, upsample2x(out, in, 2))
 
 // dy is (N,C,2H,2W); out dx is (N,C,H,W); both of storage type st.
 static void upsample2x_bwd16(ck_dtype st, ck_view *out, const ck_view *in)
@@ -284,14 +273,4 @@ static void upsample2x_bwd16(ck_dtype st, ck_view *out, const ck_view *in)
     }
 }
 
-CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_bf16)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    upsample2x_bwd16(CK_BF16, out, in);
-}
-
-CK_CPU_KERNEL(ck_cpu_upsample2x_bwd_f16)
-{
-    (void)ctx, (void)p, (void)nout, (void)nin;
-    upsample2x_bwd16(CK_F16, out, in);
-}
+CK_CPU_ENTRIES16(upsample2x_bwd, upsample2x_bwd16(st, out, in))

@@ -449,29 +449,9 @@ static void gn_fwd16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_
     }
 }
 
-CK_CPU_KERNEL(ck_cpu_group_norm_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    gn_fwd16(CK_BF16, p, out, in, 0);
-}
+CK_CPU_ENTRIES16(group_norm, gn_fwd16(st, p, out, in, 0))
 
-CK_CPU_KERNEL(ck_cpu_group_norm_f16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    gn_fwd16(CK_F16, p, out, in, 0);
-}
-
-CK_CPU_KERNEL(ck_cpu_group_norm_silu_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    gn_fwd16(CK_BF16, p, out, in, 1);
-}
-
-CK_CPU_KERNEL(ck_cpu_group_norm_silu_f16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    gn_fwd16(CK_F16, p, out, in, 1);
-}
+CK_CPU_ENTRIES16(group_norm_silu, gn_fwd16(st, p, out, in, 1))
 
 /* One channel's sum(dh) and sum(dh (x - m)) from dy and x of type st: gn_bwd_group's
  * sums, piece by piece. silu: dh is dy through SiLU of h = (x - m) a + b;
@@ -582,29 +562,9 @@ static void gn_bwd16(ck_dtype st, const ck_op_params *p, ck_view *out, int nout,
     }
 }
 
-CK_CPU_KERNEL(ck_cpu_group_norm_bwd_bf16)
-{
-    (void)ctx, (void)nin;
-    gn_bwd16(CK_BF16, p, out, nout, in, NULL);
-}
+CK_CPU_ENTRIES16(group_norm_bwd, gn_bwd16(st, p, out, nout, in, NULL))
 
-CK_CPU_KERNEL(ck_cpu_group_norm_bwd_f16)
-{
-    (void)ctx, (void)nin;
-    gn_bwd16(CK_F16, p, out, nout, in, NULL);
-}
-
-CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_bf16)
-{
-    (void)ctx, (void)nin;
-    gn_bwd16(CK_BF16, p, out, nout, in, (const uint16_t *)in[3].data);
-}
-
-CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd_f16)
-{
-    (void)ctx, (void)nin;
-    gn_bwd16(CK_F16, p, out, nout, in, (const uint16_t *)in[3].data);
-}
+CK_CPU_ENTRIES16(group_norm_silu_bwd, gn_bwd16(st, p, out, nout, in, (const uint16_t *)in[3].data))
 
 // x is (..,C), gamma and beta (C), y like x, all st; each row of C normalized
 static void ln_fwd16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)
@@ -726,26 +686,6 @@ static void ln_bwd16(ck_dtype st, const ck_op_params *p, ck_view *out, int nout,
     }
 }
 
-CK_CPU_KERNEL(ck_cpu_layer_norm_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    ln_fwd16(CK_BF16, p, out, in);
-}
+CK_CPU_ENTRIES16(layer_norm, ln_fwd16(st, p, out, in))
 
-CK_CPU_KERNEL(ck_cpu_layer_norm_f16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    ln_fwd16(CK_F16, p, out, in);
-}
-
-CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16)
-{
-    (void)ctx, (void)nin;
-    ln_bwd16(CK_BF16, p, out, nout, in);
-}
-
-CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_f16)
-{
-    (void)ctx, (void)nin;
-    ln_bwd16(CK_F16, p, out, nout, in);
-}
+CK_CPU_ENTRIES16(layer_norm_bwd, ln_bwd16(st, p, out, nout, in))

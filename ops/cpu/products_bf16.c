@@ -46,16 +46,11 @@ static void widened(enum ck_op op, ck_dtype st, const ck_kctx *ctx, const ck_op_
         if (out[k].data) ck_cpu_store16(st, (uint16_t *)out[k].data, out32[k].data, ck_view_numel(&out[k]));
 }
 
-CK_CPU_KERNEL(ck_cpu_matmul_bf16) { widened(CK_OP_MATMUL, CK_BF16, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_linear_bf16) { widened(CK_OP_LINEAR, CK_BF16, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_conv2d_bf16) { widened(CK_OP_CONV2D, CK_BF16, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_bf16) { widened(CK_OP_CONV2D_BWD_DATA, CK_BF16, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_bf16) { widened(CK_OP_CONV2D_BWD_FILTER, CK_BF16, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_matmul_f16) { widened(CK_OP_MATMUL, CK_F16, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_linear_f16) { widened(CK_OP_LINEAR, CK_F16, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_conv2d_f16) { widened(CK_OP_CONV2D, CK_F16, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data_f16) { widened(CK_OP_CONV2D_BWD_DATA, CK_F16, ctx, p, out, nout, in, nin); }
-CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter_f16) { widened(CK_OP_CONV2D_BWD_FILTER, CK_F16, ctx, p, out, nout, in, nin); }
+CK_CPU_ENTRIES16(matmul, widened(CK_OP_MATMUL, st, ctx, p, out, nout, in, nin))
+CK_CPU_ENTRIES16(linear, widened(CK_OP_LINEAR, st, ctx, p, out, nout, in, nin))
+CK_CPU_ENTRIES16(conv2d, widened(CK_OP_CONV2D, st, ctx, p, out, nout, in, nin))
+CK_CPU_ENTRIES16(conv2d_bwd_data, widened(CK_OP_CONV2D_BWD_DATA, st, ctx, p, out, nout, in, nin))
+CK_CPU_ENTRIES16(conv2d_bwd_filter, widened(CK_OP_CONV2D_BWD_FILTER, st, ctx, p, out, nout, in, nin))
 
 /* LINEAR_GEGLU with 16-bit storage: the product into h as ck_cpu_linear_<type>
  * computes it, then the type's GEGLU kernel on the rounded h, so outputs are
@@ -71,13 +66,4 @@ static void linear_geglu_16(ck_dtype st, const ck_kctx *ctx, const ck_op_params 
         ck_cpu_geglu_f16(ctx, p, &out[0], 1, &out[1], 1);
 }
 
-CK_CPU_KERNEL(ck_cpu_linear_geglu_bf16)
-{
-    (void)nout;
-    linear_geglu_16(CK_BF16, ctx, p, out, in, nin);
-}
-CK_CPU_KERNEL(ck_cpu_linear_geglu_f16)
-{
-    (void)nout;
-    linear_geglu_16(CK_F16, ctx, p, out, in, nin);
-}
+CK_CPU_ENTRIES16(linear_geglu, linear_geglu_16(st, ctx, p, out, in, nin))

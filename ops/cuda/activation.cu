@@ -408,17 +408,16 @@ static void softmax_bwd_op(const char *name, const ck_op_params *p, ck_view *out
     ck_cuda_end(c, name);
 }
 
-
-CK_CUDA_ENTRIES(silu, silu_op)
-CK_CUDA_ENTRIES(silu_bwd, silu_bwd_op)
-CK_CUDA_ENTRIES(gelu, gelu_op)
-CK_CUDA_ENTRIES(gelu_bwd, gelu_bwd_op)
-CK_CUDA_ENTRIES(geglu, geglu_op)
-CK_CUDA_ENTRIES(geglu_bwd, geglu_bwd_op)
-CK_CUDA_ENTRIES(softmax, softmax_op)
-CK_CUDA_ENTRIES(softmax_bwd, softmax_bwd_op)
-CK_CUDA_ENTRIES(mish, mish_op)
-CK_CUDA_ENTRIES(mish_bwd, mish_bwd_op)
+CK_CUDA_ENTRIES(silu, silu_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(silu_bwd, silu_bwd_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(gelu, gelu_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(gelu_bwd, gelu_bwd_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(geglu, geglu_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(geglu_bwd, geglu_bwd_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(softmax, softmax_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(softmax_bwd, softmax_bwd_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(mish, mish_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(mish_bwd, mish_bwd_op<T>(name, p, out, in))
 
 /* LINEAR_GEGLU: the rows of x in slices whose part of h is at most
  * LG_SLICE_BYTES (whole multiples of 128 rows; one slice when h is small),

@@ -211,23 +211,20 @@ struct alignas(16) ck_vec {
 
 static inline bool ck_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* An op's fp32, bf16 and fp16 entry points (ck_cuda_<fn>, _bf16, _f16), each
- * running run<T>(name, p, out, in) for its storage type */
-#define CK_CUDA_ENTRIES(fn, run)                                                                                       \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn)                                                                            \
+/* An op's fp32, bf16 and fp16 entry points (ck_cuda_<fn>, _bf16, _f16): each
+ * runs `call` with T its storage type, name its own name ("fn", "fn_bf16",
+ * "fn_f16") and the kernel's arguments in scope */
+#define CK_CUDA_ENTRY_(fn, suffix, type, call)                                                                          \
+    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##suffix)                                                                     \
     {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<float>(#fn, p, out, in);                                                                                   \
-    }                                                                                                                  \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_bf16)                                                                     \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<__nv_bfloat16>(#fn "_bf16", p, out, in);                                                                   \
-    }                                                                                                                  \
-    extern "C" CK_CUDA_KERNEL(ck_cuda_##fn##_f16)                                                                      \
-    {                                                                                                                  \
-        (void)ctx, (void)nout, (void)nin;                                                                              \
-        run<__half>(#fn "_f16", p, out, in);                                                                           \
+        using T = type;                                                                                                \
+        const char *name = #fn #suffix;                                                                                \
+        (void)ctx, (void)p, (void)out, (void)nout, (void)in, (void)nin, (void)name;                                    \
+        call;                                                                                                          \
     }
+#define CK_CUDA_ENTRIES(fn, call)                                                                                      \
+    CK_CUDA_ENTRY_(fn, , float, call)                                                                                  \
+    CK_CUDA_ENTRY_(fn, _bf16, __nv_bfloat16, call)                                                                     \
+    CK_CUDA_ENTRY_(fn, _f16, __half, call)
 
 #endif

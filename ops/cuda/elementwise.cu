@@ -192,8 +192,8 @@ static void fill_op(const char *name, const ck_op_params *p, ck_view *out, const
     ck_cuda_end(c, name);
 }
 
-CK_CUDA_ENTRIES(scale, scale_op)
-CK_CUDA_ENTRIES(fill, fill_op)
+CK_CUDA_ENTRIES(scale, scale_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(fill, fill_op<T>(name, p, out, in))
 
 /* ---- REDUCE_TO ---- */
 

@@ -285,6 +285,6 @@ static void upsample_bwd_op(const char *name, const ck_op_params *p, ck_view *ou
 }
 
 
-CK_CUDA_ENTRIES(permute, permute_op)
-CK_CUDA_ENTRIES(upsample2x, upsample_op)
-CK_CUDA_ENTRIES(upsample2x_bwd, upsample_bwd_op)
+CK_CUDA_ENTRIES(permute, permute_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(upsample2x, upsample_op<T>(name, p, out, in))
+CK_CUDA_ENTRIES(upsample2x_bwd, upsample_bwd_op<T>(name, p, out, in))

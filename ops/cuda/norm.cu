@@ -333,41 +333,9 @@ static void group_norm_fwd(const char *name, int silu, const ck_kctx *ctx, const
     ck_cuda_end(c, name);
 }
 
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm)
-{
-    (void)nout, (void)nin;
-    group_norm_fwd<float>("group_norm", 0, ctx, p, out, in);
-}
+CK_CUDA_ENTRIES(group_norm, group_norm_fwd<T>(name, 0, ctx, p, out, in))
 
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu)
-{
-    (void)nout, (void)nin;
-    group_norm_fwd<float>("group_norm_silu", 1, ctx, p, out, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bf16)
-{
-    (void)nout, (void)nin;
-    group_norm_fwd<__nv_bfloat16>("group_norm_bf16", 0, ctx, p, out, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_f16)
-{
-    (void)nout, (void)nin;
-    group_norm_fwd<__half>("group_norm_f16", 0, ctx, p, out, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bf16)
-{
-    (void)nout, (void)nin;
-    group_norm_fwd<__nv_bfloat16>("group_norm_silu_bf16", 1, ctx, p, out, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_f16)
-{
-    (void)nout, (void)nin;
-    group_norm_fwd<__half>("group_norm_silu_f16", 1, ctx, p, out, in);
-}
+CK_CUDA_ENTRIES(group_norm_silu, group_norm_fwd<T>(name, 1, ctx, p, out, in))
 
 template <typename T, int W, bool SILU>
 static void gn_bwd_passes(ck_cuda_ctx *c, const gn_dims &d, T *dx, T *dgamma, T *dbeta, const T *dy, const T *x,
@@ -419,41 +387,9 @@ static void group_norm_bwd(const char *name, int silu, const ck_kctx *ctx, const
     ck_cuda_end(c, name);
 }
 
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd)
-{
-    (void)nin;
-    group_norm_bwd<float>("group_norm_bwd", 0, ctx, p, out, nout, in);
-}
+CK_CUDA_ENTRIES(group_norm_bwd, group_norm_bwd<T>(name, 0, ctx, p, out, nout, in))
 
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd)
-{
-    (void)nin;
-    group_norm_bwd<float>("group_norm_silu_bwd", 1, ctx, p, out, nout, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd_bf16)
-{
-    (void)nin;
-    group_norm_bwd<__nv_bfloat16>("group_norm_bwd_bf16", 0, ctx, p, out, nout, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_bwd_f16)
-{
-    (void)nin;
-    group_norm_bwd<__half>("group_norm_bwd_f16", 0, ctx, p, out, nout, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_bf16)
-{
-    (void)nin;
-    group_norm_bwd<__nv_bfloat16>("group_norm_silu_bwd_bf16", 1, ctx, p, out, nout, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_group_norm_silu_bwd_f16)
-{
-    (void)nin;
-    group_norm_bwd<__half>("group_norm_silu_bwd_f16", 1, ctx, p, out, nout, in);
-}
+CK_CUDA_ENTRIES(group_norm_silu_bwd, group_norm_bwd<T>(name, 1, ctx, p, out, nout, in))
 
 /* ---- layer norm ---- */
 
@@ -809,23 +745,7 @@ static void layer_norm_fwd(const char *name, const ck_op_params *p, ck_view *out
     ck_cuda_end(c, name);
 }
 
-extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm)
-{
-    (void)ctx, (void)nout, (void)nin;
-    layer_norm_fwd<float>("layer_norm", p, out, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bf16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    layer_norm_fwd<__nv_bfloat16>("layer_norm_bf16", p, out, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_f16)
-{
-    (void)ctx, (void)nout, (void)nin;
-    layer_norm_fwd<__half>("layer_norm_f16", p, out, in);
-}
+CK_CUDA_ENTRIES(layer_norm, layer_norm_fwd<T>(name, p, out, in))
 
 // dy and x are (..,C), gamma (C); dx like x, dgamma and dbeta (C), any unwanted; all T
 template <typename T>
@@ -869,20 +789,5 @@ static void layer_norm_bwd(const char *name, const ck_op_params *p, ck_view *out
     ck_cuda_end(c, name);
 }
 
-extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd)
-{
-    (void)ctx, (void)nin;
-    layer_norm_bwd<float>("layer_norm_bwd", p, out, nout, in);
-}
+CK_CUDA_ENTRIES(layer_norm_bwd, layer_norm_bwd<T>(name, p, out, nout, in))
 
-extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_bf16)
-{
-    (void)ctx, (void)nin;
-    layer_norm_bwd<__nv_bfloat16>("layer_norm_bwd_bf16", p, out, nout, in);
-}
-
-extern "C" CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_f16)
-{
-    (void)ctx, (void)nin;
-    layer_norm_bwd<__half>("layer_norm_bwd_f16", p, out, nout, in);
-}

@@ -549,12 +549,12 @@ static int l_json_decode(lua_State *L)
         ck_lua_json_give(&b->charge);
         if (tries) {
             const double whole = (double)took * ((double)n / (double)read);
-            const size_t est = whole < (double)SIZE_MAX / 2 ? (size_t)whole : SIZE_MAX / 2;
+            const size_t est = whole < (double)SIZE_MAX / 2 ? (size_t)whole : SIZE_MAX / 2, need = est > took ? est : took;
             char what[96], size[32], msg[256];
             ck_mem_text(n, size, sizeof size);
             snprintf(what, sizeof what, "the values of %s of JSON text", size);
-            if (ck_mem_take(b->charge.budget, est > took ? est : took, what, msg, sizeof msg) == 0) {
-                ck_mem_give(b->charge.budget, est > took ? est : took);
+            if (ck_mem_take(b->charge.budget, need, what, msg, sizeof msg) == 0) {
+                ck_mem_give(b->charge.budget, need);
                 return ck_lua_raise(L, "json_decode: %s", b->charge.err);
             }
             return ck_lua_raise(L, "json_decode: %s", msg);

@@ -123,6 +123,23 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
  * workspace; elsewhere ck_op_workspace_cuda's) */
 size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_shape *in, int nin,
                                  const ck_shape *out, int nthreads);
+/* The input slots (bit j: input j) that an op's 16-bit kernels read as fp32
+ * whatever the storage: ROPE's table. Its tensor is a graph input, which
+ * mixed precision keeps fp32 (ck.rope refuses any other kind). The planner
+ * picks an op's 16-bit kernel only where every other tensor has that type, so
+ * today a 16-bit x with an fp32 table runs the fp32 kernel through copies
+ * (vm/plan/memplan.c, ck_entry_kernel_type); these kernels are tested on
+ * their own (test_kernels_bf16, test_cuda_ops). */
+unsigned ck_op_f32_inputs(enum ck_op op);
+/* MODULATE_BWD's and GATE_BWD's sums over the M rows of a sample (the dims
+ * between the first and the last) go in this many chunks of about 64 rows,
+ * each chunk's partials added in chunk order (ops/cuda/modulate.cu, which the
+ * CUDA workspace rule sizes) */
+static inline int64_t ck_row_chunks(int64_t M)
+{
+    const int64_t p = (M + 63) / 64;
+    return p < 1 ? 1 : p > 1024 ? 1024 : p;
+}
 int ck_cuda_bf16_op(enum ck_op op);
 int ck_cuda_f16_op(enum ck_op op);
 /* The CPU rule for an op run by its bf16 or fp16 kernel: products and convolutions

@@ -142,24 +142,26 @@ static int conv_out(const ck_op_params *p, const ck_shape *x, const ck_shape *w,
     return 0;
 }
 
+/* gamma (and beta) may be NULL: a layer or RMS norm without them. *c gets the
+ * channel count (a group norm's dim 1, otherwise the last dim). */
 static int norm_check(enum ck_op op, const ck_op_params *p, const ck_shape *x, const ck_shape *gamma,
-                      const ck_shape *beta, char *err, size_t errlen)
+                      const ck_shape *beta, int64_t *c, char *err, size_t errlen)
 {
     char a[96];
-    int64_t c;
     if (op == CK_OP_GROUP_NORM || op == CK_OP_GROUP_NORM_BWD || op == CK_OP_GROUP_NORM_SILU ||
         op == CK_OP_GROUP_NORM_SILU_BWD) {
         if (x->ndim < 2) FAIL("input must be (N, C, ...), got %s", SH(x, a));
-        c = x->d[1];
-        if (p->i[0] < 1 || c % p->i[0]) FAIL("%lld channels do not split into %lld groups", (long long)c, (long long)p->i[0]);
+        *c = x->d[1];
+        if (p->i[0] < 1 || *c % p->i[0]) FAIL("%lld channels do not split into %lld groups", (long long)*c, (long long)p->i[0]);
     } else {
         if (x->ndim < 1) FAIL("input must have at least one dim");
-        c = x->d[x->ndim - 1];
+        *c = x->d[x->ndim - 1];
     }
-    if (gamma->ndim != 1 || gamma->d[0] != c)
-        FAIL("weight has shape %s, input has %lld channels", SH(gamma, a), (long long)c);
-    if (beta && (beta->ndim != 1 || beta->d[0] != c))
-        FAIL("bias has shape %s, input has %lld channels", SH(beta, a), (long long)c);
+    if (gamma && (gamma->ndim != 1 || gamma->d[0] != *c))
+        FAIL("weight has shape %s, input has %lld channels", SH(gamma, a), (long long)*c);
+    if (beta && (beta->ndim != 1 || beta->d[0] != *c))
+        FAIL("bias has shape %s, input has %lld channels", SH(beta, a), (long long)*c);
+    if (!(p->f[0] >= 0.0f)) FAIL("eps must be >= 0, got %g", (double)p->f[0]);
     return 0;
 }
 
@@ -271,22 +273,28 @@ RULE(conv2d_bwd_filter)
     return 0;
 }
 
+/* x, then the optional gamma and beta (layer and RMS norms) */
 RULE(norm)
 {
-    (void)nin;
-    if (norm_check(op, p, &in[0], &in[1], &in[2], err, errlen)) return -1;
+    int64_t c = 0;
+    if (norm_check(op, p, &in[0], nin > 1 ? &in[1] : NULL, nin > 2 ? &in[2] : NULL, &c, err, errlen)) return -1;
     out[0] = in[0];
     return 0;
 }
 
-/* GROUP_NORM_SILU_BWD also takes beta (the pre-activation is recomputed) */
+/* dy, x, then the forward's gamma where it has one (GROUP_NORM_SILU_BWD takes
+ * beta too: the pre-activation is recomputed); out dx and the parameters'
+ * gradients, [C] each whether or not the forward has the parameter */
 RULE(norm_bwd)
 {
-    if (norm_check(op, p, &in[1], &in[2], nin > 3 ? &in[3] : NULL, err, errlen)) return -1;
+    int64_t c = 0;
+    if (norm_check(op, p, &in[1], nin > 2 ? &in[2] : NULL, nin > 3 ? &in[3] : NULL, &c, err, errlen)) return -1;
     if (same_shape(&in[0], &in[1], "dy", "x", err, errlen)) return -1;
     out[0] = in[1];
-    out[1] = in[2];
-    out[2] = in[2];
+    for (int k = 1; k < ck_op_nout(op); k++) {
+        out[k].ndim = 1;
+        out[k].d[0] = c;
+    }
     return 0;
 }
 
@@ -592,6 +600,83 @@ RULE(embedding)
     return 0;
 }
 
+/* x [..,L,F], table [L,D] */
+static int rope_check(const ck_shape *x, const ck_shape *t, char *err, size_t errlen)
+{
+    char a[96], b[96];
+    if (x->ndim < 2) FAIL("input must be (.., L, F), got %s", SH(x, a));
+    if (t->ndim != 2 || t->d[1] < 2 || t->d[1] % 2)
+        FAIL("the table must be (L, D) with D even and at least 2 (a cosine and a sine per pair), got %s", SH(t, a));
+    if (t->d[0] != x->d[x->ndim - 2])
+        FAIL("the table has %lld positions, the input %lld (its dim %d) in %s", (long long)t->d[0],
+             (long long)x->d[x->ndim - 2], x->ndim - 2, SH(x, b));
+    if (x->d[x->ndim - 1] % t->d[1])
+        FAIL("input %s: its last dim %lld is no multiple of the table's head dim %lld", SH(x, b),
+             (long long)x->d[x->ndim - 1], (long long)t->d[1]);
+    return 0;
+}
+
+RULE(rope)
+{
+    (void)op, (void)nin;
+    if (p->i[0] != 0 && p->i[0] != 1) FAIL("i0 must be 0 (rotate) or 1 (the inverse), got %lld", (long long)p->i[0]);
+    if (rope_check(&in[0], &in[1], err, errlen)) return -1;
+    out[0] = in[0];
+    return 0;
+}
+
+/* x [B,..,C] and a per-sample row v [B,C] (a shift, scale or gate) */
+static int row_check(const ck_shape *x, const ck_shape *v, const char *vn, char *err, size_t errlen)
+{
+    char a[96], b[96];
+    if (x->ndim < 2) FAIL("input must be (B, .., C), got %s", SH(x, a));
+    if (v->ndim != 2 || v->d[0] != x->d[0] || v->d[1] != x->d[x->ndim - 1])
+        FAIL("%s has shape %s, input %s wants [%lld, %lld]", vn, SH(v, a), SH(x, b), (long long)x->d[0],
+             (long long)x->d[x->ndim - 1]);
+    return 0;
+}
+
+/* x, shift, scale */
+RULE(modulate)
+{
+    (void)op, (void)p, (void)nin;
+    if (row_check(&in[0], &in[1], "shift", err, errlen) || row_check(&in[0], &in[2], "scale", err, errlen)) return -1;
+    out[0] = in[0];
+    return 0;
+}
+
+/* dy, x, scale; out dx, dshift, dscale */
+RULE(modulate_bwd)
+{
+    (void)op, (void)p, (void)nin;
+    if (same_shape(&in[0], &in[1], "dy", "x", err, errlen) || row_check(&in[1], &in[2], "scale", err, errlen))
+        return -1;
+    out[0] = in[1];
+    out[1] = out[2] = in[2];
+    return 0;
+}
+
+/* x, gate, y */
+RULE(gate)
+{
+    (void)op, (void)p, (void)nin;
+    if (same_shape(&in[0], &in[2], "x", "y", err, errlen) || row_check(&in[0], &in[1], "gate", err, errlen))
+        return -1;
+    out[0] = in[0];
+    return 0;
+}
+
+/* dy, gate, y; out dgate, dy_y */
+RULE(gate_bwd)
+{
+    (void)op, (void)p, (void)nin;
+    if (same_shape(&in[0], &in[2], "dy", "y", err, errlen) || row_check(&in[2], &in[1], "gate", err, errlen))
+        return -1;
+    out[0] = in[1];
+    out[1] = in[2];
+    return 0;
+}
+
 typedef int infer_fn(enum ck_op, const ck_op_params *, const ck_shape *, int, ck_shape *, char *, size_t);
 #define infer_none NULL
 
@@ -676,6 +761,15 @@ size_t ck_op_workspace_cuda(enum ck_op op, const ck_op_params *p, const ck_shape
         const int64_t n = x->ndim >= 2 ? x->d[0] : 0, c = x->ndim >= 2 ? x->d[1] : 0, g = p->i[0] > 0 ? p->i[0] : 1;
         return sizeof(float) * (size_t)(4 * n * c * ((s + 4095) / 4096) + 2 * n * g);
     }
+    if (op == CK_OP_MODULATE_BWD || op == CK_OP_GATE_BWD) {
+        /* ops/cuda/modulate.cu: per sample, chunk of rows and column, the
+         * partial sums (two for MODULATE_BWD: dshift's and dscale's, one for
+         * GATE_BWD) that a second pass adds in chunk order */
+        const ck_shape *x = &in[op == CK_OP_MODULATE_BWD ? 1 : 2];
+        const int64_t B = x->ndim >= 2 ? x->d[0] : 0, C = x->ndim >= 2 ? x->d[x->ndim - 1] : 0;
+        const int64_t M = B > 0 && C > 0 ? ck_shape_numel(x) / (B * C) : 0;
+        return sizeof(float) * (size_t)((op == CK_OP_MODULATE_BWD ? 2 : 1) * B * ck_row_chunks(M) * C);
+    }
     if (op != CK_OP_ATTENTION && op != CK_OP_ATTENTION_BWD) return ck_op_workspace(op, p, in, nin, out, 1);
     const int bwd = op == CK_OP_ATTENTION_BWD;
     const ck_shape *q = &in[bwd], *k = &in[bwd + 1];
@@ -739,6 +833,8 @@ int ck_op_autocast(enum ck_op op)
            op == CK_OP_CONV2D_BWD_FILTER;
 }
 
+unsigned ck_op_f32_inputs(enum ck_op op) { return op == CK_OP_ROPE ? 1u << 1 : 0u; }
+
 int ck_cuda_bf16_op(enum ck_op op) { return (ck_op_precisions(op, 1) & CK_PREC_MASK_BF16) != 0; }
 int ck_cuda_f16_op(enum ck_op op) { return (ck_op_precisions(op, 1) & CK_PREC_MASK_F16) != 0; }
 
@@ -774,6 +870,14 @@ double ck_op_flops(enum ck_op op, const ck_op_params *p, const ck_shape *in, int
         for (int k = p->i[0] ? 1 : 0; k < nin; k++) f += 2.0 * (double)ck_shape_numel(&in[k]);
         return f;
     }
+    case CK_OP_RMS_NORM: return 5.0 * n;
+    case CK_OP_RMS_NORM_BWD: return 10.0 * n;
+    /* two products and a sum an element */
+    case CK_OP_ROPE: return 3.0 * n;
+    case CK_OP_MODULATE: return 3.0 * n;
+    case CK_OP_MODULATE_BWD: return 6.0 * (double)ck_shape_numel(&in[0]);
+    case CK_OP_GATE: return 2.0 * n;
+    case CK_OP_GATE_BWD: return 3.0 * (double)ck_shape_numel(&in[0]);
     case CK_OP_ADAMW_STEP: return 12.0 * n;
     case CK_OP_LION_STEP: return 8.0 * n;
     case CK_OP_ADAMW8_STEP: return 16.0 * n;

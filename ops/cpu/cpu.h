@@ -68,11 +68,12 @@ void ck_cpu_clear_error(void);
 
 extern const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT];
 /* The ops with a kernel for bf16 storage (every tensor bf16, arithmetic in
- * fp32): the activations, softmax, the norms (GROUP_NORM_SILU among them),
- * the broadcasting add/sub/mul, scale, fill, the copies (permute among them),
- * the nearest 2x upsample and its backward, and the products and convolutions
- * (widened into their workspace), as on the GPU (ck_cuda_bf16_op), which has
- * attention too. */
+ * fp32; the slots of ck_op_f32_inputs, ROPE's table, fp32): the activations,
+ * softmax, the norms (GROUP_NORM_SILU and RMS_NORM among them), the
+ * broadcasting add/sub/mul, scale, fill, the copies (permute among them), the
+ * nearest 2x upsample and its backward, rope, adaLN's modulate and gate, and
+ * the products and convolutions (widened into their workspace), as on the GPU
+ * (ck_cuda_bf16_op), which has attention too. */
 extern const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT];
 /* fp16 storage: the same ops, each bf16 kernel's body run on fp16 (the GPU has
  * attention too, ck_cuda_f16_op). */
@@ -118,6 +119,29 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bf16);
 CK_CPU_KERNEL(ck_cpu_layer_norm_f16);
 CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_bf16);
 CK_CPU_KERNEL(ck_cpu_layer_norm_bwd_f16);
+CK_CPU_KERNEL(ck_cpu_rms_norm);
+CK_CPU_KERNEL(ck_cpu_rms_norm_bwd);
+CK_CPU_KERNEL(ck_cpu_rms_norm_bf16);
+CK_CPU_KERNEL(ck_cpu_rms_norm_f16);
+CK_CPU_KERNEL(ck_cpu_rms_norm_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_rms_norm_bwd_f16);
+/* rope.c */
+CK_CPU_KERNEL(ck_cpu_rope);
+CK_CPU_KERNEL(ck_cpu_rope_bf16);
+CK_CPU_KERNEL(ck_cpu_rope_f16);
+/* modulate.c */
+CK_CPU_KERNEL(ck_cpu_modulate);
+CK_CPU_KERNEL(ck_cpu_modulate_bwd);
+CK_CPU_KERNEL(ck_cpu_gate);
+CK_CPU_KERNEL(ck_cpu_gate_bwd);
+CK_CPU_KERNEL(ck_cpu_modulate_bf16);
+CK_CPU_KERNEL(ck_cpu_modulate_f16);
+CK_CPU_KERNEL(ck_cpu_modulate_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_modulate_bwd_f16);
+CK_CPU_KERNEL(ck_cpu_gate_bf16);
+CK_CPU_KERNEL(ck_cpu_gate_f16);
+CK_CPU_KERNEL(ck_cpu_gate_bwd_bf16);
+CK_CPU_KERNEL(ck_cpu_gate_bwd_f16);
 /* activation.c */
 CK_CPU_KERNEL(ck_cpu_silu);
 CK_CPU_KERNEL(ck_cpu_silu_bwd);

@@ -1,10 +1,13 @@
-/* Normalization on the CPU: GROUP_NORM, GROUP_NORM_SILU and LAYER_NORM,
- * forward and backward. Statistics are two-pass sums in double, recomputed from
- * x in the backward; gamma/beta gradients are summed in one fixed order
- * whatever the thread count. GROUP_NORM_SILU does the float operations of
- * GROUP_NORM then SILU (activation.c) in their order, so its results are the
- * pair's bitwise. All three have bf16 and fp16 storage kernels, one body each
- * taking the type, the fp32 arithmetic on converted pieces. */
+/* Normalization on the CPU: GROUP_NORM, GROUP_NORM_SILU, LAYER_NORM and
+ * RMS_NORM, forward and backward. Statistics are two-pass sums in double,
+ * recomputed from x in the backward; gamma/beta gradients are summed in one
+ * fixed order whatever the thread count. GROUP_NORM_SILU does the float
+ * operations of GROUP_NORM then SILU (activation.c) in their order, so its
+ * results are the pair's bitwise. RMS_NORM is LAYER_NORM's code with the mean
+ * taken as 0 and no bias (the mean of the gradient drops out of dx with it);
+ * a missing gamma is 1 and a missing beta 0, in the same arithmetic. All have
+ * bf16 and fp16 storage kernels, one body each taking the type, the fp32
+ * arithmetic on converted pieces. */
 #include "cpu.h"
 #include "vecmath.h"
 
@@ -106,6 +109,18 @@ static void stats(const float *x, int64_t n, float eps, float *mean, float *rstd
     const double var = sumsq_dev(x, n, m) / (double)n;
     *mean = m;
     *rstd = (float)(1.0 / sqrt(var + (double)eps));
+}
+
+/* A layer norm's statistics, or an RMS norm's (rms: the mean taken as 0, so
+ * rstd = 1/sqrt(mean(x^2) + eps)) */
+static void row_stats(const float *x, int64_t n, float eps, int rms, float *mean, float *rstd)
+{
+    if (!rms) {
+        stats(x, n, eps, mean, rstd);
+        return;
+    }
+    *mean = 0.0f;
+    *rstd = (float)(1.0 / sqrt(sumsq_dev(x, n, 0.0f) / (double)n + (double)eps));
 }
 
 static int64_t spatial_of(const ck_view *x)
@@ -271,11 +286,11 @@ CK_CPU_KERNEL(ck_cpu_group_norm_silu_bwd)
     gn_bwd(p, out, nout, in, in[3].data);
 }
 
-// x is (..,C), gamma and beta are (C), y is like x; each row of C is normalized.
-CK_CPU_KERNEL(ck_cpu_layer_norm)
+// x is (..,C), gamma and beta (C, either absent: 1 and 0), y is like x; each row of C is
+// normalized (rms: divided by its root mean square, no bias).
+static void ln_fwd(const ck_op_params *p, ck_view *out, const ck_view *in, int nin, int rms)
 {
-    (void)ctx, (void)nout, (void)nin;
-    const float *x = in[0].data, *gamma = in[1].data, *beta = in[2].data;
+    const float *x = in[0].data, *gamma = nin > 1 ? in[1].data : NULL, *beta = nin > 2 ? in[2].data : NULL;
     float *y = out[0].data;
     const int64_t C = in[0].shape[in[0].ndim - 1];
     if (C == 0) return;
@@ -287,42 +302,68 @@ CK_CPU_KERNEL(ck_cpu_layer_norm)
         const float *xr = x + r * C;
         float *yr = y + r * C;
         float m, rs;
-        stats(xr, C, eps, &m, &rs);
+        row_stats(xr, C, eps, rms, &m, &rs);
+        if (gamma && beta) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
+            for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
+        } else if (gamma) {
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * gamma[c];
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs;
+        }
     }
 }
 
-/* dx of one LAYER_NORM row given its statistics. */
-static void ln_bwd_row(const float *dy, const float *x, const float *gamma, float *dx, int64_t C, float m, float rs)
+CK_CPU_KERNEL(ck_cpu_layer_norm)
 {
-    // With g = gamma * dy and xh = (x - m) * rs: dx = rs * (g - mean(g) - xh * mean(g * xh)).
+    (void)ctx, (void)nout;
+    ln_fwd(p, out, in, nin, 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_rms_norm)
+{
+    (void)ctx, (void)nout;
+    ln_fwd(p, out, in, nin, 1);
+}
+
+/* dx of one LAYER_NORM row given its statistics (gamma NULL: 1); rms: of an RMS_NORM row (m = 0). */
+static void ln_bwd_row(const float *dy, const float *x, const float *gamma, float *dx, int64_t C, float m, float rs,
+                       int rms)
+{
+    // With g = gamma * dy and xh = (x - m) * rs: dx = rs * (g - mean(g) - xh * mean(g * xh)); an RMS
+    // norm's mean is no function of x, so its dx has no mean(g) term.
     double a[LANES] = {0}, b[LANES] = {0};
     int64_t c = 0;
     for (; c + LANES <= C; c += LANES)
         for (int l = 0; l < LANES; l++) {
-            const float g = gamma[c + l] * dy[c + l];
+            const float g = gamma ? gamma[c + l] * dy[c + l] : dy[c + l];
             a[l] += g;
             b[l] += (double)g * (x[c + l] - m);
         }
     double sg = 0, sgx = 0;
     for (; c < C; c++) {
-        const float g = gamma[c] * dy[c];
+        const float g = gamma ? gamma[c] * dy[c] : dy[c];
         sg += g;
         sgx += (double)g * (x[c] - m);
     }
     for (int l = 0; l < LANES; l++) sg += a[l], sgx += b[l];
-    const float mg = (float)(sg / (double)C);
+    const float mg = rms ? 0.0f : (float)(sg / (double)C);
     const float k2 = (float)((double)rs * rs * rs * sgx / (double)C);
+    if (gamma) {
 #pragma omp simd
-    for (c = 0; c < C; c++) dx[c] = (gamma[c] * dy[c] - mg) * rs - (x[c] - m) * k2;
+        for (c = 0; c < C; c++) dx[c] = (gamma[c] * dy[c] - mg) * rs - (x[c] - m) * k2;
+    } else {
+#pragma omp simd
+        for (c = 0; c < C; c++) dx[c] = (dy[c] - mg) * rs - (x[c] - m) * k2;
+    }
 }
 
-// dy and x are (..,C), gamma is (C); dx is like x, dgamma and dbeta are (C).
-CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
+// dy and x are (..,C), gamma (C, or absent: 1); dx is like x, dgamma and dbeta are (C).
+static void ln_bwd(const ck_op_params *p, ck_view *out, int nout, const ck_view *in, int nin, int rms)
 {
-    (void)ctx, (void)nin;
-    const float *dy = in[0].data, *x = in[1].data, *gamma = in[2].data;
+    const float *dy = in[0].data, *x = in[1].data, *gamma = nin > 2 ? in[2].data : NULL;
     float *dx = out[0].data;
     float *dgamma = nout > 1 ? out[1].data : NULL, *dbeta = nout > 2 ? out[2].data : NULL;
     const int64_t C = in[1].shape[in[1].ndim - 1];
@@ -335,8 +376,8 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
 #pragma omp parallel for schedule(static) if (R * C > 32768)
         for (int64_t r = 0; r < R; r++) {
             float m, rs;
-            stats(x + r * C, C, eps, &m, &rs);
-            ln_bwd_row(dy + r * C, x + r * C, gamma, dx + r * C, C, m, rs);
+            row_stats(x + r * C, C, eps, rms, &m, &rs);
+            ln_bwd_row(dy + r * C, x + r * C, gamma, dx + r * C, C, m, rs, rms);
         }
         return;
     }
@@ -362,8 +403,8 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
             for (int64_t r = R * k / nch; r < R * (k + 1) / nch; r++) {
                 const float *dyr = dy + r * C, *xr = x + r * C;
                 float m, rs;
-                stats(xr, C, eps, &m, &rs);
-                if (dx && c0 == 0) ln_bwd_row(dyr, xr, gamma, dx + r * C, C, m, rs);
+                row_stats(xr, C, eps, rms, &m, &rs);
+                if (dx && c0 == 0) ln_bwd_row(dyr, xr, gamma, dx + r * C, C, m, rs, rms);
 #pragma omp simd
                 for (int64_t c = 0; c < cw; c++) {
                     pg[c] += (double)dyr[c0 + c] * ((xr[c0 + c] - m) * rs);
@@ -378,6 +419,18 @@ CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
             if (dbeta) dbeta[c0 + c] = (float)sb;
         }
     }
+}
+
+CK_CPU_KERNEL(ck_cpu_layer_norm_bwd)
+{
+    (void)ctx;
+    ln_bwd(p, out, nout, in, nin, 0);
+}
+
+CK_CPU_KERNEL(ck_cpu_rms_norm_bwd)
+{
+    (void)ctx;
+    ln_bwd(p, out, nout, in, nin, 1);
 }
 
 /* ---- 16-bit storage (st: bf16 or fp16): GROUP_NORM, GROUP_NORM_SILU and
@@ -566,11 +619,41 @@ CK_CPU_ENTRIES16(group_norm_bwd, gn_bwd16(st, p, out, nout, in, NULL))
 
 CK_CPU_ENTRIES16(group_norm_silu_bwd, gn_bwd16(st, p, out, nout, in, (const uint16_t *)in[3].data))
 
-// x is (..,C), gamma and beta (C), y like x, all st; each row of C normalized
-static void ln_fwd16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in)
+/* row_stats over n values of type st: stats16's sums, the mean taken as 0 when rms */
+static void row_stats16(ck_dtype st, const uint16_t *x, int64_t n, float eps, int rms, float *mean, float *rstd)
 {
-    const uint16_t *x = (const uint16_t *)in[0].data, *gamma = (const uint16_t *)in[1].data;
-    const uint16_t *beta = (const uint16_t *)in[2].data;
+    if (!rms) {
+        stats16(st, x, n, eps, mean, rstd);
+        return;
+    }
+    float buf[GN_CHUNK];
+    double acc[LANES] = {0}, q = 0;
+    for (int64_t o = 0; o < n; o += GN_CHUNK) {
+        const int64_t k = n - o < GN_CHUNK ? n - o : GN_CHUNK;
+        ck_cpu_load16(st, buf, x + o, k);
+        lanes_sumsq_dev(buf, k, 0.0f, acc, &q);
+    }
+    for (int l = 0; l < LANES; l++) q += acc[l];
+    *mean = 0.0f;
+    *rstd = (float)(1.0 / sqrt(q / (double)n + (double)eps));
+}
+
+/* k values of type st at src into dst, or k copies of v where src is NULL (a missing gamma or beta) */
+static void load16_or(ck_dtype st, float *dst, const uint16_t *src, int64_t k, float v)
+{
+    if (src) {
+        ck_cpu_load16(st, dst, src, k);
+        return;
+    }
+    for (int64_t i = 0; i < k; i++) dst[i] = v;
+}
+
+// x is (..,C), gamma and beta (C, either absent), y like x, all st; each row of C normalized
+// (rms: an RMS norm's rows)
+static void ln_fwd16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_view *in, int nin, int rms)
+{
+    const uint16_t *x = (const uint16_t *)in[0].data, *gamma = nin > 1 ? (const uint16_t *)in[1].data : NULL;
+    const uint16_t *beta = nin > 2 ? (const uint16_t *)in[2].data : NULL;
     uint16_t *y = (uint16_t *)out[0].data;
     const int64_t C = in[0].shape[in[0].ndim - 1];
     if (C == 0) return;
@@ -580,14 +663,19 @@ static void ln_fwd16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_
 #pragma omp parallel for schedule(static) if (R * C > 32768)
     for (int64_t r = 0; r < R; r++) {
         float m, rs, xb[GN_CHUNK], gb[GN_CHUNK], bb[GN_CHUNK];
-        stats16(st, x + r * C, C, eps, &m, &rs);
+        row_stats16(st, x + r * C, C, eps, rms, &m, &rs);
         for (int64_t c0 = 0; c0 < C; c0 += GN_CHUNK) {
             const int64_t k = C - c0 < GN_CHUNK ? C - c0 : GN_CHUNK;
             ck_cpu_load16(st, xb, x + r * C + c0, k);
-            ck_cpu_load16(st, gb, gamma + c0, k);
-            ck_cpu_load16(st, bb, beta + c0, k);
+            load16_or(st, gb, gamma ? gamma + c0 : NULL, k, 1.0f);
+            if (beta) {
+                ck_cpu_load16(st, bb, beta + c0, k);
 #pragma omp simd
-            for (int64_t c = 0; c < k; c++) xb[c] = (xb[c] - m) * rs * gb[c] + bb[c];
+                for (int64_t c = 0; c < k; c++) xb[c] = (xb[c] - m) * rs * gb[c] + bb[c];
+            } else {
+#pragma omp simd
+                for (int64_t c = 0; c < k; c++) xb[c] = (xb[c] - m) * rs * gb[c];
+            }
             ck_cpu_store16(st, y + r * C + c0, xb, k);
         }
     }
@@ -596,26 +684,26 @@ static void ln_fwd16(ck_dtype st, const ck_op_params *p, ck_view *out, const ck_
 /* ln_bwd_row on one row of type st: the sums of g = gamma * dy and g (x - m) go
  * through lanes_dy_dyx with g in place of dy, which is ln_bwd_row's order. */
 static void ln_bwd_row16(ck_dtype st, const uint16_t *dy, const uint16_t *x, const uint16_t *gamma, uint16_t *dx,
-                         int64_t C, float m, float rs)
+                         int64_t C, float m, float rs, int rms)
 {
     float xb[GN_CHUNK], gb[GN_CHUNK], db[GN_CHUNK];
     double a[LANES] = {0}, b[LANES] = {0}, sg = 0, sgx = 0;
     for (int64_t c0 = 0; c0 < C; c0 += GN_CHUNK) {
         const int64_t k = C - c0 < GN_CHUNK ? C - c0 : GN_CHUNK;
         ck_cpu_load16(st, xb, x + c0, k);
-        ck_cpu_load16(st, gb, gamma + c0, k);
+        load16_or(st, gb, gamma ? gamma + c0 : NULL, k, 1.0f);
         ck_cpu_load16(st, db, dy + c0, k);
 #pragma omp simd
         for (int64_t c = 0; c < k; c++) db[c] = gb[c] * db[c];
         lanes_dy_dyx(db, xb, k, m, a, b, &sg, &sgx);
     }
     for (int l = 0; l < LANES; l++) sg += a[l], sgx += b[l];
-    const float mg = (float)(sg / (double)C);
+    const float mg = rms ? 0.0f : (float)(sg / (double)C);
     const float k2 = (float)((double)rs * rs * rs * sgx / (double)C);
     for (int64_t c0 = 0; c0 < C; c0 += GN_CHUNK) {
         const int64_t k = C - c0 < GN_CHUNK ? C - c0 : GN_CHUNK;
         ck_cpu_load16(st, xb, x + c0, k);
-        ck_cpu_load16(st, gb, gamma + c0, k);
+        load16_or(st, gb, gamma ? gamma + c0 : NULL, k, 1.0f);
         ck_cpu_load16(st, db, dy + c0, k);
 #pragma omp simd
         for (int64_t c = 0; c < k; c++) xb[c] = (gb[c] * db[c] - mg) * rs - (xb[c] - m) * k2;
@@ -623,12 +711,12 @@ static void ln_bwd_row16(ck_dtype st, const uint16_t *dy, const uint16_t *x, con
     }
 }
 
-// dy and x are (..,C), gamma (C); dx like x, dgamma and dbeta (C), any unwanted; all st.
+// dy and x are (..,C), gamma (C, or absent); dx like x, dgamma and dbeta (C), any unwanted; all st.
 // The fp32 kernel's chunks of rows and column sweeps, its double partials rounded once.
-static void ln_bwd16(ck_dtype st, const ck_op_params *p, ck_view *out, int nout, const ck_view *in)
+static void ln_bwd16(ck_dtype st, const ck_op_params *p, ck_view *out, int nout, const ck_view *in, int nin, int rms)
 {
     const uint16_t *dy = (const uint16_t *)in[0].data, *x = (const uint16_t *)in[1].data;
-    const uint16_t *gamma = (const uint16_t *)in[2].data;
+    const uint16_t *gamma = nin > 2 ? (const uint16_t *)in[2].data : NULL;
     uint16_t *dx = (uint16_t *)out[0].data;
     uint16_t *dgamma = nout > 1 ? (uint16_t *)out[1].data : NULL, *dbeta = nout > 2 ? (uint16_t *)out[2].data : NULL;
     const int64_t C = in[1].shape[in[1].ndim - 1];
@@ -641,8 +729,8 @@ static void ln_bwd16(ck_dtype st, const ck_op_params *p, ck_view *out, int nout,
 #pragma omp parallel for schedule(static) if (R * C > 32768)
         for (int64_t r = 0; r < R; r++) {
             float m, rs;
-            stats16(st, x + r * C, C, eps, &m, &rs);
-            ln_bwd_row16(st, dy + r * C, x + r * C, gamma, dx + r * C, C, m, rs);
+            row_stats16(st, x + r * C, C, eps, rms, &m, &rs);
+            ln_bwd_row16(st, dy + r * C, x + r * C, gamma, dx + r * C, C, m, rs, rms);
         }
         return;
     }
@@ -663,8 +751,8 @@ static void ln_bwd16(ck_dtype st, const ck_op_params *p, ck_view *out, int nout,
             for (int64_t r = R * k / nch; r < R * (k + 1) / nch; r++) {
                 const uint16_t *dyr = dy + r * C, *xr = x + r * C;
                 float m, rs;
-                stats16(st, xr, C, eps, &m, &rs);
-                if (dx && c0 == 0) ln_bwd_row16(st, dyr, xr, gamma, dx + r * C, C, m, rs);
+                row_stats16(st, xr, C, eps, rms, &m, &rs);
+                if (dx && c0 == 0) ln_bwd_row16(st, dyr, xr, gamma, dx + r * C, C, m, rs, rms);
                 for (int64_t o = 0; o < cw; o += GN_CHUNK) {
                     const int64_t n = cw - o < GN_CHUNK ? cw - o : GN_CHUNK;
                     ck_cpu_load16(st, xb, xr + c0 + o, n);
@@ -686,6 +774,10 @@ static void ln_bwd16(ck_dtype st, const ck_op_params *p, ck_view *out, int nout,
     }
 }
 
-CK_CPU_ENTRIES16(layer_norm, ln_fwd16(st, p, out, in))
+CK_CPU_ENTRIES16(layer_norm, ln_fwd16(st, p, out, in, nin, 0))
 
-CK_CPU_ENTRIES16(layer_norm_bwd, ln_bwd16(st, p, out, nout, in))
+CK_CPU_ENTRIES16(layer_norm_bwd, ln_bwd16(st, p, out, nout, in, nin, 0))
+
+CK_CPU_ENTRIES16(rms_norm, ln_fwd16(st, p, out, in, nin, 1))
+
+CK_CPU_ENTRIES16(rms_norm_bwd, ln_bwd16(st, p, out, nout, in, nin, 1))

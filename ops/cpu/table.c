@@ -56,6 +56,13 @@ const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
     [CK_OP_MISH] = ck_cpu_mish,
     [CK_OP_MISH_BWD] = ck_cpu_mish_bwd,
     [CK_OP_EMBEDDING] = ck_cpu_embedding,
+    [CK_OP_RMS_NORM] = ck_cpu_rms_norm,
+    [CK_OP_RMS_NORM_BWD] = ck_cpu_rms_norm_bwd,
+    [CK_OP_ROPE] = ck_cpu_rope,
+    [CK_OP_MODULATE] = ck_cpu_modulate,
+    [CK_OP_MODULATE_BWD] = ck_cpu_modulate_bwd,
+    [CK_OP_GATE] = ck_cpu_gate,
+    [CK_OP_GATE_BWD] = ck_cpu_gate_bwd,
 };
 
 const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
@@ -92,6 +99,13 @@ const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_GROUP_NORM_BWD] = ck_cpu_group_norm_bwd_bf16,
     [CK_OP_LAYER_NORM] = ck_cpu_layer_norm_bf16,
     [CK_OP_LAYER_NORM_BWD] = ck_cpu_layer_norm_bwd_bf16,
+    [CK_OP_RMS_NORM] = ck_cpu_rms_norm_bf16,
+    [CK_OP_RMS_NORM_BWD] = ck_cpu_rms_norm_bwd_bf16,
+    [CK_OP_ROPE] = ck_cpu_rope_bf16,
+    [CK_OP_MODULATE] = ck_cpu_modulate_bf16,
+    [CK_OP_MODULATE_BWD] = ck_cpu_modulate_bwd_bf16,
+    [CK_OP_GATE] = ck_cpu_gate_bf16,
+    [CK_OP_GATE_BWD] = ck_cpu_gate_bwd_bf16,
 };
 
 const ck_kernel_fn ck_cpu_kernels_f16[CK_OP_COUNT] = {
@@ -126,6 +140,13 @@ const ck_kernel_fn ck_cpu_kernels_f16[CK_OP_COUNT] = {
     [CK_OP_GROUP_NORM_BWD] = ck_cpu_group_norm_bwd_f16,
     [CK_OP_LAYER_NORM] = ck_cpu_layer_norm_f16,
     [CK_OP_LAYER_NORM_BWD] = ck_cpu_layer_norm_bwd_f16,
+    [CK_OP_RMS_NORM] = ck_cpu_rms_norm_f16,
+    [CK_OP_RMS_NORM_BWD] = ck_cpu_rms_norm_bwd_f16,
+    [CK_OP_ROPE] = ck_cpu_rope_f16,
+    [CK_OP_MODULATE] = ck_cpu_modulate_f16,
+    [CK_OP_MODULATE_BWD] = ck_cpu_modulate_bwd_f16,
+    [CK_OP_GATE] = ck_cpu_gate_f16,
+    [CK_OP_GATE_BWD] = ck_cpu_gate_bwd_f16,
     [CK_OP_GROUP_NORM_SILU] = ck_cpu_group_norm_silu_f16,
     [CK_OP_GROUP_NORM_SILU_BWD] = ck_cpu_group_norm_silu_bwd_f16,
 };

@@ -140,11 +140,13 @@ int ck_cuda_capturable(enum ck_op op);
 extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 
 /* The same ops with every tensor in bf16 storage (the views' data pointers
- * point at __nv_bfloat16; arithmetic stays fp32): activations, softmax,
- * the norms (GROUP_NORM_SILU among them), broadcasting add/sub/mul, scale,
+ * point at __nv_bfloat16; arithmetic stays fp32; the slots of
+ * ck_op_f32_inputs, ROPE's table, fp32): activations, softmax, the norms
+ * (GROUP_NORM_SILU and RMS_NORM among them), broadcasting add/sub/mul, scale,
  * fill, the copies concat, slice, reshape and permute, the nearest 2x
- * upsample and its backward, and on tensor cores (fp32 accumulation) the
- * products (cuBLASLt), convolutions (cuDNN) and attention. NULL elsewhere. */
+ * upsample and its backward, rope, adaLN's modulate and gate, and on tensor
+ * cores (fp32 accumulation) the products (cuBLASLt), convolutions (cuDNN)
+ * and attention. NULL elsewhere. */
 extern const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT];
 /* Every tensor in fp16 storage (__half): the same ops as bf16's, the same
  * code instantiated for the other type (partial sums stay fp32). NULL
@@ -224,6 +226,29 @@ CK_CUDA_KERNEL(ck_cuda_layer_norm_bf16);
 CK_CUDA_KERNEL(ck_cuda_layer_norm_f16);
 CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_bf16);
 CK_CUDA_KERNEL(ck_cuda_layer_norm_bwd_f16);
+CK_CUDA_KERNEL(ck_cuda_rms_norm);
+CK_CUDA_KERNEL(ck_cuda_rms_norm_bwd);
+CK_CUDA_KERNEL(ck_cuda_rms_norm_bf16);
+CK_CUDA_KERNEL(ck_cuda_rms_norm_f16);
+CK_CUDA_KERNEL(ck_cuda_rms_norm_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_rms_norm_bwd_f16);
+/* rope.cu */
+CK_CUDA_KERNEL(ck_cuda_rope);
+CK_CUDA_KERNEL(ck_cuda_rope_bf16);
+CK_CUDA_KERNEL(ck_cuda_rope_f16);
+/* modulate.cu */
+CK_CUDA_KERNEL(ck_cuda_modulate);
+CK_CUDA_KERNEL(ck_cuda_modulate_bwd);
+CK_CUDA_KERNEL(ck_cuda_gate);
+CK_CUDA_KERNEL(ck_cuda_gate_bwd);
+CK_CUDA_KERNEL(ck_cuda_modulate_bf16);
+CK_CUDA_KERNEL(ck_cuda_modulate_f16);
+CK_CUDA_KERNEL(ck_cuda_modulate_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_modulate_bwd_f16);
+CK_CUDA_KERNEL(ck_cuda_gate_bf16);
+CK_CUDA_KERNEL(ck_cuda_gate_f16);
+CK_CUDA_KERNEL(ck_cuda_gate_bwd_bf16);
+CK_CUDA_KERNEL(ck_cuda_gate_bwd_f16);
 /* attention.cu */
 CK_CUDA_KERNEL(ck_cuda_attention);
 CK_CUDA_KERNEL(ck_cuda_attention_bwd);

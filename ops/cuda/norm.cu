@@ -15,9 +15,11 @@
  *   whole vectors up to 1280 wide; dgamma/dbeta sum over rows in fixed chunks
  *   whose partials wait in dx's own buffer before dx is written (the plan
  *   gives this op no workspace), or in column tiles when dx is unwanted.
- * Every op here also has bf16 and fp16 storage: the same kernels templated on
- * the storage type, arithmetic and partial sums in fp32, never in the 16-bit
- * type (fp16 ends at 65504). */
+ * RMS_NORM runs the layer norm's kernels with the mean taken as 0 (and no
+ * mean(g) term in dx); a missing gamma or beta is 1 or 0. Every op here also
+ * has bf16 and fp16 storage: the same kernels templated on the storage type,
+ * arithmetic and partial sums in fp32, never in the 16-bit type (fp16 ends at
+ * 65504). */
 #include "common.cuh"
 
 #define THREADS 256
@@ -393,14 +395,18 @@ CK_CUDA_ENTRIES(group_norm_silu_bwd, group_norm_bwd<T>(name, 1, ctx, p, out, nou
 
 /* ---- layer norm ---- */
 
-/* A warp's mean and 1/sqrt(var + eps) of one row of C. */
+/* A warp's mean and 1/sqrt(var + eps) of one row of C; rms (an RMS norm): the
+ * mean taken as 0, so rstd = 1/sqrt(mean(x^2) + eps). */
 template <typename T>
-__device__ __forceinline__ void warp_stats(const T *xr, int64_t C, float eps, float *mean, float *rstd)
+__device__ __forceinline__ void warp_stats(const T *xr, int64_t C, float eps, bool rms, float *mean, float *rstd)
 {
     const int lane = threadIdx.x & 31;
-    float s = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) s += ck_ld(xr + c);
-    const float m = ck_warp_sum(s) / (float)C;
+    float m = 0.0f;
+    if (!rms) {
+        float s = 0.0f;
+        for (int64_t c = lane; c < C; c += 32) s += ck_ld(xr + c);
+        m = ck_warp_sum(s) / (float)C;
+    }
     float q = 0.0f;
     for (int64_t c = lane; c < C; c += 32) {
         const float d = ck_ld(xr + c) - m;
@@ -414,10 +420,18 @@ __device__ __forceinline__ void warp_stats(const T *xr, int64_t C, float eps, fl
     for (int64_t r = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); r < (R); \
          r += (int64_t)gridDim.x * WARPS)
 
-// x (R, C); y (R, C): each row normalized, then scaled by gamma and shifted by beta
+/* gamma[c] or beta[c], or what a missing one stands for (1 and 0) */
+template <typename T>
+__device__ __forceinline__ float ld_or(const T *p, int64_t c, float v)
+{
+    return p ? ck_ld(p + c) : v;
+}
+
+// x (R, C); y (R, C): each row normalized, then scaled by gamma and shifted by beta (either
+// may be NULL: 1 and 0; an RMS norm has no beta)
 template <typename T>
 __global__ void __launch_bounds__(THREADS) ln_fwd(T *y, const T *x, const T *gamma, const T *beta, int64_t R,
-                                                  int64_t C, float eps)
+                                                  int64_t C, float eps, bool rms)
 {
     const int lane = threadIdx.x & 31;
     FOR_ROWS(r, R)
@@ -425,37 +439,41 @@ __global__ void __launch_bounds__(THREADS) ln_fwd(T *y, const T *x, const T *gam
         const T *xr = x + r * C;
         T *yr = y + r * C;
         float m, rs;
-        warp_stats(xr, C, eps, &m, &rs);
-        for (int64_t c = lane; c < C; c += 32)
-            ck_st(yr + c, (ck_ld(xr + c) - m) * rs * ck_ld(gamma + c) + ck_ld(beta + c));
+        warp_stats(xr, C, eps, rms, &m, &rs);
+        for (int64_t c = lane; c < C; c += 32) {
+            const float v = (ck_ld(xr + c) - m) * rs * ld_or(gamma, c, 1.0f);
+            ck_st(yr + c, beta ? v + ck_ld(beta + c) : v);
+        }
     }
 }
 
 /* dx of one row by its warp. With g = gamma * dy and xh = (x - m) * rs:
- * dx = rs * (g - mean(g) - xh * mean(g * xh)). */
+ * dx = rs * (g - mean(g) - xh * mean(g * xh)); an RMS norm's (m = 0) has no
+ * mean(g) term, its mean being no function of x. */
 template <typename T>
-__device__ __forceinline__ void ln_dx_row(T *dxr, const T *dyr, const T *xr, const T *gamma, int64_t C, float eps)
+__device__ __forceinline__ void ln_dx_row(T *dxr, const T *dyr, const T *xr, const T *gamma, int64_t C, float eps,
+                                          bool rms)
 {
     const int lane = threadIdx.x & 31;
     float m, rs;
-    warp_stats(xr, C, eps, &m, &rs);
+    warp_stats(xr, C, eps, rms, &m, &rs);
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t c = lane; c < C; c += 32) {
-        const float g = ck_ld(gamma + c) * ck_ld(dyr + c);
+        const float g = ld_or(gamma, c, 1.0f) * ck_ld(dyr + c);
         sg += g;
         sgx += g * (ck_ld(xr + c) - m);
     }
-    const float mg = ck_warp_sum(sg) / (float)C;
+    const float mg = rms ? 0.0f : ck_warp_sum(sg) / (float)C;
     const float k2 = rs * rs * rs * ck_warp_sum(sgx) / (float)C;
     for (int64_t c = lane; c < C; c += 32)
-        ck_st(dxr + c, (ck_ld(gamma + c) * ck_ld(dyr + c) - mg) * rs - (ck_ld(xr + c) - m) * k2);
+        ck_st(dxr + c, (ld_or(gamma, c, 1.0f) * ck_ld(dyr + c) - mg) * rs - (ck_ld(xr + c) - m) * k2);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(THREADS) ln_bwd_dx(T *dx, const T *dy, const T *x, const T *gamma, int64_t R,
-                                                     int64_t C, float eps)
+                                                     int64_t C, float eps, bool rms)
 {
-    FOR_ROWS(r, R) ln_dx_row(dx + r * C, dy + r * C, x + r * C, gamma, C, eps);
+    FOR_ROWS(r, R) ln_dx_row(dx + r * C, dy + r * C, x + r * C, gamma, C, eps, rms);
 }
 
 /* Rows held in registers: C a multiple of W = 16 / sizeof(T) (a vector: 4
@@ -497,16 +515,31 @@ __device__ __forceinline__ void ln_row_load(float (*v)[LN_W(T)], const T *r, int
     }
 }
 
+/* W values of a parameter vector at p, or W copies of v where p is NULL */
+template <typename T, int W>
+__device__ __forceinline__ void ld_vec_or(const T *p, int64_t j, float *out, float v)
+{
+    if (p) {
+        gn_ld<T, W>(p + W * j, out);
+    } else {
+#pragma unroll
+        for (int w = 0; w < W; w++) out[w] = v;
+    }
+}
+
 template <int W, int NV>
-__device__ __forceinline__ void ln_row_stats(float (*v)[W], int64_t C, float eps, float *mean, float *rstd)
+__device__ __forceinline__ void ln_row_stats(float (*v)[W], int64_t C, float eps, bool rms, float *mean, float *rstd)
 {
     const int lane = threadIdx.x & 31;
     const int64_t CW = C / W;
-    float s = 0.0f;
+    float m = 0.0f;
+    if (!rms) {
+        float s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < NV; k++)
-        if (lane + 32 * k < CW) s += ln_vsum<W>(v[k]);
-    const float m = ck_warp_sum(s) / (float)C;
+        for (int k = 0; k < NV; k++)
+            if (lane + 32 * k < CW) s += ln_vsum<W>(v[k]);
+        m = ck_warp_sum(s) / (float)C;
+    }
     float q = 0.0f;
 #pragma unroll
     for (int k = 0; k < NV; k++)
@@ -522,7 +555,7 @@ __device__ __forceinline__ void ln_row_stats(float (*v)[W], int64_t C, float eps
 
 template <typename T, int NV>
 __global__ void __launch_bounds__(THREADS) ln_fwd_reg(T *y, const T *x, const T *gamma, const T *beta, int64_t R,
-                                                      int64_t C, float eps)
+                                                      int64_t C, float eps, bool rms)
 {
     constexpr int W = LN_W(T);
     const int lane = threadIdx.x & 31;
@@ -532,16 +565,21 @@ __global__ void __launch_bounds__(THREADS) ln_fwd_reg(T *y, const T *x, const T 
         float v[NV][W];
         ln_row_load<T, NV>(v, x + r * C, CW);
         float m, rs;
-        ln_row_stats<W, NV>(v, C, eps, &m, &rs);
+        ln_row_stats<W, NV>(v, C, eps, rms, &m, &rs);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int64_t j = lane + 32 * k;
             if (j < CW) {
-                float g[W], b[W];
-                gn_ld<T, W>(gamma + W * j, g);
-                gn_ld<T, W>(beta + W * j, b);
+                float g[W];
+                ld_vec_or<T, W>(gamma, j, g, 1.0f);
 #pragma unroll
-                for (int w = 0; w < W; w++) g[w] = (v[k][w] - m) * rs * g[w] + b[w];
+                for (int w = 0; w < W; w++) g[w] = (v[k][w] - m) * rs * g[w];
+                if (beta) {
+                    float b[W];
+                    gn_ld<T, W>(beta + W * j, b);
+#pragma unroll
+                    for (int w = 0; w < W; w++) g[w] += b[w];
+                }
                 gn_st<T, W>(y + r * C + W * j, g);
             }
         }
@@ -551,7 +589,7 @@ __global__ void __launch_bounds__(THREADS) ln_fwd_reg(T *y, const T *x, const T 
 /* ln_dx_row from registers: x and dy each read once */
 template <typename T, int NV>
 __global__ void __launch_bounds__(THREADS) ln_bwd_dx_reg(T *dx, const T *dy, const T *x, const T *gamma, int64_t R,
-                                                         int64_t C, float eps)
+                                                         int64_t C, float eps, bool rms)
 {
     constexpr int W = LN_W(T);
     const int lane = threadIdx.x & 31;
@@ -562,14 +600,14 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_dx_reg(T *dx, const T *dy, con
         ln_row_load<T, NV>(v, x + r * C, CW);
         ln_row_load<T, NV>(e, dy + r * C, CW);
         float m, rs;
-        ln_row_stats<W, NV>(v, C, eps, &m, &rs);
+        ln_row_stats<W, NV>(v, C, eps, rms, &m, &rs);
         float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int64_t j = lane + 32 * k;
             if (j < CW) {
                 float g[W];
-                gn_ld<T, W>(gamma + W * j, g);
+                ld_vec_or<T, W>(gamma, j, g, 1.0f);
 #pragma unroll
                 for (int w = 0; w < W; w++) {
                     const float gd = g[w] * e[k][w];
@@ -578,14 +616,14 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_dx_reg(T *dx, const T *dy, con
                 }
             }
         }
-        const float mg = ck_warp_sum(sg) / (float)C;
+        const float mg = rms ? 0.0f : ck_warp_sum(sg) / (float)C;
         const float k2 = rs * rs * rs * ck_warp_sum(sgx) / (float)C;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int64_t j = lane + 32 * k;
             if (j < CW) {
                 float g[W];
-                gn_ld<T, W>(gamma + W * j, g);
+                ld_vec_or<T, W>(gamma, j, g, 1.0f);
 #pragma unroll
                 for (int w = 0; w < W; w++) g[w] = (g[w] * e[k][w] - mg) * rs - (v[k][w] - m) * k2;
                 gn_st<T, W>(dx + r * C + W * j, g);
@@ -611,25 +649,25 @@ static int ln_nv(int64_t C, const void *a, const void *b, const void *c, const v
 
 template <typename T>
 static void ln_fwd_launch(ck_cuda_ctx *c, int nv, T *y, const T *x, const T *gamma, const T *beta, int64_t R,
-                          int64_t C, float eps)
+                          int64_t C, float eps, bool rms)
 {
     switch (nv) {
-#define LN_FWD(n)                                                                                                          case n: ck_launch(ln_fwd_reg<T, LN_NVT(T, n)>, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps); break;
+#define LN_FWD(n)                                                                                                          case n: ck_launch(ln_fwd_reg<T, LN_NVT(T, n)>, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps, rms); break;
         LN_NV_CASES(LN_FWD)
 #undef LN_FWD
-    default: ck_launch(ln_fwd<T>, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps);
+    default: ck_launch(ln_fwd<T>, ck_grid(R, WARPS), THREADS, c->stream, y, x, gamma, beta, R, C, eps, rms);
     }
 }
 
 template <typename T>
 static void ln_dx_launch(ck_cuda_ctx *c, T *dx, const T *dy, const T *x, const T *gamma, int64_t R, int64_t C,
-                         float eps)
+                         float eps, bool rms)
 {
     switch (ln_nv<T>(C, dx, dy, x, gamma)) {
-#define LN_DX(n)                                                                                                           case n: ck_launch(ln_bwd_dx_reg<T, LN_NVT(T, n)>, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps); break;
+#define LN_DX(n)                                                                                                           case n: ck_launch(ln_bwd_dx_reg<T, LN_NVT(T, n)>, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps, rms); break;
         LN_NV_CASES(LN_DX)
 #undef LN_DX
-    default: ck_launch(ln_bwd_dx<T>, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps);
+    default: ck_launch(ln_bwd_dx<T>, ck_grid(R, WARPS), THREADS, c->stream, dx, dy, x, gamma, R, C, eps, rms);
     }
 }
 
@@ -638,12 +676,12 @@ static void ln_dx_launch(ck_cuda_ctx *c, T *dx, const T *dy, const T *x, const T
  * over its rows (in row order) to part[2k] and part[2k+1]. */
 template <typename T>
 __global__ void __launch_bounds__(THREADS) ln_bwd_partials(float *part, float *st, const T *dy, const T *x, int64_t R,
-                                                           int64_t C, float eps, int64_t P)
+                                                           int64_t C, float eps, bool rms, int64_t P)
 {
     const int64_t k = blockIdx.x, r0 = R * k / P, r1 = R * (k + 1) / P;
     for (int64_t r = r0 + (threadIdx.x >> 5); r < r1; r += WARPS) {
         float m, rs;
-        warp_stats(x + r * C, C, eps, &m, &rs);
+        warp_stats(x + r * C, C, eps, rms, &m, &rs);
         if ((threadIdx.x & 31) == 0) st[2 * r] = m, st[2 * r + 1] = rs;
     }
     __syncthreads();
@@ -690,7 +728,7 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_combine(T *dgamma, T *dbeta, c
  * column tile: slower, and only for shapes the chunked path cannot take. */
 template <typename T>
 __global__ void __launch_bounds__(THREADS) ln_bwd_columns(T *dx, T *dgamma, T *dbeta, const T *dy, const T *x,
-                                                          const T *gamma, int64_t R, int64_t C, float eps)
+                                                          const T *gamma, int64_t R, int64_t C, float eps, bool rms)
 {
     __shared__ float pa[WARPS][32], pb[WARPS][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -699,23 +737,23 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_columns(T *dx, T *dgamma, T *d
     for (int64_t r = warp; r < R; r += WARPS) {
         const T *xr = x + r * C, *dyr = dy + r * C;
         float m, rs;
-        warp_stats(xr, C, eps, &m, &rs);
+        warp_stats(xr, C, eps, rms, &m, &rs);
         float mg = 0.0f, k2 = 0.0f;
         if (dx) {
             float sg = 0.0f, sgx = 0.0f;
             for (int64_t j = lane; j < C; j += 32) {
-                const float g = ck_ld(gamma + j) * ck_ld(dyr + j);
+                const float g = ld_or(gamma, j, 1.0f) * ck_ld(dyr + j);
                 sg += g;
                 sgx += g * (ck_ld(xr + j) - m);
             }
-            mg = ck_warp_sum(sg) / (float)C;
+            mg = rms ? 0.0f : ck_warp_sum(sg) / (float)C;
             k2 = rs * rs * rs * ck_warp_sum(sgx) / (float)C;
         }
         if (c < C) {
             const float d = ck_ld(dyr + c), xc = ck_ld(xr + c);
             a += d * ((xc - m) * rs);
             b += d;
-            if (dx) ck_st(dx + r * C + c, (ck_ld(gamma + c) * d - mg) * rs - (xc - m) * k2);
+            if (dx) ck_st(dx + r * C + c, (ld_or(gamma, c, 1.0f) * d - mg) * rs - (xc - m) * k2);
         }
     }
     pa[warp][lane] = a;
@@ -729,9 +767,10 @@ __global__ void __launch_bounds__(THREADS) ln_bwd_columns(T *dx, T *dgamma, T *d
     }
 }
 
-// x is (..,C), gamma and beta (C), y like x, all T; each row of C normalized
+// x is (..,C), gamma and beta (C, either absent), y like x, all T; each row of C normalized
+// (rms: an RMS norm's rows)
 template <typename T>
-static void layer_norm_fwd(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in)
+static void layer_norm_fwd(const char *name, const ck_op_params *p, ck_view *out, const ck_view *in, int nin, bool rms)
 {
     ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
@@ -739,22 +778,26 @@ static void layer_norm_fwd(const char *name, const ck_op_params *p, ck_view *out
     if (C == 0) return;
     const int64_t R = ck_view_numel(&in[0]) / C;
     if (R == 0) return;
-    const T *x = (const T *)in[0].data, *gamma = (const T *)in[1].data, *beta = (const T *)in[2].data;
+    const T *x = (const T *)in[0].data, *gamma = nin > 1 ? (const T *)in[1].data : NULL;
+    const T *beta = nin > 2 ? (const T *)in[2].data : NULL;
     T *y = (T *)out[0].data;
-    ln_fwd_launch<T>(c, ln_nv<T>(C, y, x, gamma, beta), y, x, gamma, beta, R, C, p->f[0]);
+    ln_fwd_launch<T>(c, ln_nv<T>(C, y, x, gamma, beta), y, x, gamma, beta, R, C, p->f[0], rms);
     ck_cuda_end(c, name);
 }
 
-CK_CUDA_ENTRIES(layer_norm, layer_norm_fwd<T>(name, p, out, in))
+CK_CUDA_ENTRIES(layer_norm, layer_norm_fwd<T>(name, p, out, in, nin, false))
 
-// dy and x are (..,C), gamma (C); dx like x, dgamma and dbeta (C), any unwanted; all T
+CK_CUDA_ENTRIES(rms_norm, layer_norm_fwd<T>(name, p, out, in, nin, true))
+
+// dy and x are (..,C), gamma (C, or absent); dx like x, dgamma and dbeta (C), any unwanted; all T
 template <typename T>
-static void layer_norm_bwd(const char *name, const ck_op_params *p, ck_view *out, int nout, const ck_view *in)
+static void layer_norm_bwd(const char *name, const ck_op_params *p, ck_view *out, int nout, const ck_view *in, int nin,
+                           bool rms)
 {
     ck_cuda_ctx *c = ck_cuda_begin(name);
     if (!c) return;
     T *dx = (T *)out[0].data, *dgamma = nout > 1 ? (T *)out[1].data : NULL, *dbeta = nout > 2 ? (T *)out[2].data : NULL;
-    const T *dy = (const T *)in[0].data, *x = (const T *)in[1].data, *gamma = (const T *)in[2].data;
+    const T *dy = (const T *)in[0].data, *x = (const T *)in[1].data, *gamma = nin > 2 ? (const T *)in[2].data : NULL;
     const int64_t C = in[1].shape[in[1].ndim - 1];
     if (C == 0) return;
     const int64_t R = ck_view_numel(&in[1]) / C;
@@ -773,21 +816,22 @@ static void layer_norm_bwd(const char *name, const ck_op_params *p, ck_view *out
     // is, so fp16's range never bounds them.
     const int64_t W = LN_W(T);
     if (!dgamma && !dbeta) {
-        if (dx) ln_dx_launch<T>(c, dx, dy, x, gamma, R, C, eps);
+        if (dx) ln_dx_launch<T>(c, dx, dy, x, gamma, R, C, eps, rms);
     } else if (dx && R >= W && C >= W && ((uintptr_t)dx & 3u) == 0) {
         int64_t P = R / W;
         if (P > LN_CHUNKS) P = LN_CHUNKS;
         float *part = (float *)dx, *st = part + 2 * P * C;
-        ck_launch(ln_bwd_partials<T>, (unsigned)P, THREADS, c->stream, part, st, dy, x, R, C, eps, P);
+        ck_launch(ln_bwd_partials<T>, (unsigned)P, THREADS, c->stream, part, st, dy, x, R, C, eps, rms, P);
         ck_launch(ln_bwd_combine<T>, (unsigned)((C + 31) / 32), THREADS, c->stream, dgamma, dbeta,
                   (const float *)part, C, P);
-        ln_dx_launch<T>(c, dx, dy, x, gamma, R, C, eps);
+        ln_dx_launch<T>(c, dx, dy, x, gamma, R, C, eps, rms);
     } else {
         ck_launch(ln_bwd_columns<T>, (unsigned)((C + 31) / 32), THREADS, c->stream, dx, dgamma, dbeta, dy, x, gamma,
-                  R, C, eps);
+                  R, C, eps, rms);
     }
     ck_cuda_end(c, name);
 }
 
-CK_CUDA_ENTRIES(layer_norm_bwd, layer_norm_bwd<T>(name, p, out, nout, in))
+CK_CUDA_ENTRIES(layer_norm_bwd, layer_norm_bwd<T>(name, p, out, nout, in, nin, false))
 
+CK_CUDA_ENTRIES(rms_norm_bwd, layer_norm_bwd<T>(name, p, out, nout, in, nin, true))

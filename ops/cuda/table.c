@@ -53,6 +53,13 @@ const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT] = {
     [CK_OP_MISH] = ck_cuda_mish,
     [CK_OP_MISH_BWD] = ck_cuda_mish_bwd,
     [CK_OP_EMBEDDING] = ck_cuda_embedding,
+    [CK_OP_RMS_NORM] = ck_cuda_rms_norm,
+    [CK_OP_RMS_NORM_BWD] = ck_cuda_rms_norm_bwd,
+    [CK_OP_ROPE] = ck_cuda_rope,
+    [CK_OP_MODULATE] = ck_cuda_modulate,
+    [CK_OP_MODULATE_BWD] = ck_cuda_modulate_bwd,
+    [CK_OP_GATE] = ck_cuda_gate,
+    [CK_OP_GATE_BWD] = ck_cuda_gate_bwd,
 };
 
 const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
@@ -91,6 +98,13 @@ const ck_kernel_fn ck_cuda_kernels_bf16[CK_OP_COUNT] = {
     [CK_OP_GROUP_NORM_BWD] = ck_cuda_group_norm_bwd_bf16,
     [CK_OP_LAYER_NORM] = ck_cuda_layer_norm_bf16,
     [CK_OP_LAYER_NORM_BWD] = ck_cuda_layer_norm_bwd_bf16,
+    [CK_OP_RMS_NORM] = ck_cuda_rms_norm_bf16,
+    [CK_OP_RMS_NORM_BWD] = ck_cuda_rms_norm_bwd_bf16,
+    [CK_OP_ROPE] = ck_cuda_rope_bf16,
+    [CK_OP_MODULATE] = ck_cuda_modulate_bf16,
+    [CK_OP_MODULATE_BWD] = ck_cuda_modulate_bwd_bf16,
+    [CK_OP_GATE] = ck_cuda_gate_bf16,
+    [CK_OP_GATE_BWD] = ck_cuda_gate_bwd_bf16,
 };
 
 const ck_kernel_fn ck_cuda_kernels_f16[CK_OP_COUNT] = {
@@ -127,6 +141,13 @@ const ck_kernel_fn ck_cuda_kernels_f16[CK_OP_COUNT] = {
     [CK_OP_GROUP_NORM_BWD] = ck_cuda_group_norm_bwd_f16,
     [CK_OP_LAYER_NORM] = ck_cuda_layer_norm_f16,
     [CK_OP_LAYER_NORM_BWD] = ck_cuda_layer_norm_bwd_f16,
+    [CK_OP_RMS_NORM] = ck_cuda_rms_norm_f16,
+    [CK_OP_RMS_NORM_BWD] = ck_cuda_rms_norm_bwd_f16,
+    [CK_OP_ROPE] = ck_cuda_rope_f16,
+    [CK_OP_MODULATE] = ck_cuda_modulate_f16,
+    [CK_OP_MODULATE_BWD] = ck_cuda_modulate_bwd_f16,
+    [CK_OP_GATE] = ck_cuda_gate_f16,
+    [CK_OP_GATE_BWD] = ck_cuda_gate_bwd_f16,
     [CK_OP_GROUP_NORM_SILU] = ck_cuda_group_norm_silu_f16,
     [CK_OP_GROUP_NORM_SILU_BWD] = ck_cuda_group_norm_silu_bwd_f16,
 };

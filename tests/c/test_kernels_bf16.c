@@ -17,7 +17,8 @@
  * here, and every bf16 op of the CPU is one of the GPU's (ck_cuda_bf16_op),
  * every fp16 op one of the GPU's fp16 ops (ck_cuda_f16_op) and of the CPU's
  * bf16 ones. The GPU has more: attention runs on tensor cores in bf16 and
- * fp16, where the CPU converts around its fp32 kernel. */
+ * fp16, where the CPU converts around its fp32 kernel. The inputs a 16-bit
+ * kernel reads as fp32 (ck_op_f32_inputs: rope's table) are fp32 for both. */
 #include "../../ops/bf16.h"
 #include "../../ops/fp16.h"
 #include "../../ops/cpu/cpu.h"
@@ -98,6 +99,33 @@ static const tcase cases[] = {
          SH(640)),
     CASE("layer_norm_bwd [70,1280]", CK_OP_LAYER_NORM_BWD, GN(0, 1e-5f), 3, SH(70, 1280), SH(70, 1280), SH(1280)),
     CASE("layer_norm_bwd [5,2100]", CK_OP_LAYER_NORM_BWD, GN(0, 1e-5f), 3, SH(5, 2100), SH(5, 2100), SH(2100)),
+    /* layer_norm without its affine (Flux's norms) or its bias, and rms_norm:
+     * T5's rows of d_model (here 640 and 2100: pieces within a row), Flux's of
+     * the head dim (128), with and without a weight */
+    CASE("layer_norm no affine [4,300]", CK_OP_LAYER_NORM, GN(0, 1e-6f), 1, SH(4, 300)),
+    CASE("layer_norm weight only [3,2100]", CK_OP_LAYER_NORM, GN(0, 1e-6f), 2, SH(3, 2100), SH(2100)),
+    CASE("layer_norm_bwd no affine [6,300]", CK_OP_LAYER_NORM_BWD, GN(0, 1e-6f), 2, SH(6, 300), SH(6, 300)),
+    CASE("rms_norm [2,37,640]", CK_OP_RMS_NORM, GN(0, 1e-6f), 2, SH(2, 37, 640), SH(640)),
+    CASE("rms_norm [3,2100]", CK_OP_RMS_NORM, GN(0, 1e-6f), 2, SH(3, 2100), SH(2100)),
+    CASE("rms_norm no weight [2,3,5,128]", CK_OP_RMS_NORM, GN(0, 1e-6f), 1, SH(2, 3, 5, 128)),
+    CASE("rms_norm_bwd [70,1280]", CK_OP_RMS_NORM_BWD, GN(0, 1e-6f), 3, SH(70, 1280), SH(70, 1280), SH(1280)),
+    CASE("rms_norm_bwd [9,5,128]", CK_OP_RMS_NORM_BWD, GN(0, 1e-6f), 3, SH(9, 5, 128), SH(9, 5, 128), SH(128)),
+    CASE("rms_norm_bwd no weight [5,2100]", CK_OP_RMS_NORM_BWD, GN(0, 1e-6f), 2, SH(5, 2100), SH(5, 2100)),
+    /* rope, modulate and gate do the fp32 kernels' float operations on the
+     * same values (their sums too: in double, rounded once): bitwise theirs
+     * rounded once. rope's table stays fp32 (ck_op_f32_inputs). */
+    {.label = "rope [2,7,24] table [7,8]", .op = CK_OP_ROPE, .nin = 2, .in = {SH(2, 7, 24), SH(7, 8)}, .exact = 1},
+    {.label = "rope inverse [2,7,24] table [7,8]", .op = CK_OP_ROPE, .p = {.i = {1}}, .nin = 2,
+     .in = {SH(2, 7, 24), SH(7, 8)}, .exact = 1},
+    {.label = "rope [1,2,5,4352] table [5,4352] (rows past one piece)", .op = CK_OP_ROPE, .nin = 2,
+     .in = {SH(1, 2, 5, 4352), SH(5, 4352)}, .exact = 1},
+    {.label = "modulate [2,37,300]", .op = CK_OP_MODULATE, .nin = 3, .in = {SH(2, 37, 300), SH(2, 300), SH(2, 300)},
+     .exact = 1},
+    {.label = "modulate_bwd [2,37,300]", .op = CK_OP_MODULATE_BWD, .nin = 3,
+     .in = {SH(2, 37, 300), SH(2, 37, 300), SH(2, 300)}, .exact = 1},
+    {.label = "gate [3,5,7,9]", .op = CK_OP_GATE, .nin = 3, .in = {SH(3, 5, 7, 9), SH(3, 9), SH(3, 5, 7, 9)}, .exact = 1},
+    {.label = "gate_bwd [2,37,300]", .op = CK_OP_GATE_BWD, .nin = 3, .in = {SH(2, 37, 300), SH(2, 300), SH(2, 37, 300)},
+     .exact = 1},
     CASE("add same shape [3,333]", CK_OP_ADD, NOP, 2, SH(3, 333), SH(3, 333)),
     CASE("add bias [4,5,6] + [6]", CK_OP_ADD, NOP, 2, SH(4, 5, 6), SH(6)),
     CASE("sub per channel [2,3,4,5] - [3,1,1]", CK_OP_SUB, NOP, 2, SH(2, 3, 4, 5), SH(3, 1, 1)),
@@ -174,14 +202,16 @@ static void run_case(const tcase *t, ck_dtype st)
     ck_view v32[4], v16[4], o32[CK_MAX_OUT], o16[CK_MAX_OUT], o16b[CK_MAX_OUT];
     for (int j = 0; j < t->nin; j++) {
         const int64_t m = ck_shape_numel(&t->in[j]);
+        /* the slots a 16-bit kernel reads in fp32 (rope's table) get fp32 values in both */
+        const int f32 = ck_op_f32_inputs(t->op) >> j & 1;
         in32[j] = malloc(sizeof(float) * (size_t)m);
         in16[j] = malloc(sizeof(uint16_t) * (size_t)m);
         for (int64_t i = 0; i < m; i++) {
             in16[j][i] = to_16(st, frand());
-            in32[j][i] = from_16(st, in16[j][i]);
+            in32[j][i] = f32 ? frand() : from_16(st, in16[j][i]);
         }
         v32[j] = view(in32[j], &t->in[j]);
-        v16[j] = view(in16[j], &t->in[j]);
+        v16[j] = f32 ? v32[j] : view(in16[j], &t->in[j]);
     }
     for (int k = 0; k < nout; k++) {
         n[k] = ck_shape_numel(&outs[k]);

@@ -177,24 +177,26 @@ GRAD(conv2d)
 }
 
 /* one backward node on bi[0..nbi) whose outputs are the gradients of the
- * first nout inputs, each of them wanted where that input needs one */
+ * first nout inputs, each of them wanted where that input is there (a norm's
+ * parameters are optional) and needs one */
 static int grad_multi(ad *a, const ck_node *n, const int *bi, int nbi, int nout, const ck_op_params *p)
 {
     ck_shape outs[CK_MAX_OUT];
     int ids[CK_MAX_OUT], want[CK_MAX_OUT];
     for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
-    for (int k = 0; k < nout; k++) want[k] = needs(a, n->in[k]);
+    for (int k = 0; k < nout; k++) want[k] = k < n->nin && needs(a, n->in[k]);
     if (emit(a, ck_op_backward(n->op), bi, nbi, p, outs, want, ids) < 0) return -1;
     for (int k = 0; k < nout; k++)
         if (want[k] && accumulate(a, n->in[k], ids[k])) return -1;
     return 0;
 }
 
-/* dx, dgamma, dbeta from dy, x, gamma */
+/* dx, dgamma, dbeta (an RMS norm: dx, dweight) from dy, x and gamma where the
+ * forward has one (layer and RMS norms may have none) */
 GRAD(norm)
 {
-    int bi[3] = {dy, n->in[0], n->in[1]};
-    return grad_multi(a, n, bi, 3, 3, &n->p);
+    int bi[3] = {dy, n->in[0], n->nin > 1 ? n->in[1] : -1};
+    return grad_multi(a, n, bi, n->nin > 1 ? 3 : 2, ck_op_nout(ck_op_backward(n->op)), &n->p);
 }
 
 /* dx, dgamma, dbeta from dy, x, gamma and beta (the pre-activation is recomputed) */
@@ -208,6 +210,42 @@ GRAD(attention)
 {
     int bi[4] = {dy, n->in[0], n->in[1], n->in[2]};
     return grad_multi(a, n, bi, 4, 3, &n->p);
+}
+
+/* the inverse rotation of dy by the same table */
+GRAD(rope)
+{
+    if (needs(a, n->in[1])) {
+        snprintf(a->g->err, sizeof a->g->err, "rope: no gradient for the table (a graph input)");
+        return -1;
+    }
+    ck_op_params p = n->p;
+    p.i[0] = !n->p.i[0];
+    int bi[2] = {dy, n->in[1]};
+    return accumulate(a, n->in[0], emit1(a, CK_OP_ROPE, bi, 2, &p, NULL));
+}
+
+/* dx, dshift, dscale from dy, x and scale */
+GRAD(modulate)
+{
+    int bi[3] = {dy, n->in[0], n->in[2]};
+    return grad_multi(a, n, bi, 3, 3, &n->p);
+}
+
+/* x's gradient is dy; gate's and y's come from dy, gate and y */
+GRAD(gate)
+{
+    const int *in = n->in;
+    if (needs(a, in[0]) && accumulate(a, in[0], dy)) return -1;
+    if (!needs(a, in[1]) && !needs(a, in[2])) return 0;
+    ck_shape outs[CK_MAX_OUT];
+    int ids[CK_MAX_OUT], want[CK_MAX_OUT] = {needs(a, in[1]), needs(a, in[2])};
+    for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+    int bi[3] = {dy, in[1], in[2]};
+    if (emit(a, CK_OP_GATE_BWD, bi, 3, &n->p, outs, want, ids) < 0) return -1;
+    if (want[0] && accumulate(a, in[1], ids[0])) return -1;
+    if (want[1] && accumulate(a, in[2], ids[1])) return -1;
+    return 0;
 }
 
 GRAD(mse_loss)

@@ -497,13 +497,67 @@ static int l_group_norm(lua_State *L) { return group_norm_op(L, CK_OP_GROUP_NORM
 /* group_norm_silu(x, groups, gamma, beta [, eps=1e-5]): silu(group_norm(...)) as one op */
 static int l_group_norm_silu(lua_State *L) { return group_norm_op(L, CK_OP_GROUP_NORM_SILU); }
 
-/* layer_norm(x, gamma, beta [, eps=1e-5]) */
+/* whether argument i is a tensor; nil (or none) is not, anything else is an error */
+static int opt_tensor(lua_State *L, int i)
+{
+    if (lua_isnoneornil(L, i)) return 0;
+    luaL_argexpected(L, luaL_testudata(L, i, TENSOR_MT) != NULL, i, "tensor or nil");
+    return 1;
+}
+
+/* layer_norm(x [, gamma [, beta]] [, eps=1e-5]): gamma and beta nil: no affine
+ * (elementwise_affine=False); beta nil: no bias */
 static int l_layer_norm(lua_State *L)
 {
     ck_op_params p = {0};
     int a[3] = {1, 2, 3};
+    const int has_g = opt_tensor(L, 2), has_b = opt_tensor(L, 3);
+    if (has_b && !has_g)
+        return ck_lua_raise(L, "layer_norm: a bias needs a weight (give both, the weight alone, or neither)");
     p.f[0] = (float)luaL_optnumber(L, 4, 1e-5);
-    return record(L, CK_OP_LAYER_NORM, a, 3, &p, NULL);
+    return record(L, CK_OP_LAYER_NORM, a, 1 + has_g + has_b, &p, NULL);
+}
+
+/* rms_norm(x [, weight] [, eps=1e-6]): x / sqrt(mean(x^2) + eps) * weight over the last dim */
+static int l_rms_norm(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[2] = {1, 2};
+    const int has_w = opt_tensor(L, 2);
+    p.f[0] = (float)luaL_optnumber(L, 3, 1e-6);
+    return record(L, CK_OP_RMS_NORM, a, 1 + has_w, &p, NULL);
+}
+
+/* rope(x, table [, {inverse=false}]): x [.., L, F] rotated pairwise by the
+ * cosines and sines of table [L, D] (nn.rope_table), a graph input: inputs
+ * stay fp32 under mixed precision, as the op's contract wants of its table */
+static int l_rope(lua_State *L)
+{
+    ck_op_params p = {0};
+    int a[2] = {1, 2};
+    const ltensor *t = check_tensor(L, 2);
+    const lgraph *lg = tensor_graph(L, 2);
+    const ck_kind k = lg->g->t[t->id].kind;
+    lua_pop(L, 1);
+    if (k != CK_KIND_INPUT)
+        return ck_lua_raise(L, "rope: the table must be a graph input (g:input), which stays fp32 under mixed "
+                            "precision; this one is of kind '%s'", ck_kind_name(k));
+    p.i[0] = opt_bool(L, 3, "inverse", 0);
+    return record(L, CK_OP_ROPE, a, 2, &p, NULL);
+}
+
+/* modulate(x, shift, scale): (1 + scale) * x + shift, shift and scale [B, C] over x [B, .., C] */
+static int l_modulate(lua_State *L)
+{
+    int a[3] = {1, 2, 3};
+    return record(L, CK_OP_MODULATE, a, 3, &NOPARAMS, NULL);
+}
+
+/* gate(x, gate, y): x + gate * y, gate [B, C] over x and y [B, .., C] */
+static int l_gate(lua_State *L)
+{
+    int a[3] = {1, 2, 3};
+    return record(L, CK_OP_GATE, a, 3, &NOPARAMS, NULL);
 }
 
 /* attention(q, k, v, heads [, scale]) */

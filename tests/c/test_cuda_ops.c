@@ -217,16 +217,19 @@ static void run_case(const tcase *t, ck_dtype st)
     int64_t nin_el[CK_MAX_IN], nout_el[CK_MAX_OUT];
     float *hin[CK_MAX_IN] = {0}, *cpu_in[CK_MAX_IN] = {0}, *din[CK_MAX_IN] = {0};
     float *cpu_out[CK_MAX_OUT] = {0}, *dout[CK_MAX_OUT] = {0}, *got[CK_MAX_OUT] = {0}, *got2[CK_MAX_OUT] = {0};
+    /* the inputs a 16-bit kernel reads in fp32 (rope's table) stay fp32 */
+    ck_dtype ist[CK_MAX_IN];
     for (int j = 0; j < nin; j++) {
+        ist[j] = ck_op_f32_inputs(op) >> j & 1 ? CK_F32 : st;
         nin_el[j] = ck_shape_numel(&t->in[j]);
         hin[j] = malloc(sizeof(float) * (size_t)(nin_el[j] + 1));
         cpu_in[j] = malloc(sizeof(float) * (size_t)(nin_el[j] + 1));
         fill(hin[j], nin_el[j], t->kind[j]);
-        if (st != CK_F32)
+        if (ist[j] != CK_F32)
             for (int64_t i = 0; i < nin_el[j]; i++) hin[j][i] = from_16(st, to_16(st, hin[j][i]));
         memcpy(cpu_in[j], hin[j], sizeof(float) * (size_t)nin_el[j]);
-        din[j] = dev_alloc(nin_el[j], st);
-        upload(din[j], hin[j], nin_el[j], st);
+        din[j] = dev_alloc(nin_el[j], ist[j]);
+        upload(din[j], hin[j], nin_el[j], ist[j]);
     }
     for (int k = 0; k < nout; k++) {
         nout_el[k] = ck_shape_numel(&out[k]);
@@ -269,7 +272,7 @@ static void run_case(const tcase *t, ck_dtype st)
     int ok = 1;
     for (int run = 0; run < 2 && ok; run++) {
         if (run == 1)
-            for (int j = 0; j < nin; j++) upload(din[j], hin[j], nin_el[j], st);
+            for (int j = 0; j < nin; j++) upload(din[j], hin[j], nin_el[j], ist[j]);
         table[op](&gctx, &t->p, vout, nout, vin, nin);
         if (ck_cuda_failed() || ck_cuda_sync()) {
             report(0, "%s: %s", t->label, ck_cuda_last_error());
@@ -296,7 +299,7 @@ static void run_case(const tcase *t, ck_dtype st)
             bitwise &= memcmp(got[k], got2[k], sizeof(float) * (size_t)nout_el[k]) == 0;
             guards &= dev_guard_ok(dout[k], nout_el[k], st);
         }
-        for (int j = 0; j < nin; j++) guards &= dev_guard_ok(din[j], nin_el[j], st);
+        for (int j = 0; j < nin; j++) guards &= dev_guard_ok(din[j], nin_el[j], ist[j]);
         if (dws) guards &= dev_guard_ok(dws, (int64_t)((gws + 3) / 4), CK_F32);
         const double tol = st == CK_F32 ? t->tol : t->tol == 0 ? ldexp(1, -8) : 1e-2;
         report(worst <= tol && (bitwise || nondeterministic) && guards, "%s%s: rel err %.2e (tol %.0e)%s%s", t->label, st == CK_BF16 ? ", bf16" : st == CK_F16 ? ", fp16" : "",
@@ -477,6 +480,48 @@ static const tcase cases[] = {
      {SH(20, 6), SH(20, 6), SH(6)}, .tol = F32},
     {"layer_norm_bwd 3 columns (column tiles)", CK_OP_LAYER_NORM_BWD, {.i = {0}, .f = {1e-5f}}, 3,
      {SH(10, 3), SH(10, 3), SH(3)}, .tol = F32},
+    /* RMS_NORM on the layer norm's kernels (norm.cu), and LAYER_NORM without
+     * its affine: Flux's q/k norm (rows of the head dim 128: in registers),
+     * T5's (d_model rows: 640 here), rows of no whole vectors; the backward's
+     * chunked dweight, its column tiles (2 rows), dx alone */
+    {"rms_norm [3,5,128] (q/k norm)", CK_OP_RMS_NORM, {.f = {1e-6f}}, 2, {SH(3, 5, 128), SH(128)}, .kind = {WIDE}, .tol = F32},
+    {"rms_norm [2,640]", CK_OP_RMS_NORM, {.f = {1e-6f}}, 2, {SH(2, 640), SH(640)}, .tol = F32},
+    {"rms_norm no weight [4,37]", CK_OP_RMS_NORM, {.f = {1e-6f}}, 1, {SH(4, 37)}, .tol = F32},
+    {"rms_norm_bwd chunked [3,5,128]", CK_OP_RMS_NORM_BWD, {.f = {1e-6f}}, 3, {SH(3, 5, 128), SH(3, 5, 128), SH(128)},
+     .tol = F32},
+    {"rms_norm_bwd 2 rows (column tiles)", CK_OP_RMS_NORM_BWD, {.f = {1e-6f}}, 3, {SH(2, 45), SH(2, 45), SH(45)},
+     .tol = F32},
+    {"rms_norm_bwd dweight only [9,640]", CK_OP_RMS_NORM_BWD, {.f = {1e-6f}}, 3, {SH(9, 640), SH(9, 640), SH(640)},
+     .unwanted = 1, .tol = F32},
+    {"rms_norm_bwd no weight, dx [4,37]", CK_OP_RMS_NORM_BWD, {.f = {1e-6f}}, 2, {SH(4, 37), SH(4, 37)}, .unwanted = 2,
+     .tol = F32},
+    {"layer_norm no affine [3,5,64]", CK_OP_LAYER_NORM, {.f = {1e-6f}}, 1, {SH(3, 5, 64)}, .tol = F32},
+    {"layer_norm weight only [4,37]", CK_OP_LAYER_NORM, {.f = {1e-6f}}, 2, {SH(4, 37), SH(37)}, .tol = F32},
+    {"layer_norm_bwd no affine, dx [6,64]", CK_OP_LAYER_NORM_BWD, {.f = {1e-6f}}, 2, {SH(6, 64), SH(6, 64)},
+     .unwanted = 6, .tol = F32},
+    {"layer_norm_bwd no affine, dx [3,37]", CK_OP_LAYER_NORM_BWD, {.f = {1e-6f}}, 2, {SH(3, 37), SH(3, 37)},
+     .unwanted = 6, .tol = F32},
+    /* rope.cu: heads of 8 in [B,L,H*D]; Flux's head dim 128 in [B,L,H*D] and
+     * in [B,H,L,D]; the inverse (the backward) */
+    {"rope [2,7,24] table [7,8]", CK_OP_ROPE, {.i = {0}}, 2, {SH(2, 7, 24), SH(7, 8)}, .tol = ARITH},
+    {"rope [1,13,256] table [13,128]", CK_OP_ROPE, {.i = {0}}, 2, {SH(1, 13, 256), SH(13, 128)}, .tol = ARITH},
+    {"rope inverse [1,3,5,128] table [5,128]", CK_OP_ROPE, {.i = {1}}, 2, {SH(1, 3, 5, 128), SH(5, 128)}, .tol = ARITH},
+    /* modulate.cu: one chunk of rows, and 150 rows in 3 chunks; wanted and unwanted sums */
+    {"modulate [2,37,40]", CK_OP_MODULATE, {.i = {0}}, 3, {SH(2, 37, 40), SH(2, 40), SH(2, 40)}, .tol = ARITH},
+    {"modulate_bwd [2,37,40]", CK_OP_MODULATE_BWD, {.i = {0}}, 3, {SH(2, 37, 40), SH(2, 37, 40), SH(2, 40)}, .tol = F32},
+    {"modulate_bwd [1,150,33] 3 chunks", CK_OP_MODULATE_BWD, {.i = {0}}, 3, {SH(1, 150, 33), SH(1, 150, 33), SH(1, 33)},
+     .tol = F32},
+    {"modulate_bwd dscale unwanted", CK_OP_MODULATE_BWD, {.i = {0}}, 3, {SH(2, 3, 5, 40), SH(2, 3, 5, 40), SH(2, 40)},
+     .unwanted = 4, .tol = F32},
+    {"modulate_bwd dx only", CK_OP_MODULATE_BWD, {.i = {0}}, 3, {SH(2, 7, 40), SH(2, 7, 40), SH(2, 40)}, .unwanted = 6,
+     .tol = F32},
+    {"gate [2,37,40]", CK_OP_GATE, {.i = {0}}, 3, {SH(2, 37, 40), SH(2, 40), SH(2, 37, 40)}, .tol = ARITH},
+    {"gate_bwd [1,150,33] 3 chunks", CK_OP_GATE_BWD, {.i = {0}}, 3, {SH(1, 150, 33), SH(1, 33), SH(1, 150, 33)},
+     .tol = F32},
+    {"gate_bwd dgate only", CK_OP_GATE_BWD, {.i = {0}}, 3, {SH(2, 7, 40), SH(2, 40), SH(2, 7, 40)}, .unwanted = 2,
+     .tol = F32},
+    {"gate_bwd dy_y only", CK_OP_GATE_BWD, {.i = {0}}, 3, {SH(2, 7, 40), SH(2, 40), SH(2, 7, 40)}, .unwanted = 1,
+     .tol = ARITH},
     /* activation.cu */
     {"silu", CK_OP_SILU, {.i = {0}}, 1, {SH(3, 333)}, .kind = {WIDE}, .tol = F32},
     {"silu_bwd", CK_OP_SILU_BWD, {.i = {0}}, 2, {SH(3, 333), SH(3, 333)}, .kind = {UNIFORM, WIDE}, .tol = F32},
@@ -539,6 +584,13 @@ static const tcase cases[] = {
      {SH(2, 100, 640), SH(2, 100, 640), SH(2, 77, 640), SH(2, 77, 640)}, .tol = F32, .bf16_only = 1},
     {"attention_bwd D 128, 2 heads, 93 x 45, scale 0.05", CK_OP_ATTENTION_BWD, {.i = {2}, .f = {0.05f}}, 4,
      {SH(1, 93, 256), SH(1, 93, 256), SH(1, 45, 256), SH(1, 45, 256)}, .tol = F32, .bf16_only = 1},
+    /* Flux's joint attention at head dim 128 (5 text and 16 image tokens, 2
+     * heads): the fp32 kernels (four threads a row), and bf16 and fp16 on
+     * tensor cores */
+    {"attention D 128, joint 5 + 16 tokens", CK_OP_ATTENTION, {.i = {2}}, 3, {SH(1, 21, 256), SH(1, 21, 256), SH(1, 21, 256)},
+     .tol = F32},
+    {"attention_bwd D 128, joint 5 + 16 tokens", CK_OP_ATTENTION_BWD, {.i = {2}}, 4,
+     {SH(1, 21, 256), SH(1, 21, 256), SH(1, 21, 256), SH(1, 21, 256)}, .tol = F32},
     /* elementwise.cu */
     {"add same shape", CK_OP_ADD, {.i = {0}}, 2, {SH(3, 7, 5), SH(3, 7, 5)}, .tol = EXACT},
     {"add same shape [4,6,10] vectors", CK_OP_ADD, {.i = {0}}, 2, {SH(4, 6, 10), SH(4, 6, 10)}, .tol = EXACT},

@@ -336,6 +336,130 @@ static void test_layer_norm(const char *tag, int nd, const int64_t *shape, float
     free(ry), free(rdx), free(rdg), free(rdb), free(dx2), free(dg2), free(db2);
 }
 
+/* LAYER_NORM without its affine, or without its bias, is the affine layer norm
+ * with gamma 1 and beta 0 in the same float arithmetic: both, forward and dx,
+ * are compared value for value. */
+static void test_layer_norm_optional_affine(const char *tag, int64_t R, int64_t C)
+{
+    char name[160];
+    const int64_t n = R * C, shape[2] = {R, C}, cshape[1] = {C};
+    float *x = rnd(n, 2.0f, 0.5f), *dy = rnd(n, 1.0f, 0.0f), *gm = rnd(C, 1.0f, 1.0f), *ones = zeros(C), *zs = zeros(C);
+    for (int64_t c = 0; c < C; c++) ones[c] = 1.0f;
+    float *y1 = zeros(n), *y2 = zeros(n), *dx1 = zeros(n), *dx2 = zeros(n);
+    ck_op_params p = params(0, 1e-6f);
+    ck_view o1 = view(y1, 2, shape), o2 = view(y2, 2, shape);
+    ck_view none[1] = {view(x, 2, shape)};
+    ck_view full[3] = {view(x, 2, shape), view(ones, 1, cshape), view(zs, 1, cshape)};
+    call(ck_cpu_layer_norm, &p, &o1, 1, none, 1);
+    call(ck_cpu_layer_norm, &p, &o2, 1, full, 3);
+    int same = !memcmp(y1, y2, (size_t)n * 4);
+    ck_view bnone[2] = {view(dy, 2, shape), view(x, 2, shape)};
+    ck_view bfull[3] = {view(dy, 2, shape), view(x, 2, shape), view(ones, 1, cshape)};
+    ck_view b1[3] = {view(dx1, 2, shape), {0}, {0}}, b2[3] = {view(dx2, 2, shape), {0}, {0}};
+    call(ck_cpu_layer_norm_bwd, &p, b1, 3, bnone, 2);
+    call(ck_cpu_layer_norm_bwd, &p, b2, 3, bfull, 3);
+    same = same && !memcmp(dx1, dx2, (size_t)n * 4);
+    snprintf(name, sizeof name, "layer_norm %s without gamma and beta is gamma 1, beta 0 (y, dx)", tag);
+    check_true(name, same);
+
+    ck_view wonly[2] = {view(x, 2, shape), view(gm, 1, cshape)};
+    full[1] = view(gm, 1, cshape);
+    call(ck_cpu_layer_norm, &p, &o1, 1, wonly, 2);
+    call(ck_cpu_layer_norm, &p, &o2, 1, full, 3);
+    snprintf(name, sizeof name, "layer_norm %s without beta is beta 0", tag);
+    check_true(name, !memcmp(y1, y2, (size_t)n * 4));
+    free(x), free(dy), free(gm), free(ones), free(zs), free(y1), free(y2), free(dx1), free(dx2);
+}
+
+/* ---------------- RMS norm ---------------- */
+
+/* RMS_NORM against a double reference (torch.nn.RMSNorm: y = x / sqrt(mean(x^2)
+ * + eps) * w; dx = r w dy - x r^3 mean(w dy x); dw = sum over rows of dy x r),
+ * finite differences, determinism across thread counts, unwanted outputs, and
+ * without a weight (w = 1). */
+static void test_rms_norm(const char *tag, int nd, const int64_t *shape, float shift)
+{
+    char name[160];
+    const int64_t C = shape[nd - 1];
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++) n *= shape[d];
+    const int64_t R = n / C;
+    const float eps = 1e-6f;
+    float *x = rnd(n, 1.5f, shift), *w = rnd(C, 1.0f, 1.0f), *dy = rnd(n, 1.0f, 0.0f);
+    float *y = zeros(n), *dx = zeros(n), *dw = zeros(C);
+    double *ry = dzeros(n), *rdx = dzeros(n), *rdw = dzeros(C), *ry1 = dzeros(n), *rdx1 = dzeros(n);
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = x + r * C, *dyr = dy + r * C;
+        double q = 0, s = 0, s1 = 0;
+        for (int64_t c = 0; c < C; c++) q += (double)xr[c] * xr[c];
+        const double rs = 1.0 / sqrt(q / C + eps);
+        for (int64_t c = 0; c < C; c++) {
+            ry[r * C + c] = xr[c] * rs * w[c];
+            ry1[r * C + c] = xr[c] * rs;
+            s += (double)w[c] * dyr[c] * xr[c];
+            s1 += (double)dyr[c] * xr[c];
+            rdw[c] += dyr[c] * xr[c] * rs;
+        }
+        for (int64_t c = 0; c < C; c++) {
+            rdx[r * C + c] = rs * w[c] * dyr[c] - xr[c] * rs * rs * rs * s / C;
+            rdx1[r * C + c] = rs * dyr[c] - xr[c] * rs * rs * rs * s1 / C;
+        }
+    }
+    const int64_t cshape[1] = {C};
+    ck_op_params p = params(0, eps);
+    ck_view fin[2] = {view(x, nd, shape), view(w, 1, cshape)};
+    ck_view fout[1] = {view(y, nd, shape)};
+    ck_view bin[3] = {view(dy, nd, shape), view(x, nd, shape), view(w, 1, cshape)};
+    ck_view bout[2] = {view(dx, nd, shape), view(dw, 1, cshape)};
+
+    call(ck_cpu_rms_norm, &p, fout, 1, fin, 2);
+    snprintf(name, sizeof name, "rms_norm %s fwd vs ref", tag);
+    check(name, err_ref(y, ry, n), TOL_REF);
+    call(ck_cpu_rms_norm_bwd, &p, bout, 2, bin, 3);
+    snprintf(name, sizeof name, "rms_norm %s bwd dx/dweight vs ref", tag);
+    check(name, fmax(err_ref(dx, rdx, n), err_ref(dw, rdw, C)), TOL_REF);
+
+    float *yy = zeros(n);
+    ck_view fdout[1] = {view(yy, nd, shape)};
+    snprintf(name, sizeof name, "rms_norm %s finite diff dx/dweight", tag);
+    double e = fd_err(ck_cpu_rms_norm, &p, fdout, fin, 2, dy, 0, dx);
+    e = fmax(e, fd_err(ck_cpu_rms_norm, &p, fdout, fin, 2, dy, 1, dw));
+    check(name, e, TOL_FD);
+
+    float *dx2 = zeros(n), *dw2 = zeros(C);
+    ck_view bout2[2] = {view(dx2, nd, shape), view(dw2, 1, cshape)};
+    const int nt = omp_get_max_threads();
+    omp_set_num_threads(1);
+    call(ck_cpu_rms_norm_bwd, &p, bout2, 2, bin, 3);
+    call(ck_cpu_rms_norm, &p, fdout, 1, fin, 2);
+    omp_set_num_threads(nt);
+    int same = !memcmp(dx, dx2, n * 4) && !memcmp(dw, dw2, C * 4) && !memcmp(y, yy, n * 4);
+    snprintf(name, sizeof name, "rms_norm %s deterministic (1 thread vs %d)", tag, nt);
+    check_true(name, same);
+
+    memset(dx2, 0, n * 4), memset(dw2, 0, C * 4);
+    bout2[1].data = NULL;
+    call(ck_cpu_rms_norm_bwd, &p, bout2, 2, bin, 3);
+    int ok = !memcmp(dx, dx2, n * 4);
+    bout2[0].data = NULL, bout2[1].data = dw2;
+    call(ck_cpu_rms_norm_bwd, &p, bout2, 2, bin, 3);
+    ok = ok && !memcmp(dw, dw2, C * 4);
+    snprintf(name, sizeof name, "rms_norm %s bwd with unwanted outputs", tag);
+    check_true(name, ok);
+
+    /* no weight: the op on x alone, and its dx from dy and x */
+    call(ck_cpu_rms_norm, &p, fdout, 1, fin, 1);
+    bout2[0].data = dx2, bout2[1].data = NULL;
+    call(ck_cpu_rms_norm_bwd, &p, bout2, 2, bin, 2);
+    snprintf(name, sizeof name, "rms_norm %s without a weight: fwd and dx vs ref", tag);
+    check(name, fmax(err_ref(yy, ry1, n), err_ref(dx2, rdx1, n)), TOL_REF);
+    snprintf(name, sizeof name, "rms_norm %s without a weight: finite diff dx", tag);
+    check(name, fd_err(ck_cpu_rms_norm, &p, fdout, fin, 1, dy, 0, dx2), TOL_FD);
+
+    free(x), free(w), free(dy), free(y), free(dx), free(dw), free(yy), free(dx2), free(dw2);
+    free(ry), free(rdx), free(rdw), free(ry1), free(rdx1);
+}
+
 /* ---------------- activations ---------------- */
 
 static double gelu_d(double x, int approx)
@@ -688,6 +812,17 @@ int main(void)
         test_layer_norm("(1,5)", 2, e, 0.0f);
         test_layer_norm("(300,131) threaded", 2, c, 0.0f);
         test_layer_norm("(20,2100) threaded, wider than one sweep", 2, d, 1.0f);
+        test_layer_norm_optional_affine("(7,33)", 7, 33);
+        test_layer_norm_optional_affine("(300,131) threaded", 300, 131);
+    }
+    {
+        /* Flux's q/k norm (rows of the head dim), T5's (rows of d_model) */
+        const int64_t a[3] = {2, 5, 128}, b[2] = {7, 33}, c[2] = {300, 131}, d[2] = {20, 2100}, e[2] = {1, 5};
+        test_rms_norm("(2,5,128)", 3, a, 0.0f);
+        test_rms_norm("(7,33) shifted", 2, b, 3.0f);
+        test_rms_norm("(1,5)", 2, e, 0.0f);
+        test_rms_norm("(300,131) threaded", 2, c, 0.0f);
+        test_rms_norm("(20,2100) threaded, wider than one sweep", 2, d, 1.0f);
     }
     test_unary("silu", ck_cpu_silu, ck_cpu_silu_bwd, 0, 0, 99);
     test_unary("silu", ck_cpu_silu, ck_cpu_silu_bwd, 0, 0, 60003);
@@ -726,6 +861,7 @@ int main(void)
     test_attention(1, 300, 1000, 2, 8, 0.0f);
     test_attention(2, 40, 5000, 1, 4, 0.0f);
     test_attention(1, 1100, 20, 1, 4, 0.0f); /* at most 1024 rows a block */
+    test_attention(1, 21, 21, 2, 128, 0.0f); /* Flux's head dim over a joint sequence (5 + 16 tokens) */
     printf("%d passed, %d failed\n", npass, nfail);
     return nfail ? 1 : 0;
 }

@@ -75,6 +75,13 @@ static const struct {
     {CK_OP_GROUP_NORM_SILU, 51, "group_norm_silu"},
     {CK_OP_GROUP_NORM_SILU_BWD, 52, "group_norm_silu_bwd"},
     {CK_OP_LINEAR_GEGLU, 53, "linear_geglu"},
+    {CK_OP_RMS_NORM, 54, "rms_norm"},
+    {CK_OP_RMS_NORM_BWD, 55, "rms_norm_bwd"},
+    {CK_OP_ROPE, 56, "rope"},
+    {CK_OP_MODULATE, 57, "modulate"},
+    {CK_OP_MODULATE_BWD, 58, "modulate_bwd"},
+    {CK_OP_GATE, 59, "gate"},
+    {CK_OP_GATE_BWD, 60, "gate_bwd"},
 };
 
 static void op_numbers_never_change(void)
@@ -122,12 +129,28 @@ static void backward_ops_run_where_their_forward_runs(void)
     }
 }
 
+/* an input slot read as fp32 by an op's 16-bit kernels (ck_op_f32_inputs) is
+ * one the op takes, of an op that has 16-bit kernels */
+static void f32_inputs_are_slots_of_16bit_ops(void)
+{
+    for (int op = 1; op < CK_OP_COUNT; op++) {
+        const unsigned m = ck_op_f32_inputs((enum ck_op)op);
+        if (!m) continue;
+        if (m >> CK_MAX_IN) fail("an fp32 input slot past CK_MAX_IN", op);
+        if (!((ck_op_precisions((enum ck_op)op, 0) | ck_op_precisions((enum ck_op)op, 1)) &
+              (CK_PREC_MASK_BF16 | CK_PREC_MASK_F16)))
+            fail("fp32 input slots on an op without 16-bit kernels", op);
+    }
+    if (ck_op_f32_inputs(CK_OP_ROPE) != 2u) fail("rope's table (input 1) is read as fp32", CK_OP_ROPE);
+}
+
 int main(void)
 {
     op_numbers_never_change();
     cpu_tables_follow_the_cpu_column();
     names_are_unique();
     backward_ops_run_where_their_forward_runs();
+    f32_inputs_are_slots_of_16bit_ops();
     printf("%d ops, %d failures\n", CK_OP_COUNT, failures);
     return failures != 0;
 }

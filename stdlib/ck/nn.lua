@@ -182,7 +182,9 @@ function nn.norm_act(g, norm, x, act)
   return act:forward(g, h)
 end
 
----- LayerNorm{dim, eps=1e-5} over the last dim
+---- LayerNorm{dim, eps=1e-5, elementwise_affine=true, bias=true} over the last dim
+-- (torch.nn.LayerNorm's options: elementwise_affine=false has no parameters,
+-- as Flux's norms; bias=false a weight alone)
 
 local LayerNorm = nn.class("LayerNorm")
 nn.LayerNorm = LayerNorm
@@ -190,12 +192,63 @@ nn.LayerNorm = LayerNorm
 function LayerNorm:init(o)
   self.dim = assert(o[1] or o.dim, "LayerNorm: dim")
   self.eps = o.eps or o[2] or 1e-5
+  self.affine = o.elementwise_affine ~= false
+  self.bias = self.affine and o.bias ~= false
 end
 
 function LayerNorm:updateOutput(g, x)
+  if not self.affine then return ck.layer_norm(x, nil, nil, self.eps) end
   local w = self:param(g, "weight", {self.dim}, {init = "ones"})
-  local b = self:param(g, "bias", {self.dim}, {init = "zeros"})
+  local b = self.bias and self:param(g, "bias", {self.dim}, {init = "zeros"}) or nil
   return ck.layer_norm(x, w, b, self.eps)
+end
+
+---- RMSNorm{dim, eps=1e-6, elementwise_affine=true} over the last dim:
+-- x / sqrt(mean(x^2) + eps) * weight (torch.nn.RMSNorm; T5's LayerNorm and
+-- Flux's q/k norms, whose statistic is fp32 whatever the storage)
+
+local RMSNorm = nn.class("RMSNorm")
+nn.RMSNorm = RMSNorm
+
+function RMSNorm:init(o)
+  self.dim = assert(o[1] or o.dim, "RMSNorm: dim")
+  self.eps = o.eps or o[2] or 1e-6
+  self.affine = o.elementwise_affine ~= false
+end
+
+function RMSNorm:updateOutput(g, x)
+  local w = self.affine and self:param(g, "weight", {self.dim}, {init = "ones"}) or nil
+  return ck.rms_norm(x, w, self.eps)
+end
+
+-- The table ck.rope reads: for L tokens with positions ids[l] = {p_1, .., p_n}
+-- on n axes of axes_dim[i] dims each (even, summing to the head dim D), a flat
+-- list of L * D numbers, row l holding (cos, sin) of each pair's angle: axis
+-- i's pair j turns by p_i / theta^(2j / axes_dim[i]). Black Forest Labs'
+-- EmbedND (and diffusers' FluxPosEmbed) in their float64, axes in order; the
+-- graph keeps the table, a g:input, in fp32. Flux: axes_dim {16, 56, 56},
+-- theta 10000, ids {0, 0, 0} for text tokens and {0, row, col} for image ones.
+function nn.rope_table(ids, axes_dim, theta)
+  theta = theta or 10000
+  assert(type(ids) == "table" and type(axes_dim) == "table", "rope_table(ids, axes_dim [, theta])")
+  assert(type(theta) == "number" and theta > 0, "rope_table: theta must be a positive number")
+  local omega = {}
+  for i, d in ipairs(axes_dim) do
+    assert(math.type(d) == "integer" and d > 0 and d % 2 == 0,
+      "rope_table: axes_dim[" .. i .. "] must be a positive even whole number, got " .. tostring(d))
+    for j = 0, d // 2 - 1 do omega[#omega + 1] = {i, 1 / theta ^ (2 * j / d)} end
+  end
+  local out, n = {}, 0
+  for l, pos in ipairs(ids) do
+    assert(type(pos) == "table" and #pos == #axes_dim,
+      "rope_table: ids[" .. l .. "] must list " .. #axes_dim .. " positions, one per axis")
+    for _, w in ipairs(omega) do
+      local a = pos[w[1]] * w[2]
+      out[n + 1], out[n + 2] = math.cos(a), math.sin(a)
+      n = n + 2
+    end
+  end
+  return out
 end
 
 ---- SiLU (no parameters; a module so that trees can name it, as conv_act)

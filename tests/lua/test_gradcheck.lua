@@ -12,7 +12,8 @@ local r = T.rng(7)
 local EPS, ATOL, RTOL = 1e-2, 2e-3, 3e-2
 
 -- shapes: list of input shapes; build(g, xs) returns the op's output tensor.
--- opts.positive: inputs drawn in [0.5, 1.5]; opts.probe: how many entries per input to probe.
+-- opts.positive: inputs drawn in [0.5, 1.5]; opts.probe: how many entries per input to probe;
+-- opts.set(p): sets the graph inputs build made besides the probed ones (a rope table).
 local function gradcheck(name, shapes, build, opts)
   opts = opts or {}
   local g = ck.graph()
@@ -29,6 +30,7 @@ local function gradcheck(name, shapes, build, opts)
     vals[i] = T.random_values(r, x.numel, lo, hi)
     p:set(x, vals[i])
   end
+  if opts.set then opts.set(p) end
   -- scale R so that the loss is of order 1 whatever the output size
   p:set(R, T.random_values(r, y.numel, -1, 1))
   p:step()
@@ -73,6 +75,75 @@ gradcheck("group_norm_silu", {{2, 6, 3, 5}, {6}, {6}}, function(g, x) return ck.
 gradcheck("group_norm_silu one group, 3-D", {{2, 4, 7}, {4}, {4}},
   function(g, x) return ck.group_norm_silu(x[1], 1, x[2], x[3], 1e-6) end)
 gradcheck("layer_norm", {{3, 2, 9}, {9}, {9}}, function(g, x) return ck.layer_norm(x[1], x[2], x[3]) end, {probe = 16})
+gradcheck("layer_norm without affine", {{3, 2, 9}}, function(g, x) return ck.layer_norm(x[1], nil, nil, 1e-6) end,
+  {probe = 16})
+gradcheck("layer_norm weight only", {{4, 9}, {9}}, function(g, x) return ck.layer_norm(x[1], x[2]) end, {probe = 16})
+gradcheck("rms_norm", {{3, 2, 9}, {9}}, function(g, x) return ck.rms_norm(x[1], x[2], 1e-6) end, {probe = 16})
+gradcheck("rms_norm without weight", {{4, 8}}, function(g, x) return ck.rms_norm(x[1]) end, {probe = 16})
+
+-- rope's table: 3 tokens on 3 axes of 2, 2 and 4 dims (head dim 8), one text token at 0 and two image ones
+local nn = require "ck.nn"
+local rope_ids = {{0, 0, 0}, {0, 0, 1}, {0, 1, 0}}
+local function with_table(build)
+  local tab
+  return function(g, x)
+    tab = g:input("rope_table", {3, 8})
+    return build(g, x, tab)
+  end, {probe = 16, set = function(p) p:set(tab, nn.rope_table(rope_ids, {2, 2, 4})) end}
+end
+do
+  local build, opts = with_table(function(g, x, tab) return ck.rope(x[1], tab) end)
+  gradcheck("rope [2,3,2*8]", {{2, 3, 16}}, build, opts)
+  build, opts = with_table(function(g, x, tab) return ck.rope(ck.permute(x[1], {0, 2, 1, 3}), tab) end)
+  gradcheck("rope [B,H,L,D]", {{1, 3, 2, 8}}, build, opts)
+end
+gradcheck("modulate", {{2, 3, 5}, {2, 5}, {2, 5}}, function(g, x) return ck.modulate(x[1], x[2], x[3]) end, {probe = 10})
+gradcheck("gate", {{2, 3, 5}, {2, 5}, {2, 3, 5}}, function(g, x) return ck.gate(x[1], x[2], x[3]) end, {probe = 10})
+
+-- Flux's double-stream attention, chained from these ops as DoubleStreamBlock
+-- does (BFL layers.py): per stream (text, image) adaLN modulation from vec
+-- (shift, scale, gate), LayerNorm without affine, qkv, RMSNorm on each head of
+-- q and k, the joint sequence [text; image] rotated by rope and attended, split
+-- back, projected and added through the gate. 2 text and 4 image tokens, 2
+-- heads of 8, one sample.
+do
+  local tab
+  local C, H, D, LT, LI = 16, 2, 8, 2, 4
+  local ids = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1}}
+  local shapes = {{1, LT, C}, {1, LI, C}, {1, C}}
+  for _ = 1, 2 do -- per stream: mod W, b; qkv W, b; q and k norm weights; proj W, b
+    for _, s in ipairs({{3 * C, C}, {3 * C}, {3 * C, C}, {3 * C}, {D}, {D}, {C, C}, {C}}) do shapes[#shapes + 1] = s end
+  end
+  gradcheck("Flux double-stream attention, chained", shapes, function(g, x)
+    tab = g:input("rope_table", {LT + LI, D})
+    local vec = ck.silu(x[3])
+    local q, k, v, gates, res = {}, {}, {}, {}, {}
+    for s = 1, 2 do
+      local w = function(i) return x[3 + (s - 1) * 8 + i] end
+      local mod = ck.linear(vec, w(1), w(2))
+      local shift, scale = ck.slice(mod, 1, 0, C), ck.slice(mod, 1, C, C)
+      gates[s], res[s] = ck.slice(mod, 1, 2 * C, C), x[s]
+      local L = x[s].shape[2]
+      local h = ck.modulate(ck.layer_norm(x[s], nil, nil, 1e-6), shift, scale)
+      local qkv = ck.linear(h, w(3), w(4))
+      local function head_norm(t, wn) return ck.reshape(ck.rms_norm(ck.reshape(t, {1, L, H, D}), wn, 1e-6), {1, L, C}) end
+      q[s] = head_norm(ck.slice(qkv, 2, 0, C), w(5))
+      k[s] = head_norm(ck.slice(qkv, 2, C, C), w(6))
+      v[s] = ck.slice(qkv, 2, 2 * C, C)
+    end
+    local jq = ck.rope(ck.concat(q[1], q[2], 1), tab)
+    local jk = ck.rope(ck.concat(k[1], k[2], 1), tab)
+    local o = ck.attention(jq, jk, ck.concat(v[1], v[2], 1), H)
+    local out = {}
+    for s = 1, 2 do
+      local w = function(i) return x[3 + (s - 1) * 8 + i] end
+      local os = ck.slice(o, 1, s == 1 and 0 or LT, s == 1 and LT or LI)
+      out[s] = ck.gate(res[s], gates[s], ck.linear(os, w(7), w(8)))
+    end
+    return ck.concat(out[1], out[2], 1)
+  end, {probe = 6, set = function(p) p:set(tab, nn.rope_table(ids, {2, 2, 4})) end})
+end
+
 gradcheck("silu", {{3, 7}}, function(g, x) return ck.silu(x[1]) end)
 gradcheck("gelu erf", {{3, 7}}, function(g, x) return ck.gelu(x[1]) end)
 gradcheck("gelu tanh", {{3, 7}}, function(g, x) return ck.gelu(x[1], "tanh") end)

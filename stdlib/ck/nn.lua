@@ -230,20 +230,24 @@ end
 -- theta 10000, ids {0, 0, 0} for text tokens and {0, row, col} for image ones.
 function nn.rope_table(ids, axes_dim, theta)
   theta = theta or 10000
-  assert(type(ids) == "table" and type(axes_dim) == "table", "rope_table(ids, axes_dim [, theta])")
-  assert(type(theta) == "number" and theta > 0, "rope_table: theta must be a positive number")
+  if type(ids) ~= "table" or type(axes_dim) ~= "table" then error("rope_table(ids, axes_dim [, theta])", 2) end
+  if type(theta) ~= "number" or not (theta > 0) then error("rope_table: theta must be a positive number", 2) end
   local omega = {}
   for i, d in ipairs(axes_dim) do
-    assert(math.type(d) == "integer" and d > 0 and d % 2 == 0,
-      "rope_table: axes_dim[" .. i .. "] must be a positive even whole number, got " .. tostring(d))
+    if math.type(d) ~= "integer" or d <= 0 or d % 2 ~= 0 then
+      error("rope_table: axes_dim[" .. i .. "] must be a positive even whole number, got " .. tostring(d), 2)
+    end
     for j = 0, d // 2 - 1 do omega[#omega + 1] = {i, 1 / theta ^ (2 * j / d)} end
   end
   local out, n = {}, 0
   for l, pos in ipairs(ids) do
-    assert(type(pos) == "table" and #pos == #axes_dim,
-      "rope_table: ids[" .. l .. "] must list " .. #axes_dim .. " positions, one per axis")
+    if type(pos) ~= "table" or #pos ~= #axes_dim then
+      error("rope_table: ids[" .. l .. "] must list " .. #axes_dim .. " positions, one per axis", 2)
+    end
     for _, w in ipairs(omega) do
-      local a = pos[w[1]] * w[2]
+      local p = pos[w[1]]
+      if type(p) ~= "number" then error("rope_table: ids[" .. l .. "] holds a " .. type(p) .. ", not a position", 2) end
+      local a = p * w[2]
       out[n + 1], out[n + 2] = math.cos(a), math.sin(a)
       n = n + 2
     end

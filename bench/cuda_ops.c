@@ -1,11 +1,12 @@
 /* Times the UNet's heaviest ops on the CUDA backend at two scales: sdxl-tiny
  * with 64x64 latents and full SDXL at 1024x1024 (128x128 latents), batch 1,
  * fp32, deterministic algorithms (the defaults), and attention again with
- * bf16 storage (the tensor-core kernels) at SDXL's two self-attention sizes.
+ * bf16 storage (the tensor-core kernels) at SDXL's two self-attention sizes;
+ * and Flux.1's block ops at 1024x1024 ("flux": mostly bf16 storage).
  * One JSON object per line on stdout, which bench/cuda_ops_torch.py reads to
  * time the same ops in PyTorch:
  *
- *   build/bench_cuda_ops [--reps N] [--only tiny|full] > out/cuda_ops.jsonl
+ *   build/bench_cuda_ops [--reps N] [--only tiny|full|flux] > out/cuda_ops.jsonl
  *
  * Each op runs on random inputs with the workspace a GPU plan gives it
  * (ck_cuda_workspace: for a convolution, the algorithm chosen for its shape), twice to warm up, then N times
@@ -30,7 +31,8 @@ typedef struct bcase {
     ck_shape preset[CK_MAX_OUT];
     int mem; /* memory-bound: report bytes and GB/s */
     unsigned alias; /* bit k: output k updates an input in place (AdamW: param, m, v are inputs 0, 2, 3) */
-    int bf16; /* every tensor in bf16 storage (ck_cuda_kernels_bf16) */
+    int bf16; /* every tensor in bf16 storage (ck_cuda_kernels_bf16), but ck_op_f32_inputs' (rope's table) */
+    unsigned unwanted; /* bit k: output k not wanted (as autodiff leaves a norm's parameter gradients it has none of) */
 } bcase;
 
 #define SH(...) {sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}}
@@ -58,6 +60,12 @@ typedef struct bcase {
     {scale, label, CK_OP_ATTENTION, {.i = {H}}, 3, .in = {SH(1, LQ, HD), SH(1, LK, HD), SH(1, LK, HD)}, .bf16 = 1},  \
         {scale, label, CK_OP_ATTENTION_BWD, {.i = {H}}, 4,                                                           \
          .in = {SH(1, LQ, HD), SH(1, LQ, HD), SH(1, LK, HD), SH(1, LK, HD)}, .bf16 = 1}
+
+/* Flux.1-dev at 1024x1024, batch 1: 512 text and 4096 image tokens (4608 in the
+ * joint sequence), hidden 3072 = 24 heads of 128; T5-XXL's rows of 4096 */
+#define FLUX_L 4608
+#define FLUX_C 3072
+#define RMS {.i = {0}, .f = {1e-6f}}
 
 /* The shapes of one resnet (GroupNorm, SiLU, 3x3 conv) and one transformer block
  * (LayerNorm, self and cross attention, projections, GEGLU feed-forward) at the
@@ -145,6 +153,38 @@ static const bcase cases[] = {
     {"full", "permute 640 @64x64 -> tokens bf16", CK_OP_PERMUTE, {.i = {0, 2, 3, 1}}, 1, .in = {SH(1, 640, 64, 64)},
      .mem = 1, .bf16 = 1},
     {"full", "upsample2x 1280 @32x32 bf16", CK_OP_UPSAMPLE2X, NOP, 1, .in = {SH(1, 1280, 32, 32)}, .mem = 1, .bf16 = 1},
+    /* Flux.1's block ops in bf16 (and the norms in fp32 too): LayerNorm without affine, adaLN's modulate
+     * and gate, the q/k RMSNorm over the head dim, rope on q [1,L,H*D] with its fp32 table, the joint
+     * attention at head dim 128; T5's RMSNorm over d_model */
+    {"flux", "layer_norm no affine 4608x3072", CK_OP_LAYER_NORM, RMS, 1, .in = {SH(1, FLUX_L, FLUX_C)}, .mem = 1},
+    {"flux", "layer_norm no affine 4608x3072", CK_OP_LAYER_NORM_BWD, RMS, 2,
+     .in = {SH(1, FLUX_L, FLUX_C), SH(1, FLUX_L, FLUX_C)}, .mem = 1, .unwanted = 6},
+    {"flux", "layer_norm no affine 4608x3072 bf16", CK_OP_LAYER_NORM, RMS, 1, .in = {SH(1, FLUX_L, FLUX_C)}, .mem = 1,
+     .bf16 = 1},
+    {"flux", "layer_norm no affine 4608x3072 bf16", CK_OP_LAYER_NORM_BWD, RMS, 2,
+     .in = {SH(1, FLUX_L, FLUX_C), SH(1, FLUX_L, FLUX_C)}, .mem = 1, .bf16 = 1, .unwanted = 6},
+    {"flux", "modulate 4608x3072 bf16", CK_OP_MODULATE, NOP, 3, .in = {SH(1, FLUX_L, FLUX_C), SH(1, FLUX_C), SH(1, FLUX_C)},
+     .mem = 1, .bf16 = 1},
+    {"flux", "modulate 4608x3072 bf16", CK_OP_MODULATE_BWD, NOP, 3,
+     .in = {SH(1, FLUX_L, FLUX_C), SH(1, FLUX_L, FLUX_C), SH(1, FLUX_C)}, .mem = 1, .bf16 = 1},
+    {"flux", "gate 4608x3072 bf16", CK_OP_GATE, NOP, 3, .in = {SH(1, FLUX_L, FLUX_C), SH(1, FLUX_C), SH(1, FLUX_L, FLUX_C)},
+     .mem = 1, .bf16 = 1},
+    {"flux", "gate 4608x3072 bf16", CK_OP_GATE_BWD, NOP, 3,
+     .in = {SH(1, FLUX_L, FLUX_C), SH(1, FLUX_C), SH(1, FLUX_L, FLUX_C)}, .mem = 1, .bf16 = 1},
+    {"flux", "q/k rms_norm 4608x24x128", CK_OP_RMS_NORM, RMS, 2, .in = {SH(1, FLUX_L, 24, 128), SH(128)}, .mem = 1},
+    {"flux", "q/k rms_norm 4608x24x128", CK_OP_RMS_NORM_BWD, RMS, 3,
+     .in = {SH(1, FLUX_L, 24, 128), SH(1, FLUX_L, 24, 128), SH(128)}, .mem = 1},
+    {"flux", "q/k rms_norm 4608x24x128 bf16", CK_OP_RMS_NORM, RMS, 2, .in = {SH(1, FLUX_L, 24, 128), SH(128)}, .mem = 1,
+     .bf16 = 1},
+    {"flux", "q/k rms_norm 4608x24x128 bf16", CK_OP_RMS_NORM_BWD, RMS, 3,
+     .in = {SH(1, FLUX_L, 24, 128), SH(1, FLUX_L, 24, 128), SH(128)}, .mem = 1, .bf16 = 1},
+    {"flux", "rope 4608x24x128", CK_OP_ROPE, NOP, 2, .in = {SH(1, FLUX_L, FLUX_C), SH(FLUX_L, 128)}, .mem = 1},
+    {"flux", "rope 4608x24x128 bf16", CK_OP_ROPE, NOP, 2, .in = {SH(1, FLUX_L, FLUX_C), SH(FLUX_L, 128)}, .mem = 1,
+     .bf16 = 1},
+    ATTN_BF16("flux", "joint attention L4608 24x128 bf16", FLUX_L, FLUX_L, FLUX_C, 24),
+    {"flux", "T5 rms_norm 512x4096 bf16", CK_OP_RMS_NORM, RMS, 2, .in = {SH(1, 512, 4096), SH(4096)}, .mem = 1, .bf16 = 1},
+    {"flux", "T5 rms_norm 512x4096 bf16", CK_OP_RMS_NORM_BWD, RMS, 3, .in = {SH(1, 512, 4096), SH(1, 512, 4096), SH(4096)},
+     .mem = 1, .bf16 = 1},
     /* an AdamW update of 64M parameters (SDXL's 2.6B in 40 such calls): p, g, m, v read, p, m, v written */
     {"full", "adamw_step 64M", CK_OP_ADAMW_STEP, ADAMW, 4, .in = {SH(1 << 26), SH(1 << 26), SH(1 << 26), SH(1 << 26)},
      .mem = 1, .alias = 7},
@@ -183,7 +223,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--only tiny|full]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--only tiny|full|flux]\n", argv[0]);
             return 2;
         }
     }
@@ -212,9 +252,12 @@ int main(int argc, char **argv)
         ck_view vin[CK_MAX_IN], vout[CK_MAX_OUT];
         memset(vin, 0, sizeof vin);
         memset(vout, 0, sizeof vout);
+        size_t esz[CK_MAX_IN];
+        for (int j = 0; j < b->nin; j++) esz[j] = b->bf16 && !(ck_op_f32_inputs(b->op) >> j & 1) ? 2 : 4;
         const size_t es = b->bf16 ? 2 : 4;
         for (int j = 0; j < b->nin; j++) {
             const int64_t n = ck_shape_numel(&b->in[j]);
+            const size_t ies = esz[j];
             float *h = malloc(sizeof(float) * (size_t)n);
             uint16_t *h16 = malloc(sizeof(uint16_t) * (size_t)n);
             uint64_t s = 0x9E3779B97F4A7C15ull + (uint64_t)j;
@@ -223,8 +266,8 @@ int main(int argc, char **argv)
                 h[e] = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
                 h16[e] = to_bf16(h[e]);
             }
-            vin[j].data = ck_cuda_alloc(es * (size_t)n);
-            ck_cuda_upload(vin[j].data, b->bf16 ? (const void *)h16 : (const void *)h, es * (size_t)n);
+            vin[j].data = ck_cuda_alloc(ies * (size_t)n);
+            ck_cuda_upload(vin[j].data, ies == 2 ? (const void *)h16 : (const void *)h, ies * (size_t)n);
             free(h), free(h16);
             vin[j].ndim = b->in[j].ndim;
             memcpy(vin[j].shape, b->in[j].d, sizeof b->in[j].d);
@@ -232,10 +275,11 @@ int main(int argc, char **argv)
         /* in-place updates (the optimizers): output k is input 0, 2, 3 (param, m, v) */
         static const int adamw_in[CK_MAX_OUT] = {0, 2, 3};
         size_t bytes = 0;
-        for (int j = 0; j < b->nin; j++) bytes += es * (size_t)ck_shape_numel(&b->in[j]);
+        for (int j = 0; j < b->nin; j++) bytes += esz[j] * (size_t)ck_shape_numel(&b->in[j]);
         for (int k = 0; k < nout; k++) {
             vout[k].ndim = out[k].ndim;
             memcpy(vout[k].shape, out[k].d, sizeof out[k].d);
+            if (b->unwanted >> k & 1) continue;
             bytes += es * (size_t)ck_shape_numel(&out[k]);
             vout[k].data = b->alias >> k & 1 ? vin[adamw_in[k]].data
                                              : ck_cuda_alloc(es * (size_t)ck_shape_numel(&out[k]));
@@ -275,7 +319,7 @@ int main(int argc, char **argv)
         fflush(stdout);
         for (int j = 0; j < b->nin; j++) ck_cuda_free(vin[j].data);
         for (int k = 0; k < nout; k++)
-            if (!(b->alias >> k & 1)) ck_cuda_free(vout[k].data);
+            if (!(b->alias >> k & 1) && vout[k].data) ck_cuda_free(vout[k].data);
         ck_cuda_free(kctx.ws);
     }
     ck_cuda_close(c);

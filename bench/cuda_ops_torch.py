@@ -6,13 +6,14 @@ on the same shapes, in PyTorch on the same GPU, and prints one markdown table.
 
 PyTorch runs fp32 with TF32 off and cuDNN's deterministic algorithms (ckrun's
 defaults); records with "dtype": "bf16" (attention, products, GEGLU, permute,
-upsample with bf16 storage) run in bf16, where scaled_dot_product_attention
+upsample, Flux's block ops with bf16 storage) run in bf16, where scaled_dot_product_attention
 picks its flash-attention kernels. Times are CUDA-event medians of --reps runs after two warm-ups. A
 backward is timed as PyTorch's own backward kernel where aten has one that takes
 the forward's saved statistics (group/layer norm: ckrun recomputes them, which
 the ratio includes); attention's backward is autograd's forward + backward
-minus the forward, and so is group_norm_silu's (silu of group_norm, two ops in
-PyTorch). Memory-bound rows give the bytes ckrun's row moves (every input read
+minus the forward, and so are group_norm_silu's (silu of group_norm, two ops in
+PyTorch), rms_norm's and modulate's and gate's (the broadcasting expressions
+diffusers' Flux blocks run). rope is BFL's apply_rope expression. Memory-bound rows give the bytes ckrun's row moves (every input read
 once, every output written once) over each side's time, beside the device's
 bandwidth (the H200's 4.8 TB/s); they are what the runs measured, nothing more.
 """
@@ -123,15 +124,84 @@ def torch_fn(rec):
         return opt.step
     if op == "layer_norm":
         dt = dtype_of(rec)
-        x, g, b = rand(ins[0], dt), rand(ins[1], dt), rand(ins[2], dt)
+        x = rand(ins[0], dt)
+        g = rand(ins[1], dt) if len(ins) > 1 else None
+        b = rand(ins[2], dt) if len(ins) > 2 else None
         return lambda: F.layer_norm(x, (x.shape[-1],), g, b, f[0])
     if op == "layer_norm_bwd":
         dt = dtype_of(rec)
-        dy, x, g = rand(ins[0], dt), rand(ins[1], dt), rand(ins[2], dt)
-        b = torch.zeros_like(g)
+        dy, x = rand(ins[0], dt), rand(ins[1], dt)
+        g = rand(ins[2], dt) if len(ins) > 2 else None
+        b = torch.zeros_like(g) if g is not None else None
         shape = [x.shape[-1]]
         _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, g, b, f[0])
-        return lambda: torch.ops.aten.native_layer_norm_backward(dy, x, shape, mean, rstd, g, b, [True, True, True])
+        mask = [True, g is not None, g is not None]
+        return lambda: torch.ops.aten.native_layer_norm_backward(dy, x, shape, mean, rstd, g, b, mask)
+    if op == "rms_norm":
+        dt = dtype_of(rec)
+        x = rand(ins[0], dt)
+        w = rand(ins[1], dt) if len(ins) > 1 else None
+        return lambda: F.rms_norm(x, (x.shape[-1],), w, f[0])
+    if op == "rms_norm_bwd":
+        # autograd's forward + backward minus the forward (aten has no backward kernel of its own)
+        dt = dtype_of(rec)
+        dy = rand(ins[0], dt)
+        x = rand(ins[1], dt).requires_grad_()
+        w = rand(ins[2], dt).requires_grad_() if len(ins) > 2 else None
+        wrt = (x, w) if w is not None else (x,)
+
+        def fwd_bwd():
+            torch.autograd.grad(F.rms_norm(x, (x.shape[-1],), w, f[0]), wrt, dy)
+
+        def fwd():
+            with torch.no_grad():
+                F.rms_norm(x, (x.shape[-1],), w, f[0])
+
+        return (fwd_bwd, fwd)
+    if op == "rope":
+        # Black Forest Labs' apply_rope on q [B,L,H*D] viewed [B,L,H,D/2,1,2] with its
+        # fp32 [L,D/2,2,2] table; the rotation in fp32, the result in q's type
+        dt = dtype_of(rec)
+        B, L, F_ = ins[0]
+        D = ins[1][1]
+        x = rand(ins[0], dt)
+        ang = torch.rand(L, D // 2, device="cuda") * 6.28
+        fc = torch.stack([ang.cos(), -ang.sin(), ang.sin(), ang.cos()], -1).view(1, L, 1, D // 2, 2, 2)
+
+        def rope():
+            x_ = x.float().reshape(B, L, F_ // D, D // 2, 1, 2)
+            return (fc[..., 0] * x_[..., 0] + fc[..., 1] * x_[..., 1]).reshape(B, L, F_).type_as(x)
+
+        return rope
+    if op in ("modulate", "gate"):
+        dt = dtype_of(rec)
+        x, a = rand(ins[0], dt), rand(ins[1], dt)[:, None]
+        if op == "gate":
+            y = rand(ins[2], dt)
+            return lambda: x + a * y
+        scale = rand(ins[2], dt)[:, None]
+        return lambda: (1 + scale) * x + a
+    if op in ("modulate_bwd", "gate_bwd"):
+        # autograd's forward + backward minus the forward, as diffusers' blocks run them
+        dt = dtype_of(rec)
+        dy = rand(ins[0], dt)
+        if op == "gate_bwd":
+            g, y = rand(ins[1], dt).requires_grad_(), rand(ins[2], dt).requires_grad_()
+            x = torch.zeros_like(y)
+            run, wrt = (lambda: x + g[:, None] * y), (g, y)
+        else:
+            x, sc = rand(ins[1], dt).requires_grad_(), rand(ins[2], dt).requires_grad_()
+            sh = torch.zeros_like(sc).requires_grad_()
+            run, wrt = (lambda: (1 + sc[:, None]) * x + sh[:, None]), (x, sh, sc)
+
+        def fwd_bwd():
+            torch.autograd.grad(run(), wrt, dy)
+
+        def fwd():
+            with torch.no_grad():
+                run()
+
+        return (fwd_bwd, fwd)
     if op == "attention":
         q, k, v = attention_inputs(rec)
         scale = f[0] or None

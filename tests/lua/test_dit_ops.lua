@@ -120,6 +120,79 @@ do
     table.concat(names, " "))
 end
 
+-- against diffusers' Flux modules (tests/ref/make_flux_ops_ref.py): FluxPosEmbed and
+-- apply_rotary_emb, torch.nn.RMSNorm, LayerNorm without affine, AdaLayerNormZero and
+-- the gated residual, and a whole FluxAttention (a double block's joint attention)
+-- built from these ops; max |ckrun - diffusers| over max |diffusers| per output
+do
+  local f <close> = ck.safetensors("tests/data/flux_ops/ref.safetensors")
+  local function worst(got, want)
+    local e, m = 0, 0
+    for i = 1, #want do
+      e, m = math.max(e, math.abs(got[i] - want[i])), math.max(m, math.abs(want[i]))
+    end
+    return #got == #want and e / m or math.huge
+  end
+  local idf = f:read("rope/ids")
+  local ids = {}
+  for l = 1, #idf // 3 do ids[l] = {idf[3 * l - 2], idf[3 * l - 1], idf[3 * l]} end
+  local tab = nn.rope_table(ids, {4, 6, 6}, 10000)
+  -- diffusers' cos and sin [L, 16] repeat each pair's value twice
+  local cs, sn, e = f:read("rope/cos"), f:read("rope/sin"), 0
+  for i = 1, #cs do
+    local pair = (i - 1) // 2
+    e = math.max(e, math.abs(tab[2 * pair + 1] - cs[i]), math.abs(tab[2 * pair + 2] - sn[i]))
+  end
+  T.ok(#tab == #cs and e < 1e-7, string.format("rope_table is FluxPosEmbed's cos and sin (worst %.2g)", e))
+
+  local g = ck.graph()
+  local function input(name) local t = g:input(name, f:shape(name)); return t end
+  local x, table_in = input("rope/x"), g:input("tab", {11, 16})
+  local outs = {["rope/out"] = ck.rope(x, table_in)}
+  local rx, rw = input("rms/x"), input("rms/weight")
+  outs["rms/out"] = ck.rms_norm(rx, rw, 1e-6)
+  outs["ln/out"] = ck.layer_norm(input("ln/x"), nil, nil, 1e-6)
+  local ax, emb = input("adaln/x"), input("adaln/emb")
+  local mod = ck.linear(ck.silu(emb), input("adaln/norm1.linear.weight"), input("adaln/norm1.linear.bias"))
+  local gate_msa = ck.slice(mod, 1, 64, 32)
+  outs["adaln/out"] = ck.modulate(ck.layer_norm(ax, nil, nil, 1e-6), ck.slice(mod, 1, 0, 32), ck.slice(mod, 1, 32, 32))
+  outs["adaln/gate_msa"] = gate_msa
+  outs["adaln/gated"] = ck.gate(ax, gate_msa, input("adaln/y"))
+  -- FluxAttention: per stream q, k, v; RMSNorm on each head of q and k; [text; image]; rope; attention
+  local function proj(t, name) return ck.linear(t, input("attn/" .. name .. ".weight"), input("attn/" .. name .. ".bias")) end
+  local function head_norm(t, name)
+    local L = t.shape[2]
+    return ck.reshape(ck.rms_norm(ck.reshape(t, {1, L, 2, 16}), input("attn/" .. name .. ".weight"), 1e-6), {1, L, 32})
+  end
+  local img, txt = input("attn/hidden"), input("attn/encoder")
+  local q = ck.concat(head_norm(proj(txt, "add_q_proj"), "norm_added_q"), head_norm(proj(img, "to_q"), "norm_q"), 1)
+  local k = ck.concat(head_norm(proj(txt, "add_k_proj"), "norm_added_k"), head_norm(proj(img, "to_k"), "norm_k"), 1)
+  local v = ck.concat(proj(txt, "add_v_proj"), proj(img, "to_v"), 1)
+  local o = ck.attention(ck.rope(q, table_in), ck.rope(k, table_in), v, 2)
+  outs["attn/encoder_out"] = proj(ck.slice(o, 1, 0, 3), "to_add_out")
+  outs["attn/out"] = proj(ck.slice(o, 1, 3, 8), "to_out.0")
+
+  local list = {}
+  for _, t in pairs(outs) do list[#list + 1] = t end
+  local p = g:compile{outputs = list, optimizer = "none"}
+  for _, name in ipairs(f:keys()) do
+    if not outs[name] and name ~= "rope/ids" and name ~= "rope/cos" and name ~= "rope/sin" and name ~= "attn/out"
+      and name ~= "attn/encoder_out" and name ~= "adaln/gated" then
+      p:set(name, f:read(name))
+    end
+  end
+  p:set(table_in, tab)
+  p:forward()
+  local tol = {["attn/out"] = 2e-6, ["attn/encoder_out"] = 2e-6}
+  local names = {}
+  for name in pairs(outs) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local err = worst(p:get(outs[name]), f:read(name))
+    T.ok(err <= (tol[name] or 1e-6), string.format("%s as diffusers' (worst %.2g of the largest)", name, err))
+  end
+end
+
 -- bad arguments: one line naming the op and this script's line
 do
   local g = ck.graph()

@@ -338,20 +338,21 @@ GRAD(concat)
 GRAD(slice)
 {
     int64_t dim = n->p.i[0], start = n->p.i[1], len = n->p.i[2];
-    const ck_shape *xs = &a->g->t[n->in[0]].shape;
+    /* a copy: each node emitted may move the graph's tensor table */
+    const ck_shape xs = a->g->t[n->in[0]].shape;
     int d = dy;
     ck_op_params zero = {0}, cat = {0};
     cat.i[0] = dim;
     if (start > 0) {
-        ck_shape s = *xs;
+        ck_shape s = xs;
         s.d[dim] = start;
         int z = emit1(a, CK_OP_FILL, NULL, 0, &zero, &s);
         int bi[2] = {z, d};
         d = z < 0 ? -1 : emit1(a, CK_OP_CONCAT, bi, 2, &cat, NULL);
     }
-    if (d >= 0 && start + len < xs->d[dim]) {
-        ck_shape s = *xs;
-        s.d[dim] = xs->d[dim] - start - len;
+    if (d >= 0 && start + len < xs.d[dim]) {
+        ck_shape s = xs;
+        s.d[dim] = xs.d[dim] - start - len;
         int z = emit1(a, CK_OP_FILL, NULL, 0, &zero, &s);
         int bi[2] = {d, z};
         d = z < 0 ? -1 : emit1(a, CK_OP_CONCAT, bi, 2, &cat, NULL);

@@ -113,7 +113,14 @@ local function plain_split(s, sep)
   return out
 end
 
-local function strip(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
+-- s without its leading and trailing white space, in time linear in #s (the
+-- patterns "^%s*(.-)%s*$" and "%s+$" backtrack over a run of spaces from
+-- each of its characters: minutes for a 100 KB caption)
+local function strip(s)
+  local a = s:find("%S")
+  return a and s:match(".*%S", a) or ""
+end
+M.strip = strip
 
 local function extension(name)
   local ext = name:match("%.([^.]+)$")

@@ -40,6 +40,13 @@ M.distance = distance
 
 local function got(v) return ", got '" .. tostring(v) .. "'" end
 
+-- s without leading and trailing spaces, in time linear in #s (the pattern
+-- "^%s*(.-)%s*$" backtracks over a run of spaces from each of its characters)
+local function trim(s)
+  local a = s:find("%S")
+  return a and s:match(".*%S", a) or ""
+end
+
 -- a number's range in words: [min, below), > above, >= min
 local function range(e)
   if e.min and e.below then return string.format(" in [%s, %s)", e.min, e.below) end
@@ -84,7 +91,7 @@ M.types = {
   list = function(_, v)
     if type(v) ~= "string" and type(v) ~= "number" then return nil, "wants a comma-separated list" .. got(v) end
     local out = {}
-    for s in tostring(v):gmatch("[^,]+") do out[#out + 1] = s:match("^%s*(.-)%s*$") end
+    for s in tostring(v):gmatch("[^,]+") do out[#out + 1] = trim(s) end
     return out
   end,
   -- bytes: a number, or with a unit ("24 GiB", "512MiB"), as ck.policy.bytes reads it

@@ -271,7 +271,7 @@ if o["sample-prompts"] then
   end
   sample_prompts = require("ck.pipeline").read_prompts(o["sample-prompts"], {width = resolution, height = resolution,
     steps = 30, cfg = 7.5, seed = seed, sampler = require("ck.pipeline").sampler_name(o["sample-sampler"]),
-    factor = 8 * (1 << (#config.block_out_channels - 1))})
+    config = config, prediction = prediction})
 elseif sample_every > 0 or o["sample-at-first"] then
   error("--sample-every and --sample-at-first render the prompts of --sample-prompts FILE: give it")
 end

@@ -70,7 +70,7 @@ ck.write_safetensors('$dir/stray.safetensors', {{'lora_unet_nowhere.lora_down.we
 err=$("$CKRUN" $A $G --lora "$dir/stray.safetensors" --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
 one_line $rc "$err" "stray.safetensors: LoRA key 'lora_unet_nowhere.lora_down.weight' matches no module" ; ok $? "a key matching no module: one line naming it and the file ($err)"
 err=$("$CKRUN" $A scripts/generate.lua --width 60 --height 32 --steps 3 --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
-one_line $rc "$err" "width must be a positive multiple of 8 pixels, got 60" ; ok $? "--width 60: one line ($err)"
+one_line $rc "$err" "width 60: a size must be a positive multiple of 8 pixels" ; ok $? "--width 60: one line ($err)"
 err=$("$CKRUN" $A $G --sampler heun --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
 one_line $rc "$err" "sampler" ; ok $? "--sampler heun: one line ($err)"
 [ "$good" = "$(md5sum "$dir/a.png")" ] ; ok $? "the PNG already there is as it was"

@@ -241,7 +241,7 @@ local function sample_settings(o, factor, scheduler, named, default_size)
     local v = rawget(o, k)
     if v ~= nil then
       local ok, at = utf8.len(v)
-      if not ok then bad(k, v, "not UTF-8 text (byte %d)", at) end
+      if not ok then error({msg = string.format("%s is not UTF-8 text (byte %d)", named(k), at)}, 0) end
       -- the PNG's parameters text holds the prompts, and a text chunk ends at a NUL
       if v:find("\0", 1, true) then bad(k, v, "holds a NUL byte, which no PNG text can") end
     end

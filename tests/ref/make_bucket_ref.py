@@ -63,7 +63,9 @@ def image_sizes(r, lo, hi):
              (640, 480), (480, 640), (1920, 1080), (1080, 1920), (3000, 2000), (2000, 3000), (4032, 3024),
              (lo, 4 * lo), (4 * lo, lo), (lo + 1, lo + 1), (777, 333), (333, 777), (2048, 512), (512, 2048),
              (896, 1152), (1152, 896), (1023, 1025), (257, 1999), (5000, 700),
-             (lo // 2, lo // 2), (lo - 1, 3 * lo), (3 * lo, lo - 1), (lo // 2, 2 * hi)]
+             (lo // 2, lo // 2), (lo - 1, 3 * lo), (3 * lo, lo - 1), (lo // 2, 2 * hi),
+             # smaller than every bucket (kohya scales them up): a folder of 96x80 images, slivers, a pixel
+             (96, 80), (80, 96), (lo // 4, lo // 3), (7, lo), (lo, 7), (1, 1), (63, 65), (130, 2)]
     for _ in range(30):
         sizes.append((r.randint(lo, 3 * hi), r.randint(lo, 3 * hi)))
     return sizes
@@ -124,11 +126,12 @@ def main():
             c["buckets"] = [list(x) for x in bm.predefined_resos] if not no_upscale else None
             c["images"] = [one(bm, w, h) for w, h in sizes]
             cases.append(c)
-        # without bucketing: one bucket of the resolution (BaseDataset.make_buckets)
+        # without bucketing: one bucket of the resolution (BaseDataset.make_buckets),
+        # images smaller than it scaled up
         bm = BucketManager(False, res, None, None, None)
         bm.set_predefined_resos([res])
         c = dict(s, enable=False, no_upscale=False, buckets=[list(res)])
-        c["images"] = [one(bm, w, h) for w, h in sizes if w >= res[0] and h >= res[1]]
+        c["images"] = [one(bm, w, h) for w, h in sizes]
         cases.append(c)
 
     os.makedirs(OUT, exist_ok=True)

@@ -153,9 +153,8 @@ local function unet_config(tbl, file)
     fail("%s: key 'addition_embed_type' is %s; ck.unet builds text_time or none", file,
       tostring(c.addition_embed_type))
   end
-  for _, k in ipairs{"layers_per_block", "transformer_layers_per_block", "attention_head_dim", "num_attention_heads"} do
-    if type(c[k]) == "table" and #c[k] ~= n then fail("%s: key '%s' must be a number or a list of %d", file, k, n) end
-  end
+  local why = require("ck.unet").check_config(c)
+  if why then fail("%s: %s", file, why) end
   return c
 end
 

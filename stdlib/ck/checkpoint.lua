@@ -344,6 +344,67 @@ local function open_clip_add(map, full, key, shape, path)
   return false
 end
 
+---- what a part's architecture holds
+
+-- the parameter names of ck.nn module trees (Linear, Conv2d, GroupNorm,
+-- LayerNorm and embedding tables declare all of ck's parameters): a set
+local function param_names(roots)
+  local nn = require "ck.nn"
+  local names = {}
+  for _, root in ipairs(roots) do
+    for _, e in ipairs(root:named_modules("")) do
+      local m, p = e[2], e[1] == "" and "" or e[1] .. "."
+      local mt = getmetatable(m)
+      if mt == nn.Linear or mt == nn.Conv2d then
+        names[p .. "weight"] = true
+        if m.bias then names[p .. "bias"] = true end
+      elseif mt == nn.GroupNorm or mt == nn.LayerNorm then
+        names[p .. "weight"], names[p .. "bias"] = true, true
+      elseif m:type() == "nn.CLIPEmbedding" then
+        names[p .. "weight"] = true
+      end
+    end
+  end
+  return names
+end
+
+-- the whole architecture of a part by its config (every layer, the final
+-- norm, the projection of text_encoder_2: what the file may hold, not what a
+-- program builds of it)
+local function architecture(part, config)
+  if part == "unet" then
+    return param_names{require("ck.unet").UNet2DConditionModel(config)}
+  elseif part == "vae" then
+    local vae = require "ck.vae"
+    local c = vae.config(config)
+    return param_names{vae.EncoderPart(c), vae.DecoderPart(c)}
+  end
+  local clip = require "ck.clip"
+  local c = clip.config(config)
+  return param_names{clip.CLIPTextEncoder(c, {layers = c.num_hidden_layers, final = true,
+                                              projection = part == "text_encoder_2"})}
+end
+
+-- buffers transformers saves beside the parameters: nothing to load
+local BUFFERS = {["text_model.embeddings.position_ids"] = true}
+
+-- Every name of a part's map is a parameter of its architecture, or the key
+-- is refused naming the file: a key no rule maps and one mapped to a name the
+-- model lacks (a block index past the config's, an inner name of no module)
+-- are both unknown keys, never skipped. key_of(name) -> the file's key.
+local function check_names(part, map, config, file, key_of)
+  local ok, names = pcall(architecture, part, config)
+  if not ok then fail("%s: %s config: %s", file, part, tostring(type(names) == "table" and names.msg or names):gsub("^[^:]*:%d+: ", "")) end
+  local bad
+  for name in pairs(map) do
+    if not names[name] and (not bad or name < bad) then bad = name end
+  end
+  if bad then
+    fail("%s: tensor '%s' maps to '%s', which the %s does not have%s", file, key_of(bad), bad, part,
+      part == "unet" and " (with this UNet's config)" or "")
+  end
+end
+
 local UNET, VAE = "model.diffusion_model.", "first_stage_model."
 local CLIP_L, CLIP_G = "conditioner.embedders.0.transformer.", "conditioner.embedders.1.model."
 
@@ -404,10 +465,19 @@ local function open_single(path, opts)
     elseif starts(k, CLIP_L) then
       local rest = k:sub(#CLIP_L + 1)
       if not starts(rest, "text_model.") then unmapped(k) end
-      if not rest:match("%.position_ids$") then part("text_encoder")[rest] = k end -- a buffer, not a parameter
+      if not BUFFERS[rest] then part("text_encoder")[rest] = k end -- a buffer, not a parameter
     elseif starts(k, CLIP_G) then
       if not open_clip_add(part("text_encoder_2"), k, k:sub(#CLIP_G + 1), f:shape(k), path) then unmapped(k) end
     end
+  end
+  -- every mapped name a parameter of SDXL's parts (the UNet's by its config)
+  local configs = {unet = given and c or require("ck.unet").config("sdxl"), vae = "sdxl", text_encoder = "sdxl-l",
+                   text_encoder_2 = "sdxl-g"}
+  for name, p in pairs(parts) do
+    check_names(name, p.map, configs[name], path, function(n)
+      local src = p.map[n]
+      return type(src) == "table" and src.key or src
+    end)
   end
   local d = {kind = "single", file = path, unet_config = opts.unet_config}
   for name, p in pairs(parts) do d[name] = p end
@@ -468,6 +538,11 @@ local function open_folder(path, opts)
     if exists(dir .. "/config.json") then
       d[name .. "_config"] = read_json(dir .. "/config.json")
       d[name] = folder_part(dir, parts[name], opts.variant)
+      -- every tensor of the folder's weights a parameter of its config's architecture
+      local config = d[name .. "_config"]
+      if name == "unet" then config = unet_config(config, dir .. "/config.json") end
+      for k in pairs(d[name].map) do if BUFFERS[k] then d[name].map[k] = nil end end
+      check_names(name, d[name].map, config, d[name].file, function(n) return n end)
     elseif name == "unet" then
       fail("%s: not a diffusers SDXL folder: no unet/config.json", path)
     end

@@ -370,8 +370,15 @@ end
 
 -- the whole architecture of a part by its config (every layer, the final
 -- norm, the projection of text_encoder_2: what the file may hold, not what a
--- program builds of it)
+-- program builds of it); a named config's set is made once
+local named_sets = {}
 local function architecture(part, config)
+  if type(config) == "string" then
+    local key = part .. " " .. config
+    named_sets[key] = named_sets[key] or architecture(part, require(part == "unet" and "ck.unet" or part == "vae" and
+      "ck.vae" or "ck.clip").config(config))
+    return named_sets[key]
+  end
   if part == "unet" then
     return param_names{require("ck.unet").UNet2DConditionModel(config)}
   elseif part == "vae" then
@@ -404,6 +411,16 @@ local function check_names(part, map, config, file, key_of)
       part == "unet" and " (with this UNet's config)" or "")
   end
 end
+
+-- checkpoint.parameter_names(part, config) -> the set of parameter names
+-- of a part ("unet", "vae", "text_encoder", "text_encoder_2") of that config
+-- (a table, or a name as unet.config, vae.config and clip.config take): what
+-- a checkpoint's keys must map to
+checkpoint.parameter_names = public(function(part, config) 
+  local set = {}
+  for k in pairs(architecture(part, config)) do set[k] = true end
+  return set
+end)
 
 local UNET, VAE = "model.diffusion_model.", "first_stage_model."
 local CLIP_L, CLIP_G = "conditioner.embedders.0.transformer.", "conditioner.embedders.1.model."
@@ -471,8 +488,7 @@ local function open_single(path, opts)
     end
   end
   -- every mapped name a parameter of SDXL's parts (the UNet's by its config)
-  local configs = {unet = given and c or require("ck.unet").config("sdxl"), vae = "sdxl", text_encoder = "sdxl-l",
-                   text_encoder_2 = "sdxl-g"}
+  local configs = {unet = given and c or "sdxl", vae = "sdxl", text_encoder = "sdxl-l", text_encoder_2 = "sdxl-g"}
   for name, p in pairs(parts) do
     check_names(name, p.map, configs[name], path, function(n)
       local src = p.map[n]

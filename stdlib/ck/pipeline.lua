@@ -60,6 +60,8 @@ end
 -- tokenizer = FILE|DIR (encode.models'), name = what settings.model says,
 -- models = encode.models' table to use (base, seed and tokenizer then unused),
 -- unet_config = the UNet's config (default: the base's, or sdxl-tiny),
+-- scheduler = samplers.from_config's (the base folder's scheduler config: its
+-- schedule, prediction and default sampler; nil: SDXL's, as kohya samples),
 -- unet = function(w, h) -> {program, out, inputs} (unet.build's, at batch 2)
 -- and vae = function(w, h) -> {program, image}: the programs to run, made by
 -- the caller (a training script's, sharing its weights; LoRA files are then
@@ -90,7 +92,26 @@ function M.new(o)
   local name = rawget(o, "name") or (base and tostring(base.file):match("([^/]+)/*$")) or
     ("tiny-random-seed" .. models.seed)
   return setmetatable({models = models, name = name, unets = {}, vaes = {}, make_unet = rawget(o, "unet"),
-                       make_vae = rawget(o, "vae")}, Pipe)
+                       make_vae = rawget(o, "vae"), scheduler = rawget(o, "scheduler")}, Pipe)
+end
+
+-- pipeline.scheduler(base) -> samplers.from_config of a diffusers folder's
+-- scheduler/scheduler_config.json, or nil (a single file, or a folder without one)
+function M.scheduler(base)
+  if not base or base.kind ~= "diffusers" then return nil end
+  local file = base.file .. "/scheduler/scheduler_config.json"
+  local f = io.open(file, "rb")
+  if not f then return nil end
+  local text = f:read("a")
+  f:close()
+  local ok, j = pcall(ck.json_decode, text)
+  if not ok or type(j) ~= "table" then
+    error(string.format("%s: not a JSON object: %s", file, tostring(j):gsub("^[^:]*:%d+: ", "")), 2)
+  end
+  local sc
+  ok, sc = pcall(samplers.from_config, j, file)
+  if not ok then error(tostring(sc):gsub("^[^:]*:%d+: ", ""), 2) end
+  return sc
 end
 
 ---- LoRA files
@@ -263,14 +284,20 @@ local function sample_settings(o, factor, scheduler, named, default_size)
   local seed = rawget(o, "seed") or 0
   if math.type(seed) ~= "integer" or seed < 0 then bad("seed", seed, "a seed must be a whole number >= 0") end
   st.seed = seed
-  local name = rawget(o, "sampler") or (scheduler and scheduler.sampler) or "euler"
+  local name = rawget(o, "sampler")
+  if name == nil and scheduler and scheduler.class and not scheduler.sampler then
+    error({msg = string.format("%s: _class_name %s is a scheduler ckrun lacks: name a sampler (%s)", scheduler.file,
+      tostring(scheduler.class), table.concat(samplers.NAMES, ", "))}, 0)
+  end
+  name = name or (scheduler and scheduler.sampler) or "euler"
   if not M.sampler_name(name) or M.sampler_name(name) ~= name then
     error({msg = string.format("unknown sampler '%s' (samplers: %s)", shown(name), table.concat(samplers.NAMES, ", "))}, 0)
   end
+  if scheduler then scheduler.check(name) end -- the fields this sampler reads, each one ckrun has
   st.sampler = name
   local steps = rawget(o, "steps") or 30
   local so = {steps = steps, prediction = rawget(o, "prediction") or (scheduler and scheduler.prediction)}
-  for k, v in pairs(scheduler and scheduler.options or {}) do so[k] = v end
+  for k, v in pairs(scheduler and scheduler.options_for(name) or {}) do so[k] = v end
   local ok, sch = pcall(samplers.new, name, so)
   if not ok then bad("steps", steps, "%s", (tostring(sch):gsub("^[^:]*:%d+: ", ""):gsub("^samplers%.new: ", ""))) end
   st.steps, st.prediction, st.schedule = steps, sch.prediction, sch

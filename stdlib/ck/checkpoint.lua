@@ -545,6 +545,25 @@ local function folder_part(dir, stem, variant)
   fail("%s: no weights (%s, or a sharded .index.json)", dir, table.concat(names, ", "))
 end
 
+-- a folder's VAE or text encoder config, checked as ck.vae and ck.clip read
+-- it (type, sign, range), and a text encoder's token ids inside its vocabulary
+local function check_config(name, config, file)
+  local function unplaced(e) return (tostring(type(e) == "table" and e.msg or e):gsub("^[^:]*:%d+: ", "")) end
+  if name == "vae" then
+    local ok, e = pcall(require("ck.vae").config, config)
+    if not ok then fail("%s: %s", file, unplaced(e)) end
+    return
+  end
+  local ok, c = pcall(require("ck.clip").config, config)
+  if not ok then fail("%s: %s", file, unplaced(c)) end
+  for _, k in ipairs{"bos_token_id", "eos_token_id", "pad_token_id"} do
+    local v = rawget(config, k)
+    if v ~= nil and v ~= ck.json_null and not (math.type(v) == "integer" and v >= 0 and v < c.vocab_size) then
+      fail("%s: key '%s' is %s, not a token id of the %d-entry vocabulary", file, k, tostring(v), c.vocab_size)
+    end
+  end
+end
+
 local function open_folder(path, opts)
   local d = {kind = "diffusers", file = path}
   local parts = {unet = "diffusion_pytorch_model", vae = "diffusion_pytorch_model",
@@ -554,9 +573,11 @@ local function open_folder(path, opts)
     if exists(dir .. "/config.json") then
       d[name .. "_config"] = read_json(dir .. "/config.json")
       d[name] = folder_part(dir, parts[name], opts.variant)
-      -- every tensor of the folder's weights a parameter of its config's architecture
+      -- the config by type, sign and range (naming its file), then every
+      -- tensor of the folder's weights a parameter of its architecture
       local config = d[name .. "_config"]
-      if name == "unet" then config = unet_config(config, dir .. "/config.json") end
+      if name == "unet" then config = unet_config(config, dir .. "/config.json")
+      else check_config(name, config, dir .. "/config.json") end
       for k in pairs(d[name].map) do if BUFFERS[k] then d[name].map[k] = nil end end
       check_names(name, d[name].map, config, d[name].file, function(n) return n end)
     elseif name == "unet" then

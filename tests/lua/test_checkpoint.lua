@@ -386,6 +386,36 @@ do -- bad models and files, each refused with one line naming the key and the fi
     T.ok(not ok and one_line(err, c[1]), "a VAE config's " .. c[1] .. " of " .. tostring(c[2]) .. " is refused: " .. tostring(err))
   end
 
+  -- a folder's text encoder and VAE configs, checked naming their files
+  for _, c in ipairs{{"text_encoder", "eos_token_id", -3}, {"text_encoder_2", "num_hidden_layers", -1},
+                     {"text_encoder", "layer_norm_eps", 0}, {"vae", "scaling_factor", -1}, {"vae", "layers_per_block", 0}} do
+    local dir2 = path("cfg_" .. c[1] .. "_" .. c[2])
+    for _, part in ipairs{"unet", c[1]} do
+      assert(ck.mkdir(dir2 .. "/" .. part))
+      for _, n in ipairs(ck.listdir(FOLDER .. "/" .. part)) do
+        local src = assert(io.open(FOLDER .. "/" .. part .. "/" .. n, "rb"))
+        local bytes = src:read("a")
+        src:close()
+        if n == "config.json" and part == c[1] then
+          local j = ck.json_decode(bytes)
+          j[c[2]] = c[3]
+          bytes = ck.json_encode(j)
+        end
+        local dst = assert(io.open(dir2 .. "/" .. part .. "/" .. n, "wb"))
+        dst:write(bytes)
+        dst:close()
+      end
+    end
+    ok, err = try(checkpoint.open, dir2)
+    T.ok(not ok and one_line(err, dir2 .. "/" .. c[1] .. "/config.json", c[2]),
+      "a folder's " .. c[1] .. " config with " .. c[2] .. " " .. tostring(c[3]) .. " is refused naming it: " .. tostring(err))
+    for _, part in ipairs{"unet", c[1]} do
+      for _, n in ipairs(ck.listdir(dir2 .. "/" .. part)) do os.remove(dir2 .. "/" .. part .. "/" .. n) end
+      os.remove(dir2 .. "/" .. part)
+    end
+    os.remove(dir2)
+  end
+
   -- files that are not SDXL
   ok, err = try(checkpoint.open, folder.unet.file)
   T.ok(not ok and one_line(err, folder.unet.file, "not an SDXL checkpoint", "no model.diffusion_model.*"),

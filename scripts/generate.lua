@@ -41,7 +41,8 @@ local o = options.parse(args, {
    shown = "the diffusers folder's scheduler class, else euler"},
   {"prediction", "choice", nil, "what the UNet predicts (v for v-prediction models)", choices = {"eps", "v"},
    shown = "the diffusers folder's prediction_type, else eps"},
-  {"out", "string", "out/image.png", "the PNG written (whole, renamed into place)", arg = "PNG"},
+  {"out", "string", "out/image.png", "the PNG written (whole, renamed into place)", arg = "PNG",
+   check = options.file_to_write, says = options.FILE_TO_WRITE},
 })
 if not o then return end
 

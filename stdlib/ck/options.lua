@@ -109,6 +109,18 @@ M.types = {
   end,
 }
 
+-- for an option that names a file to write (check = options.file_to_write,
+-- says = options.FILE_TO_WRITE): false for a path that names a directory,
+-- spelled as one (a trailing '/', a last "." or "..") or one that exists, so
+-- the run is refused before its work, not at its end
+function M.file_to_write(v)
+  v = tostring(v)
+  if v == "" or v:sub(-1) == "/" or v:match("/%.%.?$") or v == "." or v == ".." then return false end
+  local ok, names = pcall(require("ck").listdir, v)
+  return not (ok and names)
+end
+M.FILE_TO_WRITE = "must name a file to write, not a directory"
+
 local METAVAR = {string = "VALUE", size = "SIZE", integer = "N", number = "X", list = "LIST", ["flag-or-string"] = "[VALUE]"}
 
 -- the declaration's entries, checked: {name, type, default, description, ...}

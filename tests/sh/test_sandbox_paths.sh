@@ -174,6 +174,20 @@ for flag in --svg --export-graph; do
   rm -rf "$S/late.svg" "$S/adir" mine
 done
 
+# ---- the scripts' own output files (generate --out, train_sdxl_lora --out,
+# policy_sweep --svg): a directory is refused in one line before any work
+SRCDIR=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$W/adir"
+for c in "generate.lua --out $W/adir" "generate.lua --out $W/new/" "train_sdxl_lora.lua --out $W/adir/" \
+         "train_sdxl_lora.lua --out ." "policy_sweep.lua --svg $W/adir"; do
+  set -- $c
+  m=$("$CK" "$SRCDIR/scripts/$1" "$2" "$3" 2>&1); rc=$?
+  [ $rc != 0 ] && [ "$(echo "$m" | wc -l)" = 1 ] && echo "$m" | grep -q -- "$2 must name a file to write, not a directory" &&
+    [ -z "$(ls "$W/adir")" ] && [ ! -e "$W/new" ]
+  ok $? "$1 $2 $3 is refused in one line, nothing written ($m)"
+done
+rmdir "$W/adir"
+
 # ---- temp files of killed saves
 dead=$(bash -c 'echo $$')
 while kill -0 "$dead" 2> /dev/null; do dead=$(bash -c 'echo $$'); done

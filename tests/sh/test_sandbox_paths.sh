@@ -13,6 +13,7 @@ t=$(mktemp -d)
 flipper=
 trap '[ -n "$flipper" ] && kill $flipper 2> /dev/null; rm -rf "$t"' EXIT
 CK=$(cd "$(dirname "$CKRUN")" && pwd)/$(basename "$CKRUN")
+SRCDIR=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$t/work/sub" "$t/work/logs" "$t/outside/dir" "$t/svgdir"
 T=$(cd "$t" && pwd -P)
 W=$T/work O=$T/outside
@@ -176,7 +177,6 @@ done
 
 # ---- the scripts' own output files (generate --out, train_sdxl_lora --out,
 # policy_sweep --svg): a directory is refused in one line before any work
-SRCDIR=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$W/adir"
 for c in "generate.lua --out $W/adir" "generate.lua --out $W/new/" "train_sdxl_lora.lua --out $W/adir/" \
          "train_sdxl_lora.lua --out ." "policy_sweep.lua --svg $W/adir"; do

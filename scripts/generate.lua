@@ -37,9 +37,12 @@ local o = options.parse(args, {
   {"steps", "integer", 30, "sampler steps", min = 1},
   {"cfg-scale", "number", 5.0, "classifier-free guidance scale (diffusers' guidance_scale; 1: none)", min = 0},
   {"seed", "integer", 0, "the seed of the initial noise (and euler_a's)", min = 0},
-  {"sampler", "choice", "euler", "the sampler", choices = samplers.NAMES},
-  {"prediction", "choice", "eps", "what the UNet predicts (v for v-prediction models)", choices = {"eps", "v"}},
-  {"out", "string", "out/image.png", "the PNG written (whole, renamed into place)", arg = "PNG"},
+  {"sampler", "choice", nil, "the sampler", choices = samplers.NAMES,
+   shown = "the diffusers folder's scheduler class, else euler"},
+  {"prediction", "choice", nil, "what the UNet predicts (v for v-prediction models)", choices = {"eps", "v"},
+   shown = "the diffusers folder's prediction_type, else eps"},
+  {"out", "string", "out/image.png", "the PNG written (whole, renamed into place)", arg = "PNG",
+   check = options.file_to_write, says = options.FILE_TO_WRITE},
 })
 if not o then return end
 
@@ -56,8 +59,10 @@ end
 
 local base_path = o["pretrained-model-name-or-path"]
 local base = base_path and checkpoint.open(base_path) or nil
+-- a diffusers folder's scheduler/scheduler_config.json: its schedule, prediction and sampler, as diffusers runs it
 local pipe <close> = pipeline.new{base = base, seed = o["seed-weights"], tokenizer = o.tokenizer,
-  name = base_path and base_path:gsub("/+$", ""):match("([^/]+)$"):gsub("%.safetensors$", "") or nil}
+  name = base_path and base_path:gsub("/+$", ""):match("([^/]+)$"):gsub("%.safetensors$", "") or nil,
+  scheduler = pipeline.scheduler(base)}
 local t0 = ck.now()
 local image, settings = pipe:generate{prompt = o.prompt, negative_prompt = o["negative-prompt"], width = o.width,
   height = o.height, steps = o.steps, cfg = o["cfg-scale"], seed = o.seed, sampler = o.sampler, loras = loras,
@@ -66,5 +71,5 @@ local text = pipeline.parameters(settings)
 local dir = o.out:match("^(.*)/[^/]*$")
 if dir and dir ~= "" then assert(ck.mkdir(dir)) end
 ck.write_png(o.out, image, {text = {parameters = text}})
-print(string.format("wrote %s (%dx%d, %d steps of %s in %.1f s)", o.out, o.width, o.height, o.steps, o.sampler,
+print(string.format("wrote %s (%dx%d, %d steps of %s in %.1f s)", o.out, o.width, o.height, o.steps, settings.sampler,
   ck.now() - t0))

@@ -35,7 +35,8 @@ local o = options.parse(args, {
   {"policies", "list", "none,diffusers,selective,sqrt_n,every_n:2,every_n:3", "the fixed policies"},
   {"budgets", "list", "90%,80%,70%,62%,55%",
    "budget policies besides them: percentages of none's peak or sizes; none for no budgets"},
-  {"svg", "string", "out/policy_sweep.svg", "where the Pareto front is written", arg = "FILE"},
+  {"svg", "string", "out/policy_sweep.svg", "where the Pareto front is written", arg = "FILE",
+   check = options.file_to_write, says = options.FILE_TO_WRITE},
   {"seed", "integer", 1, "the seed of weights, data and noise", min = 0},
 })
 if not o then return end

@@ -78,7 +78,8 @@ local spec = {
   {"targets", "string", "default", "the adapted modules: default (to_q,to_k,to_v,to_out.0), kohya, or a list",
    arg = "default|kohya|a,b,c"},
   {"out", "string", function(v) return v.full and "out/unet.safetensors" or "out/lora.safetensors" end,
-   "the file written", arg = "FILE", shown = "out/lora.safetensors, with --full out/unet.safetensors"},
+   "the file written", arg = "FILE", shown = "out/lora.safetensors, with --full out/unet.safetensors",
+   check = options.file_to_write, says = options.FILE_TO_WRITE},
   {"lora-format", "choice", "kohya", "the adapter file's key names", choices = {"kohya", "peft"}},
   {"save-precision", "choice", "float", "the file's dtype (float: fp32)", choices = {"float", "fp32", "fp16", "bf16"}},
   {"save-lora-every", "integer", 0, "also write the adapter every N steps (OUT-stepNNNNNNNN.safetensors)", min = 0,
@@ -271,7 +272,7 @@ if o["sample-prompts"] then
   end
   sample_prompts = require("ck.pipeline").read_prompts(o["sample-prompts"], {width = resolution, height = resolution,
     steps = 30, cfg = 7.5, seed = seed, sampler = require("ck.pipeline").sampler_name(o["sample-sampler"]),
-    factor = 8 * (1 << (#config.block_out_channels - 1))})
+    config = config, prediction = prediction})
 elseif sample_every > 0 or o["sample-at-first"] then
   error("--sample-every and --sample-at-first render the prompts of --sample-prompts FILE: give it")
 end

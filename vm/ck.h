@@ -199,7 +199,9 @@ typedef struct ck_plan_request {
      * ck.plan_max_batch): policies to compare side by side
      * ("none,diffusers,budget:62%"), an SVG memory timeline to write, and a
      * memory size for which to report the largest batch that fits (0: none).
-     * The strings are copied. */
+     * The strings are copied. svg and export_graph name files: in the sandbox
+     * each allows that file and its temp files alone, and a path that names
+     * a directory (one that exists, or ends in '/') is refused (CK_EARG). */
     const char *policies;
     const char *svg;
     double max_batch;

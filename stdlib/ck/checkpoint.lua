@@ -153,9 +153,8 @@ local function unet_config(tbl, file)
     fail("%s: key 'addition_embed_type' is %s; ck.unet builds text_time or none", file,
       tostring(c.addition_embed_type))
   end
-  for _, k in ipairs{"layers_per_block", "transformer_layers_per_block", "attention_head_dim", "num_attention_heads"} do
-    if type(c[k]) == "table" and #c[k] ~= n then fail("%s: key '%s' must be a number or a list of %d", file, k, n) end
-  end
+  local why = require("ck.unet").check_config(c)
+  if why then fail("%s: %s", file, why) end
   return c
 end
 
@@ -345,6 +344,84 @@ local function open_clip_add(map, full, key, shape, path)
   return false
 end
 
+---- what a part's architecture holds
+
+-- the parameter names of ck.nn module trees (Linear, Conv2d, GroupNorm,
+-- LayerNorm and embedding tables declare all of ck's parameters): a set
+local function param_names(roots)
+  local nn = require "ck.nn"
+  local names = {}
+  for _, root in ipairs(roots) do
+    for _, e in ipairs(root:named_modules("")) do
+      local m, p = e[2], e[1] == "" and "" or e[1] .. "."
+      local mt = getmetatable(m)
+      if mt == nn.Linear or mt == nn.Conv2d then
+        names[p .. "weight"] = true
+        if m.bias then names[p .. "bias"] = true end
+      elseif mt == nn.GroupNorm or mt == nn.LayerNorm then
+        names[p .. "weight"], names[p .. "bias"] = true, true
+      elseif m:type() == "nn.CLIPEmbedding" then
+        names[p .. "weight"] = true
+      end
+    end
+  end
+  return names
+end
+
+-- the whole architecture of a part by its config (every layer, the final
+-- norm, the projection of text_encoder_2: what the file may hold, not what a
+-- program builds of it); a named config's set is made once
+local named_sets = {}
+local function architecture(part, config)
+  if type(config) == "string" then
+    local key = part .. " " .. config
+    named_sets[key] = named_sets[key] or architecture(part, require(part == "unet" and "ck.unet" or part == "vae" and
+      "ck.vae" or "ck.clip").config(config))
+    return named_sets[key]
+  end
+  if part == "unet" then
+    return param_names{require("ck.unet").UNet2DConditionModel(config)}
+  elseif part == "vae" then
+    local vae = require "ck.vae"
+    local c = vae.config(config)
+    return param_names{vae.EncoderPart(c), vae.DecoderPart(c)}
+  end
+  local clip = require "ck.clip"
+  local c = clip.config(config)
+  return param_names{clip.CLIPTextEncoder(c, {layers = c.num_hidden_layers, final = true,
+                                              projection = part == "text_encoder_2"})}
+end
+
+-- buffers transformers saves beside the parameters: nothing to load
+local BUFFERS = {["text_model.embeddings.position_ids"] = true}
+
+-- Every name of a part's map is a parameter of its architecture, or the key
+-- is refused naming the file: a key no rule maps and one mapped to a name the
+-- model lacks (a block index past the config's, an inner name of no module)
+-- are both unknown keys, never skipped. key_of(name) -> the file's key.
+local function check_names(part, map, config, file, key_of)
+  local ok, names = pcall(architecture, part, config)
+  if not ok then fail("%s: %s config: %s", file, part, tostring(type(names) == "table" and names.msg or names):gsub("^[^:]*:%d+: ", "")) end
+  local bad
+  for name in pairs(map) do
+    if not names[name] and (not bad or name < bad) then bad = name end
+  end
+  if bad then
+    fail("%s: tensor '%s' maps to '%s', which the %s does not have%s", file, key_of(bad), bad, part,
+      part == "unet" and " (with this UNet's config)" or "")
+  end
+end
+
+-- checkpoint.parameter_names(part, config) -> the set of parameter names
+-- of a part ("unet", "vae", "text_encoder", "text_encoder_2") of that config
+-- (a table, or a name as unet.config, vae.config and clip.config take): what
+-- a checkpoint's keys must map to
+checkpoint.parameter_names = public(function(part, config) 
+  local set = {}
+  for k in pairs(architecture(part, config)) do set[k] = true end
+  return set
+end)
+
 local UNET, VAE = "model.diffusion_model.", "first_stage_model."
 local CLIP_L, CLIP_G = "conditioner.embedders.0.transformer.", "conditioner.embedders.1.model."
 
@@ -405,10 +482,18 @@ local function open_single(path, opts)
     elseif starts(k, CLIP_L) then
       local rest = k:sub(#CLIP_L + 1)
       if not starts(rest, "text_model.") then unmapped(k) end
-      if not rest:match("%.position_ids$") then part("text_encoder")[rest] = k end -- a buffer, not a parameter
+      if not BUFFERS[rest] then part("text_encoder")[rest] = k end -- a buffer, not a parameter
     elseif starts(k, CLIP_G) then
       if not open_clip_add(part("text_encoder_2"), k, k:sub(#CLIP_G + 1), f:shape(k), path) then unmapped(k) end
     end
+  end
+  -- every mapped name a parameter of SDXL's parts (the UNet's by its config)
+  local configs = {unet = given and c or "sdxl", vae = "sdxl", text_encoder = "sdxl-l", text_encoder_2 = "sdxl-g"}
+  for name, p in pairs(parts) do
+    check_names(name, p.map, configs[name], path, function(n)
+      local src = p.map[n]
+      return type(src) == "table" and src.key or src
+    end)
   end
   local d = {kind = "single", file = path, unet_config = opts.unet_config}
   for name, p in pairs(parts) do d[name] = p end
@@ -460,6 +545,25 @@ local function folder_part(dir, stem, variant)
   fail("%s: no weights (%s, or a sharded .index.json)", dir, table.concat(names, ", "))
 end
 
+-- a folder's VAE or text encoder config, checked as ck.vae and ck.clip read
+-- it (type, sign, range), and a text encoder's token ids inside its vocabulary
+local function check_config(name, config, file)
+  local function unplaced(e) return (tostring(type(e) == "table" and e.msg or e):gsub("^[^:]*:%d+: ", "")) end
+  if name == "vae" then
+    local ok, e = pcall(require("ck.vae").config, config)
+    if not ok then fail("%s: %s", file, unplaced(e)) end
+    return
+  end
+  local ok, c = pcall(require("ck.clip").config, config)
+  if not ok then fail("%s: %s", file, unplaced(c)) end
+  for _, k in ipairs{"bos_token_id", "eos_token_id", "pad_token_id"} do
+    local v = rawget(config, k)
+    if v ~= nil and v ~= ck.json_null and not (math.type(v) == "integer" and v >= 0 and v < c.vocab_size) then
+      fail("%s: key '%s' is %s, not a token id of the %d-entry vocabulary", file, k, tostring(v), c.vocab_size)
+    end
+  end
+end
+
 local function open_folder(path, opts)
   local d = {kind = "diffusers", file = path}
   local parts = {unet = "diffusion_pytorch_model", vae = "diffusion_pytorch_model",
@@ -469,6 +573,13 @@ local function open_folder(path, opts)
     if exists(dir .. "/config.json") then
       d[name .. "_config"] = read_json(dir .. "/config.json")
       d[name] = folder_part(dir, parts[name], opts.variant)
+      -- the config by type, sign and range (naming its file), then every
+      -- tensor of the folder's weights a parameter of its architecture
+      local config = d[name .. "_config"]
+      if name == "unet" then config = unet_config(config, dir .. "/config.json")
+      else check_config(name, config, dir .. "/config.json") end
+      for k in pairs(d[name].map) do if BUFFERS[k] then d[name].map[k] = nil end end
+      check_names(name, d[name].map, config, d[name].file, function(n) return n end)
     elseif name == "unet" then
       fail("%s: not a diffusers SDXL folder: no unet/config.json", path)
     end

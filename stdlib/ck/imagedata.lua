@@ -113,7 +113,14 @@ local function plain_split(s, sep)
   return out
 end
 
-local function strip(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
+-- s without its leading and trailing white space, in time linear in #s (the
+-- patterns "^%s*(.-)%s*$" and "%s+$" backtrack over a run of spaces from
+-- each of its characters: minutes for a 100 KB caption)
+local function strip(s)
+  local a = s:find("%S")
+  return a and s:match(".*%S", a) or ""
+end
+M.strip = strip
 
 local function extension(name)
   local ext = name:match("%.([^.]+)$")
@@ -300,8 +307,10 @@ end
 --   max = 1024, steps = 64, no_upscale = false} -> buckets
 --   {resolution, enable, no_upscale, min, max, steps, list = {{w, h}, ...}}:
 --   list is kohya's bucket list (sorted by width, then height); with
---   no_upscale, buckets are each image's size rounded down to steps (list is
---   empty); without enable, the one bucket is the resolution.
+--   no_upscale, buckets are each image's size (scaled down to the area when
+--   larger) rounded down to steps (list is empty); without enable, the one
+--   bucket is the resolution. Images smaller than their bucket are scaled up
+--   to cover it, as kohya does, except with no_upscale.
 local function buckets(o)
   if type(o) ~= "table" then fail("options must be a table {resolution = ...}") end
   local res = size_opt(rawopt(o, "resolution", nil), "resolution")
@@ -400,25 +409,15 @@ local function time_ids(bw, bh, w, h, flip)
   return {h, w, trunc(top), trunc(left), bh, bw}
 end
 
--- The refusal of an image too small for its buckets, or nil. Bucketing: a
--- side below min (every bucket side is at least min), or, without upscaling,
--- a bucket side that rounds below min. Without bucketing: a side below the
--- resolution's.
+-- The refusal of an image too small for its bucket, or nil. As kohya, an
+-- image smaller than its bucket (or than the resolution without bucketing)
+-- is scaled up to cover it; with no_upscale (where kohya ignores min and max)
+-- the bucket is the image's size rounded down to steps, and an image with a
+-- side below steps has none: kohya fails on it, ckrun refuses it.
 local function too_small(b, it, bucket)
-  if not b.enable then
-    if it.width < b.resolution[1] or it.height < b.resolution[2] then
-      return string.format("image '%s' (%dx%d) is smaller than the resolution %dx%d: refused, not upscaled",
-                           it.path, it.width, it.height, b.resolution[1], b.resolution[2])
-    end
-    return nil
-  end
-  if it.width < b.min or it.height < b.min then
-    return string.format("image '%s' (%dx%d) is smaller than the smallest bucket side %d (min_bucket_reso): refused, not upscaled",
-                         it.path, it.width, it.height, b.min)
-  end
-  if bucket[1] < b.min or bucket[2] < b.min then
-    return string.format("image '%s' (%dx%d) would get a %dx%d bucket, below the smallest bucket side %d (min_bucket_reso): refused",
-                         it.path, it.width, it.height, bucket[1], bucket[2], b.min)
+  if bucket[1] < 1 or bucket[2] < 1 then
+    return string.format("image '%s' (%dx%d) has a side below --bucket-reso-steps %d, so with --bucket-no-upscale " ..
+                         "it has no bucket: refused", it.path, it.width, it.height, b.steps)
   end
   return nil
 end

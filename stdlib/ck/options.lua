@@ -40,6 +40,13 @@ M.distance = distance
 
 local function got(v) return ", got '" .. tostring(v) .. "'" end
 
+-- s without leading and trailing spaces, in time linear in #s (the pattern
+-- "^%s*(.-)%s*$" backtracks over a run of spaces from each of its characters)
+local function trim(s)
+  local a = s:find("%S")
+  return a and s:match(".*%S", a) or ""
+end
+
 -- a number's range in words: [min, below), > above, >= min
 local function range(e)
   if e.min and e.below then return string.format(" in [%s, %s)", e.min, e.below) end
@@ -84,7 +91,7 @@ M.types = {
   list = function(_, v)
     if type(v) ~= "string" and type(v) ~= "number" then return nil, "wants a comma-separated list" .. got(v) end
     local out = {}
-    for s in tostring(v):gmatch("[^,]+") do out[#out + 1] = s:match("^%s*(.-)%s*$") end
+    for s in tostring(v):gmatch("[^,]+") do out[#out + 1] = trim(s) end
     return out
   end,
   -- bytes: a number, or with a unit ("24 GiB", "512MiB"), as ck.policy.bytes reads it
@@ -101,6 +108,18 @@ M.types = {
     return nil, "wants true, false or a value" .. got(v)
   end,
 }
+
+-- for an option that names a file to write (check = options.file_to_write,
+-- says = options.FILE_TO_WRITE): false for a path that names a directory,
+-- spelled as one (a trailing '/', a last "." or "..") or one that exists, so
+-- the run is refused before its work, not at its end
+function M.file_to_write(v)
+  v = tostring(v)
+  if v == "" or v:sub(-1) == "/" or v:match("/%.%.?$") or v == "." or v == ".." then return false end
+  local ok, names = pcall(require("ck").listdir, v)
+  return not (ok and names)
+end
+M.FILE_TO_WRITE = "must name a file to write, not a directory"
 
 local METAVAR = {string = "VALUE", size = "SIZE", integer = "N", number = "X", list = "LIST", ["flag-or-string"] = "[VALUE]"}
 

@@ -60,6 +60,8 @@ end
 -- tokenizer = FILE|DIR (encode.models'), name = what settings.model says,
 -- models = encode.models' table to use (base, seed and tokenizer then unused),
 -- unet_config = the UNet's config (default: the base's, or sdxl-tiny),
+-- scheduler = samplers.from_config's (the base folder's scheduler config: its
+-- schedule, prediction and default sampler; nil: SDXL's, as kohya samples),
 -- unet = function(w, h) -> {program, out, inputs} (unet.build's, at batch 2)
 -- and vae = function(w, h) -> {program, image}: the programs to run, made by
 -- the caller (a training script's, sharing its weights; LoRA files are then
@@ -90,7 +92,26 @@ function M.new(o)
   local name = rawget(o, "name") or (base and tostring(base.file):match("([^/]+)/*$")) or
     ("tiny-random-seed" .. models.seed)
   return setmetatable({models = models, name = name, unets = {}, vaes = {}, make_unet = rawget(o, "unet"),
-                       make_vae = rawget(o, "vae")}, Pipe)
+                       make_vae = rawget(o, "vae"), scheduler = rawget(o, "scheduler")}, Pipe)
+end
+
+-- pipeline.scheduler(base) -> samplers.from_config of a diffusers folder's
+-- scheduler/scheduler_config.json, or nil (a single file, or a folder without one)
+function M.scheduler(base)
+  if not base or base.kind ~= "diffusers" then return nil end
+  local file = base.file .. "/scheduler/scheduler_config.json"
+  local f = io.open(file, "rb")
+  if not f then return nil end
+  local text = f:read("a")
+  f:close()
+  local ok, j = pcall(ck.json_decode, text)
+  if not ok or type(j) ~= "table" then
+    error(string.format("%s: not a JSON object: %s", file, tostring(j):gsub("^[^:]*:%d+: ", "")), 2)
+  end
+  local sc
+  ok, sc = pcall(samplers.from_config, j, file)
+  if not ok then error(tostring(sc):gsub("^[^:]*:%d+: ", ""), 2) end
+  return sc
 end
 
 ---- LoRA files
@@ -205,18 +226,82 @@ end
 
 ---- the programs
 
-local function check_size(c, w, h, level)
-  for _, e in ipairs{{"width", w}, {"height", h}} do
-    if math.type(e[2]) ~= "integer" or e[2] < 8 or e[2] % 8 ~= 0 then
-      error(string.format("generate: %s must be a positive multiple of 8 pixels, got %s", e[1], tostring(e[2])),
-        level + 1)
+-- the pixels a size must be a multiple of for the UNet of config c: 8 (the
+-- VAE) times 2 for each time the UNet halves its latents
+local function size_factor(c) return 8 * (1 << (#c.block_out_channels - 1)) end
+
+-- the largest guidance scale a sample takes (ComfyUI's bound): past it the
+-- guided output overflows long before the image means anything
+M.MAX_CFG = 100
+-- the largest side of a sample, in pixels
+M.MAX_SIZE = 16384
+
+-- a value as an error line shows it: at most 40 characters of it
+local function shown(v)
+  v = tostring(v)
+  if #v > 40 then v = v:sub(1, 37) .. "..." end
+  return (v:gsub("%c", function(c) return string.format("\\%d", c:byte()) end)) -- one line, no NUL
+end
+
+-- The settings a sample runs with, every one checked here and nowhere else:
+-- by generate before any work, and for each line of a prompt file before a
+-- training run's first step (so that what passes here cannot fail when the
+-- sample is made). o: generate's options (read raw); factor: size_factor of
+-- the UNet; scheduler: ck.samplers' options of the model's scheduler
+-- (samplers.from_config), or nil; named(key) -> how a message calls an option
+-- ("width", or a prompt file's "--w"). Returns {prompt, negative_prompt,
+-- width, height, steps, cfg, seed, sampler (the name), prediction, schedule
+-- (the ck.samplers sampler)}; raises {msg = "NAME VALUE: what is wrong"}.
+local function sample_settings(o, factor, scheduler, named, default_size)
+  named = named or function(k) return k end
+  local function bad(k, v, fmt, ...)
+    error({msg = string.format("%s %s: " .. fmt, named(k), shown(v), ...)}, 0)
+  end
+  local st = {}
+  for _, k in ipairs{"prompt", "negative_prompt"} do
+    local v = rawget(o, k)
+    if v ~= nil then
+      local ok, at = utf8.len(v)
+      if not ok then error({msg = string.format("%s is not UTF-8 text (byte %d)", named(k), at)}, 0) end
+      -- the PNG's parameters text holds the prompts, and a text chunk ends at a NUL
+      if v:find("\0", 1, true) then bad(k, v, "holds a NUL byte, which no PNG text can") end
     end
+    st[k] = v
   end
-  local factor = 8 * (1 << (#c.block_out_channels - 1))
-  if w % factor ~= 0 or h % factor ~= 0 then
-    error(string.format("generate: width and height must be multiples of %d pixels for this UNet (its latents are " ..
-      "halved %d times), got %dx%d", factor, #c.block_out_channels - 1, w, h), level + 1)
+  st.prompt = st.prompt or ""
+  for _, k in ipairs{"width", "height"} do
+    local v = rawget(o, k) or default_size
+    if math.type(v) ~= "integer" or v < 8 or v % 8 ~= 0 then bad(k, v, "a size must be a positive multiple of 8 pixels") end
+    if v % factor ~= 0 then bad(k, v, "this UNet needs sizes that are multiples of %d pixels", factor) end
+    if v > M.MAX_SIZE then bad(k, v, "at most %d pixels", M.MAX_SIZE) end
+    st[k] = v
   end
+  local cfg = rawget(o, "cfg") or 5.0
+  if type(cfg) ~= "number" or not (cfg >= 0 and cfg <= M.MAX_CFG) then
+    bad("cfg", cfg, "a CFG scale must be a number from 0 to %d", M.MAX_CFG)
+  end
+  st.cfg = cfg
+  local seed = rawget(o, "seed") or 0
+  if math.type(seed) ~= "integer" or seed < 0 then bad("seed", seed, "a seed must be a whole number >= 0") end
+  st.seed = seed
+  local name = rawget(o, "sampler")
+  if name == nil and scheduler and scheduler.class and not scheduler.sampler then
+    error({msg = string.format("%s: _class_name %s is a scheduler ckrun lacks: name a sampler (%s)", scheduler.file,
+      tostring(scheduler.class), table.concat(samplers.NAMES, ", "))}, 0)
+  end
+  name = name or (scheduler and scheduler.sampler) or "euler"
+  if not M.sampler_name(name) or M.sampler_name(name) ~= name then
+    error({msg = string.format("unknown sampler '%s' (samplers: %s)", shown(name), table.concat(samplers.NAMES, ", "))}, 0)
+  end
+  if scheduler then scheduler.check(name) end -- the fields this sampler reads, each one ckrun has
+  st.sampler = name
+  local steps = rawget(o, "steps") or 30
+  local so = {steps = steps, prediction = rawget(o, "prediction") or (scheduler and scheduler.prediction)}
+  for k, v in pairs(scheduler and scheduler.options_for(name) or {}) do so[k] = v end
+  local ok, sch = pcall(samplers.new, name, so)
+  if not ok then bad("steps", steps, "%s", (tostring(sch):gsub("^[^:]*:%d+: ", ""):gsub("^samplers%.new: ", ""))) end
+  st.steps, st.prediction, st.schedule = steps, sch.prediction, sch
+  return st
 end
 
 -- the LoRA weights of files (read_lora's lists, one per lora) into p
@@ -356,19 +441,10 @@ local function run(self, o, lv)
       want == "integer" and "n" or "", want, tostring(v)), lv) end
   end
   local models, c = self.models, self.models.unet_config
-  local prompt = rawget(o, "prompt") or ""
-  local negative = rawget(o, "negative_prompt")
-  local w, h = rawget(o, "width") or c.sample_size * 8, rawget(o, "height") or c.sample_size * 8
-  check_size(c, w, h, lv)
-  local steps, scale = rawget(o, "steps") or 30, rawget(o, "cfg") or 5.0
-  local seed, name = rawget(o, "seed") or 0, rawget(o, "sampler") or "euler"
-  local known = false
-  for _, n in ipairs(samplers.NAMES) do known = known or n == name end
-  if not known then
-    error(string.format("generate: unknown sampler '%s' (samplers: %s)", name, table.concat(samplers.NAMES, ", ")), lv)
-  end
-  local ok, s = pcall(samplers.new, name, {steps = steps, prediction = rawget(o, "prediction")})
-  if not ok then error("generate: " .. tostring(s):gsub("^[^:]*:%d+: ", ""), lv) end
+  local ok, st = pcall(sample_settings, o, size_factor(c), self.scheduler, nil, c.sample_size * 8)
+  if not ok then error(type(st) == "table" and "generate: " .. st.msg or st, lv) end
+  local prompt, negative, w, h = st.prompt, st.negative_prompt, st.width, st.height
+  local steps, scale, seed, name, s = st.steps, st.cfg, st.seed, st.sampler, st.schedule
   local loras = {}
   for i, l in ipairs(rawget(o, "loras") or {}) do
     local path, strength = type(l) == "table" and rawget(l, 1), type(l) == "table" and (rawget(l, 2) or 1.0)
@@ -496,28 +572,34 @@ end
 
 local PROMPT_OPTIONS = {n = "negative_prompt", w = "width", h = "height", s = "steps", l = "cfg", d = "seed",
                         ss = "sampler"}
+local PROMPT_FLAGS = {prompt = "the prompt"}
+for flag, field in pairs(PROMPT_OPTIONS) do PROMPT_FLAGS[field] = "--" .. flag end
+
+local strip = require("ck.imagedata").strip
 
 -- pipeline.read_prompts(path, {width, height, steps, cfg, seed, sampler (the
--- defaults), factor (sizes must be multiples of it: 8 times the UNet's
--- downsampling)}) -> a list of generate's options plus line (the file's line
--- number), one per prompt: kohya's format, a prompt a line with --n NEGATIVE,
--- --w WIDTH, --h HEIGHT, --s STEPS, --l CFG, --d SEED, --ss SAMPLER after it;
--- empty lines and lines starting with # skipped. Anything else (an unknown
--- option, a value that is not one, a size that is not a multiple of 8 or of
--- factor, an unknown sampler) is one line naming the file and line.
+-- defaults), config (the UNet's: sizes must be multiples of 8 times its
+-- downsampling), prediction, scheduler (samplers.from_config's)}) -> a list of
+-- generate's options plus line (the file's line number), one per prompt:
+-- kohya's format, a prompt a line with --n NEGATIVE, --w WIDTH, --h HEIGHT,
+-- --s STEPS, --l CFG, --d SEED, --ss SAMPLER after it; empty lines and lines
+-- starting with # skipped. Each prompt's settings are checked by the function
+-- generate checks its own with, so a file read here cannot fail at a sample;
+-- anything wrong (an unknown option, a value that is not one, a size the UNet
+-- cannot take, an unknown sampler, a step count the sampler lacks, a NUL) is
+-- one line naming the file and line. Linear in the file's length.
 function M.read_prompts(path, o)
   o = o or {}
   local f, why = io.open(path, "rb")
   if not f then error(string.format("%s: cannot read the prompt file (%s)", path, tostring(why)), 2) end
   local text = f:read("a")
   f:close()
-  local factor = o.factor or 8
+  local factor = o.config and size_factor(o.config) or 8
   local out, n = {}, 0
   for line in (text .. "\n"):gmatch("([^\n]*)\n") do
     n = n + 1
-    line = line:gsub("\r$", "")
     local function bad(fmt, ...) error(string.format("%s:%d: " .. fmt, path, n, ...), 0) end
-    local stripped = line:match("^%s*(.-)%s*$")
+    local stripped = strip(line) -- a trailing \r with it
     if stripped ~= "" and stripped:sub(1, 1) ~= "#" then
       if not utf8.len(stripped) then bad("the line is not UTF-8 text") end
       local parts, at = {}, 1
@@ -531,16 +613,17 @@ function M.read_prompts(path, o)
         parts[1] = stripped:sub(3)
         table.insert(parts, 1, "")
       end
-      local e = {prompt = parts[1]:match("^%s*(.-)%s*$"), line = n, width = o.width, height = o.height,
-                 steps = o.steps, cfg = o.cfg, seed = o.seed, sampler = o.sampler}
+      local e = {prompt = strip(parts[1]), width = o.width, height = o.height, steps = o.steps, cfg = o.cfg,
+                 seed = o.seed, sampler = o.sampler, prediction = o.prediction}
       for k = 2, #parts do
-        local key, value = parts[k]:match("^(%S+)%s*(.-)%s*$")
+        local key = parts[k]:match("^%S+")
+        local value = key and strip(parts[k]:sub(#key + 1)) or ""
         local field = key and PROMPT_OPTIONS[key:lower()]
         if not field then
           local known = {}
           for name in pairs(PROMPT_OPTIONS) do known[#known + 1] = "--" .. name end
           table.sort(known)
-          bad("unknown option '--%s' (options: %s)", tostring(key or parts[k]), table.concat(known, ", "))
+          bad("unknown option '--%s' (options: %s)", shown(key or parts[k]), table.concat(known, ", "))
         end
         if value == "" and field ~= "negative_prompt" then bad("option '--%s' needs a value", key) end
         if field == "negative_prompt" then
@@ -548,28 +631,22 @@ function M.read_prompts(path, o)
         elseif field == "sampler" then
           e.sampler = M.sampler_name(value)
           if not e.sampler then
-            bad("unknown sampler '%s' (samplers: %s, or kohya's k_euler, k_euler_a, dpmsolver++)", value,
+            bad("unknown sampler '%s' (samplers: %s, or kohya's k_euler, k_euler_a, dpmsolver++)", shown(value),
               table.concat(samplers.NAMES, ", "))
           end
         elseif field == "cfg" then
           local v = tonumber(value)
-          if not v or v ~= v or v < 0 or v == math.huge then bad("--l must be a CFG scale >= 0, got '%s'", value) end
+          if not v then bad("--l must be a CFG scale from 0 to %d, got '%s'", M.MAX_CFG, shown(value)) end
           e.cfg = v
         else
           local v = value:match("^%d+$") and math.tointeger(tonumber(value))
-          if not v then bad("--%s must be a whole number, got '%s'", key, value) end
-          if field == "width" or field == "height" then
-            if v < 8 or v % 8 ~= 0 then bad("--%s %d: a size must be a positive multiple of 8 pixels", key, v) end
-            if v % factor ~= 0 then
-              bad("--%s %d: this UNet needs sizes that are multiples of %d pixels", key, v, factor)
-            end
-            if v > 16384 then bad("--%s %d: at most 16384 pixels", key, v) end
-          elseif field == "steps" then
-            if v < 1 or v > 1000 then bad("--s %d: steps must be 1 to 1000", v) end
-          end
+          if not v then bad("--%s must be a whole number, got '%s'", key, shown(value)) end
           e[field] = v
         end
       end
+      local ok, st = pcall(sample_settings, e, factor, o.scheduler, function(k) return PROMPT_FLAGS[k] end)
+      if not ok then bad("%s", type(st) == "table" and st.msg or tostring(st)) end
+      e.line = n
       out[#out + 1] = e
     end
   end

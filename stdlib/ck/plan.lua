@@ -102,7 +102,8 @@ end
 function M.parse_policies(s)
   local items = {}
   for piece in tostring(s):gmatch("[^,]+") do
-    local item = piece:match("^%s*(.-)%s*$")
+    local a = piece:find("%S") -- trimmed in linear time ("^%s*(.-)%s*$" is quadratic in a run of spaces)
+    local item = a and piece:match(".*%S", a) or ""
     local head = item:match("^([%w_]+)")
     if item ~= "" then
       if not HEADS[head] and #items > 0 and items[#items]:match("^blocks%s*:") then

@@ -243,6 +243,126 @@ function M.new(name, o)
   return self
 end
 
+---- a diffusers folder's scheduler/scheduler_config.json
+
+-- the sampler a scheduler class stands for (DPMSolverMultistep's by its use_karras_sigmas)
+local CLASS_SAMPLER = {EulerDiscreteScheduler = "euler", EulerAncestralDiscreteScheduler = "euler_a",
+                       DDIMScheduler = "ddim", DPMSolverMultistepScheduler = "dpmpp_2m"}
+
+local function is(v) return function(x) return x == v end end
+local function nothing(x) return x == nil or x == ck.json_null end
+local function any_boolean(x) return type(x) == "boolean" end
+local function anything() return true end
+local ALL = {euler = true, euler_a = true, ddim = true, dpm = true}
+
+-- Each field diffusers' four schedulers read: which of ckrun's families read
+-- it (as diffusers' classes do), and the values ckrun has. A field the chosen
+-- sampler reads with another value is refused by name; one it does not read is
+-- left, as diffusers' from_config leaves it.
+local FIELDS = {
+  num_train_timesteps = {ALL, function(x) return math.type(x) == "integer" and x >= 2 end, "a whole number >= 2"},
+  beta_start = {ALL, function(x) return type(x) == "number" and x > 0 and x < 1 end, "a number in (0, 1)"},
+  beta_end = {ALL, function(x) return type(x) == "number" and x > 0 and x < 1 end, "a number in (0, 1)"},
+  beta_schedule = {ALL, function(x) return x == "scaled_linear" or x == "linear" end, "scaled_linear or linear"},
+  trained_betas = {ALL, nothing, "null (ckrun computes betas from beta_schedule)"},
+  prediction_type = {ALL, function(x) return x == "epsilon" or x == "v_prediction" end, "epsilon or v_prediction"},
+  timestep_spacing = {ALL, function(x) return x == "leading" or x == "linspace" or x == "trailing" end,
+                      "leading, linspace or trailing"},
+  steps_offset = {ALL, function(x) return math.type(x) == "integer" and x >= 0 end, "a whole number >= 0"},
+  rescale_betas_zero_snr = {ALL, function(x) return x == false or nothing(x) end, "false (ckrun has no zero-SNR rescaling)"},
+  set_alpha_to_one = {{ddim = true}, any_boolean, "true or false"},
+  clip_sample = {{ddim = true}, function(x) return x == false or nothing(x) end, "false (ckrun's DDIM does not clip)"},
+  thresholding = {{ddim = true, dpm = true}, function(x) return x == false or nothing(x) end,
+                  "false (ckrun has no dynamic thresholding)"},
+  interpolation_type = {{euler = true}, is("linear"), "linear"},
+  use_karras_sigmas = {{euler = true, dpm = true}, any_boolean, "true or false"},
+  use_exponential_sigmas = {{euler = true, dpm = true}, function(x) return x == false or nothing(x) end, "false"},
+  use_beta_sigmas = {{euler = true, dpm = true}, function(x) return x == false or nothing(x) end, "false"},
+  sigma_min = {{euler = true, dpm = true}, nothing, "null"},
+  sigma_max = {{euler = true, dpm = true}, nothing, "null"},
+  timestep_type = {{euler = true}, is("discrete"), "discrete"},
+  final_sigmas_type = {{euler = true, dpm = true}, is("zero"), "zero"},
+  algorithm_type = {{dpm = true}, is("dpmsolver++"), "dpmsolver++"},
+  solver_order = {{dpm = true}, is(2), "2"},
+  solver_type = {{dpm = true}, is("midpoint"), "midpoint"},
+  -- with a final noise level of 0 the last step is first order whatever these say
+  lower_order_final = {{dpm = true}, any_boolean, "true or false"},
+  euler_at_final = {{dpm = true}, any_boolean, "true or false"},
+  use_lu_lambdas = {{dpm = true}, function(x) return x == false or nothing(x) end, "false"},
+  use_flow_sigmas = {ALL, function(x) return x == false or nothing(x) end, "false (ckrun has no flow matching)"},
+  flow_shift = {ALL, function(x) return nothing(x) or x == 1 or x == 1.0 end, "null or 1"},
+  variance_type = {{dpm = true}, nothing, "null"},
+  lambda_min_clipped = {{dpm = true}, function(x) return nothing(x) or x == -math.huge end, "-inf"},
+  -- read only with the options above that ckrun refuses, or by no family of ckrun's
+  clip_sample_range = {{}, anything}, sample_max_value = {{}, anything}, dynamic_thresholding_ratio = {{}, anything},
+  skip_prk_steps = {{}, anything}, shift = {{}, anything}, time_shift_type = {{}, anything},
+  use_dynamic_shifting = {ALL, function(x) return x ~= true end, "false"},
+}
+local OPTION_OF = {num_train_timesteps = true, beta_start = true, beta_end = true, beta_schedule = true,
+                   steps_offset = true, timestep_spacing = true, set_alpha_to_one = true}
+-- diffusers' class defaults of what a config leaves out (not SDXL's: a config
+-- stands for its class's constructor), by family
+local CLASS_DEFAULTS = {num_train_timesteps = 1000, beta_start = 0.0001, beta_end = 0.02, beta_schedule = "linear",
+                        steps_offset = 0, timestep_spacing = "linspace"}
+local FAMILY_DEFAULTS = {ddim = {timestep_spacing = "leading", set_alpha_to_one = true}}
+
+-- samplers.from_config(tbl, file) -> a scheduler: {options (samplers.new's
+-- options the config sets), prediction ("eps" or "v"), sampler (the name its
+-- class stands for, nil for a class ckrun lacks), class, file, check(name)
+-- (raises one line naming the file and a field the sampler `name` would read
+-- with a value ckrun lacks), options_for(name) (samplers.new's options for
+-- that sampler: the config's, and for what it leaves out the defaults of the
+-- diffusers class the sampler is, as from_config gives them)}. A field no
+-- diffusers scheduler of ckrun's has is refused by name.
+function M.from_config(tbl, file)
+  file = file or "scheduler_config.json"
+  if type(tbl) ~= "table" then error(string.format("%s: not a JSON object", file), 2) end
+  local sc = {options = {}, file = file, class = rawget(tbl, "_class_name")}
+  for k, v in next, tbl do
+    if type(k) ~= "string" then error(string.format("%s: a key that is not a string", file), 2) end
+    if k:sub(1, 1) ~= "_" and not FIELDS[k] then
+      error(string.format("%s: field '%s' is not one ckrun's samplers know (fields: %s)", file, k,
+        sorted_names(FIELDS)), 2)
+    end
+    if OPTION_OF[k] and not nothing(v) then
+      if FIELDS[k][2](v) then sc.options[k] = v
+      else error(string.format("%s: field '%s' is %s; ckrun takes %s", file, k, tostring(v), FIELDS[k][3]), 2) end
+    end
+  end
+  local pt = rawget(tbl, "prediction_type")
+  if pt ~= nil and pt ~= ck.json_null then
+    if not FIELDS.prediction_type[2](pt) then
+      error(string.format("%s: field 'prediction_type' is %s; ckrun takes %s", file, tostring(pt), FIELDS.prediction_type[3]), 2)
+    end
+    sc.prediction = pt == "v_prediction" and "v" or "eps"
+  end
+  sc.sampler = CLASS_SAMPLER[sc.class]
+  if sc.sampler == "dpmpp_2m" and rawget(tbl, "use_karras_sigmas") == true then sc.sampler = "dpmpp_2m_karras" end
+  function sc.options_for(name)
+    local o = {}
+    for k, v in next, CLASS_DEFAULTS do o[k] = v end
+    for k, v in next, FAMILY_DEFAULTS[KIND[name]] or {} do o[k] = v end
+    for k, v in next, sc.options do o[k] = v end
+    return o
+  end
+  function sc.check(name)
+    local kind = KIND[name]
+    for k, v in next, tbl do
+      local f = FIELDS[k]
+      -- the sampler's name says whether DPM++'s sigmas are Karras'; Euler has no Karras sigmas here
+      if f and f[1][kind] and k ~= "use_karras_sigmas" and not f[2](v) then
+        error({msg = string.format("%s: field '%s' is %s, which ckrun's %s lacks (it takes %s)", file, k,
+          type(v) == "table" and ck.json_encode(v) or tostring(v), name, f[3])}, 0)
+      end
+      if k == "use_karras_sigmas" and v == true and kind == "euler" then
+        error({msg = string.format("%s: field 'use_karras_sigmas' is true, which ckrun's %s lacks (its Karras sampler is " ..
+          "dpmpp_2m_karras)", file, name)}, 0)
+      end
+    end
+  end
+  return sc
+end
+
 local function check_step(self, i, level)
   if math.type(i) ~= "integer" or i < 1 or i > self.steps then
     error(string.format("%s: step %s is out of range (this sampler has steps 1 .. %d)", self.name, tostring(i),

@@ -331,12 +331,97 @@ local up_types = {UpBlock2D = UpBlock2D, CrossAttnUpBlock2D = CrossAttnUpBlock2D
 
 ---- UNet2DConditionModel(config)
 
+-- unet.check_config(c) -> nil, or what is wrong with config c ("key 'X' ...",
+-- one line): every key ck.unet reads, by type, sign and range, so that a
+-- value it would read wrongly ([1, -3, 1] transformer layers: a model without
+-- those blocks) is refused instead of built. Whole numbers may be floats (JSON).
+local function whole(v, lo) return type(v) == "number" and math.tointeger(v) ~= nil and v >= lo end
+local function finite(v) return type(v) == "number" and v == v and v ~= math.huge and v ~= -math.huge end
+
+function unet.check_config(c)
+  if type(c) ~= "table" then return "the config is a " .. type(c) .. ", not a table" end
+  local function shown(v) return type(v) == "table" and ck.json_encode(v) or tostring(v) end
+  local boc = c.block_out_channels
+  if type(boc) ~= "table" or #boc < 1 then return "key 'block_out_channels' must be a list of widths" end
+  local n = #boc
+  for i = 1, n do
+    if not whole(boc[i], 1) then return "key 'block_out_channels' entry " .. i .. " is " .. shown(boc[i]) .. ", not a width >= 1" end
+  end
+  for _, k in ipairs{"down_block_types", "up_block_types"} do
+    if type(c[k]) ~= "table" or #c[k] ~= n then return "key '" .. k .. "' must list " .. n .. " blocks, as block_out_channels" end
+  end
+  for _, k in ipairs{"in_channels", "out_channels", "cross_attention_dim"} do
+    if not whole(c[k], 1) then return "key '" .. k .. "' must be a whole number >= 1, got " .. shown(c[k]) end
+  end
+  local optional = {sample_size = 1, norm_num_groups = 1, downsample_padding = 0}
+  if c.addition_embed_type == "text_time" then
+    optional.addition_time_embed_dim, optional.projection_class_embeddings_input_dim = 1, 1
+    for _, k in ipairs{"addition_time_embed_dim", "projection_class_embeddings_input_dim"} do
+      if c[k] == nil then return "key '" .. k .. "' is needed by addition_embed_type text_time" end
+    end
+  end
+  for k, lo in pairs(optional) do
+    if c[k] ~= nil and not whole(c[k], lo) then return "key '" .. k .. "' must be a whole number >= " .. lo .. ", got " .. shown(c[k]) end
+  end
+  if c.addition_embed_type == "text_time" and
+     c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim < 1 then
+    return "key 'projection_class_embeddings_input_dim' " .. shown(c.projection_class_embeddings_input_dim) ..
+      " leaves no pooled text embedding beside 6 time ids of addition_time_embed_dim " .. shown(c.addition_time_embed_dim)
+  end
+  -- per-block keys: a whole number >= 1, or a list of one per block
+  local lists = {}
+  for _, k in ipairs{"layers_per_block", "transformer_layers_per_block", "attention_head_dim", "num_attention_heads"} do
+    local v = c[k]
+    if v ~= nil then
+      if type(v) == "table" then
+        if #v ~= n then return "key '" .. k .. "' must be a number or a list of " .. n .. ", got " .. shown(v) end
+        for i = 1, n do
+          if not whole(v[i], 1) then
+            return "key '" .. k .. "' entry " .. i .. " is " .. shown(v[i]) .. ", not a whole number >= 1 (in " .. shown(v) .. ")"
+          end
+        end
+        lists[k] = v
+      elseif not whole(v, 1) then
+        return "key '" .. k .. "' must be a whole number >= 1 or a list of them, got " .. shown(v)
+      else
+        local t = {}
+        for i = 1, n do t[i] = v end
+        lists[k] = t
+      end
+    end
+  end
+  local groups = c.norm_num_groups or 32
+  local heads = lists.num_attention_heads or lists.attention_head_dim
+  for i = 1, n do
+    if boc[i] % groups ~= 0 then
+      return "key 'block_out_channels' entry " .. i .. " (" .. boc[i] .. ") is not a multiple of norm_num_groups " .. groups
+    end
+    if heads and boc[i] % heads[i] ~= 0 then
+      return "key 'block_out_channels' entry " .. i .. " (" .. boc[i] .. ") is not a multiple of its " .. heads[i] ..
+        " attention heads"
+    end
+  end
+  if c.norm_eps ~= nil and not (finite(c.norm_eps) and c.norm_eps > 0) then
+    return "key 'norm_eps' must be a number above 0, got " .. shown(c.norm_eps)
+  end
+  if c.freq_shift ~= nil and not finite(c.freq_shift) then return "key 'freq_shift' must be a finite number, got " .. shown(c.freq_shift) end
+  if c.dropout ~= nil and not (finite(c.dropout) and c.dropout >= 0 and c.dropout < 1) then
+    return "key 'dropout' must be a number in [0, 1), got " .. shown(c.dropout)
+  end
+  for _, k in ipairs{"flip_sin_to_cos", "use_linear_projection"} do
+    if c[k] ~= nil and type(c[k]) ~= "boolean" then return "key '" .. k .. "' must be true or false, got " .. shown(c[k]) end
+  end
+  return nil
+end
+
 local UNet2DConditionModel = nn.class("UNet2DConditionModel")
 unet.UNet2DConditionModel = UNet2DConditionModel
 
 function UNet2DConditionModel:init(config)
   if type(config) == "string" then config = unet.config(config) end
   local c = copy(assert(config, "UNet2DConditionModel: config"))
+  local why = unet.check_config(c)
+  if why then error("UNet2DConditionModel: " .. why, 3) end
   self.config = c
   local boc = c.block_out_channels
   local n = #boc

@@ -117,8 +117,26 @@ local function make_config(what)
             " is not a positive multiple of norm_num_groups " .. tostring(groups), 3)
     end
   end
+  -- the rest by type and range: a value ck.vae would read wrongly is refused
+  -- here, not trained or sampled with
+  for _, k in ipairs{"scaling_factor", "shift_factor"} do
+    local v = c[k]
+    if v ~= nil and v ~= ck.json_null and (type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge) then
+      error("VAE config: " .. k .. " must be a finite number, got " .. tostring(v), 3)
+    end
+  end
   c.shift_factor = number_or_nil(c.shift_factor)
   c.scaling_factor = number_or_nil(c.scaling_factor) or defaults.scaling_factor
+  if c.scaling_factor <= 0 then error("VAE config: scaling_factor must be above 0, got " .. c.scaling_factor, 3) end
+  for _, k in ipairs{"use_quant_conv", "use_post_quant_conv", "mid_block_add_attention", "force_upcast"} do
+    local v = c[k]
+    if v ~= nil and v ~= ck.json_null and type(v) ~= "boolean" then
+      error("VAE config: " .. k .. " must be true or false, got " .. tostring(v), 3)
+    end
+  end
+  if c._class_name ~= nil and c._class_name ~= "AutoencoderKL" then
+    error("VAE config: _class_name is " .. tostring(c._class_name) .. "; ck.vae builds AutoencoderKL", 3)
+  end
   return c
 end
 

@@ -336,6 +336,86 @@ do -- bad models and files, each refused with one line naming the key and the fi
   T.ok(not ok and one_line(err, stray3, "'model.diffusion_model.input_blocks.1.0.in_layers.1.weight' does not map"),
     "a resnet's inner name no rule knows: " .. tostring(err))
 
+  -- keys that a rule maps to a name the model lacks, in every block type: refused, never skipped
+  for _, k in ipairs{
+    "model.diffusion_model.middle_block.1.foo.weight",                              -- an attention block's unknown inner name
+    "model.diffusion_model.middle_block.1.transformer_blocks.9.attn1.to_q.weight",  -- a transformer block past the config's
+    "model.diffusion_model.middle_block.1.transformer_blocks.0.attn3.to_q.weight",
+    "model.diffusion_model.input_blocks.0.0.weight.extra",                          -- a plain module's
+    "model.diffusion_model.input_blocks.1.0.in_layers.0.weight.extra",              -- a resnet's
+    "model.diffusion_model.out.2.scale",
+    "conditioner.embedders.0.transformer.text_model.foo.weight",                    -- CLIP-L's
+    "conditioner.embedders.0.transformer.text_model.encoder.layers.99.mlp.fc1.weight",
+    "conditioner.embedders.0.transformer.text_model.embeddings.token_embedding.bias",
+    "conditioner.embedders.1.model.transformer.resblocks.99.ln_1.weight",           -- OpenCLIP's
+    "first_stage_model.encoder.down.9.block.0.conv1.weight",                        -- the VAE's
+    "first_stage_model.decoder.up.0.block.7.norm1.weight",
+  } do
+    local f = write("unknown.safetensors", {{k, {1}, {0}}})
+    ok, err = try(checkpoint.open, f, {unet_config = folder.unet_config})
+    T.ok(not ok and one_line(err, f, "'" .. k .. "'"), "an unknown key is refused naming it: " .. tostring(err))
+  end
+
+  -- configs checked by type, sign and range before anything is built
+  for _, c in ipairs{
+    {"transformer_layers_per_block", {1, -3}}, {"transformer_layers_per_block", 0}, {"layers_per_block", {2, 0}},
+    {"layers_per_block", 1.5}, {"attention_head_dim", {2, "x"}}, {"block_out_channels", {32, -64}},
+    {"norm_eps", -1e-5}, {"norm_eps", 0}, {"dropout", 1.5}, {"norm_num_groups", 0}, {"in_channels", 0},
+    {"cross_attention_dim", "20"}, {"use_linear_projection", "yes"}, {"sample_size", -8},
+    {"projection_class_embeddings_input_dim", 4},
+  } do
+    local raw = {}
+    for k, v in pairs(folder.unet_config) do raw[k] = v end
+    if type(c[2]) == "table" and #c[2] < #raw.block_out_channels then -- the list as long as the config's blocks
+      local t = {}
+      for i = 1, #raw.block_out_channels do t[i] = c[2][i] or c[2][#c[2]] end
+      c[2] = t
+    end
+    raw[c[1]] = c[2]
+    ok, err = try(checkpoint.unet_config, raw, "unet/config.json")
+    T.ok(not ok and one_line(err, "unet/config.json", "'" .. c[1] .. "'"),
+      "a UNet config's " .. c[1] .. " of " .. (type(c[2]) == "table" and ck.json_encode(c[2]) or tostring(c[2])) ..
+      " is refused naming it: " .. tostring(err))
+  end
+  local vae = require "ck.vae"
+  for _, c in ipairs{{"scaling_factor", -0.13}, {"scaling_factor", 0}, {"shift_factor", 0 / 0}, {"layers_per_block", 0},
+                     {"mid_block_add_attention", "no"}, {"latent_channels", -4}, {"_class_name", "AutoencoderTiny"}} do
+    local raw = vae.config("tiny")
+    raw[c[1]] = c[2]
+    ok, err = pcall(function() local r = vae.config(raw); return r end)
+    T.ok(not ok and one_line(err, c[1]), "a VAE config's " .. c[1] .. " of " .. tostring(c[2]) .. " is refused: " .. tostring(err))
+  end
+
+  -- a folder's text encoder and VAE configs, checked naming their files
+  for _, c in ipairs{{"text_encoder", "eos_token_id", -3}, {"text_encoder_2", "num_hidden_layers", -1},
+                     {"text_encoder", "layer_norm_eps", 0}, {"vae", "scaling_factor", -1}, {"vae", "layers_per_block", 0}} do
+    local dir2 = path("cfg_" .. c[1] .. "_" .. c[2])
+    for _, part in ipairs{"unet", c[1]} do
+      assert(ck.mkdir(dir2 .. "/" .. part))
+      for _, n in ipairs(ck.listdir(FOLDER .. "/" .. part)) do
+        local src = assert(io.open(FOLDER .. "/" .. part .. "/" .. n, "rb"))
+        local bytes = src:read("a")
+        src:close()
+        if n == "config.json" and part == c[1] then
+          local j = ck.json_decode(bytes)
+          j[c[2]] = c[3]
+          bytes = ck.json_encode(j)
+        end
+        local dst = assert(io.open(dir2 .. "/" .. part .. "/" .. n, "wb"))
+        dst:write(bytes)
+        dst:close()
+      end
+    end
+    ok, err = try(checkpoint.open, dir2)
+    T.ok(not ok and one_line(err, dir2 .. "/" .. c[1] .. "/config.json", c[2]),
+      "a folder's " .. c[1] .. " config with " .. c[2] .. " " .. tostring(c[3]) .. " is refused naming it: " .. tostring(err))
+    for _, part in ipairs{"unet", c[1]} do
+      for _, n in ipairs(ck.listdir(dir2 .. "/" .. part)) do os.remove(dir2 .. "/" .. part .. "/" .. n) end
+      os.remove(dir2 .. "/" .. part)
+    end
+    os.remove(dir2)
+  end
+
   -- files that are not SDXL
   ok, err = try(checkpoint.open, folder.unet.file)
   T.ok(not ok and one_line(err, folder.unet.file, "not an SDXL checkpoint", "no model.diffusion_model.*"),
@@ -379,12 +459,21 @@ do -- bad models and files, each refused with one line naming the key and the fi
   ok, err = try(checkpoint.open, dir)
   T.ok(not ok and one_line(err, dir .. "/unet", "no weights", "diffusion_pytorch_model.safetensors"),
     "a folder part without weights: " .. tostring(err))
-  ck.write_safetensors(dir .. "/unet/diffusion_pytorch_model.safetensors", {{"a", {1}, {1}}})
-  ck.write_safetensors(dir .. "/unet/diffusion_pytorch_model.fp16.safetensors", {{"b", {1}, {2}}}, nil, "F16")
+  local a, b = "conv_in.weight", "conv_out.weight"
+  ck.write_safetensors(dir .. "/unet/diffusion_pytorch_model.safetensors", {{a, {1}, {1}}})
+  ck.write_safetensors(dir .. "/unet/diffusion_pytorch_model.fp16.safetensors", {{b, {1}, {2}}}, nil, "F16")
   local plain, fp16 = checkpoint.open(dir), checkpoint.open(dir, {variant = "fp16"})
-  T.ok(plain.unet.map.a == "a" and plain.unet.map.b == nil and fp16.unet.map.b == "b" and fp16.unet.map.a == nil
+  T.ok(plain.unet.map[a] == a and plain.unet.map[b] == nil and fp16.unet.map[b] == b and fp16.unet.map[a] == nil
     and plain.vae == nil and plain.tokenizer == nil,
     "plain weights by default, *.fp16.safetensors with variant = fp16; absent parts stay nil")
+  -- a folder's tensor that is no parameter of its config's model is refused, not skipped
+  for _, k in ipairs{"mystery.weight", "down_blocks.9.resnets.0.conv1.weight", "conv_in.weight.extra",
+                     "mid_block.attentions.0.transformer_blocks.7.attn1.to_q.weight"} do
+    ck.write_safetensors(dir .. "/unet/diffusion_pytorch_model.safetensors", {{a, {1}, {1}}, {k, {1}, {1}}})
+    ok, err = try(checkpoint.open, dir)
+    T.ok(not ok and one_line(err, dir .. "/unet/diffusion_pytorch_model.safetensors", "'" .. k .. "'", "does not have"),
+      "a folder's unknown UNet tensor is refused: " .. tostring(err))
+  end
   for _, n in ipairs(ck.listdir(dir .. "/unet")) do os.remove(dir .. "/unet/" .. n) end
   os.remove(dir .. "/unet")
   os.remove(dir)

@@ -224,6 +224,14 @@ T.ok(not ok and one_line(err, RANK, "'" .. which .. "'", "shape"), "a wrong rank
 -- sizes and samplers
 ok, err = pcall(function() local t = opts{width = 60}; t.latents = nil; local im = pipe:generate(t); return im end)
 T.ok(not ok and one_line(err, "width", "multiple of 8", "60", THIS .. ":"), "width 60 is refused: " .. tostring(err))
+-- the check a prompt file's lines pass before a training run (read_prompts) is this one
+for _, c in ipairs{{{cfg = 1e308}, "cfg 1e+308: a CFG scale must be a number from 0 to 100"},
+                   {{prompt = "a\0b"}, "prompt a\\0b: holds a NUL byte"},
+                   {{negative_prompt = "\255"}, "negative_prompt is not UTF-8 text (byte 1)"},
+                   {{sampler = "dpmpp_2m", steps = 1000}, "steps 1000: steps must be from 1 to 999"}} do
+  ok, err = pcall(function() local t = opts(c[1]); t.latents = nil; local im = pipe:generate(t); return im end)
+  T.ok(not ok and one_line(err, "generate: " .. c[2], THIS .. ":"), "refused before any work: " .. tostring(err))
+end
 ok, err = pcall(function() local im = pipe:generate(opts{sampler = "heun"}); return im end)
 T.ok(not ok and one_line(err, "unknown sampler 'heun'", "euler_a", THIS .. ":"), "an unknown sampler is refused: " ..
   tostring(err))

@@ -1,8 +1,8 @@
 """Reference data for tests/lua/test_imagedata.lua, from kohya-ss/sd-scripts itself.
 
-Imports library/train_util.py's BucketManager and trim_and_resize_if_required
-from a checkout of sd-scripts (the modules it imports but the bucket code never
-uses, such as toml or cv2, are stubbed when they are not installed) and writes
+Runs library/train_util.py's BucketManager and trim_and_resize_if_required
+(and model_util's make_bucket_resolutions) from a checkout of sd-scripts:
+their own source, taken out of the modules (kohya_bucket_code), and writes
 tests/data/imagedata/:
   buckets.json  for several settings: the bucket list (make_buckets), and for a
                 range of image sizes the bucket select_bucket picks, the resized
@@ -15,46 +15,44 @@ tests/data/imagedata/:
 Run: /work/venv-ref/bin/python tests/ref/make_bucket_ref.py /path/to/sd-scripts [sd-scripts commit]
 """
 import hashlib
-import importlib.abc
-import importlib.machinery
 import json
 import os
 import random
 import sys
+import types
 from unittest import mock
 
 import numpy as np
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "imagedata")
-STUBBED = ("toml", "imagesize", "cv2", "einops", "bitsandbytes", "sentencepiece", "transformers")
+def kohya_bucket_code(sd):
+    """BucketManager and trim_and_resize_if_required from library/train_util.py, and the
+    make_bucket_resolutions they call from library/model_util.py: their own source, taken
+    out of the modules with ast and run with what they use (numpy, math, random), so that
+    the rest of sd-scripts' imports (torch, accelerate, transformers, diffusers of the
+    versions it pins) need not be installed"""
+    import ast
+    import math
+    import typing
 
+    def defs(path, names):
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        found = [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in names]
+        assert sorted(n.name for n in found) == sorted(names), (path, names)
+        return ast.Module(body=found, type_ignores=[])
 
-class Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Gives an empty module for a name in STUBBED that no other finder has."""
-
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] not in STUBBED:
-            return None
-        for f in sys.meta_path:
-            if f is self:
-                continue
-            try:
-                s = f.find_spec(name, path, target)
-            except Exception:
-                s = None
-            if s is not None:
-                return s
-        return importlib.machinery.ModuleSpec(name, self, is_package=True)
-
-    def create_module(self, spec):
-        m = mock.MagicMock()
-        m.__path__ = []
-        m.__spec__ = spec
-        m.__name__ = spec.name
-        return m
-
-    def exec_module(self, m):
-        pass
+    env = {"np": np, "math": math, "random": random, "logger": mock.MagicMock()}
+    env.update({k: getattr(typing, k) for k in ("Tuple", "Optional", "List", "Dict", "Union", "Any")})
+    model_util = types.SimpleNamespace()
+    mu = dict(env)
+    exec(compile(defs(os.path.join(sd, "library", "model_util.py"), ["make_bucket_resolutions"]), "model_util.py", "exec"), mu)
+    model_util.make_bucket_resolutions = mu["make_bucket_resolutions"]
+    env["model_util"] = model_util
+    env["resize_image"] = None  # never reached: the images given are already at their resized size
+    exec(compile(defs(os.path.join(sd, "library", "train_util.py"), ["BucketManager", "trim_and_resize_if_required"]),
+                 "train_util.py", "exec"), env)
+    return env["BucketManager"], env["trim_and_resize_if_required"]
 
 
 def image_sizes(r, lo, hi):
@@ -63,7 +61,9 @@ def image_sizes(r, lo, hi):
              (640, 480), (480, 640), (1920, 1080), (1080, 1920), (3000, 2000), (2000, 3000), (4032, 3024),
              (lo, 4 * lo), (4 * lo, lo), (lo + 1, lo + 1), (777, 333), (333, 777), (2048, 512), (512, 2048),
              (896, 1152), (1152, 896), (1023, 1025), (257, 1999), (5000, 700),
-             (lo // 2, lo // 2), (lo - 1, 3 * lo), (3 * lo, lo - 1), (lo // 2, 2 * hi)]
+             (lo // 2, lo // 2), (lo - 1, 3 * lo), (3 * lo, lo - 1), (lo // 2, 2 * hi),
+             # smaller than every bucket (kohya scales them up): a folder of 96x80 images, slivers, a pixel
+             (96, 80), (80, 96), (lo // 4, lo // 3), (7, lo), (lo, 7), (1, 1), (63, 65), (130, 2)]
     for _ in range(30):
         sizes.append((r.randint(lo, 3 * hi), r.randint(lo, 3 * hi)))
     return sizes
@@ -72,9 +72,7 @@ def image_sizes(r, lo, hi):
 def main():
     sd = sys.argv[1]
     commit = sys.argv[2] if len(sys.argv) > 2 else "unknown"
-    sys.path.insert(0, sd)
-    sys.meta_path.append(Stub())
-    from library.train_util import BucketManager, trim_and_resize_if_required
+    BucketManager, trim_and_resize_if_required = kohya_bucket_code(sd)
 
     def one(bm, w, h):
         try:
@@ -124,11 +122,12 @@ def main():
             c["buckets"] = [list(x) for x in bm.predefined_resos] if not no_upscale else None
             c["images"] = [one(bm, w, h) for w, h in sizes]
             cases.append(c)
-        # without bucketing: one bucket of the resolution (BaseDataset.make_buckets)
+        # without bucketing: one bucket of the resolution (BaseDataset.make_buckets),
+        # images smaller than it scaled up
         bm = BucketManager(False, res, None, None, None)
         bm.set_predefined_resos([res])
         c = dict(s, enable=False, no_upscale=False, buckets=[list(res)])
-        c["images"] = [one(bm, w, h) for w, h in sizes if w >= res[0] and h >= res[1]]
+        c["images"] = [one(bm, w, h) for w, h in sizes]
         cases.append(c)
 
     os.makedirs(OUT, exist_ok=True)

@@ -59,6 +59,14 @@ out=$("$CKRUN" $A $G --pretrained-model-name-or-path tests/data/checkpoint/sdxl_
   --sampler dpmpp_2m_karras --out "$dir/f.png" 2>&1) ; rc=$?
 ok $rc "generate on the diffusers folder exits 0 ($out)"
 params "$dir/f.png" | tail -1 | grep -q "Sampler: DPM++ 2M Karras, .*Model: sdxl_tiny$" ; ok $? "its parameters name the model ($(params "$dir/f.png" | tail -1))"
+# its scheduler/scheduler_config.json: the class's sampler by default; a field ckrun lacks refused by name, before any work
+out=$("$CKRUN" $A $G --pretrained-model-name-or-path tests/data/checkpoint/sdxl_tiny --prompt "the cat" --out "$dir/g.png" 2>&1) ; rc=$?
+[ $rc = 0 ] && params "$dir/g.png" | tail -1 | grep -q "Sampler: Euler, " ; ok $? "without --sampler, the folder's EulerDiscreteScheduler ($out)"
+cp -r tests/data/checkpoint/sdxl_tiny "$dir/zsnr"
+sed -i 's/"rescale_betas_zero_snr": false/"rescale_betas_zero_snr": true/' "$dir/zsnr/scheduler/scheduler_config.json"
+err=$("$CKRUN" $A $G --pretrained-model-name-or-path "$dir/zsnr" --prompt "the cat" --out "$dir/z.png" 2>&1 >/dev/null) ; rc=$?
+[ $rc != 0 ] && [ "$(echo "$err" | grep -c .)" = 1 ] && echo "$err" | grep -q "zsnr/scheduler/scheduler_config.json: field 'rescale_betas_zero_snr' is true" && [ ! -e "$dir/z.png" ]
+ok $? "a scheduler field ckrun lacks: one line naming the file and the field, nothing written ($err)"
 
 # bad input: one line naming it, non-zero, the PNG already there untouched
 good=$(md5sum "$dir/a.png")
@@ -70,7 +78,7 @@ ck.write_safetensors('$dir/stray.safetensors', {{'lora_unet_nowhere.lora_down.we
 err=$("$CKRUN" $A $G --lora "$dir/stray.safetensors" --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
 one_line $rc "$err" "stray.safetensors: LoRA key 'lora_unet_nowhere.lora_down.weight' matches no module" ; ok $? "a key matching no module: one line naming it and the file ($err)"
 err=$("$CKRUN" $A scripts/generate.lua --width 60 --height 32 --steps 3 --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
-one_line $rc "$err" "width must be a positive multiple of 8 pixels, got 60" ; ok $? "--width 60: one line ($err)"
+one_line $rc "$err" "width 60: a size must be a positive multiple of 8 pixels" ; ok $? "--width 60: one line ($err)"
 err=$("$CKRUN" $A $G --sampler heun --out "$dir/a.png" 2>&1 >/dev/null) ; rc=$?
 one_line $rc "$err" "sampler" ; ok $? "--sampler heun: one line ($err)"
 [ "$good" = "$(md5sum "$dir/a.png")" ] ; ok $? "the PNG already there is as it was"

@@ -13,6 +13,7 @@ t=$(mktemp -d)
 flipper=
 trap '[ -n "$flipper" ] && kill $flipper 2> /dev/null; rm -rf "$t"' EXIT
 CK=$(cd "$(dirname "$CKRUN")" && pwd)/$(basename "$CKRUN")
+SRCDIR=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$t/work/sub" "$t/work/logs" "$t/outside/dir" "$t/svgdir"
 T=$(cd "$t" && pwd -P)
 W=$T/work O=$T/outside
@@ -142,7 +143,50 @@ for flag in --svg --export-graph; do
   [ -f "$S/new/deeper/x.svg" ] && echo "$m" | grep -q "is denied" && [ ! -e "$S/new/y" ]
   ok $? "$flag: the directories leading to the file can be made, and allow nothing else ($m)"
   rm -rf "$S/new"
+  # a path that names a directory is refused before the script runs: an
+  # existing one (with or without '/', inside or out) or one spelled as such
+  mkdir -p "$S/adir"
+  for p in "$O/dir/" "$O/dir" "$O/dir/." "$S/adir/" "$S/adir" "$S/nodir/" "$S/.."; do
+    m=$("$CK" $flag "$p" -e "os.rename('$O/dir', 'stolen'); print('ran')" 2>&1); rc=$?
+    [ $rc != 0 ] && [ "$(echo "$m" | wc -l)" = 1 ] && echo "$m" | grep -q "^ckrun: $flag '.*' names a directory" &&
+      [ ! -e stolen ] && [ ! -e "$S/nodir" ] && intact
+    ok $? "$flag '$p' is refused in one line, nothing run ($m)"
+  done
+  m=$("$CK" --trust $flag "$S/adir/" -e "print('ran')" 2>&1); rc=$?
+  [ $rc != 0 ] && echo "$m" | grep -q "names a directory"; ok $? "$flag naming a directory is refused outside the sandbox too ($m)"
+  # a directory put at the file's name after the start is not the file: not
+  # opened, listed, renamed, removed or written into; nor can the script put one there
+  mkdir -p mine
+  m=$("$CK" $flag "$S/late.svg" -e "local ck = require 'ck'
+    print(select(2, pcall(ck.mkdir, '$S/late.svg')))
+    print(os.rename('mine', '$S/late.svg'))
+    while select(3, io.open('$S/late.svg')) == 2 do end -- ENOENT until it appears
+    print(io.open('$S/late.svg'))
+    print(io.open('$S/late.svg', 'w'))
+    print(select(2, pcall(ck.listdir, '$S/late.svg')))
+    print(os.rename('$S/late.svg', 'stolen'))
+    print(os.remove('$S/late.svg'))
+    print(select(2, pcall(io.open, '$S/late.svg/f.txt')))" 2>&1 &
+    sleep 0.5
+    mkdir "$S/late.svg.part" && echo SECRET > "$S/late.svg.part/f.txt" && mv "$S/late.svg.part" "$S/late.svg"; wait)
+  n=$(echo "$m" | grep -c "is denied\|Is a directory\|nil")
+  [ "$n" = 8 ] && [ -d mine ] && [ ! -e stolen ] && [ "$(cat "$S/late.svg/f.txt")" = SECRET ] && ! echo "$m" | grep -q "^SECRET"
+  ok $? "$flag: a directory at the file's name is never the file ($m)"
+  rm -rf "$S/late.svg" "$S/adir" mine
 done
+
+# ---- the scripts' own output files (generate --out, train_sdxl_lora --out,
+# policy_sweep --svg): a directory is refused in one line before any work
+mkdir -p "$W/adir"
+for c in "generate.lua --out $W/adir" "generate.lua --out $W/new/" "train_sdxl_lora.lua --out $W/adir/" \
+         "train_sdxl_lora.lua --out ." "policy_sweep.lua --svg $W/adir"; do
+  set -- $c
+  m=$("$CK" "$SRCDIR/scripts/$1" "$2" "$3" 2>&1); rc=$?
+  [ $rc != 0 ] && [ "$(echo "$m" | wc -l)" = 1 ] && echo "$m" | grep -q -- "$2 must name a file to write, not a directory" &&
+    [ -z "$(ls "$W/adir")" ] && [ ! -e "$W/new" ]
+  ok $? "$1 $2 $3 is refused in one line, nothing written ($m)"
+done
+rmdir "$W/adir"
 
 # ---- temp files of killed saves
 dead=$(bash -c 'echo $$')

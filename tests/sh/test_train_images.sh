@@ -3,9 +3,11 @@
 # the first run encodes every image into the cache beside it and trains; a
 # second run finds them all cached and trains the same adapter bitwise; a
 # changed image and a changed caption re-encode only their own images;
-# caption augmentation and --flip-aug train; bad inputs (a truncated image,
-# an image smaller than the smallest bucket, a base that is not SDXL) end with
-# one line naming the file and leave the cache and the adapter as they were.
+# caption augmentation and --flip-aug train; an image smaller than the
+# smallest bucket is scaled up to it, as kohya's; bad inputs (a truncated
+# image, with --bucket-no-upscale an image with no bucket, a base that is not
+# SDXL) end with one line naming the file and leave the cache and the adapter
+# as they were.
 set -u
 dir=$(mktemp -d)
 logs=out/.test_train_images.$$
@@ -108,10 +110,19 @@ err=$("$CKRUN" $A $S --out "$dir/e.safetensors" 2>&1 >/dev/null) ; rc=$?
 [ $rc != 0 ] && [ "$(echo "$err" | grep -c .)" = 1 ] && echo "$err" | grep -q "$bad" ; ok $? "a truncated image: one line naming it ($err)"
 [ "$good" = "$(md5sum "$dir/e.safetensors")" ] && [ "$state" = "$(cached | xargs md5sum)" ] ; ok $? "the adapter and the cache are as they were"
 cp "$dir/keep.png" "$bad"
-"$CKRUN" $A -e "local ck = require 'ck'; ck.write_png('$dir/shapes/2_shapes/tiny.png', ck.array({3, 16, 16}, 0))"
-err=$("$CKRUN" $A $S --out "$dir/e.safetensors" 2>&1 >/dev/null) ; rc=$?
-[ $rc != 0 ] && echo "$err" | grep -q "tiny.png" ; ok $? "an image smaller than the smallest bucket: refused naming it ($err)"
-rm -f "$dir/shapes/2_shapes/tiny.png"
+"$CKRUN" $A -e "local ck = require 'ck'; ck.write_png('$dir/shapes/2_shapes/tiny.png', ck.array({3, 16, 16}, 0))"; echo tiny > "$dir/shapes/2_shapes/tiny.txt"
+out=$("$CKRUN" $A $S --out "$dir/t.safetensors" 2>&1) ; rc=$?
+tiny=$(find "$dir/shapes" -name 'tiny_*.safetensors')
+[ $rc = 0 ] && [ -n "$tiny" ] && "$CKRUN" $A -e "local f <close> = require('ck').safetensors('$tiny')
+  assert(table.concat(f:shape('latents'), 'x') == '4x8x8', table.concat(f:shape('latents'), 'x'))"
+ok $? "an image smaller than the smallest bucket is scaled up to its bucket (64x64), as kohya's ($rc)"
+rm -f $tiny
+# (at 128, the set's own images have buckets without upscaling: their sides are 64 and more)
+err=$("$CKRUN" $A ${S/--resolution 64/--resolution 128} --bucket-no-upscale --out "$dir/e.safetensors" 2>&1 >/dev/null) ; rc=$?
+[ $rc != 0 ] && [ "$(echo "$err" | grep -c .)" = 1 ] && echo "$err" | grep -q "tiny.png' (16x16) has a side below --bucket-reso-steps 64" &&
+  [ -z "$(find "$dir/shapes" -name 'tiny_*.safetensors')" ] && [ "$good" = "$(md5sum "$dir/e.safetensors")" ]
+ok $? "with --bucket-no-upscale, an image with a side below the bucket steps: refused naming it, nothing written ($err)"
+rm -f "$dir/shapes/2_shapes/tiny.png" "$dir/shapes/2_shapes/tiny.txt"
 "$CKRUN" $A -e "local ck = require 'ck'; ck.write_safetensors('$dir/notsdxl.safetensors', {{'model.weight', {2}, {1, 2}}})"
 err=$("$CKRUN" $A $S --pretrained-model-name-or-path "$dir/notsdxl.safetensors" --out "$dir/e.safetensors" 2>&1 >/dev/null) ; rc=$?
 [ $rc != 0 ] && [ "$(echo "$err" | grep -c .)" = 1 ] && echo "$err" | grep -q "notsdxl.safetensors" ; ok $? "a checkpoint that is not SDXL: one line naming it ($err)"

@@ -113,6 +113,20 @@ bad "a cat --w 72" "$dir/bad.txt:1: --w 72: this UNet needs sizes that are multi
 bad "a cat --ss heun" "$dir/bad.txt:1: unknown sampler 'heun'" ; ok $? "an unknown sampler ($err)"
 bad "a cat --s many" "$dir/bad.txt:1: --s must be a whole number, got 'many'" ; ok $? "a step count that is not a number ($err)"
 bad "# nothing" "$dir/bad.txt: the prompt file holds no prompt" ; ok $? "a file without a prompt ($err)"
+# what the sampler itself would refuse is refused here, by the same check, before the first step
+bad "a cat --l 1e308" "$dir/bad.txt:1: --l 1e+308: a CFG scale must be a number from 0 to 100" ; ok $? "a CFG scale past any use ($err)"
+bad "a cat --l -1" "$dir/bad.txt:1: --l -1: a CFG scale must be" ; ok $? "a negative CFG scale ($err)"
+bad "a cat --s 1000 --ss dpmsolver++" "$dir/bad.txt:1: --s 1000: steps must be from 1 to 999" ; ok $? "more steps than DPM++ has ($err)"
+bad "a cat --w 32768" "$dir/bad.txt:1: --w 32768: at most 16384 pixels" ; ok $? "a size past the largest ($err)"
+bad "a cat --n $(printf '\377')" "$dir/bad.txt:1: the line is not UTF-8" ; ok $? "a line that is not UTF-8 ($err)"
+nul() { printf 'fine\n'; printf "$1"; }
+for line in 'a c\000t\n' 'a cat --n blu\000rry\n'; do
+  nul "$line" > "$dir/bad.txt"
+  rm -rf "$dir/c.safetensors"
+  err=$("$CKRUN" $A $T --sample-every 2 --sample-prompts "$dir/bad.txt" --out "$dir/c.safetensors" --log-dir "$dir/logc" 2>&1 >/dev/null) ; rc=$?
+  one_line $rc "$err" "$dir/bad.txt:2: " && echo "$err" | grep -q "holds a NUL byte" && [ ! -e "$dir/c.safetensors" ] && [ ! -e "$dir/logc" ]
+  ok $? "a NUL byte in a prompt ($line) is refused before training ($err)"
+done
 err=$("$CKRUN" $A $T --sample-every 2 --sample-prompts "$dir/missing.txt" --out "$dir/c.safetensors" 2>&1 >/dev/null) ; rc=$?
 one_line $rc "$err" "missing.txt" ; ok $? "a missing prompt file: one line naming it ($err)"
 err=$("$CKRUN" $A $T --sample-every 2 --out "$dir/c.safetensors" 2>&1 >/dev/null) ; rc=$?

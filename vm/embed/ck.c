@@ -739,6 +739,17 @@ static void free_string(ck_vm *vm, char *s)
     if (s) vm->alloc(vm->alloc_ud, s, strlen(s) + 1, 0);
 }
 
+/* 1 when path names a directory: spelled as one (empty, a trailing '/', a
+ * last component "." or "..") or one now */
+static int names_dir(const char *path)
+{
+    size_t n = strlen(path);
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (!n || path[n - 1] == '/' || !strcmp(base, ".") || !strcmp(base, "..")) return 1;
+    return is_dir(path);
+}
+
 ck_vm *ck_open(const ck_options *opt) { return ck_open_plan(opt, NULL); }
 
 ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
@@ -812,6 +823,16 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
     char stdlib[PATH_MAX];
     if (o.stdlib_dir) snprintf(stdlib, sizeof stdlib, "%s", o.stdlib_dir);
     else default_stdlib(stdlib, sizeof stdlib);
+    /* every file the command line names for output is a file: one that
+     * names a directory is refused, sandbox or not (in the sandbox it would
+     * be a door to that directory) */
+    const char *files[] = {h->plan_svg, h->plan_export_graph};
+    const char *flags[] = {"--svg", "--export-graph"};
+    for (int k = 0; k < 2; k++)
+        if (files[k] && names_dir(files[k])) {
+            snprintf(msg, sizeof msg, "%s '%s' names a directory: it takes the file to write", flags[k], files[k]);
+            return dead(vm, CK_EARG, msg);
+        }
     if (vm->host.sb.on) {
         if (vm->default_dirs && ck_sandbox_allow(&vm->host.sb, ".", 1))
             return dead(vm, errno == ENOMEM ? CK_EMEM : CK_EARG, "cannot resolve the working directory for the sandbox");
@@ -825,11 +846,11 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
                 }
             }
         }
-        /* the plan's --svg and --export-graph files: those files, not their directories */
-        const char *files[] = {h->plan_svg, h->plan_export_graph};
+        /* the plan's --svg and --export-graph files: those files (and their
+         * temp files), not their directories */
         for (int k = 0; k < 2; k++)
             if (files[k] && ck_sandbox_allow_file(&vm->host.sb, files[k], 1)) {
-                snprintf(msg, sizeof msg, "cannot allow writing '%s': %s", files[k], strerror(errno));
+                snprintf(msg, sizeof msg, "cannot allow writing %s '%s': %s", flags[k], files[k], strerror(errno));
                 return dead(vm, errno == ENOMEM ? CK_EMEM : CK_EARG, msg);
             }
         if (is_dir(stdlib) && ck_sandbox_set_lib(&vm->host.sb, stdlib)) return dead(vm, CK_EMEM, "out of memory");

@@ -175,10 +175,29 @@ int ck_sandbox_allow(ck_sandbox *sb, const char *dir, int write)
 
 int ck_sandbox_allow_file(ck_sandbox *sb, const char *file, int write)
 {
+    /* a file root is never a directory: one the root named (renamed into an
+     * allowed directory) would open everything under it. A path spelled as
+     * a directory (a trailing '/', or ending in "." or "..") or naming one
+     * now is refused with EISDIR; one made there later is refused at each
+     * use (door, parent_door) */
+    size_t len = strlen(file);
+    char dir[PATH_MAX], name[NAME_MAX + 1], real[PATH_MAX];
+    if (len && file[len - 1] == '/') {
+        errno = EISDIR;
+        return -1;
+    }
+    if (split(file, dir, sizeof dir, name, sizeof name)) {
+        if (errno == EINVAL) errno = EISDIR;
+        return -1;
+    }
+    struct stat st;
+    if (stat(file, &st) == 0 && S_ISDIR(st.st_mode)) {
+        errno = EISDIR;
+        return -1;
+    }
     /* the directory resolved, the name as given: a symlink there is not
      * the file (whether it was put there before or after) */
-    char dir[PATH_MAX], name[NAME_MAX + 1], real[PATH_MAX];
-    if (split(file, dir, sizeof dir, name, sizeof name) || ck_sandbox_resolve(dir, real, sizeof real)) return -1;
+    if (ck_sandbox_resolve(dir, real, sizeof real)) return -1;
     size_t n = strlen(real);
     if (n + 1 + strlen(name) >= sizeof real) {
         errno = ENAMETOOLONG;
@@ -250,6 +269,8 @@ static ck_root *allowed(ck_sandbox *sb, const char *real, int access, int lib)
     for (int i = 0; i < sb->nroots; i++) {
         ck_root *r = &sb->roots[i];
         if ((r->lib && !lib) || ((access & CK_ACCESS_WRITE) && !r->write)) continue;
+        /* a file root allows a file: no directory is listed, made or walked there */
+        if (r->file && (access & CK_ACCESS_DIR)) continue;
         if (r->file ? !file_match(r, real) : !under(real, r->path)) continue;
         if (root_fd(r) >= 0) return r;
         if (!found) found = r;
@@ -261,8 +282,18 @@ static ck_root *allowed(ck_sandbox *sb, const char *real, int access, int lib)
 static int open_in_root(ck_root *r, const char *real, int flags, mode_t mode)
 {
     if (root_fd(r) < 0) return -1;
-    /* a file root is those names only, never a symlink put in their place */
-    if (r->file) return ck_open_beneath(r->fd, strrchr(real, '/') + 1, flags | O_NOFOLLOW, mode);
+    /* a file root is those names only, never a symlink put in their place,
+     * and never a directory (made there since the root was added) */
+    if (r->file) {
+        int fd = ck_open_beneath(r->fd, strrchr(real, '/') + 1, flags | O_NOFOLLOW, mode);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+            close(fd);
+            errno = EISDIR;
+            return -1;
+        }
+        return fd;
+    }
     const char *rel = real + strlen(r->path);
     while (*rel == '/') rel++;
     return ck_open_beneath(r->fd, *rel ? rel : ".", flags, mode);
@@ -443,19 +474,30 @@ static int split(const char *path, char *dir, size_t dirlen, char *name, size_t 
     return 0;
 }
 
-/* path's directory through the door, without raising: -1 with *verdict */
-static int parent_door(ck_sandbox *sb, const char *path, int access, char *name, size_t namelen, int *verdict)
+/* path's directory through the door, without raising: -1 with *verdict.
+ * *file_root (when not NULL): 1 when a file root allowed the path. */
+static int parent_door(ck_sandbox *sb, const char *path, int access, char *name, size_t namelen, int *verdict,
+                       int *file_root)
 {
     char dir[PATH_MAX], real[PATH_MAX];
     *verdict = ALLOWED;
+    if (file_root) *file_root = 0;
     if (split(path, dir, sizeof dir, name, namelen)) return -1;
     if (!sb) return open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    /* a file root's names live in its directory, which allows nothing else */
+    /* a file root's names live in its directory, which allows nothing else;
+     * a directory found at one of them is not the file (it would be renamed
+     * or removed with all it holds) */
     ck_root *r;
     if (judge(sb, path, access, 0, real, &r) == ALLOWED && r->file) {
         const char *base = strrchr(real, '/') + 1;
         if (strlen(base) >= namelen || root_fd(r) < 0) return -1;
         strcpy(name, base);
+        struct stat st;
+        if (fstatat(r->fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+            errno = EISDIR;
+            return -1;
+        }
+        if (file_root) *file_root = 1;
         return openat(r->fd, ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
     }
     int fd = door(sb, dir, access | CK_ACCESS_DIR, 0, O_PATH | O_DIRECTORY, 0, verdict);
@@ -470,7 +512,7 @@ int ck_lua_open_parent(lua_State *L, const char *path, int access, char *name, s
     ck_sandbox *sb = sandbox_of(L);
     if (sb) check(L, sb, path, access, 0);
     int verdict;
-    int fd = parent_door(sb, path, access, name, namelen, &verdict);
+    int fd = parent_door(sb, path, access, name, namelen, &verdict, NULL);
     if (fd < 0 && verdict != ALLOWED) raise_verdict(L, verdict, path, access);
     return fd;
 }
@@ -739,12 +781,17 @@ static int sb_os_rename(lua_State *L)
         check(L, sb, to, CK_ACCESS_WRITE, 0);
     }
     char nfrom[NAME_MAX + 1], nto[NAME_MAX + 1];
-    int ok = 0, vfrom, vto = ALLOWED, e;
-    int dfrom = parent_door(sb, from, CK_ACCESS_WRITE, nfrom, sizeof nfrom, &vfrom);
+    int ok = 0, vfrom, vto = ALLOWED, e, file_to = 0;
+    int dfrom = parent_door(sb, from, CK_ACCESS_WRITE, nfrom, sizeof nfrom, &vfrom, NULL);
     e = errno;
     if (dfrom >= 0) {
-        int dto = parent_door(sb, to, CK_ACCESS_WRITE, nto, sizeof nto, &vto);
-        if (dto >= 0) {
+        int dto = parent_door(sb, to, CK_ACCESS_WRITE, nto, sizeof nto, &vto, &file_to);
+        struct stat st;
+        if (dto >= 0 && file_to && fstatat(dfrom, nfrom, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+            /* a directory put where a file root names its file */
+            e = EISDIR;
+            close(dto);
+        } else if (dto >= 0) {
             ok = renameat(dfrom, nfrom, dto, nto) == 0;
             e = errno;
             close(dto);

@@ -1,9 +1,11 @@
 /* The memory plan of one scheduled op list: liveness of every transient tensor
- * and workspace, then offsets in one arena (largest first, best-fit gap among
- * the buffers live at the same time). Persistent tensors sit below, at fixed
+ * and workspace, then offsets in one arena (vm/plan/place.c: largest first,
+ * best-fit gap among the buffers live at the same time). Persistent tensors sit below, at fixed
  * offsets. The peak is the arena's exact high-water mark: the end of the
  * highest byte any op touches. */
 #include "plan/plan.h"
+#include "plan/place.h"
+#include "util/hash.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +14,6 @@
 
 const char *const ck_cat_names[CK_CAT_COUNT] = {"frozen", "trainable", "gradients", "optimizer_state", "inputs",
                                                 "activations", "recomputed", "workspace"};
-
-typedef struct buf {
-    int64_t size, off; /* size: the bytes used, placed on ALIGN boundaries */
-    int first, last;
-    int tensor; /* -1: the workspace of list position `first` */
-} buf;
 
 int ck_is_persistent(ck_kind k)
 {
@@ -48,15 +44,6 @@ ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
     return CK_CAT_ACTIVATIONS;
 }
 
-static int by_size(const void *a, const void *b)
-{
-    const buf *x = a, *y = b;
-    int64_t sx = align_up(x->size), sy = align_up(y->size);
-    if (sx != sy) return sx > sy ? -1 : 1;
-    if (x->first != y->first) return x->first < y->first ? -1 : 1;
-    return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
-}
-
 size_t ck_plan_host_bytes(const ck_plan *pl)
 {
     if (!pl->ops) return 0;
@@ -64,6 +51,23 @@ size_t ck_plan_host_bytes(const ck_plan *pl)
     return ck_malloc_chunk(sizeof *pl->ops * n) + ck_malloc_chunk(sizeof *pl->origin * nt) +
            ck_malloc_chunk(sizeof *pl->off * nt) + ck_malloc_chunk(sizeof *pl->ws_off * n) +
            ck_malloc_chunk(sizeof *pl->ws_bytes * n);
+}
+
+uint64_t ck_plan_digest(const ck_plan *pl, uint64_t h)
+{
+    h = ck_fnv1a(h, &pl->n, sizeof pl->n);
+    for (int i = 0; i < pl->n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        const int head[4] = {r->node, (int)r->phase, r->nin, r->nout};
+        h = ck_fnv1a(h, head, sizeof head);
+        h = ck_fnv1a(h, r->in, sizeof *r->in * (size_t)r->nin);
+        h = ck_fnv1a(h, r->out, sizeof *r->out * (size_t)r->nout);
+        if (pl->ws_off) h = ck_fnv1a(h, &pl->ws_off[i], sizeof *pl->ws_off);
+        if (pl->ws_bytes) h = ck_fnv1a(h, &pl->ws_bytes[i], sizeof *pl->ws_bytes);
+    }
+    if (pl->off) h = ck_fnv1a(h, pl->off, sizeof *pl->off * (size_t)pl->ntensors);
+    const uint64_t peak = pl->peak;
+    return ck_fnv1a(h, &peak, sizeof peak);
 }
 
 void ck_plan_free(ck_plan *pl)
@@ -277,10 +281,9 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
     pl->ws_bytes = calloc((size_t)(n ? n : 1), sizeof(size_t));
     int *first = malloc(sizeof(int) * (size_t)nt), *last = malloc(sizeof(int) * (size_t)nt);
     int *root = malloc(sizeof(int) * (size_t)nt);
-    buf *bufs = malloc(sizeof(buf) * (size_t)(nt + n + 1));
-    buf **live = malloc(sizeof(buf *) * (size_t)(nt + n + 1));
+    ck_place_buf *bufs = malloc(sizeof *bufs * (size_t)(nt + n + 1));
     size_t *cat = NULL;
-    if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs || !live) goto out;
+    if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
     for (int i = 0; i < n; i++) pl->ws_bytes[i] = workspace_of(pl, g, i, be);
 
@@ -292,46 +295,19 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
             pl->off[t] = poff[t];
             continue;
         }
-        bufs[nb++] = (buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t};
+        bufs[nb++] = (ck_place_buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t, 0};
     }
     for (int i = 0; i < n; i++) {
         pl->ws_off[i] = -1;
-        if (pl->ws_bytes[i]) bufs[nb++] = (buf){(int64_t)pl->ws_bytes[i], 0, i, i, -1};
+        if (pl->ws_bytes[i]) bufs[nb++] = (ck_place_buf){(int64_t)pl->ws_bytes[i], 0, i, i, -1, 0};
         if (pl->ws_bytes[i] > pl->workspace) pl->workspace = pl->ws_bytes[i];
     }
-    qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
-    /* placed buffers are kept sorted by offset: each new one walks them once,
-     * looking only at those live at the same time */
-    int64_t base = align_up((int64_t)persistent), top = 0;
-    int np = 0;
+    /* retained tensors live to position n */
+    const int64_t top = ck_place(bufs, nb, n + 1, ALIGN);
+    if (top < 0) goto out;
+    const int64_t base = align_up((int64_t)persistent);
     for (int b = 0; b < nb; b++) {
-        int64_t best = -1, best_gap = INT64_MAX, at = 0, need = align_up(bufs[b].size);
-        for (int c = 0; c < np; c++) {
-            const buf *o = live[c];
-            if (o->first > bufs[b].last || bufs[b].first > o->last) continue;
-            int64_t gap = o->off - at;
-            if (gap >= need && gap < best_gap) {
-                best = at;
-                best_gap = gap;
-            }
-            int64_t end = o->off + align_up(o->size);
-            if (end > at) at = end;
-        }
-        bufs[b].off = best >= 0 ? best : at;
-        /* the high-water mark counts the bytes used, not the alignment after them */
-        if (bufs[b].off + bufs[b].size > top) top = bufs[b].off + bufs[b].size;
-        int lo = 0, hi = np;
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (live[mid]->off <= bufs[b].off) lo = mid + 1;
-            else hi = mid;
-        }
-        memmove(live + lo + 1, live + lo, sizeof *live * (size_t)(np - lo));
-        live[lo] = &bufs[b];
-        np++;
-    }
-    for (int b = 0; b < nb; b++) {
-        if (bufs[b].tensor >= 0) pl->off[bufs[b].tensor] = base + bufs[b].off;
+        if (bufs[b].id >= 0) pl->off[bufs[b].id] = base + bufs[b].off;
         else pl->ws_off[bufs[b].first] = base + bufs[b].off;
     }
     for (int t = 0; t < nt; t++)
@@ -370,7 +346,6 @@ out:
     free(last);
     free(root);
     free(bufs);
-    free(live);
     free(cat);
     return rc;
 }

@@ -106,6 +106,9 @@ size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent
  * n * CK_CAT_COUNT entries, malloc'd; NULL on out of memory. */
 size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be);
 void ck_plan_free(ck_plan *pl);
+/* h continued over pl's entries, offsets, workspaces and peak (FNV-1a,
+ * vm/util/hash.h): equal for two plans the same to the byte */
+uint64_t ck_plan_digest(const ck_plan *pl, uint64_t h);
 int ck_is_persistent(ck_kind k);
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
 /* 16-bit storage: the type of the kernel list entry i runs: CK_BF16 or CK_F16

@@ -138,8 +138,7 @@ size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dt
     return b;
 }
 
-/* the kernel's own workspace, after the fp32 copies of its 16-bit operands */
-static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
@@ -236,7 +235,7 @@ size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent
     size_t peak = 0;
     if (first && last && root && ws) {
         liveness(pl, g, retain, first, last, root);
-        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, be);
+        for (int i = 0; i < pl->n; i++) ws[i] = ck_plan_entry_workspace(pl, g, i, be);
         peak = sweep((ck_plan *)pl, g, persistent, first, last, ws, NULL, NULL);
     }
     free(first);
@@ -254,7 +253,7 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
     size_t *cat = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1) * CK_CAT_COUNT);
     if (first && last && root && ws && cat) {
         liveness(pl, g, retain, first, last, root);
-        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, be);
+        for (int i = 0; i < pl->n; i++) ws[i] = ck_plan_entry_workspace(pl, g, i, be);
         sweep((ck_plan *)pl, g, persistent, first, last, ws, cat, NULL);
         size_t fixed[CK_CAT_COUNT] = {0};
         for (int t = 0; t < g->nt; t++)
@@ -285,7 +284,7 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
     size_t *cat = NULL;
     if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
-    for (int i = 0; i < n; i++) pl->ws_bytes[i] = workspace_of(pl, g, i, be);
+    for (int i = 0; i < n; i++) pl->ws_bytes[i] = ck_plan_entry_workspace(pl, g, i, be);
 
     int nb = 0;
     for (int t = 0; t < nt; t++) {
@@ -347,24 +346,5 @@ out:
     free(root);
     free(bufs);
     free(cat);
-    return rc;
-}
-
-int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops)
-{
-    ck_plan pl;
-    if (ck_schedule(&pl, c->g, c->nodes, c->n, recompute)) return -1;
-    int rc = 0;
-    if (exact) {
-        rc = ck_plan_memory(&pl, c->g, c->poff, c->persistent, c->retain, c->be);
-        *peak = pl.peak;
-        *flops = pl.recompute_flops;
-    } else {
-        *peak = ck_plan_live_peak(&pl, c->g, c->persistent, c->retain, c->be);
-        *flops = 0;
-        for (int i = 0; i < pl.n; i++)
-            if (pl.ops[i].phase == CK_PHASE_RECOMPUTE) *flops += ck_plan_op_flops(&pl, c->g, i);
-    }
-    ck_plan_free(&pl);
     return rc;
 }

@@ -52,7 +52,7 @@ size_t ck_plan_host_bytes(const ck_plan *pl);
 
 /* What a checkpoint policy sees: the differentiated graph, the training list
  * before scheduling, and the candidates (ck_saved_activations). It can
- * schedule and plan trial decisions with ck_decide_eval. */
+ * evaluate trial decisions with vm/plan/evaluate.h. */
 typedef struct ck_decide_ctx {
     const ck_graph *g;
     const int *nodes;
@@ -68,10 +68,6 @@ typedef struct ck_decide_ctx {
 /* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead
  * of keeping it. Returns 0, or -1 with a message. */
 typedef int (*ck_decide_fn)(void *ud, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen);
-
-/* The peak and recompute FLOPs of one trial decision; exact: place every byte
- * (the true peak), otherwise the most bytes live at once (a lower bound, fast). */
-int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops);
 
 /* vm/plan/schedule.c: the op list of the given graph nodes (forward nodes first, in
  * graph order, then the rest), with recompute entries placed before the first
@@ -124,6 +120,9 @@ size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dt
 /* the type an operand of dtype dt is copied into for a kernel of type kt, or
  * dt itself when the kernel reads it as it is */
 ck_dtype ck_entry_copy_type(ck_dtype dt, ck_dtype kt);
+/* the workspace list entry i needs: the copies ck_entry_convert_bytes counts,
+ * then the kernel's own (the backend's rule) */
+size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
 /* FLOPs of list entry i */
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i);
 /* bytes of tensor id (a graph tensor or a recomputed copy) */

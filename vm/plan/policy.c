@@ -1,12 +1,13 @@
 /* Built-in checkpoint policies over one mechanism: a policy marks forward
- * activations for recompute; the scheduler and the planner (ck_decide_eval)
- * tell what a marking costs in bytes and FLOPs. Region policies (blocks,
+ * activations for recompute; the evaluator (vm/plan/evaluate.c) tells what a
+ * marking costs in bytes and FLOPs. Region policies (blocks,
  * every_n, sqrt_n) give forward nodes a region and recompute what a region
  * makes and only it reads, as torch.utils.checkpoint keeps a function's inputs
  * and recomputes its inside. budget searches markings for the least FLOPs that
  * fit: exhaustively when the candidates are few, otherwise from the fixed
  * policies and a greedy order, so it is never worse than any of them. */
 #include "plan/policy.h"
+#include "plan/evaluate.h"
 #include "util/text.h"
 
 #include <math.h>
@@ -248,11 +249,11 @@ typedef struct best {
 
 /* Evaluates a marking exactly and keeps it if it fits with fewer FLOPs (at
  * equal FLOPs, a lower peak). 1 if it fits, 0 if not, -1 on error. */
-static int consider(const ck_decide_ctx *c, const unsigned char *mark, size_t budget, best *b)
+static int consider(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b)
 {
     size_t peak;
     double flops;
-    if (ck_decide_eval(c, mark, 1, &peak, &flops)) return -1;
+    if (ck_evaluate(ev, mark, 1, &peak, &flops)) return -1;
     if (!b->floor || peak < b->floor) b->floor = peak;
     if (peak > budget) return 0;
     if (!b->found || flops < b->flops || (flops == b->flops && peak < b->peak)) {
@@ -317,7 +318,7 @@ static void start_mark(const ck_decide_ctx *c, const start *s, unsigned char *ma
 }
 
 /* Appends the marking in mark to the starts (evaluated fast). */
-static int add_start(const ck_decide_ctx *c, const unsigned char *mark, start **st, int *n)
+static int add_start(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, start **st, int *n)
 {
     start *grown = realloc(*st, sizeof **st * (size_t)(*n + 1));
     if (!grown) return -1;
@@ -326,7 +327,7 @@ static int add_start(const ck_decide_ctx *c, const unsigned char *mark, start **
     s->cand = malloc((size_t)(c->ncand ? c->ncand : 1));
     if (!s->cand) return -1;
     for (int k = 0; k < c->ncand; k++) s->cand[k] = mark[c->cand[k]];
-    if (ck_decide_eval(c, mark, 0, &s->live, &s->flops)) {
+    if (ck_evaluate(ev, mark, 0, &s->live, &s->flops)) {
         free(s->cand);
         return -1;
     }
@@ -338,7 +339,7 @@ static int add_start(const ck_decide_ctx *c, const unsigned char *mark, start **
  * and every_n for every n up to the length of the block sequence (beyond it
  * every_n is none). A policy the model has nothing for (no diffusers
  * blocks) is left out. */
-static int fixed_starts(const ck_decide_ctx *c, start **st, int *n)
+static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, start **st, int *n)
 {
     const ck_graph *g = c->g;
     const ck_policy fixed[] = {
@@ -358,14 +359,14 @@ static int fixed_starts(const ck_decide_ctx *c, start **st, int *n)
         if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
         memset(mark, 0, (size_t)g->nt);
         if (ck_policy_decide(&pol, c, mark, ignore, sizeof ignore)) continue;
-        if (add_start(c, mark, st, n)) goto out;
+        if (add_start(c, ev, mark, st, n)) goto out;
     }
     if (block_sequence(c, &seq, ignore, sizeof ignore) == 0)
         for (int k = 1; k <= seq.n; k++) {
             memset(mark, 0, (size_t)g->nt);
             every_n_regions(g, seq.of_node, k, of_node);
             mark_regions(c, of_node, mark);
-            if (add_start(c, mark, st, n)) goto out;
+            if (add_start(c, ev, mark, st, n)) goto out;
         }
     rc = 0;
 out:
@@ -375,7 +376,7 @@ out:
     return rc;
 }
 
-static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, size_t errlen)
+static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best *b, char *err, size_t errlen)
 {
     const ck_graph *g = c->g;
     unsigned char *mark = calloc((size_t)g->nt, 1);
@@ -386,19 +387,19 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
     if (c->ncand <= EXHAUSTIVE_MAX) {
         for (long s = 0; s < (1L << c->ncand); s++) {
             for (int k = 0; k < c->ncand; k++) mark[c->cand[k]] = (unsigned char)((s >> k) & 1);
-            if (consider(c, mark, budget, b) < 0) goto out;
+            if (consider(c, ev, mark, budget, b) < 0) goto out;
         }
         rc = 0;
         goto out;
     }
     /* the fixed policies, so that budget is never worse than any of them at
      * its peak: the cheapest in FLOPs whose placed plan fits */
-    if (fixed_starts(c, &st, &nst)) goto out;
+    if (fixed_starts(c, ev, &st, &nst)) goto out;
     qsort(st, (size_t)nst, sizeof *st, by_flops);
     for (int i = 0; i < nst; i++) {
         if (st[i].live > budget) continue; /* the live peak is a lower bound: it cannot fit */
         start_mark(c, &st[i], mark);
-        int fit = consider(c, mark, budget, b);
+        int fit = consider(c, ev, mark, budget, b);
         if (fit < 0) goto out;
         if (fit) break; /* the rest recompute at least as much */
     }
@@ -415,7 +416,7 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
         for (int k = 0; k < mid; k++) mark[order[k].t] = 1;
         size_t peak;
         double flops;
-        if (ck_decide_eval(c, mark, 0, &peak, &flops)) goto out;
+        if (ck_evaluate(ev, mark, 0, &peak, &flops)) goto out;
         if (peak <= budget) hi = mid;
         else lo = mid + 1;
     }
@@ -424,7 +425,7 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
         if (k > c->ncand) k = c->ncand;
         memset(mark, 0, (size_t)g->nt);
         for (int j = 0; j < k; j++) mark[order[j].t] = 1;
-        int fit = consider(c, mark, budget, b);
+        int fit = consider(c, ev, mark, budget, b);
         if (fit < 0) goto out;
         if (fit || k == c->ncand) break;
     }
@@ -436,7 +437,7 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
         memcpy(mark, b->mark, (size_t)g->nt);
         size_t live;
         double flops;
-        if (ck_decide_eval(c, mark, 0, &live, &flops)) goto out;
+        if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
         size_t frag = b->peak > live ? b->peak - live : 0;
         int n = 0, na = 0;
         for (int k = 0; k < c->ncand; k++)
@@ -444,7 +445,7 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
         qsort(order, (size_t)n, sizeof *order, by_score);
         for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
             mark[order[k].t] = 0;
-            if (ck_decide_eval(c, mark, 0, &live, &flops)) goto out;
+            if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
             if (live + frag <= budget) order[na++] = order[k]; /* accepted, in order */
             else mark[order[k].t] = 1;
         }
@@ -454,7 +455,7 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
             int mid = (lo + hi + 1) / 2;
             memcpy(mark, b->mark, (size_t)g->nt);
             for (int k = 0; k < mid; k++) mark[order[k].t] = 0;
-            int fit = consider(c, mark, budget, b);
+            int fit = consider(c, ev, mark, budget, b);
             if (fit < 0) goto out;
             if (fit) lo = mid;
             else hi = mid - 1;
@@ -466,7 +467,7 @@ static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, siz
         qsort(st, (size_t)nst, sizeof *st, by_live);
         for (int i = 0; i < nst && st[i].live < b->floor; i++) {
             start_mark(c, &st[i], mark);
-            if (consider(c, mark, budget, b) < 0) goto out;
+            if (consider(c, ev, mark, budget, b) < 0) goto out;
         }
     }
     rc = 0;
@@ -479,15 +480,15 @@ out:
     return rc;
 }
 
-static int decide_budget(const ck_decide_ctx *c, size_t budget, unsigned char *recompute, const char *what, char *err,
-                         size_t errlen)
+static int decide_budget(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, unsigned char *recompute,
+                         const char *what, char *err, size_t errlen)
 {
     best b = {calloc((size_t)c->g->nt, 1), 0, 0, 0, 0};
     if (!b.mark) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    int rc = search(c, budget, &b, err, errlen);
+    int rc = search(c, ev, budget, &b, err, errlen);
     if (rc == 0 && !b.found) {
         /* the smallest peak rounded up, so that as a budget it fits */
         snprintf(err, errlen, "%s: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
@@ -513,23 +514,26 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
             return -1;
         }
         return 0;
-    case CK_POLICY_BUDGET: {
-        double budget = pol->budget;
-        if (pol->budget_fraction > 0) {
-            size_t none;
-            double f;
-            if (ck_decide_eval(c, NULL, 1, &none, &f)) return -1;
-            budget = pol->budget_fraction * (double)none;
-        }
-        return decide_budget(c, (size_t)budget, recompute, "budget", err, errlen);
-    }
+    case CK_POLICY_BUDGET:
     case CK_POLICY_AUTO: {
+        ck_evaluator *ev = ck_evaluator_new(c);
         size_t none;
         double f;
-        if (ck_decide_eval(c, NULL, 1, &none, &f)) return -1;
-        double fit = pol->device * (1.0 - pol->headroom);
-        if ((double)none <= fit) return 0;
-        return decide_budget(c, (size_t)fit, recompute, "auto", err, errlen);
+        if (!ev || ck_evaluate(ev, NULL, 1, &none, &f)) {
+            ck_evaluator_free(ev);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        int rc = 0;
+        if (pol->kind == CK_POLICY_BUDGET) {
+            const double budget = pol->budget_fraction > 0 ? pol->budget_fraction * (double)none : pol->budget;
+            rc = decide_budget(c, ev, (size_t)budget, recompute, "budget", err, errlen);
+        } else {
+            const double fit = pol->device * (1.0 - pol->headroom);
+            if ((double)none > fit) rc = decide_budget(c, ev, (size_t)fit, recompute, "auto", err, errlen);
+        }
+        ck_evaluator_free(ev);
+        return rc;
     }
     }
     snprintf(err, errlen, "unknown policy kind %d", (int)pol->kind);

@@ -1,0 +1,21 @@
+/* The peak and recompute FLOPs of checkpoint decisions, evaluated without
+ * building their op lists (vm/plan/evaluate.c), for the searches of
+ * vm/plan/policy.c. */
+#ifndef CK_EVALUATE_H
+#define CK_EVALUATE_H
+
+#include "plan/plan.h"
+
+typedef struct ck_evaluator ck_evaluator;
+
+/* An evaluator for the decisions of c (c must outlive it); NULL out of memory. */
+ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c);
+void ck_evaluator_free(ck_evaluator *e);
+
+/* The decision mark (per graph tensor, 1: recompute; NULL: none) as the
+ * scheduler would list it: the recompute FLOPs, and the peak: exact, the
+ * arena's high-water mark as ck_plan_memory would place it; otherwise the most
+ * bytes live at once (ck_plan_live_peak), a lower bound. 0, or -1 out of memory. */
+int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops);
+
+#endif

@@ -5,7 +5,8 @@
  * slices) and random decisions and retained tensors, its live peak equals
  * ck_plan_live_peak of ck_schedule's list, its exact peak equals
  * ck_plan_memory's, and its recompute FLOPs the list's, on both backends'
- * workspace rules. */
+ * workspace rules; the plan it makes of a decision it placed, reusing the
+ * placement, is the same plan to the byte. */
 #include "plan/evaluate.h"
 
 #include "check.h"
@@ -113,7 +114,7 @@ static ck_graph *random_model(int b, int depth, int *loss)
 
 int main(void)
 {
-    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, built = 1;
+    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, plan_ok = 1, built = 1;
     char name[160];
     for (int round = 0; round < 60; round++) {
         int loss = -1;
@@ -140,7 +141,7 @@ int main(void)
         }
         const int ncand = ck_saved_activations(g, cand);
         const ck_backend *be = round % 2 ? ck_backend_cpu() : ck_backend_cuda_plan();
-        ck_decide_ctx c = {g, nodes, g->nn, cand, ncand, poff, persistent, round % 3 ? retain : NULL, be};
+        ck_decide_ctx c = {g, nodes, g->nn, cand, ncand, poff, persistent, round % 3 ? retain : NULL, be, NULL};
         ck_evaluator *ev = ck_evaluator_new(&c);
         for (int trial = 0; ev && trial < 12; trial++) {
             const int density = (int)(next() % 4);
@@ -166,6 +167,16 @@ int main(void)
                          pl.peak);
                 check(name, 0, 0);
             }
+            /* the plan made from the evaluator (its placement reused) is the plan */
+            ck_plan ep;
+            if (ck_evaluator_plan(ev, mark, &ep)) {
+                ck_plan_free(&pl);
+                break;
+            }
+            plan_ok &= ck_plan_digest(&ep, 1) == ck_plan_digest(&pl, 1) && ep.live_peak == pl.live_peak &&
+                       ep.recompute_flops == pl.recompute_flops && ep.activation_bytes == pl.activation_bytes &&
+                       !memcmp(ep.at_peak, pl.at_peak, sizeof ep.at_peak);
+            ck_plan_free(&ep);
             live_ok &= elive == live;
             exact_ok &= epeak == pl.peak;
             flops_ok &= eflops == pl.recompute_flops && xflops == pl.recompute_flops;
@@ -188,5 +199,8 @@ int main(void)
     check(name, exact_ok && trials >= 600, trials);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the recompute FLOPs are the list's", trials, graphs);
     check(name, flops_ok && trials >= 600, trials);
+    snprintf(name, sizeof name, "%d decisions on %d graphs: the evaluator's plan (its placement reused) is the plan", trials,
+             graphs);
+    check(name, plan_ok && trials >= 600, trials);
     return checks_done();
 }

@@ -16,16 +16,37 @@
 
 #define ALIGN 64
 
+/* a list node, packed: what the walk reads of it */
+typedef struct pnode {
+    signed char nin, nout, reshape;
+    int in[CK_MAX_IN], out[CK_MAX_OUT];
+} pnode;
+
+/* a recomputation in progress: node v, its inputs resolved up to slot j */
+typedef struct frame {
+    int v, j;
+    int ins[CK_MAX_IN];
+} frame;
+
 struct ck_evaluator {
     const ck_decide_ctx *c;
     int nt, cap;        /* graph tensors; ids a list can use (tensors and copies) */
-    int64_t *bytes;     /* per graph tensor; 0 for persistent ones (outside the sweep) */
+    int64_t *bytes;     /* per graph tensor */
+    unsigned char *persistent, *markable; /* per graph tensor: outside the arena's transient part; a forward activation */
+    pnode *nodes;       /* per graph node */
     size_t *ws;         /* per graph node in the list: its entry's workspace */
     double *flops;      /* per graph node in the list */
     int *first, *last, *root, *origin, *copy; /* per id; copy per graph tensor */
+    int *first0, *last0, *root0; /* the same after the forward entries, which no decision changes */
+    int pos0;
     int64_t *delta;     /* per position */
     int *at;            /* per position: the node its entry runs */
+    frame *stack;       /* recomputations in progress, one per forward node at most */
     ck_place_buf *bufs;
+    /* the last exact evaluation's placement (in bufs) and its decision */
+    int placed, nplaced;
+    int64_t top;
+    unsigned char *placed_mark;
     int maxpos;         /* positions a list can have: every entry recomputed once */
     int fallback;       /* optimizer entries move: schedule and plan in full */
     /* one walk's state */
@@ -34,11 +55,7 @@ struct ck_evaluator {
     double rflops;
 };
 
-static int marked(const ck_evaluator *e, int t)
-{
-    const ck_graph *g = e->c->g;
-    return e->mark && t < e->nt && e->mark[t] && g->t[t].node >= 0 && g->n[g->t[t].node].phase == CK_PHASE_FORWARD;
-}
+static int marked(const ck_evaluator *e, int t) { return e->mark && t < e->nt && e->mark[t] && e->markable[t]; }
 
 static void touch(ck_evaluator *e, int id)
 {
@@ -50,23 +67,19 @@ static void touch(ck_evaluator *e, int id)
 /* one entry of node v at the current position, reading ins and writing outs */
 static void entry(ck_evaluator *e, int v, const int *ins, const int *outs)
 {
-    const ck_node *nd = &e->c->g->n[v];
-    if (nd->op == CK_OP_RESHAPE && outs[0] >= 0) e->root[outs[0]] = e->root[ins[0]];
+    const pnode *nd = &e->nodes[v];
+    if (nd->reshape && outs[0] >= 0) e->root[outs[0]] = e->root[ins[0]];
     for (int j = 0; j < nd->nin; j++) touch(e, ins[j]);
     for (int k = 0; k < nd->nout; k++)
         if (outs[k] >= 0) touch(e, outs[k]);
     e->at[e->pos++] = v;
 }
 
-/* the copy of marked tensor t, recomputing its producer (and first its
- * marked inputs) where the scheduler would */
-static int materialize(ck_evaluator *e, int t)
+/* the recompute entry of node v, its inputs resolved: its outputs' copies made */
+static void recompute(ck_evaluator *e, int v, const int *ins)
 {
-    if (e->copy[t] >= 0) return e->copy[t];
-    const int v = e->c->g->t[t].node;
-    const ck_node *nd = &e->c->g->n[v];
-    int ins[CK_MAX_IN], outs[CK_MAX_OUT];
-    for (int j = 0; j < nd->nin; j++) ins[j] = marked(e, nd->in[j]) ? materialize(e, nd->in[j]) : nd->in[j];
+    const pnode *nd = &e->nodes[v];
+    int outs[CK_MAX_OUT];
     for (int k = 0; k < nd->nout; k++) {
         outs[k] = -1;
         if (nd->out[k] < 0) continue;
@@ -78,33 +91,57 @@ static int materialize(ck_evaluator *e, int t)
     }
     entry(e, v, ins, outs);
     e->rflops += e->flops[v];
+}
+
+/* the copy of marked tensor t, recomputing its producer (and first, depth
+ * first in slot order, its marked inputs not yet recomputed) where the
+ * scheduler would; iterative, as chains of marked tensors can be long */
+static int materialize(ck_evaluator *e, int t)
+{
+    if (e->copy[t] >= 0) return e->copy[t];
+    int sp = 0;
+    e->stack[sp++] = (frame){e->c->g->t[t].node, 0, {0}};
+    while (sp) {
+        frame *f = &e->stack[sp - 1];
+        const pnode *nd = &e->nodes[f->v];
+        if (f->j == nd->nin) {
+            recompute(e, f->v, f->ins);
+            sp--;
+            continue;
+        }
+        const int u = nd->in[f->j];
+        if (!marked(e, u)) {
+            f->ins[f->j++] = u;
+        } else if (e->copy[u] >= 0) {
+            f->ins[f->j++] = e->copy[u];
+        } else {
+            e->stack[sp++] = (frame){e->c->g->t[u].node, 0, {0}};
+        }
+    }
     return e->copy[t];
 }
 
-/* the scheduler's list walked: first and last positions by buffer, the node at each position */
+/* the scheduler's list walked: first and last positions by buffer, the node
+ * at each position; the forward entries' part is the same for every decision */
 static void walk(ck_evaluator *e, const unsigned char *mark)
 {
     const ck_decide_ctx *c = e->c;
-    const ck_graph *g = c->g;
     e->mark = mark;
-    e->pos = 0;
     e->ids = e->nt;
     e->rflops = 0;
-    for (int t = 0; t < e->nt; t++) {
-        e->first[t] = e->last[t] = -1;
-        e->root[t] = t;
-        e->copy[t] = -1;
-    }
+    const size_t nt = sizeof(int) * (size_t)e->nt;
+    memcpy(e->first, e->first0, nt);
+    memcpy(e->last, e->last0, nt);
+    memcpy(e->root, e->root0, nt);
+    memset(e->copy, 0xff, nt);
+    e->pos = e->pos0;
     for (int i = 0; i < c->n; i++) {
-        const ck_node *nd = &g->n[c->nodes[i]];
-        if (nd->phase == CK_PHASE_FORWARD) entry(e, c->nodes[i], nd->in, nd->out);
-    }
-    for (int i = 0; i < c->n; i++) {
-        const ck_node *nd = &g->n[c->nodes[i]];
-        if (nd->phase == CK_PHASE_FORWARD) continue;
+        const int v = c->nodes[i];
+        const pnode *nd = &e->nodes[v];
+        if (c->g->n[v].phase == CK_PHASE_FORWARD) continue;
         int ins[CK_MAX_IN];
         for (int j = 0; j < nd->nin; j++) ins[j] = marked(e, nd->in[j]) ? materialize(e, nd->in[j]) : nd->in[j];
-        entry(e, c->nodes[i], ins, nd->out);
+        entry(e, v, ins, nd->out);
     }
     if (c->retain)
         for (int t = 0; t < e->nt; t++)
@@ -113,10 +150,7 @@ static void walk(ck_evaluator *e, const unsigned char *mark)
 
 static int64_t bytes_of(const ck_evaluator *e, int id) { return e->bytes[id < e->nt ? id : e->origin[id]]; }
 
-static int is_persistent(const ck_evaluator *e, int id)
-{
-    return id < e->nt && ck_is_persistent(e->c->g->t[id].kind);
-}
+static int is_persistent(const ck_evaluator *e, int id) { return id < e->nt && e->persistent[id]; }
 
 /* the most bytes live at once, above the persistent ones */
 static int64_t sweep(ck_evaluator *e)
@@ -148,7 +182,41 @@ static int64_t place(ck_evaluator *e)
     }
     for (int i = 0; i < e->pos; i++)
         if (e->ws[e->at[i]]) e->bufs[nb++] = (ck_place_buf){(int64_t)e->ws[e->at[i]], 0, i, i, -1, 0};
-    return ck_place(e->bufs, nb, e->pos + 1, ALIGN);
+    e->top = ck_place(e->bufs, nb, e->pos + 1, ALIGN);
+    e->placed = e->top >= 0;
+    e->nplaced = nb;
+    for (int t = 0; t < e->nt; t++) e->placed_mark[t] = (unsigned char)marked(e, t);
+    return e->top;
+}
+
+/* whether the last placement was of decision mark */
+static int placed_for(const ck_evaluator *e, const unsigned char *mark)
+{
+    if (!e->placed) return 0;
+    for (int t = 0; t < e->nt; t++)
+        if (e->placed_mark[t] != (mark && mark[t] && e->markable[t])) return 0;
+    return 1;
+}
+
+int ck_evaluator_plan(ck_evaluator *e, const unsigned char *mark, ck_plan *pl)
+{
+    const ck_decide_ctx *c = e->c;
+    if (ck_schedule(pl, c->g, c->nodes, c->n, mark)) return -1;
+    ck_plan_known k = {0};
+    if (!e->fallback) {
+        k.ws_node = e->ws;
+        k.flops_node = e->flops;
+        if (placed_for(e, mark)) {
+            k.placed = e->bufs;
+            k.nplaced = e->nplaced;
+            k.top = e->top;
+        }
+    }
+    if (ck_plan_memory_known(pl, c->g, c->poff, c->persistent, c->retain, c->be, &k)) {
+        ck_plan_free(pl);
+        return -1;
+    }
+    return 0;
 }
 
 /* the old way, for lists whose optimizer entries move */
@@ -192,6 +260,13 @@ void ck_evaluator_free(ck_evaluator *e)
 {
     if (!e) return;
     free(e->bytes);
+    free(e->persistent);
+    free(e->markable);
+    free(e->nodes);
+    free(e->first0);
+    free(e->last0);
+    free(e->root0);
+    free(e->stack);
     free(e->ws);
     free(e->flops);
     free(e->first);
@@ -202,6 +277,7 @@ void ck_evaluator_free(ck_evaluator *e)
     free(e->delta);
     free(e->at);
     free(e->bufs);
+    free(e->placed_mark);
     free(e);
 }
 
@@ -237,12 +313,26 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
     e->delta = malloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
     e->at = malloc(sizeof(int) * (size_t)(e->maxpos + 1));
     e->bufs = malloc(sizeof *e->bufs * (cap + (size_t)e->maxpos));
+    e->persistent = malloc(nt);
+    e->markable = malloc(nt);
+    e->nodes = malloc(sizeof *e->nodes * nn);
+    e->first0 = malloc(sizeof(int) * nt);
+    e->last0 = malloc(sizeof(int) * nt);
+    e->root0 = malloc(sizeof(int) * nt);
+    e->stack = malloc(sizeof *e->stack * (size_t)(nfwd ? nfwd : 1));
+    e->placed_mark = malloc(nt);
     if (!e->bytes || !e->ws || !e->flops || !e->first || !e->last || !e->root || !e->origin || !e->copy || !e->delta ||
-        !e->at || !e->bufs) {
+        !e->at || !e->bufs || !e->persistent || !e->markable || !e->nodes || !e->first0 || !e->last0 || !e->root0 ||
+        !e->stack || !e->placed_mark) {
         ck_evaluator_free(e);
         return NULL;
     }
-    for (int t = 0; t < g->nt; t++) e->bytes[t] = (int64_t)ck_tensor_bytes(&g->t[t]);
+    for (int t = 0; t < g->nt; t++) {
+        const ck_tensor *x = &g->t[t];
+        e->bytes[t] = (int64_t)ck_tensor_bytes(x);
+        e->persistent[t] = (unsigned char)ck_is_persistent(x->kind);
+        e->markable[t] = x->node >= 0 && g->n[x->node].phase == CK_PHASE_FORWARD;
+    }
     /* an entry's workspace and FLOPs depend on its node alone (a recomputed
      * copy has its origin's shape and type): each is taken once, from a list
      * of that node's entry */
@@ -261,6 +351,24 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
         memcpy(ref.out, nd->out, sizeof ref.out);
         e->ws[v] = ck_plan_entry_workspace(&one, g, 0, c->be);
         e->flops[v] = ck_plan_op_flops(&one, g, 0);
+        pnode *pn = &e->nodes[v];
+        pn->nin = (signed char)nd->nin;
+        pn->nout = (signed char)nd->nout;
+        pn->reshape = nd->op == CK_OP_RESHAPE;
+        memcpy(pn->in, nd->in, sizeof pn->in);
+        memcpy(pn->out, nd->out, sizeof pn->out);
     }
+    /* the forward entries, walked once */
+    for (int t = 0; t < g->nt; t++) {
+        e->first[t] = e->last[t] = -1;
+        e->root[t] = t;
+    }
+    e->pos = 0;
+    for (int i = 0; i < c->n; i++)
+        if (g->n[c->nodes[i]].phase == CK_PHASE_FORWARD) entry(e, c->nodes[i], g->n[c->nodes[i]].in, g->n[c->nodes[i]].out);
+    e->pos0 = e->pos;
+    memcpy(e->first0, e->first, sizeof(int) * nt);
+    memcpy(e->last0, e->last, sizeof(int) * nt);
+    memcpy(e->root0, e->root, sizeof(int) * nt);
     return e;
 }

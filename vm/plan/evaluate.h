@@ -18,4 +18,10 @@ void ck_evaluator_free(ck_evaluator *e);
  * bytes live at once (ck_plan_live_peak), a lower bound. 0, or -1 out of memory. */
 int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops);
 
+/* The op list and memory plan of decision mark (ck_schedule, then
+ * ck_plan_memory), with the workspaces and FLOPs the evaluator took once, and
+ * its placement when its last exact evaluation was of mark (the same plan, to
+ * the byte, without placing twice). 0, or -1 out of memory (pl empty). */
+int ck_evaluator_plan(ck_evaluator *e, const unsigned char *mark, ck_plan *pl);
+
 #endif

@@ -271,8 +271,36 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
     return cat;
 }
 
+/* whether known holds a placement of this very list's buffers (each id once,
+ * with its size and live range, and each workspace) */
+static int same_buffers(const ck_plan_known *k, const ck_plan *pl, const ck_graph *g, int nb, const int *first,
+                        const int *last)
+{
+    if (!k || !k->placed || k->nplaced != nb) return 0;
+    unsigned char *seen = calloc((size_t)pl->ntensors + (size_t)pl->n + 1, 1);
+    int same = seen != NULL;
+    for (int b = 0; same && b < nb; b++) {
+        const ck_place_buf *x = &k->placed[b];
+        if (x->id >= 0)
+            same = x->id < pl->ntensors && !seen[x->id] && first[x->id] == x->first && last[x->id] == x->last &&
+                   x->size == (int64_t)ck_plan_tensor_bytes(pl, g, x->id);
+        else
+            same = x->first >= 0 && x->first < pl->n && x->first == x->last && !seen[pl->ntensors + x->first] &&
+                   (int64_t)pl->ws_bytes[x->first] == x->size;
+        if (same) seen[x->id >= 0 ? x->id : pl->ntensors + x->first] = 1;
+    }
+    free(seen);
+    return same;
+}
+
 int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
                    const ck_backend *be)
+{
+    return ck_plan_memory_known(pl, g, poff, persistent, retain, be, NULL);
+}
+
+int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
+                         const ck_backend *be, const ck_plan_known *known)
 {
     int n = pl->n, nt = pl->ntensors, rc = -1;
     pl->off = malloc(sizeof(int64_t) * (size_t)nt);
@@ -284,7 +312,8 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
     size_t *cat = NULL;
     if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
-    for (int i = 0; i < n; i++) pl->ws_bytes[i] = ck_plan_entry_workspace(pl, g, i, be);
+    for (int i = 0; i < n; i++)
+        pl->ws_bytes[i] = known && known->ws_node ? known->ws_node[pl->ops[i].node] : ck_plan_entry_workspace(pl, g, i, be);
 
     int nb = 0;
     for (int t = 0; t < nt; t++) {
@@ -302,12 +331,18 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
         if (pl->ws_bytes[i] > pl->workspace) pl->workspace = pl->ws_bytes[i];
     }
     /* retained tensors live to position n */
-    const int64_t top = ck_place(bufs, nb, n + 1, ALIGN);
-    if (top < 0) goto out;
+    const ck_place_buf *placed = bufs;
+    int64_t top;
+    if (same_buffers(known, pl, g, nb, first, last)) {
+        placed = known->placed;
+        top = known->top;
+    } else if ((top = ck_place(bufs, nb, n + 1, ALIGN)) < 0) {
+        goto out;
+    }
     const int64_t base = align_up((int64_t)persistent);
     for (int b = 0; b < nb; b++) {
-        if (bufs[b].id >= 0) pl->off[bufs[b].id] = base + bufs[b].off;
-        else pl->ws_off[bufs[b].first] = base + bufs[b].off;
+        if (placed[b].id >= 0) pl->off[placed[b].id] = base + placed[b].off;
+        else pl->ws_off[placed[b].first] = base + placed[b].off;
     }
     for (int t = 0; t < nt; t++)
         if (root[t] != t) pl->off[t] = pl->off[root[t]];
@@ -335,7 +370,7 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
             pl->activation_bytes += ck_plan_tensor_bytes(pl, g, t);
     pl->step_flops = pl->recompute_flops = 0;
     for (int i = 0; i < n; i++) {
-        double f = ck_plan_op_flops(pl, g, i);
+        const double f = known && known->flops_node ? known->flops_node[pl->ops[i].node] : ck_plan_op_flops(pl, g, i);
         pl->step_flops += f;
         if (pl->ops[i].phase == CK_PHASE_RECOMPUTE) pl->recompute_flops += f;
     }

@@ -63,6 +63,7 @@ typedef struct ck_decide_ctx {
     size_t persistent;
     const int *retain;
     const ck_backend *be; /* the workspace rules */
+    struct ck_evaluator *ev; /* the list's evaluator (vm/plan/evaluate.h), shared by the searches and the plan */
 } ck_decide_ctx;
 
 /* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead
@@ -96,6 +97,18 @@ int ck_schedule_stats(ck_plan *pl, const ck_plan *base, const ck_graph *g, const
 /* vm/plan/memplan.c: liveness over a scheduled list, then offsets in one arena. */
 int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
                    const ck_backend *be);
+/* What an evaluator (vm/plan/evaluate.h) already knows of a list: each
+ * node's workspace and FLOPs (per graph node; NULL: worked out per entry),
+ * and a placement it made (NULL: none), used when its buffers are the list's. */
+typedef struct ck_plan_known {
+    const size_t *ws_node;
+    const double *flops_node;
+    const struct ck_place_buf *placed;
+    int nplaced;
+    int64_t top;
+} ck_plan_known;
+int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
+                         const ck_backend *be, const ck_plan_known *known);
 /* The most bytes live at once, without placing anything (fast; for searches). */
 size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be);
 /* Live bytes at every list position by category (persistent ones included):

@@ -516,11 +516,11 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
         return 0;
     case CK_POLICY_BUDGET:
     case CK_POLICY_AUTO: {
-        ck_evaluator *ev = ck_evaluator_new(c);
+        ck_evaluator *own = c->ev ? NULL : ck_evaluator_new(c), *ev = c->ev ? c->ev : own;
         size_t none;
         double f;
         if (!ev || ck_evaluate(ev, NULL, 1, &none, &f)) {
-            ck_evaluator_free(ev);
+            ck_evaluator_free(own);
             snprintf(err, errlen, "out of memory");
             return -1;
         }
@@ -532,7 +532,7 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
             const double fit = pol->device * (1.0 - pol->headroom);
             if ((double)none > fit) rc = decide_budget(c, ev, (size_t)fit, recompute, "auto", err, errlen);
         }
-        ck_evaluator_free(ev);
+        ck_evaluator_free(own);
         return rc;
     }
     }

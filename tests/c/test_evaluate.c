@@ -114,7 +114,7 @@ static ck_graph *random_model(int b, int depth, int *loss)
 
 int main(void)
 {
-    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, plan_ok = 1, built = 1;
+    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, built = 1;
     char name[160];
     for (int round = 0; round < 60; round++) {
         int loss = -1;
@@ -177,6 +177,9 @@ int main(void)
                        ep.recompute_flops == pl.recompute_flops && ep.activation_bytes == pl.activation_bytes &&
                        !memcmp(ep.at_peak, pl.at_peak, sizeof ep.at_peak);
             ck_plan_free(&ep);
+            const size_t turn = ck_evaluate_turn(ev, mark);
+            turn_ok &= turn <= live;
+            turn_some += turn > persistent;
             live_ok &= elive == live;
             exact_ok &= epeak == pl.peak;
             flops_ok &= eflops == pl.recompute_flops && xflops == pl.recompute_flops;
@@ -199,6 +202,9 @@ int main(void)
     check(name, exact_ok && trials >= 600, trials);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the recompute FLOPs are the list's", trials, graphs);
     check(name, flops_ok && trials >= 600, trials);
+    snprintf(name, sizeof name, "%d decisions on %d graphs: the turn's bytes are a lower bound of the live peak (%d above "
+             "the persistent bytes)", trials, graphs, turn_some);
+    check(name, turn_ok && turn_some > trials / 2, trials);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the evaluator's plan (its placement reused) is the plan", trials,
              graphs);
     check(name, plan_ok && trials >= 600, trials);

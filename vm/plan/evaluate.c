@@ -47,6 +47,12 @@ struct ck_evaluator {
     int placed, nplaced;
     int64_t top;
     unsigned char *placed_mark;
+    /* the turn to backward: the buffers made by forward entries that a later
+     * one may read (turn_root), each with the graph tensors aliasing it that
+     * a later entry reads or that are retained (turn_t[turn_start[k] ..],
+     * a retained one entered as -1) */
+    int nturn;
+    int *turn_root, *turn_start, *turn_t;
     int maxpos;         /* positions a list can have: every entry recomputed once */
     int fallback;       /* optimizer entries move: schedule and plan in full */
     /* one walk's state */
@@ -152,6 +158,8 @@ static int64_t bytes_of(const ck_evaluator *e, int id) { return e->bytes[id < e-
 
 static int is_persistent(const ck_evaluator *e, int id) { return id < e->nt && e->persistent[id]; }
 
+void ck_evaluator_free(ck_evaluator *e);
+
 /* the most bytes live at once, above the persistent ones */
 static int64_t sweep(ck_evaluator *e)
 {
@@ -198,6 +206,8 @@ static int placed_for(const ck_evaluator *e, const unsigned char *mark)
     return 1;
 }
 
+int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark) { return !e->fallback && placed_for(e, mark); }
+
 int ck_evaluator_plan(ck_evaluator *e, const unsigned char *mark, ck_plan *pl)
 {
     const ck_decide_ctx *c = e->c;
@@ -239,6 +249,30 @@ static int evaluate_listed(const ck_decide_ctx *c, const unsigned char *mark, in
     return rc;
 }
 
+size_t ck_evaluate_turn(ck_evaluator *e, const unsigned char *mark)
+{
+    size_t live = e->c->persistent;
+    if (e->fallback) return live;
+    e->mark = mark;
+    for (int k = 0; k < e->nturn; k++)
+        for (int j = e->turn_start[k]; j < e->turn_start[k + 1]; j++)
+            if (e->turn_t[j] < 0 || !marked(e, e->turn_t[j])) { /* a copy does not stand in for it */
+                live += (size_t)e->bytes[e->turn_root[k]];
+                break;
+            }
+    return live;
+}
+
+double ck_evaluator_flops(const ck_evaluator *e, int v) { return e->fallback ? 0 : e->flops[v]; }
+
+int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes)
+{
+    int k = 0;
+    for (int i = e->pos0; !e->fallback && i < e->pos; i++)
+        if (e->c->g->n[e->at[i]].phase == CK_PHASE_FORWARD) nodes[k++] = e->at[i];
+    return k;
+}
+
 int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops)
 {
     if (e->fallback) return evaluate_listed(e->c, mark, exact, peak, flops);
@@ -278,7 +312,55 @@ void ck_evaluator_free(ck_evaluator *e)
     free(e->at);
     free(e->bufs);
     free(e->placed_mark);
+    free(e->turn_root);
+    free(e->turn_start);
+    free(e->turn_t);
     free(e);
+}
+
+/* the buffers that cross the turn unless what later entries read of them is
+ * marked (ck_evaluate_turn); first, last and copy serve as scratch */
+static int turn_buffers(ck_evaluator *e)
+{
+    const ck_decide_ctx *c = e->c;
+    const ck_graph *g = c->g;
+    int *later = e->copy, *count = e->last, *slot = e->first; /* per tensor; per root; per root */
+    memset(later, 0, sizeof(int) * (size_t)e->nt);
+    for (int i = 0; i < c->n; i++) {
+        const ck_node *nd = &g->n[c->nodes[i]];
+        if (nd->phase == CK_PHASE_FORWARD) continue;
+        for (int j = 0; j < nd->nin; j++) later[nd->in[j]] = 1;
+    }
+    for (int t = 0; t < e->nt; t++) {
+        count[t] = 0;
+        if (c->retain && c->retain[t]) later[t] = 2;
+    }
+    int total = 0;
+    for (int t = 0; t < e->nt; t++) {
+        const int r = e->root0[t];
+        if (!later[t] || e->persistent[t] || e->first0[r] < 0) continue;
+        if (!count[r]++) e->nturn++;
+        total++;
+    }
+    e->turn_root = malloc(sizeof(int) * (size_t)(e->nturn ? e->nturn : 1));
+    e->turn_start = malloc(sizeof(int) * (size_t)(e->nturn + 1));
+    e->turn_t = malloc(sizeof(int) * (size_t)(total ? total : 1));
+    if (!e->turn_root || !e->turn_start || !e->turn_t) return -1;
+    int k = 0, at = 0;
+    for (int r = 0; r < e->nt; r++) {
+        if (!count[r]) continue;
+        e->turn_root[k] = r;
+        e->turn_start[k++] = at;
+        slot[r] = at;
+        at += count[r];
+    }
+    e->turn_start[k] = at;
+    for (int t = 0; t < e->nt; t++) {
+        const int r = e->root0[t];
+        if (!later[t] || e->persistent[t] || e->first0[r] < 0) continue;
+        e->turn_t[slot[r]++] = later[t] == 2 ? -1 : t;
+    }
+    return 0;
 }
 
 ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
@@ -370,5 +452,5 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
     memcpy(e->first0, e->first, sizeof(int) * nt);
     memcpy(e->last0, e->last, sizeof(int) * nt);
     memcpy(e->root0, e->root, sizeof(int) * nt);
-    return e;
+    return turn_buffers(e) ? (ck_evaluator_free(e), NULL) : e;
 }

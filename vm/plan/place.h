@@ -16,7 +16,8 @@ typedef struct ck_place_buf {
  * and places each in that order at the lowest offset of the smallest gap,
  * among the buffers already placed that are live at one of its positions,
  * that holds its aligned size, or above them all; a buffer of no bytes at 0.
- * Positions are 0 .. npos-1 and offsets multiples of align. Returns the
+ * Positions are 0 .. npos-1 and offsets multiples of align (of a power of two
+ * times align, when the buffers together pass 2^32 times align). Returns the
  * high-water mark (the end of the highest byte used), or -1 out of memory. */
 int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align);
 

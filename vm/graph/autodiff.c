@@ -18,7 +18,7 @@ static int emit(ad *a, enum ck_op op, const int *in, int nin, const ck_op_params
                 const int *want, int *out_ids)
 {
     ck_graph *g = a->g;
-    char *saved = g->scope;
+    const char *saved = g->scope;
     g->scope = a->fwd->scope;
     int id = ck_graph_node(g, op, in, nin, p, outs, want, out_ids, a->fwd->where);
     g->scope = saved;

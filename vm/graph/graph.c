@@ -1,5 +1,6 @@
 /* Graph construction: leaves, nodes with shape inference, scopes and script
- * lines. Each tensor and node owns its strings; a clone is a deep copy. */
+ * lines. A tensor owns its name; scopes and script lines, which thousands of
+ * tensors and nodes share, are held once by the graph. A clone is a deep copy. */
 #include "graph/graph.h"
 
 #include <stdint.h>
@@ -105,10 +106,46 @@ static int names_rebuild(ck_graph *g, int cap)
     return 0;
 }
 
+/* the graph's copy of s (NULL: out of memory), made on first use */
+static const char *intern(ck_graph *g, const char *s)
+{
+    const uint32_t h = name_hash(s);
+    if (g->strs_cap) {
+        const uint32_t mask = (uint32_t)(g->strs_cap - 1);
+        for (uint32_t k = h & mask; g->strs[k]; k = (k + 1) & mask)
+            if (strcmp(g->strs[k], s) == 0) return g->strs[k];
+    }
+    if (2 * (g->nstrs + 1) > g->strs_cap) {
+        const int cap = g->strs_cap ? 2 * g->strs_cap : 64;
+        char **tab = calloc((size_t)cap, sizeof *tab);
+        if (!tab) return NULL;
+        for (int i = 0; i < g->strs_cap; i++) {
+            if (!g->strs[i]) continue;
+            uint32_t k = name_hash(g->strs[i]) & (uint32_t)(cap - 1);
+            while (tab[k]) k = (k + 1) & (uint32_t)(cap - 1);
+            tab[k] = g->strs[i];
+        }
+        free(g->strs);
+        g->strs = tab;
+        g->strs_cap = cap;
+    }
+    char *own = dupstr(s);
+    if (!own) return NULL;
+    uint32_t k = h & (uint32_t)(g->strs_cap - 1);
+    while (g->strs[k]) k = (k + 1) & (uint32_t)(g->strs_cap - 1);
+    g->strs[k] = own;
+    g->nstrs++;
+    return own;
+}
+
 ck_graph *ck_graph_new(void)
 {
     ck_graph *g = calloc(1, sizeof *g);
-    if (g) g->scope = dupstr("");
+    if (g) g->scope = g->scope_own = dupstr("");
+    if (g && !g->scope) {
+        free(g);
+        return NULL;
+    }
     return g;
 }
 
@@ -118,21 +155,28 @@ ck_graph *ck_graph_clone(const ck_graph *g)
     if (!c) return NULL;
     c->t = malloc(sizeof *c->t * (size_t)(g->nt ? g->nt : 1));
     c->n = malloc(sizeof *c->n * (size_t)(g->nn ? g->nn : 1));
-    c->nt = c->capt = g->nt;
-    c->nn = c->capn = g->nn;
-    c->scope = dupstr(g->scope);
+    c->scope = c->scope_own = dupstr(g->scope);
     c->fused_updates = g->fused_updates;
     c->comm_overlap = g->comm_overlap;
+    if (!c->t || !c->n || !c->scope) {
+        ck_graph_free(c);
+        return NULL;
+    }
+    c->nt = c->capt = g->nt;
+    c->nn = c->capn = g->nn;
     if (g->nt) memcpy(c->t, g->t, sizeof *c->t * (size_t)g->nt);
     if (g->nn) memcpy(c->n, g->n, sizeof *c->n * (size_t)g->nn);
-    for (int i = 0; i < g->nt; i++) {
-        c->t[i].name = dupstr(g->t[i].name);
-        c->t[i].scope = dupstr(g->t[i].scope);
-        c->t[i].where = dupstr(g->t[i].where);
+    int ok = 1;
+    for (int i = 0; i < g->nt; i++) c->t[i].name = NULL; /* the copy's own, made below */
+    for (int i = 0; ok && i < g->nt; i++) {
+        ok = (c->t[i].scope = intern(c, g->t[i].scope)) && (c->t[i].where = intern(c, g->t[i].where)) &&
+             (!g->t[i].name || (c->t[i].name = dupstr(g->t[i].name)));
     }
-    for (int i = 0; i < g->nn; i++) {
-        c->n[i].scope = dupstr(g->n[i].scope);
-        c->n[i].where = dupstr(g->n[i].where);
+    for (int i = 0; ok && i < g->nn; i++)
+        ok = (c->n[i].scope = intern(c, g->n[i].scope)) && (c->n[i].where = intern(c, g->n[i].where));
+    if (!ok) {
+        ck_graph_free(c);
+        return NULL;
     }
     if (g->names_cap && names_rebuild(c, g->names_cap)) c->names_cap = 0; /* lookups then scan */
     return c;
@@ -145,6 +189,22 @@ size_t ck_malloc_chunk(size_t n)
 }
 
 static size_t str_bytes(const char *s) { return s ? ck_malloc_chunk(strlen(s) + 1) : 0; }
+
+static size_t intern_bytes(const ck_graph *g, const char *s)
+{
+    if (g->strs_cap) {
+        const uint32_t mask = (uint32_t)(g->strs_cap - 1);
+        for (uint32_t k = name_hash(s) & mask; g->strs[k]; k = (k + 1) & mask)
+            if (strcmp(g->strs[k], s) == 0) return 0;
+    }
+    size_t b = str_bytes(s);
+    if (2 * (g->nstrs + 1) > g->strs_cap) {
+        const int cap = g->strs_cap ? 2 * g->strs_cap : 64;
+        b += ck_malloc_chunk(sizeof *g->strs * (size_t)cap) -
+             (g->strs_cap ? ck_malloc_chunk(sizeof *g->strs * (size_t)g->strs_cap) : 0);
+    }
+    return b;
+}
 
 /* an array of cap elements of elem bytes grown, by doubling from 64, to hold
  * n + more: its new capacity, and in *bytes what that adds */
@@ -181,8 +241,9 @@ size_t ck_graph_host_bytes(const ck_graph *g)
     if (!g) return 0;
     size_t b = ck_malloc_chunk(sizeof *g) + ck_malloc_chunk(sizeof *g->t * (size_t)(g->capt ? g->capt : 1)) +
                ck_malloc_chunk(sizeof *g->n * (size_t)(g->capn ? g->capn : 1)) + str_bytes(g->scope);
-    for (int i = 0; i < g->nt; i++) b += str_bytes(g->t[i].name) + str_bytes(g->t[i].scope) + str_bytes(g->t[i].where);
-    for (int i = 0; i < g->nn; i++) b += str_bytes(g->n[i].scope) + str_bytes(g->n[i].where);
+    for (int i = 0; i < g->nt; i++) b += str_bytes(g->t[i].name);
+    for (int i = 0; i < g->strs_cap; i++) b += str_bytes(g->strs[i]);
+    if (g->strs_cap) b += ck_malloc_chunk(sizeof *g->strs * (size_t)g->strs_cap);
     if (g->names_cap) b += ck_malloc_chunk(sizeof(int) * (size_t)g->names_cap);
     return b;
 }
@@ -191,26 +252,22 @@ void ck_graph_free(ck_graph *g)
 {
     if (!g) return;
     ck_mem_give(g->budget, g->charged);
-    for (int i = 0; i < g->nt; i++) {
-        free(g->t[i].name);
-        free(g->t[i].scope);
-        free(g->t[i].where);
-    }
-    for (int i = 0; i < g->nn; i++) {
-        free(g->n[i].scope);
-        free(g->n[i].where);
-    }
+    for (int i = 0; g->t && i < g->nt; i++) free(g->t[i].name);
+    for (int i = 0; i < g->strs_cap; i++) free(g->strs[i]);
+    free(g->strs);
     free(g->t);
     free(g->n);
     free(g->names);
-    free(g->scope);
+    free(g->scope_own);
     free(g);
 }
 
 void ck_graph_set_scope(ck_graph *g, const char *scope)
 {
-    free(g->scope);
-    g->scope = dupstr(scope ? scope : "");
+    char *own = dupstr(scope ? scope : "");
+    if (!own) return; /* keeps the scope it had */
+    free(g->scope_own);
+    g->scope = g->scope_own = own;
 }
 
 /* At most 2^40 elements (4 TiB in fp32) in one tensor, so that element and
@@ -242,8 +299,7 @@ static int new_tensor(ck_graph *g, const ck_shape *s, ck_kind kind, const char *
     t->shape = *s;
     t->dtype = CK_F32;
     t->kind = kind;
-    t->scope = dupstr(g->scope);
-    t->where = dupstr(where ? where : "?");
+    if (!(t->scope = intern(g, g->scope)) || !(t->where = intern(g, where ? where : "?"))) return -1;
     t->node = -1;
     t->grad = -1;
     return g->nt++;
@@ -265,15 +321,9 @@ const char *ck_phase_name(ck_phase ph)
 void ck_graph_truncate(ck_graph *g, int nt, int nn)
 {
     int named = 0;
-    for (int i = nt; i < g->nt; i++) {
+    for (int i = nt; i < g->nt; i++) { /* scopes and lines stay the graph's */
         named += g->t[i].name != NULL;
         free(g->t[i].name);
-        free(g->t[i].scope);
-        free(g->t[i].where);
-    }
-    for (int i = nn; i < g->nn; i++) {
-        free(g->n[i].scope);
-        free(g->n[i].where);
     }
     g->nt = nt;
     g->nn = nn;
@@ -320,8 +370,10 @@ int ck_graph_leaf(ck_graph *g, ck_kind kind, const char *name, const ck_shape *s
     size_t need, table;
     grown(g->nt, g->capt, 1, sizeof *g->t, &need);
     const int cap = names_grown(g, &table);
-    if (charge(g, need + table + str_bytes(g->scope) + str_bytes(where ? where : "?") + str_bytes(name), 0, 1))
-        return -1;
+    const char *line = where ? where : "?";
+    size_t strs = intern_bytes(g, g->scope);
+    if (strcmp(line, g->scope)) strs += intern_bytes(g, line);
+    if (charge(g, need + table + strs + str_bytes(name), 0, 1)) return -1;
     char *own = dupstr(name);
     if (!own || (cap != g->names_cap && names_rebuild(g, cap))) {
         free(own);
@@ -384,8 +436,10 @@ int ck_graph_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_o
     size_t nodes_b, tensors_b;
     grown(g->nn, g->capn, 1, sizeof *g->n, &nodes_b);
     grown(g->nt, g->capt, made, sizeof *g->t, &tensors_b);
-    const size_t strs = str_bytes(g->scope) + str_bytes(where ? where : "?");
-    if (charge(g, nodes_b + tensors_b + strs * (size_t)(1 + made), 1, made)) return -1;
+    const char *line = where ? where : "?";
+    size_t strs = intern_bytes(g, g->scope);
+    if (strcmp(line, g->scope)) strs += intern_bytes(g, line);
+    if (charge(g, nodes_b + tensors_b + strs, 1, made)) return -1;
     if (g->nn == g->capn) {
         int cap = g->capn ? 2 * g->capn : 64;
         ck_node *n = realloc(g->n, sizeof *n * (size_t)cap);
@@ -422,8 +476,10 @@ int ck_graph_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_o
     }
     for (int k = 0; k < nout; k++)
         if (out_ids) out_ids[k] = n->out[k];
-    n->scope = dupstr(g->scope);
-    n->where = dupstr(where ? where : "?");
+    if (!(n->scope = intern(g, g->scope)) || !(n->where = intern(g, line))) {
+        snprintf(g->err, sizeof g->err, "out of memory");
+        return -1;
+    }
     g->nn++;
     return id;
 }

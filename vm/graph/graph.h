@@ -30,8 +30,8 @@ typedef struct ck_tensor {
     ck_dtype dtype;
     ck_kind kind;
     char *name;   /* full dotted name for parameters and inputs, NULL otherwise */
-    char *scope;  /* diffusers-style scope, "" at the top */
-    char *where;  /* script "file:line" that made it */
+    const char *scope; /* diffusers-style scope, "" at the top (the graph's strings) */
+    const char *where; /* script "file:line" that made it (the graph's strings) */
     int node;     /* producing node, -1 for leaves */
     int grad;     /* gradient tensor after autodiff, -1 if none */
     int needs_grad;
@@ -47,8 +47,8 @@ typedef struct ck_node {
     int out[CK_MAX_OUT]; /* -1: slot unwanted */
     ck_op_params p;
     ck_phase phase;
-    char *scope;
-    char *where;
+    const char *scope; /* the graph's strings, as a tensor's */
+    const char *where;
 } ck_node;
 
 /* One budget for the memory a VM's scripts can make the runtime take: the
@@ -86,7 +86,9 @@ typedef struct ck_graph {
     int nt, capt;
     ck_node *n;
     int nn, capn;
-    char *scope;  /* current scope for new tensors and nodes */
+    const char *scope; /* current scope for new tensors and nodes: scope_own, or
+                        * for a while one of the graph's strings (autodiff) */
+    char *scope_own;
     /* 1: each optimizer update runs as soon as nothing reads its parameter or
      * gradient any more (vm/plan/schedule.c), so gradients do not wait for the
      * end of backward */
@@ -106,6 +108,11 @@ typedef struct ck_graph {
      * empty), names_cap a power of two at least twice named (0: none yet) */
     int *names;
     int names_cap, named;
+    /* every scope and script line its tensors and nodes name, held once: an
+     * open-addressing table of strings (NULL empty), strs_cap a power of
+     * two at least twice nstrs */
+    char **strs;
+    int strs_cap, nstrs;
     char err[512];
 } ck_graph;
 

@@ -7,6 +7,7 @@
 #include "guard/host.h"
 #include "lua/lua_ck.h"
 #include "run/program.h"
+#include "util/hash.h"
 #include "util/text.h"
 #include "../../ops/cpu/cpu.h"
 
@@ -1291,7 +1292,10 @@ static void set_num(lua_State *L, const char *k, double v)
  * step_flops, recompute_flops, conv_workspace and conv_workspace_max (the
  * workspace of the list's convolutions, summed and the largest: on cuda the
  * algorithms chosen per shape), conv_rule (how those were sized: "chosen"
- * on a CUDA device, "stated" for cuda without one (ops/rules.c), "cpu"), and at_peak = {category = bytes live at the peak} */
+ * on a CUDA device, "stated" for cuda without one (ops/rules.c), "cpu"), at_peak = {category = bytes live at the peak},
+ * and layout_digest: 16 hex digits over every list of the program (training,
+ * forward, logging), their entries and every offset, equal for two programs
+ * planned the same to the byte */
 static int l_plan(lua_State *L)
 {
     ck_program *p = pin_program(L, 1, 1)->p;
@@ -1333,6 +1337,12 @@ static int l_plan(lua_State *L)
     lua_newtable(L);
     for (int c = 0; c < CK_CAT_COUNT; c++) set_int(L, ck_cat_names[c], (lua_Integer)pl->at_peak[c]);
     lua_setfield(L, -2, "at_peak");
+    uint64_t h = ck_plan_digest(&p->eval, ck_plan_digest(&p->train, CK_FNV_OFFSET));
+    for (int k = 0; k <= CK_STATS_ALL; k++) h = ck_plan_digest(&p->logplan[k], h);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    lua_pushstring(L, hex);
+    lua_setfield(L, -2, "layout_digest");
     return 1;
 }
 

@@ -1,9 +1,11 @@
 /* The memory plan of one scheduled op list: liveness of every transient tensor
- * and workspace, then offsets in one arena (largest first, best-fit gap among
- * the buffers live at the same time). Persistent tensors sit below, at fixed
+ * and workspace, then offsets in one arena (vm/plan/place.c: largest first,
+ * best-fit gap among the buffers live at the same time). Persistent tensors sit below, at fixed
  * offsets. The peak is the arena's exact high-water mark: the end of the
  * highest byte any op touches. */
 #include "plan/plan.h"
+#include "plan/place.h"
+#include "util/hash.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +14,6 @@
 
 const char *const ck_cat_names[CK_CAT_COUNT] = {"frozen", "trainable", "gradients", "optimizer_state", "inputs",
                                                 "activations", "recomputed", "workspace"};
-
-typedef struct buf {
-    int64_t size, off; /* size: the bytes used, placed on ALIGN boundaries */
-    int first, last;
-    int tensor; /* -1: the workspace of list position `first` */
-} buf;
 
 int ck_is_persistent(ck_kind k)
 {
@@ -48,15 +44,6 @@ ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
     return CK_CAT_ACTIVATIONS;
 }
 
-static int by_size(const void *a, const void *b)
-{
-    const buf *x = a, *y = b;
-    int64_t sx = align_up(x->size), sy = align_up(y->size);
-    if (sx != sy) return sx > sy ? -1 : 1;
-    if (x->first != y->first) return x->first < y->first ? -1 : 1;
-    return x->tensor < y->tensor ? -1 : x->tensor > y->tensor;
-}
-
 size_t ck_plan_host_bytes(const ck_plan *pl)
 {
     if (!pl->ops) return 0;
@@ -64,6 +51,23 @@ size_t ck_plan_host_bytes(const ck_plan *pl)
     return ck_malloc_chunk(sizeof *pl->ops * n) + ck_malloc_chunk(sizeof *pl->origin * nt) +
            ck_malloc_chunk(sizeof *pl->off * nt) + ck_malloc_chunk(sizeof *pl->ws_off * n) +
            ck_malloc_chunk(sizeof *pl->ws_bytes * n);
+}
+
+uint64_t ck_plan_digest(const ck_plan *pl, uint64_t h)
+{
+    h = ck_fnv1a(h, &pl->n, sizeof pl->n);
+    for (int i = 0; i < pl->n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        const int head[4] = {r->node, (int)r->phase, r->nin, r->nout};
+        h = ck_fnv1a(h, head, sizeof head);
+        h = ck_fnv1a(h, r->in, sizeof *r->in * (size_t)r->nin);
+        h = ck_fnv1a(h, r->out, sizeof *r->out * (size_t)r->nout);
+        if (pl->ws_off) h = ck_fnv1a(h, &pl->ws_off[i], sizeof *pl->ws_off);
+        if (pl->ws_bytes) h = ck_fnv1a(h, &pl->ws_bytes[i], sizeof *pl->ws_bytes);
+    }
+    if (pl->off) h = ck_fnv1a(h, pl->off, sizeof *pl->off * (size_t)pl->ntensors);
+    const uint64_t peak = pl->peak;
+    return ck_fnv1a(h, &peak, sizeof peak);
 }
 
 void ck_plan_free(ck_plan *pl)
@@ -134,8 +138,7 @@ size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dt
     return b;
 }
 
-/* the kernel's own workspace, after the fp32 copies of its 16-bit operands */
-static size_t workspace_of(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
@@ -232,7 +235,7 @@ size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent
     size_t peak = 0;
     if (first && last && root && ws) {
         liveness(pl, g, retain, first, last, root);
-        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, be);
+        for (int i = 0; i < pl->n; i++) ws[i] = ck_plan_entry_workspace(pl, g, i, be);
         peak = sweep((ck_plan *)pl, g, persistent, first, last, ws, NULL, NULL);
     }
     free(first);
@@ -250,7 +253,7 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
     size_t *cat = malloc(sizeof(size_t) * (size_t)(pl->n ? pl->n : 1) * CK_CAT_COUNT);
     if (first && last && root && ws && cat) {
         liveness(pl, g, retain, first, last, root);
-        for (int i = 0; i < pl->n; i++) ws[i] = workspace_of(pl, g, i, be);
+        for (int i = 0; i < pl->n; i++) ws[i] = ck_plan_entry_workspace(pl, g, i, be);
         sweep((ck_plan *)pl, g, persistent, first, last, ws, cat, NULL);
         size_t fixed[CK_CAT_COUNT] = {0};
         for (int t = 0; t < g->nt; t++)
@@ -268,8 +271,36 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
     return cat;
 }
 
+/* whether known holds a placement of this very list's buffers (each id once,
+ * with its size and live range, and each workspace) */
+static int same_buffers(const ck_plan_known *k, const ck_plan *pl, const ck_graph *g, int nb, const int *first,
+                        const int *last)
+{
+    if (!k || !k->placed || k->nplaced != nb) return 0;
+    unsigned char *seen = calloc((size_t)pl->ntensors + (size_t)pl->n + 1, 1);
+    int same = seen != NULL;
+    for (int b = 0; same && b < nb; b++) {
+        const ck_place_buf *x = &k->placed[b];
+        if (x->id >= 0)
+            same = x->id < pl->ntensors && !seen[x->id] && first[x->id] == x->first && last[x->id] == x->last &&
+                   x->size == (int64_t)ck_plan_tensor_bytes(pl, g, x->id);
+        else
+            same = x->first >= 0 && x->first < pl->n && x->first == x->last && !seen[pl->ntensors + x->first] &&
+                   (int64_t)pl->ws_bytes[x->first] == x->size;
+        if (same) seen[x->id >= 0 ? x->id : pl->ntensors + x->first] = 1;
+    }
+    free(seen);
+    return same;
+}
+
 int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
                    const ck_backend *be)
+{
+    return ck_plan_memory_known(pl, g, poff, persistent, retain, be, NULL);
+}
+
+int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
+                         const ck_backend *be, const ck_plan_known *known)
 {
     int n = pl->n, nt = pl->ntensors, rc = -1;
     pl->off = malloc(sizeof(int64_t) * (size_t)nt);
@@ -277,12 +308,12 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
     pl->ws_bytes = calloc((size_t)(n ? n : 1), sizeof(size_t));
     int *first = malloc(sizeof(int) * (size_t)nt), *last = malloc(sizeof(int) * (size_t)nt);
     int *root = malloc(sizeof(int) * (size_t)nt);
-    buf *bufs = malloc(sizeof(buf) * (size_t)(nt + n + 1));
-    buf **live = malloc(sizeof(buf *) * (size_t)(nt + n + 1));
+    ck_place_buf *bufs = malloc(sizeof *bufs * (size_t)(nt + n + 1));
     size_t *cat = NULL;
-    if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs || !live) goto out;
+    if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
-    for (int i = 0; i < n; i++) pl->ws_bytes[i] = workspace_of(pl, g, i, be);
+    for (int i = 0; i < n; i++)
+        pl->ws_bytes[i] = known && known->ws_node ? known->ws_node[pl->ops[i].node] : ck_plan_entry_workspace(pl, g, i, be);
 
     int nb = 0;
     for (int t = 0; t < nt; t++) {
@@ -292,47 +323,26 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
             pl->off[t] = poff[t];
             continue;
         }
-        bufs[nb++] = (buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t};
+        bufs[nb++] = (ck_place_buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t, 0};
     }
     for (int i = 0; i < n; i++) {
         pl->ws_off[i] = -1;
-        if (pl->ws_bytes[i]) bufs[nb++] = (buf){(int64_t)pl->ws_bytes[i], 0, i, i, -1};
+        if (pl->ws_bytes[i]) bufs[nb++] = (ck_place_buf){(int64_t)pl->ws_bytes[i], 0, i, i, -1, 0};
         if (pl->ws_bytes[i] > pl->workspace) pl->workspace = pl->ws_bytes[i];
     }
-    qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
-    /* placed buffers are kept sorted by offset: each new one walks them once,
-     * looking only at those live at the same time */
-    int64_t base = align_up((int64_t)persistent), top = 0;
-    int np = 0;
-    for (int b = 0; b < nb; b++) {
-        int64_t best = -1, best_gap = INT64_MAX, at = 0, need = align_up(bufs[b].size);
-        for (int c = 0; c < np; c++) {
-            const buf *o = live[c];
-            if (o->first > bufs[b].last || bufs[b].first > o->last) continue;
-            int64_t gap = o->off - at;
-            if (gap >= need && gap < best_gap) {
-                best = at;
-                best_gap = gap;
-            }
-            int64_t end = o->off + align_up(o->size);
-            if (end > at) at = end;
-        }
-        bufs[b].off = best >= 0 ? best : at;
-        /* the high-water mark counts the bytes used, not the alignment after them */
-        if (bufs[b].off + bufs[b].size > top) top = bufs[b].off + bufs[b].size;
-        int lo = 0, hi = np;
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (live[mid]->off <= bufs[b].off) lo = mid + 1;
-            else hi = mid;
-        }
-        memmove(live + lo + 1, live + lo, sizeof *live * (size_t)(np - lo));
-        live[lo] = &bufs[b];
-        np++;
+    /* retained tensors live to position n */
+    const ck_place_buf *placed = bufs;
+    int64_t top;
+    if (same_buffers(known, pl, g, nb, first, last)) {
+        placed = known->placed;
+        top = known->top;
+    } else if ((top = ck_place(bufs, nb, n + 1, ALIGN)) < 0) {
+        goto out;
     }
+    const int64_t base = align_up((int64_t)persistent);
     for (int b = 0; b < nb; b++) {
-        if (bufs[b].tensor >= 0) pl->off[bufs[b].tensor] = base + bufs[b].off;
-        else pl->ws_off[bufs[b].first] = base + bufs[b].off;
+        if (placed[b].id >= 0) pl->off[placed[b].id] = base + placed[b].off;
+        else pl->ws_off[placed[b].first] = base + placed[b].off;
     }
     for (int t = 0; t < nt; t++)
         if (root[t] != t) pl->off[t] = pl->off[root[t]];
@@ -360,7 +370,7 @@ int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t p
             pl->activation_bytes += ck_plan_tensor_bytes(pl, g, t);
     pl->step_flops = pl->recompute_flops = 0;
     for (int i = 0; i < n; i++) {
-        double f = ck_plan_op_flops(pl, g, i);
+        const double f = known && known->flops_node ? known->flops_node[pl->ops[i].node] : ck_plan_op_flops(pl, g, i);
         pl->step_flops += f;
         if (pl->ops[i].phase == CK_PHASE_RECOMPUTE) pl->recompute_flops += f;
     }
@@ -370,26 +380,6 @@ out:
     free(last);
     free(root);
     free(bufs);
-    free(live);
     free(cat);
-    return rc;
-}
-
-int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops)
-{
-    ck_plan pl;
-    if (ck_schedule(&pl, c->g, c->nodes, c->n, recompute)) return -1;
-    int rc = 0;
-    if (exact) {
-        rc = ck_plan_memory(&pl, c->g, c->poff, c->persistent, c->retain, c->be);
-        *peak = pl.peak;
-        *flops = pl.recompute_flops;
-    } else {
-        *peak = ck_plan_live_peak(&pl, c->g, c->persistent, c->retain, c->be);
-        *flops = 0;
-        for (int i = 0; i < pl.n; i++)
-            if (pl.ops[i].phase == CK_PHASE_RECOMPUTE) *flops += ck_plan_op_flops(&pl, c->g, i);
-    }
-    ck_plan_free(&pl);
     return rc;
 }

@@ -52,7 +52,7 @@ size_t ck_plan_host_bytes(const ck_plan *pl);
 
 /* What a checkpoint policy sees: the differentiated graph, the training list
  * before scheduling, and the candidates (ck_saved_activations). It can
- * schedule and plan trial decisions with ck_decide_eval. */
+ * evaluate trial decisions with vm/plan/evaluate.h. */
 typedef struct ck_decide_ctx {
     const ck_graph *g;
     const int *nodes;
@@ -63,15 +63,12 @@ typedef struct ck_decide_ctx {
     size_t persistent;
     const int *retain;
     const ck_backend *be; /* the workspace rules */
+    struct ck_evaluator *ev; /* the list's evaluator (vm/plan/evaluate.h), shared by the searches and the plan */
 } ck_decide_ctx;
 
 /* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead
  * of keeping it. Returns 0, or -1 with a message. */
 typedef int (*ck_decide_fn)(void *ud, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen);
-
-/* The peak and recompute FLOPs of one trial decision; exact: place every byte
- * (the true peak), otherwise the most bytes live at once (a lower bound, fast). */
-int ck_decide_eval(const ck_decide_ctx *c, const unsigned char *recompute, int exact, size_t *peak, double *flops);
 
 /* vm/plan/schedule.c: the op list of the given graph nodes (forward nodes first, in
  * graph order, then the rest), with recompute entries placed before the first
@@ -100,12 +97,27 @@ int ck_schedule_stats(ck_plan *pl, const ck_plan *base, const ck_graph *g, const
 /* vm/plan/memplan.c: liveness over a scheduled list, then offsets in one arena. */
 int ck_plan_memory(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
                    const ck_backend *be);
+/* What an evaluator (vm/plan/evaluate.h) already knows of a list: each
+ * node's workspace and FLOPs (per graph node; NULL: worked out per entry),
+ * and a placement it made (NULL: none), used when its buffers are the list's. */
+typedef struct ck_plan_known {
+    const size_t *ws_node;
+    const double *flops_node;
+    const struct ck_place_buf *placed;
+    int nplaced;
+    int64_t top;
+} ck_plan_known;
+int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, size_t persistent, const int *retain,
+                         const ck_backend *be, const ck_plan_known *known);
 /* The most bytes live at once, without placing anything (fast; for searches). */
 size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be);
 /* Live bytes at every list position by category (persistent ones included):
  * n * CK_CAT_COUNT entries, malloc'd; NULL on out of memory. */
 size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be);
 void ck_plan_free(ck_plan *pl);
+/* h continued over pl's entries, offsets, workspaces and peak (FNV-1a,
+ * vm/util/hash.h): equal for two plans the same to the byte */
+uint64_t ck_plan_digest(const ck_plan *pl, uint64_t h);
 int ck_is_persistent(ck_kind k);
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
 /* 16-bit storage: the type of the kernel list entry i runs: CK_BF16 or CK_F16
@@ -121,6 +133,9 @@ size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dt
 /* the type an operand of dtype dt is copied into for a kernel of type kt, or
  * dt itself when the kernel reads it as it is */
 ck_dtype ck_entry_copy_type(ck_dtype dt, ck_dtype kt);
+/* the workspace list entry i needs: the copies ck_entry_convert_bytes counts,
+ * then the kernel's own (the backend's rule) */
+size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
 /* FLOPs of list entry i */
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i);
 /* bytes of tensor id (a graph tensor or a recomputed copy) */

@@ -1,12 +1,13 @@
 /* Built-in checkpoint policies over one mechanism: a policy marks forward
- * activations for recompute; the scheduler and the planner (ck_decide_eval)
- * tell what a marking costs in bytes and FLOPs. Region policies (blocks,
+ * activations for recompute; the evaluator (vm/plan/evaluate.c) tells what a
+ * marking costs in bytes and FLOPs. Region policies (blocks,
  * every_n, sqrt_n) give forward nodes a region and recompute what a region
  * makes and only it reads, as torch.utils.checkpoint keeps a function's inputs
  * and recomputes its inside. budget searches markings for the least FLOPs that
  * fit: exhaustively when the candidates are few, otherwise from the fixed
  * policies and a greedy order, so it is never worse than any of them. */
 #include "plan/policy.h"
+#include "plan/evaluate.h"
 #include "util/text.h"
 
 #include <math.h>
@@ -236,7 +237,21 @@ static int decide_selective(const unsigned char *ops, const ck_decide_ctx *c, un
     return 0;
 }
 
-/* ---- budget */
+/* ---- budget
+ *
+ * The search, for the least recompute FLOPs whose placed peak fits:
+ *  - starting decisions: every fixed policy (none, diffusers, selective,
+ *    sqrt_n, every_n for every n up to the block count) and prefixes of a
+ *    greedy order (the most bytes per recompute FLOP first): the shortest
+ *    whose live peak fits, and longer ones;
+ *  - in order of their FLOPs, the first start that fits when placed is
+ *    pruned: the marked tensors that cost the most to recompute are kept,
+ *    one at a time, while the live peak plus the start's fragmentation fits;
+ *  - all the prunings placed, or failing that the longest run of them that
+ *    fits.
+ * Decisions are judged first on the bytes that cross the turn to backward
+ * (a lower bound found without walking the list), then on live peaks (one
+ * walk, ck_evaluate), and only a decision that can be the answer is placed. */
 
 typedef struct best {
     unsigned char *mark; /* per graph tensor */
@@ -248,11 +263,11 @@ typedef struct best {
 
 /* Evaluates a marking exactly and keeps it if it fits with fewer FLOPs (at
  * equal FLOPs, a lower peak). 1 if it fits, 0 if not, -1 on error. */
-static int consider(const ck_decide_ctx *c, const unsigned char *mark, size_t budget, best *b)
+static int consider(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b)
 {
     size_t peak;
     double flops;
-    if (ck_decide_eval(c, mark, 1, &peak, &flops)) return -1;
+    if (ck_evaluate(ev, mark, 1, &peak, &flops)) return -1;
     if (!b->floor || peak < b->floor) b->floor = peak;
     if (peak > budget) return 0;
     if (!b->found || flops < b->flops || (flops == b->flops && peak < b->peak)) {
@@ -288,57 +303,74 @@ static double producer_flops(const ck_graph *g, int t)
     return ck_op_flops(nd->op, &nd->p, ins, nd->nin, &out);
 }
 
-/* A fixed policy's marking of the candidates, with its live peak (a lower
- * bound of the placed one) and recompute FLOPs. */
+/* A starting decision: a fixed policy's marking of the candidates (every_n
+ * by its n over the regions' candidates), or a prefix of the greedy order;
+ * its FLOPs and turn bound, and its live peak once walked. */
 typedef struct start {
-    unsigned char *cand; /* per candidate */
-    size_t live;
+    unsigned char *cand; /* per candidate, or NULL */
+    int every_n;         /* > 0: every_n's n (cand NULL) */
+    int prefix;          /* >= 0: the greedy order's first prefix entries (cand NULL, every_n 0) */
     double flops;
+    size_t turn, live;
+    int walked;
 } start;
 
-static int by_flops(const void *a, const void *b)
+typedef struct starts {
+    start *s;
+    int n;
+    int *region;    /* per candidate: the block region every_n's region marking marks it for, 0 none */
+    scored *order;  /* the greedy order */
+} starts;
+
+static void starts_free(starts *ss)
 {
-    const start *x = a, *y = b;
-    if (x->flops != y->flops) return x->flops < y->flops ? -1 : 1;
-    return x->live < y->live ? -1 : x->live > y->live;
+    for (int i = 0; i < ss->n; i++) free(ss->s[i].cand);
+    free(ss->s);
+    free(ss->region);
+    free(ss->order);
+    memset(ss, 0, sizeof *ss);
 }
 
-static int by_live(const void *a, const void *b)
-{
-    const start *x = a, *y = b;
-    if (x->live != y->live) return x->live < y->live ? -1 : 1;
-    return x->flops < y->flops ? -1 : x->flops > y->flops;
-}
-
-static void start_mark(const ck_decide_ctx *c, const start *s, unsigned char *mark)
+static void start_mark(const ck_decide_ctx *c, const starts *ss, const start *s, unsigned char *mark)
 {
     memset(mark, 0, (size_t)c->g->nt);
-    for (int k = 0; k < c->ncand; k++) mark[c->cand[k]] = s->cand[k];
+    if (s->cand)
+        for (int k = 0; k < c->ncand; k++) mark[c->cand[k]] = s->cand[k];
+    else if (s->every_n)
+        for (int k = 0; k < c->ncand; k++) mark[c->cand[k]] = ss->region[k] && ss->region[k] % s->every_n == 0;
+    else
+        for (int k = 0; k < s->prefix; k++) mark[ss->order[k].t] = 1;
 }
 
-/* Appends the marking in mark to the starts (evaluated fast). */
-static int add_start(const ck_decide_ctx *c, const unsigned char *mark, start **st, int *n)
+static start *add_start(starts *ss)
 {
-    start *grown = realloc(*st, sizeof **st * (size_t)(*n + 1));
-    if (!grown) return -1;
-    *st = grown;
-    start *s = &grown[*n];
-    s->cand = malloc((size_t)(c->ncand ? c->ncand : 1));
-    if (!s->cand) return -1;
-    for (int k = 0; k < c->ncand; k++) s->cand[k] = mark[c->cand[k]];
-    if (ck_decide_eval(c, mark, 0, &s->live, &s->flops)) {
-        free(s->cand);
-        return -1;
-    }
-    (*n)++;
+    start *grown = realloc(ss->s, sizeof *grown * (size_t)(ss->n + 1));
+    if (!grown) return NULL;
+    ss->s = grown;
+    start *s = &grown[ss->n++];
+    memset(s, 0, sizeof *s);
+    s->prefix = -1;
+    return s;
+}
+
+/* its live peak (and exact FLOPs), walked once */
+static int walk_start(const ck_decide_ctx *c, ck_evaluator *ev, const starts *ss, start *s, unsigned char *mark)
+{
+    if (s->walked) return 0;
+    start_mark(c, ss, s, mark);
+    if (ck_evaluate(ev, mark, 0, &s->live, &s->flops)) return -1;
+    s->walked = 1;
     return 0;
 }
 
-/* The markings of every fixed policy: none, diffusers, selective, sqrt_n,
- * and every_n for every n up to the length of the block sequence (beyond it
- * every_n is none). A policy the model has nothing for (no diffusers
- * blocks) is left out. */
-static int fixed_starts(const ck_decide_ctx *c, start **st, int *n)
+/* The fixed policies' markings: none, diffusers, sqrt_n and selective
+ * walked; every_n for every n up to the length of the block sequence
+ * (beyond it every_n is none) from the regions: a block's candidates are
+ * recomputed from inside it alone, so every_n's FLOPs are the sum of its
+ * blocks' (taken from one walk of every_n:1), and its marking is the
+ * candidates of the blocks whose number n divides. A policy the model has
+ * nothing for (no diffusers blocks) is left out. */
+static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, starts *ss)
 {
     const ck_graph *g = c->g;
     const ck_policy fixed[] = {
@@ -348,154 +380,205 @@ static int fixed_starts(const ck_decide_ctx *c, start **st, int *n)
         {.kind = CK_POLICY_SELECTIVE},
     };
     unsigned char *mark = calloc((size_t)g->nt, 1);
-    int *of_node = malloc(sizeof(int) * (size_t)(g->nn ? g->nn : 1));
+    int *nodes = malloc(sizeof(int) * (size_t)(g->nn ? g->nn : 1));
+    double *flops = NULL;
     regions seq = {0};
     char ignore[256];
     int rc = -1;
-    if (!mark || !of_node) goto out;
+    ss->region = calloc((size_t)(c->ncand ? c->ncand : 1), sizeof(int));
+    if (!mark || !nodes || !ss->region) goto out;
     for (size_t f = 0; f < sizeof fixed / sizeof fixed[0]; f++) {
         ck_policy pol = fixed[f];
         if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
         memset(mark, 0, (size_t)g->nt);
         if (ck_policy_decide(&pol, c, mark, ignore, sizeof ignore)) continue;
-        if (add_start(c, mark, st, n)) goto out;
+        start *s = add_start(ss);
+        if (!s || !(s->cand = malloc((size_t)(c->ncand ? c->ncand : 1)))) goto out;
+        for (int k = 0; k < c->ncand; k++) s->cand[k] = mark[c->cand[k]];
+        s->turn = ck_evaluate_turn(ev, mark);
+        if (walk_start(c, ev, ss, s, mark)) goto out;
     }
-    if (block_sequence(c, &seq, ignore, sizeof ignore) == 0)
-        for (int k = 1; k <= seq.n; k++) {
-            memset(mark, 0, (size_t)g->nt);
-            every_n_regions(g, seq.of_node, k, of_node);
-            mark_regions(c, of_node, mark);
-            if (add_start(c, mark, st, n)) goto out;
+    if (block_sequence(c, &seq, ignore, sizeof ignore) == 0 && seq.n > 0) {
+        memset(mark, 0, (size_t)g->nt);
+        mark_regions(c, seq.of_node, mark);
+        for (int k = 0; k < c->ncand; k++)
+            ss->region[k] = mark[c->cand[k]] ? seq.of_node[g->t[c->cand[k]].node] : 0;
+        size_t live;
+        double all;
+        flops = calloc((size_t)seq.n + 1, sizeof *flops);
+        if (!flops || ck_evaluate(ev, mark, 0, &live, &all)) goto out;
+        const int nrec = ck_evaluator_recomputed(ev, nodes);
+        for (int i = 0; i < nrec; i++) flops[seq.of_node[nodes[i]]] += ck_evaluator_flops(ev, nodes[i]);
+        for (int n = 1; n <= seq.n; n++) {
+            start *s = add_start(ss);
+            if (!s) goto out;
+            s->every_n = n;
+            for (int r = n; r <= seq.n; r += n) s->flops += flops[r];
+            start_mark(c, ss, s, mark);
+            s->turn = ck_evaluate_turn(ev, mark);
+            if (n == 1) {
+                s->live = live;
+                s->flops = all;
+                s->walked = 1;
+            }
         }
+    }
     rc = 0;
 out:
     regions_free(&seq);
-    free(of_node);
+    free(flops);
+    free(nodes);
     free(mark);
     return rc;
 }
 
-static int search(const ck_decide_ctx *c, size_t budget, best *b, char *err, size_t errlen)
+static int by_flops(const void *a, const void *b)
+{
+    const start *x = a, *y = b;
+    if (x->flops != y->flops) return x->flops < y->flops ? -1 : 1;
+    return x->turn < y->turn ? -1 : x->turn > y->turn;
+}
+
+static int by_turn(const void *a, const void *b)
+{
+    const start *x = a, *y = b;
+    if (x->turn != y->turn) return x->turn < y->turn ? -1 : 1;
+    return x->flops < y->flops ? -1 : x->flops > y->flops;
+}
+
+/* From a start that fits (placed, with fragmentation frag: its placed peak
+ * less its live peak): prunes it, and places all the prunings, or failing
+ * that the longest run of them that fits (all of them have the fewest
+ * FLOPs: keeping more never recomputes more). -1 on error. */
+static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *from, size_t budget, size_t frag,
+                   best *b, unsigned char *mark, scored *order)
 {
     const ck_graph *g = c->g;
-    unsigned char *mark = calloc((size_t)g->nt, 1);
+    memcpy(mark, from, (size_t)g->nt);
+    int n = 0, na = 0;
+    for (int k = 0; k < c->ncand; k++)
+        if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
+    qsort(order, (size_t)n, sizeof *order, by_score);
+    for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
+        size_t live;
+        double flops;
+        mark[order[k].t] = 0;
+        if (ck_evaluate(ev, mark, 0, &live, &flops)) return -1;
+        if (live + frag <= budget) order[na++] = order[k]; /* accepted, in order */
+        else mark[order[k].t] = 1;
+    }
+    if (!na) return 0;
+    int fit = consider(c, ev, mark, budget, b);
+    if (fit) return fit < 0 ? -1 : 0;
+    int lo = 0, hi = na - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        memcpy(mark, from, (size_t)g->nt);
+        for (int k = 0; k < mid; k++) mark[order[k].t] = 0;
+        if ((fit = consider(c, ev, mark, budget, b)) < 0) return -1;
+        if (fit) lo = mid;
+        else hi = mid - 1;
+    }
+    return 0;
+}
+
+static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best *b, char *err, size_t errlen)
+{
+    const ck_graph *g = c->g;
+    unsigned char *mark = calloc((size_t)g->nt, 1), *from = calloc((size_t)g->nt, 1);
     scored *order = malloc(sizeof *order * (size_t)(c->ncand ? c->ncand : 1));
-    start *st = NULL;
-    int nst = 0, rc = -1;
-    if (!mark || !order) goto out;
+    starts ss = {0};
+    int rc = -1;
+    if (!mark || !from || !order) goto out;
     if (c->ncand <= EXHAUSTIVE_MAX) {
         for (long s = 0; s < (1L << c->ncand); s++) {
             for (int k = 0; k < c->ncand; k++) mark[c->cand[k]] = (unsigned char)((s >> k) & 1);
-            if (consider(c, mark, budget, b) < 0) goto out;
+            if (consider(c, ev, mark, budget, b) < 0) goto out;
         }
         rc = 0;
         goto out;
     }
-    /* the fixed policies, so that budget is never worse than any of them at
-     * its peak: the cheapest in FLOPs whose placed plan fits */
-    if (fixed_starts(c, &st, &nst)) goto out;
-    qsort(st, (size_t)nst, sizeof *st, by_flops);
-    for (int i = 0; i < nst; i++) {
-        if (st[i].live > budget) continue; /* the live peak is a lower bound: it cannot fit */
-        start_mark(c, &st[i], mark);
-        int fit = consider(c, mark, budget, b);
-        if (fit < 0) goto out;
-        if (fit) break; /* the rest recompute at least as much */
-    }
-    /* greedy: the most bytes per recompute FLOP first; the shortest prefix that fits */
+    if (fixed_starts(c, ev, &ss)) goto out;
+    /* the greedy order, and the shortest prefix whose live peak fits */
+    ss.order = malloc(sizeof *ss.order * (size_t)c->ncand);
+    if (!ss.order) goto out;
     for (int k = 0; k < c->ncand; k++) {
-        int t = c->cand[k];
-        order[k] = (scored){t, (double)ck_shape_numel(&g->t[t].shape) / (producer_flops(g, t) + 1.0)};
+        const int t = c->cand[k];
+        ss.order[k] = (scored){t, (double)ck_shape_numel(&g->t[t].shape) / (producer_flops(g, t) + 1.0)};
     }
-    qsort(order, (size_t)c->ncand, sizeof *order, by_score);
-    int lo = 0, hi = c->ncand; /* smallest prefix whose live peak fits */
+    qsort(ss.order, (size_t)c->ncand, sizeof *ss.order, by_score);
+    int lo = 0, hi = c->ncand;
     while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        memset(mark, 0, (size_t)g->nt);
-        for (int k = 0; k < mid; k++) mark[order[k].t] = 1;
-        size_t peak;
-        double flops;
-        if (ck_decide_eval(c, mark, 0, &peak, &flops)) goto out;
-        if (peak <= budget) hi = mid;
+        const int mid = (lo + hi) / 2;
+        start p = {.prefix = mid};
+        if (walk_start(c, ev, &ss, &p, mark)) goto out;
+        if (p.live <= budget) hi = mid;
         else lo = mid + 1;
     }
-    /* the live peak is a lower bound: grow the prefix until the placed plan fits */
+    /* that prefix and longer ones, in case it does not fit when placed */
     for (int k = lo, step = 1 + c->ncand / 256;; k += step, step *= 2) {
         if (k > c->ncand) k = c->ncand;
-        memset(mark, 0, (size_t)g->nt);
-        for (int j = 0; j < k; j++) mark[order[j].t] = 1;
-        int fit = consider(c, mark, budget, b);
+        start *p = add_start(&ss);
+        if (!p) goto out;
+        p->prefix = k;
+        if (walk_start(c, ev, &ss, p, mark)) goto out;
+        p->turn = p->live;
+        if (k == c->ncand) break;
+    }
+    qsort(ss.s, (size_t)ss.n, sizeof *ss.s, by_flops);
+    for (int i = 0; i < ss.n && !b->found; i++) {
+        start *s = &ss.s[i];
+        if (s->turn > budget) continue;
+        if (walk_start(c, ev, &ss, s, mark)) goto out;
+        if (s->live > budget) continue;
+        start_mark(c, &ss, s, from);
+        const int fit = consider(c, ev, from, budget, b);
         if (fit < 0) goto out;
-        if (fit || k == c->ncand) break;
+        if (fit && descend(c, ev, from, budget, b->peak - s->live, b, mark, order)) goto out;
     }
-    /* then keep, one at a time, the marked tensors that cost the most to
-     * recompute, while the plan still fits: less recompute at the budget.
-     * Trials use the fast live peak plus the fragmentation of the best plan;
-     * the result is placed exactly, and cut back to what fits if needed. */
-    if (b->found) {
-        memcpy(mark, b->mark, (size_t)g->nt);
-        size_t live;
-        double flops;
-        if (ck_decide_eval(c, mark, 0, &live, &flops)) goto out;
-        size_t frag = b->peak > live ? b->peak - live : 0;
-        int n = 0, na = 0;
-        for (int k = 0; k < c->ncand; k++)
-            if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
-        qsort(order, (size_t)n, sizeof *order, by_score);
-        for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
-            mark[order[k].t] = 0;
-            if (ck_decide_eval(c, mark, 0, &live, &flops)) goto out;
-            if (live + frag <= budget) order[na++] = order[k]; /* accepted, in order */
-            else mark[order[k].t] = 1;
-        }
-        /* the longest run of accepted changes whose placed plan fits */
-        int lo = 0, hi = na;
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            memcpy(mark, b->mark, (size_t)g->nt);
-            for (int k = 0; k < mid; k++) mark[order[k].t] = 0;
-            int fit = consider(c, mark, budget, b);
-            if (fit < 0) goto out;
-            if (fit) lo = mid;
-            else hi = mid - 1;
-        }
-    }
-    /* nothing fits: the error names the smallest peak, so place the fixed
-     * policies in order of their live peaks while one may be below it */
+    /* nothing fits: the error names the smallest peak, so place every start
+     * in order of its lower bounds while one may be below it */
     if (!b->found) {
-        qsort(st, (size_t)nst, sizeof *st, by_live);
-        for (int i = 0; i < nst && st[i].live < b->floor; i++) {
-            start_mark(c, &st[i], mark);
-            if (consider(c, mark, budget, b) < 0) goto out;
+        qsort(ss.s, (size_t)ss.n, sizeof *ss.s, by_turn);
+        for (int i = 0; i < ss.n && (!b->floor || ss.s[i].turn < b->floor); i++) {
+            if (walk_start(c, ev, &ss, &ss.s[i], mark)) goto out;
+            if (b->floor && ss.s[i].live >= b->floor) continue;
+            start_mark(c, &ss, &ss.s[i], mark);
+            if (consider(c, ev, mark, budget, b) < 0) goto out;
         }
     }
     rc = 0;
 out:
     if (rc) snprintf(err, errlen, "out of memory");
-    for (int i = 0; i < nst; i++) free(st[i].cand);
-    free(st);
+    starts_free(&ss);
     free(mark);
+    free(from);
     free(order);
     return rc;
 }
 
-static int decide_budget(const ck_decide_ctx *c, size_t budget, unsigned char *recompute, const char *what, char *err,
-                         size_t errlen)
+static int decide_budget(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, unsigned char *recompute,
+                         const char *what, char *err, size_t errlen)
 {
     best b = {calloc((size_t)c->g->nt, 1), 0, 0, 0, 0};
     if (!b.mark) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    int rc = search(c, budget, &b, err, errlen);
+    int rc = search(c, ev, budget, &b, err, errlen);
     if (rc == 0 && !b.found) {
         /* the smallest peak rounded up, so that as a budget it fits */
         snprintf(err, errlen, "%s: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
                  what, budget / 1048576.0, ceil(b.floor / 104857.6) / 10, b.floor);
         rc = -1;
     }
-    if (rc == 0)
+    if (rc == 0) {
         for (int k = 0; k < c->ncand; k++) recompute[c->cand[k]] = b.mark[c->cand[k]];
+        /* the plan reuses the placement of the decision placed last: the answer's */
+        size_t peak;
+        double flops;
+        if (!ck_evaluator_placed(ev, b.mark) && ck_evaluate(ev, b.mark, 1, &peak, &flops)) rc = -1;
+    }
     free(b.mark);
     return rc;
 }
@@ -513,23 +596,26 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
             return -1;
         }
         return 0;
-    case CK_POLICY_BUDGET: {
-        double budget = pol->budget;
-        if (pol->budget_fraction > 0) {
-            size_t none;
-            double f;
-            if (ck_decide_eval(c, NULL, 1, &none, &f)) return -1;
-            budget = pol->budget_fraction * (double)none;
-        }
-        return decide_budget(c, (size_t)budget, recompute, "budget", err, errlen);
-    }
+    case CK_POLICY_BUDGET:
     case CK_POLICY_AUTO: {
+        ck_evaluator *own = c->ev ? NULL : ck_evaluator_new(c), *ev = c->ev ? c->ev : own;
         size_t none;
         double f;
-        if (ck_decide_eval(c, NULL, 1, &none, &f)) return -1;
-        double fit = pol->device * (1.0 - pol->headroom);
-        if ((double)none <= fit) return 0;
-        return decide_budget(c, (size_t)fit, recompute, "auto", err, errlen);
+        if (!ev || ck_evaluate(ev, NULL, 1, &none, &f)) {
+            ck_evaluator_free(own);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        int rc = 0;
+        if (pol->kind == CK_POLICY_BUDGET) {
+            const double budget = pol->budget_fraction > 0 ? pol->budget_fraction * (double)none : pol->budget;
+            rc = decide_budget(c, ev, (size_t)budget, recompute, "budget", err, errlen);
+        } else {
+            const double fit = pol->device * (1.0 - pol->headroom);
+            if ((double)none > fit) rc = decide_budget(c, ev, (size_t)fit, recompute, "auto", err, errlen);
+        }
+        ck_evaluator_free(own);
+        return rc;
     }
     }
     snprintf(err, errlen, "unknown policy kind %d", (int)pol->kind);

@@ -2,6 +2,7 @@
  * the op lists, plan their memory, allocate the one arena, initialize the
  * parameters. The op lists are the seam the recompute scheduler works on. */
 #include "run/program.h"
+#include "plan/evaluate.h"
 
 #include "dist/dist.h"
 
@@ -596,6 +597,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     ck_program *p = calloc(1, sizeof *p);
     int *list = NULL, *sinks = NULL, *cand = NULL;
     unsigned char *recompute = NULL;
+    ck_evaluator *ev = NULL;
     if (!p) {
         failf(err, errlen, "out of memory");
         return NULL;
@@ -790,22 +792,25 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             if (g->n[i].phase == CK_PHASE_OPTIMIZER) sinks[ns++] = i;
         n = cut_list(g, sinks, ns, CK_PHASE_OPTIMIZER, list);
         if (n < 0) goto oom;
+        /* one evaluator for the policy's trials and the plan: the decision
+         * it placed last is not placed again */
+        ck_decide_ctx dc = {g, list, n, NULL, 0, p->poff, p->persistent, p->retain, be, NULL};
+        if (!(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
         if (o->decide) {
             recompute = calloc((size_t)g->nt, 1);
             cand = malloc(sizeof(int) * (size_t)g->nt);
             if (!recompute || !cand) goto oom;
-            int nc = ck_saved_activations(g, cand);
-            if (nc < 0) goto oom;
-            ck_decide_ctx dc = {g, list, n, cand, nc, p->poff, p->persistent, p->retain, be};
+            dc.cand = cand;
+            dc.ncand = ck_saved_activations(g, cand);
             if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
         }
         int extra = 0;
         for (int t = 0; recompute && t < g->nt; t++) extra += recompute[t] != 0;
         if (take_own(p, plan_estimate(n, g->nt, 2 * extra), "the training step's op list and plan", err, errlen))
             goto fail;
-        if (ck_schedule(&p->train, g, list, n, recompute) ||
-            ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be))
-            goto oom;
+        if (ck_evaluator_plan(ev, recompute, &p->train)) goto oom;
+        ck_evaluator_free(ev);
+        ev = NULL;
         if (settle_own(p, "the training step's op list and plan", err, errlen)) goto fail;
     }
     /* the one arena: the largest list the program will run */
@@ -860,6 +865,7 @@ done:
 oom:
     failf(err, errlen, "out of memory while compiling");
 fail:
+    ck_evaluator_free(ev);
     free(list);
     free(sinks);
     free(cand);

@@ -1,0 +1,456 @@
+/* What a checkpoint decision costs, for searches that try many: the peak and
+ * the recompute FLOPs of the op list the scheduler would make, found without
+ * making it. The evaluator walks the list in the scheduler's order
+ * (vm/plan/schedule.c: forward entries, then each later entry after the
+ * recomputations it needs), recording each buffer's first and last position
+ * as the memory plan's liveness would (vm/plan/memplan.c), and then sweeps
+ * the live bytes, or places the buffers (vm/plan/place.c) for the exact peak.
+ * Workspaces and FLOPs are taken once per node; nothing is allocated per
+ * evaluation. Lists whose optimizer entries move (fused updates, overlapped
+ * data parallel) are scheduled and planned in full. */
+#include "plan/evaluate.h"
+#include "plan/place.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN 64
+
+/* a list node, packed: what the walk reads of it */
+typedef struct pnode {
+    signed char nin, nout, reshape;
+    int in[CK_MAX_IN], out[CK_MAX_OUT];
+} pnode;
+
+/* a recomputation in progress: node v, its inputs resolved up to slot j */
+typedef struct frame {
+    int v, j;
+    int ins[CK_MAX_IN];
+} frame;
+
+struct ck_evaluator {
+    const ck_decide_ctx *c;
+    int nt, cap;        /* graph tensors; ids a list can use (tensors and copies) */
+    int64_t *bytes;     /* per graph tensor */
+    unsigned char *persistent, *markable; /* per graph tensor: outside the arena's transient part; a forward activation */
+    pnode *nodes;       /* per graph node */
+    size_t *ws;         /* per graph node in the list: its entry's workspace */
+    double *flops;      /* per graph node in the list */
+    int *first, *last, *root, *origin, *copy; /* per id; copy per graph tensor */
+    int *first0, *last0, *root0; /* the same after the forward entries, which no decision changes */
+    int pos0;
+    int64_t *delta;     /* per position */
+    int *at;            /* per position: the node its entry runs */
+    frame *stack;       /* recomputations in progress, one per forward node at most */
+    ck_place_buf *bufs;
+    /* the last exact evaluation's placement (in bufs) and its decision */
+    int placed, nplaced;
+    int64_t top;
+    unsigned char *placed_mark;
+    /* the turn to backward: the buffers made by forward entries that a later
+     * one may read (turn_root), each with the graph tensors aliasing it that
+     * a later entry reads or that are retained (turn_t[turn_start[k] ..],
+     * a retained one entered as -1) */
+    int nturn;
+    int *turn_root, *turn_start, *turn_t;
+    int maxpos;         /* positions a list can have: every entry recomputed once */
+    int fallback;       /* optimizer entries move: schedule and plan in full */
+    /* one walk's state */
+    const unsigned char *mark;
+    int pos, ids;
+    double rflops;
+};
+
+static int marked(const ck_evaluator *e, int t) { return e->mark && t < e->nt && e->mark[t] && e->markable[t]; }
+
+static void touch(ck_evaluator *e, int id)
+{
+    const int r = e->root[id];
+    if (e->first[r] < 0) e->first[r] = e->pos;
+    e->last[r] = e->pos;
+}
+
+/* one entry of node v at the current position, reading ins and writing outs */
+static void entry(ck_evaluator *e, int v, const int *ins, const int *outs)
+{
+    const pnode *nd = &e->nodes[v];
+    if (nd->reshape && outs[0] >= 0) e->root[outs[0]] = e->root[ins[0]];
+    for (int j = 0; j < nd->nin; j++) touch(e, ins[j]);
+    for (int k = 0; k < nd->nout; k++)
+        if (outs[k] >= 0) touch(e, outs[k]);
+    e->at[e->pos++] = v;
+}
+
+/* the recompute entry of node v, its inputs resolved: its outputs' copies made */
+static void recompute(ck_evaluator *e, int v, const int *ins)
+{
+    const pnode *nd = &e->nodes[v];
+    int outs[CK_MAX_OUT];
+    for (int k = 0; k < nd->nout; k++) {
+        outs[k] = -1;
+        if (nd->out[k] < 0) continue;
+        const int id = e->ids++;
+        e->origin[id] = nd->out[k];
+        e->root[id] = id;
+        e->first[id] = e->last[id] = -1;
+        e->copy[nd->out[k]] = outs[k] = id;
+    }
+    entry(e, v, ins, outs);
+    e->rflops += e->flops[v];
+}
+
+/* the copy of marked tensor t, recomputing its producer (and first, depth
+ * first in slot order, its marked inputs not yet recomputed) where the
+ * scheduler would; iterative, as chains of marked tensors can be long */
+static int materialize(ck_evaluator *e, int t)
+{
+    if (e->copy[t] >= 0) return e->copy[t];
+    int sp = 0;
+    e->stack[sp++] = (frame){e->c->g->t[t].node, 0, {0}};
+    while (sp) {
+        frame *f = &e->stack[sp - 1];
+        const pnode *nd = &e->nodes[f->v];
+        if (f->j == nd->nin) {
+            recompute(e, f->v, f->ins);
+            sp--;
+            continue;
+        }
+        const int u = nd->in[f->j];
+        if (!marked(e, u)) {
+            f->ins[f->j++] = u;
+        } else if (e->copy[u] >= 0) {
+            f->ins[f->j++] = e->copy[u];
+        } else {
+            e->stack[sp++] = (frame){e->c->g->t[u].node, 0, {0}};
+        }
+    }
+    return e->copy[t];
+}
+
+/* the scheduler's list walked: first and last positions by buffer, the node
+ * at each position; the forward entries' part is the same for every decision */
+static void walk(ck_evaluator *e, const unsigned char *mark)
+{
+    const ck_decide_ctx *c = e->c;
+    e->mark = mark;
+    e->ids = e->nt;
+    e->rflops = 0;
+    const size_t nt = sizeof(int) * (size_t)e->nt;
+    memcpy(e->first, e->first0, nt);
+    memcpy(e->last, e->last0, nt);
+    memcpy(e->root, e->root0, nt);
+    memset(e->copy, 0xff, nt);
+    e->pos = e->pos0;
+    for (int i = 0; i < c->n; i++) {
+        const int v = c->nodes[i];
+        const pnode *nd = &e->nodes[v];
+        if (c->g->n[v].phase == CK_PHASE_FORWARD) continue;
+        int ins[CK_MAX_IN];
+        for (int j = 0; j < nd->nin; j++) ins[j] = marked(e, nd->in[j]) ? materialize(e, nd->in[j]) : nd->in[j];
+        entry(e, v, ins, nd->out);
+    }
+    if (c->retain)
+        for (int t = 0; t < e->nt; t++)
+            if (c->retain[t] && e->first[e->root[t]] >= 0) e->last[e->root[t]] = e->pos;
+}
+
+static int64_t bytes_of(const ck_evaluator *e, int id) { return e->bytes[id < e->nt ? id : e->origin[id]]; }
+
+static int is_persistent(const ck_evaluator *e, int id) { return id < e->nt && e->persistent[id]; }
+
+void ck_evaluator_free(ck_evaluator *e);
+
+/* the most bytes live at once, above the persistent ones */
+static int64_t sweep(ck_evaluator *e)
+{
+    memset(e->delta, 0, sizeof *e->delta * (size_t)(e->pos + 1));
+    for (int id = 0; id < e->ids; id++) {
+        if (e->first[id] < 0 || is_persistent(e, id)) continue;
+        const int64_t b = bytes_of(e, id);
+        e->delta[e->first[id]] += b;
+        e->delta[e->last[id] + 1] -= b;
+    }
+    int64_t live = 0, best = 0;
+    for (int i = 0; i < e->pos; i++) {
+        live += e->delta[i];
+        const int64_t here = live + (int64_t)e->ws[e->at[i]];
+        if (here > best) best = here;
+    }
+    return best;
+}
+
+/* the arena's high-water mark above the persistent region, as ck_plan_memory
+ * places the same list (the same buffers, ids and order) */
+static int64_t place(ck_evaluator *e)
+{
+    int nb = 0;
+    for (int id = 0; id < e->ids; id++) {
+        if (e->first[id] < 0 || is_persistent(e, id)) continue;
+        e->bufs[nb++] = (ck_place_buf){bytes_of(e, id), 0, e->first[id], e->last[id], id, 0};
+    }
+    for (int i = 0; i < e->pos; i++)
+        if (e->ws[e->at[i]]) e->bufs[nb++] = (ck_place_buf){(int64_t)e->ws[e->at[i]], 0, i, i, -1, 0};
+    e->top = ck_place(e->bufs, nb, e->pos + 1, ALIGN);
+    e->placed = e->top >= 0;
+    e->nplaced = nb;
+    for (int t = 0; t < e->nt; t++) e->placed_mark[t] = (unsigned char)marked(e, t);
+    return e->top;
+}
+
+/* whether the last placement was of decision mark */
+static int placed_for(const ck_evaluator *e, const unsigned char *mark)
+{
+    if (!e->placed) return 0;
+    for (int t = 0; t < e->nt; t++)
+        if (e->placed_mark[t] != (mark && mark[t] && e->markable[t])) return 0;
+    return 1;
+}
+
+int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark) { return !e->fallback && placed_for(e, mark); }
+
+int ck_evaluator_plan(ck_evaluator *e, const unsigned char *mark, ck_plan *pl)
+{
+    const ck_decide_ctx *c = e->c;
+    if (ck_schedule(pl, c->g, c->nodes, c->n, mark)) return -1;
+    ck_plan_known k = {0};
+    if (!e->fallback) {
+        k.ws_node = e->ws;
+        k.flops_node = e->flops;
+        if (placed_for(e, mark)) {
+            k.placed = e->bufs;
+            k.nplaced = e->nplaced;
+            k.top = e->top;
+        }
+    }
+    if (ck_plan_memory_known(pl, c->g, c->poff, c->persistent, c->retain, c->be, &k)) {
+        ck_plan_free(pl);
+        return -1;
+    }
+    return 0;
+}
+
+/* the old way, for lists whose optimizer entries move */
+static int evaluate_listed(const ck_decide_ctx *c, const unsigned char *mark, int exact, size_t *peak, double *flops)
+{
+    ck_plan pl;
+    if (ck_schedule(&pl, c->g, c->nodes, c->n, mark)) return -1;
+    int rc = 0;
+    if (exact) {
+        rc = ck_plan_memory(&pl, c->g, c->poff, c->persistent, c->retain, c->be);
+        *peak = pl.peak;
+        *flops = pl.recompute_flops;
+    } else {
+        *peak = ck_plan_live_peak(&pl, c->g, c->persistent, c->retain, c->be);
+        *flops = 0;
+        for (int i = 0; i < pl.n; i++)
+            if (pl.ops[i].phase == CK_PHASE_RECOMPUTE) *flops += ck_plan_op_flops(&pl, c->g, i);
+    }
+    ck_plan_free(&pl);
+    return rc;
+}
+
+size_t ck_evaluate_turn(ck_evaluator *e, const unsigned char *mark)
+{
+    size_t live = e->c->persistent;
+    if (e->fallback) return live;
+    e->mark = mark;
+    for (int k = 0; k < e->nturn; k++)
+        for (int j = e->turn_start[k]; j < e->turn_start[k + 1]; j++)
+            if (e->turn_t[j] < 0 || !marked(e, e->turn_t[j])) { /* a copy does not stand in for it */
+                live += (size_t)e->bytes[e->turn_root[k]];
+                break;
+            }
+    return live;
+}
+
+double ck_evaluator_flops(const ck_evaluator *e, int v) { return e->fallback ? 0 : e->flops[v]; }
+
+int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes)
+{
+    int k = 0;
+    for (int i = e->pos0; !e->fallback && i < e->pos; i++)
+        if (e->c->g->n[e->at[i]].phase == CK_PHASE_FORWARD) nodes[k++] = e->at[i];
+    return k;
+}
+
+int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops)
+{
+    if (e->fallback) return evaluate_listed(e->c, mark, exact, peak, flops);
+    walk(e, mark);
+    *flops = e->rflops;
+    if (!exact) {
+        *peak = e->c->persistent + (size_t)sweep(e);
+        return 0;
+    }
+    const int64_t top = place(e);
+    if (top < 0) return -1;
+    /* as ck_plan_memory: the transient region starts aligned above the persistent one */
+    const size_t base = (e->c->persistent + ALIGN - 1) / ALIGN * ALIGN;
+    *peak = top > 0 || e->pos ? base + (size_t)top : e->c->persistent;
+    return 0;
+}
+
+void ck_evaluator_free(ck_evaluator *e)
+{
+    if (!e) return;
+    free(e->bytes);
+    free(e->persistent);
+    free(e->markable);
+    free(e->nodes);
+    free(e->first0);
+    free(e->last0);
+    free(e->root0);
+    free(e->stack);
+    free(e->ws);
+    free(e->flops);
+    free(e->first);
+    free(e->last);
+    free(e->root);
+    free(e->origin);
+    free(e->copy);
+    free(e->delta);
+    free(e->at);
+    free(e->bufs);
+    free(e->placed_mark);
+    free(e->turn_root);
+    free(e->turn_start);
+    free(e->turn_t);
+    free(e);
+}
+
+/* the buffers that cross the turn unless what later entries read of them is
+ * marked (ck_evaluate_turn); first, last and copy serve as scratch */
+static int turn_buffers(ck_evaluator *e)
+{
+    const ck_decide_ctx *c = e->c;
+    const ck_graph *g = c->g;
+    int *later = e->copy, *count = e->last, *slot = e->first; /* per tensor; per root; per root */
+    memset(later, 0, sizeof(int) * (size_t)e->nt);
+    for (int i = 0; i < c->n; i++) {
+        const ck_node *nd = &g->n[c->nodes[i]];
+        if (nd->phase == CK_PHASE_FORWARD) continue;
+        for (int j = 0; j < nd->nin; j++) later[nd->in[j]] = 1;
+    }
+    for (int t = 0; t < e->nt; t++) {
+        count[t] = 0;
+        if (c->retain && c->retain[t]) later[t] = 2;
+    }
+    int total = 0;
+    for (int t = 0; t < e->nt; t++) {
+        const int r = e->root0[t];
+        if (!later[t] || e->persistent[t] || e->first0[r] < 0) continue;
+        if (!count[r]++) e->nturn++;
+        total++;
+    }
+    e->turn_root = malloc(sizeof(int) * (size_t)(e->nturn ? e->nturn : 1));
+    e->turn_start = malloc(sizeof(int) * (size_t)(e->nturn + 1));
+    e->turn_t = malloc(sizeof(int) * (size_t)(total ? total : 1));
+    if (!e->turn_root || !e->turn_start || !e->turn_t) return -1;
+    int k = 0, at = 0;
+    for (int r = 0; r < e->nt; r++) {
+        if (!count[r]) continue;
+        e->turn_root[k] = r;
+        e->turn_start[k++] = at;
+        slot[r] = at;
+        at += count[r];
+    }
+    e->turn_start[k] = at;
+    for (int t = 0; t < e->nt; t++) {
+        const int r = e->root0[t];
+        if (!later[t] || e->persistent[t] || e->first0[r] < 0) continue;
+        e->turn_t[slot[r]++] = later[t] == 2 ? -1 : t;
+    }
+    return 0;
+}
+
+ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
+{
+    ck_evaluator *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    const ck_graph *g = c->g;
+    e->c = c;
+    e->nt = g->nt;
+    e->fallback = g->fused_updates || g->comm_overlap;
+    if (e->fallback) return e;
+    /* a list holds each node once and each forward node at most once more,
+     * recomputed, with a copy of each of its outputs */
+    int nfwd = 0, nout = 0;
+    for (int i = 0; i < c->n; i++) {
+        const ck_node *nd = &g->n[c->nodes[i]];
+        if (nd->phase != CK_PHASE_FORWARD) continue;
+        nfwd++;
+        nout += nd->nout;
+    }
+    e->maxpos = c->n + nfwd;
+    e->cap = g->nt + nout;
+    const size_t nt = (size_t)(g->nt ? g->nt : 1), nn = (size_t)(g->nn ? g->nn : 1), cap = (size_t)(e->cap ? e->cap : 1);
+    e->bytes = malloc(sizeof *e->bytes * nt);
+    e->ws = calloc(nn, sizeof *e->ws);
+    e->flops = calloc(nn, sizeof *e->flops);
+    e->first = malloc(sizeof(int) * cap);
+    e->last = malloc(sizeof(int) * cap);
+    e->root = malloc(sizeof(int) * cap);
+    e->origin = malloc(sizeof(int) * cap);
+    e->copy = malloc(sizeof(int) * nt);
+    e->delta = malloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
+    e->at = malloc(sizeof(int) * (size_t)(e->maxpos + 1));
+    e->bufs = malloc(sizeof *e->bufs * (cap + (size_t)e->maxpos));
+    e->persistent = malloc(nt);
+    e->markable = malloc(nt);
+    e->nodes = malloc(sizeof *e->nodes * nn);
+    e->first0 = malloc(sizeof(int) * nt);
+    e->last0 = malloc(sizeof(int) * nt);
+    e->root0 = malloc(sizeof(int) * nt);
+    e->stack = malloc(sizeof *e->stack * (size_t)(nfwd ? nfwd : 1));
+    e->placed_mark = malloc(nt);
+    if (!e->bytes || !e->ws || !e->flops || !e->first || !e->last || !e->root || !e->origin || !e->copy || !e->delta ||
+        !e->at || !e->bufs || !e->persistent || !e->markable || !e->nodes || !e->first0 || !e->last0 || !e->root0 ||
+        !e->stack || !e->placed_mark) {
+        ck_evaluator_free(e);
+        return NULL;
+    }
+    for (int t = 0; t < g->nt; t++) {
+        const ck_tensor *x = &g->t[t];
+        e->bytes[t] = (int64_t)ck_tensor_bytes(x);
+        e->persistent[t] = (unsigned char)ck_is_persistent(x->kind);
+        e->markable[t] = x->node >= 0 && g->n[x->node].phase == CK_PHASE_FORWARD;
+    }
+    /* an entry's workspace and FLOPs depend on its node alone (a recomputed
+     * copy has its origin's shape and type): each is taken once, from a list
+     * of that node's entry */
+    ck_plan one = {0};
+    ck_op_ref ref;
+    one.n = 1;
+    one.ops = &ref;
+    one.ntensors = g->nt;
+    one.origin = e->copy; /* the identity, for the graph's own ids */
+    for (int t = 0; t < g->nt; t++) e->copy[t] = t;
+    for (int i = 0; i < c->n; i++) {
+        const int v = c->nodes[i];
+        const ck_node *nd = &g->n[v];
+        ref = (ck_op_ref){.node = v, .phase = nd->phase, .nin = nd->nin, .nout = nd->nout};
+        memcpy(ref.in, nd->in, sizeof ref.in);
+        memcpy(ref.out, nd->out, sizeof ref.out);
+        e->ws[v] = ck_plan_entry_workspace(&one, g, 0, c->be);
+        e->flops[v] = ck_plan_op_flops(&one, g, 0);
+        pnode *pn = &e->nodes[v];
+        pn->nin = (signed char)nd->nin;
+        pn->nout = (signed char)nd->nout;
+        pn->reshape = nd->op == CK_OP_RESHAPE;
+        memcpy(pn->in, nd->in, sizeof pn->in);
+        memcpy(pn->out, nd->out, sizeof pn->out);
+    }
+    /* the forward entries, walked once */
+    for (int t = 0; t < g->nt; t++) {
+        e->first[t] = e->last[t] = -1;
+        e->root[t] = t;
+    }
+    e->pos = 0;
+    for (int i = 0; i < c->n; i++)
+        if (g->n[c->nodes[i]].phase == CK_PHASE_FORWARD) entry(e, c->nodes[i], g->n[c->nodes[i]].in, g->n[c->nodes[i]].out);
+    e->pos0 = e->pos;
+    memcpy(e->first0, e->first, sizeof(int) * nt);
+    memcpy(e->last0, e->last, sizeof(int) * nt);
+    memcpy(e->root0, e->root, sizeof(int) * nt);
+    return turn_buffers(e) ? (ck_evaluator_free(e), NULL) : e;
+}

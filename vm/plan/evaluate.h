@@ -1,0 +1,41 @@
+/* The peak and recompute FLOPs of checkpoint decisions, evaluated without
+ * building their op lists (vm/plan/evaluate.c), for the searches of
+ * vm/plan/policy.c. */
+#ifndef CK_EVALUATE_H
+#define CK_EVALUATE_H
+
+#include "plan/plan.h"
+
+typedef struct ck_evaluator ck_evaluator;
+
+/* An evaluator for the decisions of c (c must outlive it); NULL out of memory. */
+ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c);
+void ck_evaluator_free(ck_evaluator *e);
+
+/* The decision mark (per graph tensor, 1: recompute; NULL: none) as the
+ * scheduler would list it: the recompute FLOPs, and the peak: exact, the
+ * arena's high-water mark as ck_plan_memory would place it; otherwise the most
+ * bytes live at once (ck_plan_live_peak), a lower bound. 0, or -1 out of memory. */
+int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops);
+
+/* A lower bound of ck_evaluate's live peak for mark, found without walking
+ * the list: the persistent bytes and the buffers forward entries make that
+ * must outlive the turn to backward (a later entry reads one of the tensors
+ * they hold, and it is not marked, or one is retained). */
+size_t ck_evaluate_turn(ck_evaluator *e, const unsigned char *mark);
+/* The FLOPs of node v's entry. */
+double ck_evaluator_flops(const ck_evaluator *e, int v);
+/* The nodes the last ck_evaluate recomputed, in list order, into nodes
+ * (room for every forward node); their count. */
+int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes);
+
+/* 1 when the last exact evaluation was of decision mark. */
+int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark);
+
+/* The op list and memory plan of decision mark (ck_schedule, then
+ * ck_plan_memory), with the workspaces and FLOPs the evaluator took once, and
+ * its placement when its last exact evaluation was of mark (the same plan, to
+ * the byte, without placing twice). 0, or -1 out of memory (pl empty). */
+int ck_evaluator_plan(ck_evaluator *e, const unsigned char *mark, ck_plan *pl);
+
+#endif

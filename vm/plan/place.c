@@ -1,0 +1,250 @@
+/* Offsets for buffers with live ranges: largest first, each in the
+ * best-fitting gap among the buffers live at the same time. The bytes those
+ * buffers take come from a segment tree over list positions whose nodes keep
+ * unions of offset ranges, so a placement costs what the unions' pieces cost,
+ * not one look at every buffer placed before it. */
+#include "plan/place.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Offsets inside the tree count units of the alignment (a coarser power of
+ * two of it only when the buffers together pass 2^32 units, 256 GiB at 64
+ * bytes), so that a range takes 8 bytes. */
+typedef uint32_t unit;
+
+/* A union of offset ranges [lo, hi): sorted, disjoint, touching ranges joined. */
+typedef struct span {
+    unit lo, hi;
+} span;
+
+/* The arrays of spans live in one pool, addressed by index (0: none); an
+ * array of n spans has room for the next power of two at least n (2 at
+ * least), and a free list per size takes arrays back (its link in the
+ * array's first span). Hundreds of thousands of small arrays, without a
+ * malloc header each, all given back at once. */
+typedef struct pool {
+    span *v;
+    uint32_t used, cap;
+    uint32_t free[32];
+} pool;
+
+static uint32_t pool_get(pool *p, int k)
+{
+    const uint32_t size = (uint32_t)1 << k;
+    if (p->free[k]) {
+        const uint32_t at = p->free[k];
+        p->free[k] = p->v[at].lo;
+        return at;
+    }
+    if ((uint64_t)p->used + size > p->cap) {
+        if ((uint64_t)p->used + size > UINT32_MAX / 2) return 0;
+        uint32_t cap = p->cap ? 2 * p->cap : 1 << 16;
+        while ((uint64_t)p->used + size > cap) cap *= 2;
+        span *v = realloc(p->v, sizeof *v * (size_t)cap);
+        if (!v) return 0;
+        p->v = v;
+        p->cap = cap;
+    }
+    const uint32_t at = p->used;
+    p->used += size;
+    return at;
+}
+
+static void pool_put(pool *p, uint32_t at, int k)
+{
+    p->v[at].lo = p->free[k];
+    p->free[k] = at;
+}
+
+static int log2_of(uint32_t n)
+{
+    int k = 0;
+    while (((uint32_t)1 << k) < n) k++;
+    return k;
+}
+
+/* one union: n spans from pool index at */
+typedef struct spans {
+    uint32_t at, n;
+} spans;
+
+static int spans_add(pool *p, spans *s, unit lo, unit hi)
+{
+    span *v = p->v + s->at;
+    uint32_t a = 0, b = s->n; /* the first range that ends at or after lo */
+    while (a < b) {
+        const uint32_t m = (a + b) / 2;
+        if (v[m].hi < lo) a = m + 1;
+        else b = m;
+    }
+    uint32_t j = a;
+    for (; j < s->n && v[j].lo <= hi; j++) {
+        if (v[j].lo < lo) lo = v[j].lo;
+        if (v[j].hi > hi) hi = v[j].hi;
+    }
+    if (j == a) { /* joins none: a new range at a */
+        if (s->n < 2 ? !s->at : (s->n & (s->n - 1)) == 0) { /* full: twice the room */
+            const int k = s->n < 2 ? 1 : log2_of(2 * s->n);
+            const uint32_t at = pool_get(p, k);
+            if (!at) return -1;
+            if (s->at) {
+                memcpy(p->v + at, p->v + s->at, sizeof *p->v * s->n);
+                pool_put(p, s->at, k - 1);
+            }
+            s->at = at;
+            v = p->v + at;
+        }
+        memmove(v + a + 1, v + a, sizeof *v * (s->n - a));
+        s->n++;
+    } else if (j > a + 1) {
+        memmove(v + a + 1, v + j, sizeof *v * (s->n - j));
+        s->n -= j - a - 1;
+    }
+    v[a] = (span){lo, hi};
+    return 0;
+}
+
+/* A segment tree over list positions, its nodes laid out depth first (the
+ * node of [lo, hi] has its left child next, its right child 2 (mid - lo + 1)
+ * on): 2 npos - 1 nodes. Per node: cover, the bytes of buffers whose range
+ * splits onto the node (they are live at every position under it); below,
+ * the bytes of every buffer split onto the node or a node under it (at a
+ * leaf, cover itself). The buffers live at some position of [first, last]
+ * are then those in below of the range's canonical nodes and in cover of the
+ * nodes above them. */
+typedef struct node {
+    spans cover, below;
+} node;
+
+typedef struct tree {
+    node *n;
+    pool pool;
+    spans found[4 * 32]; /* a query's sets: at most 2 canonical and 2 partial nodes a level */
+    int nfound;
+} tree;
+
+static spans *below(node *x, int lo, int hi) { return lo == hi ? &x->cover : &x->below; }
+
+static void collect(tree *t, int v, int lo, int hi, int first, int last)
+{
+    if (last < lo || hi < first) return;
+    node *x = &t->n[v];
+    if (first <= lo && hi <= last) {
+        const spans *b = below(x, lo, hi);
+        if (b->n) t->found[t->nfound++] = *b;
+        return;
+    }
+    if (x->cover.n) t->found[t->nfound++] = x->cover;
+    const int mid = lo + (hi - lo) / 2;
+    collect(t, v + 1, lo, mid, first, last);
+    collect(t, v + 2 * (mid - lo + 1), mid + 1, hi, first, last);
+}
+
+static int insert(tree *t, int v, int lo, int hi, int first, int last, unit a, unit b)
+{
+    if (last < lo || hi < first) return 0;
+    node *x = &t->n[v];
+    if (spans_add(&t->pool, below(x, lo, hi), a, b)) return -1;
+    if (lo == hi) return 0;
+    if (first <= lo && hi <= last) return spans_add(&t->pool, &x->cover, a, b);
+    const int mid = lo + (hi - lo) / 2;
+    return insert(t, v + 1, lo, mid, first, last, a, b) || insert(t, v + 2 * (mid - lo + 1), mid + 1, hi, first, last, a, b);
+}
+
+/* The best fit for need units among the found sets' union: the lowest offset
+ * of the smallest gap that holds it, or the union's end. The sets are merged
+ * by their ranges' starts (a heap of each set's next range). */
+static unit best_fit(const tree *t, unit need)
+{
+    int heap[4 * 32], hn = 0;
+    uint32_t pos[4 * 32];
+    const span *v = t->pool.v;
+    const spans *f = t->found;
+#define HEAD(q) v[f[q].at + pos[q]].lo
+    for (int q = 0; q < t->nfound; q++) {
+        pos[q] = 0;
+        int x = hn++;
+        while (x && HEAD(heap[(x - 1) / 2]) > HEAD(q)) {
+            heap[x] = heap[(x - 1) / 2];
+            x = (x - 1) / 2;
+        }
+        heap[x] = q;
+    }
+    unit at = 0, best = 0, best_gap = 0;
+    int found = 0;
+    while (hn) {
+        int q = heap[0];
+        const span s = v[f[q].at + pos[q]++];
+        if (s.lo >= at && s.lo - at >= need && (!found || s.lo - at < best_gap)) {
+            best = at;
+            best_gap = s.lo - at;
+            found = 1;
+        }
+        if (s.hi > at) at = s.hi;
+        if (pos[q] == f[q].n && (q = heap[--hn], hn == 0)) break;
+        const unit key = HEAD(q);
+        int i = 0;
+        for (;;) {
+            int c = 2 * i + 1;
+            if (c >= hn) break;
+            if (c + 1 < hn && HEAD(heap[c + 1]) < HEAD(heap[c])) c++;
+            if (HEAD(heap[c]) >= key) break;
+            heap[i] = heap[c];
+            i = c;
+        }
+        heap[i] = q;
+    }
+#undef HEAD
+    return found ? best : at;
+}
+
+static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+static int by_size(const void *pa, const void *pb)
+{
+    const ck_place_buf *x = pa, *y = pb;
+    const int64_t nx = x->need, ny = y->need;
+    if (nx != ny) return nx > ny ? -1 : 1;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align)
+{
+    int64_t total = 0; /* the most any offset can be */
+    for (int b = 0; b < nb; b++) {
+        bufs[b].need = align_up(bufs[b].size, align);
+        total += bufs[b].need;
+    }
+    int64_t grid = align;
+    while (total / grid >= (int64_t)UINT32_MAX) grid *= 2;
+    if (grid != align)
+        for (int b = 0; b < nb; b++) bufs[b].need = align_up(bufs[b].size, grid);
+    qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
+    const int nodes = npos > 0 ? 2 * npos - 1 : 1;
+    tree t = {calloc((size_t)nodes, sizeof(node)), {0}, {{0}}, 0};
+    t.pool.used = 1; /* index 0 stays unused: it means none */
+    if (!t.n) return -1;
+    int64_t top = 0;
+    for (int b = 0; b < nb; b++) {
+        const unit need = (unit)(bufs[b].need / grid);
+        if (need == 0) { /* a buffer of no bytes takes none */
+            bufs[b].off = 0;
+            continue;
+        }
+        t.nfound = 0;
+        collect(&t, 0, 0, npos - 1, bufs[b].first, bufs[b].last);
+        const unit off = best_fit(&t, need);
+        bufs[b].off = (int64_t)off * grid;
+        /* the high-water mark counts the bytes used, not the alignment after them */
+        if (bufs[b].off + bufs[b].size > top) top = bufs[b].off + bufs[b].size;
+        if (insert(&t, 0, 0, npos - 1, bufs[b].first, bufs[b].last, off, off + need)) {
+            top = -1;
+            break;
+        }
+    }
+    free(t.pool.v);
+    free(t.n);
+    return top;
+}

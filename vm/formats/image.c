@@ -39,6 +39,10 @@
 /* the largest chunk libpng may allocate for (a text chunk, an ICC profile,
  * once inflated): libpng's own default, set whatever the build says */
 #define PNG_CHUNK_MAX 8000000
+/* the most text chunks a PNG may hold before its image data (as many as
+ * ck_image_write_png_at writes): libpng keeps them in an array it grows 8 at
+ * a time, and drops those past its chunk cache without an error */
+#define PNG_MAX_TEXT 1024
 
 struct jpeg_err {
     struct jpeg_error_mgr pub;
@@ -68,6 +72,7 @@ struct ck_image_reader {
     char msg[400];     /* a library's error, for the longjmp back */
     char warn[200];    /* libpng's last warning, which often says why its error came */
     char mem_err[300]; /* a charge refused to libpng's allocator */
+    int cache_full;    /* libpng dropped a text chunk past PNG_MAX_TEXT */
     jmp_buf jb;
     int started;
     int row, pass, passes;
@@ -240,7 +245,9 @@ static void png_err_fn(png_structp png, png_const_charp msg)
 static void png_warn_fn(png_structp png, png_const_charp msg)
 {
     ck_image_reader *r = png_get_error_ptr(png);
-    if (r) snprintf(r->warn, sizeof r->warn, "%s", msg);
+    if (!r) return;
+    snprintf(r->warn, sizeof r->warn, "%s", msg);
+    if (strstr(msg, "no space in chunk cache")) r->cache_full = 1;
 }
 
 static void pngw_warn_fn(png_structp png, png_const_charp msg)
@@ -332,7 +339,11 @@ static int png_open(ck_image_reader *r, int64_t max_pixels, char *err, size_t er
     png_set_read_fn(r->png, r, png_read_fn);
     png_set_user_limits(r->png, CK_IMAGE_MAX_WIDTH, 0x7fffffff);
     png_set_chunk_malloc_max(r->png, PNG_CHUNK_MAX);
+    /* libpng stores up to its cache less 2 and warns at the next */
+    png_set_chunk_cache_max(r->png, PNG_MAX_TEXT + 2);
     png_read_info(r->png, r->info);
+    if (r->cache_full)
+        return fail(err, errlen, r->path, "a PNG of more than %d text chunks, which is not supported", PNG_MAX_TEXT);
     /* libpng skips a text chunk it could not get memory for: refused here,
      * rather than read without it */
     if (r->mem_err[0]) return fail(err, errlen, r->path, "%s", r->mem_err);

@@ -233,6 +233,18 @@ static int size_ok(ck_image_reader *r, uint64_t w, uint64_t h, int64_t max_pixel
     return 0;
 }
 
+/* The decoded pixels, charged and made by a format's first step after its
+ * decoder's own charge, so that a refusal allocates nothing. */
+static int make_pixels(ck_image_reader *r, char *err, size_t errlen)
+{
+    char what[96];
+    snprintf(what, sizeof what, "the decoded pixels of %dx%d", r->w, r->h);
+    if (take(r, (uint64_t)r->w * (uint64_t)r->h * 3, what, err, errlen)) return -1;
+    if (!(r->rgb = malloc((size_t)r->w * (size_t)r->h * 3)))
+        return fail(err, errlen, r->path, "out of memory for %s", what);
+    return 0;
+}
+
 /* ---- PNG */
 
 static void png_err_fn(png_structp png, png_const_charp msg)
@@ -368,6 +380,7 @@ static int png_step(ck_image_reader *r, char *err, size_t errlen)
     if (!r->started) {
         /* the row buffers, charged through the allocator as libpng makes them */
         r->started = 1;
+        if (make_pixels(r, err, errlen)) return -1;
         r->passes = png_set_interlace_handling(r->png);
         png_read_update_info(r->png, r->info);
         if (png_get_rowbytes(r->png, r->info) != (size_t)r->w * 3 || png_get_bit_depth(r->png, r->info) != 8)
@@ -524,7 +537,7 @@ static int jpeg_step(ck_image_reader *r, char *err, size_t errlen)
          * jpeg_start_decompress would have, but in steps. */
         r->jmulti = jpeg_has_multiple_scans(&r->jd);
         const uint64_t need = jpeg_need(&r->jd, r->jmulti);
-        if (take(r, need, "the JPEG decoder's memory", err, errlen)) return -1;
+        if (take(r, need, "the JPEG decoder's memory", err, errlen) || make_pixels(r, err, errlen)) return -1;
         /* libjpeg has no backing store here: the coefficients must fit in
          * memory, and this is what it may take for them */
         r->jd.mem->max_memory_to_use = (long)(need + ((uint64_t)16 << 20));
@@ -548,7 +561,7 @@ static int jpeg_step(ck_image_reader *r, char *err, size_t errlen)
             if (rc == JPEG_REACHED_SOS && r->jd.input_scan_number > CK_IMAGE_MAX_SCANS)
                 return fail(err, errlen, r->path, "a JPEG of more than %d scans, which is not supported (a "
                             "progressive file has about ten)", CK_IMAGE_MAX_SCANS);
-            blocks += rc == JPEG_ROW_COMPLETED ? jpeg_row_blocks(&r->jd) : 1;
+            blocks += rc == JPEG_ROW_COMPLETED || rc == JPEG_SCAN_COMPLETED ? jpeg_row_blocks(&r->jd) : 1;
         }
         if (tick(r, blocks, 1)) return stop_fail(r, err, errlen);
         return 1;
@@ -740,7 +753,8 @@ static int webp_step(ck_image_reader *r, char *err, size_t errlen)
     if (!r->started) {
         /* the decoder keeps the file's bytes, and a lossless or alpha image whole */
         const uint64_t wh = (uint64_t)r->w * (uint64_t)r->h;
-        if (take(r, r->riff + (r->webp_whole ? wh * 4 : (uint64_t)r->w * 64), "the WebP decoder's memory", err, errlen))
+        if (take(r, r->riff + (r->webp_whole ? wh * 4 : (uint64_t)r->w * 64), "the WebP decoder's memory", err, errlen) ||
+            make_pixels(r, err, errlen))
             return -1;
         r->started = 1;
         if (!(r->wdata = malloc((size_t)r->riff))) return fail(err, errlen, r->path, "out of memory");
@@ -928,18 +942,6 @@ int ck_image_read_step(ck_image_reader *r, char *err, size_t errlen)
     if (r->done) return 0;
     /* libpng and libjpeg cannot go on once they have failed */
     if (r->failed) return r->stopped ? stop_fail(r, err, errlen) : fail(err, errlen, r->path, "decoding failed before");
-    if (!r->rgb && !r->job) {
-        char what[96];
-        snprintf(what, sizeof what, "the decoded pixels of %dx%d", r->w, r->h);
-        if (take(r, (uint64_t)r->w * (uint64_t)r->h * 3, what, err, errlen)) {
-            r->failed = 1;
-            return -1;
-        }
-        if (!(r->rgb = malloc((size_t)r->w * (size_t)r->h * 3))) {
-            r->failed = 1;
-            return fail(err, errlen, r->path, "out of memory for %s", what);
-        }
-    }
     int rc = -1;
     switch (r->format) {
     case CK_IMAGE_PNG: rc = png_step(r, err, errlen); break;

@@ -197,11 +197,15 @@ static void src_skip(ck_image_reader *r, uint64_t n)
     r->pos = r->len = 0;
 }
 
+/* charges n bytes for what, named with its size in a refusal */
 static int take(ck_image_reader *r, uint64_t n, const char *what, char *err, size_t errlen)
 {
     if (!r->charge.take) return 0;
-    char msg[300];
-    if (n > SIZE_MAX || r->charge.take(r->charge.ud, (size_t)n, what, msg, sizeof msg))
+    char msg[300], named[160];
+    if (n >= ((uint64_t)1 << 30)) snprintf(named, sizeof named, "%s (%.1f GiB)", what, (double)n / 1073741824.0);
+    else if (n >= ((uint64_t)1 << 20)) snprintf(named, sizeof named, "%s (%.1f MiB)", what, (double)n / 1048576.0);
+    else snprintf(named, sizeof named, "%s (%llu bytes)", what, (unsigned long long)n);
+    if (n > SIZE_MAX || r->charge.take(r->charge.ud, (size_t)n, named, msg, sizeof msg))
         return fail(err, errlen, r->path, "%s", n > SIZE_MAX ? "decoder memory too large" : msg);
     r->charged += (size_t)n;
     return 0;

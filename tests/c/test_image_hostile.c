@@ -12,7 +12,8 @@
  * the thread to finish; 1024 text chunks read and 1025 are refused.
  *
  * With --write DIR it only writes the large hostile files that
- * tests/sh/test_image_interrupt.sh runs ckrun on. */
+ * tests/sh/test_decoder_interrupt.sh runs ckrun on; with --corpus DIR, the
+ * small ones of tests/fuzz/corpus/image. */
 #define _GNU_SOURCE
 #include "formats/image.h"
 #include "image_gen.h"
@@ -450,9 +451,49 @@ static int write_large(const char *to)
     return 0;
 }
 
+/* small files of each shape for tests/fuzz/corpus/image (besides the
+ * reference images of tests/data/image) */
+static int write_corpus(const char *to)
+{
+    snprintf(dir, sizeof dir, "%s", to);
+    gbuf b = {0};
+    char path[200];
+    const jpeg_spec s420 = {61, 37, 3, {2, 1, 1}, {2, 1, 1}}, gray = {64, 64, 1, {1}, {1}};
+    jpeg_make(&b, &s420, JPEG_INTERLEAVED, 0);
+    put(&b, "jpeg_one_scan_420.jpg", path, sizeof path);
+    jpeg_make(&b, &s420, JPEG_PER_COMPONENT, 0);
+    put(&b, "jpeg_three_scans_420.jpg", path, sizeof path);
+    jpeg_make(&b, &s420, JPEG_PROGRESSIVE, 3);
+    put(&b, "jpeg_progressive_420.jpg", path, sizeof path);
+    jpeg_make(&b, &gray, JPEG_PROGRESSIVE, 40);
+    put(&b, "jpeg_progressive_41_scans.jpg", path, sizeof path);
+    jpeg_header_only(&b, 65500, 65500);
+    put(&b, "jpeg_header_65500.jpg", path, sizeof path);
+    for (int k = 0; k < 3; k++) {
+        static const char *names[] = {"png_empty_chunks_before.png", "png_empty_idats.png", "png_empty_chunks_after.png"};
+        png_empty_chunks(&b, 200, k);
+        put(&b, names[k], path, sizeof path);
+    }
+    png_black(&b, 40, 30, 2, 1);
+    put(&b, "png_black_interlaced.png", path, sizeof path);
+    png_black(&b, 3, 70, 4, 0);
+    put(&b, "png_black_gray_alpha.png", path, sizeof path);
+    png_head(&b, 2147483647u, 1, 16, 6, 0);
+    png_chunk(&b, "IEND", NULL, 0);
+    put(&b, "png_header_2147483647x1.png", path, sizeof path);
+    webp_zero_bits(&b, 64, 48, 0);
+    put(&b, "webp_zero_bits.webp", path, sizeof path);
+    webp_zero_bits(&b, 64, 48, 1);
+    put(&b, "webp_zero_bits_vp8x.webp", path, sizeof path);
+    webp_zero_bits(&b, 16384, 16384, 0);
+    put(&b, "webp_zero_bits_16384.webp", path, sizeof path);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--write")) return write_large(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "--corpus")) return write_corpus(argv[2]);
     snprintf(dir, sizeof dir, "/tmp/ck_test_image_hostile.XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_declared_sizes();

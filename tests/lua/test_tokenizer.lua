@@ -213,6 +213,19 @@ write("badmerges/vocab.json", assert(io.open(D .. "clip_l/vocab.json", "rb")):re
 write("badmerges/merges.txt", "#version: 0.2\na b\nc d e\n")
 raises("a merges line of three tokens names the file and line", "badmerges/merges%.txt': merges line 3",
   ck.clip_tokenizer, {dir = tmp .. "/badmerges"})
+ck.mkdir(tmp .. "/badtj")
+write("badtj/tokenizer.json", '{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}')
+raises("a tokenizer.json that is no BPE names the file and says so", "badtj/tokenizer%.json': tokenizer%.json: model%.type is \"Unigram\"",
+  ck.clip_tokenizer, {dir = tmp .. "/badtj"})
+write("badtj/tokenizer.json", '{"model": {"type": "BPE", "end_of_word_suffix": "</w>", "vocab": {"a": 0}, "merges": ["a"]}}')
+raises("a tokenizer.json merge of one token names its index", "badtj/tokenizer%.json': .*model%.merges%[0%] is neither",
+  ck.clip_tokenizer, {dir = tmp .. "/badtj"})
+write("badtj/vocab.json", '{"a": 0}')
+raises("vocab.json without merges.txt: the folder's tokenizer.json is what loads", "badtj/tokenizer%.json': .*model%.merges",
+  ck.clip_tokenizer, {dir = tmp .. "/badtj"})
+os.remove(tmp .. "/badtj/tokenizer.json")
+raises("vocab.json without merges.txt and no tokenizer.json", "badtj/merges%.txt': No such file or directory %(and",
+  ck.clip_tokenizer, {dir = tmp .. "/badtj"})
 local gz = assert(io.open(D .. "bpe_small.txt.gz", "rb")):read("a")
 raises("a truncated .gz names the file", "short%.gz': not a valid gzip file: it ends before",
   ck.clip_tokenizer, {bpe = write("short.gz", gz:sub(1, #gz // 2))})
@@ -230,12 +243,40 @@ raises("invalid UTF-8 names the byte", "not valid UTF%-8 %(byte 3%)", l.encode, 
 raises("max_token_length not a multiple of 75", "multiple of 75", l.encode_chunks, l, "x", 100)
 raises("max_length below 2", "max_length must be", l.encode, l, "x", {max_length = 1})
 
+-- encode.models: --tokenizer in place of the base's folders, --caption-fix to both
+do
+  local encode = require "ck.encode"
+  ck.mkdir(tmp .. "/given")
+  write("given/vocab.json", '{"!": 0, "a": 1, "a</w>": 2, "<|startoftext|>": 3, "<|endoftext|>": 4}')
+  write("given/merges.txt", "#version: 0.2\n")
+  local base = {file = "base.safetensors", tokenizer = D .. "clip_l", tokenizer_2 = D .. "clip_g"}
+  local m = encode.models{base = base}
+  T.ok(m.tokenizer_l.vocab_size == ref.vocab_size and m.tokenizer_g.pad == 0 and m.tokenizer_l.caption_fix == "ftfy"
+    and m.id:find("caption_fix ftfy", 1, true),
+    "encode.models: the base's tokenizer folders, ftfy by default (and in the cache id)")
+  m = encode.models{base = base, tokenizer = tmp .. "/given", caption_fix = "none"}
+  T.ok(m.tokenizer_l.vocab_size == 5 and m.tokenizer_g.vocab_size == 5 and m.tokenizer_g.pad == 0 and
+    m.tokenizer_l.caption_fix == "none" and m.tokenizer_g.caption_fix == "none" and m.id:find("tokenizer ", 1, true)
+    and not m.id:find("caption_fix", 1, true),
+    "encode.models: --tokenizer DIR replaces the base's folders (tokenizer_2 padding with \"!\"), --caption-fix none")
+  m = encode.models{base = base, tokenizer = D .. "clip_l_tf5/tokenizer.json"}
+  T.ok(m.tokenizer_l.vocab_size == ref.vocab_size and m.tokenizer_g.pad == 0,
+    "encode.models: --tokenizer a tokenizer.json")
+  m = encode.models{base = {file = "b", tokenizer = D .. "clip_l_tf5", tokenizer_2 = D .. "clip_g_tf5"}}
+  T.ok(m.tokenizer_l.pad == ref.eos and m.tokenizer_g.pad == 0, "encode.models: a base whose folders hold only tokenizer.json")
+  local ok, err = pcall(encode.models, {base = base, caption_fix = "nfkc"})
+  T.ok(not ok and tostring(err):find("caption%-fix must be ftfy or none"), "encode.models: a bad caption fix (" ..
+    tostring(err) .. ")")
+  raises("a caption fix ck.clip_tokenizer does not know", "caption_fix must be \"ftfy\" or \"none\"",
+    ck.clip_tokenizer, {dir = D .. "clip_l", caption_fix = "nfkc"})
+end
+
 -- options are read raw: a metatable on the options table is not consulted
 local opts = setmetatable({}, {__index = function() error("options read through __index") end})
 T.ok(pcall(l.encode, l, "x", opts), "encode's options are read raw")
 
 -- the scratch folder goes
-for _, d in ipairs{"badjson", "badmerges"} do
+for _, d in ipairs{"badjson", "badmerges", "given", "badtj"} do
   for _, n in ipairs(ck.listdir(tmp .. "/" .. d) or {}) do os.remove(tmp .. "/" .. d .. "/" .. n) end
   os.remove(tmp .. "/" .. d)
 end

@@ -1,5 +1,5 @@
-# The fuzz harnesses (tests/fuzz): the safetensors reader, script loading and
-# dataset samples.
+# The fuzz harnesses (tests/fuzz): the safetensors reader, script loading,
+# dataset samples and the tokenizer's file readers.
 #
 # Always: each harness with a plain main (tests/fuzz/replay_main.c) against
 # the library, and a test that replays its seed corpus and past findings
@@ -13,7 +13,7 @@
 # uninstrumented.
 option(CK_FUZZ "build the libFuzzer harnesses (needs clang)" OFF)
 
-foreach(h safetensors script dataset)
+foreach(h safetensors script dataset tokenizer)
   add_executable(fuzz_replay_${h} tests/fuzz/fuzz_${h}.c tests/fuzz/replay_main.c)
   target_compile_options(fuzz_replay_${h} PRIVATE "SHELL:-idirafter ${CMAKE_SOURCE_DIR}/vm")
   target_link_libraries(fuzz_replay_${h} PRIVATE ck_static)
@@ -48,6 +48,13 @@ if(CK_FUZZ)
   target_link_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_safetensors PRIVATE ${JANSSON_LIB} m)
 
+  # the tokenizer's readers: its own files, jansson, ICU and zlib
+  add_executable(fuzz_tokenizer EXCLUDE_FROM_ALL tests/fuzz/fuzz_tokenizer.c vm/text/clip_bpe.c vm/text/ftfy.c vm/text/text_file.c)
+  target_compile_options(fuzz_tokenizer PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
+  target_include_directories(fuzz_tokenizer PRIVATE ${JANSSON_INCLUDE} ${ICU_INCLUDE})
+  target_link_options(fuzz_tokenizer PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_tokenizer PRIVATE ${JANSSON_LIB} ${ICUUC_LIB} ${ZLIB_LIB} Threads::Threads m)
+
   foreach(h fuzz_script fuzz_dataset)
     add_executable(${h} EXCLUDE_FROM_ALL tests/fuzz/${h}.c $<TARGET_OBJECTS:ck_fuzz_objs>)
     target_compile_options(${h} PRIVATE ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
@@ -56,5 +63,5 @@ if(CK_FUZZ)
     target_link_options(${h} PRIVATE -fsanitize=fuzzer,address,undefined)
     target_link_libraries(${h} PRIVATE ${LUA_LINK_LIBRARIES} ${OPENBLAS_LIB} ${JANSSON_LIB} ${ICUUC_LIB} ${ZLIB_LIB} OpenMP::OpenMP_C Threads::Threads m)
   endforeach()
-  add_custom_target(fuzz_harnesses DEPENDS fuzz_safetensors fuzz_script fuzz_dataset)
+  add_custom_target(fuzz_harnesses DEPENDS fuzz_safetensors fuzz_script fuzz_dataset fuzz_tokenizer)
 endif()

@@ -14,6 +14,7 @@ own; VERSIONS.txt records what made each file:
     /tmp/venv-tf4/bin/python tests/ref/make_tokenizer_ref.py --ftfy-tables
     python3 -m venv /tmp/venv-tf5 && /tmp/venv-tf5/bin/pip install 'transformers>=5'
     /tmp/venv-tf5/bin/python tests/ref/make_tokenizer_ref.py --tf5
+    /tmp/venv-tf4/bin/python tests/ref/make_tokenizer_ref.py --fuzz-corpus
 
 Default mode (ftfy hidden from transformers, so that it takes its no-ftfy
 path): --bpe is open_clip's bpe_simple_vocab_16e6.txt.gz (default: the one in
@@ -43,6 +44,10 @@ and without ftfy, for the by-hand check (tests/ref/full_vocab_check.lua).
 character classes for mojibake detection, the single-byte encodings it
 re-encodes text in (Python's codecs, with ftfy's "sloppy" variants), its
 ligatures and its HTML entity names.
+
+--fuzz-corpus: tests/fuzz/corpus/tokenizer, the seeds of
+tests/fuzz/fuzz_tokenizer.c (made from the small vocabulary and the hard
+captions; needs neither transformers version).
 
 --tf5: clip_l_tf5/ and clip_g_tf5/: the two folders loaded by transformers 5's
 CLIPTokenizer and saved again, as transformers 5 saves a diffusers folder's
@@ -452,6 +457,81 @@ def tf5_folders():
     print("clip_l_tf5/, clip_g_tf5/ written")
 
 
+def fuzz_corpus():
+    """tests/fuzz/corpus/tokenizer: fuzz_tokenizer's seeds. Byte 0 picks the
+    reader (0 gzip, 1 vocab.json NUL merges.txt, 2 tokenizer.json, 3 a bpe
+    merges text, 4 a caption), byte 1 the guard (0x80 | k: refuse past 4k KiB,
+    0x40 | k: stop at poll k, else none), the rest is the file."""
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus", "tokenizer")
+    os.makedirs(out, exist_ok=True)
+    for f in glob.glob(os.path.join(out, "*")):
+        os.remove(f)
+    vocab_all = json.load(open(os.path.join(OUT, "clip_l", "vocab.json"), encoding="utf-8"))
+    merges_all = open(os.path.join(OUT, "clip_l", "merges.txt"), encoding="utf-8").read().split("\n")[1:]
+    merges = [m for m in merges_all[:60] if m]
+    keep = [k for k in vocab_all if len(k) == 1][:96] + ["".join(m.split()) for m in merges]
+    vocab = {k: i for i, k in enumerate(dict.fromkeys(keep))}
+    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
+    vj = json.dumps(vocab, ensure_ascii=False, separators=(",", ":")).encode()
+    big = dict(vocab, **{f"t{i}": len(vocab) + i for i in range(8000)})
+    big_vocab = json.dumps(big, separators=(",", ":")).encode()
+    mt = ("#version: 0.2\n" + "\n".join(merges) + "\n").encode()
+    tj = lambda merges_form, extra="": json.dumps(json.loads(
+        '{"added_tokens": [{"id": %d, "content": "<|endoftext|>", "special": true}]%s, "model": {"type": "BPE", '
+        '"end_of_word_suffix": "</w>", "continuing_subword_prefix": "", "vocab": %s, "merges": %s}}'
+        % (vocab["<|endoftext|>"], extra, vj.decode(), json.dumps(merges_form))), ensure_ascii=False).encode()
+
+    def gz(b, mtime=0):
+        import io
+        buf = io.BytesIO()
+        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=mtime) as f:
+            f.write(b)
+        return buf.getvalue()
+
+    seeds = {
+        "gz_merges": (0, 0, gz(mt)),
+        "gz_two_members": (0, 0, gz(mt[:40]) + gz(mt[40:])),
+        "gz_zero_padded": (0, 0, gz(mt) + b"\0" * 16),
+        "gz_bomb_true_size": (0, 0, gz(b"\0" * (2 << 20))),
+        "gz_bomb_lying": (0, 0, gz(b"\0" * (2 << 20))[:-4] + b"\x10\0\0\0"),
+        "gz_cut": (0, 0, gz(mt)[:30]),
+        "gz_not_gzip": (0, 0, mt),
+        "gz_limit": (0, 0x81, gz(mt * 40)),
+        "gz_stop": (0, 0x41, gz(b"a b\n" * (1 << 17))),
+        "vocab_merges": (1, 0, vj + b"\0" + mt),
+        "vocab_limit": (1, 0x81, vj + b"\0" + mt),
+        # past 64 KiB of JSON and 4096 entries, where the readers poll (longer than
+        # the fuzzer's inputs: for the replay)
+        "vocab_stop": (1, 0x41, big_vocab + b"\0" + mt),
+        "vocab_stop_table": (1, 0x42, big_vocab + b"\0" + mt),
+        "vocab_duplicate": (1, 0, b'{"a": 0, "a": 1}\0#v\n'),
+        "vocab_negative": (1, 0, b'{"a": -1}\0#v\n'),
+        "vocab_not_json": (1, 0, b'{"a": 0,\0#v\n'),
+        "vocab_no_specials": (1, 0, b'{"a": 0}\0#v\na b\n'),
+        "vocab_nested": (1, 0, b"[" * 3000 + b"\0#v\n"),
+        "vocab_merges_three": (1, 0, vj + b"\0#v\na b c\n"),
+        "vocab_merges_long": (1, 0, vj + b"\0#v\n" + b"a" * 1100 + b" b\n"),
+        "tokenizer_json_pairs": (2, 0, tj([m.split() for m in merges])),
+        "tokenizer_json_strings": (2, 0, tj(merges)),
+        "tokenizer_json_added": (2, 0, tj(merges, ', "x": 1').replace(b'"special": true}]', b'"special": true}, {"id": 9999, "content": "<|pad|>"}]')),
+        "tokenizer_json_conflict": (2, 0, tj(merges).replace(b'"id": %d' % vocab["<|endoftext|>"], b'"id": 3')),
+        "tokenizer_json_unigram": (2, 0, b'{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}'),
+        "tokenizer_json_wordpiece": (2, 0, b'{"model": {"type": "BPE", "end_of_word_suffix": "", "continuing_subword_prefix": "##", "vocab": {}, "merges": []}}'),
+        "tokenizer_json_bad_merge": (2, 0, tj(["a"])),
+        "tokenizer_json_stop": (2, 0x42, b'{"model": {"type": "BPE", "end_of_word_suffix": "</w>", "merges": [], "vocab": '
+                                + big_vocab + b"}}"),
+        "bpe_text": (3, 0, mt),
+        "bpe_header_only": (3, 0, b"#version: 0.2\n"),
+        "bpe_bad_line": (3, 0, b"#v\na b c\n"),
+    }
+    for i, text in enumerate(hard_captions()[:120:3]):
+        seeds[f"caption_{i:02d}"] = (4, 0, text.encode("utf-8"))
+    for name, (mode, how, body) in seeds.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(bytes([mode, how]) + body)
+    print(f"{len(seeds)} seeds in {out}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     found = glob.glob("/work/venv-ref/lib/python3*/site-packages/open_clip/bpe_simple_vocab_16e6.txt.gz")
@@ -461,7 +541,10 @@ def main():
     ap.add_argument("--ftfy", action="store_true")
     ap.add_argument("--ftfy-tables", action="store_true")
     ap.add_argument("--tf5", action="store_true")
+    ap.add_argument("--fuzz-corpus", action="store_true")
     a = ap.parse_args()
+    if a.fuzz_corpus:
+        return fuzz_corpus()
     if a.ftfy:
         return ftfy_cases(a)
     if a.ftfy_tables:

@@ -373,6 +373,9 @@ static int finish(ck_clip_bpe *t, const char *what, char *err, size_t errlen)
         oom(t, err, errlen, what);
         return -1;
     }
+    /* built: the guard's poll (the caller's, for this load) is not kept */
+    t->g.poll = NULL;
+    t->g.pud = NULL;
     return 0;
 }
 

@@ -199,7 +199,7 @@ static void tokenizer_json(void)
              "\"<|pad|>\"}], \"model\": {\"type\": \"BPE\", \"end_of_word_suffix\": \"</w>\", \"continuing_subword_prefix\": "
              "\"\", \"vocab\": %s, \"merges\": [[\"c\", \"a\"], \"ca t</w>\"]}}",
              vocab);
-    json_t *j = ck_text_json(text, strlen(text), NULL, err, sizeof err);
+    json_t *j = ck_text_json(text, strlen(text), NULL, NULL, err, sizeof err);
     ck_clip_bpe *t = j ? ck_clip_bpe_from_tokenizer_json(j, NULL, err, sizeof err) : NULL;
     json_decref(j);
     check("tokenizer.json: loads (merges as [\"a\", \"b\"] and as \"a b\")", t != NULL, 0);
@@ -252,7 +252,7 @@ static void tokenizer_json(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char what[200];
         snprintf(what, sizeof what, "tokenizer.json refused: %s", bad[i][1]);
-        j = ck_text_json(bad[i][0], strlen(bad[i][0]), NULL, err, sizeof err);
+        j = ck_text_json(bad[i][0], strlen(bad[i][0]), NULL, NULL, err, sizeof err);
         t = j ? ck_clip_bpe_from_tokenizer_json(j, NULL, err, sizeof err) : NULL;
         json_decref(j);
         check(what, !t && strstr(err, bad[i][1]) && !strchr(err, '\n'), 0);
@@ -458,7 +458,7 @@ static void hostile_files(void)
     size_t dn = 1 << 20;
     char *deep = malloc(dn);
     memset(deep, '[', dn);
-    json_t *j = ck_text_json(deep, dn, NULL, err, sizeof err);
+    json_t *j = ck_text_json(deep, dn, NULL, NULL, err, sizeof err);
     check("json: a million nested lists are refused", !j && strstr(err, "line 1"), 0);
     json_decref(j);
     memcpy(deep, "{\"k\": \"", 7);
@@ -466,7 +466,7 @@ static void hostile_files(void)
     memcpy(deep + dn - 2, "\"}", 2);
     counting jc = {0};
     g = guard_of(&jc);
-    j = ck_text_json(deep, dn, &g, err, sizeof err);
+    j = ck_text_json(deep, dn, &g, NULL, err, sizeof err);
     check("json: a 1 MiB string parses, polled every 64 KiB",
           j && json_string_length(json_object_get(j, "k")) == dn - 9 && jc.polls >= 14, (double)jc.polls);
     json_decref(j);

@@ -129,7 +129,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t mn = nul ? n - vn - 1 : 0;
         t = ck_clip_bpe_from_files(in, vn, m, mn, &g, err, sizeof err);
     } else if (mode == 2) {
-        json_t *j = ck_text_json(in, n, &g, err, sizeof err);
+        json_t *j = ck_text_json(in, n, &g, NULL, err, sizeof err);
         check(j || (err[0] && !strchr(err, '\n')), "refused JSON has a one-line message");
         if (j) t = ck_clip_bpe_from_tokenizer_json(j, &g, err, sizeof err);
         json_decref(j);

@@ -144,20 +144,33 @@ static int read_whole(lua_State *L, box *b, const char *path, ck_text_buf *out, 
 }
 
 /* The JSON text in buf parsed into b->json, its values charged to the
- * budget (refused: once more after a full collection). Raises naming path. */
+ * budget (refused: once more after a full collection; then the refusal
+ * names what the whole text would take, from what the part read took).
+ * Raises naming path. */
 static json_t *parse_json(lua_State *L, box *b, const char *path, const ck_text_buf *buf)
 {
     char err[256];
     for (int tries = 0;; tries++) {
+        size_t read = 0;
         ck_lua_json_charge_begin(L, &b->jc);
-        b->json = ck_text_json(buf->p, buf->len, &b->g, err, sizeof err);
+        b->json = ck_text_json(buf->p, buf->len, &b->g, &read, err, sizeof err);
         ck_lua_json_charge_end(&b->jc);
         if (!b->jc.refused) break;
         json_decref(b->json);
         b->json = NULL;
+        const size_t took = b->jc.charged;
         ck_lua_json_give(&b->jc);
         if (tries) {
-            ck_lua_raise(L, "clip_tokenizer: '%s': %s", path, b->jc.err);
+            const double whole = (double)took * ((double)buf->len / (double)(read ? read : 1));
+            const size_t need = whole > (double)took ? (whole < (double)SIZE_MAX / 2 ? (size_t)whole : SIZE_MAX / 2) : took;
+            char what[96], size[32], msg[320];
+            ck_mem_text(buf->len, size, sizeof size);
+            snprintf(what, sizeof what, "the values of its %s of JSON", size);
+            if (ck_text_take(&b->g, need, what, msg, sizeof msg) == 0) {
+                ck_text_give(&b->g, need);
+                snprintf(msg, sizeof msg, "%s", b->jc.err);
+            }
+            ck_lua_raise(L, "clip_tokenizer: '%s': %s", path, msg);
             return NULL;
         }
         lua_gc(L, LUA_GCCOLLECT);

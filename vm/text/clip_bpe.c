@@ -426,7 +426,7 @@ ck_clip_bpe *ck_clip_bpe_from_files(const char *vocab, size_t vlen, const char *
                                     const ck_text_guard *g, char *err, size_t errlen)
 {
     char why[256];
-    json_t *v = ck_text_json(vocab, vlen, g, why, sizeof why);
+    json_t *v = ck_text_json(vocab, vlen, g, NULL, why, sizeof why);
     if (!v) {
         if (!strcmp(why, CK_TEXT_STOPPED)) fail(err, errlen, "%s", why);
         else fail(err, errlen, "vocab.json is not JSON (%s)", why);

@@ -227,11 +227,12 @@ static size_t read_piece(void *buf, size_t len, void *ud)
     return k;
 }
 
-json_t *ck_text_json(const char *s, size_t n, const ck_text_guard *g, char *err, size_t errlen)
+json_t *ck_text_json(const char *s, size_t n, const ck_text_guard *g, size_t *read, char *err, size_t errlen)
 {
     reader r = {s, n, 0, 0, g, 0};
     json_error_t je;
     json_t *j = json_load_callback(read_piece, &r, JSON_REJECT_DUPLICATES, &je);
+    if (read) *read = r.off;
     if (r.stopped) {
         json_decref(j);
         fail(err, errlen, "%s", CK_TEXT_STOPPED);

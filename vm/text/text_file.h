@@ -61,7 +61,9 @@ int ck_text_gunzip(const char *in, size_t n, size_t cap, const ck_text_guard *g,
 /* The JSON text s (n bytes) parsed by jansson, duplicate keys refused,
  * handed to it a piece at a time with a poll between pieces. NULL with a
  * message ("line L: what"). The values are jansson's: a caller that charges
- * them does so around this call (vm/lua/lua_ck.h's ck_lua_json_charge). */
-json_t *ck_text_json(const char *s, size_t n, const ck_text_guard *g, char *err, size_t errlen);
+ * them does so around this call (vm/lua/lua_ck.h's ck_lua_json_charge), and
+ * learns from *read (NULL: not wanted) how much of the text they came from
+ * when a charge stopped the parse. */
+json_t *ck_text_json(const char *s, size_t n, const ck_text_guard *g, size_t *read, char *err, size_t errlen);
 
 #endif

@@ -38,11 +38,16 @@ PY
 head -c $((100 << 20)) /dev/zero | gzip -1 > bomb.gz
 cp bomb.gz liar.gz
 printf '\000\020\000\000' | dd of=liar.gz bs=1 seek=$(( $(stat -c %s liar.gz) - 4 )) conv=notrunc 2> /dev/null
-mkdir big big_json
-awk 'BEGIN { printf "{\"<|startoftext|>\": 0, \"<|endoftext|>\": 1"
-             for (i = 2; i < 1000000; i++) printf ", \"tok%07d\": %d", i, i
-             print "}" }' > big/vocab.json
+mkdir big big_json small
+vocab() { # N: a vocab.json of N entries
+  awk -v n="$1" 'BEGIN { printf "{\"<|startoftext|>\": 0, \"<|endoftext|>\": 1"
+                         for (i = 2; i < n; i++) printf ", \"tok%07d\": %d", i, i
+                         print "}" }'
+}
+vocab 1000000 > big/vocab.json
+vocab 1000 > small/vocab.json
 printf '#version: 0.2\n' > big/merges.txt
+cp big/merges.txt small/
 { printf '{"model": {"type": "BPE", "end_of_word_suffix": "</w>", "merges": [], "vocab": '
   cat big/vocab.json; printf '}}\n'; } > big_json/tokenizer.json
 
@@ -106,11 +111,10 @@ for entry in "a gzip bomb|bpe|liar.gz" "a 21 MB vocab.json|dir|big" "a 21 MB tok
   ok $? "--callback-budget 1000000 stops $name inside ck.call_limited (${took} ms, exit $rc: $(head -c 160 err))"
 done
 
-# and the vocabulary loads where nothing limits it: the files are good ones
-start=$(ms)
-timeout 60 "$CK" load.lua dir big > out 2> err; rc=$?
-[ $rc = 0 ] && grep -q "^loaded.1000000$" out
-ok $? "the 21 MB vocab.json loads without limits ($(( $(ms) - start )) ms, exit $rc: $(head -c 160 err))"
+# and the same vocabulary, smaller, loads: the files are good ones
+timeout 60 "$CK" load.lua dir small > out 2> err; rc=$?
+[ $rc = 0 ] && grep -q "^loaded.1000$" out
+ok $? "the generator's vocab.json of 1000 entries loads (exit $rc: $(head -c 160 err))"
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -601,7 +601,7 @@ bad:
 
 void ck_clip_scratch_free(ck_clip_scratch *s)
 {
-    for (int i = 0; i < 8; i++) {
+    for (size_t i = 0; i < sizeof s->buf / sizeof s->buf[0]; i++) {
         free(s->buf[i]);
         s->buf[i] = NULL;
         s->cap[i] = 0;
@@ -625,7 +625,7 @@ static void *grow(ck_clip_scratch *s, int i, size_t n)
     return p;
 }
 
-enum { S_CP, S_U16, S_NFC, S_LOWER, S_UTF8, S_WORD, S_SYMS, S_KEY };
+enum { S_CP, S_U16, S_NFC, S_LOWER, S_UTF8, S_WORD, S_SYMS, S_KEY, S_HEAP, S_ROUND };
 
 /* ---- UTF-8 */
 
@@ -988,78 +988,157 @@ static int next_piece(const char *s, size_t n, size_t *pos, size_t *start, size_
 
 /* ---- the merges */
 
-typedef struct sym {
-    uint32_t s, e; /* the symbol's bytes in the word buffer */
-} sym;
+/* A symbol of the word being merged: its bytes w[s, e), its neighbours in
+ * the list (NONE at the ends) and a version that changes when it takes in
+ * its right neighbour (0 when it was taken in). */
+#define NONE UINT32_MAX
+typedef struct node {
+    uint32_t s, e, prev, next, ver;
+} node;
+
+/* an adjacent pair (left, right) of rank rank, as the two were when it was found */
+typedef struct cand {
+    int32_t rank;
+    uint32_t left, right, vl, vr;
+} cand;
 
 /* the rank of the pair (a, b), or INT32_MAX */
-static int32_t pair_rank(const ck_clip_bpe *t, const char *w, sym a, sym b, char *key)
+static int32_t pair_rank(const ck_clip_bpe *t, const char *w, const node *a, const node *b, char *key)
 {
-    size_t la = a.e - a.s, lb = b.e - b.s;
-    memcpy(key, w + a.s, la);
+    size_t la = a->e - a->s, lb = b->e - b->s;
+    if (la + 1 + lb > MAX_MERGE_KEY) return INT32_MAX; /* longer than any merge read */
+    memcpy(key, w + a->s, la);
     key[la] = ' ';
-    memcpy(key + la + 1, w + b.s, lb);
+    memcpy(key + la + 1, w + b->s, lb);
     int32_t r = table_get(t, &t->ranks, key, la + 1 + lb);
     return r < 0 ? INT32_MAX : r;
 }
 
-static int same(const char *w, sym a, uint32_t s, uint32_t e)
+/* a min-heap of candidates by rank, then by left position */
+static int cand_less(const cand *a, const cand *b) { return a->rank < b->rank || (a->rank == b->rank && a->left < b->left); }
+
+static void heap_push(cand *h, size_t *n, cand c)
 {
-    return a.e - a.s == e - s && !memcmp(w + a.s, w + s, e - s);
+    size_t i = (*n)++;
+    while (i > 0 && cand_less(&c, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+static cand heap_pop(cand *h, size_t *n)
+{
+    cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && cand_less(&h[c + 1], &h[c])) c++;
+        if (!cand_less(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+/* the pair (left, next[left]) as a candidate, where the merges rank it */
+static void push_pair(const ck_clip_bpe *t, const char *w, const node *nd, uint32_t left, cand *h, size_t *nh, char *key)
+{
+    if (left == NONE || nd[left].next == NONE) return;
+    uint32_t right = nd[left].next;
+    int32_t r = pair_rank(t, w, &nd[left], &nd[right], key);
+    if (r != INT32_MAX) heap_push(h, nh, (cand){r, left, right, nd[left].ver, nd[right].ver});
+}
+
+/* whether the pair is still as it was found */
+static int still(const node *nd, const cand *c)
+{
+    return nd[c->left].ver == c->vl && nd[c->right].ver == c->vr && nd[c->left].next == c->right;
+}
+
+static int cmp_left(const void *a, const void *b)
+{
+    uint32_t x = ((const cand *)a)->left, y = ((const cand *)b)->left;
+    return (x > y) - (x < y);
 }
 
 /* BPE of one piece (n bytes of cleaned text); each symbol emitted. -1 out
- * of memory, 1 stopped by emit, 0 done. */
+ * of memory, 1 stopped by emit, 0 done.
+ *
+ * The slow tokenizer's loop: the lowest-ranked adjacent pair, every
+ * occurrence of it merged left to right (not overlapping), again until no
+ * pair is ranked. Done with a heap of the pairs and a list of the symbols,
+ * so a word costs n log n, not n^2: each round takes every candidate of the
+ * lowest rank (all occurrences of that one pair), merges those still as
+ * they were in left-to-right order, and only then adds the pairs the merges
+ * made, as the slow tokenizer looks for the next pair only after a pass. */
 static int bpe_piece(const ck_clip_bpe *t, const char *p, size_t n, ck_clip_scratch *s, ck_clip_emit emit,
                      void *eud, ck_clip_poll poll, void *pud)
 {
+    if (n >= NONE / 4) return -1;
     char *w = grow(s, S_WORD, 2 * n + 8);
-    sym *sy = grow(s, S_SYMS, (n + 1) * sizeof(sym));
-    char *key = grow(s, S_KEY, 4 * n + 16);
-    if (!w || !sy || !key) return -1;
+    node *nd = grow(s, S_SYMS, (n + 1) * sizeof(node));
+    char *key = grow(s, S_KEY, 2 * MAX_MERGE_KEY + 16);
+    cand *h = grow(s, S_HEAP, (3 * n + 4) * sizeof(cand));
+    cand *round = grow(s, S_ROUND, (3 * n + 4) * sizeof(cand));
+    if (!w || !nd || !key || !h || !round) return -1;
     uint32_t wl = 0;
-    size_t ns = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char b = (unsigned char)p[i];
-        sy[ns].s = wl;
+        nd[i] = (node){wl, 0, i ? (uint32_t)i - 1 : NONE, i + 1 < n ? (uint32_t)i + 1 : NONE, 1};
         memcpy(w + wl, t->byte_enc[b], t->byte_enc_len[b]);
         wl += t->byte_enc_len[b];
-        sy[ns++].e = wl;
+        nd[i].e = wl;
     }
     memcpy(w + wl, "</w>", 4);
-    wl += 4;
-    sy[ns - 1].e = wl;
+    nd[n - 1].e = wl + 4;
+    size_t nh = 0;
+    for (uint32_t i = 0; i + 1 < n; i++) push_pair(t, w, nd, i, h, &nh, key);
     long long work = 0;
-    while (ns > 1) {
-        int32_t best = INT32_MAX;
-        size_t bi = 0;
-        for (size_t i = 0; i + 1 < ns; i++) {
-            int32_t r = pair_rank(t, w, sy[i], sy[i + 1], key);
-            if (r < best) best = r, bi = i;
+    while (nh) {
+        cand c = heap_pop(h, &nh);
+        if (!still(nd, &c)) continue;
+        /* the round: every candidate of this rank (all occurrences of one
+         * pair: a rank names one pair), those still as found */
+        size_t nr = 0;
+        round[nr++] = c;
+        while (nh && h[0].rank == c.rank) {
+            cand d = heap_pop(h, &nh);
+            if (still(nd, &d)) round[nr++] = d;
         }
-        if (best == INT32_MAX) break;
-        uint32_t fs = sy[bi].s, fe = sy[bi].e, ss = sy[bi + 1].s, se = sy[bi + 1].e;
-        size_t j = 0;
-        for (size_t i = 0; i < ns;) {
-            if (i + 1 < ns && same(w, sy[i], fs, fe) && same(w, sy[i + 1], ss, se)) {
-                sy[j].s = sy[i].s;
-                sy[j++].e = sy[i + 1].e;
-                i += 2;
-            } else {
-                sy[j++] = sy[i++];
-            }
+        /* left to right (a merge keeps the left index, so list order is
+         * index order); one that a merge to its left took in, or a
+         * duplicate of one merged, is no longer as found */
+        qsort(round, nr, sizeof *round, cmp_left);
+        size_t merged = 0;
+        for (size_t k = 0; k < nr; k++) {
+            if (!still(nd, &round[k])) continue;
+            uint32_t l = round[k].left, r = round[k].right;
+            nd[l].e = nd[r].e;
+            nd[l].next = nd[r].next;
+            if (nd[r].next != NONE) nd[nd[r].next].prev = l;
+            nd[r].ver = 0;
+            nd[l].ver++;
+            round[merged++].left = l;
         }
-        ns = j;
-        work += (long long)ns;
+        /* then the pairs the merges made */
+        for (size_t k = 0; k < merged; k++) {
+            uint32_t l = round[k].left;
+            push_pair(t, w, nd, nd[l].prev, h, &nh, key);
+            push_pair(t, w, nd, l, h, &nh, key);
+        }
+        work += (long long)nr + 1;
         if (poll && work > 4096) {
             poll(pud, work);
             work = 0;
         }
     }
-    for (size_t i = 0; i < ns; i++) {
-        int32_t id = table_get(t, &t->vocab, w + sy[i].s, sy[i].e - sy[i].s);
+    for (uint32_t i = 0; i != NONE; i = nd[i].next) {
+        int32_t id = table_get(t, &t->vocab, w + nd[i].s, nd[i].e - nd[i].s);
         if (id < 0) id = t->unk;
-        if (emit(eud, id, w + sy[i].s, sy[i].e - sy[i].s)) return 1;
+        if (emit(eud, id, w + nd[i].s, nd[i].e - nd[i].s)) return 1;
     }
     return 0;
 }

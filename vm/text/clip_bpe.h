@@ -73,8 +73,8 @@ typedef struct ck_clip_bpe ck_clip_bpe;
  * into it, so a poll callback that never returns (a longjmp) leaks nothing
  * as long as the caller frees the scratch later. */
 typedef struct ck_clip_scratch {
-    void *buf[8];
-    size_t cap[8];
+    void *buf[10];
+    size_t cap[10];
     ck_ftfy_scratch ft;
 } ck_clip_scratch;
 void ck_clip_scratch_free(ck_clip_scratch *s);

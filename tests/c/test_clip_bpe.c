@@ -209,7 +209,7 @@ static void bpe_reference(char merges[][2][64], int nm, const char *word, char *
                 strcpy(sym[k++], joined);
                 i += 2;
             } else {
-                if (k != i) strcpy(sym[k], sym[i]);
+                if (k != i) memmove(sym[k], sym[i], sizeof sym[0]);
                 k++, i++;
             }
         }
@@ -253,7 +253,7 @@ static void merges_as_the_slow_loop(void)
             memcpy(tmp, merges[i], sizeof tmp), memcpy(merges[i], merges[j], sizeof tmp), memcpy(merges[j], tmp, sizeof tmp);
         }
         size_t k = (size_t)sprintf(text, "#version: 0.2\n");
-        for (int r = 0; r < nm; r++) k += (size_t)sprintf(text + k, "%s %s\n", merges[r][0], merges[r][1]);
+        for (int r = 0; r < nm; r++) k += (size_t)snprintf(text + k, sizeof text - k, "%s %s\n", merges[r][0], merges[r][1]);
         char err[256];
         ck_clip_bpe *t = ck_clip_bpe_from_merges(text, k, NULL, err, sizeof err);
         if (!t) {

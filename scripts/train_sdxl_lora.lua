@@ -39,8 +39,10 @@ local spec = {
    "samples, or the synthetic set", arg = "DIR|synthetic"},
   {"pretrained-model-name-or-path", "string", nil, "the base model: an SDXL single-file checkpoint or a diffusers " ..
    "folder (UNet, VAE, text encoders, tokenizers)", arg = "PATH"},
-  {"tokenizer", "string", nil, "CLIP's BPE vocabulary for a base model without tokenizer folders (open_clip's " ..
-   "bpe_simple_vocab_16e6.txt.gz) or a tokenizer folder", arg = "FILE|DIR"},
+  {"tokenizer", "string", nil, "CLIP's tokenizer for both encoders, in place of the base's folders: open_clip's " ..
+   "bpe_simple_vocab_16e6.txt.gz, a tokenizer folder or a tokenizer.json", arg = "FILE|DIR"},
+  {"caption-fix", "choice", "ftfy", "captions cleaned before tokenizing by ftfy's fix_text (as kohya's installs do) " ..
+   "or not", choices = {"ftfy", "none"}},
   {"cache-latents-to-disk", "flag", false, "keep the encoded images on disk (ckrun always does: beside the images, " ..
    "or in --cache-dir)"},
   {"cache-dir", "string", nil, "where the encoded images go (default: beside the images)", arg = "DIR"},
@@ -311,7 +313,7 @@ end
 local sampler, models
 if sample_prompts and dp_rank == 0 then -- rank 0 renders the job's samples
   models = require("ck.encode").models{base = base, seed = seed, tokenizer = o.tokenizer,
-                                       max_token_length = max_token_length}
+                                       max_token_length = max_token_length, caption_fix = o["caption-fix"]}
   sampler = require("ck.sampling").new{prompts = sample_prompts, models = models, config = config,
     tokens = models.tokens,
     lora = not full and {rank = rank, alpha = alpha, targets = targets, conv_rank = conv_rank, conv_alpha = conv_alpha,
@@ -365,7 +367,8 @@ if images then
   settings_img = imagedata.settings(io_opts)
   local set = imagedata.scan(o.data, settings_img.scan)
   local plan = imagedata.assign(set, imagedata.buckets(settings_img.buckets))
-  models = models or encode.models{base = base, seed = seed, tokenizer = o.tokenizer, max_token_length = max_token_length}
+  models = models or encode.models{base = base, seed = seed, tokenizer = o.tokenizer, max_token_length = max_token_length,
+                                   caption_fix = o["caption-fix"]}
   tokens = models.tokens
   -- the encoders' widths must be the UNet's
   local width = models.text_l.hidden_size + models.text_g.hidden_size

@@ -50,6 +50,7 @@ typedef struct rd {
     long long work;
     char *err;
     size_t errlen;
+    const char *msg; /* the message being read, for errors */
 } rd;
 
 static int fail(rd *r, const char *fmt, ...)
@@ -73,7 +74,7 @@ static int varint(rd *r, uint64_t *v)
     const size_t start = at(r);
     uint64_t x = 0;
     for (int i = 0; i < 10; i++) {
-        if (r->p == r->end) return fail(r, "a varint at byte %zu is cut off by the end of its message", start);
+        if (r->p == r->end) return fail(r, "a varint at byte %zu is cut off by the end of its %s", start, r->msg);
         const unsigned b = *r->p++;
         if (i == 9 && b > 1) return fail(r, "a varint at byte %zu has bits past 64", start);
         x |= (uint64_t)(b & 0x7F) << (7 * i);
@@ -92,14 +93,19 @@ static int tag(rd *r, uint32_t *field, int *wire)
     uint64_t t;
     if (varint(r, &t)) return -1;
     *wire = (int)(t & 7);
-    if ((t >> 3) == 0 || (t >> 3) > 0x1FFFFFFF) return fail(r, "a field at byte %zu has number %llu (protobuf's are 1 to 2^29-1)", start, (unsigned long long)(t >> 3));
+    if ((t >> 3) == 0 || (t >> 3) > 0x1FFFFFFF)
+        return fail(r, "a field of %s at byte %zu has number %llu (protobuf's are 1 to 2^29-1)", r->msg, start,
+                    (unsigned long long)(t >> 3));
     *field = (uint32_t)(t >> 3);
     if (*wire == W_SGROUP || *wire == W_EGROUP)
-        return fail(r, "field %u at byte %zu is a group (wire type %d), which sentencepiece models never hold", *field, start, *wire);
-    if (*wire > W_I32) return fail(r, "field %u at byte %zu has wire type %d (protobuf's are 0 to 5)", *field, start, *wire);
+        return fail(r, "%s field %u at byte %zu is a group (wire type %d), which sentencepiece models never hold", r->msg, *field,
+                    start, *wire);
+    if (*wire > W_I32) return fail(r, "%s field %u at byte %zu has wire type %d (protobuf's are 0 to 5)", r->msg, *field, start, *wire);
     tick(r);
     return 0;
 }
+
+static const char *describe(const rd *r, uint32_t f, char *buf, size_t len);
 
 /* a length-delimited field's bytes: [*s, *s + *n), within its message */
 static int bytes(rd *r, const uint8_t **s, size_t *n, uint32_t field)
@@ -110,8 +116,11 @@ static int bytes(rd *r, const uint8_t **s, size_t *n, uint32_t field)
     *n = 0;
     if (varint(r, &len)) return -1;
     if (len > (uint64_t)(r->end - r->p))
-        return fail(r, "field %u at byte %zu declares %llu bytes where %zu remain in its message", field, start,
-                    (unsigned long long)len, (size_t)(r->end - r->p));
+    {
+        char d[96];
+        return fail(r, "%s at byte %zu declares %llu bytes where %zu remain in its message", describe(r, field, d, sizeof d),
+                    start, (unsigned long long)len, (size_t)(r->end - r->p));
+    }
     *s = r->p;
     *n = (size_t)len;
     r->p += len;
@@ -128,7 +137,10 @@ static int skip(rd *r, uint32_t field, int wire)
     case W_I64:
     case W_I32: {
         const size_t k = wire == W_I64 ? 8 : 4;
-        if ((size_t)(r->end - r->p) < k) return fail(r, "field %u at byte %zu is cut off by the end of its message", field, at(r));
+        if ((size_t)(r->end - r->p) < k) {
+            char d[96];
+            return fail(r, "%s at byte %zu is cut off by the end of its message", describe(r, field, d, sizeof d), at(r));
+        }
         r->p += k;
         return 0;
     }
@@ -136,19 +148,46 @@ static int skip(rd *r, uint32_t field, int wire)
     }
 }
 
-static int want(rd *r, uint32_t field, int wire, int expect, const char *msg, const char *name)
+/* "NormalizerSpec.precompiled_charsmap (field 2)" or "TrainerSpec field 17" */
+static const char *describe(const rd *r, uint32_t f, char *buf, size_t len)
+{
+    static const struct {
+        const char *msg;
+        uint32_t f;
+        const char *name;
+    } names[] = {
+        {"ModelProto", 1, "pieces"}, {"ModelProto", 2, "trainer_spec"}, {"ModelProto", 3, "normalizer_spec"},
+        {"ModelProto", 4, "self_test_data"}, {"ModelProto", 5, "denormalizer_spec"}, {"SentencePiece", 1, "piece"},
+        {"SentencePiece", 2, "score"}, {"SentencePiece", 3, "type"}, {"TrainerSpec", 3, "model_type"},
+        {"TrainerSpec", 35, "byte_fallback"}, {"NormalizerSpec", 1, "name"}, {"NormalizerSpec", 2, "precompiled_charsmap"},
+        {"NormalizerSpec", 3, "add_dummy_prefix"}, {"NormalizerSpec", 4, "remove_extra_whitespaces"},
+        {"NormalizerSpec", 5, "escape_whitespaces"}, {"NormalizerSpec", 6, "normalization_rule_tsv"},
+        {"SelfTestData", 1, "samples"}, {"SelfTestData.Sample", 1, "input"}, {"SelfTestData.Sample", 2, "expected"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].f == f && !strcmp(names[i].msg, r->msg)) {
+            snprintf(buf, len, "%s.%s (field %u)", r->msg, names[i].name, f);
+            return buf;
+        }
+    snprintf(buf, len, "%s field %u", r->msg, f);
+    return buf;
+}
+
+static int want(rd *r, uint32_t field, int wire, int expect)
 {
     static const char *const wires[] = {"a varint", "8 bytes", "length-delimited", "a group", "a group end", "4 bytes"};
     if (wire == expect) return 0;
-    return fail(r, "%s.%s (field %u) at byte %zu is %s, not %s", msg, name, field, at(r), wires[wire], wires[expect]);
+    char d[96];
+    return fail(r, "%s at byte %zu is %s, not %s", describe(r, field, d, sizeof d), at(r), wires[wire], wires[expect]);
 }
 
 /* a sub-message's reader over [s, s + n) */
-static rd sub(const rd *r, const uint8_t *s, size_t n)
+static rd sub(const rd *r, const uint8_t *s, size_t n, const char *msg)
 {
     rd q = *r;
     q.p = s;
     q.end = s + n;
+    q.msg = msg;
     return q;
 }
 
@@ -167,17 +206,17 @@ static int read_piece(rd *r, int index, ck_spm_piece *out)
         int w;
         if (tag(r, &f, &w)) return -1;
         if (f == 1) {
-            if (want(r, f, w, W_LEN, "piece", "piece") || bytes(r, &str, &slen, f)) return -1;
+            if (want(r, f, w, W_LEN) || bytes(r, &str, &slen, f)) return -1;
             has = 1;
         } else if (f == 2) {
-            if (want(r, f, w, W_I32, "piece", "score")) return -1;
+            if (want(r, f, w, W_I32)) return -1;
             if (r->end - r->p < 4) return fail(r, "piece %d's score at byte %zu is cut off", index, at(r));
             uint32_t u = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 | (uint32_t)r->p[3] << 24;
             memcpy(&out->score, &u, 4);
             r->p += 4;
         } else if (f == 3) {
             uint64_t v;
-            if (want(r, f, w, W_VARINT, "piece", "type") || varint(r, &v)) return -1;
+            if (want(r, f, w, W_VARINT) || varint(r, &v)) return -1;
             if (v < CK_SPM_NORMAL || v > CK_SPM_BYTE)
                 return fail(r, "piece %d has type %llu (sentencepiece's are 1 to 6)", index, (unsigned long long)v);
             out->type = (int)v;
@@ -217,7 +256,7 @@ static int read_trainer(rd *r, ck_spm_model *m)
         int w;
         if (tag(r, &f, &w)) return -1;
         const int expect = trainer_wire(f);
-        if (expect >= 0 && want(r, f, w, expect, "trainer_spec", "field")) return -1;
+        if (expect >= 0 && want(r, f, w, expect)) return -1;
         if (f == 3 || f == 35) {
             uint64_t v;
             if (varint(r, &v)) return -1;
@@ -244,13 +283,13 @@ static int read_normalizer(rd *r, ck_spm_model *m, int keep, const char *name)
         if (f == 1 || f == 2 || f == 6) {
             const uint8_t *s;
             size_t n;
-            if (want(r, f, w, W_LEN, name, f == 2 ? "precompiled_charsmap" : "string") || bytes(r, &s, &n, f)) return -1;
+            if (want(r, f, w, W_LEN) || bytes(r, &s, &n, f)) return -1;
             if (f == 2 && n > CK_SPM_MAX_CHARSMAP)
                 return fail(r, "%s.precompiled_charsmap is %zu bytes (at most %zu)", name, n, CK_SPM_MAX_CHARSMAP);
             if (f == 2 && keep) m->charsmap = n ? s : NULL, m->charsmap_len = n;
         } else if (f >= 3 && f <= 5) {
             uint64_t v;
-            if (want(r, f, w, W_VARINT, name, "flag") || varint(r, &v)) return -1;
+            if (want(r, f, w, W_VARINT) || varint(r, &v)) return -1;
             if (keep) *(f == 3 ? &m->add_dummy_prefix : f == 4 ? &m->remove_extra_whitespaces : &m->escape_whitespaces) = v != 0;
         } else if (skip(r, f, w)) {
             return -1;
@@ -270,13 +309,13 @@ static int read_selftest(rd *r)
         if (f == 1) {
             const uint8_t *s;
             size_t n;
-            if (want(r, f, w, W_LEN, "self_test_data", "samples") || bytes(r, &s, &n, f)) return -1;
-            rd q = sub(r, s, n);
+            if (want(r, f, w, W_LEN) || bytes(r, &s, &n, f)) return -1;
+            rd q = sub(r, s, n, "SelfTestData.Sample");
             while (q.p < q.end) {
                 uint32_t g;
                 int x;
                 if (tag(&q, &g, &x)) return -1;
-                if ((g == 1 || g == 2) && want(&q, g, x, W_LEN, "self_test_data.samples", "string")) return -1;
+                if ((g == 1 || g == 2) && want(&q, g, x, W_LEN)) return -1;
                 if (skip(&q, g, x)) return -1;
             }
             join(r, &q);
@@ -296,7 +335,7 @@ int ck_spm_model_read(ck_spm_model *m, const uint8_t *buf, size_t len, const ck_
     m->model_type = CK_SPM_UNIGRAM;
     m->add_dummy_prefix = m->remove_extra_whitespaces = m->escape_whitespaces = 1;
     m->charge = c;
-    rd r = {buf, buf, buf + len, poll, poll_ud, 0, err, errlen};
+    rd r = {buf, buf, buf + len, poll, poll_ud, 0, err, errlen, "ModelProto"};
     if (len == 0) return fail(&r, "the file is empty");
     if (len > CK_SPM_MAX_FILE) return fail(&r, "the file is %zu bytes (a sentencepiece model is at most %zu)", len, CK_SPM_MAX_FILE);
 
@@ -310,7 +349,7 @@ int ck_spm_model_read(ck_spm_model *m, const uint8_t *buf, size_t len, const ck_
         if (tag(&r, &f, &w)) return -1;
         if (f >= 1 && f <= 5) {
             static const char *const names[] = {"", "pieces", "trainer_spec", "normalizer_spec", "self_test_data", "denormalizer_spec"};
-            if (want(&r, f, w, W_LEN, "ModelProto", names[f])) return -1;
+            if (want(&r, f, w, W_LEN)) return -1;
             if (f > 1 && seen[f]++) return fail(&r, "ModelProto.%s appears twice (at byte %zu)", names[f], at(&r));
             if (f == 1 && ++count > CK_SPM_MAX_PIECES)
                 return fail(&r, "the model holds more than %d pieces", CK_SPM_MAX_PIECES);
@@ -340,7 +379,8 @@ int ck_spm_model_read(ck_spm_model *m, const uint8_t *buf, size_t len, const ck_
         const uint8_t *s;
         size_t n;
         if (bytes(&r, &s, &n, f)) return -1;
-        rd q = sub(&r, s, n);
+        static const char *const msgs[] = {"", "SentencePiece", "TrainerSpec", "NormalizerSpec", "SelfTestData", "NormalizerSpec"};
+        rd q = sub(&r, s, n, msgs[f]);
         int rc;
         if (f == 1) {
             rc = read_piece(&q, m->npieces, &m->pieces[m->npieces]);
@@ -386,7 +426,7 @@ int ck_spm_charsmap_check(ck_spm_charsmap *cm, const uint8_t *blob, size_t len, 
                           char *err, size_t errlen)
 {
     memset(cm, 0, sizeof *cm);
-    rd r = {blob, blob, blob + len, poll, poll_ud, 0, err, errlen};
+    rd r = {blob, blob, blob + len, poll, poll_ud, 0, err, errlen, "character map"};
     if (len > CK_SPM_MAX_CHARSMAP) return fail(&r, "the character map is %zu bytes (at most %zu)", len, CK_SPM_MAX_CHARSMAP);
     if (len < 4) return fail(&r, "the character map is %zu bytes, too short for its trie's size", len);
     const size_t tsize = unit(blob, 0);

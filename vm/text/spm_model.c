@@ -51,6 +51,7 @@ typedef struct rd {
     char *err;
     size_t errlen;
     const char *msg; /* the message being read, for errors */
+    size_t tag_at;   /* where the last field read starts */
 } rd;
 
 static int fail(rd *r, const char *fmt, ...)
@@ -76,14 +77,15 @@ static int varint(rd *r, uint64_t *v)
     for (int i = 0; i < 10; i++) {
         if (r->p == r->end) return fail(r, "a varint at byte %zu is cut off by the end of its %s", start, r->msg);
         const unsigned b = *r->p++;
-        if (i == 9 && b > 1) return fail(r, "a varint at byte %zu has bits past 64", start);
+        /* the tenth byte holds bit 63 alone, and ends the varint */
+        if (i == 9 && b > 1) return fail(r, "a varint at byte %zu runs past 64 bits", start);
         x |= (uint64_t)(b & 0x7F) << (7 * i);
         if (!(b & 0x80)) {
             *v = x;
             return 0;
         }
     }
-    return fail(r, "a varint at byte %zu runs past 10 bytes", start);
+    return -1; /* not reached: the tenth byte ends it or fails */
 }
 
 /* the next field's tag; 0 at the end of the message */
@@ -91,6 +93,7 @@ static int tag(rd *r, uint32_t *field, int *wire)
 {
     const size_t start = at(r);
     uint64_t t;
+    r->tag_at = start;
     if (varint(r, &t)) return -1;
     *wire = (int)(t & 7);
     if ((t >> 3) == 0 || (t >> 3) > 0x1FFFFFFF)
@@ -110,8 +113,7 @@ static const char *describe(const rd *r, uint32_t f, char *buf, size_t len);
 /* a length-delimited field's bytes: [*s, *s + *n), within its message */
 static int bytes(rd *r, const uint8_t **s, size_t *n, uint32_t field)
 {
-    const size_t start = at(r);
-    uint64_t len;
+    uint64_t len = 0;
     *s = NULL;
     *n = 0;
     if (varint(r, &len)) return -1;
@@ -119,7 +121,7 @@ static int bytes(rd *r, const uint8_t **s, size_t *n, uint32_t field)
     {
         char d[96];
         return fail(r, "%s at byte %zu declares %llu bytes where %zu remain in its message", describe(r, field, d, sizeof d),
-                    start, (unsigned long long)len, (size_t)(r->end - r->p));
+                    r->tag_at, (unsigned long long)len, (size_t)(r->end - r->p));
     }
     *s = r->p;
     *n = (size_t)len;
@@ -139,7 +141,7 @@ static int skip(rd *r, uint32_t field, int wire)
         const size_t k = wire == W_I64 ? 8 : 4;
         if ((size_t)(r->end - r->p) < k) {
             char d[96];
-            return fail(r, "%s at byte %zu is cut off by the end of its message", describe(r, field, d, sizeof d), at(r));
+            return fail(r, "%s at byte %zu is cut off by the end of its message", describe(r, field, d, sizeof d), r->tag_at);
         }
         r->p += k;
         return 0;
@@ -178,7 +180,7 @@ static int want(rd *r, uint32_t field, int wire, int expect)
     static const char *const wires[] = {"a varint", "8 bytes", "length-delimited", "a group", "a group end", "4 bytes"};
     if (wire == expect) return 0;
     char d[96];
-    return fail(r, "%s at byte %zu is %s, not %s", describe(r, field, d, sizeof d), at(r), wires[wire], wires[expect]);
+    return fail(r, "%s at byte %zu is %s, not %s", describe(r, field, d, sizeof d), r->tag_at, wires[wire], wires[expect]);
 }
 
 /* a sub-message's reader over [s, s + n) */
@@ -210,7 +212,7 @@ static int read_piece(rd *r, int index, ck_spm_piece *out)
             has = 1;
         } else if (f == 2) {
             if (want(r, f, w, W_I32)) return -1;
-            if (r->end - r->p < 4) return fail(r, "piece %d's score at byte %zu is cut off", index, at(r));
+            if (r->end - r->p < 4) return fail(r, "piece %d's score at byte %zu is cut off", index, r->tag_at);
             uint32_t u = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 | (uint32_t)r->p[3] << 24;
             memcpy(&out->score, &u, 4);
             r->p += 4;
@@ -335,7 +337,7 @@ int ck_spm_model_read(ck_spm_model *m, const uint8_t *buf, size_t len, const ck_
     m->model_type = CK_SPM_UNIGRAM;
     m->add_dummy_prefix = m->remove_extra_whitespaces = m->escape_whitespaces = 1;
     m->charge = c;
-    rd r = {buf, buf, buf + len, poll, poll_ud, 0, err, errlen, "ModelProto"};
+    rd r = {buf, buf, buf + len, poll, poll_ud, 0, err, errlen, "ModelProto", 0};
     if (len == 0) return fail(&r, "the file is empty");
     if (len > CK_SPM_MAX_FILE) return fail(&r, "the file is %zu bytes (a sentencepiece model is at most %zu)", len, CK_SPM_MAX_FILE);
 
@@ -350,7 +352,7 @@ int ck_spm_model_read(ck_spm_model *m, const uint8_t *buf, size_t len, const ck_
         if (f >= 1 && f <= 5) {
             static const char *const names[] = {"", "pieces", "trainer_spec", "normalizer_spec", "self_test_data", "denormalizer_spec"};
             if (want(&r, f, w, W_LEN)) return -1;
-            if (f > 1 && seen[f]++) return fail(&r, "ModelProto.%s appears twice (at byte %zu)", names[f], at(&r));
+            if (f > 1 && seen[f]++) return fail(&r, "ModelProto.%s appears twice (at byte %zu)", names[f], r.tag_at);
             if (f == 1 && ++count > CK_SPM_MAX_PIECES)
                 return fail(&r, "the model holds more than %d pieces", CK_SPM_MAX_PIECES);
         }
@@ -426,7 +428,7 @@ int ck_spm_charsmap_check(ck_spm_charsmap *cm, const uint8_t *blob, size_t len, 
                           char *err, size_t errlen)
 {
     memset(cm, 0, sizeof *cm);
-    rd r = {blob, blob, blob + len, poll, poll_ud, 0, err, errlen, "character map"};
+    rd r = {blob, blob, blob + len, poll, poll_ud, 0, err, errlen, "character map", 0};
     if (len > CK_SPM_MAX_CHARSMAP) return fail(&r, "the character map is %zu bytes (at most %zu)", len, CK_SPM_MAX_CHARSMAP);
     if (len < 4) return fail(&r, "the character map is %zu bytes, too short for its trie's size", len);
     const size_t tsize = unit(blob, 0);
@@ -452,12 +454,13 @@ int ck_spm_charsmap_check(ck_spm_charsmap *cm, const uint8_t *blob, size_t len, 
         if (poll && (i >> 16) != ((i - k - 1) >> 16)) poll(poll_ud, 4096);
     }
 
-    /* every unit a lookup can take for a node: a leaf unit's label has bit
-     * 31 set, so no byte matches it and it is never one */
+    /* every unit a lookup can take for a node: the root (unit 0, whatever
+     * its bits), and every other unit but leaves (a leaf's label has bit 31
+     * set, so no byte matches it) */
     for (size_t p = 0; p < nunits; p++) {
         if (poll && (p & 0xFFFF) == 0xFFFF) poll(poll_ud, 4096);
         const uint32_t u = unit(trie, p);
-        if (is_leaf(u)) continue;
+        if (p > 0 && is_leaf(u)) continue;
         const size_t base = p ^ offset_of(u);
         if ((base | 0xFF) >= nunits)
             return fail(&r, "the character map's trie unit %zu points to unit %zu, past its %zu units", p, base, nunits);

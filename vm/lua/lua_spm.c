@@ -254,7 +254,8 @@ static int read_whole(lua_State *L, const char *path, box *b, size_t max, int mi
     if (fstat(b->fd, &st) != 0 || !S_ISREG(st.st_mode)) return ck_lua_raise(L, "t5_tokenizer: '%s' is not a regular file", path);
     const size_t size = (size_t)st.st_size;
     if (size > max)
-        return ck_lua_raise(L, "t5_tokenizer: '%s' is %zu bytes, more than the %zu such a file may hold", path, size, max);
+        return ck_lua_raise(L, "t5_tokenizer: '%s' is %I bytes, more than the %I such a file may hold", path, (lua_Integer)size,
+                            (lua_Integer)max);
     free(b->file);
     b->file = NULL;
     if (b->file_charged && b->charge.give) b->charge.give(b->charge.ud, b->file_charged);
@@ -291,7 +292,7 @@ typedef struct jreader {
     lua_State *L;
     const char *s;
     size_t n, off;
-    int raised;
+    int raised; /* 1: an error is on the stack; 2: the heap was out of memory */
 } jreader;
 
 static int poll_protected(lua_State *L)
@@ -306,8 +307,10 @@ static size_t jread(void *buf, size_t len, void *ud)
     if (r->raised) return (size_t)-1;
     if (r->off) {
         lua_pushcfunction(r->L, poll_protected);
-        if (lua_pcall(r->L, 0, 0, 0) != LUA_OK) {
-            r->raised = 1; /* the error stays on the stack */
+        const int st = lua_pcall(r->L, 0, 0, 0);
+        if (st != LUA_OK) {
+            r->raised = st == LUA_ERRMEM ? 2 : 1;
+            if (st == LUA_ERRMEM) lua_pop(r->L, 1);
             return (size_t)-1;
         }
     }
@@ -318,7 +321,9 @@ static size_t jread(void *buf, size_t len, void *ud)
     return k;
 }
 
-/* b->file parsed into b->root (charged while it lives) */
+/* b->file parsed into b->root (charged while it lives). A parse that the
+ * memory limit stops is refused with what the whole text would take,
+ * extrapolated from the part read, as ck.json_decode words it. */
 static void parse_json(lua_State *L, const char *path, box *b)
 {
     json_error_t je;
@@ -326,12 +331,29 @@ static void parse_json(lua_State *L, const char *path, box *b)
     ck_lua_json_charge_begin(L, &b->jc);
     b->root = json_load_callback(jread, &r, JSON_REJECT_DUPLICATES, &je);
     ck_lua_json_charge_end(&b->jc);
-    if (r.raised) {
+    if (r.raised == 1) {
         json_decref(b->root);
         b->root = NULL;
+        ck_lua_json_give(&b->jc);
         lua_error(L); /* the interrupt or limit error */
     }
-    if (b->jc.refused) ck_lua_raise(L, "t5_tokenizer: '%s': %s", path, b->jc.err);
+    if (b->jc.refused || r.raised == 2) {
+        const size_t took = b->jc.charged, read = r.off ? r.off : 1;
+        json_decref(b->root);
+        b->root = NULL;
+        ck_lua_json_give(&b->jc);
+        ck_mem_budget *budget = ck_mem_budget_of(L);
+        const double whole = (double)took * ((double)b->flen / (double)read);
+        const size_t est = whole < (double)SIZE_MAX / 2 ? (size_t)whole : SIZE_MAX / 2, need = est > took ? est : took;
+        char what[96], size[32], msg[300];
+        ck_mem_text(b->flen, size, sizeof size);
+        snprintf(what, sizeof what, "the values of %s of JSON text", size);
+        if (ck_mem_take(budget, need, what, msg, sizeof msg) == 0) {
+            ck_mem_give(budget, need);
+            snprintf(msg, sizeof msg, "%s", b->jc.err[0] ? b->jc.err : "out of memory while parsing it");
+        }
+        ck_lua_raise(L, "t5_tokenizer: '%s': %s", path, msg);
+    }
     if (!b->root) ck_lua_raise(L, "t5_tokenizer: '%s' is not valid JSON: %s (line %d, column %d)", path, je.text, je.line, je.column);
 }
 
@@ -489,8 +511,8 @@ static int l_t5_tokenizer(lua_State *L)
         rc = ck_spm_tok_from_json(&k->t, b->root, &cfg, &k->charge, poll_cb, L, err, sizeof err);
     } else {
         if (b->flen > CK_SPM_MAX_FILE)
-            return ck_lua_raise(L, "t5_tokenizer: '%s' is %zu bytes, more than a sentencepiece model may hold (%zu)", path,
-                                b->flen, CK_SPM_MAX_FILE);
+            return ck_lua_raise(L, "t5_tokenizer: '%s' is %I bytes, more than a sentencepiece model may hold (%I)", path,
+                                (lua_Integer)b->flen, (lua_Integer)CK_SPM_MAX_FILE);
         rc = ck_spm_model_read(&b->m, b->file, b->flen, &b->charge, poll_cb, L, err, sizeof err);
         if (rc == 0) rc = ck_spm_tok_from_model(&k->t, &b->m, &cfg, &k->charge, poll_cb, L, err, sizeof err);
     }

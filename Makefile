@@ -53,7 +53,7 @@ FUZZ_DEB_PACKAGES := clang libclang-rt-dev libomp-dev
 fuzz: deps
 	$(call need_debs,$(FUZZ_DEB_PACKAGES))
 	@mkdir -p $(FUZZ_BUILD) && echo '*' > $(FUZZ_BUILD)/.gitignore
-	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Release -DCK_CUDA=OFF -DCK_FUZZ=ON
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Release -DCK_CUDA=OFF -DCK_FUZZ=ON
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_harnesses
 	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 

@@ -638,6 +638,17 @@ static void test_cuts(void)
     ck_spm_tok_free(&t);
     ck_spm_model_free(&m);
     free(b.p);
+    memset(&b, 0, sizeof b);
+    base(&b);
+    piece(&b, "a\nb\\c\x7f", 6, 0, 4);
+    ck_spm_model_read(&m, b.p, b.n, NULL, NULL, NULL, err, sizeof err);
+    memset(&t, 0, sizeof t);
+    rc = ck_spm_tok_from_model(&t, &m, NULL, NULL, NULL, NULL, err, sizeof err);
+    check(rc == -1 && strstr(err, "piece 6 'a\\x0Ab\\x5Cc\\x7F' is of type") && !strchr(err, '\n'),
+          "a piece quoted in a message stays on one line", "%s", err);
+    ck_spm_tok_free(&t);
+    ck_spm_model_free(&m);
+    free(b.p);
 }
 
 int main(void)

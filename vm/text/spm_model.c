@@ -40,6 +40,34 @@ size_t ck_spm_utf8_check(const uint8_t *s, size_t n)
     return n;
 }
 
+const char *ck_spm_quote(char *out, size_t outlen, const char *s, size_t n)
+{
+    size_t o = 0, i = 0;
+    if (!outlen) return out;
+    while (i < n && i < 48) {
+        const unsigned char c = (unsigned char)s[i];
+        size_t k = 1;
+        if (c >= 0x80) {
+            /* a whole valid character, else one escaped byte */
+            k = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+            if (k > n - i || ck_spm_utf8_check((const uint8_t *)s + i, k) != k) k = 0;
+        }
+        if (c < 0x20 || c == 0x7F || c == '\\' || k == 0) {
+            if (o + 5 > outlen) break;
+            o += (size_t)snprintf(out + o, outlen - o, "\\x%02X", c);
+            i++;
+            continue;
+        }
+        if (o + k + 1 > outlen) break;
+        memcpy(out + o, s + i, k);
+        o += k;
+        i += k;
+    }
+    if (i < n && o + 4 <= outlen) memcpy(out + o, "...", 3), o += 3;
+    out[o] = 0;
+    return out;
+}
+
 /* ---- reading */
 
 typedef struct rd {

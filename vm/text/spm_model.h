@@ -130,6 +130,11 @@ const char *ck_spm_charsmap_first(const ck_spm_charsmap *cm, const uint8_t *key,
 typedef void (*ck_spm_get)(void *ud, int i, const char **s, uint32_t *len, float *score, int *type);
 size_t ck_spm_write(int n, ck_spm_get get, void *ud, uint8_t *out, size_t cap);
 
+/* s[0..n) for a one-line message, into out (outlen bytes, NUL-terminated):
+ * control bytes, DEL, backslash and invalid UTF-8 as \xNN, at most 48 bytes
+ * of the text then "...". Returns out. */
+const char *ck_spm_quote(char *out, size_t outlen, const char *s, size_t n);
+
 /* Where the first invalid UTF-8 sequence of s[0..n) starts (overlongs,
  * surrogates and code points past U+10FFFF are invalid), or n when s is
  * valid. */

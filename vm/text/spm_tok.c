@@ -116,7 +116,8 @@ static int32_t add(ck_spm_tok *t, const char *s, size_t n, float score, char *er
 {
     if (reserve(t, (size_t)t->n + 1, t->str_len + n, err, errlen)) return -1;
     const int32_t dup = ck_spm_tok_id(t, s, n);
-    if (dup >= 0) return fail(err, errlen, "entry %d '%.*s' is entry %d again", t->n, (int)(n > 64 ? 64 : n), s, (int)dup);
+    char q[200];
+    if (dup >= 0) return fail(err, errlen, "entry %d '%s' is entry %d again", t->n, ck_spm_quote(q, sizeof q, s, n), (int)dup);
     const int32_t id = t->n++;
     memcpy(t->str + t->str_len, s, n);
     t->e[id] = (ck_spm_entry){(uint32_t)t->str_len, (uint32_t)n, score};
@@ -180,7 +181,8 @@ static int named(ck_spm_tok *t, const char *name, const char *dflt, const char *
 {
     const char *s = name ? name : dflt;
     *id = ck_spm_tok_id(t, s, strlen(s));
-    if (*id < 0) return fail(err, errlen, "the %s token '%s' is not in the vocabulary", role, s);
+    char q[200];
+    if (*id < 0) return fail(err, errlen, "the %s token '%s' is not in the vocabulary", role, ck_spm_quote(q, sizeof q, s, strlen(s)));
     return 0;
 }
 
@@ -233,8 +235,11 @@ int ck_spm_tok_from_model(ck_spm_tok *t, const ck_spm_model *m, const ck_spm_con
     for (int i = 0; i < m->npieces; i++) {
         const int ty = m->pieces[i].type;
         if (ty == CK_SPM_USER_DEFINED || ty == CK_SPM_BYTE || ty == CK_SPM_UNUSED)
-            return fail(err, errlen, "piece %d '%.*s' is of type %s, which T5's tokenizer has none of", i,
-                        (int)(m->pieces[i].len > 64 ? 64 : m->pieces[i].len), (const char *)m->buf + m->pieces[i].off, types[ty]);
+        {
+            char q[200];
+            return fail(err, errlen, "piece %d '%s' is of type %s, which T5's tokenizer has none of", i,
+                        ck_spm_quote(q, sizeof q, (const char *)m->buf + m->pieces[i].off, m->pieces[i].len), types[ty]);
+        }
         if (i > 2 && ty == CK_SPM_UNKNOWN) return fail(err, errlen, "piece %d is a second unknown piece", i);
         bytes += m->pieces[i].len;
     }
@@ -282,6 +287,7 @@ static int map_from_base64(ck_spm_tok *t, const char *s, size_t n, ck_spm_poll p
     if (!t->blob) return fail(err, errlen, "out of memory for the character map");
     size_t o = 0;
     for (size_t i = 0; i < n; i += 4) {
+        if (poll && (i & 0xFFFF) == 0xFFFC) poll(ud, 4096);
         int v[4];
         for (int k = 0; k < 4; k++) {
             v[k] = b64((unsigned char)s[i + k]);
@@ -381,14 +387,14 @@ int ck_spm_tok_from_json(ck_spm_tok *t, const json_t *root, const ck_spm_config 
         const json_int_t k = json_integer_value(id);
         const char *s = json_string_value(content);
         const size_t len = json_string_length(content);
+        char q[200];
+        ck_spm_quote(q, sizeof q, s, len);
         if (k < 0 || k >= t->n || t->e[k].len != len || memcmp(t->str + t->e[k].off, s, len))
-            return fail(err, errlen, "added token '%.*s' (id %lld) is not vocabulary entry %lld", (int)(len > 64 ? 64 : len), s,
-                        (long long)k, (long long)k);
+            return fail(err, errlen, "added token '%s' (id %lld) is not vocabulary entry %lld", q, (long long)k, (long long)k);
         static const char *const flags[] = {"lstrip", "rstrip", "single_word", "normalized"};
         for (int f = 0; f < 4; f++)
             if (json_is_true(json_object_get(a, flags[f])))
-                return fail(err, errlen, "added token '%.*s' has %s set, which T5's tokenizer never does", (int)(len > 64 ? 64 : len), s,
-                            flags[f]);
+                return fail(err, errlen, "added token '%s' has %s set, which T5's tokenizer never does", q, flags[f]);
         if (add_special(t, (int32_t)k, &spcap, err, errlen)) return -1;
     }
     return finish(t, cfg, &spcap, err, errlen);

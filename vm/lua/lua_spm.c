@@ -508,6 +508,8 @@ static int l_t5_tokenizer(lua_State *L)
         parse_json(L, path, b);
         free(b->file); /* the tree holds what it needs */
         b->file = NULL;
+        if (b->charge.give) b->charge.give(b->charge.ud, b->file_charged);
+        b->file_charged = 0;
         rc = ck_spm_tok_from_json(&k->t, b->root, &cfg, &k->charge, poll_cb, L, err, sizeof err);
     } else {
         if (b->flen > CK_SPM_MAX_FILE)

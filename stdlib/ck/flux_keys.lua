@@ -233,7 +233,7 @@ end
 -- config sourced, each with the shape the config wants, or refused naming
 -- the file and the key. keys: the file's keys (under prefix); shape_of(key)
 -- -> its shape. Shared by M.open and tests on key lists.
-function M.map_bfl(keys, shape_of, config, path, prefix)
+local function map_bfl(keys, shape_of, config, path, prefix)
   prefix = prefix or ""
   local flux = require "ck.flux"
   local c = config_of(path, config)
@@ -271,6 +271,7 @@ function M.map_bfl(keys, shape_of, config, path, prefix)
     c.guidance_embeds and missing:find("guidance", 1, true) and " (a schnell file given as dev?)" or "") end
   return map, c
 end
+M.map_bfl = public(map_bfl)
 
 -- diffusers' names (a folder's weights or such a single file): each name a
 -- parameter of the config with its shape, and every parameter there
@@ -359,7 +360,7 @@ local function open_single(path, opts)
   local c = config_of(path, infer_config(path, kind, prefix, shape, count, given))
   local map
   if kind == "bfl" then
-    map = M.map_bfl(mine, shape, c, path, prefix)
+    map = map_bfl(mine, shape, c, path, prefix)
   else
     map = map_diffusers(mine, shape, c, path, prefix, function() return path end)
   end

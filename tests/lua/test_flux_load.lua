@@ -231,6 +231,9 @@ do -- SDXL given as Flux, and Flux given as SDXL
   ok, err = try(checkpoint.open, REF:sub(1, -2))
   T.ok(not ok and one_line(err, "a diffusers Flux folder (transformer/config.json)"),
     "a Flux folder given as SDXL: " .. tostring(err))
+  T.ok(fk.identify(BFL) == "a Flux transformer (tensor 'img_in.weight')" and fk.identify(REF:sub(1, -2)) ~= nil
+    and fk.identify(FOLDER) ~= nil and fk.identify(SDXL_FILE) == nil and fk.identify(SDXL_FOLDER) == nil
+    and fk.identify(path("nothing")) == nil, "flux_keys.identify tells Flux files and folders from SDXL's")
 end
 
 do -- keys no rule maps, beyond the config, missing, misshaped; scaled fp8; a mixed prefix; no config

@@ -149,6 +149,28 @@ do -- files in other dtypes: fp16 (both embedding keys), bf16 (encoder.embed_tok
     "a single file without a config: the counts from its shapes, max distance T5 v1.1's 128 (no tensor holds it)")
 end
 
+do -- a file holding other models too (ComfyUI's all-in-one checkpoints): the keys under a prefix
+  local f <close> = ck.safetensors(DATA .. "t5_bf16.safetensors")
+  local P = "text_encoders.t5xxl.transformer."
+  local entries = {{"model.diffusion_model.img_in.weight", {2, 2}, {1, 2, 3, 4}}}
+  for _, k in ipairs(f:keys()) do entries[#entries + 1] = {P .. k, f:shape(k), f:read(k)} end
+  ck.write_safetensors(path("all_in_one.safetensors"), entries, nil, "BF16")
+  local h = run({weights = t5.open(tmp .. "/all_in_one.safetensors", {prefix = P, config = cfg}), batch = B,
+                 tokens = L}, ids)
+  matches(h, "last_hidden_state_bf16", "the encoder under " .. P .. " in a file with other models' keys")
+  -- a folder whose weights are the fp16 variant alone
+  assert(ck.mkdir(tmp .. "/variant"))
+  local g <close> = ck.safetensors(DATA .. "t5_fp16.safetensors")
+  entries = {}
+  for _, k in ipairs(g:keys()) do entries[#entries + 1] = {k, g:shape(k), g:read(k)} end
+  ck.write_safetensors(path("variant/model.fp16.safetensors"), entries, nil, "F16")
+  local j = io.open(path("variant/config.json"), "w")
+  j:write(io.open(DATA .. "text_encoder_2/config.json"):read("a"))
+  j:close()
+  matches(run({weights = tmp .. "/variant", batch = B, tokens = L}, ids), "last_hidden_state_fp16",
+    "a folder holding model.fp16.safetensors alone")
+end
+
 do -- 7 tokens: a table of buckets for another length
   local h = run({weights = d, batch = 2, tokens = 7}, ref:read("ids_short"))
   matches(h, "last_hidden_state_short", "7 tokens")
@@ -326,5 +348,6 @@ end
 for i = #made, 1, -1 do os.remove(made[i]) end
 os.remove(tmp .. "/te")
 os.remove(tmp .. "/shards")
+os.remove(tmp .. "/variant")
 os.remove(tmp)
 T.done()

@@ -39,10 +39,9 @@ Writes:
                              config, built on the meta device)
   VERSIONS.txt               the package versions that made these files
 
-Run: /work/venv-ref/bin/python tests/ref/make_t5_ref.py  (from the repository root; needs torch,
-transformers, safetensors)
+Run: python tests/ref/make_t5_ref.py  (from the repository root, with torch, transformers and
+safetensors importable; VERSIONS.txt names the versions that made the files here)
 """
-import json
 import os
 import sys
 

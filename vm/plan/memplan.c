@@ -99,11 +99,12 @@ ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const
      * (trainable fp32 weights, fp32 inputs, an fp8 base) cast; with fp32
      * activations it stays fp32 whatever its weights are stored in */
     const int cast = ck_op_autocast(op);
+    const unsigned f32 = ck_op_f32_inputs(op); /* inputs its kernels read in fp32 whatever the type: no say */
     ck_dtype half = CK_F32;
     int act16 = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         const int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
-        if (t < 0) continue;
+        if (t < 0 || (j < r->nin && f32 >> j & 1)) continue;
         const ck_dtype dt = dtype_of(pl, g, t);
         if (dt == CK_BF16 || dt == CK_F16) {
             if (half != CK_F32 && half != dt) return CK_F32;
@@ -118,8 +119,9 @@ ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const
     return !cast || act16 ? half : CK_F32;
 }
 
-ck_dtype ck_entry_copy_type(ck_dtype dt, ck_dtype kt)
+ck_dtype ck_entry_copy_type(enum ck_op op, int input, ck_dtype dt, ck_dtype kt)
 {
+    if (input >= 0 && ck_op_f32_inputs(op) >> input & 1) kt = CK_F32; /* read in fp32 by every kernel */
     if (kt != CK_F32) return dt == CK_F32 || dt == CK_F8E4M3 ? kt : dt;
     return ck_dtype_copied(dt) ? CK_F32 : dt;
 }
@@ -127,11 +129,12 @@ ck_dtype ck_entry_copy_type(ck_dtype dt, ck_dtype kt)
 size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dtype kt)
 {
     const ck_op_ref *r = &pl->ops[i];
+    const enum ck_op op = g->n[r->node].op;
     size_t b = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
         if (t < 0) continue;
-        const ck_dtype dt = dtype_of(pl, g, t), ct = ck_entry_copy_type(dt, kt);
+        const ck_dtype dt = dtype_of(pl, g, t), ct = ck_entry_copy_type(op, j < r->nin ? j : -1, dt, kt);
         if (ct != dt)
             b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)ck_dtype_bytes(ct));
     }

@@ -8,6 +8,11 @@
 #include "graph/graph.h"
 #include "../../ops/backend.h"
 
+/* The most nodes a graph compile plans may have (before differentiation,
+ * which adds a few per node): list entries, tree positions and the
+ * tracker's keys stay within their integers. */
+#define CK_PLAN_MAX_NODES (1 << 20)
+
 /* One entry of an op list: a graph node run on the tensors named here. A
  * recompute entry reruns a forward node and writes a copy of its output, a
  * tensor id >= g->nt whose origin is the forward tensor; backward entries read

@@ -137,6 +137,7 @@ static int64_t sweep(ck_evaluator *e)
  * places the same list (the same buffers, ids and order) */
 static int64_t place(ck_evaluator *e)
 {
+    if (!e->bufs && !(e->bufs = malloc(sizeof *e->bufs * ((size_t)e->cap + (size_t)e->maxpos)))) return -1;
     int nb = 0;
     for (int id = 0; id < e->ids; id++) {
         if (e->first[id] < 0 || is_persistent(e, id)) continue;
@@ -162,15 +163,40 @@ static int placed_for(const ck_evaluator *e, const unsigned char *mark)
 
 int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark) { return !e->fallback && placed_for(e, mark); }
 
+void ck_evaluator_forget(ck_evaluator *e)
+{
+    free(e->bufs);
+    e->bufs = NULL;
+    e->placed = 0;
+}
+
+/* what only walks need, given back before the plan is made (the plan keeps
+ * the workspaces, FLOPs and last placement) */
+static void release_walks(ck_evaluator *e)
+{
+    void **arrays[] = {(void **)&e->bytes, (void **)&e->persistent, (void **)&e->markable, (void **)&e->nodes,
+                       (void **)&e->first, (void **)&e->last, (void **)&e->root, (void **)&e->origin,
+                       (void **)&e->copy, (void **)&e->first0, (void **)&e->last0, (void **)&e->root0,
+                       (void **)&e->delta, (void **)&e->at, (void **)&e->stack, (void **)&e->turn_root,
+                       (void **)&e->turn_start, (void **)&e->turn_t};
+    for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++) {
+        free(*arrays[i]);
+        *arrays[i] = NULL;
+    }
+    e->released = 1;
+}
+
 int ck_evaluator_plan(ck_evaluator *e, const unsigned char *mark, ck_plan *pl)
 {
     const ck_decide_ctx *c = e->c;
+    const int placed = !e->fallback && !e->released && placed_for(e, mark);
+    if (!e->fallback) release_walks(e);
     if (ck_schedule(pl, c->g, c->nodes, c->n, mark)) return -1;
     ck_plan_known k = {0};
     if (!e->fallback) {
         k.ws_node = e->ws;
         k.flops_node = e->flops;
-        if (placed_for(e, mark)) {
+        if (placed) {
             k.placed = e->bufs;
             k.nplaced = e->nplaced;
             k.top = e->top;
@@ -206,7 +232,7 @@ static int evaluate_listed(const ck_decide_ctx *c, const unsigned char *mark, in
 size_t ck_evaluate_turn(ck_evaluator *e, const unsigned char *mark)
 {
     size_t live = e->c->persistent;
-    if (e->fallback) return live;
+    if (e->fallback || e->released) return live;
     e->mark = mark;
     for (int k = 0; k < e->nturn; k++)
         for (int j = e->turn_start[k]; j < e->turn_start[k + 1]; j++)
@@ -230,6 +256,7 @@ int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes)
 int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops)
 {
     if (e->fallback) return evaluate_listed(e->c, mark, exact, peak, flops);
+    if (e->released) return -1;
     walk(e, mark);
     *flops = e->rflops;
     if (!exact) {
@@ -348,7 +375,6 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
     e->copy = malloc(sizeof(int) * nt);
     e->delta = malloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
     e->at = malloc(sizeof(int) * (size_t)(e->maxpos + 1));
-    e->bufs = malloc(sizeof *e->bufs * (cap + (size_t)e->maxpos));
     e->persistent = malloc(nt);
     e->markable = malloc(nt);
     e->nodes = malloc(sizeof *e->nodes * nn);
@@ -358,7 +384,7 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
     e->stack = malloc(sizeof *e->stack * (size_t)(nfwd ? nfwd : 1));
     e->placed_mark = malloc(nt);
     if (!e->bytes || !e->ws || !e->flops || !e->first || !e->last || !e->root || !e->origin || !e->copy || !e->delta ||
-        !e->at || !e->bufs || !e->persistent || !e->markable || !e->nodes || !e->first0 || !e->last0 || !e->root0 ||
+        !e->at || !e->persistent || !e->markable || !e->nodes || !e->first0 || !e->last0 || !e->root0 ||
         !e->stack || !e->placed_mark) {
         ck_evaluator_free(e);
         return NULL;

@@ -81,6 +81,37 @@ static int materialize(ck_evaluator *e, int t)
     return e->copy[t];
 }
 
+/* a walk's scratch, made again after ck_evaluator_rest gave it back */
+static int scratch(ck_evaluator *e)
+{
+    if (e->first) return 0;
+    const size_t cap = (size_t)(e->cap ? e->cap : 1), nt = (size_t)(e->nt ? e->nt : 1);
+    e->first = malloc(sizeof(int) * cap);
+    e->last = malloc(sizeof(int) * cap);
+    e->root = malloc(sizeof(int) * cap);
+    e->origin = malloc(sizeof(int) * cap);
+    e->copy = malloc(sizeof(int) * nt);
+    e->delta = malloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
+    e->stack = malloc(sizeof *e->stack * (size_t)(e->nfwd ? e->nfwd : 1));
+    if (e->first && e->last && e->root && e->origin && e->copy && e->delta && e->stack) return 0;
+    ck_evaluator_rest(e);
+    return -1;
+}
+
+void ck_evaluator_rest(ck_evaluator *e)
+{
+    /* at stays: its forward part is laid once, at the evaluator's making; the
+     * turn's buffers go for good (only the searches' starts read the turn) */
+    void **arrays[] = {(void **)&e->first, (void **)&e->last, (void **)&e->root, (void **)&e->origin,
+                       (void **)&e->copy, (void **)&e->delta, (void **)&e->stack, (void **)&e->turn_root,
+                       (void **)&e->turn_start, (void **)&e->turn_t};
+    e->nturn = 0;
+    for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++) {
+        free(*arrays[i]);
+        *arrays[i] = NULL;
+    }
+}
+
 /* the scheduler's list walked: first and last positions by buffer, the node
  * at each position; the forward entries' part is the same for every decision */
 static void walk(ck_evaluator *e, const unsigned char *mark)
@@ -256,7 +287,7 @@ int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes)
 int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops)
 {
     if (e->fallback) return evaluate_listed(e->c, mark, exact, peak, flops);
-    if (e->released) return -1;
+    if (e->released || scratch(e)) return -1;
     walk(e, mark);
     *flops = e->rflops;
     if (!exact) {
@@ -363,6 +394,7 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
         nout += nd->nout;
     }
     e->maxpos = c->n + nfwd;
+    e->nfwd = nfwd;
     e->cap = g->nt + nout;
     const size_t nt = (size_t)(g->nt ? g->nt : 1), nn = (size_t)(g->nn ? g->nn : 1), cap = (size_t)(e->cap ? e->cap : 1);
     e->bytes = malloc(sizeof *e->bytes * nt);

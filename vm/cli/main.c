@@ -5,7 +5,6 @@
 
 #include <signal.h>
 #include <stdint.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,11 +95,6 @@ static void on_sigint(int sig)
 int main(int argc, char **argv)
 {
     passive_openmp(argv);
-    /* large blocks (graphs, plans, the planner's trees) always from mmap, so
-     * memory a step of compiling gives back leaves the process instead of
-     * staying in the heap: glibc otherwise raises the threshold to the size
-     * of each large block freed */
-    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
     int i = 1;
     const char *code = NULL;
     ck_options opt = CK_OPTIONS_INIT;

@@ -10,6 +10,8 @@
  * data parallel) are scheduled and planned in full. */
 #include "plan/evaluate_int.h"
 
+#include "util/memory.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,13 +88,13 @@ static int scratch(ck_evaluator *e)
 {
     if (e->first) return 0;
     const size_t cap = (size_t)(e->cap ? e->cap : 1), nt = (size_t)(e->nt ? e->nt : 1);
-    e->first = malloc(sizeof(int) * cap);
-    e->last = malloc(sizeof(int) * cap);
-    e->root = malloc(sizeof(int) * cap);
-    e->origin = malloc(sizeof(int) * cap);
-    e->copy = malloc(sizeof(int) * nt);
-    e->delta = malloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
-    e->stack = malloc(sizeof *e->stack * (size_t)(e->nfwd ? e->nfwd : 1));
+    e->first = ck_big_alloc(sizeof(int) * cap);
+    e->last = ck_big_alloc(sizeof(int) * cap);
+    e->root = ck_big_alloc(sizeof(int) * cap);
+    e->origin = ck_big_alloc(sizeof(int) * cap);
+    e->copy = ck_big_alloc(sizeof(int) * nt);
+    e->delta = ck_big_alloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
+    e->stack = ck_big_alloc(sizeof *e->stack * (size_t)(e->nfwd ? e->nfwd : 1));
     if (e->first && e->last && e->root && e->origin && e->copy && e->delta && e->stack) return 0;
     ck_evaluator_rest(e);
     return -1;
@@ -107,7 +109,7 @@ void ck_evaluator_rest(ck_evaluator *e)
                        (void **)&e->turn_start, (void **)&e->turn_t};
     e->nturn = 0;
     for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++) {
-        free(*arrays[i]);
+        ck_big_free(*arrays[i]);
         *arrays[i] = NULL;
     }
 }
@@ -168,7 +170,7 @@ static int64_t sweep(ck_evaluator *e)
  * places the same list (the same buffers, ids and order) */
 static int64_t place(ck_evaluator *e)
 {
-    if (!e->bufs && !(e->bufs = malloc(sizeof *e->bufs * ((size_t)e->cap + (size_t)e->maxpos)))) return -1;
+    if (!e->bufs && !(e->bufs = ck_big_alloc(sizeof *e->bufs * ((size_t)e->cap + (size_t)e->maxpos)))) return -1;
     int nb = 0;
     for (int id = 0; id < e->ids; id++) {
         if (e->first[id] < 0 || is_persistent(e, id)) continue;
@@ -196,7 +198,7 @@ int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark) { retu
 
 void ck_evaluator_forget(ck_evaluator *e)
 {
-    free(e->bufs);
+    ck_big_free(e->bufs);
     e->bufs = NULL;
     e->placed = 0;
 }
@@ -211,7 +213,7 @@ static void release_walks(ck_evaluator *e)
                        (void **)&e->delta, (void **)&e->at, (void **)&e->stack, (void **)&e->turn_root,
                        (void **)&e->turn_start, (void **)&e->turn_t};
     for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++) {
-        free(*arrays[i]);
+        ck_big_free(*arrays[i]);
         *arrays[i] = NULL;
     }
     e->released = 1;
@@ -305,29 +307,29 @@ int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *p
 void ck_evaluator_free(ck_evaluator *e)
 {
     if (!e) return;
-    free(e->bytes);
-    free(e->persistent);
-    free(e->markable);
-    free(e->nodes);
-    free(e->first0);
-    free(e->last0);
-    free(e->root0);
-    free(e->stack);
-    free(e->ws);
-    free(e->flops);
-    free(e->first);
-    free(e->last);
-    free(e->root);
-    free(e->origin);
-    free(e->copy);
-    free(e->delta);
-    free(e->at);
-    free(e->bufs);
-    free(e->placed_mark);
-    free(e->turn_root);
-    free(e->turn_start);
-    free(e->turn_t);
-    free(e);
+    ck_big_free(e->bytes);
+    ck_big_free(e->persistent);
+    ck_big_free(e->markable);
+    ck_big_free(e->nodes);
+    ck_big_free(e->first0);
+    ck_big_free(e->last0);
+    ck_big_free(e->root0);
+    ck_big_free(e->stack);
+    ck_big_free(e->ws);
+    ck_big_free(e->flops);
+    ck_big_free(e->first);
+    ck_big_free(e->last);
+    ck_big_free(e->root);
+    ck_big_free(e->origin);
+    ck_big_free(e->copy);
+    ck_big_free(e->delta);
+    ck_big_free(e->at);
+    ck_big_free(e->bufs);
+    ck_big_free(e->placed_mark);
+    ck_big_free(e->turn_root);
+    ck_big_free(e->turn_start);
+    ck_big_free(e->turn_t);
+    ck_big_free(e);
 }
 
 /* the buffers that cross the turn unless what later entries read of them is
@@ -354,9 +356,9 @@ static int turn_buffers(ck_evaluator *e)
         if (!count[r]++) e->nturn++;
         total++;
     }
-    e->turn_root = malloc(sizeof(int) * (size_t)(e->nturn ? e->nturn : 1));
-    e->turn_start = malloc(sizeof(int) * (size_t)(e->nturn + 1));
-    e->turn_t = malloc(sizeof(int) * (size_t)(total ? total : 1));
+    e->turn_root = ck_big_alloc(sizeof(int) * (size_t)(e->nturn ? e->nturn : 1));
+    e->turn_start = ck_big_alloc(sizeof(int) * (size_t)(e->nturn + 1));
+    e->turn_t = ck_big_alloc(sizeof(int) * (size_t)(total ? total : 1));
     if (!e->turn_root || !e->turn_start || !e->turn_t) return -1;
     int k = 0, at = 0;
     for (int r = 0; r < e->nt; r++) {
@@ -377,7 +379,7 @@ static int turn_buffers(ck_evaluator *e)
 
 ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
 {
-    ck_evaluator *e = calloc(1, sizeof *e);
+    ck_evaluator *e = ck_big_zalloc(sizeof *e);
     if (!e) return NULL;
     const ck_graph *g = c->g;
     e->c = c;
@@ -397,24 +399,24 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
     e->nfwd = nfwd;
     e->cap = g->nt + nout;
     const size_t nt = (size_t)(g->nt ? g->nt : 1), nn = (size_t)(g->nn ? g->nn : 1), cap = (size_t)(e->cap ? e->cap : 1);
-    e->bytes = malloc(sizeof *e->bytes * nt);
-    e->ws = calloc(nn, sizeof *e->ws);
-    e->flops = calloc(nn, sizeof *e->flops);
-    e->first = malloc(sizeof(int) * cap);
-    e->last = malloc(sizeof(int) * cap);
-    e->root = malloc(sizeof(int) * cap);
-    e->origin = malloc(sizeof(int) * cap);
-    e->copy = malloc(sizeof(int) * nt);
-    e->delta = malloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
-    e->at = malloc(sizeof(int) * (size_t)(e->maxpos + 1));
-    e->persistent = malloc(nt);
-    e->markable = malloc(nt);
-    e->nodes = malloc(sizeof *e->nodes * nn);
-    e->first0 = malloc(sizeof(int) * nt);
-    e->last0 = malloc(sizeof(int) * nt);
-    e->root0 = malloc(sizeof(int) * nt);
-    e->stack = malloc(sizeof *e->stack * (size_t)(nfwd ? nfwd : 1));
-    e->placed_mark = malloc(nt);
+    e->bytes = ck_big_alloc(sizeof *e->bytes * nt);
+    e->ws = ck_big_zalloc((nn) * (sizeof *e->ws));
+    e->flops = ck_big_zalloc((nn) * (sizeof *e->flops));
+    e->first = ck_big_alloc(sizeof(int) * cap);
+    e->last = ck_big_alloc(sizeof(int) * cap);
+    e->root = ck_big_alloc(sizeof(int) * cap);
+    e->origin = ck_big_alloc(sizeof(int) * cap);
+    e->copy = ck_big_alloc(sizeof(int) * nt);
+    e->delta = ck_big_alloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
+    e->at = ck_big_alloc(sizeof(int) * (size_t)(e->maxpos + 1));
+    e->persistent = ck_big_alloc(nt);
+    e->markable = ck_big_alloc(nt);
+    e->nodes = ck_big_alloc(sizeof *e->nodes * nn);
+    e->first0 = ck_big_alloc(sizeof(int) * nt);
+    e->last0 = ck_big_alloc(sizeof(int) * nt);
+    e->root0 = ck_big_alloc(sizeof(int) * nt);
+    e->stack = ck_big_alloc(sizeof *e->stack * (size_t)(nfwd ? nfwd : 1));
+    e->placed_mark = ck_big_alloc(nt);
     if (!e->bytes || !e->ws || !e->flops || !e->first || !e->last || !e->root || !e->origin || !e->copy || !e->delta ||
         !e->at || !e->persistent || !e->markable || !e->nodes || !e->first0 || !e->last0 || !e->root0 ||
         !e->stack || !e->placed_mark) {

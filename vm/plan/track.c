@@ -22,6 +22,8 @@
  * retained one. */
 #include "plan/evaluate_int.h"
 
+#include "util/memory.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,7 +45,7 @@ static int lists_push(lists *L, int key, int x)
     } else {
         if (L->n == L->cap) {
             const int cap = L->cap ? 2 * L->cap : 1024;
-            int *v = realloc(L->val, sizeof(int) * (size_t)cap), *nx = v ? realloc(L->next, sizeof(int) * (size_t)cap) : NULL;
+            int *v = ck_big_realloc(L->val, sizeof(int) * (size_t)cap), *nx = v ? ck_big_realloc(L->next, sizeof(int) * (size_t)cap) : NULL;
             if (v) L->val = v;
             if (!v || !nx) return -1;
             L->next = nx;
@@ -78,9 +80,9 @@ static void lists_clear(lists *L, int keys)
 
 static void lists_free(lists *L)
 {
-    free(L->head);
-    free(L->val);
-    free(L->next);
+    ck_big_free(L->head);
+    ck_big_free(L->val);
+    ck_big_free(L->next);
 }
 
 typedef struct tnode {
@@ -282,7 +284,7 @@ static void range_add(ck_tracker *tr, int from, int to, int64_t d)
 /* every node's bounds again, children before parents (after keys changed) */
 static int pull_all(ck_tracker *tr)
 {
-    int *order = malloc(sizeof(int) * 2 * (size_t)tr->nent), n = 0, sp = 0;
+    int *order = ck_big_alloc(sizeof(int) * 2 * (size_t)tr->nent), n = 0, sp = 0;
     if (!order) return -1;
     int *stk = order + tr->nent;
     stk[sp++] = tr->root;
@@ -293,7 +295,7 @@ static int pull_all(ck_tracker *tr)
         if (tr->t[x].r != NONE) stk[sp++] = tr->t[x].r;
     }
     for (int i = n - 1; i >= 0; i--) pull(tr, order[i]);
-    free(order);
+    ck_big_free(order);
     return 0;
 }
 
@@ -586,7 +588,7 @@ static int add_event(ck_tracker *tr, event ev)
 {
     if (tr->nev == tr->cev) {
         const int cap = tr->cev ? 2 * tr->cev : 64;
-        event *v = realloc(tr->ev, sizeof *v * (size_t)cap);
+        event *v = ck_big_realloc(tr->ev, sizeof *v * (size_t)cap);
         if (!v) return -1;
         tr->ev = v;
         tr->cev = cap;
@@ -909,9 +911,9 @@ int ck_tracker_reset(ck_tracker *tr, const unsigned char *mark)
             if (lists_push(&tr->kids, nd->in[0], nd->out[0])) return -1;
         }
     }
-    if (!(tr->order = malloc(sizeof(int) * ((size_t)tr->nent + (size_t)tr->nids)))) return -1; /* the list, then a stack */
+    if (!(tr->order = ck_big_alloc(sizeof(int) * ((size_t)tr->nent + (size_t)tr->nids)))) return -1; /* the list, then a stack */
     const int rc = build(tr, build_order(tr));
-    free(tr->order); /* only laying the list out needs it */
+    ck_big_free(tr->order); /* only laying the list out needs it */
     tr->order = NULL;
     return rc;
 }
@@ -921,42 +923,42 @@ void ck_tracker_free(ck_tracker *tr)
     if (!tr) return;
     lists_free(&tr->touch);
     lists_free(&tr->kids);
-    free(tr->fwd);
-    free(tr->bwd);
-    free(tr->fi);
-    free(tr->bi);
-    free(tr->cbase);
-    free(tr->mark);
-    free(tr->rstart);
-    free(tr->readers);
-    free(tr->t);
-    free(tr->prev);
-    free(tr->next);
-    free(tr->ends);
-    free(tr->child);
-    free(tr->parent);
-    free(tr->pslot);
-    free(tr->rin);
-    free(tr->in_r);
-    free(tr->alias);
-    free(tr->rf);
-    free(tr->rl);
-    free(tr->dirty);
-    free(tr->is_dirty);
-    free(tr->changes);
-    free(tr->stamp);
-    free(tr->list);
-    free(tr->ids);
-    free(tr->ev);
-    free(tr->stack);
-    free(tr->order);
-    free(tr);
+    ck_big_free(tr->fwd);
+    ck_big_free(tr->bwd);
+    ck_big_free(tr->fi);
+    ck_big_free(tr->bi);
+    ck_big_free(tr->cbase);
+    ck_big_free(tr->mark);
+    ck_big_free(tr->rstart);
+    ck_big_free(tr->readers);
+    ck_big_free(tr->t);
+    ck_big_free(tr->prev);
+    ck_big_free(tr->next);
+    ck_big_free(tr->ends);
+    ck_big_free(tr->child);
+    ck_big_free(tr->parent);
+    ck_big_free(tr->pslot);
+    ck_big_free(tr->rin);
+    ck_big_free(tr->in_r);
+    ck_big_free(tr->alias);
+    ck_big_free(tr->rf);
+    ck_big_free(tr->rl);
+    ck_big_free(tr->dirty);
+    ck_big_free(tr->is_dirty);
+    ck_big_free(tr->changes);
+    ck_big_free(tr->stamp);
+    ck_big_free(tr->list);
+    ck_big_free(tr->ids);
+    ck_big_free(tr->ev);
+    ck_big_free(tr->stack);
+    ck_big_free(tr->order);
+    ck_big_free(tr);
 }
 
 ck_tracker *ck_tracker_new(ck_evaluator *e)
 {
     if (e->fallback) return NULL;
-    ck_tracker *tr = calloc(1, sizeof *tr);
+    ck_tracker *tr = ck_big_zalloc(sizeof *tr);
     if (!tr) return NULL;
     const ck_decide_ctx *c = e->c;
     const ck_graph *g = c->g;
@@ -965,10 +967,10 @@ ck_tracker *ck_tracker_new(ck_evaluator *e)
     tr->g = g;
     tr->nt = g->nt;
     const size_t nn = (size_t)(g->nn ? g->nn : 1), nt = (size_t)(g->nt ? g->nt : 1);
-    tr->fwd = malloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
-    tr->bwd = malloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
-    tr->fi = malloc(sizeof(int) * nn);
-    tr->bi = malloc(sizeof(int) * nn);
+    tr->fwd = ck_big_alloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
+    tr->bwd = ck_big_alloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
+    tr->fi = ck_big_alloc(sizeof(int) * nn);
+    tr->bi = ck_big_alloc(sizeof(int) * nn);
     if (!tr->fwd || !tr->bwd || !tr->fi || !tr->bi) goto oom;
     for (int v = 0; v < g->nn; v++) tr->fi[v] = tr->bi[v] = NONE;
     for (int i = 0; i < c->n; i++) {
@@ -983,7 +985,7 @@ ck_tracker *ck_tracker_new(ck_evaluator *e)
     }
     tr->nent = tr->nf + tr->nb + tr->nf + 1;
     tr->end = tr->nent - 1;
-    tr->cbase = malloc(sizeof(int) * (size_t)(tr->nf + 1));
+    tr->cbase = ck_big_alloc(sizeof(int) * (size_t)(tr->nf + 1));
     if (!tr->cbase) goto oom;
     int nc = 0;
     for (int f = 0; f < tr->nf; f++) {
@@ -994,46 +996,46 @@ ck_tracker *ck_tracker_new(ck_evaluator *e)
     tr->nids = g->nt + nc;
     const size_t nent = (size_t)tr->nent, nids = (size_t)(tr->nids ? tr->nids : 1);
     /* readers of each graph tensor among the list's nodes */
-    tr->rstart = calloc(nt + 1, sizeof(int));
+    tr->rstart = ck_big_zalloc((nt + 1) * (sizeof(int)));
     if (!tr->rstart) goto oom;
     for (int i = 0; i < c->n; i++) {
         const ck_pnode *nd = &e->nodes[c->nodes[i]];
         for (int j = 0; j < nd->nin; j++) tr->rstart[nd->in[j] + 1]++;
     }
     for (int t = 0; t < g->nt; t++) tr->rstart[t + 1] += tr->rstart[t];
-    tr->readers = malloc(sizeof *tr->readers * (size_t)(tr->rstart[g->nt] ? tr->rstart[g->nt] : 1));
-    int *fill = calloc(nt, sizeof(int));
+    tr->readers = ck_big_alloc(sizeof *tr->readers * (size_t)(tr->rstart[g->nt] ? tr->rstart[g->nt] : 1));
+    int *fill = ck_big_zalloc((nt) * (sizeof(int)));
     if (!tr->readers || !fill) {
-        free(fill);
+        ck_big_free(fill);
         goto oom;
     }
     for (int i = 0; i < c->n; i++) {
         const ck_pnode *nd = &e->nodes[c->nodes[i]];
         for (int j = 0; j < nd->nin; j++) tr->readers[tr->rstart[nd->in[j]] + fill[nd->in[j]]++] = READER(c->nodes[i], j);
     }
-    free(fill);
-    tr->mark = malloc(nt);
-    tr->t = malloc(sizeof *tr->t * nent);
-    tr->prev = malloc(sizeof(int) * nent);
-    tr->next = malloc(sizeof(int) * nent);
-    tr->ends = malloc(sizeof *tr->ends * nent);
-    tr->child = malloc(sizeof *tr->child * (size_t)(tr->nb + tr->nf + 1));
-    tr->parent = malloc(sizeof(int) * (size_t)(tr->nf ? tr->nf : 1));
-    tr->pslot = malloc(sizeof(int) * (size_t)(tr->nf ? tr->nf : 1));
-    tr->rin = malloc(sizeof *tr->rin * (size_t)(tr->nf ? tr->nf : 1));
-    tr->in_r = malloc((size_t)(tr->nf ? tr->nf : 1));
-    tr->alias = malloc(sizeof(int) * nids);
-    tr->kids.head = malloc(sizeof(int) * nids);
-    tr->touch.head = malloc(sizeof(int) * nids);
-    tr->rf = malloc(sizeof(int) * nids);
-    tr->rl = malloc(sizeof(int) * nids);
-    tr->dirty = malloc(sizeof(int) * nids);
-    tr->is_dirty = calloc(nids, 1);
-    tr->changes = malloc(nids);
-    tr->stamp = calloc((size_t)(tr->nf ? tr->nf : 1), sizeof(int));
-    tr->list = malloc(sizeof(int) * (nent > nids ? nent : nids));
-    tr->ids = malloc(sizeof(int) * nids);
-    tr->stack = malloc(sizeof *tr->stack * (size_t)(tr->nf ? tr->nf : 1));
+    ck_big_free(fill);
+    tr->mark = ck_big_alloc(nt);
+    tr->t = ck_big_alloc(sizeof *tr->t * nent);
+    tr->prev = ck_big_alloc(sizeof(int) * nent);
+    tr->next = ck_big_alloc(sizeof(int) * nent);
+    tr->ends = ck_big_alloc(sizeof *tr->ends * nent);
+    tr->child = ck_big_alloc(sizeof *tr->child * (size_t)(tr->nb + tr->nf + 1));
+    tr->parent = ck_big_alloc(sizeof(int) * (size_t)(tr->nf ? tr->nf : 1));
+    tr->pslot = ck_big_alloc(sizeof(int) * (size_t)(tr->nf ? tr->nf : 1));
+    tr->rin = ck_big_alloc(sizeof *tr->rin * (size_t)(tr->nf ? tr->nf : 1));
+    tr->in_r = ck_big_alloc((size_t)(tr->nf ? tr->nf : 1));
+    tr->alias = ck_big_alloc(sizeof(int) * nids);
+    tr->kids.head = ck_big_alloc(sizeof(int) * nids);
+    tr->touch.head = ck_big_alloc(sizeof(int) * nids);
+    tr->rf = ck_big_alloc(sizeof(int) * nids);
+    tr->rl = ck_big_alloc(sizeof(int) * nids);
+    tr->dirty = ck_big_alloc(sizeof(int) * nids);
+    tr->is_dirty = ck_big_zalloc((nids) * (1));
+    tr->changes = ck_big_alloc(nids);
+    tr->stamp = ck_big_zalloc(((size_t)(tr->nf ? tr->nf : 1)) * (sizeof(int)));
+    tr->list = ck_big_alloc(sizeof(int) * (nent > nids ? nent : nids));
+    tr->ids = ck_big_alloc(sizeof(int) * nids);
+    tr->stack = ck_big_alloc(sizeof *tr->stack * (size_t)(tr->nf ? tr->nf : 1));
     if (!tr->mark || !tr->t || !tr->prev || !tr->next || !tr->ends || !tr->child || !tr->parent || !tr->pslot || !tr->rin || !tr->in_r ||
         !tr->alias || !tr->kids.head || !tr->touch.head || !tr->rf || !tr->rl || !tr->stamp || !tr->list ||
         !tr->stack || !tr->ids || !tr->dirty || !tr->is_dirty || !tr->changes)

@@ -168,12 +168,19 @@ int main(void)
                          pl.peak);
                 check(name, 0, 0);
             }
-            /* the plan made from the evaluator (its placement reused) is the plan */
+            /* the plan made from an evaluator that placed the decision last
+             * (its placement reused; its last use) is the plan */
             ck_plan ep;
-            if (ck_evaluator_plan(ev, mark, &ep)) {
+            ck_evaluator *once = ck_evaluator_new(&c);
+            size_t ignore;
+            double fl;
+            if (!once || ck_evaluate(once, mark, 1, &ignore, &fl) || ck_evaluator_plan(once, mark, &ep)) {
+                ck_evaluator_free(once);
                 ck_plan_free(&pl);
                 break;
             }
+            plan_ok &= ck_evaluate(once, mark, 0, &ignore, &fl) == -1; /* no walks after the plan */
+            ck_evaluator_free(once);
             plan_ok &= ck_plan_digest(&ep, 1) == ck_plan_digest(&pl, 1) && ep.live_peak == pl.live_peak &&
                        ep.recompute_flops == pl.recompute_flops && ep.activation_bytes == pl.activation_bytes &&
                        !memcmp(ep.at_peak, pl.at_peak, sizeof ep.at_peak);

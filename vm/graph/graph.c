@@ -1,7 +1,9 @@
 /* Graph construction: leaves, nodes with shape inference, scopes and script
- * lines. A tensor owns its name; scopes and script lines, which thousands of
+ * lines. The tensor and node tables are large blocks (vm/util/memory.h). A
+ * tensor owns its name; scopes and script lines, which thousands of
  * tensors and nodes share, are held once by the graph. A clone is a deep copy. */
 #include "graph/graph.h"
+#include "util/memory.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -153,8 +155,8 @@ ck_graph *ck_graph_clone(const ck_graph *g)
 {
     ck_graph *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->t = malloc(sizeof *c->t * (size_t)(g->nt ? g->nt : 1));
-    c->n = malloc(sizeof *c->n * (size_t)(g->nn ? g->nn : 1));
+    c->t = ck_big_alloc(sizeof *c->t * (size_t)(g->nt ? g->nt : 1));
+    c->n = ck_big_alloc(sizeof *c->n * (size_t)(g->nn ? g->nn : 1));
     c->scope = c->scope_own = dupstr(g->scope);
     c->fused_updates = g->fused_updates;
     c->comm_overlap = g->comm_overlap;
@@ -255,8 +257,8 @@ void ck_graph_free(ck_graph *g)
     for (int i = 0; g->t && i < g->nt; i++) free(g->t[i].name);
     for (int i = 0; i < g->strs_cap; i++) free(g->strs[i]);
     free(g->strs);
-    free(g->t);
-    free(g->n);
+    ck_big_free(g->t);
+    ck_big_free(g->n);
     free(g->names);
     free(g->scope_own);
     free(g);
@@ -289,7 +291,7 @@ static int new_tensor(ck_graph *g, const ck_shape *s, ck_kind kind, const char *
 {
     if (g->nt == g->capt) {
         int cap = g->capt ? 2 * g->capt : 64;
-        ck_tensor *t = realloc(g->t, sizeof *t * (size_t)cap);
+        ck_tensor *t = ck_big_realloc(g->t, sizeof *t * (size_t)cap);
         if (!t) return -1;
         g->t = t;
         g->capt = cap;
@@ -442,7 +444,7 @@ int ck_graph_node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_o
     if (charge(g, nodes_b + tensors_b + strs, 1, made)) return -1;
     if (g->nn == g->capn) {
         int cap = g->capn ? 2 * g->capn : 64;
-        ck_node *n = realloc(g->n, sizeof *n * (size_t)cap);
+        ck_node *n = ck_big_realloc(g->n, sizeof *n * (size_t)cap);
         if (!n) {
             snprintf(g->err, sizeof g->err, "out of memory");
             return -1;

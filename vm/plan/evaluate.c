@@ -10,6 +10,8 @@
  * data parallel) are scheduled and planned in full. */
 #include "plan/evaluate_int.h"
 
+#include "util/memory.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,6 +83,37 @@ static int materialize(ck_evaluator *e, int t)
     return e->copy[t];
 }
 
+/* a walk's scratch, made again after ck_evaluator_rest gave it back */
+static int scratch(ck_evaluator *e)
+{
+    if (e->first) return 0;
+    const size_t cap = (size_t)(e->cap ? e->cap : 1), nt = (size_t)(e->nt ? e->nt : 1);
+    e->first = ck_big_alloc(sizeof(int) * cap);
+    e->last = ck_big_alloc(sizeof(int) * cap);
+    e->root = ck_big_alloc(sizeof(int) * cap);
+    e->origin = ck_big_alloc(sizeof(int) * cap);
+    e->copy = ck_big_alloc(sizeof(int) * nt);
+    e->delta = ck_big_alloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
+    e->stack = ck_big_alloc(sizeof *e->stack * (size_t)(e->nfwd ? e->nfwd : 1));
+    if (e->first && e->last && e->root && e->origin && e->copy && e->delta && e->stack) return 0;
+    ck_evaluator_rest(e);
+    return -1;
+}
+
+void ck_evaluator_rest(ck_evaluator *e)
+{
+    /* at stays: its forward part is laid once, at the evaluator's making; the
+     * turn's buffers go for good (only the searches' starts read the turn) */
+    void **arrays[] = {(void **)&e->first, (void **)&e->last, (void **)&e->root, (void **)&e->origin,
+                       (void **)&e->copy, (void **)&e->delta, (void **)&e->stack, (void **)&e->turn_root,
+                       (void **)&e->turn_start, (void **)&e->turn_t};
+    e->nturn = 0;
+    for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++) {
+        ck_big_free(*arrays[i]);
+        *arrays[i] = NULL;
+    }
+}
+
 /* the scheduler's list walked: first and last positions by buffer, the node
  * at each position; the forward entries' part is the same for every decision */
 static void walk(ck_evaluator *e, const unsigned char *mark)
@@ -137,6 +170,7 @@ static int64_t sweep(ck_evaluator *e)
  * places the same list (the same buffers, ids and order) */
 static int64_t place(ck_evaluator *e)
 {
+    if (!e->bufs && !(e->bufs = ck_big_alloc(sizeof *e->bufs * ((size_t)e->cap + (size_t)e->maxpos)))) return -1;
     int nb = 0;
     for (int id = 0; id < e->ids; id++) {
         if (e->first[id] < 0 || is_persistent(e, id)) continue;
@@ -162,15 +196,40 @@ static int placed_for(const ck_evaluator *e, const unsigned char *mark)
 
 int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark) { return !e->fallback && placed_for(e, mark); }
 
+void ck_evaluator_forget(ck_evaluator *e)
+{
+    ck_big_free(e->bufs);
+    e->bufs = NULL;
+    e->placed = 0;
+}
+
+/* what only walks need, given back before the plan is made (the plan keeps
+ * the workspaces, FLOPs and last placement) */
+static void release_walks(ck_evaluator *e)
+{
+    void **arrays[] = {(void **)&e->bytes, (void **)&e->persistent, (void **)&e->markable, (void **)&e->nodes,
+                       (void **)&e->first, (void **)&e->last, (void **)&e->root, (void **)&e->origin,
+                       (void **)&e->copy, (void **)&e->first0, (void **)&e->last0, (void **)&e->root0,
+                       (void **)&e->delta, (void **)&e->at, (void **)&e->stack, (void **)&e->turn_root,
+                       (void **)&e->turn_start, (void **)&e->turn_t};
+    for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++) {
+        ck_big_free(*arrays[i]);
+        *arrays[i] = NULL;
+    }
+    e->released = 1;
+}
+
 int ck_evaluator_plan(ck_evaluator *e, const unsigned char *mark, ck_plan *pl)
 {
     const ck_decide_ctx *c = e->c;
+    const int placed = !e->fallback && !e->released && placed_for(e, mark);
+    if (!e->fallback) release_walks(e);
     if (ck_schedule(pl, c->g, c->nodes, c->n, mark)) return -1;
     ck_plan_known k = {0};
     if (!e->fallback) {
         k.ws_node = e->ws;
         k.flops_node = e->flops;
-        if (placed_for(e, mark)) {
+        if (placed) {
             k.placed = e->bufs;
             k.nplaced = e->nplaced;
             k.top = e->top;
@@ -206,7 +265,7 @@ static int evaluate_listed(const ck_decide_ctx *c, const unsigned char *mark, in
 size_t ck_evaluate_turn(ck_evaluator *e, const unsigned char *mark)
 {
     size_t live = e->c->persistent;
-    if (e->fallback) return live;
+    if (e->fallback || e->released) return live;
     e->mark = mark;
     for (int k = 0; k < e->nturn; k++)
         for (int j = e->turn_start[k]; j < e->turn_start[k + 1]; j++)
@@ -230,6 +289,7 @@ int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes)
 int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops)
 {
     if (e->fallback) return evaluate_listed(e->c, mark, exact, peak, flops);
+    if (e->released || scratch(e)) return -1;
     walk(e, mark);
     *flops = e->rflops;
     if (!exact) {
@@ -247,29 +307,29 @@ int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *p
 void ck_evaluator_free(ck_evaluator *e)
 {
     if (!e) return;
-    free(e->bytes);
-    free(e->persistent);
-    free(e->markable);
-    free(e->nodes);
-    free(e->first0);
-    free(e->last0);
-    free(e->root0);
-    free(e->stack);
-    free(e->ws);
-    free(e->flops);
-    free(e->first);
-    free(e->last);
-    free(e->root);
-    free(e->origin);
-    free(e->copy);
-    free(e->delta);
-    free(e->at);
-    free(e->bufs);
-    free(e->placed_mark);
-    free(e->turn_root);
-    free(e->turn_start);
-    free(e->turn_t);
-    free(e);
+    ck_big_free(e->bytes);
+    ck_big_free(e->persistent);
+    ck_big_free(e->markable);
+    ck_big_free(e->nodes);
+    ck_big_free(e->first0);
+    ck_big_free(e->last0);
+    ck_big_free(e->root0);
+    ck_big_free(e->stack);
+    ck_big_free(e->ws);
+    ck_big_free(e->flops);
+    ck_big_free(e->first);
+    ck_big_free(e->last);
+    ck_big_free(e->root);
+    ck_big_free(e->origin);
+    ck_big_free(e->copy);
+    ck_big_free(e->delta);
+    ck_big_free(e->at);
+    ck_big_free(e->bufs);
+    ck_big_free(e->placed_mark);
+    ck_big_free(e->turn_root);
+    ck_big_free(e->turn_start);
+    ck_big_free(e->turn_t);
+    ck_big_free(e);
 }
 
 /* the buffers that cross the turn unless what later entries read of them is
@@ -296,9 +356,9 @@ static int turn_buffers(ck_evaluator *e)
         if (!count[r]++) e->nturn++;
         total++;
     }
-    e->turn_root = malloc(sizeof(int) * (size_t)(e->nturn ? e->nturn : 1));
-    e->turn_start = malloc(sizeof(int) * (size_t)(e->nturn + 1));
-    e->turn_t = malloc(sizeof(int) * (size_t)(total ? total : 1));
+    e->turn_root = ck_big_alloc(sizeof(int) * (size_t)(e->nturn ? e->nturn : 1));
+    e->turn_start = ck_big_alloc(sizeof(int) * (size_t)(e->nturn + 1));
+    e->turn_t = ck_big_alloc(sizeof(int) * (size_t)(total ? total : 1));
     if (!e->turn_root || !e->turn_start || !e->turn_t) return -1;
     int k = 0, at = 0;
     for (int r = 0; r < e->nt; r++) {
@@ -319,7 +379,7 @@ static int turn_buffers(ck_evaluator *e)
 
 ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
 {
-    ck_evaluator *e = calloc(1, sizeof *e);
+    ck_evaluator *e = ck_big_zalloc(sizeof *e);
     if (!e) return NULL;
     const ck_graph *g = c->g;
     e->c = c;
@@ -336,29 +396,29 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
         nout += nd->nout;
     }
     e->maxpos = c->n + nfwd;
+    e->nfwd = nfwd;
     e->cap = g->nt + nout;
     const size_t nt = (size_t)(g->nt ? g->nt : 1), nn = (size_t)(g->nn ? g->nn : 1), cap = (size_t)(e->cap ? e->cap : 1);
-    e->bytes = malloc(sizeof *e->bytes * nt);
-    e->ws = calloc(nn, sizeof *e->ws);
-    e->flops = calloc(nn, sizeof *e->flops);
-    e->first = malloc(sizeof(int) * cap);
-    e->last = malloc(sizeof(int) * cap);
-    e->root = malloc(sizeof(int) * cap);
-    e->origin = malloc(sizeof(int) * cap);
-    e->copy = malloc(sizeof(int) * nt);
-    e->delta = malloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
-    e->at = malloc(sizeof(int) * (size_t)(e->maxpos + 1));
-    e->bufs = malloc(sizeof *e->bufs * (cap + (size_t)e->maxpos));
-    e->persistent = malloc(nt);
-    e->markable = malloc(nt);
-    e->nodes = malloc(sizeof *e->nodes * nn);
-    e->first0 = malloc(sizeof(int) * nt);
-    e->last0 = malloc(sizeof(int) * nt);
-    e->root0 = malloc(sizeof(int) * nt);
-    e->stack = malloc(sizeof *e->stack * (size_t)(nfwd ? nfwd : 1));
-    e->placed_mark = malloc(nt);
+    e->bytes = ck_big_alloc(sizeof *e->bytes * nt);
+    e->ws = ck_big_zalloc((nn) * (sizeof *e->ws));
+    e->flops = ck_big_zalloc((nn) * (sizeof *e->flops));
+    e->first = ck_big_alloc(sizeof(int) * cap);
+    e->last = ck_big_alloc(sizeof(int) * cap);
+    e->root = ck_big_alloc(sizeof(int) * cap);
+    e->origin = ck_big_alloc(sizeof(int) * cap);
+    e->copy = ck_big_alloc(sizeof(int) * nt);
+    e->delta = ck_big_alloc(sizeof *e->delta * (size_t)(e->maxpos + 2));
+    e->at = ck_big_alloc(sizeof(int) * (size_t)(e->maxpos + 1));
+    e->persistent = ck_big_alloc(nt);
+    e->markable = ck_big_alloc(nt);
+    e->nodes = ck_big_alloc(sizeof *e->nodes * nn);
+    e->first0 = ck_big_alloc(sizeof(int) * nt);
+    e->last0 = ck_big_alloc(sizeof(int) * nt);
+    e->root0 = ck_big_alloc(sizeof(int) * nt);
+    e->stack = ck_big_alloc(sizeof *e->stack * (size_t)(nfwd ? nfwd : 1));
+    e->placed_mark = ck_big_alloc(nt);
     if (!e->bytes || !e->ws || !e->flops || !e->first || !e->last || !e->root || !e->origin || !e->copy || !e->delta ||
-        !e->at || !e->bufs || !e->persistent || !e->markable || !e->nodes || !e->first0 || !e->last0 || !e->root0 ||
+        !e->at || !e->persistent || !e->markable || !e->nodes || !e->first0 || !e->last0 || !e->root0 ||
         !e->stack || !e->placed_mark) {
         ck_evaluator_free(e);
         return NULL;

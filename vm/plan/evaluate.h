@@ -29,13 +29,20 @@ double ck_evaluator_flops(const ck_evaluator *e, int v);
  * (room for every forward node); their count. */
 int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes);
 
+/* Gives back a walk's scratch (the next walk makes it again): while a
+ * tracker works instead. */
+void ck_evaluator_rest(ck_evaluator *e);
+/* Gives back the last exact evaluation's placement (a later one makes it again). */
+void ck_evaluator_forget(ck_evaluator *e);
 /* 1 when the last exact evaluation was of decision mark. */
 int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark);
 
 /* The op list and memory plan of decision mark (ck_schedule, then
  * ck_plan_memory), with the workspaces and FLOPs the evaluator took once, and
  * its placement when its last exact evaluation was of mark (the same plan, to
- * the byte, without placing twice). 0, or -1 out of memory (pl empty). */
+ * the byte, without placing twice). The evaluator's last use: it gives back
+ * what walks need before the plan is made (ck_evaluate fails after it).
+ * 0, or -1 out of memory (pl empty). */
 int ck_evaluator_plan(ck_evaluator *e, const unsigned char *mark, ck_plan *pl);
 
 /* One decision's list kept live under one-tensor changes (vm/plan/track.c):
@@ -54,7 +61,7 @@ int ck_tracker_flip(ck_tracker *tr, int t);
 size_t ck_tracker_peak(const ck_tracker *tr);
 int ck_tracker_marked(const ck_tracker *tr, int t);
 /* Lays the list's keys out evenly again, as a flip does when a gap fills
- * (for tests: a flip never needs it called). */
-void ck_tracker_relabel(ck_tracker *tr);
+ * (for tests: a flip never needs it called). 0, or -1 out of memory. */
+int ck_tracker_relabel(ck_tracker *tr);
 
 #endif

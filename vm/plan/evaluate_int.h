@@ -44,7 +44,9 @@ struct ck_evaluator {
     int nturn;
     int *turn_root, *turn_start, *turn_t;
     int maxpos;         /* positions a list can have: every entry recomputed once */
+    int nfwd;           /* forward nodes in the list */
     int fallback;       /* optimizer entries move: schedule and plan in full */
+    int released;       /* ck_evaluator_plan gave back what walks need: no more walks */
     /* one walk's state */
     const unsigned char *mark;
     int pos, ids;

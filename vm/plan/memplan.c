@@ -6,6 +6,7 @@
 #include "plan/plan.h"
 #include "plan/place.h"
 #include "util/hash.h"
+#include "util/memory.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -322,9 +323,9 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     pl->off = malloc(sizeof(int64_t) * (size_t)nt);
     pl->ws_off = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
     pl->ws_bytes = calloc((size_t)(n ? n : 1), sizeof(size_t));
-    int *first = malloc(sizeof(int) * (size_t)nt), *last = malloc(sizeof(int) * (size_t)nt);
-    int *root = malloc(sizeof(int) * (size_t)nt);
-    ck_place_buf *bufs = malloc(sizeof *bufs * (size_t)(nt + n + 1));
+    int *first = ck_big_alloc(sizeof(int) * (size_t)nt), *last = ck_big_alloc(sizeof(int) * (size_t)nt);
+    int *root = ck_big_alloc(sizeof(int) * (size_t)nt);
+    ck_place_buf *bufs = ck_big_alloc(sizeof *bufs * (size_t)(nt + n + 1));
     if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
     for (int i = 0; i < n; i++)
@@ -389,9 +390,9 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     }
     rc = 0;
 out:
-    free(first);
-    free(last);
-    free(root);
-    free(bufs);
+    ck_big_free(first);
+    ck_big_free(last);
+    ck_big_free(root);
+    ck_big_free(bufs);
     return rc;
 }

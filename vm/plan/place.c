@@ -5,6 +5,8 @@
  * not one look at every buffer placed before it. */
 #include "plan/place.h"
 
+#include "util/memory.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,7 +43,7 @@ static uint32_t pool_get(pool *p, int k)
         if ((uint64_t)p->used + size > UINT32_MAX / 2) return 0;
         uint32_t cap = p->cap ? 2 * p->cap : 1 << 16;
         while ((uint64_t)p->used + size > cap) cap *= 2;
-        span *v = realloc(p->v, sizeof *v * (size_t)cap);
+        span *v = ck_big_realloc(p->v, sizeof *v * (size_t)cap);
         if (!v) return 0;
         p->v = v;
         p->cap = cap;
@@ -223,7 +225,7 @@ int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align)
         for (int b = 0; b < nb; b++) bufs[b].need = align_up(bufs[b].size, grid);
     qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
     const int nodes = npos > 0 ? 2 * npos - 1 : 1;
-    tree t = {calloc((size_t)nodes, sizeof(node)), {0}, {{0}}, 0};
+    tree t = {ck_big_zalloc(((size_t)nodes) * (sizeof(node))), {0}, {{0}}, 0};
     t.pool.used = 1; /* index 0 stays unused: it means none */
     if (!t.n) return -1;
     int64_t top = 0;
@@ -244,7 +246,7 @@ int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align)
             break;
         }
     }
-    free(t.pool.v);
-    free(t.n);
+    ck_big_free(t.pool.v);
+    ck_big_free(t.n);
     return top;
 }

@@ -470,7 +470,13 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
     qsort(order, (size_t)n, sizeof *order, by_score);
     /* the costliest PRUNE_TRIALS, each judged on the list tracked through
      * the change (a walk where the list cannot be tracked) */
+    /* not held beside the tracker: the start's placement (not the answer's)
+     * and a walk's scratch */
     ck_tracker *tr = ck_tracker_new(ev);
+    if (tr) {
+        ck_evaluator_forget(ev);
+        ck_evaluator_rest(ev);
+    }
     if (tr && ck_tracker_reset(tr, mark)) goto out;
     for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
         size_t live;

@@ -22,50 +22,79 @@
  * retained one. */
 #include "plan/evaluate_int.h"
 
+#include "util/memory.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #define NONE (-1)
 #define FLOOR (-((int64_t)1 << 62))
 
-typedef struct ivec {
-    int *v;
-    int n, cap;
-} ivec;
+/* Lists of ints by key, in one pool: head per key, then each node's value
+ * and the next node (NONE ends); nodes taken out go to a free list. */
+typedef struct lists {
+    int *head, *val, *next;
+    int n, cap, free;
+} lists;
 
-static int ivec_push(ivec *a, int x)
+static int lists_push(lists *L, int key, int x)
 {
-    if (a->n == a->cap) {
-        const int cap = a->cap ? 2 * a->cap : 2;
-        int *v = realloc(a->v, sizeof *v * (size_t)cap);
-        if (!v) return -1;
-        a->v = v;
-        a->cap = cap;
+    int k = L->free;
+    if (k != NONE) {
+        L->free = L->next[k];
+    } else {
+        if (L->n == L->cap) {
+            const int cap = L->cap ? 2 * L->cap : 1024;
+            int *v = ck_big_realloc(L->val, sizeof(int) * (size_t)cap), *nx = v ? ck_big_realloc(L->next, sizeof(int) * (size_t)cap) : NULL;
+            if (v) L->val = v;
+            if (!v || !nx) return -1;
+            L->next = nx;
+            L->cap = cap;
+        }
+        k = L->n++;
     }
-    a->v[a->n++] = x;
+    L->val[k] = x;
+    L->next[k] = L->head[key];
+    L->head[key] = k;
     return 0;
 }
 
-static void ivec_drop(ivec *a, int x) /* one occurrence */
+static void lists_drop(lists *L, int key, int x) /* one occurrence */
 {
-    for (int i = 0; i < a->n; i++)
-        if (a->v[i] == x) {
-            a->v[i] = a->v[--a->n];
+    for (int *at = &L->head[key]; *at != NONE; at = &L->next[*at])
+        if (L->val[*at] == x) {
+            const int k = *at;
+            *at = L->next[k];
+            L->next[k] = L->free;
+            L->free = k;
             return;
         }
 }
 
+static void lists_clear(lists *L, int keys)
+{
+    for (int i = 0; i < keys; i++) L->head[i] = NONE;
+    L->n = 0;
+    L->free = NONE;
+}
+
+static void lists_free(lists *L)
+{
+    ck_big_free(L->head);
+    ck_big_free(L->val);
+    ck_big_free(L->next);
+}
+
 typedef struct tnode {
-    int l, r, p;
-    uint32_t prio;
-    uint64_t key, lo, hi;  /* the entry's place in the list, and its subtree's least and most */
+    int l, r;
+    uint64_t key;          /* the entry's place in the list */
     int64_t val, mx, lazy; /* lazy: applied to val and mx here, not yet to the children */
 } tnode;
 
-/* a reader of a graph tensor in the list: node and input slot */
-typedef struct reader {
-    int node, slot;
-} reader;
+/* a reader of a graph tensor in the list: node and input slot, packed */
+#define READER(node, slot) ((node) * CK_MAX_IN + (slot))
+#define READER_NODE(r) ((r) / CK_MAX_IN)
+#define READER_SLOT(r) ((r) % CK_MAX_IN)
 
 typedef struct event {
     int anchor, slot, target, x; /* x: the entry the recomputations go before */
@@ -85,24 +114,26 @@ struct ck_tracker {
     unsigned char *mark;       /* per graph tensor: marked and markable */
     /* the readers of each graph tensor among the list's nodes (CSR) */
     int *rstart;
-    reader *readers;
+    int *readers;
     /* the list: a treap by place (keys spread out, 2^32 apart when laid
      * out, a new entry taking the middle of its gap), and a linked list */
     tnode *t;
     int root, head, *prev, *next;
-    uint32_t seed;
     int64_t *ends;             /* per entry: bytes of buffers whose last entry it is */
     /* forest, per entry (later and recompute entries) */
-    int (*child)[CK_MAX_IN];
-    int *parent, *pslot;
-    int (*rin)[CK_MAX_IN];     /* per recompute entry: the ids it reads */
+    int (*child)[CK_MAX_IN];   /* per later and recompute entry (CHILD) */
+    int *parent, *pslot;       /* per recompute entry (PARENT, PSLOT) */
+    int (*rin)[CK_MAX_IN];     /* per forward index: the ids its recompute entry reads (RIN) */
     unsigned char *in_r;       /* per forward index: its recompute entry is in the list */
     double rflops;
     /* ids and buffers */
-    int *ff, *fl;              /* per graph tensor: first and last forward entry touching it, NONE */
     int *alias;                /* per id: the id whose buffer it is (a reshape's input), NONE */
-    ivec *kids;                /* per id: the ids aliasing it */
-    ivec *touch;               /* per id: the later and recompute entries touching it */
+    lists kids;                /* per id: the ids aliasing it */
+    lists touch;               /* per changeable id: the later and recompute entries touching it */
+    /* per id: 1 when a flip can change its buffer's range: a forward
+     * activation, a copy, or what a reshape makes of one (the others' ranges
+     * are laid once; their touches are not kept) */
+    unsigned char *changes;
     int *rf, *rl;              /* per root id: its range's first and last entry, NONE */
     /* the roots whose range a flip changed and has not yet applied: taking
      * an entry out applies at once (no range may end at an entry that is
@@ -120,14 +151,24 @@ struct ck_tracker {
     int *order;                /* reset: entries in list order */
 };
 
+#define RIN(tr, x) (tr)->rin[(x) - (tr)->nf - (tr)->nb]
+/* the first and last forward entry touching buffer root id (its aliases' uses
+ * folded in by the evaluator's forward walk), NONE: forward entries never move */
+#define FF(tr, id) ((id) < (tr)->nt && (tr)->e->root0[id] == (id) ? (tr)->e->first0[id] : NONE)
+#define FL(tr, id) ((id) < (tr)->nt && (tr)->e->root0[id] == (id) ? (tr)->e->last0[id] : NONE)
+#define CHILD(tr, x) (tr)->child[(x) - (tr)->nf] /* later and recompute entries have children */
+#define PARENT(tr, x) (tr)->parent[(x) - (tr)->nf - (tr)->nb] /* recompute entries have parents */
+#define PSLOT(tr, x) (tr)->pslot[(x) - (tr)->nf - (tr)->nb]
+
 /* ---- the treap: entries in list order */
 
-static uint32_t rnd(ck_tracker *tr)
+/* an entry's priority in the treap: a fixed mix of its index */
+static uint32_t prio(int x)
 {
-    tr->seed ^= tr->seed << 13;
-    tr->seed ^= tr->seed >> 17;
-    tr->seed ^= tr->seed << 5;
-    return tr->seed;
+    uint32_t h = (uint32_t)x * 0x9e3779b1u;
+    h ^= h >> 15;
+    h *= 0x85ebca6bu;
+    return h ^ (h >> 13);
 }
 
 static void apply(ck_tracker *tr, int x, int64_t d)
@@ -154,18 +195,13 @@ static void pull(ck_tracker *tr, int x)
 {
     tnode *n = &tr->t[x];
     n->mx = n->val;
-    n->lo = n->hi = n->key;
     if (n->l != NONE) {
         const tnode *c = &tr->t[n->l];
         if (c->mx + n->lazy > n->mx) n->mx = c->mx + n->lazy;
-        n->lo = c->lo;
-        tr->t[n->l].p = x;
     }
     if (n->r != NONE) {
         const tnode *c = &tr->t[n->r];
         if (c->mx + n->lazy > n->mx) n->mx = c->mx + n->lazy;
-        n->hi = c->hi;
-        tr->t[n->r].p = x;
     }
 }
 
@@ -187,55 +223,57 @@ static void split(ck_tracker *tr, int x, uint64_t key, int *a, int *b)
         pull(tr, x);
         *b = x;
     }
-    if (*a != NONE) tr->t[*a].p = NONE;
-    if (*b != NONE) tr->t[*b].p = NONE;
 }
 
 static int merge(ck_tracker *tr, int a, int b)
 {
     if (a == NONE) return b;
     if (b == NONE) return a;
-    if (tr->t[a].prio > tr->t[b].prio) {
+    if (prio(a) > prio(b)) {
         push(tr, a);
         tr->t[a].r = merge(tr, tr->t[a].r, b);
         pull(tr, a);
-        tr->t[a].p = NONE;
         return a;
     }
     push(tr, b);
     tr->t[b].l = merge(tr, a, tr->t[b].l);
     pull(tr, b);
-    tr->t[b].p = NONE;
     return b;
 }
 
 static uint64_t key_of(const ck_tracker *tr, int x) { return tr->t[x].key; }
 
-/* x's live bytes: its own and the additions pending above it */
+/* x's live bytes: its own and the additions pending above it, on the way
+ * down to it by its key */
 static int64_t value(const ck_tracker *tr, int x)
 {
-    int64_t v = tr->t[x].val;
-    for (int p = tr->t[x].p; p != NONE; p = tr->t[p].p) v += tr->t[p].lazy;
-    return v;
+    const uint64_t key = tr->t[x].key;
+    int64_t pending = 0;
+    for (int y = tr->root; y != x; y = key < tr->t[y].key ? tr->t[y].l : tr->t[y].r) pending += tr->t[y].lazy;
+    return tr->t[x].val + pending;
 }
 
-/* adds d to the entries under x with keys in [a, b] */
-static void add_keys(ck_tracker *tr, int x, uint64_t a, uint64_t b, int64_t d)
+/* adds d to the entries under x (whose keys lie in [lo, hi]) with keys in [a, b] */
+static void add_keys_in(ck_tracker *tr, int x, uint64_t lo, uint64_t hi, uint64_t a, uint64_t b, int64_t d)
 {
-    if (x == NONE) return;
-    tnode *n = &tr->t[x];
-    if (b < n->lo || n->hi < a) return;
-    if (a <= n->lo && n->hi <= b) {
+    if (x == NONE || b < lo || hi < a) return;
+    if (a <= lo && hi <= b) {
         apply(tr, x, d);
         return;
     }
     push(tr, x);
+    tnode *n = &tr->t[x];
     if (a <= n->key && n->key <= b) n->val += d;
-    add_keys(tr, n->l, a, b, d);
-    add_keys(tr, n->r, a, b, d);
+    if (n->key > lo) add_keys_in(tr, n->l, lo, n->key - 1, a, b, d);
+    if (n->key < hi) add_keys_in(tr, n->r, n->key + 1, hi, a, b, d);
     n->mx = n->val;
     if (n->l != NONE && tr->t[n->l].mx > n->mx) n->mx = tr->t[n->l].mx;
     if (n->r != NONE && tr->t[n->r].mx > n->mx) n->mx = tr->t[n->r].mx;
+}
+
+static void add_keys(ck_tracker *tr, int x, uint64_t a, uint64_t b, int64_t d)
+{
+    add_keys_in(tr, x, 0, UINT64_MAX, a, b, d);
 }
 
 static void range_add(ck_tracker *tr, int from, int to, int64_t d)
@@ -244,9 +282,11 @@ static void range_add(ck_tracker *tr, int from, int to, int64_t d)
 }
 
 /* every node's bounds again, children before parents (after keys changed) */
-static void pull_all(ck_tracker *tr)
+static int pull_all(ck_tracker *tr)
 {
-    int *order = tr->order, n = 0, *stk = tr->order + tr->nent, sp = 0;
+    int *order = ck_big_alloc(sizeof(int) * 2 * (size_t)tr->nent), n = 0, sp = 0;
+    if (!order) return -1;
+    int *stk = order + tr->nent;
     stk[sp++] = tr->root;
     while (sp) { /* a pre order by node, right, left is a post order backwards */
         const int x = stk[--sp];
@@ -255,7 +295,8 @@ static void pull_all(ck_tracker *tr)
         if (tr->t[x].r != NONE) stk[sp++] = tr->t[x].r;
     }
     for (int i = n - 1; i >= 0; i--) pull(tr, order[i]);
-    tr->t[tr->root].p = NONE;
+    ck_big_free(order);
+    return 0;
 }
 
 /* Keys are SPACING apart when laid out (a list of up to 2^27 entries: within
@@ -265,14 +306,14 @@ static void pull_all(ck_tracker *tr)
 #define SPACING ((uint64_t)1 << 36)
 #define STEP ((uint64_t)1 << 20)
 
-static void relabel(ck_tracker *tr)
+static int relabel(ck_tracker *tr)
 {
     uint64_t k = 0;
     for (int x = tr->head; x != NONE; x = tr->next[x]) {
         tr->t[x].key = k;
         k += SPACING;
     }
-    pull_all(tr);
+    return pull_all(tr);
 }
 
 /* ---- buffers */
@@ -321,19 +362,18 @@ static void range_of(ck_tracker *tr, int r, int *first, int *last)
     while (sp) {
         const int id = stk[--sp];
         if (id < tr->nt) {
-            if (tr->ff[id] != NONE && (f == NONE || key_of(tr, tr->ff[id]) < fr)) {
-                f = tr->ff[id];
+            if (FF(tr, id) != NONE && (f == NONE || key_of(tr, FF(tr, id)) < fr)) {
+                f = FF(tr, id);
                 fr = key_of(tr, f);
             }
-            if (tr->fl[id] != NONE && (l == NONE || key_of(tr, tr->fl[id]) > lr)) {
-                l = tr->fl[id];
+            if (FL(tr, id) != NONE && (l == NONE || key_of(tr, FL(tr, id)) > lr)) {
+                l = FL(tr, id);
                 lr = key_of(tr, l);
             }
             kept |= tr->c->retain && tr->c->retain[id];
         }
-        const ivec *tv = &tr->touch[id];
-        for (int i = 0; i < tv->n; i++) {
-            const int x = tv->v[i];
+        for (int k = tr->touch.head[id]; k != NONE; k = tr->touch.next[k]) {
+            const int x = tr->touch.val[k];
             const uint64_t xr = key_of(tr, x);
             if (f == NONE || xr < fr) {
                 f = x;
@@ -344,8 +384,7 @@ static void range_of(ck_tracker *tr, int r, int *first, int *last)
                 lr = xr;
             }
         }
-        const ivec *kv = &tr->kids[id];
-        for (int i = 0; i < kv->n; i++) stk[sp++] = kv->v[i];
+        for (int k = tr->kids.head[id]; k != NONE; k = tr->kids.next[k]) stk[sp++] = tr->kids.val[k];
     }
     if (f != NONE && kept) l = tr->end;
     *first = f;
@@ -406,14 +445,16 @@ static void flush(ck_tracker *tr)
 
 static int touch_add(ck_tracker *tr, int id, int x)
 {
-    if (ivec_push(&tr->touch[id], x)) return -1;
+    if (!tr->changes[id]) return 0;
+    if (lists_push(&tr->touch, id, x)) return -1;
     later(tr, root_of(tr, id));
     return 0;
 }
 
 static void touch_del(ck_tracker *tr, int id, int x)
 {
-    ivec_drop(&tr->touch[id], x);
+    if (!tr->changes[id]) return;
+    lists_drop(&tr->touch, id, x);
     update(tr, root_of(tr, id));
 }
 
@@ -423,9 +464,9 @@ static int set_alias(ck_tracker *tr, int id, int to)
     if (tr->alias[id] == to) return 0;
     const int was = root_of(tr, id);
     if (was == id) set_range(tr, id, NONE, NONE);
-    if (tr->alias[id] != NONE) ivec_drop(&tr->kids[tr->alias[id]], id);
+    if (tr->alias[id] != NONE) lists_drop(&tr->kids, tr->alias[id], id);
     tr->alias[id] = to;
-    if (to != NONE && ivec_push(&tr->kids[to], id)) return -1;
+    if (to != NONE && lists_push(&tr->kids, to, id)) return -1;
     if (was != id) update(tr, was);
     later(tr, root_of(tr, id));
     return 0;
@@ -451,18 +492,16 @@ static int insert_entry(ck_tracker *tr, int f, int at)
     const int v = tr->fwd[f], x = tr->nf + tr->nb + f;
     const ck_pnode *nd = &tr->e->nodes[v];
     const int left = tr->prev[at];
-    if (key_of(tr, at) - key_of(tr, left) < 2) relabel(tr);
+    if (key_of(tr, at) - key_of(tr, left) < 2 && relabel(tr)) return -1;
     const uint64_t gap = key_of(tr, at) - key_of(tr, left);
     tnode *n = &tr->t[x];
-    n->l = n->r = n->p = NONE;
+    n->l = n->r = NONE;
     n->lazy = 0;
     n->key = key_of(tr, left) + (gap / 2 < STEP ? gap / 2 : STEP);
-    n->prio = rnd(tr);
     /* the bytes live across the gap it goes into: the left entry's, less its
      * own workspace and the buffers that end there */
     n->val = n->mx = value(tr, left) - (int64_t)tr->e->ws[node_of_entry(tr, left)] - tr->ends[left] +
                      (int64_t)tr->e->ws[v];
-    n->lo = n->hi = n->key;
     tr->ends[x] = 0;
     int l, r;
     split(tr, tr->root, n->key, &l, &r);
@@ -474,12 +513,12 @@ static int insert_entry(ck_tracker *tr, int f, int at)
     tr->in_r[f] = 1;
     tr->rflops += tr->e->flops[v];
     for (int j = 0; j < nd->nin; j++) {
-        tr->rin[x][j] = read_id(tr, nd->in[j]);
-        if (touch_add(tr, tr->rin[x][j], x)) return -1;
+        RIN(tr, x)[j] = read_id(tr, nd->in[j]);
+        if (touch_add(tr, RIN(tr, x)[j], x)) return -1;
     }
     for (int q = 0; q < nd->nout; q++)
         if (nd->out[q] >= 0 && touch_add(tr, tr->nt + tr->cbase[f] + q, x)) return -1;
-    if (nd->reshape && nd->out[0] >= 0 && set_alias(tr, tr->nt + tr->cbase[f], tr->rin[x][0])) return -1;
+    if (nd->reshape && nd->out[0] >= 0 && set_alias(tr, tr->nt + tr->cbase[f], RIN(tr, x)[0])) return -1;
     return 0;
 }
 
@@ -488,7 +527,7 @@ static void erase_entry(ck_tracker *tr, int f)
     const int v = tr->fwd[f], x = tr->nf + tr->nb + f;
     const ck_pnode *nd = &tr->e->nodes[v];
     if (nd->reshape && nd->out[0] >= 0) set_alias(tr, tr->nt + tr->cbase[f], NONE);
-    for (int j = 0; j < nd->nin; j++) touch_del(tr, tr->rin[x][j], x);
+    for (int j = 0; j < nd->nin; j++) touch_del(tr, RIN(tr, x)[j], x);
     for (int q = 0; q < nd->nout; q++)
         if (nd->out[q] >= 0) touch_del(tr, tr->nt + tr->cbase[f] + q, x);
     flush(tr); /* no applied range may end at x once it is gone */
@@ -498,9 +537,9 @@ static void erase_entry(ck_tracker *tr, int f)
     tr->root = merge(tr, l, r);
     tr->next[tr->prev[x]] = tr->next[x];
     tr->prev[tr->next[x]] = tr->prev[x];
-    if (tr->parent[x] != NONE) tr->child[tr->parent[x]][tr->pslot[x]] = NONE;
-    tr->parent[x] = NONE;
-    for (int j = 0; j < CK_MAX_IN; j++) tr->child[x][j] = NONE;
+    if (PARENT(tr, x) != NONE) CHILD(tr, PARENT(tr, x))[PSLOT(tr, x)] = NONE;
+    PARENT(tr, x) = NONE;
+    for (int j = 0; j < CK_MAX_IN; j++) CHILD(tr, x)[j] = NONE;
     tr->in_r[f] = 0;
     tr->rflops -= tr->e->flops[v];
 }
@@ -508,7 +547,7 @@ static void erase_entry(ck_tracker *tr, int f)
 static int depth_of(const ck_tracker *tr, int x)
 {
     int d = 0;
-    for (; tr->parent[x] != NONE; x = tr->parent[x]) d++;
+    for (; x >= tr->nf + tr->nb && PARENT(tr, x) != NONE; x = PARENT(tr, x)) d++;
     return d;
 }
 
@@ -517,11 +556,11 @@ static int depth_of(const ck_tracker *tr, int x)
 static int insertion_point(const ck_tracker *tr, int x, int slot)
 {
     int c = NONE;
-    for (int j = slot; j < CK_MAX_IN && c == NONE; j++) c = tr->child[x][j];
+    for (int j = slot; j < CK_MAX_IN && c == NONE; j++) c = CHILD(tr, x)[j];
     if (c == NONE) return x;
     for (;;) { /* the subtree's first entry: down its first children */
         int d = NONE;
-        for (int j = 0; j < CK_MAX_IN && d == NONE; j++) d = tr->child[c][j];
+        for (int j = 0; j < CK_MAX_IN && d == NONE; j++) d = CHILD(tr, c)[j];
         if (d == NONE) return c;
         c = d;
     }
@@ -549,7 +588,7 @@ static int add_event(ck_tracker *tr, event ev)
 {
     if (tr->nev == tr->cev) {
         const int cap = tr->cev ? 2 * tr->cev : 64;
-        event *v = realloc(tr->ev, sizeof *v * (size_t)cap);
+        event *v = ck_big_realloc(tr->ev, sizeof *v * (size_t)cap);
         if (!v) return -1;
         tr->ev = v;
         tr->cev = cap;
@@ -573,9 +612,9 @@ static int recompute_from(ck_tracker *tr, int f, int anchor, int slot, int at)
         if (fr->j == nd->nin) {
             const int x = tr->nf + tr->nb + fr->v;
             if (insert_entry(tr, fr->v, at)) return -1;
-            tr->parent[x] = fr->ins[0];
-            tr->pslot[x] = fr->ins[1];
-            tr->child[fr->ins[0]][fr->ins[1]] = x;
+            PARENT(tr, x) = fr->ins[0];
+            PSLOT(tr, x) = fr->ins[1];
+            CHILD(tr, fr->ins[0])[fr->ins[1]] = x;
             sp--;
             continue;
         }
@@ -602,8 +641,8 @@ int ck_tracker_flip(ck_tracker *tr, int t)
     const int gen = ++tr->gen, xp = tr->nf + tr->nb + p;
     int na = 0;
     if (tr->mark[t]) {
-        const int up = tr->parent[xp];
-        if (tr->in_r[p] && up != NONE && tr->e->nodes[node_of_entry(tr, up)].in[tr->pslot[xp]] == t) {
+        const int up = PARENT(tr, xp);
+        if (tr->in_r[p] && up != NONE && tr->e->nodes[node_of_entry(tr, up)].in[PSLOT(tr, xp)] == t) {
             int *stk = tr->ids, sp = 0;
             stk[sp++] = xp;
             while (sp) {
@@ -611,16 +650,16 @@ int ck_tracker_flip(ck_tracker *tr, int t)
                 tr->list[na++] = x - tr->nf - tr->nb;
                 tr->stamp[x - tr->nf - tr->nb] = gen;
                 for (int j = 0; j < CK_MAX_IN; j++)
-                    if (tr->child[x][j] != NONE) stk[sp++] = tr->child[x][j];
+                    if (CHILD(tr, x)[j] != NONE) stk[sp++] = CHILD(tr, x)[j];
             }
         }
     } else {
         int any = 0; /* the key before which the first reader of t needs it */
         uint64_t first = 0;
         for (int k = tr->rstart[t]; k < tr->rstart[t + 1]; k++) {
-            const int x = anchor_of(tr, tr->readers[k].node, gen);
+            const int x = anchor_of(tr, READER_NODE(tr->readers[k]), gen);
             if (x == NONE) continue;
-            const uint64_t r = key_of(tr, insertion_point(tr, x, tr->readers[k].slot));
+            const uint64_t r = key_of(tr, insertion_point(tr, x, READER_SLOT(tr->readers[k])));
             if (!any || r < first) first = r;
             any = 1;
         }
@@ -648,15 +687,15 @@ int ck_tracker_flip(ck_tracker *tr, int t)
     tr->mark[t] ^= 1;
     const int now = read_id(tr, t);
     for (int k = tr->rstart[t]; k < tr->rstart[t + 1]; k++) {
-        const reader *rd = &tr->readers[k];
-        const int x = anchor_of(tr, rd->node, gen);
+        const int rnode = READER_NODE(tr->readers[k]), rslot = READER_SLOT(tr->readers[k]);
+        const int x = anchor_of(tr, rnode, gen);
         if (x == NONE) continue;
-        if (x >= tr->nf + tr->nb) tr->rin[x][rd->slot] = now;
+        if (x >= tr->nf + tr->nb) RIN(tr, x)[rslot] = now;
         touch_del(tr, was, x);
         if (touch_add(tr, now, x)) return -1;
-        const ck_pnode *nd = &tr->e->nodes[rd->node];
-        if (nd->reshape && rd->slot == 0 && nd->out[0] >= 0) {
-            const int out = x < tr->nf + tr->nb ? nd->out[0] : tr->nt + tr->cbase[tr->fi[rd->node]];
+        const ck_pnode *nd = &tr->e->nodes[rnode];
+        if (nd->reshape && rslot == 0 && nd->out[0] >= 0) {
+            const int out = x < tr->nf + tr->nb ? nd->out[0] : tr->nt + tr->cbase[tr->fi[rnode]];
             if (set_alias(tr, out, now)) return -1;
         }
     }
@@ -670,11 +709,11 @@ int ck_tracker_flip(ck_tracker *tr, int t)
             const int u = nd->out[q];
             if (u < 0 || !tr->mark[u]) continue;
             for (int k = tr->rstart[u]; k < tr->rstart[u + 1]; k++) {
-                const reader *rd = &tr->readers[k];
-                const int x = anchor_of(tr, rd->node, gen);
+                const int rslot = READER_SLOT(tr->readers[k]);
+                const int x = anchor_of(tr, READER_NODE(tr->readers[k]), gen);
                 if (x == NONE) continue;
-                const int at = insertion_point(tr, x, rd->slot);
-                if (add_event(tr, (event){x, rd->slot, a, at, key_of(tr, at), depth_of(tr, x)})) return -1;
+                const int at = insertion_point(tr, x, rslot);
+                if (add_event(tr, (event){x, rslot, a, at, key_of(tr, at), depth_of(tr, x)})) return -1;
             }
         }
     }
@@ -698,7 +737,7 @@ double ck_tracker_flops(const ck_tracker *tr) { return tr->rflops; }
 
 int ck_tracker_marked(const ck_tracker *tr, int t) { return tr->mark[t]; }
 
-void ck_tracker_relabel(ck_tracker *tr) { relabel(tr); }
+int ck_tracker_relabel(ck_tracker *tr) { return relabel(tr); }
 
 
 
@@ -727,10 +766,10 @@ static int build_order(ck_tracker *tr)
                 if (fr->j == pn->nin) {
                     const int x = tr->nf + tr->nb + fr->v;
                     tr->in_r[fr->v] = 1;
-                    tr->parent[x] = fr->ins[0];
-                    tr->pslot[x] = fr->ins[1];
-                    tr->child[fr->ins[0]][fr->ins[1]] = x;
-                    for (int i = 0; i < pn->nin; i++) tr->rin[x][i] = read_id(tr, pn->in[i]);
+                    PARENT(tr, x) = fr->ins[0];
+                    PSLOT(tr, x) = fr->ins[1];
+                    CHILD(tr, fr->ins[0])[fr->ins[1]] = x;
+                    for (int i = 0; i < pn->nin; i++) RIN(tr, x)[i] = read_id(tr, pn->in[i]);
                     tr->rflops += tr->e->flops[tr->fwd[fr->v]];
                     tr->order[n++] = x;
                     sp--;
@@ -752,34 +791,36 @@ static int build_order(ck_tracker *tr)
 
 static int build(ck_tracker *tr, int n)
 {
-    /* touches and aliases of the later and recompute entries, in list order */
+    /* touches and aliases of the later and recompute entries, in list order:
+     * each id's first and last position among them, and the touches of the
+     * ids whose range can change */
+    int *tf = tr->rf, *tl = tr->rl; /* a root's range is written after its aliases' positions are read */
+    for (int id = 0; id < tr->nids; id++) tf[id] = tl[id] = NONE;
+#define TOUCH(id, x, i)                                                                  \
+    do {                                                                                 \
+        if (tf[id] == NONE) tf[id] = (i);                                                \
+        tl[id] = (i);                                                                    \
+        if (tr->changes[id] && lists_push(&tr->touch, (id), (x))) goto oom;              \
+    } while (0)
     for (int i = tr->nf; i < n - 1; i++) {
         const int x = tr->order[i], v = node_of_entry(tr, x);
         const ck_pnode *nd = &tr->e->nodes[v];
         const int rec = x >= tr->nf + tr->nb;
         int ins[CK_MAX_IN], outs[CK_MAX_OUT];
-        for (int j = 0; j < nd->nin; j++) ins[j] = rec ? tr->rin[x][j] : read_id(tr, nd->in[j]);
+        for (int j = 0; j < nd->nin; j++) ins[j] = rec ? RIN(tr, x)[j] : read_id(tr, nd->in[j]);
         for (int q = 0; q < nd->nout; q++)
             outs[q] = nd->out[q] < 0 ? NONE : rec ? tr->nt + tr->cbase[x - tr->nf - tr->nb] + q : nd->out[q];
-        for (int j = 0; j < nd->nin; j++)
-            if (ivec_push(&tr->touch[ins[j]], x)) return -1;
+        for (int j = 0; j < nd->nin; j++) TOUCH(ins[j], x, i);
         for (int q = 0; q < nd->nout; q++)
-            if (outs[q] != NONE && ivec_push(&tr->touch[outs[q]], x)) return -1;
+            if (outs[q] != NONE) TOUCH(outs[q], x, i);
         if (nd->reshape && outs[0] != NONE) {
             tr->alias[outs[0]] = ins[0];
-            if (ivec_push(&tr->kids[ins[0]], outs[0])) return -1;
+            if (lists_push(&tr->kids, ins[0], outs[0])) goto oom;
         }
     }
-    /* the treap, built in order (ranks are list positions now), values from
-     * the ranges */
-    int64_t *delta = calloc((size_t)n + 1, sizeof *delta);
-    int *pos = malloc(sizeof(int) * (size_t)tr->nent);
-    if (!delta || !pos) {
-        free(delta);
-        free(pos);
-        return -1;
-    }
-    for (int i = 0; i < n; i++) pos[tr->order[i]] = i;
+#undef TOUCH
+    /* the treap, built in order, values from the ranges (their ends' changes
+     * summed up in each node's lazy first: nothing is pending yet) */
     tr->root = NONE;
     int *right = tr->list; /* the right spine, for a linear build */
     int sp = 0;
@@ -787,14 +828,13 @@ static int build(ck_tracker *tr, int n)
     for (int i = 0; i < n; i++) {
         const int x = tr->order[i];
         tnode *nd = &tr->t[x];
-        nd->l = nd->r = nd->p = NONE;
+        nd->l = nd->r = NONE;
         nd->lazy = 0;
-        nd->prio = rnd(tr);
         nd->key = (uint64_t)i * SPACING;
         tr->prev[x] = i ? tr->order[i - 1] : NONE;
         tr->next[x] = i + 1 < n ? tr->order[i + 1] : NONE;
         int last = NONE;
-        while (sp && tr->t[right[sp - 1]].prio < nd->prio) last = right[--sp];
+        while (sp && prio(right[sp - 1]) < prio(x)) last = right[--sp];
         nd->l = last;
         if (sp) tr->t[right[sp - 1]].r = x;
         right[sp++] = x;
@@ -802,30 +842,26 @@ static int build(ck_tracker *tr, int n)
     tr->root = right[0];
     /* ranks are positions until the first change: ranges from them */
     for (int id = 0; id < tr->nids; id++) {
-        tr->rf[id] = tr->rl[id] = NONE;
-        if (tr->alias[id] != NONE) continue;
+        if (tr->alias[id] != NONE) continue; /* an alias's range stays NONE: its positions are its root's */
         int f = NONE, l = NONE, fr = 0, lr = -1, kept = 0, stk_n = 0;
         int *stk = tr->order + n; /* room past the list */
         stk[stk_n++] = id;
         while (stk_n) {
             const int y = stk[--stk_n];
             if (y < tr->nt) {
-                if (tr->ff[y] != NONE && (f == NONE || tr->ff[y] < fr)) f = fr = tr->ff[y];
-                if (tr->fl[y] != NONE && tr->fl[y] > lr) l = lr = tr->fl[y];
+                if (FF(tr, y) != NONE && (f == NONE || FF(tr, y) < fr)) f = fr = FF(tr, y);
+                if (FL(tr, y) != NONE && FL(tr, y) > lr) l = lr = FL(tr, y);
                 kept |= tr->c->retain && tr->c->retain[y];
             }
-            for (int i = 0; i < tr->touch[y].n; i++) {
-                const int x = tr->touch[y].v[i], xr = pos[x];
-                if (f == NONE || xr < fr) {
-                    f = x;
-                    fr = xr;
-                }
-                if (xr > lr) {
-                    l = x;
-                    lr = xr;
-                }
+            if (tf[y] != NONE && (f == NONE || tf[y] < fr)) {
+                f = tr->order[tf[y]];
+                fr = tf[y];
             }
-            for (int i = 0; i < tr->kids[y].n; i++) stk[stk_n++] = tr->kids[y].v[i];
+            if (tl[y] != NONE && tl[y] > lr) {
+                l = tr->order[tl[y]];
+                lr = tl[y];
+            }
+            for (int k = tr->kids.head[y]; k != NONE; k = tr->kids.next[k]) stk[stk_n++] = tr->kids.val[k];
         }
         if (f == NONE) continue;
         if (kept) {
@@ -835,94 +871,94 @@ static int build(ck_tracker *tr, int n)
         tr->rf[id] = f;
         tr->rl[id] = l;
         const int64_t b = bytes_of_root(tr, id);
-        delta[fr] += b;
-        delta[lr + 1] -= b;
+        tr->t[tr->order[fr]].lazy += b;
+        if (lr + 1 < n) tr->t[tr->order[lr + 1]].lazy -= b;
         tr->ends[l] += b;
     }
+    for (int id = 0; id < tr->nids; id++) /* the positions the aliases lent */
+        if (tr->alias[id] != NONE) tr->rf[id] = tr->rl[id] = NONE;
     int64_t live = 0;
     for (int i = 0; i < n; i++) {
-        live += delta[i];
         const int x = tr->order[i];
+        live += tr->t[x].lazy;
+        tr->t[x].lazy = 0;
         tr->t[x].val = x == tr->end ? FLOOR : live + (int64_t)tr->e->ws[node_of_entry(tr, x)];
     }
-    free(delta);
-    free(pos);
-    pull_all(tr); /* bounds and maxima bottom up */
-    return 0;
+    return pull_all(tr); /* maxima bottom up */
+oom:
+    return -1;
 }
 
 int ck_tracker_reset(ck_tracker *tr, const unsigned char *mark)
 {
     for (int t = 0; t < tr->nt; t++) tr->mark[t] = mark && mark[t] && tr->e->markable[t];
-    for (int id = 0; id < tr->nids; id++) {
-        tr->touch[id].n = tr->kids[id].n = 0;
-        tr->alias[id] = NONE;
-    }
+    lists_clear(&tr->touch, tr->nids);
+    lists_clear(&tr->kids, tr->nids);
+    for (int id = 0; id < tr->nids; id++) tr->alias[id] = NONE;
     for (int x = 0; x < tr->nent; x++) {
         tr->ends[x] = 0;
-        tr->parent[x] = NONE;
-        for (int j = 0; j < CK_MAX_IN; j++) tr->child[x][j] = NONE;
+        if (x >= tr->nf + tr->nb && x != tr->end) PARENT(tr, x) = NONE;
+        if (x >= tr->nf && x != tr->end)
+            for (int j = 0; j < CK_MAX_IN; j++) CHILD(tr, x)[j] = NONE;
     }
     memset(tr->in_r, 0, (size_t)(tr->nf ? tr->nf : 1));
     tr->rflops = 0;
-    tr->seed = 0x9e3779b9u;
     /* the forward entries' aliases, which no decision changes */
     for (int f = 0; f < tr->nf; f++) {
         const ck_pnode *nd = &tr->e->nodes[tr->fwd[f]];
         if (nd->reshape && nd->out[0] >= 0) {
             tr->alias[nd->out[0]] = nd->in[0];
-            if (ivec_push(&tr->kids[nd->in[0]], nd->out[0])) return -1;
+            if (lists_push(&tr->kids, nd->in[0], nd->out[0])) return -1;
         }
     }
-    return build(tr, build_order(tr));
+    if (!(tr->order = ck_big_alloc(sizeof(int) * ((size_t)tr->nent + (size_t)tr->nids)))) return -1; /* the list, then a stack */
+    const int rc = build(tr, build_order(tr));
+    ck_big_free(tr->order); /* only laying the list out needs it */
+    tr->order = NULL;
+    return rc;
 }
 
 void ck_tracker_free(ck_tracker *tr)
 {
     if (!tr) return;
-    for (int id = 0; tr->touch && id < tr->nids; id++) {
-        free(tr->touch[id].v);
-        free(tr->kids[id].v);
-    }
-    free(tr->fwd);
-    free(tr->bwd);
-    free(tr->fi);
-    free(tr->bi);
-    free(tr->cbase);
-    free(tr->mark);
-    free(tr->rstart);
-    free(tr->readers);
-    free(tr->t);
-    free(tr->prev);
-    free(tr->next);
-    free(tr->ends);
-    free(tr->child);
-    free(tr->parent);
-    free(tr->pslot);
-    free(tr->rin);
-    free(tr->in_r);
-    free(tr->ff);
-    free(tr->fl);
-    free(tr->alias);
-    free(tr->kids);
-    free(tr->touch);
-    free(tr->rf);
-    free(tr->rl);
-    free(tr->dirty);
-    free(tr->is_dirty);
-    free(tr->stamp);
-    free(tr->list);
-    free(tr->ids);
-    free(tr->ev);
-    free(tr->stack);
-    free(tr->order);
-    free(tr);
+    lists_free(&tr->touch);
+    lists_free(&tr->kids);
+    ck_big_free(tr->fwd);
+    ck_big_free(tr->bwd);
+    ck_big_free(tr->fi);
+    ck_big_free(tr->bi);
+    ck_big_free(tr->cbase);
+    ck_big_free(tr->mark);
+    ck_big_free(tr->rstart);
+    ck_big_free(tr->readers);
+    ck_big_free(tr->t);
+    ck_big_free(tr->prev);
+    ck_big_free(tr->next);
+    ck_big_free(tr->ends);
+    ck_big_free(tr->child);
+    ck_big_free(tr->parent);
+    ck_big_free(tr->pslot);
+    ck_big_free(tr->rin);
+    ck_big_free(tr->in_r);
+    ck_big_free(tr->alias);
+    ck_big_free(tr->rf);
+    ck_big_free(tr->rl);
+    ck_big_free(tr->dirty);
+    ck_big_free(tr->is_dirty);
+    ck_big_free(tr->changes);
+    ck_big_free(tr->stamp);
+    ck_big_free(tr->list);
+    ck_big_free(tr->ids);
+    ck_big_free(tr->ev);
+    ck_big_free(tr->stack);
+    ck_big_free(tr->order);
+    ck_big_free(tr);
 }
 
 ck_tracker *ck_tracker_new(ck_evaluator *e)
 {
     if (e->fallback) return NULL;
-    ck_tracker *tr = calloc(1, sizeof *tr);
+    ck_tracker *tr = ck_big_zalloc(sizeof *tr);
     if (!tr) return NULL;
     const ck_decide_ctx *c = e->c;
     const ck_graph *g = c->g;
@@ -931,10 +967,10 @@ ck_tracker *ck_tracker_new(ck_evaluator *e)
     tr->g = g;
     tr->nt = g->nt;
     const size_t nn = (size_t)(g->nn ? g->nn : 1), nt = (size_t)(g->nt ? g->nt : 1);
-    tr->fwd = malloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
-    tr->bwd = malloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
-    tr->fi = malloc(sizeof(int) * nn);
-    tr->bi = malloc(sizeof(int) * nn);
+    tr->fwd = ck_big_alloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
+    tr->bwd = ck_big_alloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
+    tr->fi = ck_big_alloc(sizeof(int) * nn);
+    tr->bi = ck_big_alloc(sizeof(int) * nn);
     if (!tr->fwd || !tr->bwd || !tr->fi || !tr->bi) goto oom;
     for (int v = 0; v < g->nn; v++) tr->fi[v] = tr->bi[v] = NONE;
     for (int i = 0; i < c->n; i++) {
@@ -949,7 +985,7 @@ ck_tracker *ck_tracker_new(ck_evaluator *e)
     }
     tr->nent = tr->nf + tr->nb + tr->nf + 1;
     tr->end = tr->nent - 1;
-    tr->cbase = malloc(sizeof(int) * (size_t)(tr->nf + 1));
+    tr->cbase = ck_big_alloc(sizeof(int) * (size_t)(tr->nf + 1));
     if (!tr->cbase) goto oom;
     int nc = 0;
     for (int f = 0; f < tr->nf; f++) {
@@ -960,62 +996,55 @@ ck_tracker *ck_tracker_new(ck_evaluator *e)
     tr->nids = g->nt + nc;
     const size_t nent = (size_t)tr->nent, nids = (size_t)(tr->nids ? tr->nids : 1);
     /* readers of each graph tensor among the list's nodes */
-    tr->rstart = calloc(nt + 1, sizeof(int));
+    tr->rstart = ck_big_zalloc((nt + 1) * (sizeof(int)));
     if (!tr->rstart) goto oom;
     for (int i = 0; i < c->n; i++) {
         const ck_pnode *nd = &e->nodes[c->nodes[i]];
         for (int j = 0; j < nd->nin; j++) tr->rstart[nd->in[j] + 1]++;
     }
     for (int t = 0; t < g->nt; t++) tr->rstart[t + 1] += tr->rstart[t];
-    tr->readers = malloc(sizeof *tr->readers * (size_t)(tr->rstart[g->nt] ? tr->rstart[g->nt] : 1));
-    int *fill = calloc(nt, sizeof(int));
+    tr->readers = ck_big_alloc(sizeof *tr->readers * (size_t)(tr->rstart[g->nt] ? tr->rstart[g->nt] : 1));
+    int *fill = ck_big_zalloc((nt) * (sizeof(int)));
     if (!tr->readers || !fill) {
-        free(fill);
+        ck_big_free(fill);
         goto oom;
     }
     for (int i = 0; i < c->n; i++) {
         const ck_pnode *nd = &e->nodes[c->nodes[i]];
-        for (int j = 0; j < nd->nin; j++) tr->readers[tr->rstart[nd->in[j]] + fill[nd->in[j]]++] = (reader){c->nodes[i], j};
+        for (int j = 0; j < nd->nin; j++) tr->readers[tr->rstart[nd->in[j]] + fill[nd->in[j]]++] = READER(c->nodes[i], j);
     }
-    free(fill);
-    tr->mark = malloc(nt);
-    tr->t = malloc(sizeof *tr->t * nent);
-    tr->prev = malloc(sizeof(int) * nent);
-    tr->next = malloc(sizeof(int) * nent);
-    tr->ends = malloc(sizeof *tr->ends * nent);
-    tr->child = malloc(sizeof *tr->child * nent);
-    tr->parent = malloc(sizeof(int) * nent);
-    tr->pslot = malloc(sizeof(int) * nent);
-    tr->rin = malloc(sizeof *tr->rin * nent);
-    tr->in_r = malloc((size_t)(tr->nf ? tr->nf : 1));
-    tr->ff = malloc(sizeof(int) * nt);
-    tr->fl = malloc(sizeof(int) * nt);
-    tr->alias = malloc(sizeof(int) * nids);
-    tr->kids = calloc(nids, sizeof *tr->kids);
-    tr->touch = calloc(nids, sizeof *tr->touch);
-    tr->rf = malloc(sizeof(int) * nids);
-    tr->rl = malloc(sizeof(int) * nids);
-    tr->dirty = malloc(sizeof(int) * nids);
-    tr->is_dirty = calloc(nids, 1);
-    tr->stamp = calloc((size_t)(tr->nf ? tr->nf : 1), sizeof(int));
-    tr->list = malloc(sizeof(int) * (nent > nids ? nent : nids));
-    tr->ids = malloc(sizeof(int) * nids);
-    tr->stack = malloc(sizeof *tr->stack * (size_t)(tr->nf ? tr->nf : 1));
-    tr->order = malloc(sizeof(int) * 2 * (nent + nids));
+    ck_big_free(fill);
+    tr->mark = ck_big_alloc(nt);
+    tr->t = ck_big_alloc(sizeof *tr->t * nent);
+    tr->prev = ck_big_alloc(sizeof(int) * nent);
+    tr->next = ck_big_alloc(sizeof(int) * nent);
+    tr->ends = ck_big_alloc(sizeof *tr->ends * nent);
+    tr->child = ck_big_alloc(sizeof *tr->child * (size_t)(tr->nb + tr->nf + 1));
+    tr->parent = ck_big_alloc(sizeof(int) * (size_t)(tr->nf ? tr->nf : 1));
+    tr->pslot = ck_big_alloc(sizeof(int) * (size_t)(tr->nf ? tr->nf : 1));
+    tr->rin = ck_big_alloc(sizeof *tr->rin * (size_t)(tr->nf ? tr->nf : 1));
+    tr->in_r = ck_big_alloc((size_t)(tr->nf ? tr->nf : 1));
+    tr->alias = ck_big_alloc(sizeof(int) * nids);
+    tr->kids.head = ck_big_alloc(sizeof(int) * nids);
+    tr->touch.head = ck_big_alloc(sizeof(int) * nids);
+    tr->rf = ck_big_alloc(sizeof(int) * nids);
+    tr->rl = ck_big_alloc(sizeof(int) * nids);
+    tr->dirty = ck_big_alloc(sizeof(int) * nids);
+    tr->is_dirty = ck_big_zalloc((nids) * (1));
+    tr->changes = ck_big_alloc(nids);
+    tr->stamp = ck_big_zalloc(((size_t)(tr->nf ? tr->nf : 1)) * (sizeof(int)));
+    tr->list = ck_big_alloc(sizeof(int) * (nent > nids ? nent : nids));
+    tr->ids = ck_big_alloc(sizeof(int) * nids);
+    tr->stack = ck_big_alloc(sizeof *tr->stack * (size_t)(tr->nf ? tr->nf : 1));
     if (!tr->mark || !tr->t || !tr->prev || !tr->next || !tr->ends || !tr->child || !tr->parent || !tr->pslot || !tr->rin || !tr->in_r ||
-        !tr->ff || !tr->fl || !tr->alias || !tr->kids || !tr->touch || !tr->rf || !tr->rl || !tr->stamp || !tr->list ||
-        !tr->stack || !tr->order || !tr->ids || !tr->dirty || !tr->is_dirty)
+        !tr->alias || !tr->kids.head || !tr->touch.head || !tr->rf || !tr->rl || !tr->stamp || !tr->list ||
+        !tr->stack || !tr->ids || !tr->dirty || !tr->is_dirty || !tr->changes)
         goto oom;
-    /* each graph tensor's forward uses, which no decision changes */
-    for (int t = 0; t < g->nt; t++) tr->ff[t] = tr->fl[t] = NONE;
-    for (int f = 0; f < tr->nf; f++) {
-        const ck_pnode *nd = &e->nodes[tr->fwd[f]];
-        for (int j = 0; j < nd->nin + nd->nout; j++) {
-            const int id = j < nd->nin ? nd->in[j] : nd->out[j - nd->nin];
-            if (id < 0) continue;
-            if (tr->ff[id] == NONE) tr->ff[id] = f;
-            tr->fl[id] = f;
-        }
+    /* the ids whose range a flip can change */
+    for (int id = 0; id < tr->nids; id++) tr->changes[id] = id >= g->nt || e->markable[id];
+    for (int i = 0; i < c->n; i++) {
+        const ck_pnode *nd = &e->nodes[c->nodes[i]];
+        if (nd->reshape && nd->out[0] >= 0 && tr->changes[nd->in[0]]) tr->changes[nd->out[0]] = 1;
     }
     return tr;
 oom:

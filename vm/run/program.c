@@ -807,10 +807,10 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             if (g->n[i].phase == CK_PHASE_OPTIMIZER) sinks[ns++] = i;
         n = cut_list(g, sinks, ns, CK_PHASE_OPTIMIZER, list);
         if (n < 0) goto oom;
-        /* one evaluator for the policy's trials and the plan: the decision
-         * it placed last is not placed again */
+        /* with a policy, one evaluator for its trials and the plan: the
+         * decision it placed last is not placed again */
         ck_decide_ctx dc = {g, list, n, NULL, 0, p->poff, p->persistent, p->retain, be, NULL};
-        if (!(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
+        if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
         if (o->decide) {
             recompute = calloc((size_t)g->nt, 1);
             cand = malloc(sizeof(int) * (size_t)g->nt);
@@ -826,7 +826,10 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         if (take_own(p, plan_estimate(n, g->nt, 2 * extra), "the training step's op list and plan", err, errlen))
             goto fail;
         const double t0 = thread_seconds();
-        if (ck_evaluator_plan(ev, recompute, &p->train)) goto oom;
+        if (ev ? ck_evaluator_plan(ev, recompute, &p->train)
+               : ck_schedule(&p->train, g, list, n, recompute) ||
+                     ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be))
+            goto oom;
         p->plan_seconds = thread_seconds() - t0;
         ck_evaluator_free(ev);
         ev = NULL;

@@ -66,7 +66,8 @@ function M.options(f)
        local w, h = tostring(v):match("^%s*(%d+)%s*,%s*(%d+)%s*$")
        if not w then return v end
        if tonumber(w) ~= tonumber(h) then
-         return nil, "is square: " .. w .. "," .. h .. " is kohya's W,H (other aspect ratios come from --enable-bucket)"
+         return nil, "takes a square: kohya's W,H " .. w .. "," .. h .. " is not one (other aspect ratios come from " ..
+           "--enable-bucket)"
        end
        return math.tointeger(tonumber(w))
      end},

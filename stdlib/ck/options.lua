@@ -11,6 +11,7 @@
 --     {"batch", "integer", 2, "samples per step", min = 1, also = {"auto"}}, -- a word taken as it is
 --     {"res", "integer", 256, "pixels", accept = function(raw) return raw end}, -- another spelling, rewritten
 --                                    -- before the type (or nil and what is wrong, after "--res ")
+--     {heading = "the model"},       -- --help shows the options after it under these words
 --   })
 --   if not o then return end -- --help printed the options
 --   print(o.steps, o["max-grad-norm"], o:given("size"))
@@ -133,7 +134,13 @@ local function refuse(msg) error(setmetatable({msg = msg}, Refusal), 0) end
 local function entries(spec)
   if type(spec) ~= "table" then refuse("options.parse: give the script's table of options") end
   local list, by = {}, {}
+  local heading
   for i, e in ipairs(spec) do
+    if type(e) == "table" and e.heading ~= nil then
+      if type(e.heading) ~= "string" then refuse("options.parse: entry " .. i .. ": a heading is a string") end
+      heading = e.heading
+      goto next
+    end
     local name, ty, desc = e[1], e[2], e[4]
     local what = "options.parse: entry " .. i
     if type(name) ~= "string" or name == "" then refuse(what .. " has no name") end
@@ -148,8 +155,11 @@ local function entries(spec)
     end
     local x = {name = name, type = ty, default = e[3], desc = desc, choices = e.choices, min = e.min, max = e.max,
                above = e.above, below = e.below, check = e.check, says = e.says, shown = e.shown, arg = e.arg,
-               pos = e.pos, required = e.required, also = e.also, repeats = e.repeats, accept = e.accept}
+               pos = e.pos, required = e.required, also = e.also, repeats = e.repeats, accept = e.accept,
+               heading = heading}
+    heading = nil
     list[#list + 1], by[name] = x, x
+    ::next::
   end
   return list, by
 end
@@ -203,6 +213,7 @@ local function help(spec, script)
   local rows = {}
   local function row(left, e)
     local d = shown_default(e)
+    if e.heading then rows[#rows + 1] = {heading = e.heading} end
     rows[#rows + 1] = {left, e.desc .. (d and " (default: " .. d .. ")" or "")}
   end
   for _, e in ipairs(list) do
@@ -213,10 +224,12 @@ local function help(spec, script)
     row("--" .. e.name .. (mv and " " .. mv or ""), e)
   end
   local w = 0
-  for _, r in ipairs(rows) do w = math.max(w, #r[1]) end
+  for _, r in ipairs(rows) do w = math.max(w, r[1] and #r[1] or 0) end
   out[#out + 1] = ""
   out[#out + 1] = "options:"
-  for _, r in ipairs(rows) do out[#out + 1] = string.format("  %-" .. w .. "s  %s", r[1], r[2]) end
+  for _, r in ipairs(rows) do
+    out[#out + 1] = r.heading and " " .. r.heading .. ":" or string.format("  %-" .. w .. "s  %s", r[1], r[2])
+  end
   out[#out + 1] = "  --help" .. string.rep(" ", math.max(0, w - 6)) .. "  show this help and run nothing"
   return table.concat(out, "\n") .. "\n"
 end
@@ -273,7 +286,8 @@ M.KOHYA = {
   network_module = {to = "rank", says = "ckrun trains kohya's networks.lora (LoCon with --conv-rank); leave it out"},
   network_train_unet_only = {to = "rank", says = "ckrun trains adapters of the denoiser alone; leave it out"},
   optimizer_args = {to = "optimizer", says = "weight_decay=X is --weight-decay X"},
-  cache_latents = {to = "cache-latents-to-disk", says = "ckrun always caches the latents (on disk), unless --random-crop"},
+  cache_latents = {to = "cache-latents-to-disk",
+                   says = "ckrun always caches the latents (on disk), unless --random-crop"},
   full_bf16 = {to = "mixed-precision", says = "ckrun keeps trainable weights in fp32; --mixed-precision bf16 stores " ..
     "the rest in bf16"},
   full_fp16 = {to = "mixed-precision", says = "ckrun keeps trainable weights in fp32; --mixed-precision fp16 stores " ..
@@ -393,7 +407,9 @@ local function parse(args, spec)
       if via[k] then name, how = via[k][1], via[k][2] end
       if how and how.value ~= nil then -- kohya's flag for a value of a ckrun option
         local on = M.types.flag(nil, v)
-        if on == nil then bad[#bad + 1] = string.format("--%s is a flag (kohya's; ckrun's --%s %s)", k, name, how.value) end
+        if on == nil then
+          bad[#bad + 1] = string.format("--%s is a flag (kohya's; ckrun's --%s %s)", k, name, how.value)
+        end
         v = on and how.value or nil
       elseif how and how.lower and type(v) == "string" then
         v = v:lower()
@@ -422,7 +438,9 @@ local function parse(args, spec)
   end})
   function value_of(e)
     if done[e.name] then return values[e.name] end
-    if busy[e.name] then refuse("options.parse: the default of --" .. e.name .. " reads itself (through the defaults it reads)") end
+    if busy[e.name] then
+      refuse("options.parse: the default of --" .. e.name .. " reads itself (through the defaults it reads)")
+    end
     busy[e.name] = true
     local raw
     if e.pos then raw = args[e.pos] else raw = raws[e.name] end

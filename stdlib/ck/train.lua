@@ -31,6 +31,13 @@
 --                       :image_program(w, h, share), .tokens
 --   prompts(m, path, o), sampler(m, {prompts, encoders, lora, compile_opts, dir, stem})
 --                       samples while training: ck.sampling's interface
+-- A flow-matching family (Flux.1) fills the same hooks: build packs the latents
+-- [16, H, W] 2x2 into tokens in the graph (m.factor 2) and its objective's
+-- prepare draws the sigmas (x_s = (1 - s) x0 + s eps, the target eps - x0;
+-- kohya's --timestep-sampling, flux_shift from the bucket's shape) and sets
+-- the guidance and position ids; text_shapes names T5's states and CLIP's
+-- pooled vector; the encoders hold T5 and CLIP-L, and image() gives latents
+-- alone (no time ids). tests/scripts/train_toy_flow.lua is a small such family.
 local ck = require "ck"
 local options = require "ck.options"
 local policy = require "ck.policy"
@@ -49,6 +56,7 @@ function M.options(f)
   local noun = f.noun
   local d = f.defaults or {}
   local res, batch = d.resolution or {256}, d.batch or {1}
+  local full_out = "out/" .. noun:lower() .. ".safetensors" -- what --full writes
   local list = {
     -- the model and the data
     {"data", "string", "synthetic", "a folder of images with captions (kohya's layout), a folder of .safetensors " ..
@@ -82,8 +90,8 @@ function M.options(f)
     {"alpha", "number", function(v) return v.rank end, "the adapters' alpha", shown = "the rank"},
     {"network-dropout", "number", 0, "dropout on each adapter's lora_down output while training", min = 0, below = 1},
     {"loraplus-lr-ratio", "number", 1, "LoRA+: lora_up learns at X times the rate", above = 0},
-    {"out", "string", function(v) return v.full and "out/" .. noun:lower() .. ".safetensors" or "out/lora.safetensors" end,
-     "the file written", arg = "FILE", shown = "out/lora.safetensors, with --full out/" .. noun:lower() .. ".safetensors",
+    {"out", "string", function(v) return v.full and full_out or "out/lora.safetensors" end,
+     "the file written", arg = "FILE", shown = "out/lora.safetensors, with --full " .. full_out,
      check = options.file_to_write, says = options.FILE_TO_WRITE},
     {"lora-format", "choice", "kohya", "the adapter file's key names", choices = {"kohya", "peft"}},
     {"save-precision", "choice", "float", "the file's dtype (float: fp32)", choices = {"float", "fp32", "fp16", "bf16"}},
@@ -179,9 +187,13 @@ end
 local function parse(args, script)
   local f = script.family
   local spec = {about = script.about, kohya = true}
-  for _, e in ipairs(f.options or {}) do spec[#spec + 1] = e end
-  for _, e in ipairs(script.options or {}) do spec[#spec + 1] = e end
-  for _, e in ipairs(M.options(f)) do spec[#spec + 1] = e end
+  local function add(heading, list)
+    if #list > 0 then spec[#spec + 1] = {heading = heading} end
+    for _, e in ipairs(list) do spec[#spec + 1] = e end
+  end
+  add("this script's", script.options or {})
+  add("the " .. f.name .. " family's", f.options or {})
+  add("the trainer's, every family's", M.options(f))
   return options.parse(args, spec)
 end
 
@@ -711,7 +723,8 @@ end
 -- what a state records of the run: a resumed run must match it
 local function settings(t)
   local o = t.o
-  local s = {size = t.m.size, resolution = t.resolution, batch = t.batch * t.world, -- the global batch: a job of other ranks resumes it
+  -- batch: the global batch, which a job of other ranks resumes
+  local s = {size = t.m.size, resolution = t.resolution, batch = t.batch * t.world,
              rank = o.rank, alpha = o.alpha, seed = t.seed, full = t.full, network_dropout = o["network-dropout"],
              loraplus_lr_ratio = o["loraplus-lr-ratio"], lr = o.lr, lr_scheduler = o["lr-scheduler"],
              lr_warmup_steps = o["lr-warmup-steps"], max_grad_norm = t.max_grad_norm,
@@ -816,6 +829,34 @@ local function memory_line(t)
   return memory.summary(t.p, t.device_before, all, t.encode_bound)
 end
 
+-- the sample prompts through the text encoders, once, before the training programs exist
+local function encode_prompts(t)
+  if not t.sampler or ck.plan_mode then return end
+  local b = t.sampler:encode()
+  if b and (not t.encode_bound or b > t.encode_bound) then t.encode_bound = b end
+end
+
+-- the run's first line: what trains, on what, how long
+local function announce(t)
+  local o = t.o
+  print(string.format("training %s of %s (%d parameters, %d trainable), %dx%d, batch %d, %d steps, %s",
+    t.full and "every parameter" or string.format("LoRA rank %d%s on %d modules", o.rank, t.family.adapter_words(t.m),
+      #t.adapter.paths), t.m.label, t.param_count, t.trainable_count, t.resolution, t.resolution, t.batch, t.steps,
+    t.m.objective_words))
+end
+
+-- the training losses the run ends by saying: the first, and the mean of the last 20
+local function loss_summary()
+  local s = {window = {}, recent = 0}
+  function s.add(l)
+    s.first = s.first or l
+    s.window[#s.window + 1] = l
+    s.recent = s.recent + l
+    if #s.window > 20 then s.recent = s.recent - table.remove(s.window, 1) end
+  end
+  return s
+end
+
 local function train(args, script)
   local t = {args = args, family = script.family,
              name = script.name or (tostring(args.script or "train"):match("([^/]+)$"):gsub("%.lua$", ""))}
@@ -827,50 +868,39 @@ local function train(args, script)
   fit_to_memory(t)
   load_data(t)
   check_data(t)
-  -- the sample prompts through the text encoders, once, before the training programs exist
-  if t.sampler and not ck.plan_mode then
-    local b = t.sampler:encode()
-    if b and (not t.encode_bound or b > t.encode_bound) then t.encode_bound = b end
-  end
+  encode_prompts(t)
   t.device_before = not ck.plan_mode and memory.device_used() or nil -- a GPU's memory in use before the programs
   compile(t)
   if ck.plan_mode then return report(t) end
   load_weights(t)
   same_on_all_ranks(t)
-  local o = t.o
-  print(string.format("training %s of %s (%d parameters, %d trainable), %dx%d, batch %d, %d steps, %s",
-    t.full and "every parameter" or string.format("LoRA rank %d%s on %d modules", o.rank, t.family.adapter_words(t.m),
-      #t.adapter.paths), t.m.label, t.param_count, t.trainable_count, t.resolution, t.resolution, t.batch, t.steps,
-    t.m.objective_words))
+  announce(t)
   t.val_before = validate(t)
-  if o["val-every"] > 0 then print(string.format("step 0: validation loss %.4f", t.val_before)) end
+  if t.o["val-every"] > 0 then print(string.format("step 0: validation loss %.4f", t.val_before)) end
   resume(t)
   open_log(t)
   local logger <close> = t.logger -- an error from here on closes the log whole
   local start, steps = t.p.steps + 1, t.steps
-  if t.sample_prompts and o["sample-at-first"] and start == 1 then render(t, 0) end
-  local first, window, recent, step_time = nil, {}, 0, 0
+  if t.sample_prompts and t.o["sample-at-first"] and start == 1 then render(t, 0) end
+  local losses, step_time = loss_summary(), 0
   for step = start, steps do
     local t0 = ck.now()
-    local l = train_step(t)
+    losses.add(train_step(t))
     if step > start then step_time = step_time + (ck.now() - t0) end
-    first = first or l
-    window[#window + 1] = l
-    recent = recent + l
-    if #window > 20 then recent = recent - table.remove(window, 1) end
     after_step(t, step)
   end
   if steps > start then
     print(string.format("step time: %.1f ms (mean of steps %d-%d, data loading included)",
       1e3 * step_time / (steps - start), start + 1, steps))
   end
-  if first then
-    print(string.format("training loss: first step %.4f, mean of the last %d steps %.4f", first, #window, recent / #window))
+  if losses.first then
+    print(string.format("training loss: first step %.4f, mean of the last %d steps %.4f", losses.first,
+      #losses.window, losses.recent / #losses.window))
   end
   local val_after = validate(t)
-  t.logger:write{step = t.p.steps, val_loss = val_after}
+  logger:write{step = t.p.steps, val_loss = val_after}
   print(string.format("validation loss (fixed batches): before %.4f, after %.4f", t.val_before, val_after))
-  t.logger:close()
+  logger:close()
   if t.log_dir then print("wrote logs to " .. t.log_dir) end
   save(t, t.out, t.p.steps)
   print("wrote " .. t.out)

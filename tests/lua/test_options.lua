@@ -136,6 +136,17 @@ do -- --help: every option with its description and default; parse returns nil s
   T.ok(options.parse({help = true, steps = "bad"}, SPEC) == nil, "--help makes parse return nil before any check")
 end
 
+do -- headings group the options in --help and are no options
+  local spec = {{heading = "the model"}, {"size", "choice", "tiny", "the model", choices = {"tiny", "full"}},
+                {heading = "the run"}, {"steps", "integer", 3, "batches"}}
+  local text = options.help(spec, "x.lua")
+  T.ok(text:find("\n the model:\n  --size tiny|full", 1, true) and text:find("\n the run:\n  --steps N", 1, true),
+    "help shows each heading before its options")
+  local o = options.parse({steps = 4}, spec)
+  T.ok(o.steps == 4 and o.size == "tiny", "parse reads past the headings")
+  refused({}, "options.parse: entry 1: a heading is a string", {{heading = 3}})
+end
+
 do -- an option given twice: refused, unless it repeats (then a list of every value, in order)
   local function with_repeats(t, reps) return setmetatable(t, {repeated = reps}) end
   local ok, err = pcall(options.parse, with_repeats({steps = 5}, {steps = {3, 5}}), SPEC)

@@ -2,7 +2,7 @@
 # Both install the Debian packages they need first when any is missing.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-DEB_PACKAGES := cmake make gcc pkg-config lua5.4 liblua5.4-dev libopenblas-openmp-dev libjansson-dev libicu-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libopenmpi-dev openmpi-bin iproute2
+DEB_PACKAGES := cmake make gcc pkg-config lua5.4 liblua5.4-dev libopenblas-openmp-dev libjansson-dev libicu-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libsentencepiece-dev libopenmpi-dev openmpi-bin iproute2
 
 .PHONY: run test build deps bench clean install fuzz test-asan
 
@@ -53,7 +53,7 @@ FUZZ_DEB_PACKAGES := clang libclang-rt-dev libomp-dev
 fuzz: deps
 	$(call need_debs,$(FUZZ_DEB_PACKAGES))
 	@mkdir -p $(FUZZ_BUILD) && echo '*' > $(FUZZ_BUILD)/.gitignore
-	CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Release -DCK_CUDA=OFF -DCK_FUZZ=ON
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Release -DCK_CUDA=OFF -DCK_FUZZ=ON
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_harnesses
 	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 

@@ -1,5 +1,6 @@
 # The fuzz harnesses (tests/fuzz): the safetensors reader, script loading,
-# dataset samples and the checkpoint key mapping.
+# dataset samples, the checkpoint key mapping, the image readers, the
+# tokenizer's file readers and the sentencepiece model reader.
 #
 # Always: each harness with a plain main (tests/fuzz/replay_main.c) against
 # the library, and a test that replays its seed corpus and past findings
@@ -13,7 +14,7 @@
 # uninstrumented.
 option(CK_FUZZ "build the libFuzzer harnesses (needs clang)" OFF)
 
-foreach(h safetensors script dataset checkpoint)
+foreach(h safetensors script dataset checkpoint image tokenizer spm)
   add_executable(fuzz_replay_${h} tests/fuzz/fuzz_${h}.c tests/fuzz/replay_main.c)
   target_compile_options(fuzz_replay_${h} PRIVATE "SHELL:-idirafter ${CMAKE_SOURCE_DIR}/vm")
   target_link_libraries(fuzz_replay_${h} PRIVATE ck_static)
@@ -48,6 +49,21 @@ if(CK_FUZZ)
   target_link_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_safetensors PRIVATE ${JANSSON_LIB} m)
 
+  # the image readers: their own file, and Debian's libpng, libjpeg and libwebp
+  # (uninstrumented: what the runtime links)
+  add_executable(fuzz_image EXCLUDE_FROM_ALL tests/fuzz/fuzz_image.c vm/formats/image.c vm/util/atomic.c)
+  target_compile_options(fuzz_image PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
+  target_include_directories(fuzz_image PRIVATE ${PNG_INCLUDE} ${JPEG_INCLUDE} ${WEBP_INCLUDE})
+  target_link_options(fuzz_image PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_image PRIVATE ${PNG_LIB} ${JPEG_LIB} ${WEBP_LIB} Threads::Threads m)
+
+  # the tokenizer's readers: its own files, jansson, ICU and zlib
+  add_executable(fuzz_tokenizer EXCLUDE_FROM_ALL tests/fuzz/fuzz_tokenizer.c vm/text/clip_bpe.c vm/text/ftfy.c vm/text/text_file.c)
+  target_compile_options(fuzz_tokenizer PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
+  target_include_directories(fuzz_tokenizer PRIVATE ${JANSSON_INCLUDE} ${ICU_INCLUDE})
+  target_link_options(fuzz_tokenizer PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_tokenizer PRIVATE ${JANSSON_LIB} ${ICUUC_LIB} ${ZLIB_LIB} Threads::Threads m)
+
   foreach(h fuzz_script fuzz_dataset fuzz_checkpoint)
     add_executable(${h} EXCLUDE_FROM_ALL tests/fuzz/${h}.c $<TARGET_OBJECTS:ck_fuzz_objs>)
     target_compile_options(${h} PRIVATE ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
@@ -56,5 +72,13 @@ if(CK_FUZZ)
     target_link_options(${h} PRIVATE -fsanitize=fuzzer,address,undefined)
     target_link_libraries(${h} PRIVATE ${LUA_LINK_LIBRARIES} ${OPENBLAS_LIB} ${JANSSON_LIB} ${ICUUC_LIB} ${ZLIB_LIB} OpenMP::OpenMP_C Threads::Threads m)
   endforeach()
-  add_custom_target(fuzz_harnesses DEPENDS fuzz_safetensors fuzz_script fuzz_dataset fuzz_checkpoint)
+  # the sentencepiece model reader and the T5 tokenizer's pipeline, with the
+  # shim over Debian's libsentencepiece (itself uninstrumented)
+  add_executable(fuzz_spm EXCLUDE_FROM_ALL tests/fuzz/fuzz_spm.c vm/text/spm_model.c vm/text/spm_tok.c vm/text/spm_shim.cc)
+  target_compile_options(fuzz_spm PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
+  target_include_directories(fuzz_spm PRIVATE ${JANSSON_INCLUDE} ${ICU_INCLUDE} ${SPM_INCLUDE_DIRS})
+  target_link_options(fuzz_spm PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_spm PRIVATE ${JANSSON_LIB} ${ICUUC_LIB} ${CK_SPM_LINK} m)
+  add_custom_target(fuzz_harnesses DEPENDS fuzz_safetensors fuzz_script fuzz_dataset fuzz_checkpoint fuzz_image
+                    fuzz_tokenizer fuzz_spm)
 endif()

@@ -22,8 +22,10 @@ local o = options.parse(args, {
   about = "Makes an image from a prompt with an SDXL model (and LoRA adapters) and writes it as a PNG.",
   {"pretrained-model-name-or-path", "string", nil, "the base model: an SDXL single-file checkpoint or a diffusers " ..
    "folder (default: the tiny random model of --seed-weights)", arg = "PATH"},
-  {"tokenizer", "string", nil, "CLIP's BPE vocabulary for a base model without tokenizer folders (open_clip's " ..
-   "bpe_simple_vocab_16e6.txt.gz) or a tokenizer folder", arg = "FILE|DIR"},
+  {"tokenizer", "string", nil, "CLIP's tokenizer for both encoders, in place of the base's folders: open_clip's " ..
+   "bpe_simple_vocab_16e6.txt.gz, a tokenizer folder or a tokenizer.json", arg = "FILE|DIR"},
+  {"caption-fix", "choice", "ftfy", "prompts cleaned before tokenizing by ftfy's fix_text (as kohya's installs do) " ..
+   "or not", choices = {"ftfy", "none"}},
   {"seed-weights", "integer", 1, "the tiny random model's weight seed", min = 0},
   {"lora", "string", nil, "LoRA files in kohya's naming (LoCon too), each at a strength (default 1): " ..
    "a comma-separated list, or --lora again for each", arg = "FILE[:STRENGTH],...", repeats = true},
@@ -60,7 +62,8 @@ end
 local base_path = o["pretrained-model-name-or-path"]
 local base = base_path and checkpoint.open(base_path) or nil
 -- a diffusers folder's scheduler/scheduler_config.json: its schedule, prediction and sampler, as diffusers runs it
-local pipe <close> = pipeline.new{base = base, seed = o["seed-weights"], tokenizer = o.tokenizer,
+local pipe <close> = pipeline.new{models = require("ck.encode").models{base = base, seed = o["seed-weights"],
+  tokenizer = o.tokenizer, caption_fix = o["caption-fix"]},
   name = base_path and base_path:gsub("/+$", ""):match("([^/]+)$"):gsub("%.safetensors$", "") or nil,
   scheduler = pipeline.scheduler(base)}
 local t0 = ck.now()

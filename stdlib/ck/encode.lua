@@ -38,36 +38,49 @@ function M.is_image_folder(dir)
 end
 
 
--- ck.clip_tokenizer's options for a path: a folder, or a bpe .txt.gz file
-local function tokenizer_at(path, pad)
-  if ck.listdir(path) then return {dir = path, pad = pad} end
-  return {bpe = path, pad = pad}
+-- ck.clip_tokenizer's options for a path: a folder, a tokenizer.json, or a
+-- bpe .txt.gz file
+local function tokenizer_at(path, pad, fix)
+  if ck.listdir(path) then return {dir = path, pad = pad, caption_fix = fix} end
+  if path:match("%.json$") then return {json = path, pad = pad, caption_fix = fix} end
+  return {bpe = path, pad = pad, caption_fix = fix}
 end
 
+M.CAPTION_FIXES = {ftfy = true, none = true}
+
 -- The encoders for a base model (checkpoint.open's description) or, without
--- one, the tiny random ones of --size tiny (seeded). o.tokenizer: a folder or
--- a bpe file for both tokenizers (the pad of the second is "!", as SDXL's
--- tokenizer_2), where the base has no tokenizer folders. Returns
--- {vae_config, text_l, text_g (clip configs), tokenizer_l, tokenizer_g,
--- base, seed, id (what the cache keys name: the model's identity)}.
+-- one, the tiny random ones of --size tiny (seeded). o.tokenizer: a folder,
+-- a tokenizer.json or a bpe file for both tokenizers (the pad of the second
+-- is "!", as SDXL's tokenizer_2), in place of the base's tokenizer folders.
+-- o.caption_fix: "ftfy" (the default: ftfy's fix_text first, as
+-- transformers' CLIPTokenizer runs it where ftfy is installed, as in kohya's
+-- installs) or "none". Returns {vae_config, text_l, text_g (clip configs),
+-- tokenizer_l, tokenizer_g, base, seed, id (what the cache keys name: the
+-- model's identity, the tokenizer given and the caption fix)}.
 function M.models(o)
   local m = {base = o.base, seed = o.seed or 1, chunks = (o.max_token_length or 75) // 75}
   local d = o.base
-  local tl, tg
-  if d and d.tokenizer then tl = {dir = d.tokenizer} end
-  if d and d.tokenizer_2 then tg = {dir = d.tokenizer_2} end
-  local given = o.tokenizer
-  if (not tl or not tg) and not given then
-    if d then
-      error("the base model has no tokenizer folders: give --tokenizer FILE|DIR (open_clip's " ..
-        "bpe_simple_vocab_16e6.txt.gz, or a tokenizer folder)", 0)
-    end
-    -- the tiny random encoders' vocabulary (ck.tiny_vocab)
-    local text = require "ck.tiny_vocab"
-    tl, tg = {merges = text}, {merges = text, pad = "!"}
+  local fix = o.caption_fix or "ftfy"
+  if not M.CAPTION_FIXES[fix] then
+    error(string.format("--caption-fix must be ftfy or none, got '%s'", tostring(fix)), 0)
   end
-  tl = tl or tokenizer_at(given)
-  tg = tg or tokenizer_at(given, "!")
+  local tl, tg
+  local given = o.tokenizer
+  if given then
+    tl, tg = tokenizer_at(given, nil, fix), tokenizer_at(given, "!", fix)
+  else
+    if d and d.tokenizer then tl = {dir = d.tokenizer, caption_fix = fix} end
+    if d and d.tokenizer_2 then tg = {dir = d.tokenizer_2, caption_fix = fix} end
+    if not tl or not tg then
+      if d then
+        error("the base model has no tokenizer folders: give --tokenizer FILE|DIR (open_clip's " ..
+          "bpe_simple_vocab_16e6.txt.gz, a tokenizer folder or a tokenizer.json)", 0)
+      end
+      -- the tiny random encoders' vocabulary (ck.tiny_vocab)
+      local text = require "ck.tiny_vocab"
+      tl, tg = {merges = text, caption_fix = fix}, {merges = text, pad = "!", caption_fix = fix}
+    end
+  end
   m.tokenizer_l, m.tokenizer_g = ck.clip_tokenizer(tl), ck.clip_tokenizer(tg)
   if d then
     m.vae_config = vae.config(d.vae_config or "sdxl")
@@ -86,6 +99,9 @@ function M.models(o)
   end
   m.tokens = m.chunks == 1 and m.frame or 75 * m.chunks + 2
   if m.chunks > 1 then m.id = m.id .. " max_token_length " .. 75 * m.chunks end
+  -- captions encoded before ftfy's fixes (and with other tokenizers) keyed otherwise
+  if given then m.id = m.id .. " tokenizer " .. given end
+  if fix ~= "none" then m.id = m.id .. " caption_fix " .. fix end
   return m
 end
 

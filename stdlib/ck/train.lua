@@ -13,7 +13,7 @@
 --   options             its own ck.options entries; adapter_options: those of them --full refuses
 --   defaults            {resolution = {fn, shown}, batch = {fn, shown}}: the family's defaults of shared options
 --   blocks              the scopes whose statistics the logger reports (log.new's blocks)
---   model(o) -> m       the model the options describe: m.size, m.label ("sdxl-tiny"), m.title (the samples'
+--   model(o) -> m       the model the options (every one: the trainer's too) describe: m.size, m.label ("sdxl-tiny"), m.title (the samples'
 --                       model name), m.channels (latent channels), m.factor (what latent sides are multiples of),
 --                       m.objective_words, m.base (a base model: load takes its weights)
 --   adapter(m, a)       lora.attach's options from the trainer's a = {rank, alpha, dropout, loraplus_lr_ratio}
@@ -65,6 +65,8 @@ function M.options(f)
     {"cache-latents-to-disk", "flag", false, "keep the encoded images on disk (ckrun always does: beside the images, " ..
      "or in --cache-dir)"},
     {"cache-dir", "string", nil, "where the encoded images go (default: beside the images)", arg = "DIR"},
+    {"caption-fix", "choice", "ftfy", "captions cleaned before tokenizing by ftfy's fix_text (as kohya's installs do) " ..
+     "or not", choices = {"ftfy", "none"}},
     {"samples", "integer", 16, "the synthetic set's size", min = 1},
     {"weights", "string", nil, "the base " .. noun .. " in diffusers key names (default: a seeded random base)",
      arg = "FILE"},

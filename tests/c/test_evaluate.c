@@ -114,7 +114,7 @@ static ck_graph *random_model(int b, int depth, int *loss)
 
 int main(void)
 {
-    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, built = 1;
+    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1;
     char name[160];
     for (int round = 0; round < 60; round++) {
         int loss = -1;
@@ -186,7 +186,35 @@ int main(void)
             ck_plan_free(&pl);
             trials++;
         }
-        built &= ev != NULL;
+        /* the tracker: from a random decision, random one-tensor changes, each
+         * followed against a walk of the decision it leaves */
+        ck_tracker *tr = ev ? ck_tracker_new(ev) : NULL;
+        for (int trial = 0; tr && trial < 4; trial++) {
+            const int density = (int)(next() % 4);
+            memset(mark, 0, (size_t)g->nt);
+            for (int k = 0; k < ncand; k++) mark[cand[k]] = (int)(next() % 4) < density;
+            if (ck_tracker_reset(tr, mark)) break;
+            for (int step = 0; step <= 40 && ncand; step++) {
+                if (step) {
+                    const int t = cand[next() % (uint64_t)ncand];
+                    if (ck_tracker_flip(tr, t)) break;
+                    mark[t] ^= 1;
+                    if (next() % 8 == 0) ck_tracker_relabel(tr);
+                }
+                size_t live;
+                double flops;
+                ck_evaluate(ev, mark, 0, &live, &flops);
+                if (ck_tracker_peak(tr) != live && track_ok) {
+                    snprintf(name, sizeof name, "round %d trial %d step %d: tracked live peak %zu, the walk's %zu", round,
+                             trial, step, ck_tracker_peak(tr), live);
+                    check(name, 0, 0);
+                }
+                track_ok &= ck_tracker_peak(tr) == live;
+                tracked++;
+            }
+        }
+        built &= ev != NULL && tr != NULL;
+        ck_tracker_free(tr);
         ck_evaluator_free(ev);
         free(nodes);
         free(cand);
@@ -202,6 +230,9 @@ int main(void)
     check(name, exact_ok && trials >= 600, trials);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the recompute FLOPs are the list's", trials, graphs);
     check(name, flops_ok && trials >= 600, trials);
+    snprintf(name, sizeof name, "%d one-tensor changes on %d graphs: the tracked live peak is the walk's", tracked,
+             graphs);
+    check(name, track_ok && tracked >= 5000, tracked);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the turn's bytes are a lower bound of the live peak (%d above "
              "the persistent bytes)", trials, graphs, turn_some);
     check(name, turn_ok && turn_some > trials / 2, trials);

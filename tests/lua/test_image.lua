@@ -297,7 +297,11 @@ do
     return "\x89PNG\r\n\x1a\n" .. chunk("IHDR", string.pack(">I4I4BBBBB", w, h, 8, 2, 0, 0, 0)) ..
       chunk("IDAT", "\x78\x9c\x03\x00\x00\x00\x00\x01") .. chunk("IEND", "")
   end
-  cases[#cases + 1] = {"a PNG 0 pixels wide", png_of(0, 5), "png", "width is zero"}
+  cases[#cases + 1] = {"a PNG 0 pixels wide", png_of(0, 5), "png", "a png image of size 0x5 (nothing to decode)"}
+  cases[#cases + 1] = {"a PNG of 2147483647 x 1", png_of(2147483647, 1), "png",
+    "a png image 2147483647 pixels wide, more than the limit of 1048576"}
+  cases[#cases + 1] = {"a PNG of 1 x 2147483647", png_of(1, 2147483647), "png",
+    "1x2147483647 = 2147483647 pixels, more than the limit of 268435456"}
   cases[#cases + 1] = {"a PNG of 65536 x 65536", png_of(65536, 65536), "png",
     "65536x65536 = 4294967296 pixels, more than the limit of 268435456"}
   for i, c in ipairs(cases) do

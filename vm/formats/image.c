@@ -1,7 +1,8 @@
 /* PNG, JPEG and WebP decoding to 8-bit RGB through Debian's libpng,
- * libjpeg-turbo and libwebp, read from a descriptor in steps; the resampling
- * to a training array; PNG writing with text chunks, atomically. See
- * image.h for what a decode keeps and drops. */
+ * libjpeg-turbo and libwebp, read from a descriptor in bounded steps that
+ * the caller polls and charges; the resampling to a training array; PNG
+ * writing with text chunks, atomically. See image.h for what a decode keeps
+ * and drops. */
 #define _GNU_SOURCE
 #include "formats/image.h"
 #include "util/atomic.h"
@@ -10,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -17,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jpeglib.h>
@@ -26,11 +29,27 @@
 
 #define IO_BUF 65536
 #define STEP_PIXELS 65536
+#define STEP_BLOCKS 4096
+/* work units between two polls when nothing forces one */
+#define POLL_EVERY 4096
+/* a WebP file is read this much a step before its decode starts */
+#define WEBP_READ_STEP ((size_t)1 << 20)
+/* how long a step waits for a WebP decode before it returns to be polled */
+#define WEBP_WAIT_MS 20
+/* the largest chunk libpng may allocate for (a text chunk, an ICC profile,
+ * once inflated): libpng's own default, set whatever the build says */
+#define PNG_CHUNK_MAX 8000000
+/* the most text chunks a PNG may hold before its image data (as many as
+ * ck_image_write_png_at writes): libpng keeps them in an array it grows 8 at
+ * a time, and drops those past its chunk cache without an error */
+#define PNG_MAX_TEXT 1024
 
 struct jpeg_err {
     struct jpeg_error_mgr pub;
     ck_image_reader *r;
 };
+
+typedef struct webp_job webp_job;
 
 struct ck_image_reader {
     int fd;
@@ -40,11 +59,20 @@ struct ck_image_reader {
     ck_image_charge charge;
     size_t charged;
     uint64_t size; /* the file's bytes */
-    uint64_t off;  /* next byte to read */
+    /* the source: buf holds the file's bytes [off - len, off), pos is the
+     * next one to give */
+    uint64_t off;
+    size_t pos, len;
     unsigned char buf[IO_BUF];
-    char msg[400]; /* a library's error, for the longjmp back */
-    char warn[200]; /* libpng's last warning, which often says why its error came */
+    long long work; /* units done since the last poll */
+    int stopped;    /* poll asked to stop */
+    int failed;     /* a step failed: the library's state is gone */
+    int done;       /* rgb holds the whole image */
+    uint8_t *rgb;   /* the decoded image, made at the first step */
+    char msg[400];     /* a library's error, for the longjmp back */
+    char warn[200];    /* libpng's last warning, which often says why its error came */
     char mem_err[300]; /* a charge refused to libpng's allocator */
+    int cache_full;    /* libpng dropped a text chunk past PNG_MAX_TEXT */
     jmp_buf jb;
     int started;
     int row, pass, passes;
@@ -58,9 +86,14 @@ struct ck_image_reader {
     struct jpeg_err jerr;
     struct jpeg_source_mgr jsrc;
     int jd_made;
+    int jmulti;  /* several scans: read into the coefficients first (buffered-image mode) */
+    int joutput; /* the output pass has begun */
     /* WebP */
-    WebPIDecoder *idec;
-    WebPDecBuffer wout;
+    int webp_whole;      /* the decoder holds the whole image (lossless, alpha) */
+    uint64_t riff;       /* the file's bytes that the RIFF header covers */
+    unsigned char *wdata;
+    uint64_t wgot;
+    webp_job *job;
 };
 
 const char *ck_image_format_name(ck_image_format f)
@@ -83,30 +116,136 @@ static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...
     return -1;
 }
 
-/* Reads up to n bytes at r->off into dst; the count, or -1 with errno. */
-static ssize_t read_at(ck_image_reader *r, void *dst, size_t n)
+static const char *TRUNCATED = "the file ends before the image does (truncated)";
+static const char *STOPPED = "stopped before the image was read (the caller asked)";
+
+static int stop_fail(ck_image_reader *r, char *err, size_t errlen)
+{
+    return fail(err, errlen, r->path, "%s", STOPPED);
+}
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0];
+}
+
+/* Reports work to the caller's poll once POLL_EVERY units have gathered, or
+ * at once with force; 1 once it has asked to stop. */
+static int tick(ck_image_reader *r, long long units, int force)
+{
+    if (r->stopped) return 1;
+    r->work += units;
+    if (!r->charge.poll || (!force && r->work < POLL_EVERY)) return 0;
+    const long long w = r->work;
+    r->work = 0;
+    if (r->charge.poll(r->charge.poll_ud, w)) r->stopped = 1;
+    return r->stopped;
+}
+
+/* Up to n bytes of fd at off, past EINTR; the count, or -1 with errno. */
+static ssize_t pread_full(int fd, void *dst, size_t n, uint64_t off)
 {
     size_t got = 0;
     while (got < n) {
-        ssize_t k = pread(r->fd, (char *)dst + got, n - got, (off_t)(r->off + got));
+        ssize_t k = pread(fd, (char *)dst + got, n - got, (off_t)(off + got));
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) return -1;
         if (k == 0) break;
         got += (size_t)k;
     }
-    r->off += got;
     return (ssize_t)got;
 }
 
-static const char *TRUNCATED = "the file ends before the image does (truncated)";
+/* The file's next n bytes through the buffer, which is refilled IO_BUF bytes
+ * at a time, each refill polled: libpng asks for a few bytes at a time, and
+ * a file of millions of empty chunks is millions of asks. The count (short
+ * at the end of the file), -1 with errno, or -2 when poll asked to stop. */
+static ssize_t src_read(ck_image_reader *r, void *dst, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        if (r->pos == r->len) {
+            if (tick(r, IO_BUF / 16, 1)) return -2;
+            ssize_t k = pread_full(r->fd, r->buf, IO_BUF, r->off);
+            if (k < 0) return -1;
+            r->off += (uint64_t)k;
+            r->pos = 0;
+            r->len = (size_t)k;
+            if (k == 0) break;
+        }
+        size_t c = r->len - r->pos < n - got ? r->len - r->pos : n - got;
+        memcpy((char *)dst + got, r->buf + r->pos, c);
+        r->pos += c;
+        got += c;
+    }
+    return (ssize_t)got;
+}
 
+/* skips n bytes of the source */
+static void src_skip(ck_image_reader *r, uint64_t n)
+{
+    if (n <= r->len - r->pos) {
+        r->pos += (size_t)n;
+        return;
+    }
+    r->off = r->off - (r->len - r->pos) + n;
+    r->pos = r->len = 0;
+}
+
+/* charges n bytes for what, named with its size in a refusal */
 static int take(ck_image_reader *r, uint64_t n, const char *what, char *err, size_t errlen)
 {
     if (!r->charge.take) return 0;
-    char msg[300];
-    if (n > SIZE_MAX || r->charge.take(r->charge.ud, (size_t)n, what, msg, sizeof msg))
+    char msg[300], named[160];
+    if (n >= ((uint64_t)1 << 30)) snprintf(named, sizeof named, "%s (%.1f GiB)", what, (double)n / 1073741824.0);
+    else if (n >= ((uint64_t)1 << 20)) snprintf(named, sizeof named, "%s (%.1f MiB)", what, (double)n / 1048576.0);
+    else snprintf(named, sizeof named, "%s (%llu bytes)", what, (unsigned long long)n);
+    if (n > SIZE_MAX || r->charge.take(r->charge.ud, (size_t)n, named, msg, sizeof msg))
         return fail(err, errlen, r->path, "%s", n > SIZE_MAX ? "decoder memory too large" : msg);
     r->charged += (size_t)n;
+    return 0;
+}
+
+static void give(ck_image_reader *r, size_t n)
+{
+    if (!r->charge.give || !n) return;
+    n = n < r->charged ? n : r->charged;
+    r->charge.give(r->charge.ud, n);
+    r->charged -= n;
+}
+
+/* A declared size against the caps, before a library allocates for it. */
+static int size_ok(ck_image_reader *r, uint64_t w, uint64_t h, int64_t max_pixels, char *err, size_t errlen)
+{
+    const char *f = ck_image_format_name(r->format);
+    if (w == 0 || h == 0)
+        return fail(err, errlen, r->path, "a %s image of size %llux%llu (nothing to decode)", f,
+                    (unsigned long long)w, (unsigned long long)h);
+    if (w > CK_IMAGE_MAX_WIDTH)
+        return fail(err, errlen, r->path, "a %s image %llu pixels wide, more than the limit of %d", f,
+                    (unsigned long long)w, CK_IMAGE_MAX_WIDTH);
+    if (h > (uint64_t)INT64_MAX / w || (int64_t)(w * h) > max_pixels)
+        return fail(err, errlen, r->path, "%llux%llu = %llu pixels, more than the limit of %lld", (unsigned long long)w,
+                    (unsigned long long)h, (unsigned long long)(w * h), (long long)max_pixels);
+    r->w = (int)w;
+    r->h = (int)h;
+    return 0;
+}
+
+/* The decoded pixels, charged and made by a format's first step after its
+ * decoder's own charge, so that a refusal allocates nothing. */
+static int make_pixels(ck_image_reader *r, char *err, size_t errlen)
+{
+    char what[96];
+    snprintf(what, sizeof what, "the decoded pixels of %dx%d", r->w, r->h);
+    if (take(r, (uint64_t)r->w * (uint64_t)r->h * 3, what, err, errlen)) return -1;
+    if (!(r->rgb = malloc((size_t)r->w * (size_t)r->h * 3)))
+        return fail(err, errlen, r->path, "out of memory for %s", what);
     return 0;
 }
 
@@ -122,7 +261,9 @@ static void png_err_fn(png_structp png, png_const_charp msg)
 static void png_warn_fn(png_structp png, png_const_charp msg)
 {
     ck_image_reader *r = png_get_error_ptr(png);
-    if (r) snprintf(r->warn, sizeof r->warn, "%s", msg);
+    if (!r) return;
+    snprintf(r->warn, sizeof r->warn, "%s", msg);
+    if (strstr(msg, "no space in chunk cache")) r->cache_full = 1;
 }
 
 static void pngw_warn_fn(png_structp png, png_const_charp msg)
@@ -134,7 +275,11 @@ static void pngw_warn_fn(png_structp png, png_const_charp msg)
 static void png_read_fn(png_structp png, png_bytep dst, size_t n)
 {
     ck_image_reader *r = png_get_io_ptr(png);
-    ssize_t k = read_at(r, dst, n);
+    ssize_t k = src_read(r, dst, n);
+    if (k == -2 || tick(r, 1, 0)) {
+        snprintf(r->msg, sizeof r->msg, "%s", STOPPED);
+        longjmp(r->jb, 1);
+    }
     if (k < 0) {
         snprintf(r->msg, sizeof r->msg, "read error: %s", strerror(errno));
         longjmp(r->jb, 1);
@@ -181,30 +326,47 @@ static void png_free_fn(png_structp png, png_voidp ptr)
     free(p);
 }
 
-static int png_open(ck_image_reader *r, char *err, size_t errlen)
+/* why libpng stopped: the caller, a refused charge, or the file */
+static int png_failure(ck_image_reader *r, const char *what, char *err, size_t errlen)
 {
+    if (r->stopped) return stop_fail(r, err, errlen);
+    if (r->mem_err[0]) return fail(err, errlen, r->path, "%s", r->mem_err);
+    return fail(err, errlen, r->path, "%s: %s%s%s%s", what, r->msg, r->warn[0] ? " (" : "", r->warn,
+                r->warn[0] ? ")" : "");
+}
+
+static int png_open(ck_image_reader *r, int64_t max_pixels, char *err, size_t errlen)
+{
+    /* IHDR, read here before libpng sees the file: libpng sizes its row
+     * buffers from it before any limit of ours could look */
+    unsigned char h[33];
+    ssize_t k = pread_full(r->fd, h, sizeof h, 0);
+    if (k < 0) return fail(err, errlen, r->path, "read error: %s", strerror(errno));
+    if (k < (ssize_t)sizeof h) return fail(err, errlen, r->path, "not a valid PNG: %s", TRUNCATED);
+    if (be32(h + 8) != 13 || memcmp(h + 12, "IHDR", 4))
+        return fail(err, errlen, r->path, "not a valid PNG: its first chunk is not a 13-byte IHDR");
+    if (size_ok(r, be32(h + 16), be32(h + 20), max_pixels, err, errlen)) return -1;
     r->png = png_create_read_struct_2(PNG_LIBPNG_VER_STRING, r, png_err_fn, png_warn_fn, r, png_malloc_fn,
                                       png_free_fn);
     if (!r->png) return fail(err, errlen, r->path, "out of memory");
     r->info = png_create_info_struct(r->png);
     if (!r->info) return fail(err, errlen, r->path, "out of memory");
-    if (setjmp(r->jb)) {
-        if (r->mem_err[0]) return fail(err, errlen, r->path, "%s", r->mem_err);
-        return fail(err, errlen, r->path, "not a valid PNG: %s%s%s%s", r->msg, r->warn[0] ? " (" : "", r->warn,
-                    r->warn[0] ? ")" : "");
-    }
+    if (setjmp(r->jb)) return png_failure(r, "not a valid PNG", err, errlen);
     png_set_read_fn(r->png, r, png_read_fn);
-    /* the size is judged by the caller's pixel limit, not libpng's */
-    png_set_user_limits(r->png, 0x7fffffff, 0x7fffffff);
+    png_set_user_limits(r->png, CK_IMAGE_MAX_WIDTH, 0x7fffffff);
+    png_set_chunk_malloc_max(r->png, PNG_CHUNK_MAX);
+    /* libpng stores up to its cache less 2 and warns at the next */
+    png_set_chunk_cache_max(r->png, PNG_MAX_TEXT + 2);
     png_read_info(r->png, r->info);
+    if (r->cache_full)
+        return fail(err, errlen, r->path, "a PNG of more than %d text chunks, which is not supported", PNG_MAX_TEXT);
     /* libpng skips a text chunk it could not get memory for: refused here,
      * rather than read without it */
     if (r->mem_err[0]) return fail(err, errlen, r->path, "%s", r->mem_err);
-    png_uint_32 w, h;
+    png_uint_32 w, hh;
     int depth, color, interlace;
-    png_get_IHDR(r->png, r->info, &w, &h, &depth, &color, &interlace, NULL, NULL);
-    r->w = (int)w;
-    r->h = (int)h;
+    png_get_IHDR(r->png, r->info, &w, &hh, &depth, &color, &interlace, NULL, NULL);
+    if ((int)w != r->w || (int)hh != r->h) return fail(err, errlen, r->path, "not a valid PNG: its IHDR changed");
     if (png_get_text(r->png, r->info, &r->text, &r->ntext) <= 0) r->ntext = 0;
     if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(r->png);
     if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(r->png);
@@ -213,28 +375,33 @@ static int png_open(ck_image_reader *r, char *err, size_t errlen)
      * expanded to one), are dropped as Pillow's convert("RGB") drops them */
     png_set_strip_alpha(r->png);
     if (!(color & PNG_COLOR_MASK_COLOR)) png_set_gray_to_rgb(r->png);
-    r->passes = png_set_interlace_handling(r->png);
-    png_read_update_info(r->png, r->info);
-    if (png_get_rowbytes(r->png, r->info) != (size_t)w * 3 || png_get_bit_depth(r->png, r->info) != 8)
-        return fail(err, errlen, r->path, "PNG of colour type %d, depth %d gives no 8-bit RGB", color, depth);
     return 0;
 }
 
-static int png_step(ck_image_reader *r, uint8_t *rgb, char *err, size_t errlen)
+static int png_step(ck_image_reader *r, char *err, size_t errlen)
 {
-    if (setjmp(r->jb)) {
-        if (r->mem_err[0]) return fail(err, errlen, r->path, "%s", r->mem_err);
-        return fail(err, errlen, r->path, "corrupt PNG: %s", r->msg);
+    if (setjmp(r->jb)) return png_failure(r, "corrupt PNG", err, errlen);
+    if (!r->started) {
+        /* the row buffers, charged through the allocator as libpng makes them */
+        r->started = 1;
+        if (make_pixels(r, err, errlen)) return -1;
+        r->passes = png_set_interlace_handling(r->png);
+        png_read_update_info(r->png, r->info);
+        if (png_get_rowbytes(r->png, r->info) != (size_t)r->w * 3 || png_get_bit_depth(r->png, r->info) != 8)
+            return fail(err, errlen, r->path, "PNG of colour type %d, depth %d gives no 8-bit RGB",
+                        png_get_color_type(r->png, r->info), png_get_bit_depth(r->png, r->info));
     }
     int rows = STEP_PIXELS / r->w;
     if (rows < 1) rows = 1;
-    for (int k = 0; k < rows && r->pass < r->passes; k++) {
-        png_read_row(r->png, rgb + (size_t)r->row * (size_t)r->w * 3, NULL);
+    int k = 0;
+    for (; k < rows && r->pass < r->passes; k++) {
+        png_read_row(r->png, r->rgb + (size_t)r->row * (size_t)r->w * 3, NULL);
         if (++r->row == r->h) {
             r->row = 0;
             r->pass++;
         }
     }
+    if (tick(r, (long long)k * r->w / 16, 1)) return stop_fail(r, err, errlen);
     if (r->pass < r->passes) return 1;
     /* the rest of the file up to IEND, so a file cut after its image data
      * is refused as well */
@@ -269,13 +436,20 @@ static void jpeg_emit_fn(j_common_ptr c, int level)
 static void jsrc_init(j_decompress_ptr d) { (void)d; }
 static void jsrc_term(j_decompress_ptr d) { (void)d; }
 
+/* libjpeg's input, IO_BUF bytes a call, each call polled: markers are read
+ * in loops of libjpeg's own (a file of a million comments is one call) */
 static boolean jsrc_fill(j_decompress_ptr d)
 {
     ck_image_reader *r = ((struct jpeg_err *)d->err)->r;
-    ssize_t k = read_at(r, r->buf, sizeof r->buf);
+    if (tick(r, IO_BUF / 16, 1)) {
+        snprintf(r->msg, sizeof r->msg, "%s", STOPPED);
+        longjmp(r->jb, 1);
+    }
+    ssize_t k = pread_full(r->fd, r->buf, sizeof r->buf, r->off);
     if (k < 0) snprintf(r->msg, sizeof r->msg, "read error: %s", strerror(errno));
     if (k == 0) snprintf(r->msg, sizeof r->msg, "%s", TRUNCATED);
     if (k <= 0) longjmp(r->jb, 1);
+    r->off += (uint64_t)k;
     r->jsrc.next_input_byte = r->buf;
     r->jsrc.bytes_in_buffer = (size_t)k;
     return TRUE;
@@ -293,13 +467,19 @@ static void jsrc_skip(j_decompress_ptr d, long n)
     r->jsrc.bytes_in_buffer -= (size_t)n;
 }
 
-static int jpeg_open(ck_image_reader *r, char *err, size_t errlen)
+static int jpeg_failure(ck_image_reader *r, const char *what, char *err, size_t errlen)
+{
+    if (r->stopped) return stop_fail(r, err, errlen);
+    return fail(err, errlen, r->path, "%s: %s", what, r->msg);
+}
+
+static int jpeg_open(ck_image_reader *r, int64_t max_pixels, char *err, size_t errlen)
 {
     r->jd.err = jpeg_std_error(&r->jerr.pub);
     r->jerr.pub.error_exit = jpeg_exit_fn;
     r->jerr.pub.emit_message = jpeg_emit_fn;
     r->jerr.r = r;
-    if (setjmp(r->jb)) return fail(err, errlen, r->path, "not a valid JPEG: %s", r->msg);
+    if (setjmp(r->jb)) return jpeg_failure(r, "not a valid JPEG", err, errlen);
     jpeg_create_decompress(&r->jd);
     r->jd_made = 1;
     r->jsrc.init_source = jsrc_init;
@@ -310,9 +490,10 @@ static int jpeg_open(ck_image_reader *r, char *err, size_t errlen)
     r->jsrc.bytes_in_buffer = 0;
     r->jsrc.next_input_byte = NULL;
     r->jd.src = &r->jsrc;
+    /* the header up to the first scan: small tables only, nothing sized by
+     * the image */
     jpeg_read_header(&r->jd, TRUE);
-    r->w = (int)r->jd.image_width;
-    r->h = (int)r->jd.image_height;
+    if (size_ok(r, r->jd.image_width, r->jd.image_height, max_pixels, err, errlen)) return -1;
     /* a CMYK image's header still reads (its size, for ck.image_info);
      * decoding it is refused at the first step */
     if (r->jd.jpeg_color_space != JCS_CMYK && r->jd.jpeg_color_space != JCS_YCCK) r->jd.out_color_space = JCS_RGB;
@@ -321,26 +502,84 @@ static int jpeg_open(ck_image_reader *r, char *err, size_t errlen)
     return 0;
 }
 
-static int jpeg_step(ck_image_reader *r, uint8_t *rgb, char *err, size_t errlen)
+/* What libjpeg allocates for a decode, from the header: about 64 rows of
+ * samples, and for a file of several scans every coefficient of the image
+ * (a block of 64 per 8x8 pixels of each component, in whole MCUs), as
+ * libjpeg's realize_virt_arrays sizes them. */
+static uint64_t jpeg_need(const struct jpeg_decompress_struct *d, int multi)
 {
-    if (setjmp(r->jb)) return fail(err, errlen, r->path, "corrupt JPEG: %s", r->msg);
+    uint64_t need = (uint64_t)d->image_width * (uint64_t)d->num_components * 64;
+    for (int c = 0; multi && c < d->num_components; c++) {
+        const jpeg_component_info *ci = &d->comp_info[c];
+        const uint64_t hs = (uint64_t)ci->h_samp_factor, vs = (uint64_t)ci->v_samp_factor;
+        const uint64_t bw = (ci->width_in_blocks + hs - 1) / hs * hs, bh = (ci->height_in_blocks + vs - 1) / vs * vs;
+        need += bw * bh * sizeof(JBLOCK);
+    }
+    return need;
+}
+
+/* the blocks one iMCU row of the current scan holds */
+static long long jpeg_row_blocks(const struct jpeg_decompress_struct *d)
+{
+    const long long v = d->comps_in_scan == 1 ? d->cur_comp_info[0]->v_samp_factor : 1;
+    return (long long)d->MCUs_per_row * d->blocks_in_MCU * v;
+}
+
+static int jpeg_step(ck_image_reader *r, char *err, size_t errlen)
+{
+    if (setjmp(r->jb)) return jpeg_failure(r, "corrupt JPEG", err, errlen);
     if (!r->started) {
         if (r->jd.jpeg_color_space == JCS_CMYK || r->jd.jpeg_color_space == JCS_YCCK)
             return fail(err, errlen, r->path, "a CMYK JPEG, which is not supported (convert it to RGB)");
         if (r->jd.num_components != 1 && r->jd.num_components != 3)
             return fail(err, errlen, r->path, "a JPEG of %d components, which is not supported", r->jd.num_components);
         r->started = 1;
+        /* A file of several scans (progressive, or one scan per component)
+         * is read in buffered-image mode: its scans go into the coefficients
+         * a piece at a time (jpeg_consume_input, one iMCU row a call, polled
+         * between), and the image is output once from the last of them, as
+         * jpeg_start_decompress would have, but in steps. */
+        r->jmulti = jpeg_has_multiple_scans(&r->jd);
+        const uint64_t need = jpeg_need(&r->jd, r->jmulti);
+        if (take(r, need, "the JPEG decoder's memory", err, errlen) || make_pixels(r, err, errlen)) return -1;
+        /* libjpeg has no backing store here: the coefficients must fit in
+         * memory, and this is what it may take for them */
+        r->jd.mem->max_memory_to_use = (long)(need + ((uint64_t)16 << 20));
+        r->jd.buffered_image = r->jmulti ? TRUE : FALSE;
         jpeg_start_decompress(&r->jd);
         if (r->jd.output_components != 3 || (int)r->jd.output_width != r->w || (int)r->jd.output_height != r->h)
             return fail(err, errlen, r->path, "the JPEG decoder gave no %dx%d RGB", r->w, r->h);
+        r->joutput = !r->jmulti;
+    }
+    if (!r->joutput) {
+        long long blocks = 0;
+        while (blocks < STEP_BLOCKS) {
+            const int rc = jpeg_consume_input(&r->jd);
+            if (rc == JPEG_REACHED_EOI) {
+                r->joutput = 1;
+                jpeg_start_output(&r->jd, r->jd.input_scan_number);
+                break;
+            }
+            if (rc == JPEG_SUSPENDED) /* the source never suspends: it fails instead */
+                return fail(err, errlen, r->path, "corrupt JPEG: the decoder stopped reading");
+            if (rc == JPEG_REACHED_SOS && r->jd.input_scan_number > CK_IMAGE_MAX_SCANS)
+                return fail(err, errlen, r->path, "a JPEG of more than %d scans, which is not supported (a "
+                            "progressive file has about ten)", CK_IMAGE_MAX_SCANS);
+            blocks += rc == JPEG_ROW_COMPLETED || rc == JPEG_SCAN_COMPLETED ? jpeg_row_blocks(&r->jd) : 1;
+        }
+        if (tick(r, blocks, 1)) return stop_fail(r, err, errlen);
+        return 1;
     }
     int rows = STEP_PIXELS / r->w;
     if (rows < 1) rows = 1;
-    for (int k = 0; k < rows && r->jd.output_scanline < r->jd.output_height; k++) {
-        JSAMPROW row = rgb + (size_t)r->jd.output_scanline * (size_t)r->w * 3;
+    int k = 0;
+    for (; k < rows && r->jd.output_scanline < r->jd.output_height; k++) {
+        JSAMPROW row = r->rgb + (size_t)r->jd.output_scanline * (size_t)r->w * 3;
         jpeg_read_scanlines(&r->jd, &row, 1);
     }
+    if (tick(r, (long long)k * r->w / 16, 1)) return stop_fail(r, err, errlen);
     if (r->jd.output_scanline < r->jd.output_height) return 1;
+    if (r->jmulti) jpeg_finish_output(&r->jd);
     jpeg_finish_decompress(&r->jd);
     return 0;
 }
@@ -359,58 +598,235 @@ static const char *vp8_status(VP8StatusCode s)
     }
 }
 
-static int webp_open(ck_image_reader *r, char *err, size_t errlen)
+/* A decode on a thread of its own: libwebp decodes a whole image in one
+ * call that nothing can stop (a 28-byte lossless file of 16384x16384 takes
+ * seconds), so the reader's steps wait for it a slice at a time and poll
+ * between. A reader closed before the decode ends leaves the job to the
+ * thread, which frees it when done. */
+struct webp_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, orphaned;
+    VP8StatusCode status;
+    unsigned char *data;
+    size_t n;
+    uint8_t *rgb;
+    int w, h;
+};
+
+static pthread_mutex_t abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t abandoned_cv = PTHREAD_COND_INITIALIZER;
+static int abandoned; /* jobs left to their threads and still running */
+
+static void job_free(webp_job *j)
 {
-    WebPBitstreamFeatures f;
-    size_t n = r->size < 4096 ? (size_t)r->size : 4096;
-    r->off = 0;
-    ssize_t k = read_at(r, r->buf, n);
+    if (!j) return;
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j->data);
+    free(j->rgb);
+    free(j);
+}
+
+static void *webp_work(void *arg)
+{
+    webp_job *j = arg;
+    WebPDecoderConfig cfg;
+    VP8StatusCode s = VP8_STATUS_INVALID_PARAM;
+    if (WebPInitDecoderConfig(&cfg)) {
+        cfg.output.colorspace = MODE_RGB; /* no alpha: it is dropped, the colours kept as stored */
+        cfg.output.is_external_memory = 1;
+        cfg.output.width = j->w;
+        cfg.output.height = j->h;
+        cfg.output.u.RGBA.rgba = j->rgb;
+        cfg.output.u.RGBA.stride = j->w * 3;
+        cfg.output.u.RGBA.size = (size_t)j->w * (size_t)j->h * 3;
+        s = WebPDecode(j->data, j->n, &cfg);
+        WebPFreeDecBuffer(&cfg.output);
+    }
+    pthread_mutex_lock(&j->mu);
+    j->status = s;
+    j->done = 1;
+    const int orphan = j->orphaned;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (orphan) {
+        job_free(j);
+        pthread_mutex_lock(&abandoned_mu);
+        abandoned--;
+        pthread_cond_broadcast(&abandoned_cv);
+        pthread_mutex_unlock(&abandoned_mu);
+    }
+    return NULL;
+}
+
+void ck_image_wait_abandoned(void)
+{
+    pthread_mutex_lock(&abandoned_mu);
+    while (abandoned > 0) pthread_cond_wait(&abandoned_cv, &abandoned_mu);
+    pthread_mutex_unlock(&abandoned_mu);
+}
+
+/* reads n bytes of a chunk's payload for the walk */
+static int webp_read(ck_image_reader *r, void *dst, size_t n, char *err, size_t errlen)
+{
+    ssize_t k = src_read(r, dst, n);
+    if (k == -2) return stop_fail(r, err, errlen);
     if (k < 0) return fail(err, errlen, r->path, "read error: %s", strerror(errno));
-    VP8StatusCode s = WebPGetFeatures(r->buf, (size_t)k, &f);
-    if (s != VP8_STATUS_OK) return fail(err, errlen, r->path, "not a valid WebP: %s", vp8_status(s));
-    if (f.has_animation) return fail(err, errlen, r->path, "an animated WebP, which is not supported");
-    /* the RIFF header's size: a file cut short of it is refused, even when
-     * what is left would decode */
-    const uint64_t riff = 8 + ((uint64_t)r->buf[4] | (uint64_t)r->buf[5] << 8 | (uint64_t)r->buf[6] << 16 |
-                               (uint64_t)r->buf[7] << 24);
-    if (r->size < riff) return fail(err, errlen, r->path, "not a valid WebP: %s", TRUNCATED);
-    r->w = f.width;
-    r->h = f.height;
-    r->off = 0;
-    /* the decoder keeps the file's bytes, and a lossless or alpha image whole */
-    const int whole = f.format == 2 || f.has_alpha;
-    if (r->w > 0 && r->h > 0 &&
-        take(r, r->size + (whole ? (uint64_t)r->w * (uint64_t)r->h * 4 : (uint64_t)r->w * 64), "the WebP decoder's memory",
-             err, errlen))
-        return -1;
+    if ((size_t)k < n) return fail(err, errlen, r->path, "not a valid WebP: %s", TRUNCATED);
     return 0;
 }
 
-static int webp_step(ck_image_reader *r, uint8_t *rgb, char *err, size_t errlen)
+/* The RIFF container walked here, chunk by chunk, before libwebp sees the
+ * file: every chunk inside the RIFF data, the first one VP8, VP8L or VP8X,
+ * no animation, and the size taken from the image chunk's own header (a
+ * VP8X canvas must agree with it), so the caps judge the size the decoder
+ * will allocate for. */
+static int webp_open(ck_image_reader *r, int64_t max_pixels, char *err, size_t errlen)
+{
+    unsigned char h[12];
+    if (webp_read(r, h, 12, err, errlen)) return -1;
+    r->riff = 8 + (uint64_t)le32(h + 4);
+    /* a file cut short of its RIFF size is refused, even when what is left
+     * would decode */
+    if (r->size < r->riff) return fail(err, errlen, r->path, "not a valid WebP: %s", TRUNCATED);
+    uint64_t at = 12, cw = 0, ch = 0;
+    int vp8x = 0, flags = 0;
+    for (;;) {
+        if (at + 8 > r->riff) return fail(err, errlen, r->path, "not a valid WebP: no VP8 or VP8L image chunk");
+        unsigned char c[8];
+        if (webp_read(r, c, 8, err, errlen)) return -1;
+        const uint64_t n = le32(c + 4), next = at + 8 + n + (n & 1);
+        if (at + 8 + n > r->riff)
+            return fail(err, errlen, r->path, "not a valid WebP: its '%.4s' chunk of %llu bytes runs past the end of "
+                        "the RIFF data", (const char *)c, (unsigned long long)n);
+        const int image = !memcmp(c, "VP8 ", 4) || !memcmp(c, "VP8L", 4);
+        if (at == 12 && !image && memcmp(c, "VP8X", 4))
+            return fail(err, errlen, r->path, "not a valid WebP: its first chunk is '%.4s', not VP8, VP8L or VP8X",
+                        (const char *)c);
+        if (!memcmp(c, "ANIM", 4) || !memcmp(c, "ANMF", 4))
+            return fail(err, errlen, r->path, "an animated WebP, which is not supported");
+        if (!memcmp(c, "VP8X", 4)) {
+            unsigned char x[10];
+            if (at != 12 || n < 10) return fail(err, errlen, r->path, "not a valid WebP: a misplaced VP8X chunk");
+            if (webp_read(r, x, 10, err, errlen)) return -1;
+            flags = x[0];
+            if (flags & 0x02) return fail(err, errlen, r->path, "an animated WebP, which is not supported");
+            cw = 1 + ((uint64_t)x[4] | (uint64_t)x[5] << 8 | (uint64_t)x[6] << 16);
+            ch = 1 + ((uint64_t)x[7] | (uint64_t)x[8] << 8 | (uint64_t)x[9] << 16);
+            vp8x = 1;
+            src_skip(r, next - at - 18);
+        } else if (image) {
+            unsigned char v[10];
+            const int lossless = c[3] == 'L';
+            if (n < (lossless ? 5u : 10u))
+                return fail(err, errlen, r->path, "not a valid WebP: its image chunk is too short");
+            if (webp_read(r, v, lossless ? 5 : 10, err, errlen)) return -1;
+            uint64_t w, hh;
+            int alpha;
+            if (lossless) {
+                const uint32_t bits = le32(v + 1);
+                if (v[0] != 0x2f || bits >> 29)
+                    return fail(err, errlen, r->path, "not a valid WebP: a bad lossless header");
+                w = 1 + (bits & 0x3fff);
+                hh = 1 + ((bits >> 14) & 0x3fff);
+                alpha = vp8x ? flags & 0x10 : (int)(bits >> 28 & 1);
+            } else {
+                if ((v[0] & 1) || v[3] != 0x9d || v[4] != 0x01 || v[5] != 0x2a)
+                    return fail(err, errlen, r->path, "not a valid WebP: a bad lossy header (not a key frame)");
+                w = ((uint64_t)v[6] | (uint64_t)v[7] << 8) & 0x3fff;
+                hh = ((uint64_t)v[8] | (uint64_t)v[9] << 8) & 0x3fff;
+                alpha = flags & 0x10;
+            }
+            if (vp8x && (w != cw || hh != ch))
+                return fail(err, errlen, r->path, "not a valid WebP: its canvas of %llux%llu is not its image's "
+                            "%llux%llu", (unsigned long long)cw, (unsigned long long)ch, (unsigned long long)w,
+                            (unsigned long long)hh);
+            r->webp_whole = lossless || alpha;
+            return size_ok(r, w, hh, max_pixels, err, errlen);
+        } else {
+            src_skip(r, next - at - 8);
+        }
+        at = next;
+        if (tick(r, 1, 0)) return stop_fail(r, err, errlen);
+    }
+}
+
+static int webp_step(ck_image_reader *r, char *err, size_t errlen)
 {
     if (!r->started) {
+        /* the decoder keeps the file's bytes, and a lossless or alpha image whole */
+        const uint64_t wh = (uint64_t)r->w * (uint64_t)r->h;
+        if (take(r, r->riff + (r->webp_whole ? wh * 4 : (uint64_t)r->w * 64), "the WebP decoder's memory", err, errlen) ||
+            make_pixels(r, err, errlen))
+            return -1;
         r->started = 1;
-        WebPInitDecBuffer(&r->wout);
-        r->wout.colorspace = MODE_RGB; /* no alpha: it is dropped, the colours kept as stored */
-        r->wout.is_external_memory = 1;
-        r->wout.width = r->w;
-        r->wout.height = r->h;
-        r->wout.u.RGBA.rgba = rgb;
-        r->wout.u.RGBA.stride = r->w * 3;
-        r->wout.u.RGBA.size = (size_t)r->w * (size_t)r->h * 3;
-        r->idec = WebPINewDecoder(&r->wout);
-        if (!r->idec) return fail(err, errlen, r->path, "out of memory");
+        if (!(r->wdata = malloc((size_t)r->riff))) return fail(err, errlen, r->path, "out of memory");
+        r->wgot = 0;
     }
-    /* about STEP_PIXELS pixels' worth of file: at least one buffer */
-    for (int i = 0; i < 4; i++) {
-        ssize_t k = read_at(r, r->buf, sizeof r->buf);
-        if (k < 0) return fail(err, errlen, r->path, "read error: %s", strerror(errno));
-        if (k == 0) return fail(err, errlen, r->path, "corrupt WebP: %s", TRUNCATED);
-        VP8StatusCode s = WebPIAppend(r->idec, r->buf, (size_t)k);
-        if (s == VP8_STATUS_OK) return 0;
-        if (s != VP8_STATUS_SUSPENDED) return fail(err, errlen, r->path, "corrupt WebP: %s", vp8_status(s));
+    if (!r->job) {
+        for (size_t step = 0; step < WEBP_READ_STEP && r->wgot < r->riff; step += IO_BUF) {
+            if (tick(r, IO_BUF / 16, 1)) return stop_fail(r, err, errlen);
+            const size_t n = r->riff - r->wgot < IO_BUF ? (size_t)(r->riff - r->wgot) : IO_BUF;
+            ssize_t k = pread_full(r->fd, r->wdata + r->wgot, n, r->wgot);
+            if (k < 0) return fail(err, errlen, r->path, "read error: %s", strerror(errno));
+            if ((size_t)k < n) return fail(err, errlen, r->path, "corrupt WebP: %s", TRUNCATED);
+            r->wgot += (uint64_t)k;
+        }
+        if (r->wgot < r->riff) return 1;
+        /* the whole decode, charged as it starts: it is one call */
+        if (tick(r, (long long)r->w * r->h / 16, 1)) return stop_fail(r, err, errlen);
+        webp_job *j = calloc(1, sizeof *j);
+        if (!j) return fail(err, errlen, r->path, "out of memory");
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_mutex_init(&j->mu, NULL);
+        pthread_cond_init(&j->cv, &ca);
+        pthread_condattr_destroy(&ca);
+        j->data = r->wdata;
+        j->n = (size_t)r->riff;
+        j->rgb = r->rgb;
+        j->w = r->w;
+        j->h = r->h;
+        pthread_attr_t ta;
+        pthread_t th;
+        pthread_attr_init(&ta);
+        pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+        const int e = pthread_create(&th, &ta, webp_work, j);
+        pthread_attr_destroy(&ta);
+        if (e) {
+            j->data = NULL;
+            j->rgb = NULL;
+            job_free(j);
+            return fail(err, errlen, r->path, "cannot start the WebP decoder's thread: %s", strerror(e));
+        }
+        r->wdata = NULL;
+        r->rgb = NULL;
+        r->job = j;
+        return 1;
     }
-    return 1;
+    webp_job *j = r->job;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += WEBP_WAIT_MS * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &until) != ETIMEDOUT) {
+    }
+    const int done = j->done;
+    pthread_mutex_unlock(&j->mu);
+    if (!done) return tick(r, 0, 1) ? stop_fail(r, err, errlen) : 1;
+    r->rgb = j->rgb;
+    j->rgb = NULL;
+    const VP8StatusCode s = j->status;
+    job_free(j);
+    r->job = NULL;
+    if (s != VP8_STATUS_OK) return fail(err, errlen, r->path, "corrupt WebP: %s", vp8_status(s));
+    return 0;
 }
 
 /* ---- the reader */
@@ -420,9 +836,25 @@ static void reader_free(ck_image_reader *r)
     if (!r) return;
     if (r->png) png_destroy_read_struct(&r->png, r->info ? &r->info : NULL, NULL);
     if (r->jd_made) jpeg_destroy_decompress(&r->jd);
-    if (r->idec) WebPIDelete(r->idec);
+    if (r->job) {
+        webp_job *j = r->job;
+        pthread_mutex_lock(&j->mu);
+        if (j->done) {
+            pthread_mutex_unlock(&j->mu);
+            job_free(j);
+        } else {
+            /* counted before the thread can see it, so that its end is too */
+            pthread_mutex_lock(&abandoned_mu);
+            abandoned++;
+            pthread_mutex_unlock(&abandoned_mu);
+            j->orphaned = 1;
+            pthread_mutex_unlock(&j->mu);
+        }
+    }
     if (r->fd >= 0) close(r->fd);
-    if (r->charged && r->charge.give) r->charge.give(r->charge.ud, r->charged);
+    give(r, r->charged);
+    free(r->wdata);
+    free(r->rgb);
     free(r->path);
     free(r);
 }
@@ -447,7 +879,15 @@ ck_image_reader *ck_image_open_fd(int fd, const char *path, int64_t max_pixels, 
         return NULL;
     }
     r->fd = fd;
-    if (c && c->take && c->give) r->charge = *c;
+    if (c && c->take && c->give) {
+        r->charge.take = c->take;
+        r->charge.give = c->give;
+        r->charge.ud = c->ud;
+    }
+    if (c && c->poll) {
+        r->charge.poll = c->poll;
+        r->charge.poll_ud = c->poll_ud;
+    }
     struct stat st;
     if (fstat(fd, &st) != 0) {
         fail(err, errlen, path, "cannot stat: %s", strerror(errno));
@@ -459,8 +899,7 @@ ck_image_reader *ck_image_open_fd(int fd, const char *path, int64_t max_pixels, 
     }
     r->size = (uint64_t)st.st_size;
     unsigned char m[12] = {0};
-    ssize_t k = read_at(r, m, sizeof m);
-    r->off = 0;
+    ssize_t k = pread_full(fd, m, sizeof m, 0);
     if (k < 0) {
         fail(err, errlen, path, "read error: %s", strerror(errno));
         goto bail;
@@ -469,36 +908,18 @@ ck_image_reader *ck_image_open_fd(int fd, const char *path, int64_t max_pixels, 
     int rc;
     if (k >= 8 && !memcmp(m, png_sig, 8)) {
         r->format = CK_IMAGE_PNG;
-        rc = png_open(r, err, errlen);
+        rc = png_open(r, max_pixels, err, errlen);
     } else if (k >= 3 && m[0] == 0xff && m[1] == 0xd8 && m[2] == 0xff) {
         r->format = CK_IMAGE_JPEG;
-        rc = jpeg_open(r, err, errlen);
+        rc = jpeg_open(r, max_pixels, err, errlen);
     } else if (k >= 12 && !memcmp(m, "RIFF", 4) && !memcmp(m + 8, "WEBP", 4)) {
         r->format = CK_IMAGE_WEBP;
-        rc = webp_open(r, err, errlen);
+        rc = webp_open(r, max_pixels, err, errlen);
     } else {
         fail(err, errlen, path, k == 0 ? "an empty file, not an image" : "not a PNG, JPEG or WebP image");
         goto bail;
     }
     if (rc) goto bail;
-    if (r->w <= 0 || r->h <= 0) {
-        fail(err, errlen, path, "a %s image of size %dx%d (nothing to decode)", ck_image_format_name(r->format), r->w,
-             r->h);
-        goto bail;
-    }
-    if ((int64_t)r->w * r->h > max_pixels) {
-        fail(err, errlen, path, "%dx%d = %lld pixels, more than the limit of %lld", r->w, r->h,
-             (long long)r->w * r->h, (long long)max_pixels);
-        goto bail;
-    }
-    if (r->format == CK_IMAGE_JPEG) {
-        const uint64_t comps = (uint64_t)r->jd.num_components;
-        uint64_t need = (uint64_t)r->w * comps * 64;
-        /* a progressive JPEG holds all its coefficients until the last scan */
-        if (r->jd.progressive_mode) need += (uint64_t)r->w * (uint64_t)r->h * comps * 2 * 2;
-        if (take(r, need, "the JPEG decoder's memory", err, errlen)) goto bail;
-        r->jd.mem->max_memory_to_use = (long)(need + ((uint64_t)16 << 20));
-    }
     return r;
 bail:
     reader_free(r);
@@ -508,6 +929,8 @@ bail:
 int ck_image_width(const ck_image_reader *r) { return r->w; }
 int ck_image_height(const ck_image_reader *r) { return r->h; }
 ck_image_format ck_image_format_of(const ck_image_reader *r) { return r->format; }
+const uint8_t *ck_image_pixels(const ck_image_reader *r) { return r->done ? r->rgb : NULL; }
+int ck_image_stopped(const ck_image_reader *r) { return r->stopped; }
 
 int ck_image_text_at(const ck_image_reader *r, int i, const char **key, const char **value)
 {
@@ -517,15 +940,21 @@ int ck_image_text_at(const ck_image_reader *r, int i, const char **key, const ch
     return 0;
 }
 
-int ck_image_read_step(ck_image_reader *r, uint8_t *rgb, char *err, size_t errlen)
+int ck_image_read_step(ck_image_reader *r, char *err, size_t errlen)
 {
     if (err && errlen) err[0] = 0;
+    if (r->done) return 0;
+    /* libpng and libjpeg cannot go on once they have failed */
+    if (r->failed) return r->stopped ? stop_fail(r, err, errlen) : fail(err, errlen, r->path, "decoding failed before");
+    int rc = -1;
     switch (r->format) {
-    case CK_IMAGE_PNG: return png_step(r, rgb, err, errlen);
-    case CK_IMAGE_JPEG: return jpeg_step(r, rgb, err, errlen);
-    case CK_IMAGE_WEBP: return webp_step(r, rgb, err, errlen);
+    case CK_IMAGE_PNG: rc = png_step(r, err, errlen); break;
+    case CK_IMAGE_JPEG: rc = jpeg_step(r, err, errlen); break;
+    case CK_IMAGE_WEBP: rc = webp_step(r, err, errlen); break;
     }
-    return fail(err, errlen, r->path, "no image");
+    if (rc == 0) r->done = 1;
+    if (rc < 0) r->failed = 1;
+    return rc;
 }
 
 void ck_image_close(ck_image_reader *r) { reader_free(r); }

@@ -29,15 +29,31 @@ const char *ck_image_format_name(ck_image_format f);
 /* The default cap on width * height, checked from the header before any
  * decoding */
 #define CK_IMAGE_MAX_PIXELS ((int64_t)1 << 28)
+/* The widest image read: a PNG's rows are decoded whole, one call each */
+#define CK_IMAGE_MAX_WIDTH (1 << 20)
+/* The most scans a JPEG may hold: a progressive file has about ten, and every
+ * scan is a pass over the whole image */
+#define CK_IMAGE_MAX_SCANS 1000
 
-/* What a reader's decoder memory is charged to before it is allocated (an
- * estimate from the header: a WebP file's bytes, a lossless or alpha WebP's
- * whole-image buffer, a progressive JPEG's coefficients). take returns 0, or
- * -1 with a message in err; give returns what take charged. */
+/* What a reader answers to while it works.
+ * - take / give: its memory is charged before it is allocated (the decoded
+ *   pixels, libpng's allocations as they come, a JPEG's coefficient buffers,
+ *   a WebP file's bytes and its decoder's image buffer, each from the
+ *   header). take returns 0, or -1 with a message in err; give returns what
+ *   take charged.
+ * - poll(poll_ud, work): asked between pieces of work, at least once per 64
+ *   KiB of file read, per 4096 blocks of a JPEG scan, per 2^16 pixels
+ *   decoded and every 20 ms of a WebP decode, with the work done since the
+ *   last call (about 1 unit per 16 pixels or 1 block, and 4096 per 64 KiB
+ *   read); nonzero stops the reader: the open or the step fails at once with
+ *   "stopped" (ck_image_stopped then says so). It must not longjmp.
+ * Any of them NULL: nothing charged, never stopped. */
 typedef struct ck_image_charge {
     int (*take)(void *ud, size_t n, const char *what, char *err, size_t errlen);
     void (*give)(void *ud, size_t n);
     void *ud;
+    int (*poll)(void *poll_ud, long long work);
+    void *poll_ud;
 } ck_image_charge;
 
 typedef struct ck_image_reader ck_image_reader;
@@ -46,9 +62,11 @@ typedef struct ck_image_reader ck_image_reader;
  * now owns: closed on failure too) and reads its header only: the format
  * from the first bytes, the size, and (PNG) the text chunks before the image
  * data. path names the file in messages; fd -1 reports the open's failure
- * from errno. Refuses an unknown format, a zero-size image and one of more
- * than max_pixels pixels (<= 0: CK_IMAGE_MAX_PIXELS). c: copied; NULL charges
- * nothing. NULL with a message on any problem. */
+ * from errno. Refuses an unknown format, a zero-size image, one wider than
+ * CK_IMAGE_MAX_WIDTH and one of more than max_pixels pixels (<= 0:
+ * CK_IMAGE_MAX_PIXELS), from the declared size before a library allocates
+ * for it. c: copied; NULL charges nothing. NULL with a message on any
+ * problem. */
 ck_image_reader *ck_image_open_fd(int fd, const char *path, int64_t max_pixels, const ck_image_charge *c, char *err,
                                   size_t errlen);
 int ck_image_width(const ck_image_reader *r);
@@ -58,13 +76,27 @@ ck_image_format ck_image_format_of(const ck_image_reader *r);
  * value, valid until the reader closes; -1 past the last. */
 int ck_image_text_at(const ck_image_reader *r, int i, const char **key, const char **value);
 
-/* Decodes the next part of the image into rgb, height * width * 3 bytes
- * (row-major, R G B), the same buffer on every call: 1 when there is more to
- * do, 0 when the image is complete, -1 with a message (a truncated or corrupt
- * file). A step decodes about 2^16 pixels (all the scans of a progressive
- * JPEG are read in its first step), so the caller can poll between steps. */
-int ck_image_read_step(ck_image_reader *r, uint8_t *rgb, char *err, size_t errlen);
+/* Decodes the next part of the image into the reader's pixels: 1 when there
+ * is more to do, 0 when the image is complete, -1 with a message (a truncated
+ * or corrupt file, a charge refused, a stop asked by poll). The first step
+ * charges and allocates the pixels and the decoder's buffers. A step does a
+ * bounded piece of work: about 2^16 pixels, 4096 blocks of a JPEG scan (a
+ * JPEG of several scans is read scan by scan into its coefficients, then
+ * output), 1 MiB of a WebP file, or up to 20 ms of waiting for a WebP, which
+ * decodes on a thread of its own (libwebp has no way to stop a decode). */
+int ck_image_read_step(ck_image_reader *r, char *err, size_t errlen);
+/* The decoded image once ck_image_read_step has returned 0: height * width *
+ * 3 bytes (row-major, R G B), valid until the reader closes; NULL before. */
+const uint8_t *ck_image_pixels(const ck_image_reader *r);
+/* 1 when the last failure was a stop asked by poll */
+int ck_image_stopped(const ck_image_reader *r);
+/* Closes the reader and gives back all it charged. A WebP decode still
+ * running on its thread is left to finish there and free its own memory
+ * (at most a few seconds: its work is bounded by the pixel limit). */
 void ck_image_close(ck_image_reader *r);
+/* Waits until every WebP decode left running by ck_image_close has ended
+ * (for tests and for hosts that unload the library). */
+void ck_image_wait_abandoned(void);
 
 /* How a decoded w x h image becomes an array [3, crop_h, crop_w] of values
  * v / 127.5 - 1 in [-1, 1]: first resized to resize_w x resize_h (0: kept),

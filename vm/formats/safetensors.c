@@ -129,7 +129,7 @@ struct ck_st_file {
     const entry **by_name;
     meta *m;
     int nm, capm;
-    ck_st_charge charge; /* take NULL: charged to nothing */
+    ck_st_charge charge; /* take NULL: charged to nothing; poll NULL: never stopped */
     size_t charged;
 };
 
@@ -145,6 +145,15 @@ static int take(ck_st_file *f, size_t n, const char *what, char *err, size_t err
     }
     f->charged += n;
     return 0;
+}
+
+/* Reports work to the caller's poll: 0 to go on, or -1 with err when it
+ * asked to stop. */
+static int poll_work(ck_st_file *f, long long work, char *err, size_t errlen)
+{
+    if (!f->charge.poll || !f->charge.poll(f->charge.poll_ud, work)) return 0;
+    snprintf(err, errlen, "%s: stopped while reading its header (the caller asked)", f->path);
+    return -1;
 }
 
 static void give(ck_st_file *f, size_t n)
@@ -171,6 +180,7 @@ typedef struct parser {
     size_t n, pos;
     size_t used;            /* bytes of f->arena taken */
     uint64_t datasize;
+    size_t polled;          /* p->pos at the last poll */
 } parser;
 
 static int bad(parser *p, const char *fmt, ...)
@@ -370,6 +380,25 @@ static void fmt_shape(char *b, size_t len, int ndim, const int64_t *shape)
 }
 
 /* Checks that need only the entry itself; contiguity is checked later. */
+/* Charges n more bytes of a table the parse grows to cap entries of what,
+ * before it grows: a header of a million tiny tensors makes tables larger
+ * than itself. */
+static int grow_charge(parser *p, size_t n, const char *what, int cap)
+{
+    char w[160], words[64];
+    size_words(n, words, sizeof words);
+    snprintf(w, sizeof w, "the table of its %s grown to %d entries (%s more)", what, cap, words);
+    return take(p->f, n, w, p->err, p->errlen);
+}
+
+/* between entries: the bytes parsed since the last poll, and the entries */
+static int parse_poll(parser *p)
+{
+    const long long work = (long long)((p->pos - p->polled) / 16) + 4096;
+    p->polled = p->pos;
+    return poll_work(p->f, work, p->err, p->errlen);
+}
+
 static int check_entry(parser *p, entry *e)
 {
     shown name = show(e->pub.name);
@@ -467,13 +496,14 @@ static int parse_tensor(parser *p, char *name)
     if (check_entry(p, &e)) return -1;
     if (f->n == f->capt) {
         int cap = f->capt ? f->capt * 2 : 64;
+        if (grow_charge(p, sizeof *f->t * (size_t)(cap - f->capt), "tensors", cap)) return -1;
         entry *t = realloc(f->t, sizeof *t * (size_t)cap);
         if (!t) return bad(p, "out of memory reading the header");
         f->t = t;
         f->capt = cap;
     }
     f->t[f->n++] = e;
-    return 0;
+    return (f->n & 4095) ? 0 : parse_poll(p);
 }
 
 static int parse_meta(parser *p)
@@ -494,6 +524,7 @@ static int parse_meta(parser *p)
         if (parse_string(p, &v)) return -1;
         if (f->nm == f->capm) {
             int cap = f->capm ? f->capm * 2 : 16;
+            if (grow_charge(p, sizeof *f->m * (size_t)(cap - f->capm), "__metadata__ entries", cap)) return -1;
             meta *m = realloc(f->m, sizeof *m * (size_t)cap);
             if (!m) return bad(p, "out of memory reading the header");
             f->m = m;
@@ -501,6 +532,7 @@ static int parse_meta(parser *p)
         }
         f->m[f->nm].key = k;
         f->m[f->nm++].value = v;
+        if (!(f->nm & 4095) && parse_poll(p)) return -1;
         ws(p);
         int c = peek(p);
         if (c == ',') { p->pos++; continue; }
@@ -589,11 +621,17 @@ static int build(parser *p)
 {
     ck_st_file *f = p->f;
     if (parse_header(p)) return -1;
+    /* the sorts cannot be polled inside: a million entries sort in about a
+     * tenth of a second each */
+    if (parse_poll(p)) return -1;
     if (f->n) qsort(f->t, (size_t)f->n, sizeof *f->t, cmp_offsets);
+    if (poll_work(f, f->n, p->err, p->errlen)) return -1;
+    if (grow_charge(p, sizeof *f->by_name * (size_t)(f->n ? f->n : 1), "names", f->n)) return -1;
     f->by_name = malloc(sizeof *f->by_name * (size_t)(f->n ? f->n : 1));
     if (!f->by_name) return bad(p, "out of memory reading the header");
     for (int i = 0; i < f->n; i++) f->by_name[i] = &f->t[i];
     if (f->n) qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_names);
+    if (poll_work(f, f->n, p->err, p->errlen)) return -1;
     /* Before the layout check: a repeated name would otherwise be reported
      * as an overlap, which hides the real cause. */
     for (int i = 1; i < f->n; i++)
@@ -693,7 +731,8 @@ static int parse_file(ck_st_file *f, char *err, size_t errlen)
     int rc = 0;
     while (got < hlen && !rc) {
         const size_t k = hlen - got < ((size_t)1 << 20) ? (size_t)hlen - got : (size_t)1 << 20;
-        rc = read_raw(f, 8 + got, h + got, k, "the header", err, errlen);
+        rc = poll_work(f, (long long)(k / 16), err, errlen);
+        if (!rc) rc = read_raw(f, 8 + got, h + got, k, "the header", err, errlen);
         if (!rc && (h[0] != '{' || memchr(h + got, 0, k))) {
             got += k;
             break;
@@ -710,14 +749,6 @@ static int parse_file(ck_st_file *f, char *err, size_t errlen)
     }
     free(h);
     give(f, (size_t)hlen + 1);
-    if (!rc) {
-        /* the tables of its tensors and metadata, made while parsing */
-        const size_t tables = sizeof *f->t * (size_t)f->capt + sizeof *f->by_name * (size_t)f->n +
-                              sizeof *f->m * (size_t)f->capm;
-        size_words(tables, words, sizeof words);
-        snprintf(what, sizeof what, "the tables of its %d tensors (%s)", f->n, words);
-        rc = take(f, tables, what, err, errlen);
-    }
     return rc;
 }
 
@@ -746,7 +777,15 @@ ck_st_file *ck_st_open_fd(int fd, const char *path, const ck_st_charge *c, char 
         return NULL;
     }
     f->fd = fd;
-    if (c && c->take && c->give) f->charge = *c;
+    if (c && c->take && c->give) {
+        f->charge.take = c->take;
+        f->charge.give = c->give;
+        f->charge.ud = c->ud;
+    }
+    if (c && c->poll) {
+        f->charge.poll = c->poll;
+        f->charge.poll_ud = c->poll_ud;
+    }
     struct stat st;
     if (fstat(f->fd, &st) != 0) {
         fail(err, errlen, path, "cannot stat: %s", strerror(errno));

@@ -54,13 +54,20 @@ typedef struct ck_st_tensor {
 ck_st_file *ck_st_open(const char *path, char *err, size_t errlen);
 /* What a file's memory is charged to before it is allocated: the header's
  * bytes (twice while it is parsed, once while the file is open), the tables
- * of its tensors, and its read buffer on the first read. take returns 0, or -1
- * with a message in err (the open or the read then fails with it, after the
- * path); give returns what take charged. */
+ * of its tensors as they grow, and its read buffer on the first read. take
+ * returns 0, or -1 with a message in err (the open or the read then fails
+ * with it, after the path); give returns what take charged.
+ * poll (may be NULL) is asked while the header is read and parsed: per
+ * megabyte read, per 4096 entries parsed and between the sorts, with the work
+ * done since its last call (about 1 unit per 16 bytes or per entry); nonzero
+ * stops the open, which fails with "stopped" and gives everything back. It
+ * must not longjmp. */
 typedef struct ck_st_charge {
     int (*take)(void *ud, size_t n, const char *what, char *err, size_t errlen);
     void (*give)(void *ud, size_t n);
     void *ud;
+    int (*poll)(void *poll_ud, long long work);
+    void *poll_ud;
 } ck_st_charge;
 /* The same from fd, opened for reading by the caller (the sandbox's door),
  * which the file now owns (closed on failure too); path names it in

@@ -71,12 +71,21 @@ typedef struct ck_json_charge {
 void ck_lua_json_charge_begin(lua_State *L, ck_json_charge *c);
 void ck_lua_json_charge_end(ck_json_charge *c);
 void ck_lua_json_give(ck_json_charge *c);
+/* For C code that must not be unwound (a library's parse, a builder that
+ * holds memory): 1 when ck_limits_charge(L, work) would raise now (an
+ * interrupt, a tripped limit, work past the callback budget, which is
+ * charged), 0 to go on. The caller stops, lets go of what it holds, then
+ * calls ck_lua_limits_raise, which raises that error. */
+int ck_lua_limits_stop(lua_State *L, long long work);
+void ck_lua_limits_raise(lua_State *L);
 /* vm/lua/lua_hash.c: ck.sha256, ck.file_sha256 */
 void ck_lua_hash_register(lua_State *L, int lib);
 /* vm/lua/lua_graph.c: p:graph() in the program methods at index methods */
 void ck_lua_graph_register(lua_State *L, int methods);
 /* vm/lua/lua_text.c: ck.clip_tokenizer */
 void ck_lua_text_register(lua_State *L, int lib);
+/* vm/lua/lua_spm.c: ck.t5_tokenizer */
+void ck_lua_spm_register(lua_State *L, int lib);
 /* vm/lua/lua_array.c: ck.array in the module table at index lib, p:array in the program methods at index methods */
 void ck_lua_array_register(lua_State *L, int lib, int methods);
 /* The values of the ck.array at idx (valid while it is reachable), its shape into *shape; NULL when idx is not an

@@ -2,10 +2,12 @@
  * JPEG or WebP (vm/formats/image.c) straight into a ck.array [3, H, W] of
  * values in [-1, 1], resized, cropped and flipped on the way; ck.write_png
  * writes such an array atomically with text chunks. Files are opened through
- * the sandbox's door; the decoded pixels live in the Lua heap, checked
- * against the memory limit before they are allocated. */
+ * the sandbox's door; the decoder's memory and the decoded pixels are charged
+ * to the VM's memory budget before they are allocated, and the reader polls
+ * the interrupt and the callback budget as it goes (vm/guard/poll.h). */
 #include "lua/lua_ck.h"
 #include "formats/image.h"
+#include "guard/poll.h"
 
 #include <lauxlib.h>
 
@@ -36,12 +38,18 @@ static ck_image_reader **open_image(lua_State *L, const char *path)
     ck_image_reader **box = lua_newuserdatauv(L, sizeof *box, 0);
     *box = NULL;
     luaL_setmetatable(L, READER_MT);
-    ck_mem_budget *b = ck_mem_budget_of(L);
-    const ck_image_charge charge = {ck_mem_take_ud, ck_mem_give_ud, b};
+    /* the budget and the limits live as long as the VM: a reader that an
+     * error leaves to the collector still gives back to them */
+    ck_limits *lim = ck_limits_of(L);
+    const ck_image_charge charge = {ck_mem_take_ud, ck_mem_give_ud, lim ? &lim->mem : NULL, ck_limits_poll_ud, lim};
     char err[512];
-    *box = ck_image_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, 0, b ? &charge : NULL, err,
+    *box = ck_image_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, 0, lim ? &charge : NULL, err,
                             sizeof err);
-    if (!*box) ck_lua_raise(L, "%s", err);
+    if (!*box) {
+        /* a stop the reader was asked for is the interrupt's or the budget's */
+        ck_limits_raise_pending(L);
+        ck_lua_raise(L, "%s", err);
+    }
     return box;
 }
 
@@ -144,19 +152,25 @@ static int l_image_load(lua_State *L)
         *box = NULL;
         return ck_lua_raise(L, "%s: image_load: %s", path, err);
     }
-    /* the decoded bytes, the resampling's scratch and the array at once */
+    /* the decoded bytes (charged by the reader), the resampling's scratch
+     * and the array at once */
     const int64_t bytes = (int64_t)w * h * 3 + (int64_t)scratch + (int64_t)ow * oh * 3 * 4;
     ck_mem_check(L, bytes, 1, "decoding %s (%dx%d)", path, w, h);
-    uint8_t *rgb = lua_newuserdatauv(L, (size_t)w * (size_t)h * 3, 0);
     int rc;
-    while ((rc = ck_image_read_step(*box, rgb, err, sizeof err)) == 1) ck_limits_charge(L, 4096);
-    ck_image_close(*box);
-    *box = NULL;
-    if (rc) return ck_lua_raise(L, "%s", err);
+    while ((rc = ck_image_read_step(*box, err, sizeof err)) == 1) {
+    }
+    if (rc) {
+        ck_image_close(*box);
+        *box = NULL;
+        ck_limits_raise_pending(L);
+        return ck_lua_raise(L, "%s", err);
+    }
     void *s = lua_newuserdatauv(L, scratch ? scratch : 1, 0);
     const int64_t d[3] = {3, oh, ow};
     float *out = ck_lua_newarray(L, 3, d);
-    ck_image_to_chw(rgb, w, h, &xf, s, out, poll_limits, L);
+    ck_image_to_chw(ck_image_pixels(*box), w, h, &xf, s, out, poll_limits, L);
+    ck_image_close(*box);
+    *box = NULL;
     return 1;
 }
 

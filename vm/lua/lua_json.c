@@ -509,20 +509,50 @@ static void push_value(lua_State *L, const json_t *v, int depth, long long *work
     }
 }
 
-/* the text handed to jansson a piece at a time, so that a parse stopped by
- * the memory limit tells how much of it the values so far came from */
+int ck_lua_limits_stop(lua_State *L, long long work)
+{
+    ck_limits *lim = ck_limits_of(L);
+    if (!lim) return 0;
+    if (lim->tripped || lim->interrupt) return 1;
+    if (lim->depth > 0 && lim->budget >= 0 && work > 0) {
+        lim->used += work;
+        if (lim->used > lim->budget) return 1;
+    }
+    return 0;
+}
+
+void ck_lua_limits_raise(lua_State *L)
+{
+    ck_limits_charge(L, 1);
+    luaL_error(L, "interrupted");
+}
+
+/* the text handed to jansson a piece at a time (it asks for 1 KiB), so that
+ * a parse stopped by the memory limit tells how much of it the values so far
+ * came from; every 64 KiB the VM's limits are polled, and a stop ends the
+ * parse (the caller frees what it made, then raises) */
 typedef struct reader {
     const char *s;
-    size_t n, off;
+    size_t n, off, since;
+    lua_State *L;
+    int stopped;
 } reader;
 
 static size_t read_piece(void *buf, size_t len, void *ud)
 {
     reader *r = ud;
+    if (r->since >= 65536) {
+        if (ck_lua_limits_stop(r->L, (long long)r->since)) {
+            r->stopped = 1;
+            return (size_t)-1;
+        }
+        r->since = 0;
+    }
     size_t k = r->n - r->off < len ? r->n - r->off : len;
     if (k > 65536) k = 65536;
     memcpy(buf, r->s + r->off, k);
     r->off += k;
+    r->since += k;
     return k;
 }
 
@@ -537,10 +567,14 @@ static int l_json_decode(lua_State *L)
     /* the tree is charged to the memory budget while it lives; refused, once
      * more after a full collection */
     for (int tries = 0;; tries++) {
-        reader r = {s, n, 0};
+        reader r = {s, n, 0, 0, L, 0};
         ck_lua_json_charge_begin(L, &b->charge);
         b->root = json_load_callback(read_piece, &r, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
         ck_lua_json_charge_end(&b->charge);
+        if (r.stopped) {
+            box_gc_now(b);
+            ck_lua_limits_raise(L);
+        }
         if (!b->charge.refused) break;
         json_decref(b->root);
         b->root = NULL;

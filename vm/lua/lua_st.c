@@ -8,6 +8,7 @@
 #include "lua/lua_ck.h"
 #include "dist/dist.h"
 #include "formats/safetensors.h"
+#include "guard/poll.h"
 
 #include <lauxlib.h>
 
@@ -44,8 +45,10 @@ static int l_open(lua_State *L)
     lf->f = NULL;
     luaL_setmetatable(L, STFILE_MT);
     /* opened through the sandbox's door, then read from that descriptor;
-     * its header and read buffer count in the VM's memory budget */
-    const ck_st_charge charge = {ck_mem_take_ud, ck_mem_give_ud, ck_mem_budget_of(L)};
+     * its header and read buffer count in the VM's memory budget, and its
+     * header's parse polls the interrupt and the callback budget */
+    const ck_st_charge charge = {ck_mem_take_ud, ck_mem_give_ud, ck_mem_budget_of(L), ck_limits_poll_ud,
+                                 ck_limits_of(L)};
     const ck_st_charge *c = charge.ud ? &charge : NULL;
     lf->f = ck_st_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, c, err, sizeof err);
     if (!lf->f && (errno == EMFILE || errno == ENFILE)) {
@@ -54,7 +57,10 @@ static int l_open(lua_State *L)
         lua_gc(L, LUA_GCCOLLECT);
         lf->f = ck_st_open_fd(ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0), path, c, err, sizeof err);
     }
-    if (!lf->f) return ck_lua_raise(L, "%s", err);
+    if (!lf->f) {
+        ck_limits_raise_pending(L); /* a stop the parse was asked for */
+        return ck_lua_raise(L, "%s", err);
+    }
     snprintf(lf->path, sizeof lf->path, "%s", path);
     return 1;
 }

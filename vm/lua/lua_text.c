@@ -1,32 +1,33 @@
 /* ck.clip_tokenizer: CLIP's BPE tokenizer (vm/text/clip_bpe.h) for scripts.
- * Loads a tokenizer folder (vocab.json, merges.txt and the pad token of
- * special_tokens_map.json or tokenizer_config.json) or CLIP's
+ * Loads a tokenizer folder (vocab.json and merges.txt, or the tokenizer.json
+ * transformers 5 saves, with the pad token of special_tokens_map.json or
+ * tokenizer_config.json), a tokenizer.json, or CLIP's
  * bpe_simple_vocab_16e6.txt.gz, and encodes captions to ids: one frame of
- * max_length (77) or kohya-ss' chunks of 77 for --max_token_length 150/225.
- * Files open through the sandbox's door; what a call allocates for its
- * input is checked against the memory budget first and held by a box that a
- * raise leaves to the collector. */
+ * max_length (77) or kohya-ss' chunks of 77 for --max_token_length 150/225,
+ * cleaned by ftfy's fix_text (caption_fix = "ftfy", the default) or not.
+ * Files open through the sandbox's door and are read by vm/text/text_file.h:
+ * each buffer is charged to the VM's memory budget before it is made and
+ * held by a box that a raise leaves to the collector; the reading polls the
+ * VM's limits without raising, and the binding raises once it has let go. */
 #include "lua/lua_ck.h"
 
 #include "text/clip_bpe.h"
+#include "text/text_file.h"
 
 #include <jansson.h>
 #include <lauxlib.h>
-#include <zlib.h>
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define TOK_MT "ck.clip_tokenizer"
 #define BOX_MT "ck.clip_box"
 
-/* the most a decompressed bpe file may hold (the real one: 1.4 MB) */
-#define MAX_GUNZIP ((size_t)256 << 20)
 /* the most chunks encode_chunks makes (75 tokens each) */
 #define MAX_CHUNKS 32
 
@@ -35,13 +36,21 @@ typedef struct ltok {
     int32_t pad;
 } ltok;
 
-/* What a raise must not leak: file contents, scratch, the ids of a call. */
+/* What a raise must not leak: the file being read and its contents, a
+ * parsed JSON tree and its charge, the scratch of a call and its charge, the
+ * ids of a call. Its guard charges the VM's budget and polls the VM's
+ * limits (stopped: a poll said stop; the binding raises that once the box is
+ * emptied). */
 typedef struct box {
     int fd; /* a file being read, or -1 */
-    char *file[2];
-    size_t flen[2];
-    char *gz;
+    ck_text_buf file[2], gz;
+    json_t *json;
+    ck_json_charge jc;
+    ck_text_guard g;
+    lua_State *L;
+    int stopped;
     ck_clip_scratch s;
+    size_t s_charged;
     int32_t *ids;
     size_t nids, cap;
 } box;
@@ -49,12 +58,18 @@ typedef struct box {
 static void box_free(box *b)
 {
     if (b->fd >= 0) close(b->fd);
-    for (int i = 0; i < 2; i++) free(b->file[i]);
-    free(b->gz);
-    ck_clip_scratch_free(&b->s);
-    free(b->ids);
-    memset(b, 0, sizeof *b);
     b->fd = -1;
+    for (int i = 0; i < 2; i++) ck_text_buf_free(&b->g, &b->file[i]);
+    ck_text_buf_free(&b->g, &b->gz);
+    json_decref(b->json);
+    b->json = NULL;
+    ck_lua_json_give(&b->jc);
+    ck_clip_scratch_free(&b->s);
+    ck_text_give(&b->g, b->s_charged);
+    b->s_charged = 0;
+    free(b->ids);
+    b->ids = NULL;
+    b->nids = b->cap = 0;
 }
 
 static int box_gc(lua_State *L)
@@ -63,11 +78,21 @@ static int box_gc(lua_State *L)
     return 0;
 }
 
+static int guard_poll(void *ud, long long work)
+{
+    box *b = ud;
+    if (!b->stopped && ck_lua_limits_stop(b->L, work)) b->stopped = 1;
+    return b->stopped;
+}
+
 static box *new_box(lua_State *L)
 {
     box *b = lua_newuserdatauv(L, sizeof *b, 0);
     memset(b, 0, sizeof *b);
     b->fd = -1;
+    b->L = L;
+    ck_mem_budget *budget = ck_mem_budget_of(L);
+    b->g = (ck_text_guard){budget ? ck_mem_take_ud : NULL, budget ? ck_mem_give_ud : NULL, budget, guard_poll, b};
     luaL_setmetatable(L, BOX_MT);
     return b;
 }
@@ -87,85 +112,83 @@ static ltok *check_tok(lua_State *L, int i)
     return k;
 }
 
+/* Raises err about path, or, when a poll stopped the work, what stopped it
+ * (the interrupt, the callback budget), once the box has let go of all it
+ * held. */
+static int fail(lua_State *L, box *b, const char *path, const char *err)
+{
+    if (b->stopped) {
+        box_free(b);
+        ck_lua_limits_raise(L);
+    }
+    return ck_lua_raise(L, "clip_tokenizer: '%s': %s", path, err);
+}
+
 /* ---- files */
 
-/* The whole of path into b->file[slot], its size checked against the
- * memory budget before it is read. 0, or -1 when it does not exist and
- * missing_ok; any other failure raises naming the file. */
-static int read_whole(lua_State *L, const char *path, box *b, int slot, int missing_ok)
+/* The whole of path into *out, charged and polled. 0, or -1 when it does
+ * not exist and missing_ok; any other failure raises naming the file. */
+static int read_whole(lua_State *L, box *b, const char *path, ck_text_buf *out, int missing_ok)
 {
+    ck_text_buf_free(&b->g, out);
     b->fd = ck_lua_open(L, path, CK_ACCESS_READ, O_RDONLY, 0);
     if (b->fd < 0) {
         if (missing_ok && errno == ENOENT) return -1;
         return ck_lua_raise(L, "clip_tokenizer: cannot open '%s': %s", path, strerror(errno));
     }
-    struct stat st;
-    if (fstat(b->fd, &st) != 0 || !S_ISREG(st.st_mode))
-        return ck_lua_raise(L, "clip_tokenizer: '%s' is not a regular file", path);
-    size_t size = (size_t)st.st_size;
-    ck_mem_check(L, (int64_t)size + 1, 1, "clip_tokenizer: '%s' (%zu bytes)", path, size);
-    free(b->file[slot]);
-    b->file[slot] = malloc(size + 1);
-    if (!b->file[slot]) return ck_lua_raise(L, "clip_tokenizer: out of memory reading '%s'", path);
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(b->fd, b->file[slot] + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return ck_lua_raise(L, "clip_tokenizer: reading '%s' failed: %s", path,
-                                r < 0 ? strerror(errno) : "the file shrank while it was read");
-        got += (size_t)r;
-        ck_limits_charge(L, 64);
-    }
+    char err[256];
+    if (ck_text_read_fd(b->fd, CK_TEXT_MAX_FILE, &b->g, out, err, sizeof err)) return fail(L, b, path, err);
     close(b->fd);
     b->fd = -1;
-    b->file[slot][size] = 0;
-    b->flen[slot] = size;
     return 0;
 }
 
-/* gunzips b->file[0] into b->gz (its length in *outlen) */
-static void gunzip(lua_State *L, const char *path, box *b, size_t *outlen)
+/* The JSON text in buf parsed into b->json, its values charged to the
+ * budget (refused: once more after a full collection; then the refusal
+ * names what the whole text would take, from what the part read took).
+ * Raises naming path. */
+static json_t *parse_json(lua_State *L, box *b, const char *path, const ck_text_buf *buf)
 {
-    z_stream z;
-    memset(&z, 0, sizeof z);
-    if (inflateInit2(&z, 15 + 32) != Z_OK) ck_lua_raise(L, "clip_tokenizer: zlib failed to start on '%s'", path);
-    size_t cap = b->flen[0] * 4 + 4096, len = 0;
-    int rc = Z_OK;
-    z.next_in = (unsigned char *)b->file[0];
-    z.avail_in = (uInt)(b->flen[0] > UINT32_MAX ? UINT32_MAX : b->flen[0]);
-    while (rc != Z_STREAM_END) {
-        if (len == cap || !b->gz) {
-            if (b->gz) cap *= 2;
-            if (cap > MAX_GUNZIP) {
-                inflateEnd(&z);
-                ck_lua_raise(L, "clip_tokenizer: '%s' holds more than %d MiB uncompressed", path, (int)(MAX_GUNZIP >> 20));
+    char err[256];
+    for (int tries = 0;; tries++) {
+        size_t read = 0;
+        ck_lua_json_charge_begin(L, &b->jc);
+        b->json = ck_text_json(buf->p, buf->len, &b->g, &read, err, sizeof err);
+        ck_lua_json_charge_end(&b->jc);
+        if (!b->jc.refused) break;
+        json_decref(b->json);
+        b->json = NULL;
+        const size_t took = b->jc.charged;
+        ck_lua_json_give(&b->jc);
+        if (tries) {
+            const double whole = (double)took * ((double)buf->len / (double)(read ? read : 1));
+            const size_t need = whole > (double)took ? (whole < (double)SIZE_MAX / 2 ? (size_t)whole : SIZE_MAX / 2) : took;
+            char what[96], size[32], msg[320];
+            ck_mem_text(buf->len, size, sizeof size);
+            snprintf(what, sizeof what, "the values of its %s of JSON", size);
+            if (ck_text_take(&b->g, need, what, msg, sizeof msg) == 0) {
+                ck_text_give(&b->g, need);
+                snprintf(msg, sizeof msg, "%s", b->jc.err);
             }
-            char *g = realloc(b->gz, cap + 1);
-            if (!g) {
-                inflateEnd(&z);
-                ck_lua_raise(L, "clip_tokenizer: out of memory decompressing '%s'", path);
-            }
-            b->gz = g;
+            ck_lua_raise(L, "clip_tokenizer: '%s': %s", path, msg);
+            return NULL;
         }
-        z.next_out = (unsigned char *)b->gz + len;
-        z.avail_out = (uInt)(cap - len);
-        rc = inflate(&z, Z_NO_FLUSH);
-        len = cap - z.avail_out;
-        if (rc != Z_OK && rc != Z_STREAM_END && !(rc == Z_BUF_ERROR && z.avail_out == 0)) {
-            const char *why = z.msg ? z.msg : rc == Z_BUF_ERROR ? "it ends before the compressed data does" : "bad data";
-            inflateEnd(&z);
-            ck_lua_raise(L, "clip_tokenizer: '%s' is not a valid gzip file: %s", path, why);
-        }
-        if (rc == Z_OK && z.avail_in == 0 && z.avail_out != 0) {
-            inflateEnd(&z);
-            ck_lua_raise(L, "clip_tokenizer: '%s' is not a valid gzip file: it ends before the compressed data does", path);
-        }
-        ck_limits_charge(L, 4096);
+        lua_gc(L, LUA_GCCOLLECT);
     }
-    inflateEnd(&z);
-    b->gz[len] = 0;
-    *outlen = len;
+    if (!b->json) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "not JSON (%s)", err);
+        fail(L, b, path, msg);
+    }
+    return b->json;
+}
+
+/* the parsed tree let go, and its charge */
+static void drop_json(box *b)
+{
+    json_decref(b->json);
+    b->json = NULL;
+    ck_lua_json_give(&b->jc);
 }
 
 /* the string of a special token entry in a tokenizer's config: "tok" or
@@ -184,48 +207,27 @@ static int config_pad(lua_State *L, const char *dir, box *b, char *out, size_t o
 {
     static const char *const names[] = {"special_tokens_map.json", "tokenizer_config.json"};
     for (int i = 0; i < 2; i++) {
-        luaL_Buffer lb;
-        luaL_buffinit(L, &lb);
-        luaL_addstring(&lb, dir);
-        luaL_addchar(&lb, '/');
-        luaL_addstring(&lb, names[i]);
-        luaL_pushresult(&lb);
-        const char *path = lua_tostring(L, -1);
-        if (read_whole(L, path, b, 1, 1) < 0) {
+        const char *path = lua_pushfstring(L, "%s/%s", dir, names[i]);
+        if (read_whole(L, b, path, &b->file[1], 1) < 0) {
             lua_pop(L, 1);
             continue;
         }
-        json_error_t je;
-        ck_json_charge jc;
-        ck_lua_json_charge_begin(L, &jc);
-        json_t *j = json_loadb(b->file[1], b->flen[1], 0, &je);
-        ck_lua_json_charge_end(&jc);
-        ck_lua_json_give(&jc); /* a small file, read here and freed below */
-        if (jc.refused) {
-            json_decref(j);
-            return ck_lua_raise(L, "clip_tokenizer: '%s': %s", path, jc.err);
-        }
-        if (!j || !json_is_object(j)) {
-            json_decref(j);
-            return ck_lua_raise(L, "clip_tokenizer: '%s' is not a JSON object%s%s", path, j ? "" : ": ", j ? "" : je.text);
-        }
+        json_t *j = parse_json(L, b, path, &b->file[1]);
+        ck_text_buf_free(&b->g, &b->file[1]);
+        if (!json_is_object(j)) return ck_lua_raise(L, "clip_tokenizer: '%s' is not a JSON object", path);
         json_t *p = json_object_get(j, "pad_token");
         const char *s = token_of(p);
-        if (p && !json_is_null(p) && !s) {
-            json_decref(j);
+        if (p && !json_is_null(p) && !s)
             return ck_lua_raise(L, "clip_tokenizer: '%s': pad_token is neither a string nor {\"content\": string}", path);
-        }
         if (s) {
-            if (strlen(s) + 1 > outlen) {
-                json_decref(j);
+            if (strlen(s) + 1 > outlen)
                 return ck_lua_raise(L, "clip_tokenizer: '%s': pad_token is longer than %d bytes", path, (int)outlen - 1);
-            }
             strcpy(out, s);
-            json_decref(j);
+            drop_json(b);
             lua_pop(L, 1);
             return 1;
         }
-        json_decref(j);
+        drop_json(b);
         lua_pop(L, 1);
     }
     return 0;
@@ -264,81 +266,106 @@ static void set_pad(lua_State *L, ltok *k, const char *where)
     }
 }
 
-/* ck.clip_tokenizer{dir = folder} or {bpe = "bpe_simple_vocab_16e6.txt.gz"} or {merges = text (what such a
- * file holds, uncompressed)} [, pad = token|id]} */
+/* the tables of a tokenizer folder: vocab.json and merges.txt (the slow
+ * tokenizer's files) where both are there, else tokenizer.json */
+static ck_clip_bpe *load_dir(lua_State *L, box *b, const char *dir, char *err, size_t errlen, const char **bad)
+{
+    const char *vpath = lua_pushfstring(L, "%s/vocab.json", dir);
+    const char *mpath = lua_pushfstring(L, "%s/merges.txt", dir);
+    const char *jpath = lua_pushfstring(L, "%s/tokenizer.json", dir); /* these stay on the stack */
+    int has_v = read_whole(L, b, vpath, &b->file[0], 1) == 0;
+    int has_m = read_whole(L, b, mpath, &b->file[1], 1) == 0;
+    if (has_v && has_m) {
+        parse_json(L, b, vpath, &b->file[0]);
+        ck_text_buf_free(&b->g, &b->file[0]);
+        ck_clip_bpe *t = ck_clip_bpe_from_vocab(b->json, b->file[1].p, b->file[1].len, &b->g, err, errlen);
+        /* the message names vocab.json or a merges line */
+        *bad = strstr(err, "merges") ? mpath : vpath;
+        return t;
+    }
+    if (read_whole(L, b, jpath, &b->file[0], 1) < 0) {
+        if (has_v || has_m)
+            ck_lua_raise(L, "clip_tokenizer: cannot open '%s': %s (and '%s' has no tokenizer.json)", has_v ? mpath : vpath,
+                         strerror(ENOENT), dir);
+        ck_lua_raise(L, "clip_tokenizer: '%s' holds no tokenizer: neither vocab.json and merges.txt nor tokenizer.json", dir);
+    }
+    ck_text_buf_free(&b->g, &b->file[1]);
+    parse_json(L, b, jpath, &b->file[0]);
+    ck_text_buf_free(&b->g, &b->file[0]);
+    *bad = jpath;
+    return ck_clip_bpe_from_tokenizer_json(b->json, &b->g, err, errlen);
+}
+
+/* ck.clip_tokenizer{dir = folder} or {json = "tokenizer.json"} or {bpe =
+ * "bpe_simple_vocab_16e6.txt.gz"} or {merges = text (what such a file holds,
+ * uncompressed)} [, pad = token|id] [, caption_fix = "ftfy"|"none"]} */
 static int l_clip_tokenizer(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 1);
-    int has_dir = opt(L, 1, "dir") != LUA_TNIL; /* 2 */
-    int has_bpe = opt(L, 1, "bpe") != LUA_TNIL; /* 3 */
-    opt(L, 1, "pad");                           /* 4 */
-    const int has_text = opt(L, 1, "merges") != LUA_TNIL; /* 5 */
-    if (has_dir + has_bpe + has_text != 1)
-        return ck_lua_raise(L, "clip_tokenizer: give one of dir (a tokenizer folder), bpe (a .txt.gz) or merges (its text)");
-    if (has_text) {
-        if (lua_type(L, 5) != LUA_TSTRING) return ck_lua_raise(L, "clip_tokenizer: merges must be a string");
-        lua_replace(L, 3); /* the text where bpe's path would be */
-    } else {
-        lua_pop(L, 1);
+    static const char *const sources[] = {"dir", "json", "bpe", "merges"};
+    int which = -1, given = 0;
+    for (int i = 0; i < 4; i++)
+        if (opt(L, 1, sources[i]) != LUA_TNIL) which = i, given++;
+    lua_settop(L, 1);
+    if (given != 1)
+        return ck_lua_raise(L, "clip_tokenizer: give one of dir (a tokenizer folder), json (a tokenizer.json), bpe (a "
+                               ".txt.gz) or merges (its text)");
+    if (opt(L, 1, sources[which]) != LUA_TSTRING) /* 2 */
+        return ck_lua_raise(L, "clip_tokenizer: %s must be %s", sources[which], which == 3 ? "a string" : "a path");
+    opt(L, 1, "pad"); /* 3 */
+    int fix = CK_CLIP_FIX_FTFY;
+    int tf = opt(L, 1, "caption_fix"); /* 4 */
+    if (tf != LUA_TNIL) {
+        const char *f = tf == LUA_TSTRING ? lua_tostring(L, 4) : "";
+        if (!strcmp(f, "none")) fix = CK_CLIP_FIX_NONE;
+        else if (strcmp(f, "ftfy")) return ck_lua_raise(L, "clip_tokenizer: caption_fix must be \"ftfy\" or \"none\"");
     }
-    if (!lua_isstring(L, has_dir ? 2 : 3) || lua_type(L, has_dir ? 2 : 3) != LUA_TSTRING)
-        return ck_lua_raise(L, "clip_tokenizer: %s must be a path", has_dir ? "dir" : "bpe");
-    box *b = new_box(L); /* 5 */
+    box *b = new_box(L);                         /* 5 */
     ltok *k = lua_newuserdatauv(L, sizeof *k, 0); /* 6 */
     k->t = NULL;
     k->pad = -1;
     luaL_setmetatable(L, TOK_MT);
-    char err[512];
-    if (has_dir) {
-        const char *dir = lua_tostring(L, 2);
-        lua_pushfstring(L, "%s/vocab.json", dir);  /* 7 */
-        lua_pushfstring(L, "%s/merges.txt", dir);  /* 8 */
-        read_whole(L, lua_tostring(L, 7), b, 0, 0);
-        read_whole(L, lua_tostring(L, 8), b, 1, 0);
-        ck_mem_check(L, (int64_t)(b->flen[0] + b->flen[1]), 8, "clip_tokenizer: the tables of '%s'", dir);
-        ck_json_charge jc;
-        ck_lua_json_charge_begin(L, &jc);
-        k->t = ck_clip_bpe_from_files(b->file[0], b->flen[0], b->file[1], b->flen[1], err, sizeof err);
-        ck_lua_json_charge_end(&jc);
-        ck_lua_json_give(&jc); /* vocab.json's values, freed once its tables are built */
-        if (jc.refused) {
-            ck_clip_bpe_free(k->t);
-            k->t = NULL;
-            return ck_lua_raise(L, "clip_tokenizer: '%s': %s", lua_tostring(L, 7), jc.err);
-        }
-        if (!k->t) {
-            /* the message names vocab.json or a merges line */
-            const char *bad = strstr(err, "vocab.json") ? lua_tostring(L, 7) : lua_tostring(L, 8);
-            return ck_lua_raise(L, "clip_tokenizer: '%s': %s", bad, err);
-        }
-        if (lua_isnil(L, 4)) {
-            char pad[256];
-            if (config_pad(L, dir, b, pad, sizeof pad)) {
-                char where[600];
-                snprintf(where, sizeof where, " (the pad_token of '%s')", dir);
-                lua_pushstring(L, pad);
-                set_pad(L, k, where);
-                lua_pop(L, 1);
-            }
-        }
-    } else if (has_text) {
-        size_t len = 0;
-        const char *text = lua_tolstring(L, 3, &len);
-        ck_mem_check(L, (int64_t)len, 8, "clip_tokenizer: the tables of the merges given");
-        k->t = ck_clip_bpe_from_merges(text, len, err, sizeof err);
-        if (!k->t) return ck_lua_raise(L, "clip_tokenizer: the merges given: %s", err);
+    char err[512] = "";
+    const char *src = lua_tostring(L, 2), *bad = src;
+    if (which == 0) {
+        k->t = load_dir(L, b, src, err, sizeof err, &bad);
+    } else if (which == 1) {
+        read_whole(L, b, src, &b->file[0], 0);
+        parse_json(L, b, src, &b->file[0]);
+        ck_text_buf_free(&b->g, &b->file[0]);
+        k->t = ck_clip_bpe_from_tokenizer_json(b->json, &b->g, err, sizeof err);
+    } else if (which == 2) {
+        read_whole(L, b, src, &b->file[0], 0);
+        if (!ck_text_is_gzip(b->file[0].p, b->file[0].len)) return fail(L, b, src, "not a valid gzip file");
+        if (ck_text_gunzip(b->file[0].p, b->file[0].len, CK_TEXT_MAX_FILE, &b->g, &b->gz, err, sizeof err))
+            return fail(L, b, src, err);
+        ck_text_buf_free(&b->g, &b->file[0]);
+        k->t = ck_clip_bpe_from_merges(b->gz.p, b->gz.len, &b->g, err, sizeof err);
     } else {
-        const char *path = lua_tostring(L, 3);
-        read_whole(L, path, b, 0, 0);
-        size_t len = 0;
-        gunzip(L, path, b, &len);
-        ck_mem_check(L, (int64_t)len, 8, "clip_tokenizer: the tables of '%s'", path);
-        k->t = ck_clip_bpe_from_merges(b->gz, len, err, sizeof err);
-        if (!k->t) return ck_lua_raise(L, "clip_tokenizer: '%s': %s", path, err);
+        size_t len;
+        const char *text = lua_tolstring(L, 2, &len);
+        k->t = ck_clip_bpe_from_merges(text, len, &b->g, err, sizeof err);
+        bad = "the merges given";
     }
-    if (!lua_isnil(L, 4)) {
-        lua_pushvalue(L, 4);
+    drop_json(b);
+    if (!k->t) {
+        if (which == 3 && !b->stopped) return ck_lua_raise(L, "clip_tokenizer: the merges given: %s", err);
+        return fail(L, b, bad, err);
+    }
+    ck_clip_bpe_set_fix(k->t, fix);
+    if (which == 0 && lua_isnil(L, 3)) {
+        char pad[256];
+        if (config_pad(L, src, b, pad, sizeof pad)) {
+            char where[600];
+            snprintf(where, sizeof where, " (the pad_token of '%s')", src);
+            lua_pushstring(L, pad);
+            set_pad(L, k, where);
+            lua_pop(L, 1);
+        }
+    }
+    if (!lua_isnil(L, 3)) {
+        lua_pushvalue(L, 3);
         set_pad(L, k, "");
         lua_pop(L, 1);
     }
@@ -381,6 +408,21 @@ static int emit_cb(void *ud, int32_t id, const char *tok, size_t n)
     return c->stop && b->nids >= c->stop;
 }
 
+/* The scratch a call on n bytes of text may grow to, charged to the budget
+ * while the call runs (the box gives it back): the cleanup's buffers, about
+ * 40 bytes for each byte of text, and ftfy's, about 100 more; the result at
+ * most one token for each byte and special token. */
+static void charge_scratch(lua_State *L, box *b, ltok *k, size_t n, const char *what)
+{
+    size_t each = ck_clip_bpe_fix(k->t) == CK_CLIP_FIX_FTFY ? 160 : 56, bytes = (n + 1) * each;
+    if (n + 1 > SIZE_MAX / each) bytes = SIZE_MAX;
+    char msg[128], err[400], size[32];
+    ck_mem_text(bytes, size, sizeof size);
+    snprintf(msg, sizeof msg, "%s of %zu bytes of text (%s)", what, n, size);
+    if (ck_text_take(&b->g, bytes, msg, err, sizeof err)) ck_lua_raise(L, "%s", err);
+    b->s_charged = bytes;
+}
+
 /* the text at index i tokenized into c (ids into the box, or strings) */
 static void run(lua_State *L, ltok *k, int i, run_ctx *c, const char *what)
 {
@@ -388,9 +430,7 @@ static void run(lua_State *L, ltok *k, int i, run_ctx *c, const char *what)
     const char *text = luaL_checklstring(L, i, &n);
     size_t bad = ck_clip_utf8_check(text, n);
     if (bad != n) ck_lua_raise(L, "%s: the text is not valid UTF-8 (byte %I)", what, (lua_Integer)bad + 1);
-    /* the cleanup's buffers: about 40 bytes for each byte of text; the
-     * result: at most one token for each byte and special token */
-    ck_mem_check(L, (int64_t)n + 1, 56, "%s of %zu bytes of text", what, n);
+    charge_scratch(L, c->b, k, n, what);
     if (ck_clip_bpe_run(k->t, text, n, &c->b->s, emit_cb, c, poll_cb, c))
         ck_lua_raise(L, "%s: out of memory", what);
 }
@@ -501,6 +541,27 @@ static int l_tokenize(lua_State *L)
     return 1;
 }
 
+/* tok:clean(text) -> the text as the pattern sees it: the caption fixed
+ * (caption_fix), cleaned and lower-cased; special tokens are not split out */
+static int l_clean(lua_State *L)
+{
+    ltok *k = check_tok(L, 1);
+    size_t n;
+    const char *text = luaL_checklstring(L, 2, &n);
+    lua_settop(L, 2);
+    size_t bad = ck_clip_utf8_check(text, n);
+    if (bad != n) ck_lua_raise(L, "clean: the text is not valid UTF-8 (byte %I)", (lua_Integer)bad + 1);
+    box *b = new_box(L);
+    charge_scratch(L, b, k, n, "clean");
+    run_ctx c = {L, b, 0, 0, 0, 0};
+    size_t len;
+    const char *out = ck_clip_clean(text, n, ck_clip_bpe_fix(k->t), &b->s, &len, poll_cb, &c);
+    if (!out) return ck_lua_raise(L, "clean: out of memory");
+    lua_pushlstring(L, out, len);
+    box_free(b);
+    return 1;
+}
+
 static int tok_index(lua_State *L)
 {
     ltok *k = check_tok(L, 1);
@@ -509,6 +570,7 @@ static int tok_index(lua_State *L)
     else if (!strcmp(key, "bos")) lua_pushinteger(L, ck_clip_bpe_bos(k->t));
     else if (!strcmp(key, "eos")) lua_pushinteger(L, ck_clip_bpe_eos(k->t));
     else if (!strcmp(key, "pad")) lua_pushinteger(L, k->pad);
+    else if (!strcmp(key, "caption_fix")) lua_pushstring(L, ck_clip_bpe_fix(k->t) == CK_CLIP_FIX_FTFY ? "ftfy" : "none");
     else {
         lua_pushvalue(L, 2);
         lua_rawget(L, lua_upvalueindex(1));
@@ -522,6 +584,7 @@ void ck_lua_text_register(lua_State *L, int lib)
         {"encode", l_encode},
         {"encode_chunks", l_encode_chunks},
         {"tokenize", l_tokenize},
+        {"clean", l_clean},
         {NULL, NULL},
     };
     luaL_newmetatable(L, BOX_MT);

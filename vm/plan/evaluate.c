@@ -8,58 +8,12 @@
  * Workspaces and FLOPs are taken once per node; nothing is allocated per
  * evaluation. Lists whose optimizer entries move (fused updates, overlapped
  * data parallel) are scheduled and planned in full. */
-#include "plan/evaluate.h"
-#include "plan/place.h"
+#include "plan/evaluate_int.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #define ALIGN 64
-
-/* a list node, packed: what the walk reads of it */
-typedef struct pnode {
-    signed char nin, nout, reshape;
-    int in[CK_MAX_IN], out[CK_MAX_OUT];
-} pnode;
-
-/* a recomputation in progress: node v, its inputs resolved up to slot j */
-typedef struct frame {
-    int v, j;
-    int ins[CK_MAX_IN];
-} frame;
-
-struct ck_evaluator {
-    const ck_decide_ctx *c;
-    int nt, cap;        /* graph tensors; ids a list can use (tensors and copies) */
-    int64_t *bytes;     /* per graph tensor */
-    unsigned char *persistent, *markable; /* per graph tensor: outside the arena's transient part; a forward activation */
-    pnode *nodes;       /* per graph node */
-    size_t *ws;         /* per graph node in the list: its entry's workspace */
-    double *flops;      /* per graph node in the list */
-    int *first, *last, *root, *origin, *copy; /* per id; copy per graph tensor */
-    int *first0, *last0, *root0; /* the same after the forward entries, which no decision changes */
-    int pos0;
-    int64_t *delta;     /* per position */
-    int *at;            /* per position: the node its entry runs */
-    frame *stack;       /* recomputations in progress, one per forward node at most */
-    ck_place_buf *bufs;
-    /* the last exact evaluation's placement (in bufs) and its decision */
-    int placed, nplaced;
-    int64_t top;
-    unsigned char *placed_mark;
-    /* the turn to backward: the buffers made by forward entries that a later
-     * one may read (turn_root), each with the graph tensors aliasing it that
-     * a later entry reads or that are retained (turn_t[turn_start[k] ..],
-     * a retained one entered as -1) */
-    int nturn;
-    int *turn_root, *turn_start, *turn_t;
-    int maxpos;         /* positions a list can have: every entry recomputed once */
-    int fallback;       /* optimizer entries move: schedule and plan in full */
-    /* one walk's state */
-    const unsigned char *mark;
-    int pos, ids;
-    double rflops;
-};
 
 static int marked(const ck_evaluator *e, int t) { return e->mark && t < e->nt && e->mark[t] && e->markable[t]; }
 
@@ -73,7 +27,7 @@ static void touch(ck_evaluator *e, int id)
 /* one entry of node v at the current position, reading ins and writing outs */
 static void entry(ck_evaluator *e, int v, const int *ins, const int *outs)
 {
-    const pnode *nd = &e->nodes[v];
+    const ck_pnode *nd = &e->nodes[v];
     if (nd->reshape && outs[0] >= 0) e->root[outs[0]] = e->root[ins[0]];
     for (int j = 0; j < nd->nin; j++) touch(e, ins[j]);
     for (int k = 0; k < nd->nout; k++)
@@ -84,7 +38,7 @@ static void entry(ck_evaluator *e, int v, const int *ins, const int *outs)
 /* the recompute entry of node v, its inputs resolved: its outputs' copies made */
 static void recompute(ck_evaluator *e, int v, const int *ins)
 {
-    const pnode *nd = &e->nodes[v];
+    const ck_pnode *nd = &e->nodes[v];
     int outs[CK_MAX_OUT];
     for (int k = 0; k < nd->nout; k++) {
         outs[k] = -1;
@@ -106,10 +60,10 @@ static int materialize(ck_evaluator *e, int t)
 {
     if (e->copy[t] >= 0) return e->copy[t];
     int sp = 0;
-    e->stack[sp++] = (frame){e->c->g->t[t].node, 0, {0}};
+    e->stack[sp++] = (ck_frame){e->c->g->t[t].node, 0, {0}};
     while (sp) {
-        frame *f = &e->stack[sp - 1];
-        const pnode *nd = &e->nodes[f->v];
+        ck_frame *f = &e->stack[sp - 1];
+        const ck_pnode *nd = &e->nodes[f->v];
         if (f->j == nd->nin) {
             recompute(e, f->v, f->ins);
             sp--;
@@ -121,7 +75,7 @@ static int materialize(ck_evaluator *e, int t)
         } else if (e->copy[u] >= 0) {
             f->ins[f->j++] = e->copy[u];
         } else {
-            e->stack[sp++] = (frame){e->c->g->t[u].node, 0, {0}};
+            e->stack[sp++] = (ck_frame){e->c->g->t[u].node, 0, {0}};
         }
     }
     return e->copy[t];
@@ -143,7 +97,7 @@ static void walk(ck_evaluator *e, const unsigned char *mark)
     e->pos = e->pos0;
     for (int i = 0; i < c->n; i++) {
         const int v = c->nodes[i];
-        const pnode *nd = &e->nodes[v];
+        const ck_pnode *nd = &e->nodes[v];
         if (c->g->n[v].phase == CK_PHASE_FORWARD) continue;
         int ins[CK_MAX_IN];
         for (int j = 0; j < nd->nin; j++) ins[j] = marked(e, nd->in[j]) ? materialize(e, nd->in[j]) : nd->in[j];
@@ -433,7 +387,7 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
         memcpy(ref.out, nd->out, sizeof ref.out);
         e->ws[v] = ck_plan_entry_workspace(&one, g, 0, c->be);
         e->flops[v] = ck_plan_op_flops(&one, g, 0);
-        pnode *pn = &e->nodes[v];
+        ck_pnode *pn = &e->nodes[v];
         pn->nin = (signed char)nd->nin;
         pn->nout = (signed char)nd->nout;
         pn->reshape = nd->op == CK_OP_RESHAPE;

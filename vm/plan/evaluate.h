@@ -38,4 +38,27 @@ int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark);
  * the byte, without placing twice). 0, or -1 out of memory (pl empty). */
 int ck_evaluator_plan(ck_evaluator *e, const unsigned char *mark, ck_plan *pl);
 
+/* One decision's list kept live under one-tensor changes (vm/plan/track.c):
+ * its live peak after each change costs what the change touches, not a walk.
+ * NULL out of memory, or for lists whose optimizer entries move (the
+ * searches then walk). */
+typedef struct ck_tracker ck_tracker;
+ck_tracker *ck_tracker_new(ck_evaluator *e);
+void ck_tracker_free(ck_tracker *tr);
+/* Starts from decision mark (NULL: none). 0, or -1 out of memory. */
+int ck_tracker_reset(ck_tracker *tr, const unsigned char *mark);
+/* Marks graph tensor t if it is not, unmarks it if it is (a tensor no
+ * decision can mark is left alone). 0, or -1 out of memory. */
+int ck_tracker_flip(ck_tracker *tr, int t);
+/* ck_evaluate's live peak of the decision now; whether t is marked in it. */
+size_t ck_tracker_peak(const ck_tracker *tr);
+int ck_tracker_marked(const ck_tracker *tr, int t);
+/* The recompute entries flips have taken out and put back, all told; the
+ * entries of the list without recomputation (a flip's cost is a few of them). */
+size_t ck_tracker_work(const ck_tracker *tr);
+/* Lays the list's keys out evenly again, as a flip does when a gap fills
+ * (for tests: a flip never needs it called). */
+void ck_tracker_relabel(ck_tracker *tr);
+int ck_tracker_entries(const ck_tracker *tr);
+
 #endif

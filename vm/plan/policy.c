@@ -293,6 +293,8 @@ static int by_score(const void *a, const void *b)
 
 #define EXHAUSTIVE_MAX 14
 #define PRUNE_TRIALS 128
+#define TRACK_WORK 16
+#define BACKOFF_ROUNDS 3
 
 /* FLOPs to recompute t once from its inputs */
 static double producer_flops(const ck_graph *g, int t)
@@ -447,39 +449,84 @@ static int by_turn(const void *a, const void *b)
 }
 
 /* From a start that fits (placed, with fragmentation frag: its placed peak
- * less its live peak): prunes it, and places all the prunings, or failing
- * that the longest run of them that fits (all of them have the fewest
- * FLOPs: keeping more never recomputes more). -1 on error. */
+ * less its live peak): prunes it, and places the result. The prunings change
+ * the fragmentation: when the result does not fit, the latest prunings are
+ * taken back, newest first, until the live peak plus the fragmentation the
+ * result showed fits, and that is placed (a few times at most); failing
+ * that, the longest run of prunings that fits is searched (all of them have
+ * the fewest FLOPs: keeping more never recomputes more). -1 on error. */
 static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *from, size_t budget, size_t frag,
                    best *b, unsigned char *mark, scored *order)
 {
     const ck_graph *g = c->g;
     memcpy(mark, from, (size_t)g->nt);
-    int n = 0, na = 0;
+    int n = 0, na = 0, rc = -1;
     for (int k = 0; k < c->ncand; k++)
         if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
     qsort(order, (size_t)n, sizeof *order, by_score);
-    for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
+    /* with the list tracked, every marked tensor is tried (a change costs
+     * what it touches) while the changes have not reworked the list many
+     * times over; walking, the costliest PRUNE_TRIALS */
+    ck_tracker *tr = ck_tracker_new(ev);
+    if (tr && ck_tracker_reset(tr, mark)) goto out;
+    const size_t most = tr ? TRACK_WORK * (size_t)ck_tracker_entries(tr) : 0;
+    for (int k = 0; k < n && (tr ? k < PRUNE_TRIALS || ck_tracker_work(tr) < most : k < PRUNE_TRIALS); k++) {
         size_t live;
         double flops;
         mark[order[k].t] = 0;
-        if (ck_evaluate(ev, mark, 0, &live, &flops)) return -1;
-        if (live + frag <= budget) order[na++] = order[k]; /* accepted, in order */
-        else mark[order[k].t] = 1;
+        if (tr) {
+            if (ck_tracker_flip(tr, order[k].t)) goto out;
+            live = ck_tracker_peak(tr);
+        } else if (ck_evaluate(ev, mark, 0, &live, &flops)) {
+            goto out;
+        }
+        if (live + frag <= budget) {
+            order[na++] = order[k]; /* accepted, in order */
+        } else {
+            mark[order[k].t] = 1;
+            if (tr && ck_tracker_flip(tr, order[k].t)) goto out;
+        }
     }
-    if (!na) return 0;
-    int fit = consider(c, ev, mark, budget, b);
-    if (fit) return fit < 0 ? -1 : 0;
-    int lo = 0, hi = na - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
+    if (!na) {
+        rc = 0;
+        goto out;
+    }
+    /* all of them; then newest first taken back until the live peak plus
+     * the fragmentation the last placement showed fits, placed; then the
+     * longest run between what fits and what does not */
+    int fit, kept = na, lo = 0, hi = na; /* kept: the prunings in force; a run of lo fits, of hi not (if placed) */
+    for (int round = 0; round < BACKOFF_ROUNDS; round++) {
+        size_t live, peak;
+        double flops;
+        if ((fit = consider(c, ev, mark, budget, b)) < 0) goto out;
+        if (fit) {
+            lo = kept;
+            break;
+        }
+        hi = kept;
+        if (!tr || !kept) break;
+        if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
+        if (ck_evaluate(ev, mark, 1, &peak, &flops)) goto out;
+        const size_t shown = peak - live;
+        if (shown > frag) frag = shown;
+        while (kept > 0 && ck_tracker_peak(tr) + frag > budget) {
+            kept--;
+            mark[order[kept].t] = 1;
+            if (ck_tracker_flip(tr, order[kept].t)) goto out;
+        }
+    }
+    while (lo < hi - 1) {
+        const int mid = lo + (hi - lo) / 2;
         memcpy(mark, from, (size_t)g->nt);
         for (int k = 0; k < mid; k++) mark[order[k].t] = 0;
-        if ((fit = consider(c, ev, mark, budget, b)) < 0) return -1;
+        if ((fit = consider(c, ev, mark, budget, b)) < 0) goto out;
         if (fit) lo = mid;
-        else hi = mid - 1;
+        else hi = mid;
     }
-    return 0;
+    rc = 0;
+out:
+    ck_tracker_free(tr);
+    return rc;
 }
 
 static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best *b, char *err, size_t errlen)

@@ -1,19 +1,23 @@
 /* The CLIP byte-level BPE tokenizer (vm/text/clip_bpe.h): vocabulary and
- * merge tables, the slow tokenizer's text cleanup on ICU, CLIP's
+ * merge tables (from vocab.json + merges.txt, tokenizer.json or CLIP's bpe
+ * file, charged and polled as they are built), the slow tokenizer's text
+ * cleanup on ICU (with ftfy's fix_text or BasicTokenizer's), CLIP's
  * pre-tokenizing pattern, byte-to-unicode and the merges. */
 #include "text/clip_bpe.h"
 
-#include <jansson.h>
 #include <unicode/uchar.h>
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 #include <unicode/utf16.h>
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 /* ---- a string -> int32 hash table over an arena of key bytes */
 
@@ -41,15 +45,54 @@ struct ck_clip_bpe {
     int32_t nvocab;
     special specials[8];
     int nspecial;
+    int fix;       /* CK_CLIP_FIX_* */
+    uint64_t seed; /* of the hash: a file cannot be made to collide in it */
+    ck_text_guard g;
+    size_t charged;   /* to g, given back when freed */
+    char refused[256]; /* g's message when it refused a charge */
     char byte_enc[256][3]; /* CLIP's byte-to-unicode table: each byte's character in UTF-8 */
     unsigned char byte_enc_len[256];
 };
 
-static uint32_t hash_bytes(const char *s, size_t n)
+static uint64_t process_seed;
+static pthread_once_t seed_once = PTHREAD_ONCE_INIT;
+
+static void make_seed(void)
 {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
-    return h;
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof s, GRND_NONBLOCK) != (ssize_t)sizeof s) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        s = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)&s;
+    }
+    process_seed = s;
+}
+
+/* FNV-1a from a secret basis, then mixed: slots that hostile keys cannot aim at */
+static uint32_t hash_bytes(uint64_t seed, const char *s, size_t n)
+{
+    uint64_t h = seed ^ 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001B3ull;
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 33;
+    h *= 0xC4CEB9FE1A85EC53ull;
+    h ^= h >> 33;
+    return (uint32_t)h;
+}
+
+/* n bytes charged to the tokenizer's guard before they are allocated */
+static int charge(ck_clip_bpe *t, size_t n, const char *what)
+{
+    if (ck_text_take(&t->g, n, what, t->refused, sizeof t->refused)) return -1;
+    t->charged += n;
+    return 0;
+}
+
+static void uncharge(ck_clip_bpe *t, size_t n)
+{
+    ck_text_give(&t->g, n);
+    t->charged -= n;
 }
 
 /* bytes appended to the arena; their offset, or UINT32_MAX when out of memory */
@@ -59,8 +102,12 @@ static uint32_t arena_put(ck_clip_bpe *t, const char *s, size_t n)
         size_t cap = t->acap ? t->acap : 1 << 16;
         while (cap < t->alen + n + 1) cap *= 2;
         if (cap > UINT32_MAX) return UINT32_MAX;
+        if (charge(t, cap - t->acap, "the tokenizer's token bytes")) return UINT32_MAX;
         char *a = realloc(t->arena, cap);
-        if (!a) return UINT32_MAX;
+        if (!a) {
+            uncharge(t, cap - t->acap);
+            return UINT32_MAX;
+        }
         t->arena = a;
         t->acap = cap;
     }
@@ -84,8 +131,13 @@ static entry *slot_of(const ck_clip_bpe *t, const table *tb, const char *s, size
 static int table_grow(ck_clip_bpe *t, table *tb)
 {
     size_t cap = tb->cap ? tb->cap * 2 : 1024;
+    if (cap > SIZE_MAX / sizeof(entry)) return -1;
+    if (charge(t, cap * sizeof(entry), "the tokenizer's tables")) return -1;
     entry *e = malloc(cap * sizeof *e);
-    if (!e) return -1;
+    if (!e) {
+        uncharge(t, cap * sizeof(entry));
+        return -1;
+    }
     for (size_t i = 0; i < cap; i++) e[i].len = UINT32_MAX;
     table nt = {e, cap, tb->n};
     for (size_t i = 0; i < tb->cap; i++) {
@@ -94,17 +146,18 @@ static int table_grow(ck_clip_bpe *t, table *tb)
         *d = tb->e[i];
     }
     free(tb->e);
+    uncharge(t, tb->cap * sizeof(entry));
     *tb = nt;
     return 0;
 }
 
 /* key -> val. A key already present keeps its value, or takes val when
  * last (as a Python dict built from a list keeps the last). 0 added, 1
- * present, -1 out of memory. */
+ * present, -1 out of memory (or refused by the guard: t->refused says). */
 static int table_put(ck_clip_bpe *t, table *tb, const char *s, size_t n, int32_t val, int last)
 {
     if ((tb->n + 1) * 2 > tb->cap && table_grow(t, tb)) return -1;
-    uint32_t h = hash_bytes(s, n);
+    uint32_t h = hash_bytes(t->seed, s, n);
     entry *e = slot_of(t, tb, s, n, h);
     if (e->len != UINT32_MAX) {
         if (last) e->val = val;
@@ -123,7 +176,7 @@ static int table_put(ck_clip_bpe *t, table *tb, const char *s, size_t n, int32_t
 static int32_t table_get(const ck_clip_bpe *t, const table *tb, const char *s, size_t n)
 {
     if (!tb->cap) return -1;
-    entry *e = slot_of(t, tb, s, n, hash_bytes(s, n));
+    entry *e = slot_of(t, tb, s, n, hash_bytes(t->seed, s, n));
     return e->len == UINT32_MAX ? -1 : e->val;
 }
 
@@ -131,6 +184,8 @@ int32_t ck_clip_bpe_id(const ck_clip_bpe *t, const char *tok, size_t n) { return
 int32_t ck_clip_bpe_vocab_size(const ck_clip_bpe *t) { return t->nvocab; }
 int32_t ck_clip_bpe_bos(const ck_clip_bpe *t) { return t->bos; }
 int32_t ck_clip_bpe_eos(const ck_clip_bpe *t) { return t->eos; }
+void ck_clip_bpe_set_fix(ck_clip_bpe *t, int fix) { t->fix = fix; }
+int ck_clip_bpe_fix(const ck_clip_bpe *t) { return t->fix; }
 
 void ck_clip_bpe_free(ck_clip_bpe *t)
 {
@@ -138,6 +193,7 @@ void ck_clip_bpe_free(ck_clip_bpe *t)
     free(t->arena);
     free(t->vocab.e);
     free(t->ranks.e);
+    ck_text_give(&t->g, t->charged + sizeof *t);
     free(t);
 }
 
@@ -161,15 +217,6 @@ static void make_byte_enc(ck_clip_bpe *t)
     }
 }
 
-static ck_clip_bpe *new_bpe(void)
-{
-    ck_clip_bpe *t = calloc(1, sizeof *t);
-    if (!t) return NULL;
-    make_byte_enc(t);
-    t->bos = t->eos = t->unk = -1;
-    return t;
-}
-
 static void fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
@@ -178,7 +225,64 @@ static void fail(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
+static ck_clip_bpe *new_bpe(const ck_text_guard *g, char *err, size_t errlen)
+{
+    ck_text_guard none = {0};
+    if (ck_text_take(g, sizeof(ck_clip_bpe), "a tokenizer", err, errlen)) return NULL;
+    ck_clip_bpe *t = calloc(1, sizeof *t);
+    if (!t) {
+        ck_text_give(g, sizeof(ck_clip_bpe));
+        fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    t->g = g ? *g : none;
+    make_byte_enc(t);
+    t->bos = t->eos = t->unk = -1;
+    t->fix = CK_CLIP_FIX_FTFY;
+    pthread_once(&seed_once, make_seed);
+    t->seed = process_seed;
+    return t;
+}
+
+/* a table could not grow: the guard's refusal, or out of memory */
+static void oom(ck_clip_bpe *t, char *err, size_t errlen, const char *what)
+{
+    if (t->refused[0]) fail(err, errlen, "%s", t->refused);
+    else fail(err, errlen, "out of memory reading %s", what);
+}
+
+/* every so many entries: 1 when the guard says stop (err set) */
+static int poll_every(ck_clip_bpe *t, size_t i, char *err, size_t errlen)
+{
+    return (i & 4095) == 4095 && ck_text_poll(&t->g, 4096, err, errlen);
+}
+
 static int is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
+
+/* the merge (a, b) ranked rank; vocab_too: also a joined to b as the next
+ * vocabulary entry (CLIP's own build). -1 with err set. */
+static int put_merge(ck_clip_bpe *t, const char *a, size_t na, const char *b, size_t nb, int32_t rank, int vocab_too,
+                     char *key, char *err, size_t errlen, const char *where)
+{
+    memcpy(key, a, na);
+    key[na] = ' ';
+    memcpy(key + na + 1, b, nb);
+    if (table_put(t, &t->ranks, key, na + 1 + nb, rank, 0) < 0) {
+        oom(t, err, errlen, where);
+        return -1;
+    }
+    if (vocab_too) {
+        memmove(key + na, key + na + 1, nb);
+        if (table_put(t, &t->vocab, key, na + nb, t->nvocab, 1) < 0) {
+            oom(t, err, errlen, where);
+            return -1;
+        }
+        t->nvocab++;
+    }
+    return 0;
+}
+
+#define MAX_MERGE_KEY 1024
 
 /* The merges of lines [from, from + CK_CLIP_MAX_MERGES) of text split on
  * '\n', ranked in order; each line must be two tokens. vocab_too: also add
@@ -188,7 +292,7 @@ static int read_merges(ck_clip_bpe *t, const char *text, size_t len, int vocab_t
     size_t pos = 0;
     long line = 0;
     int32_t rank = 0;
-    char key[1024];
+    char key[MAX_MERGE_KEY];
     while (pos <= len && rank < CK_CLIP_MAX_MERGES) {
         const char *nl = memchr(text + pos, '\n', len - pos);
         size_t end = nl ? (size_t)(nl - text) : len;
@@ -218,26 +322,15 @@ static int read_merges(ck_clip_bpe *t, const char *text, size_t len, int vocab_t
                 fail(err, errlen, "merges line %ld is longer than %zu bytes", line, sizeof key);
                 return -1;
             }
-            memcpy(key, part[0], plen[0]);
-            key[plen[0]] = ' ';
-            memcpy(key + plen[0] + 1, part[1], plen[1]);
-            int r = table_put(t, &t->ranks, key, plen[0] + 1 + plen[1], rank, 0);
-            if (r < 0) goto oom;
-            if (vocab_too) {
-                memmove(key + plen[0], key + plen[0] + 1, plen[1]);
-                r = table_put(t, &t->vocab, key, plen[0] + plen[1], t->nvocab, 1);
-                if (r < 0) goto oom;
-                t->nvocab++;
-            }
+            if (put_merge(t, part[0], plen[0], part[1], plen[1], rank, vocab_too, key, err, errlen, "the merges"))
+                return -1;
+            if (poll_every(t, (size_t)rank, err, errlen)) return -1;
             rank++;
         }
         if (!nl) break;
         pos = end + 1;
     }
     return 0;
-oom:
-    fail(err, errlen, "out of memory reading the merges");
-    return -1;
 }
 
 static int add_special_id(ck_clip_bpe *t, const char *tok, size_t n, int32_t id)
@@ -264,77 +357,208 @@ int ck_clip_bpe_add_special(ck_clip_bpe *t, const char *tok, size_t n)
     return add_special_id(t, tok, n, id);
 }
 
-static int finish(ck_clip_bpe *t, char *err, size_t errlen)
+/* BOS, EOS (the unknown token too) and both as special tokens; what names
+ * the vocabulary in a message */
+static int finish(ck_clip_bpe *t, const char *what, char *err, size_t errlen)
 {
     static const char sot[] = "<|startoftext|>", eot[] = "<|endoftext|>";
     t->bos = ck_clip_bpe_id(t, sot, sizeof sot - 1);
     t->eos = ck_clip_bpe_id(t, eot, sizeof eot - 1);
     if (t->bos < 0 || t->eos < 0) {
-        fail(err, errlen, "vocab.json has no %s", t->bos < 0 ? sot : eot);
+        fail(err, errlen, "%s has no %s", what, t->bos < 0 ? sot : eot);
         return -1;
     }
     t->unk = t->eos;
     if (add_special_id(t, sot, sizeof sot - 1, t->bos) || add_special_id(t, eot, sizeof eot - 1, t->eos)) {
-        fail(err, errlen, "out of memory");
+        oom(t, err, errlen, what);
         return -1;
+    }
+    /* built: the guard's poll (the caller's, for this load) is not kept */
+    t->g.poll = NULL;
+    t->g.pud = NULL;
+    return 0;
+}
+
+/* the entries of a vocab object (token -> id in [0, 2^31)); what names it */
+static int read_vocab(ck_clip_bpe *t, const json_t *v, const char *what, char *err, size_t errlen)
+{
+    if (!json_is_object(v)) {
+        fail(err, errlen, "%s is not an object of token -> id", what);
+        return -1;
+    }
+    const char *k;
+    size_t kl, i = 0;
+    json_t *val;
+    json_object_keylen_foreach((json_t *)v, k, kl, val) {
+        json_int_t id = json_is_integer(val) ? json_integer_value(val) : -1;
+        if (id < 0 || id > INT32_MAX) {
+            fail(err, errlen, "%s: the id of \"%.60s\" is not an integer in [0, 2^31)", what, k);
+            return -1;
+        }
+        if (kl >= UINT32_MAX / 2 || table_put(t, &t->vocab, k, kl, (int32_t)id, 1) < 0) {
+            oom(t, err, errlen, what);
+            return -1;
+        }
+        t->nvocab++;
+        if (poll_every(t, i++, err, errlen)) return -1;
     }
     return 0;
 }
 
-ck_clip_bpe *ck_clip_bpe_from_files(const char *vocab, size_t vlen, const char *merges, size_t mlen,
+ck_clip_bpe *ck_clip_bpe_from_vocab(const json_t *vocab, const char *merges, size_t mlen, const ck_text_guard *g,
                                     char *err, size_t errlen)
 {
-    ck_clip_bpe *t = new_bpe();
-    if (!t) {
-        fail(err, errlen, "out of memory");
-        return NULL;
-    }
-    json_error_t je;
-    json_t *v = json_loadb(vocab, vlen, JSON_REJECT_DUPLICATES, &je);
-    if (!v) {
-        fail(err, errlen, "vocab.json is not JSON (line %d: %s)", je.line, je.text);
-        goto bad;
-    }
-    if (!json_is_object(v)) {
-        fail(err, errlen, "vocab.json is not an object of token -> id");
-        json_decref(v);
-        goto bad;
-    }
-    const char *k;
-    json_t *val;
-    json_object_foreach(v, k, val) {
-        json_int_t id = json_is_integer(val) ? json_integer_value(val) : -1;
-        if (id < 0 || id > INT32_MAX) {
-            fail(err, errlen, "vocab.json: the id of \"%.60s\" is not an integer in [0, 2^31)", k);
-            json_decref(v);
-            goto bad;
-        }
-        if (table_put(t, &t->vocab, k, strlen(k), (int32_t)id, 1) < 0) {
-            fail(err, errlen, "out of memory reading vocab.json");
-            json_decref(v);
-            goto bad;
-        }
-        t->nvocab++;
-    }
-    json_decref(v);
+    ck_clip_bpe *t = new_bpe(g, err, errlen);
+    if (!t) return NULL;
+    if (read_vocab(t, vocab, "vocab.json", err, errlen)) goto bad;
     /* the slow tokenizer reads merges.txt with .strip(): leading blank
      * lines do not count as the header */
     while (mlen && (*merges == '\n' || is_ascii_space(*merges))) merges++, mlen--;
     if (read_merges(t, merges, mlen, 0, err, errlen)) goto bad;
-    if (finish(t, err, errlen)) goto bad;
+    if (finish(t, "vocab.json", err, errlen)) goto bad;
     return t;
 bad:
     ck_clip_bpe_free(t);
     return NULL;
 }
 
-ck_clip_bpe *ck_clip_bpe_from_merges(const char *text, size_t len, char *err, size_t errlen)
+ck_clip_bpe *ck_clip_bpe_from_files(const char *vocab, size_t vlen, const char *merges, size_t mlen,
+                                    const ck_text_guard *g, char *err, size_t errlen)
 {
-    ck_clip_bpe *t = new_bpe();
-    if (!t) {
-        fail(err, errlen, "out of memory");
+    char why[256];
+    json_t *v = ck_text_json(vocab, vlen, g, NULL, why, sizeof why);
+    if (!v) {
+        if (!strcmp(why, CK_TEXT_STOPPED)) fail(err, errlen, "%s", why);
+        else fail(err, errlen, "vocab.json is not JSON (%s)", why);
         return NULL;
     }
+    ck_clip_bpe *t = ck_clip_bpe_from_vocab(v, merges, mlen, g, err, errlen);
+    json_decref(v);
+    return t;
+}
+
+/* a string member of obj that may be absent or null: 1 with *s set, 0
+ * absent or null, -1 present but no string */
+static int opt_string(const json_t *obj, const char *key, const char **s)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) return -1;
+    *s = json_string_value(v);
+    return 1;
+}
+
+ck_clip_bpe *ck_clip_bpe_from_tokenizer_json(const json_t *root, const ck_text_guard *g, char *err, size_t errlen)
+{
+    /* the structure first, then the tables */
+    const json_t *model = json_is_object(root) ? json_object_get(root, "model") : NULL;
+    if (!json_is_object(model)) {
+        fail(err, errlen, "tokenizer.json has no \"model\" object");
+        return NULL;
+    }
+    const char *s = NULL;
+    int r = opt_string(model, "type", &s);
+    if (r < 0 || (r > 0 && strcmp(s, "BPE"))) {
+        fail(err, errlen, "tokenizer.json: model.type is %s%.40s%s; CLIP's tokenizer is \"BPE\"", r > 0 ? "\"" : "",
+             r > 0 ? s : "not a string", r > 0 ? "\"" : "");
+        return NULL;
+    }
+    r = opt_string(model, "end_of_word_suffix", &s);
+    if (r <= 0 || strcmp(s, "</w>")) {
+        fail(err, errlen, "tokenizer.json: model.end_of_word_suffix is %s%.40s%s; CLIP's BPE marks a word's end with \"</w>\"",
+             r > 0 ? "\"" : "", r > 0 ? s : r < 0 ? "not a string" : "absent", r > 0 ? "\"" : "");
+        return NULL;
+    }
+    r = opt_string(model, "continuing_subword_prefix", &s);
+    if (r < 0 || (r > 0 && s[0])) {
+        fail(err, errlen, "tokenizer.json: model.continuing_subword_prefix must be empty or null for CLIP's BPE");
+        return NULL;
+    }
+    const json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
+    if (!json_is_array(merges)) {
+        fail(err, errlen, "tokenizer.json: model.merges is not a list");
+        return NULL;
+    }
+    const json_t *added = json_object_get(root, "added_tokens");
+    if (added && !json_is_null(added) && !json_is_array(added)) {
+        fail(err, errlen, "tokenizer.json: added_tokens is not a list");
+        return NULL;
+    }
+    size_t i;
+    json_t *a;
+    json_array_foreach(added, i, a) {
+        json_t *id = json_object_get(a, "id"), *content = json_object_get(a, "content");
+        if (!json_is_object(a) || !json_is_integer(id) || json_integer_value(id) < 0 ||
+            json_integer_value(id) > INT32_MAX || !json_is_string(content) || !json_string_length(content)) {
+            fail(err, errlen, "tokenizer.json: added_tokens[%zu] is not {\"id\": an id, \"content\": a token, ...}", i);
+            return NULL;
+        }
+    }
+    ck_clip_bpe *t = new_bpe(g, err, errlen);
+    if (!t) return NULL;
+    if (read_vocab(t, vocab, "tokenizer.json's model.vocab", err, errlen)) goto bad;
+    json_array_foreach(added, i, a) {
+        json_t *content = json_object_get(a, "content");
+        const char *tok = json_string_value(content);
+        size_t n = json_string_length(content);
+        int32_t id = (int32_t)json_integer_value(json_object_get(a, "id")), have = ck_clip_bpe_id(t, tok, n);
+        if (have >= 0 && have != id) {
+            fail(err, errlen, "tokenizer.json: added token \"%.60s\" has id %d, its vocab entry %d", tok, (int)id, (int)have);
+            goto bad;
+        }
+        if (have < 0) {
+            if (table_put(t, &t->vocab, tok, n, id, 1) < 0) {
+                oom(t, err, errlen, "tokenizer.json");
+                goto bad;
+            }
+            t->nvocab++;
+        }
+    }
+    char key[MAX_MERGE_KEY];
+    json_t *m;
+    json_array_foreach(merges, i, m) {
+        if (i >= CK_CLIP_MAX_MERGES) break;
+        const char *pa, *pb;
+        size_t na, nb;
+        if (json_is_string(m)) {
+            /* "a b": tokenizers' older form, split on its one space */
+            pa = json_string_value(m);
+            const char *sp = memchr(pa, ' ', json_string_length(m));
+            if (!sp || memchr(sp + 1, ' ', json_string_length(m) - (size_t)(sp + 1 - pa))) goto bad_merge;
+            na = (size_t)(sp - pa);
+            pb = sp + 1;
+            nb = json_string_length(m) - na - 1;
+        } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+                   json_is_string(json_array_get(m, 1))) {
+            pa = json_string_value(json_array_get(m, 0));
+            pb = json_string_value(json_array_get(m, 1));
+            na = json_string_length(json_array_get(m, 0));
+            nb = json_string_length(json_array_get(m, 1));
+            if (memchr(pa, ' ', na) || memchr(pb, ' ', nb)) goto bad_merge;
+        } else {
+            goto bad_merge;
+        }
+        if (!na || !nb || memchr(pa, 0, na) || memchr(pb, 0, nb)) goto bad_merge;
+        if (na + nb + 1 > sizeof key) {
+            fail(err, errlen, "tokenizer.json: model.merges[%zu] is longer than %zu bytes", i, sizeof key);
+            goto bad;
+        }
+        if (put_merge(t, pa, na, pb, nb, (int32_t)i, 0, key, err, errlen, "tokenizer.json")) goto bad;
+        if (poll_every(t, i, err, errlen)) goto bad;
+    }
+    if (finish(t, "tokenizer.json's model.vocab", err, errlen)) goto bad;
+    return t;
+bad_merge:
+    fail(err, errlen, "tokenizer.json: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"] (two tokens without spaces)", i);
+bad:
+    ck_clip_bpe_free(t);
+    return NULL;
+}
+
+ck_clip_bpe *ck_clip_bpe_from_merges(const char *text, size_t len, const ck_text_guard *g, char *err, size_t errlen)
+{
+    ck_clip_bpe *t = new_bpe(g, err, errlen);
+    if (!t) return NULL;
     /* the byte characters in the table's order (the printable bytes, then
      * the others), then each with "</w>" */
     int order[256], no = 0;
@@ -350,7 +574,7 @@ ck_clip_bpe *ck_clip_bpe_from_merges(const char *text, size_t len, char *err, si
             memcpy(tok, t->byte_enc[b], n);
             if (pass) memcpy(tok + n, "</w>", 4), n += 4;
             if (table_put(t, &t->vocab, tok, n, t->nvocab++, 1) < 0) {
-                fail(err, errlen, "out of memory");
+                oom(t, err, errlen, "the merges");
                 goto bad;
             }
         }
@@ -361,12 +585,12 @@ ck_clip_bpe *ck_clip_bpe_from_merges(const char *text, size_t len, char *err, si
     }
     if (table_put(t, &t->vocab, "<|startoftext|>", 15, t->nvocab++, 1) < 0 ||
         table_put(t, &t->vocab, "<|endoftext|>", 13, t->nvocab++, 1) < 0) {
-        fail(err, errlen, "out of memory");
+        oom(t, err, errlen, "the merges");
         goto bad;
     }
     /* a merge that repeats an earlier token does not add an entry */
     t->nvocab = (int32_t)t->vocab.n;
-    if (finish(t, err, errlen)) goto bad;
+    if (finish(t, "the vocabulary", err, errlen)) goto bad;
     return t;
 bad:
     ck_clip_bpe_free(t);
@@ -377,11 +601,12 @@ bad:
 
 void ck_clip_scratch_free(ck_clip_scratch *s)
 {
-    for (int i = 0; i < 8; i++) {
+    for (size_t i = 0; i < sizeof s->buf / sizeof s->buf[0]; i++) {
         free(s->buf[i]);
         s->buf[i] = NULL;
         s->cap[i] = 0;
     }
+    ck_ftfy_scratch_free(&s->ft);
 }
 
 /* slot i with room for at least n bytes (its contents kept), or NULL */
@@ -400,7 +625,7 @@ static void *grow(ck_clip_scratch *s, int i, size_t n)
     return p;
 }
 
-enum { S_CP, S_U16, S_NFC, S_LOWER, S_UTF8, S_WORD, S_SYMS, S_KEY };
+enum { S_CP, S_U16, S_NFC, S_LOWER, S_UTF8, S_WORD, S_SYMS, S_KEY, S_HEAP, S_ROUND };
 
 /* ---- UTF-8 */
 
@@ -498,7 +723,8 @@ static int is_cjk(UChar32 c)
            (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
-const char *ck_clip_clean(const char *text, size_t n, ck_clip_scratch *s, size_t *outlen)
+/* BasicTokenizer's cleanup (CK_CLIP_FIX_NONE) */
+static const char *clean_basic(const char *text, size_t n, ck_clip_scratch *s, size_t *outlen)
 {
     /* 1. removal, spaces, CJK spacing, into UTF-16 (each input byte gives at
      * most 3 code units: a 1-byte character 1, a CJK one 3 for 3 bytes) */
@@ -587,6 +813,76 @@ const char *ck_clip_clean(const char *text, size_t n, ck_clip_scratch *s, size_t
     return o;
 }
 
+/* UTF-16 w (wlen units) lower-cased as a whole (root locale: full
+ * mappings, final sigma by context) and made UTF-8 in S_UTF8 */
+static const char *lower_utf8(UChar *w, int32_t wlen, ck_clip_scratch *s, size_t *outlen)
+{
+    size_t lcap = (size_t)wlen * 3 + 16;
+    UChar *l;
+    int32_t llen;
+    for (;;) {
+        if (lcap > INT32_MAX) return NULL;
+        l = grow(s, S_LOWER, lcap * sizeof(UChar));
+        if (!l) return NULL;
+        UErrorCode ec = U_ZERO_ERROR;
+        llen = u_strToLower(l, (int32_t)lcap, w, wlen, "", &ec);
+        if (ec == U_BUFFER_OVERFLOW_ERROR || (size_t)llen >= lcap) {
+            lcap = (size_t)llen + 16;
+            continue;
+        }
+        if (U_FAILURE(ec)) return NULL;
+        break;
+    }
+    size_t ocap = (size_t)llen * 3 + 1;
+    char *o = grow(s, S_UTF8, ocap);
+    if (!o) return NULL;
+    int32_t olen = 0;
+    UErrorCode ec = U_ZERO_ERROR;
+    u_strToUTF8(o, (int32_t)ocap, &olen, l, llen, &ec);
+    if (U_FAILURE(ec) || (size_t)olen >= ocap) return NULL;
+    o[olen] = 0;
+    *outlen = (size_t)olen;
+    return o;
+}
+
+/* The slow tokenizer with ftfy: whitespace_clean(ftfy.fix_text(text)).lower(),
+ * whitespace_clean making each run of the regex module's \s (White_Space)
+ * one space and stripping str.isspace characters from the ends */
+static const char *clean_ftfy(const char *text, size_t n, ck_clip_scratch *s, size_t *outlen, ck_clip_poll poll,
+                              void *pud)
+{
+    if (n > (SIZE_MAX - 16) / sizeof(UChar32)) return NULL;
+    UChar32 *cp = grow(s, S_CP, (n + 16) * sizeof(UChar32));
+    if (!cp) return NULL;
+    size_t ncp = 0;
+    for (size_t i = 0; i < n;) cp[ncp++] = next_cp(text, n, &i);
+    size_t fn;
+    const UChar32 *f = ck_ftfy_fix_text(cp, ncp, &s->ft, &fn, poll, pud);
+    if (!f) return NULL;
+    size_t a = 0, b = fn;
+    while (a < b && (u_isUWhiteSpace(f[a]) || is_py_space(f[a]))) a++;
+    while (b > a && (u_isUWhiteSpace(f[b - 1]) || is_py_space(f[b - 1]))) b--;
+    if (fn > (size_t)INT32_MAX / 4) return NULL;
+    UChar *w = grow(s, S_U16, (2 * (b - a) + 16) * sizeof(UChar));
+    if (!w) return NULL;
+    int32_t wlen = 0;
+    for (size_t i = a; i < b; i++) {
+        if (u_isUWhiteSpace(f[i])) {
+            if (!u_isUWhiteSpace(f[i - 1])) w[wlen++] = ' '; /* a run's first (i > a: the ends are stripped) */
+            continue;
+        }
+        U16_APPEND_UNSAFE(w, wlen, f[i]);
+    }
+    return lower_utf8(w, wlen, s, outlen);
+}
+
+const char *ck_clip_clean(const char *text, size_t n, int fix, ck_clip_scratch *s, size_t *outlen, ck_clip_poll poll,
+                          void *pud)
+{
+    if (fix == CK_CLIP_FIX_FTFY) return clean_ftfy(text, n, s, outlen, poll, pud);
+    return clean_basic(text, n, s, outlen);
+}
+
 /* ---- CLIP's pattern */
 
 /* the character at s[i] equals ASCII letter or mark p ignoring case as the
@@ -613,21 +909,27 @@ static size_t match_lit(const char *s, size_t n, size_t i, const char *lit)
     return j - i;
 }
 
+/* the pattern's \p{L} and \p{N}: ICU's categories (the regex module has its
+ * own tables, newer than Python's unicodedata) */
 static int is_letter(UChar32 c)
 {
-    int8_t t = category(c);
+    int8_t t = u_charType(c);
     return t == U_UPPERCASE_LETTER || t == U_LOWERCASE_LETTER || t == U_TITLECASE_LETTER ||
            t == U_MODIFIER_LETTER || t == U_OTHER_LETTER;
 }
 
 static int is_number(UChar32 c)
 {
-    int8_t t = category(c);
+    int8_t t = u_charType(c);
     return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
 }
 
 /* the pattern's \s: the White_Space property */
 static int is_re_space(UChar32 c) { return u_isUWhiteSpace(c); }
+
+/* U+0345 (combining ypogegrammeni) folds to a letter, ι: under IGNORECASE
+ * the regex module matches it by no alternative, so it is skipped as a space is */
+static int matches_none(UChar32 c) { return c == 0x345; }
 
 /* The next match of CLIP's pattern in s from *pos: its start and length;
  * *special: 1 when it is one of the pattern's special-token alternatives.
@@ -661,12 +963,12 @@ static int next_piece(const char *s, size_t n, size_t *pos, size_t *start, size_
             m = j - i;
             goto found;
         }
-        if (!is_re_space(c)) {
+        if (!is_re_space(c) && !matches_none(c)) {
             size_t e = j;
             while (e < n) {
                 size_t f = e;
                 UChar32 d = next_cp(s, n, &f);
-                if (is_re_space(d) || is_letter(d) || is_number(d)) break;
+                if (is_re_space(d) || is_letter(d) || is_number(d) || matches_none(d)) break;
                 e = f;
             }
             m = e - i;
@@ -686,78 +988,157 @@ static int next_piece(const char *s, size_t n, size_t *pos, size_t *start, size_
 
 /* ---- the merges */
 
-typedef struct sym {
-    uint32_t s, e; /* the symbol's bytes in the word buffer */
-} sym;
+/* A symbol of the word being merged: its bytes w[s, e), its neighbours in
+ * the list (NONE at the ends) and a version that changes when it takes in
+ * its right neighbour (0 when it was taken in). */
+#define NONE UINT32_MAX
+typedef struct node {
+    uint32_t s, e, prev, next, ver;
+} node;
+
+/* an adjacent pair (left, right) of rank rank, as the two were when it was found */
+typedef struct cand {
+    int32_t rank;
+    uint32_t left, right, vl, vr;
+} cand;
 
 /* the rank of the pair (a, b), or INT32_MAX */
-static int32_t pair_rank(const ck_clip_bpe *t, const char *w, sym a, sym b, char *key)
+static int32_t pair_rank(const ck_clip_bpe *t, const char *w, const node *a, const node *b, char *key)
 {
-    size_t la = a.e - a.s, lb = b.e - b.s;
-    memcpy(key, w + a.s, la);
+    size_t la = a->e - a->s, lb = b->e - b->s;
+    if (la + 1 + lb > MAX_MERGE_KEY) return INT32_MAX; /* longer than any merge read */
+    memcpy(key, w + a->s, la);
     key[la] = ' ';
-    memcpy(key + la + 1, w + b.s, lb);
+    memcpy(key + la + 1, w + b->s, lb);
     int32_t r = table_get(t, &t->ranks, key, la + 1 + lb);
     return r < 0 ? INT32_MAX : r;
 }
 
-static int same(const char *w, sym a, uint32_t s, uint32_t e)
+/* a min-heap of candidates by rank, then by left position */
+static int cand_less(const cand *a, const cand *b) { return a->rank < b->rank || (a->rank == b->rank && a->left < b->left); }
+
+static void heap_push(cand *h, size_t *n, cand c)
 {
-    return a.e - a.s == e - s && !memcmp(w + a.s, w + s, e - s);
+    size_t i = (*n)++;
+    while (i > 0 && cand_less(&c, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+static cand heap_pop(cand *h, size_t *n)
+{
+    cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && cand_less(&h[c + 1], &h[c])) c++;
+        if (!cand_less(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+/* the pair (left, next[left]) as a candidate, where the merges rank it */
+static void push_pair(const ck_clip_bpe *t, const char *w, const node *nd, uint32_t left, cand *h, size_t *nh, char *key)
+{
+    if (left == NONE || nd[left].next == NONE) return;
+    uint32_t right = nd[left].next;
+    int32_t r = pair_rank(t, w, &nd[left], &nd[right], key);
+    if (r != INT32_MAX) heap_push(h, nh, (cand){r, left, right, nd[left].ver, nd[right].ver});
+}
+
+/* whether the pair is still as it was found */
+static int still(const node *nd, const cand *c)
+{
+    return nd[c->left].ver == c->vl && nd[c->right].ver == c->vr && nd[c->left].next == c->right;
+}
+
+static int cmp_left(const void *a, const void *b)
+{
+    uint32_t x = ((const cand *)a)->left, y = ((const cand *)b)->left;
+    return (x > y) - (x < y);
 }
 
 /* BPE of one piece (n bytes of cleaned text); each symbol emitted. -1 out
- * of memory, 1 stopped by emit, 0 done. */
+ * of memory, 1 stopped by emit, 0 done.
+ *
+ * The slow tokenizer's loop: the lowest-ranked adjacent pair, every
+ * occurrence of it merged left to right (not overlapping), again until no
+ * pair is ranked. Done with a heap of the pairs and a list of the symbols,
+ * so a word costs n log n, not n^2: each round takes every candidate of the
+ * lowest rank (all occurrences of that one pair), merges those still as
+ * they were in left-to-right order, and only then adds the pairs the merges
+ * made, as the slow tokenizer looks for the next pair only after a pass. */
 static int bpe_piece(const ck_clip_bpe *t, const char *p, size_t n, ck_clip_scratch *s, ck_clip_emit emit,
                      void *eud, ck_clip_poll poll, void *pud)
 {
+    if (n >= NONE / 4) return -1;
     char *w = grow(s, S_WORD, 2 * n + 8);
-    sym *sy = grow(s, S_SYMS, (n + 1) * sizeof(sym));
-    char *key = grow(s, S_KEY, 4 * n + 16);
-    if (!w || !sy || !key) return -1;
+    node *nd = grow(s, S_SYMS, (n + 1) * sizeof(node));
+    char *key = grow(s, S_KEY, 2 * MAX_MERGE_KEY + 16);
+    cand *h = grow(s, S_HEAP, (3 * n + 4) * sizeof(cand));
+    cand *round = grow(s, S_ROUND, (3 * n + 4) * sizeof(cand));
+    if (!w || !nd || !key || !h || !round) return -1;
     uint32_t wl = 0;
-    size_t ns = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char b = (unsigned char)p[i];
-        sy[ns].s = wl;
+        nd[i] = (node){wl, 0, i ? (uint32_t)i - 1 : NONE, i + 1 < n ? (uint32_t)i + 1 : NONE, 1};
         memcpy(w + wl, t->byte_enc[b], t->byte_enc_len[b]);
         wl += t->byte_enc_len[b];
-        sy[ns++].e = wl;
+        nd[i].e = wl;
     }
     memcpy(w + wl, "</w>", 4);
-    wl += 4;
-    sy[ns - 1].e = wl;
+    nd[n - 1].e = wl + 4;
+    size_t nh = 0;
+    for (uint32_t i = 0; i + 1 < n; i++) push_pair(t, w, nd, i, h, &nh, key);
     long long work = 0;
-    while (ns > 1) {
-        int32_t best = INT32_MAX;
-        size_t bi = 0;
-        for (size_t i = 0; i + 1 < ns; i++) {
-            int32_t r = pair_rank(t, w, sy[i], sy[i + 1], key);
-            if (r < best) best = r, bi = i;
+    while (nh) {
+        cand c = heap_pop(h, &nh);
+        if (!still(nd, &c)) continue;
+        /* the round: every candidate of this rank (all occurrences of one
+         * pair: a rank names one pair), those still as found */
+        size_t nr = 0;
+        round[nr++] = c;
+        while (nh && h[0].rank == c.rank) {
+            cand d = heap_pop(h, &nh);
+            if (still(nd, &d)) round[nr++] = d;
         }
-        if (best == INT32_MAX) break;
-        uint32_t fs = sy[bi].s, fe = sy[bi].e, ss = sy[bi + 1].s, se = sy[bi + 1].e;
-        size_t j = 0;
-        for (size_t i = 0; i < ns;) {
-            if (i + 1 < ns && same(w, sy[i], fs, fe) && same(w, sy[i + 1], ss, se)) {
-                sy[j].s = sy[i].s;
-                sy[j++].e = sy[i + 1].e;
-                i += 2;
-            } else {
-                sy[j++] = sy[i++];
-            }
+        /* left to right (a merge keeps the left index, so list order is
+         * index order); one that a merge to its left took in, or a
+         * duplicate of one merged, is no longer as found */
+        qsort(round, nr, sizeof *round, cmp_left);
+        size_t merged = 0;
+        for (size_t k = 0; k < nr; k++) {
+            if (!still(nd, &round[k])) continue;
+            uint32_t l = round[k].left, r = round[k].right;
+            nd[l].e = nd[r].e;
+            nd[l].next = nd[r].next;
+            if (nd[r].next != NONE) nd[nd[r].next].prev = l;
+            nd[r].ver = 0;
+            nd[l].ver++;
+            round[merged++].left = l;
         }
-        ns = j;
-        work += (long long)ns;
+        /* then the pairs the merges made */
+        for (size_t k = 0; k < merged; k++) {
+            uint32_t l = round[k].left;
+            push_pair(t, w, nd, nd[l].prev, h, &nh, key);
+            push_pair(t, w, nd, l, h, &nh, key);
+        }
+        work += (long long)nr + 1;
         if (poll && work > 4096) {
             poll(pud, work);
             work = 0;
         }
     }
-    for (size_t i = 0; i < ns; i++) {
-        int32_t id = table_get(t, &t->vocab, w + sy[i].s, sy[i].e - sy[i].s);
+    for (uint32_t i = 0; i != NONE; i = nd[i].next) {
+        int32_t id = table_get(t, &t->vocab, w + nd[i].s, nd[i].e - nd[i].s);
         if (id < 0) id = t->unk;
-        if (emit(eud, id, w + sy[i].s, sy[i].e - sy[i].s)) return 1;
+        if (emit(eud, id, w + nd[i].s, nd[i].e - nd[i].s)) return 1;
     }
     return 0;
 }
@@ -767,7 +1148,7 @@ static int run_piece(const ck_clip_bpe *t, const char *text, size_t n, ck_clip_s
                      void *eud, ck_clip_poll poll, void *pud)
 {
     size_t cl;
-    const char *c = ck_clip_clean(text, n, s, &cl);
+    const char *c = ck_clip_clean(text, n, t->fix, s, &cl, poll, pud);
     if (!c) return -1;
     if (poll) poll(pud, (long long)n);
     size_t pos = 0, st, len;

@@ -30,8 +30,8 @@ F.defaults = {
 F.options = {
   {"size", "choice", "tiny", "sdxl-tiny (8M parameters), sdxl-mid (SDXL at half width, 330M parameters) " ..
    "or the real SDXL UNet", choices = {"tiny", "mid", "full"}},
-  {"tokenizer", "string", nil, "CLIP's BPE vocabulary for a base model without tokenizer folders (open_clip's " ..
-   "bpe_simple_vocab_16e6.txt.gz) or a tokenizer folder", arg = "FILE|DIR"},
+  {"tokenizer", "string", nil, "CLIP's tokenizer for both encoders, in place of the base's folders: open_clip's " ..
+   "bpe_simple_vocab_16e6.txt.gz, a tokenizer folder or a tokenizer.json", arg = "FILE|DIR"},
   {"max-token-length", "integer", 75, "caption tokens: 75, or kohya's 150 or 225 (encoded in chunks of 75)",
    check = function(v) return v == 75 or v == 150 or v == 225 end, says = "must be 75, 150 or 225"},
   -- the objective
@@ -85,7 +85,7 @@ function F.model(o)
   -- the text tokens a prompt has: CLIP's 77, or kohya's chunks joined (BOS, 75 a chunk, the last EOS)
   m.max_token_length = o["max-token-length"]
   m.tokens = m.max_token_length == 75 and sdxl.TOKENS or m.max_token_length + 2
-  m.tokenizer = o.tokenizer
+  m.tokenizer, m.caption_fix = o.tokenizer, o["caption-fix"]
   m.seed = o.seed
   -- A LoRA on a randomly initialized base cannot learn epsilon prediction: the
   -- full-resolution levels of the UNet have no attention, so nothing adapted can
@@ -169,7 +169,7 @@ Encoders.__index = Encoders
 function F.encoders(m)
   local encode = require "ck.encode"
   local models = encode.models{base = m.base, seed = m.seed, tokenizer = m.tokenizer,
-                               max_token_length = m.max_token_length}
+                               max_token_length = m.max_token_length, caption_fix = m.caption_fix}
   return setmetatable({m = m, models = models, tokens = models.tokens, encode = encode}, Encoders)
 end
 

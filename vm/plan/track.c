@@ -1,0 +1,1027 @@
+/* One decision's op list kept live under changes, for searches that try
+ * thousands of one-tensor changes: marking or unmarking a tensor changes
+ * the list only around the recomputations that depend on it, so the live
+ * peak is kept up to date from those changes alone, not from a walk of the
+ * whole list (vm/plan/evaluate.c).
+ *
+ * The list is the scheduler's (vm/plan/schedule.c): forward entries, then
+ * each later entry after the recomputations it needs, depth first in slot
+ * order. Those recomputations form a forest: each recompute entry is the
+ * child of the entry whose input slot first needed it, and the list is the
+ * forest in post order. Flipping tensor t of node p can change only the
+ * recompute entries of p and of the nodes p recomputes through marked
+ * inputs (A); everything else keeps its place. So a flip takes A's entries
+ * out, changes what t's readers read, and puts A's entries back where the
+ * scheduler would, in the order it would reach them.
+ *
+ * The list is a treap in list order whose nodes hold each entry's live
+ * bytes (range additions, lazily, and the subtree's most); a buffer adds
+ * its bytes over its entries from first to last. A buffer is a root of
+ * aliases (a reshape's output is its input's buffer); its range is its
+ * aliases' forward uses, the later entries touching them, and the end for a
+ * retained one. */
+#include "plan/evaluate_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define NONE (-1)
+#define FLOOR (-((int64_t)1 << 62))
+
+typedef struct ivec {
+    int *v;
+    int n, cap;
+} ivec;
+
+static int ivec_push(ivec *a, int x)
+{
+    if (a->n == a->cap) {
+        const int cap = a->cap ? 2 * a->cap : 2;
+        int *v = realloc(a->v, sizeof *v * (size_t)cap);
+        if (!v) return -1;
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+static void ivec_drop(ivec *a, int x) /* one occurrence */
+{
+    for (int i = 0; i < a->n; i++)
+        if (a->v[i] == x) {
+            a->v[i] = a->v[--a->n];
+            return;
+        }
+}
+
+typedef struct tnode {
+    int l, r, p;
+    uint32_t prio;
+    uint64_t key, lo, hi;  /* the entry's place in the list, and its subtree's least and most */
+    int64_t val, mx, lazy; /* lazy: applied to val and mx here, not yet to the children */
+} tnode;
+
+/* a reader of a graph tensor in the list: node and input slot */
+typedef struct reader {
+    int node, slot;
+} reader;
+
+typedef struct event {
+    int anchor, slot, target, x; /* x: the entry the recomputations go before */
+    uint64_t key;
+    int depth;
+} event;
+
+struct ck_tracker {
+    ck_evaluator *e;
+    const ck_decide_ctx *c;
+    const ck_graph *g;
+    int nt, nf, nb, nent, end;
+    int *fwd, *bwd;            /* list order: forward nodes, later nodes */
+    int *fi, *bi;              /* per graph node: index among forward / later nodes, NONE */
+    int *cbase;                /* per forward index: its copies' first id above nt */
+    int nids;
+    unsigned char *mark;       /* per graph tensor: marked and markable */
+    /* the readers of each graph tensor among the list's nodes (CSR) */
+    int *rstart;
+    reader *readers;
+    /* the list: a treap by place (keys spread out, 2^32 apart when laid
+     * out, a new entry taking the middle of its gap), and a linked list */
+    tnode *t;
+    int root, head, *prev, *next;
+    uint32_t seed;
+    int64_t *ends;             /* per entry: bytes of buffers whose last entry it is */
+    /* forest, per entry (later and recompute entries) */
+    int (*child)[CK_MAX_IN];
+    int *parent, *pslot;
+    int (*rin)[CK_MAX_IN];     /* per recompute entry: the ids it reads */
+    unsigned char *in_r;       /* per forward index: its recompute entry is in the list */
+    double rflops;
+    size_t work;               /* recompute entries taken out and put back, over all flips */
+    /* ids and buffers */
+    int *ff, *fl;              /* per graph tensor: first and last forward entry touching it, NONE */
+    int *alias;                /* per id: the id whose buffer it is (a reshape's input), NONE */
+    ivec *kids;                /* per id: the ids aliasing it */
+    ivec *touch;               /* per id: the later and recompute entries touching it */
+    int *rf, *rl;              /* per root id: its range's first and last entry, NONE */
+    /* the roots whose range a flip changed and has not yet applied: taking
+     * an entry out applies at once (no range may end at an entry that is
+     * gone), putting one in waits for the flip's end, so a root applies
+     * once however many of its aliases the flip touched */
+    int *dirty, ndirty;
+    unsigned char *is_dirty;   /* per id */
+    /* scratch */
+    int *stamp, gen;           /* per forward index */
+    int *list;                 /* forward indices of A */
+    int *ids;                  /* a range's aliases being read */
+    event *ev;
+    int nev, cev;
+    ck_frame *stack;
+    int *order;                /* reset: entries in list order */
+};
+
+/* ---- the treap: entries in list order */
+
+static uint32_t rnd(ck_tracker *tr)
+{
+    tr->seed ^= tr->seed << 13;
+    tr->seed ^= tr->seed >> 17;
+    tr->seed ^= tr->seed << 5;
+    return tr->seed;
+}
+
+static void apply(ck_tracker *tr, int x, int64_t d)
+{
+    if (x == NONE) return;
+    tr->t[x].val += d;
+    tr->t[x].mx += d;
+    tr->t[x].lazy += d;
+}
+
+static void push(ck_tracker *tr, int x)
+{
+    tnode *n = &tr->t[x];
+    if (n->lazy) {
+        apply(tr, n->l, n->lazy);
+        apply(tr, n->r, n->lazy);
+        n->lazy = 0;
+    }
+}
+
+/* x's bounds and most from its children's (an addition pending at x is in
+ * x's own value, not yet in theirs) */
+static void pull(ck_tracker *tr, int x)
+{
+    tnode *n = &tr->t[x];
+    n->mx = n->val;
+    n->lo = n->hi = n->key;
+    if (n->l != NONE) {
+        const tnode *c = &tr->t[n->l];
+        if (c->mx + n->lazy > n->mx) n->mx = c->mx + n->lazy;
+        n->lo = c->lo;
+        tr->t[n->l].p = x;
+    }
+    if (n->r != NONE) {
+        const tnode *c = &tr->t[n->r];
+        if (c->mx + n->lazy > n->mx) n->mx = c->mx + n->lazy;
+        n->hi = c->hi;
+        tr->t[n->r].p = x;
+    }
+}
+
+/* the entries of x with keys below key into *a, the rest into *b */
+static void split(ck_tracker *tr, int x, uint64_t key, int *a, int *b)
+{
+    if (x == NONE) {
+        *a = *b = NONE;
+        return;
+    }
+    push(tr, x);
+    tnode *n = &tr->t[x];
+    if (n->key < key) {
+        split(tr, n->r, key, &n->r, b);
+        pull(tr, x);
+        *a = x;
+    } else {
+        split(tr, n->l, key, a, &n->l);
+        pull(tr, x);
+        *b = x;
+    }
+    if (*a != NONE) tr->t[*a].p = NONE;
+    if (*b != NONE) tr->t[*b].p = NONE;
+}
+
+static int merge(ck_tracker *tr, int a, int b)
+{
+    if (a == NONE) return b;
+    if (b == NONE) return a;
+    if (tr->t[a].prio > tr->t[b].prio) {
+        push(tr, a);
+        tr->t[a].r = merge(tr, tr->t[a].r, b);
+        pull(tr, a);
+        tr->t[a].p = NONE;
+        return a;
+    }
+    push(tr, b);
+    tr->t[b].l = merge(tr, a, tr->t[b].l);
+    pull(tr, b);
+    tr->t[b].p = NONE;
+    return b;
+}
+
+static uint64_t key_of(const ck_tracker *tr, int x) { return tr->t[x].key; }
+
+/* x's live bytes: its own and the additions pending above it */
+static int64_t value(const ck_tracker *tr, int x)
+{
+    int64_t v = tr->t[x].val;
+    for (int p = tr->t[x].p; p != NONE; p = tr->t[p].p) v += tr->t[p].lazy;
+    return v;
+}
+
+/* adds d to the entries under x with keys in [a, b] */
+static void add_keys(ck_tracker *tr, int x, uint64_t a, uint64_t b, int64_t d)
+{
+    if (x == NONE) return;
+    tnode *n = &tr->t[x];
+    if (b < n->lo || n->hi < a) return;
+    if (a <= n->lo && n->hi <= b) {
+        apply(tr, x, d);
+        return;
+    }
+    push(tr, x);
+    if (a <= n->key && n->key <= b) n->val += d;
+    add_keys(tr, n->l, a, b, d);
+    add_keys(tr, n->r, a, b, d);
+    n->mx = n->val;
+    if (n->l != NONE && tr->t[n->l].mx > n->mx) n->mx = tr->t[n->l].mx;
+    if (n->r != NONE && tr->t[n->r].mx > n->mx) n->mx = tr->t[n->r].mx;
+}
+
+static void range_add(ck_tracker *tr, int from, int to, int64_t d)
+{
+    add_keys(tr, tr->root, key_of(tr, from), key_of(tr, to), d);
+}
+
+/* every node's bounds again, children before parents (after keys changed) */
+static void pull_all(ck_tracker *tr)
+{
+    int *order = tr->order, n = 0, *stk = tr->order + tr->nent, sp = 0;
+    stk[sp++] = tr->root;
+    while (sp) { /* a pre order by node, right, left is a post order backwards */
+        const int x = stk[--sp];
+        order[n++] = x;
+        if (tr->t[x].l != NONE) stk[sp++] = tr->t[x].l;
+        if (tr->t[x].r != NONE) stk[sp++] = tr->t[x].r;
+    }
+    for (int i = n - 1; i >= 0; i--) pull(tr, order[i]);
+    tr->t[tr->root].p = NONE;
+}
+
+/* Keys are SPACING apart when laid out; an entry put into a gap takes STEP
+ * of it at most, from its left (entries go in in runs before one entry), so
+ * a gap holds about 2^16 entries before the keys are laid out again. */
+#define SPACING ((uint64_t)1 << 40)
+#define STEP ((uint64_t)1 << 24)
+
+static void relabel(ck_tracker *tr)
+{
+    uint64_t k = 0;
+    for (int x = tr->head; x != NONE; x = tr->next[x]) {
+        tr->t[x].key = k;
+        k += SPACING;
+    }
+    pull_all(tr);
+}
+
+/* ---- buffers */
+
+static int node_of_entry(const ck_tracker *tr, int x)
+{
+    if (x < tr->nf) return tr->fwd[x];
+    if (x < tr->nf + tr->nb) return tr->bwd[x - tr->nf];
+    return tr->fwd[x - tr->nf - tr->nb];
+}
+
+static int origin_of(const ck_tracker *tr, int id)
+{
+    if (id < tr->nt) return id;
+    /* the copy ids of forward index f are cbase[f] .. cbase[f + 1] - 1 */
+    int lo = 0, hi = tr->nf - 1;
+    const int k = id - tr->nt;
+    while (lo < hi) {
+        const int m = (lo + hi + 1) / 2;
+        if (tr->cbase[m] <= k) lo = m;
+        else hi = m - 1;
+    }
+    return tr->e->nodes[tr->fwd[lo]].out[k - tr->cbase[lo]];
+}
+
+static int64_t bytes_of_root(const ck_tracker *tr, int r)
+{
+    if (r < tr->nt && tr->e->persistent[r]) return 0;
+    return tr->e->bytes[origin_of(tr, r)];
+}
+
+static int root_of(const ck_tracker *tr, int id)
+{
+    while (tr->alias[id] != NONE) id = tr->alias[id];
+    return id;
+}
+
+/* the range root r's aliases touch: its first and last entry (the end when
+ * one is retained), NONE when nothing touches them */
+static void range_of(ck_tracker *tr, int r, int *first, int *last)
+{
+    int f = NONE, l = NONE, kept = 0;
+    uint64_t fr = 0, lr = 0;
+    int sp = 0, *stk = tr->ids;
+    stk[sp++] = r;
+    while (sp) {
+        const int id = stk[--sp];
+        if (id < tr->nt) {
+            if (tr->ff[id] != NONE && (f == NONE || key_of(tr, tr->ff[id]) < fr)) {
+                f = tr->ff[id];
+                fr = key_of(tr, f);
+            }
+            if (tr->fl[id] != NONE && (l == NONE || key_of(tr, tr->fl[id]) > lr)) {
+                l = tr->fl[id];
+                lr = key_of(tr, l);
+            }
+            kept |= tr->c->retain && tr->c->retain[id];
+        }
+        const ivec *tv = &tr->touch[id];
+        for (int i = 0; i < tv->n; i++) {
+            const int x = tv->v[i];
+            const uint64_t xr = key_of(tr, x);
+            if (f == NONE || xr < fr) {
+                f = x;
+                fr = xr;
+            }
+            if (l == NONE || xr > lr) {
+                l = x;
+                lr = xr;
+            }
+        }
+        const ivec *kv = &tr->kids[id];
+        for (int i = 0; i < kv->n; i++) stk[sp++] = kv->v[i];
+    }
+    if (f != NONE && kept) l = tr->end;
+    *first = f;
+    *last = l;
+}
+
+static void set_range(ck_tracker *tr, int r, int f, int l)
+{
+    const int f0 = tr->rf[r], l0 = tr->rl[r];
+    if (f0 == f && l0 == l) return;
+    tr->rf[r] = f;
+    tr->rl[r] = l;
+    const int64_t b = bytes_of_root(tr, r);
+    if (!b) return;
+    if (f0 != NONE) tr->ends[l0] -= b;
+    if (f != NONE) tr->ends[l] += b;
+    if (f0 == NONE || f == NONE) {
+        if (f0 != NONE) range_add(tr, f0, l0, -b);
+        if (f != NONE) range_add(tr, f, l, b);
+        return;
+    }
+    /* only where the two ranges differ */
+    const uint64_t a0 = key_of(tr, f0), b0 = key_of(tr, l0), a1 = key_of(tr, f), b1 = key_of(tr, l);
+    if (b1 < a0 || b0 < a1) {
+        add_keys(tr, tr->root, a0, b0, -b);
+        add_keys(tr, tr->root, a1, b1, b);
+        return;
+    }
+    if (a1 < a0) add_keys(tr, tr->root, a1, a0 - 1, b);
+    if (a0 < a1) add_keys(tr, tr->root, a0, a1 - 1, -b);
+    if (b1 > b0) add_keys(tr, tr->root, b0 + 1, b1, b);
+    if (b0 > b1) add_keys(tr, tr->root, b1 + 1, b0, -b);
+}
+
+static void update(ck_tracker *tr, int r)
+{
+    int f, l;
+    range_of(tr, r, &f, &l);
+    set_range(tr, r, f, l);
+}
+
+static void later(ck_tracker *tr, int r)
+{
+    if (tr->is_dirty[r]) return;
+    tr->is_dirty[r] = 1;
+    tr->dirty[tr->ndirty++] = r;
+}
+
+static void flush(ck_tracker *tr)
+{
+    for (int i = 0; i < tr->ndirty; i++) {
+        const int r = tr->dirty[i];
+        tr->is_dirty[r] = 0;
+        if (tr->alias[r] == NONE) update(tr, r); /* an alias has no range of its own */
+    }
+    tr->ndirty = 0;
+}
+
+static int touch_add(ck_tracker *tr, int id, int x)
+{
+    if (ivec_push(&tr->touch[id], x)) return -1;
+    later(tr, root_of(tr, id));
+    return 0;
+}
+
+static void touch_del(ck_tracker *tr, int id, int x)
+{
+    ivec_drop(&tr->touch[id], x);
+    update(tr, root_of(tr, id));
+}
+
+/* id's buffer becomes to's (a reshape's output reading to), or its own (NONE) */
+static int set_alias(ck_tracker *tr, int id, int to)
+{
+    if (tr->alias[id] == to) return 0;
+    const int was = root_of(tr, id);
+    if (was == id) set_range(tr, id, NONE, NONE);
+    if (tr->alias[id] != NONE) ivec_drop(&tr->kids[tr->alias[id]], id);
+    tr->alias[id] = to;
+    if (to != NONE && ivec_push(&tr->kids[to], id)) return -1;
+    if (was != id) update(tr, was);
+    later(tr, root_of(tr, id));
+    return 0;
+}
+
+/* ---- entries */
+
+static int copy_id(const ck_tracker *tr, int t) /* the copy of graph tensor t (made by a forward node) */
+{
+    const int v = tr->g->t[t].node, f = tr->fi[v];
+    const ck_pnode *nd = &tr->e->nodes[v];
+    for (int k = 0; k < nd->nout; k++)
+        if (nd->out[k] == t) return tr->nt + tr->cbase[f] + k;
+    return NONE;
+}
+
+/* what an entry reads at input u: its copy when u is marked */
+static int read_id(const ck_tracker *tr, int u) { return u < tr->nt && tr->mark[u] ? copy_id(tr, u) : u; }
+
+/* inserts recompute entry x (forward index f) right before entry at, and its touches */
+static int insert_entry(ck_tracker *tr, int f, int at)
+{
+    const int v = tr->fwd[f], x = tr->nf + tr->nb + f;
+    const ck_pnode *nd = &tr->e->nodes[v];
+    const int left = tr->prev[at];
+    if (key_of(tr, at) - key_of(tr, left) < 2) relabel(tr);
+    const uint64_t gap = key_of(tr, at) - key_of(tr, left);
+    tnode *n = &tr->t[x];
+    n->l = n->r = n->p = NONE;
+    n->lazy = 0;
+    n->key = key_of(tr, left) + (gap / 2 < STEP ? gap / 2 : STEP);
+    n->prio = rnd(tr);
+    /* the bytes live across the gap it goes into: the left entry's, less its
+     * own workspace and the buffers that end there */
+    n->val = n->mx = value(tr, left) - (int64_t)tr->e->ws[node_of_entry(tr, left)] - tr->ends[left] +
+                     (int64_t)tr->e->ws[v];
+    n->lo = n->hi = n->key;
+    tr->ends[x] = 0;
+    int l, r;
+    split(tr, tr->root, n->key, &l, &r);
+    tr->root = merge(tr, merge(tr, l, x), r);
+    tr->prev[x] = left;
+    tr->next[x] = at;
+    tr->next[left] = x;
+    tr->prev[at] = x;
+    tr->in_r[f] = 1;
+    tr->rflops += tr->e->flops[v];
+    for (int j = 0; j < nd->nin; j++) {
+        tr->rin[x][j] = read_id(tr, nd->in[j]);
+        if (touch_add(tr, tr->rin[x][j], x)) return -1;
+    }
+    for (int q = 0; q < nd->nout; q++)
+        if (nd->out[q] >= 0 && touch_add(tr, tr->nt + tr->cbase[f] + q, x)) return -1;
+    if (nd->reshape && nd->out[0] >= 0 && set_alias(tr, tr->nt + tr->cbase[f], tr->rin[x][0])) return -1;
+    return 0;
+}
+
+static void erase_entry(ck_tracker *tr, int f)
+{
+    const int v = tr->fwd[f], x = tr->nf + tr->nb + f;
+    const ck_pnode *nd = &tr->e->nodes[v];
+    if (nd->reshape && nd->out[0] >= 0) set_alias(tr, tr->nt + tr->cbase[f], NONE);
+    for (int j = 0; j < nd->nin; j++) touch_del(tr, tr->rin[x][j], x);
+    for (int q = 0; q < nd->nout; q++)
+        if (nd->out[q] >= 0) touch_del(tr, tr->nt + tr->cbase[f] + q, x);
+    flush(tr); /* no applied range may end at x once it is gone */
+    int l, m, r;
+    split(tr, tr->root, key_of(tr, x), &l, &m);
+    split(tr, m, key_of(tr, x) + 1, &m, &r);
+    tr->root = merge(tr, l, r);
+    tr->next[tr->prev[x]] = tr->next[x];
+    tr->prev[tr->next[x]] = tr->prev[x];
+    if (tr->parent[x] != NONE) tr->child[tr->parent[x]][tr->pslot[x]] = NONE;
+    tr->parent[x] = NONE;
+    for (int j = 0; j < CK_MAX_IN; j++) tr->child[x][j] = NONE;
+    tr->in_r[f] = 0;
+    tr->rflops -= tr->e->flops[v];
+}
+
+static int depth_of(const ck_tracker *tr, int x)
+{
+    int d = 0;
+    for (; tr->parent[x] != NONE; x = tr->parent[x]) d++;
+    return d;
+}
+
+/* where recomputations needed at input slot of entry x go: before the first
+ * entry of x's first child at that slot or later, else before x */
+static int insertion_point(const ck_tracker *tr, int x, int slot)
+{
+    int c = NONE;
+    for (int j = slot; j < CK_MAX_IN && c == NONE; j++) c = tr->child[x][j];
+    if (c == NONE) return x;
+    for (;;) { /* the subtree's first entry: down its first children */
+        int d = NONE;
+        for (int j = 0; j < CK_MAX_IN && d == NONE; j++) d = tr->child[c][j];
+        if (d == NONE) return c;
+        c = d;
+    }
+}
+
+/* the entry of reader node v that can need a recomputation: its later
+ * entry, or its recompute entry when in the list and not moving (stamp gen) */
+static int anchor_of(const ck_tracker *tr, int v, int gen)
+{
+    if (tr->bi[v] != NONE) return tr->nf + tr->bi[v];
+    const int f = tr->fi[v];
+    if (f != NONE && tr->stamp[f] != gen && tr->in_r[f]) return tr->nf + tr->nb + f;
+    return NONE;
+}
+
+static int by_when(const void *a, const void *b)
+{
+    const event *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    if (x->depth != y->depth) return x->depth < y->depth ? -1 : 1;
+    return x->slot - y->slot;
+}
+
+static int add_event(ck_tracker *tr, event ev)
+{
+    if (tr->nev == tr->cev) {
+        const int cap = tr->cev ? 2 * tr->cev : 64;
+        event *v = realloc(tr->ev, sizeof *v * (size_t)cap);
+        if (!v) return -1;
+        tr->ev = v;
+        tr->cev = cap;
+    }
+    tr->ev[tr->nev++] = ev;
+    return 0;
+}
+
+/* the recomputations of A (stamped gen) not yet back, depth first from
+ * forward index f, each put before entry at; the subtree's root becomes the
+ * child of entry anchor at slot */
+static int recompute_from(ck_tracker *tr, int f, int anchor, int slot, int at)
+{
+    const int gen = tr->gen;
+    int sp = 0;
+    tr->stack[sp++] = (ck_frame){f, 0, {anchor, slot}};
+    tr->stamp[f] = -gen; /* on its way back */
+    while (sp) {
+        ck_frame *fr = &tr->stack[sp - 1];
+        const ck_pnode *nd = &tr->e->nodes[tr->fwd[fr->v]];
+        if (fr->j == nd->nin) {
+            const int x = tr->nf + tr->nb + fr->v;
+            if (insert_entry(tr, fr->v, at)) return -1;
+            tr->parent[x] = fr->ins[0];
+            tr->pslot[x] = fr->ins[1];
+            tr->child[fr->ins[0]][fr->ins[1]] = x;
+            sp--;
+            continue;
+        }
+        const int j = fr->j++, u = nd->in[j];
+        if (u >= tr->nt || !tr->mark[u]) continue;
+        const int q = tr->fi[tr->g->t[u].node];
+        if (tr->stamp[q] != gen) continue; /* back already, or not in A */
+        tr->stamp[q] = -gen;
+        tr->stack[sp++] = (ck_frame){q, 0, {tr->nf + tr->nb + fr->v, j}};
+    }
+    return 0;
+}
+
+int ck_tracker_flip(ck_tracker *tr, int t)
+{
+    const ck_graph *g = tr->g;
+    if (t < 0 || t >= tr->nt || !tr->e->markable[t]) return 0;
+    const int p = tr->fi[g->t[t].node];
+    if (p == NONE) return 0;
+    /* D, the recompute entries that move: unmarking t, p's subtree when a
+     * reader of t was what first needed p (else none); marking it, p and
+     * what p recomputes through marked inputs that is not yet in the list
+     * before the first reader of t (else none) */
+    const int gen = ++tr->gen, xp = tr->nf + tr->nb + p;
+    int na = 0;
+    if (tr->mark[t]) {
+        const int up = tr->parent[xp];
+        if (tr->in_r[p] && up != NONE && tr->e->nodes[node_of_entry(tr, up)].in[tr->pslot[xp]] == t) {
+            int *stk = tr->ids, sp = 0;
+            stk[sp++] = xp;
+            while (sp) {
+                const int x = stk[--sp];
+                tr->list[na++] = x - tr->nf - tr->nb;
+                tr->stamp[x - tr->nf - tr->nb] = gen;
+                for (int j = 0; j < CK_MAX_IN; j++)
+                    if (tr->child[x][j] != NONE) stk[sp++] = tr->child[x][j];
+            }
+        }
+    } else {
+        int any = 0; /* the key before which the first reader of t needs it */
+        uint64_t first = 0;
+        for (int k = tr->rstart[t]; k < tr->rstart[t + 1]; k++) {
+            const int x = anchor_of(tr, tr->readers[k].node, gen);
+            if (x == NONE) continue;
+            const uint64_t r = key_of(tr, insertion_point(tr, x, tr->readers[k].slot));
+            if (!any || r < first) first = r;
+            any = 1;
+        }
+        if (any && (!tr->in_r[p] || key_of(tr, xp) >= first)) {
+            tr->list[na++] = p;
+            tr->stamp[p] = gen;
+            for (int i = 0; i < na; i++) {
+                const ck_pnode *nd = &tr->e->nodes[tr->fwd[tr->list[i]]];
+                for (int j = 0; j < nd->nin; j++) {
+                    const int u = nd->in[j];
+                    if (u >= tr->nt || !tr->mark[u]) continue;
+                    const int q = tr->fi[g->t[u].node];
+                    if (q == NONE || tr->stamp[q] == gen) continue;
+                    if (tr->in_r[q] && key_of(tr, tr->nf + tr->nb + q) < first) continue; /* before: stays */
+                    tr->stamp[q] = gen;
+                    tr->list[na++] = q;
+                }
+            }
+        }
+    }
+    tr->work += (size_t)na;
+    for (int i = 0; i < na; i++)
+        if (tr->in_r[tr->list[i]]) erase_entry(tr, tr->list[i]);
+    /* t's readers outside A read the other of t and its copy */
+    const int was = read_id(tr, t);
+    tr->mark[t] ^= 1;
+    const int now = read_id(tr, t);
+    for (int k = tr->rstart[t]; k < tr->rstart[t + 1]; k++) {
+        const reader *rd = &tr->readers[k];
+        const int x = anchor_of(tr, rd->node, gen);
+        if (x == NONE) continue;
+        if (x >= tr->nf + tr->nb) tr->rin[x][rd->slot] = now;
+        touch_del(tr, was, x);
+        if (touch_add(tr, now, x)) return -1;
+        const ck_pnode *nd = &tr->e->nodes[rd->node];
+        if (nd->reshape && rd->slot == 0 && nd->out[0] >= 0) {
+            const int out = x < tr->nf + tr->nb ? nd->out[0] : tr->nt + tr->cbase[tr->fi[rd->node]];
+            if (set_alias(tr, out, now)) return -1;
+        }
+    }
+    /* A back in: where the list's entries outside A first need a marked
+     * output of A, in the order the scheduler reaches those slots */
+    tr->nev = 0;
+    for (int i = 0; i < na; i++) {
+        const int a = tr->list[i];
+        const ck_pnode *nd = &tr->e->nodes[tr->fwd[a]];
+        for (int q = 0; q < nd->nout; q++) {
+            const int u = nd->out[q];
+            if (u < 0 || !tr->mark[u]) continue;
+            for (int k = tr->rstart[u]; k < tr->rstart[u + 1]; k++) {
+                const reader *rd = &tr->readers[k];
+                const int x = anchor_of(tr, rd->node, gen);
+                if (x == NONE) continue;
+                const int at = insertion_point(tr, x, rd->slot);
+                if (add_event(tr, (event){x, rd->slot, a, at, key_of(tr, at), depth_of(tr, x)})) return -1;
+            }
+        }
+    }
+    qsort(tr->ev, (size_t)tr->nev, sizeof *tr->ev, by_when);
+    for (int i = 0; i < tr->nev; i++) {
+        const event *ev = &tr->ev[i];
+        if (tr->stamp[ev->target] != gen) continue;
+        if (recompute_from(tr, ev->target, ev->anchor, ev->slot, ev->x)) return -1;
+    }
+    flush(tr);
+    return 0;
+}
+
+size_t ck_tracker_peak(const ck_tracker *tr)
+{
+    const int64_t m = tr->root == NONE ? 0 : tr->t[tr->root].mx;
+    return tr->c->persistent + (size_t)(m > 0 ? m : 0);
+}
+
+double ck_tracker_flops(const ck_tracker *tr) { return tr->rflops; }
+
+int ck_tracker_marked(const ck_tracker *tr, int t) { return tr->mark[t]; }
+
+size_t ck_tracker_work(const ck_tracker *tr) { return tr->work; }
+
+void ck_tracker_relabel(ck_tracker *tr) { relabel(tr); }
+
+int ck_tracker_entries(const ck_tracker *tr) { return tr->nf + tr->nb; }
+
+/* ---- a whole decision */
+
+/* the list of decision mark in order, with the forest and what recompute
+ * entries read, as the scheduler makes it */
+static int build_order(ck_tracker *tr)
+{
+    int n = 0;
+    for (int f = 0; f < tr->nf; f++) tr->order[n++] = f;
+    for (int b = 0; b < tr->nb; b++) {
+        const int v = tr->bwd[b], xb = tr->nf + b;
+        const ck_pnode *nd = &tr->e->nodes[v];
+        for (int j = 0; j < nd->nin; j++) {
+            const int u = nd->in[j];
+            if (u >= tr->nt || !tr->mark[u]) continue;
+            const int f0 = tr->fi[tr->g->t[u].node];
+            if (tr->in_r[f0]) continue;
+            int sp = 0;
+            tr->stack[sp++] = (ck_frame){f0, 0, {xb, j}};
+            tr->in_r[f0] = 2; /* on its way */
+            while (sp) {
+                ck_frame *fr = &tr->stack[sp - 1];
+                const ck_pnode *pn = &tr->e->nodes[tr->fwd[fr->v]];
+                if (fr->j == pn->nin) {
+                    const int x = tr->nf + tr->nb + fr->v;
+                    tr->in_r[fr->v] = 1;
+                    tr->parent[x] = fr->ins[0];
+                    tr->pslot[x] = fr->ins[1];
+                    tr->child[fr->ins[0]][fr->ins[1]] = x;
+                    for (int i = 0; i < pn->nin; i++) tr->rin[x][i] = read_id(tr, pn->in[i]);
+                    tr->rflops += tr->e->flops[tr->fwd[fr->v]];
+                    tr->order[n++] = x;
+                    sp--;
+                    continue;
+                }
+                const int i = fr->j++, w = pn->in[i];
+                if (w >= tr->nt || !tr->mark[w]) continue;
+                const int q = tr->fi[tr->g->t[w].node];
+                if (tr->in_r[q]) continue;
+                tr->in_r[q] = 2;
+                tr->stack[sp++] = (ck_frame){q, 0, {tr->nf + tr->nb + fr->v, i}};
+            }
+        }
+        tr->order[n++] = xb;
+    }
+    tr->order[n++] = tr->end;
+    return n;
+}
+
+static int build(ck_tracker *tr, int n)
+{
+    /* touches and aliases of the later and recompute entries, in list order */
+    for (int i = tr->nf; i < n - 1; i++) {
+        const int x = tr->order[i], v = node_of_entry(tr, x);
+        const ck_pnode *nd = &tr->e->nodes[v];
+        const int rec = x >= tr->nf + tr->nb;
+        int ins[CK_MAX_IN], outs[CK_MAX_OUT];
+        for (int j = 0; j < nd->nin; j++) ins[j] = rec ? tr->rin[x][j] : read_id(tr, nd->in[j]);
+        for (int q = 0; q < nd->nout; q++)
+            outs[q] = nd->out[q] < 0 ? NONE : rec ? tr->nt + tr->cbase[x - tr->nf - tr->nb] + q : nd->out[q];
+        for (int j = 0; j < nd->nin; j++)
+            if (ivec_push(&tr->touch[ins[j]], x)) return -1;
+        for (int q = 0; q < nd->nout; q++)
+            if (outs[q] != NONE && ivec_push(&tr->touch[outs[q]], x)) return -1;
+        if (nd->reshape && outs[0] != NONE) {
+            tr->alias[outs[0]] = ins[0];
+            if (ivec_push(&tr->kids[ins[0]], outs[0])) return -1;
+        }
+    }
+    /* the treap, built in order (ranks are list positions now), values from
+     * the ranges */
+    int64_t *delta = calloc((size_t)n + 1, sizeof *delta);
+    int *pos = malloc(sizeof(int) * (size_t)tr->nent);
+    if (!delta || !pos) {
+        free(delta);
+        free(pos);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) pos[tr->order[i]] = i;
+    tr->root = NONE;
+    int *right = tr->list; /* the right spine, for a linear build */
+    int sp = 0;
+    tr->head = tr->order[0];
+    for (int i = 0; i < n; i++) {
+        const int x = tr->order[i];
+        tnode *nd = &tr->t[x];
+        nd->l = nd->r = nd->p = NONE;
+        nd->lazy = 0;
+        nd->prio = rnd(tr);
+        nd->key = (uint64_t)i * SPACING;
+        tr->prev[x] = i ? tr->order[i - 1] : NONE;
+        tr->next[x] = i + 1 < n ? tr->order[i + 1] : NONE;
+        int last = NONE;
+        while (sp && tr->t[right[sp - 1]].prio < nd->prio) last = right[--sp];
+        nd->l = last;
+        if (sp) tr->t[right[sp - 1]].r = x;
+        right[sp++] = x;
+    }
+    tr->root = right[0];
+    /* ranks are positions until the first change: ranges from them */
+    for (int id = 0; id < tr->nids; id++) {
+        tr->rf[id] = tr->rl[id] = NONE;
+        if (tr->alias[id] != NONE) continue;
+        int f = NONE, l = NONE, fr = 0, lr = -1, kept = 0, stk_n = 0;
+        int *stk = tr->order + n; /* room past the list */
+        stk[stk_n++] = id;
+        while (stk_n) {
+            const int y = stk[--stk_n];
+            if (y < tr->nt) {
+                if (tr->ff[y] != NONE && (f == NONE || tr->ff[y] < fr)) f = fr = tr->ff[y];
+                if (tr->fl[y] != NONE && tr->fl[y] > lr) l = lr = tr->fl[y];
+                kept |= tr->c->retain && tr->c->retain[y];
+            }
+            for (int i = 0; i < tr->touch[y].n; i++) {
+                const int x = tr->touch[y].v[i], xr = pos[x];
+                if (f == NONE || xr < fr) {
+                    f = x;
+                    fr = xr;
+                }
+                if (xr > lr) {
+                    l = x;
+                    lr = xr;
+                }
+            }
+            for (int i = 0; i < tr->kids[y].n; i++) stk[stk_n++] = tr->kids[y].v[i];
+        }
+        if (f == NONE) continue;
+        if (kept) {
+            l = tr->end;
+            lr = n - 1;
+        }
+        tr->rf[id] = f;
+        tr->rl[id] = l;
+        const int64_t b = bytes_of_root(tr, id);
+        delta[fr] += b;
+        delta[lr + 1] -= b;
+        tr->ends[l] += b;
+    }
+    int64_t live = 0;
+    for (int i = 0; i < n; i++) {
+        live += delta[i];
+        const int x = tr->order[i];
+        tr->t[x].val = x == tr->end ? FLOOR : live + (int64_t)tr->e->ws[node_of_entry(tr, x)];
+    }
+    free(delta);
+    free(pos);
+    pull_all(tr); /* bounds and maxima bottom up */
+    return 0;
+}
+
+int ck_tracker_reset(ck_tracker *tr, const unsigned char *mark)
+{
+    for (int t = 0; t < tr->nt; t++) tr->mark[t] = mark && mark[t] && tr->e->markable[t];
+    for (int id = 0; id < tr->nids; id++) {
+        tr->touch[id].n = tr->kids[id].n = 0;
+        tr->alias[id] = NONE;
+    }
+    for (int x = 0; x < tr->nent; x++) {
+        tr->ends[x] = 0;
+        tr->parent[x] = NONE;
+        for (int j = 0; j < CK_MAX_IN; j++) tr->child[x][j] = NONE;
+    }
+    memset(tr->in_r, 0, (size_t)(tr->nf ? tr->nf : 1));
+    tr->rflops = 0;
+    tr->seed = 0x9e3779b9u;
+    /* the forward entries' aliases, which no decision changes */
+    for (int f = 0; f < tr->nf; f++) {
+        const ck_pnode *nd = &tr->e->nodes[tr->fwd[f]];
+        if (nd->reshape && nd->out[0] >= 0) {
+            tr->alias[nd->out[0]] = nd->in[0];
+            if (ivec_push(&tr->kids[nd->in[0]], nd->out[0])) return -1;
+        }
+    }
+    return build(tr, build_order(tr));
+}
+
+void ck_tracker_free(ck_tracker *tr)
+{
+    if (!tr) return;
+    for (int id = 0; tr->touch && id < tr->nids; id++) {
+        free(tr->touch[id].v);
+        free(tr->kids[id].v);
+    }
+    free(tr->fwd);
+    free(tr->bwd);
+    free(tr->fi);
+    free(tr->bi);
+    free(tr->cbase);
+    free(tr->mark);
+    free(tr->rstart);
+    free(tr->readers);
+    free(tr->t);
+    free(tr->prev);
+    free(tr->next);
+    free(tr->ends);
+    free(tr->child);
+    free(tr->parent);
+    free(tr->pslot);
+    free(tr->rin);
+    free(tr->in_r);
+    free(tr->ff);
+    free(tr->fl);
+    free(tr->alias);
+    free(tr->kids);
+    free(tr->touch);
+    free(tr->rf);
+    free(tr->rl);
+    free(tr->dirty);
+    free(tr->is_dirty);
+    free(tr->stamp);
+    free(tr->list);
+    free(tr->ids);
+    free(tr->ev);
+    free(tr->stack);
+    free(tr->order);
+    free(tr);
+}
+
+ck_tracker *ck_tracker_new(ck_evaluator *e)
+{
+    if (e->fallback) return NULL;
+    ck_tracker *tr = calloc(1, sizeof *tr);
+    if (!tr) return NULL;
+    const ck_decide_ctx *c = e->c;
+    const ck_graph *g = c->g;
+    tr->e = e;
+    tr->c = c;
+    tr->g = g;
+    tr->nt = g->nt;
+    const size_t nn = (size_t)(g->nn ? g->nn : 1), nt = (size_t)(g->nt ? g->nt : 1);
+    tr->fwd = malloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
+    tr->bwd = malloc(sizeof(int) * (size_t)(c->n ? c->n : 1));
+    tr->fi = malloc(sizeof(int) * nn);
+    tr->bi = malloc(sizeof(int) * nn);
+    if (!tr->fwd || !tr->bwd || !tr->fi || !tr->bi) goto oom;
+    for (int v = 0; v < g->nn; v++) tr->fi[v] = tr->bi[v] = NONE;
+    for (int i = 0; i < c->n; i++) {
+        const int v = c->nodes[i];
+        if (g->n[v].phase == CK_PHASE_FORWARD) {
+            tr->fi[v] = tr->nf;
+            tr->fwd[tr->nf++] = v;
+        } else {
+            tr->bi[v] = tr->nb;
+            tr->bwd[tr->nb++] = v;
+        }
+    }
+    tr->nent = tr->nf + tr->nb + tr->nf + 1;
+    tr->end = tr->nent - 1;
+    tr->cbase = malloc(sizeof(int) * (size_t)(tr->nf + 1));
+    if (!tr->cbase) goto oom;
+    int nc = 0;
+    for (int f = 0; f < tr->nf; f++) {
+        tr->cbase[f] = nc;
+        nc += e->nodes[tr->fwd[f]].nout;
+    }
+    tr->cbase[tr->nf] = nc;
+    tr->nids = g->nt + nc;
+    const size_t nent = (size_t)tr->nent, nids = (size_t)(tr->nids ? tr->nids : 1);
+    /* readers of each graph tensor among the list's nodes */
+    tr->rstart = calloc(nt + 1, sizeof(int));
+    if (!tr->rstart) goto oom;
+    for (int i = 0; i < c->n; i++) {
+        const ck_pnode *nd = &e->nodes[c->nodes[i]];
+        for (int j = 0; j < nd->nin; j++) tr->rstart[nd->in[j] + 1]++;
+    }
+    for (int t = 0; t < g->nt; t++) tr->rstart[t + 1] += tr->rstart[t];
+    tr->readers = malloc(sizeof *tr->readers * (size_t)(tr->rstart[g->nt] ? tr->rstart[g->nt] : 1));
+    int *fill = calloc(nt, sizeof(int));
+    if (!tr->readers || !fill) {
+        free(fill);
+        goto oom;
+    }
+    for (int i = 0; i < c->n; i++) {
+        const ck_pnode *nd = &e->nodes[c->nodes[i]];
+        for (int j = 0; j < nd->nin; j++) tr->readers[tr->rstart[nd->in[j]] + fill[nd->in[j]]++] = (reader){c->nodes[i], j};
+    }
+    free(fill);
+    tr->mark = malloc(nt);
+    tr->t = malloc(sizeof *tr->t * nent);
+    tr->prev = malloc(sizeof(int) * nent);
+    tr->next = malloc(sizeof(int) * nent);
+    tr->ends = malloc(sizeof *tr->ends * nent);
+    tr->child = malloc(sizeof *tr->child * nent);
+    tr->parent = malloc(sizeof(int) * nent);
+    tr->pslot = malloc(sizeof(int) * nent);
+    tr->rin = malloc(sizeof *tr->rin * nent);
+    tr->in_r = malloc((size_t)(tr->nf ? tr->nf : 1));
+    tr->ff = malloc(sizeof(int) * nt);
+    tr->fl = malloc(sizeof(int) * nt);
+    tr->alias = malloc(sizeof(int) * nids);
+    tr->kids = calloc(nids, sizeof *tr->kids);
+    tr->touch = calloc(nids, sizeof *tr->touch);
+    tr->rf = malloc(sizeof(int) * nids);
+    tr->rl = malloc(sizeof(int) * nids);
+    tr->dirty = malloc(sizeof(int) * nids);
+    tr->is_dirty = calloc(nids, 1);
+    tr->stamp = calloc((size_t)(tr->nf ? tr->nf : 1), sizeof(int));
+    tr->list = malloc(sizeof(int) * (nent > nids ? nent : nids));
+    tr->ids = malloc(sizeof(int) * nids);
+    tr->stack = malloc(sizeof *tr->stack * (size_t)(tr->nf ? tr->nf : 1));
+    tr->order = malloc(sizeof(int) * 2 * (nent + nids));
+    if (!tr->mark || !tr->t || !tr->prev || !tr->next || !tr->ends || !tr->child || !tr->parent || !tr->pslot || !tr->rin || !tr->in_r ||
+        !tr->ff || !tr->fl || !tr->alias || !tr->kids || !tr->touch || !tr->rf || !tr->rl || !tr->stamp || !tr->list ||
+        !tr->stack || !tr->order || !tr->ids || !tr->dirty || !tr->is_dirty)
+        goto oom;
+    /* each graph tensor's forward uses, which no decision changes */
+    for (int t = 0; t < g->nt; t++) tr->ff[t] = tr->fl[t] = NONE;
+    for (int f = 0; f < tr->nf; f++) {
+        const ck_pnode *nd = &e->nodes[tr->fwd[f]];
+        for (int j = 0; j < nd->nin + nd->nout; j++) {
+            const int id = j < nd->nin ? nd->in[j] : nd->out[j - nd->nin];
+            if (id < 0) continue;
+            if (tr->ff[id] == NONE) tr->ff[id] = f;
+            tr->fl[id] = f;
+        }
+    }
+    return tr;
+oom:
+    ck_tracker_free(tr);
+    return NULL;
+}

@@ -13,9 +13,10 @@
 --   options             its own ck.options entries; adapter_options: those of them --full refuses
 --   defaults            {resolution = {fn, shown}, batch = {fn, shown}}: the family's defaults of shared options
 --   blocks              the scopes whose statistics the logger reports (log.new's blocks)
---   model(o) -> m       the model the options (every one: the trainer's too) describe: m.size, m.label ("sdxl-tiny"), m.title (the samples'
---                       model name), m.channels (latent channels), m.factor (what latent sides are multiples of),
---                       m.objective_words, m.base (a base model: load takes its weights)
+--   model(o) -> m       the model the options (all of them, the trainer's too) describe: m.size, m.label
+--                       ("sdxl-tiny"), m.title (the samples' model name), m.channels (latent channels), m.factor
+--                       (what latent sides are multiples of), m.objective_words, m.base (a base model: load
+--                       takes its weights)
 --   adapter(m, a)       lora.attach's options from the trainer's a = {rank, alpha, dropout, loraplus_lr_ratio}
 --   adapter_words(m)    words after "LoRA rank R" in the run's first line
 --   build(m, s)         the training step for s = {batch, latent = {h, w}, lora, compile}: {program, graph,

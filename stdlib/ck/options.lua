@@ -1,13 +1,14 @@
 -- A script's --options, declared once: one table gives each option's name,
 -- type, default and one-line description, and drives the parsing (unknown
--- options refused with the closest name), `ckrun SCRIPT --help`, and the
--- README's option lists (tests/sh/test_readme_options.sh checks them).
+-- options refused with the nearest name; kohya's spellings taken where the
+-- table says kohya = true), `ckrun SCRIPT --help`, and the README's option
+-- lists (tests/sh/test_readme_options.sh checks them).
 --
 --   local o = options.parse(args, {
---     about = "what the script does, in a line",
+--     about = "what the script does, in a line", kohya = true,
 --     {"steps", "integer", 300, "batches to train", min = 1},
 --     {"size", "choice", "tiny", "the UNet", choices = {"tiny", "full"}},
---     {"alpha", "number", function(v) return v.rank end, "LoRA alpha", shown = "the rank"}, -- v: those above
+--     {"alpha", "number", function(v) return v.rank end, "LoRA alpha", shown = "the rank"}, -- v: all values
 --     {"batch", "integer", 2, "samples per step", min = 1, also = {"auto"}}, -- a word taken as it is
 --     {"res", "integer", 256, "pixels", accept = function(raw) return raw end}, -- another spelling, rewritten
 --                                    -- before the type (or nil and what is wrong, after "--res ")

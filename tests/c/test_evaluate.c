@@ -8,6 +8,7 @@
  * workspace rules; the plan it makes of a decision it placed, reusing the
  * placement, is the same plan to the byte. */
 #include "plan/evaluate.h"
+#include "run/program.h"
 
 #include "check.h"
 
@@ -239,5 +240,23 @@ int main(void)
     snprintf(name, sizeof name, "%d decisions on %d graphs: the evaluator's plan (its placement reused) is the plan", trials,
              graphs);
     check(name, plan_ok && trials >= 600, trials);
+    /* a graph past the planner's own limit: refused at once, naming the count
+     * and the limit, before anything that size is made (the graph here has
+     * only its count: compile may read nothing else of it) */
+    {
+        ck_graph big;
+        memset(&big, 0, sizeof big);
+        big.nn = CK_PLAN_MAX_NODES + 1;
+        ck_compile_opts o;
+        memset(&o, 0, sizeof o);
+        o.loss = -1;
+        char err[256] = "", want[128];
+        ck_program *p = ck_compile(&big, &o, err, sizeof err);
+        snprintf(want, sizeof want, "the graph has %d nodes, more than the %d ckrun plans", CK_PLAN_MAX_NODES + 1,
+                 CK_PLAN_MAX_NODES);
+        check("a graph past the planner's limit is refused in one line naming its count and the limit",
+              p == NULL && strcmp(err, want) == 0, 0);
+        if (strcmp(err, want)) printf("  got: %s\n", err);
+    }
     return checks_done();
 }

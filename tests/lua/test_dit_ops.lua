@@ -101,6 +101,37 @@ do
   end
 end
 
+-- a 16-bit activation and the fp32 table: rope runs its 16-bit kernel, which
+-- reads the table in fp32, so the plan makes no fp32 copies (no workspace)
+do
+  local g = ck.graph()
+  local x = g:input("x", {1, 3, 4})
+  local tab = g:input("tab", {3, 4})
+  local s = ck.scale(x, 2)
+  local y = ck.rope(s, tab)
+  for _, precision in ipairs({"bf16", "fp16"}) do
+    local p = g:compile{outputs = {y}, optimizer = "none", precision = precision}
+    local alone = g:compile{outputs = {s}, optimizer = "none", precision = precision}:plan().workspace
+    T.ok(p:plan().workspace == alone, precision .. ": rope of a 16-bit activation with an fp32 table copies " ..
+      "nothing (workspace " .. p:plan().workspace .. ", the scale's alone " .. alone .. ")")
+    local xv, th = {1, -2, 3, 0.5, 0, 4, -1, 2, 0.25, -0.75, 1.5, -3}, {0.3, -1.2, 2.0, 0.7, -0.4, 1.1}
+    local tv = {}
+    for i = 1, 6 do tv[2 * i - 1], tv[2 * i] = math.cos(th[i]), math.sin(th[i]) end
+    p:set(x, xv)
+    p:set(tab, tv)
+    p:forward()
+    local got, worst = p:get(y), 0
+    for l = 0, 2 do
+      for j = 0, 1 do
+        local a, x0, x1 = th[2 * l + j + 1], 2 * xv[4 * l + 2 * j + 1], 2 * xv[4 * l + 2 * j + 2]
+        worst = math.max(worst, math.abs(got[4 * l + 2 * j + 1] - (x0 * math.cos(a) - x1 * math.sin(a))),
+                         math.abs(got[4 * l + 2 * j + 2] - (x0 * math.sin(a) + x1 * math.cos(a))))
+      end
+    end
+    T.ok(worst < 0.05, precision .. ": rope in 16-bit storage rotates as the formula, to its rounding (" .. worst .. ")")
+  end
+end
+
 -- nn layers: parameters as torch names them
 do
   local g = ck.graph()

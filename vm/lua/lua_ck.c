@@ -1293,6 +1293,8 @@ static void set_num(lua_State *L, const char *k, double v)
  * workspace of the list's convolutions, summed and the largest: on cuda the
  * algorithms chosen per shape), conv_rule (how those were sized: "chosen"
  * on a CUDA device, "stated" for cuda without one (ops/rules.c), "cpu"), at_peak = {category = bytes live at the peak},
+ * decide_seconds and plan_seconds (this thread's CPU time for the checkpoint
+ * policy's decision and for the training list's plan, placement included),
  * and layout_digest: 16 hex digits over every list of the program (training,
  * forward, logging), their entries and every offset, equal for two programs
  * planned the same to the byte */
@@ -1337,6 +1339,8 @@ static int l_plan(lua_State *L)
     lua_newtable(L);
     for (int c = 0; c < CK_CAT_COUNT; c++) set_int(L, ck_cat_names[c], (lua_Integer)pl->at_peak[c]);
     lua_setfield(L, -2, "at_peak");
+    set_num(L, "decide_seconds", p->decide_seconds);
+    set_num(L, "plan_seconds", p->plan_seconds);
     uint64_t h = ck_plan_digest(&p->eval, ck_plan_digest(&p->train, CK_FNV_OFFSET));
     for (int k = 0; k <= CK_STATS_ALL; k++) h = ck_plan_digest(&p->logplan[k], h);
     char hex[17];

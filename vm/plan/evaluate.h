@@ -53,12 +53,8 @@ int ck_tracker_flip(ck_tracker *tr, int t);
 /* ck_evaluate's live peak of the decision now; whether t is marked in it. */
 size_t ck_tracker_peak(const ck_tracker *tr);
 int ck_tracker_marked(const ck_tracker *tr, int t);
-/* The recompute entries flips have taken out and put back, all told; the
- * entries of the list without recomputation (a flip's cost is a few of them). */
-size_t ck_tracker_work(const ck_tracker *tr);
 /* Lays the list's keys out evenly again, as a flip does when a gap fills
  * (for tests: a flip never needs it called). */
 void ck_tracker_relabel(ck_tracker *tr);
-int ck_tracker_entries(const ck_tracker *tr);
 
 #endif

@@ -99,11 +99,12 @@ ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const
      * (trainable fp32 weights, fp32 inputs, an fp8 base) cast; with fp32
      * activations it stays fp32 whatever its weights are stored in */
     const int cast = ck_op_autocast(op);
+    const unsigned f32 = ck_op_f32_inputs(op); /* inputs its kernels read in fp32 whatever the type: no say */
     ck_dtype half = CK_F32;
     int act16 = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         const int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
-        if (t < 0) continue;
+        if (t < 0 || (j < r->nin && f32 >> j & 1)) continue;
         const ck_dtype dt = dtype_of(pl, g, t);
         if (dt == CK_BF16 || dt == CK_F16) {
             if (half != CK_F32 && half != dt) return CK_F32;
@@ -118,8 +119,9 @@ ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const
     return !cast || act16 ? half : CK_F32;
 }
 
-ck_dtype ck_entry_copy_type(ck_dtype dt, ck_dtype kt)
+ck_dtype ck_entry_copy_type(enum ck_op op, int input, ck_dtype dt, ck_dtype kt)
 {
+    if (input >= 0 && ck_op_f32_inputs(op) >> input & 1) kt = CK_F32; /* read in fp32 by every kernel */
     if (kt != CK_F32) return dt == CK_F32 || dt == CK_F8E4M3 ? kt : dt;
     return ck_dtype_copied(dt) ? CK_F32 : dt;
 }
@@ -127,11 +129,12 @@ ck_dtype ck_entry_copy_type(ck_dtype dt, ck_dtype kt)
 size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dtype kt)
 {
     const ck_op_ref *r = &pl->ops[i];
+    const enum ck_op op = g->n[r->node].op;
     size_t b = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
         int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
         if (t < 0) continue;
-        const ck_dtype dt = dtype_of(pl, g, t), ct = ck_entry_copy_type(dt, kt);
+        const ck_dtype dt = dtype_of(pl, g, t), ct = ck_entry_copy_type(op, j < r->nin ? j : -1, dt, kt);
         if (ct != dt)
             b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)ck_dtype_bytes(ct));
     }
@@ -188,32 +191,34 @@ static void liveness(const ck_plan *pl, const ck_graph *g, const int *retain, in
         if (retain && retain[t] && first[root[t]] >= 0) last[root[t]] = pl->n;
 }
 
-/* Bytes live at each position, by category, from liveness (no placement):
- * adds into cat[i * CK_CAT_COUNT + c] when cat is given; returns the peak. */
+/* Bytes live at each position from liveness (no placement): the most at
+ * once (persistent added) and where (peak_at); cat, when given, gets every
+ * position's bytes by category (cat[i * CK_CAT_COUNT + c]). */
 static size_t sweep(ck_plan *pl, const ck_graph *g, size_t persistent, const int *first, const int *last,
                     const size_t *ws, size_t *cat, int *peak_at)
 {
-    int n = pl->n;
-    int64_t *delta = calloc((size_t)(n + 2) * CK_CAT_COUNT, sizeof(int64_t));
+    const int n = pl->n, nc = cat ? CK_CAT_COUNT : 1; /* by category only for cat */
+    int64_t *delta = calloc((size_t)(n + 2) * (size_t)nc, sizeof(int64_t));
     if (!delta) return 0;
     for (int t = 0; t < pl->ntensors; t++) {
         if (first[t] < 0 || (t < g->nt && ck_is_persistent(g->t[t].kind))) continue;
-        ck_cat c = ck_tensor_cat(pl, g, t);
-        int64_t b = (int64_t)ck_plan_tensor_bytes(pl, g, t);
-        delta[(size_t)first[t] * CK_CAT_COUNT + c] += b;
-        delta[(size_t)(last[t] + 1) * CK_CAT_COUNT + c] -= b;
+        const int c = cat ? (int)ck_tensor_cat(pl, g, t) : 0;
+        const int64_t b = (int64_t)ck_plan_tensor_bytes(pl, g, t);
+        delta[(size_t)first[t] * (size_t)nc + (size_t)c] += b;
+        delta[(size_t)(last[t] + 1) * (size_t)nc + (size_t)c] -= b;
     }
+    const int w = cat ? CK_CAT_WORKSPACE : 0;
     for (int i = 0; i < n; i++) {
-        delta[(size_t)i * CK_CAT_COUNT + CK_CAT_WORKSPACE] += (int64_t)ws[i];
-        delta[(size_t)(i + 1) * CK_CAT_COUNT + CK_CAT_WORKSPACE] -= (int64_t)ws[i];
+        delta[(size_t)i * (size_t)nc + (size_t)w] += (int64_t)ws[i];
+        delta[(size_t)(i + 1) * (size_t)nc + (size_t)w] -= (int64_t)ws[i];
     }
     int64_t live[CK_CAT_COUNT] = {0};
     size_t best = 0;
     int at = 0;
     for (int i = 0; i < n; i++) {
         int64_t sum = 0;
-        for (int c = 0; c < CK_CAT_COUNT; c++) {
-            live[c] += delta[(size_t)i * CK_CAT_COUNT + c];
+        for (int c = 0; c < nc; c++) {
+            live[c] += delta[(size_t)i * (size_t)nc + (size_t)c];
             sum += live[c];
             if (cat) cat[(size_t)i * CK_CAT_COUNT + c] = (size_t)live[c];
         }
@@ -225,6 +230,17 @@ static size_t sweep(ck_plan *pl, const ck_graph *g, size_t persistent, const int
     free(delta);
     if (peak_at) *peak_at = at;
     return persistent + best;
+}
+
+/* the transient bytes live at position i, by category */
+static void live_at(const ck_plan *pl, const ck_graph *g, const int *first, const int *last, const size_t *ws, int i,
+                    size_t *out)
+{
+    memset(out, 0, sizeof(size_t) * CK_CAT_COUNT);
+    for (int t = 0; t < pl->ntensors; t++)
+        if (first[t] >= 0 && first[t] <= i && i <= last[t] && !(t < g->nt && ck_is_persistent(g->t[t].kind)))
+            out[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
+    if (i < pl->n) out[CK_CAT_WORKSPACE] += ws[i];
 }
 
 size_t ck_plan_live_peak(const ck_plan *pl, const ck_graph *g, size_t persistent, const int *retain, const ck_backend *be)
@@ -309,7 +325,6 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     int *first = malloc(sizeof(int) * (size_t)nt), *last = malloc(sizeof(int) * (size_t)nt);
     int *root = malloc(sizeof(int) * (size_t)nt);
     ck_place_buf *bufs = malloc(sizeof *bufs * (size_t)(nt + n + 1));
-    size_t *cat = NULL;
     if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
     for (int i = 0; i < n; i++)
@@ -349,10 +364,8 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     pl->transient = (size_t)top;
     pl->peak = nb ? (size_t)(base + top) : persistent;
 
-    cat = malloc(sizeof(size_t) * (size_t)(n ? n : 1) * CK_CAT_COUNT);
-    if (!cat) goto out;
-    pl->live_peak = sweep(pl, g, persistent, first, last, pl->ws_bytes, cat, &pl->peak_at);
-    if (n) memcpy(pl->at_peak, cat + (size_t)pl->peak_at * CK_CAT_COUNT, sizeof pl->at_peak);
+    pl->live_peak = sweep(pl, g, persistent, first, last, pl->ws_bytes, NULL, &pl->peak_at);
+    if (n) live_at(pl, g, first, last, pl->ws_bytes, pl->peak_at, pl->at_peak);
     for (int t = 0; t < g->nt && t < nt; t++)
         if (first[t] >= 0 && ck_is_persistent(g->t[t].kind))
             pl->at_peak[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
@@ -380,6 +393,5 @@ out:
     free(last);
     free(root);
     free(bufs);
-    free(cat);
     return rc;
 }

@@ -8,6 +8,11 @@
 #include "graph/graph.h"
 #include "../../ops/backend.h"
 
+/* The most nodes a graph compile plans may have (before differentiation,
+ * which adds a few per node): list entries, tree positions and the
+ * tracker's keys stay within their integers. */
+#define CK_PLAN_MAX_NODES (1 << 20)
+
 /* One entry of an op list: a graph node run on the tensors named here. A
  * recompute entry reruns a forward node and writes a copy of its output, a
  * tensor id >= g->nt whose origin is the forward tensor; backward entries read
@@ -122,7 +127,8 @@ int ck_is_persistent(ck_kind k);
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
 /* 16-bit storage: the type of the kernel list entry i runs: CK_BF16 or CK_F16
  * when the backend has that type's kernel (ck_backend_kernels16) and every
- * operand is of it, or for a product or convolution (ck_op_autocast) a 16-bit
+ * operand is of it (but the inputs every kernel reads in fp32,
+ * ck_op_f32_inputs), or for a product or convolution (ck_op_autocast) a 16-bit
  * activation among operands of that type, fp32 or fp8, which are cast; else
  * CK_F32. The bytes of the copies its kernel reads and writes in its own type
  * (16-bit kt: kt copies of its fp32 and fp8 operands; else fp32 copies of its
@@ -130,9 +136,11 @@ ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
  * outputs, each rounded up to 64 bytes) */
 ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
 size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dtype kt);
-/* the type an operand of dtype dt is copied into for a kernel of type kt, or
- * dt itself when the kernel reads it as it is */
-ck_dtype ck_entry_copy_type(ck_dtype dt, ck_dtype kt);
+/* the type an operand of dtype dt (input slot input of op, or -1 for an
+ * output) is copied into for a kernel of type kt, or dt itself when the
+ * kernel reads it as it is (ck_op_f32_inputs: slots every kernel reads in
+ * fp32, such as ROPE's table, are copied to fp32 if at all) */
+ck_dtype ck_entry_copy_type(enum ck_op op, int input, ck_dtype dt, ck_dtype kt);
 /* the workspace list entry i needs: the copies ck_entry_convert_bytes counts,
  * then the kernel's own (the backend's rule) */
 size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);

@@ -263,11 +263,13 @@ typedef struct best {
 
 /* Evaluates a marking exactly and keeps it if it fits with fewer FLOPs (at
  * equal FLOPs, a lower peak). 1 if it fits, 0 if not, -1 on error. */
-static int consider(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b)
+static int consider_peak(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b,
+                         size_t *placed)
 {
     size_t peak;
     double flops;
     if (ck_evaluate(ev, mark, 1, &peak, &flops)) return -1;
+    if (placed) *placed = peak;
     if (!b->floor || peak < b->floor) b->floor = peak;
     if (peak > budget) return 0;
     if (!b->found || flops < b->flops || (flops == b->flops && peak < b->peak)) {
@@ -277,6 +279,11 @@ static int consider(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned cha
         b->found = 1;
     }
     return 1;
+}
+
+static int consider(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b)
+{
+    return consider_peak(c, ev, mark, budget, b, NULL);
 }
 
 typedef struct scored {
@@ -293,8 +300,6 @@ static int by_score(const void *a, const void *b)
 
 #define EXHAUSTIVE_MAX 14
 #define PRUNE_TRIALS 128
-#define TRACK_WORK 16
-#define BACKOFF_ROUNDS 3
 
 /* FLOPs to recompute t once from its inputs */
 static double producer_flops(const ck_graph *g, int t)
@@ -450,11 +455,10 @@ static int by_turn(const void *a, const void *b)
 
 /* From a start that fits (placed, with fragmentation frag: its placed peak
  * less its live peak): prunes it, and places the result. The prunings change
- * the fragmentation: when the result does not fit, the latest prunings are
- * taken back, newest first, until the live peak plus the fragmentation the
- * result showed fits, and that is placed (a few times at most); failing
- * that, the longest run of prunings that fits is searched (all of them have
- * the fewest FLOPs: keeping more never recomputes more). -1 on error. */
+ * the fragmentation: when the result does not fit, the longest run of the
+ * prunings whose live peak plus the fragmentation the result showed fits is
+ * placed, and then the longest run that fits is searched between (the more
+ * prunings, the fewer FLOPs: keeping more never recomputes more). -1 on error. */
 static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *from, size_t budget, size_t frag,
                    best *b, unsigned char *mark, scored *order)
 {
@@ -464,13 +468,11 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
     for (int k = 0; k < c->ncand; k++)
         if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
     qsort(order, (size_t)n, sizeof *order, by_score);
-    /* with the list tracked, every marked tensor is tried (a change costs
-     * what it touches) while the changes have not reworked the list many
-     * times over; walking, the costliest PRUNE_TRIALS */
+    /* the costliest PRUNE_TRIALS, each judged on the list tracked through
+     * the change (a walk where the list cannot be tracked) */
     ck_tracker *tr = ck_tracker_new(ev);
     if (tr && ck_tracker_reset(tr, mark)) goto out;
-    const size_t most = tr ? TRACK_WORK * (size_t)ck_tracker_entries(tr) : 0;
-    for (int k = 0; k < n && (tr ? k < PRUNE_TRIALS || ck_tracker_work(tr) < most : k < PRUNE_TRIALS); k++) {
+    for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
         size_t live;
         double flops;
         mark[order[k].t] = 0;
@@ -487,32 +489,39 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
             if (tr && ck_tracker_flip(tr, order[k].t)) goto out;
         }
     }
+    ck_tracker_free(tr); /* not held while the placements below are made */
+    tr = NULL;
     if (!na) {
         rc = 0;
         goto out;
     }
-    /* all of them; then newest first taken back until the live peak plus
-     * the fragmentation the last placement showed fits, placed; then the
+    /* all of them placed; failing that, the longest run of them whose live
+     * peak plus the fragmentation the placement showed fits, placed; then the
      * longest run between what fits and what does not */
-    int fit, kept = na, lo = 0, hi = na; /* kept: the prunings in force; a run of lo fits, of hi not (if placed) */
-    for (int round = 0; round < BACKOFF_ROUNDS; round++) {
-        size_t live, peak;
-        double flops;
-        if ((fit = consider(c, ev, mark, budget, b)) < 0) goto out;
-        if (fit) {
-            lo = kept;
-            break;
-        }
-        hi = kept;
-        if (!tr || !kept) break;
+    int fit, lo = 0, hi = na; /* a run of lo fits, of hi not (once placed) */
+    size_t peak, live;
+    double flops;
+    if ((fit = consider_peak(c, ev, mark, budget, b, &peak)) < 0) goto out;
+    if (fit) {
+        lo = na;
+    } else {
         if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
-        if (ck_evaluate(ev, mark, 1, &peak, &flops)) goto out;
-        const size_t shown = peak - live;
-        if (shown > frag) frag = shown;
-        while (kept > 0 && ck_tracker_peak(tr) + frag > budget) {
-            kept--;
-            mark[order[kept].t] = 1;
-            if (ck_tracker_flip(tr, order[kept].t)) goto out;
+        if (peak - live > frag) frag = peak - live;
+        int a = 0, z = na; /* the longest run whose live peak fits with it, by walks */
+        while (a < z - 1) {
+            const int mid = a + (z - a) / 2;
+            memcpy(mark, from, (size_t)g->nt);
+            for (int k = 0; k < mid; k++) mark[order[k].t] = 0;
+            if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
+            if (live + frag <= budget) a = mid;
+            else z = mid;
+        }
+        if (a > 0) {
+            memcpy(mark, from, (size_t)g->nt);
+            for (int k = 0; k < a; k++) mark[order[k].t] = 0;
+            if ((fit = consider(c, ev, mark, budget, b)) < 0) goto out;
+            if (fit) lo = a;
+            else hi = a;
         }
     }
     while (lo < hi - 1) {
@@ -646,20 +655,27 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
     case CK_POLICY_BUDGET:
     case CK_POLICY_AUTO: {
         ck_evaluator *own = c->ev ? NULL : ck_evaluator_new(c), *ev = c->ev ? c->ev : own;
-        size_t none;
+        size_t none = 0;
         double f;
-        if (!ev || ck_evaluate(ev, NULL, 1, &none, &f)) {
+        int rc = ev ? 0 : -1;
+        /* none's placed peak where the answer needs it: a budget that is a
+         * share of it, or auto where none's live peak does not rule it out */
+        if (ev && pol->kind == CK_POLICY_BUDGET && pol->budget_fraction > 0) rc = ck_evaluate(ev, NULL, 1, &none, &f);
+        const double fit = pol->device * (1.0 - pol->headroom);
+        if (ev && pol->kind == CK_POLICY_AUTO) {
+            rc = ck_evaluate(ev, NULL, 0, &none, &f);
+            if (!rc && (double)none <= fit) rc = ck_evaluate(ev, NULL, 1, &none, &f);
+        }
+        if (rc) {
             ck_evaluator_free(own);
             snprintf(err, errlen, "out of memory");
             return -1;
         }
-        int rc = 0;
         if (pol->kind == CK_POLICY_BUDGET) {
             const double budget = pol->budget_fraction > 0 ? pol->budget_fraction * (double)none : pol->budget;
             rc = decide_budget(c, ev, (size_t)budget, recompute, "budget", err, errlen);
-        } else {
-            const double fit = pol->device * (1.0 - pol->headroom);
-            if ((double)none > fit) rc = decide_budget(c, ev, (size_t)fit, recompute, "auto", err, errlen);
+        } else if ((double)none > fit) {
+            rc = decide_budget(c, ev, (size_t)fit, recompute, "auto", err, errlen);
         }
         ck_evaluator_free(own);
         return rc;

@@ -98,7 +98,6 @@ struct ck_tracker {
     int (*rin)[CK_MAX_IN];     /* per recompute entry: the ids it reads */
     unsigned char *in_r;       /* per forward index: its recompute entry is in the list */
     double rflops;
-    size_t work;               /* recompute entries taken out and put back, over all flips */
     /* ids and buffers */
     int *ff, *fl;              /* per graph tensor: first and last forward entry touching it, NONE */
     int *alias;                /* per id: the id whose buffer it is (a reshape's input), NONE */
@@ -259,11 +258,12 @@ static void pull_all(ck_tracker *tr)
     tr->t[tr->root].p = NONE;
 }
 
-/* Keys are SPACING apart when laid out; an entry put into a gap takes STEP
- * of it at most, from its left (entries go in in runs before one entry), so
- * a gap holds about 2^16 entries before the keys are laid out again. */
-#define SPACING ((uint64_t)1 << 40)
-#define STEP ((uint64_t)1 << 24)
+/* Keys are SPACING apart when laid out (a list of up to 2^27 entries: within
+ * CK_PLAN_MAX_NODES); an entry put into a gap takes STEP of it at most, from
+ * its left (entries go in in runs before one entry), so a gap holds about
+ * 2^16 entries before the keys are laid out again. */
+#define SPACING ((uint64_t)1 << 36)
+#define STEP ((uint64_t)1 << 20)
 
 static void relabel(ck_tracker *tr)
 {
@@ -641,7 +641,6 @@ int ck_tracker_flip(ck_tracker *tr, int t)
             }
         }
     }
-    tr->work += (size_t)na;
     for (int i = 0; i < na; i++)
         if (tr->in_r[tr->list[i]]) erase_entry(tr, tr->list[i]);
     /* t's readers outside A read the other of t and its copy */
@@ -699,11 +698,9 @@ double ck_tracker_flops(const ck_tracker *tr) { return tr->rflops; }
 
 int ck_tracker_marked(const ck_tracker *tr, int t) { return tr->mark[t]; }
 
-size_t ck_tracker_work(const ck_tracker *tr) { return tr->work; }
-
 void ck_tracker_relabel(ck_tracker *tr) { relabel(tr); }
 
-int ck_tracker_entries(const ck_tracker *tr) { return tr->nf + tr->nb; }
+
 
 /* ---- a whole decision */
 

@@ -149,7 +149,7 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
         for (int j = 0; j < r->nin + r->nout; j++) {
             int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
             if (t < 0) continue;
-            ck_dtype dt = p->g->t[pl->origin[t]].dtype, ct = ck_entry_copy_type(dt, kt);
+            ck_dtype dt = p->g->t[pl->origin[t]].dtype, ct = ck_entry_copy_type(n->op, j < r->nin ? j : -1, dt, kt);
             if (ct == dt) continue;
             ck_view *v = j < r->nin ? &in[j] : &out[j - r->nin];
             int64_t ne = ck_view_numel(v);
@@ -177,7 +177,7 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
     }
     for (int j = 0; j < r->nout; j++)
         if (stored[j] && be->convert(stored[j], p->g->t[pl->origin[r->out[j]]].dtype, out[j].data,
-                                     ck_entry_copy_type(p->g->t[pl->origin[r->out[j]]].dtype, kt),
+                                     ck_entry_copy_type(n->op, -1, p->g->t[pl->origin[r->out[j]]].dtype, kt),
                                      ck_view_numel(&out[j])))
             return entry_failed(p, pl, i, err, errlen);
     /* kernels record failures instead of returning them (the CPU's never fail) */

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -592,8 +593,22 @@ static int init_persistent(ck_program *p, int own_only, char *err, size_t errlen
     return 0;
 }
 
+/* the CPU time of this thread: what planning costs, whatever else runs */
+static double thread_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
 {
+    /* the planner's own limit (list entries and tree positions stay far
+     * below 2^31, keys below 2^63), refused before anything that size is made */
+    if (src->nn > CK_PLAN_MAX_NODES) {
+        failf(err, errlen, "the graph has %d nodes, more than the %d ckrun plans", src->nn, CK_PLAN_MAX_NODES);
+        return NULL;
+    }
     ck_program *p = calloc(1, sizeof *p);
     int *list = NULL, *sinks = NULL, *cand = NULL;
     unsigned char *recompute = NULL;
@@ -802,13 +817,17 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             if (!recompute || !cand) goto oom;
             dc.cand = cand;
             dc.ncand = ck_saved_activations(g, cand);
+            const double t0 = thread_seconds();
             if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
+            p->decide_seconds = thread_seconds() - t0;
         }
         int extra = 0;
         for (int t = 0; recompute && t < g->nt; t++) extra += recompute[t] != 0;
         if (take_own(p, plan_estimate(n, g->nt, 2 * extra), "the training step's op list and plan", err, errlen))
             goto fail;
+        const double t0 = thread_seconds();
         if (ck_evaluator_plan(ev, recompute, &p->train)) goto oom;
+        p->plan_seconds = thread_seconds() - t0;
         ck_evaluator_free(ev);
         ev = NULL;
         if (settle_own(p, "the training step's op list and plan", err, errlen)) goto fail;

@@ -1,8 +1,9 @@
 -- Datasets of cached latents and text embeddings: a folder of .safetensors
--- files, one per sample (latents [4, h, w], prompt_embeds [77, D],
+-- files, one per sample (SDXL's: latents [4, h, w], prompt_embeds [77, D],
 -- pooled_prompt_embeds [P], time_ids [6], optionally noise [4, h, w] and
--- timesteps [1]), or a deterministic synthetic set made in memory. Shuffled
--- with a seed, batched, repeated by epochs.
+-- timesteps [1]; another model family names its own tensors), or a
+-- deterministic synthetic set made in memory. Shuffled with a seed, batched,
+-- repeated by epochs.
 local ck = require "ck"
 
 local M = {}
@@ -47,19 +48,32 @@ end
 -- below it), flip_aug (samples that hold latents_flipped and
 -- time_ids_flipped are mirrored at half their uses), files (the sample files,
 -- in order, instead of every file of src), text = false (the samples hold
--- latents and time_ids only: the caller sets the text embeddings), and for
+-- the image fields only: the caller sets the text embeddings), and for
 -- synthetic: n, height, width
 -- (latent size), cross_attention_dim, pooled_dim.
+-- A model family whose samples hold other tensors names them: image_fields
+-- (default latents, time_ids: SDXL's), text_fields (default prompt_embeds,
+-- pooled_prompt_embeds), and for synthetic sample = function(i, o) -> {name
+-- = {shape, values}} (default M.synthetic_sample).
 function M.latents(src, o)
   o = o or {}
+  local fields = {}
+  if not o.image_fields and not o.text_fields then -- SDXL's, in the order they are read
+    for _, f in ipairs(o.text == false and {"latents", "time_ids"} or M.FIELDS) do fields[#fields + 1] = f end
+  else
+    for _, f in ipairs(o.image_fields or {"latents", "time_ids"}) do fields[#fields + 1] = f end
+    if o.text ~= false then
+      for _, f in ipairs(o.text_fields or {"prompt_embeds", "pooled_prompt_embeds"}) do fields[#fields + 1] = f end
+    end
+  end
   local self = setmetatable({batch = o.batch or 1, seed = o.seed or 1, epoch = 0, pos = 0,
-                             timesteps = o.timesteps or 1000, flip_aug = o.flip_aug,
-                             fields = o.text == false and {"latents", "time_ids"} or M.FIELDS}, Dataset)
+                             timesteps = o.timesteps or 1000, flip_aug = o.flip_aug, fields = fields}, Dataset)
   if src == nil or src == "synthetic" then
     self.synthetic = true
     self.n = o.n or 16
     self.samples = {}
-    for i = 1, self.n do self.samples[i] = M.synthetic_sample(i, o) end
+    local sample = o.sample or M.synthetic_sample
+    for i = 1, self.n do self.samples[i] = sample(i, o) end
   elseif o.files then -- the samples named (an image folder's cache: a repeated image is named again)
     self.files = {}
     for i, f in ipairs(o.files) do self.files[i] = f end
@@ -259,7 +273,7 @@ function Dataset:load(p, inputs, idx, eval, rows)
   for b, i in ipairs(idx) do
     if self.synthetic then
       local s = self.samples[i]
-      for _, f in ipairs(M.FIELDS) do p:set(inputs[f], s[f][2], b) end
+      for _, f in ipairs(self.fields) do p:set(inputs[f], s[f][2], b) end
       all_noise, all_t = false, false
     else
       local path = self.files[i]
@@ -287,9 +301,9 @@ end
 -- the sample shapes, from the first sample, and where they come from
 function Dataset:shapes()
   if self.synthetic then
-    local s = self.samples[1]
-    return {latents = s.latents[1], prompt_embeds = s.prompt_embeds[1], pooled_prompt_embeds = s.pooled_prompt_embeds[1]},
-      "synthetic sample 1"
+    local s, out = self.samples[1], {}
+    for _, name in ipairs(self.fields) do out[name] = s[name][1] end
+    return out, "synthetic sample 1"
   end
   if self.shapes_list then return {latents = self.shapes_list[1]}, "the images" end
   local f <close> = ck.safetensors(self.files[1])

@@ -1,12 +1,18 @@
 -- Logging: what a run records, how often, and where. Cadences pick steps;
--- a logger runs each training step with the statistics its metric groups are
--- due for (reductions placed in that step's op list only), and writes one
--- record per step to JSONL, TensorBoard event files and a progress line.
+-- a logger observes each training step: before it, it says which statistics
+-- its metric groups are due for (reductions placed in that step's op list
+-- only); after it, it writes one record per step to JSONL, TensorBoard event
+-- files and a progress line. The loop that runs the steps is the caller's
+-- (ck.train's).
 --
 --   local log = require "ck.log"
 --   local logger = log.new{dir = "runs/demo", every = 10, steps = 200, batch = 2,
 --                          metrics = {acts = log.every(50)}, on_nonfinite = "skip"}
---   for step = 1, 200 do ...; local loss = logger:step(p) end
+--   for step = 1, 200 do
+--     local o = logger:request(p, {lr = 1e-4}); local t0 = ck.now()
+--     local loss, info = p:step(o)
+--     loss = logger:observe(p, loss, info, t0, ck.now())
+--   end                                  -- (logger:step(p) does those three)
 --   logger:close()
 local ck = require "ck"
 local progress = require "ck.progress"
@@ -311,24 +317,29 @@ local function describe(step, info, loss, note)
   return msg
 end
 
--- One training step of p with what the cadences ask for; writes the step's
--- record. opts.lr sets the learning rate. Returns the loss and the step's
--- info ({grad_norm=, grad_norms=, acts=, skipped=, nonfinite=, step_time=
--- (seconds in p:step), ...}). With
--- on_nonfinite = "stop", a non-finite step raises an error naming the step and
--- the first op that made a non-finite value; with "skip" its update is dropped,
--- the event is logged and training goes on.
-function Logger:step(p, opts)
+-- What the step about to run (p's next) should compute for the logger:
+-- p:step's options {lr = opts.lr, stats = the statistics the metric groups
+-- are due for, guard, measure}. The trainer runs p:step with them, then
+-- hands what happened to observe.
+function Logger:request(p, opts)
   if self.attached ~= p then self:attach(p) end
   local step = p.steps + 1
   local due, stats = {}, {}
   for _, gname in ipairs(M.groups) do due[gname] = self.cadences[gname]:due(step) end
   if due.grad_norm or due.grad_norms then stats[#stats + 1] = "grads" end
   if due.acts then stats[#stats + 1] = "acts" end
-  local t0 = ck.now()
-  local loss, info = p:step{lr = opts and opts.lr, stats = stats, guard = self.on_nonfinite ~= false,
-                            measure = due.memory and self.measure_memory}
-  local t1 = ck.now()
+  self.due, self.due_step = due, step
+  return {lr = opts and opts.lr, stats = stats, guard = self.on_nonfinite ~= false,
+          measure = due.memory and self.measure_memory}
+end
+
+-- what the step observed: its record, the cadences' triggers, the progress
+-- line; level: where a stop on a non-finite value is raised
+local function observe(self, p, loss, info, t0, t1, level)
+  local step = self.due_step
+  if not step then error("log: a step observed without its request (logger:request(p) before p:step)", level) end
+  local due = self.due
+  self.due_step = nil
   info.step_time = t1 - t0
   local ranks
   if self.world > 1 then -- every rank's loss, step time and wait, in rank order
@@ -405,7 +416,7 @@ function Logger:step(p, opts)
     if self.on_nonfinite == "stop" then
       self.stopped = true
       self:close()
-      error(describe(step, info, loss, self.stop_note), 2)
+      error(describe(step, info, loss, self.stop_note), level)
     end
     self:print(describe(step, info, loss) .. "; skipped: the update was not applied")
   elseif self.bar then
@@ -413,6 +424,30 @@ function Logger:step(p, opts)
     self.bar:update(step, loss, extra)
   end
   return loss, info
+end
+
+-- What p's step did, after p:step{logger:request(p)} ran from t0 to t1
+-- (ck.now()): loss and info as p:step returned them. Writes the step's
+-- record and returns the loss (in a data-parallel job the mean over the
+-- ranks, which every rank observes together) and info, with step_time (t1 -
+-- t0) and ranks. With on_nonfinite = "stop", a non-finite step raises an
+-- error naming the step and the first op that made a non-finite value, at the
+-- caller's line; with "skip" its update was dropped, the event is logged and
+-- training goes on.
+function Logger:observe(p, loss, info, t0, t1)
+  local l, i = observe(self, p, loss, info, t0, t1, 3)
+  return l, i
+end
+
+-- The same for a loop of one's own: p's next step with what the cadences ask
+-- for (opts.lr sets the learning rate), observed. Returns the loss and info.
+function Logger:step(p, opts)
+  local o = self:request(p, opts)
+  local t0 = ck.now()
+  local loss, info = p:step(o)
+  local t1 = ck.now()
+  local l, i = observe(self, p, loss, info, t0, t1, 3)
+  return l, i
 end
 
 -- Opens the files (the first step that trains does) and writes the records

@@ -1,8 +1,8 @@
--- The SDXL UNet training step that scripts/train_sdxl_lora.lua,
--- scripts/policy_sweep.lua and bench/gpu_step.lua share (the UNet, LoRA
--- adapters on a frozen base or every parameter trained, the diffusion
--- objective, the conditioning inputs and the compiled program). Their
--- --options are read by ck.options.
+-- The SDXL UNet training step that ck.family.sdxl (the family of
+-- scripts/train_sdxl_lora.lua's trainer), scripts/policy_sweep.lua and
+-- bench/gpu_step.lua share (the UNet, LoRA adapters on a frozen base or every
+-- parameter trained, the diffusion objective, the conditioning inputs and the
+-- compiled program).
 local ck = require "ck"
 local unet = require "ck.unet"
 local lora = require "ck.lora"

@@ -1,4 +1,4 @@
 -- run: scripts/policy_sweep.lua
 -- args: --plan --max-batch 24GiB
--- expect: policy_sweep\.lua:[0-9]+: unknown option --max-batch \(a ckrun option: put ckrun's options before the script\); unknown option --plan \(a ckrun option: put ckrun's options before the script\); the options are --size
+-- expect: policy_sweep\.lua:[0-9]+: unknown option --max-batch \(a ckrun option: put ckrun's options before the script\); unknown option --plan \(a ckrun option: put ckrun's options before the script\)$
 -- ckrun's own options given after the script: refused, with where they go.

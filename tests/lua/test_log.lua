@@ -176,6 +176,34 @@ do -- logging steps do not change training: losses and weights bitwise equal
   T.ok(l1 == l2 and w1 == w2, "7 steps with statistics every 2 and 3 steps train bitwise as 7 plain steps")
 end
 
+do -- the logger observes a step the caller runs: request says what the step computes, observe records it
+  local g, x, t, _, _, loss = mlp()
+  local lo = {every = 2, blocks = {}, dir = dir .. "/observe", tensorboard = false, steps = 3, progress = false}
+  local p = g:compile{loss = loss, optimizer = "adamw", lr = 1e-2, seed = 3, stats = log.stats_request(lo)}
+  fill(p, x, t)
+  local lg = log.new(lo)
+  local asked, losses = {}, {}
+  for s = 1, 3 do
+    local want = lg:request(p, {lr = 5e-3})
+    asked[s] = table.concat(want.stats, "+")
+    local t0 = ck.now()
+    local l, info = p:step(want)
+    losses[s] = lg:observe(p, l, info, t0, t0 + 0.25)
+    T.ok(info.step_time == 0.25 and (s ~= 2 or info.grad_norm), "observe: step " .. s .. " takes the caller's times")
+  end
+  T.ok(asked[1] == "" and asked[2] == "grads" and asked[3] == "", "request: the statistics the cadences are due for, " ..
+    "on their steps only (" .. table.concat(asked, ",") .. ")")
+  T.ok(math.abs(p.lr - 5e-3) < 1e-9, "request: the learning rate the caller gives (" .. p.lr .. ")")
+  local ok, err = pcall(function() local l = lg:observe(p, 1, {}, 0, 0) return l end)
+  T.ok(not ok and err:match("test_log%.lua:%d+: log: a step observed without its request"),
+    "observe without request is refused at the caller's line (" .. tostring(err) .. ")")
+  local paths = lg:close()
+  local recs = {}
+  for line in io.lines(paths.jsonl) do recs[#recs + 1] = ck.json_decode(line) end
+  T.ok(#recs == 3 and recs[2].grad_norm and not recs[1].grad_norm and math.abs(recs[3].loss - losses[3]) < 1e-6 and
+    recs[1].step_time == 0.25, "observe: one record a step, with what the step computed (" .. #recs .. " records)")
+end
+
 -- ---- statistics under recompute (sdxl-tiny): no memory beyond their outputs
 do
   local function build(checkpoint, no_stats)

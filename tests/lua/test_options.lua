@@ -74,13 +74,18 @@ do -- also = {"auto"}: those words taken as they are, numbers checked by the typ
   T.ok(options.help(spec, "x.lua"):find("--batch N|auto", 1, true), "help shows --batch N|auto")
 end
 
-do -- a computed default reads only the options above it, and says so at its own line
-  local line = debug.getinfo(1, "l").currentline + 1
+do -- a computed default reads any option, declared above or below it; one reading itself or an undeclared name is refused
   local spec = {{"batch", "integer", function(v) return v.size == "full" and 1 or 2 end, "samples", shown = "2"},
                 {"size", "choice", "tiny", "the model", choices = {"tiny", "full"}}}
-  local ok, err = pcall(options.parse, {}, spec)
-  T.ok(not ok and err:find("test_options.lua:" .. line .. ": options.parse: a default reads --size, which is not " ..
-    "declared above it", 1, true), "a default reading an option below it: " .. tostring(err))
+  T.ok(options.parse({size = "full"}, spec).batch == 1 and options.parse({}, spec).batch == 2,
+    "a default reads an option declared below it")
+  refused({}, "options.parse: a default reads --colour, which is not declared",
+    {{"batch", "integer", function(v) return v.colour and 1 or 2 end, "samples", shown = "2"}})
+  refused({}, "options.parse: the default of --a reads itself (through the defaults it reads)",
+    {{"a", "integer", function(v) return v.b end, "a", shown = "b"},
+     {"b", "integer", function(v) return v.a end, "b", shown = "a"}})
+  T.ok(options.parse({b = 4}, {{"a", "integer", function(v) return v.b end, "a", shown = "b"},
+    {"b", "integer", function(v) return v.a end, "b", shown = "a"}}).a == 4, "a given value ends the chain")
 end
 
 -- a default that would not parse fails every run, given a value or not
@@ -131,6 +136,17 @@ do -- --help: every option with its description and default; parse returns nil s
   T.ok(options.parse({help = true, steps = "bad"}, SPEC) == nil, "--help makes parse return nil before any check")
 end
 
+do -- headings group the options in --help and are no options
+  local spec = {{heading = "the model"}, {"size", "choice", "tiny", "the model", choices = {"tiny", "full"}},
+                {heading = "the run"}, {"steps", "integer", 3, "batches"}}
+  local text = options.help(spec, "x.lua")
+  T.ok(text:find("\n the model:\n  --size tiny|full", 1, true) and text:find("\n the run:\n  --steps N", 1, true),
+    "help shows each heading before its options")
+  local o = options.parse({steps = 4}, spec)
+  T.ok(o.steps == 4 and o.size == "tiny", "parse reads past the headings")
+  refused({}, "options.parse: entry 1: a heading is a string", {{heading = 3}})
+end
+
 do -- an option given twice: refused, unless it repeats (then a list of every value, in order)
   local function with_repeats(t, reps) return setmetatable(t, {repeated = reps}) end
   local ok, err = pcall(options.parse, with_repeats({steps = 5}, {steps = {3, 5}}), SPEC)
@@ -144,6 +160,57 @@ do -- an option given twice: refused, unless it repeats (then a list of every va
   T.ok(options.parse({}, {{"lora", "string", nil, "files", repeats = true}}).lora == nil, "no default: nil")
   local bad_ok, bad = pcall(options.parse, with_repeats({n = 0}, {n = {2, 0}}), spec)
   T.ok(not bad_ok and tostring(bad):find("--n", 1, true), "each repeated value goes through the type's checks")
+end
+
+-- kohya's spellings (spec.kohya): underscores for dashes, kohya's names of
+-- ckrun options, and one line saying what ckrun has where kohya's option means
+-- something else
+local KSPEC = {kohya = true}
+for i, e in ipairs(SPEC) do KSPEC[i] = e end
+for _, e in ipairs{{"rank", "integer", 4, "the adapters' rank", min = 1},
+                   {"alpha", "number", function(v) return v.rank end, "alpha", shown = "the rank"},
+                   {"optimizer", "choice", "adamw", "the optimizer", choices = {"adamw", "adamw8bit", "lion"}},
+                   {"checkpoint", "string", "none", "the checkpoint policy"},
+                   {"prediction", "choice", "eps", "what the model predicts", choices = {"eps", "v"}},
+                   {"out", "string", "out/lora.safetensors", "the file written"}} do
+  KSPEC[#KSPEC + 1] = e
+end
+do
+  local o = options.parse({learning_rate = 1e-4, network_dim = 8, network_alpha = 2, max_grad_norm = 0.5,
+                           train_batch_size = 3}, KSPEC)
+  T.ok(o.lr == 1e-4 and o.rank == 8 and o.alpha == 2 and o["max-grad-norm"] == 0.5 and o.batch == 3 and
+    o:given("lr") and o:given("rank"), "kohya's --learning_rate, --network_dim, --network_alpha, --train_batch_size " ..
+    "and --max_grad_norm are --lr, --rank, --alpha, --batch and --max-grad-norm")
+  o = options.parse({gradient_checkpointing = true, v_parameterization = true, optimizer_type = "AdamW8bit"}, KSPEC)
+  T.ok(o.checkpoint == "diffusers" and o.prediction == "v" and o.optimizer == "adamw8bit",
+    "--gradient_checkpointing is --checkpoint diffusers, --v_parameterization --prediction v, --optimizer_type " ..
+    "AdamW8bit --optimizer adamw8bit")
+  T.ok(options.parse({["learning-rate"] = 0.5}, KSPEC).lr == 0.5, "kohya's names spelt with dashes too")
+  T.ok(options.parse({["max_grad_norm"] = 0.25}, SPEC)["max-grad-norm"] == 0.25,
+    "any declared option spelt with underscores, kohya or not")
+end
+refused({["lerning-rate"] = 1e-4}, "unknown option --lerning-rate (did you mean --lr?)", KSPEC)
+refused({lerning_rate = 1e-4}, "unknown option --lerning_rate (did you mean --lr?)", KSPEC)
+refused({network_dm = 8}, "unknown option --network_dm (did you mean --rank?)", KSPEC)
+do -- a hint for every unknown option: no list of the options after it
+  local ok, err = pcall(options.parse, {["lerning-rate"] = 1}, KSPEC)
+  T.ok(not ok and not err:find("the options are", 1, true), "a near name and no list (" .. tostring(err) .. ")")
+end
+refused({learning_rate = 1e-4}, "unknown option --learning_rate; the options are", SPEC)
+refused({lr = 1, learning_rate = 2}, "--learning_rate and --lr are given, which name one option (--lr): give one", KSPEC)
+refused({optimizer_type = "Prodigy"}, "--optimizer_type (--optimizer) must be adamw or adamw8bit or lion, got 'prodigy'",
+  KSPEC)
+refused({v_parameterization = "sometimes"}, "--v_parameterization is a flag (kohya's; ckrun's --prediction v)", KSPEC)
+refused({max_train_steps = 100}, "--max_train_steps is kohya's option: it counts updates; ckrun's --steps counts " ..
+  "batches (updates times --gradient-accumulation-steps)", KSPEC)
+refused({output_dir = "x"}, "--output_dir is kohya's option: ckrun writes one file: --out " ..
+  "OUTPUT_DIR/OUTPUT_NAME.safetensors", KSPEC)
+do -- a far name in a table of many options: where to find them, not all of them
+  local many = {}
+  for i = 1, 20 do many[i] = {"option-" .. i, "integer", i, "option " .. i} end
+  local ok, err = pcall(options.parse, {script = "x.lua", colour = "red"}, many)
+  T.ok(not ok and err:find("unknown option --colour; `ckrun x.lua --help` lists its 20 options", 1, true) and
+    not err:find("--option-1,", 1, true), "an unknown option far from 20 others points to --help (" .. tostring(err) .. ")")
 end
 
 T.done()

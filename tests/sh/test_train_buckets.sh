@@ -1,7 +1,8 @@
 # scripts/train_sdxl_lora.lua on samples of two latent shapes (aspect-ratio
 # buckets): one program per bucket and batch size, all compiled before the
 # first step and sharing one copy of the weights; the arena is the largest
-# bucket's; --plan reports every bucket; training runs and writes the adapter;
+# bucket's; --plan reports every bucket (of sample files, and of images before
+# they are encoded); training runs and writes the adapter;
 # a resumed run continues bitwise as one uninterrupted run.
 set -u
 dir=$(mktemp -d)
@@ -41,6 +42,15 @@ json=$("$CKRUN" $A --plan --json $S)
 echo "$json" | grep -q '"buckets": 2,' && echo "$json" | grep -q '"bucket_programs": 3,' ; ok $? "--plan reports 2 buckets and 3 programs"
 garena=$(echo "$json" | sed -nE 's/.*"group_arena": ([0-9]+),.*/\1/p')
 [ -n "$garena" ] && awk -v g="$garena" -v a="$arena" 'BEGIN { exit !(g / 1048576 - a < 0.06 && a - g / 1048576 < 0.06) }' ; ok $? "--plan's group arena ($garena bytes) is the one training allocates ($arena MiB)"
+
+# --plan of a folder of images in two buckets: the buckets from the images'
+# headers (no sample files: nothing is encoded), each bucket's program
+"$CKRUN" $A scripts/make_shapes_dataset.lua "$dir/shapes" 6 > /dev/null 2>&1
+json=$("$CKRUN" $A --plan --json scripts/train_sdxl_lora.lua --data "$dir/shapes" --resolution 128 --enable-bucket \
+  --min-bucket-reso 64 --max-bucket-reso 256 2>&1)
+echo "$json" | grep -q '"buckets": 2,' && echo "$json" | grep -q '"bucket_program_2": "bucket' &&
+  [ -z "$(find "$dir/shapes" -name '*.safetensors')" ]
+ok $? "--plan of images in two buckets plans each bucket's program and encodes nothing ($(echo "$json" | head -c 300))"
 
 # resume: 3 steps, then 3 more from the state, equal 6 in one go
 "$CKRUN" $A $S --steps 6 --out "$dir/straight.safetensors" --save-every 3 --state-dir "$dir/s1" >/dev/null 2>&1

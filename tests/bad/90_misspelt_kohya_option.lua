@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --steps 3 --lerning_rate 1e-4 --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: unknown option --lerning_rate \(did you mean --lr\?\)$
+-- A misspelt kohya name (--learning_rate): the nearest ckrun option, not the list of them all.

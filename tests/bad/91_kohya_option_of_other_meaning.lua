@@ -1,0 +1,4 @@
+-- run: scripts/train_sdxl_lora.lua
+-- args: --resolution 64 --max_train_steps 3 --out out.safetensors
+-- expect: train_sdxl_lora\.lua:[0-9]+: --max_train_steps is kohya's option: it counts updates; ckrun's --steps counts batches
+-- kohya's --max_train_steps counts updates, ckrun's --steps batches: refused in one line saying so.

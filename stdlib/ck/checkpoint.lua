@@ -430,6 +430,12 @@ local function starts(s, p) return s:sub(1, #p) == p end
 local function open_single(path, opts)
   local f <close> = ck.safetensors(path)
   local keys = f:keys()
+  local has = {}
+  for _, k in ipairs(keys) do has[k] = true end
+  local flux_kind, _, flux_key = require("ck.flux_keys").kind(has)
+  if flux_kind == "bfl" or flux_kind == "diffusers" then
+    fail("%s: a Flux transformer (tensor '%s'), not an SDXL checkpoint; Flux trains with ck.flux", path, flux_key)
+  end
   local nunet, vae_levels = 0, 0
   for _, k in ipairs(keys) do
     if starts(k, UNET) then nunet = nunet + 1 end
@@ -564,6 +570,13 @@ local function check_config(name, config, file)
   end
 end
 
+-- checkpoint.folder_weights(dir, stem [, variant]) -> {file, map (name -> key or
+-- {key =, file =}), files}: a diffusers part's weights (stem.safetensors, its
+-- fp16 variant, or the shards of stem.safetensors.index.json), each shard
+-- opened and checked to hold what the index names (ck.flux_keys reads a
+-- Flux transformer/ folder with it)
+checkpoint.folder_weights = public(folder_part)
+
 local function open_folder(path, opts)
   local d = {kind = "diffusers", file = path}
   local parts = {unet = "diffusion_pytorch_model", vae = "diffusion_pytorch_model",
@@ -581,6 +594,9 @@ local function open_folder(path, opts)
       for k in pairs(d[name].map) do if BUFFERS[k] then d[name].map[k] = nil end end
       check_names(name, d[name].map, config, d[name].file, function(n) return n end)
     elseif name == "unet" then
+      if exists(path .. "/transformer/config.json") then
+        fail("%s: a diffusers Flux folder (transformer/config.json), not SDXL; Flux trains with ck.flux", path)
+      end
       fail("%s: not a diffusers SDXL folder: no unet/config.json", path)
     end
   end

@@ -63,12 +63,34 @@ do
   t.sample_size = 64
 end
 
+-- FLUX.1's VAE (BFL's AutoEncoderParams; diffusers' FLUX.1 vae/config.json):
+-- SDXL's layout with 16 latent channels, no quant convs, and latents stored
+-- as (z - shift_factor) * scaling_factor
+configs.flux = copy(configs.sdxl)
+do
+  local t = configs.flux
+  t.latent_channels = 16
+  t.scaling_factor, t.shift_factor = 0.3611, 0.1159
+  t.use_quant_conv, t.use_post_quant_conv = false, false
+end
+-- FLUX.1's flags at toy size (two blocks: latents 1/2 of the pixels), for tests
+configs["flux-tiny"] = copy(configs.flux)
+do
+  local t = configs["flux-tiny"]
+  t.down_block_types = rep("DownEncoderBlock2D", 2)
+  t.up_block_types = rep("UpDecoderBlock2D", 2)
+  t.block_out_channels = {8, 16}
+  t.layers_per_block = 1
+  t.norm_num_groups = 4
+  t.sample_size = 32
+end
+
 local activations = {silu = ck.silu, swish = ck.silu, mish = ck.mish}
 
 -- a JSON null (ck.json_null) or nil reads as nil
 local function number_or_nil(v) return type(v) == "number" and v or nil end
 
--- vae.config("sdxl" | "tiny" | table) -> a fresh config table (safe to edit).
+-- vae.config("sdxl" | "tiny" | "flux" | "flux-tiny" | table) -> a fresh config table (safe to edit).
 -- A table has diffusers' AutoencoderKL config.json keys (as ck.json_decode
 -- reads vae/config.json); keys it leaves out take diffusers' defaults, and
 -- what ck.vae cannot build (other block types, activations) is refused here.
@@ -81,7 +103,9 @@ local function make_config(what)
     end
   else
     local named = configs[what or "sdxl"]
-    if not named then error("unknown VAE config '" .. tostring(what) .. "' (sdxl, tiny, or a config table)", 3) end
+    if not named then
+      error("unknown VAE config '" .. tostring(what) .. "' (sdxl, tiny, flux, flux-tiny, or a config table)", 3)
+    end
     c = copy(named)
   end
   local boc = c.block_out_channels
@@ -416,8 +440,8 @@ end
 -- -> module, image. Declares the input "latents" [B, latent_channels, h, w], already divided by
 -- scaling_factor (diffusers' vae.decode(latents / scaling_factor)); with unscale = true it takes the
 -- UNet's latents as they are (what the cache stores) and the graph divides by scaling_factor first
--- (a config with a shift_factor cannot: ck cannot add a constant). image is [B, out_channels, 8h, 8w]
--- (with four blocks), roughly in [-1, 1].
+-- (a config with a shift_factor cannot: ck cannot add a constant; give it vae.unscale's values
+-- instead). image is [B, out_channels, 8h, 8w] (with four blocks), roughly in [-1, 1].
 function vae.build_decoder(g, config, opts)
   local c = make_config(config)
   local down = 1 << (#c.block_out_channels - 1)
@@ -426,7 +450,8 @@ function vae.build_decoder(g, config, opts)
   o.height = o.height or c.sample_size // down
   local b, h, w, frozen = shape_opts(c, o, "vae.build_decoder")
   if o.unscale and c.shift_factor then
-    error("vae.build_decoder: unscale = true needs a config without shift_factor (it has " .. c.shift_factor .. ")", 2)
+    error("vae.build_decoder: unscale = true needs a config without shift_factor (it has " .. c.shift_factor ..
+      "); set the latents input to vae.unscale(latents, config)", 2)
   end
   local m = DecoderPart(c)
   if frozen then m:freeze() end
@@ -474,6 +499,19 @@ function vae.latents(mean, logvar, noise, config)
     end
     out[i] = (z - shift) * sf
   end
+  return out
+end
+
+-- vae.unscale(latents, config) -> flat list: what the decoder's "latents" input
+-- takes for latents as the cache stores them, z / scaling_factor + shift_factor
+-- (diffusers' vae.decode(latents / scaling_factor + shift_factor), BFL's
+-- AutoEncoder.decode), on the host in double: the inverse of vae.latents'
+-- scaling. config: a name or table (default "sdxl").
+function vae.unscale(latents, config)
+  local c = make_config(config or "sdxl")
+  local sf, shift = c.scaling_factor, c.shift_factor or 0
+  local out = {}
+  for i = 1, #latents do out[i] = latents[i] / sf + shift end
   return out
 end
 

@@ -1,10 +1,10 @@
 /* safetensors from Lua: open a file and read its tensors and metadata, load
  * named tensors straight into a program's arena (with shape checks that name
- * the key; a slice of rows, a transpose or a reshape on the way), and save a
- * program's tensors. Values never pass through Lua tables on the load and save
- * paths, nor through a copy of the file: loads read each tensor from the file
- * into the arena (a transposed one through a scratch copy), saves write each
- * from the arena. */
+ * the key; a slice of rows, a transpose, a reshape or blocks of rows from
+ * several pieces on the way), and save a program's tensors. Values never pass
+ * through Lua tables on the load and save paths, nor through a copy of the
+ * file: loads read each tensor from the file into the arena (a transposed one
+ * through a scratch copy), saves write each from the arena. */
 #include "lua/lua_ck.h"
 #include "dist/dist.h"
 #include "formats/safetensors.h"
@@ -279,6 +279,29 @@ static int same_shape(const int64_t *a, int na, const ck_shape *b)
     return 1;
 }
 
+/* The rows src asks for of file tensor s, as a tensor of its own (all of s
+ * when src names no rows); what gets " rows A to B" for messages. */
+static ck_st_tensor rows_view(lua_State *L, lstfile *lf, const ck_st_tensor *s, const source *src, char *what,
+                              size_t whatlen)
+{
+    char a[128];
+    ck_st_tensor view = *s;
+    if (src->count < 0) return view;
+    if (s->ndim < 1 || src->count > s->shape[0] || src->first > s->shape[0] - src->count) { /* no overflow */
+        shape_text(s->shape, s->ndim, a, sizeof a);
+        ck_lua_raise(L, "%s: tensor '%s' has shape %s: no %I rows from row %I", lf->path, src->key, a,
+                     (lua_Integer)src->count, (lua_Integer)src->first + 1);
+    }
+    const int64_t row = s->shape[0] ? s->numel / s->shape[0] : 0;
+    const size_t esize = ck_st_dtype_size(s->dtype);
+    view.shape[0] = src->count;
+    view.numel = row * src->count;
+    view.nbytes = view.numel * (int64_t)esize;
+    view.offset = s->offset + src->first * row * (int64_t)esize;
+    snprintf(what, whatlen, " rows %lld to %lld", (long long)src->first + 1, (long long)(src->first + src->count));
+    return view;
+}
+
 /* Loads one parameter from src. The source's shape after the transform must
  * equal the parameter's (with reshape, only the element count); a refusal
  * names the file and the key, and one before the read (every shape or
@@ -293,23 +316,7 @@ static void load_source(lua_State *L, ck_program *p, int id, lstfile *lf, const 
         load_one(L, p, id, lf, src->key, 0, 0);
         return;
     }
-    /* the view: the rows asked for, as a tensor of its own */
-    ck_st_tensor view = *s;
-    if (src->count >= 0) {
-        if (s->ndim < 1 || src->count > s->shape[0] || src->first > s->shape[0] - src->count) { /* no overflow */
-            shape_text(s->shape, s->ndim, a, sizeof a);
-            ck_lua_raise(L, "%s: tensor '%s' has shape %s: no %I rows from row %I", lf->path, src->key, a,
-                         (lua_Integer)src->count, (lua_Integer)src->first + 1);
-        }
-        const int64_t row = s->shape[0] ? s->numel / s->shape[0] : 0;
-        const size_t esize = ck_st_dtype_size(s->dtype);
-        view.shape[0] = src->count;
-        view.numel = row * src->count;
-        view.nbytes = view.numel * (int64_t)esize;
-        view.offset = s->offset + src->first * row * (int64_t)esize;
-        snprintf(what, sizeof what, " rows %lld to %lld", (long long)src->first + 1,
-                 (long long)(src->first + src->count));
-    }
+    ck_st_tensor view = rows_view(L, lf, s, src, what, sizeof what);
     int64_t shape[CK_ST_MAX_DIMS];
     for (int d = 0; d < view.ndim; d++) shape[d] = view.shape[d];
     if (src->transpose) {
@@ -353,10 +360,66 @@ static void load_source(lua_State *L, ck_program *p, int id, lstfile *lf, const 
     if (ck_program_write_end(p, id)) ck_lua_raise(L, "%s", p->err);
 }
 
+/* Most pieces one parameter is made of */
+#define MAX_PIECES 16
+
+/* Loads one parameter from the list of sources at stack index t ({{key =,
+ * rows =}, ...}), laid one after another along its first dim: a parameter
+ * that a file holds in pieces, or in another order (Black Forest Labs' final
+ * adaLN holds (shift, scale) where diffusers' holds (scale, shift)). Every
+ * piece's shape and bounds are checked before anything is read. */
+static void load_pieces(lua_State *L, ck_program *p, int id, lstfile *lf, int t)
+{
+    const ck_tensor *pt = &p->g->t[id];
+    char a[128], b[128], err[512], what[96];
+    const lua_Unsigned n = lua_rawlen(L, t);
+    if (n > MAX_PIECES) ck_lua_raise(L, "p:load: '%s' from %I pieces (at most %d)", pt->name, (lua_Integer)n, MAX_PIECES);
+    luaL_checkstack(L, 2 * (int)n + 4, "p:load pieces");
+    ck_st_tensor views[MAX_PIECES];
+    const char *keys[MAX_PIECES];
+    int64_t rows = 0;
+    ck_shape_str(&pt->shape, b, sizeof b);
+    for (int i = 0; i < (int)n; i++) {
+        lua_rawgeti(L, t, i + 1); /* stays on the stack with its key: the caller's settop drops them */
+        if (!lua_istable(L, -1))
+            ck_lua_raise(L, "p:load: piece %d of '%s' is a %s, not {key = ..., rows = ...}", i + 1, pt->name,
+                         luaL_typename(L, -1));
+        const source src = source_arg(L, -1);
+        if (src.transpose || src.reshape)
+            ck_lua_raise(L, "p:load: piece %d of '%s' ('%s'): pieces take key and rows only", i + 1, pt->name, src.key);
+        const ck_st_tensor *s = ck_st_find(lf->f, src.key);
+        if (!s) ck_lua_raise(L, "%s: missing tensor '%s'", lf->path, src.key);
+        what[0] = 0;
+        views[i] = rows_view(L, lf, s, &src, what, sizeof what);
+        keys[i] = src.key;
+        int ok = views[i].ndim == pt->shape.ndim && views[i].ndim >= 1;
+        for (int d = 1; ok && d < views[i].ndim; d++) ok = views[i].shape[d] == pt->shape.d[d];
+        if (!ok) {
+            shape_text(views[i].shape, views[i].ndim, a, sizeof a);
+            ck_lua_raise(L, "%s: tensor '%s'%s has shape %s: not a block of rows of '%s' %s", lf->path, src.key, what,
+                         a, pt->name, b);
+        }
+        rows += views[i].shape[0];
+    }
+    if (n == 0 || rows != (pt->shape.ndim ? pt->shape.d[0] : 0))
+        ck_lua_raise(L, "%s: the pieces of '%s' %s hold %I rows, it has %I", lf->path, pt->name, b, (lua_Integer)rows,
+                     (lua_Integer)(pt->shape.ndim ? pt->shape.d[0] : 0));
+    if (!ck_program_data(p, id) || p->poff[id] < 0) ck_lua_raise(L, "'%s' is not an input or parameter", pt->name);
+    float *dst = ck_program_write_begin(p, id, 0);
+    if (!dst) ck_lua_raise(L, "%s", p->err);
+    for (int i = 0; i < (int)n; i++) {
+        if (!ck_st_find(lf->f, keys[i])) ck_lua_raise(L, "%s: missing tensor '%s'", lf->path, keys[i]);
+        if (ck_st_read_f32(&views[i], dst, views[i].numel, err, sizeof err)) ck_lua_raise(L, "%s", err);
+        dst += views[i].numel;
+    }
+    if (ck_program_write_end(p, id)) ck_lua_raise(L, "%s", p->err);
+}
+
 /* p:load(file, {tensor_name = source, ...}) loads each named tensor, where a
  * source is a key of the file or a table {key = ..., rows = {first, count} |
- * transpose = true | reshape = true} (read raw); a missing or misshaped key
- * is an error that names it and the file */
+ * transpose = true | reshape = true} (read raw), or a list of {key =, rows =}
+ * pieces laid one after another along the tensor's first dim; a missing or
+ * misshaped key is an error that names it and the file */
 static int l_load(lua_State *L)
 {
     ck_program *p = ck_lua_program_pinned(L, 1, 3);
@@ -368,8 +431,12 @@ static int l_load(lua_State *L)
         if ((++k & 255) == 0) ck_limits_charge(L, 4096);
         int id = ck_lua_program_tensor(L, p, -2);
         const int top = lua_gettop(L);
-        const source src = source_arg(L, -1);
-        load_source(L, p, id, lf, &src);
+        if (lua_istable(L, -1) && lua_rawlen(L, -1) > 0) {
+            load_pieces(L, p, id, lf, top);
+        } else {
+            const source src = source_arg(L, -1);
+            load_source(L, p, id, lf, &src);
+        }
         lua_settop(L, top - 1);
     }
     return 0;

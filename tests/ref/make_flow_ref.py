@@ -235,7 +235,14 @@ def write_pipeline_folder(folder):
     clip = CLIPTextModel(CLIPTextConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                         num_attention_heads=2, max_position_embeddings=77, hidden_act="quick_gelu",
                                         projection_dim=16, bos_token_id=0, eos_token_id=2, pad_token_id=1))
-    clip.to(torch.bfloat16).save_pretrained(os.path.join(folder, "text_encoder"))
+    # config.json as transformers saves it, the weights in the hub's names (text_model.*, as FLUX.1-dev's
+    # text_encoder/model.safetensors has them; transformers 5 would save them without the prefix)
+    te = os.path.join(folder, "text_encoder")
+    clip.config.architectures = ["CLIPTextModel"]
+    clip.config.save_pretrained(te)
+    safetensors.torch.save_file({(k if k.startswith("text_model.") else "text_model." + k): v.to(torch.bfloat16)
+                                 .contiguous() for k, v in clip.state_dict().items()},
+                                os.path.join(te, "model.safetensors"), metadata={"format": "pt"})
     t5tok = T5TokenizerFast.from_pretrained(os.path.join("tests", "data", "tokenizer", "t5_small", "json"))
     torch.manual_seed(12)
     t5 = T5EncoderModel(T5Config(vocab_size=len(t5tok), d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,

@@ -91,8 +91,8 @@ end
 local t0 = ck.now()
 local image, text, settings
 if flux_desc then
-  refuse(SDXL_ONLY, string.format("is SDXL's; %s is a Flux model (%s): no negative prompt, CFG or sampler choice " ..
-    "(FLUX.1-dev is guided by --guidance-scale), and no LoRA files yet", base_path, flux_desc))
+  refuse(SDXL_ONLY, string.format("is SDXL's; %s is a Flux model: no negative prompt, CFG or sampler choice " ..
+    "(FLUX.1-dev is guided by --guidance-scale), and no LoRA files yet", base_path))
   local flux_pipeline = require "ck.flux_pipeline"
   local d = flux_pipeline.open(base_path, {vae = o.ae, clip_l = o["clip-l"], t5xxl = o.t5xxl, tokenizer = o.tokenizer,
     t5_tokenizer = o["t5-tokenizer"], caption_fix = o["caption-fix"]})

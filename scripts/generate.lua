@@ -59,8 +59,8 @@ local o = options.parse(args, {
    shown = "the scheduler's: FLUX.1-dev's resolution-dependent shift, schnell's none"},
   {"t5xxl-max-token-length", "integer", nil, "Flux: T5's tokens (the prompt truncated, padded)", min = 1,
    shown = "512; schnell 256"},
-  {"ae", "string", nil, "Flux: the VAE, a diffusers vae/ folder or a file in its names (default: the folder's vae/)",
-   arg = "PATH"},
+  {"ae", "string", nil, "Flux: the VAE, a diffusers vae/ folder, or a file in its names or Black Forest Labs' " ..
+   "(ae.safetensors) (default: the folder's vae/)", arg = "PATH"},
   {"clip-l", "string", nil, "Flux: CLIP-L, a transformers folder or a file in its names such as ComfyUI's " ..
    "clip_l.safetensors (default: the folder's text_encoder/)", arg = "PATH"},
   {"t5xxl", "string", nil, "Flux: T5-XXL's encoder, a transformers folder or a file such as t5xxl_fp16.safetensors " ..

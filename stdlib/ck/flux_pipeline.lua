@@ -72,9 +72,10 @@ end
 
 ---- the model's parts
 
--- the 16-channel VAE: a diffusers vae/ folder (config.json) or a file in
--- diffusers' names (FLUX.1's config then)
-local function open_vae(path)
+-- the 16-channel VAE: a diffusers vae/ folder (config.json), or one file in
+-- diffusers' names or in Black Forest Labs' (ae.safetensors: LDM's names,
+-- mapped by ck.checkpoint's rules) whose config is `config` (FLUX.1's)
+local function open_vae(path, config)
   if ck.listdir(path) then
     local cfile = path .. "/config.json"
     if not exists(cfile) then fail("%s: no config.json (a diffusers VAE folder has one)", path) end
@@ -83,15 +84,54 @@ local function open_vae(path)
     if not ok then fail("%s: %s", cfile, unplaced(c)) end
     return {config = c, part = call(checkpoint.folder_weights, path, "diffusion_pytorch_model"), file = path}
   end
+  local ok, c = pcall(vae.config, config or "flux")
+  if not ok then fail("%s: the VAE's config: %s", path, unplaced(c)) end
   local f <close> = call(ck.safetensors, path)
-  local map = {}
-  for _, k in ipairs(f:keys()) do map[k] = k end
-  if not f:has("decoder.conv_in.weight") then
-    fail("%s: not a VAE in diffusers' names: no tensor 'decoder.conv_in.weight'%s", path,
-      f:has("decoder.up.0.block.0.conv1.weight") and " (Black Forest Labs' ae.safetensors names; give the " ..
-      "diffusers folder's vae/)" or "")
+  local keys, map = f:keys(), {}
+  local names = call(checkpoint.parameter_names, "vae", c)
+  if f:has("decoder.conv_in.weight") and f:has("decoder.up.0.block.0.conv1.weight") then
+    local levels = 0
+    for _, k in ipairs(keys) do
+      local lv = k:match("^encoder%.down%.(%d+)%.") or k:match("^decoder%.up%.(%d+)%.")
+      if lv then levels = math.max(levels, tonumber(lv) + 1) end
+    end
+    for _, k in ipairs(keys) do
+      local name, reshape = checkpoint.vae_name(k, levels, f:shape(k))
+      if not name then fail("%s: tensor '%s' is no VAE key of Black Forest Labs' (LDM's) names", path, k) end
+      map[name] = reshape and {key = k, reshape = true} or k
+    end
+  elseif f:has("decoder.conv_in.weight") then
+    for _, k in ipairs(keys) do map[k] = k end
+  else
+    fail("%s: not a VAE: no tensor 'decoder.conv_in.weight'", path)
   end
-  return {config = vae.config("flux"), part = {file = path, map = map}, file = path}
+  -- every key a parameter of the config with its shape, every parameter a key
+  local g = ck.graph()
+  local f8 = 1 << (#c.block_out_channels - 1)
+  vae.build_encoder(g, c, {height = 2 * f8, width = 2 * f8})
+  vae.build_decoder(g, c, {height = 2, width = 2})
+  local shapes = {}
+  for _, t in ipairs(g:params()) do shapes[t.name] = t.shape end
+  local sorted = {}
+  for name in pairs(map) do sorted[#sorted + 1] = name end
+  table.sort(sorted)
+  for _, name in ipairs(sorted) do
+    local src = map[name]
+    local key = type(src) == "table" and src.key or src
+    if not names[name] then fail("%s: tensor '%s' is no parameter of this VAE config", path, key) end
+    local fs, want, same = f:shape(key), shapes[name], true
+    for i = 1, #want do same = same and fs[i] == want[i] end
+    for i = #want + 1, #fs do same = same and fs[i] == 1 end -- a 1x1 conv read as a Linear
+    if not same or #fs < #want then
+      fail("%s: tensor '%s' has shape [%s]; this VAE config (%s latent channels, widths %s) has [%s]", path, key,
+        table.concat(fs, ", "), c.latent_channels, table.concat(c.block_out_channels, ", "), table.concat(want, ", "))
+    end
+  end
+  local absent = {}
+  for name in pairs(shapes) do if not map[name] then absent[#absent + 1] = name end end
+  table.sort(absent)
+  if #absent > 0 then fail("%s: no tensor for the VAE's '%s' (%d missing)", path, absent[1], #absent) end
+  return {config = c, part = {file = path, map = map}, file = path}
 end
 
 -- CLIP-L's text model: a transformers folder (config.json) or a file in
@@ -131,9 +171,11 @@ end
 -- without ComfyUI's prefix, bf16 or fp8, or a diffusers folder) and its other
 -- parts: a diffusers folder's vae/, text_encoder/ (CLIP-L), text_encoder_2/
 -- (T5), tokenizer/, tokenizer_2/ and scheduler/scheduler_config.json, each
--- replaced by the part given in parts: vae (a diffusers VAE folder or file),
+-- replaced by the part given in parts: vae (a diffusers VAE folder, or a
+-- file in diffusers' names or Black Forest Labs' ae.safetensors names),
 -- clip_l (a CLIP-L folder or file in transformers' names), t5xxl (ck.t5.open's
 -- path), tokenizer (CLIP's: a folder, tokenizer.json or bpe .txt.gz),
+-- vae_config (a single VAE file's ck.vae config; default FLUX.1's),
 -- t5_tokenizer (ck.t5tok.load's path), caption_fix ("ftfy" or "none", CLIP's),
 -- config (the transformer's, for a single file whose shapes do not say it).
 -- A single file's parts must all be given; a single file's scheduler is
@@ -152,7 +194,7 @@ M.open = public(function(path, parts)
   local function sub(name) return folder and ck.listdir(folder .. "/" .. name) and folder .. "/" .. name or nil end
   local missing = {}
   local vae_path = parts.vae or sub("vae")
-  if vae_path then d.vae = open_vae(vae_path) else missing[#missing + 1] = "the VAE (--ae)" end
+  if vae_path then d.vae = open_vae(vae_path, parts.vae_config) else missing[#missing + 1] = "the VAE (--ae)" end
   local clip_path = parts.clip_l or sub("text_encoder")
   if clip_path then d.clip = open_clip(clip_path) else missing[#missing + 1] = "CLIP-L (--clip-l)" end
   local t5_path = parts.t5xxl or sub("text_encoder_2")

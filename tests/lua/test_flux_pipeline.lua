@@ -104,6 +104,12 @@ do -- Black Forest Labs' single file, its parts given one by one: the folder's i
   T.ok(equal(img:table(), image:table()), "its image is the diffusers folder's, bitwise (the same weights)")
 end
 
+do -- Black Forest Labs' ae.safetensors names (LDM's, 1x1 convs for the attention) for the VAE: the same image
+  local ldm = flux_pipeline.open(FOLDER, {vae = "tests/data/flow/ae_ldm.safetensors", vae_config = "flux-tiny"})
+  local lp <close> = flux_pipeline.new{model = ldm}
+  T.ok(equal(lp:generate(opts()):table(), image:table()), "a VAE file in ae.safetensors' names decodes the folder's image, bitwise")
+end
+
 do -- the caller's own programs (a training script's): build_transformer's graph and the VAE's decoder
   local flux, fk, vae = require "ck.flux", require "ck.flux_keys", require "ck.vae"
   local checkpoint = require "ck.checkpoint"
@@ -147,7 +153,10 @@ do -- bad input: one line naming the file or the option, this script's line
     {function() local r = flux_pipeline.open(FOLDER, {clip_l = FOLDER .. "/text_encoder/model.safetensors"}); return r end,
      "a single file of CLIP%-L is read as CLIP ViT%-L/14: its pooled output %(.*model.safetensors%) is 768 wide"},
     {function() local r = flux_pipeline.open(FOLDER, {vae = "tests/data/flux/bfl.safetensors"}); return r end,
-     "bfl.safetensors: not a VAE in diffusers' names"},
+     "bfl.safetensors: not a VAE: no tensor 'decoder.conv_in.weight'"},
+    {function() local r = flux_pipeline.open(FOLDER, {vae = "tests/data/flow/ae_ldm.safetensors"}); return r end,
+     "ae_ldm.safetensors: tensor 'decoder.conv_in.bias' has shape %[16%]; this VAE config %(16 latent " ..
+     "channels, widths 128, 256, 512, 512%) has %[512%]"},
     {function() local r = flux_pipeline.open("tests/data/checkpoint/sdxl_tiny"); return r end, "a diffusers SDXL folder"},
     {function() local r = pipe:generate(opts{width = 30}); return r end,
      "generate: width 30: Flux needs sizes that are multiples of 4 pixels"},

@@ -39,6 +39,9 @@ Writes tests/data/flow/:
                           prompt_embeds [1, 32, 32], pooled_prompt_embeds [1, 16], timesteps, latents_step1 and
                           latents_step4 (unpacked, after those steps), image_raw (the VAE's decode of the unscaled latents) and image
                           (the pipeline's output_type="pt", in [0, 1]); the prompt and settings in the metadata
+  ae_ldm.safetensors     the tiny Flux VAE (tests/data/flux/vae) in Black Forest Labs' ae.safetensors names (LDM's:
+                          encoder.down.0.block.0.norm1.weight, ..., mid.attn_1.q as 1x1 convs), fp16, made by this
+                          script's inverse of diffusers' convert_ldm_vae_checkpoint and checked by it bitwise
   VERSIONS.txt           the versions that made these files
 Python is never run by ctest; these files are committed.
 """
@@ -266,6 +269,57 @@ def write_pipeline_folder(folder):
         f.write("\n")
 
 
+def ldm_vae_key(k, levels):
+    """a diffusers AutoencoderKL key in the LDM names Black Forest Labs' ae.safetensors uses (no prefix)"""
+    import re
+    resnet = {"norm1": "norm1", "conv1": "conv1", "norm2": "norm2", "conv2": "conv2", "conv_shortcut": "nin_shortcut"}
+    attn = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+    m = re.match(r"^(encoder|decoder)\.(conv_in|conv_out)\.(weight|bias)$", k)
+    if m:
+        return k
+    m = re.match(r"^(encoder|decoder)\.conv_norm_out\.(weight|bias)$", k)
+    if m:
+        return "%s.norm_out.%s" % m.groups()
+    m = re.match(r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(\w+)\.(weight|bias)$", k)
+    if m:
+        return "encoder.down.%s.block.%s.%s.%s" % (m[1], m[2], resnet[m[3]], m[4])
+    m = re.match(r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.conv\.(weight|bias)$", k)
+    if m:
+        return "encoder.down.%s.downsample.conv.%s" % m.groups()
+    m = re.match(r"^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(\w+)\.(weight|bias)$", k)
+    if m:
+        return "decoder.up.%d.block.%s.%s.%s" % (levels - 1 - int(m[1]), m[2], resnet[m[3]], m[4])
+    m = re.match(r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.conv\.(weight|bias)$", k)
+    if m:
+        return "decoder.up.%d.upsample.conv.%s" % (levels - 1 - int(m[1]), m[2])
+    m = re.match(r"^(encoder|decoder)\.mid_block\.resnets\.(\d+)\.(\w+)\.(weight|bias)$", k)
+    if m:
+        return "%s.mid.block_%d.%s.%s" % (m[1], int(m[2]) + 1, resnet[m[3]], m[4])
+    m = re.match(r"^(encoder|decoder)\.mid_block\.attentions\.0\.(group_norm|to_q|to_k|to_v|to_out\.0)\.(weight|bias)$", k)
+    if m:
+        return "%s.mid.attn_1.%s.%s" % (m[1], attn[m[2]], m[3])
+    raise KeyError(k)
+
+
+def write_ldm_vae(path):
+    """the tiny Flux VAE in Black Forest Labs' (LDM) names, the attention's Linears as 1x1 convs; checked:
+    diffusers' own convert_ldm_vae_checkpoint maps it back to the diffusers weights bitwise"""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+    vdir = os.path.join("tests", "data", "flux", "vae")
+    sd = safetensors.torch.load_file(os.path.join(vdir, "diffusion_pytorch_model.safetensors"))
+    config = json.load(open(os.path.join(vdir, "config.json")))
+    levels = len(config["block_out_channels"])
+    ldm = {}
+    for k, v in sd.items():
+        lk = ldm_vae_key(k, levels)
+        ldm[lk] = v.reshape(*v.shape, 1, 1) if ".mid.attn_1." in lk and lk.endswith("weight") and v.dim() == 2 else v
+    back = convert_ldm_vae_checkpoint(dict(ldm), config)
+    assert set(back) == set(sd), sorted(set(back) ^ set(sd))[:5]
+    for k in sd:
+        assert torch.equal(back[k].reshape(sd[k].shape), sd[k]) and back[k].dtype == sd[k].dtype, k
+    safetensors.torch.save_file({k: v.contiguous() for k, v in ldm.items()}, path)
+
+
 def pipeline_refs(folder):
     pipe = FluxPipeline.from_pretrained(folder, torch_dtype=torch.float32)
     assert pipe.vae_scale_factor == 2
@@ -321,6 +375,7 @@ def main():
     sch, scases = schedule_refs()
     safetensors.torch.save_file(sch, os.path.join(OUT, "schedule.safetensors"),
                                 metadata={"cases": json.dumps(scases, sort_keys=True)})
+    write_ldm_vae(os.path.join(OUT, "ae_ldm.safetensors"))
     folder = os.path.join(OUT, "pipeline")
     write_pipeline_folder(folder)
     ref, meta = pipeline_refs(folder)

@@ -299,6 +299,11 @@ local function vae_name(key, n, shape)
   return nil
 end
 
+-- checkpoint.vae_name(key, levels, shape) -> the diffusers name of an LDM
+-- VAE key without its prefix (what Black Forest Labs' ae.safetensors holds)
+-- and whether the tensor is a 1x1 conv read as a Linear; nil when it does not map
+checkpoint.vae_name = vae_name
+
 local open_clip_fixed = {
   positional_embedding = "text_model.embeddings.position_embedding.weight",
   ["token_embedding.weight"] = "text_model.embeddings.token_embedding.weight",

@@ -705,7 +705,9 @@ M.load = public(function(p, h, path)
     end
     if w.alpha then
       local a = f:read(k)
-      if #a ~= 1 or math.abs(a[1] - w.alpha) > 1e-6 * math.max(1, math.abs(w.alpha)) then
+      -- the alpha as the file's dtype holds it (kohya's is saved in the weights' dtype)
+      local tol = ({BF16 = 2 ^ -8, F16 = 2 ^ -11})[f:dtype(k)] or 1e-6
+      if #a ~= 1 or math.abs(a[1] - w.alpha) > tol * math.max(1, math.abs(w.alpha)) then
         fail("%s: tensor '%s' is %s, the adapter has alpha %s", path, k, #a == 1 and format_number(a[1]) or
           (#a .. " values"), format_number(w.alpha))
       end

@@ -15,7 +15,7 @@ local fx = require "flux_lora_fixture"
 local KOHYA, PEFT = fx.DIR .. "kohya.safetensors", fx.DIR .. "peft.safetensors"
 
 local tmp = string.format("out/test_flux_lora.%d", math.floor(ck.now() * 1e6))
-assert(ck.mkdir("out") or true)
+assert(ck.mkdir("out")) -- a fresh clone has none
 assert(ck.mkdir(tmp))
 tmp = tmp .. "/"
 
@@ -56,6 +56,33 @@ local function kohya_attach(extra)
 end
 
 local ref <close> = ck.safetensors(fx.DIR .. "ref.safetensors")
+
+-- a copy of a file's tensors, edited: edit(list of {key, shape, values}, metadata) -> list, metadata
+local function rewrite(src, dst, edit)
+  local f <close> = ck.safetensors(src)
+  local list = {}
+  for _, k in ipairs(f:keys()) do list[#list + 1] = {k, f:shape(k), f:read(k)} end
+  local meta = {}
+  for k, v in pairs(f:metadata()) do meta[k] = v end
+  list, meta = edit(list, meta)
+  ck.write_safetensors(dst, list, meta)
+  return dst
+end
+
+local function drop(key)
+  return function(list, meta)
+    local out = {}
+    for _, e in ipairs(list) do if e[1] ~= key then out[#out + 1] = e end end
+    return out, meta
+  end
+end
+
+local function add(key, shape, values)
+  return function(list, meta)
+    list[#list + 1] = {key, shape, values}
+    return list, meta
+  end
+end
 
 do -- kohya's targets: every Linear of the double and single blocks, named as ComfyUI maps BFL's weights
   local bfl <close> = ck.safetensors(fx.REF .. "bfl.safetensors")
@@ -269,6 +296,86 @@ do -- dropout (kohya's network_dropout) on the shared product while training, no
     string.format("dropout 0.5 changes the output while training (by %.2g) and not otherwise", e_train))
 end
 
+do -- diffusers' targets on their own modules: output, loss and gradients are PEFT's (tests/data/flux/ref.safetensors)
+  local f <close> = ck.safetensors(fx.REF .. "ref.safetensors")
+  -- the target [2, 16, 4, 6] packed as the output is, 2x2 patches channel-major (the mean is the same)
+  local t, packed = f:read("target"), {}
+  for b = 0, 1 do
+    for h2 = 0, 1 do
+      for w2 = 0, 2 do
+        for c = 0, 15 do
+          for ph = 0, 1 do
+            for pw = 0, 1 do
+              packed[#packed + 1] = t[((b * 16 + c) * 4 + 2 * h2 + ph) * 6 + 2 * w2 + pw + 1]
+            end
+          end
+        end
+      end
+    end
+  end
+  local r = fx.graph(function(model) return flux_lora.attach(model, {rank = 4, alpha = 8, targets = "diffusers"}) end,
+    {loss = packed})
+  for _, ad in ipairs(r.adapter.adapters) do
+    r.p:set(ad.down, f:read("lora/" .. ad.path .. ".lora_A.weight"))
+    r.p:set(ad.up, f:read("lora/" .. ad.path .. ".lora_B.weight"))
+  end
+  local loss = r.p:step()
+  local e = worst(r.p:get(r.y), f:read("lora_out"))
+  local want = f:read("lora_loss")[1]
+  local bad, we = nil, 0
+  for _, ad in ipairs(r.adapter.adapters) do
+    for k, name in pairs{lora_A = ad.down, lora_B = ad.up} do
+      local err = worst(r.p:grad(name), f:read("lora_grad/" .. ad.path .. "." .. k .. ".weight"))
+      we = math.max(we, err)
+      if err > 1e-4 and not bad then bad = name end
+    end
+  end
+  T.ok(#r.adapter.adapters == 30 and e < 1e-5 and math.abs(loss - want) < 1e-5 * want and not bad,
+    string.format("PEFT's adapter on diffusers' targets: output (worst %.2g), loss (%.7g, want %.7g) and the 60 "
+      .. "factors' gradients (worst %.2g) are autograd's%s", e, loss, want, we, bad and (": not " .. bad) or ""))
+end
+
+do -- kohya's split_qkv files (a fused module's down stacked [3r, in], its up block-diagonal) load for generation
+  local split = rewrite(KOHYA, tmp .. "split_qkv.safetensors", function(list, meta)
+    local k = "lora_unet_double_blocks_1_txt_attn_qkv"
+    local by = {}
+    for _, e in ipairs(list) do by[e[1]] = e end
+    local d, u, a = by[k .. ".lora_down.weight"], by[k .. ".lora_up.weight"], by[k .. ".alpha"]
+    local r, out = d[2][1], d[2][2]
+    local dd, uu = {}, {}
+    for _ = 1, 3 do for i = 1, #d[3] do dd[#dd + 1] = d[3][i] end end
+    for row = 1, u[2][1] do
+      local part = (row - 1) // (u[2][1] // 3)
+      for col = 1, 3 * r do
+        uu[#uu + 1] = (col - 1) // r == part and u[3][(row - 1) * r + (col - 1) % r + 1] or 0
+      end
+    end
+    d[2], d[3] = {3 * r, out}, dd
+    u[2], u[3] = {u[2][1], 3 * r}, uu
+    a[3] = {a[3][1] * 3} -- kohya keeps alpha over the tripled rank: here the same scale
+    return list, meta
+  end)
+  local r = fx.graph(function(model) return flux_lora.attach(model, {from = split, strength = 0.7}) end)
+  flux_lora.load(r.p, r.adapter, split)
+  r.p:forward()
+  local ranks = {}
+  for _, ad in ipairs(r.adapter.adapters) do if ad.rank ~= 4 then ranks[#ranks + 1] = ad.kohya .. " " .. ad.rank end end
+  local e = worst(r.p:get(r.y), ref:read("diffusers_kohya"))
+  T.ok(table.concat(ranks) == "lora_unet_double_blocks_1_txt_attn_qkv 12" and e < 1e-5,
+    string.format("a split_qkv module runs at its rank 12 and gives the fused one's output (worst %.2g)", e))
+end
+
+do -- an alpha a bf16 file rounds (0.7 holds as 0.69921875) loads back into the adapter that saved it
+  local r = fx.graph(kohya_attach{alpha = 0.7})
+  fx.set_values(r.p, r.adapter)
+  flux_lora.save(r.p, r.adapter, tmp .. "bf16.safetensors", {dtype = "BF16"})
+  local back = fx.graph(kohya_attach{alpha = 0.7})
+  local f <close> = ck.safetensors(tmp .. "bf16.safetensors")
+  T.ok(flux_lora.load(back.p, back.adapter, tmp .. "bf16.safetensors") == "kohya" and
+    f:read("lora_unet_single_blocks_0_linear1.alpha")[1] == 0.69921875 and f:metadata().ss_network_alpha == "0.7",
+    "a bf16 kohya file of alpha 0.7 (its alpha tensors 0.69921875, ss_network_alpha 0.7) loads back")
+end
+
 do -- diffusers' targets: 30 modules in diffusers' layout; no kohya name for a part of a fused module
   local r = fx.graph(function(model) return flux_lora.attach(model, {rank = 4, alpha = 8, targets = "diffusers"}) end)
   local h = r.adapter
@@ -294,33 +401,6 @@ do -- diffusers' targets: 30 modules in diffusers' layout; no kohya name for a p
   back.p:forward()
   local e = worst(back.p:get(back.y), r.p:get(r.y))
   T.ok(e < 2e-2 and e > 0, string.format("saved in bf16 and loaded back, the output is the adapter's to bf16 rounding (%.2g)", e))
-end
-
--- a copy of a file's tensors, edited: edit(list of {key, shape, values}, metadata) -> list, metadata
-local function rewrite(src, dst, edit)
-  local f <close> = ck.safetensors(src)
-  local list = {}
-  for _, k in ipairs(f:keys()) do list[#list + 1] = {k, f:shape(k), f:read(k)} end
-  local meta = {}
-  for k, v in pairs(f:metadata()) do meta[k] = v end
-  list, meta = edit(list, meta)
-  ck.write_safetensors(dst, list, meta)
-  return dst
-end
-
-local function drop(key)
-  return function(list, meta)
-    local out = {}
-    for _, e in ipairs(list) do if e[1] ~= key then out[#out + 1] = e end end
-    return out, meta
-  end
-end
-
-local function add(key, shape, values)
-  return function(list, meta)
-    list[#list + 1] = {key, shape, values}
-    return list, meta
-  end
 end
 
 do -- refusals: one line naming the file and the key, at the calling line

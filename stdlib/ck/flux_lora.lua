@@ -1,7 +1,7 @@
 -- LoRA adapters on ck.flux's transformer as kohya's sd-scripts (networks/lora_flux.py)
 -- and diffusers train them, saved in the two layouts users load: kohya's
 -- lora_unet_<Black Forest Labs module> file (ComfyUI, Forge, kohya, diffusers) and
--- diffusers' transformer.<module>.lora_A/lora_B file (diffusers, ai-toolkit).
+-- diffusers' transformer.<module>.lora_A/lora_B file (diffusers; ai-toolkit writes it).
 --
 -- The contract a trainer's Flux family (and generation) calls:
 --
@@ -54,8 +54,9 @@
 --     FluxPipeline.save_lora_weights names them, and lora_adapter_metadata (the
 --     LoraConfig's fields under "transformer.") from which diffusers runs each
 --     module at alpha / r. ComfyUI reads these names too, but alpha only from
---     NAME.alpha tensors, which diffusers refuses in such a file: there a file
---     of alpha != rank runs at alpha = rank. The lora_B rows of a fused module
+--     NAME.alpha tensors, which diffusers refuses beside lora_adapter_metadata
+--     ("Both network_alphas and metadata"): there a file of alpha != rank runs
+--     at alpha = rank. The lora_B rows of a fused module
 --     are copied out of the graph, so this format holds the adapter in host
 --     memory (twice, as the writer copies) while it saves; "kohya" streams it.
 -- Loading refuses, in one line naming the file and the key: a key that is no

@@ -96,7 +96,7 @@ function lora.attach(model, opts)
              targets = targets, paths = {}, adapters = {}, config = model.config}
   local adapted, named = {}, {} -- paths adapted; paths a target names
   local function add(path, m, r, a)
-    if m.lora then error("lora.attach: '" .. path .. "' already has an adapter", 3) end
+    if m.lora or m.flux_lora then error("lora.attach: '" .. path .. "' already has an adapter", 3) end
     local conv = getmetatable(m) == nn.Conv2d
     m.lora = {rank = r, alpha = a, scale = a / r, dropout = dropout, up_lr_scale = ratio}
     m.updateOutput = conv and adapted_conv or adapted_linear
@@ -320,6 +320,8 @@ local function adapter_metadata(cfg, prefix)
   for k, v in pairs(cfg) do t[prefix .. k] = v end
   return ck.json_encode(t, JSON)
 end
+-- lora.adapter_metadata(config, prefix): the same text, for other model families' files
+lora.adapter_metadata = adapter_metadata
 
 -- writes text to path by way of a temporary file renamed over it
 local function write_atomic(path, text)
@@ -409,6 +411,8 @@ local function config_rank_alpha(c, prefix, path)
   end
   return pick(c[prefix .. "rank_pattern"], c[prefix .. "r"]), pick(c[prefix .. "alpha_pattern"], c[prefix .. "lora_alpha"])
 end
+-- lora.config_rank_alpha(config, prefix, path): the same, for other model families' files
+lora.config_rank_alpha = config_rank_alpha
 
 -- lora.load(program, handle, path): loads an adapter saved in any of the
 -- namings (found from the keys): kohya's, diffusers' PEFT file or peft's

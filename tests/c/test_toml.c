@@ -344,6 +344,33 @@ static void hostile_texts_are_refused(void)
     refused("a key given twice", LIT("a = 1\nb = 2\na = 3\n"), CK_TOML_BAD, "line 3, column 5: Error while parsing key-value pair: cannot redefine");
     refused("a table given twice", LIT("[a]\n[a]\n"), CK_TOML_BAD, "line 2, column 1:");
     refused("a control character", LIT("a = \"\x01\"\n"), CK_TOML_BAD, "line 1, column ");
+    /* toml++ 3.3.0 reaches its "unreachable" when it asks whether such a character is whitespace */
+    refused("a bare key past ASCII", LIT("caf\xC3\xA9 = 1\n"), CK_TOML_BAD,
+            "line 1, column 4: a character past ASCII outside a string or a comment");
+    refused("a character past ASCII after a value", LIT("a = 1\nb = 2 \xEF\xBB\xAF\n"), CK_TOML_BAD,
+            "line 2, column 7: a character past ASCII");
+    refused("a character past ASCII in an array", LIT("a = [1, \xC3\xA9]\n"), CK_TOML_BAD, "line 1, column 9: a character past ASCII");
+    refused("a character past ASCII in an inline table's key", LIT("a = {\xC3\xA9 = 1}\n"), CK_TOML_BAD,
+            "line 1, column 6: a character past ASCII");
+    refused("a date-time whose time is not one", LIT("a =1979-05-27T-inf07:32:04Z2\n"), CK_TOML_BAD,
+            "line 1, column 4: '1979-05-27T-inf07:32:04Z2' is not a TOML value (a string needs quotes)");
+    refused("a bare word", LIT("a = [1, hello]\n"), CK_TOML_BAD, "line 1, column 9: 'hello' is not a TOML value");
+    refused("an integer with a leading zero", LIT("a = 007\n"), CK_TOML_BAD, "line 1, column 5: '007' is not a TOML value");
+    refused("a date and one digit of a time", LIT("x = [1979-05-27 0]\n"), CK_TOML_BAD,
+            "line 1, column 17: a date's time after its space must be HH:MM:SS");
+    refused("a brace where an array holds a value", LIT("x = [1,\n}]\n"), CK_TOML_BAD,
+            "line 2, column 1: '}' where an array holds a value");
+    refused("a letter past ASCII after a line-ending backslash's trim (valid TOML toml++ 3.3.0 cannot read)",
+            LIT("x = \"\"\"a \\\n    \xC3\xA9\"\"\"\n"), CK_TOML_BAD,
+            "line 2, column 5: a character past ASCII right after a backslash, or after the spaces and lines");
+    refused("a letter past ASCII after a backslash in a multi-line string", LIT("x = \"\"\"a\\\xC3\xA9\"\"\"\n"),
+            CK_TOML_BAD, "line 1, column 10: a character past ASCII right after a backslash");
+    accepted("a line-ending backslash before ASCII, and letters past ASCII elsewhere in the string",
+             LIT("x = \"\"\"\xC3\xA9 \\\n    a \xC3\xA9\\u00e9\"\"\"\n"), 1);
+    refused("a header without its key", LIT("[[ # comment\n"), CK_TOML_BAD, "line 1, column 4: a table header's key must start here");
+    refused("a header's key after a bracket and a space", LIT("[[ [a]]\n"), CK_TOML_BAD, "line 1, column 4: a table header's key");
+    accepted("characters past ASCII in strings, quoted keys and comments",
+             LIT("a = \"\xEF\xBB\xBB caf\xC3\xA9\" # \xEF\xBB\xBB\n\"\xC3\xA9\" = '\xE3\x80\x80'\nm = \"\"\"\xC3\xA9\n\xC3\xA9\"\"\"\n"), 1);
     /* brackets where they are text, not structure */
     s = repeat("a = \"\"\"", "[{", 1000, "\"\"\"\nb = '''[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['''\n# [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n", &n);
     accepted("brackets inside strings and comments", s, n, 1);

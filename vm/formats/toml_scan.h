@@ -1,9 +1,16 @@
-/* What a TOML text holds, measured before toml++ (vm/formats/toml_shim.h)
- * sees it: its size, NUL bytes and UTF-8, how deep its tables and arrays
- * nest and how many values and tables it makes. toml++ 3.3.0 bounds nested
- * arrays and inline tables but not tables made by dotted keys or headers,
- * whose depth its recursion follows until the stack runs out, and it
- * searches its lists of tables linearly; so both are bounded here first.
+/* What a TOML text holds, measured and checked before toml++
+ * (vm/formats/toml_shim.h) sees it: its size, NUL bytes and UTF-8, how deep
+ * its tables and arrays nest and how many values and tables it makes.
+ * toml++ 3.3.0 bounds nested arrays and inline tables but not tables made by
+ * dotted keys or headers, whose depth its recursion follows until the stack
+ * runs out, and it searches its lists of tables linearly; so both are
+ * bounded here first. It also breaks its own checks (an abort, or undefined
+ * behaviour in a build with NDEBUG) on some texts it should refuse, found by
+ * tests/fuzz/fuzz_toml.c: a header with no key after its bracket, a '}'
+ * where an array holds a value, a value that has no value's shape, and a
+ * character past ASCII where it looks for whitespace (outside strings and
+ * comments, and after a backslash in a multi-line string); those are refused
+ * here, in one line with their place.
  *
  * The scan follows TOML's strings, comments, keys, headers and brackets
  * exactly on valid text. On invalid text it goes on as best it can: toml++

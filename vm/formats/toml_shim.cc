@@ -5,6 +5,34 @@
 #define TOML_HEADER_ONLY 1
 #define TOML_EXCEPTIONS 0
 #define TOML_ENABLE_FORMATTERS 0
+// toml++ checks its parser's preconditions with TOML_ASSERT_ASSUME, which
+// under NDEBUG becomes an assumption the optimizer builds on; 3.3.0 breaks
+// one of them on some texts (a header whose first key is missing). So never
+// NDEBUG here, and a broken check is thrown as a refusal, never an abort.
+// The scan (vm/formats/toml_scan.c) refuses the texts known to do it first.
+#undef NDEBUG
+namespace ck_toml_check {
+struct failed {
+    const char *what;
+};
+} // namespace ck_toml_check
+#define TOML_ASSERT(expr) ((expr) ? (void)0 : throw ck_toml_check::failed{#expr})
+// in toml++'s noexcept helpers such a throw still ends the process, as the
+// assert would have (the fuzz harness tests/fuzz/fuzz_toml.c looks for them)
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wexceptions"
+#else
+#pragma GCC diagnostic ignored "-Wterminate"
+#endif
+// The same for what it marks unreachable and what it tells the optimizer to
+// assume: 3.3.0's whitespace table reaches its "unreachable" on most
+// characters past ASCII where it looks for whitespace (the scan refuses such
+// text: TOML allows them only in strings and comments).
+#include <toml++/impl/preprocessor.h>
+#undef TOML_UNREACHABLE
+#define TOML_UNREACHABLE throw ck_toml_check::failed{"unreachable"}
+#undef TOML_ASSUME
+#define TOML_ASSUME(...) static_assert(true)
 #include "formats/toml_shim.h"
 
 #include "formats/toml_scan.h"
@@ -269,6 +297,7 @@ int parse(const char *s, size_t n, const ck_text_guard *g, ck_toml_doc *out, cha
                     f.fill(root, nullptr, 0, toml::source_position{1, 1});
                     if (f.stopped) status = CK_TOML_STOPPED;
                     out->n = items;
+                    out->ntext = f.used;
                 }
             }
         }
@@ -285,6 +314,10 @@ extern "C" int ck_toml_parse(const char *s, size_t n, const ck_text_guard *g, ck
     int rc;
     try {
         rc = parse(s, n, g, out, err, errlen);
+    } catch (const ck_toml_check::failed &f) {
+        fail(err, errlen, "toml++ cannot read this text (its check %s failed)", f.what);
+        one_line(err);
+        rc = CK_TOML_BAD;
     } catch (const std::bad_alloc &) {
         fail(err, errlen, "out of memory while toml++ read the text");
         rc = CK_TOML_MEMORY;

@@ -50,7 +50,8 @@ typedef struct ck_toml_item {
 typedef struct ck_toml_doc {
     ck_toml_item *items;
     size_t n;
-    char *text; /* the keys' and strings' bytes the items point into */
+    char *text; /* the keys' and strings' bytes the items point into: ntext of them */
+    size_t ntext;
     size_t charged;
 } ck_toml_doc;
 

@@ -308,11 +308,13 @@ raises("a fine-tuning subset", "ft%.toml:5: fine%-tuning subsets %(metadata_file
 raises("a resolution outside the buckets", "bucket%.toml:2: resolution 2048x2048 does not fit the buckets' sides 256 to 1024",
   ds("bucket.toml", "[general]\nresolution = 2048\nenable_bucket = true\n[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'a'\n"))
 raises("a setting the trainer does not take, with supports", "sup%.toml:5: color_aug = true is kohya's setting that " ..
-  "ckrun's trainer does not take", ds("sup.toml", SUB .. "color_aug = true\n", {supports = {"image_dir", "num_repeats"}}))
+  "ckrun's trainer does not take", ds("sup.toml", SUB .. "color_aug = true\n", {supports = {"image_dir", "num_repeats", "resolution"}}))
 do
-  local ok = pcall(kc.dataset, write("sup2.toml", SUB .. "color_aug = false\n"), {supports = {"image_dir"}})
+  local ok = pcall(kc.dataset, write("sup2.toml", SUB .. "color_aug = false\n"), {supports = {"image_dir", "resolution"}})
   T.ok(ok, "a setting at kohya's default passes whatever the trainer supports")
 end
+raises("a setting without a default, given, is one the trainer must support", "sup3%.toml:5: class_tokens = 'dog' is " ..
+  "kohya's setting that ckrun's trainer does not take", ds("sup3.toml", SUB .. "class_tokens = 'dog'\n", {supports = {"image_dir", "resolution"}}))
 raises("a --resolution that is not one", "%-%-resolution: resolution %(kohya's resolution%) must be a whole number of " ..
   "pixels or %[width, height%], got 'big'", ds("argres.toml", "[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'a'\n",
   {args = {resolution = "big"}}))

@@ -192,15 +192,6 @@ end
 -- family names (refused) is refused with its reason, not as unknown.
 local function parse(args, script)
   local f = script.family
-  if f.refused then
-    local named = {}
-    for k in pairs(args) do if type(k) == "string" then named[#named + 1] = k end end
-    table.sort(named)
-    for _, k in ipairs(named) do
-      local why = f.refused((k:gsub("_", "-")))
-      if why then error("--" .. k .. " " .. why) end
-    end
-  end
   local spec = {about = script.about, kohya = true}
   local function add(heading, list)
     if #list > 0 then spec[#spec + 1] = {heading = heading} end
@@ -209,6 +200,18 @@ local function parse(args, script)
   add("this script's", script.options or {})
   add("the " .. f.name .. " family's", f.options or {})
   add("the trainer's, every family's", M.options(f))
+  if f.refused then
+    local declared, named = {}, {}
+    for _, e in ipairs(spec) do if e[1] then declared[e[1]] = true end end
+    for k in pairs(args) do
+      if type(k) == "string" and k ~= "script" and not declared[k] then named[#named + 1] = k end
+    end
+    table.sort(named)
+    for _, k in ipairs(named) do
+      local why = f.refused((k:gsub("_", "-")))
+      if why then error("--" .. k .. " " .. why) end
+    end
+  end
   return options.parse(args, spec)
 end
 

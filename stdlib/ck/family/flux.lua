@@ -37,8 +37,8 @@ local PARTS = {{"ae", "vae"}, {"clip-l", "clip_l"}, {"t5xxl", "t5xxl"}, {"tokeni
 
 F.options = {
   {"size", "choice", "tiny", "flux-tiny (134,784 parameters in FLUX.1-dev's layout) or the transformer of " ..
-   "FLUX.1-schnell or FLUX.1-dev (seeded random weights: for --plan, or with --weights)",
-   choices = {"tiny", "schnell", "dev"}},
+   "FLUX.1-schnell or FLUX.1-dev (seeded random weights: for --plan, or with --weights); with a base model, its " ..
+   "config (checked against the file)", choices = {"tiny", "schnell", "dev"}},
   {"ae", "string", nil, "the VAE, a diffusers vae/ folder, or a file in its names or Black Forest Labs' " ..
    "(ae.safetensors) (default: the base folder's vae/)", arg = "PATH"},
   {"clip-l", "string", nil, "CLIP-L, a transformers folder or a file in its names such as ComfyUI's " ..
@@ -102,8 +102,10 @@ function F.model(o)
     if o[p[1]] ~= nil then given = given or p[1] end
   end
   if path then
-    if o:given("size") then error("--size picks a random base; --pretrained-model-name-or-path gives the model") end
-    m.base = flux_keys.open(path)
+    -- --size with a base names its config, checked against the file (a single file whose
+    -- head dim is not FLUX.1's does not say its rope axes)
+    parts.config = o:given("size") and CONFIGS[o.size] or nil
+    m.base = flux_keys.open(path, {config = parts.config})
     m.config, m.variant = m.base.config, m.base.variant
     m.size = m.variant and m.variant:gsub("^flux%-", "") or (m.base.kind == "diffusers" and "diffusers folder" or
       "single file")

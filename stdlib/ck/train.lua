@@ -498,8 +498,14 @@ local function load_datasets(t)
   t.caption_aug = false
   for di, d in ipairs(dc.datasets) do
     group_batch[di] = d.batch_size * t.world
-    local b = imagedata.buckets{resolution = d.resolution, enable = d.enable_bucket, min = d.min_bucket_reso,
-                                max = d.max_bucket_reso, steps = d.bucket_reso_steps, no_upscale = d.bucket_no_upscale}
+    if d.enable_bucket and d.min_bucket_reso < 1 then
+      error(string.format("%s: min_bucket_reso below bucket_reso_steps %d becomes 0 (kohya moves it down to a " ..
+        "multiple of the steps), which holds no bucket: give at least %d", d.from.min_bucket_reso or d.at,
+        d.bucket_reso_steps, d.bucket_reso_steps), 0)
+    end
+    local ok, b = pcall(imagedata.buckets, {resolution = d.resolution, enable = d.enable_bucket,
+      min = d.min_bucket_reso, max = d.max_bucket_reso, steps = d.bucket_reso_steps, no_upscale = d.bucket_no_upscale})
+    if not ok then error(string.format("%s: %s", d.at, (tostring(b):gsub("^.-imagedata%.buckets: ", ""))), 0) end
     local train, reg, train_count = {}, {}, 0
     for _, sub in ipairs(d.subsets) do
       if not ck.listdir(sub.image_dir) then
@@ -892,7 +898,9 @@ local function encode_batch(t, r, idx, augment, rows, n)
       if augment and settings then
         local c = {}
         for k, v in pairs(settings) do c[k] = v end
-        c.seed, c.epoch, c.index = t.seed, ds.epoch, use_of(t, idx, b, rows, n)
+        -- a dataset config's epochs count from 1, as kohya's (caption_dropout_every_n_epochs N drops
+        -- the captions of epochs N, 2N, ...)
+        c.seed, c.epoch, c.index = t.seed, ds.epoch + (t.caption_opts and 1 or 0), use_of(t, idx, b, rows, n)
         caps[b] = imagedata.caption(t.captions[i], c)
       else
         caps[b] = t.captions[i]

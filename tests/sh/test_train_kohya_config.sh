@@ -83,6 +83,7 @@ batch_size = 2
   image_dir = "$R"
   is_reg = true
   class_tokens = "a shape"
+  caption_suffix = "in a picture"
 EOF
 D="--dataset-config $dir/ds.toml --steps 2 --seed 3"
 "$CKRUN" $A $S $D --out "$dir/d1.safetensors" --log-dir "$dir/ld1" > "$dir/d1.out" 2>&1 ; rc=$?
@@ -94,7 +95,7 @@ grep -q "^cache: 2 images encoded in" "$dir/d1.out" && grep -q "^cache: 3 images
 ok $? "every image used is cached beside it, a subset at a time ($(cached))"
 grep -q "^training LoRA .*, 64x64, batch 2, 2 steps" "$dir/d1.out" ; ok $? "the run's batch is the dataset's batch_size"
 cap=$(lua "io.write(ck.safetensors('$(find "$R" -name '*.safetensors' | head -1)'):metadata().caption)")
-[ "$cap" = "a shape" ] ; ok $? "a reg image without a caption file is captioned by class_tokens ($cap)"
+[ "$cap" = "a shape in a picture" ] ; ok $? "a reg image without a caption file is captioned by class_tokens, and its subset's caption_suffix ($cap)"
 
 # --prior-loss-weight: kohya's per-sample weight times the per-sample loss, then the mean. One train
 # and one reg image in a batch of 2: the step's loss is (a + w b) / 2, so loss(3) = 3 loss(1) - 2 loss(0)

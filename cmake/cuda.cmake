@@ -126,6 +126,7 @@ if(CK_CUDA_EMU)
     # of one language only, and ck_cuda compiles the same files as CUDA)
     set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cublaslt_emu.cpp
       ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cudnn_find_emu.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/graph_emu.cpp
+      ${CMAKE_SOURCE_DIR}/tests/cuda_emu/stream_emu.cpp
       ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
     # the emulated NCCL runs over MPI: with it, the emulated backend has data parallel
     if(CK_NCCL AND TARGET MPI::MPI_C)

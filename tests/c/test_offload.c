@@ -1,0 +1,326 @@
+/* Offload as entries of the op list (vm/plan/offload.c), on random
+ * differentiated graphs (linear layers, activations, sums, products,
+ * reshapes that alias, norms) under random decisions that keep, recompute or
+ * offload each saved activation:
+ *  - offload_moves_every_later_read_to_a_copy: no entry after the forward
+ *    part reads an offloaded buffer; each copy back is waited for right
+ *    before its first reader, each copy out waited for before the forward
+ *    part ends, each slot used by one copy;
+ *  - host_ids_live_in_the_host_region: host ids have no arena offset, and
+ *    two host ids live at one position never share host bytes;
+ *  - offloaded_training_is_bitwise_kept_training: on the CPU backend, three
+ *    steps of a program that offloads leave every parameter bitwise where
+ *    the same decision without offload leaves it, and the measured
+ *    high-water mark of the arena is the planned peak;
+ *  - the cost model: a list's predicted step is its compute, plus what it
+ *    waits for copies; the copies take their bytes over the link. */
+#include "plan/offload.h"
+#include "run/program.h"
+
+#include "check.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint64_t next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static int node(ck_graph *g, enum ck_op op, const int *in, int nin, const ck_op_params *p, const ck_shape *want,
+                int *out)
+{
+    ck_shape outs[CK_MAX_OUT];
+    int ids[CK_MAX_OUT];
+    for (int k = 0; k < CK_MAX_OUT; k++) outs[k].ndim = -1;
+    if (want) outs[0] = *want;
+    const int v = ck_graph_node(g, op, in, nin, p, outs, NULL, ids, "model.lua:1");
+    if (v >= 0 && out) *out = ids[0];
+    return v;
+}
+
+/* a random model of width 8 on b rows: each op draws its inputs from the
+ * activations made so far; the loss is the MSE of the last against a target */
+static ck_graph *random_model(int b, int depth, int *loss)
+{
+    ck_graph *g = ck_graph_new();
+    ck_shape sx = {2, {b, 8}}, sw = {2, {8, 8}}, sbias = {1, {8}};
+    int pool[128], np = 0;
+    pool[np++] = ck_graph_leaf(g, CK_KIND_INPUT, "x", &sx, "model.lua:1");
+    const int target = ck_graph_leaf(g, CK_KIND_INPUT, "target", &sx, "model.lua:1");
+    const int gamma = ck_graph_leaf(g, CK_KIND_FROZEN, "norm.weight", &sbias, "model.lua:1");
+    const int beta = ck_graph_leaf(g, CK_KIND_FROZEN, "norm.bias", &sbias, "model.lua:1");
+    for (int d = 0; d < depth && np < 120; d++) {
+        const int a = pool[np - 1 - (int)(next() % (uint64_t)(np < 4 ? np : 4))];
+        const int c = pool[next() % (uint64_t)np];
+        ck_op_params p = {{0}, {0}};
+        char name[32];
+        int out = -1;
+        switch (next() % 7) {
+        case 0:
+        case 1: {
+            snprintf(name, sizeof name, "l%d.weight", d);
+            const int w = ck_graph_leaf(g, next() % 3 ? CK_KIND_PARAM : CK_KIND_FROZEN, name, &sw, "model.lua:2");
+            snprintf(name, sizeof name, "l%d.bias", d);
+            const int bias = ck_graph_leaf(g, CK_KIND_PARAM, name, &sbias, "model.lua:2");
+            const int in[3] = {a, w, bias};
+            node(g, CK_OP_LINEAR, in, 3, &p, NULL, &out);
+            break;
+        }
+        case 2: node(g, CK_OP_SILU, &a, 1, &p, NULL, &out); break;
+        case 3: {
+            const int in[2] = {a, c};
+            node(g, CK_OP_MUL, in, 2, &p, NULL, &out);
+            break;
+        }
+        case 4: { /* through another shape and back: both views share a buffer */
+            ck_shape s2 = {2, {2 * b, 4}};
+            int mid = -1;
+            node(g, CK_OP_RESHAPE, &a, 1, &p, &s2, &mid);
+            node(g, CK_OP_GELU, &mid, 1, &p, NULL, &mid);
+            node(g, CK_OP_RESHAPE, &mid, 1, &p, &sx, &out);
+            break;
+        }
+        case 5: {
+            const int in[3] = {a, gamma, beta};
+            p.f[0] = 1e-5f;
+            node(g, CK_OP_LAYER_NORM, in, 3, &p, NULL, &out);
+            break;
+        }
+        default: {
+            const int in[2] = {a, c};
+            node(g, CK_OP_ADD, in, 2, &p, NULL, &out);
+            break;
+        }
+        }
+        if (out >= 0) pool[np++] = out;
+    }
+    const int in[2] = {pool[np - 1], target};
+    ck_op_params p = {{0}, {0}};
+    node(g, CK_OP_MSE_LOSS, in, 2, &p, NULL, loss);
+    return g;
+}
+
+/* a decision the test gives compile: per candidate 0 keep, 1 recompute,
+ * CK_OFFLOAD, from the seed; with no_offload, offload reads as keep */
+typedef struct decision {
+    uint64_t seed;
+    int no_offload;
+} decision;
+
+static int decide(void *ud, const ck_decide_ctx *c, unsigned char *mark, char *err, size_t errlen)
+{
+    (void)err, (void)errlen;
+    const decision *d = ud;
+    uint64_t s = d->seed;
+    for (int k = 0; k < c->ncand; k++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const int v = (int)(s >> 33) % 3;
+        mark[c->cand[k]] = (unsigned char)(v == 2 ? (d->no_offload ? 0 : CK_OFFLOAD) : v);
+    }
+    return 0;
+}
+
+static int turn_of(const ck_plan *pl)
+{
+    int turn = 0;
+    while (turn < pl->n && pl->ops[turn].phase == CK_PHASE_FORWARD) turn++;
+    return turn;
+}
+
+/* the list's transfers checked against the rules ck_offload_schedule states */
+static int transfers_sound(const ck_plan *pl, const ck_graph *g)
+{
+    const int turn = turn_of(pl);
+    int ok = 1;
+    unsigned char *seen = calloc((size_t)pl->nslots + 1, 1), *gone = calloc((size_t)g->nt, 1);
+    for (int i = 0; i < pl->n && ok; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        if (r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_IN) {
+            ok &= (int)r->slot < pl->nslots && !seen[r->slot];
+            seen[r->slot] = 1;
+            ok &= pl->loc[r->xfer == CK_XFER_OUT ? r->out[0] : r->in[0]] == CK_LOC_HOST;
+            if (r->xfer == CK_XFER_OUT) {
+                ok &= i < turn;
+                gone[r->in[0]] = 1;
+                /* its wait follows before the turn */
+                int w = i + 1;
+                while (w < turn && !(pl->ops[w].xfer == CK_XFER_OUT_WAIT && pl->ops[w].slot == r->slot)) w++;
+                ok &= w < turn;
+            } else {
+                ok &= i >= turn && pl->loc[r->out[0]] == CK_LOC_BACK;
+                /* its wait comes before any other entry touches the copy */
+                int w = i + 1;
+                while (w < pl->n && !(pl->ops[w].xfer == CK_XFER_IN_WAIT && pl->ops[w].slot == r->slot)) {
+                    for (int j = 0; j < pl->ops[w].nin; j++) ok &= pl->ops[w].in[j] != r->out[0];
+                    w++;
+                }
+                ok &= w < pl->n;
+            }
+        }
+    }
+    /* after the turn nothing reads a buffer that went out (its aliases included: through their root) */
+    for (int i = turn; i < pl->n && ok; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        if (r->xfer) continue;
+        for (int j = 0; j < r->nin; j++) {
+            int t = r->in[j];
+            while (t < g->nt && g->t[t].node >= 0 && g->n[g->t[t].node].op == CK_OP_RESHAPE) t = g->n[g->t[t].node].in[0];
+            ok &= !(t < g->nt && gone[t]);
+        }
+    }
+    free(seen);
+    free(gone);
+    return ok;
+}
+
+/* no two host ids live at one position share host bytes; none has an arena offset */
+static int host_placed(const ck_plan *pl, const ck_graph *g)
+{
+    const int nt = pl->ntensors;
+    int *first = malloc(sizeof(int) * (size_t)nt), *last = malloc(sizeof(int) * (size_t)nt);
+    for (int t = 0; t < nt; t++) first[t] = last[t] = -1;
+    for (int i = 0; i < pl->n; i++)
+        for (int j = 0; j < pl->ops[i].nin + pl->ops[i].nout; j++) {
+            const int t = j < pl->ops[i].nin ? pl->ops[i].in[j] : pl->ops[i].out[j - pl->ops[i].nin];
+            if (t < 0) continue;
+            if (first[t] < 0) first[t] = i;
+            last[t] = i;
+        }
+    int ok = 1;
+    for (int a = 0; a < nt && ok; a++) {
+        if (pl->loc[a] != CK_LOC_HOST || first[a] < 0) continue;
+        const int64_t ea = pl->off[a] + (int64_t)ck_plan_tensor_bytes(pl, g, a);
+        ok &= pl->off[a] >= 0 && (size_t)ea <= pl->host_peak;
+        for (int b = a + 1; b < nt && ok; b++) {
+            if (pl->loc[b] != CK_LOC_HOST || first[b] < 0 || last[a] < first[b] || last[b] < first[a]) continue;
+            const int64_t eb = pl->off[b] + (int64_t)ck_plan_tensor_bytes(pl, g, b);
+            ok &= ea <= pl->off[b] || eb <= pl->off[a];
+        }
+    }
+    free(first);
+    free(last);
+    return ok;
+}
+
+static ck_program *compile(const ck_graph *g, int loss, decision *d, int offload, char *err)
+{
+    ck_compile_opts o = {0};
+    o.loss = loss;
+    o.optim = CK_OPTIM_ADAMW;
+    o.lr = 1e-2f, o.beta1 = 0.9f, o.beta2 = 0.999f, o.eps = 1e-8f;
+    o.seed = 7;
+    o.storage = o.frozen = CK_F32;
+    o.decide = decide;
+    o.decide_ud = d;
+    o.offload = offload;
+    o.prefetch = 1 + (int)(d->seed % 4);
+    return ck_compile(g, &o, err, 512);
+}
+
+/* every parameter's bytes, one after another */
+static unsigned char *params_of(ck_program *p, size_t *n)
+{
+    size_t total = 0;
+    for (int t = 0; t < p->g->nt; t++)
+        if (p->g->t[t].kind == CK_KIND_PARAM) total += ck_tensor_bytes(&p->g->t[t]);
+    unsigned char *out = malloc(total ? total : 1), *at = out;
+    for (int t = 0; t < p->g->nt; t++) {
+        if (p->g->t[t].kind != CK_KIND_PARAM) continue;
+        const float *x = ck_program_read(p, t);
+        memcpy(at, x, ck_tensor_bytes(&p->g->t[t]));
+        at += ck_tensor_bytes(&p->g->t[t]);
+    }
+    *n = total;
+    return out;
+}
+
+int main(void)
+{
+    int graphs = 0, offloaded = 0, sound = 1, placed = 1, bitwise = 1, measured = 1, built = 1;
+    char err[512], name[200];
+    for (int round = 0; round < 24; round++) {
+        int loss = -1;
+        ck_graph *g = random_model(1 + (int)(next() % 3), 6 + (int)(next() % 24), &loss);
+        if (loss < 0) {
+            built = 0;
+            ck_graph_free(g);
+            continue;
+        }
+        decision with = {next(), 0}, without = {with.seed, 1};
+        ck_program *pa = compile(g, loss, &with, CK_OFFLOAD_NONE, err), *pb = pa ? compile(g, loss, &without, 0, err) : NULL;
+        if (!pa || !pb) {
+            snprintf(name, sizeof name, "round %d compiles: %.150s", round, err);
+            check(name, 0, 0);
+            built = 0;
+            ck_program_free(pa);
+            ck_graph_free(g);
+            continue;
+        }
+        graphs++;
+        offloaded += pa->train.nslots > 0;
+        if (pa->train.loc) {
+            sound &= transfers_sound(&pa->train, pa->g);
+            placed &= host_placed(&pa->train, pa->g) && pa->host_bytes == pa->train.host_peak;
+        }
+        for (int s = 0; s < 3; s++) {
+            size_t hw = 0;
+            if (ck_program_step_measured(pa, &hw) || ck_program_step(pb)) {
+                snprintf(name, sizeof name, "round %d step %d: %.80s%.80s", round, s, pa->err, pb->err);
+                check(name, 0, 0);
+                bitwise = 0;
+                break;
+            }
+            if (hw != pa->train.peak && measured) {
+                snprintf(name, sizeof name, "round %d step %d: high-water %zu, plan %zu", round, s, hw, pa->train.peak);
+                check(name, 0, 0);
+                measured = 0;
+            }
+        }
+        size_t na, nb;
+        unsigned char *a = params_of(pa, &na), *b = params_of(pb, &nb);
+        if (na != nb || memcmp(a, b, na)) {
+            if (bitwise) {
+                snprintf(name, sizeof name, "round %d: parameters differ after offloaded steps", round);
+                check(name, 0, 0);
+            }
+            bitwise = 0;
+        }
+        free(a);
+        free(b);
+        ck_program_free(pa);
+        ck_program_free(pb);
+        ck_graph_free(g);
+    }
+    check("every random model built and compiled", built, 0);
+    snprintf(name, sizeof name, "offload_moves_every_later_read_to_a_copy (%d of %d graphs offload)", offloaded, graphs);
+    check(name, sound && offloaded >= graphs / 2, 0);
+    check("host_ids_live_in_the_host_region: apart while live at once, none in the arena", placed, 0);
+    check("offloaded_training_is_bitwise_kept_training: 3 AdamW steps", bitwise, 0);
+    check("the measured high-water mark of an offloading program is its planned peak", measured, 0);
+
+    /* the cost model on one list: copies over the link, waits only for what is not done */
+    {
+        int loss = -1;
+        ck_graph *g = random_model(2, 24, &loss);
+        decision d = {42, 0};
+        ck_program *p = compile(g, loss, &d, CK_OFFLOAD_ACTIVATIONS, err); /* all that is kept goes out */
+        const ck_device_speed *cpu = ck_device_speed_find("cpu"), *h100 = ck_device_speed_find("NVIDIA H100 80GB HBM3");
+        ck_step_time st;
+        ck_plan_step_time(&p->train, p->g, cpu, &st);
+        const double link = 2.0 * (double)p->train.offload_bytes / (cpu->link_bw * 0.8);
+        check("the table finds a device by a substring of its full name (H100 in NVIDIA H100 80GB HBM3)",
+              h100 && !strcmp(h100->name, "H100") && !ck_device_speed_find("no such card"), 0);
+        check("a step is its compute plus its stalls, and its copies take their bytes over the link",
+              p->train.nslots > 0 && st.step >= st.compute && st.step <= st.compute + st.stalled + st.copies + 1e-12 &&
+                  st.copies > 0.999 * link && st.copies < 1.001 * link,
+              st.step);
+        ck_program_free(p);
+        ck_graph_free(g);
+    }
+    return checks_done();
+}

@@ -1,0 +1,63 @@
+/* Offload (vm/plan/offload.c): saved activations kept in pinned host memory
+ * between their forward and backward uses, as transfer entries of the op
+ * list; and the cost model (vm/plan/cost.c) that predicts a list's step time
+ * on a device with a copy stream. */
+#ifndef CK_OFFLOAD_H
+#define CK_OFFLOAD_H
+
+#include "plan/plan.h"
+
+/* The prefetch distance when none is given: entries between a copy and the
+ * wait that needs it done. */
+#define CK_PREFETCH_DEFAULT 8
+
+/* Inserts into scheduled list pl (ck_schedule's, no transfers yet) the
+ * transfers of the buffers of the graph tensors marked CK_OFFLOAD in mark:
+ * after a buffer's last forward use its copy out to a host id, prefetch
+ * entries later (not past the forward part) the wait that frees it; prefetch
+ * entries before its first later use (not before the forward part ends) the
+ * copy back into a device copy, and right before that use the wait. Later
+ * entries read the copy (a reshape of the buffer read later is made again
+ * from it, as recompute does). A buffer no later entry reads, or that is
+ * retained, stays. pl->loc, nslots, offload_bytes and prefetch are set; the
+ * memory plan (ck_plan_memory) places the host ids in the host region.
+ * Returns the buffers offloaded, or -1 out of memory (pl unchanged). */
+int ck_offload_schedule(ck_plan *pl, const ck_graph *g, const unsigned char *mark, const int *retain, int prefetch);
+
+/* ---- the cost model (vm/plan/cost.c) */
+
+/* A device's throughput: FLOP/s for products and convolutions (tensor cores
+ * for 16-bit storage, fp32 otherwise), bytes/s of its memory for everything
+ * else, and the host link's bytes/s each way; launch: seconds per entry. */
+typedef struct ck_device_speed {
+    const char *name;
+    double flops_f32, flops_16, mem_bw, link_bw, launch;
+} ck_device_speed;
+
+/* The table's entry whose name is a case-insensitive substring of name
+ * ("NVIDIA H100 80GB HBM3" finds "H100"), or NULL. */
+const ck_device_speed *ck_device_speed_find(const char *name);
+/* The table itself, ended by an entry with a NULL name. */
+const ck_device_speed *ck_device_speed_table(void);
+/* The speeds of the device a backend runs on as far as the plan knows them:
+ * the CPU's fixed figures on the CPU backend; NULL on a GPU (its name picks
+ * an entry: compile{gpu = NAME}). */
+const ck_device_speed *ck_backend_speed(const struct ck_backend *be);
+
+/* The predicted times of one list, by a simulation of two streams: the
+ * compute stream runs the entries in order, each for the longer of its
+ * FLOPs at the device's rate and its bytes at memory bandwidth, plus the
+ * launch; the copy stream runs the transfers in order, each starting when
+ * the compute stream has reached it and the previous copy is done, for its
+ * bytes at link bandwidth; a wait holds the compute stream until its copy
+ * is done. */
+typedef struct ck_step_time {
+    double step;     /* the compute stream's end: the predicted step time */
+    double compute;  /* the entries' own time (no waits) */
+    double recompute; /* of that, recompute entries' */
+    double copies;   /* the copy stream's busy time */
+    double stalled;  /* time the compute stream waited for copies */
+} ck_step_time;
+void ck_plan_step_time(const ck_plan *pl, const ck_graph *g, const ck_device_speed *dev, ck_step_time *out);
+
+#endif

@@ -251,5 +251,5 @@ cudaError_t cudaFreeHost(void *p)
     return cudaSuccess;
 }
 
-size_t ck_emu_pinned_peak(void) { return pinned_most; }
-size_t ck_emu_pinned_used(void) { return pinned_now; }
+extern "C" size_t ck_emu_pinned_peak(void) { return pinned_most; }
+extern "C" size_t ck_emu_pinned_used(void) { return pinned_now; }

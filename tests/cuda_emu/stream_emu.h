@@ -50,8 +50,8 @@ extern int ck_emu_events_hang;
 /* The most pinned host memory held at once, and what is held now (the
  * memory log of cuda_emu.cpp reports them). CK_EMU_PINNED_LIMIT=N: a
  * cudaHostAlloc that would hold more than N bytes fails, as one past what
- * the system can lock does. */
-size_t ck_emu_pinned_peak(void);
-size_t ck_emu_pinned_used(void);
+ * the system can lock does. C names: C tests read them. */
+extern "C" size_t ck_emu_pinned_peak(void);
+extern "C" size_t ck_emu_pinned_used(void);
 
 #endif

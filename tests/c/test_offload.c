@@ -13,12 +13,17 @@
  *    the same decision without offload leaves it, and the measured
  *    high-water mark of the arena is the planned peak;
  *  - the cost model: a list's predicted step is its compute, plus what it
- *    waits for copies; the copies take their bytes over the link. */
+ *    waits for copies; the copies take their bytes over the link;
+ *  - the_joint_search_judges_a_decision_as_its_list: ck_offload_judge's live
+ *    peak and predicted step, found without building the list, are those of
+ *    the list ck_schedule and ck_offload_schedule build. */
+#include "plan/evaluate.h"
 #include "plan/offload.h"
 #include "run/program.h"
 
 #include "check.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -321,6 +326,71 @@ int main(void)
               st.step);
         ck_program_free(p);
         ck_graph_free(g);
+    }
+    /* the joint search's judgement against the list itself */
+    {
+        int judged = 0, live_ok = 1, time_ok = 1;
+        for (int round = 0; round < 16; round++) {
+            int loss = -1;
+            ck_graph *g = random_model(1 + (int)(next() % 3), 8 + (int)(next() % 30), &loss);
+            if (loss < 0 || ck_autodiff(g, loss, -1)) {
+                ck_graph_free(g);
+                continue;
+            }
+            int *nodes = malloc(sizeof(int) * (size_t)g->nn), *cand = malloc(sizeof(int) * (size_t)g->nt);
+            int64_t *poff = malloc(sizeof(int64_t) * (size_t)g->nt);
+            int *retain = calloc((size_t)g->nt, sizeof(int));
+            unsigned char *mark = calloc((size_t)g->nt, 1), *rmark = calloc((size_t)g->nt, 1);
+            for (int i = 0; i < g->nn; i++) nodes[i] = i;
+            size_t persistent = 0;
+            for (int t = 0; t < g->nt; t++) {
+                poff[t] = -1;
+                if (ck_is_persistent(g->t[t].kind)) {
+                    poff[t] = (int64_t)persistent;
+                    persistent += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
+                }
+                retain[t] = next() % 16 == 0;
+            }
+            const int ncand = ck_saved_activations(g, cand);
+            ck_decide_ctx c = {g, nodes, g->nn, cand, ncand, poff, persistent, retain, ck_backend_cpu(), NULL,
+                               1, 1 + (int)(next() % 5), ck_device_speed_find(round % 2 ? "4090" : "cpu"), NULL, 0};
+            ck_evaluator *ev = ck_evaluator_new(&c);
+            for (int trial = 0; ev && trial < 6; trial++) {
+                for (int k = 0; k < ncand; k++) {
+                    const int v = (int)(next() % 3);
+                    mark[cand[k]] = (unsigned char)(v == 2 ? CK_OFFLOAD : v);
+                    rmark[cand[k]] = v == 1;
+                }
+                size_t live;
+                double time;
+                ck_plan pl;
+                if (ck_offload_judge(&c, ev, mark, &live, &time) || ck_schedule(&pl, g, nodes, g->nn, rmark)) break;
+                ck_step_time st;
+                if (ck_offload_schedule(&pl, g, mark, retain, c.prefetch) >= 0 &&
+                    !ck_plan_memory(&pl, g, poff, persistent, retain, c.be)) {
+                    ck_plan_step_time(&pl, g, c.speed, &st);
+                    if (live != pl.live_peak && live_ok) {
+                        snprintf(name, sizeof name, "round %d trial %d: judged live peak %zu, the list's %zu", round,
+                                 trial, live, pl.live_peak);
+                        check(name, 0, 0);
+                        live_ok = 0;
+                    }
+                    if (fabs(time - st.step) > 1e-9 * st.step && time_ok) {
+                        snprintf(name, sizeof name, "round %d trial %d: judged step %.9g s, the list's %.9g s", round,
+                                 trial, time, st.step);
+                        check(name, 0, 0);
+                        time_ok = 0;
+                    }
+                    judged += pl.nslots > 0;
+                }
+                ck_plan_free(&pl);
+            }
+            ck_evaluator_free(ev);
+            free(nodes), free(cand), free(poff), free(retain), free(mark), free(rmark);
+            ck_graph_free(g);
+        }
+        snprintf(name, sizeof name, "the_joint_search_judges_a_decision_as_its_list: live peak and step (%d lists that offload)", judged);
+        check(name, live_ok && time_ok && judged > 20, 0);
     }
     return checks_done();
 }

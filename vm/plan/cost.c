@@ -77,12 +77,19 @@ const ck_device_speed *ck_backend_speed(const ck_backend *be)
 /* products, convolutions and attention run on tensor cores in 16-bit storage */
 static int tensor_op(enum ck_op op) { return ck_op_autocast(op) || op == CK_OP_ATTENTION || op == CK_OP_ATTENTION_BWD; }
 
+/* the time of a kernel of op doing flops over bytes (16-bit operands: half) */
+static double seconds(enum ck_op op, double flops, double bytes, int half, const ck_device_speed *dev)
+{
+    if (op == CK_OP_RESHAPE) return 0; /* a view: no kernel work */
+    const double rate = (tensor_op(op) && half ? dev->flops_16 : dev->flops_f32) * EFF_FLOPS;
+    const double tf = flops / rate, tm = bytes / (dev->mem_bw * EFF_MEM);
+    return (tf > tm ? tf : tm) + dev->launch;
+}
+
 /* one entry's time on the compute stream */
 static double entry_time(const ck_plan *pl, const ck_graph *g, int i, const ck_device_speed *dev)
 {
     const ck_op_ref *r = &pl->ops[i];
-    const enum ck_op op = g->n[r->node].op;
-    if (op == CK_OP_RESHAPE) return 0; /* a view: no kernel work */
     double bytes = 0;
     int half = 0;
     for (int j = 0; j < r->nin + r->nout; j++) {
@@ -92,11 +99,24 @@ static double entry_time(const ck_plan *pl, const ck_graph *g, int i, const ck_d
         const ck_dtype dt = g->t[pl->origin[t]].dtype;
         half |= dt == CK_BF16 || dt == CK_F16;
     }
-    const double flops = ck_plan_op_flops(pl, g, i);
-    const double rate = (tensor_op(op) && half ? dev->flops_16 : dev->flops_f32) * EFF_FLOPS;
-    const double tf = flops / rate, tm = bytes / (dev->mem_bw * EFF_MEM);
-    return (tf > tm ? tf : tm) + dev->launch;
+    return seconds(g->n[r->node].op, ck_plan_op_flops(pl, g, i), bytes, half, dev);
 }
+
+double ck_node_seconds(const ck_graph *g, int v, double flops, const ck_device_speed *dev)
+{
+    const ck_node *nd = &g->n[v];
+    double bytes = 0;
+    int half = 0;
+    for (int j = 0; j < nd->nin + nd->nout; j++) {
+        const int t = j < nd->nin ? nd->in[j] : nd->out[j - nd->nin];
+        if (t < 0) continue;
+        bytes += (double)ck_tensor_bytes(&g->t[t]);
+        half |= g->t[t].dtype == CK_BF16 || g->t[t].dtype == CK_F16;
+    }
+    return seconds(nd->op, flops, bytes, half, dev);
+}
+
+double ck_copy_seconds(size_t bytes, const ck_device_speed *dev) { return (double)bytes / (dev->link_bw * EFF_LINK); }
 
 void ck_plan_step_time(const ck_plan *pl, const ck_graph *g, const ck_device_speed *dev, ck_step_time *out)
 {
@@ -110,11 +130,10 @@ void ck_plan_step_time(const ck_plan *pl, const ck_graph *g, const ck_device_spe
         if (!heap) return;
         slot_done = heap;
     }
-    const double link = dev->link_bw * EFF_LINK;
     for (int i = 0; i < pl->n; i++) {
         const ck_op_ref *r = &pl->ops[i];
         if (r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_IN) {
-            const double d = (double)ck_plan_tensor_bytes(pl, g, r->in[0]) / link;
+            const double d = ck_copy_seconds(ck_plan_tensor_bytes(pl, g, r->in[0]), dev);
             tx = (tx > tc ? tx : tc) + d;
             slot_done[r->slot] = tx;
             out->copies += d;

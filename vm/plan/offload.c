@@ -80,7 +80,9 @@ int ck_offload_schedule(ck_plan *pl, const ck_graph *g, const unsigned char *mar
                 last_fwd[b] = i;
             } else {
                 if (first_later[b] < 0) first_later[b] = i;
-                if (j >= r->nin) bad[b] = 1; /* written again after the forward part: not a saved activation */
+                /* written again after the forward part: not a saved activation (a
+                 * reshape's output is a view of it, made again from the copy) */
+                if (j >= r->nin && g->n[r->node].op != CK_OP_RESHAPE) bad[b] = 1;
                 else if (id < g->nt && id != b) need[id] = 1; /* an alias read later: made again from the copy */
             }
         }

@@ -59,5 +59,33 @@ typedef struct ck_step_time {
     double stalled;  /* time the compute stream waited for copies */
 } ck_step_time;
 void ck_plan_step_time(const ck_plan *pl, const ck_graph *g, const ck_device_speed *dev, ck_step_time *out);
+/* The model's time of graph node v's entry (flops: its FLOPs), and of a
+ * copy of bytes over the link: what ck_plan_step_time adds up. */
+double ck_node_seconds(const ck_graph *g, int v, double flops, const ck_device_speed *dev);
+double ck_copy_seconds(size_t bytes, const ck_device_speed *dev);
+
+/* ---- the joint search (vm/plan/offsearch.c) */
+
+/* The decision of least predicted step time whose placed peak fits budget,
+ * over keep, recompute and CK_OFFLOAD for every candidate of c (c->offload
+ * set), into mark; c->why (if any) gets a line on what it chose and what it
+ * beat. Candidates: the budget search's recompute answer, offload alone (the
+ * kept buffers crossing the turn, in two orders, the shortest run that
+ * fits), the fixed policies with everything they keep offloaded; each
+ * improved by moves that recompute less (a recomputed tensor kept, or kept
+ * and offloaded) while the live peak fits; the fastest placed and checked
+ * exactly. what names the policy in errors; a budget nothing fits gets one
+ * line naming the smallest peak found with offload and without.
+ * 0, or -1 with err. */
+struct ck_evaluator;
+int ck_offload_decide(const ck_decide_ctx *c, struct ck_evaluator *ev, size_t budget, unsigned char *mark,
+                      const char *what, char *err, size_t errlen);
+/* The joint search's judgement of decision mark (0, 1, CK_OFFLOAD per graph
+ * tensor), without building its list: the live peak (ck_plan.live_peak of
+ * the list ck_schedule and ck_offload_schedule make, at c->prefetch) and
+ * the predicted step on c->speed (ck_plan_step_time of that list). 0, or -1
+ * out of memory or for lists whose optimizer entries move. */
+int ck_offload_judge(const ck_decide_ctx *c, struct ck_evaluator *ev, const unsigned char *mark, size_t *live,
+                     double *time);
 
 #endif

@@ -1,6 +1,6 @@
 # The fuzz harnesses (tests/fuzz): the safetensors reader, script loading,
 # dataset samples, the checkpoint key mapping, the image readers, the
-# tokenizer's file readers and the sentencepiece model reader.
+# tokenizer's file readers, the sentencepiece model reader and the TOML reader.
 #
 # Always: each harness with a plain main (tests/fuzz/replay_main.c) against
 # the library, and a test that replays its seed corpus and past findings
@@ -14,7 +14,7 @@
 # uninstrumented.
 option(CK_FUZZ "build the libFuzzer harnesses (needs clang)" OFF)
 
-foreach(h safetensors script dataset checkpoint image tokenizer spm)
+foreach(h safetensors script dataset checkpoint image tokenizer spm toml)
   add_executable(fuzz_replay_${h} tests/fuzz/fuzz_${h}.c tests/fuzz/replay_main.c)
   target_compile_options(fuzz_replay_${h} PRIVATE "SHELL:-idirafter ${CMAKE_SOURCE_DIR}/vm")
   target_link_libraries(fuzz_replay_${h} PRIVATE ck_static)
@@ -79,6 +79,14 @@ if(CK_FUZZ)
   target_include_directories(fuzz_spm PRIVATE ${JANSSON_INCLUDE} ${ICU_INCLUDE} ${SPM_INCLUDE_DIRS})
   target_link_options(fuzz_spm PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_spm PRIVATE ${JANSSON_LIB} ${ICUUC_LIB} ${CK_SPM_LINK} m)
+  # the TOML reader: ckrun's scan, then toml++ behind its shim, compiled in
+  # header-only here too, so its own code is instrumented and covered
+  add_executable(fuzz_toml EXCLUDE_FROM_ALL tests/fuzz/fuzz_toml.c vm/formats/toml_scan.c vm/formats/toml_shim.cc
+                 vm/formats/json.c vm/text/text_file.c)
+  target_compile_options(fuzz_toml PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
+  target_include_directories(fuzz_toml PRIVATE ${JANSSON_INCLUDE} ${TOMLPP_INCLUDE})
+  target_link_options(fuzz_toml PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_toml PRIVATE ${JANSSON_LIB} ${ZLIB_LIB} stdc++ m)
   add_custom_target(fuzz_harnesses DEPENDS fuzz_safetensors fuzz_script fuzz_dataset fuzz_checkpoint fuzz_image
-                    fuzz_tokenizer fuzz_spm)
+                    fuzz_tokenizer fuzz_spm fuzz_toml)
 endif()

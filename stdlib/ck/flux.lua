@@ -46,6 +46,9 @@ flux.TIME_CHANNELS = 256
 local EPS = 1e-6
 -- rope's theta (BFL's EmbedND, diffusers' FluxPosEmbed)
 flux.THETA = 10000
+-- added to the attention logits at a masked key (the CPU's exp clamps at
+-- -87: softmax leaves about 1e-38 there, which the 0/1 keep then zeroes)
+flux.MASKED = -1e30
 -- the scopes of the blocks, for g:compile{checkpoint = policy.blocks(flux.BLOCKS)}
 flux.BLOCKS = {"transformer_blocks.*", "single_transformer_blocks.*"}
 -- diffusers' train_dreambooth_lora_flux.py targets (every matching Linear: the
@@ -231,16 +234,37 @@ function FluxAttention:qkv(g, x, added)
          head_norm(g, self.norm_k, self.to_k:forward(g, x), h, hd), self.to_v:forward(g, x)
 end
 
+-- softmax(q k^T / sqrt(head_dim) + mask.add) v over [B, L, H*hd] tensors,
+-- each weight then multiplied by mask.keep (both [B, 1, 1, L]: 0 and
+-- flux.MASKED, 0 and 1 per key), so a masked key's weight is exactly 0. The
+-- attention op takes no mask, so this path is made of matmul, softmax and
+-- the broadcast add, with the [B, H, L, L] weights a fused kernel avoids
+-- (kohya's --apply_t5_attn_mask pays for them the same way in PyTorch's SDPA).
+local function masked_attention(q, k, v, heads, mask)
+  local s = q.shape
+  local b, l, hd = s[1], s[2], s[3] // heads
+  local function split(t) return ck.permute(ck.reshape(t, {b, l, heads, hd}), {0, 2, 1, 3}) end -- [B, H, L, hd]
+  local w = ck.softmax(ck.scale(ck.matmul(split(q), split(k), {trans_b = true}), 1 / math.sqrt(hd)) + mask.add)
+  w = w * mask.keep
+  return ck.reshape(ck.permute(ck.matmul(w, split(v)), {0, 2, 1, 3}), {b, l, heads * hd})
+end
+
 -- double: x [B, Li, D] (image), c [B, Lt, D] (text) -> image out, text out;
 -- single (pre_only): x [B, Lt+Li, D] -> attention [B, Lt+Li, D]. rope: the
--- table [Lt+Li, head_dim] of the joint sequence.
-function FluxAttention:updateOutput(g, x, c, rope)
+-- table [Lt+Li, head_dim] of the joint sequence; mask: nil, or the keys kept
+-- ({add, keep}, flux.joint_mask's) of the joint sequence.
+function FluxAttention:updateOutput(g, x, c, rope, mask)
   local q, k, v = self:qkv(g, x, false)
   if c then
     local cq, ckk, cv = self:qkv(g, c, true)
     q, k, v = ck.concat(cq, q, 1), ck.concat(ckk, k, 1), ck.concat(cv, v, 1)
   end
-  local o = ck.attention(ck.rope(q, rope), ck.rope(k, rope), v, self.heads)
+  local o
+  if mask then
+    o = masked_attention(ck.rope(q, rope), ck.rope(k, rope), v, self.heads, mask)
+  else
+    o = ck.attention(ck.rope(q, rope), ck.rope(k, rope), v, self.heads)
+  end
   if not c then return o end
   local lt, li = c.shape[2], x.shape[2]
   return self.to_out:forward(g, ck.slice(o, 1, lt, li)), self.to_add_out:forward(g, ck.slice(o, 1, 0, lt))
@@ -277,11 +301,11 @@ function FluxTransformerBlock:init(o)
   self.ff_context = self:add("ff_context", FeedForward{d})
 end
 
--- x [B, Li, D], c [B, Lt, D], silu(temb) [B, D], rope [Lt+Li, hd] -> c, x
-function FluxTransformerBlock:updateOutput(g, x, c, semb, rope)
+-- x [B, Li, D], c [B, Lt, D], silu(temb) [B, D], rope [Lt+Li, hd], mask (or nil) -> c, x
+function FluxTransformerBlock:updateOutput(g, x, c, semb, rope, mask)
   local nx, m = self.norm1:forward(g, x, semb)
   local nc, mc = self.norm1_context:forward(g, c, semb)
-  local ax, ac = self.attn:forward(g, nx, nc, rope)
+  local ax, ac = self.attn:forward(g, nx, nc, rope, mask)
   x = ck.gate(x, m[3], ax)
   x = ck.gate(x, m[6], self.ff:forward(g, ck.modulate(self.norm2:forward(g, x), m[4], m[5])))
   c = ck.gate(c, mc[3], ac)
@@ -303,11 +327,11 @@ function FluxSingleTransformerBlock:init(o)
   self.attn = self:add("attn", FluxAttention{d, heads = o.heads, head_dim = o.head_dim, pre_only = true})
 end
 
--- h [B, Lt+Li, D] (text then image), silu(temb), rope -> h
-function FluxSingleTransformerBlock:updateOutput(g, h, semb, rope)
+-- h [B, Lt+Li, D] (text then image), silu(temb), rope, mask (or nil) -> h
+function FluxSingleTransformerBlock:updateOutput(g, h, semb, rope, mask)
   local nh, m = self.norm:forward(g, h, semb)
   local mlp = ck.gelu(self.proj_mlp:forward(g, nh), "tanh")
-  local a = self.attn:forward(g, nh, nil, rope)
+  local a = self.attn:forward(g, nh, nil, rope, mask)
   return ck.gate(h, m[3], self.proj_out:forward(g, ck.concat(a, mlp, 2)))
 end
 
@@ -366,13 +390,15 @@ end
 -- hidden_states [B, Li, in_channels] (packed latents), encoder_hidden_states
 -- [B, Lt, joint_attention_dim] (T5), pooled_projections [B, pooled] (CLIP-L),
 -- timestep [B] (sigma in [0, 1]), rope [Lt+Li, head_dim] (a g:input set to
--- flux.rope_values), guidance [B] (dev only) -> [B, Li, out_channels].
+-- flux.rope_values), guidance [B] (dev only), mask (nil, or flux.joint_mask's
+-- {add, keep}: the text tokens each sample's attention leaves out, kohya's
+-- --apply_t5_attn_mask) -> [B, Li, out_channels].
 -- The single blocks run on the joint sequence concatenated once (BFL's way;
 -- diffusers concatenates and splits it around each block, the same values).
 -- Errors name the line that called model:forward (the root module's forward
 -- tail-calls this).
 function FluxTransformer2DModel:updateOutput(g, hidden_states, encoder_hidden_states, pooled_projections, timestep,
-                                             rope, guidance)
+                                             rope, guidance, mask)
   local c = self.config
   local lt, li = encoder_hidden_states.shape[2], hidden_states.shape[2]
   if c.guidance_embeds ~= (guidance ~= nil) then
@@ -388,10 +414,10 @@ function FluxTransformer2DModel:updateOutput(g, hidden_states, encoder_hidden_st
   local temb = self.time_text_embed:forward(g, timestep, pooled_projections, guidance)
   local txt = self.context_embedder:forward(g, encoder_hidden_states)
   local semb = ck.silu(temb)
-  for _, blk in ipairs(self.transformer_blocks) do txt, x = blk:forward(g, x, txt, semb, rope) end
+  for _, blk in ipairs(self.transformer_blocks) do txt, x = blk:forward(g, x, txt, semb, rope, mask) end
   if #self.single_transformer_blocks > 0 then
     local h = ck.concat(txt, x, 1)
-    for _, blk in ipairs(self.single_transformer_blocks) do h = blk:forward(g, h, semb, rope) end
+    for _, blk in ipairs(self.single_transformer_blocks) do h = blk:forward(g, h, semb, rope, mask) end
     x = ck.slice(h, 1, lt, li)
   end
   return self.proj_out:forward(g, self.norm_out:forward(g, x, semb))
@@ -448,9 +474,13 @@ end
 -- Declares the transformer's inputs (outside any scope) for latents of
 -- height x width (latent pixels, even) and tokens text tokens: hidden_states
 -- [B, L, in_channels] (packed), encoder_hidden_states, pooled_projections,
--- timestep [B], guidance [B] (dev only), rope [tokens + L, head_dim].
+-- timestep [B], guidance [B] (dev only), rope [tokens + L, head_dim], and
+-- with mask = true t5_attn_mask [B, tokens] (1 for a caption's tokens and its
+-- </s>, 0 for pads: T5's attention mask) and joint_ones [B, 1, 1, tokens + L]
+-- (set it to 1; flux.joint_mask's constant).
 -- opts: batch=1, height=64, width=height, tokens=512, latents=true (false: no
--- hidden_states and timestep, which an objective declares). Returns the table.
+-- hidden_states and timestep, which an objective declares), mask=false.
+-- Returns the table.
 function flux.inputs(g, config, opts)
   opts = opts or {}
   local c = flux.config(config)
@@ -472,10 +502,25 @@ function flux.inputs(g, config, opts)
   x.pooled_projections = g:input("pooled_projections", {b, c.pooled_projection_dim})
   x.rope = g:input("rope", {tokens + l, c.attention_head_dim})
   if c.guidance_embeds then x.guidance = g:input("guidance", {b}) end
+  if opts.mask then
+    x.t5_attn_mask = g:input("t5_attn_mask", {b, tokens})
+    x.joint_ones = g:input("joint_ones", {b, 1, 1, tokens + l})
+  end
   return x
 end
 
--- flux.build(g, model | config | name, {batch=, height=, width=, tokens=, frozen=})
+-- flux.joint_mask(x) -> nil, or {add, keep} [B, 1, 1, tokens + L] of inputs
+-- x (flux.inputs{mask = true}'s): the text tokens' mask, every image token
+-- kept, as kohya's --apply_t5_attn_mask masks the joint attention
+function flux.joint_mask(x)
+  if not x.t5_attn_mask then return nil end
+  local s, l = x.t5_attn_mask.shape, x.joint_ones.shape[4]
+  local b, tokens = s[1], s[2]
+  local keep = ck.concat(ck.reshape(x.t5_attn_mask, {b, 1, 1, tokens}), ck.slice(x.joint_ones, 3, tokens, l - tokens), 3)
+  return {keep = keep, add = ck.scale(keep - x.joint_ones, -flux.MASKED)}
+end
+
+-- flux.build(g, model | config | name, {batch=, height=, width=, tokens=, frozen=, mask=})
 -- -> model, output [B, L, out_channels], inputs table
 function flux.build(g, what, opts)
   opts = opts or {}
@@ -488,7 +533,7 @@ function flux.build(g, what, opts)
   if opts.frozen then model:freeze() end
   local x = flux.inputs(g, model.config, opts)
   local y = model:forward(g, x.hidden_states, x.encoder_hidden_states, x.pooled_projections, x.timestep, x.rope,
-                          x.guidance)
+                          x.guidance, flux.joint_mask(x))
   return model, y, x
 end
 
@@ -537,12 +582,14 @@ end
 --   config     flux.config(...) or a name
 --   batch      samples per step; latent = {h, w} or one number: the latents' size (even)
 --   tokens     text tokens per prompt (T5's; 512 for dev, 256 for schnell as kohya's defaults)
---   lora       {rank, alpha (rank), targets (flux.LORA_TARGETS), dropout, loraplus_lr_ratio} on a
---              frozen base, or false to train every parameter
+--   mask       kohya's --apply_t5_attn_mask: the joint attention leaves each sample's padded text
+--              tokens out (inputs t5_attn_mask and joint_ones, flux.inputs')
+--   lora       ck.flux_lora.attach's options (rank, alpha = rank, targets = "kohya" | "diffusers" | a
+--              list, dropout, loraplus_lr_ratio) on a frozen base, or false to train every parameter
 --   objective  an object with build(g, {B, C, H, W}, model_fn(noisy, t) -> prediction) -> loss (ck.train's
 --              flow matching); by default the plain flow-matching loss above
 --   compile    g:compile's options besides the loss (optimizer "adamw" unless given)
--- Returns {model, adapter, graph, objective, program, inputs = {encoder_hidden_states,
+-- Returns {model, adapter (ck.flux_lora's), graph, objective, program, inputs = {encoder_hidden_states,
 -- pooled_projections, guidance, rope, latents, noise, ...}, rope_values (the flat table to p:set
 -- the rope input to)}. The latents are packed and the prediction unpacked inside the graph.
 function flux.training_step(s)
@@ -554,19 +601,20 @@ function flux.training_step(s)
   r.model = FluxTransformer2DModel(config)
   if s.lora then
     r.model:freeze()
-    r.adapter = require("ck.lora").attach(r.model, {rank = s.lora.rank, alpha = s.lora.alpha or s.lora.rank,
-      targets = s.lora.targets or flux.LORA_TARGETS, dropout = s.lora.dropout,
-      loraplus_lr_ratio = s.lora.loraplus_lr_ratio})
+    r.adapter = require("ck.flux_lora").attach(r.model, {rank = s.lora.rank, alpha = s.lora.alpha or s.lora.rank,
+      targets = s.lora.targets or "kohya", dropout = s.lora.dropout, loraplus_lr_ratio = s.lora.loraplus_lr_ratio})
   end
   local g = ck.graph()
   r.graph = g
-  local x = flux.inputs(g, config, {batch = batch, height = lh, width = lw, tokens = tokens, latents = false})
+  local x = flux.inputs(g, config, {batch = batch, height = lh, width = lw, tokens = tokens, latents = false,
+                                    mask = s.mask})
+  local mask = flux.joint_mask(x)
   r.inputs = x
   r.objective = s.objective or flow_objective()
   local latent_channels = config.in_channels // 4
   local loss = r.objective:build(g, {batch, latent_channels, lh, lw}, function(noisy, t)
     local y = r.model:forward(g, flux.pack(noisy), x.encoder_hidden_states, x.pooled_projections, t, x.rope,
-                              x.guidance)
+                              x.guidance, mask)
     return flux.unpack(y, lh, lw)
   end)
   for k, v in pairs(r.objective.inputs or {}) do x[k] = x[k] or v end

@@ -13,10 +13,11 @@
 --   options             its own ck.options entries; adapter_options: those of them --full refuses
 --   defaults            {resolution = {fn, shown}, batch = {fn, shown}}: the family's defaults of shared options
 --   blocks              the scopes whose statistics the logger reports (log.new's blocks)
+--   checkpoint_blocks   optional: the scopes --checkpoint diffusers recomputes (default: SDXL's UNet blocks)
 --   model(o) -> m       the model the options (all of them, the trainer's too) describe: m.size, m.label
 --                       ("sdxl-tiny"), m.title (the samples' model name), m.channels (latent channels), m.factor
---                       (what latent sides are multiples of), m.objective_words, m.base (a base model: load
---                       takes its weights)
+--                       (what latent sides are multiples of), m.vae_scale (pixels per latent pixel; default 8),
+--                       m.objective_words, m.base (a base model: load takes its weights)
 --   adapter(m, a)       lora.attach's options from the trainer's a = {rank, alpha, dropout, loraplus_lr_ratio}
 --   adapter_words(m)    words after "LoRA rank R" in the run's first line
 --   build(m, s)         the training step for s = {batch, latent = {h, w}, lora, compile}: {program, graph,
@@ -26,19 +27,21 @@
 --   text_shapes(m)      {{name, shape}, ...}: the text tensors of a sample file
 --   dataset(m, src, o)  cached samples (ck.data.latents' options o)
 --   settings(m)         what a state records of the model: a resumed run must match it
+--   metadata(m)         optional: the family's own metadata of the files written ({ss_... = "..."})
+--   refused(name)       optional: why option --name (another family's, not this one's) is refused, or nil
 --   save_adapter(p, adapter, path, {format, dtype, metadata, peft_folder})   the adapter file, its naming
 --   encoders(m)         the image and text encoders: :check(), :cache(plan, o), :text_program(n, share),
 --                       :text(tp, captions) and :image(vp, image, sample, key, seed, epoch) -> {{input, values}},
 --                       :image_program(w, h, share), .tokens
 --   prompts(m, path, o), sampler(m, {prompts, encoders, lora, compile_opts, dir, stem})
 --                       samples while training: ck.sampling's interface
--- A flow-matching family (Flux.1) fills the same hooks: build packs the latents
--- [16, H, W] 2x2 into tokens in the graph (m.factor 2) and its objective's
--- prepare draws the sigmas (x_s = (1 - s) x0 + s eps, the target eps - x0;
--- kohya's --timestep-sampling, flux_shift from the bucket's shape) and sets
--- the guidance and position ids; text_shapes names T5's states and CLIP's
--- pooled vector; the encoders hold T5 and CLIP-L, and image() gives latents
--- alone (no time ids). tests/scripts/train_toy_flow.lua is a small such family.
+-- A flow-matching family (Flux.1, ck/family/flux.lua) fills the same hooks:
+-- build packs the latents [16, H, W] 2x2 into tokens in the graph (m.factor 2)
+-- and its objective's prepare draws the sigmas (x_s = (1 - s) x0 + s eps, the
+-- target eps - x0; kohya's --timestep-sampling, flux_shift from the bucket's
+-- shape) and sets the guidance and position ids; text_shapes names T5's states
+-- and CLIP's pooled vector; the encoders hold T5 and CLIP-L, and image() gives
+-- latents alone (no time ids). tests/scripts/train_toy_flow.lua is a small such family.
 local ck = require "ck"
 local options = require "ck.options"
 local policy = require "ck.policy"
@@ -71,7 +74,7 @@ function M.options(f)
     {"samples", "integer", 16, "the synthetic set's size", min = 1},
     {"weights", "string", nil, "the base " .. noun .. " in diffusers key names (default: a seeded random base)",
      arg = "FILE"},
-    {"resolution", "integer", res[1], "pixels per side (latents are 1/8 of it)", arg = "PX", shown = res.shown,
+    {"resolution", "integer", res[1], "pixels per side (latents are 1/8 of it, or of the VAE's scale)", arg = "PX", shown = res.shown,
      check = function(v) return v % 64 == 0 end, says = "must be a multiple of 64 pixels",
      accept = function(v) -- kohya's W,H, where it is a square
        local w, h = tostring(v):match("^%s*(%d+)%s*,%s*(%d+)%s*$")
@@ -186,7 +189,8 @@ end
 
 ---- the run, in steps: each function below takes the run's table t
 
--- the options, parsed; nil after --help
+-- the options, parsed; nil after --help. Another family's option the
+-- family names (refused) is refused with its reason, not as unknown.
 local function parse(args, script)
   local f = script.family
   local spec = {about = script.about, kohya = true}
@@ -197,6 +201,18 @@ local function parse(args, script)
   add("this script's", script.options or {})
   add("the " .. f.name .. " family's", f.options or {})
   add("the trainer's, every family's", M.options(f))
+  if f.refused then
+    local declared, named = {}, {}
+    for _, e in ipairs(spec) do if e[1] then declared[e[1]] = true end end
+    for k in pairs(args) do
+      if type(k) == "string" and k ~= "script" and not declared[k] then named[#named + 1] = k end
+    end
+    table.sort(named)
+    for _, k in ipairs(named) do
+      local why = f.refused((k:gsub("_", "-")))
+      if why then error("--" .. k .. " " .. why) end
+    end
+  end
   return options.parse(args, spec)
 end
 
@@ -267,7 +283,8 @@ local function describe(t)
   end
   t.m = f.model(o)
   t.resolution = o.resolution
-  t.latent = t.resolution // 8
+  t.vae_scale = t.m.vae_scale or 8 -- pixels per latent pixel
+  t.latent = t.resolution // t.vae_scale
   t.batch, t.steps, t.seed = o.batch, o.steps, o.seed
   t.adapter_opts = not t.full and f.adapter(t.m, {rank = o.rank, alpha = o.alpha, dropout = o["network-dropout"],
                                                   loraplus_lr_ratio = o["loraplus-lr-ratio"]}) or false
@@ -291,6 +308,10 @@ local function describe(t)
     error("--sample-every and --sample-at-first render the prompts of --sample-prompts FILE: give it")
   end
   t.checkpoint = policy.parse(o.checkpoint) -- auto is chosen once the programs can be built
+  -- diffusers' (and kohya's) gradient checkpointing is every block of the family's model
+  if f.checkpoint_blocks and policy.name(t.checkpoint) == "diffusers" then
+    t.checkpoint = policy.blocks(f.checkpoint_blocks)
+  end
   -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
   t.fp8_base = o["fp8-base"]
   -- what the logger will compute on its logging steps, planned into the arena
@@ -384,7 +405,7 @@ local function load_data(t)
         list[#list + 1] = files and files[i] or false
         t.captions[#t.captions + 1] = e.caption
         t.entries[#t.entries + 1] = e
-        shp[#shp + 1] = {m.channels, e.bucket[2] // 8, e.bucket[1] // 8}
+        shp[#shp + 1] = {m.channels, e.bucket[2] // t.vae_scale, e.bucket[1] // t.vae_scale}
       end
     end
     if files then
@@ -498,8 +519,9 @@ local function compile(t)
   if t.random_crop and not ck.plan_mode then
     local one
     for k = 1, #t.shapes do
-      local key = t.shapes[k][3] * 8 .. "x" .. t.shapes[k][2] * 8
-      t.image_runs[key] = t.enc:image_program(t.shapes[k][3] * 8, t.shapes[k][2] * 8, one and one.program or nil)
+      local s = t.vae_scale
+      local key = t.shapes[k][3] * s .. "x" .. t.shapes[k][2] * s
+      t.image_runs[key] = t.enc:image_program(t.shapes[k][3] * s, t.shapes[k][2] * s, one and one.program or nil)
       one = one or t.image_runs[key]
     end
   end
@@ -509,8 +531,8 @@ local function compile(t)
     for k, sh in ipairs(t.shapes) do
       for _, n in ipairs(t.program_sizes[k]) do
         local pl = t.runs[k][n].program:plan()
-        t.bucket_lines[#t.bucket_lines + 1] = string.format("bucket %dx%d (latents %dx%d), batch %d: %s", sh[3] * 8,
-          sh[2] * 8, sh[3], sh[2], n, plan.fmt_bytes(pl.arena))
+        t.bucket_lines[#t.bucket_lines + 1] = string.format("bucket %dx%d (latents %dx%d), batch %d: %s",
+          sh[3] * t.vae_scale, sh[2] * t.vae_scale, sh[3], sh[2], n, plan.fmt_bytes(pl.arena))
       end
     end
     if not ck.plan_mode then
@@ -712,6 +734,7 @@ local function save(t, path, at_step)
     ss_fp8_base = t.fp8_base and "True" or "False", ss_mixed_precision = t.precision,
     ss_training_comment = "trained with ckrun " .. ck.version,
   }
+  for k, v in pairs(t.family.metadata and t.family.metadata(t.m) or {}) do meta[k] = v end
   -- peft: the folder's adapter_config.json and adapter_model.safetensors are the final adapter's, not a snapshot's
   if not t.full then
     return t.family.save_adapter(p, t.adapter, path, {format = o["lora-format"], dtype = t.save_dtype, metadata = meta,

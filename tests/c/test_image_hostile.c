@@ -36,6 +36,15 @@ static double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
+/* this thread's CPU time: a bound on work done that other processes on a
+ * loaded machine do not move */
+static double cpu_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
 /* what a reader charged and how it polled */
 typedef struct watch {
     size_t limit, used, peak;
@@ -233,11 +242,11 @@ static void test_png_chunks(void)
         watch w = watching(0);
         int opened;
         uint8_t *rgb;
-        const double t0 = now_ms();
+        const double t0 = cpu_ms();
         int rc = run(path, 0, &w, &rgb, &opened, NULL, err, sizeof err);
-        const double ms = now_ms() - t0;
+        const double ms = cpu_ms() - t0;
         char what[300];
-        snprintf(what, sizeof what, "2M empty chunks %s (24 MB) read in under 1.5 s, polled at least every 64 KiB",
+        snprintf(what, sizeof what, "2M empty chunks %s (24 MB) read in under 1.5 s of CPU, polled at least every 64 KiB",
                  where[k]);
         check(rc == 0 && rgb && rgb[0] == 0 && ms < 1500 && w.polls >= (long long)(size / 65536) && w.used == 0, what,
               "rc %d (%s), %.0f ms, %lld polls for %zu bytes", rc, err, ms, w.polls, size);

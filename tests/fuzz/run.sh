@@ -13,7 +13,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 B=$(cd "${1:?usage: run.sh BUILD [SECONDS] [HARNESS...]}" && pwd)
 SECS=${2:-${FUZZ_SECONDS:-60}}
 shift $(( $# >= 2 ? 2 : $# ))
-HARNESSES=${*:-safetensors script dataset checkpoint image tokenizer spm}
+HARNESSES=${*:-safetensors script dataset checkpoint image tokenizer spm toml}
 
 # one thread per run: kernels of fuzzed scripts are tiny, and runs stay
 # reproducible. Sanitizer settings: an allocation over 512 MiB fails (as it
@@ -23,8 +23,8 @@ export OMP_NUM_THREADS=1
 export ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1:max_allocation_size_mb=512:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
-declare -A MAXLEN=([safetensors]=4096 [script]=4096 [dataset]=8192 [checkpoint]=8192 [image]=16384 [tokenizer]=8192 [spm]=8192)
-declare -A EXTRA=([script]="-dict=$SRC/tests/fuzz/script.dict" [checkpoint]="-dict=$SRC/tests/fuzz/checkpoint.dict")
+declare -A MAXLEN=([safetensors]=4096 [script]=4096 [dataset]=8192 [checkpoint]=8192 [image]=16384 [tokenizer]=8192 [spm]=8192 [toml]=8192)
+declare -A EXTRA=([script]="-dict=$SRC/tests/fuzz/script.dict" [checkpoint]="-dict=$SRC/tests/fuzz/checkpoint.dict" [toml]="-dict=$SRC/tests/fuzz/toml.dict")
 
 mkdir -p "$B/fuzz-artifacts"
 failed=0

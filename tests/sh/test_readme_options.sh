@@ -61,6 +61,7 @@ check scripts/policy_sweep.lua "Policy experiments"
 check scripts/make_synthetic_data.lua "A dataset on disk"
 check scripts/make_shapes_dataset.lua "A folder of images"
 check scripts/generate.lua "Generating images"
+check scripts/train_flux_lora.lua "Training a Flux LoRA"
 for s in bench/gpu_step.lua bench/logging.lua bench/state_save.lua bench/vs_pytorch.lua; do check $s ""; done
 
 # the comparison can fail both ways: an option the section lacks, one the table lacks

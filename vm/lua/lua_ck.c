@@ -1759,6 +1759,7 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     ck_lua_st_register(L, lib, lua_gettop(L));
     ck_lua_text_register(L, lib);
     ck_lua_spm_register(L, lib);
+    ck_lua_toml_register(L, lib);
     ck_lua_log_register(L, lib, lua_gettop(L));
     ck_lua_graph_register(L, lua_gettop(L));
     ck_lua_array_register(L, lib, lua_gettop(L));

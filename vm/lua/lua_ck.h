@@ -86,6 +86,8 @@ void ck_lua_graph_register(lua_State *L, int methods);
 void ck_lua_text_register(lua_State *L, int lib);
 /* vm/lua/lua_spm.c: ck.t5_tokenizer */
 void ck_lua_spm_register(lua_State *L, int lib);
+/* vm/lua/lua_toml.c: ck.read_toml, ck.toml_decode */
+void ck_lua_toml_register(lua_State *L, int lib);
 /* vm/lua/lua_array.c: ck.array in the module table at index lib, p:array in the program methods at index methods */
 void ck_lua_array_register(lua_State *L, int lib, int methods);
 /* The values of the ck.array at idx (valid while it is reachable), its shape into *shape; NULL when idx is not an

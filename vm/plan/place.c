@@ -223,7 +223,7 @@ int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align)
     while (total / grid >= (int64_t)UINT32_MAX) grid *= 2;
     if (grid != align)
         for (int b = 0; b < nb; b++) bufs[b].need = align_up(bufs[b].size, grid);
-    qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
+    if (nb > 1) qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
     const int nodes = npos > 0 ? 2 * npos - 1 : 1;
     tree t = {ck_big_zalloc(((size_t)nodes) * (sizeof(node))), {0}, {{0}}, 0};
     t.pool.used = 1; /* index 0 stays unused: it means none */

@@ -468,7 +468,7 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
     int n = 0, na = 0, rc = -1;
     for (int k = 0; k < c->ncand; k++)
         if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
-    qsort(order, (size_t)n, sizeof *order, by_score);
+    if (n > 1) qsort(order, (size_t)n, sizeof *order, by_score);
     /* the costliest PRUNE_TRIALS, each judged on the list tracked through
      * the change (a walk where the list cannot be tracked) */
     /* not held beside the tracker: the start's placement (not the answer's)
@@ -569,7 +569,7 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
         const int t = c->cand[k];
         ss.order[k] = (scored){t, (double)ck_shape_numel(&g->t[t].shape) / (producer_flops(g, t) + 1.0)};
     }
-    qsort(ss.order, (size_t)c->ncand, sizeof *ss.order, by_score);
+    if (c->ncand > 1) qsort(ss.order, (size_t)c->ncand, sizeof *ss.order, by_score);
     int lo = 0, hi = c->ncand;
     while (lo < hi) {
         const int mid = (lo + hi) / 2;
@@ -588,7 +588,7 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
         p->turn = p->live;
         if (k == c->ncand) break;
     }
-    qsort(ss.s, (size_t)ss.n, sizeof *ss.s, by_flops);
+    if (ss.n > 1) qsort(ss.s, (size_t)ss.n, sizeof *ss.s, by_flops);
     for (int i = 0; i < ss.n && !b->found; i++) {
         start *s = &ss.s[i];
         if (s->turn > budget) continue;
@@ -602,7 +602,7 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
     /* nothing fits: the error names the smallest peak, so place every start
      * in order of its lower bounds while one may be below it */
     if (!b->found) {
-        qsort(ss.s, (size_t)ss.n, sizeof *ss.s, by_turn);
+        if (ss.n > 1) qsort(ss.s, (size_t)ss.n, sizeof *ss.s, by_turn);
         for (int i = 0; i < ss.n && (!b->floor || ss.s[i].turn < b->floor); i++) {
             if (walk_start(c, ev, &ss, &ss.s[i], mark)) goto out;
             if (b->floor && ss.s[i].live >= b->floor) continue;

@@ -717,7 +717,7 @@ int ck_tracker_flip(ck_tracker *tr, int t)
             }
         }
     }
-    qsort(tr->ev, (size_t)tr->nev, sizeof *tr->ev, by_when);
+    if (tr->nev > 1) qsort(tr->ev, (size_t)tr->nev, sizeof *tr->ev, by_when);
     for (int i = 0; i < tr->nev; i++) {
         const event *ev = &tr->ev[i];
         if (tr->stamp[ev->target] != gen) continue;

@@ -16,9 +16,17 @@
  *    waits for copies; the copies take their bytes over the link;
  *  - the_joint_search_judges_a_decision_as_its_list: ck_offload_judge's live
  *    peak and predicted step, found without building the list, are those of
- *    the list ck_schedule and ck_offload_schedule build. */
+ *    the list ck_schedule and ck_offload_schedule build;
+ *  - auto_is_never_beaten_by_a_fixed_choice: a budget with offload allowed
+ *    (the joint search) plans within the budget, and no fixed choice (none,
+ *    sqrt_n, every_n:1-3, selective, the recompute-only budget search, each
+ *    as it is and with all it keeps offloaded) that fits the budget has a
+ *    shorter predicted step; a budget nothing fits is refused in one line
+ *    naming the smallest peak with offload and without, and a budget of the
+ *    one named with offload plans. */
 #include "plan/evaluate.h"
 #include "plan/offload.h"
+#include "plan/policy.h"
 #include "run/program.h"
 
 #include "check.h"
@@ -244,6 +252,29 @@ static unsigned char *params_of(ck_program *p, size_t *n)
     return out;
 }
 
+/* decision mark's list (its recompute, then its transfers at prefetch)
+ * placed: its peak and its predicted step on dev; 0, or -1 */
+static int exact_of(const ck_decide_ctx *c, const unsigned char *mark, size_t *peak, double *time)
+{
+    const ck_graph *g = c->g;
+    unsigned char *R = malloc((size_t)g->nt);
+    for (int t = 0; t < g->nt; t++) R[t] = mark[t] == 1;
+    ck_plan pl;
+    int rc = -1;
+    if (!ck_schedule(&pl, g, c->nodes, c->n, R)) {
+        if (ck_offload_schedule(&pl, g, mark, c->retain, c->prefetch) >= 0 &&
+            !ck_plan_memory(&pl, g, c->poff, c->persistent, c->retain, c->be)) {
+            ck_step_time st;
+            ck_plan_step_time(&pl, g, c->speed, &st);
+            *peak = pl.peak, *time = st.step;
+            rc = 0;
+        }
+        ck_plan_free(&pl);
+    }
+    free(R);
+    return rc;
+}
+
 int main(void)
 {
     int graphs = 0, offloaded = 0, sound = 1, placed = 1, bitwise = 1, measured = 1, built = 1;
@@ -391,6 +422,129 @@ int main(void)
         }
         snprintf(name, sizeof name, "the_joint_search_judges_a_decision_as_its_list: live peak and step (%d lists that offload)", judged);
         check(name, live_ok && time_ok && judged > 20, 0);
+    }
+    /* auto (a budget with offload) against every fixed choice at the budget */
+    {
+        int rounds = 0, beaten = 0, over = 0, missed = 0, chose_offload = 0, said = 1, refused = 1, floor_plans = 1;
+        for (int round = 0; round < 12; round++) {
+            int loss = -1;
+            ck_graph *g = random_model(1 + (int)(next() % 3), 12 + (int)(next() % 28), &loss);
+            if (loss < 0 || ck_autodiff(g, loss, -1)) {
+                ck_graph_free(g);
+                continue;
+            }
+            int *nodes = malloc(sizeof(int) * (size_t)g->nn), *cand = malloc(sizeof(int) * (size_t)g->nt);
+            int64_t *poff = malloc(sizeof(int64_t) * (size_t)g->nt);
+            int *retain = calloc((size_t)g->nt, sizeof(int));
+            unsigned char *mark = calloc((size_t)g->nt, 1), *fixed = calloc((size_t)g->nt, 1);
+            for (int i = 0; i < g->nn; i++) nodes[i] = i;
+            size_t persistent = 0;
+            for (int t = 0; t < g->nt; t++) {
+                poff[t] = -1;
+                if (ck_is_persistent(g->t[t].kind)) {
+                    poff[t] = (int64_t)persistent;
+                    persistent += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
+                }
+            }
+            char why[256] = "";
+            const int ncand = ck_saved_activations(g, cand);
+            ck_decide_ctx c = {g, nodes, g->nn, cand, ncand, poff, persistent, retain, ck_backend_cpu(), NULL,
+                               1, 1 + (int)(next() % 4), ck_device_speed_find(round % 2 ? "4090" : "H100"), why,
+                               sizeof why};
+            size_t none_peak, with = 0, without = 0;
+            double none_time;
+            if (exact_of(&c, mark, &none_peak, &none_time)) goto next_round;
+            /* a budget nothing fits: one line naming the smallest peaks, which plan */
+            {
+                ck_policy tiny = {.kind = CK_POLICY_BUDGET, .budget = 64};
+                const char *at = NULL;
+                const int r2 = ck_policy_decide(&tiny, &c, mark, err, sizeof err);
+                if (r2 == 0 || strchr(err, '\n') || !(at = strstr(err, "smallest peak")) ||
+                    sscanf(at, "smallest peak ckrun can plan is %*f MiB (%zu bytes) with offload, %*f MiB (%zu bytes) "
+                           "without", &with, &without) != 2 ||
+                    with > without || !with) {
+                    if (refused) {
+                        snprintf(name, sizeof name, "round %d: refusal: %.150s", round, err);
+                        check(name, 0, 0);
+                    }
+                    refused = 0;
+                } else {
+                    ck_policy at_floor = {.kind = CK_POLICY_BUDGET, .budget = (double)with};
+                    size_t fp2;
+                    double ft2;
+                    if (ck_policy_decide(&at_floor, &c, mark, err, sizeof err) || exact_of(&c, mark, &fp2, &ft2) ||
+                        fp2 > with) {
+                        if (floor_plans) {
+                            snprintf(name, sizeof name, "round %d: a budget of the named %zu bytes: %.150s", round,
+                                     with, err);
+                            check(name, 0, 0);
+                        }
+                        floor_plans = 0;
+                    }
+                }
+            }
+            if (!with) goto next_round;
+            /* a budget between the smallest peak and none's */
+            const size_t budget = with + (size_t)((double)(next() % 1000) / 1000.0 * (double)(none_peak - with));
+            ck_policy auto_pol = {.kind = CK_POLICY_BUDGET, .budget = (double)budget};
+            size_t peak = 0;
+            double time = 0;
+            const int rc = ck_policy_decide(&auto_pol, &c, mark, err, sizeof err);
+            if (rc == 0) {
+                if (exact_of(&c, mark, &peak, &time)) goto next_round;
+                over += peak > budget;
+                said &= why[0] != 0;
+                for (int k = 0; k < ncand; k++) chose_offload += mark[cand[k]] == CK_OFFLOAD;
+            }
+            rounds++;
+            /* the fixed choices, each as it is and with all it keeps offloaded */
+            const ck_policy fixed_pols[] = {
+                {.kind = CK_POLICY_NONE},       {.kind = CK_POLICY_SQRT_N},     {.kind = CK_POLICY_EVERY_N, .n = 1},
+                {.kind = CK_POLICY_EVERY_N, .n = 2}, {.kind = CK_POLICY_EVERY_N, .n = 3}, {.kind = CK_POLICY_SELECTIVE},
+                {.kind = CK_POLICY_BUDGET, .budget = (double)budget},
+            };
+            ck_decide_ctx plain = c;
+            plain.offload = 0, plain.why = NULL;
+            for (size_t f = 0; f < sizeof fixed_pols / sizeof *fixed_pols; f++) {
+                ck_policy pol = fixed_pols[f];
+                if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
+                memset(fixed, 0, (size_t)g->nt);
+                char ignore[512];
+                if (ck_policy_decide(&pol, &plain, fixed, ignore, sizeof ignore)) continue;
+                for (int v = 0; v < 2; v++) {
+                    for (int k = 0; v && k < ncand; k++)
+                        if (!fixed[cand[k]]) fixed[cand[k]] = CK_OFFLOAD;
+                    size_t fp;
+                    double ft;
+                    if (exact_of(&c, fixed, &fp, &ft) || fp > budget) continue;
+                    if (rc) {
+                        if (!missed) {
+                            snprintf(name, sizeof name, "round %d: fixed choice %zu/%d fits %zu in %zu, auto: %.120s",
+                                     round, f, v, fp, budget, err);
+                            check(name, 0, 0);
+                        }
+                        missed++;
+                    } else if (ft < time * (1 - 1e-9)) {
+                        if (!beaten) {
+                            snprintf(name, sizeof name, "round %d: fixed choice %zu/%d %.6g s (peak %zu) beats auto's "
+                                     "%.6g s (peak %zu) in %zu", round, f, v, ft, fp, time, peak, budget);
+                            check(name, 0, 0);
+                        }
+                        beaten++;
+                    }
+                }
+            }
+        next_round:
+            free(nodes), free(cand), free(poff), free(retain), free(mark), free(fixed);
+            ck_graph_free(g);
+        }
+        snprintf(name, sizeof name, "auto_is_never_beaten_by_a_fixed_choice at its budget (%d graphs, %d offloaded "
+                 "tensors chosen)", rounds, chose_offload);
+        check(name, rounds >= 8 && !beaten && !missed && chose_offload > 0, 0);
+        check("auto's plan fits its budget, placed, and says what it chose", !over && said, 0);
+        check("a budget nothing fits is refused in one line naming the smallest peak with offload and without",
+              refused, 0);
+        check("a budget of the smallest peak named with offload plans within it", floor_plans, 0);
     }
     return checks_done();
 }

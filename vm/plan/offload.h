@@ -74,8 +74,12 @@ double ck_copy_seconds(size_t bytes, const ck_device_speed *dev);
  * fits), the fixed policies with everything they keep offloaded; each
  * improved by moves that recompute less (a recomputed tensor kept, or kept
  * and offloaded) while the live peak fits; the fastest placed and checked
- * exactly. what names the policy in errors; a budget nothing fits gets one
- * line naming the smallest peak found with offload and without.
+ * exactly. Then the fixed choices (none, diffusers' blocks, sqrt_n,
+ * every_n:1, selective, the recompute answer, each as it is and with all it
+ * keeps offloaded) are placed, and the fastest that fits wins if it is
+ * faster: no fixed choice beats the pick on predicted time at the budget.
+ * what names the policy in errors; a budget nothing fits gets one line
+ * naming the smallest peak found with offload and without.
  * 0, or -1 with err. */
 struct ck_evaluator;
 int ck_offload_decide(const ck_decide_ctx *c, struct ck_evaluator *ev, size_t budget, unsigned char *mark,

@@ -229,7 +229,7 @@ static void with_run(const osearch *s, const unsigned char *R, const keyed *orde
 }
 
 /* From R: the shortest run of the buffers it keeps across the turn (in one
- * order) whose offload fits, offered; -1 on error */
+ * order) whose offload fits, and the whole run, offered; -1 on error */
 static int offload_run(osearch *s, const unsigned char *R, unsigned char *mark, keyed *order, int by_bytes,
                        const char *from)
 {
@@ -242,6 +242,8 @@ static int offload_run(osearch *s, const unsigned char *R, unsigned char *mark, 
     with_run(s, R, order, n, mark);
     if (judge_mark(s, mark, Rc, &live, &time)) goto out;
     if (live + s->frag <= s->budget) {
+        /* the whole run too: when copies hide behind compute it is as fast, and further under */
+        if (offer(s, mark, live, time, from)) goto out;
         int lo = 0, hi = n; /* a run of hi fits */
         while (lo < hi) {
             const int mid = lo + (hi - lo) / 2;
@@ -312,8 +314,9 @@ out:
     return rc;
 }
 
-/* the exact peak of decision mark: its list scheduled, its transfers placed */
-static int exact_peak(const osearch *s, const unsigned char *mark, size_t *peak)
+/* the exact peak of decision mark (its list scheduled, its transfers placed)
+ * and, when time is given, the list's predicted step (ck_plan_step_time) */
+static int exact(const osearch *s, const unsigned char *mark, size_t *peak, double *time)
 {
     const ck_decide_ctx *c = s->c;
     unsigned char *R = malloc((size_t)c->g->nt);
@@ -325,6 +328,11 @@ static int exact_peak(const osearch *s, const unsigned char *mark, size_t *peak)
         if (ck_offload_schedule(&pl, c->g, mark, c->retain, s->d) >= 0 &&
             ck_plan_memory(&pl, c->g, c->poff, c->persistent, c->retain, c->be) == 0) {
             *peak = pl.peak;
+            if (time) {
+                ck_step_time st;
+                ck_plan_step_time(&pl, c->g, s->dev, &st);
+                *time = st.step;
+            }
             rc = 0;
         }
         ck_plan_free(&pl);
@@ -332,6 +340,7 @@ static int exact_peak(const osearch *s, const unsigned char *mark, size_t *peak)
     free(R);
     return rc;
 }
+static int exact_peak(const osearch *s, const unsigned char *mark, size_t *peak) { return exact(s, mark, peak, NULL); }
 
 static const char *const diffusers_blocks[] = {
     "*.*.resnets.*", "mid_block.resnets.*", "*.*.attentions.*.transformer_blocks.*",
@@ -442,15 +451,27 @@ int ck_offload_judge(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned ch
     return rc;
 }
 
-/* The smallest exact peak found with offload: none and the fixed policies,
- * each with every buffer it keeps across the turn offloaded, and the
- * recompute floor's decision if known (NULL: not). */
-static int smallest(osearch *s, unsigned char *mark, keyed *order, size_t *least)
+/* The fixed choices placed exactly, each as it is and with every buffer it
+ * keeps across the turn offloaded: none, diffusers' blocks, sqrt_n,
+ * every_n:1, selective, and the budget search's answer (answer, if
+ * have). The fastest whose peak fits the budget goes to g (g->mark NULL:
+ * none fits), its peak to *gpeak; *least gets the smallest peak of them
+ * all. What the search chose is held against g, so no fixed choice beats
+ * it at the budget, and g is what a budget the search's starts miss gets.
+ * 0, or -1 out of memory. */
+static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsigned char *mark, keyed *order,
+                         cand *g, size_t *gpeak, size_t *least)
 {
     const ck_decide_ctx *c = s->c;
     const int nt = c->g->nt;
     unsigned char *R = calloc((size_t)nt, 1);
     if (!R) return -1;
+    static const char *const names[] = {"none", "diffusers", "sqrt_n", "every_n:1", "selective",
+                                        "recompute (the budget search)"};
+    static const char *const offloaded[] = {"none, all kept offloaded", "diffusers, all it keeps offloaded",
+                                            "sqrt_n, all it keeps offloaded", "every_n:1, all it keeps offloaded",
+                                            "selective, all it keeps offloaded",
+                                            "recompute (the budget search), all it keeps offloaded"};
     const ck_policy fixed[] = {
         {.kind = CK_POLICY_NONE},
         {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = 4},
@@ -458,24 +479,45 @@ static int smallest(osearch *s, unsigned char *mark, keyed *order, size_t *least
         {.kind = CK_POLICY_EVERY_N, .n = 1},
         {.kind = CK_POLICY_SELECTIVE},
     };
+    const int nfixed = (int)(sizeof fixed / sizeof *fixed);
     ck_decide_ctx plain = *c;
     plain.offload = 0;
+    plain.why = NULL;
     *least = 0;
-    for (size_t f = 0; f < sizeof fixed / sizeof *fixed; f++) {
-        ck_policy pol = fixed[f];
-        char ignore[256];
-        size_t peak;
-        if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
+    int rc = -1;
+    for (int f = 0; f <= nfixed; f++) {
         memset(R, 0, (size_t)nt);
-        if (ck_policy_decide(&pol, &plain, R, ignore, sizeof ignore)) continue;
+        if (f == nfixed) {
+            if (!have) continue;
+            for (int t = 0; t < nt; t++) R[t] = answer[t] == 1;
+        } else {
+            ck_policy pol = fixed[f];
+            char ignore[256];
+            if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
+            if (ck_policy_decide(&pol, &plain, R, ignore, sizeof ignore)) continue; /* e.g. no block matches */
+        }
         const int n = crossing(s, R, order, 0);
-        if (n < 0) break;
-        with_run(s, R, order, n, mark);
-        if (exact_peak(s, mark, &peak)) break;
-        if (!*least || peak < *least) *least = peak;
+        if (n < 0) goto out;
+        for (int v = 0; v < 2; v++) {
+            size_t peak;
+            double time;
+            with_run(s, R, order, v ? n : 0, mark);
+            if (exact(s, mark, &peak, &time)) goto out;
+            if (!*least || peak < *least) *least = peak;
+            if (peak <= s->budget && (!g->mark || time < g->time)) {
+                if (!g->mark && !(g->mark = malloc((size_t)nt))) goto out;
+                memcpy(g->mark, mark, (size_t)nt);
+                g->time = time;
+                g->from = v ? offloaded[f] : names[f];
+                *gpeak = peak;
+            }
+            if (!n) break;
+        }
     }
+    rc = 0;
+out:
     free(R);
-    return 0;
+    return rc;
 }
 
 int ck_offload_decide(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, unsigned char *out, const char *what,
@@ -524,29 +566,28 @@ int ck_offload_decide(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, u
         }
         if (!s.npool) break;
     }
-    if (found < 0 && have) { /* the recompute answer fits placed: the search never does worse than nothing */
-        unsigned char *R = calloc((size_t)nt, 1);
-        size_t live;
-        double time;
-        if (!R || judge_mark(&s, answer, R, &live, &time)) {
-            free(R);
-            goto oom;
-        }
-        free(R);
+    /* the fixed choices placed: the fastest of them when it beats the
+     * search's pick (or the search found nothing that fits placed) */
+    cand fx = {NULL, 0, 0, NULL};
+    size_t fx_peak = 0, least = 0;
+    double w_time = 0;
+    if (found >= 0 && exact(&s, s.pool[found].mark, &best_peak, &w_time)) goto oom;
+    if (fixed_choices(&s, answer, have, mark, order, &fx, &fx_peak, &least)) {
+        free(fx.mark);
+        goto oom;
+    }
+    if (least && (!floor_o || least < floor_o)) floor_o = least;
+    if (fx.mark && (found < 0 || fx.time < w_time)) {
         for (int k = 0; k < s.npool; k++) free(s.pool[k].mark);
         s.npool = 1;
-        s.pool[0] = (cand){malloc((size_t)nt), time, live, "recompute (the budget search)"};
-        if (!s.pool[0].mark) goto oom;
-        memcpy(s.pool[0].mark, answer, (size_t)nt);
+        s.pool[0] = fx;
         found = 0;
-        if (exact_peak(&s, answer, &best_peak)) goto oom;
+        best_peak = fx_peak;
+        w_time = fx.time;
+    } else {
+        free(fx.mark);
     }
-    if (found < 0) {
-        size_t least;
-        if (smallest(&s, mark, order, &least)) goto oom;
-        if (least && (!floor_o || least < floor_o)) floor_o = least;
-        goto none_fits;
-    }
+    if (found < 0) goto none_fits;
     {
         const cand *w = &s.pool[found];
         int nrec = 0, noff = 0;
@@ -571,7 +612,7 @@ int ck_offload_decide(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, u
         if (c->why)
             snprintf(c->why, c->whylen, "%s: %s; %d recomputed, %d offloaded (%.1f MiB each way); peak %.1f of %.1f "
                      "MiB; predicted step %.4g s on %s%s; %d decisions judged",
-                     what, w->from, nrec, noff, moved / 1048576.0, best_peak / 1048576.0, budget / 1048576.0, w->time,
+                     what, w->from, nrec, noff, moved / 1048576.0, best_peak / 1048576.0, budget / 1048576.0, w_time,
                      s.dev->name, against, s.evals);
     }
     rc = 0;

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MOVES 192   /* recompute-less moves tried from each start */
+#define MOVES 64   /* recompute-less moves tried from each start */
 #define POOL 8      /* candidates kept for the exact check */
 
 typedef struct cand {
@@ -455,17 +455,22 @@ int ck_offload_judge(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned ch
  * keeps across the turn offloaded: none, diffusers' blocks, sqrt_n,
  * every_n:1, selective, and the budget search's answer (answer, if
  * have). The fastest whose peak fits the budget goes to g (g->mark NULL:
- * none fits), its peak to *gpeak; *least gets the smallest peak of them
- * all. What the search chose is held against g, so no fixed choice beats
+ * none fits), its peak to *gpeak; *least gets the smallest peak of those
+ * placed. With a bound (the search's pick's time; 0: none), a choice whose
+ * judged live peak is over the budget or whose judged time is not under
+ * the bound is not placed. What the search chose is held against g, so no fixed choice beats
  * it at the budget, and g is what a budget the search's starts miss gets.
  * 0, or -1 out of memory. */
 static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsigned char *mark, keyed *order,
-                         cand *g, size_t *gpeak, size_t *least)
+                         double bound, cand *g, size_t *gpeak, size_t *least)
 {
     const ck_decide_ctx *c = s->c;
     const int nt = c->g->nt;
-    unsigned char *R = calloc((size_t)nt, 1);
-    if (!R) return -1;
+    unsigned char *R = calloc((size_t)nt, 1), *Rj = malloc((size_t)(nt ? nt : 1));
+    if (!R || !Rj) {
+        free(R), free(Rj);
+        return -1;
+    }
     static const char *const names[] = {"none", "diffusers", "sqrt_n", "every_n:1", "selective",
                                         "recompute (the budget search)"};
     static const char *const offloaded[] = {"none, all kept offloaded", "diffusers, all it keeps offloaded",
@@ -502,6 +507,14 @@ static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsi
             size_t peak;
             double time;
             with_run(s, R, order, v ? n : 0, mark);
+            if (bound > 0) { /* judged first: placed only if it may fit and win (the judgement is the list's) */
+                size_t live;
+                if (judge_mark(s, mark, Rj, &live, &time)) goto out;
+                if (live > s->budget || time >= bound || (g->mark && time >= g->time)) {
+                    if (!n) break;
+                    continue;
+                }
+            }
             if (exact(s, mark, &peak, &time)) goto out;
             if (!*least || peak < *least) *least = peak;
             if (peak <= s->budget && (!g->mark || time < g->time)) {
@@ -516,7 +529,7 @@ static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsi
     }
     rc = 0;
 out:
-    free(R);
+    free(R), free(Rj);
     return rc;
 }
 
@@ -572,7 +585,7 @@ int ck_offload_decide(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, u
     size_t fx_peak = 0, least = 0;
     double w_time = 0;
     if (found >= 0 && exact(&s, s.pool[found].mark, &best_peak, &w_time)) goto oom;
-    if (fixed_choices(&s, answer, have, mark, order, &fx, &fx_peak, &least)) {
+    if (fixed_choices(&s, answer, have, mark, order, found >= 0 ? w_time : 0, &fx, &fx_peak, &least)) {
         free(fx.mark);
         goto oom;
     }

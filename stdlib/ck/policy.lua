@@ -31,12 +31,15 @@ function M.blocks(patterns)
   return {kind = "blocks", patterns = patterns}
 end
 
--- diffusers' gradient checkpointing: every ResnetBlock2D and every BasicTransformerBlock
+-- diffusers' gradient checkpointing: every ResnetBlock2D and every
+-- BasicTransformerBlock of a UNet, every double and single block of a Flux
+-- transformer (the patterns of the family the model is not match nothing)
 M.DIFFUSERS_BLOCKS = {
   "*.*.resnets.*", "mid_block.resnets.*",
   "*.*.attentions.*.transformer_blocks.*", "mid_block.attentions.*.transformer_blocks.*",
+  "transformer_blocks.*", "single_transformer_blocks.*",
 }
-function M.diffusers() return M.blocks(M.DIFFUSERS_BLOCKS) end
+function M.diffusers() return {kind = "blocks", patterns = M.DIFFUSERS_BLOCKS, any = true} end
 
 -- every n-th block of the block sequence (diffusers' blocks in forward order)
 function M.every_n(n)

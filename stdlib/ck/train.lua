@@ -13,7 +13,6 @@
 --   options             its own ck.options entries; adapter_options: those of them --full refuses
 --   defaults            {resolution = {fn, shown}, batch = {fn, shown}}: the family's defaults of shared options
 --   blocks              the scopes whose statistics the logger reports (log.new's blocks)
---   checkpoint_blocks   optional: the scopes --checkpoint diffusers recomputes (default: SDXL's UNet blocks)
 --   model(o) -> m       the model the options (all of them, the trainer's too) describe: m.size, m.label
 --                       ("sdxl-tiny"), m.title (the samples' model name), m.channels (latent channels), m.factor
 --                       (what latent sides are multiples of), m.vae_scale (pixels per latent pixel; default 8),
@@ -320,10 +319,6 @@ local function describe(t)
       "--offload activations or auto moves saved activations")
   end
   t.offload = o.offload
-  -- diffusers' (and kohya's) gradient checkpointing is every block of the family's model
-  if f.checkpoint_blocks and policy.name(t.checkpoint) == "diffusers" then
-    t.checkpoint = policy.blocks(f.checkpoint_blocks)
-  end
   -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
   t.fp8_base = o["fp8-base"]
   -- what the logger will compute on its logging steps, planned into the arena

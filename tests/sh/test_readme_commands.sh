@@ -12,6 +12,7 @@ SRC=$PWD
 BUILD=$(cd "${CK_BUILD:-build}" && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+D=$SRC/tests/data P=$SRC/tests/data/flow/pipeline # tiny stand-ins for the README's model files
 
 # the commands: ```sh blocks' lines starting build/ckrun, continuations joined, comments cut
 python3 - README.md > "$dir/commands" <<'PY'
@@ -57,6 +58,10 @@ how() {
     echo "run: $1 --resolution 256 --steps 2; shorter (tests/sh/test_policy_sweep.sh runs it with every default)" ;;
   "build/ckrun scripts/policy_sweep.lua --resolution 256 --batch 2 --budgets 80%,62% --svg out/sweep.svg")
     echo "run: $1 --steps 2; one timed step instead of two" ;;
+  "build/ckrun scripts/train_flux_lora.lua --pretrained-model-name-or-path flux1-dev.safetensors --ae ae.safetensors --clip-l clip_l.safetensors --t5xxl t5xxl_fp16.safetensors --tokenizer clip_tokenizer --t5-tokenizer spiece.model --data DIR --enable-bucket --mixed-precision bf16 --fp8-base --gradient_checkpointing --rank 16 --lr 1e-4 --timestep-sampling shift --discrete-flow-shift 3.1582 --model-prediction-type raw --guidance-scale 1.0 --steps 2000 --out out/flux_lora.safetensors")
+    echo "run: build/ckrun scripts/make_shapes_dataset.lua DIR > /dev/null && build/ckrun --allow-read $D scripts/train_flux_lora.lua --pretrained-model-name-or-path $D/flux/bfl.safetensors --size tiny --ae $D/flux/vae --clip-l $P/text_encoder --t5xxl $P/text_encoder_2 --tokenizer $P/tokenizer --t5-tokenizer $P/tokenizer_2 --data DIR --enable-bucket --mixed-precision bf16 --fp8-base --gradient_checkpointing --rank 16 --lr 1e-4 --timestep-sampling shift --discrete-flow-shift 3.1582 --model-prediction-type raw --guidance-scale 1.0 --resolution 64 --steps 2 --out out/flux_lora.safetensors; FLUX.1-dev's files replaced by tests/data's flux-tiny single file and tiny Flux folder, 64 pixels and 2 steps" ;;
+  "build/ckrun scripts/train_flux_lora.lua --pretrained-model-name-or-path FLUX.1-dev --data DIR --sample-every 250 --sample-prompts prompts.txt --out out/flux_lora.safetensors")
+    echo "run: build/ckrun scripts/make_shapes_dataset.lua DIR > /dev/null && echo 'a red circle --w 64 --h 64 --s 2' > prompts.txt && build/ckrun --allow-read $D scripts/train_flux_lora.lua --pretrained-model-name-or-path $P --data DIR --sample-every 2 --sample-prompts prompts.txt --resolution 64 --steps 2 --out out/flux_lora.safetensors; tests/data's tiny Flux folder for FLUX.1-dev, 64 pixels, 2 steps and a sample at the second" ;;
   esac
 }
 # the table's commands, which the README must still show
@@ -66,7 +71,9 @@ build/ckrun scripts/train_sdxl_lora.lua --size full --data DIR --weights unet.sa
 build/ckrun scripts/train_sdxl_lora.lua --resume
 build/ckrun scripts/policy_sweep.lua
 build/ckrun scripts/policy_sweep.lua --resolution 256 --batch 2 --budgets 80%,62% --svg out/sweep.svg
-build/ckrun --allow-write out/shapes scripts/train_sdxl_lora.lua --data out/shapes --resolution 128 --enable-bucket --min-bucket-reso 64 --max-bucket-reso 256 --steps 40 --out out/shapes_lora.safetensors"
+build/ckrun --allow-write out/shapes scripts/train_sdxl_lora.lua --data out/shapes --resolution 128 --enable-bucket --min-bucket-reso 64 --max-bucket-reso 256 --steps 40 --out out/shapes_lora.safetensors
+build/ckrun scripts/train_flux_lora.lua --pretrained-model-name-or-path flux1-dev.safetensors --ae ae.safetensors --clip-l clip_l.safetensors --t5xxl t5xxl_fp16.safetensors --tokenizer clip_tokenizer --t5-tokenizer spiece.model --data DIR --enable-bucket --mixed-precision bf16 --fp8-base --gradient_checkpointing --rank 16 --lr 1e-4 --timestep-sampling shift --discrete-flow-shift 3.1582 --model-prediction-type raw --guidance-scale 1.0 --steps 2000 --out out/flux_lora.safetensors
+build/ckrun scripts/train_flux_lora.lua --pretrained-model-name-or-path FLUX.1-dev --data DIR --sample-every 250 --sample-prompts prompts.txt --out out/flux_lora.safetensors"
 while IFS= read -r c; do
   grep -qxF -- "$c" "$dir/commands"; ok $? "the README still shows: $c"
 done <<< "$TABLE"

@@ -173,6 +173,22 @@ out=$(lua "local f = io.open('$dir/dev.json') local j = ck.json_decode(f:read('a
 assert(j.size == 'dev' and j.param_count == 11901408320 and j.peak_bytes > 11 * 2 ^ 30, 'dev')
 io.write(string.format('%.2f GiB', j.peak_bytes / 2 ^ 30))")
 [ $rc = 0 ] ; ok $? "FLUX.1-dev (11,901,408,320 parameters) plans in 256 MiB of ckrun's memory: nothing allocated ($out)"
+# the block sequence is the double and single blocks: the budget search, sqrt_n
+# and every_n plan with them as diffusers' checkpointing does (FLUX.1-dev, 512
+# pixels, batch 2, fp8 base)
+D="$S --size dev --resolution 512 --batch 2 --mixed-precision bf16 --fp8-base"
+plan() { "$CKRUN" --max-memory 256MiB --plan --json $D --checkpoint "$1" > "$dir/p_$2.json" 2>&1 ; }
+plan none none && plan diffusers diffusers && plan sqrt_n sqrt && plan every_n:2 every2 &&
+  peak=$(lua "local f = io.open('$dir/p_diffusers.json') io.write(math.tointeger(ck.json_decode(f:read('a')).peak_bytes)) f:close()") &&
+  plan "budget:$peak" budget ; rc=$?
+out=$(lua "local function p(n) local f = io.open('$dir/p_' .. n .. '.json') local j = ck.json_decode(f:read('a')).policies[1] f:close() return j end
+local none, d, sq, e2, b = p('none'), p('diffusers'), p('sqrt'), p('every2'), p('budget')
+assert(d.name == 'diffusers' and d.recompute_ops > 0, 'diffusers recomputes')
+assert(b.peak_bytes <= d.peak_bytes and b.recompute_flops <= d.recompute_flops, 'budget at diffusers peak')
+assert(sq.peak_bytes < none.peak_bytes and e2.peak_bytes < none.peak_bytes, 'sqrt_n, every_n')
+io.write(string.format('none %.2f, diffusers %.2f, sqrt_n %.2f, every_n:2 %.2f GiB; budget at diffusers peak %.2f GiB recomputing %.1f%% against %.1f%%',
+  none.peak_bytes / 2 ^ 30, d.peak_bytes / 2 ^ 30, sq.peak_bytes / 2 ^ 30, e2.peak_bytes / 2 ^ 30, b.peak_bytes / 2 ^ 30, b.recompute_pct, d.recompute_pct))")
+[ $rc = 0 ] ; ok $? "FLUX.1-dev's blocks are the policies' block sequence ($out)"
 
 # bad input: one line naming the file or option, a non-zero exit, nothing written
 bad() { # WHAT PATTERN ARGS...: the run fails with one line matching PATTERN and writes nothing

@@ -131,6 +131,8 @@ int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts
         lua_pop(L, 1);
         pol->patterns = lp->patterns;
         pol->npatterns = (int)n;
+        pol->any_pattern = raw_field(L, idx, "any") == LUA_TBOOLEAN && lua_toboolean(L, -1);
+        lua_pop(L, 1);
     } else if (!strcmp(kind, "every_n")) {
         pol->kind = CK_POLICY_EVERY_N;
         const double n = num_field(L, idx, "n", 0);

@@ -342,10 +342,12 @@ static int exact(const osearch *s, const unsigned char *mark, size_t *peak, doub
 }
 static int exact_peak(const osearch *s, const unsigned char *mark, size_t *peak) { return exact(s, mark, peak, NULL); }
 
+/* diffusers' blocks in every family (as vm/plan/policy.c's): a UNet's, a Flux transformer's */
 static const char *const diffusers_blocks[] = {
     "*.*.resnets.*", "mid_block.resnets.*", "*.*.attentions.*.transformer_blocks.*",
-    "mid_block.attentions.*.transformer_blocks.*",
+    "mid_block.attentions.*.transformer_blocks.*", "transformer_blocks.*", "single_transformer_blocks.*",
 };
+#define NDIFFUSERS ((int)(sizeof diffusers_blocks / sizeof *diffusers_blocks))
 
 /* the starts offered for a budget (with the fragmentation s->frag assumed) */
 static int starts(osearch *s, const unsigned char *budget_answer, int have_answer, unsigned char *mark, keyed *order)
@@ -373,7 +375,7 @@ static int starts(osearch *s, const unsigned char *budget_answer, int have_answe
     }
     /* the fixed policies, alone and with what they keep offloaded, improved */
     const ck_policy fixed[] = {
-        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = 4},
+        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS, .any_pattern = 1},
         {.kind = CK_POLICY_SQRT_N},
         {.kind = CK_POLICY_SELECTIVE},
     };
@@ -479,7 +481,7 @@ static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsi
                                             "recompute (the budget search), all it keeps offloaded"};
     const ck_policy fixed[] = {
         {.kind = CK_POLICY_NONE},
-        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = 4},
+        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS, .any_pattern = 1},
         {.kind = CK_POLICY_SQRT_N},
         {.kind = CK_POLICY_EVERY_N, .n = 1},
         {.kind = CK_POLICY_SELECTIVE},

@@ -16,11 +16,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the blocks diffusers' gradient checkpointing recomputes, in every family
+ * ckrun knows: the UNet's ResnetBlock2D and BasicTransformerBlock, and the
+ * Flux transformer's double and single blocks (a scope matches at most one) */
 static const char *const diffusers_blocks[] = {
     "*.*.resnets.*",
     "mid_block.resnets.*",
     "*.*.attentions.*.transformer_blocks.*",
     "mid_block.attentions.*.transformer_blocks.*",
+    "transformer_blocks.*",
+    "single_transformer_blocks.*",
 };
 #define NDIFFUSERS ((int)(sizeof diffusers_blocks / sizeof diffusers_blocks[0]))
 
@@ -83,8 +88,10 @@ static int region_id(regions *r, const char *name, size_t len)
 }
 
 /* Regions of forward nodes: each distinct scope instance a pattern matches.
- * Fails when some pattern matches no forward node. */
-static int match_regions(const ck_decide_ctx *c, const char *const *pats, int np, regions *r, char *err, size_t errlen)
+ * Fails when some pattern matches no forward node, or with any set when none
+ * does (a list naming several families' blocks). */
+static int match_regions(const ck_decide_ctx *c, const char *const *pats, int np, int any, regions *r, char *err,
+                         size_t errlen)
 {
     const ck_graph *g = c->g;
     memset(r, 0, sizeof *r);
@@ -114,8 +121,10 @@ static int match_regions(const ck_decide_ctx *c, const char *const *pats, int np
             break;
         }
     }
+    int nused = 0;
+    for (int k = 0; k < np; k++) nused += used[k];
     for (int k = 0; k < np; k++)
-        if (!used[k]) {
+        if (!used[k] && (!any || !nused)) {
             snprintf(err, errlen, "blocks: pattern '%s' matches no scope of the model", pats[k]);
             free(used);
             regions_free(r);
@@ -150,7 +159,7 @@ static int block_sequence(const ck_decide_ctx *c, regions *r, char *err, size_t 
         return 0;
     }
     static const char *const top[] = {"*"};
-    if (match_regions(c, top, 1, r, err, errlen) == 0) return 0;
+    if (match_regions(c, top, 1, 0, r, err, errlen) == 0) return 0;
     snprintf(err, errlen, "the model has no blocks (no scopes) to checkpoint");
     return -1;
 oom:
@@ -189,7 +198,7 @@ static int decide_regions(const ck_policy *pol, const ck_decide_ctx *c, unsigned
 {
     regions r;
     if (pol->kind == CK_POLICY_BLOCKS) {
-        if (match_regions(c, pol->patterns, pol->npatterns, &r, err, errlen)) return -1;
+        if (match_regions(c, pol->patterns, pol->npatterns, pol->any_pattern, &r, err, errlen)) return -1;
     } else {
         if (block_sequence(c, &r, err, errlen)) return -1;
         int m = r.n;
@@ -383,7 +392,7 @@ static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, starts *ss)
     const ck_graph *g = c->g;
     const ck_policy fixed[] = {
         {.kind = CK_POLICY_NONE},
-        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS},
+        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS, .any_pattern = 1},
         {.kind = CK_POLICY_SQRT_N},
         {.kind = CK_POLICY_SELECTIVE},
     };

@@ -19,6 +19,7 @@ typedef struct ck_policy {
     ck_policy_kind kind;
     const char *const *patterns; /* blocks: scope patterns, '*' matches one dotted component */
     int npatterns;
+    int any_pattern;                /* blocks: a pattern may match nothing while another matches */
     unsigned char ops[CK_OP_COUNT]; /* selective */
     int n;                          /* every_n */
     double budget;                  /* budget: bytes; 0 < budget_fraction: a share of none's peak instead */
@@ -44,8 +45,8 @@ int ck_policy_budget_search(const ck_decide_ctx *c, struct ck_evaluator *ev, siz
  * activations, softmax, elementwise, layout), not matmul, conv or attention. */
 void ck_policy_selective_default(unsigned char *ops);
 
-/* The block a scope belongs to at diffusers' granularity (a ResnetBlock2D or a
- * BasicTransformerBlock), written to buf; "" when it is in none. */
+/* The block a scope belongs to at diffusers' granularity (a ResnetBlock2D, a
+ * BasicTransformerBlock, a Flux double or single block), written to buf; "" when it is in none. */
 const char *ck_policy_block_of(const char *scope, char *buf, size_t len);
 
 #endif

@@ -15,8 +15,6 @@ local data = require "ck.data"
 local F = {name = "flux", noun = "transformer", blocks = flux.BLOCKS}
 
 -- --checkpoint diffusers (kohya's --gradient_checkpointing): every double and single block
-F.checkpoint_blocks = flux.BLOCKS
-
 F.base_files = "a Flux.1 transformer: Black Forest Labs' single file (flux1-dev.safetensors, with or without " ..
   "model.diffusion_model.; bf16 or fp8 e4m3) or a diffusers folder (transformer/, vae/, text_encoder/, " ..
   "text_encoder_2/, tokenizer/, tokenizer_2/)"

@@ -90,7 +90,8 @@ function M.cheapest(build, batch, limit)
     if pl.device_bytes <= limit then
       if not best or pl.recompute_flops < best.flops then
         best = {checkpoint = pol, needs = pl.device_bytes, none = none, budget = b, flops = pl.recompute_flops,
-                recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1)}
+                recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1),
+                offload = pl.offload_bytes, pinned = pl.host_bytes}
       end
       if pl.recompute_flops == 0 then break end
       b = b + (limit - pl.device_bytes) + (pl.arena - pl.peak < extra and extra - (pl.arena - pl.peak) or 0)
@@ -106,7 +107,9 @@ end
 local function says(c, mem)
   if c.budget then
     return string.format("none needs %s, %s: a budget of %s for the step plans %s, recomputing %.1f%% of the " ..
-      "step's FLOPs", fmt(c.none), room(mem), fmt(c.budget), fmt(c.needs), c.recompute_pct)
+      "step's FLOPs%s", fmt(c.none), room(mem), fmt(c.budget), fmt(c.needs), c.recompute_pct,
+      (c.offload or 0) > 0 and string.format(" and offloading %s each way (%s of pinned host memory)",
+        fmt(c.offload), fmt(c.pinned)) or "")
   end
   return string.format("none fits (%s) in %s: no recompute", fmt(c.needs), room(mem))
 end

@@ -80,9 +80,11 @@ function M.cheapest(build, batch, limit)
       local least = tonumber(tostring(p):match("smallest peak.-%((%d+) bytes%)"))
       if not least then error(p, 0) end
       if best then break end
-      -- the smallest training list as the device would take it
-      local needs = -(-(least + extra) // granule) * granule + fixed
-      return nil, {needs = needs, none = none}
+      -- the smallest training list as the device would take it (with
+      -- offload allowed, the error names the smallest without it too)
+      local function device(bytes) return -(-(bytes + extra) // granule) * granule + fixed end
+      local without = tonumber(tostring(p):match("with offload, [^(]*%((%d+) bytes%) without"))
+      return nil, {needs = device(least), needs_without = without and device(without), none = none}
     end
     local pl = p:plan()
     p = nil
@@ -115,7 +117,10 @@ local function says(c, mem)
 end
 
 local function refusal(why, mem)
-  if why.needs then
+  if why.needs and why.needs_without then
+    return string.format("nothing fits in %s: the smallest plan needs %s with offload, %s without (none needs %s)",
+      room(mem), fmt(why.needs), fmt(why.needs_without), fmt(why.none))
+  elseif why.needs then
     return string.format("nothing fits in %s: the smallest plan needs %s (none needs %s)", room(mem), fmt(why.needs),
       fmt(why.none))
   end

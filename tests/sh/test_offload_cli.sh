@@ -5,7 +5,7 @@
 # --offload activations (kohya's --cpu_offload_checkpointing) under diffusers
 # offloads what diffusers keeps and recomputes what it recomputes; a budget
 # nothing fits is one line naming the smallest peak with offload and
-# without; --offload weights, kohya's --blocks_to_swap and an unknown --gpu
+# without (with --offload none too); --offload weights, kohya's --blocks_to_swap and an unknown --gpu
 # are refused in one line.
 set -u
 pass=0 fail=0
@@ -64,6 +64,10 @@ EOF
 [ $rc != 0 ] && [ "$(wc -l < "$dir/small.out")" = 1 ] \
   && grep -qE "nothing fits in [0-9.]+ MiB; the smallest peak ckrun can plan is [0-9.]+ MiB \([0-9]+ bytes\) with offload, [0-9.]+ MiB \([0-9]+ bytes\) without$" "$dir/small.out"
 ok $? "a budget nothing fits: one line, the smallest peak with offload and without ($(cat "$dir/small.out"))"
+"$CKRUN" --plan $S --checkpoint budget:20% --offload none > "$dir/small.out" 2>&1; rc=$?
+[ $rc != 0 ] && [ "$(wc -l < "$dir/small.out")" = 1 ] \
+  && grep -qE "nothing fits in [0-9.]+ MiB; the smallest peak ckrun can plan is [0-9.]+ MiB \([0-9]+ bytes\); with offload \(--offload auto\), [0-9.]+ MiB \([0-9]+ bytes\)$" "$dir/small.out"
+ok $? "--offload none: the same line names the smallest peak without offload, then with it ($(cat "$dir/small.out"))"
 for args in "--offload weights" "--blocks_to_swap 4" "--gpu no-such-card --checkpoint budget:70% --offload auto"; do
   "$CKRUN" --plan $S $args > "$dir/bad.out" 2>&1; rc=$?
   [ $rc != 0 ] && [ "$(wc -l < "$dir/bad.out")" = 1 ] && grep -q "$S" "$dir/bad.out"

@@ -84,6 +84,11 @@ double ck_copy_seconds(size_t bytes, const ck_device_speed *dev);
 struct ck_evaluator;
 int ck_offload_decide(const ck_decide_ctx *c, struct ck_evaluator *ev, size_t budget, unsigned char *mark,
                       const char *what, char *err, size_t errlen);
+/* The smallest placed peak of the fixed choices (as ck_offload_decide
+ * tries them) with all they keep offloaded: what offload would reach where
+ * the budget search found nothing (c->offload unset); 0 when unknown (out of
+ * memory, or lists whose optimizer entries move). */
+size_t ck_offload_floor(const ck_decide_ctx *c, struct ck_evaluator *ev);
 /* The joint search's judgement of decision mark (0, 1, CK_OFFLOAD per graph
  * tensor), without building its list: the live peak (ck_plan.live_peak of
  * the list ck_schedule and ck_offload_schedule make, at c->prefetch) and

@@ -363,8 +363,8 @@ static int starts(osearch *s, const unsigned char *budget_answer, int have_answe
     memset(mark, 0, (size_t)nt);
     if (judge_mark(s, mark, R, &live, &time) || offer(s, mark, live, time, "none")) goto out;
     memset(R, 0, (size_t)nt);
-    if (offload_run(s, R, mark, order, 0, "offload, earliest made first") ||
-        offload_run(s, R, mark, order, 1, "offload, largest first"))
+    if (offload_run(s, R, mark, order, 0, "offload alone, earliest made first") ||
+        offload_run(s, R, mark, order, 1, "offload alone, largest first"))
         goto out;
     /* the budget search's answer, as it is and improved */
     if (have_answer) {
@@ -380,6 +380,12 @@ static int starts(osearch *s, const unsigned char *budget_answer, int have_answe
         {.kind = CK_POLICY_SELECTIVE},
     };
     static const char *const names[] = {"diffusers", "sqrt_n", "selective"};
+    static const char *const run[] = {"diffusers, then the shortest run of what it keeps offloaded that fits",
+                                      "sqrt_n, then the shortest run of what it keeps offloaded that fits",
+                                      "selective, then the shortest run of what it keeps offloaded that fits"};
+    static const char *const less[] = {"diffusers, then less recompute with offload",
+                                       "sqrt_n, then less recompute with offload",
+                                       "selective, then less recompute with offload"};
     ck_decide_ctx plain = *c;
     plain.offload = 0;
     for (size_t f = 0; f < sizeof fixed / sizeof *fixed; f++) {
@@ -390,7 +396,7 @@ static int starts(osearch *s, const unsigned char *budget_answer, int have_answe
         if (ck_policy_decide(&pol, &plain, R, ignore, sizeof ignore)) continue;
         memcpy(mark, R, (size_t)nt);
         if (judge_mark(s, mark, R, &live, &time) || offer(s, mark, live, time, names[f])) goto out;
-        if (offload_run(s, R, mark, order, 0, names[f]) || improve(s, mark, names[f])) goto out;
+        if (offload_run(s, R, mark, order, 0, run[f]) || improve(s, mark, less[f])) goto out;
     }
     rc = 0;
 out:
@@ -460,7 +466,8 @@ int ck_offload_judge(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned ch
  * none fits), its peak to *gpeak; *least gets the smallest peak of those
  * placed. With a bound (the search's pick's time; 0: none), a choice whose
  * judged live peak is over the budget or whose judged time is not under
- * the bound is not placed. What the search chose is held against g, so no fixed choice beats
+ * the bound is not placed; with a bound below 0, only the choices with all
+ * they keep offloaded are placed (for *least alone). What the search chose is held against g, so no fixed choice beats
  * it at the budget, and g is what a budget the search's starts miss gets.
  * 0, or -1 out of memory. */
 static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsigned char *mark, keyed *order,
@@ -505,7 +512,7 @@ static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsi
         }
         const int n = crossing(s, R, order, 0);
         if (n < 0) goto out;
-        for (int v = 0; v < 2; v++) {
+        for (int v = bound < 0; v < 2; v++) {
             size_t peak;
             double time;
             with_run(s, R, order, v ? n : 0, mark);
@@ -533,6 +540,23 @@ static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsi
 out:
     free(R), free(Rj);
     return rc;
+}
+
+size_t ck_offload_floor(const ck_decide_ctx *c, ck_evaluator *ev)
+{
+    if (ev->fallback || ev->released) return 0;
+    osearch s;
+    const int nt = c->g->nt;
+    unsigned char *mark = calloc((size_t)(nt ? nt : 1), 1);
+    keyed *order = malloc(sizeof *order * (size_t)(nt ? nt : 1));
+    cand fx = {NULL, 0, 0, NULL};
+    size_t gpeak = 0, least = 0;
+    if (mark && order && !osearch_init(&s, c, ev, 0)) {
+        if (fixed_choices(&s, NULL, 0, mark, order, -1, &fx, &gpeak, &least)) least = 0;
+        osearch_free(&s);
+    }
+    free(fx.mark), free(mark), free(order);
+    return least;
 }
 
 int ck_offload_decide(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, unsigned char *out, const char *what,

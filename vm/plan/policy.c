@@ -642,6 +642,13 @@ static int decide_budget(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget
         /* the smallest peak rounded up, so that as a budget it fits */
         snprintf(err, errlen, "%s: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
                  what, budget / 1048576.0, ceil(b.floor / 104857.6) / 10, b.floor);
+        /* offload not allowed: what it would reach, after the figure without */
+        const size_t with = c->offload ? 0 : ck_offload_floor(c, ev);
+        if (with && with < b.floor) {
+            const size_t at = strlen(err);
+            snprintf(err + at, errlen - at, "; with offload (--offload auto), %.1f MiB (%zu bytes)",
+                     ceil(with / 104857.6) / 10, with);
+        }
         rc = -1;
     }
     if (rc == 0) {

@@ -140,7 +140,7 @@ function M.summary(p)
     group_arena = pl.group_arena, conv_workspace = pl.conv_workspace, conv_workspace_max = pl.conv_workspace_max,
     conv_rule = pl.conv_rule,
     -- the cost model's prediction (vm/plan/cost.c) and offload's host bytes
-    predicted_step = pl.predicted_step_seconds, speed_of = pl.speed_of, predicted_copies = pl.predicted_copy_seconds,
+    predicted_step = pl.predicted_step_seconds, speed_of = pl.speed_of, speed_assumed = pl.speed_assumed, predicted_copies = pl.predicted_copy_seconds,
     predicted_stalled = pl.predicted_stall_seconds, host_bytes = pl.host_bytes, offload_bytes = pl.offload_bytes,
     transfers = pl.transfers, prefetch = pl.prefetch, decision = pl.decision,
   }
@@ -538,6 +538,7 @@ local function print_json(o, rows, limit, svg)
         {"step_flops", s.step_flops}, {"recompute_flops", s.recompute_flops}, {"recompute_pct", s.recompute_pct},
         {"ops", s.ops}, {"recompute_ops", s.recompute_ops}, {"at_peak", at_peak_object(s.at_peak)},
         {"predicted_step_seconds", s.predicted_step}, {"predicted_on", s.speed_of},
+        {"predicted_on_assumed", s.speed_assumed},
         {"pinned_host_bytes", s.host_bytes}, {"offload_bytes", s.offload_bytes}, {"transfers", s.transfers},
         {"offload_decision", s.decision},
         {"fit", r.auto}} do
@@ -598,8 +599,9 @@ local function print_text(o, rows, limit, svg)
     end
     print(string.format("%-24s %d%s", "ops", s.ops, lbl))
     if s.predicted_step then
-      print(string.format("%-24s %.4g s on %s's figures%s: a prediction from the cost model's table, not a " ..
-        "measurement", "predicted step", s.predicted_step, s.speed_of, lbl))
+      print(string.format("%-24s %.4g s on %s's figures%s%s: a prediction from the cost model's table, not a " ..
+        "measurement", "predicted step", s.predicted_step, s.speed_of,
+        s.speed_assumed and " (the card not named: --gpu NAME)" or "", lbl))
     end
     if s.host_bytes and s.host_bytes > 0 then
       print(string.format("%-24s %s%s: %s offloaded each way in %d transfers, prefetch %d entries", "pinned host",

@@ -6,7 +6,8 @@
 # offloads what diffusers keeps and recomputes what it recomputes; a budget
 # nothing fits is one line naming the smallest peak with offload and
 # without (with --offload none too); --offload weights, kohya's --blocks_to_swap and an unknown --gpu
-# are refused in one line.
+# are refused in one line; a short run offloading trains bitwise as keeping
+# everything does and logs the predicted step beside the measured one.
 set -u
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
@@ -73,6 +74,25 @@ for args in "--offload weights" "--blocks_to_swap 4" "--gpu no-such-card --check
   [ $rc != 0 ] && [ "$(wc -l < "$dir/bad.out")" = 1 ] && grep -q "$S" "$dir/bad.out"
   ok $? "$args: refused in one line naming the script ($(cat "$dir/bad.out"))"
 done
+
+# a run: 3 steps under --offload auto train the adapter bitwise as keeping everything does,
+# and the log holds the predicted step beside the measured one
+"$CKRUN" $S --steps 3 --checkpoint budget:$budget --offload auto --log-every 1 --log-dir "$dir/log" \
+  --out "$dir/off.safetensors" > "$dir/run.out" 2>&1; rc1=$?
+"$CKRUN" $S --steps 3 --checkpoint none --out "$dir/kept.safetensors" > /dev/null 2>&1; rc2=$?
+python3 - "$dir/off.safetensors" "$dir/kept.safetensors" "$dir/log/metrics.jsonl" <<'EOF'; ok $? "3 steps offloading train the adapter bitwise as keeping everything, the log holds predicted_step_time beside step_time (rc $rc1 $rc2)"
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return {k: b[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]] for k, v in h.items()}
+a, k = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert a and a == k, "adapters differ"
+recs = [json.loads(l) for l in open(sys.argv[3])]
+timed = [r for r in recs if "step_time" in r]
+assert timed and all(r["predicted_step_time"] > 0 for r in timed), timed
+EOF
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

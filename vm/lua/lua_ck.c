@@ -1380,8 +1380,14 @@ static int l_plan(lua_State *L)
         lua_pushstring(L, p->offload_why);
         lua_setfield(L, -2, "decision");
     }
-    /* the cost model's step time for the device it was given (gpu=, or the CPU's figures) */
+    /* the cost model's step time for the device it was given (gpu=, or the
+     * CPU's figures; a GPU not named is taken as an H100, as the joint search takes it) */
     const ck_device_speed *dev = p->opt.speed ? p->opt.speed : ck_backend_speed(p->be);
+    if (!dev) {
+        dev = ck_device_speed_find("H100");
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "speed_assumed");
+    }
     if (dev) {
         ck_step_time st;
         ck_plan_step_time(pl, p->g, dev, &st);

@@ -47,6 +47,7 @@ typedef struct osearch {
     cand pool[POOL];
     int npool;
     int evals;
+    double floor_time; /* none's predicted time: no decision is faster (0: not known yet) */
 } osearch;
 
 static int marked(const osearch *s, const unsigned char *R, int t) { return R[t] == 1 && s->e->markable[t]; }
@@ -278,10 +279,15 @@ static int improve(osearch *s, unsigned char *mark, const char *from)
         rc = 0;
         goto out;
     }
+    /* a candidate as fast as keeping everything is there already: nothing to gain */
+    if (s->floor_time > 0 && s->npool && s->pool[0].time <= s->floor_time) {
+        rc = offer(s, mark, live, time, from);
+        goto out;
+    }
     for (int t = 0; t < nt; t++)
         if (mark[t] == 1 && s->e->markable[t]) order[n++] = (keyed){t, -s->tnode[s->c->g->t[t].node]};
     qsort(order, (size_t)n, sizeof *order, by_key);
-    for (int k = 0; k < n && k < MOVES; k++) {
+    for (int k = 0; k < n && k < MOVES && !(s->floor_time > 0 && time <= s->floor_time); k++) {
         const int t = order[k].t;
         size_t l1 = 0, l2 = 0;
         double t1 = INFINITY, t2 = INFINITY;
@@ -362,6 +368,7 @@ static int starts(osearch *s, const unsigned char *budget_answer, int have_answe
     /* none, and offload alone in two orders */
     memset(mark, 0, (size_t)nt);
     if (judge_mark(s, mark, R, &live, &time) || offer(s, mark, live, time, "none")) goto out;
+    s->floor_time = time;
     memset(R, 0, (size_t)nt);
     if (offload_run(s, R, mark, order, 0, "offload alone, earliest made first") ||
         offload_run(s, R, mark, order, 1, "offload alone, largest first"))

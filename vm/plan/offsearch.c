@@ -8,7 +8,10 @@
  * peak of the list with its transfers; and the compute and copy streams are
  * simulated over the same positions, as ck_plan_step_time simulates the
  * list (vm/plan/cost.c). Only the fastest candidates are scheduled and
- * placed, to check them against the budget exactly. */
+ * placed, to check them against the budget exactly; then the fixed choices
+ * that may fit and win are placed too, so that none of them beats the pick.
+ * No decision is faster than keeping everything (the same entries, no
+ * recompute, no copies): a candidate that fast ends the search's moves. */
 #include "plan/evaluate_int.h"
 #include "plan/offload.h"
 #include "plan/policy.h"

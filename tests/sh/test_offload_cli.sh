@@ -7,7 +7,8 @@
 # nothing fits is one line naming the smallest peak with offload and
 # without (with --offload none too); --offload weights, kohya's --blocks_to_swap and an unknown --gpu
 # are refused in one line; a short run offloading trains bitwise as keeping
-# everything does and logs the predicted step beside the measured one.
+# everything does and logs the predicted step beside the measured one; on the
+# emulated CUDA device --offload auto is the default.
 set -u
 pass=0 fail=0
 ok() { if [ "$1" = 0 ]; then pass=$((pass+1)); echo "ok   $2"; else fail=$((fail+1)); echo "FAIL $2"; fi; }
@@ -93,6 +94,20 @@ recs = [json.loads(l) for l in open(sys.argv[3])]
 timed = [r for r in recs if "step_time" in r]
 assert timed and all(r["predicted_step_time"] > 0 for r in timed), timed
 EOF
+
+# on the emulated CUDA device --offload auto is the default: a budget offloads there, its step
+# predicted on the H100's figures, said to be assumed (tests/c/emu_offload.c runs such lists)
+emu="${CK_BUILD:-build}/libck_cuda_emu.so"
+if [ -f "$emu" ]; then
+  CK_CUDA_MODULE="$emu" "$CKRUN" --plan --json $S --checkpoint budget:70% > "$dir/emu.json"; rc=$?
+  python3 - "$dir/emu.json" <<'EOF'; ok $? "emulated CUDA: the default offloads under budget:70%, predicted on the H100's figures, assumed (rc $rc)"
+import json, sys
+p = json.load(open(sys.argv[1]))["policies"][0]
+assert p["pinned_host_bytes"] > 0 and p["predicted_on"] == "H100" and p["predicted_on_assumed"], p
+EOF
+else
+  echo "(no emulated CUDA backend in this build: the device default is not checked)"
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

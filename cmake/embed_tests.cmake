@@ -7,6 +7,7 @@
 find_package(Threads REQUIRED)
 file(GLOB CK_ASAN_SOURCES CONFIGURE_DEPENDS vm/*/*.c ops/*.c ops/cpu/*.c)
 list(REMOVE_ITEM CK_ASAN_SOURCES ${CMAKE_SOURCE_DIR}/vm/cli/main.c)
+list(APPEND CK_ASAN_SOURCES ${CMAKE_BINARY_DIR}/gen/tiny_vocab.c)
 add_library(ck_asan_objs OBJECT ${CK_ASAN_SOURCES})
 target_include_directories(ck_asan_objs PRIVATE ${LUA_INCLUDE_DIRS} ${CBLAS_INCLUDE} ${JANSSON_INCLUDE})
 # <ck.h> as a host includes it; -idirafter so vm/ never shadows a system header.

@@ -33,6 +33,7 @@ if(CK_FUZZ)
   set(CK_FUZZ_FLAGS -O1 -g -fno-omit-frame-pointer -Wno-pass-failed -fsanitize=address,undefined -fno-sanitize-recover=all)
 
   file(GLOB CK_FUZZ_LIB_SOURCES CONFIGURE_DEPENDS vm/*/*.c ops/*.c ops/cpu/*.c)
+  list(APPEND CK_FUZZ_LIB_SOURCES ${CMAKE_BINARY_DIR}/gen/tiny_vocab.c)
   list(REMOVE_ITEM CK_FUZZ_LIB_SOURCES ${CMAKE_SOURCE_DIR}/vm/cli/main.c)
   add_library(ck_fuzz_objs OBJECT EXCLUDE_FROM_ALL ${CK_FUZZ_LIB_SOURCES})
   target_include_directories(ck_fuzz_objs PUBLIC ${LUA_INCLUDE_DIRS} ${CBLAS_INCLUDE} ${JANSSON_INCLUDE})

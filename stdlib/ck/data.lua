@@ -47,7 +47,10 @@ end
 -- num_train_timesteps, 1000: a sample's own timestep must be a whole number
 -- below it), flip_aug (samples that hold latents_flipped and
 -- time_ids_flipped are mirrored at half their uses), files (the sample files,
--- in order, instead of every file of src), text = false (the samples hold
+-- in order, instead of every file of src), groups (with files: each file's
+-- group, a dataset of kohya's --dataset-config: its samples batch apart from
+-- the other groups', in buckets of their own) and group_batch (each group's
+-- batch size; default batch), text = false (the samples hold
 -- the image fields only: the caller sets the text embeddings), and for
 -- synthetic: n, height, width
 -- (latent size), cross_attention_dim, pooled_dim.
@@ -67,7 +70,8 @@ function M.latents(src, o)
     end
   end
   local self = setmetatable({batch = o.batch or 1, seed = o.seed or 1, epoch = 0, pos = 0,
-                             timesteps = o.timesteps or 1000, flip_aug = o.flip_aug, fields = fields}, Dataset)
+                             timesteps = o.timesteps or 1000, flip_aug = o.flip_aug, fields = fields,
+                             groups = o.groups, group_batch = o.group_batch}, Dataset)
   if src == nil or src == "synthetic" then
     self.synthetic = true
     self.n = o.n or 16
@@ -98,9 +102,10 @@ function M.latents(src, o)
   return self
 end
 
--- Samples whose latents differ in shape (aspect-ratio buckets) are grouped by
--- it: self.buckets, a list of {shape = {C, H, W}, members = {sample indices}}
--- in order of first appearance, and self.bucket_of[i]. With one shape there
+-- Samples whose latents differ in shape (aspect-ratio buckets), or in group
+-- (self.groups), are grouped by it: self.buckets, a list of {shape = {C, H,
+-- W}, members = {sample indices}, batch = the group's batch size} in order of
+-- first appearance, and self.bucket_of[i]. With one shape and group there
 -- are no buckets (self.buckets nil), and batching is as it always was.
 local function latents_shape(path)
   local f <close> = ck.safetensors(path)
@@ -113,10 +118,12 @@ function Dataset:find_buckets(shape_of)
   local by, list, of = {}, {}, {}
   for i = 1, self.n do
     local shape = shape_of(i)
-    local key = table.concat(shape, "x")
+    local group = self.groups and self.groups[i] or 1
+    local key = table.concat(shape, "x") .. "/" .. group
     local b = by[key]
     if not b then
-      list[#list + 1] = {shape = shape, key = key, members = {}, k = #list + 1}
+      local batch = self.group_batch and self.group_batch[group] or self.batch
+      list[#list + 1] = {shape = shape, key = key, members = {}, k = #list + 1, batch = batch}
       b = list[#list]
       by[key] = b
     end
@@ -154,9 +161,9 @@ function Dataset:shuffle()
     local order = {}
     for i, m in ipairs(b.members) do order[i] = m end
     shuffle_list(order, self.seed, self.epoch, 0x6000 + 16 * k)
-    for first = 1, #order, self.batch do
+    for first = 1, #order, b.batch do
       local idx = {}
-      for i = first, math.min(#order, first + self.batch - 1) do idx[#idx + 1] = order[i] end
+      for i = first, math.min(#order, first + b.batch - 1) do idx[#idx + 1] = order[i] end
       batches[#batches + 1] = {bucket = k, idx = idx}
     end
   end
@@ -200,11 +207,12 @@ end
 function Dataset:validation_batches(n)
   local members = self.buckets and self.buckets[1].members or nil
   local count = members and #members or self.n
+  local batch = self.buckets and self.buckets[1].batch or self.batch
   local out = {}
-  for v = 1, math.max(1, math.min(n, count // self.batch)) do
+  for v = 1, math.max(1, math.min(n, count // batch)) do
     local idx = {}
-    for b = 1, math.min(self.batch, count) do
-      local i = (v - 1) * self.batch + b
+    for b = 1, math.min(batch, count) do
+      local i = (v - 1) * batch + b
       idx[b] = members and members[i] or i
     end
     out[v] = {idx = idx, bucket = 1}
@@ -225,8 +233,8 @@ function Dataset:bucket_shapes()
     shapes[k] = b.shape
     local n = #b.members
     sizes[k] = {}
-    if n >= self.batch then sizes[k][1] = self.batch end
-    if n % self.batch ~= 0 then sizes[k][#sizes[k] + 1] = n % self.batch end
+    if n >= b.batch then sizes[k][1] = b.batch end
+    if n % b.batch ~= 0 then sizes[k][#sizes[k] + 1] = n % b.batch end
   end
   return shapes, sizes
 end
@@ -258,7 +266,7 @@ end
 -- reports shapes as a set of those samples would, and loads nothing.
 function M.shapes_only(list, o)
   local self = setmetatable({batch = o.batch or 1, seed = o.seed or 1, epoch = 0, pos = 0, n = #list,
-                             shapes_list = list}, Dataset)
+                             shapes_list = list, groups = o.groups, group_batch = o.group_batch}, Dataset)
   self:find_buckets(function(i) return list[i] end)
   self:shuffle()
   return self

@@ -134,8 +134,12 @@ function Objective:prepare(p, given, step)
   -- process draws for those rows
   local rows = given.rows
   -- given.weight_scale: every sample's loss weight times this (a data-parallel
-  -- rank's share of a batch that does not split evenly; 0 for a padding row)
+  -- rank's share of a batch that does not split evenly; 0 for a padding row);
+  -- given.loss_weights: each sample's own (kohya's --prior_loss_weight for
+  -- regularization images), multiplying its squared error before the mean, as
+  -- kohya's loss * loss_weights then loss.mean()
   local scale = given.weight_scale or 1
+  local own = given.loss_weights
   local ts, sa, sb, w = {}, {}, {}, {}
   for b = 1, B do
     local t = given.timesteps and given.timesteps[b]
@@ -147,7 +151,7 @@ function Objective:prepare(p, given, step)
     t = math.max(0, math.min(self.n - 1, math.floor(t)))
     ts[b] = t
     local a = self.abar[t + 1]
-    sa[b], sb[b], w[b] = math.sqrt(a), math.sqrt(1 - a), self:weight(t) * scale
+    sa[b], sb[b], w[b] = math.sqrt(a), math.sqrt(1 - a), self:weight(t) * scale * (own and own[b] or 1)
   end
   p:set(self.inputs.timesteps, ts)
   p:set(self.inputs.sa, sa)

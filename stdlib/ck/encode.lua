@@ -76,9 +76,8 @@ function M.models(o)
         error("the base model has no tokenizer folders: give --tokenizer FILE|DIR (open_clip's " ..
           "bpe_simple_vocab_16e6.txt.gz, a tokenizer folder or a tokenizer.json)", 0)
       end
-      -- the tiny random encoders' vocabulary (ck.tiny_vocab)
-      local text = require "ck.tiny_vocab"
-      tl, tg = {merges = text, caption_fix = fix}, {merges = text, pad = "!", caption_fix = fix}
+      -- the tiny random encoders' vocabulary, built into ckrun
+      tl, tg = {tiny = true, caption_fix = fix}, {tiny = true, pad = "!", caption_fix = fix}
     end
   end
   m.tokenizer_l, m.tokenizer_g = ck.clip_tokenizer(tl), ck.clip_tokenizer(tg)

@@ -152,10 +152,11 @@ local function read_caption(path)
   return strip(s:match("^[^\r\n]*"))
 end
 
--- The caption of an image: <stem><ext>, then (for the default .txt) <stem>.caption.
-local function find_caption(dir, stem, ext)
+-- The caption of an image: <stem><ext>, then (for the default .txt, unless
+-- exact: a dataset config's caption_extension, which kohya reads alone) <stem>.caption.
+local function find_caption(dir, stem, ext, exact)
   local tried = {dir .. "/" .. stem .. ext}
-  if ext == ".txt" then tried[2] = dir .. "/" .. stem .. ".caption" end
+  if ext == ".txt" and not exact then tried[2] = dir .. "/" .. stem .. ".caption" end
   for _, p in ipairs(tried) do
     local c = read_caption(p)
     if c then return c, p, tried end
@@ -187,7 +188,11 @@ end
 --   caption_path, width, height, format}. info(path) -> {width=, height=,
 --   format=} (ck.image_info by default) gives sizes; warn(message) gets each
 --   warning (a skipped folder; once per image, a missing caption). set =
---   {dir, items, count (images with repeats)}.
+--   {dir, items, count (images with repeats)}. With flat = true (a subset of
+--   kohya's --dataset-config: its image_dir), the images directly in dir
+--   alone, each repeated `repeats` times (default 1), an image without a
+--   caption file captioned `class_tokens` (default ""), and no images is an
+--   empty set, not an error.
 local function scan(dir, opts)
   if type(dir) ~= "string" then fail("the folder must be a string, got %s", type(dir)) end
   if opts ~= nil and type(opts) ~= "table" then fail("options must be a table") end
@@ -197,13 +202,17 @@ local function scan(dir, opts)
   local info = rawopt(opts, "info", rawget(ck, "image_info"))
   if info == nil then fail("no image size reader: pass info = function(path) (ck.image_info is not built in)") end
   local warn = rawopt(opts, "warn", default_warn)
+  local flat = rawopt(opts, "flat", false)
+  local own_repeats = flat and check_int(rawopt(opts, "repeats", 1), "repeats", 1) or 1
+  local own_class = flat and rawopt(opts, "class_tokens", "") or ""
+  if type(own_class) ~= "string" then fail("class_tokens must be a string") end
   dir = dir:gsub("(.)/+$", "%1")
 
   local names, err = ck.listdir(dir)
   if not names then fail("%s", err) end
-  -- the folders to read: dir itself, then its N_concept folders
-  local folders = {{path = dir, folder = "", repeats = 1, class_tokens = "", names = names}}
-  for _, name in ipairs(names) do
+  -- the folders to read: dir itself, then (unless flat) its N_concept folders
+  local folders = {{path = dir, folder = "", repeats = own_repeats, class_tokens = own_class, names = names}}
+  for _, name in ipairs(flat and {} or names) do
     local ext_of = extension(name)
     if not (ext_of and M.IMAGE_EXTENSIONS[ext_of]) then
       local sub = dir .. "/" .. name
@@ -230,11 +239,11 @@ local function scan(dir, opts)
     for _, name in ipairs(imgs) do
       local path = fo.path .. "/" .. name
       local stem = name:match("^(.*)%.[^.]+$")
-      local caption, cpath, tried = find_caption(fo.path, stem, ext)
+      local caption, cpath, tried = find_caption(fo.path, stem, ext, flat)
       if caption == nil then
         if fo.class_tokens ~= "" then
           caption = fo.class_tokens
-          warn(string.format("imagedata: no caption for '%s' (no %s): using the folder's class tokens '%s'",
+          warn(string.format("imagedata: no caption for '%s' (no %s): using the class tokens '%s'",
                              path, table.concat(tried, " or "), caption))
         else
           caption = ""
@@ -262,7 +271,7 @@ local function scan(dir, opts)
       count = count + fo.repeats
     end
   end
-  if #items == 0 then
+  if #items == 0 and not flat then
     fail("'%s' has no images (png, jpg, jpeg or webp), neither in it nor in N_concept folders", dir)
   end
   table.sort(items, function(a, b) return a.path < b.path end)
@@ -270,6 +279,37 @@ local function scan(dir, opts)
   return {dir = dir, items = items, count = count}
 end
 M.scan = public("scan", scan)
+
+-- imagedata.reg_repeats(train_count, repeats) -> list: how often each
+--   regularization image is used in an epoch, as kohya's DreamBooth dataset
+--   balances them against its train images (train_count: the train images
+--   with their repeats; repeats: each reg image's own, in order). The images
+--   are taken in order with their own repeats until the uses reach
+--   train_count (the rest get 0: unused); while the first pass falls short,
+--   further passes add one use to each in turn until it does.
+M.reg_repeats = public("reg_repeats", function(train_count, repeats)
+  train_count = check_int(train_count, "train_count", 0)
+  if type(repeats) ~= "table" then fail("repeats must be a list of whole numbers") end
+  local out, n = {}, 0
+  for i, r in ipairs(repeats) do
+    check_int(r, "repeats[" .. i .. "]", 1)
+    out[i] = 0
+  end
+  if #repeats == 0 then return out end
+  local first = true
+  while n < train_count do
+    for i, r in ipairs(repeats) do
+      if first then
+        out[i], n = r, n + r
+      else
+        out[i], n = out[i] + 1, n + 1
+      end
+      if n >= train_count then break end
+    end
+    first = false
+  end
+  return out
+end)
 
 ------------------------------------------------------------------------------
 -- buckets

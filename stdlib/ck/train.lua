@@ -51,6 +51,7 @@ local data = require "ck.data"
 local imagedata = require "ck.imagedata"
 local memory = require "ck.memory"
 local plan = require "ck.plan"
+local kohya_config = require "ck.kohya_config"
 
 local M = {}
 
@@ -65,6 +66,12 @@ function M.options(f)
     {"data", "string", "synthetic", "a folder of images with captions (kohya's layout), a folder of .safetensors " ..
      "samples, or the synthetic set", arg = "DIR|synthetic"},
     {"pretrained-model-name-or-path", "string", nil, "the base model: " .. f.base_files, arg = "PATH"},
+    {"config-file", "string", nil, "kohya's training config (TOML, its sections flattened): option values, which " ..
+     "the command line overrides", arg = "FILE"},
+    {"dataset-config", "string", nil, "kohya's dataset config (TOML or JSON): datasets of subsets (image_dir, " ..
+     "num_repeats, class_tokens, is_reg, ...), each dataset with its own resolution, buckets and batch size; in " ..
+     "place of --data", arg = "FILE"},
+    {"prior-loss-weight", "number", 1.0, "the loss weight of the regularization images (is_reg subsets)", min = 0},
     {"cache-latents-to-disk", "flag", false, "keep the encoded images on disk (ckrun always does: beside the images, " ..
      "or in --cache-dir)"},
     {"cache-dir", "string", nil, "where the encoded images go (default: beside the images)", arg = "DIR"},
@@ -195,6 +202,43 @@ end
 
 ---- the run, in steps: each function below takes the run's table t
 
+-- the declared option a command line's name k gives (its own name, kohya's
+-- underscore spelling, or kohya's name for it: options.KOHYA), or nil
+local function option_of(k, declared)
+  if declared[k] then return k end
+  local d = k:gsub("_", "-")
+  if declared[d] then return d end
+  local ko = options.KOHYA[(k:gsub("-", "_"))]
+  if ko and declared[ko.to] and not ko.says then return ko.to end
+  return nil
+end
+
+-- kohya's --config-file FILE (train_util.read_config_from_file): its keys,
+-- sections flattened and each checked (ck.kohya_config), give the values of
+-- the options the command line does not give, under any of their names: the
+-- command line overrides the file, as kohya's argparse does.
+local function with_config(args, spec, path)
+  if type(path) ~= "string" then error("--config-file takes a FILE (kohya's training config, TOML)") end
+  local given, from = kohya_config.options(path, spec)
+  if given["config-file"] then
+    error(from["config-file"] .. ": config_file names a config file inside one; give one --config-file", 0)
+  end
+  local declared, on_line = {}, {}
+  for _, e in ipairs(spec) do if e[1] then declared[e[1]] = true end end
+  for k in pairs(args) do
+    if type(k) == "string" and k ~= "script" then
+      local name = option_of(k, declared)
+      if name then on_line[name] = true end
+    end
+  end
+  local out = {}
+  for k, v in pairs(args) do out[k] = v end
+  for name, v in pairs(given) do
+    if not on_line[name] then out[name] = v end
+  end
+  return setmetatable(out, getmetatable(args))
+end
+
 -- the options, parsed; nil after --help. Another family's option the
 -- family names (refused) is refused with its reason, not as unknown.
 local function parse(args, script)
@@ -218,6 +262,11 @@ local function parse(args, script)
       local why = f.refused((k:gsub("_", "-")))
       if why then error("--" .. k .. " " .. why) end
     end
+  end
+  if args.help == nil then
+    local cfg = args["config-file"]
+    if cfg == nil then cfg = args.config_file end
+    if cfg ~= nil then args = with_config(args, spec, cfg) end
   end
   return options.parse(args, spec)
 end
@@ -281,6 +330,56 @@ local function settle(t)
   end
 end
 
+local function warn(msg)
+  if io.stderr then io.stderr:write("warning: ", msg, "\n") else print("warning: " .. msg) end
+end
+
+-- kohya's dataset keys the trainer honours (kohya_config refuses any other
+-- set to other than kohya's default, naming it). cache_info (kohya's cache of
+-- image sizes) changes nothing here: ckrun reads each image's header.
+M.DATASET_KEYS = {"image_dir", "num_repeats", "caption_extension", "class_tokens", "is_reg", "shuffle_caption",
+  "keep_tokens", "keep_tokens_separator", "caption_separator", "secondary_separator", "caption_prefix", "caption_suffix",
+  "caption_dropout_rate", "caption_dropout_every_n_epochs", "caption_tag_dropout_rate", "flip_aug", "random_crop",
+  "cache_info", "resolution", "batch_size", "enable_bucket", "min_bucket_reso", "max_bucket_reso", "bucket_reso_steps",
+  "bucket_no_upscale"}
+
+-- the options a dataset config's keys fall back to (kohya's argparse level), by ckrun's names
+local DATASET_ARGS = {"batch", "resolution", "caption-extension", "keep-tokens", "keep-tokens-separator",
+  "caption-separator", "shuffle-caption", "caption-dropout-rate", "caption-tag-dropout-rate", "flip-aug", "random-crop",
+  "enable-bucket", "min-bucket-reso", "max-bucket-reso", "bucket-reso-steps", "bucket-no-upscale"}
+
+-- --dataset-config FILE: read and checked whole before anything is made or
+-- written (kohya_config.dataset: kohya's defaults and inheritance, the
+-- options given on the command line or in --config-file as kohya's argparse
+-- level). The trainer takes one flip_aug and one random_crop for all subsets.
+local function read_datasets(t)
+  local o = t.o
+  local path = o["dataset-config"]
+  if not path then return end
+  if o:given("data") then error("--data and --dataset-config both give the images: give one") end
+  if o.batch == "auto" then
+    error("--batch auto picks one batch size; --dataset-config gives each dataset its own (batch_size): give a number " ..
+      "or leave --batch out")
+  end
+  local a = {}
+  for _, name in ipairs(DATASET_ARGS) do
+    if o:given(name) then a[name] = o[name] end
+  end
+  local d = kohya_config.dataset(path, {args = a, supports = M.DATASET_KEYS})
+  for _, w in ipairs(d.ignored) do warn(w) end
+  for _, key in ipairs{"flip_aug", "random_crop"} do
+    local first = d.subsets[1]
+    for _, sub in ipairs(d.subsets) do
+      if sub[key] ~= first[key] then
+        error(string.format("%s: %s = %s where %s has %s: ckrun's trainer takes one %s for every subset",
+          sub.from[key] or sub.at, key, tostring(sub[key]), first.from[key] or first.at, tostring(first[key]), key), 0)
+      end
+    end
+  end
+  t.dcfg = d
+  t.flip_aug, t.random_crop_opt = d.subsets[1].flip_aug, d.subsets[1].random_crop
+end
+
 -- the model, the schedule, the samples' prompts and the compile options
 local function describe(t)
   local o, f = t.o, t.family
@@ -289,9 +388,16 @@ local function describe(t)
   end
   t.m = f.model(o)
   t.resolution = o.resolution
+  t.batch, t.steps, t.seed = o.batch, o.steps, o.seed
+  if t.dcfg then -- the largest dataset's side bounds every bucket's area; the largest batch_size is the run's batch
+    t.resolution, t.batch = 0, 0
+    for _, d in ipairs(t.dcfg.datasets) do
+      t.resolution = math.max(t.resolution, d.resolution[1], d.resolution[2])
+      t.batch = math.max(t.batch, d.batch_size)
+    end
+  end
   t.vae_scale = t.m.vae_scale or 8 -- pixels per latent pixel
   t.latent = t.resolution // t.vae_scale
-  t.batch, t.steps, t.seed = o.batch, o.steps, o.seed
   t.adapter_opts = not t.full and f.adapter(t.m, {rank = o.rank, alpha = o.alpha, dropout = o["network-dropout"],
                                                   loraplus_lr_ratio = o["loraplus-lr-ratio"]}) or false
   t.out = o.out
@@ -372,6 +478,134 @@ local function fit_to_memory(t)
   if not ck.plan_mode then print(t.fit_reason) end
 end
 
+-- a subset's caption settings (imagedata.caption's), and whether they draw at each use
+local function caption_settings(sub)
+  local c = {shuffle = sub.shuffle_caption, keep_tokens = sub.keep_tokens,
+             keep_tokens_separator = sub.keep_tokens_separator ~= "" and sub.keep_tokens_separator or nil,
+             separator = sub.caption_separator, secondary_separator = sub.secondary_separator,
+             dropout_rate = sub.caption_dropout_rate, tag_dropout_rate = sub.caption_tag_dropout_rate,
+             dropout_every_n_epochs = sub.caption_dropout_every_n_epochs, prefix = sub.caption_prefix,
+             suffix = sub.caption_suffix}
+  return c, c.shuffle or c.dropout_rate > 0 or c.tag_dropout_rate > 0 or c.dropout_every_n_epochs > 0
+end
+
+-- --dataset-config's datasets, as kohya's DreamBooth datasets: each subset's
+-- images (those directly in image_dir) repeated num_repeats times, captioned
+-- by their caption files or class_tokens; a dataset's regularization images
+-- (is_reg) repeated or cut so that they are used as often as its train
+-- images (imagedata.reg_repeats), their loss weighted by --prior-loss-weight;
+-- each dataset with its own buckets and batch size, their batches shuffled
+-- together. Everything is scanned and checked before the cache is written.
+local function load_datasets(t)
+  local o, f, m = t.o, t.family, t.m
+  local dc = t.dcfg
+  t.images = true
+  t.random_crop = t.random_crop_opt
+  local used, groups, group_batch = {}, {}, {} -- used: {subset, plan entry, uses, caption settings}
+  t.caption_aug = false
+  for di, d in ipairs(dc.datasets) do
+    group_batch[di] = d.batch_size * t.world
+    if d.enable_bucket and d.min_bucket_reso < 1 then
+      error(string.format("%s: min_bucket_reso below bucket_reso_steps %d becomes 0 (kohya moves it down to a " ..
+        "multiple of the steps), which holds no bucket: give at least %d", d.from.min_bucket_reso or d.at,
+        d.bucket_reso_steps, d.bucket_reso_steps), 0)
+    end
+    local ok, b = pcall(imagedata.buckets, {resolution = d.resolution, enable = d.enable_bucket,
+      min = d.min_bucket_reso, max = d.max_bucket_reso, steps = d.bucket_reso_steps, no_upscale = d.bucket_no_upscale})
+    if not ok then error(string.format("%s: %s", d.at, (tostring(b):gsub("^.-imagedata%.buckets: ", ""))), 0) end
+    local train, reg, train_count = {}, {}, 0
+    for _, sub in ipairs(d.subsets) do
+      if not ck.listdir(sub.image_dir) then
+        error(string.format("%s: image_dir '%s' is not a folder", sub.from.image_dir or sub.at, sub.image_dir), 0)
+      end
+      local set = imagedata.scan(sub.image_dir, {flat = true, caption_extension = sub.caption_extension,
+                                                  class_tokens = sub.class_tokens or "", repeats = sub.num_repeats})
+      if #set.items == 0 then
+        warn(string.format("%s: image_dir '%s' has no images (png, jpg, jpeg or webp): the subset is left out, as " ..
+          "kohya does", sub.from.image_dir or sub.at, sub.image_dir))
+      else
+        local c, random = caption_settings(sub)
+        t.caption_aug = t.caption_aug or random
+        for _, e in ipairs(imagedata.assign(set, b).items) do
+          local u = {sub = sub, e = e, uses = sub.num_repeats, caption = c, random = random, group = di}
+          if sub.is_reg then reg[#reg + 1] = u else train[#train + 1] = u end
+        end
+        if not sub.is_reg then train_count = train_count + set.count end
+      end
+    end
+    -- kohya registers the train images, then the reg images balanced against them
+    local reg_count, reg_used = 0, 0
+    if #reg > 0 then
+      local r = {}
+      for i, u in ipairs(reg) do r[i] = u.uses end
+      for i, k in ipairs(imagedata.reg_repeats(train_count, r)) do
+        reg[i].uses, reg[i].reg = k, true
+        reg_count, reg_used = reg_count + k, reg_used + (k > 0 and 1 or 0)
+      end
+    end
+    print(string.format("dataset %d: %d train images with repeats, %d regularization images with repeats (%d of %d " ..
+      "images used), resolution %dx%d, batch %d", di, train_count, reg_count, reg_used, #reg, d.resolution[1],
+      d.resolution[2], d.batch_size))
+    for _, list in ipairs{train, reg} do
+      for _, u in ipairs(list) do
+        if u.uses > 0 then used[#used + 1] = u end
+      end
+    end
+  end
+  if #used == 0 then
+    error(string.format("%s: no train images in any dataset's subsets", dc.file), 0)
+  end
+  -- the caption each use starts from: with settings that draw at each use
+  -- the file's, else made once (prefix, suffix, secondary_separator)
+  for _, u in ipairs(used) do
+    if not u.random then
+      u.e.caption = imagedata.caption(u.e.caption, u.caption)
+      u.caption = false
+    end
+  end
+  -- the cache, one subset at a time (beside its images, or in --cache-dir)
+  local enc = encoders(t)
+  m.tokens = enc.tokens
+  enc:check()
+  local file_of = {}
+  if not (ck.plan_mode or t.random_crop) then
+    local by_sub, order = {}, {}
+    for _, u in ipairs(used) do
+      if not by_sub[u.sub] then by_sub[u.sub], order[#order + 1] = {items = {}, of = {}}, u.sub end
+      local p = by_sub[u.sub]
+      p.items[#p.items + 1], p.of[#p.items + 1] = u.e, u
+    end
+    for _, sub in ipairs(order) do
+      local p = by_sub[sub]
+      local files, bound = enc:cache({items = p.items}, {cache_dir = o["cache-dir"] or sub.image_dir, seed = t.seed,
+        flip_aug = t.flip_aug, progress = true, text = not t.caption_aug})
+      for i, u in ipairs(p.of) do file_of[u] = files[i] end
+      if bound and (not t.encode_bound or bound > t.encode_bound) then t.encode_bound = bound end
+    end
+  end
+  local list, shp = {}, {}
+  t.captions, t.entries, t.caption_opts, t.loss_weights = {}, {}, {}, {}
+  local prior = o["prior-loss-weight"]
+  for _, u in ipairs(used) do
+    for _ = 1, u.uses do
+      local i = #list + 1
+      list[i] = file_of[u] or false
+      t.captions[i], t.entries[i], t.caption_opts[i] = u.e.caption, u.e, u.caption
+      t.loss_weights[i] = u.reg and prior or 1
+      groups[i] = u.group
+      shp[i] = {m.channels, u.e.bucket[2] // t.vae_scale, u.e.bucket[1] // t.vae_scale}
+    end
+  end
+  local n = t.batch * t.world
+  if list[1] then
+    t.dataset = f.dataset(m, o["dataset-config"], {files = list, batch = n, groups = groups, group_batch = group_batch,
+      seed = t.seed, timesteps = 1000, flip_aug = t.flip_aug, text = not t.caption_aug})
+  else -- --plan, --random-crop: the buckets from the images' headers, nothing cached
+    t.dataset = data.shapes_only(shp, {batch = n, seed = t.seed, groups = groups, group_batch = group_batch})
+  end
+  t.shapes, t.sizes = t.dataset:bucket_shapes()
+end
+
 -- The data: the synthetic set, a folder of samples, or a folder of images
 -- (encoded once into the cache by the family's encoders, closed before the
 -- training programs are made; with caption augmentation the latents alone,
@@ -381,10 +615,12 @@ local function load_data(t)
   local o, f, m = t.o, t.family, t.m
   local n = t.batch * t.world -- the global batch
   t.shapes, t.sizes = {{m.channels, t.latent, t.latent}}, {{n}} -- the global batches' shapes and sizes
+  if t.dcfg then return load_datasets(t) end
   -- --plan reads a data folder only where there is one (a plan sized from a laptop needs none)
   local here = o.data ~= "synthetic" and (not ck.plan_mode or ck.listdir(o.data) ~= nil)
   t.images = here and require("ck.encode").is_image_folder(o.data)
   t.caption_aug = o["shuffle-caption"] or o["caption-dropout-rate"] > 0 or o["caption-tag-dropout-rate"] > 0
+  t.flip_aug = o["flip-aug"]
   -- --random-crop: a crop drawn at each use cannot be cached, so the image
   -- encoder runs at each step too (as kohya's sd-scripts without latent caching)
   t.random_crop = t.images and o["random-crop"]
@@ -649,7 +885,7 @@ local function encode_batch(t, r, idx, augment, rows, n)
     for b, i in ipairs(idx) do
       local e = t.entries[i]
       local use = use_of(t, idx, b, rows, n)
-      local s = imagedata.sample(e, {random_crop = augment, flip_aug = augment and o["flip-aug"], seed = t.seed,
+      local s = imagedata.sample(e, {random_crop = augment, flip_aug = augment and t.flip_aug, seed = t.seed,
                                      epoch = ds.epoch, index = use})
       local vp = t.image_runs[e.bucket[1] .. "x" .. e.bucket[2]]
       local image = ck.image_load(e.path, {resize = e.resized, crop = s.crop, flip = s.flip})
@@ -663,10 +899,15 @@ local function encode_batch(t, r, idx, augment, rows, n)
     end
     local caps = {}
     for b, i in ipairs(idx) do
-      if augment then
+      -- the caption settings of i's subset (--dataset-config; false: made once), else the options'
+      local settings = t.caption_opts and t.caption_opts[i]
+      if settings == nil then settings = t.settings_img.caption end
+      if augment and settings then
         local c = {}
-        for k, v in pairs(t.settings_img.caption) do c[k] = v end
-        c.seed, c.epoch, c.index = t.seed, ds.epoch, use_of(t, idx, b, rows, n)
+        for k, v in pairs(settings) do c[k] = v end
+        -- a dataset config's epochs count from 1, as kohya's (caption_dropout_every_n_epochs N drops
+        -- the captions of epochs N, 2N, ...)
+        c.seed, c.epoch, c.index = t.seed, ds.epoch + (t.caption_opts and 1 or 0), use_of(t, idx, b, rows, n)
         caps[b] = imagedata.caption(t.captions[i], c)
       else
         caps[b] = t.captions[i]
@@ -685,6 +926,11 @@ local function feed(t, idx, k, eval, vstep)
   encode_batch(t, r, mine, not eval, rows, #idx)
   if eval then given.eval = true end
   given.rows, given.weight_scale = rows, weight
+  if t.loss_weights then -- kohya's prior_loss_weight for regularization images, 1 for the others
+    local w = {}
+    for b, i in ipairs(mine) do w[b] = t.loss_weights[i] end
+    given.loss_weights = w
+  end
   r.objective:prepare(r.program, given, vstep)
   return r.program
 end
@@ -895,6 +1141,7 @@ local function train(args, script)
              name = script.name or (tostring(args.script or "train"):match("([^/]+)$"):gsub("%.lua$", ""))}
   t.o = parse(args, script)
   if not t.o then return end -- --help
+  read_datasets(t)
   settle(t)
   describe(t)
   sampler(t)

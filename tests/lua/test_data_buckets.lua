@@ -146,4 +146,30 @@ local listed = data.latents("images", {batch = 1, seed = 4, files = {fl .. "/000
   fl .. "/000001.safetensors", fl .. "/000002.safetensors"}})
 T.ok(listed.n == 3 and listed.buckets == nil, "files = {...} takes the samples named, repeats included")
 
+-- groups (a dataset config's datasets): one shape, two groups of batch 2 and 1;
+-- a batch holds one group's samples, as many as its batch, every sample once an epoch
+local groups = {1, 2, 1, 1, 2, 1}
+local gs = data.shapes_only({{4, 8, 8}, {4, 8, 8}, {4, 8, 8}, {4, 8, 8}, {4, 8, 8}, {4, 8, 8}},
+  {batch = 2, seed = 4, groups = groups, group_batch = {2, 1}})
+local gshapes, gsizes = gs:bucket_shapes()
+T.ok(#gshapes == 2 and key(gsizes[1]) == "2" and key(gsizes[2]) == "1",
+  "each group is a bucket of its own with its batch size (" .. key(gsizes[1]) .. "; " .. key(gsizes[2]) .. ")")
+local seen, one_group, sized, nb = {}, true, true, 0
+while gs.epoch == 0 do
+  local idx, k = gs:next_indices()
+  if gs.epoch > 0 then break end
+  nb = nb + 1
+  for _, i in ipairs(idx) do
+    seen[i] = (seen[i] or 0) + 1
+    if groups[i] ~= groups[idx[1]] or gs.buckets[k].members[1] and groups[gs.buckets[k].members[1]] ~= groups[i] then
+      one_group = false
+    end
+  end
+  if #idx ~= (groups[idx[1]] == 1 and 2 or 1) then sized = false end
+end
+local once = true
+for i = 1, #groups do if seen[i] ~= 1 then once = false end end
+T.ok(one_group and sized and once and nb == 4, string.format("an epoch is 4 batches, each of one group at its batch " ..
+  "size, taking every sample once (%d batches)", nb))
+
 T.done()

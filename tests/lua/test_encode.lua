@@ -51,7 +51,7 @@ for _, n in ipairs{150, 225} do
   T.ok(first_same and later_differ, "a long caption's first chunk is its 77-token encoding; the next chunks hold the rest")
 end
 
--- the tiny model's tokenizer is the stdlib's (ck.tiny_vocab): every caption tokenizes
+-- the tiny model's tokenizer is ckrun's built-in one (clip_tokenizer{tiny = true}): every caption tokenizes
 local ids = one.tokenizer_l:encode("Émoji 🎉 and ünïcödé, 東京")
 T.ok(#ids == 77 and ids[1] == one.tokenizer_l.bos, "the tiny tokenizer encodes any text to 77 ids")
 T.ok(one.tokenizer_g:encode("a")[77] == 0 and one.tokenizer_l:encode("a")[77] == one.tokenizer_l.eos,

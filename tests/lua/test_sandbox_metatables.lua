@@ -229,7 +229,7 @@ local cases = {
     return ck.image_load(path, H{resize = H{3, 2}, crop = H{0, 1, 2, 2}, flip = true})
   end, function(_, a) return a.shape[2] == 2 and a.shape[3] == 2 end},
   {"ck.clip_tokenizer options and tok:encode", function(_, H)
-    local tok = ck.clip_tokenizer(H{merges = require "ck.tiny_vocab", pad = "!"})
+    local tok = ck.clip_tokenizer(H{tiny = true, pad = "!"})
     return tok:encode("a red circle", H{max_length = 8})
   end, function(_, ids) return #ids == 8 and ids[8] == 0 end},
   {"p:load sources with rows and transpose", function(e, H)

@@ -61,6 +61,17 @@ T.ok(b.bos == ref.bos and b.eos == ref.eos and b.vocab_size == ref.vocab_size an
   "the .txt.gz builds CLIP's vocabulary: the same size and special ids as vocab.json, pad <|endoftext|> by default")
 T.ok(b2.pad == 0, "pad = \"!\" names the pad by its token")
 T.ok(ck.clip_tokenizer{bpe = D .. "bpe_small.txt.gz", pad = 7}.pad == 7, "pad = 7 gives the pad by id")
+do -- the built-in vocabulary is that file's
+  local tiny = ck.clip_tokenizer{tiny = true, caption_fix = "none"}
+  local same = tiny.vocab_size == b.vocab_size and tiny.bos == b.bos and tiny.pad == b.pad
+  for _, text in ipairs{"a red circle on a blue square", "Émoji 🎉 and ünïcödé, 東京", "the thing's (inside) 123"} do
+    local x, y = tiny:encode(text), b:encode(text)
+    for i = 1, math.max(#x, #y) do same = same and x[i] == y[i] end
+  end
+  T.ok(same, "clip_tokenizer{tiny = true} is the tokenizer of bpe_small.txt.gz: the same vocabulary and ids")
+  local ok, err = pcall(ck.clip_tokenizer, {tiny = 1})
+  T.ok(not ok and tostring(err):find("tiny must be true", 1, true), "tiny = 1 is refused (" .. tostring(err) .. ")")
+end
 T.ok(l.caption_fix == "none" and ck.clip_tokenizer{dir = D .. "clip_l"}.caption_fix == "ftfy",
   "caption_fix: \"none\" as given, \"ftfy\" by default")
 

@@ -1273,10 +1273,10 @@ static int l_checksum(lua_State *L)
     const unsigned char *x = (const unsigned char *)ck_program_read(p, id);
     if (!x) return luaL_error(L, "%s", p->err[0] ? p->err : "tensor is not readable now");
     size_t n = (size_t)ck_shape_numel(&p->g->t[id].shape) * sizeof(float);
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++) {
-        if ((i & 0xffff) == 0xffff) ck_limits_charge(L, 4096);
-        h = (h ^ x[i]) * 1099511628211ULL;
+    uint64_t h = CK_FNV_OFFSET;
+    for (size_t i = 0; i < n; i += 0x10000) {
+        ck_limits_charge(L, 4096);
+        h = ck_fnv1a(h, x + i, n - i < 0x10000 ? n - i : 0x10000);
     }
     char buf[17];
     snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);

@@ -296,23 +296,31 @@ static ck_clip_bpe *load_dir(lua_State *L, box *b, const char *dir, char *err, s
     return ck_clip_bpe_from_tokenizer_json(b->json, &b->g, err, errlen);
 }
 
+/* the tiny random text encoders' vocabulary, gzip's bytes (CMakeLists.txt
+ * builds them in from tests/data/tokenizer/bpe_small.txt.gz) */
+extern const unsigned char ck_tiny_vocab_gz[];
+extern const size_t ck_tiny_vocab_gz_len;
+
 /* ck.clip_tokenizer{dir = folder} or {json = "tokenizer.json"} or {bpe =
  * "bpe_simple_vocab_16e6.txt.gz"} or {merges = text (what such a file holds,
- * uncompressed)} [, pad = token|id] [, caption_fix = "ftfy"|"none"]} */
+ * uncompressed)} or {tiny = true} (the first 3000 merges of open_clip's
+ * vocabulary, which the tiny random text encoders use) [, pad = token|id]
+ * [, caption_fix = "ftfy"|"none"]} */
 static int l_clip_tokenizer(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 1);
-    static const char *const sources[] = {"dir", "json", "bpe", "merges"};
+    static const char *const sources[] = {"dir", "json", "bpe", "merges", "tiny"};
     int which = -1, given = 0;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (opt(L, 1, sources[i]) != LUA_TNIL) which = i, given++;
     lua_settop(L, 1);
     if (given != 1)
         return ck_lua_raise(L, "clip_tokenizer: give one of dir (a tokenizer folder), json (a tokenizer.json), bpe (a "
-                               ".txt.gz) or merges (its text)");
-    if (opt(L, 1, sources[which]) != LUA_TSTRING) /* 2 */
-        return ck_lua_raise(L, "clip_tokenizer: %s must be %s", sources[which], which == 3 ? "a string" : "a path");
+                               ".txt.gz), merges (its text) or tiny = true");
+    if (which == 4 ? opt(L, 1, "tiny") != LUA_TBOOLEAN || !lua_toboolean(L, 2) : opt(L, 1, sources[which]) != LUA_TSTRING) /* 2 */
+        return ck_lua_raise(L, "clip_tokenizer: %s must be %s", sources[which],
+                            which == 4 ? "true" : which == 3 ? "a string" : "a path");
     opt(L, 1, "pad"); /* 3 */
     int fix = CK_CLIP_FIX_FTFY;
     int tf = opt(L, 1, "caption_fix"); /* 4 */
@@ -342,11 +350,16 @@ static int l_clip_tokenizer(lua_State *L)
             return fail(L, b, src, err);
         ck_text_buf_free(&b->g, &b->file[0]);
         k->t = ck_clip_bpe_from_merges(b->gz.p, b->gz.len, &b->g, err, sizeof err);
-    } else {
+    } else if (which == 3) {
         size_t len;
         const char *text = lua_tolstring(L, 2, &len);
         k->t = ck_clip_bpe_from_merges(text, len, &b->g, err, sizeof err);
         bad = "the merges given";
+    } else {
+        bad = "the tiny vocabulary";
+        if (ck_text_gunzip((const char *)ck_tiny_vocab_gz, ck_tiny_vocab_gz_len, CK_TEXT_MAX_FILE, &b->g, &b->gz, err,
+                           sizeof err) == 0)
+            k->t = ck_clip_bpe_from_merges(b->gz.p, b->gz.len, &b->g, err, sizeof err);
     }
     drop_json(b);
     if (!k->t) {

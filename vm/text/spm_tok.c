@@ -2,6 +2,7 @@
  * unigram model (vm/text/spm_tok.h): built from an spiece.model or a
  * tokenizer.json, then steps 1 to 4 of a caption. */
 #include "text/spm_tok.h"
+#include "util/hash.h"
 
 #include <unicode/ubrk.h>
 #include <unicode/utext.h>
@@ -67,9 +68,7 @@ static int grow(const ck_spm_charge *c, size_t *charged, void **p, size_t *cap, 
 
 static uint64_t hash_of(const char *s, size_t n)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
+    return ck_fnv1a(CK_FNV_OFFSET, s, n);
 }
 
 int32_t ck_spm_tok_id(const ck_spm_tok *t, const char *s, size_t n)

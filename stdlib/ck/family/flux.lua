@@ -86,7 +86,8 @@ end
 
 -- whether the run encodes images or sample prompts (it needs the base's VAE and text encoders)
 local function needs_encoders(o)
-  return o["sample-prompts"] ~= nil or (o.data ~= "synthetic" and require("ck.encode").is_image_folder(o.data))
+  return o["sample-prompts"] ~= nil or o["dataset-config"] ~= nil or
+    (o.data ~= "synthetic" and require("ck.encode").is_image_folder(o.data))
 end
 
 -- The model the options describe: the transformer's config (a base model's,
@@ -147,7 +148,8 @@ function F.model(o)
   end
   if needs_encoders(o) then
     if not m.pipe then
-      error((o["sample-prompts"] and "--sample-prompts" or "--data " .. o.data .. " (images)") .. " needs the base " ..
+      error((o["sample-prompts"] and "--sample-prompts" or o["dataset-config"] and "--dataset-config" or
+        "--data " .. o.data .. " (images)") .. " needs the base " ..
         "model's VAE and text encoders: give --pretrained-model-name-or-path (and the parts a single file lacks)")
     end
     -- the tokenizers now: a missing or bad file stops the run before it starts

@@ -75,7 +75,7 @@ double ck_copy_seconds(size_t bytes, const ck_device_speed *dev);
  * improved by moves that recompute less (a recomputed tensor kept, or kept
  * and offloaded) while the live peak fits; the fastest placed and checked
  * exactly. Then the fixed choices (none, diffusers' blocks, sqrt_n,
- * every_n:1, selective, the recompute answer, each as it is and with all it
+ * every_n:1-3, selective, the recompute answer, each as it is and with all it
  * keeps offloaded) are placed, and the fastest that fits wins if it is
  * faster: no fixed choice beats the pick on predicted time at the budget.
  * what names the policy in errors; a budget nothing fits gets one line

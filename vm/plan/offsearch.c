@@ -471,7 +471,7 @@ int ck_offload_judge(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned ch
 
 /* The fixed choices placed exactly, each as it is and with every buffer it
  * keeps across the turn offloaded: none, diffusers' blocks, sqrt_n,
- * every_n:1, selective, and the budget search's answer (answer, if
+ * every_n:1-3, selective, and the budget search's answer (answer, if
  * have). The fastest whose peak fits the budget goes to g (g->mark NULL:
  * none fits), its peak to *gpeak; *least gets the smallest peak of those
  * placed. With a bound (the search's pick's time; 0: none), a choice whose
@@ -490,10 +490,11 @@ static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsi
         free(R), free(Rj);
         return -1;
     }
-    static const char *const names[] = {"none", "diffusers", "sqrt_n", "every_n:1", "selective",
-                                        "recompute (the budget search)"};
+    static const char *const names[] = {"none", "diffusers", "sqrt_n", "every_n:1", "every_n:2", "every_n:3",
+                                        "selective", "recompute (the budget search)"};
     static const char *const offloaded[] = {"none, all kept offloaded", "diffusers, all it keeps offloaded",
                                             "sqrt_n, all it keeps offloaded", "every_n:1, all it keeps offloaded",
+                                            "every_n:2, all it keeps offloaded", "every_n:3, all it keeps offloaded",
                                             "selective, all it keeps offloaded",
                                             "recompute (the budget search), all it keeps offloaded"};
     const ck_policy fixed[] = {
@@ -501,6 +502,8 @@ static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsi
         {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS, .any_pattern = 1},
         {.kind = CK_POLICY_SQRT_N},
         {.kind = CK_POLICY_EVERY_N, .n = 1},
+        {.kind = CK_POLICY_EVERY_N, .n = 2},
+        {.kind = CK_POLICY_EVERY_N, .n = 3},
         {.kind = CK_POLICY_SELECTIVE},
     };
     const int nfixed = (int)(sizeof fixed / sizeof *fixed);

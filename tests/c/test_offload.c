@@ -278,7 +278,7 @@ static int exact_of(const ck_decide_ctx *c, const unsigned char *mark, size_t *p
 int main(void)
 {
     int graphs = 0, offloaded = 0, sound = 1, placed = 1, bitwise = 1, measured = 1, built = 1;
-    char err[512], name[200];
+    char err[512], name[768];
     for (int round = 0; round < 24; round++) {
         int loss = -1;
         ck_graph *g = random_model(1 + (int)(next() % 3), 6 + (int)(next() % 24), &loss);

@@ -19,6 +19,9 @@ local o = options.parse(args, {
    shown = "256 with --size tiny, else 1024", min = 64},
   {"batch", "integer", 1, "samples per step", min = 1},
   {"checkpoint", "string", "none", "the checkpoint policy (as train_sdxl_lora.lua's --checkpoint)"},
+  {"offload", "choice", "none", "saved activations' offload (as train_sdxl_lora.lua's --offload)",
+   choices = {"none", "activations", "auto"}},
+  {"gpu", "string", nil, "the card whose figures the cost model predicts by (default: the CPU's)", arg = "NAME"},
 })
 if not o then return end
 
@@ -29,7 +32,8 @@ end
 local latent = o.resolution // 8
 local r = sdxl.training_step{config = config, batch = o.batch, latent = {latent, latent},
                              lora = {rank = 4, alpha = 4},
-                             compile = {checkpoint = policy.parse(o.checkpoint), plan_only = true}}
+                             compile = {checkpoint = policy.parse(o.checkpoint), plan_only = true,
+                                        offload = o.offload, gpu = o.gpu}}
 local p = r.program:plan()
 print(string.format("ops %d peak %d recompute_flops %.0f step_flops %.0f decide_s %.4f plan_s %.4f", p.ops, p.peak,
                     p.recompute_flops, p.step_flops, p.decide_seconds, p.plan_seconds))

@@ -3,7 +3,7 @@
 # `--plan` processes of the SDXL LoRA training step (scripts/train_sdxl_lora.lua
 # for the models as users plan them; bench/plan_scale.lua, compile only, for
 # the deep graphs made with --depth-mult), under fixed policies, budget:80%
-# and auto; with each, the thread CPU time of the policy's decision and of
+# and auto (and budget:80% with --offload auto); with each, the thread CPU time of the policy's decision and of
 # the training list's plan (p:plan().decide_seconds, plan_seconds), and the
 # growth exponent of the time over the op count, fitted per policy.
 #
@@ -40,6 +40,11 @@ echo
 echo "whole --plan of the training script (its logging programs too):"
 for policy in none budget:80% auto:16GiB; do
   run "train_sdxl_lora --size full" "$policy" build/ckrun --plan scripts/train_sdxl_lora.lua --size full --checkpoint "$policy"
+done
+# the joint search (keep, recompute or offload; the CUDA default), on an H100's and a 4090's figures
+for gpu in H100 4090; do
+  run "--offload auto --gpu $gpu" "budget:80%" build/ckrun --plan scripts/train_sdxl_lora.lua --size full \
+    --checkpoint budget:80% --offload auto --gpu $gpu
 done
 echo
 echo "growth exponent of the wall time over the op count (least squares on logs, per policy):"

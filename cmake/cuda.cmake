@@ -126,6 +126,7 @@ if(CK_CUDA_EMU)
     # of one language only, and ck_cuda compiles the same files as CUDA)
     set(emu_sources ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cuda_emu.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cublaslt_emu.cpp
       ${CMAKE_SOURCE_DIR}/tests/cuda_emu/cudnn_find_emu.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/graph_emu.cpp
+      ${CMAKE_SOURCE_DIR}/tests/cuda_emu/stream_emu.cpp
       ${CMAKE_SOURCE_DIR}/ops/cuda/table.c)
     # the emulated NCCL runs over MPI: with it, the emulated backend has data parallel
     if(CK_NCCL AND TARGET MPI::MPI_C)
@@ -160,6 +161,11 @@ if(CK_CUDA_EMU)
     target_link_libraries(test_cuda_graph_emu PRIVATE ck_cuda_emu ck_static)
     set_target_properties(test_cuda_graph_emu PROPERTIES LINKER_LANGUAGE CXX)
     add_test(NAME test_cuda_graph_emu COMMAND test_cuda_graph_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    # offload's copy stream, events and pinned memory on the emulator (tests/c/emu_offload.c)
+    add_executable(test_offload_emu ${CMAKE_SOURCE_DIR}/tests/c/emu_offload.c)
+    target_link_libraries(test_offload_emu PRIVATE ck_cuda_emu ck_static)
+    set_target_properties(test_offload_emu PROPERTIES LINKER_LANGUAGE CXX)
+    add_test(NAME test_offload_emu COMMAND test_offload_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
 
     # libck_cuda_emu.so: the CUDA backend on the emulator, for
     # CK_CUDA_MODULE=...: the executor, the plans and the Lua API on device

@@ -92,6 +92,22 @@ typedef struct ck_backend {
     int (*allreduce_start)(float *x, int64_t n, int b);
     int (*allreduce_wait)(int b);
     int (*broadcast)(float *x, int64_t n, int root);
+    /* Offload (vm/plan/offload.c): the host region's memory (pinned on a
+     * device, so that copies run asynchronously; plain memory on the CPU:
+     * NULL on failure, with error()), and copies between it and the arena on
+     * a copy stream. xfer_open makes room for copies in nslots slots (before
+     * any capture); xfer_start queues a copy of bytes behind every op queued
+     * so far, as slot's; xfer_wait orders the ops queued after it behind
+     * slot's copy; xfer_join orders them behind every copy queued so far, and
+     * a wait on a slot started before the last join does nothing. On the CPU
+     * a copy is done when xfer_start returns. Each returns 0, or -1 with
+     * error(). */
+    void *(*pinned_alloc)(size_t bytes);
+    void (*pinned_release)(void *p);
+    int (*xfer_open)(int nslots);
+    int (*xfer_start)(void *dst, const void *src, size_t bytes, int slot);
+    int (*xfer_wait)(int slot);
+    int (*xfer_join)(void);
 } ck_backend;
 
 /* the table of kernels whose every tensor is of the 16-bit dtype dt (NULL for

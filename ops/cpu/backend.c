@@ -100,6 +100,13 @@ static int all_finite(const float *x, int64_t n, int *finite)
 
 static int sync(void) { return 0; }
 
+/* offload: the host region is plain memory and a transfer a copy, done when it returns */
+static void *pinned_alloc(size_t bytes) { return alloc(bytes); }
+static int xfer_open(int nslots) { return (void)nslots, 0; }
+static int xfer_start(void *dst, const void *src, size_t bytes, int slot) { return (void)slot, copy(dst, src, bytes); }
+static int xfer_wait(int slot) { return (void)slot, 0; }
+static int xfer_join(void) { return 0; }
+
 /* Kernels that meet bad data (an embedding id outside its table) record it
  * here; the executor reads it after each op. One message per thread, as each
  * VM's executor runs its kernels on its own thread. */
@@ -148,6 +155,12 @@ static void be_make(void)
         .sync = sync,
         .error = ck_cpu_last_error,
         .clear_error = ck_cpu_clear_error,
+        .pinned_alloc = pinned_alloc,
+        .pinned_release = release,
+        .xfer_open = xfer_open,
+        .xfer_start = xfer_start,
+        .xfer_wait = xfer_wait,
+        .xfer_join = xfer_join,
     };
     be = b;
     be.nthreads = ck_cpu_threads();

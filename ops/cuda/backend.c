@@ -112,6 +112,12 @@ static ck_backend be = {
     .sync = sync,
     .error = ck_cuda_last_error,
     .clear_error = ck_cuda_clear_error,
+    .pinned_alloc = ck_cuda_pinned_alloc,
+    .pinned_release = ck_cuda_pinned_release,
+    .xfer_open = ck_cuda_xfer_open,
+    .xfer_start = ck_cuda_xfer_start,
+    .xfer_wait = ck_cuda_xfer_wait,
+    .xfer_join = ck_cuda_xfer_join,
 #ifdef CK_HAVE_NCCL
     .comm_id = ck_cuda_comm_id,
     .comm_init = ck_cuda_comm_init,

@@ -54,7 +54,11 @@ struct ck_cuda_ctx {
     int step_set;
     int graphs;    /* lists may be captured as graphs (CK_CUDA_GRAPH=0 turns it off) */
     int capturing; /* between ck_cuda_capture_begin and _end */
+    struct ck_cuda_xfer *xfer; /* offload.cu: the copy stream and its events (NULL until xfer_open) */
 };
+
+/* offload.cu: the copy stream's teardown, at ck_cuda_close */
+void ck_cuda_xfer_close(ck_cuda_ctx *c);
 
 /* context.cu */
 /* The bound context at the start of an op, or NULL (the op must return) when

@@ -112,6 +112,7 @@ extern "C" void ck_cuda_close(ck_cuda_ctx *c)
     if (current == c) current = NULL;
     CK_CU(op, cudaSetDevice(c->device));
     if (c->stream) CK_CU(op, cudaStreamSynchronize(c->stream));
+    ck_cuda_xfer_close(c);
     if (c->conv) CK_DNN(op, cudnnDestroyConvolutionDescriptor(c->conv));
     if (c->fw) CK_DNN(op, cudnnDestroyFilterDescriptor(c->fw));
     if (c->ty) CK_DNN(op, cudnnDestroyTensorDescriptor(c->ty));

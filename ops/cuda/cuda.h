@@ -136,6 +136,15 @@ int ck_cuda_graph_launch(void *graph);
 void ck_cuda_graph_free(void *graph);
 int ck_cuda_capturable(enum ck_op op);
 
+/* offload.cu: the backend's offload hooks (ops/backend.h): pinned host
+ * memory (cudaHostAlloc), and copies on a copy stream ordered by events. */
+void *ck_cuda_pinned_alloc(size_t bytes);
+void ck_cuda_pinned_release(void *p);
+int ck_cuda_xfer_open(int nslots);
+int ck_cuda_xfer_start(void *dst, const void *src, size_t bytes, int slot);
+int ck_cuda_xfer_wait(int slot);
+int ck_cuda_xfer_join(void);
+
 /* op -> kernel, as ck_cpu_kernels; NULL where the CUDA backend lacks the op. */
 extern const ck_kernel_fn ck_cuda_kernels[CK_OP_COUNT];
 

@@ -80,9 +80,11 @@ function M.cheapest(build, batch, limit)
       local least = tonumber(tostring(p):match("smallest peak.-%((%d+) bytes%)"))
       if not least then error(p, 0) end
       if best then break end
-      -- the smallest training list as the device would take it
-      local needs = -(-(least + extra) // granule) * granule + fixed
-      return nil, {needs = needs, none = none}
+      -- the smallest training list as the device would take it (with
+      -- offload allowed, the error names the smallest without it too)
+      local function device(bytes) return -(-(bytes + extra) // granule) * granule + fixed end
+      local without = tonumber(tostring(p):match("with offload, [^(]*%((%d+) bytes%) without"))
+      return nil, {needs = device(least), needs_without = without and device(without), none = none}
     end
     local pl = p:plan()
     p = nil
@@ -90,7 +92,8 @@ function M.cheapest(build, batch, limit)
     if pl.device_bytes <= limit then
       if not best or pl.recompute_flops < best.flops then
         best = {checkpoint = pol, needs = pl.device_bytes, none = none, budget = b, flops = pl.recompute_flops,
-                recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1)}
+                recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1),
+                offload = pl.offload_bytes, pinned = pl.host_bytes}
       end
       if pl.recompute_flops == 0 then break end
       b = b + (limit - pl.device_bytes) + (pl.arena - pl.peak < extra and extra - (pl.arena - pl.peak) or 0)
@@ -106,13 +109,18 @@ end
 local function says(c, mem)
   if c.budget then
     return string.format("none needs %s, %s: a budget of %s for the step plans %s, recomputing %.1f%% of the " ..
-      "step's FLOPs", fmt(c.none), room(mem), fmt(c.budget), fmt(c.needs), c.recompute_pct)
+      "step's FLOPs%s", fmt(c.none), room(mem), fmt(c.budget), fmt(c.needs), c.recompute_pct,
+      (c.offload or 0) > 0 and string.format(" and offloading %s each way (%s of pinned host memory)",
+        fmt(c.offload), fmt(c.pinned)) or "")
   end
   return string.format("none fits (%s) in %s: no recompute", fmt(c.needs), room(mem))
 end
 
 local function refusal(why, mem)
-  if why.needs then
+  if why.needs and why.needs_without then
+    return string.format("nothing fits in %s: the smallest plan needs %s with offload, %s without (none needs %s)",
+      room(mem), fmt(why.needs), fmt(why.needs_without), fmt(why.none))
+  elseif why.needs then
     return string.format("nothing fits in %s: the smallest plan needs %s (none needs %s)", room(mem), fmt(why.needs),
       fmt(why.none))
   end

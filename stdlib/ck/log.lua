@@ -366,6 +366,9 @@ local function observe(self, p, loss, info, t0, t1, level)
   if due.lr then rec.lr = p.lr end
   if due.time then
     rec.step_time = t1 - t0
+    -- the cost model's prediction beside it (vm/plan/cost.c), read once per program
+    if self.predicted_of ~= p then self.predicted_of, self.predicted = p, p:plan().predicted_step_seconds end
+    rec.predicted_step_time = self.predicted
     rec.images_per_s = self.batch / math.max(t1 - (self.last_end or t0), 1e-9)
     if ranks then rec.ranks = ranks end
   end

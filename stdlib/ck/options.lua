@@ -271,6 +271,10 @@ M.KOHYA = {
   use_8bit_adam = {to = "optimizer", value = "adamw8bit"},
   use_lion_optimizer = {to = "optimizer", value = "lion"},
   v_parameterization = {to = "prediction", value = "v"},
+  -- kohya's activation offload: the inputs of the checkpointed blocks, what the policy keeps
+  cpu_offload_checkpointing = {to = "offload", value = "activations"},
+  blocks_to_swap = {to = "offload", says = "ckrun does not stream frozen weights by block yet; --offload " ..
+    "activations or auto moves saved activations, and --checkpoint auto plans to the card"},
   -- kohya's gradient checkpointing is diffusers' (every block of the UNet)
   gradient_checkpointing = {to = "checkpoint", value = "diffusers"},
   max_train_steps = {to = "steps", says = "it counts updates; ckrun's --steps counts batches (updates times " ..

@@ -139,6 +139,10 @@ function M.summary(p)
     recompute_pct = base > 0 and 100 * pl.recompute_flops / base or 0, at_peak = pl.at_peak,
     group_arena = pl.group_arena, conv_workspace = pl.conv_workspace, conv_workspace_max = pl.conv_workspace_max,
     conv_rule = pl.conv_rule,
+    -- the cost model's prediction (vm/plan/cost.c) and offload's host bytes
+    predicted_step = pl.predicted_step_seconds, speed_of = pl.speed_of, speed_assumed = pl.speed_assumed, predicted_copies = pl.predicted_copy_seconds,
+    predicted_stalled = pl.predicted_stall_seconds, host_bytes = pl.host_bytes, offload_bytes = pl.offload_bytes,
+    transfers = pl.transfers, prefetch = pl.prefetch, decision = pl.decision,
   }
 end
 
@@ -533,6 +537,10 @@ local function print_json(o, rows, limit, svg)
         {"activation_bytes", s.activation_bytes},
         {"step_flops", s.step_flops}, {"recompute_flops", s.recompute_flops}, {"recompute_pct", s.recompute_pct},
         {"ops", s.ops}, {"recompute_ops", s.recompute_ops}, {"at_peak", at_peak_object(s.at_peak)},
+        {"predicted_step_seconds", s.predicted_step}, {"predicted_on", s.speed_of},
+        {"predicted_on_assumed", s.speed_assumed},
+        {"pinned_host_bytes", s.host_bytes}, {"offload_bytes", s.offload_bytes}, {"transfers", s.transfers},
+        {"offload_decision", s.decision},
         {"fit", r.auto}} do
         e[#e + 1] = kv
       end
@@ -590,6 +598,16 @@ local function print_text(o, rows, limit, svg)
         "the algorithms chosen per shape on this device" or "the stated rule (no device: columns of one image, at most 32 MiB)"))
     end
     print(string.format("%-24s %d%s", "ops", s.ops, lbl))
+    if s.predicted_step then
+      print(string.format("%-24s %.4g s on %s's figures%s%s: a prediction from the cost model's table, not a " ..
+        "measurement", "predicted step", s.predicted_step, s.speed_of,
+        s.speed_assumed and " (the card not named: --gpu NAME)" or "", lbl))
+    end
+    if s.host_bytes and s.host_bytes > 0 then
+      print(string.format("%-24s %s%s: %s offloaded each way in %d transfers, prefetch %d entries", "pinned host",
+        M.fmt_bytes(s.host_bytes), lbl, M.fmt_bytes(s.offload_bytes), s.transfers, s.prefetch))
+    end
+    if s.decision then print(string.format("%-24s %s", "offload", s.decision)) end
   end
   -- one unit for the whole table
   local big = 0
@@ -607,17 +625,30 @@ local function print_text(o, rows, limit, svg)
   local cols = {}
   for _, c in ipairs(M.CATEGORIES) do cols[#cols + 1] = string.format("%12s", SHORT[c]) end
   print("")
-  print(string.format("%-" .. namew .. "s %10s %10s %10s  | at the peak (%s):", "", "peak", "held for", "recompute",
-    uname))
-  print(string.format("%-" .. namew .. "s %10s %10s %10s  |%s", "policy", uname, "bwd " .. uname, "FLOPs",
-    table.concat(cols)))
+  -- the predicted step and the pinned host bytes, where the plan has them
+  local timed, pinned = false, false
+  for _, r in ipairs(rows) do
+    if r.summary then
+      timed = timed or r.summary.predicted_step ~= nil
+      pinned = pinned or (r.summary.host_bytes or 0) > 0
+    end
+  end
+  local extra_head1 = (timed and string.format(" %10s", "step") or "") .. (pinned and string.format(" %10s", "pinned") or "")
+  local extra_head2 = (timed and string.format(" %10s", "s (pred.)") or "") ..
+    (pinned and string.format(" %10s", uname) or "")
+  print(string.format("%-" .. namew .. "s %10s %10s %10s%s  | at the peak (%s):", "", "peak", "held for", "recompute",
+    extra_head1, uname))
+  print(string.format("%-" .. namew .. "s %10s %10s %10s%s  |%s", "policy", uname, "bwd " .. uname, "FLOPs",
+    extra_head2, table.concat(cols)))
   for _, r in ipairs(rows) do
     if r.summary then
       local s = r.summary
       local cells = {}
       for _, c in ipairs(M.CATEGORIES) do cells[#cells + 1] = cell(s.at_peak[c] or 0) end
-      print(string.format("%-" .. namew .. "s %s %s %9.1f%%  |%s", r.name, cell(s.peak, 10), cell(s.activation_bytes, 10),
-        s.recompute_pct, table.concat(cells)))
+      local extra = (timed and (s.predicted_step and string.format(" %10.4g", s.predicted_step) or
+        string.format(" %10s", "-")) or "") .. (pinned and cell(s.host_bytes or 0, 11) or "")
+      print(string.format("%-" .. namew .. "s %s %s %9.1f%%%s  |%s", r.name, cell(s.peak, 10), cell(s.activation_bytes, 10),
+        s.recompute_pct, extra, table.concat(cells)))
     else
       print(string.format("%-" .. namew .. "s error: %s", r.name, r.error))
     end

@@ -132,6 +132,13 @@ function M.options(f)
      "auto[:SIZE] (none if the run fits the device's free memory or SIZE, else the least recompute that fits)",
      arg = "POLICY", shown = "auto on a CUDA device, else none"},
     {"fit-headroom", "number", 0.1, "with auto: the share of the free memory left out of the plan", min = 0, below = 1},
+    {"offload", "choice", function() return ck.device == "cuda" and "auto" or "none" end,
+     "saved activations in pinned host memory between their forward and backward uses: none; activations (all " ..
+     "the policy keeps, kohya's --cpu_offload_checkpointing); auto (--checkpoint auto and budget: choose keep, " ..
+     "recompute or offload per tensor by predicted step time); weights (refused: not implemented)",
+     choices = {"none", "weights", "activations", "auto"}, shown = "auto on a CUDA device, else none"},
+    {"gpu", "string", nil, "the card whose figures predict step times (the cost model's table: H100, A100, 4090, " ..
+     "3090, ...; default: H100's on a CUDA device, the CPU's on the CPU)", arg = "NAME"},
     {"mixed-precision", "choice", "no", "bf16 or fp16: activations, their gradients and frozen weights stored in 16 " ..
      "bits (fp16 with dynamic loss scaling); no: fp32", choices = {"no", "bf16", "fp16"}},
     {"storage", "choice", "fp32", "the same choice by its other name (fp32 is no)", choices = {"fp32", "bf16", "fp16"}},
@@ -413,6 +420,11 @@ local function describe(t)
     error("--sample-every and --sample-at-first render the prompts of --sample-prompts FILE: give it")
   end
   t.checkpoint = policy.parse(o.checkpoint) -- auto is chosen once the programs can be built
+  if o.offload == "weights" then
+    error("--offload weights: streaming frozen weights by block (kohya's --blocks_to_swap) is not implemented; " ..
+      "--offload activations or auto moves saved activations")
+  end
+  t.offload = o.offload
   -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
   t.fp8_base = o["fp8-base"]
   -- what the logger will compute on its logging steps, planned into the arena
@@ -431,7 +443,7 @@ local function build(t, b, pol, plan_only, shape, share)
                plan_only = plan_only, precision = t.precision, frozen = t.fp8_base and "fp8" or nil,
                max_grad_norm = t.max_grad_norm, accumulate = t.accumulate, fused_backward = o["fused-backward"],
                stats = t.log_stats, share = share, world_size = t.world,
-               shard_optimizer = o["shard-optimizer"] or nil},
+               shard_optimizer = o["shard-optimizer"] or nil, offload = t.offload, gpu = o.gpu},
   })
 end
 

@@ -382,6 +382,8 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorIllegalState: return "the operation is not permitted in the current state";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorStreamCaptureUnjoined: return "capture was not joined";
     }
     return "unknown error";
 }
@@ -399,15 +401,7 @@ cudaError_t cudaGetDeviceCount(int *n)
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
-{
-    static int dummy;
-    *s = (cudaStream_t)&dummy;
-    return cudaSuccess;
-}
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return ck_emu_capture_forbid(); }
-cudaError_t cudaDeviceSynchronize(void) { return ck_emu_capture_forbid(); }
+/* streams, events and pinned host memory: stream_emu.cpp */
 
 /* Device memory as the driver gives it: cudaMalloc takes whole 2 MiB pages
  * from a device of EMU_TOTAL bytes and fails when they are not free;
@@ -425,7 +419,8 @@ static void emu_memory_report(void)
     if (!path || !*path) return;
     FILE *f = fopen(path, "w");
     if (!f) return;
-    fprintf(f, "peak_bytes %zu\nused_bytes %zu\n", emu_peak, emu_used);
+    fprintf(f, "peak_bytes %zu\nused_bytes %zu\npinned_peak_bytes %zu\npinned_used_bytes %zu\n", emu_peak, emu_used,
+            ck_emu_pinned_peak(), ck_emu_pinned_used());
     fclose(f);
 }
 
@@ -457,9 +452,11 @@ cudaError_t cudaFree(void *p)
     free(p);
     return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind, cudaStream_t)
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind, cudaStream_t s)
 {
     if (bytes && (!dst || !src)) return cudaErrorInvalidValue;
+    /* pinned host memory: asynchronous on a device, so queued (stream_emu.h) */
+    if (ck_emu_pinned(dst) || ck_emu_pinned(src)) return ck_emu_async_copy(dst, src, bytes, s);
     if (ck_emu_capture([=] { memmove(dst, src, bytes); })) return cudaSuccess;
     memmove(dst, src, bytes);
     return cudaSuccess;

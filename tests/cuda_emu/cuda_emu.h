@@ -112,6 +112,8 @@ typedef enum cudaError {
     cudaErrorIllegalState = 401,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureUnjoined = 904,
+    cudaErrorNotReady = 600,
 } cudaError_t;
 typedef struct CUstream_st *cudaStream_t;
 enum cudaMemcpyKind {
@@ -140,6 +142,7 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t bytes, cudaStream_t s);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 
 #include "graph_emu.h"
+#include "stream_emu.h"
 
 /* ---- cuBLAS ---- */
 

@@ -61,18 +61,24 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
     if (status != cudaStreamCaptureStatusNone) return cudaErrorIllegalState;
     capturing.reset(new ck_emu_graph());
     status = cudaStreamCaptureStatusActive;
+    ck_emu_streams_begin_capture(s);
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *graph)
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
 {
     if (status == cudaStreamCaptureStatusNone) return cudaErrorIllegalState;
     const bool ok = status == cudaStreamCaptureStatusActive;
     status = cudaStreamCaptureStatusNone;
     *graph = NULL;
+    const cudaError_t joined = ck_emu_streams_end_capture(s);
     if (!ok) {
         capturing.reset();
         return cudaErrorStreamCaptureInvalidated;
+    }
+    if (joined != cudaSuccess) { /* a second stream's work left outside the graph's end */
+        capturing.reset();
+        return joined;
     }
     *graph = capturing.release();
     counts.captures++;

@@ -4,8 +4,10 @@
  * copies and memsets, cuBLAS and cuDNN calls) is recorded, not run, with its
  * arguments as they were at the call; cudaGraphLaunch runs the recording in
  * order. A call that capture prohibits (a stream or device synchronize,
- * cudaMalloc, cudaFree) fails and invalidates the capture. The emulator has
- * one stream, so capture state is global. Included by cuda_emu.h. */
+ * cudaMalloc, cudaFree) fails and invalidates the capture. Kernels carry
+ * no stream here, so capture state is global; which other streams join a
+ * capture, and whether they are joined back, is stream_emu.h's. Included by
+ * cuda_emu.h. */
 #ifndef CK_GRAPH_EMU_H
 #define CK_GRAPH_EMU_H
 

@@ -13,44 +13,9 @@
 #include <unistd.h>
 
 /* A collective that never completes (CK_NCCL_EMU_HANG): from then on every
- * event recorded stays pending, as behind a peer that never joins. */
-static int hung;
-
-/* ---- events: every op has run by the time it is queued, so an event is
- * complete once recorded and a stream's wait on one is already satisfied */
-
-struct ck_emu_event {
-    unsigned flags;
-    int pending; /* recorded behind a hung collective */
-};
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
-{
-    if (!e) return cudaErrorInvalidValue;
-    *e = new ck_emu_event{flags, 0};
-    return cudaSuccess;
-}
-cudaError_t cudaEventDestroy(cudaEvent_t e)
-{
-    if (!e) return cudaErrorInvalidValue;
-    delete e;
-    return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t)
-{
-    if (!e) return cudaErrorInvalidValue;
-    e->pending = hung;
-    return cudaSuccess;
-}
-cudaError_t cudaEventQuery(cudaEvent_t e)
-{
-    if (!e) return cudaErrorInvalidValue;
-    return e->pending ? cudaErrorNotReady : cudaSuccess;
-}
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned flags)
-{
-    return e && flags == 0 ? cudaSuccess : cudaErrorInvalidValue;
-}
+ * event recorded stays pending, as behind a peer that never joins
+ * (stream_emu.cpp's ck_emu_events_hang). */
+static int &hung = ck_emu_events_hang;
 
 /* ---- NCCL */
 

@@ -1,9 +1,8 @@
-/* The emulator's NCCL (and the stream events ops/cuda/comm.cu orders its
- * collectives by), from NCCL's and CUDA's documented semantics. Emulated
- * device memory is host memory and every op runs when it is queued, so a
- * collective is an MPI collective on a communicator duplicated from
- * MPI_COMM_WORLD, run at the point of the stream where it was queued; events
- * are complete as soon as they are recorded. The ranks are the processes of
+/* The emulator's NCCL, from NCCL's documented semantics (the stream events
+ * ops/cuda/comm.cu orders its collectives by are stream_emu.h's). Emulated
+ * device memory is host memory and a collective runs when it is queued, so
+ * it is an MPI collective on a communicator duplicated from MPI_COMM_WORLD,
+ * run at the point of the stream where it was queued. The ranks are the processes of
  * an MPI job (mpirun), which must have started MPI before ncclCommInitRank;
  * a process outside one can make a communicator of one rank (its collectives
  * copy).
@@ -18,17 +17,7 @@
 
 #include "cuda_emu.h"
 
-/* ---- events ---- */
-
-typedef struct ck_emu_event *cudaEvent_t;
-#define cudaEventDisableTiming 0x02
-#define cudaErrorNotReady ((cudaError_t)600)
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
-cudaError_t cudaEventDestroy(cudaEvent_t e);
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
-cudaError_t cudaEventQuery(cudaEvent_t e);
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+/* events: stream_emu.h */
 
 /* ---- NCCL ---- */
 

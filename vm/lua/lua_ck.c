@@ -7,6 +7,7 @@
 #include "guard/host.h"
 #include "lua/lua_ck.h"
 #include "run/program.h"
+#include "plan/offload.h"
 #include "util/hash.h"
 #include "util/text.h"
 #include "../../ops/cpu/cpu.h"
@@ -828,6 +829,7 @@ static void keep_patterns(lua_State *L, const char **a, int na, const char **b, 
  *           seed=, keep_grads=, cuda_graph=, plan_only=, precision="no"|"bf16"|"fp16" (or storage="fp32"|"bf16"|"fp16"),
  *           loss_scale={init=, growth_factor=, backoff_factor=, growth_interval=}|true|false,
  *           frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
+ *           offload="none"|"activations"|"auto", prefetch=N, gpu=NAME (the cost model's device: vm/plan/cost.c),
  *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena),
  *           share=program (weights, optimizer state, counters and arena shared with that program's group)} */
 static int l_compile(lua_State *L)
@@ -1011,6 +1013,32 @@ static int l_compile(lua_State *L)
     rawfield(L, 2, "checkpoint");
     ck_lua_policy policy;
     ck_lua_policy_opts(L, -1, &policy, &o);
+    /* offload: saved activations to host memory and back (vm/plan/offload.c);
+     * gpu: the device whose speeds predict step times (vm/plan/cost.c) */
+    rawfield(L, 2, "offload");
+    const char *off = lua_isnil(L, -1) ? "none" : lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (off && !strcmp(off, "none")) o.offload = CK_OFFLOAD_NONE;
+    else if (off && !strcmp(off, "activations")) o.offload = CK_OFFLOAD_ACTIVATIONS;
+    else if (off && !strcmp(off, "auto")) o.offload = CK_OFFLOAD_AUTO;
+    else return ck_lua_raise(L, "compile: offload must be none, activations or auto, got %s%s%s", off ? "'" : "",
+                             off ? off : luaL_typename(L, -1), off ? "'" : "");
+    lua_pop(L, 1);
+    const double prefetch = opt_num(L, 2, "prefetch", 0);
+    if (!(prefetch >= 0 && prefetch <= 1e6 && prefetch == (double)(int)prefetch))
+        return ck_lua_raise(L, "compile: prefetch must be a whole number of entries >= 0 (0: the default, %d), got %g",
+                            CK_PREFETCH_DEFAULT, prefetch);
+    o.prefetch = (int)prefetch;
+    rawfield(L, 2, "gpu");
+    if (!lua_isnil(L, -1)) {
+        const char *gpu = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        if (!gpu || !(o.speed = ck_device_speed_find(gpu))) {
+            char names[512] = "";
+            for (const ck_device_speed *d = ck_device_speed_table(); d->name; d++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", names[0] ? ", " : "", d->name);
+            return ck_lua_raise(L, "compile: gpu '%s' is not in the cost model's table (%s)", gpu ? gpu : "?", names);
+        }
+    }
+    lua_pop(L, 1);
     /* a policy function runs while the program compiles: it could drop the
      * tables these patterns live in, so the compile reads copies */
     keep_patterns(L, stat_blocks, o.nstat_blocks, policy.patterns, policy.pol.npatterns);
@@ -1306,6 +1334,7 @@ static int l_plan(lua_State *L)
     size_t conv_ws = 0, conv_ws_max = 0;
     for (int i = 0; i < pl->n; i++) {
         nrec += pl->ops[i].phase == CK_PHASE_RECOMPUTE;
+        if (pl->ops[i].xfer) continue;
         const enum ck_op op = p->g->n[pl->ops[i].node].op;
         if (pl->ws_bytes && (op == CK_OP_CONV2D || op == CK_OP_CONV2D_BWD_DATA || op == CK_OP_CONV2D_BWD_FILTER)) {
             conv_ws += pl->ws_bytes[i];
@@ -1341,6 +1370,35 @@ static int l_plan(lua_State *L)
     lua_setfield(L, -2, "at_peak");
     set_num(L, "decide_seconds", p->decide_seconds);
     set_num(L, "plan_seconds", p->plan_seconds);
+    /* offload: the host region's bytes, the bytes a step moves each way, the
+     * transfers, the prefetch distance; and what the joint search said */
+    set_int(L, "host_bytes", (lua_Integer)pl->host_peak);
+    set_int(L, "offload_bytes", (lua_Integer)pl->offload_bytes);
+    set_int(L, "transfers", pl->nslots);
+    set_int(L, "prefetch", pl->prefetch);
+    if (p->offload_why[0]) {
+        lua_pushstring(L, p->offload_why);
+        lua_setfield(L, -2, "decision");
+    }
+    /* the cost model's step time for the device it was given (gpu=, or the
+     * CPU's figures; a GPU not named is taken as an H100, as the joint search takes it) */
+    const ck_device_speed *dev = p->opt.speed ? p->opt.speed : ck_backend_speed(p->be);
+    if (!dev) {
+        dev = ck_device_speed_find("H100");
+        lua_pushboolean(L, 1);
+        lua_setfield(L, -2, "speed_assumed");
+    }
+    if (dev) {
+        ck_step_time st;
+        ck_plan_step_time(pl, p->g, dev, &st);
+        lua_pushstring(L, dev->name);
+        lua_setfield(L, -2, "speed_of");
+        set_num(L, "predicted_step_seconds", st.step);
+        set_num(L, "predicted_compute_seconds", st.compute);
+        set_num(L, "predicted_recompute_seconds", st.recompute);
+        set_num(L, "predicted_copy_seconds", st.copies);
+        set_num(L, "predicted_stall_seconds", st.stalled);
+    }
     uint64_t h = ck_plan_digest(&p->eval, ck_plan_digest(&p->train, CK_FNV_OFFSET));
     for (int k = 0; k <= CK_STATS_ALL; k++) h = ck_plan_digest(&p->logplan[k], h);
     char hex[17];

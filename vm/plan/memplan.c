@@ -28,9 +28,12 @@ size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id)
     return ck_tensor_bytes(&g->t[pl->origin[id]]);
 }
 
+/* a host id of an offloaded tensor: in the host region, not the arena */
+static int on_host(const ck_plan *pl, int id) { return pl->loc && pl->loc[id] == CK_LOC_HOST; }
+
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
 {
-    if (id >= g->nt) return CK_CAT_RECOMPUTED;
+    if (id >= g->nt) return pl->loc && pl->loc[id] != CK_LOC_DEVICE ? CK_CAT_ACTIVATIONS : CK_CAT_RECOMPUTED;
     const ck_tensor *t = &g->t[id];
     switch (t->kind) {
     case CK_KIND_FROZEN: return CK_CAT_FROZEN;
@@ -40,7 +43,6 @@ ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
     case CK_KIND_INPUT: return CK_CAT_INPUTS;
     default: break;
     }
-    (void)pl;
     if (t->node >= 0 && g->n[t->node].phase != CK_PHASE_FORWARD) return CK_CAT_GRADIENTS;
     return CK_CAT_ACTIVATIONS;
 }
@@ -51,7 +53,7 @@ size_t ck_plan_host_bytes(const ck_plan *pl)
     const size_t n = (size_t)(pl->n ? pl->n : 1), nt = (size_t)(pl->ntensors ? pl->ntensors : 1);
     return ck_malloc_chunk(sizeof *pl->ops * n) + ck_malloc_chunk(sizeof *pl->origin * nt) +
            ck_malloc_chunk(sizeof *pl->off * nt) + ck_malloc_chunk(sizeof *pl->ws_off * n) +
-           ck_malloc_chunk(sizeof *pl->ws_bytes * n);
+           ck_malloc_chunk(sizeof *pl->ws_bytes * n) + (pl->loc ? ck_malloc_chunk(nt) : 0);
 }
 
 uint64_t ck_plan_digest(const ck_plan *pl, uint64_t h)
@@ -61,6 +63,10 @@ uint64_t ck_plan_digest(const ck_plan *pl, uint64_t h)
         const ck_op_ref *r = &pl->ops[i];
         const int head[4] = {r->node, (int)r->phase, r->nin, r->nout};
         h = ck_fnv1a(h, head, sizeof head);
+        if (r->xfer) { /* only lists that offload hash these: other plans' digests stay what they were */
+            const int x[2] = {(int)r->xfer, (int)r->slot};
+            h = ck_fnv1a(h, x, sizeof x);
+        }
         h = ck_fnv1a(h, r->in, sizeof *r->in * (size_t)r->nin);
         h = ck_fnv1a(h, r->out, sizeof *r->out * (size_t)r->nout);
         if (pl->ws_off) h = ck_fnv1a(h, &pl->ws_off[i], sizeof *pl->ws_off);
@@ -68,7 +74,13 @@ uint64_t ck_plan_digest(const ck_plan *pl, uint64_t h)
     }
     if (pl->off) h = ck_fnv1a(h, pl->off, sizeof *pl->off * (size_t)pl->ntensors);
     const uint64_t peak = pl->peak;
-    return ck_fnv1a(h, &peak, sizeof peak);
+    h = ck_fnv1a(h, &peak, sizeof peak);
+    if (pl->loc) {
+        const uint64_t host = pl->host_peak;
+        h = ck_fnv1a(h, pl->loc, (size_t)pl->ntensors);
+        h = ck_fnv1a(h, &host, sizeof host);
+    }
+    return h;
 }
 
 void ck_plan_free(ck_plan *pl)
@@ -78,6 +90,7 @@ void ck_plan_free(ck_plan *pl)
     free(pl->off);
     free(pl->ws_off);
     free(pl->ws_bytes);
+    free(pl->loc);
     memset(pl, 0, sizeof *pl);
 }
 
@@ -94,6 +107,7 @@ static ck_dtype dtype_of(const ck_plan *pl, const ck_graph *g, int id) { return 
 ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
     const ck_op_ref *r = &pl->ops[i];
+    if (r->xfer) return CK_F32; /* a copy of bytes, of no type */
     const enum ck_op op = g->n[r->node].op;
     /* as PyTorch's autocast: a product or convolution of 16-bit activations
      * (bf16 or fp16 storage) runs in their type, its other operands
@@ -144,6 +158,7 @@ size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dt
 
 size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
+    if (pl->ops[i].xfer) return 0;
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
@@ -155,6 +170,7 @@ size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, cons
 
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)
 {
+    if (pl->ops[i].xfer) return 0;
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
@@ -168,7 +184,7 @@ static void alias_roots(const ck_plan *pl, const ck_graph *g, int *root)
     for (int t = 0; t < pl->ntensors; t++) root[t] = t;
     for (int i = 0; i < pl->n; i++) {
         const ck_op_ref *r = &pl->ops[i];
-        if (g->n[r->node].op == CK_OP_RESHAPE && r->out[0] >= 0) root[r->out[0]] = root[r->in[0]];
+        if (!r->xfer && g->n[r->node].op == CK_OP_RESHAPE && r->out[0] >= 0) root[r->out[0]] = root[r->in[0]];
     }
 }
 
@@ -202,7 +218,7 @@ static size_t sweep(ck_plan *pl, const ck_graph *g, size_t persistent, const int
     int64_t *delta = calloc((size_t)(n + 2) * (size_t)nc, sizeof(int64_t));
     if (!delta) return 0;
     for (int t = 0; t < pl->ntensors; t++) {
-        if (first[t] < 0 || (t < g->nt && ck_is_persistent(g->t[t].kind))) continue;
+        if (first[t] < 0 || (t < g->nt && ck_is_persistent(g->t[t].kind)) || on_host(pl, t)) continue;
         const int c = cat ? (int)ck_tensor_cat(pl, g, t) : 0;
         const int64_t b = (int64_t)ck_plan_tensor_bytes(pl, g, t);
         delta[(size_t)first[t] * (size_t)nc + (size_t)c] += b;
@@ -239,7 +255,8 @@ static void live_at(const ck_plan *pl, const ck_graph *g, const int *first, cons
 {
     memset(out, 0, sizeof(size_t) * CK_CAT_COUNT);
     for (int t = 0; t < pl->ntensors; t++)
-        if (first[t] >= 0 && first[t] <= i && i <= last[t] && !(t < g->nt && ck_is_persistent(g->t[t].kind)))
+        if (first[t] >= 0 && first[t] <= i && i <= last[t] && !(t < g->nt && ck_is_persistent(g->t[t].kind)) &&
+            !on_host(pl, t))
             out[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
     if (i < pl->n) out[CK_CAT_WORKSPACE] += ws[i];
 }
@@ -329,14 +346,20 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
     for (int i = 0; i < n; i++)
-        pl->ws_bytes[i] = known && known->ws_node ? known->ws_node[pl->ops[i].node] : ck_plan_entry_workspace(pl, g, i, be);
+        pl->ws_bytes[i] = pl->ops[i].xfer ? 0
+                          : known && known->ws_node ? known->ws_node[pl->ops[i].node]
+                                                    : ck_plan_entry_workspace(pl, g, i, be);
 
-    int nb = 0;
+    int nb = 0, nh = 0;
     for (int t = 0; t < nt; t++) {
         pl->off[t] = -1;
         if (first[t] < 0) continue;
         if (t < g->nt && ck_is_persistent(g->t[t].kind)) {
             pl->off[t] = poff[t];
+            continue;
+        }
+        if (on_host(pl, t)) {
+            nh++;
             continue;
         }
         bufs[nb++] = (ck_place_buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t, 0};
@@ -359,6 +382,18 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     for (int b = 0; b < nb; b++) {
         if (placed[b].id >= 0) pl->off[placed[b].id] = base + placed[b].off;
         else pl->ws_off[placed[b].first] = base + placed[b].off;
+    }
+    /* the host region: the host ids placed by live overlap like the arena's buffers */
+    pl->host_peak = 0;
+    if (nh) { /* bufs is free again: placed is known's, or bufs read above */
+        int k = 0;
+        for (int t = 0; t < nt; t++)
+            if (first[t] >= 0 && on_host(pl, t))
+                bufs[k++] = (ck_place_buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t, 0};
+        const int64_t htop = ck_place(bufs, k, n + 1, ALIGN);
+        if (htop < 0) goto out;
+        for (int b = 0; b < k; b++) pl->off[bufs[b].id] = bufs[b].off;
+        pl->host_peak = (size_t)htop;
     }
     for (int t = 0; t < nt; t++)
         if (root[t] != t) pl->off[t] = pl->off[root[t]];
@@ -384,7 +419,9 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
             pl->activation_bytes += ck_plan_tensor_bytes(pl, g, t);
     pl->step_flops = pl->recompute_flops = 0;
     for (int i = 0; i < n; i++) {
-        const double f = known && known->flops_node ? known->flops_node[pl->ops[i].node] : ck_plan_op_flops(pl, g, i);
+        const double f = pl->ops[i].xfer                 ? 0
+                         : known && known->flops_node ? known->flops_node[pl->ops[i].node]
+                                                       : ck_plan_op_flops(pl, g, i);
         pl->step_flops += f;
         if (pl->ops[i].phase == CK_PHASE_RECOMPUTE) pl->recompute_flops += f;
     }

@@ -23,7 +23,22 @@ typedef struct ck_op_ref {
     int nin, nout;
     int in[CK_MAX_IN];
     int out[CK_MAX_OUT]; /* -1: slot unwanted */
+    /* a transfer (vm/plan/offload.c), not the node's kernel: node names the
+     * producer of the tensor it moves, slot its copy (ck_xfer) */
+    unsigned xfer : 3;
+    unsigned slot : 29;
 } ck_op_ref;
+
+/* Transfer entries of offloaded tensors. OUT copies in[0] (device) to out[0]
+ * (a host id) on the copy stream behind every entry before it; OUT_WAIT
+ * orders the entries after it behind that copy (in[0] is held until then);
+ * IN copies in[0] (host) to out[0] (a device copy whose origin is the
+ * tensor) behind every entry before it; IN_WAIT orders the entries after it
+ * (its first reader) behind that copy. A wait names its copy's slot. */
+typedef enum ck_xfer { CK_XFER_NONE = 0, CK_XFER_OUT, CK_XFER_OUT_WAIT, CK_XFER_IN, CK_XFER_IN_WAIT } ck_xfer;
+
+/* where a tensor id of a list lives (ck_plan.loc; NULL: every id on the device) */
+enum { CK_LOC_DEVICE = 0, CK_LOC_HOST = 1, CK_LOC_BACK = 2 /* a device copy brought back from the host */ };
 
 /* What the memory plan reports, by category. */
 typedef enum ck_cat {
@@ -50,6 +65,16 @@ typedef struct ck_plan {
     size_t activation_bytes; /* forward activations held across the turn to backward */
     size_t workspace;    /* largest workspace */
     double step_flops, recompute_flops;
+    /* offload (vm/plan/offload.c; all 0 / NULL without): per tensor id its
+     * CK_LOC_* (off[] of a host id is its offset in the host region), the
+     * host region's bytes (placed like the arena, by live overlap), the
+     * copies' slots, the bytes each way a step moves, and the prefetch
+     * distance in entries the transfers were placed at */
+    unsigned char *loc;
+    size_t host_peak;
+    int nslots;
+    size_t offload_bytes;
+    int prefetch;
 } ck_plan;
 
 /* The host memory pl's arrays hold (ck_malloc_chunk of each). */
@@ -69,10 +94,20 @@ typedef struct ck_decide_ctx {
     const int *retain;
     const ck_backend *be; /* the workspace rules */
     struct ck_evaluator *ev; /* the list's evaluator (vm/plan/evaluate.h), shared by the searches and the plan */
+    /* offload (vm/plan/offload.h): 1 when a search may mark CK_OFFLOAD (the
+     * joint search of vm/plan/offsearch.c), the prefetch distance, the
+     * device's speeds the cost model predicts step times by (NULL: none
+     * known), and a line the search says what it chose in */
+    int offload, prefetch;
+    const struct ck_device_speed *speed;
+    char *why;
+    size_t whylen;
 } ck_decide_ctx;
 
 /* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead
- * of keeping it. Returns 0, or -1 with a message. */
+ * of keeping it, CK_OFFLOAD when it is kept in pinned host memory between its
+ * forward and backward uses (vm/plan/offload.c). Returns 0, or -1 with a message. */
+#define CK_OFFLOAD 2
 typedef int (*ck_decide_fn)(void *ud, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen);
 
 /* vm/plan/schedule.c: the op list of the given graph nodes (forward nodes first, in

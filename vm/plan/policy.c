@@ -8,6 +8,7 @@
  * policies and a greedy order, so it is never worse than any of them. */
 #include "plan/policy.h"
 #include "plan/evaluate.h"
+#include "plan/offload.h"
 #include "util/text.h"
 
 #include <math.h>
@@ -641,6 +642,13 @@ static int decide_budget(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget
         /* the smallest peak rounded up, so that as a budget it fits */
         snprintf(err, errlen, "%s: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
                  what, budget / 1048576.0, ceil(b.floor / 104857.6) / 10, b.floor);
+        /* offload not allowed: what it would reach, after the figure without */
+        const size_t with = c->offload ? 0 : ck_offload_floor(c, ev);
+        if (with && with < b.floor) {
+            const size_t at = strlen(err);
+            snprintf(err + at, errlen - at, "; with offload (--offload auto), %.1f MiB (%zu bytes)",
+                     ceil(with / 104857.6) / 10, with);
+        }
         rc = -1;
     }
     if (rc == 0) {
@@ -652,6 +660,21 @@ static int decide_budget(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget
     }
     free(b.mark);
     return rc;
+}
+
+int ck_policy_budget_search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, unsigned char *mark,
+                            size_t *floor, char *err, size_t errlen)
+{
+    best b = {calloc((size_t)c->g->nt, 1), 0, 0, 0, 0};
+    if (!b.mark) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    const int rc = search(c, ev, budget, &b, err, errlen);
+    if (rc == 0 && b.found) memcpy(mark, b.mark, (size_t)c->g->nt);
+    *floor = b.floor;
+    free(b.mark);
+    return rc < 0 ? -1 : b.found;
 }
 
 int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen)
@@ -686,11 +709,14 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
             snprintf(err, errlen, "out of memory");
             return -1;
         }
+        /* offload allowed: the joint search of vm/plan/offsearch.c */
+        int (*decide)(const ck_decide_ctx *, ck_evaluator *, size_t, unsigned char *, const char *, char *, size_t) =
+            c->offload ? ck_offload_decide : decide_budget;
         if (pol->kind == CK_POLICY_BUDGET) {
             const double budget = pol->budget_fraction > 0 ? pol->budget_fraction * (double)none : pol->budget;
-            rc = decide_budget(c, ev, (size_t)budget, recompute, "budget", err, errlen);
+            rc = decide(c, ev, (size_t)budget, recompute, "budget", err, errlen);
         } else if ((double)none > fit) {
-            rc = decide_budget(c, ev, (size_t)fit, recompute, "auto", err, errlen);
+            rc = decide(c, ev, (size_t)fit, recompute, "auto", err, errlen);
         }
         ck_evaluator_free(own);
         return rc;

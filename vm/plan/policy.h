@@ -33,6 +33,14 @@ typedef struct ck_policy {
 int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err,
                      size_t errlen);
 
+/* The budget search alone: the decision of least recompute FLOPs whose
+ * placed peak fits budget into mark (1: found; 0: none fits), and in *floor
+ * the smallest placed peak it saw; -1 with err on failure. (The joint
+ * search of vm/plan/offsearch.c starts from it.) */
+struct ck_evaluator;
+int ck_policy_budget_search(const ck_decide_ctx *c, struct ck_evaluator *ev, size_t budget, unsigned char *mark,
+                            size_t *floor, char *err, size_t errlen);
+
 /* The selective policy's default op kinds: cheap to recompute (norms,
  * activations, softmax, elementwise, layout), not matmul, conv or attention. */
 void ck_policy_selective_default(unsigned char *ops);

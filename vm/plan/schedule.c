@@ -85,7 +85,7 @@ static int materialize(sched *s, int t)
 static ck_op_ref ref_of(const ck_graph *g, int id)
 {
     const ck_node *n = &g->n[id];
-    ck_op_ref r;
+    ck_op_ref r = {0};
     r.node = id;
     r.phase = n->phase;
     r.nin = n->nin;
@@ -226,8 +226,9 @@ int ck_plan_renumbered(const ck_plan *src, int base_nt, int g_nt, ck_plan *dst)
     dst->off = src->off ? malloc(sizeof(int64_t) * (size_t)(nt ? nt : 1)) : NULL;
     dst->ws_off = src->ws_off ? malloc(sizeof(int64_t) * (size_t)n) : NULL;
     dst->ws_bytes = src->ws_bytes ? malloc(sizeof(size_t) * (size_t)n) : NULL;
+    dst->loc = src->loc ? calloc((size_t)(nt ? nt : 1), 1) : NULL;
     if (!dst->ops || !dst->origin || (src->off && !dst->off) || (src->ws_off && !dst->ws_off) ||
-        (src->ws_bytes && !dst->ws_bytes)) {
+        (src->ws_bytes && !dst->ws_bytes) || (src->loc && !dst->loc)) {
         ck_plan_free(dst);
         return -1;
     }
@@ -236,6 +237,7 @@ int ck_plan_renumbered(const ck_plan *src, int base_nt, int g_nt, ck_plan *dst)
         const int from = t < base_nt ? t : t < g_nt ? -1 : t - shift; /* -1: a new graph tensor */
         dst->origin[t] = from < 0 ? t : src->origin[from];      /* a copy's origin is below base_nt */
         if (dst->off) dst->off[t] = from < 0 ? -1 : src->off[from];
+        if (dst->loc) dst->loc[t] = from < 0 ? CK_LOC_DEVICE : src->loc[from];
     }
     for (int i = 0; i < src->n; i++) {
         ck_op_ref r = src->ops[i];
@@ -279,6 +281,13 @@ int ck_schedule_stats(ck_plan *pl, const ck_plan *base, const ck_graph *g, const
     pl->ops = malloc(sizeof(ck_op_ref) * (size_t)(base->n + extra ? base->n + extra : 1));
     if (!pl->origin || !pl->ops) goto fail;
     memcpy(pl->origin, base->origin, sizeof(int) * (size_t)pl->ntensors);
+    if (base->loc) { /* the base's transfers come along: the stat entries read activations before they leave */
+        if (!(pl->loc = malloc((size_t)(pl->ntensors ? pl->ntensors : 1)))) goto fail;
+        memcpy(pl->loc, base->loc, (size_t)pl->ntensors);
+        pl->nslots = base->nslots;
+        pl->offload_bytes = base->offload_bytes;
+        pl->prefetch = base->prefetch;
+    }
     /* stat entries grouped by the entry they follow, in the order given */
     int *start = count; /* prefix sums: where each entry's stats begin in order[] */
     int *order = malloc(sizeof(int) * (size_t)(extra ? extra : 1));

@@ -114,10 +114,51 @@ static int run_comm(const ck_exec_env *p, const ck_node *n, char *err, size_t er
     return ck_dist_wait(&p->reqs[b], NULL, NULL) == 0 ? 0 : -1;
 }
 
+/* A transfer entry (vm/plan/offload.c): a copy between the arena and the
+ * host region on the backend's copy stream, or a wait for one. */
+static int run_xfer(const ck_exec_env *p, const ck_plan *pl, int i, char *err, size_t errlen)
+{
+    const ck_op_ref *r = &pl->ops[i];
+    const ck_backend *be = p->be;
+    int rc;
+    if (r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_IN) {
+        const int from = r->in[0], to = r->out[0];
+        const size_t bytes = ck_plan_tensor_bytes(pl, p->g, from);
+        unsigned char *src = r->xfer == CK_XFER_OUT ? p->arena + pl->off[from] : p->host + pl->off[from];
+        unsigned char *dst = r->xfer == CK_XFER_OUT ? p->host + pl->off[to] : p->arena + pl->off[to];
+        rc = be->xfer_start(dst, src, bytes, (int)r->slot);
+    } else {
+        rc = be->xfer_wait((int)r->slot);
+    }
+    if (!rc) return 0;
+    const ck_node *n = &p->g->n[r->node];
+    snprintf(err, errlen, "%s: the %s of %s's output in %s on %s: %s", n->where,
+             r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_OUT_WAIT ? "copy to host memory" : "copy back",
+             ck_op_name(n->op), scope_of(n), be->name, be->error());
+    be->clear_error();
+    return -1;
+}
+
+/* every copy the list queued is done before what follows: a range ends joined */
+static int join_copies(const ck_exec_env *p, const ck_plan *pl, char *err, size_t errlen)
+{
+    if (!pl->nslots || !p->be->xfer_join() ) return 0;
+    snprintf(err, errlen, "%s device: %s", p->be->name, p->be->error());
+    p->be->clear_error();
+    return -1;
+}
+
 static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ctx, char *err, size_t errlen)
 {
     const ck_op_ref *r = &pl->ops[i];
     const ck_node *n = &p->g->n[r->node];
+    if (r->xfer) {
+        if (p->interrupt && *p->interrupt && !p->fused_backward && r->phase != CK_PHASE_OPTIMIZER) {
+            snprintf(err, errlen, "interrupted");
+            return -1;
+        }
+        return run_xfer(p, pl, i, err, errlen);
+    }
     /* an interrupt stops a step before its updates, never among them, so a
      * step is either applied whole or not at all (fused updates run inside
      * backward: there, only forward entries stop) */
@@ -203,6 +244,7 @@ static int capturable(const ck_exec_env *p, const ck_plan *pl, int from, int to)
 {
     if (p->profile || p->nreqs || p->replay || (p->interrupt && *p->interrupt)) return 0;
     for (int i = from; i < to; i++) {
+        if (pl->ops[i].xfer) continue; /* copies and waits on streams: captured with the kernels */
         const enum ck_op op = p->g->n[pl->ops[i].node].op;
         if (op == CK_OP_ALLREDUCE_START || op == CK_OP_ALLREDUCE_WAIT || op == CK_OP_BROADCAST ||
             !p->be->capturable(op))
@@ -247,6 +289,7 @@ static int run_graph(const ck_exec_env *p, const ck_plan *pl, int from, int to, 
         }
         int bad = 0;
         for (int i = from; i < to && !bad; i++) bad = run_entry(p, pl, i, ctx, err, errlen) != 0;
+        if (!bad) bad = join_copies(p, pl, err, errlen) != 0; /* the copy branch joins the graph again */
         x->graph = be->capture_end();
         be->clear_error();
         if (x->graph && bad) { /* a part of the range: never launched */
@@ -290,12 +333,15 @@ int ck_exec_range(const ck_exec_env *p, const ck_plan *pl, int from, int to, cha
         p->graphs->op_by_op++;
     }
     for (int i = from; i < to; i++) {
-        if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;
+        if (run_entry(p, pl, i, &ctx, err, errlen)) {
+            join_copies(p, pl, err[0] ? NULL : err, err[0] ? 0 : errlen); /* no copy outlives the range */
+            return -1;
+        }
         /* sums in flight move on between ops (MPI progresses inside its calls) */
         for (int b = 0; b < p->nreqs; b++)
             if (p->reqs[b].active && !p->reqs[b].done) ck_dist_test(&p->reqs[b]);
     }
-    return 0;
+    return join_copies(p, pl, err, errlen);
 }
 
 int ck_exec_sync(const ck_backend *be, char *err, size_t errlen)
@@ -352,6 +398,7 @@ int ck_exec_find_nonfinite(const ck_exec_env *p, const ck_plan *pl, int to, int 
     for (int i = 0; i < to; i++) {
         const ck_op_ref *r = &pl->ops[i];
         if (run_entry(p, pl, i, &ctx, err, errlen)) return -1;
+        if (r->xfer) continue; /* a copy of a value checked when it was made */
         int fin = 1;
         for (int j = 0; j < r->nout && fin; j++)
             if (r->out[j] >= 0 && ck_exec_tensor_finite(p, pl, r->out[j], &fin, err, errlen)) return -1;
@@ -366,9 +413,9 @@ int ck_exec_find_nonfinite(const ck_exec_env *p, const ck_plan *pl, int to, int 
                 break;
             }
         }
-        return 0;
+        return join_copies(p, pl, err, errlen);
     }
-    return 0;
+    return join_copies(p, pl, err, errlen);
 }
 
 /* a NaN with a payload no kernel writes */

@@ -34,6 +34,7 @@ typedef struct ck_exec_env {
     const ck_backend *be;
     unsigned char *arena;
     size_t arena_bytes;
+    unsigned char *host;     /* the host region of the list's offloaded tensors (NULL: it has none) */
     size_t persistent;       /* the arena's persistent region: [0, persistent) */
     const int64_t *poff;     /* per graph tensor: its persistent offset, -1 otherwise */
     uint64_t seed;

@@ -2,6 +2,7 @@
  * the op lists, plan their memory, allocate the one arena, initialize the
  * parameters. The op lists are the seam the recompute scheduler works on. */
 #include "run/program.h"
+#include "plan/offload.h"
 #include "plan/evaluate.h"
 
 #include "dist/dist.h"
@@ -594,6 +595,43 @@ static int init_persistent(ck_program *p, int own_only, char *err, size_t errlen
 }
 
 /* the CPU time of this thread: what planning costs, whatever else runs */
+/* The host region of the lists' offloaded tensors: pinned memory on a
+ * device, as large as the largest list's host_peak; refused before the
+ * first step, naming its bytes, when it cannot be had (the budget, or the
+ * system's locked-memory limit). Copy slots opened for the most any list has. */
+static int host_region(ck_program *p, char *err, size_t errlen)
+{
+    size_t need = p->train.host_peak;
+    int slots = p->train.nslots;
+    for (int k = 1; k <= CK_STATS_ALL; k++) {
+        if (p->logplan[k].host_peak > need) need = p->logplan[k].host_peak;
+        if (p->logplan[k].nslots > slots) slots = p->logplan[k].nslots;
+    }
+    if (!slots) return 0;
+    const ck_backend *be = p->be;
+    char what[200], size[64];
+    ck_mem_text(need, size, sizeof size);
+    snprintf(what, sizeof what, "the host region of offloaded tensors (%s of %shost memory)", size,
+             be->host ? "" : "pinned ");
+    if (ck_mem_take(p->budget, need, what, err, errlen)) return -1;
+    p->host_charged = need;
+    be->enter();
+    p->host = be->pinned_alloc(need);
+    if (!p->host) {
+        failf(err, errlen, "cannot allocate %zu bytes (%s) of %shost memory for the offloaded tensors%s%s", need, size,
+              be->host ? "" : "pinned ", be->error()[0] ? ": " : "", be->error());
+        be->clear_error();
+        return -1;
+    }
+    p->host_bytes = need;
+    if (be->xfer_open(slots)) {
+        failf(err, errlen, "the copy stream on %s: %s", be->name, be->error());
+        be->clear_error();
+        return -1;
+    }
+    return 0;
+}
+
 static double thread_seconds(void)
 {
     struct timespec ts;
@@ -809,27 +847,53 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         if (n < 0) goto oom;
         /* with a policy, one evaluator for its trials and the plan: the
          * decision it placed last is not placed again */
-        ck_decide_ctx dc = {g, list, n, NULL, 0, p->poff, p->persistent, p->retain, be, NULL};
+        const int prefetch = o->prefetch > 0 ? o->prefetch : CK_PREFETCH_DEFAULT;
+        ck_decide_ctx dc = {g, list, n, NULL, 0, p->poff, p->persistent, p->retain, be, NULL,
+                            o->offload == CK_OFFLOAD_AUTO, prefetch, o->speed ? o->speed : ck_backend_speed(be),
+                            p->offload_why, sizeof p->offload_why};
         if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
-        if (o->decide) {
+        if (o->decide || o->offload == CK_OFFLOAD_ACTIVATIONS) {
             recompute = calloc((size_t)g->nt, 1);
             cand = malloc(sizeof(int) * (size_t)g->nt);
             if (!recompute || !cand) goto oom;
             dc.cand = cand;
             dc.ncand = ck_saved_activations(g, cand);
+        }
+        if (o->decide) {
             const double t0 = thread_seconds();
             if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
             p->decide_seconds = thread_seconds() - t0;
         }
-        int extra = 0;
-        for (int t = 0; recompute && t < g->nt; t++) extra += recompute[t] != 0;
-        if (take_own(p, plan_estimate(n, g->nt, 2 * extra), "the training step's op list and plan", err, errlen))
+        /* offload activations: what the policy keeps goes to host memory
+         * between its uses (what no later entry reads stays: ck_offload_schedule) */
+        for (int k = 0; o->offload == CK_OFFLOAD_ACTIVATIONS && k < dc.ncand; k++)
+            if (!recompute[cand[k]]) recompute[cand[k]] = CK_OFFLOAD;
+        int extra = 0, offloads = 0;
+        for (int t = 0; recompute && t < g->nt; t++) {
+            extra += recompute[t] != 0;
+            offloads += recompute[t] == CK_OFFLOAD;
+        }
+        if (take_own(p, plan_estimate(n, g->nt, (offloads ? 4 : 2) * extra), "the training step's op list and plan",
+                     err, errlen))
             goto fail;
         const double t0 = thread_seconds();
-        if (ev ? ck_evaluator_plan(ev, recompute, &p->train)
-               : ck_schedule(&p->train, g, list, n, recompute) ||
-                     ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be))
+        if (offloads) {
+            /* the list as the recompute marks make it, then the transfers; placed in full */
+            unsigned char *rmask = malloc((size_t)g->nt);
+            if (!rmask) goto oom;
+            for (int t = 0; t < g->nt; t++) rmask[t] = recompute[t] == 1;
+            ck_evaluator_free(ev);
+            ev = NULL;
+            const int bad = ck_schedule(&p->train, g, list, n, rmask) ||
+                            ck_offload_schedule(&p->train, g, recompute, p->retain, prefetch) < 0 ||
+                            ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be);
+            free(rmask);
+            if (bad) goto oom;
+        } else if (ev ? ck_evaluator_plan(ev, recompute, &p->train)
+                      : ck_schedule(&p->train, g, list, n, recompute) ||
+                            ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be)) {
             goto oom;
+        }
         p->plan_seconds = thread_seconds() - t0;
         ck_evaluator_free(ev);
         ev = NULL;
@@ -846,6 +910,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         if (group_grow(p, err, errlen)) goto fail;
         /* the shared tensors hold the group's values; the inputs start as any others do */
         if (init_persistent(p, 1, err, errlen)) goto fail;
+        if (host_region(p, err, errlen)) goto fail;
         goto done;
     }
     {
@@ -878,6 +943,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     }
     p->grp->bytes = p->arena_bytes;
     if (init_persistent(p, 0, err, errlen)) goto fail;
+    if (host_region(p, err, errlen)) goto fail;
 done:
     free(list);
     free(sinks);
@@ -934,8 +1000,12 @@ size_t ck_program_stage_bound(const ck_program *p)
 void ck_program_free(ck_program *p)
 {
     if (!p) return;
-    ck_mem_give(p->budget, p->charged_own + p->charged_stage);
+    ck_mem_give(p->budget, p->charged_own + p->charged_stage + p->host_charged);
     ck_exec_graphs_clear(p->be, &p->graphs);
+    if (p->host) {
+        p->be->enter();
+        p->be->pinned_release(p->host);
+    }
     ck_plan_free(&p->train);
     ck_plan_free(&p->eval);
     for (int k = 0; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
@@ -970,6 +1040,7 @@ static ck_exec_env exec_env(ck_program *p, const ck_plan *pl)
                          .be = p->be,
                          .arena = p->grp->arena,
                          .arena_bytes = p->arena_bytes,
+                         .host = p->host,
                          .persistent = p->persistent,
                          .poff = p->poff,
                          .seed = p->opt.seed,

@@ -9,6 +9,9 @@
 
 typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW, CK_OPTIM_LION, CK_OPTIM_ADAMW8 } ck_optim;
 
+/* ck_compile_opts.offload */
+enum { CK_OFFLOAD_NONE = 0, CK_OFFLOAD_ACTIVATIONS, CK_OFFLOAD_AUTO };
+
 struct ck_program;
 
 /* What the programs of one group hold in common: the one arena and the
@@ -72,6 +75,16 @@ typedef struct ck_compile_opts {
     ck_dtype frozen;   /* frozen weights' storage (CK_BF16, CK_F8E4M3); CK_F32: as storage */
     ck_loss_scale scaler; /* dynamic loss scaling (fp16's); needs an optimizer, and no fused updates */
     ck_decide_fn decide; /* the checkpoint policy; NULL keeps every activation */
+    /* offload (vm/plan/offload.c): activations: every saved activation the
+     * policy keeps goes to pinned host memory and back (kohya's
+     * --cpu_offload_checkpointing under a policy); auto: budget and auto
+     * policies choose keep, recompute or offload per tensor by predicted step
+     * time; prefetch: entries between a copy and its wait (0: the default,
+     * CK_PREFETCH_DEFAULT); speed: the device the cost model predicts for
+     * (NULL: the table's entry for the backend's device, if any) */
+    int offload;
+    int prefetch;
+    const struct ck_device_speed *speed;
     /* the statistics logging steps will compute (CK_STATS_*, as
      * ck_program_add_stats takes them), so that the one arena is sized for
      * the logging lists too */
@@ -167,6 +180,12 @@ typedef struct ck_program {
     /* a group member's own frozen weights (above grp->shared): per tensor, the
      * group's serial when it was last written (NULL: it has none) */
     uint64_t *own_at;
+    /* offload: the host region (pinned on a device) the lists' host ids
+     * live in, its bytes (the largest list's host_peak), what was charged to
+     * the budget for it; and what the decision said (the joint search's why) */
+    unsigned char *host;
+    size_t host_bytes, host_charged;
+    char offload_why[256];
     /* data parallel: one request per bucket (opt.world > 1), and the buckets'
      * bytes (the gradient sums, padding included) */
     struct ck_dist_req *reqs;

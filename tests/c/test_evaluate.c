@@ -142,7 +142,8 @@ int main(void)
         }
         const int ncand = ck_saved_activations(g, cand);
         const ck_backend *be = round % 2 ? ck_backend_cpu() : ck_backend_cuda_plan();
-        ck_decide_ctx c = {g, nodes, g->nn, cand, ncand, poff, persistent, round % 3 ? retain : NULL, be, NULL};
+        ck_decide_ctx c = {.g = g, .nodes = nodes, .n = g->nn, .cand = cand, .ncand = ncand, .poff = poff,
+                           .persistent = persistent, .retain = round % 3 ? retain : NULL, .be = be};
         ck_evaluator *ev = ck_evaluator_new(&c);
         for (int trial = 0; ev && trial < 12; trial++) {
             const int density = (int)(next() % 4);

@@ -34,9 +34,13 @@
  * change to the other threads of its block and to the caller; run_block
  * checks after every block that they are what they were, and stops.
  *
+ * Under AddressSanitizer the switches are announced to it with its fiber
+ * interface (__sanitizer_start_switch_fiber before, finish after), so it
+ * knows which stack it is on.
+ *
  * The ucontext path stays for everything else: other architectures; builds
- * under AddressSanitizer or ThreadSanitizer, which learn of stack switches
- * only through their interceptors for swapcontext; and a process running
+ * under ThreadSanitizer, which learns of stack switches only through its
+ * interceptor for swapcontext; and a process running
  * with a CET shadow stack (checked at run time), where returning to an
  * address the shadow stack did not record faults, while glibc's makecontext
  * and swapcontext manage shadow stacks. */
@@ -51,8 +55,7 @@
 #else
 #define CK_EMU_ASAN 0
 #endif
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) &&                      \
-    !CK_EMU_HAS_FEATURE(address_sanitizer) && !CK_EMU_HAS_FEATURE(thread_sanitizer)
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !CK_EMU_HAS_FEATURE(thread_sanitizer)
 #define CK_EMU_FAST_SWITCH 1
 #else
 #define CK_EMU_FAST_SWITCH 0
@@ -104,6 +107,9 @@ struct fiber {
     unsigned tid;
     uint3 idx; /* threadIdx of tid in this launch's blockDim */
     long nbar; /* __syncthreads calls in this block */
+#if CK_EMU_ASAN
+    void *fake; /* ASan's fake stack while switched out */
+#endif
 };
 
 /* Each fiber has STACK bytes of stack, its top moved down by a different
@@ -114,6 +120,16 @@ const size_t STACK = 256 * 1024, COLOR = 64 * 1024;
 ucontext_t sched;
 #if CK_EMU_FAST_SWITCH
 void *sched_sp;
+#endif
+#if CK_EMU_ASAN
+/* the scheduler's stack, as ASan tells a fiber that switched from it */
+const void *sched_bottom;
+size_t sched_size;
+#define ASAN_START(save, bottom, size) __sanitizer_start_switch_fiber(save, bottom, size)
+#define ASAN_FINISH(save, bottom, size) __sanitizer_finish_switch_fiber(save, bottom, size)
+#else
+#define ASAN_START(save, bottom, size) ((void)0)
+#define ASAN_FINISH(save, bottom, size) ((void)0)
 #endif
 std::vector<fiber> fibers;
 std::vector<ucontext_t> ctxs;
@@ -141,8 +157,10 @@ void trampoline()
 #if CK_EMU_FAST_SWITCH
 [[noreturn]] void fiber_main()
 {
+    ASAN_FINISH(NULL, &sched_bottom, &sched_size);
     trampoline();
     fiber *me = cur;
+    ASAN_START(NULL, sched_bottom, sched_size); /* NULL: this stack is done */
     ck_emu_switch(&me->sp, sched_sp);
     abort(); /* a DONE fiber is never resumed */
 }
@@ -174,6 +192,13 @@ void fast_init(fiber &f)
     *--sp = (void *)&fiber_main; /* where ck_emu_switch's ret lands */
     for (int i = 0; i < 6; i++) *--sp = NULL; /* rbp, rbx, r12-r15 */
     f.sp = sp;
+#if CK_EMU_ASAN
+    /* a fiber's frames write their shadow whole (variables and redzones) as
+     * they are entered; what a finished fiber leaves poisoned is the chain
+     * it never returned from, at the top of its stack */
+    const size_t top = 16 * 1024;
+    __asan_unpoison_memory_region(stack_top(f) - top, top);
+#endif
 }
 #endif
 
@@ -206,7 +231,10 @@ void to_fiber(fiber &f)
 {
 #if CK_EMU_FAST_SWITCH
     if (fast_switch) {
+        void *fake = NULL;
+        ASAN_START(&fake, f.stack, (size_t)(stack_top(f) - f.stack));
         ck_emu_switch(&sched_sp, f.sp);
+        ASAN_FINISH(fake, NULL, NULL);
         return;
     }
 #endif
@@ -217,7 +245,9 @@ void to_sched(fiber &f)
 {
 #if CK_EMU_FAST_SWITCH
     if (fast_switch) {
+        ASAN_START(&f.fake, sched_bottom, sched_size);
         ck_emu_switch(&f.sp, sched_sp);
+        ASAN_FINISH(f.fake, &sched_bottom, &sched_size);
         return;
     }
 #endif

@@ -71,29 +71,8 @@ local lora = require "ck.lora"
 
 local M = {}
 
--- Errors inside are tables {msg = ...}; the public functions raise them at
--- their caller's line
-local function fail(fmt, ...)
-  error({msg = string.format(fmt, ...)}, 0)
-end
-
-local function public(f)
-  return function(...)
-    local r = table.pack(pcall(f, ...))
-    if r[1] then return table.unpack(r, 2, r.n) end
-    local e = r[2]
-    if type(e) == "table" and e.msg then error(e.msg, 2) end
-    error(e, 0)
-  end
-end
-
-local function shape_str(s) return "[" .. table.concat(s, ", ") .. "]" end
-
-local function same_shape(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
-end
+local errors = require "ck.errors"
+local fail, public, shape_str, same_shape = errors.fail, errors.public, errors.shape_str, errors.same_shape
 
 M.KOHYA_PREFIX = "lora_unet_"
 M.PEFT_PREFIX = "transformer."

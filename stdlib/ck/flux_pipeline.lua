@@ -31,19 +31,8 @@ local checkpoint = require "ck.checkpoint"
 
 local M = {}
 
--- Errors inside are tables {msg = ...}; the public functions raise them
--- again at their caller's line (ck.checkpoint's convention).
-local function fail(fmt, ...) error({msg = string.format(fmt, ...)}, 0) end
-
-local function public(f)
-  return function(...)
-    local r = table.pack(pcall(f, ...))
-    if r[1] then return table.unpack(r, 2, r.n) end
-    local e = r[2]
-    if type(e) == "table" and e.msg then error(e.msg, 2) end
-    error(e, 0)
-  end
-end
+local errors = require "ck.errors"
+local fail, public = errors.fail, errors.public
 
 local function unplaced(e) return (tostring(type(e) == "table" and e.msg or e):gsub("^[^:]*:%d+: ", "")) end
 

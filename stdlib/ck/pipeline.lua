@@ -132,13 +132,8 @@ local function kohya_modules(model)
   return by
 end
 
-local function shape_str(s) return "[" .. table.concat(s, ", ") .. "]" end
-
-local function same(a, b)
-  if #a ~= #b then return false end
-  for i = 1, #a do if a[i] ~= b[i] then return false end end
-  return true
-end
+local errors = require "ck.errors"
+local shape_str, same = errors.shape_str, errors.same_shape
 
 -- The adapters of one kohya-named LoRA file for the model's modules: a list
 -- of {path, module, key (kohya name), rank, alpha, conv, down, up (file

@@ -34,19 +34,8 @@ t5.MASKED = -1e30 -- added to the position bias at a padded key
 
 local copy = nn.copy
 
--- Errors inside are tables {msg = ...}; the public functions raise them again
--- at their caller's line (ck.checkpoint's convention).
-local function fail(fmt, ...) error({msg = string.format(fmt, ...)}, 0) end
-
-local function public(f)
-  return function(...)
-    local r = table.pack(pcall(f, ...))
-    if r[1] then return table.unpack(r, 2, r.n) end
-    local e = r[2]
-    if type(e) == "table" and e.msg then error(e.msg, 2) end
-    error(e, 0)
-  end
-end
+local errors = require "ck.errors"
+local fail, public, shape_str = errors.fail, errors.public, errors.shape_str
 
 ---- configs: transformers' T5Config keys
 
@@ -434,8 +423,6 @@ local function read_json(path)
   if not ok or type(v) ~= "table" then fail("%s: not a JSON object: %s", path, tostring(v)) end
   return v
 end
-
-local function shape_str(s) return "[" .. table.concat(s, ", ") .. "]" end
 
 local LOADS = {F32 = true, F16 = true, BF16 = true, F8_E4M3 = true, F8_E5M2 = true}
 

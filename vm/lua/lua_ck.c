@@ -1323,6 +1323,8 @@ static void set_num(lua_State *L, const char *k, double v)
  * on a CUDA device, "stated" for cuda without one (ops/rules.c), "cpu"), at_peak = {category = bytes live at the peak},
  * decide_seconds and plan_seconds (this thread's CPU time for the checkpoint
  * policy's decision and for the training list's plan, placement included),
+ * none_peak (where an auto or percentage-budget decision placed the list with
+ * no recompute: that peak),
  * and layout_digest: 16 hex digits over every list of the program (training,
  * forward, logging), their entries and every offset, equal for two programs
  * planned the same to the byte */
@@ -1370,6 +1372,7 @@ static int l_plan(lua_State *L)
     lua_setfield(L, -2, "at_peak");
     set_num(L, "decide_seconds", p->decide_seconds);
     set_num(L, "plan_seconds", p->plan_seconds);
+    if (p->none_peak) set_int(L, "none_peak", (lua_Integer)p->none_peak);
     /* offload: the host region's bytes, the bytes a step moves each way, the
      * transfers, the prefetch distance; and what the joint search said */
     set_int(L, "host_bytes", (lua_Integer)pl->host_peak);
@@ -1647,6 +1650,22 @@ static const luaL_Reg graph_methods[] = {
 /* p:device() -> the backend's name ("cpu", "cuda"), the bytes of device
  * memory it holds outside every plan (library workspaces; 0 on the CPU), and
  * its allocator's page (2 MiB on CUDA; 1 on the CPU) */
+/* ck.device_layout([name]) -> device, fixed bytes, granule: how a program's
+ * arena becomes device bytes on that device (default ck.device; plan-only
+ * figures where it has no device), as p:device() says after a compile */
+static int l_device_layout(lua_State *L)
+{
+    const ck_host *host = ck_host_of(L);
+    const char *name = luaL_optstring(L, 1, host ? host->device : "auto");
+    char err[512];
+    const ck_backend *be = ck_backend_find(name, 1, err, sizeof err);
+    if (!be) return ck_lua_raise(L, "device_layout: %s", err);
+    lua_pushstring(L, be->name);
+    lua_pushinteger(L, (lua_Integer)be->fixed_bytes);
+    lua_pushinteger(L, (lua_Integer)(be->granule > 1 ? be->granule : 1));
+    return 3;
+}
+
 static int l_program_device(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
@@ -1790,6 +1809,8 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     lua_setfield(L, lib, "devices");
     lua_pushcfunction(L, l_device_memory);
     lua_setfield(L, lib, "device_memory");
+    lua_pushcfunction(L, l_device_layout);
+    lua_setfield(L, lib, "device_layout");
     lua_pushcfunction(L, l_cuda_options);
     lua_setfield(L, lib, "cuda_options");
     /* ck.device: where programs compile to by default (--device; in a stock

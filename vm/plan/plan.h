@@ -102,6 +102,9 @@ typedef struct ck_decide_ctx {
     const struct ck_device_speed *speed;
     char *why;
     size_t whylen;
+    /* where a budget or auto decision writes none's placed peak (NULL: not
+     * wanted): what keeping everything needs, beside what was chosen */
+    size_t *none_peak;
 } ck_decide_ctx;
 
 /* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead

@@ -700,10 +700,12 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
          * share of it, or auto where none's live peak does not rule it out */
         if (ev && pol->kind == CK_POLICY_BUDGET && pol->budget_fraction > 0) rc = ck_evaluate(ev, NULL, 1, &none, &f);
         const double fit = pol->device * (1.0 - pol->headroom);
+        /* auto places none when it may fit, or when its caller asks what none needs */
         if (ev && pol->kind == CK_POLICY_AUTO) {
             rc = ck_evaluate(ev, NULL, 0, &none, &f);
-            if (!rc && (double)none <= fit) rc = ck_evaluate(ev, NULL, 1, &none, &f);
+            if (!rc && ((double)none <= fit || c->none_peak)) rc = ck_evaluate(ev, NULL, 1, &none, &f);
         }
+        if (!rc && c->none_peak && (pol->kind == CK_POLICY_AUTO || pol->budget_fraction > 0)) *c->none_peak = none;
         if (rc) {
             ck_evaluator_free(own);
             snprintf(err, errlen, "out of memory");

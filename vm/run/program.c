@@ -850,7 +850,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         const int prefetch = o->prefetch > 0 ? o->prefetch : CK_PREFETCH_DEFAULT;
         ck_decide_ctx dc = {g, list, n, NULL, 0, p->poff, p->persistent, p->retain, be, NULL,
                             o->offload == CK_OFFLOAD_AUTO, prefetch, o->speed ? o->speed : ck_backend_speed(be),
-                            p->offload_why, sizeof p->offload_why};
+                            p->offload_why, sizeof p->offload_why, &p->none_peak};
         if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
         if (o->decide || o->offload == CK_OFFLOAD_ACTIVATIONS) {
             recompute = calloc((size_t)g->nt, 1);

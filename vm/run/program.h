@@ -135,6 +135,7 @@ typedef struct ck_stat {
 typedef struct ck_program {
     ck_graph *g;
     double decide_seconds, plan_seconds; /* thread CPU time: the policy's decision, the training list's plan */
+    size_t none_peak; /* the training list's placed peak with no recompute, where the decision placed it (0: not) */
     int loss;
     int *retain;       /* per tensor: readable after the list ends */
     ck_plan train;     /* forward, backward, optimizer (n == 0 without a loss) */

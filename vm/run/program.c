@@ -827,12 +827,8 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     const ck_backend *be = p->be;
     for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
     if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
-    int n = cut_list(g, sinks, ns, CK_PHASE_FORWARD, list);
-    if (n < 0) goto oom;
-    if (take_own(p, plan_estimate(n, g->nt, 0), "the forward pass's op list and plan", err, errlen)) goto fail;
-    if (ck_schedule(&p->eval, g, list, n, NULL) || ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, be))
-        goto oom;
-    if (settle_own(p, "the forward pass's op list and plan", err, errlen)) goto fail;
+    const int nsinks = ns; /* the forward pass's: its list is planned after the step's */
+    int n;
 
     if (o->loss >= 0 && trains) {
         for (int t = 0; t < g->nt; t++) {
@@ -899,6 +895,14 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         ev = NULL;
         if (settle_own(p, "the training step's op list and plan", err, errlen)) goto fail;
     }
+    /* the forward pass's list, planned after the step's so that the step's
+     * search does not hold it */
+    n = cut_list(g, sinks, nsinks, CK_PHASE_FORWARD, list);
+    if (n < 0) goto oom;
+    if (take_own(p, plan_estimate(n, g->nt, 0), "the forward pass's op list and plan", err, errlen)) goto fail;
+    if (ck_schedule(&p->eval, g, list, n, NULL) || ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, be))
+        goto oom;
+    if (settle_own(p, "the forward pass's op list and plan", err, errlen)) goto fail;
     /* the one arena: the largest list the program will run */
     p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;

@@ -25,28 +25,31 @@ typedef enum ck_phase { CK_PHASE_FORWARD = 0, CK_PHASE_BACKWARD, CK_PHASE_OPTIMI
 const char *ck_kind_name(ck_kind k);
 const char *ck_phase_name(ck_phase ph);
 
+/* A graph holds hundreds of thousands of tensors and nodes (the planner's
+ * memory is mostly theirs): the small fields are bit-fields packed in one
+ * word. */
 typedef struct ck_tensor {
     ck_shape shape;
-    ck_dtype dtype;
-    ck_kind kind;
+    ck_dtype dtype : 8;
+    ck_kind kind : 8;
+    unsigned needs_grad : 1;
+    ck_init init : 8; /* parameters: how the runtime fills them */
     char *name;   /* full dotted name for parameters and inputs, NULL otherwise */
     const char *scope; /* diffusers-style scope, "" at the top (the graph's strings) */
     const char *where; /* script "file:line" that made it (the graph's strings) */
     int node;     /* producing node, -1 for leaves */
     int grad;     /* gradient tensor after autodiff, -1 if none */
-    int needs_grad;
-    ck_init init; /* parameters: how the runtime fills them */
     float init_a, init_b;
     float lr_scale; /* trainable parameters: the learning-rate multiplier (1; LoRA+) */
 } ck_tensor;
 
 typedef struct ck_node {
-    enum ck_op op;
-    int nin, nout;
+    enum ck_op op : 16;
+    unsigned nin : 4, nout : 4;
+    ck_phase phase : 8;
     int in[CK_MAX_IN];
     int out[CK_MAX_OUT]; /* -1: slot unwanted */
     ck_op_params p;
-    ck_phase phase;
     const char *scope; /* the graph's strings, as a tensor's */
     const char *where;
 } ck_node;

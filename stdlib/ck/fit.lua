@@ -10,7 +10,8 @@
 --   print(c.reason) -- then compile c.checkpoint at c.batch
 local ck = require "ck"
 local policy = require "ck.policy"
-local plan = require "ck.plan"
+local bytes = require "ck.bytes"
+local errors = require "ck.errors"
 
 local M = {}
 
@@ -41,7 +42,7 @@ function M.memory(o)
   return {bytes = math.floor(free * (1 - headroom)), free = free, total = total, headroom = headroom, words = words}
 end
 
-local fmt = plan.fmt_bytes
+local fmt = bytes.fmt
 
 -- "20.38 GiB of 22.64 GiB available"
 local function room(mem)
@@ -140,6 +141,53 @@ local function refusal(why, mem)
   return string.format("nothing fits in %s (none needs %s)", room(mem), fmt(why.none))
 end
 
+-- The largest batch whose planned peak fits limit: doubling, then bisection.
+-- peak_of(b) -> peak bytes, or nil and a message when b cannot be planned.
+-- A budget that nothing fits says the smallest peak it could plan; while that
+-- is within the limit a larger batch may still plan (a percentage budget grows
+-- with the batch faster than the least peak does), so the doubling goes on.
+-- Returns {batch = largest fitting batch or 0, peak = its peak, next = the
+-- first batch that does not fit, next_peak = its peak or nil, next_error, capped}.
+local MAX_BATCH_CAP = 4096
+function M.search_batch(peak_of, limit)
+  local cache = {}
+  local function get(b)
+    if cache[b] == nil then
+      local pk, err = peak_of(b)
+      local least = err and tonumber(tostring(err):match("smallest peak.-%((%d+) bytes%)"))
+      cache[b] = {peak = pk, err = err, least = least}
+    end
+    return cache[b]
+  end
+  local function fits(b)
+    local r = get(b)
+    return r.peak ~= nil and r.peak <= limit
+  end
+  local function hopeless(b)
+    local r = get(b)
+    return r.peak ~= nil or not r.least or r.least > limit
+  end
+  local lo = 1
+  while not fits(lo) do
+    if hopeless(lo) or lo >= MAX_BATCH_CAP then
+      local r = get(lo)
+      return {batch = 0, next = lo, next_peak = r.peak, next_error = r.err, first = get(1)}
+    end
+    lo = lo * 2
+  end
+  local hi = lo * 2
+  while fits(hi) do
+    lo = hi
+    if hi >= MAX_BATCH_CAP then return {batch = hi, peak = get(hi).peak, capped = true} end
+    hi = hi * 2
+  end
+  while hi - lo > 1 do
+    local mid = (lo + hi) // 2
+    if fits(mid) then lo = mid else hi = mid end
+  end
+  return {batch = lo, peak = get(lo).peak, next = hi, next_peak = get(hi).peak, next_error = get(hi).err}
+end
+
 -- o: build = function(batch, policy) -> a plan_only program (compiled as the
 -- run compiles), checkpoint = a policy (auto, or fixed), batch = n or "auto",
 -- headroom (default: the auto policy's, else M.HEADROOM), device (ck.device),
@@ -174,9 +222,9 @@ function M.choose(o)
       if not c then error(line(nil, why), 0) end
       return {checkpoint = c.checkpoint, batch = o.batch, reason = what .. ": " .. line(c), run = c.program}
     end
-    -- the largest batch that fits: plan.search_batch's doubling and bisection
+    -- the largest batch that fits: M.search_batch's doubling and bisection
     local tried = {}
-    local r = plan.search_batch(function(batch)
+    local r = M.search_batch(function(batch)
       local c, why = at(batch)
       tried[batch] = {c = c, why = why}
       if c then return c.needs end
@@ -189,7 +237,7 @@ function M.choose(o)
     return {checkpoint = c.checkpoint, batch = r.batch,
             reason = string.format("%s: batch %d (%s); %s", what, r.batch, next_words, line(c))}
   end)
-  if not ok then error(what .. ": " .. plan.strip_where(r), 2) end
+  if not ok then error(what .. ": " .. errors.strip_where(r), 2) end
   return r
 end
 

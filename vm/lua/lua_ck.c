@@ -10,7 +10,6 @@
 #include "plan/offload.h"
 #include "util/hash.h"
 #include "util/text.h"
-#include "../../ops/cpu/cpu.h"
 
 #include <lauxlib.h>
 #include <lua.h>

@@ -5,6 +5,7 @@
 #define CK_PROGRAM_H
 
 #include "plan/plan.h"
+#include "run/device.h"
 #include "run/exec.h"
 
 typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW, CK_OPTIM_LION, CK_OPTIM_ADAMW8 } ck_optim;

@@ -71,14 +71,17 @@ function M.cheapest(build, batch, limit, device, keep)
   for _ = 1, 4 do
     if b <= 0 or tried[b] then break end
     tried[b] = true
-    local ok, r = pcall(build, batch, policy.auto{device = b, headroom = 0})
+    local report = {} -- the decision's figures (compile fills it: ck_decide_report)
+    local pol = policy.auto{device = b, headroom = 0}
+    pol.report = report
+    local ok, r = pcall(build, batch, pol)
     if not ok then
-      local least = tonumber(tostring(r):match("smallest peak.-%((%d+) bytes%)"))
+      local least = report.floor
       if not least then error(r, 0) end
       if best then break end
       -- the smallest training list as the device would take it (with
-      -- offload allowed, the error names the smallest without it too)
-      local without = tonumber(tostring(r):match("with offload, [^(]*%((%d+) bytes%) without"))
+      -- offload allowed, the smallest without it too)
+      local without = report.floor_without
       if not none then -- what none needs, from its own plan
         local pn = build(batch, policy.none())
         local s0 = (pn.program or pn):plan()
@@ -86,12 +89,14 @@ function M.cheapest(build, batch, limit, device, keep)
         collectgarbage()
         extra, none = math.max(0, s0.arena - s0.peak), s0.device_bytes
       end
-      return nil, {needs = bytes(least + extra), needs_without = without and bytes(without + extra), none = none}
+      local offload = report.floor_offload -- offload not allowed: what it would reach
+      return nil, {needs = bytes(least + extra), needs_without = without and bytes(without + extra),
+                   needs_offload = offload and offload < least and bytes(offload + extra) or nil, none = none}
     end
     local p = r.program or r
     local pl = p:plan()
     local above = math.max(0, pl.arena - pl.peak)
-    none = bytes((pl.none_peak or pl.peak) + above)
+    none = bytes((report.none_peak or pl.peak) + above)
     if pl.device_bytes <= limit then
       local c = {needs = pl.device_bytes, none = none, flops = pl.recompute_flops}
       if pl.recompute_flops == 0 and pl.offload_bytes == 0 then
@@ -134,6 +139,9 @@ local function refusal(why, mem)
   if why.needs and why.needs_without then
     return string.format("nothing fits in %s: the smallest plan needs %s with offload, %s without (none needs %s)",
       room(mem), fmt(why.needs), fmt(why.needs_without), fmt(why.none))
+  elseif why.needs and why.needs_offload then
+    return string.format("nothing fits in %s: the smallest plan needs %s, %s with --offload auto (none needs %s)",
+      room(mem), fmt(why.needs), fmt(why.needs_offload), fmt(why.none))
   elseif why.needs then
     return string.format("nothing fits in %s: the smallest plan needs %s (none needs %s)", room(mem), fmt(why.needs),
       fmt(why.none))
@@ -142,7 +150,8 @@ local function refusal(why, mem)
 end
 
 -- The largest batch whose planned peak fits limit: doubling, then bisection.
--- peak_of(b) -> peak bytes, or nil and a message when b cannot be planned.
+-- peak_of(b) -> peak bytes, or nil, a message and (when known) the smallest
+-- peak that b could be planned at, when b cannot be planned.
 -- A budget that nothing fits says the smallest peak it could plan; while that
 -- is within the limit a larger batch may still plan (a percentage budget grows
 -- with the batch faster than the least peak does), so the doubling goes on.
@@ -153,9 +162,8 @@ function M.search_batch(peak_of, limit)
   local cache = {}
   local function get(b)
     if cache[b] == nil then
-      local pk, err = peak_of(b)
-      local least = err and tonumber(tostring(err):match("smallest peak.-%((%d+) bytes%)"))
-      cache[b] = {peak = pk, err = err, least = least}
+      local pk, err, least = peak_of(b)
+      cache[b] = {peak = pk, err = err, least = pk == nil and least or nil}
     end
     return cache[b]
   end
@@ -228,7 +236,7 @@ function M.choose(o)
       local c, why = at(batch)
       tried[batch] = {c = c, why = why}
       if c then return c.needs end
-      return nil, line(nil, why)
+      return nil, line(nil, why), why.needs
     end, mem.bytes)
     if r.batch == 0 then error("even batch 1 does not fit: " .. line(nil, tried[1].why), 0) end
     local next_words = r.capped and "the search stops there" or

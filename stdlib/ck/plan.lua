@@ -425,8 +425,14 @@ local function max_batch(o, row, limit)
   local function peak_of(b)
     if b == o.batch and row.summary then return row.summary.peak end
     if not o.build then return nil, "this script gives plan.report no build function" end
-    local ok, p = pcall(o.build, b, row.policy)
-    if not ok then return nil, M.strip_where(p) end
+    local pol, report = row.policy, {} -- the policy, with a table for the decision's figures
+    if type(pol) == "table" then
+      pol = {}
+      for k, v in pairs(row.policy) do pol[k] = v end
+      pol.report = report
+    end
+    local ok, p = pcall(o.build, b, pol)
+    if not ok then return nil, M.strip_where(p), report.floor end
     local pk = p:plan().peak
     p = nil
     collectgarbage()

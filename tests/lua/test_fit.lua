@@ -57,4 +57,26 @@ local ok, err = pcall(fit.choose, {build = build, checkpoint = policy.auto{devic
 T.ok(not ok and tostring(err):match("nothing fits") and tostring(err):match("none needs"), "refused: " .. tostring(err))
 T.ok(builds == 2 and policies[2] == "none", "refused after the auto build and none's (" .. builds .. " builds)")
 
+-- the decision's figures reach the caller through the policy's report table:
+-- none's placed peak on success, the smallest peak when nothing fits (the
+-- figure the message states)
+local report = {}
+local pol = policy.budget(math.floor(none.peak * 0.9))
+pol.report = report
+build(1, pol)
+T.ok(report.floor == nil, "a budget that fits reports no floor")
+report = {}
+pol = policy.auto{device = math.floor(none.peak * 0.9), headroom = 0}
+pol.report = report
+build(1, pol)
+T.ok(report.none_peak == none.peak, "auto reports none's placed peak (" .. tostring(report.none_peak) .. ")")
+report = {}
+pol = policy.budget(math.floor(none.peak * 0.1))
+pol.report = report
+ok, err = pcall(build, 1, pol)
+local stated = tonumber(tostring(err):match("smallest peak ckrun can plan is [%d.]+ MiB %((%d+) bytes%)"))
+T.ok(not ok and report.floor and report.floor == stated,
+     string.format("nothing fits: the report's floor is the smallest peak the message states (%s, %s)",
+                   tostring(report.floor), tostring(stated)))
+
 T.done()

@@ -822,6 +822,32 @@ static void keep_patterns(lua_State *L, const char **a, int na, const char **b, 
     }
 }
 
+
+/* The decision's figures into the policy table's `report` table, when it
+ * has one (ck.fit weighs budgets by them): none_peak, and when nothing fits
+ * floor, floor_without and floor_offload (see plan.h's ck_decide_report);
+ * a figure not known is left out. */
+static void report_out(lua_State *L, const ck_decide_report *rep)
+{
+    rawfield(L, 2, "checkpoint");
+    if (lua_istable(L, -1)) {
+        lua_pushliteral(L, "report");
+        lua_rawget(L, -2);
+        if (lua_istable(L, -1)) {
+            const struct { const char *k; size_t v; } f[] = {{"none_peak", rep->none_peak}, {"floor", rep->floor},
+                {"floor_without", rep->floor_without}, {"floor_offload", rep->floor_offload}};
+            for (size_t k = 0; k < sizeof f / sizeof *f; k++) {
+                if (!f[k].v) continue;
+                lua_pushstring(L, f[k].k);
+                lua_pushinteger(L, (lua_Integer)f[k].v);
+                lua_rawset(L, -3);
+            }
+        }
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+}
+
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
  *           weight_decay=,
  *           max_grad_norm=, accumulate=, fused_backward=, world_size=, bucket_mb=,
@@ -1048,7 +1074,10 @@ static int l_compile(lua_State *L)
     luaL_setmetatable(L, PROGRAM_MT);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, -2, 1);
+    ck_decide_report rep = {0};
+    o.report = &rep;
     lp->p = ck_compile(lg->g, &o, err, sizeof err);
+    report_out(L, &rep);
     if (!lp->p) {
         return ck_lua_raise(L, "compile: %s", err);
     }

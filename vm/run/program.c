@@ -844,9 +844,10 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         /* with a policy, one evaluator for its trials and the plan: the
          * decision it placed last is not placed again */
         const int prefetch = o->prefetch > 0 ? o->prefetch : CK_PREFETCH_DEFAULT;
+        ck_decide_report report = {0};
         ck_decide_ctx dc = {g, list, n, NULL, 0, p->poff, p->persistent, p->retain, be, NULL,
                             o->offload == CK_OFFLOAD_AUTO, prefetch, o->speed ? o->speed : ck_backend_speed(be),
-                            p->offload_why, sizeof p->offload_why, &p->none_peak};
+                            p->offload_why, sizeof p->offload_why, o->report ? o->report : &report};
         if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
         if (o->decide || o->offload == CK_OFFLOAD_ACTIVATIONS) {
             recompute = calloc((size_t)g->nt, 1);
@@ -859,6 +860,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             const double t0 = thread_seconds();
             if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
             p->decide_seconds = thread_seconds() - t0;
+            p->none_peak = dc.report->none_peak;
         }
         /* offload activations: what the policy keeps goes to host memory
          * between its uses (what no later entry reads stays: ck_offload_schedule) */

@@ -93,6 +93,7 @@ typedef struct ck_compile_opts {
     const char *const *stat_blocks;
     int nstat_blocks;
     void *decide_ud;
+    ck_decide_report *report; /* where the decision's figures go (NULL: not wanted), whether or not compile succeeds */
     const ck_backend *be; /* where the program runs and its arena lives; NULL: the CPU */
     /* a program to share weights, optimizer state and counters with (its
      * group: ck_group); NULL: a program of its own. Both must be runnable,

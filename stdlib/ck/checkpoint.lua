@@ -409,12 +409,32 @@ local CLIP_L, CLIP_G = "conditioner.embedders.0.transformer.", "conditioner.embe
 
 local function starts(s, p) return s:sub(1, #p) == p end
 
+---- what a file is
+
+-- an SDXL file's telling tensors, with and without SGM's prefix
+local SDXL_KEYS = {"model.diffusion_model.input_blocks.0.0.weight", "conv_in.weight", "down_blocks.0.resnets.0.conv1.weight"}
+
+-- checkpoint.kind(keys_set) -> "bfl" | "diffusers" | "sdxl" | nil, prefix, the telling key:
+-- what a set of tensor names ({name = true}) holds: a Flux transformer in
+-- Black Forest Labs' names or diffusers', or an SDXL model (the transformer's
+-- names also under SGM's prefix, as ComfyUI's single files hold them)
+function checkpoint.kind(has)
+  for _, p in ipairs{"", UNET} do
+    if has[p .. "img_in.weight"] or has[p .. "double_blocks.0.img_attn.qkv.weight"] then
+      return "bfl", p, p .. (has[p .. "img_in.weight"] and "img_in.weight" or "double_blocks.0.img_attn.qkv.weight")
+    end
+    if has[p .. "x_embedder.weight"] then return "diffusers", p, p .. "x_embedder.weight" end
+  end
+  for _, k in ipairs(SDXL_KEYS) do if has[k] then return "sdxl", "", k end end
+  return nil
+end
+
 local function open_single(path, opts)
   local f <close> = ck.safetensors(path)
   local keys = f:keys()
   local has = {}
   for _, k in ipairs(keys) do has[k] = true end
-  local flux_kind, _, flux_key = require("ck.flux_keys").kind(has)
+  local flux_kind, _, flux_key = checkpoint.kind(has)
   if flux_kind == "bfl" or flux_kind == "diffusers" then
     fail("%s: a Flux transformer (tensor '%s'), not an SDXL checkpoint; Flux trains with ck.flux", path, flux_key)
   end

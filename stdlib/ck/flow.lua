@@ -9,7 +9,7 @@
 --   loss = mean(w * (prediction - target)^2)
 -- with the latents x0 [B, 16, H, W]; the model's input and output are packed
 -- 2x2 into 64 channels inside the graph by the family's model_fn
--- (flux.training_step). Per-sample sigmas, the model's timesteps and the loss
+-- (flux_step.training_step). Per-sample sigmas, the model's timesteps and the loss
 -- weights are inputs set before each step from the counter-based generator
 -- keyed by (seed, step, row), as ck.diffusion draws its timesteps.
 --
@@ -19,7 +19,7 @@
 --                   hyphens; their defaults are kohya's)
 --   objective:      local obj = flow.objective(flow.from_options(o)) (o: the
 --                   parsed values; plus seed, ip_noise_gamma from the shared
---                   options), then flux.training_step{objective = obj, ...}
+--                   options), then flux_step.training_step{objective = obj, ...}
 --                   calls obj:build(g, {B, 16, H, W}, model_fn) -> loss, with
 --                   model_fn(noisy, timesteps) -> prediction [B, 16, H, W]
 --   guidance:       obj.guidance_input = r.inputs.guidance (flux-dev's

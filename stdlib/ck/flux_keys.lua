@@ -11,6 +11,7 @@
 --   local p = g:compile{...}
 --   flux_keys.load(p, d, base_params)                      -- the frozen parameters
 local ck = require "ck"
+local checkpoint = require "ck.checkpoint"
 
 local M = {}
 
@@ -115,21 +116,9 @@ end
 
 ---- what a file is
 
--- an SDXL file's telling tensors, with and without SGM's prefix
-local SDXL_KEYS = {"model.diffusion_model.input_blocks.0.0.weight", "conv_in.weight", "down_blocks.0.resnets.0.conv1.weight"}
-
--- M.kind(keys_set) -> "bfl" | "diffusers" | "sdxl" | nil, prefix, the telling key:
--- what a set of tensor names ({name = true}) holds
-function M.kind(has)
-  for _, p in ipairs{"", M.PREFIX} do
-    if has[p .. "img_in.weight"] or has[p .. "double_blocks.0.img_attn.qkv.weight"] then
-      return "bfl", p, p .. (has[p .. "img_in.weight"] and "img_in.weight" or "double_blocks.0.img_attn.qkv.weight")
-    end
-    if has[p .. "x_embedder.weight"] then return "diffusers", p, p .. "x_embedder.weight" end
-  end
-  for _, k in ipairs(SDXL_KEYS) do if has[k] then return "sdxl", "", k end end
-  return nil
-end
+-- M.kind(keys_set) -> "bfl" | "diffusers" | "sdxl" | nil, prefix, the telling
+-- key: what a set of tensor names ({name = true}) holds (ck.checkpoint's)
+M.kind = checkpoint.kind
 
 -- the model's config from a file's shapes (shape(key) -> list or nil;
 -- count(pattern) -> one past the largest block index the keys hold), the
@@ -385,7 +374,7 @@ local function open_folder(path, opts)
       fail("%s: this config differs from the one given (%s)", cfile, variant_name(want) or "a table")
     end
   end
-  local part = require("ck.checkpoint").folder_weights(dir, "diffusion_pytorch_model", opts.variant)
+  local part = checkpoint.folder_weights(dir, "diffusion_pytorch_model", opts.variant)
   -- each name's shape, read from the shard that holds it
   local names, files = {}, {}
   for name, src in pairs(part.map) do
@@ -430,7 +419,7 @@ end)
 -- refusals as checkpoint.load's
 M.load = public(function(p, desc, params)
   if type(desc) ~= "table" or type(desc.transformer) ~= "table" then fail("flux_keys.load: not a flux_keys.open description") end
-  return require("ck.checkpoint").load(p, "transformer", desc.transformer, params)
+  return checkpoint.load(p, "transformer", desc.transformer, params)
 end)
 
 -- M.identify(path) -> a one-line description when path (a file or folder) holds

@@ -27,7 +27,9 @@
 --   dataset(m, src, o)  cached samples (ck.data.latents' options o)
 --   settings(m)         what a state records of the model: a resumed run must match it
 --   metadata(m)         optional: the family's own metadata of the files written ({ss_... = "..."})
---   refused(name)       optional: why option --name (another family's, not this one's) is refused, or nil
+--   refused(name)       optional: why option --name (one it does not declare) is refused, or nil
+--   owner, script, model_words   "Flux's", its train script, "a Flux model": how another family's
+--                       run refuses this family's options
 --   save_adapter(p, adapter, path, {format, dtype, metadata, peft_folder})   the adapter file, its naming
 --   encoders(m)         the image and text encoders: :check(), :cache(plan, o), :text_program(n, share),
 --                       :text(tp, captions) and :image(vp, image, sample, key, seed, epoch) -> {{input, values}},
@@ -239,8 +241,30 @@ local function with_config(args, spec, path)
   return setmetatable(out, getmetatable(args))
 end
 
--- the options, parsed; nil after --help. Another family's option the
--- family names (refused) is refused with its reason, not as unknown.
+-- the families the trainer knows: an option of another one is refused as
+-- that family's, not as unknown
+local FAMILIES = {"ck.family.sdxl", "ck.family.flux"}
+
+-- why --name is refused for family f: its own reason (f.refused), or another
+-- family's option; nil for neither
+local function refused(f, name)
+  local why = f.refused and f.refused(name)
+  if why then return why end
+  for _, mod in ipairs(FAMILIES) do
+    local other = require(mod)
+    if other ~= f then
+      for _, e in ipairs(other.options or {}) do
+        if e[1] == name then
+          return string.format("is %s (%s); %s takes no --%s", other.owner, other.script, f.model_words, name)
+        end
+      end
+    end
+  end
+  return nil
+end
+
+-- the options, parsed; nil after --help. An option the family refuses by
+-- name, or another family's, is refused with its reason, not as unknown.
 local function parse(args, script)
   local f = script.family
   local spec = {about = script.about, kohya = true}
@@ -251,7 +275,7 @@ local function parse(args, script)
   add("this script's", script.options or {})
   add("the " .. f.name .. " family's", f.options or {})
   add("the trainer's, every family's", M.options(f))
-  if f.refused then
+  do
     local declared, named = {}, {}
     for _, e in ipairs(spec) do if e[1] then declared[e[1]] = true end end
     for k in pairs(args) do
@@ -259,7 +283,7 @@ local function parse(args, script)
     end
     table.sort(named)
     for _, k in ipairs(named) do
-      local why = f.refused((k:gsub("_", "-")))
+      local why = refused(f, (k:gsub("_", "-")))
       if why then error("--" .. k .. " " .. why) end
     end
   end

@@ -5,7 +5,7 @@
 -- distributions; the loss weights; the loss and gradients in the graph for
 -- each prediction type, against autograd and finite differences; FluxPipeline's
 -- sigmas and timesteps at several resolutions and step counts; the objective
--- inside flux.training_step; bad options refused in one line.
+-- inside ck.flux_step.training_step; bad options refused in one line.
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local T = require "check"
@@ -374,11 +374,11 @@ do -- the sampler's step is FlowMatchEulerDiscreteScheduler.step: x + (sigma_nex
     "step 1 moves by (sigma_2 - sigma_1) v; the model sees timesteps / 1000; the last sigma is 0")
 end
 
-do -- the objective in flux.training_step (flux-tiny): at sigma 0 the transformer sees the clean latents
+do -- the objective in ck.flux_step.training_step (flux-tiny): at sigma 0 the transformer sees the clean latents
   local flux, fk = require "ck.flux", require "ck.flux_keys"
   local f <close> = ck.safetensors("tests/data/flux/ref.safetensors")
   local obj = flow.objective{model_prediction_type = "raw", guidance_scale = 1.0}
-  local r = flux.training_step{config = "flux-tiny", batch = 2, latent = {4, 6}, tokens = 5, lora = {rank = 4},
+  local r = require("ck.flux_step").training_step{config = "flux-tiny", batch = 2, latent = {4, 6}, tokens = 5, lora = {rank = 4},
     objective = obj, compile = {lr = 1e-2}}
   obj.guidance_input = r.inputs.guidance
   local base = {}
@@ -398,7 +398,7 @@ do -- the objective in flux.training_step (flux-tiny): at sigma 0 the transforme
   p:set(x.guidance, f:read("guidance"))
   local loss, want = p:forward(), f:read("loss")[1]
   T.ok(math.abs(loss - want) < 1e-5 * want,
-    string.format("flux.training_step with flow.objective: the reference transformer's mse against noise - latents " ..
+    string.format("ck.flux_step.training_step with flow.objective: the reference transformer's mse against noise - latents " ..
       "(%.7g, want %.7g)", loss, want))
   local first
   for step = 1, 5 do

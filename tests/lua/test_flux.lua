@@ -227,10 +227,10 @@ do -- bad configs and inputs: one line naming the key or the shape, with this sc
   end
 end
 
-do -- flux.training_step on flux-tiny: packing, the transformer, unpacking and the flow-matching loss wired as
+do -- ck.flux_step.training_step on flux-tiny: packing, the transformer, unpacking and the flow-matching loss wired as
    -- diffusers' recipe; at sigma 0 the model sees the clean latents and the target is noise - latents
   local f <close> = ck.safetensors(REF .. "ref.safetensors")
-  local r = flux.training_step{config = "flux-tiny", batch = 2, latent = {4, 6}, tokens = 5, lora = {rank = 4},
+  local r = require("ck.flux_step").training_step{config = "flux-tiny", batch = 2, latent = {4, 6}, tokens = 5, lora = {rank = 4},
     compile = {lr = 1e-2, keep_grads = true}}
   local fk = require "ck.flux_keys"
   local base = {}
@@ -261,7 +261,7 @@ end
 do -- flux-dev's LoRA step at 512 px in bf16 (64x64 latents, 512 T5 tokens), planned only
   local t0 = os.clock()
   local policy = require "ck.policy"
-  local r = flux.training_step{config = "flux-dev", batch = 1, latent = 64, tokens = 512, lora = {rank = 16},
+  local r = require("ck.flux_step").training_step{config = "flux-dev", batch = 1, latent = 64, tokens = 512, lora = {rank = 16},
     compile = {precision = "bf16", plan_only = true, checkpoint = policy.blocks(flux.BLOCKS)}}
   local plan = r.program:plan()
   local all, train = r.graph:param_count()

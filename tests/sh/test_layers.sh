@@ -2,8 +2,9 @@
 # The runtime's folders are layers (README, "Layout"): a file in vm/X may
 # include headers of the layers below X only, so dependencies point one way
 # and no two folders include each other; and each folder's objects call
-# only functions of its own layer or below (read with nm). ops/ knows nothing
-# of vm/, and nothing below the bindings knows Lua.
+# only functions of its own layer or below (read with nm); and the stdlib's
+# modules require one another without a circle. ops/ knows nothing of vm/,
+# and nothing below the bindings knows Lua.
 set -u
 cd "$(dirname "$0")/../.."
 # top to bottom; vm/ck.h (the public header, a leaf) may be included anywhere
@@ -83,5 +84,17 @@ if [ -d "$objs/vm" ] && command -v nm > /dev/null; then
 else
   echo "FAIL no objects under $objs to read symbols from (CK_BUILD: the build folder)"; fail=1
 fi
+# the stdlib's modules require one another without a circle (a lazy
+# require inside a function counts: it is a dependency all the same)
+deps=$(mktemp)
+for f in stdlib/ck/*.lua stdlib/ck/*/*.lua; do
+  m=${f#stdlib/}; m=${m%.lua}; m=${m//\//.}
+  grep -v '^ *--' "$f" | grep -o 'require *(\?"ck\.[a-z_.0-9]*"' | sed 's/.*"\(.*\)"/\1/' | sort -u |
+    while read -r d; do [ "$d" != "$m" ] && echo "$m $d"; done
+done > "$deps"
+if ! loops=$(tsort "$deps" 2>&1 > /dev/null); then
+  echo "FAIL the stdlib's modules require one another in a circle:"; printf '%s\n' "$loops"; fail=1
+fi
+rm -f "$deps"
 if [ "$fail" = 0 ]; then echo "1 passed, 0 failed"; else echo "0 passed, 1 failed"; fi
 exit "$fail"

@@ -76,7 +76,7 @@ ok $? "its metadata is kohya's: networks.lora_flux, flux1, ModelSpec flux-1/lora
 # the same run in PEFT's layout: the same adapter, named as diffusers names it
 "$CKRUN" $A $T $K --steps 200 --lora-format peft --out "$dir/p.safetensors" --log-dir "$dir/lp" > /dev/null 2>&1
 out=$(lua "local flux, fl = require 'ck.flux', require 'ck.flux_lora'
-local r = flux.training_step{config = 'flux-tiny', batch = 1, latent = 8, tokens = 8, lora = {rank = 4}}
+local r = require('ck.flux_step').training_step{config = 'flux-tiny', batch = 1, latent = 8, tokens = 8, lora = {rank = 4}}
 local k, p = ck.safetensors('$dir/a.safetensors'), ck.safetensors('$dir/p.safetensors')
 fl.load(r.program, r.adapter, '$dir/a.safetensors')
 local n = 0

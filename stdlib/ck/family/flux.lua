@@ -9,6 +9,7 @@ local ck = require "ck"
 local flux = require "ck.flux"
 local flux_keys = require "ck.flux_keys"
 local flux_lora = require "ck.flux_lora"
+local flux_step = require "ck.flux_step"
 local flow = require "ck.flow"
 local data = require "ck.data"
 
@@ -75,14 +76,10 @@ local REFUSED = {
   ["min-timestep"] = "is SDXL's: Flux's sigmas come from --timestep-sampling",
   ["max-timestep"] = "is SDXL's: Flux's sigmas come from --timestep-sampling",
 }
-function F.refused(name)
-  if REFUSED[name] then return REFUSED[name] end
-  for _, e in ipairs(F.options) do if e[1] == name then return nil end end
-  for _, e in ipairs(require("ck.family.sdxl").options) do
-    if e[1] == name then return "is SDXL's (scripts/train_sdxl_lora.lua); a Flux model takes no --" .. name end
-  end
-  return nil
-end
+function F.refused(name) return REFUSED[name] end
+-- how ck.train names the family when it refuses another's options
+F.owner, F.script, F.model_words = "Flux's", "scripts/train_flux_lora.lua", "a Flux model"
+
 
 -- whether the run encodes images or sample prompts (it needs the base's VAE and text encoders)
 local function needs_encoders(o)
@@ -205,13 +202,13 @@ function Step:prepare(p, given, step)
   return self.flow:prepare(p, given, step)
 end
 
--- The training step (ck.flux.training_step) for s = {batch, latent = {h, w},
+-- The training step (ck.flux_step.training_step) for s = {batch, latent = {h, w},
 -- lora = flux_lora.attach's options or false, compile = g:compile's options}.
 -- Its inputs take the sample files' names too: prompt_embeds (T5's last
 -- hidden states), pooled_prompt_embeds (CLIP-L's pooled output), t5_attn_mask.
 function F.build(m, s)
   local obj = flow.objective(m.objective)
-  local r = flux.training_step{config = m.config, batch = s.batch, latent = s.latent, tokens = m.tokens,
+  local r = flux_step.training_step{config = m.config, batch = s.batch, latent = s.latent, tokens = m.tokens,
                                mask = m.mask, lora = s.lora, objective = obj, compile = s.compile}
   obj.guidance_input = r.inputs.guidance
   r.inputs.prompt_embeds, r.inputs.pooled_prompt_embeds = r.inputs.encoder_hidden_states, r.inputs.pooled_projections

@@ -60,14 +60,8 @@ F.options = {
 -- of its options, those only an adapter takes (--full refuses them)
 F.adapter_options = {"conv-rank", "conv-alpha", "targets"}
 
--- Flux's options this family lacks, refused by name (ck.train asks for the
--- options the run does not declare)
-function F.refused(name)
-  for _, e in ipairs(require("ck.family.flux").options) do
-    if e[1] == name then return "is Flux's (scripts/train_flux_lora.lua); an SDXL UNet takes no --" .. name end
-  end
-  return nil
-end
+-- how ck.train names the family when it refuses another's options
+F.owner, F.script, F.model_words = "SDXL's", "scripts/train_sdxl_lora.lua", "an SDXL UNet"
 
 -- The model the options describe: the UNet's config (a base model's, or
 -- --size's seeded random one), the objective and the adapter's own settings.

@@ -1,152 +1,35 @@
-/* The CPU kernel table: op -> kernel, filled with designated initializers. */
+/* The CPU kernel tables, generated from ops.def (designated initializers). */
 #include "cpu.h"
 
 #include <omp.h>
 
 int ck_cpu_threads(void) { return omp_get_max_threads(); }
 
+/* op -> kernel for each storage, from ops.def's cpu column (F32: the fp32
+ * table; F32_BF16: bf16's too; F32_BF16_F16: fp16's too) */
+#define K32_NO(E, id)
+#define K32_F32(E, id) [CK_OP_##E] = ck_cpu_##id,
+#define K32_F32_BF16(E, id) K32_F32(E, id)
+#define K32_F32_BF16_F16(E, id) K32_F32(E, id)
+#define CK_OP(E, id, nin_lo, nin_hi, nout, infer, grad, bwd, cheap, cpu, cuda, lua) K32_##cpu(E, id)
 const ck_kernel_fn ck_cpu_kernels[CK_OP_COUNT] = {
-    [CK_OP_MATMUL] = ck_cpu_matmul,
-    [CK_OP_LINEAR] = ck_cpu_linear,
-    [CK_OP_LINEAR_GEGLU] = ck_cpu_linear_geglu,
-    [CK_OP_CONV2D] = ck_cpu_conv2d,
-    [CK_OP_CONV2D_BWD_DATA] = ck_cpu_conv2d_bwd_data,
-    [CK_OP_CONV2D_BWD_FILTER] = ck_cpu_conv2d_bwd_filter,
-    [CK_OP_GROUP_NORM] = ck_cpu_group_norm,
-    [CK_OP_GROUP_NORM_BWD] = ck_cpu_group_norm_bwd,
-    [CK_OP_LAYER_NORM] = ck_cpu_layer_norm,
-    [CK_OP_LAYER_NORM_BWD] = ck_cpu_layer_norm_bwd,
-    [CK_OP_GROUP_NORM_SILU] = ck_cpu_group_norm_silu,
-    [CK_OP_GROUP_NORM_SILU_BWD] = ck_cpu_group_norm_silu_bwd,
-    [CK_OP_SILU] = ck_cpu_silu,
-    [CK_OP_SILU_BWD] = ck_cpu_silu_bwd,
-    [CK_OP_GELU] = ck_cpu_gelu,
-    [CK_OP_GELU_BWD] = ck_cpu_gelu_bwd,
-    [CK_OP_GEGLU] = ck_cpu_geglu,
-    [CK_OP_GEGLU_BWD] = ck_cpu_geglu_bwd,
-    [CK_OP_SOFTMAX] = ck_cpu_softmax,
-    [CK_OP_SOFTMAX_BWD] = ck_cpu_softmax_bwd,
-    [CK_OP_ATTENTION] = ck_cpu_attention,
-    [CK_OP_ATTENTION_BWD] = ck_cpu_attention_bwd,
-    [CK_OP_ADD] = ck_cpu_add,
-    [CK_OP_SUB] = ck_cpu_sub,
-    [CK_OP_MUL] = ck_cpu_mul,
-    [CK_OP_SCALE] = ck_cpu_scale,
-    [CK_OP_REDUCE_TO] = ck_cpu_reduce_to,
-    [CK_OP_CONCAT] = ck_cpu_concat,
-    [CK_OP_SLICE] = ck_cpu_slice,
-    [CK_OP_RESHAPE] = ck_cpu_reshape,
-    [CK_OP_PERMUTE] = ck_cpu_permute,
-    [CK_OP_UPSAMPLE2X] = ck_cpu_upsample2x,
-    [CK_OP_UPSAMPLE2X_BWD] = ck_cpu_upsample2x_bwd,
-    [CK_OP_MEAN] = ck_cpu_mean,
-    [CK_OP_MEAN_BWD] = ck_cpu_mean_bwd,
-    [CK_OP_MSE_LOSS] = ck_cpu_mse_loss,
-    [CK_OP_MSE_LOSS_BWD] = ck_cpu_mse_loss_bwd,
-    [CK_OP_TIMESTEP_EMBEDDING] = ck_cpu_timestep_embedding,
-    [CK_OP_DROPOUT] = ck_cpu_dropout,
-    [CK_OP_FILL] = ck_cpu_fill,
-    [CK_OP_SGD_STEP] = ck_cpu_sgd_step,
-    [CK_OP_ADAMW_STEP] = ck_cpu_adamw_step,
-    [CK_OP_STATS] = ck_cpu_stats,
-    [CK_OP_SUMSQ] = ck_cpu_sumsq,
-    [CK_OP_CLIP_FACTOR] = ck_cpu_clip_factor,
-    [CK_OP_LION_STEP] = ck_cpu_lion_step,
-    [CK_OP_ADAMW8_STEP] = ck_cpu_adamw8_step,
-    [CK_OP_MISH] = ck_cpu_mish,
-    [CK_OP_MISH_BWD] = ck_cpu_mish_bwd,
-    [CK_OP_EMBEDDING] = ck_cpu_embedding,
-    [CK_OP_RMS_NORM] = ck_cpu_rms_norm,
-    [CK_OP_RMS_NORM_BWD] = ck_cpu_rms_norm_bwd,
-    [CK_OP_ROPE] = ck_cpu_rope,
-    [CK_OP_MODULATE] = ck_cpu_modulate,
-    [CK_OP_MODULATE_BWD] = ck_cpu_modulate_bwd,
-    [CK_OP_GATE] = ck_cpu_gate,
-    [CK_OP_GATE_BWD] = ck_cpu_gate_bwd,
+#include "../ops.def"
 };
 
+#define KBF_NO(E, id)
+#define KBF_F32(E, id)
+#define KBF_F32_BF16(E, id) [CK_OP_##E] = ck_cpu_##id##_bf16,
+#define KBF_F32_BF16_F16(E, id) KBF_F32_BF16(E, id)
+#define CK_OP(E, id, nin_lo, nin_hi, nout, infer, grad, bwd, cheap, cpu, cuda, lua) KBF_##cpu(E, id)
 const ck_kernel_fn ck_cpu_kernels_bf16[CK_OP_COUNT] = {
-    [CK_OP_MATMUL] = ck_cpu_matmul_bf16,
-    [CK_OP_LINEAR] = ck_cpu_linear_bf16,
-    [CK_OP_LINEAR_GEGLU] = ck_cpu_linear_geglu_bf16,
-    [CK_OP_CONV2D] = ck_cpu_conv2d_bf16,
-    [CK_OP_CONV2D_BWD_DATA] = ck_cpu_conv2d_bwd_data_bf16,
-    [CK_OP_CONV2D_BWD_FILTER] = ck_cpu_conv2d_bwd_filter_bf16,
-    [CK_OP_SILU] = ck_cpu_silu_bf16,
-    [CK_OP_SILU_BWD] = ck_cpu_silu_bwd_bf16,
-    [CK_OP_GELU] = ck_cpu_gelu_bf16,
-    [CK_OP_GELU_BWD] = ck_cpu_gelu_bwd_bf16,
-    [CK_OP_GEGLU] = ck_cpu_geglu_bf16,
-    [CK_OP_GEGLU_BWD] = ck_cpu_geglu_bwd_bf16,
-    [CK_OP_SOFTMAX] = ck_cpu_softmax_bf16,
-    [CK_OP_SOFTMAX_BWD] = ck_cpu_softmax_bwd_bf16,
-    [CK_OP_ADD] = ck_cpu_add_bf16,
-    [CK_OP_SUB] = ck_cpu_sub_bf16,
-    [CK_OP_MUL] = ck_cpu_mul_bf16,
-    [CK_OP_SCALE] = ck_cpu_scale_bf16,
-    [CK_OP_FILL] = ck_cpu_fill_bf16,
-    [CK_OP_CONCAT] = ck_cpu_concat_bf16,
-    [CK_OP_SLICE] = ck_cpu_slice_bf16,
-    [CK_OP_RESHAPE] = ck_cpu_reshape_bf16,
-    [CK_OP_PERMUTE] = ck_cpu_permute_bf16,
-    [CK_OP_UPSAMPLE2X] = ck_cpu_upsample2x_bf16,
-    [CK_OP_UPSAMPLE2X_BWD] = ck_cpu_upsample2x_bwd_bf16,
-    [CK_OP_MISH] = ck_cpu_mish_bf16,
-    [CK_OP_MISH_BWD] = ck_cpu_mish_bwd_bf16,
-    [CK_OP_GROUP_NORM_SILU] = ck_cpu_group_norm_silu_bf16,
-    [CK_OP_GROUP_NORM_SILU_BWD] = ck_cpu_group_norm_silu_bwd_bf16,
-    [CK_OP_GROUP_NORM] = ck_cpu_group_norm_bf16,
-    [CK_OP_GROUP_NORM_BWD] = ck_cpu_group_norm_bwd_bf16,
-    [CK_OP_LAYER_NORM] = ck_cpu_layer_norm_bf16,
-    [CK_OP_LAYER_NORM_BWD] = ck_cpu_layer_norm_bwd_bf16,
-    [CK_OP_RMS_NORM] = ck_cpu_rms_norm_bf16,
-    [CK_OP_RMS_NORM_BWD] = ck_cpu_rms_norm_bwd_bf16,
-    [CK_OP_ROPE] = ck_cpu_rope_bf16,
-    [CK_OP_MODULATE] = ck_cpu_modulate_bf16,
-    [CK_OP_MODULATE_BWD] = ck_cpu_modulate_bwd_bf16,
-    [CK_OP_GATE] = ck_cpu_gate_bf16,
-    [CK_OP_GATE_BWD] = ck_cpu_gate_bwd_bf16,
+#include "../ops.def"
 };
 
+#define KF16_NO(E, id)
+#define KF16_F32(E, id)
+#define KF16_F32_BF16(E, id)
+#define KF16_F32_BF16_F16(E, id) [CK_OP_##E] = ck_cpu_##id##_f16,
+#define CK_OP(E, id, nin_lo, nin_hi, nout, infer, grad, bwd, cheap, cpu, cuda, lua) KF16_##cpu(E, id)
 const ck_kernel_fn ck_cpu_kernels_f16[CK_OP_COUNT] = {
-    [CK_OP_MATMUL] = ck_cpu_matmul_f16,
-    [CK_OP_LINEAR] = ck_cpu_linear_f16,
-    [CK_OP_LINEAR_GEGLU] = ck_cpu_linear_geglu_f16,
-    [CK_OP_CONV2D] = ck_cpu_conv2d_f16,
-    [CK_OP_CONV2D_BWD_DATA] = ck_cpu_conv2d_bwd_data_f16,
-    [CK_OP_CONV2D_BWD_FILTER] = ck_cpu_conv2d_bwd_filter_f16,
-    [CK_OP_SILU] = ck_cpu_silu_f16,
-    [CK_OP_SILU_BWD] = ck_cpu_silu_bwd_f16,
-    [CK_OP_GELU] = ck_cpu_gelu_f16,
-    [CK_OP_GELU_BWD] = ck_cpu_gelu_bwd_f16,
-    [CK_OP_GEGLU] = ck_cpu_geglu_f16,
-    [CK_OP_GEGLU_BWD] = ck_cpu_geglu_bwd_f16,
-    [CK_OP_SOFTMAX] = ck_cpu_softmax_f16,
-    [CK_OP_SOFTMAX_BWD] = ck_cpu_softmax_bwd_f16,
-    [CK_OP_ADD] = ck_cpu_add_f16,
-    [CK_OP_SUB] = ck_cpu_sub_f16,
-    [CK_OP_MUL] = ck_cpu_mul_f16,
-    [CK_OP_SCALE] = ck_cpu_scale_f16,
-    [CK_OP_CONCAT] = ck_cpu_concat_f16,
-    [CK_OP_SLICE] = ck_cpu_slice_f16,
-    [CK_OP_RESHAPE] = ck_cpu_reshape_f16,
-    [CK_OP_PERMUTE] = ck_cpu_permute_f16,
-    [CK_OP_UPSAMPLE2X] = ck_cpu_upsample2x_f16,
-    [CK_OP_UPSAMPLE2X_BWD] = ck_cpu_upsample2x_bwd_f16,
-    [CK_OP_FILL] = ck_cpu_fill_f16,
-    [CK_OP_MISH] = ck_cpu_mish_f16,
-    [CK_OP_MISH_BWD] = ck_cpu_mish_bwd_f16,
-    [CK_OP_GROUP_NORM] = ck_cpu_group_norm_f16,
-    [CK_OP_GROUP_NORM_BWD] = ck_cpu_group_norm_bwd_f16,
-    [CK_OP_LAYER_NORM] = ck_cpu_layer_norm_f16,
-    [CK_OP_LAYER_NORM_BWD] = ck_cpu_layer_norm_bwd_f16,
-    [CK_OP_RMS_NORM] = ck_cpu_rms_norm_f16,
-    [CK_OP_RMS_NORM_BWD] = ck_cpu_rms_norm_bwd_f16,
-    [CK_OP_ROPE] = ck_cpu_rope_f16,
-    [CK_OP_MODULATE] = ck_cpu_modulate_f16,
-    [CK_OP_MODULATE_BWD] = ck_cpu_modulate_bwd_f16,
-    [CK_OP_GATE] = ck_cpu_gate_f16,
-    [CK_OP_GATE_BWD] = ck_cpu_gate_bwd_f16,
-    [CK_OP_GROUP_NORM_SILU] = ck_cpu_group_norm_silu_f16,
-    [CK_OP_GROUP_NORM_SILU_BWD] = ck_cpu_group_norm_silu_bwd_f16,
+#include "../ops.def"
 };

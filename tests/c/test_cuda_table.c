@@ -1,7 +1,9 @@
-/* The CUDA kernel tables hold exactly the kernels ops.def's cuda column
- * promises (fp32, and bf16 and fp16 storage), and the CUDA backend has a kernel for
- * every op the CPU backend has and for no op the CPU lacks. Runs without a
- * device: it only reads the tables. */
+/* The CUDA backend has a kernel for every op the CPU backend has and for no
+ * op the CPU lacks, its 16-bit storages nest (fp16 only where bf16, bf16
+ * only where fp32), and what plans made without a device take for its
+ * 16-bit ops (ck_cuda_bf16_op, ck_cuda_f16_op) is what its tables hold (the
+ * tables are generated from ops.def's cuda column). Runs without a device:
+ * it only reads the tables. */
 #include "cpu/cpu.h"
 
 #include <stdio.h>
@@ -9,23 +11,10 @@
 #ifdef CK_HAVE_CUDA
 #include "cuda/cuda.h"
 
-static int follows(const char *table, const ck_kernel_fn *fns, int op, unsigned prec, unsigned bit)
-{
-    const int has = fns[op] != NULL, promised = (prec & bit) != 0;
-    if (has == promised) return 1;
-    printf("FAIL: %s: %s %s, ops.def says it %s\n", ck_op_name((enum ck_op)op), table,
-           has ? "has a kernel" : "has no kernel", promised ? "has one" : "has none");
-    return 0;
-}
-
 int main(void)
 {
     int bad = 0, both = 0;
     for (int op = 0; op < CK_OP_COUNT; op++) {
-        const unsigned prec = ck_op_precisions((enum ck_op)op, 1);
-        bad += !follows("ck_cuda_kernels", ck_cuda_kernels, op, prec, CK_PREC_MASK_F32);
-        bad += !follows("ck_cuda_kernels_bf16", ck_cuda_kernels_bf16, op, prec, CK_PREC_MASK_BF16);
-        bad += !follows("ck_cuda_kernels_f16", ck_cuda_kernels_f16, op, prec, CK_PREC_MASK_F16);
         const int cpu = ck_cpu_kernels[op] != NULL, gpu = ck_cuda_kernels[op] != NULL;
         if (cpu != gpu)
             printf("FAIL: %s has a %s kernel and no %s kernel\n", ck_op_name((enum ck_op)op), cpu ? "CPU" : "CUDA",

@@ -4,6 +4,7 @@
  * cleanup on ICU (with ftfy's fix_text or BasicTokenizer's), CLIP's
  * pre-tokenizing pattern, byte-to-unicode and the merges. */
 #include "text/clip_bpe.h"
+#include "util/text.h"
 
 #include <unicode/uchar.h>
 #include <unicode/unorm2.h>
@@ -217,14 +218,6 @@ static void make_byte_enc(ck_clip_bpe *t)
     }
 }
 
-static void fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static ck_clip_bpe *new_bpe(const ck_text_guard *g, char *err, size_t errlen)
 {
     ck_text_guard none = {0};
@@ -232,7 +225,7 @@ static ck_clip_bpe *new_bpe(const ck_text_guard *g, char *err, size_t errlen)
     ck_clip_bpe *t = calloc(1, sizeof *t);
     if (!t) {
         ck_text_give(g, sizeof(ck_clip_bpe));
-        fail(err, errlen, "out of memory");
+        ck_errf(err, errlen, "out of memory");
         return NULL;
     }
     t->g = g ? *g : none;
@@ -247,8 +240,8 @@ static ck_clip_bpe *new_bpe(const ck_text_guard *g, char *err, size_t errlen)
 /* a table could not grow: the guard's refusal, or out of memory */
 static void oom(ck_clip_bpe *t, char *err, size_t errlen, const char *what)
 {
-    if (t->refused[0]) fail(err, errlen, "%s", t->refused);
-    else fail(err, errlen, "out of memory reading %s", what);
+    if (t->refused[0]) ck_errf(err, errlen, "%s", t->refused);
+    else ck_errf(err, errlen, "out of memory reading %s", what);
 }
 
 /* every so many entries: 1 when the guard says stop (err set) */
@@ -315,11 +308,11 @@ static int read_merges(ck_clip_bpe *t, const char *text, size_t len, int vocab_t
             }
             if (np == 0 && !nl) break; /* the file's end */
             if (np != 2) {
-                fail(err, errlen, "merges line %ld is not two tokens", line);
+                ck_errf(err, errlen, "merges line %ld is not two tokens", line);
                 return -1;
             }
             if (plen[0] + plen[1] + 1 > sizeof key) {
-                fail(err, errlen, "merges line %ld is longer than %zu bytes", line, sizeof key);
+                ck_errf(err, errlen, "merges line %ld is longer than %zu bytes", line, sizeof key);
                 return -1;
             }
             if (put_merge(t, part[0], plen[0], part[1], plen[1], rank, vocab_too, key, err, errlen, "the merges"))
@@ -365,7 +358,7 @@ static int finish(ck_clip_bpe *t, const char *what, char *err, size_t errlen)
     t->bos = ck_clip_bpe_id(t, sot, sizeof sot - 1);
     t->eos = ck_clip_bpe_id(t, eot, sizeof eot - 1);
     if (t->bos < 0 || t->eos < 0) {
-        fail(err, errlen, "%s has no %s", what, t->bos < 0 ? sot : eot);
+        ck_errf(err, errlen, "%s has no %s", what, t->bos < 0 ? sot : eot);
         return -1;
     }
     t->unk = t->eos;
@@ -383,7 +376,7 @@ static int finish(ck_clip_bpe *t, const char *what, char *err, size_t errlen)
 static int read_vocab(ck_clip_bpe *t, const json_t *v, const char *what, char *err, size_t errlen)
 {
     if (!json_is_object(v)) {
-        fail(err, errlen, "%s is not an object of token -> id", what);
+        ck_errf(err, errlen, "%s is not an object of token -> id", what);
         return -1;
     }
     const char *k;
@@ -392,7 +385,7 @@ static int read_vocab(ck_clip_bpe *t, const json_t *v, const char *what, char *e
     json_object_keylen_foreach((json_t *)v, k, kl, val) {
         json_int_t id = json_is_integer(val) ? json_integer_value(val) : -1;
         if (id < 0 || id > INT32_MAX) {
-            fail(err, errlen, "%s: the id of \"%.60s\" is not an integer in [0, 2^31)", what, k);
+            ck_errf(err, errlen, "%s: the id of \"%.60s\" is not an integer in [0, 2^31)", what, k);
             return -1;
         }
         if (kl >= UINT32_MAX / 2 || table_put(t, &t->vocab, k, kl, (int32_t)id, 1) < 0) {
@@ -428,8 +421,8 @@ ck_clip_bpe *ck_clip_bpe_from_files(const char *vocab, size_t vlen, const char *
     char why[256];
     json_t *v = ck_text_json(vocab, vlen, g, NULL, why, sizeof why);
     if (!v) {
-        if (!strcmp(why, CK_TEXT_STOPPED)) fail(err, errlen, "%s", why);
-        else fail(err, errlen, "vocab.json is not JSON (%s)", why);
+        if (!strcmp(why, CK_TEXT_STOPPED)) ck_errf(err, errlen, "%s", why);
+        else ck_errf(err, errlen, "vocab.json is not JSON (%s)", why);
         return NULL;
     }
     ck_clip_bpe *t = ck_clip_bpe_from_vocab(v, merges, mlen, g, err, errlen);
@@ -453,35 +446,35 @@ ck_clip_bpe *ck_clip_bpe_from_tokenizer_json(const json_t *root, const ck_text_g
     /* the structure first, then the tables */
     const json_t *model = json_is_object(root) ? json_object_get(root, "model") : NULL;
     if (!json_is_object(model)) {
-        fail(err, errlen, "tokenizer.json has no \"model\" object");
+        ck_errf(err, errlen, "tokenizer.json has no \"model\" object");
         return NULL;
     }
     const char *s = NULL;
     int r = opt_string(model, "type", &s);
     if (r < 0 || (r > 0 && strcmp(s, "BPE"))) {
-        fail(err, errlen, "tokenizer.json: model.type is %s%.40s%s; CLIP's tokenizer is \"BPE\"", r > 0 ? "\"" : "",
+        ck_errf(err, errlen, "tokenizer.json: model.type is %s%.40s%s; CLIP's tokenizer is \"BPE\"", r > 0 ? "\"" : "",
              r > 0 ? s : "not a string", r > 0 ? "\"" : "");
         return NULL;
     }
     r = opt_string(model, "end_of_word_suffix", &s);
     if (r <= 0 || strcmp(s, "</w>")) {
-        fail(err, errlen, "tokenizer.json: model.end_of_word_suffix is %s%.40s%s; CLIP's BPE marks a word's end with \"</w>\"",
+        ck_errf(err, errlen, "tokenizer.json: model.end_of_word_suffix is %s%.40s%s; CLIP's BPE marks a word's end with \"</w>\"",
              r > 0 ? "\"" : "", r > 0 ? s : r < 0 ? "not a string" : "absent", r > 0 ? "\"" : "");
         return NULL;
     }
     r = opt_string(model, "continuing_subword_prefix", &s);
     if (r < 0 || (r > 0 && s[0])) {
-        fail(err, errlen, "tokenizer.json: model.continuing_subword_prefix must be empty or null for CLIP's BPE");
+        ck_errf(err, errlen, "tokenizer.json: model.continuing_subword_prefix must be empty or null for CLIP's BPE");
         return NULL;
     }
     const json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
     if (!json_is_array(merges)) {
-        fail(err, errlen, "tokenizer.json: model.merges is not a list");
+        ck_errf(err, errlen, "tokenizer.json: model.merges is not a list");
         return NULL;
     }
     const json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_null(added) && !json_is_array(added)) {
-        fail(err, errlen, "tokenizer.json: added_tokens is not a list");
+        ck_errf(err, errlen, "tokenizer.json: added_tokens is not a list");
         return NULL;
     }
     size_t i;
@@ -490,7 +483,7 @@ ck_clip_bpe *ck_clip_bpe_from_tokenizer_json(const json_t *root, const ck_text_g
         json_t *id = json_object_get(a, "id"), *content = json_object_get(a, "content");
         if (!json_is_object(a) || !json_is_integer(id) || json_integer_value(id) < 0 ||
             json_integer_value(id) > INT32_MAX || !json_is_string(content) || !json_string_length(content)) {
-            fail(err, errlen, "tokenizer.json: added_tokens[%zu] is not {\"id\": an id, \"content\": a token, ...}", i);
+            ck_errf(err, errlen, "tokenizer.json: added_tokens[%zu] is not {\"id\": an id, \"content\": a token, ...}", i);
             return NULL;
         }
     }
@@ -503,7 +496,7 @@ ck_clip_bpe *ck_clip_bpe_from_tokenizer_json(const json_t *root, const ck_text_g
         size_t n = json_string_length(content);
         int32_t id = (int32_t)json_integer_value(json_object_get(a, "id")), have = ck_clip_bpe_id(t, tok, n);
         if (have >= 0 && have != id) {
-            fail(err, errlen, "tokenizer.json: added token \"%.60s\" has id %d, its vocab entry %d", tok, (int)id, (int)have);
+            ck_errf(err, errlen, "tokenizer.json: added token \"%.60s\" has id %d, its vocab entry %d", tok, (int)id, (int)have);
             goto bad;
         }
         if (have < 0) {
@@ -540,7 +533,7 @@ ck_clip_bpe *ck_clip_bpe_from_tokenizer_json(const json_t *root, const ck_text_g
         }
         if (!na || !nb || memchr(pa, 0, na) || memchr(pb, 0, nb)) goto bad_merge;
         if (na + nb + 1 > sizeof key) {
-            fail(err, errlen, "tokenizer.json: model.merges[%zu] is longer than %zu bytes", i, sizeof key);
+            ck_errf(err, errlen, "tokenizer.json: model.merges[%zu] is longer than %zu bytes", i, sizeof key);
             goto bad;
         }
         if (put_merge(t, pa, na, pb, nb, (int32_t)i, 0, key, err, errlen, "tokenizer.json")) goto bad;
@@ -549,7 +542,7 @@ ck_clip_bpe *ck_clip_bpe_from_tokenizer_json(const json_t *root, const ck_text_g
     if (finish(t, "tokenizer.json's model.vocab", err, errlen)) goto bad;
     return t;
 bad_merge:
-    fail(err, errlen, "tokenizer.json: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"] (two tokens without spaces)", i);
+    ck_errf(err, errlen, "tokenizer.json: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"] (two tokens without spaces)", i);
 bad:
     ck_clip_bpe_free(t);
     return NULL;
@@ -580,7 +573,7 @@ ck_clip_bpe *ck_clip_bpe_from_merges(const char *text, size_t len, const ck_text
         }
     if (read_merges(t, text, len, 1, err, errlen)) goto bad;
     if (t->ranks.n == 0) {
-        fail(err, errlen, "no merges after the first line");
+        ck_errf(err, errlen, "no merges after the first line");
         goto bad;
     }
     if (table_put(t, &t->vocab, "<|startoftext|>", 15, t->nvocab++, 1) < 0 ||

@@ -2,6 +2,7 @@
  * unigram model (vm/text/spm_tok.h): built from an spiece.model or a
  * tokenizer.json, then steps 1 to 4 of a caption. */
 #include "text/spm_tok.h"
+#include "util/text.h"
 #include "util/hash.h"
 
 #include <unicode/ubrk.h>
@@ -15,15 +16,6 @@
 #include <string.h>
 
 #define META "\xE2\x96\x81" /* U+2581, tokenizers' Metaspace replacement */
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* ---- memory, charged before it is made */
 
@@ -50,14 +42,14 @@ static int grow(const ck_spm_charge *c, size_t *charged, void **p, size_t *cap, 
     if (need <= *cap) return 0;
     size_t ncap = *cap ? *cap : 16;
     while (ncap < need) {
-        if (ncap > SIZE_MAX / 2 / each) return fail(err, errlen, "%s: too large", what);
+        if (ncap > SIZE_MAX / 2 / each) return ck_errf(err, errlen, "%s: too large", what);
         ncap *= 2;
     }
     if (take(c, charged, (ncap - *cap) * each, what, err, errlen)) return -1;
     void *q = realloc(*p, ncap * each);
     if (!q) {
         give(c, charged, (ncap - *cap) * each);
-        return fail(err, errlen, "out of memory for %s", what);
+        return ck_errf(err, errlen, "out of memory for %s", what);
     }
     *p = q;
     *cap = ncap;
@@ -96,7 +88,7 @@ static int reserve(ck_spm_tok *t, size_t count, size_t bytes, char *err, size_t 
     if (hcap == t->hcap) return 0;
     if (take(t->charge, &t->charged, (hcap - t->hcap) * sizeof(int32_t), "the vocabulary's index", err, errlen)) return -1;
     int32_t *h = malloc(hcap * sizeof *h);
-    if (!h) return fail(err, errlen, "out of memory for the vocabulary's index");
+    if (!h) return ck_errf(err, errlen, "out of memory for the vocabulary's index");
     memset(h, 0xFF, hcap * sizeof *h);
     for (int i = 0; i < t->n; i++) {
         size_t k = hash_of(t->str + t->e[i].off, t->e[i].len) & (hcap - 1);
@@ -116,7 +108,7 @@ static int32_t add(ck_spm_tok *t, const char *s, size_t n, float score, char *er
     if (reserve(t, (size_t)t->n + 1, t->str_len + n, err, errlen)) return -1;
     const int32_t dup = ck_spm_tok_id(t, s, n);
     char q[200];
-    if (dup >= 0) return fail(err, errlen, "entry %d '%s' is entry %d again", t->n, ck_spm_quote(q, sizeof q, s, n), (int)dup);
+    if (dup >= 0) return ck_errf(err, errlen, "entry %d '%s' is entry %d again", t->n, ck_spm_quote(q, sizeof q, s, n), (int)dup);
     const int32_t id = t->n++;
     memcpy(t->str + t->str_len, s, n);
     t->e[id] = (ck_spm_entry){(uint32_t)t->str_len, (uint32_t)n, score};
@@ -154,9 +146,9 @@ static int add_special(ck_spm_tok *t, int32_t id, size_t *cap, char *err, size_t
 {
     for (int i = 0; i < t->nsp; i++)
         if (t->sp[i].id == id) return 0;
-    if (t->nsp >= CK_SPM_MAX_SPECIALS) return fail(err, errlen, "more than %d special tokens", CK_SPM_MAX_SPECIALS);
+    if (t->nsp >= CK_SPM_MAX_SPECIALS) return ck_errf(err, errlen, "more than %d special tokens", CK_SPM_MAX_SPECIALS);
     if (t->e[id].len > CK_SPM_MAX_SPECIAL_BYTES)
-        return fail(err, errlen, "special token %d is %u bytes long (at most %d)", (int)id, t->e[id].len, CK_SPM_MAX_SPECIAL_BYTES);
+        return ck_errf(err, errlen, "special token %d is %u bytes long (at most %d)", (int)id, t->e[id].len, CK_SPM_MAX_SPECIAL_BYTES);
     void *p = t->sp;
     if (grow(t->charge, &t->charged, &p, cap, (size_t)t->nsp + 1, sizeof(ck_spm_special), "the special tokens", err, errlen))
         return -1;
@@ -181,7 +173,7 @@ static int named(ck_spm_tok *t, const char *name, const char *dflt, const char *
     const char *s = name ? name : dflt;
     *id = ck_spm_tok_id(t, s, strlen(s));
     char q[200];
-    if (*id < 0) return fail(err, errlen, "the %s token '%s' is not in the vocabulary", role, ck_spm_quote(q, sizeof q, s, strlen(s)));
+    if (*id < 0) return ck_errf(err, errlen, "the %s token '%s' is not in the vocabulary", role, ck_spm_quote(q, sizeof q, s, strlen(s)));
     return 0;
 }
 
@@ -206,10 +198,10 @@ static int copy_map(ck_spm_tok *t, const uint8_t *blob, size_t len, ck_spm_poll 
 {
     if (!len) return 0;
     if (len > CK_SPM_MAX_CHARSMAP)
-        return fail(err, errlen, "the character map is %zu bytes (at most %zu)", len, CK_SPM_MAX_CHARSMAP);
+        return ck_errf(err, errlen, "the character map is %zu bytes (at most %zu)", len, CK_SPM_MAX_CHARSMAP);
     if (take(t->charge, &t->charged, len, "the character map", err, errlen)) return -1;
     t->blob = malloc(len);
-    if (!t->blob) return fail(err, errlen, "out of memory for the character map");
+    if (!t->blob) return ck_errf(err, errlen, "out of memory for the character map");
     memcpy(t->blob, blob, len);
     if (ck_spm_charsmap_check(&t->map, t->blob, len, poll, ud, err, errlen)) return -1;
     t->has_map = 1;
@@ -223,23 +215,23 @@ int ck_spm_tok_from_model(ck_spm_tok *t, const ck_spm_model *m, const ck_spm_con
     t->unk = 2;
     static const char *const types[] = {"", "NORMAL", "UNKNOWN", "CONTROL", "USER_DEFINED", "UNUSED", "BYTE"};
     if (m->model_type != CK_SPM_UNIGRAM)
-        return fail(err, errlen, "a %s model, where T5's tokenizer is a unigram model",
+        return ck_errf(err, errlen, "a %s model, where T5's tokenizer is a unigram model",
                     m->model_type == CK_SPM_BPE ? "BPE" : m->model_type == CK_SPM_WORD ? "word" : "character");
-    if (m->byte_fallback) return fail(err, errlen, "byte_fallback is on, which T5's tokenizer never uses");
+    if (m->byte_fallback) return ck_errf(err, errlen, "byte_fallback is on, which T5's tokenizer never uses");
     if (m->npieces < 3 || m->pieces[2].type != CK_SPM_UNKNOWN)
-        return fail(err, errlen, "piece 2 is not the unknown piece (T5's tokenizer takes id 2 for unknown text)");
+        return ck_errf(err, errlen, "piece 2 is not the unknown piece (T5's tokenizer takes id 2 for unknown text)");
     const int extra = cfg && cfg->extra_ids >= 0 ? cfg->extra_ids : 100;
-    if (extra > CK_SPM_MAX_EXTRA_IDS) return fail(err, errlen, "extra_ids is %d (at most %d)", extra, CK_SPM_MAX_EXTRA_IDS);
+    if (extra > CK_SPM_MAX_EXTRA_IDS) return ck_errf(err, errlen, "extra_ids is %d (at most %d)", extra, CK_SPM_MAX_EXTRA_IDS);
     size_t bytes = (size_t)extra * 16;
     for (int i = 0; i < m->npieces; i++) {
         const int ty = m->pieces[i].type;
         if (ty == CK_SPM_USER_DEFINED || ty == CK_SPM_BYTE || ty == CK_SPM_UNUSED)
         {
             char q[200];
-            return fail(err, errlen, "piece %d '%s' is of type %s, which T5's tokenizer has none of", i,
+            return ck_errf(err, errlen, "piece %d '%s' is of type %s, which T5's tokenizer has none of", i,
                         ck_spm_quote(q, sizeof q, (const char *)m->buf + m->pieces[i].off, m->pieces[i].len), types[ty]);
         }
-        if (i > 2 && ty == CK_SPM_UNKNOWN) return fail(err, errlen, "piece %d is a second unknown piece", i);
+        if (i > 2 && ty == CK_SPM_UNKNOWN) return ck_errf(err, errlen, "piece %d is a second unknown piece", i);
         bytes += m->pieces[i].len;
     }
     if (reserve(t, (size_t)m->npieces + (size_t)extra, bytes, err, errlen)) return -1;
@@ -276,14 +268,14 @@ static int b64(int c)
 static int map_from_base64(ck_spm_tok *t, const char *s, size_t n, ck_spm_poll poll, void *ud, char *err, size_t errlen)
 {
     if (n == 0) return 0;
-    if (n % 4) return fail(err, errlen, "the Precompiled normalizer's precompiled_charsmap is not base64 (%zu characters)", n);
+    if (n % 4) return ck_errf(err, errlen, "the Precompiled normalizer's precompiled_charsmap is not base64 (%zu characters)", n);
     size_t pad = (s[n - 1] == '=') + (n > 1 && s[n - 2] == '=');
     const size_t len = n / 4 * 3 - pad;
     if (len > CK_SPM_MAX_CHARSMAP)
-        return fail(err, errlen, "the character map is %zu bytes (at most %zu)", len, CK_SPM_MAX_CHARSMAP);
+        return ck_errf(err, errlen, "the character map is %zu bytes (at most %zu)", len, CK_SPM_MAX_CHARSMAP);
     if (take(t->charge, &t->charged, len, "the character map", err, errlen)) return -1;
     t->blob = malloc(len ? len : 1);
-    if (!t->blob) return fail(err, errlen, "out of memory for the character map");
+    if (!t->blob) return ck_errf(err, errlen, "out of memory for the character map");
     size_t o = 0;
     for (size_t i = 0; i < n; i += 4) {
         if (poll && (i & 0xFFFF) == 0xFFFC) poll(ud, 4096);
@@ -291,7 +283,7 @@ static int map_from_base64(ck_spm_tok *t, const char *s, size_t n, ck_spm_poll p
         for (int k = 0; k < 4; k++) {
             v[k] = b64((unsigned char)s[i + k]);
             if (v[k] < 0 && !(s[i + k] == '=' && i + 4 == n && k >= 4 - (int)pad))
-                return fail(err, errlen, "the Precompiled normalizer's precompiled_charsmap is not base64 (character %zu)", i + k + 1);
+                return ck_errf(err, errlen, "the Precompiled normalizer's precompiled_charsmap is not base64 (character %zu)", i + k + 1);
         }
         const uint32_t x = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)(v[2] < 0 ? 0 : v[2]) << 6 |
                            (uint32_t)(v[3] < 0 ? 0 : v[3]);
@@ -326,36 +318,36 @@ int ck_spm_tok_from_json(ck_spm_tok *t, const json_t *root, const ck_spm_config 
 {
     t->charge = c;
     t->unk = 2;
-    if (!json_is_object(root)) return fail(err, errlen, "not a JSON object");
+    if (!json_is_object(root)) return ck_errf(err, errlen, "not a JSON object");
     const json_t *model = json_object_get(root, "model");
-    if (!json_is_object(model)) return fail(err, errlen, "no \"model\" object");
+    if (!json_is_object(model)) return ck_errf(err, errlen, "no \"model\" object");
     const char *type = json_string_value(json_object_get(model, "type"));
     if (json_object_get(model, "type") && (!type || strcmp(type, "Unigram")))
-        return fail(err, errlen, "model.type is %s%s%s, where T5's tokenizer is a \"Unigram\" model", type ? "\"" : "",
+        return ck_errf(err, errlen, "model.type is %s%s%s, where T5's tokenizer is a \"Unigram\" model", type ? "\"" : "",
                     type ? type : "not a string", type ? "\"" : "");
     const json_t *unk = json_object_get(model, "unk_id");
     if (unk && !json_is_null(unk) && !(json_is_integer(unk) && json_integer_value(unk) == 2))
-        return fail(err, errlen, "model.unk_id is not 2 (T5's tokenizer takes id 2 for unknown text)");
+        return ck_errf(err, errlen, "model.unk_id is not 2 (T5's tokenizer takes id 2 for unknown text)");
     const json_t *bf = json_object_get(model, "byte_fallback");
     if (bf && !json_is_false(bf) && !json_is_null(bf))
-        return fail(err, errlen, "model.byte_fallback is on, which T5's tokenizer never uses");
+        return ck_errf(err, errlen, "model.byte_fallback is on, which T5's tokenizer never uses");
     const json_t *vocab = json_object_get(model, "vocab");
-    if (!json_is_array(vocab)) return fail(err, errlen, "model.vocab is not a list of [piece, score] pairs");
+    if (!json_is_array(vocab)) return ck_errf(err, errlen, "model.vocab is not a list of [piece, score] pairs");
     const size_t n = json_array_size(vocab);
-    if (n < 3) return fail(err, errlen, "model.vocab holds %zu entries (T5's unknown piece is entry 2)", n);
-    if (n > CK_SPM_MAX_PIECES) return fail(err, errlen, "model.vocab holds %zu entries (at most %d)", n, CK_SPM_MAX_PIECES);
+    if (n < 3) return ck_errf(err, errlen, "model.vocab holds %zu entries (T5's unknown piece is entry 2)", n);
+    if (n > CK_SPM_MAX_PIECES) return ck_errf(err, errlen, "model.vocab holds %zu entries (at most %d)", n, CK_SPM_MAX_PIECES);
     size_t bytes = 0;
     for (size_t i = 0; i < n; i++) {
         const json_t *e = json_array_get(vocab, i);
         const json_t *p = json_array_get(e, 0), *sc = json_array_get(e, 1);
         if (!json_is_array(e) || json_array_size(e) != 2 || !json_is_string(p) || !json_is_number(sc))
-            return fail(err, errlen, "model.vocab entry %zu is not a [piece, score] pair", i);
+            return ck_errf(err, errlen, "model.vocab entry %zu is not a [piece, score] pair", i);
         const size_t len = json_string_length(p);
         if (len == 0 || len > CK_SPM_MAX_PIECE_BYTES)
-            return fail(err, errlen, "model.vocab entry %zu is %zu bytes long (1 to %d)", i, len, CK_SPM_MAX_PIECE_BYTES);
-        if (memchr(json_string_value(p), 0, len)) return fail(err, errlen, "model.vocab entry %zu holds a NUL character", i);
+            return ck_errf(err, errlen, "model.vocab entry %zu is %zu bytes long (1 to %d)", i, len, CK_SPM_MAX_PIECE_BYTES);
+        if (memchr(json_string_value(p), 0, len)) return ck_errf(err, errlen, "model.vocab entry %zu holds a NUL character", i);
         const double d = json_number_value(sc);
-        if (!isfinite(d) || fabs(d) > 3.0e38) return fail(err, errlen, "model.vocab entry %zu has a score that is not a finite float", i);
+        if (!isfinite(d) || fabs(d) > 3.0e38) return ck_errf(err, errlen, "model.vocab entry %zu has a score that is not a finite float", i);
         bytes += len;
         if (poll && (i & 4095) == 4095) poll(poll_ud, 4096);
     }
@@ -371,29 +363,29 @@ int ck_spm_tok_from_json(ck_spm_tok *t, const json_t *root, const ck_spm_config 
     if (pre) {
         const json_t *map = json_object_get(pre, "precompiled_charsmap");
         if (map && !json_is_null(map)) {
-            if (!json_is_string(map)) return fail(err, errlen, "the Precompiled normalizer's precompiled_charsmap is not a string");
+            if (!json_is_string(map)) return ck_errf(err, errlen, "the Precompiled normalizer's precompiled_charsmap is not a string");
             if (map_from_base64(t, json_string_value(map), json_string_length(map), poll, poll_ud, err, errlen)) return -1;
         }
     }
     const json_t *added = json_object_get(root, "added_tokens");
-    if (added && !json_is_null(added) && !json_is_array(added)) return fail(err, errlen, "added_tokens is not a list");
+    if (added && !json_is_null(added) && !json_is_array(added)) return ck_errf(err, errlen, "added_tokens is not a list");
     size_t spcap = 0;
     for (size_t i = 0; i < json_array_size(added); i++) {
         const json_t *a = json_array_get(added, i);
         const json_t *id = json_object_get(a, "id"), *content = json_object_get(a, "content");
         if (!json_is_integer(id) || !json_is_string(content))
-            return fail(err, errlen, "added_tokens entry %zu lacks an integer id or a string content", i);
+            return ck_errf(err, errlen, "added_tokens entry %zu lacks an integer id or a string content", i);
         const json_int_t k = json_integer_value(id);
         const char *s = json_string_value(content);
         const size_t len = json_string_length(content);
         char q[200];
         ck_spm_quote(q, sizeof q, s, len);
         if (k < 0 || k >= t->n || t->e[k].len != len || memcmp(t->str + t->e[k].off, s, len))
-            return fail(err, errlen, "added token '%s' (id %lld) is not vocabulary entry %lld", q, (long long)k, (long long)k);
+            return ck_errf(err, errlen, "added token '%s' (id %lld) is not vocabulary entry %lld", q, (long long)k, (long long)k);
         static const char *const flags[] = {"lstrip", "rstrip", "single_word", "normalized"};
         for (int f = 0; f < 4; f++)
             if (json_is_true(json_object_get(a, flags[f])))
-                return fail(err, errlen, "added token '%s' has %s set, which T5's tokenizer never does", q, flags[f]);
+                return ck_errf(err, errlen, "added token '%s' has %s set, which T5's tokenizer never does", q, flags[f]);
         if (add_special(t, (int32_t)k, &spcap, err, errlen)) return -1;
     }
     return finish(t, cfg, &spcap, err, errlen);
@@ -489,21 +481,21 @@ static int normalize(splitter *x, const char *text, size_t n, size_t *outlen)
 {
     const ck_spm_charsmap *cm = &x->t->map;
     *outlen = 0;
-    if (n > INT32_MAX) return fail(x->err, x->errlen, "a piece of text of %zu bytes between special tokens (at most 2 GiB)", n);
+    if (n > INT32_MAX) return ck_errf(x->err, x->errlen, "a piece of text of %zu bytes between special tokens (at most 2 GiB)", n);
     if (room(x, 0, n + 1)) return -1;
     UErrorCode st = U_ZERO_ERROR;
     if (x->s->brk == NULL) {
         x->s->brk = ubrk_open(UBRK_CHARACTER, "", NULL, 0, &st);
         if (U_FAILURE(st)) {
             x->s->brk = NULL;
-            return fail(x->err, x->errlen, "ICU's grapheme iterator failed to open: %s", u_errorName(st));
+            return ck_errf(x->err, x->errlen, "ICU's grapheme iterator failed to open: %s", u_errorName(st));
         }
     }
     /* the UText lives in the scratch: a jump out of the poll below leaves
      * nothing open on this stack */
     x->s->ut = utext_openUTF8(x->s->ut, text, (int64_t)n, &st);
     ubrk_setUText(x->s->brk, x->s->ut, &st);
-    if (U_FAILURE(st)) return fail(x->err, x->errlen, "ICU's grapheme iterator failed: %s", u_errorName(st));
+    if (U_FAILURE(st)) return ck_errf(x->err, x->errlen, "ICU's grapheme iterator failed: %s", u_errorName(st));
     int32_t a = ubrk_first(x->s->brk), b;
     int rc = 0;
     while (rc == 0 && (b = ubrk_next(x->s->brk)) != UBRK_DONE) {

@@ -1,6 +1,7 @@
 /* A tokenizer's files read with their sizes checked, their buffers charged
  * and their work polled (vm/text/text_file.h). */
 #include "text/text_file.h"
+#include "util/text.h"
 
 #include <zlib.h>
 
@@ -17,14 +18,6 @@
 #define PIECE ((size_t)1 << 20)
 #define JSON_PIECE ((size_t)64 << 10)
 
-static void fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 int ck_text_take(const ck_text_guard *g, size_t n, const char *what, char *err, size_t errlen)
 {
     if (!g || !g->take || n == 0) return 0;
@@ -39,7 +32,7 @@ void ck_text_give(const ck_text_guard *g, size_t n)
 int ck_text_poll(const ck_text_guard *g, long long work, char *err, size_t errlen)
 {
     if (!g || !g->poll || !g->poll(g->pud, work)) return 0;
-    fail(err, errlen, "%s", CK_TEXT_STOPPED);
+    ck_errf(err, errlen, "%s", CK_TEXT_STOPPED);
     return -1;
 }
 
@@ -61,7 +54,7 @@ static int buf_reserve(const ck_text_guard *g, ck_text_buf *b, size_t cap, const
     char *p = realloc(b->p, cap + 1);
     if (!p) {
         ck_text_give(g, more);
-        fail(err, errlen, "out of memory for %s (%zu bytes)", what, cap + 1);
+        ck_errf(err, errlen, "out of memory for %s (%zu bytes)", what, cap + 1);
         return -1;
     }
     b->p = p;
@@ -73,11 +66,11 @@ int ck_text_read_fd(int fd, size_t cap, const ck_text_guard *g, ck_text_buf *out
 {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        fail(err, errlen, "not a regular file");
+        ck_errf(err, errlen, "not a regular file");
         return -1;
     }
     if (st.st_size < 0 || (uint64_t)st.st_size > cap) {
-        fail(err, errlen, "%lld bytes: more than the %zu MiB a tokenizer file may hold", (long long)st.st_size, cap >> 20);
+        ck_errf(err, errlen, "%lld bytes: more than the %zu MiB a tokenizer file may hold", (long long)st.st_size, cap >> 20);
         return -1;
     }
     size_t size = (size_t)st.st_size;
@@ -88,7 +81,7 @@ int ck_text_read_fd(int fd, size_t cap, const ck_text_guard *g, ck_text_buf *out
         ssize_t r = read(fd, out->p + got, want);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
-            fail(err, errlen, "reading failed: %s", r < 0 ? strerror(errno) : "the file shrank while it was read");
+            ck_errf(err, errlen, "reading failed: %s", r < 0 ? strerror(errno) : "the file shrank while it was read");
             return -1;
         }
         got += (size_t)r;
@@ -98,7 +91,7 @@ int ck_text_read_fd(int fd, size_t cap, const ck_text_guard *g, ck_text_buf *out
     ssize_t r;
     while ((r = read(fd, &extra, 1)) < 0 && errno == EINTR) {}
     if (r > 0) {
-        fail(err, errlen, "the file grew while it was read");
+        ck_errf(err, errlen, "the file grew while it was read");
         return -1;
     }
     out->p[size] = 0;
@@ -111,7 +104,7 @@ int ck_text_is_gzip(const char *s, size_t n) { return n >= 2 && (unsigned char)s
 int ck_text_gunzip(const char *in, size_t n, size_t cap, const ck_text_guard *g, ck_text_buf *out, char *err, size_t errlen)
 {
     if (!ck_text_is_gzip(in, n) || n < 18) {
-        fail(err, errlen, "not a gzip file");
+        ck_errf(err, errlen, "not a gzip file");
         return -1;
     }
     /* the last member's ISIZE (its length mod 2^32): refused past the cap
@@ -123,7 +116,7 @@ int ck_text_gunzip(const char *in, size_t n, size_t cap, const ck_text_guard *g,
     const unsigned char *t = (const unsigned char *)in + n - 4;
     size_t declared = (size_t)t[0] | (size_t)t[1] << 8 | (size_t)t[2] << 16 | (size_t)t[3] << 24;
     if (declared > cap && (n >= SIZE_MAX / 1032 || 1032 * n > cap)) {
-        fail(err, errlen, "it declares %zu bytes uncompressed: more than the %zu MiB a tokenizer file may hold", declared,
+        ck_errf(err, errlen, "it declares %zu bytes uncompressed: more than the %zu MiB a tokenizer file may hold", declared,
              cap >> 20);
         return -1;
     }
@@ -135,7 +128,7 @@ int ck_text_gunzip(const char *in, size_t n, size_t cap, const ck_text_guard *g,
     z_stream z;
     memset(&z, 0, sizeof z);
     if (inflateInit2(&z, 15 + 16) != Z_OK) {
-        fail(err, errlen, "zlib failed to start");
+        ck_errf(err, errlen, "zlib failed to start");
         return -1;
     }
     z.next_in = (unsigned char *)in;
@@ -149,7 +142,7 @@ int ck_text_gunzip(const char *in, size_t n, size_t cap, const ck_text_guard *g,
         if (len == room) {
             if (room == cap) {
                 inflateEnd(&z);
-                fail(err, errlen, "it holds more than the %zu MiB a tokenizer file may hold, uncompressed", cap >> 20);
+                ck_errf(err, errlen, "it holds more than the %zu MiB a tokenizer file may hold, uncompressed", cap >> 20);
                 return -1;
             }
             size_t grown = room > cap / 2 ? cap : room * 2;
@@ -172,14 +165,14 @@ int ck_text_gunzip(const char *in, size_t n, size_t cap, const ck_text_guard *g,
             if (k == nrest) break;
             if (inflateReset(&z) != Z_OK) {
                 inflateEnd(&z);
-                fail(err, errlen, "zlib failed");
+                ck_errf(err, errlen, "zlib failed");
                 return -1;
             }
             continue;
         }
         if (rc == Z_BUF_ERROR && z.avail_in == 0 && in_left == 0) {
             inflateEnd(&z);
-            fail(err, errlen, "not a valid gzip file: it ends before the compressed data does");
+            ck_errf(err, errlen, "not a valid gzip file: it ends before the compressed data does");
             return -1;
         }
         if (rc != Z_OK && rc != Z_BUF_ERROR) {
@@ -187,7 +180,7 @@ int ck_text_gunzip(const char *in, size_t n, size_t cap, const ck_text_guard *g,
             char msg[128];
             snprintf(msg, sizeof msg, "%s", why);
             inflateEnd(&z);
-            fail(err, errlen, "not a valid gzip file: %s", msg);
+            ck_errf(err, errlen, "not a valid gzip file: %s", msg);
             return -1;
         }
         if (ck_text_poll(g, (long long)(want - z.avail_out) + 1, err, errlen)) {
@@ -235,9 +228,9 @@ json_t *ck_text_json(const char *s, size_t n, const ck_text_guard *g, size_t *re
     if (read) *read = r.off;
     if (r.stopped) {
         json_decref(j);
-        fail(err, errlen, "%s", CK_TEXT_STOPPED);
+        ck_errf(err, errlen, "%s", CK_TEXT_STOPPED);
         return NULL;
     }
-    if (!j) fail(err, errlen, "line %d: %s", je.line, je.text);
+    if (!j) ck_errf(err, errlen, "line %d: %s", je.line, je.text);
     return j;
 }

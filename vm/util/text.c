@@ -1,6 +1,7 @@
 /* Shared text helpers (vm/util/text.h). */
 #include "util/text.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,4 +45,13 @@ long long ck_proc_kb_field(const char *path, const char *key)
         }
     fclose(f);
     return bytes;
+}
+
+int ck_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
 }

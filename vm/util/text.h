@@ -1,5 +1,5 @@
 /* Small text helpers shared across the runtime: dotted scope patterns, byte
- * counts in words and the kernel's "Key: N kB" files. A leaf: it uses nothing
+ * counts in words, error messages and the kernel's "Key: N kB" files. A leaf: it uses nothing
  * of ckrun. */
 #ifndef CK_TEXT_H
 #define CK_TEXT_H
@@ -12,6 +12,13 @@
 size_t ck_scope_match(const char *pattern, const char *name);
 /* n as "N GiB" or "N MiB" when it is a whole number of them, else "N bytes" */
 void ck_bytes_text(size_t n, char *buf, size_t len);
+/* A message into err (errlen bytes, printf's format); returns -1, so that a
+ * failing function can return it. */
+int ck_errf(char *err, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 /* The "key:   N kB" line of a /proc file (/proc/meminfo, /proc/self/status) in
  * bytes, or -1 when the file or the line is missing. */
 long long ck_proc_kb_field(const char *path, const char *key);

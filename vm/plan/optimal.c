@@ -1,0 +1,741 @@
+/* The recompute decision by an exact solver: a mixed-integer program over the
+ * list's memory, solved by CBC (coinor-libcbc) under a time limit, as the
+ * reference the budget search is held against and as --checkpoint optimal.
+ *
+ * The model. Positions are the entries every list has: the none list's
+ * (forward entries, then the others in list order); the scheduler
+ * (vm/plan/schedule.c) only inserts recompute entries between them. A buffer
+ * is a forward activation with the views of it (RESHAPE aliases one buffer,
+ * as the evaluator's roots do); it can be marked when every forward tensor
+ * in it is a candidate, none is retained, and a later entry reads it. Let e0
+ * be the last forward entry that touches it, f and L the first and last
+ * later entry. Variables:
+ *   x_h    binary, buffer h marked (all its forward tensors marked together);
+ *   R_v    node v recomputed: R_v >= x_h for each buffer v makes, and
+ *          R_v >= R_w + x_h - 1 when forward node w reads h and makes a buffer
+ *          (recomputing w materializes its marked inputs, depth first);
+ *   N_h,j  h's recomputed copy exists at breakpoint s_j < f: N >= N_h,j-1,
+ *          N_h,j >= V_g(s_j) + x_h - 1 for every buffer g made by a reader w of
+ *          h, V_g(s) being x_g for s >= f_g, else g's own N at s (a copy of
+ *          g made by s means w ran by s, reading h's copy, which lives to L).
+ *          s_j are the f and breakpoints of those g before f_h, at most
+ *          SEGMENTS of them, evenly thinned (fewer only weakens the bound).
+ * Objective: sum of R_v times v's FLOPs, exact: the least R is the set the
+ * scheduler recomputes. Memory at position k, above the persistent bytes:
+ *   none's live bytes at k (with k's workspace)
+ *   - bytes_h x_h            for each h with e0 < k < f  (the original is gone)
+ *   + bytes_h N_h,j(k)       for each h with s_0 <= k < f (a copy made early)
+ * and from f to L a marked h's copy stands for the original, so no term.
+ * This is a lower bound of the evaluator's live bytes at k, equal where the
+ * list recomputes no input past its last other use and every copy is made
+ * at one of its breakpoints; it omits the recompute entries' own positions,
+ * where inputs and copies of a recomputation are live together, and the
+ * placement's fragmentation. So the solver's bound is a bound on every
+ * decision that fits; the decision it gives is checked by the evaluator's
+ * placed peak, and while that peak is over the budget the model's budget is
+ * lowered by the excess and solved again. Memory rows enter lazily: the most
+ * loaded positions first, then each violated one. The budget search's
+ * decision is the start and stays the answer when the solver finds none
+ * better that fits. */
+#include "plan/optimal.h"
+#include "plan/policy.h"
+
+#include <Cbc_C_Interface.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SEGMENTS 8       /* breakpoints kept per buffer before its first later reader */
+#define FIRST_ROWS 64    /* memory rows at the start */
+#define ROWS_PER_SOLVE 128
+#define MIB (1.0 / 1048576.0)
+#define GFLOP 1e-9
+
+typedef struct grp {
+    int root, prod;  /* the buffer's tensor; its producer's index in prod[] */
+    int e0, f, L;
+    int64_t bytes;
+    int seg0, nseg;  /* breakpoints brk[seg0 ..), ascending, all < f */
+    double flops;    /* its views' entries (RESHAPE): recomputed with it */
+} grp;
+
+typedef struct edge { int h, w; } edge; /* producer w (an index in prod[]) reads buffer h */
+
+struct ck_optimal_model {
+    const ck_decide_ctx *c;
+    int P, pos0, nt;
+    size_t persistent;
+    int64_t *base;     /* per position: live bytes above the persistent ones under none */
+    int ng, nprod, ne, nbrk;
+    grp *grp;
+    int *alias;        /* per graph tensor: the buffer it is a forward view of, -1 */
+    int *prod_node, *prod_pos, *prod_g0, *prod_gn, *prod_by_pos; /* per producer; by_pos: producers, latest first */
+    int *prod_grp;     /* the buffers of each producer, prod_g0 .. + gn */
+    int *prod_of;      /* per graph node: producer index, -1 */
+    double *prod_flops;
+    edge *e;           /* sorted by w */
+    int *e_start;      /* per producer: its edges as reader e[e_start[w] .. e_start[w + 1]) */
+    int *brk;
+    int *g_by_pos;     /* buffers, latest producer first */
+    double forward_flops;
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void ck_optimal_model_free(ck_optimal_model *m)
+{
+    if (!m) return;
+    free(m->base), free(m->grp), free(m->alias), free(m->prod_node), free(m->prod_pos), free(m->prod_g0);
+    free(m->prod_gn), free(m->prod_by_pos), free(m->prod_grp), free(m->prod_of), free(m->prod_flops), free(m->e);
+    free(m->e_start), free(m->brk), free(m->g_by_pos);
+    free(m);
+}
+
+int ck_optimal_model_positions(const ck_optimal_model *m) { return m->P; }
+
+static const ck_optimal_model *sort_model;
+static int by_prod_pos_desc(const void *a, const void *b)
+{
+    const int pa = sort_model->prod_pos[sort_model->grp[*(const int *)a].prod];
+    const int pb = sort_model->prod_pos[sort_model->grp[*(const int *)b].prod];
+    return (pa < pb) - (pa > pb);
+}
+static int by_pos_desc(const void *a, const void *b)
+{
+    const int pa = sort_model->prod_pos[*(const int *)a], pb = sort_model->prod_pos[*(const int *)b];
+    return (pa < pb) - (pa > pb);
+}
+static int by_w(const void *a, const void *b)
+{
+    const edge *x = a, *y = b;
+    return x->w != y->w ? (x->w > y->w) - (x->w < y->w) : (x->h > y->h) - (x->h < y->h);
+}
+static int by_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
+/* the breakpoints of h: the first readers and breakpoints of the buffers its
+ * readers make, before f_h, thinned to SEGMENTS */
+static int breakpoints(ck_optimal_model *m, int h, int *tmp, int *cap)
+{
+    int n = 0;
+    const grp *gh = &m->grp[h];
+    /* readers of h: edges (h, w), found by scanning (edges are sorted by w) */
+    for (int k = 0; k < m->ne; k++) {
+        if (m->e[k].h != h) continue;
+        const int w = m->e[k].w;
+        for (int i = m->prod_g0[w]; i < m->prod_g0[w] + m->prod_gn[w]; i++) {
+            const grp *g = &m->grp[m->prod_grp[i]];
+            if (n + g->nseg + 1 > *cap) return -1;
+            if (g->f < gh->f) tmp[n++] = g->f;
+            for (int j = 0; j < g->nseg; j++)
+                if (m->brk[g->seg0 + j] < gh->f) tmp[n++] = m->brk[g->seg0 + j];
+        }
+    }
+    qsort(tmp, (size_t)n, sizeof *tmp, by_int);
+    int u = 0;
+    for (int i = 0; i < n; i++)
+        if (!u || tmp[u - 1] != tmp[i]) tmp[u++] = tmp[i];
+    if (u > SEGMENTS) { /* evenly thinned, the earliest kept */
+        for (int j = 0; j < SEGMENTS; j++) tmp[j] = tmp[(long)j * (u - 1) / (SEGMENTS - 1)];
+        u = SEGMENTS;
+    }
+    return u;
+}
+
+ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev, char *err, size_t errlen)
+{
+    const ck_graph *g = c->g;
+    (void)ev;
+    if (g->fused_updates || g->comm_overlap) {
+        snprintf(err, errlen, "optimal: lists whose optimizer entries move (fused updates, overlapped data parallel) "
+                              "are not supported");
+        return NULL;
+    }
+    ck_optimal_model *m = calloc(1, sizeof *m);
+    ck_plan pl = {0};
+    int *root = NULL, *first = NULL, *last = NULL, *lastf = NULL, *firstb = NULL, *cand = NULL, *tmp = NULL;
+    int64_t *delta = NULL;
+    if (!m) goto oom;
+    m->c = c;
+    m->nt = g->nt;
+    m->persistent = c->persistent;
+    if (ck_schedule(&pl, g, c->nodes, c->n, NULL)) goto oom;
+    const int P = m->P = pl.n;
+    if (P > CK_OPTIMAL_MAX_ENTRIES) {
+        snprintf(err, errlen, "optimal: the list has %d entries; the solver takes at most %d (use budget:)", P,
+                 CK_OPTIMAL_MAX_ENTRIES);
+        ck_plan_free(&pl);
+        ck_optimal_model_free(m);
+        return NULL;
+    }
+    const size_t nt = (size_t)(g->nt ? g->nt : 1), nn = (size_t)(g->nn ? g->nn : 1);
+    root = malloc(sizeof(int) * nt), first = malloc(sizeof(int) * nt), last = malloc(sizeof(int) * nt);
+    lastf = malloc(sizeof(int) * nt), firstb = malloc(sizeof(int) * nt), cand = calloc(nt, sizeof(int));
+    delta = calloc((size_t)P + 2, sizeof *delta);
+    m->base = malloc(sizeof *m->base * (size_t)(P ? P : 1));
+    m->alias = malloc(sizeof(int) * nt);
+    m->prod_of = malloc(sizeof(int) * nn);
+    if (!root || !first || !last || !lastf || !firstb || !cand || !delta || !m->base || !m->alias || !m->prod_of)
+        goto oom;
+    for (int k = 0; k < c->ncand; k++) cand[c->cand[k]] = 1;
+    /* the none list's buffers, as the evaluator's walk roots them */
+    for (int t = 0; t < g->nt; t++) root[t] = t, first[t] = last[t] = lastf[t] = firstb[t] = -1, m->alias[t] = -1;
+    int pos0 = 0;
+    for (int i = 0; i < P; i++) {
+        const ck_op_ref *r = &pl.ops[i];
+        const ck_node *nd = &g->n[r->node];
+        const int fwd = r->phase == CK_PHASE_FORWARD;
+        if (fwd) pos0 = i + 1;
+        if (nd->op == CK_OP_RESHAPE && r->out[0] >= 0) root[r->out[0]] = root[r->in[0]];
+        for (int j = 0; j < r->nin + r->nout; j++) {
+            const int id = j < r->nin ? r->in[j] : r->out[j - r->nin];
+            if (id < 0) continue;
+            const int x = root[id];
+            if (first[x] < 0) first[x] = i;
+            last[x] = i;
+            if (fwd) lastf[x] = i;
+            else if (firstb[x] < 0) firstb[x] = i;
+        }
+    }
+    m->pos0 = pos0;
+    /* cand: bit 1 a candidate, bit 2 a retained buffer */
+    for (int t = 0; c->retain && t < g->nt; t++)
+        if (c->retain[t] && first[root[t]] >= 0) last[root[t]] = P, cand[root[t]] |= 2;
+    for (int t = 0; t < g->nt; t++) {
+        if (t != root[t] || first[t] < 0 || ck_is_persistent(g->t[t].kind)) continue;
+        const int64_t b = (int64_t)ck_tensor_bytes(&g->t[t]);
+        delta[first[t]] += b;
+        delta[last[t] + 1] -= b;
+    }
+    int64_t live = 0;
+    for (int i = 0; i < P; i++) {
+        live += delta[i];
+        m->base[i] = live + (int64_t)ck_plan_entry_workspace(&pl, g, i, c->be);
+    }
+    /* the buffers a decision can free: made forward, read later, every
+     * forward view of them a candidate, none retained */
+    int ng = 0;
+    int *gidx = malloc(sizeof(int) * nt);
+    if (!gidx) goto oom;
+    for (int t = 0; t < g->nt; t++) gidx[t] = -1;
+    for (int t = 0; t < g->nt; t++) {
+        const int r = root[t];
+        if (g->t[t].node < 0 || g->n[g->t[t].node].phase != CK_PHASE_FORWARD) continue;
+        if (!(cand[t] & 1)) gidx[r] = -2; /* a forward view that is no candidate */
+    }
+    for (int t = 0; t < g->nt; t++) {
+        if (t != root[t] || gidx[t] == -2 || first[t] < 0 || first[t] >= pos0 || firstb[t] < 0 || (cand[t] & 2) ||
+            ck_is_persistent(g->t[t].kind) || firstb[t] <= lastf[t] + 1 || g->t[t].node < 0)
+            continue;
+        gidx[t] = ng++;
+    }
+    m->grp = calloc((size_t)(ng ? ng : 1), sizeof *m->grp);
+    if (!m->grp) goto oom_g;
+    m->ng = ng;
+    for (int i = 0; i < g->nn; i++) m->prod_of[i] = -1;
+    int *pos_node = malloc(sizeof(int) * nn);
+    m->prod_node = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
+    m->prod_pos = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
+    m->prod_flops = calloc((size_t)(ng ? ng : 1), sizeof(double));
+    if (!pos_node || !m->prod_node || !m->prod_pos || !m->prod_flops) {
+        free(pos_node);
+        goto oom_g;
+    }
+    for (int i = 0; i < P; i++) pos_node[pl.ops[i].node] = i;
+    for (int i = 0; i < pos0; i++) m->forward_flops += ck_plan_op_flops(&pl, g, i);
+    for (int t = 0; t < g->nt; t++) {
+        if (gidx[t] < 0 || t != root[t]) continue;
+        grp *h = &m->grp[gidx[t]];
+        h->root = t;
+        h->e0 = lastf[t], h->f = firstb[t], h->L = last[t];
+        h->bytes = (int64_t)ck_tensor_bytes(&g->t[t]);
+        const int v = g->t[t].node;
+        if (m->prod_of[v] < 0) {
+            m->prod_of[v] = m->nprod;
+            m->prod_node[m->nprod] = v;
+            m->prod_pos[m->nprod] = pos_node[v];
+            m->prod_flops[m->nprod] = ck_plan_op_flops(&pl, g, pos_node[v]);
+            m->nprod++;
+        }
+        h->prod = m->prod_of[v];
+    }
+    for (int t = 0; t < g->nt; t++) {
+        const int r = root[t];
+        if (gidx[r] < 0 || g->t[t].node < 0 || g->n[g->t[t].node].phase != CK_PHASE_FORWARD) continue;
+        m->alias[t] = gidx[r];
+        if (t != r) m->grp[gidx[r]].flops += ck_plan_op_flops(&pl, g, pos_node[g->t[t].node]);
+    }
+    /* the producers' buffers, and the chain edges: producer w reads buffer h
+     * (a RESHAPE making a view of h is h itself) */
+    m->prod_g0 = calloc((size_t)m->nprod + 1, sizeof(int));
+    m->prod_gn = calloc((size_t)m->nprod + 1, sizeof(int));
+    m->prod_grp = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
+    m->prod_by_pos = malloc(sizeof(int) * (size_t)(m->nprod ? m->nprod : 1));
+    m->g_by_pos = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
+    m->e_start = calloc((size_t)m->nprod + 1, sizeof(int));
+    int ecap = 0;
+    for (int p = 0; p < m->nprod; p++) ecap += g->n[m->prod_node[p]].nin;
+    m->e = malloc(sizeof *m->e * (size_t)(ecap ? ecap : 1));
+    if (!m->prod_g0 || !m->prod_gn || !m->prod_grp || !m->prod_by_pos || !m->g_by_pos || !m->e_start || !m->e) {
+        free(pos_node);
+        goto oom_g;
+    }
+    for (int h = 0; h < ng; h++) m->prod_gn[m->grp[h].prod]++;
+    for (int p = 0, at = 0; p < m->nprod; p++) m->prod_g0[p] = at, at += m->prod_gn[p], m->prod_gn[p] = 0;
+    for (int h = 0; h < ng; h++) {
+        const int p = m->grp[h].prod;
+        m->prod_grp[m->prod_g0[p] + m->prod_gn[p]++] = h;
+    }
+    for (int p = 0; p < m->nprod; p++) {
+        const ck_node *nd = &g->n[m->prod_node[p]];
+        for (int j = 0; j < nd->nin; j++) {
+            const int h = nd->in[j] >= 0 ? m->alias[nd->in[j]] : -1;
+            if (h < 0) continue;
+            int dup = 0;
+            for (int k = 0; k < m->ne; k++) dup |= m->e[k].w == p && m->e[k].h == h;
+            if (!dup) m->e[m->ne++] = (edge){h, p};
+        }
+    }
+    free(pos_node);
+    qsort(m->e, (size_t)m->ne, sizeof *m->e, by_w);
+    for (int k = 0; k < m->ne; k++) m->e_start[m->e[k].w + 1]++;
+    for (int p = 0; p < m->nprod; p++) m->e_start[p + 1] += m->e_start[p];
+    sort_model = m;
+    for (int p = 0; p < m->nprod; p++) m->prod_by_pos[p] = p;
+    qsort(m->prod_by_pos, (size_t)m->nprod, sizeof(int), by_pos_desc);
+    for (int h = 0; h < ng; h++) m->g_by_pos[h] = h;
+    qsort(m->g_by_pos, (size_t)ng, sizeof(int), by_prod_pos_desc);
+    /* breakpoints, readers' buffers first (they are made later in forward) */
+    int cap = 4096;
+    tmp = malloc(sizeof(int) * (size_t)cap);
+    m->brk = malloc(sizeof(int) * (size_t)(ng ? ng : 1) * SEGMENTS);
+    if (!tmp || !m->brk) goto oom_g;
+    for (int i = 0; i < ng; i++) {
+        const int h = m->g_by_pos[i];
+        int n;
+        while ((n = breakpoints(m, h, tmp, &cap)) < 0) {
+            int *t2 = realloc(tmp, sizeof(int) * (size_t)cap * 2);
+            if (!t2) goto oom_g;
+            tmp = t2, cap *= 2;
+        }
+        m->grp[h].seg0 = m->nbrk;
+        m->grp[h].nseg = n;
+        memcpy(m->brk + m->nbrk, tmp, sizeof(int) * (size_t)n);
+        m->nbrk += n;
+    }
+    free(gidx);
+    free(root), free(first), free(last), free(lastf), free(firstb), free(cand), free(delta), free(tmp);
+    ck_plan_free(&pl);
+    return m;
+oom_g:
+    free(gidx);
+oom:
+    free(root), free(first), free(last), free(lastf), free(firstb), free(cand), free(delta), free(tmp);
+    ck_plan_free(&pl);
+    ck_optimal_model_free(m);
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+}
+
+void ck_optimal_model_mark(const ck_optimal_model *m, const unsigned char *in, unsigned char *out)
+{
+    memset(out, 0, (size_t)m->nt);
+    for (int t = 0; t < m->nt; t++)
+        if (m->alias[t] >= 0 && in && in[m->grp[m->alias[t]].root]) out[t] = 1;
+}
+
+/* columns: x_h, then R_p, then N_h,j */
+static int col_x(const ck_optimal_model *m, int h) { (void)m; return h; }
+static int col_r(const ck_optimal_model *m, int p) { return m->ng + p; }
+static int col_n(const ck_optimal_model *m, int h, int j) { return m->ng + m->nprod + m->grp[h].seg0 + j; }
+static int ncols(const ck_optimal_model *m) { return m->ng + m->nprod + m->nbrk; }
+
+/* buffer g's value at position s: its copy made by s (a column, or -1: 0) */
+static int value_at(const ck_optimal_model *m, int gi, int s)
+{
+    const grp *g = &m->grp[gi];
+    if (s >= g->f) return col_x(m, gi);
+    int j = -1;
+    for (int k = 0; k < g->nseg; k++)
+        if (m->brk[g->seg0 + k] <= s) j = k;
+    return j < 0 ? -1 : col_n(m, gi, j);
+}
+
+/* the least values of R and N for x (in v[col_x ..]), as the scheduler's list has them */
+static void fill(const ck_optimal_model *m, double *v)
+{
+    for (int p = 0; p < m->nprod; p++) {
+        double r = 0;
+        for (int i = m->prod_g0[p]; i < m->prod_g0[p] + m->prod_gn[p]; i++) r = fmax(r, v[col_x(m, m->prod_grp[i])]);
+        v[col_r(m, p)] = r;
+    }
+    for (int i = 0; i < m->nprod; i++) { /* readers first: R_w is final when its turn comes */
+        const int w = m->prod_by_pos[i];
+        for (int k = m->e_start[w]; k < m->e_start[w + 1]; k++) {
+            const int h = m->e[k].h, p = m->grp[h].prod;
+            v[col_r(m, p)] = fmax(v[col_r(m, p)], v[col_r(m, w)] + v[col_x(m, h)] - 1);
+        }
+    }
+    for (int i = 0; i < m->ng; i++) { /* readers' buffers first, as the breakpoints were made */
+        const int h = m->g_by_pos[i];
+        const grp *gh = &m->grp[h];
+        for (int j = 0; j < gh->nseg; j++) {
+            double n = j ? v[col_n(m, h, j - 1)] : 0;
+            const int s = m->brk[gh->seg0 + j];
+            for (int k = 0; k < m->ne; k++) {
+                if (m->e[k].h != h) continue;
+                const int w = m->e[k].w;
+                for (int q = m->prod_g0[w]; q < m->prod_g0[w] + m->prod_gn[w]; q++) {
+                    const int col = value_at(m, m->prod_grp[q], s);
+                    if (col >= 0) n = fmax(n, v[col] + v[col_x(m, h)] - 1);
+                }
+            }
+            v[col_n(m, h, j)] = n;
+        }
+    }
+}
+
+/* the model's live bytes at position k for column values v */
+static double memory_at(const ck_optimal_model *m, const double *v, int k)
+{
+    double b = (double)m->base[k];
+    for (int h = 0; h < m->ng; h++) {
+        const grp *g = &m->grp[h];
+        if (k <= g->e0 || k >= g->f) continue;
+        b -= (double)g->bytes * v[col_x(m, h)];
+        int j = -1;
+        for (int q = 0; q < g->nseg && m->brk[g->seg0 + q] <= k; q++) j = q;
+        if (j >= 0) b += (double)g->bytes * v[col_n(m, h, j)];
+    }
+    return b;
+}
+
+static double objective(const ck_optimal_model *m, const double *v)
+{
+    double f = 0;
+    for (int p = 0; p < m->nprod; p++) f += m->prod_flops[p] * v[col_r(m, p)];
+    for (int h = 0; h < m->ng; h++) f += m->grp[h].flops * v[col_x(m, h)];
+    return f;
+}
+
+int ck_optimal_model_memory(const ck_optimal_model *m, const unsigned char *mark, int64_t *mem, double *flops)
+{
+    double *v = calloc((size_t)ncols(m) + 1, sizeof *v);
+    if (!v) return -1;
+    for (int h = 0; h < m->ng; h++) v[col_x(m, h)] = mark && mark[m->grp[h].root] ? 1 : 0;
+    fill(m, v);
+    for (int k = 0; k < m->P; k++) mem[k] = (int64_t)llround(memory_at(m, v, k));
+    *flops = objective(m, v);
+    free(v);
+    return 0;
+}
+
+/* ---- the solver */
+
+typedef struct rowbuf {
+    int n, cap;
+    int *col;
+    double *val;
+} rowbuf;
+
+static int row_put(rowbuf *r, int col, double val)
+{
+    if (r->n == r->cap) {
+        const int cap = r->cap ? 2 * r->cap : 64;
+        int *c = realloc(r->col, sizeof(int) * (size_t)cap);
+        if (!c) return -1;
+        r->col = c;
+        double *v = realloc(r->val, sizeof(double) * (size_t)cap);
+        if (!v) return -1;
+        r->val = v;
+        r->cap = cap;
+    }
+    r->col[r->n] = col, r->val[r->n++] = val;
+    return 0;
+}
+
+/* the CBC model: columns, the structural rows, and the memory rows at the
+ * positions chosen (their right-hand side: limit, bytes above the persistent ones) */
+static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, double limit, rowbuf *r)
+{
+    Cbc_Model *s = Cbc_newModel();
+    if (!s) return NULL;
+    for (int h = 0; h < m->ng; h++) Cbc_addCol(s, "", 0, 1, m->grp[h].flops * GFLOP, 1, 0, NULL, NULL);
+    for (int p = 0; p < m->nprod; p++) Cbc_addCol(s, "", 0, 1, m->prod_flops[p] * GFLOP, 0, 0, NULL, NULL);
+    for (int b = 0; b < m->nbrk; b++) Cbc_addCol(s, "", 0, 1, 0, 0, 0, NULL, NULL);
+    for (int h = 0; h < m->ng; h++) { /* R_p >= x_h */
+        const int cols[2] = {col_r(m, m->grp[h].prod), col_x(m, h)};
+        const double vals[2] = {1, -1};
+        Cbc_addRow(s, "", 2, cols, vals, 'G', 0);
+    }
+    for (int k = 0; k < m->ne; k++) { /* R_p(h) >= R_w + x_h - 1 */
+        const int h = m->e[k].h;
+        const int cols[3] = {col_r(m, m->grp[h].prod), col_r(m, m->e[k].w), col_x(m, h)};
+        const double vals[3] = {1, -1, -1};
+        if (cols[0] != cols[1]) Cbc_addRow(s, "", 3, cols, vals, 'G', -1);
+    }
+    for (int h = 0; h < m->ng; h++) {
+        const grp *gh = &m->grp[h];
+        for (int j = 0; j < gh->nseg; j++) {
+            if (j) {
+                const int cols[2] = {col_n(m, h, j), col_n(m, h, j - 1)};
+                const double vals[2] = {1, -1};
+                Cbc_addRow(s, "", 2, cols, vals, 'G', 0);
+            }
+            const int at = m->brk[gh->seg0 + j];
+            for (int k = 0; k < m->ne; k++) {
+                if (m->e[k].h != h) continue;
+                const int w = m->e[k].w;
+                for (int q = m->prod_g0[w]; q < m->prod_g0[w] + m->prod_gn[w]; q++) {
+                    const int col = value_at(m, m->prod_grp[q], at);
+                    if (col < 0) continue;
+                    const int cols[3] = {col_n(m, h, j), col, col_x(m, h)};
+                    const double vals[3] = {1, -1, -1};
+                    Cbc_addRow(s, "", 3, cols, vals, 'G', -1);
+                }
+            }
+        }
+    }
+    for (int k = 0; k < m->P; k++) {
+        if (!chosen[k]) continue;
+        r->n = 0;
+        for (int h = 0; h < m->ng; h++) {
+            const grp *g = &m->grp[h];
+            if (k <= g->e0 || k >= g->f) continue;
+            if (row_put(r, col_x(m, h), -(double)g->bytes * MIB)) goto fail;
+            int j = -1;
+            for (int q = 0; q < g->nseg && m->brk[g->seg0 + q] <= k; q++) j = q;
+            if (j >= 0 && row_put(r, col_n(m, h, j), (double)g->bytes * MIB)) goto fail;
+        }
+        Cbc_addRow(s, "", r->n, r->col, r->val, 'L', (limit - (double)m->base[k]) * MIB);
+    }
+    return s;
+fail:
+    Cbc_deleteModel(s);
+    return NULL;
+}
+
+/* the decision of column values v */
+static void mark_of(const ck_optimal_model *m, const double *v, unsigned char *mark)
+{
+    memset(mark, 0, (size_t)m->nt);
+    for (int t = 0; t < m->nt; t++)
+        if (m->alias[t] >= 0 && v[col_x(m, m->alias[t])] > 0.5) mark[t] = 1;
+}
+
+int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, double seconds, unsigned char *mark,
+                     ck_optimal_result *res, char *err, size_t errlen)
+{
+    const double t0 = now(), deadline = t0 + seconds;
+    memset(res, 0, sizeof *res);
+    ck_optimal_model *m = ck_optimal_model_new(c, ev, err, errlen);
+    if (!m) return -1;
+    const int nt = c->g->nt, nc = ncols(m);
+    unsigned char *best = calloc((size_t)nt, 1), *try = calloc((size_t)nt, 1), *chosen = calloc((size_t)m->P + 1, 1);
+    double *v = calloc((size_t)nc + 1, sizeof *v), *load = malloc(sizeof(double) * (size_t)(m->P + 1));
+    int *idx = malloc(sizeof(int) * (size_t)(nc + 1));
+    rowbuf rb = {0};
+    int rc = -1, found = 0;
+    double best_flops = INFINITY;
+    size_t best_peak = 0;
+    if (!best || !try || !chosen || !v || !load || !idx) goto oom;
+    res->forward_flops = m->forward_flops;
+    /* the budget search's answer: the start, and the answer if nothing beats it */
+    size_t floor;
+    const int sr = ck_policy_budget_search(c, ev, budget, try, &floor, err, errlen);
+    if (sr < 0) goto out;
+    if (sr == 1) {
+        double f;
+        if (ck_evaluate(ev, try, 1, &best_peak, &f)) goto oom;
+        memcpy(best, try, (size_t)nt);
+        best_flops = f;
+        found = 1;
+        res->from_search = 1;
+    }
+    /* the first memory rows: the most loaded positions under none, and an even spread */
+    for (int k = 0; k < m->P; k++) load[k] = (double)m->base[k];
+    for (int n = 0; n < FIRST_ROWS / 2 && m->P; n++) {
+        int at = -1;
+        for (int k = 0; k < m->P; k++)
+            if (!chosen[k] && (at < 0 || load[k] > load[at])) at = k;
+        chosen[at] = 1;
+    }
+    for (int n = 0; n < FIRST_ROWS / 2 && m->P; n++) chosen[(long)n * (m->P - 1) / (FIRST_ROWS / 2 - 1 > 0 ? FIRST_ROWS / 2 - 1 : 1)] = 1;
+    const double above = (double)budget - (double)c->persistent;
+    double limit = above;
+    int tightened = 0;
+    res->bound = 0;
+    for (;;) {
+        const double left = deadline - now();
+        if (left <= 0.2) break;
+        Cbc_Model *s = build(m, chosen, limit, &rb);
+        if (!s) goto oom;
+        Cbc_setLogLevel(s, 0);
+        Cbc_setMaximumSeconds(s, left);
+        Cbc_setAllowableFractionGap(s, 1e-6);
+        Cbc_setAllowableGap(s, 1e-9);
+        if (found) { /* the best decision so far as the start */
+            memset(v, 0, sizeof *v * (size_t)nc);
+            for (int h = 0; h < m->ng; h++) v[col_x(m, h)] = best[m->grp[h].root] ? 1 : 0;
+            fill(m, v);
+            for (int i = 0; i < nc; i++) idx[i] = i;
+            Cbc_setMIPStartI(s, nc, idx, v);
+        }
+        Cbc_solve(s);
+        res->solves++;
+        const double *sol = Cbc_bestSolution(s);
+        const int proven = Cbc_isProvenOptimal(s), infeasible = Cbc_isProvenInfeasible(s);
+        if (!tightened) {
+            const double b = infeasible ? INFINITY : Cbc_getBestPossibleObjValue(s) / GFLOP;
+            if (b > res->bound) res->bound = b;
+        }
+        if (!sol) {
+            Cbc_deleteModel(s);
+            break;
+        }
+        memcpy(v, sol, sizeof *v * (size_t)nc);
+        /* the rows the answer breaks, the most broken first */
+        int added = 0;
+        for (int k = 0; k < m->P; k++) load[k] = chosen[k] ? -INFINITY : memory_at(m, v, k) - limit;
+        while (added < ROWS_PER_SOLVE) {
+            int at = -1;
+            for (int k = 0; k < m->P; k++)
+                if (load[k] > 64 && (at < 0 || load[k] > load[at])) at = k;
+            if (at < 0) break;
+            chosen[at] = 1;
+            load[at] = -INFINITY;
+            added++;
+        }
+        if (getenv("CK_OPTIMAL_DEBUG"))
+            fprintf(stderr, "solve %d: limit %.0f obj %.4g bound %.4g proven %d added %d t %.1f\n", res->solves, limit,
+                    objective(m, v), Cbc_getBestPossibleObjValue(s) / GFLOP, proven, added, now() - t0);
+        Cbc_deleteModel(s);
+        if (added && now() < deadline) continue;
+        /* the answer as the list has it: placed */
+        mark_of(m, v, try);
+        size_t peak;
+        double f;
+        if (ck_evaluate(ev, try, 1, &peak, &f)) goto oom;
+        if (getenv("CK_OPTIMAL_DEBUG")) {
+            int64_t *mm = malloc(sizeof *mm * (size_t)m->P);
+            double mf;
+            size_t lp; double lf;
+            ck_evaluate(ev, try, 0, &lp, &lf);
+            if (getenv("CK_OPTIMAL_NONE")) memset(try, 0, (size_t)nt);
+            ck_optimal_model_memory(m, try, mm, &mf);
+            int64_t mx = 0;
+            for (int k = 0; k < m->P; k++) if (mm[k] > mx) mx = mm[k];
+            {
+                ck_plan q;
+                ck_schedule(&q, c->g, c->nodes, c->n, try);
+                size_t *tl = ck_plan_timeline(&q, c->g, c->persistent, c->retain, c->be);
+                int64_t fixmax = 0, recmax = 0, worst = 0; int fk = 0, wk = -1;
+                for (int i = 0; i < q.n; i++) {
+                    int64_t tot = 0;
+                    for (int cc = 0; cc < CK_CAT_COUNT; cc++) tot += (int64_t)tl[(size_t)i * CK_CAT_COUNT + cc];
+                    if (q.ops[i].phase == CK_PHASE_RECOMPUTE) { if (tot > recmax) recmax = tot; continue; }
+                    if (tot > fixmax) fixmax = tot;
+                    if (tot - mm[fk] > worst) worst = tot - mm[fk], wk = fk;
+                    fk++;
+                }
+                int64_t fixed = 0;
+                {
+                    ck_plan q0;
+                    ck_schedule(&q0, c->g, c->nodes, c->n, NULL);
+                    unsigned char *tch = calloc((size_t)c->g->nt, 1);
+                    for (int i = 0; i < q0.n; i++) { for (int j = 0; j < q0.ops[i].nin; j++) tch[q0.ops[i].in[j]] = 1; for (int j = 0; j < q0.ops[i].nout; j++) if (q0.ops[i].out[j] >= 0) tch[q0.ops[i].out[j]] = 1; }
+                    for (int t = 0; t < c->g->nt; t++) if (tch[t] && ck_is_persistent(c->g->t[t].kind)) fixed += (int64_t)ck_tensor_bytes(&c->g->t[t]);
+                    free(tch); ck_plan_free(&q0);
+                }
+                fprintf(stderr, "  fixed persistent %lld, c->persistent %zu\n", (long long)fixed, c->persistent);
+                fprintf(stderr, "  truth: fixed max %lld recompute max %lld; worst under-count %lld at %d (pos0 %d P %d)\n",
+                        (long long)fixmax, (long long)recmax, (long long)worst, wk, m->pos0, m->P);
+                free(tl);
+                ck_plan_free(&q);
+            }
+            fprintf(stderr, "  mark: placed %zu live %zu model max %lld (+pers %zu = %lld) flops %.4g model %.4g budget %zu\n",
+                    peak, lp, (long long)mx, c->persistent, (long long)mx + (long long)c->persistent, f, mf, budget);
+            free(mm);
+        }
+        if (peak <= budget && f < best_flops) {
+            memcpy(best, try, (size_t)nt);
+            best_flops = f, best_peak = peak;
+            found = 1;
+            res->from_search = 0;
+        }
+        if (peak <= budget) {
+            res->proven = proven && !tightened;
+            break;
+        }
+        /* over the budget: the model's budget lowered by the excess */
+        limit -= (double)(peak - budget);
+        tightened = 1;
+        if (limit <= 0) break;
+    }
+    if (found && best_flops <= res->bound * (1 + 1e-9)) res->proven = 1;
+    res->seconds = now() - t0;
+    rc = found;
+    if (found) {
+        memcpy(mark, best, (size_t)nt);
+        res->flops = best_flops;
+        res->peak = best_peak;
+        double f;
+        size_t p;
+        /* the plan reuses the placement of the decision placed last: the answer's */
+        if (!ck_evaluator_placed(ev, best) && ck_evaluate(ev, best, 1, &p, &f)) goto oom;
+    } else {
+        res->peak = floor;
+    }
+    goto out;
+oom:
+    snprintf(err, errlen, "out of memory");
+    rc = -1;
+out:
+    free(best), free(try), free(chosen), free(v), free(load), free(idx), free(rb.col), free(rb.val);
+    ck_optimal_model_free(m);
+    return rc;
+}
+
+int ck_optimal_decide(const ck_decide_ctx *c, double bytes, double fraction, double seconds, unsigned char *recompute,
+                      char *err, size_t errlen)
+{
+    ck_evaluator *own = c->ev ? NULL : ck_evaluator_new(c), *ev = c->ev ? c->ev : own;
+    unsigned char *mark = calloc((size_t)(c->g->nt ? c->g->nt : 1), 1);
+    size_t none = 0;
+    double f;
+    int rc = -1;
+    if (!ev || !mark || (fraction > 0 && ck_evaluate(ev, NULL, 1, &none, &f))) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    const size_t budget = (size_t)(fraction > 0 ? fraction * (double)none : bytes);
+    ck_optimal_result r;
+    const int found = ck_optimal_solve(c, ev, budget, seconds > 0 ? seconds : CK_OPTIMAL_SECONDS, mark, &r, err, errlen);
+    if (found < 0) goto out;
+    if (!found) {
+        snprintf(err, errlen, "optimal: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
+                 budget / 1048576.0, ceil(r.peak / 104857.6) / 10, r.peak);
+        goto out;
+    }
+    for (int k = 0; k < c->ncand; k++) recompute[c->cand[k]] = mark[c->cand[k]];
+    if (c->why && c->whylen) {
+        const double fw = r.forward_flops > 0 ? 100.0 / r.forward_flops : 0;
+        snprintf(c->why, c->whylen,
+                 "optimal: recomputes %.2f%% of forward FLOPs (%.4g), lower bound %.2f%% (%.4g), %s%s; peak %zu of %zu "
+                 "bytes; %d solves in %.1f s",
+                 r.flops * fw, r.flops, r.bound * fw, r.bound, r.proven ? "proven" : "time limit",
+                 r.from_search ? ", the budget search's decision" : "", r.peak, budget, r.solves, r.seconds);
+    }
+    rc = 0;
+out:
+    free(mark);
+    ck_evaluator_free(own);
+    return rc;
+}

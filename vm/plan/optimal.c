@@ -49,8 +49,10 @@
 #include <time.h>
 
 #define SEGMENTS 8       /* breakpoints kept per buffer before its first later reader */
+#define USEGMENTS 12     /* segments kept per original a recomputation reads */
 #define FIRST_ROWS 64    /* memory rows at the start */
 #define ROWS_PER_SOLVE 128
+#define GAP 1e-3         /* a solve stops within 0.1% of its bound */
 #define MIB (1.0 / 1048576.0)
 #define GFLOP 1e-9
 
@@ -80,6 +82,14 @@ struct ck_optimal_model {
     int *e_start;      /* per producer: its edges as reader e[e_start[w] .. e_start[w + 1]) */
     int *brk;
     int *g_by_pos;     /* buffers, latest producer first */
+    /* originals a recomputation reads: buffer u (bytes, end: its last entry
+     * unless marked) read by producer w, and u's segments (b[..]: right ends) */
+    int nu, nx, nub;
+    int *u_root, *u_end, *u_seg0, *u_nseg, *u_grp; /* per read buffer; u_grp: its buffer index or -1 */
+    int64_t *u_bytes;
+    int *x_u, *x_w;    /* reads: buffer index into u_*, producer; sorted by u */
+    int *x_start;      /* per read buffer: its reads x_[x_start[u] ..) */
+    int *ub;
     double forward_flops;
 };
 
@@ -96,6 +106,8 @@ void ck_optimal_model_free(ck_optimal_model *m)
     free(m->base), free(m->grp), free(m->alias), free(m->prod_node), free(m->prod_pos), free(m->prod_g0);
     free(m->prod_gn), free(m->prod_by_pos), free(m->prod_grp), free(m->prod_of), free(m->prod_flops), free(m->e);
     free(m->e_start), free(m->brk), free(m->g_by_pos);
+    free(m->u_root), free(m->u_end), free(m->u_seg0), free(m->u_nseg), free(m->u_grp), free(m->u_bytes), free(m->x_u);
+    free(m->x_w), free(m->x_start), free(m->ub);
     free(m);
 }
 
@@ -330,6 +342,91 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
         memcpy(m->brk + m->nbrk, tmp, sizeof(int) * (size_t)n);
         m->nbrk += n;
     }
+    /* the buffers recomputations read (as originals, when not marked), each
+     * with segments after its end, to the breakpoints of its readers' buffers */
+    {
+        int *uidx = malloc(sizeof(int) * nt);
+        m->u_root = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        m->u_end = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        m->u_seg0 = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        m->u_nseg = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        m->u_grp = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        m->u_bytes = malloc(sizeof(int64_t) * (size_t)(ecap ? ecap : 1));
+        m->x_u = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        m->x_w = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        m->x_start = calloc((size_t)ecap + 2, sizeof(int));
+        m->ub = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1) * USEGMENTS);
+        int *xu = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1)), *xw = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        if (!uidx || !m->u_root || !m->u_end || !m->u_seg0 || !m->u_nseg || !m->u_grp || !m->u_bytes || !m->x_u ||
+            !m->x_w || !m->x_start || !m->ub || !xu || !xw) {
+            free(uidx), free(xu), free(xw);
+            goto oom_g;
+        }
+        for (int t = 0; t < g->nt; t++) uidx[t] = -1;
+        for (int p = 0; p < m->nprod; p++) {
+            const ck_node *nd = &g->n[m->prod_node[p]];
+            for (int j = 0; j < nd->nin; j++) {
+                if (nd->in[j] < 0) continue;
+                const int ru = root[nd->in[j]];
+                if (first[ru] < 0 || first[ru] >= pos0 || ck_is_persistent(g->t[ru].kind) || (cand[ru] & 2)) continue;
+                if (uidx[ru] < 0) {
+                    const int u = m->nu++;
+                    uidx[ru] = u;
+                    m->u_root[u] = ru;
+                    m->u_grp[u] = gidx[ru] >= 0 ? gidx[ru] : -1;
+                    m->u_end[u] = gidx[ru] >= 0 ? m->grp[gidx[ru]].L : last[ru];
+                    m->u_bytes[u] = (int64_t)ck_tensor_bytes(&g->t[ru]);
+                }
+                int dup = 0;
+                for (int k = 0; k < m->nx; k++) dup |= xu[k] == uidx[ru] && xw[k] == p;
+                if (!dup) xu[m->nx] = uidx[ru], xw[m->nx++] = p;
+            }
+        }
+        for (int k = 0; k < m->nx; k++) m->x_start[xu[k] + 1]++;
+        for (int u = 0; u < m->nu; u++) m->x_start[u + 1] += m->x_start[u];
+        int *fill_at = uidx; /* reuse: per read buffer, where its next read goes */
+        for (int u = 0; u < m->nu; u++) fill_at[u] = m->x_start[u];
+        for (int k = 0; k < m->nx; k++) {
+            const int at = fill_at[xu[k]]++;
+            m->x_u[at] = xu[k], m->x_w[at] = xw[k];
+        }
+        free(xu), free(xw);
+        for (int u = 0; u < m->nu; u++) {
+            int n = 0;
+            const int end = m->u_end[u];
+            if (end < pos0 - 1) tmp[n++] = pos0 - 1;
+            for (int k = m->x_start[u]; k < m->x_start[u + 1]; k++) {
+                const int w = m->x_w[k];
+                for (int q = m->prod_g0[w]; q < m->prod_g0[w] + m->prod_gn[w]; q++) {
+                    const grp *gq = &m->grp[m->prod_grp[q]];
+                    if (n + gq->nseg + 1 > cap) {
+                        int *t2 = realloc(tmp, sizeof(int) * (size_t)cap * 2);
+                        if (!t2) {
+                            free(uidx);
+                            goto oom_g;
+                        }
+                        tmp = t2, cap *= 2;
+                    }
+                    if (gq->f > end) tmp[n++] = gq->f;
+                    for (int j = 0; j < gq->nseg; j++)
+                        if (m->brk[gq->seg0 + j] > end) tmp[n++] = m->brk[gq->seg0 + j];
+                }
+            }
+            qsort(tmp, (size_t)n, sizeof *tmp, by_int);
+            int v = 0;
+            for (int i = 0; i < n; i++)
+                if (!v || tmp[v - 1] != tmp[i]) tmp[v++] = tmp[i];
+            if (v > USEGMENTS) {
+                for (int j = 0; j < USEGMENTS; j++) tmp[j] = tmp[(long)j * (v - 1) / (USEGMENTS - 1)];
+                v = USEGMENTS;
+            }
+            m->u_seg0[u] = m->nub;
+            m->u_nseg[u] = v;
+            memcpy(m->ub + m->nub, tmp, sizeof(int) * (size_t)v);
+            m->nub += v;
+        }
+        free(uidx);
+    }
     free(gidx);
     free(root), free(first), free(last), free(lastf), free(firstb), free(cand), free(delta), free(tmp);
     ck_plan_free(&pl);
@@ -355,7 +452,8 @@ void ck_optimal_model_mark(const ck_optimal_model *m, const unsigned char *in, u
 static int col_x(const ck_optimal_model *m, int h) { (void)m; return h; }
 static int col_r(const ck_optimal_model *m, int p) { return m->ng + p; }
 static int col_n(const ck_optimal_model *m, int h, int j) { return m->ng + m->nprod + m->grp[h].seg0 + j; }
-static int ncols(const ck_optimal_model *m) { return m->ng + m->nprod + m->nbrk; }
+static int col_o(const ck_optimal_model *m, int u, int i) { return m->ng + m->nprod + m->nbrk + m->u_seg0[u] + i; }
+static int ncols(const ck_optimal_model *m) { return m->ng + m->nprod + m->nbrk + m->nub; }
 
 /* buffer g's value at position s: its copy made by s (a column, or -1: 0) */
 static int value_at(const ck_optimal_model *m, int gi, int s)
@@ -367,6 +465,18 @@ static int value_at(const ck_optimal_model *m, int gi, int s)
         if (m->brk[g->seg0 + k] <= s) j = k;
     return j < 0 ? -1 : col_n(m, gi, j);
 }
+
+/* an upper bound of buffer g's copy being made by s (w's recomputation run
+ * by s): the column of its first breakpoint at or after s, else x_g */
+static int next_at(const ck_optimal_model *m, int gi, int s)
+{
+    const grp *g = &m->grp[gi];
+    for (int k = 0; k < g->nseg; k++)
+        if (m->brk[g->seg0 + k] >= s) return col_n(m, gi, k);
+    return col_x(m, gi);
+}
+
+static void fill_originals(const ck_optimal_model *m, double *v);
 
 /* the least values of R and N for x (in v[col_x ..]), as the scheduler's list has them */
 static void fill(const ck_optimal_model *m, double *v)
@@ -400,6 +510,34 @@ static void fill(const ck_optimal_model *m, double *v)
             v[col_n(m, h, j)] = n;
         }
     }
+    fill_originals(m, v);
+}
+
+/* the column of the recomputation of w being run by s, summed over w's
+ * buffers (an upper bound), into cols; their count */
+static int made_by(const ck_optimal_model *m, int w, int s, int *cols)
+{
+    int n = 0;
+    if (s < m->pos0) return 0; /* nothing is recomputed in the forward pass */
+    for (int q = m->prod_g0[w]; q < m->prod_g0[w] + m->prod_gn[w]; q++) cols[n++] = next_at(m, m->prod_grp[q], s);
+    return n;
+}
+
+static void fill_originals(const ck_optimal_model *m, double *v)
+{
+    int cols[CK_MAX_OUT + 8];
+    for (int u = 0; u < m->nu; u++)
+        for (int i = 0; i < m->u_nseg[u]; i++) {
+            double o = 0;
+            for (int k = m->x_start[u]; k < m->x_start[u + 1]; k++) {
+                const int w = m->x_w[k];
+                double r = v[col_r(m, w)] - (m->u_grp[u] >= 0 ? v[col_x(m, m->u_grp[u])] : 0);
+                const int n = made_by(m, w, m->ub[m->u_seg0[u] + i], cols);
+                for (int j = 0; j < n; j++) r -= v[cols[j]];
+                o = fmax(o, r);
+            }
+            v[col_o(m, u, i)] = o;
+        }
 }
 
 /* the model's live bytes at position k for column values v */
@@ -413,6 +551,14 @@ static double memory_at(const ck_optimal_model *m, const double *v, int k)
         int j = -1;
         for (int q = 0; q < g->nseg && m->brk[g->seg0 + q] <= k; q++) j = q;
         if (j >= 0) b += (double)g->bytes * v[col_n(m, h, j)];
+    }
+    for (int u = 0; u < m->nu; u++) {
+        if (k <= m->u_end[u]) continue;
+        for (int i = 0; i < m->u_nseg[u]; i++)
+            if (m->ub[m->u_seg0[u] + i] >= k) {
+                b += (double)m->u_bytes[u] * v[col_o(m, u, i)];
+                break;
+            }
     }
     return b;
 }
@@ -469,7 +615,20 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
     if (!s) return NULL;
     for (int h = 0; h < m->ng; h++) Cbc_addCol(s, "", 0, 1, m->grp[h].flops * GFLOP, 1, 0, NULL, NULL);
     for (int p = 0; p < m->nprod; p++) Cbc_addCol(s, "", 0, 1, m->prod_flops[p] * GFLOP, 0, 0, NULL, NULL);
-    for (int b = 0; b < m->nbrk; b++) Cbc_addCol(s, "", 0, 1, 0, 0, 0, NULL, NULL);
+    for (int b = 0; b < m->nbrk + m->nub; b++) Cbc_addCol(s, "", 0, 1, 0, 0, 0, NULL, NULL);
+    int cols[CK_MAX_OUT + 8];
+    double vals[CK_MAX_OUT + 8];
+    for (int u = 0; u < m->nu; u++) /* O_u,i >= R_w - x_u - (w run by the segment's end) */
+        for (int i = 0; i < m->u_nseg[u]; i++)
+            for (int k = m->x_start[u]; k < m->x_start[u + 1]; k++) {
+                const int w = m->x_w[k];
+                int n = made_by(m, w, m->ub[m->u_seg0[u] + i], cols);
+                for (int j = 0; j < n; j++) vals[j] = 1;
+                cols[n] = col_o(m, u, i), vals[n++] = 1;
+                cols[n] = col_r(m, w), vals[n++] = -1;
+                if (m->u_grp[u] >= 0) cols[n] = col_x(m, m->u_grp[u]), vals[n++] = 1;
+                Cbc_addRow(s, "", n, cols, vals, 'G', 0);
+            }
     for (int h = 0; h < m->ng; h++) { /* R_p >= x_h */
         const int cols[2] = {col_r(m, m->grp[h].prod), col_x(m, h)};
         const double vals[2] = {1, -1};
@@ -490,6 +649,20 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
                 Cbc_addRow(s, "", 2, cols, vals, 'G', 0);
             }
             const int at = m->brk[gh->seg0 + j];
+            { /* made by s_j only if marked, and only if a reader's buffer is made by then */
+                const int c2[2] = {col_n(m, h, j), col_x(m, h)};
+                const double v2[2] = {1, -1};
+                Cbc_addRow(s, "", 2, c2, v2, 'L', 0);
+                r->n = 0;
+                if (row_put(r, col_n(m, h, j), 1)) goto fail;
+                for (int k = 0; k < m->ne; k++) {
+                    if (m->e[k].h != h) continue;
+                    const int w = m->e[k].w;
+                    for (int q = m->prod_g0[w]; q < m->prod_g0[w] + m->prod_gn[w]; q++)
+                        if (row_put(r, next_at(m, m->prod_grp[q], at), -1)) goto fail;
+                }
+                Cbc_addRow(s, "", r->n, r->col, r->val, 'L', 0);
+            }
             for (int k = 0; k < m->ne; k++) {
                 if (m->e[k].h != h) continue;
                 const int w = m->e[k].w;
@@ -513,6 +686,14 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
             int j = -1;
             for (int q = 0; q < g->nseg && m->brk[g->seg0 + q] <= k; q++) j = q;
             if (j >= 0 && row_put(r, col_n(m, h, j), (double)g->bytes * MIB)) goto fail;
+        }
+        for (int u = 0; u < m->nu; u++) {
+            if (k <= m->u_end[u]) continue;
+            for (int i = 0; i < m->u_nseg[u]; i++)
+                if (m->ub[m->u_seg0[u] + i] >= k) {
+                    if (row_put(r, col_o(m, u, i), (double)m->u_bytes[u] * MIB)) goto fail;
+                    break;
+                }
         }
         Cbc_addRow(s, "", r->n, r->col, r->val, 'L', (limit - (double)m->base[k]) * MIB);
     }
@@ -578,9 +759,10 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
         Cbc_Model *s = build(m, chosen, limit, &rb);
         if (!s) goto oom;
         Cbc_setLogLevel(s, 0);
-        Cbc_setMaximumSeconds(s, left);
-        Cbc_setAllowableFractionGap(s, 1e-6);
-        Cbc_setAllowableGap(s, 1e-9);
+        /* half of what is left, so that a decision over the budget can be solved again */
+        Cbc_setMaximumSeconds(s, res->solves ? left : left / 2);
+        Cbc_setAllowableFractionGap(s, GAP);
+        Cbc_setParameter(s, "threads", "1");
         if (found) { /* the best decision so far as the start */
             memset(v, 0, sizeof *v * (size_t)nc);
             for (int h = 0; h < m->ng; h++) v[col_x(m, h)] = best[m->grp[h].root] ? 1 : 0;
@@ -613,9 +795,6 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
             load[at] = -INFINITY;
             added++;
         }
-        if (getenv("CK_OPTIMAL_DEBUG"))
-            fprintf(stderr, "solve %d: limit %.0f obj %.4g bound %.4g proven %d added %d t %.1f\n", res->solves, limit,
-                    objective(m, v), Cbc_getBestPossibleObjValue(s) / GFLOP, proven, added, now() - t0);
         Cbc_deleteModel(s);
         if (added && now() < deadline) continue;
         /* the answer as the list has it: placed */
@@ -623,47 +802,6 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
         size_t peak;
         double f;
         if (ck_evaluate(ev, try, 1, &peak, &f)) goto oom;
-        if (getenv("CK_OPTIMAL_DEBUG")) {
-            int64_t *mm = malloc(sizeof *mm * (size_t)m->P);
-            double mf;
-            size_t lp; double lf;
-            ck_evaluate(ev, try, 0, &lp, &lf);
-            if (getenv("CK_OPTIMAL_NONE")) memset(try, 0, (size_t)nt);
-            ck_optimal_model_memory(m, try, mm, &mf);
-            int64_t mx = 0;
-            for (int k = 0; k < m->P; k++) if (mm[k] > mx) mx = mm[k];
-            {
-                ck_plan q;
-                ck_schedule(&q, c->g, c->nodes, c->n, try);
-                size_t *tl = ck_plan_timeline(&q, c->g, c->persistent, c->retain, c->be);
-                int64_t fixmax = 0, recmax = 0, worst = 0; int fk = 0, wk = -1;
-                for (int i = 0; i < q.n; i++) {
-                    int64_t tot = 0;
-                    for (int cc = 0; cc < CK_CAT_COUNT; cc++) tot += (int64_t)tl[(size_t)i * CK_CAT_COUNT + cc];
-                    if (q.ops[i].phase == CK_PHASE_RECOMPUTE) { if (tot > recmax) recmax = tot; continue; }
-                    if (tot > fixmax) fixmax = tot;
-                    if (tot - mm[fk] > worst) worst = tot - mm[fk], wk = fk;
-                    fk++;
-                }
-                int64_t fixed = 0;
-                {
-                    ck_plan q0;
-                    ck_schedule(&q0, c->g, c->nodes, c->n, NULL);
-                    unsigned char *tch = calloc((size_t)c->g->nt, 1);
-                    for (int i = 0; i < q0.n; i++) { for (int j = 0; j < q0.ops[i].nin; j++) tch[q0.ops[i].in[j]] = 1; for (int j = 0; j < q0.ops[i].nout; j++) if (q0.ops[i].out[j] >= 0) tch[q0.ops[i].out[j]] = 1; }
-                    for (int t = 0; t < c->g->nt; t++) if (tch[t] && ck_is_persistent(c->g->t[t].kind)) fixed += (int64_t)ck_tensor_bytes(&c->g->t[t]);
-                    free(tch); ck_plan_free(&q0);
-                }
-                fprintf(stderr, "  fixed persistent %lld, c->persistent %zu\n", (long long)fixed, c->persistent);
-                fprintf(stderr, "  truth: fixed max %lld recompute max %lld; worst under-count %lld at %d (pos0 %d P %d)\n",
-                        (long long)fixmax, (long long)recmax, (long long)worst, wk, m->pos0, m->P);
-                free(tl);
-                ck_plan_free(&q);
-            }
-            fprintf(stderr, "  mark: placed %zu live %zu model max %lld (+pers %zu = %lld) flops %.4g model %.4g budget %zu\n",
-                    peak, lp, (long long)mx, c->persistent, (long long)mx + (long long)c->persistent, f, mf, budget);
-            free(mm);
-        }
         if (peak <= budget && f < best_flops) {
             memcpy(best, try, (size_t)nt);
             best_flops = f, best_peak = peak;

@@ -54,14 +54,13 @@
 #define ROWS_PER_SOLVE 128
 #define GAP 1e-3         /* a solve stops within 0.1% of its bound */
 #define MIB (1.0 / 1048576.0)
-#define GFLOP 1e-9
 
 typedef struct grp {
     int root, prod;  /* the buffer's tensor; its producer's index in prod[] */
     int e0, f, L;
     int64_t bytes;
     int seg0, nseg;  /* breakpoints brk[seg0 ..), ascending, all < f */
-    double flops;    /* its views' entries (RESHAPE): recomputed with it */
+    int link;        /* no later entry reads it: marked, a recomputation recomputes it too */
 } grp;
 
 typedef struct edge { int h, w; } edge; /* producer w (an index in prod[]) reads buffer h */
@@ -90,7 +89,13 @@ struct ck_optimal_model {
     int *x_u, *x_w;    /* reads: buffer index into u_*, producer; sorted by u */
     int *x_start;      /* per read buffer: its reads x_[x_start[u] ..) */
     int *ub;
+    /* which nodes recompute: producer dr_p of a view of buffer dr_h that a
+     * later entry reads; producer rc_p of a view of rc_h that producer rc_w
+     * reads (sorted by rc_w, which starts at rc_start[w]) */
+    int nd, nrc;
+    int *dr_p, *dr_h, *rc_p, *rc_w, *rc_h, *rc_start;
     double forward_flops;
+    double scale;      /* the objective's unit: percent of the forward FLOPs */
 };
 
 static double now(void)
@@ -108,6 +113,7 @@ void ck_optimal_model_free(ck_optimal_model *m)
     free(m->e_start), free(m->brk), free(m->g_by_pos);
     free(m->u_root), free(m->u_end), free(m->u_seg0), free(m->u_nseg), free(m->u_grp), free(m->u_bytes), free(m->x_u);
     free(m->x_w), free(m->x_start), free(m->ub);
+    free(m->dr_p), free(m->dr_h), free(m->rc_p), free(m->rc_w), free(m->rc_h), free(m->rc_start);
     free(m);
 }
 
@@ -173,6 +179,7 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
     ck_optimal_model *m = calloc(1, sizeof *m);
     ck_plan pl = {0};
     int *root = NULL, *first = NULL, *last = NULL, *lastf = NULL, *firstb = NULL, *cand = NULL, *tmp = NULL;
+    unsigned char *nfread = NULL;
     int64_t *delta = NULL;
     if (!m) goto oom;
     m->c = c;
@@ -191,10 +198,12 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
     root = malloc(sizeof(int) * nt), first = malloc(sizeof(int) * nt), last = malloc(sizeof(int) * nt);
     lastf = malloc(sizeof(int) * nt), firstb = malloc(sizeof(int) * nt), cand = calloc(nt, sizeof(int));
     delta = calloc((size_t)P + 2, sizeof *delta);
+    nfread = calloc(nt, 1);
     m->base = malloc(sizeof *m->base * (size_t)(P ? P : 1));
     m->alias = malloc(sizeof(int) * nt);
     m->prod_of = malloc(sizeof(int) * nn);
-    if (!root || !first || !last || !lastf || !firstb || !cand || !delta || !m->base || !m->alias || !m->prod_of)
+    if (!root || !first || !last || !lastf || !firstb || !cand || !delta || !nfread || !m->base || !m->alias ||
+        !m->prod_of)
         goto oom;
     for (int k = 0; k < c->ncand; k++) cand[c->cand[k]] = 1;
     /* the none list's buffers, as the evaluator's walk roots them */
@@ -206,6 +215,7 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
         const int fwd = r->phase == CK_PHASE_FORWARD;
         if (fwd) pos0 = i + 1;
         if (nd->op == CK_OP_RESHAPE && r->out[0] >= 0) root[r->out[0]] = root[r->in[0]];
+        for (int j = 0; !fwd && j < r->nin; j++) nfread[r->in[j]] = 1;
         for (int j = 0; j < r->nin + r->nout; j++) {
             const int id = j < r->nin ? r->in[j] : r->out[j - r->nin];
             if (id < 0) continue;
@@ -243,8 +253,8 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
         if (!(cand[t] & 1)) gidx[r] = -2; /* a forward view that is no candidate */
     }
     for (int t = 0; t < g->nt; t++) {
-        if (t != root[t] || gidx[t] == -2 || first[t] < 0 || first[t] >= pos0 || firstb[t] < 0 || (cand[t] & 2) ||
-            ck_is_persistent(g->t[t].kind) || firstb[t] <= lastf[t] + 1 || g->t[t].node < 0)
+        if (t != root[t] || gidx[t] == -2 || first[t] < 0 || first[t] >= pos0 || (cand[t] & 2) ||
+            ck_is_persistent(g->t[t].kind) || g->t[t].node < 0)
             continue;
         gidx[t] = ng++;
     }
@@ -253,21 +263,33 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
     m->ng = ng;
     for (int i = 0; i < g->nn; i++) m->prod_of[i] = -1;
     int *pos_node = malloc(sizeof(int) * nn);
-    m->prod_node = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
-    m->prod_pos = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
-    m->prod_flops = calloc((size_t)(ng ? ng : 1), sizeof(double));
+    m->prod_node = malloc(sizeof(int) * nn);
+    m->prod_pos = malloc(sizeof(int) * nn);
+    m->prod_flops = calloc(nn, sizeof(double));
     if (!pos_node || !m->prod_node || !m->prod_pos || !m->prod_flops) {
         free(pos_node);
         goto oom_g;
     }
     for (int i = 0; i < P; i++) pos_node[pl.ops[i].node] = i;
     for (int i = 0; i < pos0; i++) m->forward_flops += ck_plan_op_flops(&pl, g, i);
+    m->scale = 100.0 / (m->forward_flops > 0 ? m->forward_flops : 1);
     for (int t = 0; t < g->nt; t++) {
         if (gidx[t] < 0 || t != root[t]) continue;
         grp *h = &m->grp[gidx[t]];
         h->root = t;
         h->e0 = lastf[t], h->f = firstb[t], h->L = last[t];
+        if (firstb[t] < 0) h->f = P + 1, h->L = lastf[t], h->link = 1;
         h->bytes = (int64_t)ck_tensor_bytes(&g->t[t]);
+        h->prod = -1;
+    }
+    /* the producers: of each buffer and of each view of it (a RESHAPE,
+     * recomputed when that view is needed) */
+    int nviews = 0;
+    for (int t = 0; t < g->nt; t++) {
+        const int r = root[t];
+        if (gidx[r] < 0 || g->t[t].node < 0 || g->n[g->t[t].node].phase != CK_PHASE_FORWARD) continue;
+        m->alias[t] = gidx[r];
+        nviews++;
         const int v = g->t[t].node;
         if (m->prod_of[v] < 0) {
             m->prod_of[v] = m->nprod;
@@ -276,14 +298,16 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
             m->prod_flops[m->nprod] = ck_plan_op_flops(&pl, g, pos_node[v]);
             m->nprod++;
         }
-        h->prod = m->prod_of[v];
+        if (t == r) m->grp[gidx[r]].prod = m->prod_of[v];
     }
-    for (int t = 0; t < g->nt; t++) {
-        const int r = root[t];
-        if (gidx[r] < 0 || g->t[t].node < 0 || g->n[g->t[t].node].phase != CK_PHASE_FORWARD) continue;
-        m->alias[t] = gidx[r];
-        if (t != r) m->grp[gidx[r]].flops += ck_plan_op_flops(&pl, g, pos_node[g->t[t].node]);
+    m->dr_p = malloc(sizeof(int) * (size_t)(nviews ? nviews : 1));
+    m->dr_h = malloc(sizeof(int) * (size_t)(nviews ? nviews : 1));
+    if (!m->dr_p || !m->dr_h) {
+        free(pos_node);
+        goto oom_g;
     }
+    for (int t = 0; t < g->nt; t++)
+        if (m->alias[t] >= 0 && nfread[t]) m->dr_p[m->nd] = m->prod_of[g->t[t].node], m->dr_h[m->nd++] = m->alias[t];
     /* the producers' buffers, and the chain edges: producer w reads buffer h
      * (a RESHAPE making a view of h is h itself) */
     m->prod_g0 = calloc((size_t)m->nprod + 1, sizeof(int));
@@ -295,6 +319,14 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
     int ecap = 0;
     for (int p = 0; p < m->nprod; p++) ecap += g->n[m->prod_node[p]].nin;
     m->e = malloc(sizeof *m->e * (size_t)(ecap ? ecap : 1));
+    m->rc_p = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+    m->rc_w = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+    m->rc_h = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+    m->rc_start = calloc((size_t)m->nprod + 2, sizeof(int));
+    if (!m->rc_p || !m->rc_w || !m->rc_h || !m->rc_start) {
+        free(pos_node);
+        goto oom_g;
+    }
     if (!m->prod_g0 || !m->prod_gn || !m->prod_grp || !m->prod_by_pos || !m->g_by_pos || !m->e_start || !m->e) {
         free(pos_node);
         goto oom_g;
@@ -305,16 +337,20 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
         const int p = m->grp[h].prod;
         m->prod_grp[m->prod_g0[p] + m->prod_gn[p]++] = h;
     }
-    for (int p = 0; p < m->nprod; p++) {
+    for (int p = 0; p < m->nprod; p++) { /* by producer, so rc[] is sorted by rc_w */
         const ck_node *nd = &g->n[m->prod_node[p]];
+        m->rc_start[p] = m->nrc;
         for (int j = 0; j < nd->nin; j++) {
             const int h = nd->in[j] >= 0 ? m->alias[nd->in[j]] : -1;
             if (h < 0) continue;
+            m->rc_p[m->nrc] = m->prod_of[g->t[nd->in[j]].node], m->rc_w[m->nrc] = p, m->rc_h[m->nrc++] = h;
+            if (nd->out[0] >= 0 && m->alias[nd->out[0]] == h) continue; /* a view of h: h itself */
             int dup = 0;
             for (int k = 0; k < m->ne; k++) dup |= m->e[k].w == p && m->e[k].h == h;
             if (!dup) m->e[m->ne++] = (edge){h, p};
         }
     }
+    m->rc_start[m->nprod] = m->nrc;
     free(pos_node);
     qsort(m->e, (size_t)m->ne, sizeof *m->e, by_w);
     for (int k = 0; k < m->ne; k++) m->e_start[m->e[k].w + 1]++;
@@ -368,6 +404,7 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
             for (int j = 0; j < nd->nin; j++) {
                 if (nd->in[j] < 0) continue;
                 const int ru = root[nd->in[j]];
+                if (nd->out[0] >= 0 && root[nd->out[0]] == ru) continue; /* a view */
                 if (first[ru] < 0 || first[ru] >= pos0 || ck_is_persistent(g->t[ru].kind) || (cand[ru] & 2)) continue;
                 if (uidx[ru] < 0) {
                     const int u = m->nu++;
@@ -428,13 +465,13 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
         free(uidx);
     }
     free(gidx);
-    free(root), free(first), free(last), free(lastf), free(firstb), free(cand), free(delta), free(tmp);
+    free(root), free(first), free(last), free(lastf), free(firstb), free(cand), free(delta), free(tmp), free(nfread);
     ck_plan_free(&pl);
     return m;
 oom_g:
     free(gidx);
 oom:
-    free(root), free(first), free(last), free(lastf), free(firstb), free(cand), free(delta), free(tmp);
+    free(root), free(first), free(last), free(lastf), free(firstb), free(cand), free(delta), free(tmp), free(nfread);
     ck_plan_free(&pl);
     ck_optimal_model_free(m);
     snprintf(err, errlen, "out of memory");
@@ -481,16 +518,13 @@ static void fill_originals(const ck_optimal_model *m, double *v);
 /* the least values of R and N for x (in v[col_x ..]), as the scheduler's list has them */
 static void fill(const ck_optimal_model *m, double *v)
 {
-    for (int p = 0; p < m->nprod; p++) {
-        double r = 0;
-        for (int i = m->prod_g0[p]; i < m->prod_g0[p] + m->prod_gn[p]; i++) r = fmax(r, v[col_x(m, m->prod_grp[i])]);
-        v[col_r(m, p)] = r;
-    }
+    for (int p = 0; p < m->nprod; p++) v[col_r(m, p)] = 0;
+    for (int k = 0; k < m->nd; k++) v[col_r(m, m->dr_p[k])] = fmax(v[col_r(m, m->dr_p[k])], v[col_x(m, m->dr_h[k])]);
     for (int i = 0; i < m->nprod; i++) { /* readers first: R_w is final when its turn comes */
         const int w = m->prod_by_pos[i];
-        for (int k = m->e_start[w]; k < m->e_start[w + 1]; k++) {
-            const int h = m->e[k].h, p = m->grp[h].prod;
-            v[col_r(m, p)] = fmax(v[col_r(m, p)], v[col_r(m, w)] + v[col_x(m, h)] - 1);
+        for (int k = m->rc_start[w]; k < m->rc_start[w + 1]; k++) {
+            const int p = m->rc_p[k];
+            v[col_r(m, p)] = fmax(v[col_r(m, p)], v[col_r(m, w)] + v[col_x(m, m->rc_h[k])] - 1);
         }
     }
     for (int i = 0; i < m->ng; i++) { /* readers' buffers first, as the breakpoints were made */
@@ -546,7 +580,7 @@ static double memory_at(const ck_optimal_model *m, const double *v, int k)
     double b = (double)m->base[k];
     for (int h = 0; h < m->ng; h++) {
         const grp *g = &m->grp[h];
-        if (k <= g->e0 || k >= g->f) continue;
+        if (g->link || k <= g->e0 || k >= g->f) continue;
         b -= (double)g->bytes * v[col_x(m, h)];
         int j = -1;
         for (int q = 0; q < g->nseg && m->brk[g->seg0 + q] <= k; q++) j = q;
@@ -567,7 +601,6 @@ static double objective(const ck_optimal_model *m, const double *v)
 {
     double f = 0;
     for (int p = 0; p < m->nprod; p++) f += m->prod_flops[p] * v[col_r(m, p)];
-    for (int h = 0; h < m->ng; h++) f += m->grp[h].flops * v[col_x(m, h)];
     return f;
 }
 
@@ -613,8 +646,8 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
 {
     Cbc_Model *s = Cbc_newModel();
     if (!s) return NULL;
-    for (int h = 0; h < m->ng; h++) Cbc_addCol(s, "", 0, 1, m->grp[h].flops * GFLOP, 1, 0, NULL, NULL);
-    for (int p = 0; p < m->nprod; p++) Cbc_addCol(s, "", 0, 1, m->prod_flops[p] * GFLOP, 0, 0, NULL, NULL);
+    for (int h = 0; h < m->ng; h++) Cbc_addCol(s, "", 0, 1, 0, 1, 0, NULL, NULL);
+    for (int p = 0; p < m->nprod; p++) Cbc_addCol(s, "", 0, 1, m->prod_flops[p] * m->scale, 0, 0, NULL, NULL);
     for (int b = 0; b < m->nbrk + m->nub; b++) Cbc_addCol(s, "", 0, 1, 0, 0, 0, NULL, NULL);
     int cols[CK_MAX_OUT + 8];
     double vals[CK_MAX_OUT + 8];
@@ -629,16 +662,15 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
                 if (m->u_grp[u] >= 0) cols[n] = col_x(m, m->u_grp[u]), vals[n++] = 1;
                 Cbc_addRow(s, "", n, cols, vals, 'G', 0);
             }
-    for (int h = 0; h < m->ng; h++) { /* R_p >= x_h */
-        const int cols[2] = {col_r(m, m->grp[h].prod), col_x(m, h)};
-        const double vals[2] = {1, -1};
-        Cbc_addRow(s, "", 2, cols, vals, 'G', 0);
+    for (int k = 0; k < m->nd; k++) { /* R_p >= x_h: a view of h a later entry reads */
+        const int c2[2] = {col_r(m, m->dr_p[k]), col_x(m, m->dr_h[k])};
+        const double v2[2] = {1, -1};
+        Cbc_addRow(s, "", 2, c2, v2, 'G', 0);
     }
-    for (int k = 0; k < m->ne; k++) { /* R_p(h) >= R_w + x_h - 1 */
-        const int h = m->e[k].h;
-        const int cols[3] = {col_r(m, m->grp[h].prod), col_r(m, m->e[k].w), col_x(m, h)};
-        const double vals[3] = {1, -1, -1};
-        if (cols[0] != cols[1]) Cbc_addRow(s, "", 3, cols, vals, 'G', -1);
+    for (int k = 0; k < m->nrc; k++) { /* R_p >= R_w + x_h - 1: w recomputed reads p's view of h */
+        const int c3[3] = {col_r(m, m->rc_p[k]), col_r(m, m->rc_w[k]), col_x(m, m->rc_h[k])};
+        const double v3[3] = {1, -1, -1};
+        if (c3[0] != c3[1]) Cbc_addRow(s, "", 3, c3, v3, 'G', -1);
     }
     for (int h = 0; h < m->ng; h++) {
         const grp *gh = &m->grp[h];
@@ -681,7 +713,7 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
         r->n = 0;
         for (int h = 0; h < m->ng; h++) {
             const grp *g = &m->grp[h];
-            if (k <= g->e0 || k >= g->f) continue;
+            if (g->link || k <= g->e0 || k >= g->f) continue;
             if (row_put(r, col_x(m, h), -(double)g->bytes * MIB)) goto fail;
             int j = -1;
             for (int q = 0; q < g->nseg && m->brk[g->seg0 + q] <= k; q++) j = q;
@@ -746,14 +778,16 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
         int at = -1;
         for (int k = 0; k < m->P; k++)
             if (!chosen[k] && (at < 0 || load[k] > load[at])) at = k;
+        if (at < 0) break;
         chosen[at] = 1;
     }
-    for (int n = 0; n < FIRST_ROWS / 2 && m->P; n++) chosen[(long)n * (m->P - 1) / (FIRST_ROWS / 2 - 1 > 0 ? FIRST_ROWS / 2 - 1 : 1)] = 1;
-    const double above = (double)budget - (double)c->persistent;
-    double limit = above;
+    for (int n = 0; n < FIRST_ROWS / 2 && m->P; n++) chosen[(long)n * (m->P - 1) / (FIRST_ROWS / 2 - 1)] = 1;
+    double limit = (double)budget - (double)c->persistent;
     int tightened = 0;
     res->bound = 0;
-    for (;;) {
+    /* nothing to recompute: the search's decision (none) is optimal; no buffer to free: nothing to solve */
+    if ((found && best_flops == 0) || m->ng == 0) limit = -1;
+    for (; limit >= 0;) {
         const double left = deadline - now();
         if (left <= 0.2) break;
         Cbc_Model *s = build(m, chosen, limit, &rb);
@@ -775,7 +809,7 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
         const double *sol = Cbc_bestSolution(s);
         const int proven = Cbc_isProvenOptimal(s), infeasible = Cbc_isProvenInfeasible(s);
         if (!tightened) {
-            const double b = infeasible ? INFINITY : Cbc_getBestPossibleObjValue(s) / GFLOP;
+            const double b = infeasible ? INFINITY : Cbc_getBestPossibleObjValue(s) / m->scale;
             if (b > res->bound) res->bound = b;
         }
         if (!sol) {

@@ -151,6 +151,8 @@ static int64_t *list_memory(const ck_decide_ctx *c, const unsigned char *mark, i
 int main(void)
 {
     int graphs = 0, trials = 0, built = 1, none_ok = 1, bound_ok = 1, flops_ok = 1, equal = 0, positions = 0;
+    double slowest = 0;
+    int solves = 0;
     int solved = 0, fits = 0, no_worse = 0, bound_below = 0, bound_some = 0, found_when = 1, better = 0;
     char name[200], err[256];
     for (int round = 0; round < 40; round++) {
@@ -218,11 +220,11 @@ int main(void)
             free(lm);
             trials++;
         }
-        /* budgets from the smallest peak the search sees to none's */
+        /* on every other graph, two budgets: the smallest peak the search sees, and a third of the way to none's */
         size_t none, floor;
         double f0;
-        if (m && !ck_evaluate(ev, NULL, 1, &none, &f0) && ck_policy_budget_search(&c, ev, 0, best, &floor, err, sizeof err) >= 0) {
-            for (int b = 0; b < 3; b++) {
+        if (m && round % 2 == 0 && !ck_evaluate(ev, NULL, 1, &none, &f0) && ck_policy_budget_search(&c, ev, 0, best, &floor, err, sizeof err) >= 0) {
+            for (int b = 0; b < 2; b++) {
                 const size_t budget = floor + (none - floor) * (size_t)b / 3;
                 size_t peak, sp = 0;
                 double sflops = 0, f;
@@ -241,6 +243,8 @@ int main(void)
                 found_when &= found >= (sfound == 1);
                 if (!found) continue;
                 solved++;
+                if (res.seconds > slowest) slowest = res.seconds;
+                solves += res.solves;
                 /* the decision as a fresh evaluator places it */
                 ck_evaluator *fresh = ck_evaluator_new(&c);
                 if (!fresh || ck_evaluate(fresh, mark, 1, &peak, &f)) {
@@ -278,12 +282,13 @@ int main(void)
              positions);
     check(name, positions > 0 && equal >= positions * 3 / 4, positions ? (double)equal / positions : 0);
     check("the model's recompute FLOPs are the list's", flops_ok && trials >= 400, trials);
-    snprintf(name, sizeof name, "%d solves: a decision wherever the budget search finds one", solved);
-    check(name, found_when && solved >= 60, solved);
+    snprintf(name, sizeof name, "%d solves (%d CBC runs, the slowest %.2f s): a decision wherever the budget search "
+             "finds one", solved, solves, slowest);
+    check(name, found_when && solved >= 30, solved);
     snprintf(name, sizeof name, "%d solves: the decision fits the budget when placed, as reported", solved);
-    check(name, fits == solved && solved >= 60, fits);
+    check(name, fits == solved && solved >= 30, fits);
     snprintf(name, sizeof name, "%d solves: it recomputes no more than the budget search (less in %d)", solved, better);
-    check(name, no_worse == solved && solved >= 60, no_worse);
+    check(name, no_worse == solved && solved >= 30, no_worse);
     snprintf(name, sizeof name, "%d solves: the solver's bound is at most what it recomputes (above 0 in %d)", solved,
              bound_some);
     check(name, bound_below == solved && bound_some > 0, bound_below);

@@ -6,7 +6,8 @@
  * one), equal for no recompute and at most entries of random decisions, and
  * its recompute FLOPs are the list's; at budgets between the smallest peak
  * and none's, its decision fits when placed, recomputes no more than the
- * budget search's, and its bound is at most what it recomputes. */
+ * budget search's, and its bound is at most what any decision it can make
+ * that was found recomputes. */
 #include "plan/evaluate.h"
 #include "plan/optimal.h"
 #include "plan/policy.h"
@@ -152,6 +153,7 @@ int main(void)
 {
     int graphs = 0, trials = 0, built = 1, none_ok = 1, bound_ok = 1, flops_ok = 1, equal = 0, positions = 0;
     double slowest = 0;
+    int bounded = 0;
     int solves = 0;
     int solved = 0, fits = 0, no_worse = 0, bound_below = 0, bound_some = 0, found_when = 1, better = 0;
     char name[200], err[256];
@@ -184,8 +186,9 @@ int main(void)
         ck_decide_ctx c = {.g = g, .nodes = nodes, .n = g->nn, .cand = cand, .ncand = ncand, .poff = poff,
                            .persistent = persistent, .retain = round % 3 ? retain : NULL, .be = be};
         ck_evaluator *ev = ck_evaluator_new(&c);
-        ck_optimal_model *m = ev ? ck_optimal_model_new(&c, ev, err, sizeof err) : NULL;
+        ck_optimal_model *m = ev ? ck_optimal_model_new(&c, ev, 1, err, sizeof err) : NULL;
         const int P = m ? ck_optimal_model_positions(m) : 0;
+        ck_optimal_model *solver_m = ev ? ck_optimal_model_new(&c, ev, 0, err, sizeof err) : NULL; /* the solver's */
         int64_t *mm = malloc(sizeof *mm * (size_t)(P ? P : 1));
         for (int trial = 0; m && mm && trial < 12; trial++) {
             const int density = trial ? (int)(next() % 4) : 0; /* the first: no recompute */
@@ -231,7 +234,7 @@ int main(void)
                 const int sfound = ck_policy_budget_search(&c, ev, budget, best, &floor, err, sizeof err);
                 /* the search's decision within the model's (each buffer with all its views) */
                 int within = 1;
-                ck_optimal_model_mark(m, best, tied);
+                ck_optimal_model_mark(solver_m, best, tied);
                 for (int t = 0; t < g->nt; t++) within &= tied[t] == best[t];
                 if (sfound == 1 && ck_evaluate(ev, best, 1, &sp, &sflops)) break;
                 ck_optimal_result res;
@@ -256,7 +259,14 @@ int main(void)
                 fits += peak <= budget && peak == res.peak && f == res.flops;
                 no_worse += sfound != 1 || f <= sflops;
                 better += sfound == 1 && f < sflops;
-                const double least = within && sfound == 1 && sflops < f ? sflops : f;
+                /* the bound holds over the solver's decisions: each buffer with all its views, none that no
+                 * later entry reads (the search's decision is one when tied[] is it) */
+                int mine = 1;
+                ck_optimal_model_mark(solver_m, mark, tied);
+                for (int t = 0; t < g->nt; t++) mine &= tied[t] == mark[t];
+                double least = mine ? f : INFINITY;
+                if (within && sfound == 1 && sflops < least) least = sflops;
+                bounded += least < INFINITY;
                 if (bound_below == solved - 1 && !(res.bound <= least * (1 + 1e-9) + 1e-9)) {
                     snprintf(name, sizeof name, "round %d budget %zu: bound %.17g above the decision's %.17g (search %.17g)",
                              round, budget, res.bound, f, sflops);
@@ -266,9 +276,10 @@ int main(void)
                 bound_some += res.bound > 0;
             }
         }
-        built &= ev != NULL && m != NULL;
+        built &= ev != NULL && m != NULL && solver_m != NULL;
         free(mm);
         ck_optimal_model_free(m);
+        ck_optimal_model_free(solver_m);
         ck_evaluator_free(ev);
         free(nodes), free(cand), free(poff), free(retain), free(mark), free(tied), free(best);
         ck_graph_free(g);
@@ -289,8 +300,8 @@ int main(void)
     check(name, fits == solved && solved >= 30, fits);
     snprintf(name, sizeof name, "%d solves: it recomputes no more than the budget search (less in %d)", solved, better);
     check(name, no_worse == solved && solved >= 30, no_worse);
-    snprintf(name, sizeof name, "%d solves: the solver's bound is at most what it recomputes (above 0 in %d)", solved,
-             bound_some);
-    check(name, bound_below == solved && bound_some > 0, bound_below);
+    snprintf(name, sizeof name, "%d solves: the solver's bound is at most what its decisions found recompute (%d of them "
+             "within its decisions, bound above 0 in %d)", solved, bounded, bound_some);
+    check(name, bound_below == solved && bounded >= solved / 2 && bound_some > 0, bound_below);
     return checks_done();
 }

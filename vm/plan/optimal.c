@@ -167,7 +167,7 @@ static int breakpoints(ck_optimal_model *m, int h, int *tmp, int *cap)
     return u;
 }
 
-ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev, char *err, size_t errlen)
+ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev, int links, char *err, size_t errlen)
 {
     const ck_graph *g = c->g;
     (void)ev;
@@ -254,7 +254,7 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
     }
     for (int t = 0; t < g->nt; t++) {
         if (t != root[t] || gidx[t] == -2 || first[t] < 0 || first[t] >= pos0 || (cand[t] & 2) ||
-            ck_is_persistent(g->t[t].kind) || g->t[t].node < 0)
+            ck_is_persistent(g->t[t].kind) || g->t[t].node < 0 || (firstb[t] < 0 && !links))
             continue;
         gidx[t] = ng++;
     }
@@ -748,7 +748,7 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
 {
     const double t0 = now(), deadline = t0 + seconds;
     memset(res, 0, sizeof *res);
-    ck_optimal_model *m = ck_optimal_model_new(c, ev, err, errlen);
+    ck_optimal_model *m = ck_optimal_model_new(c, ev, 0, err, errlen);
     if (!m) return -1;
     const int nt = c->g->nt, nc = ncols(m);
     unsigned char *best = calloc((size_t)nt, 1), *try = calloc((size_t)nt, 1), *chosen = calloc((size_t)m->P + 1, 1);

@@ -1,7 +1,8 @@
 -- The budget search against the exact solver (--checkpoint optimal) on one
 -- SDXL LoRA training step, plan only: for each budget (a share of none's
 -- peak), the recompute FLOPs of each as a share of the forward FLOPs, the
--- solver's lower bound, and the gap. bench/optimal_table.sh runs it.
+-- solver's lower bound and the gap; with --gpu, the joint search's predicted
+-- step time (--offload auto) beside the optimum's. bench/optimal_table.sh runs it.
 --
 --   ckrun bench/optimal_table.lua --size tiny --budgets 90,80,70 --optimal-seconds 60
 local unet = require "ck.unet"
@@ -16,36 +17,49 @@ local o = options.parse(args, {
    shown = "256 with --size tiny, else 1024", min = 64},
   {"budgets", "string", "90,80,70,62,55", "budgets in percent of none's peak, comma-separated"},
   {"optimal-seconds", "number", 60, "the solver's time limit per budget, in seconds", min = 1},
-  {"gpu", "string", nil, "also the joint search (--offload auto) on this card's figures, beside the optimum's "
-   .. "predicted step time", arg = "NAME"},
+  {"gpu", "string", nil, "also the joint search (--offload auto) and the optimum's predicted step time on this "
+   .. "card's figures", arg = "NAME"},
 })
 if not o then return end
 
 local config = unet.config(({tiny = "sdxl-tiny", mid = "sdxl-mid", full = "sdxl"})[o.size])
 local latent = o.resolution // 8
 
+-- the plan under a policy, or nil and the one-line reason it is refused
 local function plan(pol, offload)
-  local r = sdxl.training_step{config = config, batch = 1, latent = {latent, latent}, lora = {rank = 4, alpha = 4},
-                               compile = {checkpoint = pol, plan_only = true, offload = offload, gpu = o.gpu}}
+  local ok, r = pcall(sdxl.training_step, {config = config, batch = 1, latent = {latent, latent},
+                                           lora = {rank = 4, alpha = 4},
+                                           compile = {checkpoint = pol, plan_only = true, offload = offload,
+                                                      gpu = o.gpu}})
+  if not ok then return nil, tostring(r):gsub("^.-compile: ", "") end
   return r.program:plan()
 end
 
-local none = plan(policy.none())
-local fwd = none.step_flops -- replaced below by the solver's count of forward FLOPs
-print(string.format("# sdxl-%s %d px: none's peak %d bytes, %d ops", o.size, o.resolution, none.peak, none.ops))
-print("| budget | budget: recompute (% fwd) | optimal (% fwd) | lower bound (% fwd) | gap (points) | solver |")
-print("|---|---|---|---|---|---|")
+local none = assert(plan(policy.none()))
+print(string.format("sdxl-%s %d px: none's peak %d bytes, %d ops; solver limit %g s per budget", o.size,
+                    o.resolution, none.peak, none.ops, o["optimal-seconds"]))
+local head = "| budget | `budget:` recomputes (% fwd) | optimal (% fwd) | lower bound (% fwd) | gap (points) | solver |"
+if o.gpu then head = head .. " joint search, predicted step (s) | optimal, predicted step (s) |" end
+print(head)
+print(o.gpu and "|---|---|---|---|---|---|---|---|" or "|---|---|---|---|---|---|")
+local fwd
 for b in o.budgets:gmatch("[^,]+") do
-  local pct = tonumber(b)
-  local s = plan(policy.budget(b .. "%"))
-  local opt = plan(policy.optimal(b .. "%", o["optimal-seconds"]))
-  local d = opt.decision or ""
-  local of, flops = d:match("recomputes ([%d.]+)%% of forward FLOPs %(([%d.e+]+)%)")
+  local s, serr = plan(policy.budget(b .. "%"))
+  local opt, oerr = plan(policy.optimal(b .. "%", o["optimal-seconds"]))
+  local d = opt and opt.decision or ""
+  local f = tonumber(d:match("of forward FLOPs ([%d.e+]+)"))
+  fwd = f or fwd
+  local function pct(p) return p and fwd and string.format("%.2f", 100 * p.recompute_flops / fwd) or "does not fit" end
   local lb = d:match("lower bound ([%d.]+)%%")
-  fwd = tonumber(flops) / (tonumber(of) / 100)
-  local sp = 100 * s.recompute_flops / fwd
-  local op = 100 * opt.recompute_flops / fwd
-  print(string.format("| %d%% | %.2f | %.2f | %s | %.2f | %s |", pct, sp, op, lb or "?", sp - op,
-                      d:match("proven") and "proven" or "time limit"))
-  io.stderr:write(d, "\n")
+  local gap = s and opt and fwd and string.format("%.2f", 100 * (s.recompute_flops - opt.recompute_flops) / fwd) or "-"
+  local how = not opt and "-" or d:match("proven") and "proven" or
+    (d:match("the budget search's decision") and "time limit, none better found" or "time limit")
+  local row = string.format("| %s%% | %s | %s | %s | %s | %s |", b, pct(s), pct(opt), lb or "-", gap, how)
+  if o.gpu then
+    local j = plan(policy.budget(b .. "%"), "auto")
+    row = row .. string.format(" %s | %s |", j and string.format("%.4f", j.predicted_step_seconds) or "does not fit",
+                               opt and string.format("%.4f", opt.predicted_step_seconds) or "-")
+  end
+  print(row)
+  io.stderr:write(b, "%: ", d ~= "" and d or tostring(oerr or serr), "\n")
 end

@@ -188,7 +188,7 @@ int main(void)
         ck_evaluator *ev = ck_evaluator_new(&c);
         ck_optimal_model *m = ev ? ck_optimal_model_new(&c, ev, 1, err, sizeof err) : NULL;
         const int P = m ? ck_optimal_model_positions(m) : 0;
-        ck_optimal_model *solver_m = ev ? ck_optimal_model_new(&c, ev, 0, err, sizeof err) : NULL; /* the solver's */
+        ck_optimal_model *solver_m = ev ? ck_optimal_model_new(&c, ev, 1, err, sizeof err) : NULL; /* the solver's */
         int64_t *mm = malloc(sizeof *mm * (size_t)(P ? P : 1));
         for (int trial = 0; m && mm && trial < 12; trial++) {
             const int density = trial ? (int)(next() % 4) : 0; /* the first: no recompute */

@@ -510,7 +510,8 @@ static int next_at(const ck_optimal_model *m, int gi, int s)
     const grp *g = &m->grp[gi];
     for (int k = 0; k < g->nseg; k++)
         if (m->brk[g->seg0 + k] >= s) return col_n(m, gi, k);
-    return col_x(m, gi);
+    /* a link's mark costs nothing by itself: its producer recomputed */
+    return g->link ? col_r(m, g->prod) : col_x(m, gi);
 }
 
 static void fill_originals(const ck_optimal_model *m, double *v);
@@ -661,6 +662,15 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
                 cols[n] = col_r(m, w), vals[n++] = -1;
                 if (m->u_grp[u] >= 0) cols[n] = col_x(m, m->u_grp[u]), vals[n++] = 1;
                 Cbc_addRow(s, "", n, cols, vals, 'G', 0);
+                /* the same, by what a marked u costs: w recomputed after the segment keeps u or recomputes it,
+                 * R_p(u) + O_u,i + (w run by its end) >= R_w (the rows above alone let a half mark pay neither) */
+                if (m->u_grp[u] >= 0) {
+                    n--;
+                    cols[n++] = col_r(m, m->grp[m->u_grp[u]].prod);
+                    for (int j = 0; j < n; j++) vals[j] = 1;
+                    vals[n - 2] = -1; /* R_w */
+                    Cbc_addRow(s, "", n, cols, vals, 'G', 0);
+                }
             }
     for (int k = 0; k < m->nd; k++) { /* R_p >= x_h: a view of h a later entry reads */
         const int c2[2] = {col_r(m, m->dr_p[k]), col_x(m, m->dr_h[k])};
@@ -748,7 +758,7 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
 {
     const double t0 = now(), deadline = t0 + seconds;
     memset(res, 0, sizeof *res);
-    ck_optimal_model *m = ck_optimal_model_new(c, ev, 0, err, errlen);
+    ck_optimal_model *m = ck_optimal_model_new(c, ev, 1, err, errlen);
     if (!m) return -1;
     const int nt = c->g->nt, nc = ncols(m);
     unsigned char *best = calloc((size_t)nt, 1), *try = calloc((size_t)nt, 1), *chosen = calloc((size_t)m->P + 1, 1);
@@ -900,9 +910,9 @@ int ck_optimal_decide(const ck_decide_ctx *c, double bytes, double fraction, dou
     if (c->why && c->whylen) {
         const double fw = r.forward_flops > 0 ? 100.0 / r.forward_flops : 0;
         snprintf(c->why, c->whylen,
-                 "optimal: recomputes %.2f%% of forward FLOPs (%.4g), lower bound %.2f%% (%.4g), %s%s; peak %zu of %zu "
-                 "bytes; %d solves in %.1f s",
-                 r.flops * fw, r.flops, r.bound * fw, r.bound, r.proven ? "proven" : "time limit",
+                 "optimal: recomputes %.2f%% of forward FLOPs %.6g, lower bound %.2f%%, %s%s; peak %zu of %zu bytes; "
+                 "%d solves in %.1f s",
+                 r.flops * fw, r.forward_flops, r.bound * fw, r.proven ? "proven" : "time limit",
                  r.from_search ? ", the budget search's decision" : "", r.peak, budget, r.solves, r.seconds);
     }
     rc = 0;

@@ -17,6 +17,7 @@ local o = options.parse(args, {
    shown = "256 with --size tiny, else 1024", min = 64},
   {"budgets", "string", "90,80,70,62,55", "budgets in percent of none's peak, comma-separated"},
   {"optimal-seconds", "number", 60, "the solver's time limit per budget, in seconds", min = 1},
+  {"marks", "flag", false, "also write to stderr what each recomputes that the other keeps, by op and block"},
   {"gpu", "string", nil, "also the joint search (--offload auto) and the optimum's predicted step time on this "
    .. "card's figures", arg = "NAME"},
 })
@@ -31,8 +32,41 @@ local function plan(pol, offload)
                                            lora = {rank = 4, alpha = 4},
                                            compile = {checkpoint = pol, plan_only = true, offload = offload,
                                                       gpu = o.gpu}})
-  if not ok then return nil, tostring(r):gsub("^.-compile: ", "") end
-  return r.program:plan()
+  if not ok then return nil, (tostring(r):gsub("^.-compile: ", "")) end
+  local pl = r.program:plan()
+  pl.program = r.program
+  return pl
+end
+
+-- what a recomputes that b keeps: count, bytes, and by producing op and by block
+local function differ(a, b)
+  local ga, gb = a.program:graph(), b.program:graph()
+  local inb, op_of = {}, {}
+  for _, id in ipairs(gb.recomputed) do inb[id] = true end
+  for _, e in ipairs(ga.ops) do
+    if e.phase == "forward" then for _, t in ipairs(e.outputs) do op_of[t] = e.op end end
+  end
+  local n, bytes, by_op, by_block = 0, 0, {}, {}
+  for _, id in ipairs(ga.recomputed) do
+    if not inb[id] then
+      local t = ga.tensors[id + 1]
+      n, bytes = n + 1, bytes + t.bytes
+      local op = op_of[id] or "?"
+      local sc = t.scope or ""
+      local block = sc:match("^([%w_]+%.%d+)") or sc:match("^([%w_]+)") or "?"
+      by_op[op] = (by_op[op] or 0) + 1
+      by_block[block] = (by_block[block] or 0) + 1
+    end
+  end
+  local function list(t)
+    local ks = {}
+    for k, v in pairs(t) do ks[#ks + 1] = {k, v} end
+    table.sort(ks, function(x, y) return x[2] > y[2] or (x[2] == y[2] and x[1] < y[1]) end)
+    local out = {}
+    for i, kv in ipairs(ks) do out[i] = kv[1] .. " " .. kv[2] end
+    return table.concat(out, ", ")
+  end
+  return string.format("%d tensors, %.2f MiB; by op: %s; by block: %s", n, bytes / 2 ^ 20, list(by_op), list(by_block))
 end
 
 local none = assert(plan(policy.none()))
@@ -62,4 +96,8 @@ for b in o.budgets:gmatch("[^,]+") do
   end
   print(row)
   io.stderr:write(b, "%: ", d ~= "" and d or tostring(oerr or serr), "\n")
+  if o.marks and s and opt then
+    io.stderr:write("  optimal recomputes, budget: keeps: ", differ(opt, s), "\n")
+    io.stderr:write("  budget: recomputes, optimal keeps: ", differ(s, opt), "\n")
+  end
 end

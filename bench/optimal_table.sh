@@ -10,9 +10,9 @@ set -e
 BUILD=${1:-build}
 SECONDS_PER=${2:-60}
 cd "$(dirname "$0")/.."
-export OMP_NUM_THREADS=1
 echo "solver: CBC $(dpkg-query -W -f '${Version}' coinor-libcbc3 2>/dev/null || echo '?'), $(date -u +%Y-%m-%d), $(nproc) cores"
+export OMP_NUM_THREADS=1
 for size in tiny mid; do
-  "$BUILD/ckrun" bench/optimal_table.lua --size "$size" --optimal-seconds "$SECONDS_PER" --gpu H100
+  "$BUILD/ckrun" bench/optimal_table.lua --size "$size" --optimal-seconds "$SECONDS_PER" --gpu H100 --marks
   echo
 done

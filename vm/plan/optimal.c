@@ -2,41 +2,52 @@
  * list's memory, solved by CBC (coinor-libcbc) under a time limit, as the
  * reference the budget search is held against and as --checkpoint optimal.
  *
- * The model. Positions are the entries every list has: the none list's
- * (forward entries, then the others in list order); the scheduler
- * (vm/plan/schedule.c) only inserts recompute entries between them. A buffer
- * is a forward activation with the views of it (RESHAPE aliases one buffer,
- * as the evaluator's roots do); it can be marked when every forward tensor
- * in it is a candidate, none is retained, and a later entry reads it. Let e0
- * be the last forward entry that touches it, f and L the first and last
- * later entry. Variables:
- *   x_h    binary, buffer h marked (all its forward tensors marked together);
- *   R_v    node v recomputed: R_v >= x_h for each buffer v makes, and
- *          R_v >= R_w + x_h - 1 when forward node w reads h and makes a buffer
- *          (recomputing w materializes its marked inputs, depth first);
- *   N_h,j  h's recomputed copy exists at breakpoint s_j < f: N >= N_h,j-1,
- *          N_h,j >= V_g(s_j) + x_h - 1 for every buffer g made by a reader w of
- *          h, V_g(s) being x_g for s >= f_g, else g's own N at s (a copy of
- *          g made by s means w ran by s, reading h's copy, which lives to L).
- *          s_j are the f and breakpoints of those g before f_h, at most
- *          SEGMENTS of them, evenly thinned (fewer only weakens the bound).
- * Objective: sum of R_v times v's FLOPs, exact: the least R is the set the
- * scheduler recomputes. Memory at position k, above the persistent bytes:
- *   none's live bytes at k (with k's workspace)
- *   - bytes_h x_h            for each h with e0 < k < f  (the original is gone)
- *   + bytes_h N_h,j(k)       for each h with s_0 <= k < f (a copy made early)
- * and from f to L a marked h's copy stands for the original, so no term.
- * This is a lower bound of the evaluator's live bytes at k, equal where the
- * list recomputes no input past its last other use and every copy is made
- * at one of its breakpoints; it omits the recompute entries' own positions,
- * where inputs and copies of a recomputation are live together, and the
- * placement's fragmentation. So the solver's bound is a bound on every
- * decision that fits; the decision it gives is checked by the evaluator's
- * placed peak, and while that peak is over the budget the model's budget is
- * lowered by the excess and solved again. Memory rows enter lazily: the most
- * loaded positions first, then each violated one. The budget search's
- * decision is the start and stays the answer when the solver finds none
- * better that fits. */
+ * Positions are the entries every list has, the none list's (forward, then
+ * the rest in list order): the scheduler (vm/plan/schedule.c) only inserts
+ * recompute entries between them. A buffer is a forward activation with its
+ * views (RESHAPE aliases one buffer, as the evaluator's roots); it can be
+ * marked when every forward tensor in it is a candidate and none is
+ * retained. e0 is the last forward entry touching it, f and L its first and
+ * last later entry; a buffer no later entry reads is a link (a recomputation
+ * that reads it recomputes it too, rather than keep it). Variables, all in
+ * [0, 1]:
+ *   x_h    binary: buffer h marked (all its forward tensors);
+ *   R_p    node p recomputed: R_p >= x_h for a view of h p makes that a later
+ *          entry reads; R_p >= R_w + x_h - 1 when w, recomputed, reads p's
+ *          view of h (materialize, depth first). The least R is the set the
+ *          scheduler recomputes, so the objective, sum of R_p times p's FLOPs
+ *          (in percent of the forward FLOPs), is exact.
+ *   N_h,j  h's copy made by breakpoint s_j < f: N_h,j >= N_h,j-1 and
+ *          N_h,j >= V_g(s_j) + x_h - 1 for each buffer g made by a reader w of
+ *          h (V_g(s): x_g from f_g on, else g's own N at its last breakpoint
+ *          <= s); N_h,j <= x_h and <= the sum over those g of their value at
+ *          their first breakpoint >= s_j (a link's beyond its last: R of its
+ *          producer). s_j are the f and breakpoints of those g before f_h,
+ *          at most SEGMENTS of them, evenly thinned (fewer only weakens it).
+ *   O_u,i  u's original (unmarked) kept through segment i, (b_i-1, b_i], past
+ *          its end (e0 of a link, else L), for a recomputation that reads it:
+ *          O_u,i >= R_w - x_u - run_w(b_i) for each w reading u, where run_w(s)
+ *          (w recomputed by s: 0 in the forward pass, else the sum over w's
+ *          buffers of their value at their first breakpoint >= s) is an upper
+ *          bound; and R_p(u) + O_u,i + run_w(b_i) >= R_w, which says the same
+ *          for a fractional mark. b_i are its readers' buffers' breakpoints
+ *          and f, and the last forward entry, at most USEGMENTS of them.
+ * Memory at position k above the persistent bytes: none's live bytes there
+ * (its workspace included), - bytes_h x_h for each non-link h with
+ * e0 < k < f (the original gone; from f to L a copy stands for it),
+ * + bytes_h N_h,j(k) for h with s_0 <= k < f, + bytes_u O_u,i(k) past u's end.
+ * At the scheduler's values this is a lower bound of the list's live bytes at
+ * every such entry (equal at most of them; test_optimal checks both): it
+ * leaves out the recompute entries' own positions (a recomputation's inputs
+ * and copies live together), copies made between breakpoints, a link's copy
+ * read by recomputations at several entries, and the placement's
+ * fragmentation. So the solver's bound is a bound on every decision of this
+ * kind (a buffer marked whole) whose placed peak fits; the decision it gives is
+ * checked by the evaluator's placed peak, and while that is over the budget
+ * the model's budget is lowered by the excess and solved again. Memory rows
+ * enter lazily: the most loaded positions under none and an even spread, then
+ * those the solution breaks. The budget search's decision is the start, and
+ * the answer when the solver finds none better that fits. */
 #include "plan/optimal.h"
 #include "plan/policy.h"
 

@@ -53,6 +53,7 @@
 
 #include <Cbc_C_Interface.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,10 +110,11 @@ struct ck_optimal_model {
     double scale;      /* the objective's unit: percent of the forward FLOPs */
 };
 
+/* the process's CPU time: what CBC's time limit counts */
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -652,15 +654,82 @@ static int row_put(rowbuf *r, int col, double val)
     return 0;
 }
 
+/* the program as it is built: rows by triplets, loaded into CBC at once
+ * (CBC's row-at-a-time interface copies the matrix on every row) */
+typedef struct lp {
+    int nrow, nz, cap, rcap;
+    int *row, *col;
+    double *val, *lo, *hi;
+} lp;
+
+static void lp_free(lp *L) { free(L->row), free(L->col), free(L->val), free(L->lo), free(L->hi); }
+
+static int lp_row(lp *L, int n, const int *cols, const double *vals, char sense, double rhs)
+{
+    if (L->nz + n > L->cap) {
+        const int cap = 2 * (L->nz + n) + 1024;
+        int *rw = realloc(L->row, sizeof(int) * (size_t)cap);
+        if (!rw) return -1;
+        L->row = rw;
+        int *cl = realloc(L->col, sizeof(int) * (size_t)cap);
+        if (!cl) return -1;
+        L->col = cl;
+        double *vl = realloc(L->val, sizeof(double) * (size_t)cap);
+        if (!vl) return -1;
+        L->val = vl;
+        L->cap = cap;
+    }
+    if (L->nrow == L->rcap) {
+        const int cap = 2 * L->rcap + 1024;
+        double *lo = realloc(L->lo, sizeof(double) * (size_t)cap);
+        if (!lo) return -1;
+        L->lo = lo;
+        double *hi = realloc(L->hi, sizeof(double) * (size_t)cap);
+        if (!hi) return -1;
+        L->hi = hi;
+        L->rcap = cap;
+    }
+    for (int j = 0; j < n; j++) L->row[L->nz] = L->nrow, L->col[L->nz] = cols[j], L->val[L->nz++] = vals[j];
+    L->lo[L->nrow] = sense == 'L' ? -DBL_MAX : rhs;
+    L->hi[L->nrow] = sense == 'G' ? DBL_MAX : rhs;
+    L->nrow++;
+    return 0;
+}
+
+/* L's rows by column, with m's columns: x binary, the others in [0, 1], R's FLOPs as the objective */
+static Cbc_Model *lp_load(const ck_optimal_model *m, const lp *L)
+{
+    const int nc = ncols(m);
+    CoinBigIndex *start = calloc((size_t)nc + 1, sizeof *start);
+    int *index = malloc(sizeof(int) * (size_t)(L->nz ? L->nz : 1));
+    double *value = malloc(sizeof(double) * (size_t)(L->nz ? L->nz : 1));
+    double *lb = calloc((size_t)nc + 1, sizeof(double)), *ub = malloc(sizeof(double) * ((size_t)nc + 1));
+    double *obj = calloc((size_t)nc + 1, sizeof(double));
+    Cbc_Model *s = NULL;
+    if (!start || !index || !value || !lb || !ub || !obj) goto out;
+    for (int k = 0; k < L->nz; k++) start[L->col[k] + 1]++;
+    for (int c = 0; c < nc; c++) start[c + 1] += start[c], ub[c] = 1;
+    for (int k = 0; k < L->nz; k++) { /* placed by a second count, column by column in row order */
+        const CoinBigIndex at = start[L->col[k]]++;
+        index[at] = L->row[k], value[at] = L->val[k];
+    }
+    for (int c = nc; c > 0; c--) start[c] = start[c - 1];
+    start[0] = 0;
+    for (int p = 0; p < m->nprod; p++) obj[col_r(m, p)] = m->prod_flops[p] * m->scale;
+    if (!(s = Cbc_newModel())) goto out;
+    Cbc_loadProblem(s, nc, L->nrow, start, index, value, lb, ub, obj, L->lo, L->hi);
+    for (int h = 0; h < m->ng; h++) Cbc_setInteger(s, col_x(m, h));
+out:
+    free(start), free(index), free(value), free(lb), free(ub), free(obj);
+    return s;
+}
+
 /* the CBC model: columns, the structural rows, and the memory rows at the
  * positions chosen (their right-hand side: limit, bytes above the persistent ones) */
 static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, double limit, rowbuf *r)
 {
-    Cbc_Model *s = Cbc_newModel();
-    if (!s) return NULL;
-    for (int h = 0; h < m->ng; h++) Cbc_addCol(s, "", 0, 1, 0, 1, 0, NULL, NULL);
-    for (int p = 0; p < m->nprod; p++) Cbc_addCol(s, "", 0, 1, m->prod_flops[p] * m->scale, 0, 0, NULL, NULL);
-    for (int b = 0; b < m->nbrk + m->nub; b++) Cbc_addCol(s, "", 0, 1, 0, 0, 0, NULL, NULL);
+    lp L = {0};
+    lp *s = &L;
     int cols[CK_MAX_OUT + 8];
     double vals[CK_MAX_OUT + 8];
     for (int u = 0; u < m->nu; u++) /* O_u,i >= R_w - x_u - (w run by the segment's end) */
@@ -672,7 +741,7 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
                 cols[n] = col_o(m, u, i), vals[n++] = 1;
                 cols[n] = col_r(m, w), vals[n++] = -1;
                 if (m->u_grp[u] >= 0) cols[n] = col_x(m, m->u_grp[u]), vals[n++] = 1;
-                Cbc_addRow(s, "", n, cols, vals, 'G', 0);
+                if (lp_row(s, n, cols, vals, 'G', 0)) goto fail;
                 /* the same, by what a marked u costs: w recomputed after the segment keeps u or recomputes it,
                  * R_p(u) + O_u,i + (w run by its end) >= R_w (the rows above alone let a half mark pay neither) */
                 if (m->u_grp[u] >= 0) {
@@ -680,18 +749,18 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
                     cols[n++] = col_r(m, m->grp[m->u_grp[u]].prod);
                     for (int j = 0; j < n; j++) vals[j] = 1;
                     vals[n - 2] = -1; /* R_w */
-                    Cbc_addRow(s, "", n, cols, vals, 'G', 0);
+                    if (lp_row(s, n, cols, vals, 'G', 0)) goto fail;
                 }
             }
     for (int k = 0; k < m->nd; k++) { /* R_p >= x_h: a view of h a later entry reads */
         const int c2[2] = {col_r(m, m->dr_p[k]), col_x(m, m->dr_h[k])};
         const double v2[2] = {1, -1};
-        Cbc_addRow(s, "", 2, c2, v2, 'G', 0);
+        if (lp_row(s, 2, c2, v2, 'G', 0)) goto fail;
     }
     for (int k = 0; k < m->nrc; k++) { /* R_p >= R_w + x_h - 1: w recomputed reads p's view of h */
         const int c3[3] = {col_r(m, m->rc_p[k]), col_r(m, m->rc_w[k]), col_x(m, m->rc_h[k])};
         const double v3[3] = {1, -1, -1};
-        if (c3[0] != c3[1]) Cbc_addRow(s, "", 3, c3, v3, 'G', -1);
+        if (c3[0] != c3[1]) if (lp_row(s, 3, c3, v3, 'G', -1)) goto fail;
     }
     for (int h = 0; h < m->ng; h++) {
         const grp *gh = &m->grp[h];
@@ -699,13 +768,13 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
             if (j) {
                 const int cols[2] = {col_n(m, h, j), col_n(m, h, j - 1)};
                 const double vals[2] = {1, -1};
-                Cbc_addRow(s, "", 2, cols, vals, 'G', 0);
+                if (lp_row(s, 2, cols, vals, 'G', 0)) goto fail;
             }
             const int at = m->brk[gh->seg0 + j];
             { /* made by s_j only if marked, and only if a reader's buffer is made by then */
                 const int c2[2] = {col_n(m, h, j), col_x(m, h)};
                 const double v2[2] = {1, -1};
-                Cbc_addRow(s, "", 2, c2, v2, 'L', 0);
+                if (lp_row(s, 2, c2, v2, 'L', 0)) goto fail;
                 r->n = 0;
                 if (row_put(r, col_n(m, h, j), 1)) goto fail;
                 for (int k = 0; k < m->ne; k++) {
@@ -714,7 +783,7 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
                     for (int q = m->prod_g0[w]; q < m->prod_g0[w] + m->prod_gn[w]; q++)
                         if (row_put(r, next_at(m, m->prod_grp[q], at), -1)) goto fail;
                 }
-                Cbc_addRow(s, "", r->n, r->col, r->val, 'L', 0);
+                if (lp_row(s, r->n, r->col, r->val, 'L', 0)) goto fail;
             }
             for (int k = 0; k < m->ne; k++) {
                 if (m->e[k].h != h) continue;
@@ -724,7 +793,7 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
                     if (col < 0) continue;
                     const int cols[3] = {col_n(m, h, j), col, col_x(m, h)};
                     const double vals[3] = {1, -1, -1};
-                    Cbc_addRow(s, "", 3, cols, vals, 'G', -1);
+                    if (lp_row(s, 3, cols, vals, 'G', -1)) goto fail;
                 }
             }
         }
@@ -748,11 +817,13 @@ static Cbc_Model *build(const ck_optimal_model *m, const unsigned char *chosen, 
                     break;
                 }
         }
-        Cbc_addRow(s, "", r->n, r->col, r->val, 'L', (limit - (double)m->base[k]) * MIB);
+        if (lp_row(s, r->n, r->col, r->val, 'L', (limit - (double)m->base[k]) * MIB)) goto fail;
     }
-    return s;
+    Cbc_Model *cbc = lp_load(m, s);
+    lp_free(s);
+    return cbc;
 fail:
-    Cbc_deleteModel(s);
+    lp_free(s);
     return NULL;
 }
 

@@ -46,8 +46,9 @@
  * checked by the evaluator's placed peak, and while that is over the budget
  * the model's budget is lowered by the excess and solved again. Memory rows
  * enter lazily: the most loaded positions under none and an even spread, then
- * those the solution breaks. The budget search's decision is the start, and
- * the answer when the solver finds none better that fits. */
+ * those the solution breaks. The budget search's decision is the answer when
+ * the solver finds none better that fits (it is not CBC's start: given as one,
+ * CBC's own heuristics found worse decisions in the same time). */
 #include "plan/optimal.h"
 #include "plan/policy.h"
 
@@ -845,12 +846,11 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
     const int nt = c->g->nt, nc = ncols(m);
     unsigned char *best = calloc((size_t)nt, 1), *try = calloc((size_t)nt, 1), *chosen = calloc((size_t)m->P + 1, 1);
     double *v = calloc((size_t)nc + 1, sizeof *v), *load = malloc(sizeof(double) * (size_t)(m->P + 1));
-    int *idx = malloc(sizeof(int) * (size_t)(nc + 1));
     rowbuf rb = {0};
     int rc = -1, found = 0;
     double best_flops = INFINITY;
     size_t best_peak = 0;
-    if (!best || !try || !chosen || !v || !load || !idx) goto oom;
+    if (!best || !try || !chosen || !v || !load) goto oom;
     res->forward_flops = m->forward_flops;
     /* the budget search's answer: the start, and the answer if nothing beats it */
     size_t floor;
@@ -885,17 +885,10 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
         Cbc_Model *s = build(m, chosen, limit, &rb);
         if (!s) goto oom;
         Cbc_setLogLevel(s, 0);
-        /* half of what is left, so that a decision over the budget can be solved again */
-        Cbc_setMaximumSeconds(s, res->solves ? left : left / 2);
+        /* a fifth kept back, so that a decision over the budget can be solved again */
+        Cbc_setMaximumSeconds(s, res->solves ? left : left * 0.8);
         Cbc_setAllowableFractionGap(s, GAP);
         Cbc_setParameter(s, "threads", "1");
-        if (found) { /* the best decision so far as the start */
-            memset(v, 0, sizeof *v * (size_t)nc);
-            for (int h = 0; h < m->ng; h++) v[col_x(m, h)] = best[m->grp[h].root] ? 1 : 0;
-            fill(m, v);
-            for (int i = 0; i < nc; i++) idx[i] = i;
-            Cbc_setMIPStartI(s, nc, idx, v);
-        }
         Cbc_solve(s);
         res->solves++;
         const double *sol = Cbc_bestSolution(s);
@@ -962,7 +955,7 @@ oom:
     snprintf(err, errlen, "out of memory");
     rc = -1;
 out:
-    free(best), free(try), free(chosen), free(v), free(load), free(idx), free(rb.col), free(rb.val);
+    free(best), free(try), free(chosen), free(v), free(load), free(rb.col), free(rb.val);
     ck_optimal_model_free(m);
     return rc;
 }

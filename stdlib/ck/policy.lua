@@ -119,7 +119,8 @@ function M.parse(s)
     return M.blocks(pats)
   end
   error("unknown checkpoint policy '" .. tostring(s) ..
-    "' (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, optimal:SIZE|PCT%[:SECONDSs], blocks:PATTERN, auto[:SIZE])", 2)
+    "' (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, optimal:SIZE|PCT%[:SECONDSs], " ..
+    "blocks:PATTERN, auto[:SIZE])", 2)
 end
 
 -- a short name for tables and reports

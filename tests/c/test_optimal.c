@@ -226,7 +226,8 @@ int main(void)
         /* on every other graph, two budgets: the smallest peak the search sees, and a third of the way to none's */
         size_t none, floor;
         double f0;
-        if (m && round % 2 == 0 && !ck_evaluate(ev, NULL, 1, &none, &f0) && ck_policy_budget_search(&c, ev, 0, best, &floor, err, sizeof err) >= 0) {
+        if (m && round % 2 == 0 && !ck_evaluate(ev, NULL, 1, &none, &f0) &&
+            ck_policy_budget_search(&c, ev, 0, best, &floor, err, sizeof err) >= 0) {
             for (int b = 0; b < 2; b++) {
                 const size_t budget = floor + (none - floor) * (size_t)b / 3;
                 size_t peak, sp = 0;

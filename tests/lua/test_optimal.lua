@@ -52,8 +52,8 @@ for _, share in ipairs{0.2, 0.6} do
   local budget = math.floor(floor + share * (none.peak - floor))
   local b = assert(step(policy.budget(budget)))
   local o, err = step(policy.optimal(budget, 1))
-  T.ok(o and o.peak <= budget, string.format("optimal %d%% of the way from the smallest peak to none's: the plan's peak %s fits %d bytes",
-    share * 100, o and o.peak or err, budget))
+  T.ok(o and o.peak <= budget, string.format(
+    "optimal %d%% of the way from the smallest peak to none's: the plan's peak %s fits %d bytes", share * 100, o and o.peak or err, budget))
   T.ok(o and o.recompute_flops <= b.recompute_flops, string.format(
     "optimal at %d%%: recomputes %s FLOPs, the budget search %.0f", share * 100, o and o.recompute_flops or "-",
     b.recompute_flops))

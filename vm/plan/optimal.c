@@ -91,7 +91,6 @@ struct ck_optimal_model {
     int *prod_of;      /* per graph node: producer index, -1 */
     double *prod_flops;
     edge *e;           /* sorted by w */
-    int *e_start;      /* per producer: its edges as reader e[e_start[w] .. e_start[w + 1]) */
     int *brk;
     int *g_by_pos;     /* buffers, latest producer first */
     /* originals a recomputation reads: buffer u (bytes, end: its last entry
@@ -124,7 +123,7 @@ void ck_optimal_model_free(ck_optimal_model *m)
     if (!m) return;
     free(m->base), free(m->grp), free(m->alias), free(m->prod_node), free(m->prod_pos), free(m->prod_g0);
     free(m->prod_gn), free(m->prod_by_pos), free(m->prod_grp), free(m->prod_of), free(m->prod_flops), free(m->e);
-    free(m->e_start), free(m->brk), free(m->g_by_pos);
+    free(m->brk), free(m->g_by_pos);
     free(m->u_root), free(m->u_end), free(m->u_seg0), free(m->u_nseg), free(m->u_grp), free(m->u_bytes), free(m->x_u);
     free(m->x_w), free(m->x_start), free(m->ub);
     free(m->dr_p), free(m->dr_h), free(m->rc_p), free(m->rc_w), free(m->rc_h), free(m->rc_start);
@@ -150,7 +149,11 @@ static int by_w(const void *a, const void *b)
     const edge *x = a, *y = b;
     return x->w != y->w ? (x->w > y->w) - (x->w < y->w) : (x->h > y->h) - (x->h < y->h);
 }
-static int by_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+static int by_int(const void *a, const void *b)
+{
+    const int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
 
 /* the breakpoints of h: the first readers and breakpoints of the buffers its
  * readers make, before f_h, thinned to SEGMENTS */
@@ -329,7 +332,6 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
     m->prod_grp = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
     m->prod_by_pos = malloc(sizeof(int) * (size_t)(m->nprod ? m->nprod : 1));
     m->g_by_pos = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
-    m->e_start = calloc((size_t)m->nprod + 1, sizeof(int));
     int ecap = 0;
     for (int p = 0; p < m->nprod; p++) ecap += g->n[m->prod_node[p]].nin;
     m->e = malloc(sizeof *m->e * (size_t)(ecap ? ecap : 1));
@@ -341,7 +343,7 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
         free(pos_node);
         goto oom_g;
     }
-    if (!m->prod_g0 || !m->prod_gn || !m->prod_grp || !m->prod_by_pos || !m->g_by_pos || !m->e_start || !m->e) {
+    if (!m->prod_g0 || !m->prod_gn || !m->prod_grp || !m->prod_by_pos || !m->g_by_pos || !m->e) {
         free(pos_node);
         goto oom_g;
     }
@@ -367,8 +369,6 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
     m->rc_start[m->nprod] = m->nrc;
     free(pos_node);
     qsort(m->e, (size_t)m->ne, sizeof *m->e, by_w);
-    for (int k = 0; k < m->ne; k++) m->e_start[m->e[k].w + 1]++;
-    for (int p = 0; p < m->nprod; p++) m->e_start[p + 1] += m->e_start[p];
     sort_model = m;
     for (int p = 0; p < m->nprod; p++) m->prod_by_pos[p] = p;
     qsort(m->prod_by_pos, (size_t)m->nprod, sizeof(int), by_pos_desc);
@@ -406,7 +406,8 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
         m->x_w = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
         m->x_start = calloc((size_t)ecap + 2, sizeof(int));
         m->ub = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1) * USEGMENTS);
-        int *xu = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1)), *xw = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        int *xu = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
+        int *xw = malloc(sizeof(int) * (size_t)(ecap ? ecap : 1));
         if (!uidx || !m->u_root || !m->u_end || !m->u_seg0 || !m->u_nseg || !m->u_grp || !m->u_bytes || !m->x_u ||
             !m->x_w || !m->x_start || !m->ub || !xu || !xw) {
             free(uidx), free(xu), free(xw);
@@ -974,11 +975,12 @@ int ck_optimal_decide(const ck_decide_ctx *c, double bytes, double fraction, dou
     }
     const size_t budget = (size_t)(fraction > 0 ? fraction * (double)none : bytes);
     ck_optimal_result r;
-    const int found = ck_optimal_solve(c, ev, budget, seconds > 0 ? seconds : CK_OPTIMAL_SECONDS, mark, &r, err, errlen);
+    const double limit = seconds > 0 ? seconds : CK_OPTIMAL_SECONDS;
+    const int found = ck_optimal_solve(c, ev, budget, limit, mark, &r, err, errlen);
     if (found < 0) goto out;
     if (!found) {
-        snprintf(err, errlen, "optimal: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
-                 budget / 1048576.0, ceil(r.peak / 104857.6) / 10, r.peak);
+        snprintf(err, errlen,
+                 "optimal: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)", budget / 1048576.0, ceil(r.peak / 104857.6) / 10, r.peak);
         goto out;
     }
     for (int k = 0; k < c->ncand; k++) recompute[c->cand[k]] = mark[c->cand[k]];

@@ -837,10 +837,60 @@ static void mark_of(const ck_optimal_model *m, const double *v, unsigned char *m
         if (m->alias[t] >= 0 && v[col_x(m, m->alias[t])] > 0.5) mark[t] = 1;
 }
 
+static const double *polish_flops;
+static int by_flops_desc(const void *a, const void *b)
+{
+    const double x = polish_flops[*(const int *)a], y = polish_flops[*(const int *)b];
+    return (x < y) - (x > y);
+}
+
+/* The decision in best, its marks taken back one buffer at a time, the one
+ * whose producer costs most first, while the placed peak still fits (the
+ * model's memory is a lower bound, so a solved decision can keep slack).
+ * try: scratch. 0, or -1 out of memory. */
+static int polish(const ck_optimal_model *m, ck_evaluator *ev, size_t budget, double deadline, unsigned char *best,
+                  unsigned char *try, double *flops, size_t *peak)
+{
+    int *order = malloc(sizeof(int) * (size_t)(m->ng ? m->ng : 1)), n = 0;
+    double *cost = malloc(sizeof(double) * (size_t)(m->ng ? m->ng : 1));
+    if (!order || !cost) {
+        free(order), free(cost);
+        return -1;
+    }
+    for (int h = 0; h < m->ng; h++) {
+        cost[h] = m->prod_flops[m->grp[h].prod];
+        if (best[m->grp[h].root]) order[n++] = h;
+    }
+    polish_flops = cost;
+    qsort(order, (size_t)n, sizeof *order, by_flops_desc);
+    int rc = 0;
+    for (int i = 0; i < n && now() < deadline; i++) {
+        memcpy(try, best, (size_t)m->nt);
+        for (int t = 0; t < m->nt; t++)
+            if (m->alias[t] == order[i]) try[t] = 0;
+        size_t live, placed;
+        double f, g;
+        if (ck_evaluate(ev, try, 0, &live, &f)) {
+            rc = -1;
+            break;
+        }
+        if (live > budget || f >= *flops) continue;
+        if (ck_evaluate(ev, try, 1, &placed, &g)) {
+            rc = -1;
+            break;
+        }
+        if (placed > budget) continue;
+        memcpy(best, try, (size_t)m->nt);
+        *flops = g, *peak = placed;
+    }
+    free(order), free(cost);
+    return rc;
+}
+
 int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, double seconds, unsigned char *mark,
                      ck_optimal_result *res, char *err, size_t errlen)
 {
-    const double t0 = now(), deadline = t0 + seconds;
+    const double t0 = now(), deadline = t0 + 0.9 * seconds; /* the last tenth polishes */
     memset(res, 0, sizeof *res);
     ck_optimal_model *m = ck_optimal_model_new(c, ev, 1, err, errlen);
     if (!m) return -1;
@@ -937,6 +987,10 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
         tightened = 1;
         if (limit <= 0) break;
     }
+    /* what placement left over, given back: the decision's marks taken back while it fits */
+    const double before = best_flops;
+    if (found && polish(m, ev, budget, t0 + seconds, best, try, &best_flops, &best_peak)) goto oom;
+    if (best_flops < before) res->from_search = 0;
     if (found && best_flops <= res->bound * (1 + 1e-9)) res->proven = 1;
     res->seconds = now() - t0;
     rc = found;

@@ -52,7 +52,9 @@
 #include "plan/optimal.h"
 #include "plan/policy.h"
 
+#ifdef CK_HAVE_CBC
 #include <Cbc_C_Interface.h>
+#endif
 
 #include <float.h>
 #include <math.h>
@@ -111,7 +113,7 @@ struct ck_optimal_model {
 };
 
 /* the process's CPU time: what CBC's time limit counts */
-static double now(void)
+__attribute__((unused)) static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -632,6 +634,8 @@ int ck_optimal_model_memory(const ck_optimal_model *m, const unsigned char *mark
     return 0;
 }
 
+#ifdef CK_HAVE_CBC
+
 /* ---- the solver */
 
 typedef struct rowbuf {
@@ -1014,6 +1018,20 @@ out:
     ck_optimal_model_free(m);
     return rc;
 }
+
+#else
+
+int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, double seconds, unsigned char *mark,
+                     ck_optimal_result *res, char *err, size_t errlen)
+{
+    (void)c, (void)ev, (void)budget, (void)seconds, (void)mark;
+    memset(res, 0, sizeof *res);
+    snprintf(err, errlen, "optimal: this ckrun was built without CBC (apt-get install coinor-libcbc-dev, then "
+                          "build again)");
+    return -1;
+}
+
+#endif
 
 int ck_optimal_decide(const ck_decide_ctx *c, double bytes, double fraction, double seconds, unsigned char *recompute,
                       char *err, size_t errlen)

@@ -86,8 +86,9 @@ for b in o.budgets:gmatch("[^,]+") do
   local function pct(p) return p and fwd and string.format("%.2f", 100 * p.recompute_flops / fwd) or "does not fit" end
   local lb = d:match("lower bound ([%d.]+)%%")
   local gap = s and opt and fwd and string.format("%.2f", 100 * (s.recompute_flops - opt.recompute_flops) / fwd) or "-"
-  local how = not opt and "-" or d:match("proven") and "proven" or
-    (d:match("the budget search's decision") and "time limit, none better found" or "time limit")
+  local how = not opt and "-" or ((d:match("proven") and "proven" or "time limit") .. "; " ..
+    (d:match("the budget search's decision") and "search's decision" or "solver's decision") ..
+    (d:match("decision polished") and ", polished" or ""))
   local row = string.format("| %s%% | %s | %s | %s | %s | %s |", b, pct(s), pct(opt), lb or "-", gap, how)
   if o.gpu then
     local j = plan(policy.budget(b .. "%"), "auto")

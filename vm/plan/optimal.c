@@ -994,7 +994,7 @@ int ck_optimal_solve(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, do
     /* what placement left over, given back: the decision's marks taken back while it fits */
     const double before = best_flops;
     if (found && polish(m, ev, budget, t0 + seconds, best, try, &best_flops, &best_peak)) goto oom;
-    if (best_flops < before) res->from_search = 0;
+    res->polished = best_flops < before;
     if (found && best_flops <= res->bound * (1 + 1e-9)) res->proven = 1;
     res->seconds = now() - t0;
     rc = found;
@@ -1051,18 +1051,20 @@ int ck_optimal_decide(const ck_decide_ctx *c, double bytes, double fraction, dou
     const int found = ck_optimal_solve(c, ev, budget, limit, mark, &r, err, errlen);
     if (found < 0) goto out;
     if (!found) {
-        snprintf(err, errlen,
-                 "optimal: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)", budget / 1048576.0, ceil(r.peak / 104857.6) / 10, r.peak);
+        snprintf(err, errlen, "optimal: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
+                 budget / 1048576.0, ceil(r.peak / 104857.6) / 10, r.peak);
         goto out;
     }
     for (int k = 0; k < c->ncand; k++) recompute[c->cand[k]] = mark[c->cand[k]];
     if (c->why && c->whylen) {
         const double fw = r.forward_flops > 0 ? 100.0 / r.forward_flops : 0;
         snprintf(c->why, c->whylen,
-                 "optimal: recomputes %.2f%% of forward FLOPs %.6g, lower bound %.2f%%, %s%s; peak %zu of %zu bytes; "
+                 "optimal: recomputes %.2f%% of forward FLOPs %.6g, lower bound %.2f%%, %s%s%s; peak %zu of %zu bytes; "
                  "%d solves in %.1f s",
                  r.flops * fw, r.forward_flops, r.bound * fw, r.proven ? "proven" : "time limit",
-                 r.from_search ? ", the budget search's decision" : "", r.peak, budget, r.solves, r.seconds);
+                 r.from_search ? ", the budget search's decision" : ", the solver's decision",
+                 r.polished ? " polished" : "",
+                 r.peak, budget, r.solves, r.seconds);
     }
     rc = 0;
 out:

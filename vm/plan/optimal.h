@@ -39,7 +39,7 @@ int ck_optimal_model_memory(const ck_optimal_model *m, const unsigned char *mark
 typedef struct ck_optimal_result {
     double flops, bound, forward_flops;
     size_t peak;
-    int proven, solves, from_search;
+    int proven, solves, from_search, polished; /* polished: marks taken back after (see ck_optimal_solve) */
     double seconds;
 } ck_optimal_result;
 

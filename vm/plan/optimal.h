@@ -16,9 +16,8 @@ typedef struct ck_optimal_model ck_optimal_model;
 
 /* The model of c's list (ev: c's evaluator); links: buffers no later entry
  * reads can be marked too (a recomputation that reads one recomputes it
- * rather than keep it): exact, but its relaxation is weak, so the solver
- * leaves them out. NULL with err: out of memory, a list too long, or one
- * whose optimizer entries move. */
+ * rather than keep it), as the solver's model has them. NULL with err: out
+ * of memory, a list too long, or one whose optimizer entries move. */
 ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev, int links, char *err, size_t errlen);
 void ck_optimal_model_free(ck_optimal_model *m);
 /* The entries every list has (the none list's): the model's positions. */

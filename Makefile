@@ -2,7 +2,7 @@
 # Both install the Debian packages they need first when any is missing.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-DEB_PACKAGES := cmake make gcc pkg-config lua5.4 liblua5.4-dev libopenblas-openmp-dev libjansson-dev libicu-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libsentencepiece-dev libtomlplusplus-dev libopenmpi-dev openmpi-bin iproute2
+DEB_PACKAGES := cmake make gcc pkg-config lua5.4 liblua5.4-dev libopenblas-openmp-dev libjansson-dev libicu-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libsentencepiece-dev libtomlplusplus-dev libopenmpi-dev openmpi-bin iproute2 coinor-libcbc-dev
 
 .PHONY: run test build deps bench clean install fuzz test-asan
 

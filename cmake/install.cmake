@@ -51,6 +51,7 @@ install(CODE "
   set(openblas \"-L${CK_OPENBLAS_DIR} -lopenblas\")
   set(jansson \"-L${CK_JANSSON_DIR} -ljansson\")
   set(mpi \"${CK_PC_MPI}\")
+  set(cbc \"${CBC_LIB}\")
   string(MD5 ck_pc_tag \"\${CMAKE_INSTALL_PREFIX}\")
   configure_file(\"${CMAKE_SOURCE_DIR}/cmake/ck.pc.in\" \"${CMAKE_BINARY_DIR}/ck-\${ck_pc_tag}.pc\" @ONLY)
   file(INSTALL \"${CMAKE_BINARY_DIR}/ck-\${ck_pc_tag}.pc\"

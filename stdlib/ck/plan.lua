@@ -71,7 +71,7 @@ end
 ---- policies
 
 local HEADS = {none = true, diffusers = true, selective = true, sqrt_n = true, every_n = true, budget = true,
-               blocks = true, auto = true}
+               blocks = true, auto = true, optimal = true}
 
 -- "none,diffusers,budget:62%,blocks:mid_block,down_blocks.2" -> policy tables.
 -- A comma inside blocks:... continues its pattern list. An unknown name is an

@@ -66,6 +66,18 @@ function M.budget(v)
   return {kind = "budget", bytes = M.bytes(v), label = tostring(v)}
 end
 
+-- budget's aim by an exact solver (CBC, vm/plan/optimal.c) within a time
+-- limit: optimal("80%"), optimal("6 GiB", 300); the budget search's decision
+-- when the solver finds none better in time
+function M.optimal(v, seconds)
+  local b = M.budget(v)
+  if seconds ~= nil and (type(seconds) ~= "number" or not (seconds > 0 and seconds <= 86400)) then
+    error("optimal: seconds must be a number in (0, 86400], got " .. tostring(seconds), 2)
+  end
+  return {kind = "optimal", bytes = b.bytes, fraction = b.fraction, seconds = seconds,
+          label = b.label .. (seconds and ":" .. seconds .. "s" or "")}
+end
+
 -- no recompute if the plan fits the device with headroom, else the least
 -- recompute that fits. device: its size (bytes or '24 GiB'); without one,
 -- ck.fit reads the free memory of the device the run uses (g:compile needs it)
@@ -80,7 +92,7 @@ function M.auto(o)
 end
 
 -- "none", "diffusers", "selective", "sqrt_n", "every_n:2", "budget:62%", "budget:4GiB", "blocks:mid_block",
--- "auto", "auto:24GiB"
+-- "auto", "auto:24GiB", "optimal:80%", "optimal:6GiB:300s"
 function M.parse(s)
   local name, arg = tostring(s):match("^%s*([%w_]+)%s*:?%s*(.-)%s*$")
   if name == "none" then return M.none()
@@ -92,6 +104,14 @@ function M.parse(s)
     if not n or n < 1 then error("every_n: '" .. arg .. "' is not a positive integer", 2) end
     return M.every_n(n)
   elseif name == "budget" and arg ~= "" then return M.budget(arg)
+  elseif name == "optimal" and arg ~= "" then
+    local b, sec = arg:match("^(.-)%s*:%s*([%d.]+)%s*s$")
+    if b then
+      local n = tonumber(sec)
+      if not n or n <= 0 then error("optimal: bad time limit '" .. sec .. "s'", 2) end
+      return M.optimal(b, n)
+    end
+    return M.optimal(arg)
   elseif name == "auto" then return M.auto{device = arg ~= "" and arg or nil}
   elseif name == "blocks" and arg ~= "" then
     local pats = {}
@@ -99,13 +119,15 @@ function M.parse(s)
     return M.blocks(pats)
   end
   error("unknown checkpoint policy '" .. tostring(s) ..
-    "' (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, blocks:PATTERN, auto[:SIZE])", 2)
+    "' (none, diffusers, selective, sqrt_n, every_n:N, budget:SIZE|PCT%, optimal:SIZE|PCT%[:SECONDSs], " ..
+    "blocks:PATTERN, auto[:SIZE])", 2)
 end
 
 -- a short name for tables and reports
 function M.name(p)
   if type(p) == "function" then return "function" end
   if p.kind == "budget" then return "budget:" .. p.label end
+  if p.kind == "optimal" then return "optimal:" .. p.label end
   if p.kind == "every_n" then return "every_n:" .. p.n end
   if p.kind == "auto" then return p.label and "auto:" .. p.label or "auto" end
   if p.kind == "blocks" then

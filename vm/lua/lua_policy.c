@@ -161,6 +161,13 @@ int ck_lua_policy_opts(lua_State *L, int idx, ck_lua_policy *lp, ck_compile_opts
         pol->budget = num_field(L, idx, "bytes", 0);
         pol->budget_fraction = num_field(L, idx, "fraction", 0);
         if (pol->budget <= 0 && pol->budget_fraction <= 0) return ck_lua_raise(L, "budget: give bytes or a fraction");
+    } else if (!strcmp(kind, "optimal")) {
+        pol->kind = CK_POLICY_OPTIMAL;
+        pol->budget = num_field(L, idx, "bytes", 0);
+        pol->budget_fraction = num_field(L, idx, "fraction", 0);
+        pol->seconds = num_field(L, idx, "seconds", 0);
+        if (pol->budget <= 0 && pol->budget_fraction <= 0) return ck_lua_raise(L, "optimal: give bytes or a fraction");
+        if (!(pol->seconds >= 0 && pol->seconds <= 86400)) return ck_lua_raise(L, "optimal: seconds must be in (0, 86400]");
     } else if (!strcmp(kind, "auto")) {
         pol->kind = CK_POLICY_AUTO;
         pol->device = num_field(L, idx, "device", 0);

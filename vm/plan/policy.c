@@ -9,6 +9,7 @@
 #include "plan/policy.h"
 #include "plan/evaluate.h"
 #include "plan/offload.h"
+#include "plan/optimal.h"
 #include "util/text.h"
 
 #include <math.h>
@@ -727,6 +728,8 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
         ck_evaluator_free(own);
         return rc;
     }
+    case CK_POLICY_OPTIMAL:
+        return ck_optimal_decide(c, pol->budget, pol->budget_fraction, pol->seconds, recompute, err, errlen);
     }
     snprintf(err, errlen, "unknown policy kind %d", (int)pol->kind);
     return -1;

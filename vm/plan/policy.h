@@ -12,7 +12,8 @@ typedef enum ck_policy_kind {
     CK_POLICY_SQRT_N,    /* Chen et al. 2016: sqrt(n) segments of the block sequence */
     CK_POLICY_SELECTIVE, /* recompute the outputs of the listed op kinds */
     CK_POLICY_BUDGET,    /* least recompute FLOPs whose peak fits the budget */
-    CK_POLICY_AUTO       /* none if it fits the device with headroom, else budget */
+    CK_POLICY_AUTO,      /* none if it fits the device with headroom, else budget */
+    CK_POLICY_OPTIMAL    /* budget's aim by an exact solver (vm/plan/optimal.c), within seconds */
 } ck_policy_kind;
 
 typedef struct ck_policy {
@@ -25,6 +26,7 @@ typedef struct ck_policy {
     double budget;                  /* budget: bytes; 0 < budget_fraction: a share of none's peak instead */
     double budget_fraction;
     double device, headroom;        /* auto */
+    double seconds;                 /* optimal: the solver's time limit (0: CK_OPTIMAL_SECONDS); its budget as budget's */
 } ck_policy;
 
 /* Fills recompute for the candidates of c. Errors name the policy and what is

@@ -59,7 +59,8 @@ if(CK_FUZZ)
   target_link_libraries(fuzz_image PRIVATE ${PNG_LIB} ${JPEG_LIB} ${WEBP_LIB} Threads::Threads m)
 
   # the tokenizer's readers: its own files, jansson, ICU and zlib
-  add_executable(fuzz_tokenizer EXCLUDE_FROM_ALL tests/fuzz/fuzz_tokenizer.c vm/text/clip_bpe.c vm/text/ftfy.c vm/text/text_file.c)
+  add_executable(fuzz_tokenizer EXCLUDE_FROM_ALL tests/fuzz/fuzz_tokenizer.c vm/text/clip_bpe.c vm/text/ftfy.c vm/text/text_file.c
+                 vm/util/text.c)
   target_compile_options(fuzz_tokenizer PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
   target_include_directories(fuzz_tokenizer PRIVATE ${JANSSON_INCLUDE} ${ICU_INCLUDE})
   target_link_options(fuzz_tokenizer PRIVATE -fsanitize=fuzzer,address,undefined)
@@ -75,7 +76,8 @@ if(CK_FUZZ)
   endforeach()
   # the sentencepiece model reader and the T5 tokenizer's pipeline, with the
   # shim over Debian's libsentencepiece (itself uninstrumented)
-  add_executable(fuzz_spm EXCLUDE_FROM_ALL tests/fuzz/fuzz_spm.c vm/text/spm_model.c vm/text/spm_tok.c vm/text/spm_shim.cc)
+  add_executable(fuzz_spm EXCLUDE_FROM_ALL tests/fuzz/fuzz_spm.c vm/text/spm_model.c vm/text/spm_tok.c vm/text/spm_shim.cc
+                 vm/util/text.c)
   target_compile_options(fuzz_spm PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
   target_include_directories(fuzz_spm PRIVATE ${JANSSON_INCLUDE} ${ICU_INCLUDE} ${SPM_INCLUDE_DIRS})
   target_link_options(fuzz_spm PRIVATE -fsanitize=fuzzer,address,undefined)
@@ -83,7 +85,7 @@ if(CK_FUZZ)
   # the TOML reader: ckrun's scan, then toml++ behind its shim, compiled in
   # header-only here too, so its own code is instrumented and covered
   add_executable(fuzz_toml EXCLUDE_FROM_ALL tests/fuzz/fuzz_toml.c vm/formats/toml_scan.c vm/formats/toml_shim.cc
-                 vm/formats/json.c vm/text/text_file.c)
+                 vm/formats/json.c vm/text/text_file.c vm/util/text.c)
   target_compile_options(fuzz_toml PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
   target_include_directories(fuzz_toml PRIVATE ${JANSSON_INCLUDE} ${TOMLPP_INCLUDE})
   target_link_options(fuzz_toml PRIVATE -fsanitize=fuzzer,address,undefined)

@@ -135,8 +135,12 @@ function M.options(f)
     {"offload", "choice", function() return ck.device == "cuda" and "auto" or "none" end,
      "saved activations in pinned host memory between their forward and backward uses: none; activations (all " ..
      "the policy keeps, kohya's --cpu_offload_checkpointing); auto (--checkpoint auto and budget: choose keep, " ..
-     "recompute or offload per tensor by predicted step time); weights (refused: not implemented)",
+     "recompute or offload per tensor by predicted step time); weights (every block's frozen weights streamed from " ..
+     "pinned host memory, activations kept as the policy says)",
      choices = {"none", "weights", "activations", "auto"}, shown = "auto on a CUDA device, else none"},
+    {"blocks-to-swap", "integer", 0, "the frozen weights of the last N blocks live in pinned host memory and are " ..
+     "streamed in before each use (kohya's --blocks_to_swap; Flux: N // 2 double and (N - N // 2) * 2 single " ..
+     "blocks; SDXL: the last N of its 7 top-level blocks); combines with any --offload", min = 0},
     {"gpu", "string", nil, "the card whose figures predict step times (the cost model's table: H100, A100, 4090, " ..
      "3090, ...; default: H100's on a CUDA device, the CPU's on the CPU)", arg = "NAME"},
     {"mixed-precision", "choice", "no", "bf16 or fp16: activations, their gradients and frozen weights stored in 16 " ..
@@ -420,11 +424,15 @@ local function describe(t)
     error("--sample-every and --sample-at-first render the prompts of --sample-prompts FILE: give it")
   end
   t.checkpoint = policy.parse(o.checkpoint) -- auto is chosen once the programs can be built
-  if o.offload == "weights" then
-    error("--offload weights: streaming frozen weights by block (kohya's --blocks_to_swap) is not implemented; " ..
-      "--offload activations or auto moves saved activations")
+  -- streamed frozen weights: --offload weights streams every block, --blocks-to-swap N the last N (the family's count)
+  local swap = o["blocks-to-swap"]
+  if o.offload == "weights" or swap > 0 then
+    if not f.swap_blocks then error("--blocks-to-swap: the " .. f.name .. " family names no blocks to stream") end
+    local names, why = f.swap_blocks(t.m, o.offload ~= "weights" and swap or nil)
+    if not names then error("--blocks-to-swap " .. swap .. ": " .. why) end
+    t.stream = names
   end
-  t.offload = o.offload
+  t.offload = o.offload == "weights" and "none" or o.offload
   -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
   t.fp8_base = o["fp8-base"]
   -- what the logger will compute on its logging steps, planned into the arena
@@ -443,7 +451,7 @@ local function build(t, b, pol, plan_only, shape, share)
                plan_only = plan_only, precision = t.precision, frozen = t.fp8_base and "fp8" or nil,
                max_grad_norm = t.max_grad_norm, accumulate = t.accumulate, fused_backward = o["fused-backward"],
                stats = t.log_stats, share = share, world_size = t.world,
-               shard_optimizer = o["shard-optimizer"] or nil, offload = t.offload, gpu = o.gpu},
+               shard_optimizer = o["shard-optimizer"] or nil, offload = t.offload, gpu = o.gpu, stream = t.stream},
   })
 end
 

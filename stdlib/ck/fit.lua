@@ -93,7 +93,7 @@ function M.cheapest(build, batch, limit)
       if not best or pl.recompute_flops < best.flops then
         best = {checkpoint = pol, needs = pl.device_bytes, none = none, budget = b, flops = pl.recompute_flops,
                 recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1),
-                offload = pl.offload_bytes, pinned = pl.host_bytes}
+                offload = pl.offload_bytes, pinned = pl.host_bytes + (pl.weights_host_bytes or 0)}
       end
       if pl.recompute_flops == 0 then break end
       b = b + (limit - pl.device_bytes) + (pl.arena - pl.peak < extra and extra - (pl.arena - pl.peak) or 0)

@@ -639,7 +639,7 @@ local function print_text(o, rows, limit, svg)
   for _, r in ipairs(rows) do
     if r.summary then
       timed = timed or r.summary.predicted_step ~= nil
-      pinned = pinned or (r.summary.host_bytes or 0) > 0
+      pinned = pinned or (r.summary.host_bytes or 0) + (r.summary.weights_host_bytes or 0) > 0
     end
   end
   local extra_head1 = (timed and string.format(" %10s", "step") or "") .. (pinned and string.format(" %10s", "pinned") or "")
@@ -655,7 +655,8 @@ local function print_text(o, rows, limit, svg)
       local cells = {}
       for _, c in ipairs(M.CATEGORIES) do cells[#cells + 1] = cell(s.at_peak[c] or 0) end
       local extra = (timed and (s.predicted_step and string.format(" %10.4g", s.predicted_step) or
-        string.format(" %10s", "-")) or "") .. (pinned and cell(s.host_bytes or 0, 11) or "")
+        string.format(" %10s", "-")) or "") ..
+        (pinned and cell((s.host_bytes or 0) + (s.weights_host_bytes or 0), 11) or "") -- streamed weights too
       print(string.format("%-" .. namew .. "s %s %s %9.1f%%%s  |%s", r.name, cell(s.peak, 10), cell(s.activation_bytes, 10),
         s.recompute_pct, extra, table.concat(cells)))
     else

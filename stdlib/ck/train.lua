@@ -480,8 +480,44 @@ local function fit_to_memory(t)
     if t.sampler then t.sampler:programs_for(pp, true) end -- the group's arena grows to them
     return pp
   end
-  local c = require("ck.fit").choose{build = planned, checkpoint = t.checkpoint, batch = t.batch,
-                                     headroom = t.o["fit-headroom"]}
+  local function choose()
+    return require("ck.fit").choose{build = planned, checkpoint = t.checkpoint, batch = t.batch,
+                                    headroom = t.o["fit-headroom"]}
+  end
+  local ok, c = pcall(choose)
+  -- Nothing fits with --offload auto and no blocks named: the fewest blocks
+  -- whose streamed weights (--blocks-to-swap N, the family's count) let the
+  -- same search fit. Streaming moves weights out of the persistent region the
+  -- policy plans around, so it is chosen here, where programs are compiled,
+  -- not by the policy; more blocks never raise the peak, so a bisection finds it.
+  local f = t.family
+  if not ok and t.offload == "auto" and not t.stream and f.swap_blocks then
+    local most = 0
+    while f.swap_blocks(t.m, most + 1) do most = most + 1 end
+    local function with(n)
+      t.stream = f.swap_blocks(t.m, n)
+      return pcall(choose)
+    end
+    local fits, got = with(most)
+    if fits then
+      local lo, hi = 0, most -- lo does not fit, hi does
+      while hi - lo > 1 do
+        local mid = (lo + hi) // 2
+        local yes, r = with(mid)
+        if yes then hi, got = mid, r else lo = mid end
+      end
+      t.stream = f.swap_blocks(t.m, hi)
+      ok, c = true, got
+      c.reason = string.format("%s; streaming the frozen weights of the last %d blocks (--blocks-to-swap %d: the " ..
+        "fewest that fit)", c.reason, hi, hi)
+    else
+      t.stream = nil
+      local g = tostring(got)
+      c = string.format("%s; streaming every block's frozen weights (--blocks-to-swap %d), %s", tostring(c), most,
+        g:match("nothing fits.*$") or g:match("even batch 1.*$") or g)
+    end
+  end
+  if not ok then error(c, 0) end
   t.checkpoint, t.batch, t.fit_reason = c.checkpoint, c.batch, c.reason
   if not ck.plan_mode then print(t.fit_reason) end
 end

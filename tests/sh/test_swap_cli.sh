@@ -4,8 +4,9 @@
 # (N - N // 2) * 2 single blocks; SDXL: the last N of its 7 top-level
 # blocks), their bytes leave the persistent region and are the pinned host
 # bytes, --offload weights streams every block, and --plan prints the line;
-# with --cpu_offload_checkpointing both happen. Bad values are one line
-# naming the option. Run: two steps streaming train the adapter bitwise as
+# with --cpu_offload_checkpointing both happen. --checkpoint auto with
+# --offload auto streams the fewest blocks that fit when nothing fits
+# otherwise. Bad values are one line naming the option. Run: two steps streaming train the adapter bitwise as
 # keeping the weights, on flux-tiny and sdxl-tiny, and one step on the
 # emulated CUDA device for flux-tiny.
 set -u
@@ -53,6 +54,23 @@ for args in "$S --blocks-to-swap 8" "$S --blocks-to-swap -1" "$S --blocks-to-swa
   [ $rc != 0 ] && [ "$(wc -l < "$dir/bad.out")" = 1 ] && grep -q -- "--blocks-to-swap" "$dir/bad.out"
   ok $? "$args: refused in one line naming the option ($(cat "$dir/bad.out"))"
 done
+
+# --checkpoint auto with --offload auto: when nothing fits, the fewest blocks streamed that let it fit
+"$CKRUN" --plan --json $F --checkpoint auto:1300KiB --offload auto > "$dir/auto.json"; rc=$?
+python3 - "$dir/auto.json" <<'EOF'; ok $? "flux-tiny, auto:1300KiB --offload auto: nothing fits without streaming; the fewest blocks streamed that fit, said in the fit line (rc $rc)"
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+p = d["policies"][0]
+m = re.search(r"; streaming the frozen weights of the last (\d+) blocks \(--blocks-to-swap \1: the fewest that fit\)$", d["fit"])
+assert m and p["streamed_weights_bytes"] > 0 and p["device_bytes"] <= 1300 * 1024 * 0.9, (d["fit"], p)
+EOF
+"$CKRUN" --plan $F --checkpoint auto:1300KiB --offload none > "$dir/none.out" 2>&1; rc=$?
+[ $rc != 0 ] && [ "$(wc -l < "$dir/none.out")" = 1 ] && ! grep -q streaming "$dir/none.out"
+ok $? "the same with --offload none: refused, nothing streamed ($(cat "$dir/none.out"))"
+"$CKRUN" --plan $F --checkpoint auto:1MiB --offload auto > "$dir/small.out" 2>&1; rc=$?
+[ $rc != 0 ] && [ "$(wc -l < "$dir/small.out")" = 1 ] \
+  && grep -qE "; streaming every block's frozen weights \(--blocks-to-swap 2\), nothing fits in .* the smallest plan needs" "$dir/small.out"
+ok $? "auto:1MiB: one line naming the smallest plan without streaming and with every block streamed"
 
 same() { cmp -s "$1" "$2"; }
 "$CKRUN" $F --steps 2 --checkpoint diffusers --blocks-to-swap 2 --out "$dir/fs.safetensors" --log-dir "$dir/l1" > /dev/null 2>&1; r1=$?

@@ -28,6 +28,8 @@
 --   settings(m)         what a state records of the model: a resumed run must match it
 --   metadata(m)         optional: the family's own metadata of the files written ({ss_... = "..."})
 --   refused(name)       optional: why option --name (another family's, not this one's) is refused, or nil
+--   swap_blocks(m, n)   optional: the names of the blocks whose frozen weights --blocks-to-swap n streams (n
+--                       nil: every block, --offload weights), or nil and why the model has fewer
 --   save_adapter(p, adapter, path, {format, dtype, metadata, peft_folder})   the adapter file, its naming
 --   encoders(m)         the image and text encoders: :check(), :cache(plan, o), :text_program(n, share),
 --                       :text(tp, captions) and :image(vp, image, sample, key, seed, epoch) -> {{input, values}},

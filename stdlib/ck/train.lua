@@ -430,6 +430,10 @@ local function describe(t)
   local swap = o["blocks-to-swap"]
   if o.offload == "weights" or swap > 0 then
     if not f.swap_blocks then error("--blocks-to-swap: the " .. f.name .. " family names no blocks to stream") end
+    if t.full then
+      error((o.offload == "weights" and "--offload weights" or "--blocks-to-swap") .. " streams frozen weights, and " ..
+        "--full trains every weight of the " .. f.noun .. ": ckrun does not stream trainable weights")
+    end
     local names, why = f.swap_blocks(t.m, o.offload ~= "weights" and swap or nil)
     if not names then error("--blocks-to-swap " .. swap .. ": " .. why) end
     t.stream = names
@@ -493,7 +497,7 @@ local function fit_to_memory(t)
   -- policy plans around, so it is chosen here, where programs are compiled,
   -- not by the policy; more blocks never raise the peak, so a bisection finds it.
   local f = t.family
-  if not ok and t.offload == "auto" and not t.stream and f.swap_blocks then
+  if not ok and t.offload == "auto" and not t.stream and not t.full and f.swap_blocks then
     local most = 0
     while f.swap_blocks(t.m, most + 1) do most = most + 1 end
     local function with(n)

@@ -49,7 +49,8 @@ assert k["persistent_bytes"] - s["persistent_bytes"] == s["streamed_weights_byte
 assert s["peak_bytes"] < k["peak_bytes"], (s["peak_bytes"], k["peak_bytes"])
 EOF
 
-for args in "$S --blocks-to-swap 8" "$S --blocks-to-swap -1" "$S --blocks-to-swap two" "$F --blocks_to_swap 5"; do
+for args in "$S --blocks-to-swap 8" "$S --blocks-to-swap -1" "$S --blocks-to-swap two" "$F --blocks_to_swap 5" \
+            "$S --full --blocks-to-swap 2"; do
   "$CKRUN" --plan $args > "$dir/bad.out" 2>&1; rc=$?
   [ $rc != 0 ] && [ "$(wc -l < "$dir/bad.out")" = 1 ] && grep -q -- "--blocks-to-swap" "$dir/bad.out"
   ok $? "$args: refused in one line naming the option ($(cat "$dir/bad.out"))"

@@ -13,6 +13,8 @@
  *    without recompute, in fp32 and with bf16 storage over an fp8 base, leave
  *    every parameter bitwise where keeping the weights leaves it, and the
  *    measured high-water mark is the planned peak;
+ *  - a logging list (statistics of gradients and blocks) streams as the
+ *    training list does: the same statistics and parameters as kept;
  *  - a_streamed_weight_reads_and_writes_from_the_host: read back as kept,
  *    and a value written trains as it does kept;
  *  - a_program_sharing_the_group_streams_what_the_group_streams: its forward
@@ -79,7 +81,10 @@ static const char *const streamed_blocks[] = {"blocks.0", "blocks.2"};
 typedef struct how {
     int stream, recompute;
     ck_dtype storage, frozen;
+    int stats; /* the logging lists of every statistic, planned into the arena */
 } how;
+
+static const char *const stat_blocks[] = {"blocks.*"};
 
 static ck_program *compile(const ck_graph *g, int loss, how h, char *err)
 {
@@ -92,6 +97,7 @@ static ck_program *compile(const ck_graph *g, int loss, how h, char *err)
     o.prefetch = 2;
     if (h.recompute) o.decide = recompute_all;
     if (h.stream) o.stream = streamed_blocks, o.nstream = 2;
+    if (h.stats) o.stats = CK_STATS_ALL, o.stat_blocks = stat_blocks, o.nstat_blocks = 1;
     return ck_compile(g, &o, err, 512);
 }
 
@@ -153,11 +159,11 @@ int main(void)
     char err[512];
     int loss, out;
     ck_graph *g = chain(&loss, &out);
-    const how kept_f32 = {0, 0, CK_F32, CK_F32};
+    const how kept_f32 = {0, 0, CK_F32, CK_F32, 0};
 
     /* where the streamed weights live */
     {
-        ck_program *k = compile(g, loss, kept_f32, err), *s = compile(g, loss, (how){1, 0, CK_F32, CK_F32}, err);
+        ck_program *k = compile(g, loss, kept_f32, err), *s = compile(g, loss, (how){1, 0, CK_F32, CK_F32, 0}, err);
         if (!k || !s) {
             printf("FAIL compile: %s\n", err);
             return 1;
@@ -187,10 +193,10 @@ int main(void)
 
     /* bitwise, measured */
     const how cases[4][2] = {
-        {{0, 0, CK_F32, CK_F32}, {1, 0, CK_F32, CK_F32}},
-        {{0, 1, CK_F32, CK_F32}, {1, 1, CK_F32, CK_F32}},
-        {{0, 0, CK_BF16, CK_F8E4M3}, {1, 0, CK_BF16, CK_F8E4M3}},
-        {{0, 1, CK_BF16, CK_F8E4M3}, {1, 1, CK_BF16, CK_F8E4M3}},
+        {{0, 0, CK_F32, CK_F32, 0}, {1, 0, CK_F32, CK_F32, 0}},
+        {{0, 1, CK_F32, CK_F32, 0}, {1, 1, CK_F32, CK_F32, 0}},
+        {{0, 0, CK_BF16, CK_F8E4M3, 0}, {1, 0, CK_BF16, CK_F8E4M3, 0}},
+        {{0, 1, CK_BF16, CK_F8E4M3, 0}, {1, 1, CK_BF16, CK_F8E4M3, 0}},
     };
     for (int c = 0; c < 4; c++) {
         ck_program *k = compile(g, loss, cases[c][0], err), *s = compile(g, loss, cases[c][1], err);
@@ -209,6 +215,46 @@ int main(void)
         check(name, ran && nk == ns && !memcmp(a, b, nk) && hws <= s->train.peak &&
                         s->train.peak - hws == k->train.peak - hwk && (c != 0 || hws == s->train.peak), 0);
         if (!ran) printf("     %s\n", k && s ? (k->err[0] ? k->err : s->err) : err);
+        free(a);
+        free(b);
+        ck_program_free(k);
+        ck_program_free(s);
+    }
+
+    /* the logging lists (statistics of gradients and blocks) stream as the training list does */
+    {
+        how hk = cases[1][0], hs = cases[1][1];
+        hk.stats = hs.stats = 1;
+        ck_program *k = compile(g, loss, hk, err), *s = compile(g, loss, hs, err);
+        int ok = k && s;
+        ck_run_opts ro = {CK_STATS_ALL, 0, 1};
+        ck_run_info rk = {0}, rs = {0};
+        int copies = 0;
+        int train_copies = 0; /* recompute reads blocks.0's weight after the forward part too: 4 */
+        ok = ok && uses_sound(&s->logplan[CK_STATS_ALL], s, &copies) && uses_sound(&s->train, s, &train_copies) &&
+             copies == train_copies && copies == 4;
+        for (int step = 0; ok && step < 2; step++)
+            ok = !ck_program_run(k, &ro, &rk) && !ck_program_run(s, &ro, &rs);
+        size_t nk = 0, ns = 0;
+        unsigned char *a = ok ? params_of(k, &nk) : NULL, *b = ok ? params_of(s, &ns) : NULL;
+        /* every statistic's values, as kept */
+        for (int i = 0; ok && i < s->nstats; i++) {
+            const int o = s->stats[i].out;
+            const size_t bytes = ck_tensor_bytes(&s->g->t[o]);
+            float *x = malloc(bytes);
+            const float *xk = ck_program_read(k, o);
+            ok = xk != NULL;
+            if (ok) memcpy(x, xk, bytes);
+            const float *xs = ok ? ck_program_read(s, o) : NULL;
+            ok = xs && !memcmp(x, xs, bytes);
+            free(x);
+        }
+        char name[240];
+        snprintf(name, sizeof name, "a logging list streams as the training list: statistics and parameters as kept "
+                 "(%d statistics), high-water %zu of plan %zu", s ? s->nstats : 0, rs.high_water,
+                 s ? s->logplan[CK_STATS_ALL].peak : 0);
+        check(name, ok && s->nstats > 0 && nk == ns && !memcmp(a, b, nk) &&
+                        rs.high_water == s->logplan[CK_STATS_ALL].peak, 0);
         free(a);
         free(b);
         ck_program_free(k);

@@ -74,23 +74,23 @@ ok $? "the same with --offload none: refused, nothing streamed ($(cat "$dir/none
 ok $? "auto:1MiB: one line naming the smallest plan without streaming and with every block streamed"
 
 same() { cmp -s "$1" "$2"; }
-"$CKRUN" $F --steps 2 --checkpoint diffusers --blocks-to-swap 2 --out "$dir/fs.safetensors" --log-dir "$dir/l1" > /dev/null 2>&1; r1=$?
-"$CKRUN" $F --steps 2 --checkpoint diffusers --out "$dir/fk.safetensors" --log-dir "$dir/l2" > /dev/null 2>&1; r2=$?
+"$CKRUN" $F --steps 2 --resolution 64 --checkpoint diffusers --blocks-to-swap 2 --out "$dir/fs.safetensors" --log-dir "$dir/l1" > /dev/null 2>&1; r1=$?
+"$CKRUN" $F --steps 2 --resolution 64 --checkpoint diffusers --out "$dir/fk.safetensors" --log-dir "$dir/l2" > /dev/null 2>&1; r2=$?
 [ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/fs.safetensors" "$dir/fk.safetensors"
-ok $? "flux-tiny: 2 steps streaming 2 blocks train the adapter bitwise as keeping the weights (rc $r1 $r2)"
-"$CKRUN" $S --steps 2 --checkpoint diffusers --blocks-to-swap 3 --out "$dir/ss.safetensors" --log-dir "$dir/l3" > /dev/null 2>&1; r1=$?
-"$CKRUN" $S --steps 2 --checkpoint diffusers --out "$dir/sk.safetensors" --log-dir "$dir/l4" > /dev/null 2>&1; r2=$?
+ok $? "flux-tiny: 2 steps at 64 px streaming 2 blocks train the adapter bitwise as keeping the weights (rc $r1 $r2)"
+"$CKRUN" $S --steps 2 --resolution 64 --checkpoint diffusers --blocks-to-swap 3 --out "$dir/ss.safetensors" --log-dir "$dir/l3" > /dev/null 2>&1; r1=$?
+"$CKRUN" $S --steps 2 --resolution 64 --checkpoint diffusers --out "$dir/sk.safetensors" --log-dir "$dir/l4" > /dev/null 2>&1; r2=$?
 [ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/ss.safetensors" "$dir/sk.safetensors"
-ok $? "sdxl-tiny: 2 steps streaming 3 blocks train the adapter bitwise as keeping the weights (rc $r1 $r2)"
+ok $? "sdxl-tiny: 2 steps at 64 px streaming 3 blocks train the adapter bitwise as keeping the weights (rc $r1 $r2)"
 
 emu="${CK_BUILD:-build}/libck_cuda_emu.so"
 if [ -f "$emu" ]; then
-  CK_CUDA_MODULE="$emu" "$CKRUN" --device cuda $F --steps 1 --checkpoint diffusers --blocks-to-swap 2 \
+  CK_CUDA_MODULE="$emu" "$CKRUN" --device cuda $F --steps 1 --resolution 64 --checkpoint diffusers --blocks-to-swap 2 \
     --out "$dir/es.safetensors" --log-dir "$dir/l5" > /dev/null 2>&1; r1=$?
-  CK_CUDA_MODULE="$emu" "$CKRUN" --device cuda $F --steps 1 --checkpoint diffusers \
+  CK_CUDA_MODULE="$emu" "$CKRUN" --device cuda $F --steps 1 --resolution 64 --checkpoint diffusers \
     --out "$dir/ek.safetensors" --log-dir "$dir/l6" > /dev/null 2>&1; r2=$?
   [ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/es.safetensors" "$dir/ek.safetensors"
-  ok $? "emulated CUDA, flux-tiny: a step streaming 2 blocks train bitwise as keeping the weights (rc $r1 $r2)"
+  ok $? "emulated CUDA, flux-tiny: a step at 64 px streaming 2 blocks trains bitwise as keeping the weights (rc $r1 $r2)"
 else
   echo "(no emulated CUDA backend in this build: the emulated run is not checked)"
 fi

@@ -6,7 +6,9 @@
  * copy out, its host copy lives in the host region from the copy out to the
  * copy back, and the copy back holds its device bytes from the entry that
  * starts it. So the memory plan states device and host bytes exactly, and a
- * captured graph replays the copies with the kernels. */
+ * captured graph replays the copies with the kernels. A frozen weight marked
+ * CK_OFFLOAD (kohya's block swap) is streamed through the same entries: it
+ * lives in pinned host memory and comes in once per group of its uses. */
 #include "plan/offload.h"
 
 #include <stdlib.h>

@@ -487,8 +487,9 @@ local function fit_to_memory(t)
     return pp
   end
   local function choose()
-    return require("ck.fit").choose{build = planned, checkpoint = t.checkpoint, batch = t.batch,
-                                    headroom = t.o["fit-headroom"]}
+    local c = require("ck.fit").choose{build = planned, checkpoint = t.checkpoint, batch = t.batch,
+                                       headroom = t.o["fit-headroom"]}
+    return c -- not a tail call: choose's errors name this line, which the trainer puts at the script's
   end
   local ok, c = pcall(choose)
   -- Nothing fits with --offload auto and no blocks named: the fewest blocks

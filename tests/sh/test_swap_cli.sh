@@ -69,9 +69,9 @@ EOF
 [ $rc != 0 ] && [ "$(wc -l < "$dir/none.out")" = 1 ] && ! grep -q streaming "$dir/none.out"
 ok $? "the same with --offload none: refused, nothing streamed ($(cat "$dir/none.out"))"
 "$CKRUN" --plan $F --checkpoint auto:1MiB --offload auto > "$dir/small.out" 2>&1; rc=$?
-[ $rc != 0 ] && [ "$(wc -l < "$dir/small.out")" = 1 ] \
+[ $rc != 0 ] && [ "$(wc -l < "$dir/small.out")" = 1 ] && grep -q "^ckrun: scripts/train_flux_lora.lua:[0-9]*: " "$dir/small.out" \
   && grep -qE "; streaming every block's frozen weights \(--blocks-to-swap 2\), nothing fits in .* the smallest plan needs" "$dir/small.out"
-ok $? "auto:1MiB: one line naming the smallest plan without streaming and with every block streamed"
+ok $? "auto:1MiB: one line naming the script line and the smallest plan without streaming and with every block streamed"
 
 same() { cmp -s "$1" "$2"; }
 "$CKRUN" $F --steps 2 --resolution 64 --checkpoint diffusers --blocks-to-swap 2 --out "$dir/fs.safetensors" --log-dir "$dir/l1" > /dev/null 2>&1; r1=$?

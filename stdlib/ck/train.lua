@@ -492,11 +492,14 @@ local function fit_to_memory(t)
     return c -- not a tail call: choose's errors name this line, which the trainer puts at the script's
   end
   local ok, c = pcall(choose)
-  -- Nothing fits with --offload auto and no blocks named: the fewest blocks
+  -- Nothing fits with --offload auto and no blocks named: a number of blocks
   -- whose streamed weights (--blocks-to-swap N, the family's count) let the
   -- same search fit. Streaming moves weights out of the persistent region the
   -- policy plans around, so it is chosen here, where programs are compiled,
-  -- not by the policy; more blocks never raise the peak, so a bisection finds it.
+  -- not by the policy. A bisection over N: streaming more never raises a
+  -- plan's peak, but ck.fit's search of budgets does not always find a fit
+  -- where one exists (the joint search does not count the weights' device
+  -- copies), so N is not always the fewest that could fit.
   local f = t.family
   if not ok and t.offload == "auto" and not t.stream and not t.full and f.swap_blocks then
     local most = 0
@@ -515,8 +518,8 @@ local function fit_to_memory(t)
       end
       t.stream = f.swap_blocks(t.m, hi)
       ok, c = true, got
-      c.reason = string.format("%s; streaming the frozen weights of the last %d blocks (--blocks-to-swap %d: the " ..
-        "fewest that fit)", c.reason, hi, hi)
+      c.reason = string.format("%s; streaming the frozen weights of the last %d blocks (--blocks-to-swap %d, " ..
+        "found by bisection)", c.reason, hi, hi)
     else
       t.stream = nil
       local g = tostring(got)

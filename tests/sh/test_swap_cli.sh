@@ -5,8 +5,8 @@
 # blocks), their bytes leave the persistent region and are the pinned host
 # bytes, --offload weights streams every block, and --plan prints the line;
 # with --cpu_offload_checkpointing both happen. --checkpoint auto with
-# --offload auto streams the fewest blocks that fit when nothing fits
-# otherwise. Bad values are one line naming the option. Run: two steps streaming train the adapter bitwise as
+# --offload auto streams blocks (a bisection over their count) when nothing
+# fits otherwise. Bad values are one line naming the option. Run: two steps streaming train the adapter bitwise as
 # keeping the weights, on flux-tiny and sdxl-tiny, and one step on the
 # emulated CUDA device for flux-tiny.
 set -u
@@ -56,13 +56,13 @@ for args in "$S --blocks-to-swap 8" "$S --blocks-to-swap -1" "$S --blocks-to-swa
   ok $? "$args: refused in one line naming the option ($(cat "$dir/bad.out"))"
 done
 
-# --checkpoint auto with --offload auto: when nothing fits, the fewest blocks streamed that let it fit
+# --checkpoint auto with --offload auto: when nothing fits, blocks streamed (a bisection) that let it fit
 "$CKRUN" --plan --json $F --checkpoint auto:1300KiB --offload auto > "$dir/auto.json"; rc=$?
-python3 - "$dir/auto.json" <<'EOF'; ok $? "flux-tiny, auto:1300KiB --offload auto: nothing fits without streaming; the fewest blocks streamed that fit, said in the fit line (rc $rc)"
+python3 - "$dir/auto.json" <<'EOF'; ok $? "flux-tiny, auto:1300KiB --offload auto: nothing fits without streaming; blocks streamed that fit, said in the fit line (rc $rc)"
 import json, re, sys
 d = json.load(open(sys.argv[1]))
 p = d["policies"][0]
-m = re.search(r"; streaming the frozen weights of the last (\d+) blocks \(--blocks-to-swap \1: the fewest that fit\)$", d["fit"])
+m = re.search(r"; streaming the frozen weights of the last (\d+) blocks \(--blocks-to-swap \1, found by bisection\)$", d["fit"])
 assert m and p["streamed_weights_bytes"] > 0 and p["device_bytes"] <= 1300 * 1024 * 0.9, (d["fit"], p)
 EOF
 "$CKRUN" --plan $F --checkpoint auto:1300KiB --offload none > "$dir/none.out" 2>&1; rc=$?

@@ -3,7 +3,7 @@
 # `--plan` processes of the SDXL LoRA training step (scripts/train_sdxl_lora.lua
 # for the models as users plan them; bench/plan_scale.lua, compile only, for
 # the deep graphs made with --depth-mult), under fixed policies, budget:80%
-# and auto (and budget:80% with --offload auto); with each, the thread CPU time of the policy's decision and of
+# and auto (and budget:80% with --offload auto; ck.fit's auto:SIZE on CUDA plans); with each, the thread CPU time of the policy's decision and of
 # the training list's plan (p:plan().decide_seconds, plan_seconds), and the
 # growth exponent of the time over the op count, fitted per policy.
 #
@@ -46,6 +46,15 @@ for gpu in H100 4090; do
   run "--offload auto --gpu $gpu" "budget:80%" build/ckrun --plan scripts/train_sdxl_lora.lua --size full \
     --checkpoint budget:80% --offload auto --gpu $gpu
 done
+# ck.fit (the train scripts' --checkpoint auto:SIZE) where none does not fit,
+# on a CUDA plan with the joint search (the CUDA default --offload auto): one
+# compile per batch tried
+run "train_sdxl_lora --size full, cuda" "auto:12GiB" build/ckrun --plan --device cuda scripts/train_sdxl_lora.lua \
+  --size full --checkpoint auto:12GiB
+run "train_sdxl_lora --size full, cuda" "auto:12GiB, --offload none" build/ckrun --plan --device cuda \
+  scripts/train_sdxl_lora.lua --size full --checkpoint auto:12GiB --offload none
+run "train_flux_lora --size dev 1024, cuda" "auto:80GiB" build/ckrun --plan --device cuda scripts/train_flux_lora.lua \
+  --size dev --resolution 1024 --checkpoint auto:80GiB
 echo
 echo "growth exponent of the wall time over the op count (least squares on logs, per policy):"
 awk -F'|' '{

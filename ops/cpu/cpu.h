@@ -52,6 +52,38 @@ static inline void ck_cpu_store16(ck_dtype st, uint16_t *dst, const float *src, 
         call;                                                                                                        \
     }
 
+/* A float run's sum in double, in eight lanes combined pairwise: vectorizes
+ * without reassociating anything, and the order depends on n alone. (The
+ * Mish and other activation kernels combine their lanes in index order:
+ * their sums are theirs.) */
+static inline double ck_cpu_lanes8(const double *s, double tail)
+{
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+}
+
+static inline double ck_cpu_sum8(const float *x, int64_t n)
+{
+    double s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += (double)x[i + k];
+    double t = 0;
+    for (; i < n; i++) t += (double)x[i];
+    return ck_cpu_lanes8(s, t);
+}
+
+/* How many fixed segments a reduction of n elements is cut into: one at or
+ * below par_min (one thread beats waking the pool), else one per 16384
+ * elements, at most CK_CPU_SEG_MAX. On shapes alone, so results do not depend on the
+ * thread count. */
+#define CK_CPU_SEG_MAX 64
+static inline int64_t ck_cpu_segments(int64_t n, int64_t par_min)
+{
+    if (n <= par_min) return 1;
+    const int64_t s = (n + 16384 - 1) / 16384;
+    return s < CK_CPU_SEG_MAX ? s : CK_CPU_SEG_MAX;
+}
+
 /* Threads kernels may use (omp_get_max_threads()); workspace rules scale by it. */
 int ck_cpu_threads(void);
 

@@ -260,17 +260,6 @@ static inline void dims_next(const dims *d, int64_t *idx, int64_t *off)
     }
 }
 
-/* Eight lanes keep the double sum vectorizable without reassociating anything. */
-static double sum_run(const float *x, int64_t n)
-{
-    double s[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += (double)x[i + k];
-    double t = 0;
-    for (; i < n; i++) t += (double)x[i];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
-}
 
 /* How many fixed segments to split each output's sum into: one when the outputs
  * alone give enough parallel tasks, else enough to reach TASKS_TARGET, each at
@@ -303,7 +292,7 @@ static void reduce_runs(float *y, const float *x, const dims *kd, const dims *rd
         double acc = 0;
         while (f < f1) {
             const int64_t len = L - l < f1 - f ? L - l : f1 - f;
-            acc += sum_run(base + off + l, len);
+            acc += ck_cpu_sum8(base + off + l, len);
             f += len;
             l = 0;
             dims_next(rd, ridx, &off);

@@ -5,27 +5,8 @@
 
 /* Below this many elements one thread beats waking the pool. */
 #define PAR_MIN 32768
-#define SEG_MAX 64
-#define SEG_MIN_ELEMS 16384
 
-static int64_t nsegments(int64_t n)
-{
-    if (n <= PAR_MIN) return 1;
-    const int64_t s = (n + SEG_MIN_ELEMS - 1) / SEG_MIN_ELEMS;
-    return s < SEG_MAX ? s : SEG_MAX;
-}
-
-/* Eight lanes keep the double sums vectorizable without reassociating anything. */
-static double sum_run(const float *x, int64_t n)
-{
-    double s[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += (double)x[i + k];
-    double t = 0;
-    for (; i < n; i++) t += (double)x[i];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
-}
+static int64_t nsegments(int64_t n) { return ck_cpu_segments(n, PAR_MIN); }
 
 // the difference is rounded to float first, as torch does, then squared in double
 static double sqdiff_run(const float *a, const float *b, int64_t n)
@@ -42,7 +23,7 @@ static double sqdiff_run(const float *a, const float *b, int64_t n)
         const double d = (double)(a[i] - b[i]);
         t += d * d;
     }
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
+    return ck_cpu_lanes8(s, t);
 }
 
 // x any shape; y scalar (ndim 0)
@@ -51,11 +32,11 @@ CK_CPU_KERNEL(ck_cpu_mean)
     (void)ctx, (void)p, (void)nout, (void)nin;
     const float *x = in[0].data;
     const int64_t n = ck_view_numel(&in[0]), S = nsegments(n);
-    double part[SEG_MAX];
+    double part[CK_CPU_SEG_MAX];
 #pragma omp parallel for schedule(static) if (S > 1)
     for (int64_t s = 0; s < S; s++) {
         const int64_t i0 = n * s / S, i1 = n * (s + 1) / S;
-        part[s] = sum_run(x + i0, i1 - i0);
+        part[s] = ck_cpu_sum8(x + i0, i1 - i0);
     }
     double acc = 0;
     for (int64_t s = 0; s < S; s++) acc += part[s];
@@ -79,7 +60,7 @@ CK_CPU_KERNEL(ck_cpu_mse_loss)
     (void)ctx, (void)p, (void)nout, (void)nin;
     const float *a = in[0].data, *b = in[1].data;
     const int64_t n = ck_view_numel(&in[0]), S = nsegments(n);
-    double part[SEG_MAX];
+    double part[CK_CPU_SEG_MAX];
 #pragma omp parallel for schedule(static) if (S > 1)
     for (int64_t s = 0; s < S; s++) {
         const int64_t i0 = n * s / S, i1 = n * (s + 1) / S;

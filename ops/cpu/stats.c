@@ -12,15 +12,8 @@
  * that waited for a sleeping (or, on a busy machine, descheduled) thread
  * would cost more than its reads. */
 #define PAR_MIN 262144
-#define SEG_MAX 64
-#define SEG_MIN_ELEMS 16384
 
-static int64_t nsegments(int64_t n)
-{
-    if (n <= PAR_MIN) return 1;
-    const int64_t s = (n + SEG_MIN_ELEMS - 1) / SEG_MIN_ELEMS;
-    return s < SEG_MAX ? s : SEG_MAX;
-}
+static int64_t nsegments(int64_t n) { return ck_cpu_segments(n, PAR_MIN); }
 
 typedef struct moments {
     double sum, sumsq; /* of x - c */
@@ -75,7 +68,7 @@ CK_CPU_KERNEL(ck_cpu_stats)
     const float *x = in[0].data;
     const int64_t n = ck_view_numel(&in[0]), S = nsegments(n);
     const float c = isfinite(x[0]) ? x[0] : 0.0f;
-    moments part[SEG_MAX];
+    moments part[CK_CPU_SEG_MAX];
 #pragma omp parallel for schedule(static) if (S > 1)
     for (int64_t s = 0; s < S; s++) {
         const int64_t i0 = n * s / S, i1 = n * (s + 1) / S;
@@ -105,7 +98,7 @@ CK_CPU_KERNEL(ck_cpu_sumsq)
     for (int k = p->i[0] ? 1 : 0; k < nin; k++) {
         const float *x = in[k].data;
         const int64_t n = ck_view_numel(&in[k]), S = nsegments(n);
-        double part[SEG_MAX];
+        double part[CK_CPU_SEG_MAX];
 #pragma omp parallel for schedule(static) if (S > 1)
         for (int64_t s = 0; s < S; s++) {
             const int64_t i0 = n * s / S, i1 = n * (s + 1) / S;

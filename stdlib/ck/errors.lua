@@ -21,6 +21,14 @@ function M.public(f)
   end
 end
 
+-- an error raised by compile (or any builder) as a table row wants it: its
+-- message without the builder's file:line and "compile: "
+function M.strip_where(msg)
+  msg = tostring(msg)
+  msg = msg:gsub("^[^\n:]+:%d+: ", "")
+  return (msg:gsub("^compile: ", ""))
+end
+
 -- shapes in messages, and their comparison
 function M.shape_str(s) return "[" .. table.concat(s, ", ") .. "]" end
 

@@ -5,12 +5,13 @@
 -- that fits so. Plans only: nothing is allocated or run.
 --
 --   local fit = require "ck.fit"
---   local c = fit.choose{build = function(batch, policy) return plan_only_program end,
+--   local c = fit.choose{build = function(batch, policy) return plan_only_program end, -- or {program =, ...}
 --                        checkpoint = policy.parse("auto"), batch = "auto"}
 --   print(c.reason) -- then compile c.checkpoint at c.batch
 local ck = require "ck"
 local policy = require "ck.policy"
-local plan = require "ck.plan"
+local bytes = require "ck.bytes"
+local errors = require "ck.errors"
 
 local M = {}
 
@@ -41,7 +42,7 @@ function M.memory(o)
   return {bytes = math.floor(free * (1 - headroom)), free = free, total = total, headroom = headroom, words = words}
 end
 
-local fmt = plan.fmt_bytes
+local fmt = bytes.fmt
 
 -- "20.38 GiB of 22.64 GiB available"
 local function room(mem)
@@ -49,56 +50,74 @@ local function room(mem)
 end
 
 -- At one batch, the cheapest policy whose whole-run plan (p:plan().device_bytes)
--- fits limit bytes: none, else a budget for the training list. The budget
--- leaves the device's fixed bytes, rounds down to its pages, and leaves what
--- the run's other lists need above the training list (as none's plan shows);
--- a plan still over the limit is tightened by its excess. Returns
--- {checkpoint =, needs = device bytes, none = none's device bytes, budget =,
--- recompute_pct =}, or nil and {needs = what the smallest plan needs, none =}.
--- Each plan is dropped before the next is built: full SDXL's are large.
-function M.cheapest(build, batch, limit)
-  local p0 = build(batch, policy.none())
-  local s0 = p0:plan()
-  local _, fixed, granule = p0:device()
-  p0 = nil
-  collectgarbage()
-  local none = s0.device_bytes
-  if none <= limit then return {checkpoint = policy.none(), needs = none, none = none} end
-  -- the run's other lists (logging) need a few KB above the training list, by
-  -- policy: start from none's, then loosen by the room a fitting plan leaves
-  -- (a policy needing less above its list may fit with less recompute) and
-  -- tighten by the excess of one that does not fit
-  local extra = math.max(0, s0.arena - s0.peak)
-  local b = (limit - fixed) // granule * granule - extra
-  local best, tried = nil, {}
+-- fits limit bytes on device: none, else a budget for the training list.
+-- One program is compiled under auto at the budget the limit leaves the
+-- training list (less the device's fixed bytes, rounded down to its pages):
+-- its decision is none where none's plan fits that budget, else the budget
+-- search's, and it places none to say what none needs. The run's other lists
+-- (logging, sampling) may need bytes above the training list: a plan over the
+-- limit is tightened by its excess, and one whose other lists need less than
+-- was left for them is loosened by the difference. Returns {checkpoint =,
+-- needs = device bytes, none = none's device bytes, budget =, recompute_pct =,
+-- program = the chosen trial's build result when keep}, or nil and {needs =
+-- what the smallest plan needs, none =}. A trial's program is dropped before
+-- the next is built: full SDXL's are large.
+function M.cheapest(build, batch, limit, device, keep)
+  local _, fixed, granule = ck.device_layout(device)
+  local function bytes(arena) return -(-arena // granule) * granule + fixed end
+  local room = (limit - fixed) // granule * granule
+  local b, extra = room, 0 -- extra: what the other lists need above the training list
+  local best, tried, none = nil, {}, nil
   for _ = 1, 4 do
     if b <= 0 or tried[b] then break end
     tried[b] = true
-    local pol = policy.budget(b)
-    local ok, p = pcall(build, batch, pol)
+    local report = {} -- the decision's figures (compile fills it: ck_decide_report)
+    local pol = policy.auto{device = b, headroom = 0}
+    pol.report = report
+    local ok, r = pcall(build, batch, pol)
     if not ok then
-      local least = tonumber(tostring(p):match("smallest peak.-%((%d+) bytes%)"))
-      if not least then error(p, 0) end
+      local least = report.floor
+      if not least then error(r, 0) end
       if best then break end
       -- the smallest training list as the device would take it (with
-      -- offload allowed, the error names the smallest without it too)
-      local function device(bytes) return -(-(bytes + extra) // granule) * granule + fixed end
-      local without = tonumber(tostring(p):match("with offload, [^(]*%((%d+) bytes%) without"))
-      return nil, {needs = device(least), needs_without = without and device(without), none = none}
-    end
-    local pl = p:plan()
-    p = nil
-    collectgarbage()
-    if pl.device_bytes <= limit then
-      if not best or pl.recompute_flops < best.flops then
-        best = {checkpoint = pol, needs = pl.device_bytes, none = none, budget = b, flops = pl.recompute_flops,
-                recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1),
-                offload = pl.offload_bytes, pinned = pl.host_bytes + (pl.weights_host_bytes or 0)}
+      -- offload allowed, the smallest without it too)
+      local without = report.floor_without
+      if not none then -- what none needs, from its own plan
+        local pn = build(batch, policy.none())
+        local s0 = (pn.program or pn):plan()
+        pn = nil
+        collectgarbage()
+        extra, none = math.max(0, s0.arena - s0.peak), s0.device_bytes
       end
-      if pl.recompute_flops == 0 then break end
-      b = b + (limit - pl.device_bytes) + (pl.arena - pl.peak < extra and extra - (pl.arena - pl.peak) or 0)
+      local offload = report.floor_offload -- offload not allowed: what it would reach
+      return nil, {needs = bytes(least + extra), needs_without = without and bytes(without + extra),
+                   needs_offload = offload and offload < least and bytes(offload + extra) or nil, none = none}
+    end
+    local p = r.program or r
+    local pl = p:plan()
+    local above = math.max(0, pl.arena - pl.peak)
+    none = bytes((report.none_peak or pl.peak) + above)
+    if pl.device_bytes <= limit then
+      local c = {needs = pl.device_bytes, none = none, flops = pl.recompute_flops}
+      if pl.recompute_flops == 0 and pl.offload_bytes == 0 then
+        c.checkpoint = policy.none()
+      else
+        c.checkpoint, c.budget = policy.budget(b), b
+        c.recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1)
+        c.offload, c.pinned = pl.offload_bytes, pl.host_bytes + (pl.weights_host_bytes or 0) -- streamed weights too
+      end
+      if not best or c.flops < best.flops then
+        best = c
+        best.program = keep and r or nil
+      end
+      r, p = nil, nil
+      collectgarbage()
+      if c.flops == 0 or above >= extra then break end
+      b, extra = b + (extra - above), above
     else
-      b = b - (pl.device_bytes - limit)
+      r, p = nil, nil
+      collectgarbage()
+      b, extra = b - (pl.device_bytes - limit), math.max(extra, above)
     end
   end
   if best then return best end
@@ -120,6 +139,9 @@ local function refusal(why, mem)
   if why.needs and why.needs_without then
     return string.format("nothing fits in %s: the smallest plan needs %s with offload, %s without (none needs %s)",
       room(mem), fmt(why.needs), fmt(why.needs_without), fmt(why.none))
+  elseif why.needs and why.needs_offload then
+    return string.format("nothing fits in %s: the smallest plan needs %s, %s with --offload auto (none needs %s)",
+      room(mem), fmt(why.needs), fmt(why.needs_offload), fmt(why.none))
   elseif why.needs then
     return string.format("nothing fits in %s: the smallest plan needs %s (none needs %s)", room(mem), fmt(why.needs),
       fmt(why.none))
@@ -127,10 +149,58 @@ local function refusal(why, mem)
   return string.format("nothing fits in %s (none needs %s)", room(mem), fmt(why.none))
 end
 
+-- The largest batch whose planned peak fits limit: doubling, then bisection.
+-- peak_of(b) -> peak bytes, or nil, a message and (when known) the smallest
+-- peak that b could be planned at, when b cannot be planned.
+-- A budget that nothing fits says the smallest peak it could plan; while that
+-- is within the limit a larger batch may still plan (a percentage budget grows
+-- with the batch faster than the least peak does), so the doubling goes on.
+-- Returns {batch = largest fitting batch or 0, peak = its peak, next = the
+-- first batch that does not fit, next_peak = its peak or nil, next_error, capped}.
+local MAX_BATCH_CAP = 4096
+function M.search_batch(peak_of, limit)
+  local cache = {}
+  local function get(b)
+    if cache[b] == nil then
+      local pk, err, least = peak_of(b)
+      cache[b] = {peak = pk, err = err, least = pk == nil and least or nil}
+    end
+    return cache[b]
+  end
+  local function fits(b)
+    local r = get(b)
+    return r.peak ~= nil and r.peak <= limit
+  end
+  local function hopeless(b)
+    local r = get(b)
+    return r.peak ~= nil or not r.least or r.least > limit
+  end
+  local lo = 1
+  while not fits(lo) do
+    if hopeless(lo) or lo >= MAX_BATCH_CAP then
+      local r = get(lo)
+      return {batch = 0, next = lo, next_peak = r.peak, next_error = r.err, first = get(1)}
+    end
+    lo = lo * 2
+  end
+  local hi = lo * 2
+  while fits(hi) do
+    lo = hi
+    if hi >= MAX_BATCH_CAP then return {batch = hi, peak = get(hi).peak, capped = true} end
+    hi = hi * 2
+  end
+  while hi - lo > 1 do
+    local mid = (lo + hi) // 2
+    if fits(mid) then lo = mid else hi = mid end
+  end
+  return {batch = lo, peak = get(lo).peak, next = hi, next_peak = get(hi).peak, next_error = get(hi).err}
+end
+
 -- o: build = function(batch, policy) -> a plan_only program (compiled as the
 -- run compiles), checkpoint = a policy (auto, or fixed), batch = n or "auto",
--- headroom (default: the auto policy's, else M.HEADROOM), device (ck.device).
--- Returns {checkpoint = the policy to compile, batch =, reason = one line}.
+-- headroom (default: the auto policy's, else M.HEADROOM), device (ck.device),
+-- keep (with a given batch: return the chosen trial's build result as run).
+-- Returns {checkpoint = the policy to compile, batch =, reason = one line, run =}.
 -- When nothing fits it refuses in one line naming what the smallest plan
 -- needs; every error names the line that called choose.
 function M.choose(o)
@@ -143,7 +213,7 @@ function M.choose(o)
                          headroom = o.headroom or (auto and o.checkpoint.headroom) or nil}
     -- at one batch: the cheapest policy that fits, or the fixed one if it fits
     local function at(batch)
-      if auto then return M.cheapest(o.build, batch, mem.bytes) end
+      if auto then return M.cheapest(o.build, batch, mem.bytes, o.device, o.keep and o.batch ~= "auto") end
       local needs = o.build(batch, fixed):plan().device_bytes
       collectgarbage()
       if needs <= mem.bytes then return {checkpoint = fixed, needs = needs, fixed = true} end
@@ -158,15 +228,15 @@ function M.choose(o)
     if o.batch ~= "auto" then
       local c, why = at(o.batch)
       if not c then error(line(nil, why), 0) end
-      return {checkpoint = c.checkpoint, batch = o.batch, reason = what .. ": " .. line(c)}
+      return {checkpoint = c.checkpoint, batch = o.batch, reason = what .. ": " .. line(c), run = c.program}
     end
-    -- the largest batch that fits: plan.search_batch's doubling and bisection
+    -- the largest batch that fits: M.search_batch's doubling and bisection
     local tried = {}
-    local r = plan.search_batch(function(batch)
+    local r = M.search_batch(function(batch)
       local c, why = at(batch)
       tried[batch] = {c = c, why = why}
       if c then return c.needs end
-      return nil, line(nil, why)
+      return nil, line(nil, why), why.needs
     end, mem.bytes)
     if r.batch == 0 then error("even batch 1 does not fit: " .. line(nil, tried[1].why), 0) end
     local next_words = r.capped and "the search stops there" or
@@ -175,7 +245,7 @@ function M.choose(o)
     return {checkpoint = c.checkpoint, batch = r.batch,
             reason = string.format("%s: batch %d (%s); %s", what, r.batch, next_words, line(c))}
   end)
-  if not ok then error(what .. ": " .. plan.strip_where(r), 2) end
+  if not ok then error(what .. ": " .. errors.strip_where(r), 2) end
   return r
 end
 

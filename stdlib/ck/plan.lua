@@ -4,6 +4,9 @@
 local ck = require "ck"
 local policy = require "ck.policy"
 local svg = require "ck.svg"
+local bytes = require "ck.bytes"
+local errors = require "ck.errors"
+local fit = require "ck.fit"
 
 local M = {}
 
@@ -21,27 +24,12 @@ local SHORT = {frozen = "frozen", trainable = "trainable", optimizer_state = "op
 
 ---- small helpers, shared with scripts/policy_sweep.lua
 
--- errors raised by compile carry the builder's file:line; a table row wants the message
-function M.strip_where(msg)
-  msg = tostring(msg)
-  msg = msg:gsub("^[^\n:]+:%d+: ", "")
-  return (msg:gsub("^compile: ", ""))
-end
-
--- x rounded up at the given decimals: a planned figure as text is never below
--- what it stands for, so written back as a size (budget:11271.7MiB) it holds
--- the plan it came from. (A byte is far above the tolerance for float noise.)
-function M.round_up(x, decimals)
-  local f = 10 ^ decimals
-  return math.ceil(x * f - 1e-9) / f
-end
-
-function M.fmt_bytes(b)
-  if b >= 10 * GiB then return string.format("%.2f GiB", M.round_up(b / GiB, 2)) end
-  if b >= MiB then return string.format("%.1f MiB", M.round_up(b / MiB, 1)) end
-  if b >= 1024 then return string.format("%.1f KiB", M.round_up(b / 1024, 1)) end
-  return string.format("%d B", b)
-end
+-- shared with ck.fit and the scripts: ck.bytes's figures as text, ck.errors's
+-- message without its file:line, ck.fit's batch search
+M.strip_where = errors.strip_where
+M.round_up = bytes.round_up
+M.fmt_bytes = bytes.fmt
+M.search_batch = fit.search_batch
 
 -- JSON on one line for strings, numbers, booleans, lists, and objects given
 -- as ordered lists of {key, value} pairs (tag them with M.object); NaN and
@@ -146,53 +134,6 @@ function M.summary(p)
     -- streamed frozen weights: their pinned bytes, and the bytes a step brings in
     weights_host_bytes = pl.weights_host_bytes, stream_bytes = pl.stream_bytes,
   }
-end
-
--- The largest batch whose planned peak fits limit: doubling, then bisection.
--- peak_of(b) -> peak bytes, or nil and a message when b cannot be planned.
--- A budget that nothing fits says the smallest peak it could plan; while that
--- is within the limit a larger batch may still plan (a percentage budget grows
--- with the batch faster than the least peak does), so the doubling goes on.
--- Returns {batch = largest fitting batch or 0, peak = its peak, next = the
--- first batch that does not fit, next_peak = its peak or nil, next_error, capped}.
-local MAX_BATCH_CAP = 4096
-function M.search_batch(peak_of, limit)
-  local cache = {}
-  local function get(b)
-    if cache[b] == nil then
-      local pk, err = peak_of(b)
-      local least = err and tonumber(tostring(err):match("smallest peak.-%((%d+) bytes%)"))
-      cache[b] = {peak = pk, err = err, least = least}
-    end
-    return cache[b]
-  end
-  local function fits(b)
-    local r = get(b)
-    return r.peak ~= nil and r.peak <= limit
-  end
-  local function hopeless(b)
-    local r = get(b)
-    return r.peak ~= nil or not r.least or r.least > limit
-  end
-  local lo = 1
-  while not fits(lo) do
-    if hopeless(lo) or lo >= MAX_BATCH_CAP then
-      local r = get(lo)
-      return {batch = 0, next = lo, next_peak = r.peak, next_error = r.err, first = get(1)}
-    end
-    lo = lo * 2
-  end
-  local hi = lo * 2
-  while fits(hi) do
-    lo = hi
-    if hi >= MAX_BATCH_CAP then return {batch = hi, peak = get(hi).peak, capped = true} end
-    hi = hi * 2
-  end
-  while hi - lo > 1 do
-    local mid = (lo + hi) // 2
-    if fits(mid) then lo = mid else hi = mid end
-  end
-  return {batch = lo, peak = get(lo).peak, next = hi, next_peak = get(hi).peak, next_error = get(hi).err}
 end
 
 ---- the memory timeline as SVG
@@ -460,7 +401,7 @@ local function plan_rows(o, list, want_timeline, want_graph)
     local p
     if pol.kind == "auto" and o.build and not (row.name == own and o.program) then
       -- what --checkpoint auto chooses at this batch (ck.fit), planned as its row
-      local ok, c = pcall(require("ck.fit").choose, {build = o.build, checkpoint = pol, batch = o.batch})
+      local ok, c = pcall(fit.choose, {build = o.build, checkpoint = pol, batch = o.batch})
       if ok then row.policy, row.auto = c.checkpoint, c.reason else row.error = M.strip_where(c) end
     end
     if row.error then -- nothing to plan: auto found nothing that fits
@@ -486,8 +427,14 @@ local function max_batch(o, row, limit)
   local function peak_of(b)
     if b == o.batch and row.summary then return row.summary.peak end
     if not o.build then return nil, "this script gives plan.report no build function" end
-    local ok, p = pcall(o.build, b, row.policy)
-    if not ok then return nil, M.strip_where(p) end
+    local pol, report = row.policy, {} -- the policy, with a table for the decision's figures
+    if type(pol) == "table" then
+      pol = {}
+      for k, v in pairs(row.policy) do pol[k] = v end
+      pol.report = report
+    end
+    local ok, p = pcall(o.build, b, pol)
+    if not ok then return nil, M.strip_where(p), report.floor end
     local pk = p:plan().peak
     p = nil
     collectgarbage()

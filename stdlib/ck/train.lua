@@ -482,13 +482,15 @@ end
 local function fit_to_memory(t)
   if t.checkpoint.kind ~= "auto" and t.batch ~= "auto" then return end
   local function planned(b, pol)
-    local pp = build(t, b, pol, true).program
-    if t.sampler then t.sampler:programs_for(pp, true) end -- the group's arena grows to them
-    return pp
+    local r = build(t, b, pol, true)
+    if t.sampler then t.sampler:programs_for(r.program, true) end -- the group's arena grows to them
+    return r
   end
   local function choose()
+    -- a plan-only run keeps the chosen trial's program: it is the program
+    -- compile(t) would build (the same batch, policy decision, latents and streamed blocks)
     local c = require("ck.fit").choose{build = planned, checkpoint = t.checkpoint, batch = t.batch,
-                                       headroom = t.o["fit-headroom"]}
+                                       headroom = t.o["fit-headroom"], keep = ck.plan_mode}
     return c -- not a tail call: choose's errors name this line, which the trainer puts at the script's
   end
   local ok, c = pcall(choose)
@@ -528,7 +530,7 @@ local function fit_to_memory(t)
     end
   end
   if not ok then error(c, 0) end
-  t.checkpoint, t.batch, t.fit_reason = c.checkpoint, c.batch, c.reason
+  t.checkpoint, t.batch, t.fit_reason, t.fit_run = c.checkpoint, c.batch, c.reason, c.run
   if not ck.plan_mode then print(t.fit_reason) end
 end
 
@@ -779,7 +781,9 @@ end
 -- group sharing one copy of the weights, its arena as large as the largest.
 local function compile(t)
   local first = rank_sizes(t, t.sizes[1][1])[1]
-  t.run = build(t, first, t.checkpoint, ck.plan_mode, {t.shapes[1][2], t.shapes[1][3]})
+  local fitted = t.fit_run and first == t.batch and t.shapes[1][2] == t.latent and t.shapes[1][3] == t.latent
+  t.run = fitted and t.fit_run or build(t, first, t.checkpoint, ck.plan_mode, {t.shapes[1][2], t.shapes[1][3]})
+  t.fit_run = nil
   t.p, t.g, t.adapter = t.run.program, t.run.graph, t.run.adapter
   t.runs = {[1] = {[first] = t.run}}
   t.nprograms, t.program_sizes = 0, {}

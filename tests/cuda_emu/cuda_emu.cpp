@@ -231,7 +231,8 @@ void to_fiber(fiber &f)
 {
 #if CK_EMU_FAST_SWITCH
     if (fast_switch) {
-        void *fake = NULL;
+        void *fake = NULL; /* unused without ASan */
+        (void)fake;
         ASAN_START(&fake, f.stack, (size_t)(stack_top(f) - f.stack));
         ck_emu_switch(&sched_sp, f.sp);
         ASAN_FINISH(fake, NULL, NULL);

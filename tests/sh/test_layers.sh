@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The runtime's folders are layers (README, "Layout"): a file in vm/X may
 # include headers of the layers below X only, so dependencies point one way
-# and no two folders include each other. ops/ knows nothing of vm/, and
-# nothing below the bindings knows Lua.
+# and no two folders include each other; and each folder's objects call
+# only functions of its own layer or below (read with nm). ops/ knows nothing
+# of vm/, and nothing below the bindings knows Lua.
 set -u
 cd "$(dirname "$0")/../.."
 # top to bottom; vm/ck.h (the public header, a leaf) may be included anywhere
@@ -50,5 +51,37 @@ for h in vm/*/*.h; do
     done
   done
 done
+# the same order by symbols: what each folder's objects call (nm -u) is
+# defined in its own folder or a layer below, never above (a function
+# declared in a low header but defined higher up is a call upward that the
+# includes do not show); ops/ calls nothing of vm/
+objs="${CK_BUILD:-build}/CMakeFiles/ck_objs.dir"
+if [ -d "$objs/vm" ] && command -v nm > /dev/null; then
+  bad=$(
+    for dir in "$objs"/vm/*/; do
+      d=$(basename "$dir")
+      find "$dir" -name '*.o' -exec nm --defined-only -g {} + 2> /dev/null | awk -v d="$d" 'NF == 3 && $2 ~ /[TDBRC]/ {print "D", $3, d}'
+    done
+    for dir in "$objs"/vm/*/ "$objs"/ops/; do
+      d=$(basename "$dir")
+      find "$dir" -name '*.o' -exec nm -u {} + 2> /dev/null | awk -v d="$d" 'NF >= 2 {print "U", $NF, d}'
+    done | sort -u
+  ) 
+  order="${layers[*]}"
+  while read -r line; do echo "FAIL $line"; fail=1; done < <(printf '%s\n' "$bad" | awk -v order="$order" '
+    BEGIN { n = split(order, l, " "); for (i = 1; i <= n; i++) rank[l[i]] = i }
+    $1 == "D" { def[$2] = $3; next }
+    $1 == "U" { use[++m] = $2; by[m] = $3 }
+    END {
+      for (k = 1; k <= m; k++) {
+        s = use[k]; d = by[k]; t = def[s]
+        if (t == "" || t == d) continue
+        if (d == "ops") print "ops/ calls " s ", defined in vm/" t
+        else if (rank[t] <= rank[d]) print "vm/" d " calls " s ", defined in vm/" t " (not below " d ")"
+      }
+    }')
+else
+  echo "FAIL no objects under $objs to read symbols from (CK_BUILD: the build folder)"; fail=1
+fi
 if [ "$fail" = 0 ]; then echo "1 passed, 0 failed"; else echo "0 passed, 1 failed"; fi
 exit "$fail"

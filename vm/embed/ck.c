@@ -19,7 +19,6 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <errno.h>
 #include <limits.h>
@@ -55,7 +54,6 @@ struct ck_model {
 
 struct ck_vm {
     _Atomic unsigned magic; /* VM_MAGIC while open, VM_CLOSING in ck_close, then 0 */
-    _Atomic int term_holds; /* its loggers that SIGTERM stops the run of */
     ck_vm *closed_next; /* in the list of closed handles kept back from free */
     lua_State *L;
     lua_Alloc alloc;
@@ -100,8 +98,8 @@ const char *ck_errstr(int code)
  * Every handle ck_open returns is in the registry until ck_close has closed its
  * Lua state; each entry point looks its handle up first and answers CK_EINVAL
  * for one that is not there (closed, or never opened), without reading
- * through it. The lookup takes no lock (ck_interrupt and the SIGTERM handler
- * run in signal handlers): slots are atomic pointers in blocks that are never
+ * through it. The lookup takes no lock (ck_interrupt may run in a signal
+ * handler): slots are atomic pointers in blocks that are never
  * freed. A handle's memory is pages at an address no handle had before, taken
  * in turn from a range of address space reserved for them (HANDLE_SPACE, or
  * 1/32 of a limit on address space) and handed back to the kernel but never
@@ -109,8 +107,8 @@ const char *ck_errstr(int code)
  * model; past the range, malloc's. A closed VM's handle is kept back from
  * free: the last CLOSED_KEPT of them always (a call racing with the close may
  * still read the one it found), and all of them while a SIGTERM handler is
- * running (it may hold a pointer it read from a slot before the slot was
- * emptied). The models of every VM are linked and unlinked under reg_mu,
+ * running (it may hold a pointer to the VM's host it read before the host was
+ * taken out of guard/term.c's list). The models of every VM are linked and unlinked under reg_mu,
  * which live_model holds while it walks them. */
 #define VM_MAGIC 0x636b766du
 #define VM_CLOSING 0x636b7663u
@@ -126,7 +124,6 @@ typedef struct reg_block {
 static reg_block reg_head;
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static ck_vm *reg_closed;       /* closed handles kept, newest first */
-static atomic_int term_inflight; /* SIGTERM handlers running now */
 
 static char *handle_base;  /* the reserved range: NULL until the first open, MAP_FAILED when none */
 static size_t handle_space; /* its size: HANDLE_SPACE, or less under a limit on address space */
@@ -240,7 +237,7 @@ static void reg_retire(ck_vm *vm)
     atomic_store(&vm->magic, 0);
     vm->closed_next = reg_closed;
     reg_closed = vm;
-    if (atomic_load(&term_inflight) == 0) {
+    if (!ck_term_busy()) {
         ck_vm *p = reg_closed;
         for (int k = 1; p && k < CLOSED_KEPT; k++) p = p->closed_next;
         if (p) {
@@ -254,64 +251,6 @@ static void reg_retire(ck_vm *vm)
         }
     }
     pthread_mutex_unlock(&reg_mu);
-}
-
-/* ---- SIGTERM (guard/term.h)
- * The handler walks the registry as reg_has does and raises the interrupt of
- * every VM holding a logger that asked for it: each running VM stops between
- * two Lua instructions or two ops and unwinds, its loggers flushing as they
- * close. It touches only atomics, so it is async-signal-safe. */
-static pthread_mutex_t term_mu = PTHREAD_MUTEX_INITIALIZER;
-static int term_refs;             /* holds in the whole process */
-static struct sigaction term_old; /* SIGTERM's disposition before the first hold */
-
-static void on_sigterm(int sig)
-{
-    (void)sig;
-    atomic_fetch_add(&term_inflight, 1);
-    for (reg_block *b = &reg_head; b; b = atomic_load(&b->next))
-        for (int i = 0; i < REG_SLOTS; i++) {
-            ck_vm *vm = atomic_load(&b->slot[i]);
-            if (vm && atomic_load(&vm->term_holds) > 0) atomic_store(&vm->host.lim.interrupt, 1);
-        }
-    atomic_fetch_sub(&term_inflight, 1);
-}
-
-void *ck_term_hold(lua_State *L)
-{
-    ck_host *h = ck_host_of(L);
-    if (!h) return NULL;
-    ck_vm *vm = (ck_vm *)(void *)((char *)h - offsetof(ck_vm, host));
-    if (!reg_has(vm)) return NULL;
-    pthread_mutex_lock(&term_mu);
-    atomic_fetch_add(&vm->term_holds, 1);
-    if (term_refs++ == 0) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_sigterm;
-        sa.sa_flags = SA_RESETHAND; /* a second SIGTERM kills */
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGTERM, &sa, &term_old);
-    }
-    pthread_mutex_unlock(&term_mu);
-    return vm;
-}
-
-void ck_term_release(void *token)
-{
-    ck_vm *vm = token;
-    if (!vm) return;
-    pthread_mutex_lock(&term_mu);
-    atomic_fetch_sub(&vm->term_holds, 1);
-    if (term_refs > 0 && --term_refs == 0) {
-        /* ours, or the default a first SIGTERM reset it to: put back what
-         * was there; a handler the host set since stays */
-        struct sigaction now;
-        sigaction(SIGTERM, NULL, &now);
-        if (now.sa_handler == SIG_DFL || (!(now.sa_flags & SA_SIGINFO) && now.sa_handler == on_sigterm))
-            sigaction(SIGTERM, &term_old, NULL);
-    }
-    pthread_mutex_unlock(&term_mu);
 }
 
 /* the VM of an open handle, else NULL */
@@ -773,6 +712,7 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
     ck_vm *vm = reg_new();
     if (!vm) return NULL;
     atomic_store(&vm->magic, VM_MAGIC);
+    if (ck_term_register(&vm->host)) return dead(vm, CK_EMEM, "out of memory");
     vm->alloc = alloc;
     vm->alloc_ud = alloc_ud;
     vm->stdout_ref = vm->results_ref = LUA_NOREF;
@@ -906,6 +846,7 @@ void ck_close(ck_vm *vm)
         lua_close(vm->L);
     }
     vm->L = NULL;
+    ck_term_unregister(&vm->host);
     reg_remove(vm);
     ck_sandbox_free(&vm->host.sb);
     free_string(vm, vm->host.plan_policies);

@@ -5,6 +5,7 @@
 #define CK_GRAPH_H
 
 #include "../../ops/ops.h"
+#include "util/budget.h"
 
 typedef enum ck_kind {
     CK_KIND_ACT = 0,   /* made by a node */
@@ -25,61 +26,35 @@ typedef enum ck_phase { CK_PHASE_FORWARD = 0, CK_PHASE_BACKWARD, CK_PHASE_OPTIMI
 const char *ck_kind_name(ck_kind k);
 const char *ck_phase_name(ck_phase ph);
 
+/* A graph holds hundreds of thousands of tensors and nodes (the planner's
+ * memory is mostly theirs): the small fields are bit-fields packed in one
+ * word. */
 typedef struct ck_tensor {
     ck_shape shape;
-    ck_dtype dtype;
-    ck_kind kind;
+    ck_dtype dtype : 8;
+    ck_kind kind : 8;
+    unsigned needs_grad : 1;
+    ck_init init : 8; /* parameters: how the runtime fills them */
     char *name;   /* full dotted name for parameters and inputs, NULL otherwise */
     const char *scope; /* diffusers-style scope, "" at the top (the graph's strings) */
     const char *where; /* script "file:line" that made it (the graph's strings) */
     int node;     /* producing node, -1 for leaves */
     int grad;     /* gradient tensor after autodiff, -1 if none */
-    int needs_grad;
-    ck_init init; /* parameters: how the runtime fills them */
     float init_a, init_b;
     float lr_scale; /* trainable parameters: the learning-rate multiplier (1; LoRA+) */
 } ck_tensor;
 
 typedef struct ck_node {
-    enum ck_op op;
-    int nin, nout;
+    enum ck_op op : 16;
+    unsigned nin : 4, nout : 4;
+    ck_phase phase : 8;
     int in[CK_MAX_IN];
     int out[CK_MAX_OUT]; /* -1: slot unwanted */
     ck_op_params p;
-    ck_phase phase;
     const char *scope; /* the graph's strings, as a tensor's */
     const char *where;
 } ck_node;
 
-/* One budget for the memory a VM's scripts can make the runtime take: the
- * Lua heap (read through heap) and what the runtime charges here before it
- * allocates: graphs, op lists and plans, arenas (the device bytes their plans
- * state), stages, tensors read from files. The VM owns it
- * (vm/guard/runlimits.h); objects made outside a VM point at none. */
-typedef struct ck_mem_budget {
-    size_t limit;       /* 0: none */
-    size_t used;        /* bytes charged outside the Lua heap */
-    const size_t *heap; /* the Lua heap's bytes now; NULL: not counted */
-    /* frees what unreachable objects hold (a full garbage collection), tried
-     * once before a charge is refused; NULL: none */
-    void (*reclaim)(void *ud);
-    void *reclaim_ud;
-    int refusing;       /* a reclaim runs now: charges made meanwhile do not reclaim again */
-    int refused;        /* a charge was refused (the host reads it to give the error CK_EMEM) */
-    /* 1: the limit is the sandbox's default, the machine's memory, and the
-     * device's own memory joins it when a program first compiles for one */
-    int add_device;
-} ck_mem_budget;
-
-/* Charges n bytes for `what` (a phrase naming the thing and its size: "the
- * program's arena of 2.0 GiB") before the caller allocates them. 0, or -1
- * with err set to "WHAT would pass the memory limit of 64 MiB (--max-memory
- * 3GiB allows it)". b NULL or without a limit: counts, never refuses. */
-int ck_mem_take(ck_mem_budget *b, size_t n, const char *what, char *err, size_t errlen);
-/* Gives back n bytes a ck_mem_take charged. */
-void ck_mem_give(ck_mem_budget *b, size_t n);
-/* n in words for messages: "2.0 GiB", "64 MiB", "512 bytes" */
-void ck_mem_text(size_t n, char *buf, size_t len);
 
 typedef struct ck_graph {
     ck_tensor *t;

@@ -5,7 +5,7 @@
 #ifndef CK_RUNLIMITS_H
 #define CK_RUNLIMITS_H
 
-#include "graph/graph.h"
+#include "util/budget.h"
 
 #include <lua.h>
 

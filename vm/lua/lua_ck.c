@@ -10,7 +10,6 @@
 #include "plan/offload.h"
 #include "util/hash.h"
 #include "util/text.h"
-#include "../../ops/cpu/cpu.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -823,6 +822,32 @@ static void keep_patterns(lua_State *L, const char **a, int na, const char **b, 
     }
 }
 
+
+/* The decision's figures into the policy table's `report` table, when it
+ * has one (ck.fit weighs budgets by them): none_peak, and when nothing fits
+ * floor, floor_without and floor_offload (see plan.h's ck_decide_report);
+ * a figure not known is left out. */
+static void report_out(lua_State *L, const ck_decide_report *rep)
+{
+    rawfield(L, 2, "checkpoint");
+    if (lua_istable(L, -1)) {
+        lua_pushliteral(L, "report");
+        lua_rawget(L, -2);
+        if (lua_istable(L, -1)) {
+            const struct { const char *k; size_t v; } f[] = {{"none_peak", rep->none_peak}, {"floor", rep->floor},
+                {"floor_without", rep->floor_without}, {"floor_offload", rep->floor_offload}};
+            for (size_t k = 0; k < sizeof f / sizeof *f; k++) {
+                if (!f[k].v) continue;
+                lua_pushstring(L, f[k].k);
+                lua_pushinteger(L, (lua_Integer)f[k].v);
+                lua_rawset(L, -3);
+            }
+        }
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+}
+
 /* g:compile{loss=, outputs={...}, optimizer="adamw"|"adamw8bit"|"lion"|"sgd"|"none", lr=, betas={b1,b2}, eps=,
  *           weight_decay=,
  *           max_grad_norm=, accumulate=, fused_backward=, world_size=, bucket_mb=,
@@ -1083,7 +1108,10 @@ static int l_compile(lua_State *L)
     luaL_setmetatable(L, PROGRAM_MT);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, -2, 1);
+    ck_decide_report rep = {0};
+    o.report = &rep;
     lp->p = ck_compile(lg->g, &o, err, sizeof err);
+    report_out(L, &rep);
     if (!lp->p) {
         return ck_lua_raise(L, "compile: %s", err);
     }
@@ -1357,6 +1385,8 @@ static void set_num(lua_State *L, const char *k, double v)
  * on a CUDA device, "stated" for cuda without one (ops/rules.c), "cpu"), at_peak = {category = bytes live at the peak},
  * decide_seconds and plan_seconds (this thread's CPU time for the checkpoint
  * policy's decision and for the training list's plan, placement included),
+ * none_peak (where an auto or percentage-budget decision placed the list with
+ * no recompute: that peak),
  * and layout_digest: 16 hex digits over every list of the program (training,
  * forward, logging), their entries and every offset, equal for two programs
  * planned the same to the byte */
@@ -1404,6 +1434,7 @@ static int l_plan(lua_State *L)
     lua_setfield(L, -2, "at_peak");
     set_num(L, "decide_seconds", p->decide_seconds);
     set_num(L, "plan_seconds", p->plan_seconds);
+    if (p->none_peak) set_int(L, "none_peak", (lua_Integer)p->none_peak);
     /* offload: the host region's bytes, the bytes a step moves each way, the
      * transfers, the prefetch distance; and what the joint search said */
     set_int(L, "host_bytes", (lua_Integer)pl->host_peak);
@@ -1684,6 +1715,22 @@ static const luaL_Reg graph_methods[] = {
 /* p:device() -> the backend's name ("cpu", "cuda"), the bytes of device
  * memory it holds outside every plan (library workspaces; 0 on the CPU), and
  * its allocator's page (2 MiB on CUDA; 1 on the CPU) */
+/* ck.device_layout([name]) -> device, fixed bytes, granule: how a program's
+ * arena becomes device bytes on that device (default ck.device; plan-only
+ * figures where it has no device), as p:device() says after a compile */
+static int l_device_layout(lua_State *L)
+{
+    const ck_host *host = ck_host_of(L);
+    const char *name = luaL_optstring(L, 1, host ? host->device : "auto");
+    char err[512];
+    const ck_backend *be = ck_backend_find(name, 1, err, sizeof err);
+    if (!be) return ck_lua_raise(L, "device_layout: %s", err);
+    lua_pushstring(L, be->name);
+    lua_pushinteger(L, (lua_Integer)be->fixed_bytes);
+    lua_pushinteger(L, (lua_Integer)(be->granule > 1 ? be->granule : 1));
+    return 3;
+}
+
 static int l_program_device(lua_State *L)
 {
     ck_program *p = check_program(L, 1)->p;
@@ -1827,6 +1874,8 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     lua_setfield(L, lib, "devices");
     lua_pushcfunction(L, l_device_memory);
     lua_setfield(L, lib, "device_memory");
+    lua_pushcfunction(L, l_device_layout);
+    lua_setfield(L, lib, "device_layout");
     lua_pushcfunction(L, l_cuda_options);
     lua_setfield(L, lib, "cuda_options");
     /* ck.device: where programs compile to by default (--device; in a stock

@@ -671,6 +671,10 @@ int ck_offload_decide(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, u
     goto out;
 none_fits:
     if (!floor_o || floor_o > floor_r) floor_o = floor_r;
+    if (c->report) {
+        c->report->floor = floor_o;
+        c->report->floor_without = floor_r;
+    }
     snprintf(err, errlen, "%s: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes) with "
              "offload, %.1f MiB (%zu bytes) without",
              what, budget / 1048576.0, ceil(floor_o / 104857.6) / 10, floor_o, ceil(floor_r / 104857.6) / 10, floor_r);

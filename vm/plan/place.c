@@ -206,7 +206,7 @@ static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 static int by_size(const void *pa, const void *pb)
 {
     const ck_place_buf *x = pa, *y = pb;
-    const int64_t nx = x->need, ny = y->need;
+    const uint32_t nx = x->units, ny = y->units;
     if (nx != ny) return nx > ny ? -1 : 1;
     if (x->first != y->first) return x->first < y->first ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
@@ -215,14 +215,11 @@ static int by_size(const void *pa, const void *pb)
 int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align)
 {
     int64_t total = 0; /* the most any offset can be */
-    for (int b = 0; b < nb; b++) {
-        bufs[b].need = align_up(bufs[b].size, align);
-        total += bufs[b].need;
-    }
+    for (int b = 0; b < nb; b++) total += align_up(bufs[b].size, align);
     int64_t grid = align;
     while (total / grid >= (int64_t)UINT32_MAX) grid *= 2;
-    if (grid != align)
-        for (int b = 0; b < nb; b++) bufs[b].need = align_up(bufs[b].size, grid);
+    /* each below the total, so below 2^32 units */
+    for (int b = 0; b < nb; b++) bufs[b].units = (uint32_t)(align_up(bufs[b].size, grid) / grid);
     if (nb > 1) qsort(bufs, (size_t)nb, sizeof *bufs, by_size);
     const int nodes = npos > 0 ? 2 * npos - 1 : 1;
     tree t = {ck_big_zalloc(((size_t)nodes) * (sizeof(node))), {0}, {{0}}, 0};
@@ -230,7 +227,7 @@ int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align)
     if (!t.n) return -1;
     int64_t top = 0;
     for (int b = 0; b < nb; b++) {
-        const unit need = (unit)(bufs[b].need / grid);
+        const unit need = bufs[b].units;
         if (need == 0) { /* a buffer of no bytes takes none */
             bufs[b].off = 0;
             continue;

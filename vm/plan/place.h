@@ -9,7 +9,7 @@ typedef struct ck_place_buf {
     int64_t off;         /* out: the offset */
     int first, last;     /* the list positions it is live at, inclusive */
     int id;              /* the last tie-break of the order */
-    int64_t need;        /* size rounded up to the alignment (ck_place sets it) */
+    uint32_t units;      /* size rounded up to the alignment, in the placement's units (ck_place sets it) */
 } ck_place_buf;
 
 /* Sorts the buffers (decreasing aligned size, then first position, then id)

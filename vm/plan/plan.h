@@ -106,7 +106,20 @@ typedef struct ck_decide_ctx {
     const struct ck_device_speed *speed;
     char *why;
     size_t whylen;
+    /* what a budget or auto decision says beside its marks (NULL: not wanted) */
+    struct ck_decide_report *report;
 } ck_decide_ctx;
+
+/* The figures a decision under a budget found, for a caller that weighs
+ * budgets (ck.fit) without reading them back from a message: none's placed
+ * peak where the decision placed it, and when nothing fits the smallest
+ * peak it could plan (with offload where offload was allowed), the smallest
+ * without offload (where it was allowed) and with it (where it was not: what
+ * --offload auto would reach). 0: not known. */
+typedef struct ck_decide_report {
+    size_t none_peak;
+    size_t floor, floor_without, floor_offload;
+} ck_decide_report;
 
 /* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead
  * of keeping it, CK_OFFLOAD when it is kept in pinned host memory between its

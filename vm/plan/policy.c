@@ -644,6 +644,10 @@ static int decide_budget(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget
                  what, budget / 1048576.0, ceil(b.floor / 104857.6) / 10, b.floor);
         /* offload not allowed: what it would reach, after the figure without */
         const size_t with = c->offload ? 0 : ck_offload_floor(c, ev);
+        if (c->report) {
+            c->report->floor = b.floor;
+            c->report->floor_offload = with;
+        }
         if (with && with < b.floor) {
             const size_t at = strlen(err);
             snprintf(err + at, errlen - at, "; with offload (--offload auto), %.1f MiB (%zu bytes)",
@@ -700,10 +704,12 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
          * share of it, or auto where none's live peak does not rule it out */
         if (ev && pol->kind == CK_POLICY_BUDGET && pol->budget_fraction > 0) rc = ck_evaluate(ev, NULL, 1, &none, &f);
         const double fit = pol->device * (1.0 - pol->headroom);
+        /* auto places none when it may fit, or when its caller asks what none needs */
         if (ev && pol->kind == CK_POLICY_AUTO) {
             rc = ck_evaluate(ev, NULL, 0, &none, &f);
-            if (!rc && (double)none <= fit) rc = ck_evaluate(ev, NULL, 1, &none, &f);
+            if (!rc && ((double)none <= fit || c->report)) rc = ck_evaluate(ev, NULL, 1, &none, &f);
         }
+        if (!rc && c->report && (pol->kind == CK_POLICY_AUTO || pol->budget_fraction > 0)) c->report->none_peak = none;
         if (rc) {
             ck_evaluator_free(own);
             snprintf(err, errlen, "out of memory");

@@ -13,7 +13,7 @@
  * the backend opened once under a lock, then read through an atomic pointer. */
 #define _GNU_SOURCE /* dladdr */
 #include "dist/dist.h"
-#include "../../ops/backend.h"
+#include "run/device.h"
 
 #include <dlfcn.h>
 #include <limits.h>

@@ -899,18 +899,8 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     const ck_backend *be = p->be;
     for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
     if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
-    int n = cut_list(g, sinks, ns, CK_PHASE_FORWARD, list);
-    if (n < 0) goto oom;
-    if (take_own(p, plan_estimate(n, g->nt, 0), "the forward pass's op list and plan", err, errlen)) goto fail;
-    if (ck_schedule(&p->eval, g, list, n, NULL)) goto oom;
-    if (p->streamed) { /* the forward pass streams too (plans that use no streamed weight are left as they are) */
-        unsigned char *mark = calloc((size_t)g->nt, 1);
-        const int bad = !mark || (mark_streamed(p, mark), ck_offload_schedule(&p->eval, g, mark, p->retain, prefetch) < 0);
-        free(mark);
-        if (bad) goto oom;
-    }
-    if (ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, be)) goto oom;
-    if (settle_own(p, "the forward pass's op list and plan", err, errlen)) goto fail;
+    const int nsinks = ns; /* the forward pass's: its list is planned after the step's */
+    int n;
 
     if (o->loss >= 0 && trains) {
         for (int t = 0; t < g->nt; t++) {
@@ -925,9 +915,10 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         if (n < 0) goto oom;
         /* with a policy, one evaluator for its trials and the plan: the
          * decision it placed last is not placed again */
+        ck_decide_report report = {0};
         ck_decide_ctx dc = {g, list, n, NULL, 0, p->poff, p->persistent, p->retain, be, NULL,
                             o->offload == CK_OFFLOAD_AUTO, prefetch, o->speed ? o->speed : ck_backend_speed(be),
-                            p->offload_why, sizeof p->offload_why};
+                            p->offload_why, sizeof p->offload_why, o->report ? o->report : &report};
         if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
         if (o->decide || o->offload == CK_OFFLOAD_ACTIVATIONS || p->streamed) {
             recompute = calloc((size_t)g->nt, 1);
@@ -940,6 +931,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             const double t0 = thread_seconds();
             if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
             p->decide_seconds = thread_seconds() - t0;
+            p->none_peak = dc.report->none_peak;
         }
         /* offload activations: what the policy keeps goes to host memory
          * between its uses (what no later entry reads stays: ck_offload_schedule) */
@@ -977,6 +969,20 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         ev = NULL;
         if (settle_own(p, "the training step's op list and plan", err, errlen)) goto fail;
     }
+    /* the forward pass's list, planned after the step's so that the step's
+     * search does not hold it */
+    n = cut_list(g, sinks, nsinks, CK_PHASE_FORWARD, list);
+    if (n < 0) goto oom;
+    if (take_own(p, plan_estimate(n, g->nt, 0), "the forward pass's op list and plan", err, errlen)) goto fail;
+    if (ck_schedule(&p->eval, g, list, n, NULL)) goto oom;
+    if (p->streamed) { /* the forward pass streams too (plans that use no streamed weight are left as they are) */
+        unsigned char *mark = calloc((size_t)g->nt, 1);
+        const int bad = !mark || (mark_streamed(p, mark), ck_offload_schedule(&p->eval, g, mark, p->retain, prefetch) < 0);
+        free(mark);
+        if (bad) goto oom;
+    }
+    if (ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, be)) goto oom;
+    if (settle_own(p, "the forward pass's op list and plan", err, errlen)) goto fail;
     /* the one arena: the largest list the program will run */
     p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;

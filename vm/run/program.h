@@ -5,6 +5,7 @@
 #define CK_PROGRAM_H
 
 #include "plan/plan.h"
+#include "run/device.h"
 #include "run/exec.h"
 
 typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW, CK_OPTIM_LION, CK_OPTIM_ADAMW8 } ck_optim;
@@ -105,6 +106,7 @@ typedef struct ck_compile_opts {
     const char *const *stat_blocks;
     int nstat_blocks;
     void *decide_ud;
+    ck_decide_report *report; /* where the decision's figures go (NULL: not wanted), whether or not compile succeeds */
     const ck_backend *be; /* where the program runs and its arena lives; NULL: the CPU */
     /* a program to share weights, optimizer state and counters with (its
      * group: ck_group); NULL: a program of its own. Both must be runnable,
@@ -148,6 +150,7 @@ typedef struct ck_stat {
 typedef struct ck_program {
     ck_graph *g;
     double decide_seconds, plan_seconds; /* thread CPU time: the policy's decision, the training list's plan */
+    size_t none_peak; /* the training list's placed peak with no recompute, where the decision placed it (0: not) */
     int loss;
     int *retain;       /* per tensor: readable after the list ends */
     ck_plan train;     /* forward, backward, optimizer (n == 0 without a loss) */

@@ -104,7 +104,7 @@ function M.cheapest(build, batch, limit, device, keep)
       else
         c.checkpoint, c.budget = policy.budget(b), b
         c.recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1)
-        c.offload, c.pinned = pl.offload_bytes, pl.host_bytes
+        c.offload, c.pinned = pl.offload_bytes, pl.host_bytes + (pl.weights_host_bytes or 0) -- streamed weights too
       end
       if not best or c.flops < best.flops then
         best = c

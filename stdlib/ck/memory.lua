@@ -22,13 +22,15 @@ function M.outside(p, programs)
   local o = p:outside_plan()
   local plan = p:plan()
   local cpu = p:device() == "cpu"
-  local graph, stage, ops, arenas, seen = 0, 0, 0, 0, {}
+  local graph, stage, ops, arenas, pinned, seen = 0, 0, 0, 0, 0, {}
   for _, q in ipairs(programs or {p}) do
     local qo, qp = q:outside_plan(), q:plan()
     graph, stage, ops = graph + qo.graph, stage + qo.stage, ops + qp.ops
+    pinned = pinned + (qp.host_bytes or 0)
     if not seen[qp.group_id] then
       seen[qp.group_id] = true
       arenas = arenas + qp.group_arena
+      pinned = pinned + (qp.weights_host_bytes or 0) -- a group's streamed weights: held once
     end
   end
   local nprog = #(programs or {p})
@@ -44,6 +46,10 @@ function M.outside(p, programs)
     {"runtime", "runtime", M.RUNTIME_FIXED + o.threads * M.RUNTIME_PER_THREAD,
       string.format("malloc's slack, stacks and BLAS buffers of %d thread%s", o.threads, o.threads == 1 and "" or "s")},
   }
+  if pinned > 0 then -- planned, but outside the arena: host memory (pinned on a GPU)
+    rows[#rows + 1] = {"pinned", "pinned host memory", pinned,
+      "the plan's: offloaded activations' host region and streamed frozen weights"}
+  end
   local host = 0
   for _, r in ipairs(rows) do host = host + r[3] end
   if cpu then

@@ -273,8 +273,8 @@ M.KOHYA = {
   v_parameterization = {to = "prediction", value = "v"},
   -- kohya's activation offload: the inputs of the checkpointed blocks, what the policy keeps
   cpu_offload_checkpointing = {to = "offload", value = "activations"},
-  blocks_to_swap = {to = "offload", says = "ckrun does not stream frozen weights by block yet; --offload " ..
-    "activations or auto moves saved activations, and --checkpoint auto plans to the card"},
+  -- kohya's block swap: the last blocks' frozen weights streamed from pinned host memory (its Flux count)
+  blocks_to_swap = {to = "blocks-to-swap"},
   -- kohya's gradient checkpointing is diffusers' (every block of the UNet)
   gradient_checkpointing = {to = "checkpoint", value = "diffusers"},
   max_train_steps = {to = "steps", says = "it counts updates; ckrun's --steps counts batches (updates times " ..

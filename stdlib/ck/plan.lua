@@ -131,6 +131,8 @@ function M.summary(p)
     predicted_step = pl.predicted_step_seconds, speed_of = pl.speed_of, speed_assumed = pl.speed_assumed, predicted_copies = pl.predicted_copy_seconds,
     predicted_stalled = pl.predicted_stall_seconds, host_bytes = pl.host_bytes, offload_bytes = pl.offload_bytes,
     transfers = pl.transfers, prefetch = pl.prefetch, decision = pl.decision,
+    -- streamed frozen weights: their pinned bytes, and the bytes a step brings in
+    weights_host_bytes = pl.weights_host_bytes, stream_bytes = pl.stream_bytes,
   }
 end
 
@@ -486,7 +488,9 @@ local function print_json(o, rows, limit, svg)
         {"ops", s.ops}, {"recompute_ops", s.recompute_ops}, {"at_peak", at_peak_object(s.at_peak)},
         {"predicted_step_seconds", s.predicted_step}, {"predicted_on", s.speed_of},
         {"predicted_on_assumed", s.speed_assumed},
-        {"pinned_host_bytes", s.host_bytes}, {"offload_bytes", s.offload_bytes}, {"transfers", s.transfers},
+        {"pinned_host_bytes", s.host_bytes and s.host_bytes + (s.weights_host_bytes or 0)},
+        {"streamed_weights_bytes", s.weights_host_bytes}, {"stream_bytes", s.stream_bytes},
+        {"offload_bytes", s.offload_bytes}, {"transfers", s.transfers},
         {"offload_decision", s.decision},
         {"fit", r.auto}} do
         e[#e + 1] = kv
@@ -554,6 +558,11 @@ local function print_text(o, rows, limit, svg)
       print(string.format("%-24s %s%s: %s offloaded each way in %d transfers, prefetch %d entries", "pinned host",
         M.fmt_bytes(s.host_bytes), lbl, M.fmt_bytes(s.offload_bytes), s.transfers, s.prefetch))
     end
+    if s.weights_host_bytes and s.weights_host_bytes > 0 then
+      print(string.format("%-24s %s of frozen weights in pinned host memory%s: %s brought in a step, prefetch %d " ..
+        "entries", "streamed weights", M.fmt_bytes(s.weights_host_bytes), lbl, M.fmt_bytes(s.stream_bytes),
+        s.prefetch))
+    end
     if s.decision then print(string.format("%-24s %s", "offload", s.decision)) end
   end
   -- one unit for the whole table
@@ -577,7 +586,7 @@ local function print_text(o, rows, limit, svg)
   for _, r in ipairs(rows) do
     if r.summary then
       timed = timed or r.summary.predicted_step ~= nil
-      pinned = pinned or (r.summary.host_bytes or 0) > 0
+      pinned = pinned or (r.summary.host_bytes or 0) + (r.summary.weights_host_bytes or 0) > 0
     end
   end
   local extra_head1 = (timed and string.format(" %10s", "step") or "") .. (pinned and string.format(" %10s", "pinned") or "")
@@ -593,7 +602,8 @@ local function print_text(o, rows, limit, svg)
       local cells = {}
       for _, c in ipairs(M.CATEGORIES) do cells[#cells + 1] = cell(s.at_peak[c] or 0) end
       local extra = (timed and (s.predicted_step and string.format(" %10.4g", s.predicted_step) or
-        string.format(" %10s", "-")) or "") .. (pinned and cell(s.host_bytes or 0, 11) or "")
+        string.format(" %10s", "-")) or "") ..
+        (pinned and cell((s.host_bytes or 0) + (s.weights_host_bytes or 0), 11) or "") -- streamed weights too
       print(string.format("%-" .. namew .. "s %s %s %9.1f%%%s  |%s", r.name, cell(s.peak, 10), cell(s.activation_bytes, 10),
         s.recompute_pct, extra, table.concat(cells)))
     else

@@ -30,6 +30,8 @@
 --   refused(name)       optional: why option --name (one it does not declare) is refused, or nil
 --   owner, script, model_words   "Flux's", its train script, "a Flux model": how another family's
 --                       run refuses this family's options
+--   swap_blocks(m, n)   optional: the names of the blocks whose frozen weights --blocks-to-swap n streams (n
+--                       nil: every block, --offload weights), or nil and why the model has fewer
 --   save_adapter(p, adapter, path, {format, dtype, metadata, peft_folder})   the adapter file, its naming
 --   encoders(m)         the image and text encoders: :check(), :cache(plan, o), :text_program(n, share),
 --                       :text(tp, captions) and :image(vp, image, sample, key, seed, epoch) -> {{input, values}},
@@ -137,8 +139,12 @@ function M.options(f)
     {"offload", "choice", function() return ck.device == "cuda" and "auto" or "none" end,
      "saved activations in pinned host memory between their forward and backward uses: none; activations (all " ..
      "the policy keeps, kohya's --cpu_offload_checkpointing); auto (--checkpoint auto and budget: choose keep, " ..
-     "recompute or offload per tensor by predicted step time); weights (refused: not implemented)",
+     "recompute or offload per tensor by predicted step time); weights (every block's frozen weights streamed from " ..
+     "pinned host memory, activations kept as the policy says)",
      choices = {"none", "weights", "activations", "auto"}, shown = "auto on a CUDA device, else none"},
+    {"blocks-to-swap", "integer", 0, "the frozen weights of the last N blocks live in pinned host memory and are " ..
+     "streamed in before each use (kohya's --blocks_to_swap; Flux: N // 2 double and (N - N // 2) * 2 single " ..
+     "blocks; SDXL: the last N of its 7 top-level blocks); combines with any --offload", min = 0},
     {"gpu", "string", nil, "the card whose figures predict step times (the cost model's table: H100, A100, 4090, " ..
      "3090, ...; default: H100's on a CUDA device, the CPU's on the CPU)", arg = "NAME"},
     {"mixed-precision", "choice", "no", "bf16 or fp16: activations, their gradients and frozen weights stored in 16 " ..
@@ -444,11 +450,19 @@ local function describe(t)
     error("--sample-every and --sample-at-first render the prompts of --sample-prompts FILE: give it")
   end
   t.checkpoint = policy.parse(o.checkpoint) -- auto is chosen once the programs can be built
-  if o.offload == "weights" then
-    error("--offload weights: streaming frozen weights by block (kohya's --blocks_to_swap) is not implemented; " ..
-      "--offload activations or auto moves saved activations")
+  -- streamed frozen weights: --offload weights streams every block, --blocks-to-swap N the last N (the family's count)
+  local swap = o["blocks-to-swap"]
+  if o.offload == "weights" or swap > 0 then
+    if not f.swap_blocks then error("--blocks-to-swap: the " .. f.name .. " family names no blocks to stream") end
+    if t.full then
+      error((o.offload == "weights" and "--offload weights" or "--blocks-to-swap") .. " streams frozen weights, and " ..
+        "--full trains every weight of the " .. f.noun .. ": ckrun does not stream trainable weights")
+    end
+    local names, why = f.swap_blocks(t.m, o.offload ~= "weights" and swap or nil)
+    if not names then error("--blocks-to-swap " .. swap .. ": " .. why) end
+    t.stream = names
   end
-  t.offload = o.offload
+  t.offload = o.offload == "weights" and "none" or o.offload
   -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
   t.fp8_base = o["fp8-base"]
   -- what the logger will compute on its logging steps, planned into the arena
@@ -467,7 +481,7 @@ local function build(t, b, pol, plan_only, shape, share)
                plan_only = plan_only, precision = t.precision, frozen = t.fp8_base and "fp8" or nil,
                max_grad_norm = t.max_grad_norm, accumulate = t.accumulate, fused_backward = o["fused-backward"],
                stats = t.log_stats, share = share, world_size = t.world,
-               shard_optimizer = o["shard-optimizer"] or nil, offload = t.offload, gpu = o.gpu},
+               shard_optimizer = o["shard-optimizer"] or nil, offload = t.offload, gpu = o.gpu, stream = t.stream},
   })
 end
 
@@ -496,10 +510,50 @@ local function fit_to_memory(t)
     if t.sampler then t.sampler:programs_for(r.program, true) end -- the group's arena grows to them
     return r
   end
-  -- a plan-only run keeps the chosen trial's program: it is the program
-  -- compile(t) would build (the same batch, policy decision and latents)
-  local c = require("ck.fit").choose{build = planned, checkpoint = t.checkpoint, batch = t.batch,
-                                     headroom = t.o["fit-headroom"], keep = ck.plan_mode}
+  local function choose()
+    -- a plan-only run keeps the chosen trial's program: it is the program
+    -- compile(t) would build (the same batch, policy decision, latents and streamed blocks)
+    local c = require("ck.fit").choose{build = planned, checkpoint = t.checkpoint, batch = t.batch,
+                                       headroom = t.o["fit-headroom"], keep = ck.plan_mode}
+    return c -- not a tail call: choose's errors name this line, which the trainer puts at the script's
+  end
+  local ok, c = pcall(choose)
+  -- Nothing fits with --offload auto and no blocks named: a number of blocks
+  -- whose streamed weights (--blocks-to-swap N, the family's count) let the
+  -- same search fit. Streaming moves weights out of the persistent region the
+  -- policy plans around, so it is chosen here, where programs are compiled,
+  -- not by the policy. A bisection over N: streaming more never raises a
+  -- plan's peak, but ck.fit's search of budgets does not always find a fit
+  -- where one exists (the joint search does not count the weights' device
+  -- copies), so N is not always the fewest that could fit.
+  local f = t.family
+  if not ok and t.offload == "auto" and not t.stream and not t.full and f.swap_blocks then
+    local most = 0
+    while f.swap_blocks(t.m, most + 1) do most = most + 1 end
+    local function with(n)
+      t.stream = f.swap_blocks(t.m, n)
+      return pcall(choose)
+    end
+    local fits, got = with(most)
+    if fits then
+      local lo, hi = 0, most -- lo does not fit, hi does
+      while hi - lo > 1 do
+        local mid = (lo + hi) // 2
+        local yes, r = with(mid)
+        if yes then hi, got = mid, r else lo = mid end
+      end
+      t.stream = f.swap_blocks(t.m, hi)
+      ok, c = true, got
+      c.reason = string.format("%s; streaming the frozen weights of the last %d blocks (--blocks-to-swap %d, " ..
+        "found by bisection)", c.reason, hi, hi)
+    else
+      t.stream = nil
+      local g = tostring(got)
+      c = string.format("%s; streaming every block's frozen weights (--blocks-to-swap %d), %s", tostring(c), most,
+        g:match("nothing fits.*$") or g:match("even batch 1.*$") or g)
+    end
+  end
+  if not ok then error(c, 0) end
   t.checkpoint, t.batch, t.fit_reason, t.fit_run = c.checkpoint, c.batch, c.reason, c.run
   if not ck.plan_mode then print(t.fit_reason) end
 end

@@ -12,7 +12,12 @@
  *    the plan's peak; the pinned memory held is the plan's host bytes; and
  *    the same list with one copy-back wait moved after its reader trains
  *    differently (the test itself can fail);
- *  - pinned memory that cannot be had is refused at compile, naming its bytes.
+ *  - pinned memory that cannot be had is refused at compile, naming its bytes;
+ *  - streamed frozen weights (compile's stream): training that brings two
+ *    blocks' weights in from pinned memory is bitwise the kept training,
+ *    graphs on and off; the high-water mark is the plan's peak and the pinned
+ *    memory held is the plan's (the weights' bytes); a weight's copy read
+ *    before its wait trains differently.
  * Built against the emulator only (cmake/cuda.cmake). */
 #include "cuda/cuda.h"
 #include "plan/offload.h"
@@ -130,6 +135,62 @@ static ck_graph *mlp(int *loss)
     return g;
 }
 
+/* x -> per block: linear by the frozen blocks.<l>.weight plus a trainable
+ * bias, silu between; MSE against a target */
+static ck_graph *chain(int *loss)
+{
+    ck_graph *g = ck_graph_new();
+    ck_shape sx = {2, {4, 16}}, sw = {2, {16, 16}}, sb = {1, {16}};
+    int h = ck_graph_leaf(g, CK_KIND_INPUT, "x", &sx, "m.lua:1");
+    const int target = ck_graph_leaf(g, CK_KIND_INPUT, "target", &sx, "m.lua:1");
+    g->t[h].init = g->t[target].init = CK_INIT_NORMAL;
+    g->t[h].init_b = g->t[target].init_b = 1;
+    for (int l = 0; l < 3; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "blocks.%d.weight", l);
+        const int w = ck_graph_leaf(g, CK_KIND_FROZEN, name, &sw, "m.lua:2");
+        g->t[w].init = CK_INIT_NORMAL, g->t[w].init_b = 0.3f;
+        snprintf(name, sizeof name, "blocks.%d.bias", l);
+        const int b = ck_graph_leaf(g, CK_KIND_PARAM, name, &sb, "m.lua:2");
+        ck_op_params p = {{0}, {0}};
+        ck_shape outs[CK_MAX_OUT] = {{-1, {0}}, {-1, {0}}, {-1, {0}}};
+        int ids[CK_MAX_OUT];
+        const int in[3] = {h, w, b};
+        ck_graph_node(g, CK_OP_LINEAR, in, 3, &p, outs, NULL, ids, "m.lua:3");
+        h = ids[0];
+        if (l < 2) {
+            outs[0].ndim = -1;
+            ck_graph_node(g, CK_OP_SILU, &h, 1, &p, outs, NULL, ids, "m.lua:4");
+            h = ids[0];
+        }
+    }
+    ck_op_params p = {{0}, {0}};
+    ck_shape outs[CK_MAX_OUT] = {{-1, {0}}, {-1, {0}}, {-1, {0}}};
+    int ids[CK_MAX_OUT];
+    const int in[2] = {h, target};
+    ck_graph_node(g, CK_OP_MSE_LOSS, in, 2, &p, outs, NULL, ids, "m.lua:5");
+    *loss = ids[0];
+    return g;
+}
+
+static const char *const streamed_blocks[] = {"blocks.0", "blocks.1"};
+
+static ck_program *compile_streamed(const ck_graph *g, int loss, const ck_backend *be, int stream, int graphs,
+                                    char *err)
+{
+    ck_compile_opts o = {0};
+    o.loss = loss;
+    o.optim = CK_OPTIM_ADAMW;
+    o.lr = 1e-2f, o.beta1 = 0.9f, o.beta2 = 0.999f, o.eps = 1e-8f;
+    o.seed = 3;
+    o.storage = CK_BF16, o.frozen = CK_F32;
+    o.prefetch = 2;
+    o.no_cuda_graph = !graphs;
+    o.be = be;
+    if (stream) o.stream = streamed_blocks, o.nstream = 2;
+    return ck_compile(g, &o, err, 512);
+}
+
 static ck_program *compile(const ck_graph *g, int loss, const ck_backend *be, int offload, int graphs, char *err)
 {
     ck_compile_opts o = {0};
@@ -227,6 +288,58 @@ int main(void)
         check("pinned memory that cannot be had is refused before the first step, naming its bytes",
               !p && strstr(err, "bytes") && strstr(err, "pinned host memory"), 0);
         printf("     %s\n", err);
+        ck_program_free(p);
+    }
+    free(kept);
+    ck_program_free(p0);
+    ck_graph_free(g);
+
+    /* streamed frozen weights */
+    g = chain(&loss);
+    p0 = compile_streamed(g, loss, be, 0, 0, err);
+    kept = p0 ? trained(p0, &hw0, &n0) : NULL;
+    for (int graphs = 0; graphs < 2; graphs++) {
+        ck_program *p = compile_streamed(g, loss, be, 1, graphs, err);
+        if (!p) {
+            printf("FAIL compile: %s\n", err);
+            return 1;
+        }
+        const size_t pinned = ck_emu_pinned_used();
+        size_t n, hw;
+        unsigned char *got = trained(p, &hw, &n);
+        char name[240];
+        snprintf(name, sizeof name, "streamed training is bitwise the kept training on the emulated device (graphs %s, "
+                 "%zu bytes brought in a step)", graphs ? "on" : "off", p->train.stream_bytes);
+        check(name, kept && got && n == n0 && !memcmp(got, kept, n) && p->train.stream_bytes > 0, 0);
+        snprintf(name, sizeof name, "streamed: high-water %zu is the plan's peak %zu (kept: %zu); pinned %zu the plan's "
+                 "weights %zu + host region %zu", hw, p->train.peak, hw0, pinned, p->grp->weight_bytes,
+                 p->train.host_peak);
+        check(name, hw == p->train.peak && pinned == p->grp->weight_bytes + p->train.host_peak && pinned == 2 * 512 && /* two bf16 weights of 16x16 */
+                        p->persistent + 2 * 512 == p0->persistent, 0);
+        free(got);
+        ck_program_free(p);
+    }
+    {
+        /* a weight's copy read before its wait: poison in the product */
+        ck_program *p = compile_streamed(g, loss, be, 1, 0, err);
+        int moved = 0;
+        for (int i = 0; p && i + 1 < p->train.n && !moved; i++)
+            if (p->train.ops[i].xfer == CK_XFER_IN_WAIT && !p->train.ops[i + 1].xfer &&
+                p->g->t[p->train.origin[p->train.ops[i].in[0]]].kind == CK_KIND_FROZEN) {
+                const ck_op_ref w = p->train.ops[i];
+                p->train.ops[i] = p->train.ops[i + 1];
+                p->train.ops[i + 1] = w;
+                const int64_t wo = p->train.ws_off[i];
+                p->train.ws_off[i] = p->train.ws_off[i + 1], p->train.ws_off[i + 1] = wo;
+                const size_t wb = p->train.ws_bytes[i];
+                p->train.ws_bytes[i] = p->train.ws_bytes[i + 1], p->train.ws_bytes[i + 1] = wb;
+                moved = 1;
+            }
+        size_t n, hw;
+        unsigned char *got = p ? trained(p, &hw, &n) : NULL;
+        check("a list that reads a streamed weight's copy before its wait does not train as the kept one",
+              moved && (!got || memcmp(got, kept, n0) != 0), 0);
+        free(got);
         ck_program_free(p);
     }
     free(kept);

@@ -5,8 +5,8 @@
 # --offload activations (kohya's --cpu_offload_checkpointing) under diffusers
 # offloads what diffusers keeps and recomputes what it recomputes; a budget
 # nothing fits is one line naming the smallest peak with offload and
-# without (with --offload none too); --offload weights, kohya's --blocks_to_swap and an unknown --gpu
-# are refused in one line; a short run offloading trains bitwise as keeping
+# without (with --offload none too); an unknown --gpu is refused in one line
+# (--offload weights and --blocks_to_swap: tests/sh/test_swap_cli.sh); a short run offloading trains bitwise as keeping
 # everything does and logs the predicted step beside the measured one; on the
 # emulated CUDA device --offload auto is the default.
 set -u
@@ -70,7 +70,7 @@ ok $? "a budget nothing fits: one line, the smallest peak with offload and witho
 [ $rc != 0 ] && [ "$(wc -l < "$dir/small.out")" = 1 ] \
   && grep -qE "nothing fits in [0-9.]+ MiB; the smallest peak ckrun can plan is [0-9.]+ MiB \([0-9]+ bytes\); with offload \(--offload auto\), [0-9.]+ MiB \([0-9]+ bytes\)$" "$dir/small.out"
 ok $? "--offload none: the same line names the smallest peak without offload, then with it ($(cat "$dir/small.out"))"
-for args in "--offload weights" "--blocks_to_swap 4" "--gpu no-such-card --checkpoint budget:70% --offload auto"; do
+for args in "--gpu no-such-card --checkpoint budget:70% --offload auto"; do
   "$CKRUN" --plan $S $args > "$dir/bad.out" 2>&1; rc=$?
   [ $rc != 0 ] && [ "$(wc -l < "$dir/bad.out")" = 1 ] && grep -q "$S" "$dir/bad.out"
   ok $? "$args: refused in one line naming the script ($(cat "$dir/bad.out"))"

@@ -855,6 +855,7 @@ static void report_out(lua_State *L, const ck_decide_report *rep)
  *           loss_scale={init=, growth_factor=, backoff_factor=, growth_interval=}|true|false,
  *           frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
  *           offload="none"|"activations"|"auto", prefetch=N, gpu=NAME (the cost model's device: vm/plan/cost.c),
+ *           stream={block names} (their frozen weights streamed from pinned host memory: vm/plan/offload.c),
  *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena),
  *           share=program (weights, optimizer state, counters and arena shared with that program's group)} */
 static int l_compile(lua_State *L)
@@ -1053,6 +1054,39 @@ static int l_compile(lua_State *L)
         return ck_lua_raise(L, "compile: prefetch must be a whole number of entries >= 0 (0: the default, %d), got %g",
                             CK_PREFETCH_DEFAULT, prefetch);
     o.prefetch = (int)prefetch;
+    /* stream: the blocks whose frozen weights live in pinned host memory and
+     * are brought in per use (kohya's --blocks_to_swap): copied into one
+     * userdata left on the stack, which a policy function cannot drop */
+    if (rawfield(L, 2, "stream") != LUA_TNIL) {
+        if (!lua_istable(L, -1)) return ck_lua_raise(L, "compile: stream must be a list of block names, got %s",
+                                                     luaL_typename(L, -1));
+        const lua_Unsigned ns = lua_rawlen(L, -1);
+        if (ns > 65536) return ck_lua_raise(L, "compile: stream: at most 65536 block names, got %d", (int)ns);
+        size_t bytes = sizeof(char *) * (size_t)(ns ? ns : 1);
+        for (lua_Unsigned i = 1; i <= ns; i++) {
+            if (lua_rawgeti(L, -1, (lua_Integer)i) != LUA_TSTRING)
+                return ck_lua_raise(L, "compile: stream[%d] must be a block name (a string), got %s", (int)i,
+                                    luaL_typename(L, -1));
+            bytes += lua_rawlen(L, -1) + 1;
+            lua_pop(L, 1);
+        }
+        const char **names = lua_newuserdatauv(L, bytes, 0);
+        char *at = (char *)(names + (ns ? ns : 1));
+        for (lua_Unsigned i = 1; i <= ns; i++) {
+            lua_rawgeti(L, -2, (lua_Integer)i);
+            size_t len;
+            const char *name = lua_tolstring(L, -1, &len);
+            memcpy(at, name, len + 1);
+            names[i - 1] = at;
+            at += len + 1;
+            lua_pop(L, 1);
+        }
+        o.stream = names;
+        o.nstream = (int)ns;
+        lua_remove(L, -2); /* the copy stays on the stack until compile returns */
+    } else {
+        lua_pop(L, 1);
+    }
     rawfield(L, 2, "gpu");
     if (!lua_isnil(L, -1)) {
         const char *gpu = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
@@ -1404,6 +1438,9 @@ static int l_plan(lua_State *L)
     /* offload: the host region's bytes, the bytes a step moves each way, the
      * transfers, the prefetch distance; and what the joint search said */
     set_int(L, "host_bytes", (lua_Integer)pl->host_peak);
+    /* streamed frozen weights: their pinned bytes (the group's) and the bytes a run brings in */
+    set_int(L, "weights_host_bytes", (lua_Integer)p->grp->weight_bytes);
+    set_int(L, "stream_bytes", (lua_Integer)pl->stream_bytes);
     set_int(L, "offload_bytes", (lua_Integer)pl->offload_bytes);
     set_int(L, "transfers", pl->nslots);
     set_int(L, "prefetch", pl->prefetch);

@@ -33,7 +33,11 @@ static int on_host(const ck_plan *pl, int id) { return pl->loc && pl->loc[id] ==
 
 ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
 {
-    if (id >= g->nt) return pl->loc && pl->loc[id] != CK_LOC_DEVICE ? CK_CAT_ACTIVATIONS : CK_CAT_RECOMPUTED;
+    if (id >= g->nt) {
+        if (!pl->loc || pl->loc[id] == CK_LOC_DEVICE) return CK_CAT_RECOMPUTED;
+        /* a device copy of a streamed weight is still a frozen weight's bytes */
+        return g->t[pl->origin[id]].kind == CK_KIND_FROZEN ? CK_CAT_FROZEN : CK_CAT_ACTIVATIONS;
+    }
     const ck_tensor *t = &g->t[id];
     switch (t->kind) {
     case CK_KIND_FROZEN: return CK_CAT_FROZEN;
@@ -291,7 +295,8 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
         sweep((ck_plan *)pl, g, persistent, first, last, ws, cat, NULL);
         size_t fixed[CK_CAT_COUNT] = {0};
         for (int t = 0; t < g->nt; t++)
-            if (first[t] >= 0 && ck_is_persistent(g->t[t].kind)) fixed[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
+            if (first[t] >= 0 && ck_is_persistent(g->t[t].kind) && !on_host(pl, t))
+                fixed[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
         for (int i = 0; i < pl->n; i++)
             for (int c = 0; c < CK_CAT_COUNT; c++) cat[(size_t)i * CK_CAT_COUNT + c] += fixed[c];
     } else {
@@ -388,7 +393,7 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     if (nh) { /* bufs is free again: placed is known's, or bufs read above */
         int k = 0;
         for (int t = 0; t < nt; t++)
-            if (first[t] >= 0 && on_host(pl, t))
+            if (first[t] >= 0 && on_host(pl, t) && !(t < g->nt && ck_is_persistent(g->t[t].kind))) /* not a streamed weight */
                 bufs[k++] = (ck_place_buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t, 0};
         const int64_t htop = ck_place(bufs, k, n + 1, ALIGN);
         if (htop < 0) goto out;
@@ -403,7 +408,7 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     pl->live_peak = sweep(pl, g, persistent, first, last, pl->ws_bytes, NULL, &pl->peak_at);
     if (n) live_at(pl, g, first, last, pl->ws_bytes, pl->peak_at, pl->at_peak);
     for (int t = 0; t < g->nt && t < nt; t++)
-        if (first[t] >= 0 && ck_is_persistent(g->t[t].kind))
+        if (first[t] >= 0 && ck_is_persistent(g->t[t].kind) && !on_host(pl, t)) /* streamed weights: in host memory */
             pl->at_peak[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
 
     /* forward activations still live when the first non-forward op runs */

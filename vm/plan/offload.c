@@ -6,7 +6,9 @@
  * copy out, its host copy lives in the host region from the copy out to the
  * copy back, and the copy back holds its device bytes from the entry that
  * starts it. So the memory plan states device and host bytes exactly, and a
- * captured graph replays the copies with the kernels. */
+ * captured graph replays the copies with the kernels. A frozen weight marked
+ * CK_OFFLOAD (kohya's block swap) is streamed through the same entries: it
+ * lives in pinned host memory and comes in once per group of its uses. */
 #include "plan/offload.h"
 
 #include <stdlib.h>
@@ -47,10 +49,10 @@ static ck_op_ref xfer_entry(const ck_graph *g, int root, ck_phase ph, ck_xfer ki
     return r;
 }
 
-int ck_offload_schedule(ck_plan *pl, const ck_graph *g, const unsigned char *mark, const int *retain, int prefetch)
+static int offload_activations(ck_plan *pl, const ck_graph *g, const unsigned char *mark, const int *retain,
+                               int prefetch)
 {
     const int n = pl->n, nt0 = pl->ntensors;
-    if (prefetch < 0) prefetch = 0;
     int turn = 0;
     while (turn < n && pl->ops[turn].phase == CK_PHASE_FORWARD) turn++;
     if (!mark || turn == 0 || turn == n || pl->loc) return 0;
@@ -220,4 +222,132 @@ out:
     free(root), free(last_fwd), free(first_later), free(copyof), free(bad), free(need);
     free(mv), free(ops), free(origin), free(loc), free(alias);
     return rc;
+}
+
+/* A frozen weight marked CK_OFFLOAD is streamed: its values live in pinned
+ * host memory (its persistent offset is one in the host weights' region, not
+ * the arena's), and each group of its uses (the forward part; the entries
+ * after it: recompute and backward, which reads a block's weights where it
+ * recomputes that block) reads a device copy of its own. The copy comes in
+ * prefetch entries before the group's first use (not before the group
+ * starts), the wait right before that use, and the copy's bytes are free
+ * after the group's last use. Returns the groups streamed, or -1 out of
+ * memory (pl unchanged). */
+static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *mark, int prefetch)
+{
+    const int n = pl->n, nt0 = pl->ntensors, nt = g->nt;
+    int turn = 0;
+    while (turn < n && pl->ops[turn].phase == CK_PHASE_FORWARD) turn++;
+    int *first = malloc(sizeof(int) * 2 * (size_t)(nt ? nt : 1)), *copy = malloc(sizeof(int) * 2 * (size_t)(nt ? nt : 1));
+    int *grp_t = NULL, *grp_of = NULL;
+    anchors in_at = {0}, wait_at = {0};
+    ck_op_ref *ops = NULL;
+    int *origin = NULL;
+    unsigned char *loc = NULL;
+    int rc = -1;
+    if (!first || !copy) goto out;
+    for (int x = 0; x < 2 * nt; x++) first[x] = copy[x] = -1;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        if (r->xfer) continue;
+        for (int j = 0; j < r->nin; j++) {
+            const int t = r->in[j];
+            if (t < 0 || t >= nt || mark[t] != CK_OFFLOAD || g->t[t].kind != CK_KIND_FROZEN) continue;
+            const int x = 2 * t + (i >= turn);
+            if (first[x] < 0) first[x] = i, k++;
+        }
+    }
+    if (k == 0) {
+        rc = 0;
+        goto out;
+    }
+    grp_t = malloc(sizeof(int) * (size_t)k);
+    grp_of = malloc(sizeof(int) * (size_t)k);
+    ops = malloc(sizeof *ops * (size_t)(n + 2 * k));
+    origin = malloc(sizeof(int) * (size_t)(nt0 + k));
+    loc = calloc((size_t)(nt0 + k), 1);
+    anchors *all[2] = {&in_at, &wait_at};
+    for (int q = 0; q < 2; q++) {
+        all[q]->head = malloc(sizeof(int) * (size_t)(n ? n : 1));
+        all[q]->tail = malloc(sizeof(int) * (size_t)(n ? n : 1));
+        all[q]->next = malloc(sizeof(int) * (size_t)k);
+        if (!all[q]->head || !all[q]->tail || !all[q]->next) goto out;
+        for (int i = 0; i < n; i++) all[q]->head[i] = all[q]->tail[i] = -1;
+    }
+    if (!grp_t || !grp_of || !ops || !origin || !loc) goto out;
+    memcpy(origin, pl->origin, sizeof(int) * (size_t)nt0);
+    if (pl->loc) memcpy(loc, pl->loc, (size_t)nt0);
+    int m = 0, ids = nt0;
+    size_t streamed = 0;
+    for (int x = 0; x < 2 * nt; x++) {
+        if (first[x] < 0) continue;
+        const int t = x / 2, later = x % 2;
+        grp_t[m] = t, grp_of[m] = x;
+        copy[x] = ids;
+        origin[ids] = t, loc[ids] = CK_LOC_BACK;
+        loc[t] = CK_LOC_HOST;
+        ids++;
+        streamed += ck_tensor_bytes(&g->t[t]);
+        int start = first[x] - prefetch;
+        if (start < (later ? turn : 0)) start = later ? turn : 0;
+        anchor(&in_at, start, m);
+        anchor(&wait_at, first[x], m);
+        m++;
+    }
+    int e = 0, slot = pl->nslots;
+    int *slot_of = first; /* each group's first use is anchored: its slot in its place */
+    for (int i = 0; i < n; i++) {
+        for (int y = in_at.head[i]; y >= 0; y = in_at.next[y]) {
+            const int x = grp_of[y], later = x % 2;
+            ck_op_ref r = xfer_entry(g, 0, later ? CK_PHASE_BACKWARD : CK_PHASE_FORWARD, CK_XFER_IN, grp_t[y], copy[x],
+                                     slot);
+            r.node = pl->ops[first[x]].node; /* a weight has no producer: its first reader names it */
+            slot_of[x] = slot++;
+            ops[e++] = r;
+        }
+        for (int y = wait_at.head[i]; y >= 0; y = wait_at.next[y]) {
+            const int x = grp_of[y];
+            ck_op_ref r = xfer_entry(g, 0, x % 2 ? CK_PHASE_BACKWARD : CK_PHASE_FORWARD, CK_XFER_IN_WAIT, copy[x], -1,
+                                     slot_of[x]);
+            r.node = pl->ops[i].node;
+            ops[e++] = r;
+        }
+        ck_op_ref r = pl->ops[i];
+        if (!r.xfer)
+            for (int j = 0; j < r.nin; j++)
+                if (r.in[j] >= 0 && r.in[j] < nt && copy[2 * r.in[j] + (i >= turn)] >= 0)
+                    r.in[j] = copy[2 * r.in[j] + (i >= turn)];
+        ops[e++] = r;
+    }
+    free(pl->ops);
+    free(pl->origin);
+    free(pl->loc);
+    pl->ops = ops;
+    pl->origin = origin;
+    pl->loc = loc;
+    pl->n = e;
+    pl->ntensors = ids;
+    pl->nslots = slot;
+    pl->stream_bytes = streamed;
+    pl->prefetch = prefetch;
+    ops = NULL, origin = NULL, loc = NULL;
+    rc = k;
+out:
+    for (int q = 0; q < 2; q++) {
+        anchors *a = q == 0 ? &in_at : &wait_at;
+        free(a->head), free(a->tail), free(a->next);
+    }
+    free(first), free(copy), free(grp_t), free(grp_of), free(ops), free(origin), free(loc);
+    return rc;
+}
+
+int ck_offload_schedule(ck_plan *pl, const ck_graph *g, const unsigned char *mark, const int *retain, int prefetch)
+{
+    if (prefetch < 0) prefetch = 0;
+    if (!mark) return 0;
+    const int a = offload_activations(pl, g, mark, retain, prefetch);
+    if (a < 0) return -1;
+    const int w = stream_weights(pl, g, mark, prefetch);
+    return w < 0 ? -1 : a + w;
 }

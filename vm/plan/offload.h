@@ -21,7 +21,14 @@
  * from it, as recompute does). A buffer no later entry reads, or that is
  * retained, stays. pl->loc, nslots, offload_bytes and prefetch are set; the
  * memory plan (ck_plan_memory) places the host ids in the host region.
- * Returns the buffers offloaded, or -1 out of memory (pl unchanged). */
+ * A frozen weight marked CK_OFFLOAD is streamed: it stays in pinned host
+ * memory (the caller gives it a persistent offset there, not in the arena),
+ * and each group of its uses, the forward part and the entries after it,
+ * reads a device copy brought in prefetch entries before the group's first
+ * use (not before the group starts) and freed after its last; forward-only
+ * lists stream too. pl->stream_bytes gets the bytes brought in per run.
+ * Returns the buffers offloaded and weight copies made, or -1 out of memory
+ * (pl unchanged where the failing part began). */
 int ck_offload_schedule(ck_plan *pl, const ck_graph *g, const unsigned char *mark, const int *retain, int prefetch);
 
 /* ---- the cost model (vm/plan/cost.c) */

@@ -69,12 +69,16 @@ typedef struct ck_plan {
      * CK_LOC_* (off[] of a host id is its offset in the host region), the
      * host region's bytes (placed like the arena, by live overlap), the
      * copies' slots, the bytes each way a step moves, and the prefetch
-     * distance in entries the transfers were placed at */
+     * distance in entries the transfers were placed at; stream_bytes: the
+     * bytes of streamed frozen weights a run of the list brings in (their
+     * host ids are the graph's frozen tensors, whose off[] is their offset in
+     * the program's pinned weights: ck_offload_schedule) */
     unsigned char *loc;
     size_t host_peak;
     int nslots;
     size_t offload_bytes;
     int prefetch;
+    size_t stream_bytes;
 } ck_plan;
 
 /* The host memory pl's arrays hold (ck_malloc_chunk of each). */

@@ -286,6 +286,7 @@ int ck_schedule_stats(ck_plan *pl, const ck_plan *base, const ck_graph *g, const
         memcpy(pl->loc, base->loc, (size_t)pl->ntensors);
         pl->nslots = base->nslots;
         pl->offload_bytes = base->offload_bytes;
+        pl->stream_bytes = base->stream_bytes;
         pl->prefetch = base->prefetch;
     }
     /* stat entries grouped by the entry they follow, in the order given */

@@ -124,7 +124,9 @@ static int run_xfer(const ck_exec_env *p, const ck_plan *pl, int i, char *err, s
     if (r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_IN) {
         const int from = r->in[0], to = r->out[0];
         const size_t bytes = ck_plan_tensor_bytes(pl, p->g, from);
-        unsigned char *src = r->xfer == CK_XFER_OUT ? p->arena + pl->off[from] : p->host + pl->off[from];
+        /* a graph tensor brought in is a streamed frozen weight, in the weights' pinned memory */
+        unsigned char *in_host = from < p->g->nt ? p->weights : p->host;
+        unsigned char *src = r->xfer == CK_XFER_OUT ? p->arena + pl->off[from] : in_host + pl->off[from];
         unsigned char *dst = r->xfer == CK_XFER_OUT ? p->host + pl->off[to] : p->arena + pl->off[to];
         rc = be->xfer_start(dst, src, bytes, (int)r->slot);
     } else {
@@ -132,6 +134,13 @@ static int run_xfer(const ck_exec_env *p, const ck_plan *pl, int i, char *err, s
     }
     if (!rc) return 0;
     const ck_node *n = &p->g->n[r->node];
+    const int w = pl->origin[r->in[0]];
+    if (w < p->g->nt && p->g->t[w].kind == CK_KIND_FROZEN) {
+        snprintf(err, errlen, "%s: the copy in of streamed weight '%s' for %s in %s on %s: %s", n->where,
+                 p->g->t[w].name ? p->g->t[w].name : "?", ck_op_name(n->op), scope_of(n), be->name, be->error());
+        be->clear_error();
+        return -1;
+    }
     snprintf(err, errlen, "%s: the %s of %s's output in %s on %s: %s", n->where,
              r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_OUT_WAIT ? "copy to host memory" : "copy back",
              ck_op_name(n->op), scope_of(n), be->name, be->error());

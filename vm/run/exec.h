@@ -35,6 +35,7 @@ typedef struct ck_exec_env {
     unsigned char *arena;
     size_t arena_bytes;
     unsigned char *host;     /* the host region of the list's offloaded tensors (NULL: it has none) */
+    unsigned char *weights;  /* the pinned memory of streamed frozen weights (NULL: none) */
     size_t persistent;       /* the arena's persistent region: [0, persistent) */
     const int64_t *poff;     /* per graph tensor: its persistent offset, -1 otherwise */
     uint64_t seed;

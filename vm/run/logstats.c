@@ -70,6 +70,15 @@ static int grow_int(int **a, int from, int to, int v)
     return 0;
 }
 
+static int grow_u8(unsigned char **a, int from, int to)
+{
+    unsigned char *n = realloc(*a, (size_t)(to ? to : 1));
+    if (!n) return -1;
+    memset(n + from, 0, (size_t)(to - from));
+    *a = n;
+    return 0;
+}
+
 /* undoes a failed ck_program_add_stats: the graph and the program as they were */
 static void roll_back(ck_program *p, int base_nt, int base_nn, int base_nblocks)
 {
@@ -156,7 +165,9 @@ int ck_program_add_stats(ck_program *p, unsigned groups, const char *const *pats
     p->stat_groups = groups;
 
     /* per-tensor arrays follow the graph */
-    if (grow_int(&p->retain, base_nt, g->nt, 0) || grow64(&p->poff, base_nt, g->nt, -1)) goto oom;
+    if (grow_int(&p->retain, base_nt, g->nt, 0) || grow64(&p->poff, base_nt, g->nt, -1) ||
+        (p->streamed && grow_u8(&p->streamed, base_nt, g->nt)))
+        goto oom;
     for (int k = 0; k < p->nstats; k++) p->retain[p->stats[k].out] = 1;
 
     nodes = malloc(sizeof(int) * (size_t)(p->nstats ? p->nstats : 1));

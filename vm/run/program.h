@@ -40,6 +40,10 @@ typedef struct ck_group {
     uint64_t serial;   /* counts changes of actor */
     const ck_backend *be;
     ck_mem_budget *budget; /* where charged is charged */
+    /* streamed frozen weights (ck_compile_opts.stream): their pinned host
+     * memory, its bytes, and what was charged to budget for it */
+    unsigned char *weights;
+    size_t weight_bytes, weight_charged;
 } ck_group;
 
 /* Dynamic loss scaling, as torch.cuda.amp.GradScaler: backward starts from
@@ -86,6 +90,15 @@ typedef struct ck_compile_opts {
     int offload;
     int prefetch;
     const struct ck_device_speed *speed;
+    /* streamed frozen weights (kohya's --blocks_to_swap): the frozen
+     * weights whose names are one of these or start with one and a dot (a
+     * block's scope, "transformer_blocks.18") live in pinned host memory, the
+     * group's weights region, and every list brings each into a transient
+     * device copy per group of uses (ck_offload_schedule). A program that
+     * shares weights streams those its group's first program streams, and
+     * keeps its own frozen weights on the device. */
+    const char *const *stream;
+    int nstream;
     /* the statistics logging steps will compute (CK_STATS_*, as
      * ck_program_add_stats takes them), so that the one arena is sized for
      * the logging lists too */
@@ -144,6 +157,9 @@ typedef struct ck_program {
     ck_plan eval;      /* forward only: the loss and the outputs */
     size_t persistent; /* bytes of parameters, inputs and optimizer state */
     int64_t *poff;     /* per tensor: offset of a persistent tensor, -1 otherwise */
+    /* per tensor: 1 for a streamed frozen weight, whose poff is its offset in
+     * grp->weights (pinned host memory), not in the arena; NULL: none */
+    unsigned char *streamed;
     const ck_backend *be;
     ck_group *grp;     /* the arena (grp->arena: the backend's memory, device memory on a GPU) and counters */
     size_t arena_bytes; /* the bytes this program's lists need (the group's arena holds at least these) */

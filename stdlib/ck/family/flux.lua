@@ -177,6 +177,27 @@ function F.model(o)
 end
 
 -- flux_lora.attach's options: the trainer's (rank, alpha, dropout, loraplus_lr_ratio) and the targets
+-- The blocks whose frozen weights --blocks-to-swap n streams, as kohya's
+-- --blocks_to_swap counts them (library/flux_models.py): n // 2 double blocks
+-- and (n - n // 2) * 2 single blocks (a double block is about two single
+-- ones), the last of each kind; n nil: every block (--offload weights). nil
+-- and the reason when the model has fewer.
+function F.swap_blocks(m, n)
+  local c = m.config
+  local double, single = c.num_layers, c.num_single_layers
+  if n then double, single = n // 2, (n - n // 2) * 2 end
+  if double > c.num_layers or single > c.num_single_layers then
+    local most = 0
+    while (most + 1) // 2 <= c.num_layers and (most + 1 - (most + 1) // 2) * 2 <= c.num_single_layers do most = most + 1 end
+    return nil, string.format("%d blocks are %d double and %d single ones, and %s has %d double and %d single blocks: " ..
+      "at most %d", n, double, single, m.label, c.num_layers, c.num_single_layers, most)
+  end
+  local names = {}
+  for i = c.num_layers - double, c.num_layers - 1 do names[#names + 1] = "transformer_blocks." .. i end
+  for i = c.num_single_layers - single, c.num_single_layers - 1 do names[#names + 1] = "single_transformer_blocks." .. i end
+  return names
+end
+
 function F.adapter(m, a)
   return {rank = a.rank, alpha = a.alpha, targets = m.targets, dropout = a.dropout,
           loraplus_lr_ratio = a.loraplus_lr_ratio}

@@ -114,6 +114,27 @@ function F.model(o)
 end
 
 -- lora.attach's options: the trainer's (rank, alpha, dropout, loraplus_lr_ratio) and the family's
+-- The blocks whose frozen weights --blocks-to-swap n streams: the last n of
+-- the UNet's top-level blocks in the order the forward pass runs them
+-- (down_blocks.0, ..., mid_block, up_blocks.0, ...; SDXL has 7), as kohya
+-- swaps the last blocks of a transformer (sd-scripts has no block swap for
+-- SDXL); n nil: every block (--offload weights). nil and the reason when the
+-- UNet has fewer.
+function F.swap_blocks(m, n)
+  local levels, order = #m.config.block_out_channels, {}
+  for i = 0, levels - 1 do order[#order + 1] = "down_blocks." .. i end
+  order[#order + 1] = "mid_block"
+  for i = 0, levels - 1 do order[#order + 1] = "up_blocks." .. i end
+  n = n or #order
+  if n > #order then
+    return nil, string.format("%s has %d blocks (down_blocks.0-%d, mid_block, up_blocks.0-%d): at most %d", m.label,
+      #order, levels - 1, levels - 1, #order)
+  end
+  local names = {}
+  for i = #order - n + 1, #order do names[#names + 1] = order[i] end
+  return names
+end
+
 function F.adapter(m, a)
   return {rank = a.rank, alpha = a.alpha, targets = m.targets, conv_rank = m.conv_rank, conv_alpha = m.conv_alpha,
           dropout = a.dropout, loraplus_lr_ratio = a.loraplus_lr_ratio}

@@ -64,9 +64,8 @@ end
 -- the next is built: full SDXL's are large.
 function M.cheapest(build, batch, limit, device, keep)
   local _, fixed, granule = ck.device_layout(device)
-  local function bytes(arena) return -(-arena // granule) * granule + fixed end
-  local room = (limit - fixed) // granule * granule
-  local b, extra = room, 0 -- extra: what the other lists need above the training list
+  local function device_bytes(arena) return -(-arena // granule) * granule + fixed end
+  local b, extra = (limit - fixed) // granule * granule, 0 -- extra: what the other lists need above the training list
   local best, tried, none = nil, {}, nil
   for _ = 1, 4 do
     if b <= 0 or tried[b] then break end
@@ -90,13 +89,13 @@ function M.cheapest(build, batch, limit, device, keep)
         extra, none = math.max(0, s0.arena - s0.peak), s0.device_bytes
       end
       local offload = report.floor_offload -- offload not allowed: what it would reach
-      return nil, {needs = bytes(least + extra), needs_without = without and bytes(without + extra),
-                   needs_offload = offload and offload < least and bytes(offload + extra) or nil, none = none}
+      return nil, {needs = device_bytes(least + extra), needs_without = without and device_bytes(without + extra),
+                   needs_offload = offload and offload < least and device_bytes(offload + extra) or nil, none = none}
     end
     local p = r.program or r
     local pl = p:plan()
     local above = math.max(0, pl.arena - pl.peak)
-    none = bytes((report.none_peak or pl.peak) + above)
+    none = device_bytes((report.none_peak or pl.peak) + above)
     if pl.device_bytes <= limit then
       local c = {needs = pl.device_bytes, none = none, flops = pl.recompute_flops}
       if pl.recompute_flops == 0 and pl.offload_bytes == 0 then

@@ -116,7 +116,9 @@ function M.cheapest(build, batch, limit, device, keep)
     else
       r, p = nil, nil
       collectgarbage()
-      b, extra = b - (pl.device_bytes - limit), math.max(extra, above)
+      -- from the plan's peak, which may be under b: from b alone a small
+      -- excess can leave the same answer, over again
+      b, extra = math.min(b, pl.peak) - (pl.device_bytes - limit), math.max(extra, above)
     end
   end
   if best then return best end

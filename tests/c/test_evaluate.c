@@ -19,7 +19,7 @@
 
 int main(void)
 {
-    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1;
+    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1, floor_ok = 1, floors = 0;
     char name[160];
     for (int round = 0; round < 60; round++) {
         int loss = -1;
@@ -110,8 +110,19 @@ int main(void)
             for (int step = 0; step <= 40 && ncand; step++) {
                 if (step) {
                     const int t = cand[next() % (uint64_t)ncand];
+                    /* a marked tensor's bound on the peak once unmarked, found
+                     * without a change: never above the peak the change makes */
+                    const size_t before = ck_tracker_peak(tr), floor = mark[t] ? ck_tracker_unmark_floor(tr, t) : 0;
+                    floor_ok &= ck_tracker_peak(tr) == before;
                     if (ck_tracker_flip(tr, t)) break;
                     mark[t] ^= 1;
+                    if (floor > ck_tracker_peak(tr) && floor_ok) {
+                        snprintf(name, sizeof name, "round %d trial %d step %d: unmarking's floor %zu over the peak %zu",
+                                 round, trial, step, floor, ck_tracker_peak(tr));
+                        check(name, 0, 0);
+                    }
+                    floor_ok &= floor <= ck_tracker_peak(tr);
+                    floors += floor > before;
                     if (next() % 8 == 0) ck_tracker_relabel(tr);
                 }
                 size_t live;
@@ -146,6 +157,9 @@ int main(void)
     snprintf(name, sizeof name, "%d one-tensor changes on %d graphs: the tracked live peak is the walk's", tracked,
              graphs);
     check(name, track_ok && tracked >= 5000, tracked);
+    snprintf(name, sizeof name, "%d one-tensor changes on %d graphs: unmarking's floor is never above the peak it "
+             "makes (%d floors above the peak before)", tracked, graphs, floors);
+    check(name, floor_ok && floors >= 50, floors);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the turn's bytes are a lower bound of the live peak (%d above "
              "the persistent bytes)", trials, graphs, turn_some);
     check(name, turn_ok && turn_some > trials / 2, trials);

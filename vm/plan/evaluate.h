@@ -59,7 +59,19 @@ int ck_tracker_reset(ck_tracker *tr, const unsigned char *mark);
 int ck_tracker_flip(ck_tracker *tr, int t);
 /* ck_evaluate's live peak of the decision now; whether t is marked in it. */
 size_t ck_tracker_peak(const ck_tracker *tr);
+/* The recompute FLOPs of the decision now. */
+double ck_tracker_flops(const ck_tracker *tr);
 int ck_tracker_marked(const ck_tracker *tr, int t);
+/* The entries moved and buffer ranges changed since the last reset: what
+ * the flips since cost. */
+long ck_tracker_work(const ck_tracker *tr);
+/* A lower bound of the live peak once marked tensor t is unmarked, found
+ * without changing the list (0 when none better than 0 is found): a change
+ * whose bound is over a budget need not be made to be refused. */
+size_t ck_tracker_unmark_floor(ck_tracker *tr, int t);
+/* 1 when t is not marked and its buffer is live at the entry of the live
+ * peak (the first such in list order): marking it may lower the peak. */
+int ck_tracker_at_peak(ck_tracker *tr, int t);
 /* Lays the list's keys out evenly again, as a flip does when a gap fills
  * (for tests: a flip never needs it called). 0, or -1 out of memory. */
 int ck_tracker_relabel(ck_tracker *tr);

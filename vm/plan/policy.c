@@ -311,6 +311,7 @@ static int by_score(const void *a, const void *b)
 
 #define EXHAUSTIVE_MAX 14
 #define PRUNE_TRIALS 128
+#define PRUNE_WORK 40
 
 /* FLOPs to recompute t once from its inputs */
 static double producer_flops(const ck_graph *g, int t)
@@ -479,8 +480,11 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
     for (int k = 0; k < c->ncand; k++)
         if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
     if (n > 1) qsort(order, (size_t)n, sizeof *order, by_score);
-    /* the costliest PRUNE_TRIALS, each judged on the list tracked through
-     * the change (a walk where the list cannot be tracked) */
+    /* costliest first, each judged on the list tracked through the change
+     * (refused unmade when the tracker's floor for it is over the budget),
+     * while the changes have moved fewer than PRUNE_WORK entries and ranges
+     * per entry of the list; where the list cannot be tracked, the costliest
+     * PRUNE_TRIALS, each judged by a walk */
     /* not held beside the tracker: the start's placement (not the answer's)
      * and a walk's scratch */
     ck_tracker *tr = ck_tracker_new(ev);
@@ -489,9 +493,10 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
         ck_evaluator_rest(ev);
     }
     if (tr && ck_tracker_reset(tr, mark)) goto out;
-    for (int k = 0; k < n && k < PRUNE_TRIALS; k++) {
+    for (int k = 0; k < n && (tr ? ck_tracker_work(tr) < PRUNE_WORK * (long)c->n : k < PRUNE_TRIALS); k++) {
         size_t live;
         double flops;
+        if (tr && ck_tracker_unmark_floor(tr, order[k].t) + frag > budget) continue; /* refused unmade */
         mark[order[k].t] = 0;
         if (tr) {
             if (ck_tracker_flip(tr, order[k].t)) goto out;
@@ -555,6 +560,117 @@ out:
     return rc;
 }
 
+/* The kept candidate not yet tried whose buffer is live at the tracked
+ * list's live peak, with the most bytes per FLOP; -1 when there is none.
+ * *scans counts the candidates looked at. */
+static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned char *mark,
+                        const unsigned char *tried, long *scans)
+{
+    int u = -1;
+    double most = -1;
+    for (int k = 0; k < c->ncand; k++) {
+        const int t = c->cand[k];
+        if (mark[t] || tried[t]) continue;
+        ++*scans;
+        if (!ck_tracker_at_peak(tr, t)) continue;
+        const double per = (double)ck_shape_numel(&c->g->t[t].shape) / (producer_flops(c->g, t) + 1.0);
+        if (per > most) {
+            most = per;
+            u = t;
+        }
+    }
+    return u;
+}
+
+/* Exchanges from the answer b, on its list tracked: kept candidates live
+ * at the live peak (the most bytes per FLOP first; up to SWAP_MARKS, until
+ * the peak is 1/SWAP_ROOM of the budget under it) are marked, which may lower
+ * the peak enough for recomputations of the answer to be taken back
+ * (costliest first, refused unmade by the tracker's floor, kept while the
+ * live peak plus the answer's fragmentation fits). An exchange stays when the
+ * decision then recomputes fewer FLOPs, else it is undone. The pass stops
+ * after SWAP_FAILS exchanges in a row that did not pay, or once its changes
+ * and the candidates it looked at reach SWAP_WORK per entry of the list. What
+ * it ends with is placed, and becomes the answer when it fits with fewer
+ * FLOPs. -1 out of memory. */
+#define SWAP_FAILS 16
+#define SWAP_MARKS 8
+#define SWAP_ROOM 100
+#define SWAP_WORK 32
+static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best *b, unsigned char *mark,
+                    scored *order)
+{
+    const ck_graph *g = c->g;
+    ck_tracker *tr = ck_tracker_new(ev); /* NULL also where the list cannot be tracked: no exchanges then */
+    int *taken = malloc(sizeof(int) * (size_t)(c->ncand ? c->ncand : 1));
+    unsigned char *tried = calloc((size_t)g->nt, 1);
+    int marked_now[SWAP_MARKS];
+    int rc = -1, n = 0, changed = 0;
+    if (!taken || !tried) goto out;
+    rc = 0;
+    if (!tr) goto out;
+    rc = -1;
+    ck_evaluator_forget(ev); /* not held beside the tracker */
+    ck_evaluator_rest(ev);
+    memcpy(mark, b->mark, (size_t)g->nt);
+    if (ck_tracker_reset(tr, mark)) goto out;
+    const size_t frag = b->peak > ck_tracker_peak(tr) ? b->peak - ck_tracker_peak(tr) : 0;
+    for (int k = 0; k < c->ncand; k++)
+        if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
+    if (n > 1) qsort(order, (size_t)n, sizeof *order, by_score);
+    long scans = 0;
+    const long work = SWAP_WORK * (long)c->n;
+    for (int fails = 0; fails < SWAP_FAILS && ck_tracker_work(tr) + scans < work;) {
+        const double before = ck_tracker_flops(tr);
+        int nu = 0, nt = 0;
+        do {
+            const int u = kept_at_peak(c, tr, mark, tried, &scans);
+            if (u < 0) break;
+            tried[u] = 1;
+            if (ck_tracker_flip(tr, u)) goto out;
+            mark[u] = 1;
+            marked_now[nu++] = u;
+        } while (nu < SWAP_MARKS && ck_tracker_peak(tr) + frag + budget / SWAP_ROOM > budget);
+        if (!nu) break;
+        /* taken back: the answer's recomputations, not those just marked */
+        for (int k = 0; k < n && ck_tracker_work(tr) + scans < work; k++) {
+            const int v = order[k].t;
+            if (!mark[v] || tried[v]) continue;
+            scans++;
+            if (ck_tracker_unmark_floor(tr, v) + frag > budget) continue;
+            if (ck_tracker_flip(tr, v)) goto out;
+            if (ck_tracker_peak(tr) + frag <= budget) {
+                mark[v] = 0;
+                taken[nt++] = v;
+            } else if (ck_tracker_flip(tr, v)) {
+                goto out;
+            }
+        }
+        if (nt && ck_tracker_flops(tr) < before) {
+            changed = 1;
+            fails = 0;
+            continue;
+        }
+        while (nt--) { /* undone */
+            if (ck_tracker_flip(tr, taken[nt])) goto out;
+            mark[taken[nt]] = 1;
+        }
+        while (nu--) {
+            if (ck_tracker_flip(tr, marked_now[nu])) goto out;
+            mark[marked_now[nu]] = 0;
+        }
+        fails++;
+    }
+    ck_tracker_free(tr); /* not held while the result is placed */
+    tr = NULL;
+    rc = changed && consider(c, ev, mark, budget, b) < 0 ? -1 : 0;
+out:
+    ck_tracker_free(tr);
+    free(taken);
+    free(tried);
+    return rc;
+}
+
 static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best *b, char *err, size_t errlen)
 {
     const ck_graph *g = c->g;
@@ -609,6 +725,7 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
         if (fit < 0) goto out;
         if (fit && descend(c, ev, from, budget, b->peak - s->live, b, mark, order)) goto out;
     }
+    if (b->found && exchange(c, ev, budget, b, mark, order)) goto out;
     /* nothing fits: the error names the smallest peak, so place every start
      * in order of its lower bounds while one may be below it */
     if (!b->found) {

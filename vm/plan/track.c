@@ -126,6 +126,8 @@ struct ck_tracker {
     int (*rin)[CK_MAX_IN];     /* per forward index: the ids its recompute entry reads (RIN) */
     unsigned char *in_r;       /* per forward index: its recompute entry is in the list */
     double rflops;
+    long work;                 /* entries moved and ranges changed since reset */
+    int peak_at;               /* the entry of the live peak, NONE: not yet found since the last change */
     /* ids and buffers */
     int *alias;                /* per id: the id whose buffer it is (a reshape's input), NONE */
     lists kids;                /* per id: the ids aliasing it */
@@ -393,6 +395,7 @@ static void range_of(ck_tracker *tr, int r, int *first, int *last)
 
 static void set_range(ck_tracker *tr, int r, int f, int l)
 {
+    tr->work++;
     const int f0 = tr->rf[r], l0 = tr->rl[r];
     if (f0 == f && l0 == l) return;
     tr->rf[r] = f;
@@ -489,6 +492,7 @@ static int read_id(const ck_tracker *tr, int u) { return u < tr->nt && tr->mark[
 /* inserts recompute entry x (forward index f) right before entry at, and its touches */
 static int insert_entry(ck_tracker *tr, int f, int at)
 {
+    tr->work++;
     const int v = tr->fwd[f], x = tr->nf + tr->nb + f;
     const ck_pnode *nd = &tr->e->nodes[v];
     const int left = tr->prev[at];
@@ -524,6 +528,7 @@ static int insert_entry(ck_tracker *tr, int f, int at)
 
 static void erase_entry(ck_tracker *tr, int f)
 {
+    tr->work++;
     const int v = tr->fwd[f], x = tr->nf + tr->nb + f;
     const ck_pnode *nd = &tr->e->nodes[v];
     if (nd->reshape && nd->out[0] >= 0) set_alias(tr, tr->nt + tr->cbase[f], NONE);
@@ -630,6 +635,7 @@ static int recompute_from(ck_tracker *tr, int f, int anchor, int slot, int at)
 
 int ck_tracker_flip(ck_tracker *tr, int t)
 {
+    tr->peak_at = NONE;
     const ck_graph *g = tr->g;
     if (t < 0 || t >= tr->nt || !tr->e->markable[t]) return 0;
     const int p = tr->fi[g->t[t].node];
@@ -736,6 +742,131 @@ size_t ck_tracker_peak(const ck_tracker *tr)
 double ck_tracker_flops(const ck_tracker *tr) { return tr->rflops; }
 
 int ck_tracker_marked(const ck_tracker *tr, int t) { return tr->mark[t]; }
+
+long ck_tracker_work(const ck_tracker *tr) { return tr->work; }
+
+/* the entry where the live peak is (the first such, in list order), kept
+ * until the next change */
+static int peak_entry(ck_tracker *tr)
+{
+    if (tr->peak_at != NONE) return tr->peak_at;
+    int x = tr->root;
+    while (x != NONE) {
+        push(tr, x);
+        const tnode *n = &tr->t[x];
+        if (n->l != NONE && tr->t[n->l].mx == n->mx) x = n->l;
+        else if (n->val == n->mx) return tr->peak_at = x;
+        else x = n->r;
+    }
+    return NONE;
+}
+
+/* 1 when root r's buffer is live at the entry whose key is k */
+static int live_at(const ck_tracker *tr, int r, uint64_t k)
+{
+    return tr->rf[r] != NONE && key_of(tr, tr->rf[r]) <= k && k <= key_of(tr, tr->rl[r]);
+}
+
+/* 1 when root r's buffer is touched at or after the entry whose key is k by
+ * something other than the recompute entries stamped gen (A): it stays live
+ * there once A is gone. 0 when that cannot be told (counted as freed). */
+static int stays_past(const ck_tracker *tr, int r, uint64_t k, int gen)
+{
+    int stk[64], sp = 0;
+    stk[sp++] = r;
+    while (sp) {
+        const int id = stk[--sp];
+        if (!tr->changes[id]) return 1; /* a range no flip changes */
+        if (id < tr->nt) {
+            if (FL(tr, id) != NONE && key_of(tr, FL(tr, id)) >= k) return 1;
+            if (tr->c->retain && tr->c->retain[id]) return 1;
+        }
+        for (int j = tr->touch.head[id]; j != NONE; j = tr->touch.next[j]) {
+            const int x = tr->touch.val[j];
+            if (x >= tr->nf + tr->nb && tr->stamp[x - tr->nf - tr->nb] == gen) continue;
+            if (key_of(tr, x) >= k) return 1;
+        }
+        for (int j = tr->kids.head[id]; j != NONE; j = tr->kids.next[j]) {
+            if (sp == (int)(sizeof stk / sizeof stk[0])) return 0;
+            stk[sp++] = tr->kids.val[j];
+        }
+    }
+    return 0;
+}
+
+int ck_tracker_at_peak(ck_tracker *tr, int t)
+{
+    if (t < 0 || t >= tr->nt || tr->mark[t]) return 0;
+    const int q = peak_entry(tr);
+    return q != NONE && live_at(tr, root_of(tr, t), key_of(tr, q));
+}
+
+/* Unmarking t adds t's bytes where t then lives and its recomputation
+ * did not (between its last forward use and its later readers), and can free
+ * only what the recompute entries it takes out (A, as ck_tracker_flip finds
+ * it) and t's copy held. At the peak's entry q, when A and t's copy come
+ * after q and t's buffer is not live at q but will be, the peak after the
+ * change is at least the peak now, plus t's bytes, less the buffers live at q
+ * that t's copy is, or that A's entries touch and nothing else touches at q
+ * or later. */
+size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
+{
+    const ck_graph *g = tr->g;
+    if (t < 0 || t >= tr->nt || !tr->mark[t] || tr->alias[t] != NONE || tr->root == NONE) return 0;
+    const int p = tr->fi[g->t[t].node], q = peak_entry(tr);
+    const int64_t b = bytes_of_root(tr, t);
+    if (p == NONE || q == NONE || b <= 0 || tr->rf[t] == NONE) return 0;
+    const uint64_t kq = key_of(tr, q);
+    if (key_of(tr, tr->rf[t]) > kq || live_at(tr, t, kq)) return 0; /* made after q, or live there now */
+    const int gen = ++tr->gen, xp = tr->nf + tr->nb + p;
+    int na = 0;
+    const int up = tr->in_r[p] ? PARENT(tr, xp) : NONE;
+    if (up != NONE && tr->e->nodes[node_of_entry(tr, up)].in[PSLOT(tr, xp)] == t) {
+        int *stk = tr->ids, sp = 0;
+        stk[sp++] = xp;
+        while (sp) {
+            const int x = stk[--sp];
+            if (key_of(tr, x) <= kq) return 0;
+            tr->list[na++] = x;
+            tr->stamp[x - tr->nf - tr->nb] = gen;
+            for (int j = 0; j < CK_MAX_IN; j++)
+                if (CHILD(tr, x)[j] != NONE) stk[sp++] = CHILD(tr, x)[j];
+        }
+    }
+    /* t lives at q once a reader outside A past q reads it */
+    int reads = 0;
+    for (int k = tr->rstart[t]; k < tr->rstart[t + 1] && !reads; k++) {
+        const int x = anchor_of(tr, READER_NODE(tr->readers[k]), gen);
+        reads = x != NONE && key_of(tr, x) > kq;
+    }
+    if (!reads) return 0;
+    /* what may be freed at q: the roots live there that A's entries or t's copy touch, once each */
+    int64_t freed = 0;
+    int *seen = tr->ids, ns = 0; /* the stack above is done with; is_dirty (clear between flips) marks them */
+    const int copy = copy_id(tr, t);
+    for (int i = -1; i < na; i++) {
+        int ids[CK_MAX_IN + CK_MAX_OUT], n = 0;
+        if (i < 0) {
+            if (copy != NONE) ids[n++] = copy;
+        } else {
+            const int x = tr->list[i], f = x - tr->nf - tr->nb;
+            const ck_pnode *nd = &tr->e->nodes[tr->fwd[f]];
+            for (int j = 0; j < nd->nin; j++) ids[n++] = RIN(tr, x)[j];
+            for (int o = 0; o < nd->nout; o++)
+                if (nd->out[o] >= 0) ids[n++] = tr->nt + tr->cbase[f] + o;
+        }
+        for (int j = 0; j < n; j++) {
+            const int r = root_of(tr, ids[j]);
+            if (tr->is_dirty[r] || !live_at(tr, r, kq) || (i >= 0 && stays_past(tr, r, kq, gen))) continue;
+            tr->is_dirty[r] = 1;
+            seen[ns++] = r;
+            freed += bytes_of_root(tr, r);
+        }
+    }
+    for (int s = 0; s < ns; s++) tr->is_dirty[seen[s]] = 0;
+    const int64_t m = tr->t[tr->root].mx + b - freed;
+    return tr->c->persistent + (size_t)(m > 0 ? m : 0);
+}
 
 int ck_tracker_relabel(ck_tracker *tr) { return relabel(tr); }
 
@@ -913,6 +1044,8 @@ int ck_tracker_reset(ck_tracker *tr, const unsigned char *mark)
     }
     if (!(tr->order = ck_big_alloc(sizeof(int) * ((size_t)tr->nent + (size_t)tr->nids)))) return -1; /* the list, then a stack */
     const int rc = build(tr, build_order(tr));
+    tr->work = 0;
+    tr->peak_at = NONE;
     ck_big_free(tr->order); /* only laying the list out needs it */
     tr->order = NULL;
     return rc;

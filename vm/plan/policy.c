@@ -311,7 +311,7 @@ static int by_score(const void *a, const void *b)
 
 #define EXHAUSTIVE_MAX 14
 #define PRUNE_TRIALS 128
-#define PRUNE_WORK 40
+#define PRUNE_WORK 32
 
 /* FLOPs to recompute t once from its inputs */
 static double producer_flops(const ck_graph *g, int t)
@@ -596,7 +596,7 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
 #define SWAP_FAILS 16
 #define SWAP_MARKS 8
 #define SWAP_ROOM 100
-#define SWAP_WORK 32
+#define SWAP_WORK 24
 static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best *b, unsigned char *mark,
                     scored *order)
 {

@@ -801,14 +801,33 @@ int ck_tracker_at_peak(ck_tracker *tr, int t)
     return q != NONE && live_at(tr, root_of(tr, t), key_of(tr, q));
 }
 
-/* Unmarking t adds t's bytes where t then lives and its recomputation
- * did not (between its last forward use and its later readers), and can free
- * only what the recompute entries it takes out (A, as ck_tracker_flip finds
- * it) and t's copy held. At the peak's entry q, when A and t's copy come
- * after q and t's buffer is not live at q but will be, the peak after the
- * change is at least the peak now, plus t's bytes, less the buffers live at q
- * that t's copy is, or that A's entries touch and nothing else touches at q
- * or later. */
+/* the most live bytes of the entries under x (keys in [lo, hi]) with keys in [a, b], FLOOR for none */
+static int64_t max_keys_in(ck_tracker *tr, int x, uint64_t lo, uint64_t hi, uint64_t a, uint64_t b)
+{
+    if (x == NONE || b < lo || hi < a) return FLOOR;
+    if (a <= lo && hi <= b) return tr->t[x].mx;
+    push(tr, x);
+    const tnode *n = &tr->t[x];
+    int64_t m = a <= n->key && n->key <= b ? n->val : FLOOR;
+    if (n->key > lo) {
+        const int64_t l = max_keys_in(tr, n->l, lo, n->key - 1, a, b);
+        if (l > m) m = l;
+    }
+    if (n->key < hi) {
+        const int64_t r = max_keys_in(tr, n->r, n->key + 1, hi, a, b);
+        if (r > m) m = r;
+    }
+    return m;
+}
+
+/* Unmarking t adds t's bytes over W, the entries past t's range now and
+ * before the first of the recompute entries it takes out (A, as
+ * ck_tracker_flip finds it) and t's copy, up to t's last reader outside A;
+ * and it can free only buffers A's entries touch. So the peak after the
+ * change is at least the most W holds now, plus t's bytes, less those
+ * buffers that are live in W and that nothing outside A touches past W; when
+ * the live peak's entry q is in W, the peak now plus t's bytes, less those
+ * live at q that nothing outside A touches from q on (or t's copy, live at q). */
 size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
 {
     const ck_graph *g = tr->g;
@@ -816,9 +835,9 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
     const int p = tr->fi[g->t[t].node], q = peak_entry(tr);
     const int64_t b = bytes_of_root(tr, t);
     if (p == NONE || q == NONE || b <= 0 || tr->rf[t] == NONE) return 0;
-    const uint64_t kq = key_of(tr, q);
-    if (key_of(tr, tr->rf[t]) > kq || live_at(tr, t, kq)) return 0; /* made after q, or live there now */
+    const uint64_t lo = key_of(tr, tr->rl[t]); /* t's buffer is live up to it now */
     const int gen = ++tr->gen, xp = tr->nf + tr->nb + p;
+    uint64_t hi = tr->in_r[p] ? key_of(tr, xp) : UINT64_MAX; /* W is (lo, hi) */
     int na = 0;
     const int up = tr->in_r[p] ? PARENT(tr, xp) : NONE;
     if (up != NONE && tr->e->nodes[node_of_entry(tr, up)].in[PSLOT(tr, xp)] == t) {
@@ -826,21 +845,30 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
         stk[sp++] = xp;
         while (sp) {
             const int x = stk[--sp];
-            if (key_of(tr, x) <= kq) return 0;
+            if (key_of(tr, x) < hi) hi = key_of(tr, x);
             tr->list[na++] = x;
             tr->stamp[x - tr->nf - tr->nb] = gen;
             for (int j = 0; j < CK_MAX_IN; j++)
                 if (CHILD(tr, x)[j] != NONE) stk[sp++] = CHILD(tr, x)[j];
         }
     }
-    /* t lives at q once a reader outside A past q reads it */
+    /* t's buffer then lives to its last reader outside A */
+    uint64_t last = 0;
     int reads = 0;
-    for (int k = tr->rstart[t]; k < tr->rstart[t + 1] && !reads; k++) {
+    for (int k = tr->rstart[t]; k < tr->rstart[t + 1]; k++) {
         const int x = anchor_of(tr, READER_NODE(tr->readers[k]), gen);
-        reads = x != NONE && key_of(tr, x) > kq;
+        if (x == NONE) continue;
+        if (!reads || key_of(tr, x) > last) last = key_of(tr, x);
+        reads = 1;
     }
-    if (!reads) return 0;
-    /* what may be freed at q: the roots live there that A's entries or t's copy touch, once each */
+    if (!reads || last <= lo) return 0;
+    if (last < hi - 1) hi = last + 1;
+    if (hi <= lo + 1) return 0; /* W is empty */
+    const uint64_t kq = key_of(tr, q);
+    const int at_q = lo < kq && kq < hi;
+    const int64_t most = at_q ? tr->t[tr->root].mx : max_keys_in(tr, tr->root, 0, UINT64_MAX, lo + 1, hi - 1);
+    if (most == FLOOR) return 0;
+    const uint64_t from = at_q ? kq : hi - 1; /* touched from here on: live wherever it was in W up to here */
     int64_t freed = 0;
     int *seen = tr->ids, ns = 0; /* the stack above is done with; is_dirty (clear between flips) marks them */
     const int copy = copy_id(tr, t);
@@ -857,14 +885,18 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
         }
         for (int j = 0; j < n; j++) {
             const int r = root_of(tr, ids[j]);
-            if (tr->is_dirty[r] || !live_at(tr, r, kq) || (i >= 0 && stays_past(tr, r, kq, gen))) continue;
+            if (tr->is_dirty[r]) continue;
+            if (at_q ? !live_at(tr, r, kq)
+                     : tr->rf[r] == NONE || key_of(tr, tr->rl[r]) <= lo || key_of(tr, tr->rf[r]) >= hi)
+                continue;
+            if (i >= 0 && stays_past(tr, r, from, gen)) continue;
             tr->is_dirty[r] = 1;
             seen[ns++] = r;
             freed += bytes_of_root(tr, r);
         }
     }
     for (int s = 0; s < ns; s++) tr->is_dirty[seen[s]] = 0;
-    const int64_t m = tr->t[tr->root].mx + b - freed;
+    const int64_t m = most + b - freed;
     return tr->c->persistent + (size_t)(m > 0 ? m : 0);
 }
 

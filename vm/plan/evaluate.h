@@ -69,9 +69,12 @@ long ck_tracker_work(const ck_tracker *tr);
  * without changing the list (0 when none better than 0 is found): a change
  * whose bound is over a budget need not be made to be refused. */
 size_t ck_tracker_unmark_floor(ck_tracker *tr, int t);
-/* 1 when t is not marked and its buffer is live at the entry of the live
- * peak (the first such in list order): marking it may lower the peak. */
-int ck_tracker_at_peak(ck_tracker *tr, int t);
+/* An estimate of what marking t lowers the bytes at the live peak's entry
+ * by: t's bytes, less those of its producer's kept inputs that are not live
+ * there (they would be held to its recomputation); 0 when t is not live there
+ * or stays held (read there or later in forward, retained, a kept view of
+ * it). A guide for searches: the change itself says what it does. */
+int64_t ck_tracker_mark_gain(ck_tracker *tr, int t);
 /* Lays the list's keys out evenly again, as a flip does when a gap fills
  * (for tests: a flip never needs it called). 0, or -1 out of memory. */
 int ck_tracker_relabel(ck_tracker *tr);

@@ -259,7 +259,10 @@ static int decide_selective(const unsigned char *ops, const ck_decide_ctx *c, un
  *    pruned: the marked tensors that cost the most to recompute are kept,
  *    one at a time, while the live peak plus the start's fragmentation fits;
  *  - all the prunings placed, or failing that the longest run of them that
- *    fits.
+ *    fits;
+ *  - exchanges from that answer: kept tensors whose marking lowers the live
+ *    peak marked where that lets recomputations that cost more be kept
+ *    (exchange()).
  * Decisions are judged first on the bytes that cross the turn to backward
  * (a lower bound found without walking the list), then on live peaks (one
  * walk, ck_evaluate), and only a decision that can be the answer is placed. */
@@ -560,9 +563,9 @@ out:
     return rc;
 }
 
-/* The kept candidate not yet tried whose buffer is live at the tracked
- * list's live peak, with the most bytes per FLOP; -1 when there is none.
- * *scans counts the candidates looked at. */
+/* The kept candidate not yet tried whose marking the tracker estimates to
+ * lower the bytes at the live peak the most per FLOP of its recomputation;
+ * -1 when none lowers them. *scans counts the candidates looked at. */
 static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned char *mark,
                         const unsigned char *tried, long *scans)
 {
@@ -572,8 +575,9 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
         const int t = c->cand[k];
         if (mark[t] || tried[t]) continue;
         ++*scans;
-        if (!ck_tracker_at_peak(tr, t)) continue;
-        const double per = (double)ck_shape_numel(&c->g->t[t].shape) / (producer_flops(c->g, t) + 1.0);
+        const int64_t gain = ck_tracker_mark_gain(tr, t);
+        if (gain <= 0) continue;
+        const double per = (double)gain / (producer_flops(c->g, t) + 1.0);
         if (per > most) {
             most = per;
             u = t;
@@ -583,8 +587,9 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
 }
 
 /* Exchanges from the answer b, on its list tracked: kept candidates live
- * at the live peak (the most bytes per FLOP first; up to SWAP_MARKS, until
- * the peak is 1/SWAP_ROOM of the budget under it) are marked, which may lower
+ * at the live peak (those that lower it the most per FLOP first; up to
+ * SWAP_MARKS, until the peak is 1/SWAP_ROOM of the budget under it, the
+ * estimate made again after each) are marked, which may lower
  * the peak enough for recomputations of the answer to be taken back
  * (costliest first, refused unmade by the tracker's floor, kept while the
  * live peak plus the answer's fragmentation fits). An exchange stays when the
@@ -594,9 +599,10 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
  * it ends with is placed, and becomes the answer when it fits with fewer
  * FLOPs. -1 out of memory. */
 #define SWAP_FAILS 16
-#define SWAP_MARKS 8
-#define SWAP_ROOM 100
+#define SWAP_MARKS 16
+#define SWAP_ROOM 50
 #define SWAP_WORK 24
+#define SWAP_ROUNDS 3
 static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best *b, unsigned char *mark,
                     scored *order)
 {
@@ -725,7 +731,11 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
         if (fit < 0) goto out;
         if (fit && descend(c, ev, from, budget, b->peak - s->live, b, mark, order)) goto out;
     }
-    if (b->found && exchange(c, ev, budget, b, mark, order)) goto out;
+    for (int round = 0; b->found && round < SWAP_ROUNDS; round++) { /* again from what it kept, while that pays */
+        const double was = b->flops;
+        if (exchange(c, ev, budget, b, mark, order)) goto out;
+        if (b->flops >= was) break;
+    }
     /* nothing fits: the error names the smallest peak, so place every start
      * in order of its lower bounds while one may be below it */
     if (!b->found) {

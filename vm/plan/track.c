@@ -794,11 +794,25 @@ static int stays_past(const ck_tracker *tr, int r, uint64_t k, int gen)
     return 0;
 }
 
-int ck_tracker_at_peak(ck_tracker *tr, int t)
+int64_t ck_tracker_mark_gain(ck_tracker *tr, int t)
 {
-    if (t < 0 || t >= tr->nt || tr->mark[t]) return 0;
+    if (t < 0 || t >= tr->nt || tr->mark[t] || !tr->e->markable[t] || tr->alias[t] != NONE) return 0;
+    if (tr->c->retain && tr->c->retain[t]) return 0;
     const int q = peak_entry(tr);
-    return q != NONE && live_at(tr, root_of(tr, t), key_of(tr, q));
+    if (q == NONE) return 0;
+    const uint64_t kq = key_of(tr, q);
+    if (!live_at(tr, t, kq) || (FL(tr, t) != NONE && key_of(tr, FL(tr, t)) >= kq)) return 0;
+    for (int k = tr->kids.head[t]; k != NONE; k = tr->kids.next[k]) /* a kept view holds the buffer */
+        if (tr->kids.val[k] >= tr->nt || !tr->mark[tr->kids.val[k]]) return 0;
+    int64_t gain = bytes_of_root(tr, t);
+    const ck_pnode *nd = &tr->e->nodes[tr->g->t[t].node];
+    for (int j = 0; j < nd->nin; j++) {
+        const int u = nd->in[j];
+        if (u < 0 || u >= tr->nt || tr->mark[u]) continue; /* a marked input is recomputed after q */
+        const int r = root_of(tr, u);
+        if (!live_at(tr, r, kq)) gain -= bytes_of_root(tr, r);
+    }
+    return gain;
 }
 
 /* the most live bytes of the entries under x (keys in [lo, hi]) with keys in [a, b], FLOOR for none */

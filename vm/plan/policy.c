@@ -325,6 +325,16 @@ static double producer_flops(const ck_graph *g, int t)
     return ck_op_flops(nd->op, &nd->p, ins, nd->nin, &out);
 }
 
+/* The marked candidates into order, the costliest to recompute first; their count. */
+static int marked_by_cost(const ck_decide_ctx *c, const unsigned char *mark, scored *order)
+{
+    int n = 0;
+    for (int k = 0; k < c->ncand; k++)
+        if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(c->g, c->cand[k])};
+    if (n > 1) qsort(order, (size_t)n, sizeof *order, by_score);
+    return n;
+}
+
 /* A starting decision: a fixed policy's marking of the candidates (every_n
  * by its n over the regions' candidates), or a prefix of the greedy order;
  * its FLOPs and turn bound, and its live peak once walked. */
@@ -479,10 +489,7 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
 {
     const ck_graph *g = c->g;
     memcpy(mark, from, (size_t)g->nt);
-    int n = 0, na = 0, rc = -1;
-    for (int k = 0; k < c->ncand; k++)
-        if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
-    if (n > 1) qsort(order, (size_t)n, sizeof *order, by_score);
+    int n = marked_by_cost(c, mark, order), na = 0, rc = -1;
     /* costliest first, each judged on the list tracked through the change
      * (refused unmade when the tracker's floor for it is over the budget),
      * while the changes have moved fewer than PRUNE_WORK entries and ranges
@@ -594,17 +601,20 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
  * (costliest first, refused unmade by the tracker's floor, kept while the
  * live peak plus the answer's fragmentation fits). An exchange stays when the
  * decision then recomputes fewer FLOPs, else it is undone. The pass stops
- * after SWAP_FAILS exchanges in a row that did not pay, or once its changes
- * and the candidates it looked at reach SWAP_WORK per entry of the list. What
- * it ends with is placed, and becomes the answer when it fits with fewer
- * FLOPs. -1 out of memory. */
+ * after SWAP_FAILS exchanges in a row that did not pay, when no candidate is
+ * left to try, or once its changes and the candidates it looked at have
+ * spent *work (what is left stays in it). The peak it aims under is the
+ * budget less the answer's fragmentation and margin. What it ends with is
+ * placed, and becomes the answer when it fits with fewer FLOPs; *over is
+ * what its peak then passed the budget by (0: it fits, or nothing changed).
+ * -1 out of memory. */
 #define SWAP_FAILS 16
 #define SWAP_MARKS 16
 #define SWAP_ROOM 50
-#define SWAP_WORK 24
+#define SWAP_WORK 32
 #define SWAP_ROUNDS 3
-static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best *b, unsigned char *mark,
-                    scored *order)
+static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, size_t margin, best *b,
+                    unsigned char *mark, scored *order, long *work, size_t *over)
 {
     const ck_graph *g = c->g;
     ck_tracker *tr = ck_tracker_new(ev); /* NULL also where the list cannot be tracked: no exchanges then */
@@ -612,6 +622,7 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, bes
     unsigned char *tried = calloc((size_t)g->nt, 1);
     int marked_now[SWAP_MARKS];
     int rc = -1, n = 0, changed = 0;
+    *over = 0;
     if (!taken || !tried) goto out;
     rc = 0;
     if (!tr) goto out;
@@ -620,13 +631,10 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, bes
     ck_evaluator_rest(ev);
     memcpy(mark, b->mark, (size_t)g->nt);
     if (ck_tracker_reset(tr, mark)) goto out;
-    const size_t frag = b->peak > ck_tracker_peak(tr) ? b->peak - ck_tracker_peak(tr) : 0;
-    for (int k = 0; k < c->ncand; k++)
-        if (mark[c->cand[k]]) order[n++] = (scored){c->cand[k], producer_flops(g, c->cand[k])};
-    if (n > 1) qsort(order, (size_t)n, sizeof *order, by_score);
+    const size_t frag = (b->peak > ck_tracker_peak(tr) ? b->peak - ck_tracker_peak(tr) : 0) + margin;
+    n = marked_by_cost(c, mark, order);
     long scans = 0;
-    const long work = SWAP_WORK * (long)c->n;
-    for (int fails = 0; fails < SWAP_FAILS && ck_tracker_work(tr) + scans < work;) {
+    for (int fails = 0; fails < SWAP_FAILS && ck_tracker_work(tr) + scans < *work;) {
         const double before = ck_tracker_flops(tr);
         int nu = 0, nt = 0;
         do {
@@ -639,7 +647,7 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, bes
         } while (nu < SWAP_MARKS && ck_tracker_peak(tr) + frag + budget / SWAP_ROOM > budget);
         if (!nu) break;
         /* taken back: the answer's recomputations, not those just marked */
-        for (int k = 0; k < n && ck_tracker_work(tr) + scans < work; k++) {
+        for (int k = 0; k < n && ck_tracker_work(tr) + scans < *work; k++) {
             const int v = order[k].t;
             if (!mark[v] || tried[v]) continue;
             scans++;
@@ -667,9 +675,12 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, bes
         }
         fails++;
     }
+    *work -= ck_tracker_work(tr) + scans;
     ck_tracker_free(tr); /* not held while the result is placed */
     tr = NULL;
-    rc = changed && consider(c, ev, mark, budget, b) < 0 ? -1 : 0;
+    size_t peak = 0;
+    rc = changed && consider_peak(c, ev, mark, budget, b, &peak) < 0 ? -1 : 0;
+    *over = peak > budget ? peak - budget : 0;
 out:
     ck_tracker_free(tr);
     free(taken);
@@ -731,10 +742,17 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
         if (fit < 0) goto out;
         if (fit && descend(c, ev, from, budget, b->peak - s->live, b, mark, order)) goto out;
     }
-    for (int round = 0; b->found && round < SWAP_ROUNDS; round++) { /* again from what it kept, while that pays */
+    /* exchanges from the answer, again from each one they improve; where
+     * their answer does not fit once placed, again with its overshoot as a
+     * margin; SWAP_ROUNDS passes, SWAP_WORK changes per entry in all */
+    long work = SWAP_WORK * (long)c->n;
+    size_t margin = 0;
+    for (int round = 0; b->found && round < SWAP_ROUNDS && work > 0; round++) {
         const double was = b->flops;
-        if (exchange(c, ev, budget, b, mark, order)) goto out;
-        if (b->flops >= was) break;
+        size_t over;
+        if (exchange(c, ev, budget, margin, b, mark, order, &work, &over)) goto out;
+        if (over) margin += over;
+        else if (b->flops >= was) break;
     }
     /* nothing fits: the error names the smallest peak, so place every start
      * in order of its lower bounds while one may be below it */

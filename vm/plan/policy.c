@@ -603,7 +603,8 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
  * decision then recomputes fewer FLOPs, else it is undone. The pass stops
  * after SWAP_FAILS exchanges in a row that did not pay, when no candidate is
  * left to try, or once its changes and the candidates it looked at have
- * spent *work (what is left stays in it). The peak it aims under is the
+ * spent *work or SWAP_PASS per entry of the list (what is left of *work
+ * stays in it). The peak it aims under is the
  * budget less the answer's fragmentation and margin. What it ends with is
  * placed, and becomes the answer when it fits with fewer FLOPs; *over is
  * what its peak then passed the budget by (0: it fits, or nothing changed).
@@ -612,6 +613,7 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
 #define SWAP_MARKS 16
 #define SWAP_ROOM 50
 #define SWAP_WORK 32
+#define SWAP_PASS 24
 #define SWAP_ROUNDS 3
 static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, size_t margin, best *b,
                     unsigned char *mark, scored *order, long *work, size_t *over)
@@ -634,7 +636,8 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, siz
     const size_t frag = (b->peak > ck_tracker_peak(tr) ? b->peak - ck_tracker_peak(tr) : 0) + margin;
     n = marked_by_cost(c, mark, order);
     long scans = 0;
-    for (int fails = 0; fails < SWAP_FAILS && ck_tracker_work(tr) + scans < *work;) {
+    const long cap = *work < SWAP_PASS * (long)c->n ? *work : SWAP_PASS * (long)c->n;
+    for (int fails = 0; fails < SWAP_FAILS && ck_tracker_work(tr) + scans < cap;) {
         const double before = ck_tracker_flops(tr);
         int nu = 0, nt = 0;
         do {
@@ -647,7 +650,7 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, siz
         } while (nu < SWAP_MARKS && ck_tracker_peak(tr) + frag + budget / SWAP_ROOM > budget);
         if (!nu) break;
         /* taken back: the answer's recomputations, not those just marked */
-        for (int k = 0; k < n && ck_tracker_work(tr) + scans < *work; k++) {
+        for (int k = 0; k < n && ck_tracker_work(tr) + scans < cap; k++) {
             const int v = order[k].t;
             if (!mark[v] || tried[v]) continue;
             scans++;
@@ -744,7 +747,7 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
     }
     /* exchanges from the answer, again from each one they improve; where
      * their answer does not fit once placed, again with its overshoot as a
-     * margin; SWAP_ROUNDS passes, SWAP_WORK changes per entry in all */
+     * margin; SWAP_ROUNDS passes, SWAP_WORK changes and looks per entry in all */
     long work = SWAP_WORK * (long)c->n;
     size_t margin = 0;
     for (int round = 0; b->found && round < SWAP_ROUNDS && work > 0; round++) {

@@ -478,6 +478,17 @@ static int by_turn(const void *a, const void *b)
     return x->flops < y->flops ? -1 : x->flops > y->flops;
 }
 
+/* Keeps marked tensor t on the tracked list when its live peak plus frag
+ * still fits the budget (refused unmade where the tracker's floor for it is
+ * over): 1 kept, 0 refused (the list as it was), -1 out of memory. */
+static int try_keep(ck_tracker *tr, int t, size_t frag, size_t budget)
+{
+    if (ck_tracker_unmark_floor(tr, t) + frag > budget) return 0;
+    if (ck_tracker_flip(tr, t)) return -1;
+    if (ck_tracker_peak(tr) + frag <= budget) return 1;
+    return ck_tracker_flip(tr, t) ? -1 : 0;
+}
+
 /* From a start that fits (placed, with fragmentation frag: its placed peak
  * less its live peak): prunes it, and places the result. The prunings change
  * the fragmentation: when the result does not fit, the longest run of the
@@ -504,22 +515,18 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
     }
     if (tr && ck_tracker_reset(tr, mark)) goto out;
     for (int k = 0; k < n && (tr ? ck_tracker_work(tr) < PRUNE_WORK * (long)c->n : k < PRUNE_TRIALS); k++) {
-        size_t live;
-        double flops;
-        if (tr && ck_tracker_unmark_floor(tr, order[k].t) + frag > budget) continue; /* refused unmade */
-        mark[order[k].t] = 0;
+        int kept;
         if (tr) {
-            if (ck_tracker_flip(tr, order[k].t)) goto out;
-            live = ck_tracker_peak(tr);
-        } else if (ck_evaluate(ev, mark, 0, &live, &flops)) {
-            goto out;
-        }
-        if (live + frag <= budget) {
-            order[na++] = order[k]; /* accepted, in order */
+            if ((kept = try_keep(tr, order[k].t, frag, budget)) < 0) goto out;
         } else {
-            mark[order[k].t] = 1;
-            if (tr && ck_tracker_flip(tr, order[k].t)) goto out;
+            size_t live;
+            double flops;
+            mark[order[k].t] = 0;
+            if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
+            kept = live + frag <= budget;
         }
+        mark[order[k].t] = (unsigned char)!kept;
+        if (kept) order[na++] = order[k]; /* accepted, in order */
     }
     ck_tracker_free(tr); /* not held while the placements below are made */
     tr = NULL;
@@ -654,13 +661,11 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, siz
             const int v = order[k].t;
             if (!mark[v] || tried[v]) continue;
             scans++;
-            if (ck_tracker_unmark_floor(tr, v) + frag > budget) continue;
-            if (ck_tracker_flip(tr, v)) goto out;
-            if (ck_tracker_peak(tr) + frag <= budget) {
+            const int kept = try_keep(tr, v, frag, budget);
+            if (kept < 0) goto out;
+            if (kept) {
                 mark[v] = 0;
                 taken[nt++] = v;
-            } else if (ck_tracker_flip(tr, v)) {
-                goto out;
             }
         }
         if (nt && ck_tracker_flops(tr) < before) {

@@ -108,10 +108,11 @@ ok $? "rank 0 writes the samples at steps 3 and 6, and the adapter is the job's 
 $MPIRUN -np 2 "$CKRUN" $A $T0 --steps 200 --batch 1 --save-every 3 --state-dir "$dir/kst" --out "$dir/k.safetensors" \
   --log-dir "$dir/lk" > "$dir/k.out" 2>&1 &
 job=$!
-for _ in $(seq 1 300); do [ -n "$(ls "$dir/kst" 2>/dev/null | grep '^state-')" ] && break; sleep 0.1; done
+# a state is complete once renamed from its .tmp: wait for that name, not the temporary one
+for _ in $(seq 1 300); do [ -e "$dir/kst/state-000000003.safetensors" ] && break; sleep 0.1; done
 pkill -9 -f -- "ckrun --allow-write $dir .*--state-dir $dir/kst " 2>/dev/null
 wait $job
-[ -n "$(ls "$dir/kst" | grep '^state-')" ] && [ ! -e "$dir/k.safetensors" ] ; ok $? "the job was killed after its first state ($(ls "$dir/kst" | tr '\n' ' '))"
+[ -e "$dir/kst/state-000000003.safetensors" ] && [ ! -e "$dir/k.safetensors" ] ; ok $? "the job was killed after its first state ($(ls "$dir/kst" | tr '\n' ' '))"
 rm -rf "$dir/kst2" && mkdir "$dir/kst2" && cp "$dir/kst"/state-000000003.safetensors "$dir/kst2/" 2>/dev/null
 $MPIRUN -np 2 "$CKRUN" $A $T --batch 1 --save-every 3 --state-dir "$dir/kst2" --resume --out "$dir/k.safetensors" \
   --log-dir "$dir/lk2" > "$dir/k2.out" 2>&1 ; rc=$?

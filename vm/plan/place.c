@@ -155,49 +155,62 @@ static int insert(tree *t, int v, int lo, int hi, int first, int last, unit a, u
 }
 
 /* The best fit for need units among the found sets' union: the lowest offset
- * of the smallest gap that holds it, or the union's end. The sets are merged
- * by their ranges' starts (a heap of each set's next range). */
+ * of the smallest gap that holds it, or the union's end (an exact fit ends the
+ * look at once). The sets are merged
+ * by their ranges' starts (a heap of each set's next range, its start kept
+ * beside it so that the heap's comparisons read no set). */
+typedef struct head {
+    unit lo;
+    int q;
+} head;
+
 static unit best_fit(const tree *t, unit need)
 {
-    int heap[4 * 32], hn = 0;
+    head heap[4 * 32];
+    int hn = 0;
     uint32_t pos[4 * 32];
     const span *v = t->pool.v;
     const spans *f = t->found;
-#define HEAD(q) v[f[q].at + pos[q]].lo
     for (int q = 0; q < t->nfound; q++) {
         pos[q] = 0;
+        const unit lo = v[f[q].at].lo;
         int x = hn++;
-        while (x && HEAD(heap[(x - 1) / 2]) > HEAD(q)) {
+        while (x && heap[(x - 1) / 2].lo > lo) {
             heap[x] = heap[(x - 1) / 2];
             x = (x - 1) / 2;
         }
-        heap[x] = q;
+        heap[x] = (head){lo, q};
     }
     unit at = 0, best = 0, best_gap = 0;
     int found = 0;
     while (hn) {
-        int q = heap[0];
+        const int q = heap[0].q;
         const span s = v[f[q].at + pos[q]++];
         if (s.lo >= at && s.lo - at >= need && (!found || s.lo - at < best_gap)) {
             best = at;
             best_gap = s.lo - at;
             found = 1;
+            if (best_gap == need) break; /* no gap is smaller, and later ones lie higher */
         }
         if (s.hi > at) at = s.hi;
-        if (pos[q] == f[q].n && (q = heap[--hn], hn == 0)) break;
-        const unit key = HEAD(q);
+        head h;
+        if (pos[q] < f[q].n) {
+            h = (head){v[f[q].at + pos[q]].lo, q};
+        } else {
+            if (--hn == 0) break;
+            h = heap[hn];
+        }
         int i = 0;
         for (;;) {
             int c = 2 * i + 1;
             if (c >= hn) break;
-            if (c + 1 < hn && HEAD(heap[c + 1]) < HEAD(heap[c])) c++;
-            if (HEAD(heap[c]) >= key) break;
+            if (c + 1 < hn && heap[c + 1].lo < heap[c].lo) c++;
+            if (heap[c].lo >= h.lo) break;
             heap[i] = heap[c];
             i = c;
         }
-        heap[i] = q;
+        heap[i] = h;
     }
-#undef HEAD
     return found ? best : at;
 }
 

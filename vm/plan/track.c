@@ -255,7 +255,9 @@ static int64_t value(const ck_tracker *tr, int x)
     return tr->t[x].val + pending;
 }
 
-/* adds d to the entries under x (whose keys lie in [lo, hi]) with keys in [a, b] */
+/* adds d to the entries under x (whose keys lie in [lo, hi]) with keys in [a, b];
+ * an addition pending at x stays there (the children's values are relative
+ * to it, and d is added to them alike) */
 static void add_keys_in(ck_tracker *tr, int x, uint64_t lo, uint64_t hi, uint64_t a, uint64_t b, int64_t d)
 {
     if (x == NONE || b < lo || hi < a) return;
@@ -263,14 +265,11 @@ static void add_keys_in(ck_tracker *tr, int x, uint64_t lo, uint64_t hi, uint64_
         apply(tr, x, d);
         return;
     }
-    push(tr, x);
     tnode *n = &tr->t[x];
     if (a <= n->key && n->key <= b) n->val += d;
     if (n->key > lo) add_keys_in(tr, n->l, lo, n->key - 1, a, b, d);
     if (n->key < hi) add_keys_in(tr, n->r, n->key + 1, hi, a, b, d);
-    n->mx = n->val;
-    if (n->l != NONE && tr->t[n->l].mx > n->mx) n->mx = tr->t[n->l].mx;
-    if (n->r != NONE && tr->t[n->r].mx > n->mx) n->mx = tr->t[n->r].mx;
+    pull(tr, x);
 }
 
 static void add_keys(ck_tracker *tr, int x, uint64_t a, uint64_t b, int64_t d)
@@ -815,20 +814,20 @@ int64_t ck_tracker_mark_gain(ck_tracker *tr, int t)
     return gain;
 }
 
-/* the most live bytes of the entries under x (keys in [lo, hi]) with keys in [a, b], FLOOR for none */
-static int64_t max_keys_in(ck_tracker *tr, int x, uint64_t lo, uint64_t hi, uint64_t a, uint64_t b)
+/* the most live bytes of the entries under x (keys in [lo, hi]) with keys in
+ * [a, b], FLOOR for none; pending: the additions above x not yet in it */
+static int64_t max_keys_in(const ck_tracker *tr, int x, uint64_t lo, uint64_t hi, uint64_t a, uint64_t b, int64_t pending)
 {
     if (x == NONE || b < lo || hi < a) return FLOOR;
-    if (a <= lo && hi <= b) return tr->t[x].mx;
-    push(tr, x);
     const tnode *n = &tr->t[x];
-    int64_t m = a <= n->key && n->key <= b ? n->val : FLOOR;
+    if (a <= lo && hi <= b) return n->mx + pending;
+    int64_t m = a <= n->key && n->key <= b ? n->val + pending : FLOOR;
     if (n->key > lo) {
-        const int64_t l = max_keys_in(tr, n->l, lo, n->key - 1, a, b);
+        const int64_t l = max_keys_in(tr, n->l, lo, n->key - 1, a, b, pending + n->lazy);
         if (l > m) m = l;
     }
     if (n->key < hi) {
-        const int64_t r = max_keys_in(tr, n->r, n->key + 1, hi, a, b);
+        const int64_t r = max_keys_in(tr, n->r, n->key + 1, hi, a, b, pending + n->lazy);
         if (r > m) m = r;
     }
     return m;
@@ -880,7 +879,7 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
     if (hi <= lo + 1) return 0; /* W is empty */
     const uint64_t kq = key_of(tr, q);
     const int at_q = lo < kq && kq < hi;
-    const int64_t most = at_q ? tr->t[tr->root].mx : max_keys_in(tr, tr->root, 0, UINT64_MAX, lo + 1, hi - 1);
+    const int64_t most = at_q ? tr->t[tr->root].mx : max_keys_in(tr, tr->root, 0, UINT64_MAX, lo + 1, hi - 1, 0);
     if (most == FLOOR) return 0;
     const uint64_t from = at_q ? kq : hi - 1; /* touched from here on: live wherever it was in W up to here */
     int64_t freed = 0;

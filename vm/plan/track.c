@@ -245,6 +245,35 @@ static int merge(ck_tracker *tr, int a, int b)
 
 static uint64_t key_of(const ck_tracker *tr, int x) { return tr->t[x].key; }
 
+/* puts entry x (its value whole, no addition pending) into the subtree y: down
+ * to where its priority places it, the subtree there split around it */
+static int insert_at(ck_tracker *tr, int y, int x)
+{
+    if (y == NONE) return x;
+    if (prio(x) > prio(y)) {
+        split(tr, y, tr->t[x].key, &tr->t[x].l, &tr->t[x].r);
+        pull(tr, x);
+        return x;
+    }
+    push(tr, y);
+    if (tr->t[x].key < tr->t[y].key) tr->t[y].l = insert_at(tr, tr->t[y].l, x);
+    else tr->t[y].r = insert_at(tr, tr->t[y].r, x);
+    pull(tr, y);
+    return y;
+}
+
+/* takes the entry with key out of the subtree y (it is there): its children merged in its place */
+static int erase_at(ck_tracker *tr, int y, uint64_t key)
+{
+    push(tr, y);
+    tnode *n = &tr->t[y];
+    if (key == n->key) return merge(tr, n->l, n->r);
+    if (key < n->key) n->l = erase_at(tr, n->l, key);
+    else n->r = erase_at(tr, n->r, key);
+    pull(tr, y);
+    return y;
+}
+
 /* x's live bytes: its own and the additions pending above it, on the way
  * down to it by its key */
 static int64_t value(const ck_tracker *tr, int x)
@@ -506,9 +535,7 @@ static int insert_entry(ck_tracker *tr, int f, int at)
     n->val = n->mx = value(tr, left) - (int64_t)tr->e->ws[node_of_entry(tr, left)] - tr->ends[left] +
                      (int64_t)tr->e->ws[v];
     tr->ends[x] = 0;
-    int l, r;
-    split(tr, tr->root, n->key, &l, &r);
-    tr->root = merge(tr, merge(tr, l, x), r);
+    tr->root = insert_at(tr, tr->root, x);
     tr->prev[x] = left;
     tr->next[x] = at;
     tr->next[left] = x;
@@ -535,10 +562,7 @@ static void erase_entry(ck_tracker *tr, int f)
     for (int q = 0; q < nd->nout; q++)
         if (nd->out[q] >= 0) touch_del(tr, tr->nt + tr->cbase[f] + q, x);
     flush(tr); /* no applied range may end at x once it is gone */
-    int l, m, r;
-    split(tr, tr->root, key_of(tr, x), &l, &m);
-    split(tr, m, key_of(tr, x) + 1, &m, &r);
-    tr->root = merge(tr, l, r);
+    tr->root = erase_at(tr, tr->root, key_of(tr, x));
     tr->next[tr->prev[x]] = tr->next[x];
     tr->prev[tr->next[x]] = tr->prev[x];
     if (PARENT(tr, x) != NONE) CHILD(tr, PARENT(tr, x))[PSLOT(tr, x)] = NONE;

@@ -168,8 +168,37 @@ static int64_t sweep(ck_evaluator *e)
 
 /* the arena's high-water mark above the persistent region, as ck_plan_memory
  * places the same list (the same buffers, ids and order) */
+static void digest_add(uint64_t d[2], int64_t size, int first, int last, int id)
+{
+    const uint64_t v[4] = {(uint64_t)size, (uint64_t)(uint32_t)first, (uint64_t)(uint32_t)last, (uint64_t)(uint32_t)id};
+    for (int i = 0; i < 4; i++) {
+        d[0] = (d[0] ^ v[i]) * 0x100000001b3ull;
+        d[1] = (d[1] + v[i] + (d[1] << 7)) * 0x9e3779b97f4a7c15ull;
+        d[1] ^= d[1] >> 31;
+    }
+}
+
+/* the digest of the buffers place() would lay out (size, range and id), in its order */
+static void digest_of(const ck_evaluator *e, uint64_t d[2])
+{
+    d[0] = 0xcbf29ce484222325ull ^ (uint64_t)e->pos;
+    d[1] = 0x243f6a8885a308d3ull;
+    for (int id = 0; id < e->ids; id++)
+        if (e->first[id] >= 0 && !is_persistent(e, id)) digest_add(d, bytes_of(e, id), e->first[id], e->last[id], id);
+    for (int i = 0; i < e->pos; i++)
+        if (e->ws[e->at[i]]) digest_add(d, (int64_t)e->ws[e->at[i]], i, i, -1);
+}
+
 static int64_t place(ck_evaluator *e)
 {
+    /* buffers the same as the last placement's (decisions that differ only
+     * where the list does not) place the same: not placed again */
+    uint64_t d[2];
+    digest_of(e, d);
+    if (e->known && d[0] == e->digest[0] && d[1] == e->digest[1]) {
+        for (int t = 0; t < e->nt; t++) e->placed_mark[t] = (unsigned char)marked(e, t);
+        return e->top;
+    }
     if (!e->bufs && !(e->bufs = ck_big_alloc(sizeof *e->bufs * ((size_t)e->cap + (size_t)e->maxpos)))) return -1;
     int nb = 0;
     for (int id = 0; id < e->ids; id++) {
@@ -179,7 +208,9 @@ static int64_t place(ck_evaluator *e)
     for (int i = 0; i < e->pos; i++)
         if (e->ws[e->at[i]]) e->bufs[nb++] = (ck_place_buf){(int64_t)e->ws[e->at[i]], 0, i, i, -1, 0};
     e->top = ck_place(e->bufs, nb, e->pos + 1, ALIGN);
-    e->placed = e->top >= 0;
+    e->placed = e->known = e->top >= 0;
+    e->digest[0] = d[0];
+    e->digest[1] = d[1];
     e->nplaced = nb;
     for (int t = 0; t < e->nt; t++) e->placed_mark[t] = (unsigned char)marked(e, t);
     return e->top;

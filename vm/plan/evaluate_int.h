@@ -33,9 +33,12 @@ struct ck_evaluator {
     int *at;            /* per position: the node its entry runs */
     ck_frame *stack;    /* recomputations in progress, one per forward node at most */
     ck_place_buf *bufs;
-    /* the last exact evaluation's placement (in bufs) and its decision */
-    int placed, nplaced;
+    /* the last exact evaluation's placement (in bufs) and its decision; its
+     * buffers' digest (two hashes of their sizes, ranges and ids) and high-water,
+     * kept when bufs are forgotten (known) */
+    int placed, known, nplaced;
     int64_t top;
+    uint64_t digest[2];
     unsigned char *placed_mark;
     /* the turn to backward: the buffers made by forward entries that a later
      * one may read (turn_root), each with the graph tensors aliasing it that

@@ -349,7 +349,6 @@ static int exact(const osearch *s, const unsigned char *mark, size_t *peak, doub
     free(R);
     return rc;
 }
-static int exact_peak(const osearch *s, const unsigned char *mark, size_t *peak) { return exact(s, mark, peak, NULL); }
 
 /* diffusers' blocks in every family (as vm/plan/policy.c's): a UNet's, a Flux transformer's */
 static const char *const diffusers_blocks[] = {
@@ -600,6 +599,7 @@ int ck_offload_decide(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, u
     /* the starts under an assumed fragmentation, the fastest placed; when
      * none fits placed, the fragmentation they showed is assumed, and again */
     size_t best_peak = 0;
+    double w_time = 0;
     int found = -1;
     for (int round = 0; round < 3 && found < 0; round++) {
         for (int k = 0; k < s.npool; k++) free(s.pool[k].mark);
@@ -607,11 +607,13 @@ int ck_offload_decide(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, u
         if (starts(&s, answer, have, mark, order)) goto oom;
         for (int k = 0; k < s.npool && found < 0; k++) {
             size_t peak;
-            if (exact_peak(&s, s.pool[k].mark, &peak)) goto oom;
+            double time; /* the placed list's, for the pick (what the fixed choices must beat) */
+            if (exact(&s, s.pool[k].mark, &peak, &time)) goto oom;
             if (!floor_o || peak < floor_o) floor_o = peak;
             if (peak <= budget) {
                 found = k;
                 best_peak = peak;
+                w_time = time;
             } else if (peak - s.pool[k].live > s.frag) {
                 s.frag = peak - s.pool[k].live;
             }
@@ -622,8 +624,6 @@ int ck_offload_decide(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, u
      * search's pick (or the search found nothing that fits placed) */
     cand fx = {NULL, 0, 0, NULL};
     size_t fx_peak = 0, least = 0;
-    double w_time = 0;
-    if (found >= 0 && exact(&s, s.pool[found].mark, &best_peak, &w_time)) goto oom;
     if (fixed_choices(&s, answer, have, mark, order, found >= 0 ? w_time : 0, &fx, &fx_peak, &least)) {
         free(fx.mark);
         goto oom;

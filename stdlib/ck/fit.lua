@@ -56,10 +56,11 @@ end
 -- its decision is none where none's plan fits that budget, else the budget
 -- search's, and it places none to say what none needs. The run's other lists
 -- (logging, sampling) may need bytes above the training list: a plan over the
--- limit is tightened (its peak less the excess), and one whose other lists need less than
--- was left for them is loosened by the difference. Returns {checkpoint =,
--- needs = device bytes, none = none's device bytes, budget =, recompute_pct =,
--- program = the chosen trial's build result when keep}, or nil and {needs =
+-- limit is tightened (its peak less the excess), and one whose other lists
+-- need less than was left for them is loosened by the difference. Returns
+-- {checkpoint =, needs = device bytes, none = none's device bytes, budget =,
+-- recompute_pct =, program = the chosen trial's build result when keep}, or
+-- nil and {needs =
 -- what the smallest plan needs, none =}. A trial's program is dropped before
 -- the next is built: full SDXL's are large.
 function M.cheapest(build, batch, limit, device, keep)

@@ -183,7 +183,8 @@ static inline uint64_t ck_emu_hash(uint64_t h, const void *p, size_t n)
 }
 
 template <int M, int N, int K, typename TA, typename LA, typename LB, typename TC>
-__attribute__((no_sanitize("address", "undefined"))) static inline void mma_sync(fragment<accumulator, M, N, K, TC, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
+__attribute__((no_sanitize("address", "undefined")))
+static inline void mma_sync(fragment<accumulator, M, N, K, TC, void> &d, const fragment<matrix_a, M, N, K, TA, LA> &a,
                             const fragment<matrix_b, M, N, K, TA, LB> &b,
                             const fragment<accumulator, M, N, K, TC, void> &c)
 {

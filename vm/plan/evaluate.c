@@ -166,8 +166,6 @@ static int64_t sweep(ck_evaluator *e)
     return best;
 }
 
-/* the arena's high-water mark above the persistent region, as ck_plan_memory
- * places the same list (the same buffers, ids and order) */
 static void digest_add(uint64_t d[2], int64_t size, int first, int last, int id)
 {
     const uint64_t v[4] = {(uint64_t)size, (uint64_t)(uint32_t)first, (uint64_t)(uint32_t)last, (uint64_t)(uint32_t)id};
@@ -189,6 +187,8 @@ static void digest_of(const ck_evaluator *e, uint64_t d[2])
         if (e->ws[e->at[i]]) digest_add(d, (int64_t)e->ws[e->at[i]], i, i, -1);
 }
 
+/* the arena's high-water mark above the persistent region, as ck_plan_memory
+ * places the same list (the same buffers, ids and order) */
 static int64_t place(ck_evaluator *e)
 {
     /* buffers the same as the last placement's (decisions that differ only

@@ -324,7 +324,7 @@ out:
 }
 
 /* the exact peak of decision mark (its list scheduled, its transfers placed)
- * and, when time is given, the list's predicted step (ck_plan_step_time) */
+ * and the list's predicted step (ck_plan_step_time) */
 static int exact(const osearch *s, const unsigned char *mark, size_t *peak, double *time)
 {
     const ck_decide_ctx *c = s->c;
@@ -336,12 +336,10 @@ static int exact(const osearch *s, const unsigned char *mark, size_t *peak, doub
     if (ck_schedule(&pl, c->g, c->nodes, c->n, R) == 0) {
         if (ck_offload_schedule(&pl, c->g, mark, c->retain, s->d) >= 0 &&
             ck_plan_memory(&pl, c->g, c->poff, c->persistent, c->retain, c->be) == 0) {
+            ck_step_time st;
+            ck_plan_step_time(&pl, c->g, s->dev, &st);
             *peak = pl.peak;
-            if (time) {
-                ck_step_time st;
-                ck_plan_step_time(&pl, c->g, s->dev, &st);
-                *time = st.step;
-            }
+            *time = st.step;
             rc = 0;
         }
         ck_plan_free(&pl);

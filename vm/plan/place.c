@@ -156,9 +156,9 @@ static int insert(tree *t, int v, int lo, int hi, int first, int last, unit a, u
 
 /* The best fit for need units among the found sets' union: the lowest offset
  * of the smallest gap that holds it, or the union's end (an exact fit ends the
- * look at once). The sets are merged
- * by their ranges' starts (a heap of each set's next range, its start kept
- * beside it so that the heap's comparisons read no set). */
+ * look at once). The sets are merged by their ranges' starts (a heap of each
+ * set's next range, its start kept beside it so that the heap's comparisons
+ * read no set). */
 typedef struct head {
     unit lo;
     int q;

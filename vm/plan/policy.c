@@ -611,9 +611,8 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
  * after SWAP_FAILS exchanges in a row that did not pay, when no candidate is
  * left to try, or once its changes and the candidates it looked at have
  * spent *work or SWAP_PASS per entry of the list (what is left of *work
- * stays in it). The peak it aims under is the
- * budget less the answer's fragmentation and margin. What it ends with is
- * placed, and becomes the answer when it fits with fewer FLOPs; *over is
+ * stays in it). The peak it aims under is the budget less the answer's
+ * fragmentation and margin. What it ends with is placed, and becomes the answer when it fits with fewer FLOPs; *over is
  * what its peak then passed the budget by (0: it fits, or nothing changed).
  * -1 out of memory. */
 #define SWAP_FAILS 16

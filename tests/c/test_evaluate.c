@@ -159,7 +159,10 @@ int main(void)
     check(name, track_ok && tracked >= 5000, tracked);
     snprintf(name, sizeof name, "%d one-tensor changes on %d graphs: unmarking's floor is never above the peak it "
              "makes (%d floors above the peak before)", tracked, graphs, floors);
-    check(name, floor_ok && floors >= 50, floors);
+    /* floors above the peak before are the changes the search refuses
+     * unmade: 275 of these, 243 where the floor counts the buffers read by
+     * A's entries that go back in as freed */
+    check(name, floor_ok && floors >= 260, floors);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the turn's bytes are a lower bound of the live peak (%d above "
              "the persistent bytes)", trials, graphs, turn_some);
     check(name, turn_ok && turn_some > trials / 2, trials);

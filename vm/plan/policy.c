@@ -612,9 +612,23 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
  * left to try, or once its changes and the candidates it looked at have
  * spent *work or SWAP_PASS per entry of the list (what is left of *work
  * stays in it). The peak it aims under is the budget less the answer's
- * fragmentation and margin. What it ends with is placed, and becomes the answer when it fits with fewer FLOPs; *over is
- * what its peak then passed the budget by (0: it fits, or nothing changed).
- * -1 out of memory. */
+ * fragmentation and margin. What it ends with is placed, and becomes the
+ * answer when it fits with fewer FLOPs; when it does not fit, the longest
+ * run of its exchanges that fits is searched for by placements, as descend()
+ * does with its prunings. *over is what the whole pass's peak passed the
+ * budget by (0: it fits, or nothing changed). -1 out of memory. */
+/* *a holds at least n ints (grown by doubling); -1 out of memory */
+static int grow(int **a, int *cap, int n)
+{
+    if (n <= *cap) return 0;
+    const int want = 2 * n + 16;
+    int *p = realloc(*a, sizeof *p * (size_t)want);
+    if (!p) return -1;
+    *a = p;
+    *cap = want;
+    return 0;
+}
+
 #define SWAP_FAILS 16
 #define SWAP_MARKS 16
 #define SWAP_ROOM 50
@@ -630,6 +644,10 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, siz
     unsigned char *tried = calloc((size_t)g->nt, 1);
     int marked_now[SWAP_MARKS];
     int rc = -1, n = 0, changed = 0;
+    /* the exchanges kept, in order: the tensors each flipped (flips[ends[k - 1]
+     * .. ends[k] - 1] for exchange k) */
+    int *flips = NULL, *ends = NULL, nflips = 0, nkept = 0, cflips = 0, cends = 0;
+    unsigned char *from = NULL; /* the answer the pass started from, when its runs are searched */
     *over = 0;
     if (!taken || !tried) goto out;
     rc = 0;
@@ -668,6 +686,11 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, siz
             }
         }
         if (nt && ck_tracker_flops(tr) < before) {
+            if (grow(&flips, &cflips, nflips + nu + nt) || grow(&ends, &cends, nkept + 1)) goto out;
+            memcpy(flips + nflips, marked_now, sizeof *flips * (size_t)nu);
+            memcpy(flips + nflips + nu, taken, sizeof *flips * (size_t)nt);
+            nflips += nu + nt;
+            ends[nkept++] = nflips;
             changed = 1;
             fails = 0;
             continue;
@@ -686,12 +709,30 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, siz
     ck_tracker_free(tr); /* not held while the result is placed */
     tr = NULL;
     size_t peak = 0;
-    rc = changed && consider_peak(c, ev, mark, budget, b, &peak) < 0 ? -1 : 0;
+    const int fit = changed ? consider_peak(c, ev, mark, budget, b, &peak) : 1;
+    if (fit < 0) goto out;
     *over = peak > budget ? peak - budget : 0;
+    /* the longest run of the exchanges that fits: a run of lo fits (none: the
+     * answer it started from), of hi not */
+    if (!fit && nkept > 1 && !(from = malloc((size_t)g->nt))) goto out;
+    if (from) memcpy(from, b->mark, (size_t)g->nt); /* b->mark changes once a run fits */
+    for (int lo = 0, hi = nkept; !fit && lo < hi - 1;) {
+        const int mid = lo + (hi - lo) / 2;
+        memcpy(mark, from, (size_t)g->nt);
+        for (int k = 0; k < ends[mid - 1]; k++) mark[flips[k]] ^= 1;
+        const int f = consider(c, ev, mark, budget, b);
+        if (f < 0) goto out;
+        if (f) lo = mid;
+        else hi = mid;
+    }
+    rc = 0;
 out:
+    free(from);
     ck_tracker_free(tr);
     free(taken);
     free(tried);
+    free(flips);
+    free(ends);
     return rc;
 }
 

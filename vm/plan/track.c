@@ -146,6 +146,7 @@ struct ck_tracker {
     /* scratch */
     int *stamp, gen;           /* per forward index */
     int *list;                 /* forward indices of A */
+    int *back;                 /* per forward index: gen when A's entry goes back in (the floor's) */
     int *ids;                  /* a range's aliases being read */
     event *ev;
     int nev, cev;
@@ -594,6 +595,23 @@ static int insertion_point(const ck_tracker *tr, int x, int slot)
     }
 }
 
+/* insertion_point with A's entries (stamped gen) taken out, as
+ * ck_tracker_flip finds it once it has taken them out */
+static int insertion_point_outside(const ck_tracker *tr, int x, int slot, int gen)
+{
+#define KEPT_CHILD(y, j) (CHILD(tr, y)[j] != NONE && tr->stamp[CHILD(tr, y)[j] - tr->nf - tr->nb] != gen ? CHILD(tr, y)[j] : NONE)
+    int c = NONE;
+    for (int j = slot; j < CK_MAX_IN && c == NONE; j++) c = KEPT_CHILD(x, j);
+    if (c == NONE) return x;
+    for (;;) {
+        int d = NONE;
+        for (int j = 0; j < CK_MAX_IN && d == NONE; j++) d = KEPT_CHILD(c, j);
+        if (d == NONE) return c;
+        c = d;
+    }
+#undef KEPT_CHILD
+}
+
 /* the entry of reader node v that can need a recomputation: its later
  * entry, or its recompute entry when in the list and not moving (stamp gen) */
 static int anchor_of(const ck_tracker *tr, int v, int gen)
@@ -864,7 +882,9 @@ static int64_t max_keys_in(const ck_tracker *tr, int x, uint64_t lo, uint64_t hi
  * change is at least the most W holds now, plus t's bytes, less those
  * buffers that are live in W and that nothing outside A touches past W; when
  * the live peak's entry q is in W, the peak now plus t's bytes, less those
- * live at q that nothing outside A touches from q on (or t's copy, live at q). */
+ * live at q that nothing outside A touches from q on (or t's copy, live at q).
+ * A's entries that go back in later (their marked outputs still read outside
+ * A) touch what they read past W: those buffers are not freed. */
 size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
 {
     const ck_graph *g = tr->g;
@@ -908,6 +928,54 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
     const uint64_t from = at_q ? kq : hi - 1; /* touched from here on: live wherever it was in W up to here */
     int64_t freed = 0;
     int *seen = tr->ids, ns = 0; /* the stack above is done with; is_dirty (clear between flips) marks them */
+    /* A's entries that go back in (ck_tracker_flip's events: a marked output
+     * read outside A; and what they recompute through A) go before the first
+     * such reader's insertion point or later: when that is past from, the
+     * buffers they read are touched past from and stay (those A makes are
+     * not live in W or at q either way: A lies past them) */
+    int *backs = tr->list + tr->nf, nback = 0; /* A takes at most nf of list */
+    uint64_t first_back = UINT64_MAX;
+    for (int i = 0; i < na; i++) {
+        const int f = tr->list[i] - tr->nf - tr->nb;
+        const ck_pnode *nd = &tr->e->nodes[tr->fwd[f]];
+        int needed = 0;
+        for (int o = 0; o < nd->nout; o++) {
+            const int u = nd->out[o];
+            if (u < 0 || u == t || !tr->mark[u]) continue;
+            for (int k = tr->rstart[u]; k < tr->rstart[u + 1]; k++) {
+                const int y = anchor_of(tr, READER_NODE(tr->readers[k]), gen);
+                if (y == NONE) continue;
+                const uint64_t at = key_of(tr, insertion_point_outside(tr, y, READER_SLOT(tr->readers[k]), gen));
+                if (at < first_back) first_back = at;
+                needed = 1;
+            }
+        }
+        if (needed) {
+            tr->back[f] = gen;
+            backs[nback++] = f;
+        }
+    }
+    for (int i = 0; i < nback; i++) {
+        const ck_pnode *nd = &tr->e->nodes[tr->fwd[backs[i]]];
+        for (int j = 0; j < nd->nin; j++) {
+            const int u = nd->in[j];
+            if (u >= tr->nt || u == t || !tr->mark[u]) continue;
+            const int q = tr->fi[g->t[u].node];
+            if (q == NONE || tr->stamp[q] != gen || tr->back[q] == gen) continue;
+            tr->back[q] = gen;
+            backs[nback++] = q;
+        }
+    }
+    if (first_back > from)
+        for (int i = 0; i < nback; i++) {
+            const int x = tr->nf + tr->nb + backs[i];
+            for (int j = 0; j < tr->e->nodes[tr->fwd[backs[i]]].nin; j++) {
+                const int r = root_of(tr, RIN(tr, x)[j]);
+                if (tr->is_dirty[r]) continue;
+                tr->is_dirty[r] = 1; /* stays: not freed */
+                seen[ns++] = r;
+            }
+        }
     const int copy = copy_id(tr, t);
     for (int i = -1; i < na; i++) {
         int ids[CK_MAX_IN + CK_MAX_OUT], n = 0;
@@ -1150,6 +1218,7 @@ void ck_tracker_free(ck_tracker *tr)
     ck_big_free(tr->changes);
     ck_big_free(tr->stamp);
     ck_big_free(tr->list);
+    ck_big_free(tr->back);
     ck_big_free(tr->ids);
     ck_big_free(tr->ev);
     ck_big_free(tr->stack);
@@ -1236,10 +1305,11 @@ ck_tracker *ck_tracker_new(ck_evaluator *e)
     tr->changes = ck_big_alloc(nids);
     tr->stamp = ck_big_zalloc(((size_t)(tr->nf ? tr->nf : 1)) * (sizeof(int)));
     tr->list = ck_big_alloc(sizeof(int) * (nent > nids ? nent : nids));
+    tr->back = ck_big_zalloc(sizeof(int) * (size_t)(tr->nf ? tr->nf : 1));
     tr->ids = ck_big_alloc(sizeof(int) * nids);
     tr->stack = ck_big_alloc(sizeof *tr->stack * (size_t)(tr->nf ? tr->nf : 1));
     if (!tr->mark || !tr->t || !tr->prev || !tr->next || !tr->ends || !tr->child || !tr->parent || !tr->pslot || !tr->rin || !tr->in_r ||
-        !tr->alias || !tr->kids.head || !tr->touch.head || !tr->rf || !tr->rl || !tr->stamp || !tr->list ||
+        !tr->alias || !tr->kids.head || !tr->touch.head || !tr->rf || !tr->rl || !tr->stamp || !tr->list || !tr->back ||
         !tr->stack || !tr->ids || !tr->dirty || !tr->is_dirty || !tr->changes)
         goto oom;
     /* the ids whose range a flip can change */

@@ -351,3 +351,41 @@ int ck_offload_schedule(ck_plan *pl, const ck_graph *g, const unsigned char *mar
     const int w = stream_weights(pl, g, mark, prefetch);
     return w < 0 ? -1 : a + w;
 }
+
+size_t ck_offload_stream_copies_most(const ck_plan *pl, const ck_graph *g)
+{
+    if (!pl->loc || !pl->stream_bytes) return 0;
+    int *first = malloc(sizeof(int) * (size_t)(pl->ntensors ? pl->ntensors : 1));
+    int *last = malloc(sizeof(int) * (size_t)(pl->ntensors ? pl->ntensors : 1));
+    int64_t *delta = calloc((size_t)pl->n + 1, sizeof *delta);
+    size_t most = (size_t)-1;
+    if (!first || !last || !delta) goto out;
+    for (int id = 0; id < pl->ntensors; id++) first[id] = last[id] = -1;
+    for (int i = 0; i < pl->n; i++) {
+        const ck_op_ref *r = &pl->ops[i];
+        int ids[CK_MAX_IN + CK_MAX_OUT], k = 0;
+        for (int j = 0; j < r->nin; j++) ids[k++] = r->in[j];
+        for (int j = 0; j < r->nout; j++) ids[k++] = r->out[j];
+        for (int j = 0; j < k; j++) {
+            const int id = ids[j];
+            if (id < 0 || pl->loc[id] != CK_LOC_BACK || g->t[pl->origin[id]].kind != CK_KIND_FROZEN) continue;
+            if (first[id] < 0) first[id] = i;
+            last[id] = i;
+        }
+    }
+    for (int id = 0; id < pl->ntensors; id++) {
+        if (first[id] < 0) continue;
+        const int64_t b = (int64_t)ck_tensor_bytes(&g->t[pl->origin[id]]);
+        delta[first[id]] += b;
+        delta[last[id] + 1] -= b;
+    }
+    int64_t live = 0, m = 0;
+    for (int i = 0; i < pl->n; i++) {
+        live += delta[i];
+        if (live > m) m = live;
+    }
+    most = (size_t)m;
+out:
+    free(first), free(last), free(delta);
+    return most;
+}

@@ -31,6 +31,11 @@
  * (pl unchanged where the failing part began). */
 int ck_offload_schedule(ck_plan *pl, const ck_graph *g, const unsigned char *mark, const int *retain, int prefetch);
 
+/* The most bytes of streamed frozen weights' device copies live at once in
+ * list pl (ck_offload_schedule's), from each copy's transfer in to its last
+ * reader: 0 without streamed weights, (size_t)-1 out of memory. */
+size_t ck_offload_stream_copies_most(const ck_plan *pl, const ck_graph *g);
+
 /* ---- the cost model (vm/plan/cost.c) */
 
 /* A device's throughput: FLOP/s for products and convolutions (tensor cores

@@ -1045,7 +1045,9 @@ int ck_optimal_decide(const ck_decide_ctx *c, double bytes, double fraction, dou
         snprintf(err, errlen, "out of memory");
         goto out;
     }
-    const size_t budget = (size_t)(fraction > 0 ? fraction * (double)none : bytes);
+    const double room = fraction > 0 ? fraction * (double)none : bytes;
+    if (c->report) c->report->budget = (size_t)room;
+    const size_t budget = (double)c->cut < room ? (size_t)(room - (double)c->cut) : 0; /* ck_decide_ctx's cut */
     ck_optimal_result r;
     const double limit = seconds > 0 ? seconds : CK_OPTIMAL_SECONDS;
     const int found = ck_optimal_solve(c, ev, budget, limit, mark, &r, err, errlen);

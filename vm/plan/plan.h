@@ -108,6 +108,11 @@ typedef struct ck_decide_ctx {
     size_t whylen;
     /* what a budget or auto decision says beside its marks (NULL: not wanted) */
     struct ck_decide_report *report;
+    /* bytes a budget's or auto's room is cut by: what the list the decision
+     * sees lacks at the planned list's peak (the streamed frozen weights'
+     * device copies: vm/run/program.c decides again with them cut when the
+     * plan passes the budget) */
+    size_t cut;
 } ck_decide_ctx;
 
 /* The figures a decision under a budget found, for a caller that weighs
@@ -119,6 +124,7 @@ typedef struct ck_decide_ctx {
 typedef struct ck_decide_report {
     size_t none_peak;
     size_t floor, floor_without, floor_offload;
+    size_t budget; /* the budget or room the decision aimed under, before the cut; 0: none (a fixed policy) */
 } ck_decide_report;
 
 /* A checkpoint decision: per graph tensor, 1 when backward recomputes it instead

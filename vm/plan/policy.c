@@ -912,12 +912,12 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
         /* offload allowed: the joint search of vm/plan/offsearch.c */
         int (*decide)(const ck_decide_ctx *, ck_evaluator *, size_t, unsigned char *, const char *, char *, size_t) =
             c->offload ? ck_offload_decide : decide_budget;
-        if (pol->kind == CK_POLICY_BUDGET) {
-            const double budget = pol->budget_fraction > 0 ? pol->budget_fraction * (double)none : pol->budget;
-            rc = decide(c, ev, (size_t)budget, recompute, "budget", err, errlen);
-        } else if ((double)none > fit) {
-            rc = decide(c, ev, (size_t)fit, recompute, "auto", err, errlen);
-        }
+        const double room = pol->kind == CK_POLICY_AUTO ? fit
+                            : pol->budget_fraction > 0 ? pol->budget_fraction * (double)none : pol->budget;
+        if (c->report) c->report->budget = (size_t)room;
+        const size_t aim = (double)c->cut < room ? (size_t)(room - (double)c->cut) : 0;
+        if (pol->kind == CK_POLICY_BUDGET || none > aim)
+            rc = decide(c, ev, aim, recompute, pol->kind == CK_POLICY_BUDGET ? "budget" : "auto", err, errlen);
         ck_evaluator_free(own);
         return rc;
     }

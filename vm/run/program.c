@@ -675,6 +675,9 @@ static void mark_streamed(const ck_program *p, unsigned char *mark)
         if (is_streamed(p, t)) mark[t] = CK_OFFLOAD;
 }
 
+/* decisions tried at most where streamed weights' device copies take a plan over its budget */
+#define STREAM_TRIES 5
+
 static double thread_seconds(void)
 {
     struct timespec ts;
@@ -918,7 +921,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         ck_decide_report report = {0};
         ck_decide_ctx dc = {g, list, n, NULL, 0, p->poff, p->persistent, p->retain, be, NULL,
                             o->offload == CK_OFFLOAD_AUTO, prefetch, o->speed ? o->speed : ck_backend_speed(be),
-                            p->offload_why, sizeof p->offload_why, o->report ? o->report : &report};
+                            p->offload_why, sizeof p->offload_why, o->report ? o->report : &report, 0};
         if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
         if (o->decide || o->offload == CK_OFFLOAD_ACTIVATIONS || p->streamed) {
             recompute = calloc((size_t)g->nt, 1);
@@ -927,47 +930,108 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             dc.cand = cand;
             dc.ncand = ck_saved_activations(g, cand);
         }
-        if (o->decide) {
+        /* the streamed frozen weights' device copies are not in the list a
+         * decision sees: where the plan with them passes the budget the
+         * decision aimed under, it decides again with that budget cut (by
+         * the excess, and by at least the most the copies hold at once once
+         * that missed too), then between the largest cut that missed and the
+         * smallest that fit; the plan is the last that fit */
+        int have = 0;               /* p->train holds a plan that fits */
+        size_t missed = 0, fit = 0; /* cuts: the largest that missed, the smallest that fit (have) */
+        size_t aim = 0, over = 0;   /* the budget aimed under; the last plan's peak that passed it */
+        for (int tries = 1;; tries++) {
+            if (o->decide) {
+                const double t0 = thread_seconds();
+                dc.report->budget = 0;
+                if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) {
+                    if (have) { /* a larger cut fit: its plan */
+                        ck_evaluator_free(ev);
+                        ev = dc.ev = NULL;
+                        break;
+                    }
+                    if (dc.cut) {
+                        const size_t at = strlen(err);
+                        snprintf(err + at, errlen - at, " (the budget less %.1f MiB for the streamed weights' device "
+                                 "copies)", dc.cut / 1048576.0);
+                    }
+                    goto fail;
+                }
+                p->decide_seconds += thread_seconds() - t0;
+                p->none_peak = dc.report->none_peak;
+            }
+            /* offload activations: what the policy keeps goes to host memory
+             * between its uses (what no later entry reads stays: ck_offload_schedule) */
+            for (int k = 0; o->offload == CK_OFFLOAD_ACTIVATIONS && k < dc.ncand; k++)
+                if (!recompute[cand[k]]) recompute[cand[k]] = CK_OFFLOAD;
+            if (p->streamed) mark_streamed(p, recompute);
+            int extra = 0, offloads = 0;
+            for (int t = 0; recompute && t < g->nt; t++) {
+                extra += recompute[t] != 0;
+                offloads += recompute[t] == CK_OFFLOAD;
+            }
+            if (take_own(p, plan_estimate(n, g->nt, (offloads ? 4 : 2) * extra), "the training step's op list and plan",
+                         err, errlen))
+                goto fail;
+            ck_plan tried = {0};
             const double t0 = thread_seconds();
-            if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) goto fail;
-            p->decide_seconds = thread_seconds() - t0;
-            p->none_peak = dc.report->none_peak;
-        }
-        /* offload activations: what the policy keeps goes to host memory
-         * between its uses (what no later entry reads stays: ck_offload_schedule) */
-        for (int k = 0; o->offload == CK_OFFLOAD_ACTIVATIONS && k < dc.ncand; k++)
-            if (!recompute[cand[k]]) recompute[cand[k]] = CK_OFFLOAD;
-        if (p->streamed) mark_streamed(p, recompute);
-        int extra = 0, offloads = 0;
-        for (int t = 0; recompute && t < g->nt; t++) {
-            extra += recompute[t] != 0;
-            offloads += recompute[t] == CK_OFFLOAD;
-        }
-        if (take_own(p, plan_estimate(n, g->nt, (offloads ? 4 : 2) * extra), "the training step's op list and plan",
-                     err, errlen))
-            goto fail;
-        const double t0 = thread_seconds();
-        if (offloads) {
-            /* the list as the recompute marks make it, then the transfers; placed in full */
-            unsigned char *rmask = malloc((size_t)g->nt);
-            if (!rmask) goto oom;
-            for (int t = 0; t < g->nt; t++) rmask[t] = recompute[t] == 1;
+            if (offloads) {
+                /* the list as the recompute marks make it, then the transfers; placed in full */
+                unsigned char *rmask = malloc((size_t)g->nt);
+                if (!rmask) goto oom;
+                for (int t = 0; t < g->nt; t++) rmask[t] = recompute[t] == 1;
+                ck_evaluator_free(ev);
+                ev = dc.ev = NULL;
+                const int bad = ck_schedule(&tried, g, list, n, rmask) ||
+                                ck_offload_schedule(&tried, g, recompute, p->retain, prefetch) < 0 ||
+                                ck_plan_memory(&tried, g, p->poff, p->persistent, p->retain, be);
+                free(rmask);
+                if (bad) {
+                    ck_plan_free(&tried);
+                    goto oom;
+                }
+            } else if (ev ? ck_evaluator_plan(ev, recompute, &tried)
+                          : ck_schedule(&tried, g, list, n, recompute) ||
+                                ck_plan_memory(&tried, g, p->poff, p->persistent, p->retain, be)) {
+                goto oom;
+            }
+            p->plan_seconds += thread_seconds() - t0;
             ck_evaluator_free(ev);
-            ev = NULL;
-            const int bad = ck_schedule(&p->train, g, list, n, rmask) ||
-                            ck_offload_schedule(&p->train, g, recompute, p->retain, prefetch) < 0 ||
-                            ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be);
-            free(rmask);
-            if (bad) goto oom;
-        } else if (ev ? ck_evaluator_plan(ev, recompute, &p->train)
-                      : ck_schedule(&p->train, g, list, n, recompute) ||
-                            ck_plan_memory(&p->train, g, p->poff, p->persistent, p->retain, be)) {
-            goto oom;
+            ev = dc.ev = NULL;
+            aim = o->decide && p->streamed ? dc.report->budget : 0;
+            size_t next = 0;
+            if (!aim || tried.peak <= aim) {
+                ck_plan_free(&p->train);
+                p->train = tried;
+                have = 1;
+                fit = dc.cut;
+            } else {
+                missed = dc.cut;
+                over = tried.peak;
+                next = dc.cut + (tried.peak - aim);
+                if (tries > 1) {
+                    const size_t most = ck_offload_stream_copies_most(&tried, g);
+                    if (most == (size_t)-1) {
+                        ck_plan_free(&tried);
+                        goto oom;
+                    }
+                    if (most > next) next = most;
+                }
+                ck_plan_free(&tried);
+            }
+            if (settle_own(p, "the training step's op list and plan", err, errlen)) goto fail;
+            /* done: no budget to meet, it fits uncut, out of tries, or the cuts
+             * that missed and fit are within 1/128 of the budget */
+            if (!aim || (have && !fit) || tries == STREAM_TRIES || (have && fit - missed <= aim / 128)) break;
+            dc.cut = have ? missed + (fit - missed) / 2 : next;
+            memset(recompute, 0, (size_t)g->nt);
+            if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
         }
-        p->plan_seconds = thread_seconds() - t0;
-        ck_evaluator_free(ev);
-        ev = NULL;
-        if (settle_own(p, "the training step's op list and plan", err, errlen)) goto fail;
+        if (!have) {
+            failf(err, errlen, "the plan with the streamed weights' device copies peaks at %.1f MiB (%zu bytes), over the "
+                  "%.1f MiB it aimed under, after %d decisions, each with the budget cut by what the copies added",
+                  over / 1048576.0, over, aim / 1048576.0, STREAM_TRIES);
+            goto fail;
+        }
     }
     /* the forward pass's list, planned after the step's so that the step's
      * search does not hold it */

@@ -34,8 +34,11 @@ p = d["policies"][0]
 G = 1024.0 ** 3
 dec = p.get("offload_decision") or ""
 alone = re.search(r"recompute alone: ([0-9.e+-]+) s", dec)
-chose = re.match(r"budget: ([^;]*);", dec)
+chose = re.match(r"(?:budget|auto): ([^;]*);", dec)
 what = "none" if d["checkpoint"] == "none" else (chose.group(1) if chose else d["checkpoint"])
+swap = re.search(r"streaming the frozen weights of the last (\d+) blocks", d.get("fit", ""))
+if swap:
+    what += " (--blocks-to-swap %s)" % swap.group(1)
 print("%-5s %-22s %-6s | %s, peak %.2f GiB (device %.2f), %.1f%% recomputed, step %.3g s%s, pinned %.2f GiB" % (
     card + "GB", label, gpu, what, p["peak_bytes"] / G, p["device_bytes"] / G, p["recompute_pct"],
     p["predicted_step_seconds"], " (recompute alone %s s)" % alone.group(1) if alone else "",

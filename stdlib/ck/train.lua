@@ -523,9 +523,10 @@ local function fit_to_memory(t)
   -- same search fit. Streaming moves weights out of the persistent region the
   -- policy plans around, so it is chosen here, where programs are compiled,
   -- not by the policy. A bisection over N: streaming more never raises a
-  -- plan's peak, but ck.fit's search of budgets does not always find a fit
-  -- where one exists (the joint search does not count the weights' device
-  -- copies), so N is not always the fewest that could fit.
+  -- plan's peak, and each compile holds the plan with the weights' device
+  -- copies to its budget, but ck.fit's search of budgets does not always
+  -- find a fit where one exists, so N is the fewest that fits only where
+  -- one more block never makes it miss.
   local f = t.family
   if not ok and t.offload == "auto" and not t.stream and not t.full and f.swap_blocks then
     local most = 0

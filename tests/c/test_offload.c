@@ -384,7 +384,7 @@ int main(void)
             }
             const int ncand = ck_saved_activations(g, cand);
             ck_decide_ctx c = {g, nodes, g->nn, cand, ncand, poff, persistent, retain, ck_backend_cpu(), NULL,
-                               1, 1 + (int)(next() % 5), ck_device_speed_find(round % 2 ? "4090" : "cpu"), NULL, 0, NULL};
+                               1, 1 + (int)(next() % 5), ck_device_speed_find(round % 2 ? "4090" : "cpu"), NULL, 0, NULL, 0};
             ck_evaluator *ev = ck_evaluator_new(&c);
             for (int trial = 0; ev && trial < 6; trial++) {
                 for (int k = 0; k < ncand; k++) {
@@ -450,7 +450,7 @@ int main(void)
             const int ncand = ck_saved_activations(g, cand);
             ck_decide_ctx c = {g, nodes, g->nn, cand, ncand, poff, persistent, retain, ck_backend_cpu(), NULL,
                                1, 1 + (int)(next() % 4), ck_device_speed_find(round % 2 ? "4090" : "H100"), why,
-                               sizeof why, NULL};
+                               sizeof why, NULL, 0};
             size_t none_peak, with = 0, without = 0;
             double none_time;
             if (exact_of(&c, mark, &none_peak, &none_time)) goto next_round;

@@ -932,10 +932,10 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         }
         /* the streamed frozen weights' device copies are not in the list a
          * decision sees: where the plan with them passes the budget the
-         * decision aimed under, it decides again with that budget cut (by
-         * the excess, and by at least the most the copies hold at once once
-         * that missed too), then between the largest cut that missed and the
-         * smallest that fit; the plan is the last that fit */
+         * decision aimed under, it decides again with that budget cut by
+         * the excess, or by the most the copies hold at once where that is
+         * more, then between the largest cut that missed and the smallest
+         * that fit; the plan is the last that fit */
         int have = 0;               /* p->train holds a plan that fits */
         size_t missed = 0, fit = 0; /* cuts: the largest that missed, the smallest that fit (have) */
         size_t aim = 0, over = 0;   /* the budget aimed under; the last plan's peak that passed it */
@@ -1008,15 +1008,10 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
                 missed = dc.cut;
                 over = tried.peak;
                 next = dc.cut + (tried.peak - aim);
-                if (tries > 1) {
-                    const size_t most = ck_offload_stream_copies_most(&tried, g);
-                    if (most == (size_t)-1) {
-                        ck_plan_free(&tried);
-                        goto oom;
-                    }
-                    if (most > next) next = most;
-                }
+                const size_t most = ck_offload_stream_copies_most(&tried, g);
                 ck_plan_free(&tried);
+                if (most == (size_t)-1) goto oom;
+                if (most > next) next = most;
             }
             if (settle_own(p, "the training step's op list and plan", err, errlen)) goto fail;
             /* done: no budget to meet, it fits uncut, out of tries, or the cuts

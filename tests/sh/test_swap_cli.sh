@@ -74,6 +74,12 @@ done
 [ -z "$over" ]
 ok $? "budgets with streamed blocks (flux-tiny, sdxl-tiny; --offload none and auto): every plan's peak within its budget$over"
 
+# a budget the list fits only without the copies: refused in one line that says the budget was cut for them
+"$CKRUN" --plan $F --blocks-to-swap 2 --offload none --checkpoint budget:1320KiB > "$dir/cut.out" 2>&1; rc=$?
+[ $rc != 0 ] && [ "$(wc -l < "$dir/cut.out")" = 1 ] && grep -q "^ckrun: scripts/train_flux_lora.lua:[0-9]*: " "$dir/cut.out" \
+  && grep -q "nothing fits in .*(the budget less [0-9.]* MiB for the streamed weights' device copies)$" "$dir/cut.out"
+ok $? "budget:1320KiB with 2 blocks streamed: the list fits it, not with the copies: one line naming the cut ($(cat "$dir/cut.out"))"
+
 # --checkpoint auto with --offload auto: when nothing fits, blocks streamed (a bisection) that let it fit
 "$CKRUN" --plan --json $F --checkpoint auto:1300KiB --offload auto > "$dir/auto.json"; rc=$?
 python3 - "$dir/auto.json" <<'EOF'; ok $? "flux-tiny, auto:1300KiB --offload auto: nothing fits without streaming; blocks streamed that fit, said in the fit line (rc $rc)"

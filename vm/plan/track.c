@@ -580,36 +580,29 @@ static int depth_of(const ck_tracker *tr, int x)
     return d;
 }
 
+/* a child of entry y at slot j, NONE where there is none or it is one of A's
+ * entries (stamped gen): those are out of the list while a flip puts A back,
+ * and the floor asks as if they were */
+static int kept_child(const ck_tracker *tr, int y, int j, int gen)
+{
+    const int c = CHILD(tr, y)[j];
+    return c != NONE && tr->stamp[c - tr->nf - tr->nb] != gen ? c : NONE;
+}
+
 /* where recomputations needed at input slot of entry x go: before the first
- * entry of x's first child at that slot or later, else before x */
-static int insertion_point(const ck_tracker *tr, int x, int slot)
+ * entry of x's first child at that slot or later, else before x (A's
+ * entries, stamped gen, taken out) */
+static int insertion_point(const ck_tracker *tr, int x, int slot, int gen)
 {
     int c = NONE;
-    for (int j = slot; j < CK_MAX_IN && c == NONE; j++) c = CHILD(tr, x)[j];
+    for (int j = slot; j < CK_MAX_IN && c == NONE; j++) c = kept_child(tr, x, j, gen);
     if (c == NONE) return x;
     for (;;) { /* the subtree's first entry: down its first children */
         int d = NONE;
-        for (int j = 0; j < CK_MAX_IN && d == NONE; j++) d = CHILD(tr, c)[j];
+        for (int j = 0; j < CK_MAX_IN && d == NONE; j++) d = kept_child(tr, c, j, gen);
         if (d == NONE) return c;
         c = d;
     }
-}
-
-/* insertion_point with A's entries (stamped gen) taken out, as
- * ck_tracker_flip finds it once it has taken them out */
-static int insertion_point_outside(const ck_tracker *tr, int x, int slot, int gen)
-{
-#define KEPT_CHILD(y, j) (CHILD(tr, y)[j] != NONE && tr->stamp[CHILD(tr, y)[j] - tr->nf - tr->nb] != gen ? CHILD(tr, y)[j] : NONE)
-    int c = NONE;
-    for (int j = slot; j < CK_MAX_IN && c == NONE; j++) c = KEPT_CHILD(x, j);
-    if (c == NONE) return x;
-    for (;;) {
-        int d = NONE;
-        for (int j = 0; j < CK_MAX_IN && d == NONE; j++) d = KEPT_CHILD(c, j);
-        if (d == NONE) return c;
-        c = d;
-    }
-#undef KEPT_CHILD
 }
 
 /* the entry of reader node v that can need a recomputation: its later
@@ -706,7 +699,7 @@ int ck_tracker_flip(ck_tracker *tr, int t)
         for (int k = tr->rstart[t]; k < tr->rstart[t + 1]; k++) {
             const int x = anchor_of(tr, READER_NODE(tr->readers[k]), gen);
             if (x == NONE) continue;
-            const uint64_t r = key_of(tr, insertion_point(tr, x, READER_SLOT(tr->readers[k])));
+            const uint64_t r = key_of(tr, insertion_point(tr, x, READER_SLOT(tr->readers[k]), gen));
             if (!any || r < first) first = r;
             any = 1;
         }
@@ -759,7 +752,7 @@ int ck_tracker_flip(ck_tracker *tr, int t)
                 const int rslot = READER_SLOT(tr->readers[k]);
                 const int x = anchor_of(tr, READER_NODE(tr->readers[k]), gen);
                 if (x == NONE) continue;
-                const int at = insertion_point(tr, x, rslot);
+                const int at = insertion_point(tr, x, rslot, gen);
                 if (add_event(tr, (event){x, rslot, a, at, key_of(tr, at), depth_of(tr, x)})) return -1;
             }
         }
@@ -945,7 +938,7 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
             for (int k = tr->rstart[u]; k < tr->rstart[u + 1]; k++) {
                 const int y = anchor_of(tr, READER_NODE(tr->readers[k]), gen);
                 if (y == NONE) continue;
-                const uint64_t at = key_of(tr, insertion_point_outside(tr, y, READER_SLOT(tr->readers[k]), gen));
+                const uint64_t at = key_of(tr, insertion_point(tr, y, READER_SLOT(tr->readers[k]), gen));
                 if (at < first_back) first_back = at;
                 needed = 1;
             }

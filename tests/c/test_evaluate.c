@@ -6,7 +6,8 @@
  * ck_plan_live_peak of ck_schedule's list, its exact peak equals
  * ck_plan_memory's, and its recompute FLOPs the list's, on both backends'
  * workspace rules; the plan it makes of a decision it placed, reusing the
- * placement, is the same plan to the byte. */
+ * placement (also once restored from the offsets kept while other walks
+ * were made), is the same plan to the byte. */
 #include "plan/evaluate.h"
 #include "run/program.h"
 
@@ -79,11 +80,30 @@ int main(void)
             ck_evaluator *once = ck_evaluator_new(&c);
             size_t ignore;
             double fl;
-            if (!once || ck_evaluate(once, mark, 1, &ignore, &fl) || ck_evaluator_plan(once, mark, &ep)) {
+            /* its placement forgotten while other walks are made, with its
+             * offsets kept (the evaluation of the same decision then restores
+             * it) or not (and the plan places it) */
+            unsigned char *other = calloc((size_t)g->nt, 1);
+            for (int k = 0; other && k < ncand; k++) other[cand[k]] = !mark[cand[k]];
+            const int keep = trial % 2;
+            size_t again = 0;
+            if (!once || !other || ck_evaluate(once, mark, 1, &ignore, &fl)) {
+                free(other);
                 ck_evaluator_free(once);
                 ck_plan_free(&pl);
                 break;
             }
+            ck_evaluator_forget(once, keep);
+            ck_evaluator_rest(once);
+            const int bad = ck_evaluate(once, other, trial % 4 < 2, &again, &fl) || ck_evaluate(once, mark, 1, &again, &fl);
+            const int restored = !bad && ck_evaluator_placed(once, mark);
+            if (bad || ck_evaluator_plan(once, mark, &ep)) {
+                ck_evaluator_free(once);
+                ck_plan_free(&pl);
+                break;
+            }
+            free(other);
+            plan_ok &= again == ignore && (restored || !keep || trial % 4 < 2);
             plan_ok &= ck_evaluate(once, mark, 0, &ignore, &fl) == -1; /* no walks after the plan */
             ck_evaluator_free(once);
             plan_ok &= ck_plan_digest(&ep, 1) == ck_plan_digest(&pl, 1) && ep.live_peak == pl.live_peak &&

@@ -187,6 +187,30 @@ static void digest_of(const ck_evaluator *e, uint64_t d[2])
         if (e->ws[e->at[i]]) digest_add(d, (int64_t)e->ws[e->at[i]], i, i, -1);
 }
 
+static void drop_kept(ck_evaluator *e)
+{
+    ck_big_free(e->kept);
+    e->kept = NULL;
+    e->nkept = e->haskept = 0;
+}
+
+/* the placement again from its kept offsets, the buffers' sizes and ranges
+ * from the walk just made (the same buffers: their digest matched) */
+static int restore(ck_evaluator *e)
+{
+    if (!(e->bufs = ck_big_alloc(sizeof *e->bufs * ((size_t)e->cap + (size_t)e->maxpos)))) return -1;
+    for (int b = 0; b < e->nkept; b++) {
+        const int key = e->kept[b].key, p = -1 - key;
+        const int64_t off = (int64_t)e->kept[b].units * ALIGN;
+        e->bufs[b] = key >= 0 ? (ck_place_buf){bytes_of(e, key), off, e->first[key], e->last[key], key, 0}
+                              : (ck_place_buf){(int64_t)e->ws[e->at[p]], off, p, p, -1, 0};
+    }
+    e->nplaced = e->nkept;
+    e->placed = 1;
+    drop_kept(e);
+    return 0;
+}
+
 /* the arena's high-water mark above the persistent region, as ck_plan_memory
  * places the same list (the same buffers, ids and order) */
 static int64_t place(ck_evaluator *e)
@@ -197,8 +221,10 @@ static int64_t place(ck_evaluator *e)
     digest_of(e, d);
     if (e->known && d[0] == e->digest[0] && d[1] == e->digest[1]) {
         for (int t = 0; t < e->nt; t++) e->placed_mark[t] = (unsigned char)marked(e, t);
+        if (!e->bufs && e->haskept && restore(e)) return -1;
         return e->top;
     }
+    drop_kept(e);
     if (!e->bufs && !(e->bufs = ck_big_alloc(sizeof *e->bufs * ((size_t)e->cap + (size_t)e->maxpos)))) return -1;
     int nb = 0;
     for (int id = 0; id < e->ids; id++) {
@@ -227,9 +253,25 @@ static int placed_for(const ck_evaluator *e, const unsigned char *mark)
 
 int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark) { return !e->fallback && placed_for(e, mark); }
 
-void ck_evaluator_forget(ck_evaluator *e)
+void ck_evaluator_forget(ck_evaluator *e, int keep)
 {
-    ck_big_free(e->bufs);
+    drop_kept(e);
+    for (int b = 0; keep && e->placed && b < e->nplaced; b++)
+        if (e->bufs[b].off / ALIGN > (int64_t)UINT32_MAX) keep = 0;
+    if (keep && e->placed) {
+        /* compacted in place: entry b's 8 bytes end before entry b + 1's 32 begin */
+        struct ck_kept *k = (struct ck_kept *)e->bufs;
+        for (int b = 0; b < e->nplaced; b++) {
+            const ck_place_buf x = e->bufs[b];
+            k[b] = (struct ck_kept){x.id >= 0 ? x.id : -1 - x.first, (uint32_t)(x.off / ALIGN)};
+        }
+        struct ck_kept *small = ck_big_realloc(k, sizeof *k * (size_t)(e->nplaced ? e->nplaced : 1));
+        e->kept = small ? small : k;
+        e->nkept = e->nplaced;
+        e->haskept = 1;
+    } else {
+        ck_big_free(e->bufs);
+    }
     e->bufs = NULL;
     e->placed = 0;
 }
@@ -356,6 +398,7 @@ void ck_evaluator_free(ck_evaluator *e)
     ck_big_free(e->delta);
     ck_big_free(e->at);
     ck_big_free(e->bufs);
+    ck_big_free(e->kept);
     ck_big_free(e->placed_mark);
     ck_big_free(e->turn_root);
     ck_big_free(e->turn_start);

@@ -32,8 +32,10 @@ int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes);
 /* Gives back a walk's scratch (the next walk makes it again): while a
  * tracker works instead. */
 void ck_evaluator_rest(ck_evaluator *e);
-/* Gives back the last exact evaluation's placement (a later one makes it again). */
-void ck_evaluator_forget(ck_evaluator *e);
+/* Gives back the last exact evaluation's placement (a later one makes it
+ * again); with keep, all but its offsets (8 bytes a buffer), from which an
+ * exact evaluation of the same buffers restores it without placing. */
+void ck_evaluator_forget(ck_evaluator *e, int keep);
 /* 1 when the last exact evaluation was of decision mark. */
 int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark);
 

@@ -33,6 +33,15 @@ struct ck_evaluator {
     int *at;            /* per position: the node its entry runs */
     ck_frame *stack;    /* recomputations in progress, one per forward node at most */
     ck_place_buf *bufs;
+    /* the last placement's offsets, kept small while a tracker works
+     * (ck_evaluator_forget): each buffer's id (a workspace: -1 less its
+     * position) and offset in units of the alignment; nkept of them, when
+     * haskept */
+    struct ck_kept {
+        int key;
+        uint32_t units;
+    } *kept;
+    int nkept, haskept;
     /* the last exact evaluation's placement (in bufs) and its decision; its
      * buffers' digest (two hashes of their sizes, ranges and ids) and high-water,
      * kept when bufs are forgotten (known) */

@@ -510,7 +510,7 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
      * and a walk's scratch */
     ck_tracker *tr = ck_tracker_new(ev);
     if (tr) {
-        ck_evaluator_forget(ev);
+        ck_evaluator_forget(ev, 0);
         ck_evaluator_rest(ev);
     }
     if (tr && ck_tracker_reset(tr, mark)) goto out;
@@ -653,7 +653,7 @@ static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, siz
     rc = 0;
     if (!tr) goto out;
     rc = -1;
-    ck_evaluator_forget(ev); /* not held beside the tracker */
+    ck_evaluator_forget(ev, 1); /* not held beside the tracker: its offsets alone */
     ck_evaluator_rest(ev);
     memcpy(mark, b->mark, (size_t)g->nt);
     if (ck_tracker_reset(tr, mark)) goto out;

@@ -283,6 +283,7 @@ static int consider_peak(const ck_decide_ctx *c, ck_evaluator *ev, const unsigne
     size_t peak;
     double flops;
     if (ck_evaluate(ev, mark, 1, &peak, &flops)) return -1;
+    if (getenv("CK_DBG")) fprintf(stderr, "consider: peak %zu budget %zu over %lld flops %.6g\n", peak, budget, (long long)peak - (long long)budget, flops);
     if (placed) *placed = peak;
     if (!b->floor || peak < b->floor) b->floor = peak;
     if (peak > budget) return 0;
@@ -489,92 +490,39 @@ static int try_keep(ck_tracker *tr, int t, size_t frag, size_t budget)
     return ck_tracker_flip(tr, t) ? -1 : 0;
 }
 
-/* From a start that fits (placed, with fragmentation frag: its placed peak
- * less its live peak): prunes it, and places the result. The prunings change
- * the fragmentation: when the result does not fit, the longest run of the
- * prunings whose live peak plus the fragmentation the result showed fits is
- * placed, and then the longest run that fits is searched between (the more
- * prunings, the fewer FLOPs: keeping more never recomputes more). -1 on error. */
-static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *from, size_t budget, size_t frag,
-                   best *b, unsigned char *mark, scored *order)
+/* *a holds at least n ints (grown by doubling); -1 out of memory */
+static int grow(int **a, int *cap, int n)
 {
-    const ck_graph *g = c->g;
-    memcpy(mark, from, (size_t)g->nt);
-    int n = marked_by_cost(c, mark, order), na = 0, rc = -1;
-    /* costliest first, each judged on the list tracked through the change
-     * (refused unmade when the tracker's floor for it is over the budget),
-     * while the changes have moved fewer than PRUNE_WORK entries and ranges
-     * per entry of the list; where the list cannot be tracked, the costliest
-     * PRUNE_TRIALS, each judged by a walk */
-    /* not held beside the tracker: the start's placement (not the answer's)
-     * and a walk's scratch */
-    ck_tracker *tr = ck_tracker_new(ev);
-    if (tr) {
-        ck_evaluator_forget(ev, 0);
-        ck_evaluator_rest(ev);
-    }
-    if (tr && ck_tracker_reset(tr, mark)) goto out;
-    for (int k = 0; k < n && (tr ? ck_tracker_work(tr) < PRUNE_WORK * (long)c->n : k < PRUNE_TRIALS); k++) {
-        int kept;
-        if (tr) {
-            if ((kept = try_keep(tr, order[k].t, frag, budget)) < 0) goto out;
-        } else {
-            size_t live;
-            double flops;
-            mark[order[k].t] = 0;
-            if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
-            kept = live + frag <= budget;
-        }
-        mark[order[k].t] = (unsigned char)!kept;
-        if (kept) order[na++] = order[k]; /* accepted, in order */
-    }
-    ck_tracker_free(tr); /* not held while the placements below are made */
-    tr = NULL;
-    if (!na) {
-        rc = 0;
-        goto out;
-    }
-    /* all of them placed; failing that, the longest run of them whose live
-     * peak plus the fragmentation the placement showed fits, placed; then the
-     * longest run between what fits and what does not */
-    int fit, lo = 0, hi = na; /* a run of lo fits, of hi not (once placed) */
-    size_t peak, live;
-    double flops;
-    if ((fit = consider_peak(c, ev, mark, budget, b, &peak)) < 0) goto out;
-    if (fit) {
-        lo = na;
-    } else {
-        if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
-        if (peak - live > frag) frag = peak - live;
-        int a = 0, z = na; /* the longest run whose live peak fits with it, by walks */
-        while (a < z - 1) {
-            const int mid = a + (z - a) / 2;
-            memcpy(mark, from, (size_t)g->nt);
-            for (int k = 0; k < mid; k++) mark[order[k].t] = 0;
-            if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
-            if (live + frag <= budget) a = mid;
-            else z = mid;
-        }
-        if (a > 0) {
-            memcpy(mark, from, (size_t)g->nt);
-            for (int k = 0; k < a; k++) mark[order[k].t] = 0;
-            if ((fit = consider(c, ev, mark, budget, b)) < 0) goto out;
-            if (fit) lo = a;
-            else hi = a;
-        }
-    }
-    while (lo < hi - 1) {
-        const int mid = lo + (hi - lo) / 2;
-        memcpy(mark, from, (size_t)g->nt);
-        for (int k = 0; k < mid; k++) mark[order[k].t] = 0;
-        if ((fit = consider(c, ev, mark, budget, b)) < 0) goto out;
-        if (fit) lo = mid;
-        else hi = mid;
-    }
-    rc = 0;
-out:
-    ck_tracker_free(tr);
-    return rc;
+    if (n <= *cap) return 0;
+    const int want = 2 * n + 16;
+    int *p = realloc(*a, sizeof *p * (size_t)want);
+    if (!p) return -1;
+    *a = p;
+    *cap = want;
+    return 0;
+}
+
+/* The changes made to a start, in order, in steps (a repair, a pruning, an
+ * exchange): the tensors each step flipped are flips[ends[k - 1] .. ends[k] - 1]. */
+typedef struct steps {
+    int *flips, *ends;
+    int nflips, n, cflips, cends;
+} steps;
+
+static int step_add(steps *L, const int *t, int n)
+{
+    if (grow(&L->flips, &L->cflips, L->nflips + n) || grow(&L->ends, &L->cends, L->n + 1)) return -1;
+    memcpy(L->flips + L->nflips, t, sizeof *t * (size_t)n);
+    L->nflips += n;
+    L->ends[L->n++] = L->nflips;
+    return 0;
+}
+
+/* from with its first k steps made */
+static void steps_apply(const ck_decide_ctx *c, const steps *L, const unsigned char *from, int k, unsigned char *mark)
+{
+    memcpy(mark, from, (size_t)c->g->nt);
+    for (int i = 0; i < (k ? L->ends[k - 1] : 0); i++) mark[L->flips[i]] ^= 1;
 }
 
 /* The kept candidate not yet tried whose marking the tracker estimates to
@@ -600,139 +548,194 @@ static int kept_at_peak(const ck_decide_ctx *c, ck_tracker *tr, const unsigned c
     return u;
 }
 
-/* Exchanges from the answer b, on its list tracked: kept candidates live
- * at the live peak (those that lower it the most per FLOP first; up to
- * SWAP_MARKS, until the peak is 1/SWAP_ROOM of the budget under it, the
- * estimate made again after each) are marked, which may lower
- * the peak enough for recomputations of the answer to be taken back
- * (costliest first, refused unmade by the tracker's floor, kept while the
- * live peak plus the answer's fragmentation fits). An exchange stays when the
- * decision then recomputes fewer FLOPs, else it is undone. The pass stops
- * after SWAP_FAILS exchanges in a row that did not pay, when no candidate is
- * left to try, or once its changes and the candidates it looked at have
- * spent *work or SWAP_PASS per entry of the list (what is left of *work
- * stays in it). The peak it aims under is the budget less the answer's
- * fragmentation and margin. What it ends with is placed, and becomes the
- * answer when it fits with fewer FLOPs; when it does not fit, the longest
- * run of its exchanges that fits is searched for by placements, as descend()
- * does with its prunings. *over is what the whole pass's peak passed the
- * budget by (0: it fits, or nothing changed). -1 out of memory. */
-/* *a holds at least n ints (grown by doubling); -1 out of memory */
-static int grow(int **a, int *cap, int n)
-{
-    if (n <= *cap) return 0;
-    const int want = 2 * n + 16;
-    int *p = realloc(*a, sizeof *p * (size_t)want);
-    if (!p) return -1;
-    *a = p;
-    *cap = want;
-    return 0;
-}
-
 #define SWAP_FAILS 16
 #define SWAP_MARKS 16
 #define SWAP_ROOM 50
 #define SWAP_WORK 32
 #define SWAP_PASS 24
 #define SWAP_ROUNDS 3
-static int exchange(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, size_t margin, best *b,
-                    unsigned char *mark, scored *order, long *work, size_t *over)
+/* One pass of exchanges on the tracked list of mark: kept candidates live at
+ * the live peak (those that lower it the most per FLOP first; up to
+ * SWAP_MARKS, until the peak is 1/SWAP_ROOM of the budget under it, the
+ * estimate made again after each) are marked, which may lower the peak
+ * enough for recomputations to be taken back (costliest first, refused
+ * unmade by the tracker's floor, kept while the live peak plus frag fits).
+ * An exchange stays (a step of L) when the decision then recomputes fewer
+ * FLOPs, else it is undone. The pass stops after SWAP_FAILS exchanges in a
+ * row that did not pay, when no candidate is left to try, or once its
+ * changes and the candidates it looked at have spent *work or SWAP_PASS per
+ * entry of the list (what is left of *work stays in it). -1 out of memory. */
+static int exchange(const ck_decide_ctx *c, ck_tracker *tr, unsigned char *mark, size_t budget, size_t frag,
+                    scored *order, unsigned char *tried, int *taken, steps *L, long *work)
 {
-    const ck_graph *g = c->g;
-    ck_tracker *tr = ck_tracker_new(ev); /* NULL also where the list cannot be tracked: no exchanges then */
-    int *taken = malloc(sizeof(int) * (size_t)(c->ncand ? c->ncand : 1));
-    unsigned char *tried = calloc((size_t)g->nt, 1);
+    const int n = marked_by_cost(c, mark, order);
     int marked_now[SWAP_MARKS];
-    int rc = -1, n = 0, changed = 0;
-    /* the exchanges kept, in order: the tensors each flipped (flips[ends[k - 1]
-     * .. ends[k] - 1] for exchange k) */
-    int *flips = NULL, *ends = NULL, nflips = 0, nkept = 0, cflips = 0, cends = 0;
-    unsigned char *from = NULL; /* the answer the pass started from, when its runs are searched */
-    *over = 0;
-    if (!taken || !tried) goto out;
-    rc = 0;
-    if (!tr) goto out;
-    rc = -1;
-    ck_evaluator_forget(ev, 1); /* not held beside the tracker: its offsets alone */
-    ck_evaluator_rest(ev);
-    memcpy(mark, b->mark, (size_t)g->nt);
-    if (ck_tracker_reset(tr, mark)) goto out;
-    const size_t frag = (b->peak > ck_tracker_peak(tr) ? b->peak - ck_tracker_peak(tr) : 0) + margin;
-    n = marked_by_cost(c, mark, order);
+    memset(tried, 0, (size_t)c->g->nt);
+    const long w0 = ck_tracker_work(tr);
     long scans = 0;
     const long cap = *work < SWAP_PASS * (long)c->n ? *work : SWAP_PASS * (long)c->n;
-    for (int fails = 0; fails < SWAP_FAILS && ck_tracker_work(tr) + scans < cap;) {
+#define SPENT (ck_tracker_work(tr) - w0 + scans)
+    for (int fails = 0; fails < SWAP_FAILS && SPENT < cap;) {
         const double before = ck_tracker_flops(tr);
         int nu = 0, nt = 0;
         do {
             const int u = kept_at_peak(c, tr, mark, tried, &scans);
             if (u < 0) break;
             tried[u] = 1;
-            if (ck_tracker_flip(tr, u)) goto out;
+            if (ck_tracker_flip(tr, u)) return -1;
             mark[u] = 1;
             marked_now[nu++] = u;
         } while (nu < SWAP_MARKS && ck_tracker_peak(tr) + frag + budget / SWAP_ROOM > budget);
         if (!nu) break;
-        /* taken back: the answer's recomputations, not those just marked */
-        for (int k = 0; k < n && ck_tracker_work(tr) + scans < cap; k++) {
+        /* taken back: the recomputations the pass started with, not those just marked */
+        for (int k = 0; k < n && SPENT < cap; k++) {
             const int v = order[k].t;
             if (!mark[v] || tried[v]) continue;
             scans++;
             const int kept = try_keep(tr, v, frag, budget);
-            if (kept < 0) goto out;
+            if (kept < 0) return -1;
             if (kept) {
                 mark[v] = 0;
                 taken[nt++] = v;
             }
         }
         if (nt && ck_tracker_flops(tr) < before) {
-            if (grow(&flips, &cflips, nflips + nu + nt) || grow(&ends, &cends, nkept + 1)) goto out;
-            memcpy(flips + nflips, marked_now, sizeof *flips * (size_t)nu);
-            memcpy(flips + nflips + nu, taken, sizeof *flips * (size_t)nt);
-            nflips += nu + nt;
-            ends[nkept++] = nflips;
-            changed = 1;
+            memcpy(taken + nt, marked_now, sizeof *taken * (size_t)nu);
+            if (step_add(L, taken, nt + nu)) return -1;
             fails = 0;
             continue;
         }
         while (nt--) { /* undone */
-            if (ck_tracker_flip(tr, taken[nt])) goto out;
+            if (ck_tracker_flip(tr, taken[nt])) return -1;
             mark[taken[nt]] = 1;
         }
         while (nu--) {
-            if (ck_tracker_flip(tr, marked_now[nu])) goto out;
+            if (ck_tracker_flip(tr, marked_now[nu])) return -1;
             mark[marked_now[nu]] = 0;
         }
         fails++;
     }
-    *work -= ck_tracker_work(tr) + scans;
-    ck_tracker_free(tr); /* not held while the result is placed */
-    tr = NULL;
-    size_t peak = 0;
-    const int fit = changed ? consider_peak(c, ev, mark, budget, b, &peak) : 1;
-    if (fit < 0) goto out;
-    *over = peak > budget ? peak - budget : 0;
-    /* the longest run of the exchanges that fits: a run of lo fits (none: the
-     * answer it started from), of hi not */
-    if (!fit && nkept > 1 && !(from = malloc((size_t)g->nt))) goto out;
-    if (from) memcpy(from, b->mark, (size_t)g->nt); /* b->mark changes once a run fits */
-    for (int lo = 0, hi = nkept; !fit && lo < hi - 1;) {
+    *work -= SPENT;
+#undef SPENT
+    return 0;
+}
+
+/* Where what all the steps of L made of from (which fits) did not fit once
+ * placed (frag: the fragmentation it showed, or more), the longest run of
+ * the steps whose live peak plus frag fits is placed, and then the longest
+ * run that fits is searched between by placements (the more steps, the
+ * fewer FLOPs). -1 on error. */
+static int settle(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *from, size_t budget, size_t frag,
+                  const steps *L, best *b, unsigned char *mark)
+{
+    size_t live;
+    double flops;
+    int fit, lo = 0, hi = L->n; /* a run of lo fits, of hi not (once placed) */
+    int a = 0, z = L->n;        /* a run whose live peak fits with frag, by walks */
+    while (a < z - 1) {
+        const int mid = a + (z - a) / 2;
+        steps_apply(c, L, from, mid, mark);
+        if (ck_evaluate(ev, mark, 0, &live, &flops)) return -1;
+        if (live + frag <= budget) a = mid;
+        else z = mid;
+    }
+    if (a > 0) {
+        steps_apply(c, L, from, a, mark);
+        if ((fit = consider(c, ev, mark, budget, b)) < 0) return -1;
+        if (fit) lo = a;
+        else hi = a;
+    }
+    while (lo < hi - 1) {
         const int mid = lo + (hi - lo) / 2;
-        memcpy(mark, from, (size_t)g->nt);
-        for (int k = 0; k < ends[mid - 1]; k++) mark[flips[k]] ^= 1;
-        const int f = consider(c, ev, mark, budget, b);
-        if (f < 0) goto out;
-        if (f) lo = mid;
+        steps_apply(c, L, from, mid, mark);
+        if ((fit = consider(c, ev, mark, budget, b)) < 0) return -1;
+        if (fit) lo = mid;
         else hi = mid;
     }
+    return 0;
+}
+
+/* From a start that fits (placed; frag: its placed peak less its live
+ * peak), on its list tracked: its recomputations are taken back, the
+ * costliest first, each judged on the tracked list (refused unmade when the
+ * tracker's floor for it is over the budget), while the changes have moved
+ * fewer than PRUNE_WORK entries and ranges per entry of the list; then
+ * exchanges, again while a pass pays (SWAP_ROUNDS passes, SWAP_WORK changes
+ * and looks per entry in all). Where the list cannot be tracked, the
+ * costliest PRUNE_TRIALS recomputations are tried, each judged by a walk,
+ * and there are no exchanges. What it ends with is placed once. Its
+ * fragmentation is not the start's: where it misses, the whole is done
+ * again from the start with the fragmentation it showed and the bytes it
+ * missed by as a margin (failing that, the longest run of its steps that
+ * fits is placed, settle()); where
+ * it fits with more than 1/SETTLE_ROOM of the budget to spare, again with
+ * the fragmentation it showed; SETTLE_TRIES deep. -1 on error. */
+#define SETTLE_TRIES 2
+#define SETTLE_ROOM 4096
+static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *from, size_t budget, size_t frag,
+                   best *b, unsigned char *mark, scored *order, int depth)
+{
+    const ck_graph *g = c->g;
+    memcpy(mark, from, (size_t)g->nt);
+    steps L = {0};
+    int rc = -1;
+    unsigned char *tried = calloc((size_t)g->nt, 1);
+    int *taken = malloc(sizeof(int) * (size_t)(c->ncand + SWAP_MARKS + 1));
+    /* not held beside the tracker: the start's placement and a walk's scratch */
+    ck_tracker *tr = tried && taken ? ck_tracker_new(ev) : NULL;
+    if (!tried || !taken) goto out;
+    if (tr) {
+        ck_evaluator_forget(ev, 0);
+        ck_evaluator_rest(ev);
+        if (ck_tracker_reset(tr, mark)) goto out;
+    }
+    const int n = marked_by_cost(c, mark, order);
+    const long w0 = tr ? ck_tracker_work(tr) : 0;
+    for (int k = 0; k < n && (tr ? ck_tracker_work(tr) - w0 < PRUNE_WORK * (long)c->n : k < PRUNE_TRIALS); k++) {
+        int kept;
+        if (tr) {
+            if ((kept = try_keep(tr, order[k].t, frag, budget)) < 0) goto out;
+        } else {
+            size_t live;
+            double flops;
+            mark[order[k].t] = 0;
+            if (ck_evaluate(ev, mark, 0, &live, &flops)) goto out;
+            kept = live + frag <= budget;
+        }
+        mark[order[k].t] = (unsigned char)!kept;
+        if (kept && step_add(&L, &order[k].t, 1)) goto out;
+    }
+    long work = SWAP_WORK * (long)c->n;
+    for (int round = 0; tr && round < SWAP_ROUNDS && work > 0; round++) {
+        const double was = ck_tracker_flops(tr);
+        if (exchange(c, tr, mark, budget, frag, order, tried, taken, &L, &work)) goto out;
+        if (ck_tracker_flops(tr) >= was) break;
+    }
+    ck_tracker_free(tr); /* not held while the placements below are made */
+    tr = NULL;
     rc = 0;
+    if (!L.n) goto out;
+    size_t peak, live;
+    double flops;
+    steps_apply(c, &L, from, L.n, mark);
+    int fit = consider_peak(c, ev, mark, budget, b, &peak);
+    if (fit < 0 || ck_evaluate(ev, mark, 0, &live, &flops)) {
+        rc = -1;
+    } else if (fit) {
+        if (depth < SETTLE_TRIES && budget - peak > budget / SETTLE_ROOM)
+            rc = descend(c, ev, from, budget, peak - live, b, mark, order, depth + 1);
+    } else {
+        const double was = b->flops; /* from fits: b holds it, or better */
+        const size_t shown = peak - live > frag ? peak - live : frag;
+        if (depth < SETTLE_TRIES) rc = descend(c, ev, from, budget, shown + (peak - budget), b, mark, order, depth + 1);
+        if (!rc && b->flops >= was) rc = settle(c, ev, from, budget, shown, &L, b, mark);
+    }
 out:
-    free(from);
     ck_tracker_free(tr);
-    free(taken);
     free(tried);
-    free(flips);
-    free(ends);
+    free(taken);
+    free(L.flips);
+    free(L.ends);
     return rc;
 }
 
@@ -786,21 +789,9 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
         if (walk_start(c, ev, &ss, s, mark)) goto out;
         if (s->live > budget) continue;
         start_mark(c, &ss, s, from);
-        const int fit = consider(c, ev, from, budget, b);
-        if (fit < 0) goto out;
-        if (fit && descend(c, ev, from, budget, b->peak - s->live, b, mark, order)) goto out;
-    }
-    /* exchanges from the answer, again from each one they improve; where
-     * their answer does not fit once placed, again with its overshoot as a
-     * margin; SWAP_ROUNDS passes, SWAP_WORK changes and looks per entry in all */
-    long work = SWAP_WORK * (long)c->n;
-    size_t margin = 0;
-    for (int round = 0; b->found && round < SWAP_ROUNDS && work > 0; round++) {
-        const double was = b->flops;
-        size_t over;
-        if (exchange(c, ev, budget, margin, b, mark, order, &work, &over)) goto out;
-        if (over) margin += over;
-        else if (b->flops >= was) break;
+        size_t peak;
+        const int fit = consider_peak(c, ev, from, budget, b, &peak);
+        if (fit < 0 || (fit && descend(c, ev, from, budget, peak - s->live, b, mark, order, 0))) goto out;
     }
     /* nothing fits: the error names the smallest peak, so place every start
      * in order of its lower bounds while one may be below it */

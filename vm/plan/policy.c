@@ -655,8 +655,9 @@ static int settle(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char 
     return 0;
 }
 
-/* From a start that fits (placed; frag: its placed peak less its live
- * peak), on its list tracked: its recomputations are taken back, the
+/* From a start (placed and found to fit when fits; frag: its placed peak
+ * less its live peak, or an estimate), on its list tracked: its
+ * recomputations are taken back, the
  * costliest first, each judged on the tracked list (refused unmade when the
  * tracker's floor for it is over the budget), while the changes have moved
  * fewer than PRUNE_WORK entries and ranges per entry of the list; then
@@ -669,11 +670,13 @@ static int settle(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char 
  * missed by as a margin (failing that, the longest run of its steps that
  * fits is placed, settle()); where
  * it fits with more than 1/SETTLE_ROOM of the budget to spare, again with
- * the fragmentation it showed; SETTLE_TRIES deep. -1 on error. */
+ * the fragmentation it showed; SETTLE_TRIES deep. A start not placed is
+ * placed where nothing was changed, and before the runs of steps are
+ * settled (from it: nothing where it does not fit). -1 on error. */
 #define SETTLE_TRIES 2
 #define SETTLE_ROOM 4096
-static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *from, size_t budget, size_t frag,
-                   best *b, unsigned char *mark, scored *order, int depth)
+static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *from, int fits, size_t budget,
+                   size_t frag, best *b, unsigned char *mark, scored *order, int depth)
 {
     const ck_graph *g = c->g;
     memcpy(mark, from, (size_t)g->nt);
@@ -714,7 +717,10 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
     ck_tracker_free(tr); /* not held while the placements below are made */
     tr = NULL;
     rc = 0;
-    if (!L.n) goto out;
+    if (!L.n) {
+        if (!fits) rc = consider(c, ev, from, budget, b) < 0 ? -1 : 0;
+        goto out;
+    }
     size_t peak, live;
     double flops;
     steps_apply(c, &L, from, L.n, mark);
@@ -723,12 +729,15 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
         rc = -1;
     } else if (fit) {
         if (depth < SETTLE_TRIES && budget - peak > budget / SETTLE_ROOM)
-            rc = descend(c, ev, from, budget, peak - live, b, mark, order, depth + 1);
+            rc = descend(c, ev, from, fits, budget, peak - live, b, mark, order, depth + 1);
     } else {
-        const double was = b->flops; /* from fits: b holds it, or better */
+        const double was = b->found ? b->flops : HUGE_VAL;
         const size_t shown = peak - live > frag ? peak - live : frag;
-        if (depth < SETTLE_TRIES) rc = descend(c, ev, from, budget, shown + (peak - budget), b, mark, order, depth + 1);
-        if (!rc && b->flops >= was) rc = settle(c, ev, from, budget, shown, &L, b, mark);
+        if (depth < SETTLE_TRIES)
+            rc = descend(c, ev, from, fits, budget, shown + (peak - budget), b, mark, order, depth + 1);
+        if (!rc && !(b->found && b->flops < was) && !fits) /* settling needs a start that fits */
+            rc = (fits = consider(c, ev, from, budget, b)) < 0 ? -1 : 0;
+        if (!rc && fits && b->flops >= was) rc = settle(c, ev, from, budget, shown, &L, b, mark);
     }
 out:
     ck_tracker_free(tr);
@@ -783,15 +792,24 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
         if (k == c->ncand) break;
     }
     if (ss.n > 1) qsort(ss.s, (size_t)ss.n, sizeof *ss.s, by_flops);
+    /* the first start whose live peak fits is placed; once one has missed
+     * the budget by its fragmentation, the next whose live peak fits with
+     * that fragmentation is descended from without being placed */
+    size_t shown = SIZE_MAX;
     for (int i = 0; i < ss.n && !b->found; i++) {
         start *s = &ss.s[i];
         if (s->turn > budget) continue;
         if (walk_start(c, ev, &ss, s, mark)) goto out;
         if (s->live > budget) continue;
         start_mark(c, &ss, s, from);
+        if (shown != SIZE_MAX) {
+            if (s->live + shown <= budget && descend(c, ev, from, 0, budget, shown, b, mark, order, 0)) goto out;
+            continue;
+        }
         size_t peak;
         const int fit = consider_peak(c, ev, from, budget, b, &peak);
-        if (fit < 0 || (fit && descend(c, ev, from, budget, peak - s->live, b, mark, order, 0))) goto out;
+        if (fit < 0 || (fit && descend(c, ev, from, 1, budget, peak - s->live, b, mark, order, 0))) goto out;
+        if (!fit) shown = peak - s->live;
     }
     /* nothing fits: the error names the smallest peak, so place every start
      * in order of its lower bounds while one may be below it */

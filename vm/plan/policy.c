@@ -60,6 +60,7 @@ typedef struct regions {
     int *of_node;   /* per graph node: region id, 0 for none */
     char **names;   /* region instance names, index id - 1 */
     int n, cap;
+    int last;       /* the id found last (nodes of a block come together) */
 } regions;
 
 static void regions_free(regions *r)
@@ -70,10 +71,13 @@ static void regions_free(regions *r)
     memset(r, 0, sizeof *r);
 }
 
+static int same_name(const char *a, const char *name, size_t len) { return strncmp(a, name, len) == 0 && !a[len]; }
+
 static int region_id(regions *r, const char *name, size_t len)
 {
-    for (int i = 0; i < r->n; i++)
-        if (strlen(r->names[i]) == len && strncmp(r->names[i], name, len) == 0) return i + 1;
+    if (r->last && same_name(r->names[r->last - 1], name, len)) return r->last;
+    for (int i = r->n - 1; i >= 0; i--)
+        if (same_name(r->names[i], name, len)) return r->last = i + 1;
     if (r->n == r->cap) {
         int cap = r->cap ? 2 * r->cap : 32;
         char **nm = realloc(r->names, sizeof(char *) * (size_t)cap);
@@ -85,7 +89,7 @@ static int region_id(regions *r, const char *name, size_t len)
     if (!r->names[r->n]) return -1;
     memcpy(r->names[r->n], name, len);
     r->names[r->n][len] = 0;
-    return ++r->n;
+    return r->last = ++r->n;
 }
 
 /* Regions of forward nodes: each distinct scope instance a pattern matches.

@@ -19,13 +19,15 @@ trap 'rm -f "$out"' EXIT
 # one case: best wall time of R runs, its peak RSS, and the plan's figures
 run() {
   local label=$1 policy=$2; shift 2
-  local best="" rss="" line=""
+  local best="" rss="" line="" cpu=""
   for _ in $(seq "$R"); do
-    /usr/bin/time -f "%e %M" -o "$out.t" "$@" > "$out.o" 2>&1 || { echo "$label $policy: failed"; cat "$out.o"; return; }
-    read -r t m < "$out.t"
+    /usr/bin/time -f "%e %M %U %S" -o "$out.t" "$@" > "$out.o" 2>&1 || { echo "$label $policy: failed"; cat "$out.o"; return; }
+    read -r t m u s < "$out.t"
+    u=$(awk -v u="$u" -v s="$s" 'BEGIN { printf "%.2f", u + s }')
     if [ -z "$best" ] || awk -v a="$t" -v b="$best" 'BEGIN{exit !(a < b)}'; then best=$t; rss=$m; line=$(tail -1 "$out.o"); fi
+    if [ -z "$cpu" ] || awk -v a="$u" -v b="$cpu" 'BEGIN{exit !(a < b)}'; then cpu=$u; fi
   done
-  printf '%-30s | %-10s | %6.2f s | %6.1f MiB | %s\n' "$label" "$policy" "$best" "$(awk -v k="$rss" 'BEGIN{print k/1024}')" "$line"
+  printf '%-30s | %-10s | %6.2f s | %6.1f MiB | %s cpu_s %s\n' "$label" "$policy" "$best" "$(awk -v k="$rss" 'BEGIN{print k/1024}')" "$line" "$cpu"
 }
 
 echo "case                           | policy     |   wall   |  peak RSS  | plan"
@@ -75,5 +77,15 @@ awk -F'|' '{
 } END {
   for (l in labels) for (q in pols) if ((l, q) in dec && place[l] > 0)
     printf "  %-30s %-10s %.3f s / %.3f s = %.1f\n", l, q, dec[l, q], place[l], dec[l, q] / place[l]
+}' "$out.rows"
+echo
+echo "the whole budget:80% process against the whole none process (CPU seconds, user and system, each the least of R):"
+awk -F'|' '{
+  label = $1; gsub(/ +$/, "", label); pol = $2; gsub(/ /, "", pol)
+  if (!match($5, /cpu_s [0-9.]+/)) next
+  c = substr($5, RSTART + 6, RLENGTH - 6) + 0
+  if (pol == "none") none[label] = c; else if (pol == "budget:80%") bud[label] = c
+} END {
+  for (l in bud) if (none[l] > 0) printf "  %-30s %.2f s / %.2f s = %.1f\n", l, bud[l], none[l], bud[l] / none[l]
 }' "$out.rows"
 rm -f "$out.t" "$out.o" "$out.rows"

@@ -6,6 +6,8 @@
 #include "plan/evaluate.h"
 
 #include "dist/dist.h"
+#include "util/hash.h"
+#include "util/text.h"
 
 #include "../../ops/adam8.h"
 #include "../../ops/bf16.h"
@@ -14,27 +16,17 @@
 #include "../../ops/rng.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int failf(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+/* The basis of the parameters' init streams: FNV-1a of the name from this
+ * value (FNV's offset basis less its last digit), kept so that a seed gives
+ * the weights it always gave. */
+#define INIT_NAME_BASIS 1469598103934665603ULL
 
-static uint64_t name_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ULL;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
-    return h;
-}
+static uint64_t name_hash(const char *s) { return ck_fnv1a(INIT_NAME_BASIS, s, strlen(s)); }
 
 /* Parameters start from the seed and their name, so adding a layer elsewhere
  * does not change how the others start. */
@@ -488,17 +480,17 @@ static int join_group(ck_program *p, const ck_program *share, char *err, size_t 
 {
     if (share) {
         if (share->be != p->be)
-            return failf(err, errlen, "a program shares weights only with a program on the same device (%s, not %s)",
+            return ck_errf(err, errlen, "a program shares weights only with a program on the same device (%s, not %s)",
                          p->be->name, share->be->name);
         if ((share->grp->arena != NULL) != !p->opt.plan_only)
-            return failf(err, errlen, "a plan-only program shares weights only with a plan-only one, and a runnable "
+            return ck_errf(err, errlen, "a plan-only program shares weights only with a plan-only one, and a runnable "
                          "one with a runnable one");
         p->grp = share->grp;
         p->grp->refs++;
         return 0;
     }
     p->grp = calloc(1, sizeof *p->grp);
-    if (!p->grp) return failf(err, errlen, "out of memory");
+    if (!p->grp) return ck_errf(err, errlen, "out of memory");
     p->grp->refs = 1;
     p->grp->be = p->be;
     return 0;
@@ -535,7 +527,7 @@ static int own_intact(ck_program *p)
     for (int t = 0; t < p->g->nt; t++) {
         if (p->poff[t] < (int64_t)p->grp->shared || p->g->t[t].kind != CK_KIND_FROZEN || is_streamed(p, t)) continue;
         if (p->own_at[t] != p->grp->serial)
-            return failf(p->err, sizeof p->err, "'%s' is a weight of this program alone, and another program of its "
+            return ck_errf(p->err, sizeof p->err, "'%s' is a weight of this program alone, and another program of its "
                          "group has run since it was written: load it again (or p:init_own() for its initial values)",
                          p->g->t[t].name ? p->g->t[t].name : "a tensor");
     }
@@ -573,7 +565,7 @@ static int group_grow(ck_program *p, char *err, size_t errlen)
     unsigned char *a = be->alloc(p->arena_bytes);
     if (!a) {
         ck_mem_give(gr->budget, bytes);
-        failf(err, errlen, "cannot allocate the arena of %zu bytes on %s%s%s", p->arena_bytes, be->name,
+        ck_errf(err, errlen, "cannot allocate the arena of %zu bytes on %s%s%s", p->arena_bytes, be->name,
               be->error()[0] ? ": " : "", be->error());
         be->clear_error();
         return -1;
@@ -581,7 +573,7 @@ static int group_grow(ck_program *p, char *err, size_t errlen)
     if (be->copy(a, gr->arena, gr->shared)) {
         be->release(a);
         ck_mem_give(gr->budget, bytes);
-        failf(err, errlen, "copying the shared weights on %s: %s", be->name, be->error());
+        ck_errf(err, errlen, "copying the shared weights on %s: %s", be->name, be->error());
         be->clear_error();
         return -1;
     }
@@ -604,7 +596,7 @@ static int init_persistent(ck_program *p, int own_only, char *err, size_t errlen
         float *x = ck_program_write_begin(p, t, 0);
         if (x) init_tensor(&g->t[t], x, p->opt.seed);
         if (!x || ck_program_write_end(p, t))
-            return failf(err, errlen, "initializing '%s': %s", g->t[t].name ? g->t[t].name : "tensor", p->err);
+            return ck_errf(err, errlen, "initializing '%s': %s", g->t[t].name ? g->t[t].name : "tensor", p->err);
     }
     return 0;
 }
@@ -633,14 +625,14 @@ static int host_region(ck_program *p, char *err, size_t errlen)
     be->enter();
     p->host = need ? be->pinned_alloc(need) : NULL; /* streamed weights alone: copies, no host region */
     if (need && !p->host) {
-        failf(err, errlen, "cannot allocate %zu bytes (%s) of %shost memory for the offloaded tensors%s%s", need, size,
+        ck_errf(err, errlen, "cannot allocate %zu bytes (%s) of %shost memory for the offloaded tensors%s%s", need, size,
               be->host ? "" : "pinned ", be->error()[0] ? ": " : "", be->error());
         be->clear_error();
         return -1;
     }
     p->host_bytes = need;
     if (be->xfer_open(slots)) {
-        failf(err, errlen, "the copy stream on %s: %s", be->name, be->error());
+        ck_errf(err, errlen, "the copy stream on %s: %s", be->name, be->error());
         be->clear_error();
         return -1;
     }
@@ -663,7 +655,7 @@ static int weights_region(ck_program *p, char *err, size_t errlen)
     be->enter();
     gr->weights = be->pinned_alloc(gr->weight_bytes);
     if (!gr->weights)
-        return failf(err, errlen, "cannot allocate %zu bytes (%s) of %shost memory for the streamed frozen weights%s%s",
+        return ck_errf(err, errlen, "cannot allocate %zu bytes (%s) of %shost memory for the streamed frozen weights%s%s",
                      gr->weight_bytes, size, be->host ? "" : "pinned ", be->error()[0] ? ": " : "", be->error());
     return 0;
 }
@@ -690,7 +682,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     /* the planner's own limit (list entries and tree positions stay far
      * below 2^31, keys below 2^63), refused before anything that size is made */
     if (src->nn > CK_PLAN_MAX_NODES) {
-        failf(err, errlen, "the graph has %d nodes, more than the %d ckrun plans", src->nn, CK_PLAN_MAX_NODES);
+        ck_errf(err, errlen, "the graph has %d nodes, more than the %d ckrun plans", src->nn, CK_PLAN_MAX_NODES);
         return NULL;
     }
     ck_program *p = calloc(1, sizeof *p);
@@ -698,7 +690,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     unsigned char *recompute = NULL;
     ck_evaluator *ev = NULL;
     if (!p) {
-        failf(err, errlen, "out of memory");
+        ck_errf(err, errlen, "out of memory");
         return NULL;
     }
     p->opt = *o;
@@ -732,17 +724,17 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     for (int t = 0; t < g->nt; t++) trains |= g->t[t].kind == CK_KIND_PARAM;
     if (data_parallel(o) && o->loss >= 0 && trains && o->optim != CK_OPTIM_NONE) {
         if (o->fused_backward) {
-            failf(err, errlen, "fused updates run inside backward, before the ranks' gradients are summed: data "
+            ck_errf(err, errlen, "fused updates run inside backward, before the ranks' gradients are summed: data "
                   "parallel training refuses them (compile without fused_backward)");
             goto fail;
         }
         if (!p->be->host && !p->be->allreduce_start && !o->plan_only) {
-            failf(err, errlen, "data parallel training on the %s device needs NCCL, and this build of its backend "
+            ck_errf(err, errlen, "data parallel training on the %s device needs NCCL, and this build of its backend "
                   "has none (rebuild with NCCL found, or run the ranks on the CPU)", p->be->name);
             goto fail;
         }
         if (!o->plan_only && ck_dist_size() != (o->world > 1 ? o->world : 1)) {
-            failf(err, errlen, "compiled for %d ranks, but this job has %d (mpirun -np %d ...)", o->world,
+            ck_errf(err, errlen, "compiled for %d ranks, but this job has %d (mpirun -np %d ...)", o->world,
                   ck_dist_size(), o->world);
             goto fail;
         }
@@ -756,17 +748,17 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     p->scale_t = p->tracker_t = p->inv_t = -1;
     if (o->scaler.on && o->loss >= 0 && trains) {
         if (o->fused_backward) {
-            failf(err, errlen, "loss scaling checks every gradient for an overflow before any update, so it cannot "
+            ck_errf(err, errlen, "loss scaling checks every gradient for an overflow before any update, so it cannot "
                   "go with fused_backward (each parameter updated inside backward)");
             goto fail;
         }
         if (o->optim == CK_OPTIM_NONE) {
-            failf(err, errlen, "loss scaling skips the updates whose gradients overflow: it needs an optimizer "
+            ck_errf(err, errlen, "loss scaling skips the updates whose gradients overflow: it needs an optimizer "
                   "(optimizer = \"none\" here)");
             goto fail;
         }
         if (add_loss_scale(g, o, p)) {
-            failf(err, errlen, "%s", g->err);
+            ck_errf(err, errlen, "%s", g->err);
             goto fail;
         }
     }
@@ -781,11 +773,11 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         }
     if (o->loss >= 0 && trains) {
         if (ck_autodiff(g, o->loss, p->scale_t)) {
-            failf(err, errlen, "%s", g->err);
+            ck_errf(err, errlen, "%s", g->err);
             goto fail;
         }
         if (o->optim != CK_OPTIM_NONE && add_optimizer(g, o, p)) {
-            failf(err, errlen, "%s", g->err);
+            ck_errf(err, errlen, "%s", g->err);
             goto fail;
         }
         g->fused_updates = o->fused_backward;
@@ -858,12 +850,12 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
                 continue;
             }
             if (at == -2 && g->t[t].kind != CK_KIND_INPUT) {
-                failf(err, errlen, "'%s' (%s) differs in kind, shape or type from the tensor of that name in the "
+                ck_errf(err, errlen, "'%s' (%s) differs in kind, shape or type from the tensor of that name in the "
                       "program this one shares its weights with", g->t[t].name, g->t[t].where ? g->t[t].where : "?");
                 goto fail;
             }
             if (g->t[t].kind != CK_KIND_INPUT && g->t[t].kind != CK_KIND_FROZEN) {
-                failf(err, errlen, "'%s' (%s) is not in the program this one shares its weights with: a program "
+                ck_errf(err, errlen, "'%s' (%s) is not in the program this one shares its weights with: a program "
                       "that shares weights may add inputs and frozen weights only", g->t[t].name ? g->t[t].name :
                       "a tensor", g->t[t].where ? g->t[t].where : "?");
                 goto fail;
@@ -1022,7 +1014,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
         }
         if (!have) {
-            failf(err, errlen, "the plan with the streamed weights' device copies peaks at %.1f MiB (%zu bytes), over the "
+            ck_errf(err, errlen, "the plan with the streamed weights' device copies peaks at %.1f MiB (%zu bytes), over the "
                   "%.1f MiB it aimed under, after %d decisions, each with the budget cut by what the copies added",
                   over / 1048576.0, over, aim / 1048576.0, STREAM_TRIES);
             goto fail;
@@ -1079,7 +1071,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     be->enter();
     p->grp->arena = be->alloc(p->arena_bytes);
     if (!p->grp->arena) {
-        failf(err, errlen, "cannot allocate the arena of %zu bytes on %s%s%s", p->arena_bytes, be->name,
+        ck_errf(err, errlen, "cannot allocate the arena of %zu bytes on %s%s%s", p->arena_bytes, be->name,
               be->error()[0] ? ": " : "", be->error());
         be->clear_error();
         goto fail;
@@ -1095,7 +1087,7 @@ done:
     free(recompute);
     return p;
 oom:
-    failf(err, errlen, "out of memory while compiling");
+    ck_errf(err, errlen, "out of memory while compiling");
 fail:
     ck_evaluator_free(ev);
     free(list);
@@ -1116,7 +1108,7 @@ const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, si
         const ck_backend *be = ck_backend_cuda(err, errlen);
         return be || !plan_only ? be : ck_backend_cuda_plan();
     }
-    failf(err, errlen, "unknown device '%s' (cpu, cuda or auto)", name);
+    ck_errf(err, errlen, "unknown device '%s' (cpu, cuda or auto)", name);
     return NULL;
 }
 
@@ -1313,7 +1305,7 @@ static int run_overlapped(ck_program *p, const ck_run_opts *o, ck_run_info *r, c
         float bad = sums ? 0.0f : 1.0f;
         if (ck_dist_allreduce(&bad, 1, NULL, NULL) != 0) {
             p->grp->step--;
-            return failf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
+            return ck_errf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
         }
         fin = bad == 0.0f;
     }
@@ -1362,7 +1354,7 @@ static int scale_begin(ck_program *p, float *scale)
 {
     if (scalar_get(p, p->scale_t, scale)) return -1;
     if (!(*scale > 0.0f) || isinf(*scale))
-        return failf(p->err, sizeof p->err, "the loss scale is %g: it must be a finite number > 0", (double)*scale);
+        return ck_errf(p->err, sizeof p->err, "the loss scale is %g: it must be a finite number > 0", (double)*scale);
     return scalar_set(p, p->inv_t, (float)(1.0 / (double)*scale));
 }
 
@@ -1422,7 +1414,7 @@ static int run_scaled(ck_program *p, const ck_run_opts *o, ck_run_info *r, const
     if (update && p->nbuckets && ck_dist_size() > 1) { /* every rank takes the same decision */
         float bad = fin ? 0.0f : 1.0f;
         if (ck_dist_allreduce(&bad, 1, NULL, NULL) != 0)
-            return failf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
+            return ck_errf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
         if (bad > 0.0f) fin = 0;
     }
     if (!update) {
@@ -1513,7 +1505,7 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
         float bad = fin ? 0.0f : 1.0f;
         if (ck_dist_allreduce(&bad, 1, NULL, NULL) != 0) {
             p->grp->step--;
-            return failf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
+            return ck_errf(p->err, sizeof p->err, "the ranks could not agree whether the step was finite");
         }
         if (bad > 0.0f) fin = 0;
     }

@@ -60,14 +60,25 @@ end
 -- need less than was left for them is loosened by the difference. Returns
 -- {checkpoint =, needs = device bytes, none = none's device bytes, budget =,
 -- recompute_pct =, program = the chosen trial's build result when keep}, or
--- nil and {needs =
--- what the smallest plan needs, none =}. A trial's program is dropped before
--- the next is built: full SDXL's are large.
+-- nil and {needs = what the smallest plan needs, none =, device_own = the
+-- device's own bytes where they take the whole limit}. A trial's program is
+-- dropped before the next is built: full SDXL's are large.
 function M.cheapest(build, batch, limit, device, keep)
   local _, fixed, granule = ck.device_layout(device)
   local function device_bytes(arena) return -(-arena // granule) * granule + fixed end
   local b, extra = (limit - fixed) // granule * granule, 0 -- extra: what the other lists need above the training list
   local best, tried, none = nil, {}, nil
+  local function none_needs() -- what none needs, from its own plan
+    local pn = build(batch, policy.none())
+    local s0 = (pn.program or pn):plan()
+    pn = nil
+    collectgarbage()
+    extra, none = math.max(0, s0.arena - s0.peak), s0.device_bytes
+  end
+  if b <= 0 then -- the device's own bytes take the whole limit
+    none_needs()
+    return nil, {none = none, device_own = fixed}
+  end
   for _ = 1, 4 do
     if b <= 0 or tried[b] then break end
     tried[b] = true
@@ -82,13 +93,7 @@ function M.cheapest(build, batch, limit, device, keep)
       -- the smallest training list as the device would take it (with
       -- offload allowed, the smallest without it too)
       local without = report.floor_without
-      if not none then -- what none needs, from its own plan
-        local pn = build(batch, policy.none())
-        local s0 = (pn.program or pn):plan()
-        pn = nil
-        collectgarbage()
-        extra, none = math.max(0, s0.arena - s0.peak), s0.device_bytes
-      end
+      if not none then none_needs() end
       local offload = report.floor_offload -- offload not allowed: what it would reach
       return nil, {needs = device_bytes(least + extra), needs_without = without and device_bytes(without + extra),
                    needs_offload = offload and offload < least and device_bytes(offload + extra) or nil, none = none}
@@ -138,7 +143,10 @@ local function says(c, mem)
 end
 
 local function refusal(why, mem)
-  if why.needs and why.needs_without then
+  if why.device_own then
+    return string.format("nothing fits in %s: the device's own %s (its libraries' workspaces, outside every plan) " ..
+      "leave no room for the step (none needs %s)", room(mem), fmt(why.device_own), fmt(why.none))
+  elseif why.needs and why.needs_without then
     return string.format("nothing fits in %s: the smallest plan needs %s with offload, %s without (none needs %s)",
       room(mem), fmt(why.needs), fmt(why.needs_without), fmt(why.none))
   elseif why.needs and why.needs_offload then

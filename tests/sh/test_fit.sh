@@ -54,6 +54,12 @@ size=$((none * 3 / 10))
   && grep -qE "^ckrun: scripts/train_sdxl_lora.lua:[0-9]+: checkpoint auto: nothing fits in .* given: the smallest plan needs [0-9.]+ MiB(, [0-9.]+ MiB with --offload auto)? \(none needs [0-9.]+ MiB\)$" "$dir/none.err"
 ok $? "auto:$size: refused in one line ($(cat "$dir/none.err"))"
 
+# a CUDA plan whose limit the device's own bytes (its libraries' workspaces) take whole: refused in one line saying so
+"$CKRUN" --plan --device cuda $S --checkpoint auto:4MiB > "$dir/own.out" 2> "$dir/own.err"; rc=$?
+[ $rc != 0 ] && [ "$(wc -l < "$dir/own.err")" = 1 ] && [ ! -s "$dir/own.out" ] \
+  && grep -qE "^ckrun: scripts/train_sdxl_lora.lua:[0-9]+: checkpoint auto: nothing fits in .* given: the device's own [0-9.]+ MiB \(its libraries' workspaces, outside every plan\) leave no room for the step \(none needs [0-9.]+ MiB\)$" "$dir/own.err"
+ok $? "--device cuda auto:4MiB: refused in one line naming the device's own bytes ($(cat "$dir/own.err"))"
+
 # auto never refuses what a fixed policy fits: at each one's whole-run figure, no headroom
 for name in diffusers sqrt_n selective every_n:2 every_n:3; do
   bytes=$(json "$dir/fixed.json" "[p for p in d['policies'] if p['name'] == '$name'][0]['device_bytes']")

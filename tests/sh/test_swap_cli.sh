@@ -79,6 +79,11 @@ ok $? "budgets with streamed blocks (flux-tiny, sdxl-tiny; --offload none and au
 [ $rc != 0 ] && [ "$(wc -l < "$dir/cut.out")" = 1 ] && grep -q "^ckrun: scripts/train_flux_lora.lua:[0-9]*: " "$dir/cut.out" \
   && grep -q "nothing fits in .*(the budget less [0-9.]* MiB for the streamed weights' device copies)$" "$dir/cut.out"
 ok $? "budget:1320KiB with 2 blocks streamed: the list fits it, not with the copies: one line naming the cut ($(cat "$dir/cut.out"))"
+# a budget the list itself does not fit: the smallest peak named is the list's, and the line says what the copies add
+"$CKRUN" --plan $F --blocks-to-swap 2 --offload none --checkpoint budget:1MiB > "$dir/floor.out" 2>&1; rc=$?
+[ $rc != 0 ] && [ "$(wc -l < "$dir/floor.out")" = 1 ] && grep -q "^ckrun: scripts/train_flux_lora.lua:[0-9]*: " "$dir/floor.out" \
+  && grep -qE "the smallest peak ckrun can plan is .* \(the streamed weights' device copies not counted: under none they hold [0-9.]+ (KiB|MiB) at once\)$" "$dir/floor.out"
+ok $? "budget:1MiB with 2 blocks streamed: one line whose smallest peak says the copies are not in it ($(cat "$dir/floor.out"))"
 
 # --checkpoint auto with --offload auto: when nothing fits, blocks streamed (a bisection) that let it fit
 "$CKRUN" --plan --json $F --checkpoint auto:1300KiB --offload auto > "$dir/auto.json"; rc=$?

@@ -667,6 +667,22 @@ static void mark_streamed(const ck_program *p, unsigned char *mark)
         if (is_streamed(p, t)) mark[t] = CK_OFFLOAD;
 }
 
+/* the most bytes the streamed weights' device copies hold at once in the
+ * list of the n nodes of list under none; (size_t)-1 out of memory */
+static size_t none_copies(const ck_program *p, const ck_graph *g, const int *list, int n, int prefetch)
+{
+    ck_plan pl = {0};
+    unsigned char *mark = calloc((size_t)g->nt, 1);
+    size_t most = (size_t)-1;
+    if (mark && !ck_schedule(&pl, g, list, n, NULL)) {
+        mark_streamed(p, mark);
+        if (ck_offload_schedule(&pl, g, mark, p->retain, prefetch) >= 0) most = ck_offload_stream_copies_most(&pl, g);
+    }
+    ck_plan_free(&pl);
+    free(mark);
+    return most;
+}
+
 /* decisions tried at most where streamed weights' device copies take a plan over its budget */
 #define STREAM_TRIES 5
 
@@ -941,10 +957,17 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
                         ev = dc.ev = NULL;
                         break;
                     }
+                    const size_t at = strlen(err);
                     if (dc.cut) {
-                        const size_t at = strlen(err);
                         snprintf(err + at, errlen - at, " (the budget less %.1f MiB for the streamed weights' device "
                                  "copies)", dc.cut / 1048576.0);
+                    } else if (p->streamed) { /* the figures are the list's: say what the copies add */
+                        const size_t most = none_copies(p, g, list, n, prefetch);
+                        if (most == (size_t)-1) goto oom;
+                        char size[64];
+                        ck_mem_text(most, size, sizeof size);
+                        snprintf(err + at, errlen - at, " (the streamed weights' device copies not counted: under none "
+                                 "they hold %s at once)", size);
                     }
                     goto fail;
                 }

@@ -212,7 +212,9 @@ end
 -- keep (with a given batch: return the chosen trial's build result as run).
 -- Returns {checkpoint = the policy to compile, batch =, reason = one line, run =}.
 -- When nothing fits it refuses in one line naming what the smallest plan
--- needs; every error names the line that called choose.
+-- needs; every error names the line that called choose. With o.soft, that
+-- refusal is returned instead: nil and {what = "checkpoint auto" (what was
+-- asked), refusal = the line after it}.
 function M.choose(o)
   local auto = type(o.checkpoint) == "table" and o.checkpoint.kind == "auto"
   local what = (auto and "checkpoint auto" or "") .. (auto and o.batch == "auto" and ", " or "") ..
@@ -237,7 +239,7 @@ function M.choose(o)
     end
     if o.batch ~= "auto" then
       local c, why = at(o.batch)
-      if not c then error(line(nil, why), 0) end
+      if not c then return {refusal = line(nil, why)} end
       return {checkpoint = c.checkpoint, batch = o.batch, reason = what .. ": " .. line(c), run = c.program}
     end
     -- the largest batch that fits: M.search_batch's doubling and bisection
@@ -248,13 +250,15 @@ function M.choose(o)
       if c then return c.needs end
       return nil, line(nil, why), why.needs
     end, mem.bytes)
-    if r.batch == 0 then error("even batch 1 does not fit: " .. line(nil, tried[1].why), 0) end
+    if r.batch == 0 then return {refusal = "even batch 1 does not fit: " .. line(nil, tried[1].why)} end
     local next_words = r.capped and "the search stops there" or
       string.format("batch %d: %s", r.next, r.next_peak and ("needs " .. fmt(r.next_peak)) or tostring(r.next_error))
     local c = tried[r.batch].c
     return {checkpoint = c.checkpoint, batch = r.batch,
             reason = string.format("%s: batch %d (%s); %s", what, r.batch, next_words, line(c))}
   end)
+  if ok and r.refusal and o.soft then return nil, {what = what, refusal = r.refusal} end
+  if ok and r.refusal then r, ok = r.refusal, false end
   if not ok then error(what .. ": " .. errors.strip_where(r), 2) end
   return r
 end

@@ -510,14 +510,15 @@ local function fit_to_memory(t)
     if t.sampler then t.sampler:programs_for(r.program, true) end -- the group's arena grows to them
     return r
   end
+  -- the choice, or nil and the refusal ({what =, refusal =})
   local function choose()
     -- a plan-only run keeps the chosen trial's program: it is the program
     -- compile(t) would build (the same batch, policy decision, latents and streamed blocks)
-    local c = require("ck.fit").choose{build = planned, checkpoint = t.checkpoint, batch = t.batch,
-                                       headroom = t.o["fit-headroom"], keep = ck.plan_mode}
-    return c -- not a tail call: choose's errors name this line, which the trainer puts at the script's
+    local c, no = require("ck.fit").choose{build = planned, checkpoint = t.checkpoint, batch = t.batch,
+                                           headroom = t.o["fit-headroom"], keep = ck.plan_mode, soft = true}
+    return c, no -- not a tail call: choose's errors name this line, which the trainer puts at the script's
   end
-  local ok, c = pcall(choose)
+  local c, no = choose()
   -- Nothing fits with --offload auto and no blocks named: a number of blocks
   -- whose streamed weights (--blocks-to-swap N, the family's count) let the
   -- same search fit. Streaming moves weights out of the persistent region the
@@ -528,33 +529,32 @@ local function fit_to_memory(t)
   -- find a fit where one exists, so N is the fewest that fits only where
   -- one more block never makes it miss.
   local f = t.family
-  if not ok and t.offload == "auto" and not t.stream and not t.full and f.swap_blocks then
+  if not c and t.offload == "auto" and not t.stream and not t.full and f.swap_blocks then
     local most = 0
     while f.swap_blocks(t.m, most + 1) do most = most + 1 end
     local function with(n)
       t.stream = f.swap_blocks(t.m, n)
-      return pcall(choose)
+      return choose()
     end
-    local fits, got = with(most)
-    if fits then
+    local got, refused = with(most)
+    if got then
       local lo, hi = 0, most -- lo does not fit, hi does
       while hi - lo > 1 do
         local mid = (lo + hi) // 2
-        local yes, r = with(mid)
-        if yes then hi, got = mid, r else lo = mid end
+        local r = with(mid)
+        if r then hi, got = mid, r else lo = mid end
       end
       t.stream = f.swap_blocks(t.m, hi)
-      ok, c = true, got
+      c = got
       c.reason = string.format("%s; streaming the frozen weights of the last %d blocks (--blocks-to-swap %d, " ..
         "found by bisection)", c.reason, hi, hi)
     else
       t.stream = nil
-      local g = tostring(got)
-      c = string.format("%s; streaming every block's frozen weights (--blocks-to-swap %d), %s", tostring(c), most,
-        g:match("nothing fits.*$") or g:match("even batch 1.*$") or g)
+      no.refusal = string.format("%s; streaming every block's frozen weights (--blocks-to-swap %d), %s", no.refusal,
+        most, refused.refusal)
     end
   end
-  if not ok then error(c, 0) end
+  if not c then error(no.what .. ": " .. no.refusal, 2) end
   t.checkpoint, t.batch, t.fit_reason, t.fit_run = c.checkpoint, c.batch, c.reason, c.run
   if not ck.plan_mode then print(t.fit_reason) end
 end

@@ -7,8 +7,11 @@
  * ck_plan_memory's, and its recompute FLOPs the list's, on both backends'
  * workspace rules; the plan it makes of a decision it placed, reusing the
  * placement (also once restored from the offsets kept while other walks
- * were made), is the same plan to the byte. */
+ * were made), is the same plan to the byte; and the budget search, from the
+ * smallest peak it reports to none's, finds a decision that fits once placed
+ * and recomputes no more than a fixed policy that fits. */
 #include "plan/evaluate.h"
+#include "plan/policy.h"
 #include "run/program.h"
 
 #include "check.h"
@@ -20,6 +23,7 @@
 
 int main(void)
 {
+    int searches = 0, searched_big = 0, search_found = 1, search_fits = 1, search_beats = 1, fixed_fits = 0;
     int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1, floor_ok = 1, floors = 0;
     char name[160];
     for (int round = 0; round < 60; round++) {
@@ -159,6 +163,47 @@ int main(void)
         }
         built &= ev != NULL && tr != NULL;
         ck_tracker_free(tr);
+        tr = NULL;
+        /* the budget search, at budgets from the smallest peak it reports to
+         * none's: it finds a decision, that decision fits once placed, and it
+         * recomputes no more than a fixed policy that fits */
+        unsigned char *ans = calloc((size_t)g->nt, 1), *fx = calloc((size_t)g->nt, 1);
+        size_t none_peak = 0, floor = 0;
+        double nf;
+        char err[256];
+        if (ev && ans && fx && !ck_evaluate(ev, NULL, 1, &none_peak, &nf) &&
+            ck_policy_budget_search(&c, ev, 0, ans, &floor, err, sizeof err) == 0 && floor && floor <= none_peak) {
+            for (int k = 0; k <= 4; k++) {
+                const size_t budget = floor + (none_peak - floor) * (size_t)k / 4;
+                size_t ignore, peak = 0;
+                double flops = 0;
+                const int found = ck_policy_budget_search(&c, ev, budget, ans, &ignore, err, sizeof err);
+                if (found < 0) break;
+                if (found && ck_evaluate(ev, ans, 1, &peak, &flops)) break;
+                searches++;
+                searched_big += ncand > 14; /* past the exhaustive search: the starts, prunings and exchanges */
+                search_found &= found == 1;
+                search_fits &= !found || peak <= budget;
+                ck_policy fixed[] = {{.kind = CK_POLICY_NONE}, {.kind = CK_POLICY_SQRT_N}, {.kind = CK_POLICY_SELECTIVE}};
+                ck_policy_selective_default(fixed[2].ops);
+                for (size_t q = 0; q < sizeof fixed / sizeof *fixed; q++) {
+                    size_t fp;
+                    double ff;
+                    memset(fx, 0, (size_t)g->nt);
+                    if (ck_policy_decide(&fixed[q], &c, fx, err, sizeof err) || ck_evaluate(ev, fx, 1, &fp, &ff)) continue;
+                    if (fp > budget) continue;
+                    fixed_fits++;
+                    if (found && flops > ff && search_beats) {
+                        snprintf(name, sizeof name, "round %d budget %zu: the search recomputes %.17g, %s fits with %.17g",
+                                 round, budget, flops, q == 0 ? "none" : q == 1 ? "sqrt_n" : "selective", ff);
+                        check(name, 0, 0);
+                    }
+                    search_beats &= found && flops <= ff;
+                }
+            }
+        }
+        free(ans);
+        free(fx);
         ck_evaluator_free(ev);
         free(nodes);
         free(cand);
@@ -189,6 +234,14 @@ int main(void)
     snprintf(name, sizeof name, "%d decisions on %d graphs: the evaluator's plan (its placement reused) is the plan", trials,
              graphs);
     check(name, plan_ok && trials >= 600, trials);
+    snprintf(name, sizeof name, "%d budget searches on %d graphs, from the smallest peak each reports to none's: each "
+             "finds a decision (%d past the exhaustive search)", searches, graphs, searched_big);
+    check(name, search_found && searches >= 200 && searched_big >= 100, searches);
+    snprintf(name, sizeof name, "%d budget searches: each decision fits its budget once placed", searches);
+    check(name, search_fits && searches >= 200, searches);
+    snprintf(name, sizeof name, "%d budget searches: none recomputes more than a fixed policy that fits (%d fit)", searches,
+             fixed_fits);
+    check(name, search_beats && fixed_fits >= searches, fixed_fits);
     /* a graph past the planner's own limit: refused at once, naming the count
      * and the limit, before anything that size is made (the graph here has
      * only its count: compile may read nothing else of it) */

@@ -798,7 +798,8 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
     if (ss.n > 1) qsort(ss.s, (size_t)ss.n, sizeof *ss.s, by_flops);
     /* the first start whose live peak fits is placed; once one has missed
      * the budget by its fragmentation, the next whose live peak fits with
-     * that fragmentation is descended from without being placed */
+     * that fragmentation is descended from without being placed (a start
+     * that does not is placed, as it may fit all the same) */
     size_t shown = SIZE_MAX;
     for (int i = 0; i < ss.n && !b->found; i++) {
         start *s = &ss.s[i];
@@ -806,8 +807,8 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
         if (walk_start(c, ev, &ss, s, mark)) goto out;
         if (s->live > budget) continue;
         start_mark(c, &ss, s, from);
-        if (shown != SIZE_MAX) {
-            if (s->live + shown <= budget && descend(c, ev, from, 0, budget, shown, b, mark, order, 0)) goto out;
+        if (shown != SIZE_MAX && s->live + shown <= budget) {
+            if (descend(c, ev, from, 0, budget, shown, b, mark, order, 0)) goto out;
             continue;
         }
         size_t peak;

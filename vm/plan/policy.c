@@ -661,21 +661,20 @@ static int settle(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char 
 
 /* From a start (placed and found to fit when fits; frag: its placed peak
  * less its live peak, or an estimate), on its list tracked: its
- * recomputations are taken back, the
- * costliest first, each judged on the tracked list (refused unmade when the
- * tracker's floor for it is over the budget), while the changes have moved
- * fewer than PRUNE_WORK entries and ranges per entry of the list; then
- * exchanges, again while a pass pays (SWAP_ROUNDS passes, SWAP_WORK changes
- * and looks per entry in all). Where the list cannot be tracked, the
- * costliest PRUNE_TRIALS recomputations are tried, each judged by a walk,
- * and there are no exchanges. What it ends with is placed once. Its
- * fragmentation is not the start's: where it misses, the whole is done
- * again from the start with the fragmentation it showed and the bytes it
- * missed by as a margin (failing that, the longest run of its steps that
- * fits is placed, settle()); where
- * it fits with more than 1/SETTLE_ROOM of the budget to spare, again with
- * the fragmentation it showed; SETTLE_TRIES deep. A start not placed is
- * placed where nothing was changed, and before the runs of steps are
+ * recomputations are taken back, the costliest first, each judged on the
+ * tracked list (refused unmade when the tracker's floor for it is over the
+ * budget), while the changes have moved fewer than PRUNE_WORK entries and
+ * ranges per entry of the list; then exchanges, again while a pass pays
+ * (SWAP_ROUNDS passes, SWAP_WORK changes and looks per entry in all). Where
+ * the list cannot be tracked, the costliest PRUNE_TRIALS recomputations are
+ * tried, each judged by a walk, and there are no exchanges. What it ends
+ * with is placed once. Its fragmentation is not the start's: where it
+ * misses, the whole is done again from the start with the fragmentation it
+ * showed and the bytes it missed by as a margin (where that finds nothing
+ * better, the longest run of its steps that fits is placed, settle());
+ * where it fits with more than 1/SETTLE_ROOM of the budget to spare, again
+ * with the fragmentation it showed; SETTLE_TRIES deep. A start not placed
+ * is placed where nothing was changed, and before the runs of steps are
  * settled (from it: nothing where it does not fit). -1 on error. */
 #define SETTLE_TRIES 2
 #define SETTLE_ROOM 4096
@@ -739,9 +738,10 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
         const size_t shown = peak - live > frag ? peak - live : frag;
         if (depth < SETTLE_TRIES)
             rc = descend(c, ev, from, fits, budget, shown + (peak - budget), b, mark, order, depth + 1);
-        if (!rc && !(b->found && b->flops < was) && !fits) /* settling needs a start that fits */
+        const int better = b->found && b->flops < was;
+        if (!rc && !better && !fits) /* settling needs a start that fits */
             rc = (fits = consider(c, ev, from, budget, b)) < 0 ? -1 : 0;
-        if (!rc && fits && b->flops >= was) rc = settle(c, ev, from, budget, shown, &L, b, mark);
+        if (!rc && !better && fits) rc = settle(c, ev, from, budget, shown, &L, b, mark);
     }
 out:
     ck_tracker_free(tr);

@@ -4,11 +4,11 @@
 #ifndef CK_PROGRAM_H
 #define CK_PROGRAM_H
 
+#include "graph/train.h"
 #include "plan/plan.h"
 #include "run/device.h"
 #include "run/exec.h"
 
-typedef enum ck_optim { CK_OPTIM_NONE = 0, CK_OPTIM_SGD, CK_OPTIM_ADAMW, CK_OPTIM_LION, CK_OPTIM_ADAMW8 } ck_optim;
 
 /* ck_compile_opts.offload */
 enum { CK_OFFLOAD_NONE = 0, CK_OFFLOAD_ACTIVATIONS, CK_OFFLOAD_AUTO };
@@ -45,21 +45,6 @@ typedef struct ck_group {
     unsigned char *weights;
     size_t weight_bytes, weight_charged;
 } ck_group;
-
-/* Dynamic loss scaling, as torch.cuda.amp.GradScaler: backward starts from
- * the scale instead of 1 (the loss's gradient), the update reads the
- * gradients times 1/scale (after the accumulated sum, before clipping, which
- * sees the unscaled norm), and an update whose gradients hold an inf or NaN
- * is skipped, the scale times backoff_factor; after growth_interval updates
- * in a row that were applied, the scale times growth_factor. The scale and
- * the count of updates since the last change are optimizer state (the
- * persistent tensors "loss_scale" and "loss_scale.growth_tracker", saved
- * with it). Exact for scales that are powers of two. */
-typedef struct ck_loss_scale {
-    int on;
-    float init, growth_factor, backoff_factor;
-    int growth_interval;
-} ck_loss_scale;
 
 typedef struct ck_compile_opts {
     int loss;          /* tensor id, -1 for a forward-only program */

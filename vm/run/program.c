@@ -3,7 +3,6 @@
  * parameters. The op lists are the seam the recompute scheduler works on. */
 #include "run/program.h"
 #include "plan/offload.h"
-#include "plan/evaluate.h"
 
 #include "dist/dist.h"
 #include "util/hash.h"
@@ -17,7 +16,6 @@
 
 #include <math.h>
 #include <stdio.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,30 +74,6 @@ int ck_program_param_state(const ck_program *p, int t, char names[2][CK_STATE_NA
     return ns;
 }
 
-/* Nodes that the sinks need, in graph order (graph order is topological). */
-static int cut_list(const ck_graph *g, const int *sink_nodes, int nsinks, int max_phase, int *list)
-{
-    char *need = calloc((size_t)(g->nn ? g->nn : 1), 1);
-    if (!need) return -1;
-    for (int i = 0; i < nsinks; i++)
-        if (sink_nodes[i] >= 0) need[sink_nodes[i]] = 1;
-    for (int i = g->nn - 1; i >= 0; i--) {
-        if (!need[i] || (int)g->n[i].phase > max_phase) {
-            need[i] = 0;
-            continue;
-        }
-        for (int j = 0; j < g->n[i].nin; j++) {
-            int pn = g->t[g->n[i].in[j]].node;
-            if (pn >= 0) need[pn] = 1;
-        }
-    }
-    int n = 0;
-    for (int i = 0; i < g->nn; i++)
-        if (need[i]) list[n++] = i;
-    free(need);
-    return n;
-}
-
 /* the host bytes p holds besides its graph: op lists, statistics, per-tensor arrays */
 static size_t own_bytes(const ck_program *p)
 {
@@ -118,12 +92,7 @@ static size_t own_bytes(const ck_program *p)
  * 0, or -1 with err */
 static int take_own(ck_program *p, size_t n, const char *what, char *err, size_t errlen)
 {
-    char w[200], size[64];
-    ck_mem_text(n, size, sizeof size);
-    snprintf(w, sizeof w, "%s (%s)", what, size);
-    if (ck_mem_take(p->budget, n, w, err, errlen)) return -1;
-    p->charged_own += n;
-    return 0;
+    return ck_mem_hold(p->budget, &p->charged_own, p->charged_own + n, what, err, errlen);
 }
 
 /* brings the charge for p's own bytes to what they are now (after a plan was
@@ -131,24 +100,7 @@ static int take_own(ck_program *p, size_t n, const char *what, char *err, size_t
  * limit */
 static int settle_own(ck_program *p, const char *what, char *err, size_t errlen)
 {
-    const size_t now = own_bytes(p);
-    if (now <= p->charged_own) {
-        ck_mem_give(p->budget, p->charged_own - now);
-        p->charged_own = now;
-        return 0;
-    }
-    return take_own(p, now - p->charged_own, what, err, errlen);
-}
-
-/* an upper bound on the host bytes of a plan of n entries over nt tensors,
- * with up to extra recomputed entries (each one copy) */
-static size_t plan_estimate(int n, int nt, int extra)
-{
-    ck_plan pl = {0};
-    pl.ops = (ck_op_ref *)&pl; /* ck_plan_host_bytes counts only a plan that has ops */
-    pl.n = n + extra;
-    pl.ntensors = nt + extra;
-    return ck_plan_host_bytes(&pl);
+    return ck_mem_hold(p->budget, &p->charged_own, own_bytes(p), what, err, errlen);
 }
 
 /* p joins share's group, or starts its own (share NULL) */
@@ -336,39 +288,6 @@ static int weights_region(ck_program *p, char *err, size_t errlen)
     return 0;
 }
 
-/* the streamed weights of p marked CK_OFFLOAD in mark (ck_offload_schedule streams them) */
-static void mark_streamed(const ck_program *p, unsigned char *mark)
-{
-    for (int t = 0; t < p->g->nt; t++)
-        if (is_streamed(p, t)) mark[t] = CK_OFFLOAD;
-}
-
-/* the most bytes the streamed weights' device copies hold at once in the
- * list of the n nodes of list under none; (size_t)-1 out of memory */
-static size_t none_copies(const ck_program *p, const ck_graph *g, const int *list, int n, int prefetch)
-{
-    ck_plan pl = {0};
-    unsigned char *mark = calloc((size_t)g->nt, 1);
-    size_t most = (size_t)-1;
-    if (mark && !ck_schedule(&pl, g, list, n, NULL)) {
-        mark_streamed(p, mark);
-        if (ck_offload_schedule(&pl, g, mark, p->retain, prefetch) >= 0) most = ck_offload_stream_copies_most(&pl, g);
-    }
-    ck_plan_free(&pl);
-    free(mark);
-    return most;
-}
-
-/* decisions tried at most where streamed weights' device copies take a plan over its budget */
-#define STREAM_TRIES 5
-
-static double thread_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
 {
     /* the planner's own limit (list entries and tree positions stay far
@@ -378,9 +297,7 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         return NULL;
     }
     ck_program *p = calloc(1, sizeof *p);
-    int *list = NULL, *sinks = NULL, *cand = NULL;
-    unsigned char *recompute = NULL;
-    ck_evaluator *ev = NULL;
+    int *sinks = NULL;
     if (!p) {
         ck_errf(err, errlen, "out of memory");
         return NULL;
@@ -450,34 +367,15 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         p->owner = ids.owner, p->nowner = ids.nowner;
         if (rc) goto fail;
     }
-    if (o->storage != CK_F32 || o->frozen != CK_F32) {
-        /* mixed precision: activations, their gradients and frozen weights
-         * in 16 bits (frozen weights in 8 with frozen = fp8); trainable
-         * weights (the master copies), their gradients, the optimizer state,
-         * the inputs and the loss stay fp32. Kernels compute in fp32: the
-         * executor converts narrow operands around an op unless the backend
-         * has a bf16 kernel for it (exec.c). */
-        for (int t = 0; t < g->nt; t++) {
-            ck_kind k = g->t[t].kind;
-            int nd = g->t[t].node;
-            /* the optimizer's own tensors (clipped gradients) stay fp32 too */
-            if (k == CK_KIND_FROZEN)
-                g->t[t].dtype = o->frozen != CK_F32 ? o->frozen : o->storage;
-            else if (k == CK_KIND_ACT && t != o->loss && !(nd >= 0 && g->n[nd].phase == CK_PHASE_OPTIMIZER))
-                g->t[t].dtype = o->storage;
-            /* a reshape shares its input's buffer, so it keeps its input's type */
-            if (nd >= 0 && g->n[nd].op == CK_OP_RESHAPE) g->t[t].dtype = g->t[g->n[nd].in[0]].dtype;
-        }
-    }
+    ck_plan_precision(g, o->storage, o->frozen, o->loss);
     if (take_own(p, ck_malloc_chunk(sizeof *p) + ck_malloc_chunk(sizeof(int) * (size_t)g->nt) +
                         ck_malloc_chunk(sizeof(int64_t) * (size_t)g->nt),
                  "the program's tensor tables", err, errlen))
         goto fail;
     p->retain = calloc((size_t)g->nt, sizeof(int));
     p->poff = malloc(sizeof(int64_t) * (size_t)g->nt);
-    list = malloc(sizeof(int) * (size_t)(g->nn + 1));
     sinks = malloc(sizeof(int) * (size_t)(g->nn + o->noutputs + 2));
-    if (!p->retain || !p->poff || !list || !sinks) goto oom;
+    if (!p->retain || !p->poff || !sinks) goto oom;
     for (int i = 0; i < o->noutputs; i++) p->retain[o->outputs[i]] = 1;
     if (o->loss >= 0) p->retain[o->loss] = 1;
 
@@ -556,15 +454,14 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         p->grp->shared = off;
         p->grp->weight_bytes = woff;
     }
-    const int prefetch = o->prefetch > 0 ? o->prefetch : CK_PREFETCH_DEFAULT;
-
-    int ns = 0;
     const ck_backend *be = p->be;
+    const ck_plan_in in = {g, p->poff, p->persistent, p->retain, p->streamed, be, o->decide, o->decide_ud,
+                           o->report, o->offload, o->prefetch > 0 ? o->prefetch : CK_PREFETCH_DEFAULT, o->speed,
+                           p->budget};
+    int ns = 0;
     for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
     if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
     const int nsinks = ns; /* the forward pass's: its list is planned after the step's */
-    int n;
-
     if (o->loss >= 0 && trains) {
         for (int t = 0; t < g->nt; t++) {
             if (g->t[t].kind != CK_KIND_PARAM) continue;
@@ -574,141 +471,22 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         }
         for (int i = 0; i < g->nn; i++)
             if (g->n[i].phase == CK_PHASE_OPTIMIZER) sinks[ns++] = i;
-        n = cut_list(g, sinks, ns, CK_PHASE_OPTIMIZER, list);
-        if (n < 0) goto oom;
-        /* with a policy, one evaluator for its trials and the plan: the
-         * decision it placed last is not placed again */
-        ck_decide_report report = {0};
-        ck_decide_ctx dc = {g, list, n, NULL, 0, p->poff, p->persistent, p->retain, be, NULL,
-                            o->offload == CK_OFFLOAD_AUTO, prefetch, o->speed ? o->speed : ck_backend_speed(be),
-                            p->offload_why, sizeof p->offload_why, o->report ? o->report : &report, 0};
-        if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
-        if (o->decide || o->offload == CK_OFFLOAD_ACTIVATIONS || p->streamed) {
-            recompute = calloc((size_t)g->nt, 1);
-            cand = malloc(sizeof(int) * (size_t)g->nt);
-            if (!recompute || !cand) goto oom;
-            dc.cand = cand;
-            dc.ncand = ck_saved_activations(g, cand);
-        }
-        /* the streamed frozen weights' device copies are not in the list a
-         * decision sees: where the plan with them passes the budget the
-         * decision aimed under, it decides again with that budget cut by
-         * the excess, or by the most the copies hold at once where that is
-         * more, then between the largest cut that missed and the smallest
-         * that fit; the plan is the last that fit */
-        int have = 0;               /* p->train holds a plan that fits */
-        size_t missed = 0, fit = 0; /* cuts: the largest that missed, the smallest that fit (have) */
-        size_t aim = 0, over = 0;   /* the budget aimed under; the last plan's peak that passed it */
-        for (int tries = 1;; tries++) {
-            if (o->decide) {
-                const double t0 = thread_seconds();
-                dc.report->budget = 0;
-                if (o->decide(o->decide_ud, &dc, recompute, err, errlen)) {
-                    if (have) { /* a larger cut fit: its plan */
-                        ck_evaluator_free(ev);
-                        ev = dc.ev = NULL;
-                        break;
-                    }
-                    const size_t at = strlen(err);
-                    if (dc.cut) {
-                        snprintf(err + at, errlen - at, " (the budget less %.1f MiB for the streamed weights' device "
-                                 "copies)", dc.cut / 1048576.0);
-                    } else if (p->streamed) { /* the figures are the list's: say what the copies add */
-                        const size_t most = none_copies(p, g, list, n, prefetch);
-                        if (most == (size_t)-1) goto oom;
-                        char size[64];
-                        ck_mem_text(most, size, sizeof size);
-                        snprintf(err + at, errlen - at, " (the streamed weights' device copies not counted: under none "
-                                 "they hold %s at once)", size);
-                    }
-                    goto fail;
-                }
-                p->decide_seconds += thread_seconds() - t0;
-                p->none_peak = dc.report->none_peak;
-            }
-            /* offload activations: what the policy keeps goes to host memory
-             * between its uses (what no later entry reads stays: ck_offload_schedule) */
-            for (int k = 0; o->offload == CK_OFFLOAD_ACTIVATIONS && k < dc.ncand; k++)
-                if (!recompute[cand[k]]) recompute[cand[k]] = CK_OFFLOAD;
-            if (p->streamed) mark_streamed(p, recompute);
-            int extra = 0, offloads = 0;
-            for (int t = 0; recompute && t < g->nt; t++) {
-                extra += recompute[t] != 0;
-                offloads += recompute[t] == CK_OFFLOAD;
-            }
-            if (take_own(p, plan_estimate(n, g->nt, (offloads ? 4 : 2) * extra), "the training step's op list and plan",
-                         err, errlen))
-                goto fail;
-            ck_plan tried = {0};
-            const double t0 = thread_seconds();
-            if (offloads) {
-                /* the list as the recompute marks make it, then the transfers; placed in full */
-                unsigned char *rmask = malloc((size_t)g->nt);
-                if (!rmask) goto oom;
-                for (int t = 0; t < g->nt; t++) rmask[t] = recompute[t] == 1;
-                ck_evaluator_free(ev);
-                ev = dc.ev = NULL;
-                const int bad = ck_schedule(&tried, g, list, n, rmask) ||
-                                ck_offload_schedule(&tried, g, recompute, p->retain, prefetch) < 0 ||
-                                ck_plan_memory(&tried, g, p->poff, p->persistent, p->retain, be);
-                free(rmask);
-                if (bad) {
-                    ck_plan_free(&tried);
-                    goto oom;
-                }
-            } else if (ev ? ck_evaluator_plan(ev, recompute, &tried)
-                          : ck_schedule(&tried, g, list, n, recompute) ||
-                                ck_plan_memory(&tried, g, p->poff, p->persistent, p->retain, be)) {
-                goto oom;
-            }
-            p->plan_seconds += thread_seconds() - t0;
-            ck_evaluator_free(ev);
-            ev = dc.ev = NULL;
-            aim = o->decide && p->streamed ? dc.report->budget : 0;
-            size_t next = 0;
-            if (!aim || tried.peak <= aim) {
-                ck_plan_free(&p->train);
-                p->train = tried;
-                have = 1;
-                fit = dc.cut;
-            } else {
-                missed = dc.cut;
-                over = tried.peak;
-                next = dc.cut + (tried.peak - aim);
-                const size_t most = ck_offload_stream_copies_most(&tried, g);
-                ck_plan_free(&tried);
-                if (most == (size_t)-1) goto oom;
-                if (most > next) next = most;
-            }
-            if (settle_own(p, "the training step's op list and plan", err, errlen)) goto fail;
-            /* done: no budget to meet, it fits uncut, out of tries, or the cuts
-             * that missed and fit are within 1/128 of the budget */
-            if (!aim || (have && !fit) || tries == STREAM_TRIES || (have && fit - missed <= aim / 128)) break;
-            dc.cut = have ? missed + (fit - missed) / 2 : next;
-            memset(recompute, 0, (size_t)g->nt);
-            if (o->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
-        }
-        if (!have) {
-            ck_errf(err, errlen, "the plan with the streamed weights' device copies peaks at %.1f MiB (%zu bytes), over the "
-                  "%.1f MiB it aimed under, after %d decisions, each with the budget cut by what the copies added",
-                  over / 1048576.0, over, aim / 1048576.0, STREAM_TRIES);
-            goto fail;
-        }
+        ck_step_info info;
+        size_t held = 0;
+        const int rc = ck_plan_step(&in, sinks, ns, &p->train, &info, &held, err, errlen);
+        p->charged_own += held;
+        p->decide_seconds = info.decide_seconds, p->plan_seconds = info.plan_seconds, p->none_peak = info.none_peak;
+        memcpy(p->offload_why, info.why, sizeof p->offload_why);
+        if (rc) goto fail;
     }
     /* the forward pass's list, planned after the step's so that the step's
      * search does not hold it */
-    n = cut_list(g, sinks, nsinks, CK_PHASE_FORWARD, list);
-    if (n < 0) goto oom;
-    if (take_own(p, plan_estimate(n, g->nt, 0), "the forward pass's op list and plan", err, errlen)) goto fail;
-    if (ck_schedule(&p->eval, g, list, n, NULL)) goto oom;
-    if (p->streamed) { /* the forward pass streams too (plans that use no streamed weight are left as they are) */
-        unsigned char *mark = calloc((size_t)g->nt, 1);
-        const int bad = !mark || (mark_streamed(p, mark), ck_offload_schedule(&p->eval, g, mark, p->retain, prefetch) < 0);
-        free(mark);
-        if (bad) goto oom;
+    {
+        size_t held = 0;
+        const int rc = ck_plan_forward(&in, sinks, nsinks, &p->eval, &held, err, errlen);
+        p->charged_own += held;
+        if (rc) goto fail;
     }
-    if (ck_plan_memory(&p->eval, g, p->poff, p->persistent, p->retain, be)) goto oom;
-    if (settle_own(p, "the forward pass's op list and plan", err, errlen)) goto fail;
     /* the one arena: the largest list the program will run */
     p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
@@ -756,19 +534,12 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     if (init_persistent(p, 0, err, errlen)) goto fail;
     if (host_region(p, err, errlen)) goto fail;
 done:
-    free(list);
     free(sinks);
-    free(cand);
-    free(recompute);
     return p;
 oom:
     ck_errf(err, errlen, "out of memory while compiling");
 fail:
-    ck_evaluator_free(ev);
-    free(list);
     free(sinks);
-    free(cand);
-    free(recompute);
     ck_program_free(p);
     return NULL;
 }

@@ -5,13 +5,10 @@
 #define CK_PROGRAM_H
 
 #include "graph/train.h"
-#include "plan/plan.h"
+#include "plan/compile.h"
 #include "run/device.h"
 #include "run/exec.h"
 
-
-/* ck_compile_opts.offload */
-enum { CK_OFFLOAD_NONE = 0, CK_OFFLOAD_ACTIVATIONS, CK_OFFLOAD_AUTO };
 
 struct ck_program;
 

@@ -52,3 +52,18 @@ void ck_mem_give(ck_mem_budget *b, size_t n)
 {
     if (b) b->used = n > b->used ? 0 : b->used - n;
 }
+
+int ck_mem_hold(ck_mem_budget *b, size_t *held, size_t now, const char *what, char *err, size_t errlen)
+{
+    if (now <= *held) {
+        ck_mem_give(b, *held - now);
+        *held = now;
+        return 0;
+    }
+    char w[200], size[64];
+    ck_mem_text(now - *held, size, sizeof size);
+    snprintf(w, sizeof w, "%s (%s)", what, size);
+    if (ck_mem_take(b, now - *held, w, err, errlen)) return -1;
+    *held = now;
+    return 0;
+}

@@ -30,6 +30,10 @@ typedef struct ck_mem_budget {
 int ck_mem_take(ck_mem_budget *b, size_t n, const char *what, char *err, size_t errlen);
 /* Gives back n bytes a ck_mem_take charged. */
 void ck_mem_give(ck_mem_budget *b, size_t n);
+/* Brings what one holder has charged, *held, to now bytes: gives back what
+ * it held over, or charges the rest for "WHAT (SIZE)", SIZE the bytes
+ * charged. 0, or -1 with err and *held as it was. */
+int ck_mem_hold(ck_mem_budget *b, size_t *held, size_t now, const char *what, char *err, size_t errlen);
 /* n in words for messages: "2.0 GiB", "64 MiB", "512 bytes" */
 void ck_mem_text(size_t n, char *buf, size_t len);
 

@@ -206,6 +206,12 @@ int main(void)
     check(plain != NULL && plain->nbuckets == 0, "without CK_COMM_FORCE a world of one has no buckets", "%s",
           plain ? "buckets" : err);
     if (!dp || !plain) goto out;
+    check(hk.ids == 0 && hk.inits == 0, "compiling opens no communicator (the first step does)", "%d ids, %d inits",
+          hk.ids, hk.inits);
+    check(dp->nbuckets == 2, "a bucket per parameter", "%d buckets", dp->nbuckets);
+    const int steps = 3;
+    int rc = train(dp, &m, steps);
+    check(rc == 0, "data-parallel steps run", "%s", dp->err);
     check(hk.ids == 1 && hk.inits == 1, "the communicator is opened once: rank 0 makes the id, every rank joins",
           "%d ids, %d inits", hk.ids, hk.inits);
     check(!memcmp(hk.id, hk.got, CK_COMM_ID_BYTES) && hk.init_rank == 0 && hk.init_nranks == 1,
@@ -213,10 +219,6 @@ int main(void)
           hk.init_nranks);
     check(hk.init_timeout == ck_dist_timeout(), "the communicator waits with vm/dist's timeout", "%g",
           hk.init_timeout);
-    check(dp->nbuckets == 2, "a bucket per parameter", "%d buckets", dp->nbuckets);
-    const int steps = 3;
-    int rc = train(dp, &m, steps);
-    check(rc == 0, "data-parallel steps run", "%s", dp->err);
     rc = train(plain, &m, steps);
     check(rc == 0, "plain steps run", "%s", plain->err);
     check(hk.starts == 2 * steps && hk.waits == 2 * steps && hk.order_ok,

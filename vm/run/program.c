@@ -288,7 +288,18 @@ static int weights_region(ck_program *p, char *err, size_t errlen)
     return 0;
 }
 
-ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
+static int trains(const ck_graph *g)
+{
+    for (int t = 0; t < g->nt; t++)
+        if (g->t[t].kind == CK_KIND_PARAM) return 1;
+    return 0;
+}
+
+static int oom(char *err, size_t errlen) { return ck_errf(err, errlen, "out of memory while compiling"); }
+
+/* A program for src under o: its options, its backend and its copy of the
+ * graph (charged first); NULL with err. */
+static ck_program *program_new(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
 {
     /* the planner's own limit (list entries and tree positions stay far
      * below 2^31, keys below 2^63), refused before anything that size is made */
@@ -297,7 +308,6 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         return NULL;
     }
     ck_program *p = calloc(1, sizeof *p);
-    int *sinks = NULL;
     if (!p) {
         ck_errf(err, errlen, "out of memory");
         return NULL;
@@ -310,81 +320,81 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
     p->be = o->be ? o->be : ck_backend_cpu();
     p->loss = o->loss;
     p->budget = src->budget;
-    /* the copy of the graph the program keeps: charged first, then its own */
     const size_t gbytes = ck_graph_host_bytes(src);
-    {
-        char what[160], size[64];
-        ck_mem_text(gbytes, size, sizeof size);
-        snprintf(what, sizeof what, "the program's copy of the graph (%d nodes, %s)", src->nn, size);
-        if (ck_mem_take(p->budget, gbytes, what, err, errlen)) {
-            free(p);
-            return NULL;
-        }
+    char what[160], size[64];
+    ck_mem_text(gbytes, size, sizeof size);
+    snprintf(what, sizeof what, "the program's copy of the graph (%d nodes, %s)", src->nn, size);
+    if (ck_mem_take(p->budget, gbytes, what, err, errlen)) {
+        free(p);
+        return NULL;
     }
-    p->g = ck_graph_clone(src);
-    if (!p->g) {
+    if (!(p->g = ck_graph_clone(src))) {
         ck_mem_give(p->budget, gbytes);
-        goto oom;
+        oom(err, errlen);
+        ck_program_free(p);
+        return NULL;
     }
     p->g->budget = p->budget;
     p->g->charged = gbytes;
-    ck_graph *g = p->g;
-    int trains = 0;
-    for (int t = 0; t < g->nt; t++) trains |= g->t[t].kind == CK_KIND_PARAM;
-    if (data_parallel(o) && o->loss >= 0 && trains && o->optim != CK_OPTIM_NONE) {
-        if (o->fused_backward) {
-            ck_errf(err, errlen, "fused updates run inside backward, before the ranks' gradients are summed: data "
-                  "parallel training refuses them (compile without fused_backward)");
-            goto fail;
-        }
-        if (!p->be->host && !p->be->allreduce_start && !o->plan_only) {
-            ck_errf(err, errlen, "data parallel training on the %s device needs NCCL, and this build of its backend "
-                  "has none (rebuild with NCCL found, or run the ranks on the CPU)", p->be->name);
-            goto fail;
-        }
-        if (!o->plan_only && ck_dist_size() != (o->world > 1 ? o->world : 1)) {
-            ck_errf(err, errlen, "compiled for %d ranks, but this job has %d (mpirun -np %d ...)", o->world,
-                  ck_dist_size(), o->world);
-            goto fail;
-        }
-        /* a collective of every rank: each compiles the same program */
-        if (!o->plan_only && ck_exec_comm_open(p->be, err, errlen)) goto fail;
-        if (!o->plan_only) p->opt.rank = ck_dist_rank();
-    }
-    ck_compile_opts own_opts = *o; /* with this process's rank */
-    own_opts.rank = p->opt.rank;
-    o = &own_opts;
-    {
-        const ck_train_opts to = {o->loss, o->optim, o->beta1, o->beta2, o->eps, o->weight_decay, o->max_grad_norm,
-                                  o->accumulate, o->fused_backward, o->scaler, data_parallel(o), o->world, o->rank,
-                                  o->shard, o->bucket_bytes};
-        ck_train_ids ids;
-        const int rc = ck_train_graph(g, &to, &ids, err, errlen);
-        p->scale_t = ids.scale_t, p->tracker_t = ids.tracker_t, p->inv_t = ids.inv_t;
-        p->accums = ids.accums, p->naccum = ids.naccum;
-        p->accum_nodes[0] = ids.accum_nodes[0], p->accum_nodes[1] = ids.accum_nodes[1];
-        p->nbuckets = ids.nbuckets;
-        p->owner = ids.owner, p->nowner = ids.nowner;
-        if (rc) goto fail;
-    }
-    ck_plan_precision(g, o->storage, o->frozen, o->loss);
+    return p;
+}
+
+/* A data-parallel training program that will run: the job's checks, and
+ * this process's rank (its communicator opens at the first step) */
+static int job_check(ck_program *p, const ck_compile_opts *o, char *err, size_t errlen)
+{
+    if (!data_parallel(o) || o->loss < 0 || !trains(p->g) || o->optim == CK_OPTIM_NONE) return 0;
+    if (o->fused_backward)
+        return ck_errf(err, errlen, "fused updates run inside backward, before the ranks' gradients are summed: data "
+                       "parallel training refuses them (compile without fused_backward)");
+    if (o->plan_only) return 0;
+    if (!p->be->host && !p->be->allreduce_start)
+        return ck_errf(err, errlen, "data parallel training on the %s device needs NCCL, and this build of its "
+                       "backend has none (rebuild with NCCL found, or run the ranks on the CPU)", p->be->name);
+    if (ck_dist_size() != (o->world > 1 ? o->world : 1))
+        return ck_errf(err, errlen, "compiled for %d ranks, but this job has %d (mpirun -np %d ...)", o->world,
+                       ck_dist_size(), o->world);
+    p->opt.rank = ck_dist_rank();
+    p->comm = 1;
+    return 0;
+}
+
+/* the training step's graph transforms (graph/train.c), what they made kept */
+static int train_graph(ck_program *p, const ck_compile_opts *o, char *err, size_t errlen)
+{
+    const ck_train_opts to = {o->loss, o->optim, o->beta1, o->beta2, o->eps, o->weight_decay, o->max_grad_norm,
+                              o->accumulate, o->fused_backward, o->scaler, data_parallel(o), o->world, o->rank,
+                              o->shard, o->bucket_bytes};
+    ck_train_ids ids;
+    const int rc = ck_train_graph(p->g, &to, &ids, err, errlen);
+    p->scale_t = ids.scale_t, p->tracker_t = ids.tracker_t, p->inv_t = ids.inv_t;
+    p->accums = ids.accums, p->naccum = ids.naccum;
+    p->accum_nodes[0] = ids.accum_nodes[0], p->accum_nodes[1] = ids.accum_nodes[1];
+    p->nbuckets = ids.nbuckets;
+    p->owner = ids.owner, p->nowner = ids.nowner;
+    return rc;
+}
+
+/* The persistent region: parameters, inputs, optimizer state, by graph
+ * order (streamed frozen weights in the group's pinned weights instead); in
+ * a group, the tensors the group's first program has are its own. Then the
+ * buckets' bytes, and a request for each. */
+static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t errlen)
+{
+    const ck_graph *g = p->g;
     if (take_own(p, ck_malloc_chunk(sizeof *p) + ck_malloc_chunk(sizeof(int) * (size_t)g->nt) +
                         ck_malloc_chunk(sizeof(int64_t) * (size_t)g->nt),
                  "the program's tensor tables", err, errlen))
-        goto fail;
+        return -1;
     p->retain = calloc((size_t)g->nt, sizeof(int));
     p->poff = malloc(sizeof(int64_t) * (size_t)g->nt);
-    sinks = malloc(sizeof(int) * (size_t)(g->nn + o->noutputs + 2));
-    if (!p->retain || !p->poff || !sinks) goto oom;
+    if (!p->retain || !p->poff) return oom(err, errlen);
     for (int i = 0; i < o->noutputs; i++) p->retain[o->outputs[i]] = 1;
     if (o->loss >= 0) p->retain[o->loss] = 1;
-
-    /* persistent region: parameters, inputs, optimizer state, by graph order;
-     * in a group, the tensors the group's first program has are its own */
-    if (join_group(p, o->share, err, errlen)) goto fail;
+    if (join_group(p, o->share, err, errlen)) return -1;
     if (o->nstream || (o->share && o->share->streamed)) {
-        if (take_own(p, ck_malloc_chunk((size_t)g->nt), "the program's tensor tables", err, errlen)) goto fail;
-        if (!(p->streamed = calloc((size_t)g->nt, 1))) goto oom;
+        if (take_own(p, ck_malloc_chunk((size_t)g->nt), "the program's tensor tables", err, errlen)) return -1;
+        if (!(p->streamed = calloc((size_t)g->nt, 1))) return oom(err, errlen);
     }
     size_t off = p->grp->shared, woff = 0;
     for (int t = 0; t < g->nt; t++) {
@@ -418,20 +428,20 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             if (at == -2 && g->t[t].kind != CK_KIND_INPUT) {
                 ck_errf(err, errlen, "'%s' (%s) differs in kind, shape or type from the tensor of that name in the "
                       "program this one shares its weights with", g->t[t].name, g->t[t].where ? g->t[t].where : "?");
-                goto fail;
+                return -1;
             }
             if (g->t[t].kind != CK_KIND_INPUT && g->t[t].kind != CK_KIND_FROZEN) {
                 ck_errf(err, errlen, "'%s' (%s) is not in the program this one shares its weights with: a program "
                       "that shares weights may add inputs and frozen weights only", g->t[t].name ? g->t[t].name :
                       "a tensor", g->t[t].where ? g->t[t].where : "?");
-                goto fail;
+                return -1;
             }
             if (g->t[t].kind == CK_KIND_FROZEN && !p->own_at) {
                 if (take_own(p, ck_malloc_chunk(sizeof(uint64_t) * (size_t)g->nt), "the program's tensor tables",
                              err, errlen))
-                    goto fail;
+                    return -1;
                 p->own_at = calloc((size_t)g->nt, sizeof(uint64_t));
-                if (!p->own_at) goto oom;
+                if (!p->own_at) return oom(err, errlen);
             }
         }
         p->poff[t] = (int64_t)off;
@@ -446,23 +456,32 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
         }
     if (p->nbuckets) {
         if (take_own(p, ck_malloc_chunk(sizeof *p->reqs * (size_t)p->nbuckets), "the buckets' requests", err, errlen))
-            goto fail;
+            return -1;
         p->reqs = calloc((size_t)p->nbuckets, sizeof *p->reqs);
-        if (!p->reqs) goto oom;
+        if (!p->reqs) return oom(err, errlen);
     }
     if (!o->share) {
         p->grp->shared = off;
         p->grp->weight_bytes = woff;
     }
-    const ck_backend *be = p->be;
-    const ck_plan_in in = {g, p->poff, p->persistent, p->retain, p->streamed, be, o->decide, o->decide_ud,
+    return 0;
+}
+
+/* The op lists: the training step's (with a loss and something to train),
+ * then the forward pass's, planned after the step's so that the step's
+ * search does not hold it (plan/compile.c); the arena's bytes. */
+static int plan_lists(ck_program *p, const ck_compile_opts *o, char *err, size_t errlen)
+{
+    const ck_graph *g = p->g;
+    const ck_plan_in in = {g, p->poff, p->persistent, p->retain, p->streamed, p->be, o->decide, o->decide_ud,
                            o->report, o->offload, o->prefetch > 0 ? o->prefetch : CK_PREFETCH_DEFAULT, o->speed,
                            p->budget};
-    int ns = 0;
+    int *sinks = malloc(sizeof(int) * (size_t)(g->nn + o->noutputs + 2)), ns = 0, rc = 0;
+    if (!sinks) return oom(err, errlen);
     for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
     if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
-    const int nsinks = ns; /* the forward pass's: its list is planned after the step's */
-    if (o->loss >= 0 && trains) {
+    const int nsinks = ns; /* the forward pass's */
+    if (o->loss >= 0 && trains(g)) {
         for (int t = 0; t < g->nt; t++) {
             if (g->t[t].kind != CK_KIND_PARAM) continue;
             int gt = g->t[t].grad;
@@ -473,73 +492,87 @@ ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err,
             if (g->n[i].phase == CK_PHASE_OPTIMIZER) sinks[ns++] = i;
         ck_step_info info;
         size_t held = 0;
-        const int rc = ck_plan_step(&in, sinks, ns, &p->train, &info, &held, err, errlen);
+        rc = ck_plan_step(&in, sinks, ns, &p->train, &info, &held, err, errlen);
         p->charged_own += held;
         p->decide_seconds = info.decide_seconds, p->plan_seconds = info.plan_seconds, p->none_peak = info.none_peak;
         memcpy(p->offload_why, info.why, sizeof p->offload_why);
-        if (rc) goto fail;
     }
-    /* the forward pass's list, planned after the step's so that the step's
-     * search does not hold it */
-    {
+    if (rc == 0) {
         size_t held = 0;
-        const int rc = ck_plan_forward(&in, sinks, nsinks, &p->eval, &held, err, errlen);
+        rc = ck_plan_forward(&in, sinks, nsinks, &p->eval, &held, err, errlen);
         p->charged_own += held;
-        if (rc) goto fail;
     }
+    free(sinks);
     /* the one arena: the largest list the program will run */
     p->arena_bytes = p->train.peak > p->eval.peak ? p->train.peak : p->eval.peak;
     if (p->arena_bytes < p->persistent) p->arena_bytes = p->persistent;
-    if (o->stats && ck_program_add_stats(p, o->stats, o->stat_blocks, o->nstat_blocks, err, errlen)) goto fail;
-    if (settle_own(p, "the logging steps' op lists and plans", err, errlen)) goto fail;
-    if (p->arena_bytes > p->grp->need) p->grp->need = p->arena_bytes;
-    if (o->plan_only) goto done;
-    if (o->share) {
-        if (group_grow(p, err, errlen)) goto fail;
+    return rc;
+}
+
+/* A program that will run: in a group, the group's arena grown to it and
+ * its own tensors' first values; else its arena (its device bytes charged
+ * before the backend is asked), the streamed weights' pinned memory and
+ * every persistent tensor's first value; then the host region. */
+static int allocate(ck_program *p, char *err, size_t errlen)
+{
+    const ck_backend *be = p->be;
+    if (p->opt.share) {
+        if (group_grow(p, err, errlen)) return -1;
         /* the shared tensors hold the group's values; the inputs start as any others do */
-        if (init_persistent(p, 1, err, errlen)) goto fail;
-        if (host_region(p, err, errlen)) goto fail;
-        goto done;
+        if (init_persistent(p, 1, err, errlen)) return -1;
+        return host_region(p, err, errlen);
     }
-    {
-        /* the plan states the arena's bytes: refused before the backend is asked */
-        size_t dev_free, dev_total;
-        if (!be->host && p->budget && p->budget->add_device && p->budget->limit &&
-            ck_cuda_memory(&dev_free, &dev_total) == 0) {
-            p->budget->limit += dev_total; /* the machine's memory is its host's and its device's */
-            p->budget->add_device = 0;
-        }
-        char what[200], size[64], dev[64];
-        const size_t bytes = ck_device_bytes(be, p->arena_bytes);
-        ck_mem_text(p->arena_bytes, size, sizeof size);
-        ck_mem_text(bytes, dev, sizeof dev);
-        if (be->host || bytes == p->arena_bytes)
-            snprintf(what, sizeof what, "the program's arena of %s", size);
-        else
-            snprintf(what, sizeof what, "the program's arena of %s (%s of %s memory)", size, dev, be->name);
-        if (ck_mem_take(p->budget, bytes, what, err, errlen)) goto fail;
-        p->grp->charged = bytes;
-        p->grp->budget = p->budget;
+    size_t dev_free, dev_total;
+    if (!be->host && p->budget && p->budget->add_device && p->budget->limit &&
+        ck_cuda_memory(&dev_free, &dev_total) == 0) {
+        p->budget->limit += dev_total; /* the machine's memory is its host's and its device's */
+        p->budget->add_device = 0;
     }
+    char what[200], size[64], dev[64];
+    const size_t bytes = ck_device_bytes(be, p->arena_bytes);
+    ck_mem_text(p->arena_bytes, size, sizeof size);
+    ck_mem_text(bytes, dev, sizeof dev);
+    if (be->host || bytes == p->arena_bytes)
+        snprintf(what, sizeof what, "the program's arena of %s", size);
+    else
+        snprintf(what, sizeof what, "the program's arena of %s (%s of %s memory)", size, dev, be->name);
+    if (ck_mem_take(p->budget, bytes, what, err, errlen)) return -1;
+    p->grp->charged = bytes;
+    p->grp->budget = p->budget;
     be->enter();
     p->grp->arena = be->alloc(p->arena_bytes);
     if (!p->grp->arena) {
         ck_errf(err, errlen, "cannot allocate the arena of %zu bytes on %s%s%s", p->arena_bytes, be->name,
-              be->error()[0] ? ": " : "", be->error());
+                be->error()[0] ? ": " : "", be->error());
         be->clear_error();
-        goto fail;
+        return -1;
     }
     p->grp->bytes = p->arena_bytes;
-    if (weights_region(p, err, errlen)) goto fail;
-    if (init_persistent(p, 0, err, errlen)) goto fail;
-    if (host_region(p, err, errlen)) goto fail;
-done:
-    free(sinks);
+    if (weights_region(p, err, errlen) || init_persistent(p, 0, err, errlen)) return -1;
+    return host_region(p, err, errlen);
+}
+
+/* The compiler: the training step as graph transforms, the precision of
+ * each tensor, the persistent region's layout, the op lists decided,
+ * scheduled, offloaded and placed, the logging lists; then, for a program
+ * that will run, its memory. */
+ck_program *ck_compile(const ck_graph *src, const ck_compile_opts *o, char *err, size_t errlen)
+{
+    ck_program *p = program_new(src, o, err, errlen);
+    if (!p) return NULL;
+    if (job_check(p, o, err, errlen)) goto fail;
+    ck_compile_opts own = *o; /* with this process's rank */
+    own.rank = p->opt.rank;
+    o = &own;
+    if (train_graph(p, o, err, errlen)) goto fail;
+    ck_plan_precision(p->g, o->storage, o->frozen, o->loss);
+    if (lay_out(p, o, err, errlen) || plan_lists(p, o, err, errlen)) goto fail;
+    if (o->stats && ck_program_add_stats(p, o->stats, o->stat_blocks, o->nstat_blocks, err, errlen)) goto fail;
+    if (settle_own(p, "the logging steps' op lists and plans", err, errlen)) goto fail;
+    if (p->arena_bytes > p->grp->need) p->grp->need = p->arena_bytes;
+    if (!o->plan_only && allocate(p, err, errlen)) goto fail;
     return p;
-oom:
-    ck_errf(err, errlen, "out of memory while compiling");
 fail:
-    free(sinks);
     ck_program_free(p);
     return NULL;
 }
@@ -891,6 +924,11 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
     r->bad_entry = r->bad_input = -1;
     r->loss_scale = 1.0f;
     if (!runnable(p)) return -1;
+    /* data parallel: the communicator, a collective of every rank, opens at the first step */
+    if (p->comm == 1) {
+        if (ck_exec_comm_open(p->be, p->err, sizeof p->err)) return -1;
+        p->comm = 2;
+    }
     if (p->train.n == 0) {
         snprintf(p->err, sizeof p->err, "this program has nothing to train (no loss or no trainable parameter)");
         return -1;

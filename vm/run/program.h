@@ -196,6 +196,8 @@ typedef struct ck_program {
      * updates applied since it last changed, and 1/scale, which the update
      * multiplies the gradients by (an input the step writes); -1 without */
     int scale_t, tracker_t, inv_t;
+    /* data parallel, runnable: 1 until its communicator is open (at the first step), then 2; 0 otherwise */
+    int comm;
     /* ZeRO-1 (opt.shard): per tensor below nowner, the rank owning a
      * parameter's optimizer state (-1 for other tensors); NULL unsharded */
     int *owner;

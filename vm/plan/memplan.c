@@ -269,6 +269,7 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     ck_place_buf *bufs = ck_big_alloc(sizeof *bufs * (size_t)(nt + n + 1));
     if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
+    for (int i = 0; i < n; i++) pl->ops[i].kt = ck_entry_kernel_type(pl, g, i, be);
     for (int i = 0; i < n; i++)
         pl->ws_bytes[i] = pl->ops[i].xfer ? 0
                           : known && known->ws_node ? known->ws_node[pl->ops[i].node]

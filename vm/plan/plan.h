@@ -19,7 +19,10 @@
  * such copies in place of the forward tensors that were not kept. */
 typedef struct ck_op_ref {
     int node;
-    ck_phase phase;
+    ck_phase phase : 8;
+    /* the type its kernel runs in (ck_entry_kernel_type), set by the memory
+     * plan for the backend it plans for: the executor runs that kernel */
+    ck_dtype kt : 8;
     int nin, nout;
     int in[CK_MAX_IN];
     int out[CK_MAX_OUT]; /* -1: slot unwanted */

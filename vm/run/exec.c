@@ -180,7 +180,7 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
         return run_comm(p, n, err, errlen);
     const ck_backend *be = p->be;
     ck_view in[CK_MAX_IN], out[CK_MAX_OUT] = {{0}};
-    const ck_dtype kt = ck_entry_kernel_type(pl, p->g, i, be);
+    const ck_dtype kt = r->kt; /* the plan's choice */
     ck_kernel_fn k = kt != CK_F32 ? ck_backend_kernels16(be, kt)[n->op] : be->kernels[n->op];
     if (!k) {
         snprintf(err, errlen, "%s: %s in %s: no %s kernel", n->where, ck_op_name(n->op), scope_of(n), be->name);

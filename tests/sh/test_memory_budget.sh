@@ -226,7 +226,7 @@ for i = 1, 500 do
   assert(#open[i]:read("a") == 4)
 end
 EOF
-refused "500 files kept open, each with its read buffer of 8 MiB" buffers.lua 5 "buffer.safetensors: its read buffer \(8.0 MiB\)"
+refused "500 files kept open, each with its read buffer of 8 MiB" buffers.lua 5 "buffer.safetensors: its read buffer \(8 MiB\)"
 cat > reopened.lua <<'EOF'
 local ck = require "ck"
 for i = 1, 500 do

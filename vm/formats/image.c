@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "formats/image.h"
 #include "util/atomic.h"
+#include "util/budget.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -201,10 +202,9 @@ static void src_skip(ck_image_reader *r, uint64_t n)
 static int take(ck_image_reader *r, uint64_t n, const char *what, char *err, size_t errlen)
 {
     if (!r->charge.take) return 0;
-    char msg[300], named[160];
-    if (n >= ((uint64_t)1 << 30)) snprintf(named, sizeof named, "%s (%.1f GiB)", what, (double)n / 1073741824.0);
-    else if (n >= ((uint64_t)1 << 20)) snprintf(named, sizeof named, "%s (%.1f MiB)", what, (double)n / 1048576.0);
-    else snprintf(named, sizeof named, "%s (%llu bytes)", what, (unsigned long long)n);
+    char msg[300], named[240], size[64];
+    ck_mem_text(n > SIZE_MAX ? SIZE_MAX : (size_t)n, size, sizeof size);
+    snprintf(named, sizeof named, "%s (%s)", what, size);
     if (n > SIZE_MAX || r->charge.take(r->charge.ud, (size_t)n, named, msg, sizeof msg))
         return fail(err, errlen, r->path, "%s", n > SIZE_MAX ? "decoder memory too large" : msg);
     r->charged += (size_t)n;

@@ -10,6 +10,7 @@
 #include "formats/safetensors.h"
 #include "formats/json.h"
 #include "util/atomic.h"
+#include "util/budget.h"
 #include "../../ops/bf16.h"
 #include "../../ops/fp8.h"
 #include "../../ops/fp16.h"
@@ -162,14 +163,6 @@ static void give(ck_st_file *f, size_t n)
     n = n < f->charged ? n : f->charged;
     f->charge.give(f->charge.ud, n);
     f->charged -= n;
-}
-
-/* n bytes in words, for what a charge names */
-static void size_words(size_t n, char *buf, size_t len)
-{
-    if (n >= ((size_t)1 << 30)) snprintf(buf, len, "%.1f GiB", (double)n / 1073741824.0);
-    else if (n >= ((size_t)1 << 20)) snprintf(buf, len, "%.1f MiB", (double)n / 1048576.0);
-    else snprintf(buf, len, "%zu bytes", n);
 }
 
 typedef struct parser {
@@ -386,7 +379,7 @@ static void fmt_shape(char *b, size_t len, int ndim, const int64_t *shape)
 static int grow_charge(parser *p, size_t n, const char *what, int cap)
 {
     char w[160], words[64];
-    size_words(n, words, sizeof words);
+    ck_mem_text(n, words, sizeof words);
     snprintf(w, sizeof w, "the table of its %s grown to %d entries (%s more)", what, cap, words);
     return take(p->f, n, w, p->err, p->errlen);
 }
@@ -715,7 +708,7 @@ static int parse_file(ck_st_file *f, char *err, size_t errlen)
                     "(only %" PRIu64 " bytes follow it; truncated?)", hlen, f->size - 8);
     /* the header's own bytes are needed only while it is parsed */
     char what[160], words[64];
-    size_words(2 * ((size_t)hlen + 1), words, sizeof words);
+    ck_mem_text(2 * ((size_t)hlen + 1), words, sizeof words);
     snprintf(what, sizeof what, "its header of %" PRIu64 " bytes (%s to parse)", hlen, words);
     if (take(f, 2 * ((size_t)hlen + 1), what, err, errlen)) return -1;
     unsigned char *h = malloc((size_t)hlen + 1);
@@ -934,7 +927,7 @@ int ck_st_read_f32(const ck_st_tensor *t, float *dst, int64_t n, char *err, size
     if (!f) return fail(err, errlen, t->file, "tensor '%s': not from an open file", name.s);
     if (!f->stage) {
         char what[96], words[64];
-        size_words(f->stage_bytes, words, sizeof words);
+        ck_mem_text(f->stage_bytes, words, sizeof words);
         snprintf(what, sizeof what, "its read buffer (%s)", words);
         if (take(f, f->stage_bytes, what, err, errlen)) return -1;
         if (!(f->stage = malloc(f->stage_bytes))) {

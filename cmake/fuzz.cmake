@@ -44,7 +44,7 @@ if(CK_FUZZ)
   target_link_libraries(ck_fuzz_objs PUBLIC OpenMP::OpenMP_C)
 
   # the safetensors reader needs only its own file and the JSON helper (jansson)
-  add_executable(fuzz_safetensors EXCLUDE_FROM_ALL tests/fuzz/fuzz_safetensors.c vm/formats/safetensors.c vm/formats/json.c vm/util/atomic.c vm/util/budget.c)
+  add_executable(fuzz_safetensors EXCLUDE_FROM_ALL tests/fuzz/fuzz_safetensors.c vm/formats/safetensors.c vm/formats/json.c vm/util/atomic.c vm/util/budget.c vm/util/text.c)
   target_compile_options(fuzz_safetensors PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
   target_include_directories(fuzz_safetensors PRIVATE ${JANSSON_INCLUDE})
   target_link_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer,address,undefined)
@@ -52,7 +52,7 @@ if(CK_FUZZ)
 
   # the image readers: their own file, and Debian's libpng, libjpeg and libwebp
   # (uninstrumented: what the runtime links)
-  add_executable(fuzz_image EXCLUDE_FROM_ALL tests/fuzz/fuzz_image.c vm/formats/image.c vm/util/atomic.c vm/util/budget.c)
+  add_executable(fuzz_image EXCLUDE_FROM_ALL tests/fuzz/fuzz_image.c vm/formats/image.c vm/util/atomic.c vm/util/budget.c vm/util/text.c)
   target_compile_options(fuzz_image PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
   target_include_directories(fuzz_image PRIVATE ${PNG_INCLUDE} ${JPEG_INCLUDE} ${WEBP_INCLUDE})
   target_link_options(fuzz_image PRIVATE -fsanitize=fuzzer,address,undefined)

@@ -7,6 +7,7 @@
 #include "formats/image.h"
 #include "util/atomic.h"
 #include "util/budget.h"
+#include "util/text.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -104,16 +105,10 @@ const char *ck_image_format_name(ck_image_format f)
 
 static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
 {
-    if (!err || !errlen) return -1;
-    int k = snprintf(err, errlen, "%s: ", path ? path : "(image)");
-    if (k < 0 || (size_t)k >= errlen) return -1;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err + k, errlen - (size_t)k, fmt, ap);
+    ck_verrf_at(err, errlen, path ? path : "(image)", fmt, ap);
     va_end(ap);
-    /* one line: a library's message may end in a newline */
-    for (char *c = err; *c; c++)
-        if (*c == '\n' || *c == '\r') *c = ' ';
     return -1;
 }
 

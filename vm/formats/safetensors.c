@@ -11,6 +11,7 @@
 #include "formats/json.h"
 #include "util/atomic.h"
 #include "util/budget.h"
+#include "util/text.h"
 #include "../../ops/bf16.h"
 #include "../../ops/fp8.h"
 #include "../../ops/fp16.h"
@@ -52,20 +53,11 @@ static int is_float_dtype(ck_st_dtype d)
 
 /* Messages */
 
-static void vput(char *err, size_t errlen, const char *path, const char *fmt, va_list ap)
-{
-    if (!err || !errlen) return;
-    int k = snprintf(err, errlen, "%s: ", path ? path : "(no path)");
-    if (k < 0) { err[0] = 0; return; }
-    if ((size_t)k >= errlen) return;
-    vsnprintf(err + k, errlen - (size_t)k, fmt, ap);
-}
-
 static int fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vput(err, errlen, path, fmt, ap);
+    ck_verrf_at(err, errlen, path ? path : "(no path)", fmt, ap);
     va_end(ap);
     return -1;
 }
@@ -180,7 +172,7 @@ static int bad(parser *p, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vput(p->err, p->errlen, p->f->path, fmt, ap);
+    ck_verrf_at(p->err, p->errlen, p->f->path ? p->f->path : "(no path)", fmt, ap);
     va_end(ap);
     return -1;
 }

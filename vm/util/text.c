@@ -55,3 +55,14 @@ int ck_errf(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
     return -1;
 }
+
+int ck_verrf_at(char *err, size_t errlen, const char *at, const char *fmt, va_list ap)
+{
+    if (!err || !errlen) return -1;
+    const int k = snprintf(err, errlen, "%s: ", at);
+    if (k < 0) err[0] = 0;
+    else if ((size_t)k < errlen) vsnprintf(err + k, errlen - (size_t)k, fmt, ap);
+    for (char *c = err; *c; c++) /* one line: a library's message may end in a newline */
+        if (*c == '\n' || *c == '\r') *c = ' ';
+    return -1;
+}

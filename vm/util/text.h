@@ -4,6 +4,7 @@
 #ifndef CK_TEXT_H
 #define CK_TEXT_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 /* Length of the prefix of name that pattern matches component by component
@@ -19,6 +20,9 @@ int ck_errf(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+/* "AT: message" into err (AT: a file's path, or what stands for it), on one
+ * line (newlines and carriage returns become spaces); returns -1. */
+int ck_verrf_at(char *err, size_t errlen, const char *at, const char *fmt, va_list ap);
 /* The "key:   N kB" line of a /proc file (/proc/meminfo, /proc/self/status) in
  * bytes, or -1 when the file or the line is missing. */
 long long ck_proc_kb_field(const char *path, const char *key);

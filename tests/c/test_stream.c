@@ -238,8 +238,8 @@ int main(void)
         size_t nk = 0, ns = 0;
         unsigned char *a = ok ? params_of(k, &nk) : NULL, *b = ok ? params_of(s, &ns) : NULL;
         /* every statistic's values, as kept */
-        for (int i = 0; ok && i < s->nstats; i++) {
-            const int o = s->stats[i].out;
+        for (int i = 0; ok && i < s->st.nstats; i++) {
+            const int o = s->st.stats[i].out;
             const size_t bytes = ck_tensor_bytes(&s->g->t[o]);
             float *x = malloc(bytes);
             const float *xk = ck_program_read(k, o);
@@ -251,9 +251,9 @@ int main(void)
         }
         char name[240];
         snprintf(name, sizeof name, "a logging list streams as the training list: statistics and parameters as kept "
-                 "(%d statistics), high-water %zu of plan %zu", s ? s->nstats : 0, rs.high_water,
+                 "(%d statistics), high-water %zu of plan %zu", s ? s->st.nstats : 0, rs.high_water,
                  s ? s->logplan[CK_STATS_ALL].peak : 0);
-        check(name, ok && s->nstats > 0 && nk == ns && !memcmp(a, b, nk) &&
+        check(name, ok && s->st.nstats > 0 && nk == ns && !memcmp(a, b, nk) &&
                         rs.high_water == s->logplan[CK_STATS_ALL].peak, 0);
         free(a);
         free(b);

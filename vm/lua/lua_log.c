@@ -452,18 +452,18 @@ static int l_enable_stats(lua_State *L)
     char err[512];
     if (ck_program_add_stats(p, groups, pats, np, err, sizeof err)) return ck_lua_raise(L, "enable_stats: %s", err);
     lua_newtable(L);
-    lua_createtable(L, p->nblocks, 0);
-    for (int b = 0; b < p->nblocks; b++) {
-        lua_pushstring(L, p->blocks[b]);
+    lua_createtable(L, p->st.nblocks, 0);
+    for (int b = 0; b < p->st.nblocks; b++) {
+        lua_pushstring(L, p->st.blocks[b]);
         lua_rawseti(L, -2, b + 1);
     }
     lua_setfield(L, -2, "blocks");
     int ng = 0, na = 0;
     lua_Integer eg = 0, ea = 0;
-    for (int k = 0; k < p->nstats; k++) {
-        if (!p->stats[k].placed) continue;
-        lua_Integer numel = (lua_Integer)ck_shape_numel(&p->g->t[p->stats[k].src].shape);
-        if (p->stats[k].group == CK_STATS_GRADS) ng++, eg += numel;
+    for (int k = 0; k < p->st.nstats; k++) {
+        if (!p->st.stats[k].placed) continue;
+        lua_Integer numel = (lua_Integer)ck_shape_numel(&p->g->t[p->st.stats[k].src].shape);
+        if (p->st.stats[k].group == CK_STATS_GRADS) ng++, eg += numel;
         else na++, ea += numel;
     }
     lua_pushinteger(L, ng);
@@ -497,16 +497,16 @@ static void set_num(lua_State *L, const char *k, double v)
 static void push_stats(lua_State *L, ck_program *p, unsigned mask, double loss_scale)
 {
     if (mask & CK_STATS_GRADS) {
-        double *sq = calloc((size_t)(p->nblocks ? p->nblocks : 1), sizeof(double));
-        char *seen = calloc((size_t)(p->nblocks ? p->nblocks : 1), 1);
+        double *sq = calloc((size_t)(p->st.nblocks ? p->st.nblocks : 1), sizeof(double));
+        char *seen = calloc((size_t)(p->st.nblocks ? p->st.nblocks : 1), 1);
         if (!sq || !seen) {
             free(sq);
             free(seen);
             luaL_error(L, "out of memory");
         }
         double total = 0;
-        for (int k = 0; k < p->nstats; k++) {
-            const ck_stat *s = &p->stats[k];
+        for (int k = 0; k < p->st.nstats; k++) {
+            const ck_stat *s = &p->st.stats[k];
             if (s->group != CK_STATS_GRADS || !s->placed) continue;
             const float *x = ck_program_read(p, s->out);
             if (!x) continue;
@@ -517,16 +517,16 @@ static void push_stats(lua_State *L, ck_program *p, unsigned mask, double loss_s
         /* the gradients' norms as the update sees them: unscaled */
         set_num(L, "grad_norm", (float)(sqrt(total) / loss_scale));
         lua_newtable(L);
-        for (int b = 0; b < p->nblocks; b++)
-            if (seen[b]) set_num(L, p->blocks[b], (float)(sqrt(sq[b]) / loss_scale));
+        for (int b = 0; b < p->st.nblocks; b++)
+            if (seen[b]) set_num(L, p->st.blocks[b], (float)(sqrt(sq[b]) / loss_scale));
         lua_setfield(L, -2, "grad_norms");
         free(sq);
         free(seen);
     }
     if (mask & CK_STATS_ACTS) {
         lua_newtable(L);
-        for (int k = 0; k < p->nstats; k++) {
-            const ck_stat *s = &p->stats[k];
+        for (int k = 0; k < p->st.nstats; k++) {
+            const ck_stat *s = &p->st.stats[k];
             if (s->group != CK_STATS_ACTS || !s->placed) continue;
             const float *x = ck_program_read(p, s->out);
             if (!x) continue;
@@ -534,7 +534,7 @@ static void push_stats(lua_State *L, ck_program *p, unsigned mask, double loss_s
             set_num(L, "mean", x[0]);
             set_num(L, "std", x[1]);
             set_num(L, "absmax", x[2]);
-            lua_setfield(L, -2, p->blocks[s->block]);
+            lua_setfield(L, -2, p->st.blocks[s->block]);
         }
         lua_setfield(L, -2, "acts");
     }

@@ -82,8 +82,8 @@ static size_t own_bytes(const ck_program *p)
                (p->retain ? ck_malloc_chunk(sizeof *p->retain * nt) : 0) +
                (p->poff ? ck_malloc_chunk(sizeof *p->poff * nt) : 0) + (p->streamed ? ck_malloc_chunk(nt) : 0);
     for (int k = 1; k <= CK_STATS_ALL; k++) b += ck_plan_host_bytes(&p->logplan[k]);
-    if (p->nstats) b += ck_malloc_chunk(sizeof *p->stats * (size_t)p->nstats);
-    for (int k = 0; k < p->nblocks; k++) b += ck_malloc_chunk(strlen(p->blocks[k]) + 1);
+    if (p->st.nstats) b += ck_malloc_chunk(sizeof *p->st.stats * (size_t)p->st.nstats);
+    for (int k = 0; k < p->st.nblocks; k++) b += ck_malloc_chunk(strlen(p->st.blocks[k]) + 1);
     if (p->accums) b += ck_malloc_chunk(sizeof *p->accums * (size_t)p->naccum);
     return b;
 }
@@ -624,9 +624,9 @@ void ck_program_free(ck_program *p)
     ck_plan_free(&p->train);
     ck_plan_free(&p->eval);
     for (int k = 0; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
-    for (int b = 0; b < p->nblocks; b++) free(p->blocks[b]);
-    free(p->blocks);
-    free(p->stats);
+    for (int b = 0; b < p->st.nblocks; b++) free(p->st.blocks[b]);
+    free(p->st.blocks);
+    free(p->st.stats);
     free(p->profile);
     ck_graph_free(p->g);
     free(p->retain);

@@ -4,6 +4,7 @@
 #ifndef CK_PROGRAM_H
 #define CK_PROGRAM_H
 
+#include "graph/stats.h"
 #include "graph/train.h"
 #include "plan/compile.h"
 #include "run/device.h"
@@ -113,22 +114,6 @@ typedef struct ck_compile_opts {
     int rank;
 } ck_compile_opts;
 
-/* Statistics that logging steps compute (vm/run/logstats.c), by group. */
-enum { CK_STATS_GRADS = 1, CK_STATS_ACTS = 2, CK_STATS_ALL = 3 };
-
-/* One statistic: a stat node of the graph reducing one tensor. Stat nodes have
- * phase BACKWARD, so no checkpoint policy sees them; only the logging lists
- * run them. */
-typedef struct ck_stat {
-    int group;  /* CK_STATS_GRADS: SUMSQ of a parameter's gradient; CK_STATS_ACTS: STATS of a block output */
-    int node;   /* the stat node */
-    int src;    /* the tensor it reduces */
-    int out;    /* its output: [1] squared norm, or [3] mean, std, absmax */
-    int param;  /* grads: the parameter; -1 otherwise */
-    int block;  /* index into ck_program.blocks */
-    int placed; /* 1 when the training list makes src (the logging lists run it) */
-} ck_stat;
-
 typedef struct ck_program {
     ck_graph *g;
     double decide_seconds, plan_seconds; /* thread CPU time: the policy's decision, the training list's plan */
@@ -163,10 +148,7 @@ typedef struct ck_program {
     /* logging: the training list plus stat entries, per stats mask ([0] unused,
      * n == 0 where not built), the statistics and the block names they use */
     ck_plan logplan[CK_STATS_ALL + 1];
-    ck_stat *stats;
-    int nstats;
-    char **blocks;
-    int nblocks;
+    ck_stat_set st;
     unsigned stat_groups;
     /* when non-NULL, seconds spent per op kind (CK_OP_COUNT entries): ck_exec adds to it */
     double *profile;

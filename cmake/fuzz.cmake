@@ -44,7 +44,7 @@ if(CK_FUZZ)
   target_link_libraries(ck_fuzz_objs PUBLIC OpenMP::OpenMP_C)
 
   # the safetensors reader needs only its own file and the JSON helper (jansson)
-  add_executable(fuzz_safetensors EXCLUDE_FROM_ALL tests/fuzz/fuzz_safetensors.c vm/formats/safetensors.c vm/formats/json.c vm/util/atomic.c vm/util/budget.c vm/util/text.c)
+  add_executable(fuzz_safetensors EXCLUDE_FROM_ALL tests/fuzz/fuzz_safetensors.c vm/formats/safetensors.c vm/formats/json.c vm/util/atomic.c vm/util/budget.c vm/util/text.c vm/util/memory.c)
   target_compile_options(fuzz_safetensors PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
   target_include_directories(fuzz_safetensors PRIVATE ${JANSSON_INCLUDE})
   target_link_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer,address,undefined)
@@ -60,7 +60,7 @@ if(CK_FUZZ)
 
   # the tokenizer's readers: its own files, jansson, ICU and zlib
   add_executable(fuzz_tokenizer EXCLUDE_FROM_ALL tests/fuzz/fuzz_tokenizer.c vm/text/clip_bpe.c vm/text/ftfy.c vm/text/text_file.c
-                 vm/util/text.c)
+                 vm/util/text.c vm/util/memory.c)
   target_compile_options(fuzz_tokenizer PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
   target_include_directories(fuzz_tokenizer PRIVATE ${JANSSON_INCLUDE} ${ICU_INCLUDE})
   target_link_options(fuzz_tokenizer PRIVATE -fsanitize=fuzzer,address,undefined)
@@ -85,7 +85,7 @@ if(CK_FUZZ)
   # the TOML reader: ckrun's scan, then toml++ behind its shim, compiled in
   # header-only here too, so its own code is instrumented and covered
   add_executable(fuzz_toml EXCLUDE_FROM_ALL tests/fuzz/fuzz_toml.c vm/formats/toml_scan.c vm/formats/toml_shim.cc
-                 vm/formats/json.c vm/text/text_file.c vm/util/text.c)
+                 vm/formats/json.c vm/text/text_file.c vm/util/text.c vm/util/memory.c)
   target_compile_options(fuzz_toml PRIVATE "SHELL:-iquote ${CMAKE_SOURCE_DIR}/vm" ${CK_FUZZ_FLAGS} -fsanitize=fuzzer)
   target_include_directories(fuzz_toml PRIVATE ${JANSSON_INCLUDE} ${TOMLPP_INCLUDE})
   target_link_options(fuzz_toml PRIVATE -fsanitize=fuzzer,address,undefined)

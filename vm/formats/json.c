@@ -2,6 +2,7 @@
  * (ck_json_digits), strings made valid UTF-8 before jansson sees them, and dumps appended to a caller's buffer so
  * a record or a header is one contiguous write. */
 #include "formats/json.h"
+#include "util/memory.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,17 +81,8 @@ int ck_json_set(json_t *obj, const char *key, size_t klen, json_t *v)
 
 int ck_json_put(const char *s, size_t n, char **out, size_t *len, size_t *cap)
 {
-    if (*len + n + 1 > *cap || !*out) {
-        size_t c = *cap ? *cap : 1024;
-        while (c < *len + n + 1) {
-            if (c > ((size_t)-1) / 2) return -1;
-            c *= 2;
-        }
-        char *q = realloc(*out, c);
-        if (!q) return -1;
-        *out = q;
-        *cap = c;
-    }
+    if (!*out) *cap = 0;
+    if (ck_grow(out, cap, *len + n + 1, 1, 1024)) return -1;
     memcpy(*out + *len, s, n);
     *len += n;
     (*out)[*len] = 0;

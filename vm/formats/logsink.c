@@ -10,6 +10,7 @@
 
 #include "formats/json.h"
 #include "util/beneath.h"
+#include "util/memory.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,16 +42,9 @@ void ck_log_rec_free(ck_log_rec *r)
 static void rec_put(ck_log_rec *r, const void *x, size_t n)
 {
     if (r->failed) return;
-    if (r->len + n > r->cap) {
-        size_t cap = r->cap ? r->cap : 512;
-        while (cap < r->len + n) cap *= 2;
-        unsigned char *b = realloc(r->buf, cap);
-        if (!b) {
-            r->failed = 1;
-            return;
-        }
-        r->buf = b;
-        r->cap = cap;
+    if (ck_grow(&r->buf, &r->cap, r->len + n, 1, 512)) {
+        r->failed = 1;
+        return;
     }
     memcpy(r->buf + r->len, x, n);
     r->len += n;

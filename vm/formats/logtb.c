@@ -6,6 +6,7 @@
  * Image.encoded_image_string = 4). The reader is for tests and tools: it
  * checks every CRC. */
 #include "formats/logsink.h"
+#include "util/memory.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -59,16 +60,9 @@ typedef struct pbuf {
 static void put(pbuf *b, const void *x, size_t n)
 {
     if (b->failed) return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n) cap *= 2;
-        unsigned char *q = realloc(b->p, cap);
-        if (!q) {
-            b->failed = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
+    if (ck_grow(&b->p, &b->cap, b->len + n, 1, 256)) {
+        b->failed = 1;
+        return;
     }
     memcpy(b->p + b->len, x, n);
     b->len += n;

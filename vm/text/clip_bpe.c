@@ -4,6 +4,7 @@
  * cleanup on ICU (with ftfy's fix_text or BasicTokenizer's), CLIP's
  * pre-tokenizing pattern, byte-to-unicode and the merges. */
 #include "text/clip_bpe.h"
+#include "util/memory.h"
 #include "util/text.h"
 
 #include <unicode/uchar.h>
@@ -605,17 +606,7 @@ void ck_clip_scratch_free(ck_clip_scratch *s)
 /* slot i with room for at least n bytes (its contents kept), or NULL */
 static void *grow(ck_clip_scratch *s, int i, size_t n)
 {
-    if (n <= s->cap[i]) return s->buf[i];
-    size_t cap = s->cap[i] ? s->cap[i] : 256;
-    while (cap < n) {
-        if (cap > SIZE_MAX / 2) return NULL;
-        cap *= 2;
-    }
-    void *p = realloc(s->buf[i], cap);
-    if (!p) return NULL;
-    s->buf[i] = p;
-    s->cap[i] = cap;
-    return p;
+    return ck_grow(&s->buf[i], &s->cap[i], n, 1, 256) ? NULL : s->buf[i];
 }
 
 enum { S_CP, S_U16, S_NFC, S_LOWER, S_UTF8, S_WORD, S_SYMS, S_KEY, S_HEAP, S_ROUND };

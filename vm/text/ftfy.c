@@ -3,6 +3,7 @@
  * (character classes, encodings, ligatures, entity names) is ftfy's own,
  * generated into ftfy_tables.h. */
 #include "text/ftfy.h"
+#include "util/memory.h"
 
 #include "text/ftfy_tables.h"
 
@@ -45,17 +46,7 @@ void ck_ftfy_scratch_free(ck_ftfy_scratch *s)
 /* slot i with room for n bytes (contents kept), or NULL */
 static void *grow(ck_ftfy_scratch *s, int i, size_t n)
 {
-    if (n <= s->cap[i]) return s->buf[i];
-    size_t cap = s->cap[i] ? s->cap[i] : 256;
-    while (cap < n) {
-        if (cap > SIZE_MAX / 2) return NULL;
-        cap *= 2;
-    }
-    void *p = realloc(s->buf[i], cap);
-    if (!p) return NULL;
-    s->buf[i] = p;
-    s->cap[i] = cap;
-    return p;
+    return ck_grow(&s->buf[i], &s->cap[i], n, 1, 256) ? NULL : s->buf[i];
 }
 
 static UChar32 *grow32(ck_ftfy_scratch *s, int i, size_t n)

@@ -84,3 +84,21 @@ void *ck_big_realloc(void *p, size_t bytes)
     ck_big_free(p);
     return q;
 }
+
+int ck_grow(void *pp, size_t *cap, size_t need, size_t each, size_t first)
+{
+    if (need <= *cap) return 0;
+    size_t n = *cap ? *cap : first;
+    while (n < need) {
+        if (n > SIZE_MAX / 2) return -1;
+        n *= 2;
+    }
+    if (n > SIZE_MAX / each) return -1;
+    void *old;
+    memcpy(&old, pp, sizeof old);
+    void *grown = realloc(old, n * each);
+    if (!grown) return -1;
+    memcpy(pp, &grown, sizeof grown);
+    *cap = n;
+    return 0;
+}

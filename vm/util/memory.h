@@ -14,4 +14,10 @@ void *ck_big_zalloc(size_t bytes);
 void *ck_big_realloc(void *p, size_t bytes);
 void ck_big_free(void *p);
 
+/* A growable buffer: pp points at the buffer's pointer (any object pointer
+ * type), *cap counts the elements of each bytes it holds. Grown by doubling,
+ * from first where *cap is 0, to hold at least need, its contents kept
+ * (realloc). 0, or -1 out of memory or past SIZE_MAX (nothing changed). */
+int ck_grow(void *pp, size_t *cap, size_t need, size_t each, size_t first);
+
 #endif

@@ -24,8 +24,6 @@
 #include <string.h>
 
 #define GRAPH_MT "ck.graph"
-#define TENSOR_MT "ck.tensor"
-#define PROGRAM_MT "ck.program"
 
 typedef struct lgraph {
     ck_graph *g;
@@ -33,21 +31,8 @@ typedef struct lgraph {
     char scopes[32][128];
 } lgraph;
 
-typedef struct ltensor {
-    int id;
-} ltensor; /* uservalue 1: its graph */
 
-/* A binding that runs Lua code while it uses p (a metamethod of its options,
- * a __tostring) pins it: a close meanwhile (a `<close>` variable of the
- * program, in that Lua code) is deferred until the last pin goes, and the
- * program reads as closed from then on. */
-typedef struct lprogram {
-    ck_program *p;
-    int pins;    /* bindings using p now */
-    int closing; /* closed while pinned: freed when the last pin goes */
-} lprogram;
 
-#define PIN_MT "ck.program_pin"
 
 /* C loops the count hook cannot see: a poll of interrupts and limits every
  * CHARGE_EVERY iterations */
@@ -62,8 +47,6 @@ static int build_error(lua_State *L, const ck_graph *g) { return ck_lua_raise(L,
 /* ---- graph */
 
 static lgraph *check_graph(lua_State *L, int i) { return luaL_checkudata(L, i, GRAPH_MT); }
-
-static ltensor *check_tensor(lua_State *L, int i) { return luaL_checkudata(L, i, TENSOR_MT); }
 
 static void scope_string(const lgraph *lg, char *buf, size_t len)
 {
@@ -84,9 +67,9 @@ static void sync_scope(lgraph *lg)
 static void push_tensor(lua_State *L, int graph_idx, int id)
 {
     graph_idx = lua_absindex(L, graph_idx);
-    ltensor *t = lua_newuserdatauv(L, sizeof *t, 1);
+    ck_lua_tensor *t = lua_newuserdatauv(L, sizeof *t, 1);
     t->id = id;
-    luaL_setmetatable(L, TENSOR_MT);
+    luaL_setmetatable(L, CK_TENSOR_MT);
     lua_pushvalue(L, graph_idx);
     lua_setiuservalue(L, -2, 1);
 }
@@ -325,7 +308,7 @@ static int record(lua_State *L, enum ck_op op, const int *argidx, int nin, const
     lgraph *lg = NULL;
     int gidx = 0;
     for (int i = 0; i < nin; i++) {
-        ltensor *t = check_tensor(L, argidx[i]);
+        ck_lua_tensor *t = ck_lua_check_tensor(L, argidx[i]);
         lgraph *o = tensor_graph(L, argidx[i]);
         if (!lg) {
             lg = o;
@@ -465,7 +448,7 @@ static int l_linear_geglu(lua_State *L)
 {
     ck_op_params p = {0};
     int a[3] = {1, 2, 3};
-    const int has_b = luaL_testudata(L, 3, TENSOR_MT) != NULL;
+    const int has_b = luaL_testudata(L, 3, CK_TENSOR_MT) != NULL;
     p.i[0] = approx_arg(L, lua_type(L, 3) == LUA_TSTRING ? 3 : 4);
     return record(L, CK_OP_LINEAR_GEGLU, a, has_b ? 3 : 2, &p, NULL);
 }
@@ -475,7 +458,7 @@ static int l_conv2d(lua_State *L)
 {
     ck_op_params p = {0};
     int a[3] = {1, 2, 3};
-    int has_b = luaL_testudata(L, 3, TENSOR_MT) != NULL;
+    int has_b = luaL_testudata(L, 3, CK_TENSOR_MT) != NULL;
     int o = lua_istable(L, 3) ? 3 : 4; /* the bias may be nil or left out */
     int stride = opt_int(L, o, "stride", 1), pad = opt_int(L, o, "padding", 0);
     p.i[0] = p.i[1] = stride;
@@ -502,7 +485,7 @@ static int l_group_norm_silu(lua_State *L) { return group_norm_op(L, CK_OP_GROUP
 static int opt_tensor(lua_State *L, int i)
 {
     if (lua_isnoneornil(L, i)) return 0;
-    luaL_argexpected(L, luaL_testudata(L, i, TENSOR_MT) != NULL, i, "tensor or nil");
+    luaL_argexpected(L, luaL_testudata(L, i, CK_TENSOR_MT) != NULL, i, "tensor or nil");
     return 1;
 }
 
@@ -536,7 +519,7 @@ static int l_rope(lua_State *L)
 {
     ck_op_params p = {0};
     int a[2] = {1, 2};
-    const ltensor *t = check_tensor(L, 2);
+    const ck_lua_tensor *t = ck_lua_check_tensor(L, 2);
     const lgraph *lg = tensor_graph(L, 2);
     const ck_kind k = lg->g->t[t->id].kind;
     lua_pop(L, 1);
@@ -581,7 +564,7 @@ static int64_t norm_dim(lua_State *L, lua_Integer d, int ndim, int arg)
 
 static const ck_shape *shape_of(lua_State *L, int i)
 {
-    ltensor *t = check_tensor(L, i);
+    ck_lua_tensor *t = ck_lua_check_tensor(L, i);
     lgraph *lg = tensor_graph(L, i);
     lua_pop(L, 1);
     return &lg->g->t[t->id].shape;
@@ -684,7 +667,7 @@ static int l_dropout(lua_State *L)
 
 static int l_tensor_index(lua_State *L)
 {
-    ltensor *lt = check_tensor(L, 1);
+    ck_lua_tensor *lt = ck_lua_check_tensor(L, 1);
     const char *k = luaL_checkstring(L, 2);
     lgraph *lg = tensor_graph(L, 1);
     const ck_tensor *t = &lg->g->t[lt->id];
@@ -712,7 +695,7 @@ static int l_tensor_index(lua_State *L)
 
 static int l_tensor_tostring(lua_State *L)
 {
-    ltensor *lt = check_tensor(L, 1);
+    ck_lua_tensor *lt = ck_lua_check_tensor(L, 1);
     lgraph *lg = tensor_graph(L, 1);
     const ck_tensor *t = &lg->g->t[lt->id];
     char s[128];
@@ -723,7 +706,7 @@ static int l_tensor_tostring(lua_State *L)
 
 static void set_kind(lua_State *L, ck_kind from, ck_kind to)
 {
-    ltensor *lt = check_tensor(L, 1);
+    ck_lua_tensor *lt = ck_lua_check_tensor(L, 1);
     lgraph *lg = tensor_graph(L, 1);
     ck_tensor *t = &lg->g->t[lt->id];
     if (t->kind != from && t->kind != to) luaL_error(L, "only parameters can be frozen or trained");
@@ -752,56 +735,11 @@ static int l_train(lua_State *L)
 
 /* ---- compile and run */
 
-static lprogram *check_program(lua_State *L, int i)
-{
-    lprogram *lp = luaL_checkudata(L, i, PROGRAM_MT);
-    if (!lp->p || lp->closing) luaL_error(L, "program is closed");
-    return lp;
-}
 
-ck_program *ck_lua_program(lua_State *L, int i) { return check_program(L, i)->p; }
 
-/* The pin's __close: runs when the binding that pinned returns or raises. */
-static int l_pin_release(lua_State *L)
-{
-    lprogram **slot = luaL_checkudata(L, 1, PIN_MT);
-    lprogram *lp = *slot;
-    *slot = NULL;
-    if (lp && --lp->pins == 0 && lp->closing) {
-        ck_program_free(lp->p);
-        lp->p = NULL;
-        lp->closing = 0;
-    }
-    return 0;
-}
 
-/* Pins the program at index i until the calling binding returns or raises:
- * the stack is cut (or padded with nils) to the binding's nargs arguments and
- * the pin, a to-be-closed value that refers to the program, goes above them
- * (so the binding must not pop it). */
-static lprogram *pin_program(lua_State *L, int i, int nargs)
-{
-    i = lua_absindex(L, i);
-    lprogram *lp = check_program(L, i);
-    lua_settop(L, nargs);
-    lprogram **slot = lua_newuserdatauv(L, sizeof *slot, 1);
-    *slot = NULL;
-    luaL_setmetatable(L, PIN_MT);
-    lua_pushvalue(L, i);
-    lua_setiuservalue(L, -2, 1);
-    lua_toclose(L, -1);
-    *slot = lp;
-    lp->pins++;
-    return lp;
-}
 
-ck_program *ck_lua_program_pinned(lua_State *L, int i, int nargs) { return pin_program(L, i, nargs)->p; }
 
-static int tensor_id(lua_State *L, int i)
-{
-    ltensor *t = check_tensor(L, i);
-    return t->id;
-}
 
 /* Copies the strings a and b point at into one userdata left on the stack,
  * and points them at the copies. */
@@ -867,21 +805,21 @@ static int l_compile(lua_State *L)
     /* share = a program: this one's weights, optimizer state, counters and
      * arena are that program's group's (ck_group); pinned while this compiles */
     if (rawfield(L, 2, "share") != LUA_TNIL) { /* at index 3 */
-        if (!luaL_testudata(L, 3, PROGRAM_MT)) return ck_lua_raise(L, "compile: share must be a program");
-        o.share = pin_program(L, 3, 3)->p;
+        if (!luaL_testudata(L, 3, CK_PROGRAM_MT)) return ck_lua_raise(L, "compile: share must be a program");
+        o.share = ck_lua_pin_program(L, 3, 3)->p;
     } else {
         lua_pop(L, 1);
     }
     int outs[256];
     o.loss = -1;
-    if (rawfield(L, 2, "loss") != LUA_TNIL) o.loss = tensor_id(L, -1);
+    if (rawfield(L, 2, "loss") != LUA_TNIL) o.loss = ck_lua_tensor_id(L, -1);
     lua_pop(L, 1);
     if (rawfield(L, 2, "outputs") == LUA_TTABLE) {
         const lua_Unsigned n = lua_rawlen(L, -1);
         luaL_argcheck(L, n <= 256, 2, "too many outputs");
         for (int i = 0; i < (int)n; i++) {
             lua_rawgeti(L, -1, i + 1);
-            outs[o.noutputs++] = tensor_id(L, -1);
+            outs[o.noutputs++] = ck_lua_tensor_id(L, -1);
             lua_pop(L, 1);
         }
     }
@@ -1102,10 +1040,10 @@ static int l_compile(lua_State *L)
      * tables these patterns live in, so the compile reads copies */
     keep_patterns(L, stat_blocks, o.nstat_blocks, policy.patterns, policy.pol.npatterns);
     char err[512];
-    lprogram *lp = lua_newuserdatauv(L, sizeof *lp, 1);
+    ck_lua_prog *lp = lua_newuserdatauv(L, sizeof *lp, 1);
     lp->p = NULL;
     lp->pins = lp->closing = 0;
-    luaL_setmetatable(L, PROGRAM_MT);
+    luaL_setmetatable(L, CK_PROGRAM_MT);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, -2, 1);
     ck_decide_report rep = {0};
@@ -1123,7 +1061,7 @@ static int l_compile(lua_State *L)
 /* Unreachable, so no binding holds it (a pin refers to it). */
 static int l_program_gc(lua_State *L)
 {
-    lprogram *lp = luaL_checkudata(L, 1, PROGRAM_MT);
+    ck_lua_prog *lp = luaL_checkudata(L, 1, CK_PROGRAM_MT);
     ck_program_free(lp->p);
     lp->p = NULL;
     return 0;
@@ -1133,7 +1071,7 @@ static int l_program_gc(lua_State *L)
  * (the binding finishes on the program, which reads as closed already). */
 static int l_program_close(lua_State *L)
 {
-    lprogram *lp = luaL_checkudata(L, 1, PROGRAM_MT);
+    ck_lua_prog *lp = luaL_checkudata(L, 1, CK_PROGRAM_MT);
     if (lp->pins > 0) {
         lp->closing = 1;
         return 0;
@@ -1143,18 +1081,6 @@ static int l_program_close(lua_State *L)
     return 0;
 }
 
-/* a tensor handle or a name */
-int ck_lua_program_tensor(lua_State *L, ck_program *p, int i)
-{
-    if (lua_type(L, i) == LUA_TSTRING) {
-        int id = ck_graph_find(p->g, lua_tostring(L, i));
-        if (id < 0) luaL_error(L, "no tensor named '%s'", lua_tostring(L, i));
-        return id;
-    }
-    int id = tensor_id(L, i);
-    if (id >= p->g->nt) luaL_error(L, "tensor is not part of this program");
-    return id;
-}
 
 /* Values are read raw (no __index or __len: Lua code there could close the
  * program or free the buffer being filled). Polls by the entries visited at
@@ -1191,7 +1117,7 @@ static void flatten(lua_State *L, int t, flat *f, int depth)
  * points into the program's graph while Lua allocates (a collection step). */
 static int l_set(lua_State *L)
 {
-    ck_program *p = pin_program(L, 1, 4)->p;
+    ck_program *p = ck_lua_pin_program(L, 1, 4)->p;
     int id = ck_lua_program_tensor(L, p, 2);
     const ck_shape shape = p->g->t[id].shape;
     if (p->poff[id] < 0)
@@ -1256,7 +1182,7 @@ static const float *readable(lua_State *L, ck_program *p, int id)
 /* p:get(tensor|name) -> flat table of numbers */
 static int l_get(lua_State *L)
 {
-    ck_program *p = pin_program(L, 1, 2)->p;
+    ck_program *p = ck_lua_pin_program(L, 1, 2)->p;
     int id = ck_lua_program_tensor(L, p, 2);
     const float *x = readable(L, p, id);
     int64_t n = ck_shape_numel(&p->g->t[id].shape);
@@ -1272,7 +1198,7 @@ static int l_get(lua_State *L)
 /* p:scalar(tensor|name [, index]) -> number */
 static int l_scalar(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = ck_lua_check_program(L, 1)->p;
     int id = ck_lua_program_tensor(L, p, 2);
     lua_Integer i = luaL_optinteger(L, 3, 1);
     luaL_argcheck(L, i >= 1 && i <= ck_shape_numel(&p->g->t[id].shape), 3, "index out of range");
@@ -1283,11 +1209,11 @@ static int l_scalar(lua_State *L)
 /* p:grad(param) -> flat table; needs compile{keep_grads=true} */
 static int l_grad(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = ck_lua_check_program(L, 1)->p;
     int id = ck_lua_program_tensor(L, p, 2);
     int gid = p->g->t[id].grad;
     if (gid < 0) return luaL_error(L, "'%s' has no gradient", p->g->t[id].name ? p->g->t[id].name : "tensor");
-    pin_program(L, 1, 1);
+    ck_lua_pin_program(L, 1, 1);
     const float *x = ck_program_read(p, gid);
     if (!x) return luaL_error(L, "%s", p->err[0] ? p->err : "gradients are not kept; compile with keep_grads = true");
     int64_t n = ck_shape_numel(&p->g->t[gid].shape);
@@ -1316,7 +1242,7 @@ static int push_loss(lua_State *L, ck_program *p)
 static int l_step(lua_State *L)
 {
     /* pinned: the options' metamethods (read by ck_lua_log_step) may run Lua */
-    ck_program *p = pin_program(L, 1, 2)->p;
+    ck_program *p = ck_lua_pin_program(L, 1, 2)->p;
     if (lua_istable(L, 2)) p->opt.lr = (float)opt_num(L, 2, "lr", p->opt.lr);
     return ck_lua_log_step(L, p);
 }
@@ -1326,7 +1252,7 @@ static int l_step(lua_State *L)
  * without copying values into Lua */
 static int l_checksum(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = ck_lua_check_program(L, 1)->p;
     int id = ck_lua_program_tensor(L, p, 2);
     if (lua_isstring(L, 3) && strcmp(lua_tostring(L, 3), "grad") == 0) {
         id = p->g->t[id].grad;
@@ -1348,7 +1274,7 @@ static int l_checksum(lua_State *L)
 
 static int l_forward(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = ck_lua_check_program(L, 1)->p;
     if (ck_program_forward(p)) return luaL_error(L, "%s", p->err);
     return push_loss(L, p);
 }
@@ -1357,7 +1283,7 @@ static int l_forward(lua_State *L)
  * weights and inputs) back to their compiled initial values */
 static int l_init_own(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = ck_lua_check_program(L, 1)->p;
     if (ck_program_init_own(p)) return luaL_error(L, "%s", p->err);
     return 0;
 }
@@ -1392,7 +1318,7 @@ static void set_num(lua_State *L, const char *k, double v)
  * planned the same to the byte */
 static int l_plan(lua_State *L)
 {
-    ck_program *p = pin_program(L, 1, 1)->p;
+    ck_program *p = ck_lua_pin_program(L, 1, 1)->p;
     const ck_plan *pl = p->train.n ? &p->train : &p->eval;
     int nrec = 0;
     size_t conv_ws = 0, conv_ws_max = 0;
@@ -1487,7 +1413,7 @@ static int l_plan(lua_State *L)
  * threads; 1 on a device) */
 static int l_outside_plan(lua_State *L)
 {
-    lprogram *lp = pin_program(L, 1, 1);
+    ck_lua_prog *lp = ck_lua_pin_program(L, 1, 1);
     ck_program *p = lp->p;
     size_t graph = ck_program_host_bytes(p);
     lua_getiuservalue(L, 1, 1);
@@ -1514,7 +1440,7 @@ static int l_outside_plan(lua_State *L)
  * <category> = {live bytes at each op, ...}, ...} of the training list */
 static int l_timeline(lua_State *L)
 {
-    ck_program *p = pin_program(L, 1, 1)->p;
+    ck_program *p = ck_lua_pin_program(L, 1, 1)->p;
     const ck_plan *pl = p->train.n ? &p->train : &p->eval;
     size_t *cat = ck_plan_timeline(pl, p->g, p->persistent, p->retain, p->be);
     if (!cat) return luaL_error(L, "out of memory");
@@ -1548,7 +1474,7 @@ static int l_timeline(lua_State *L)
  * parameters and optimizer state, in graph order */
 static int l_state_tensors(lua_State *L)
 {
-    ck_program *p = pin_program(L, 1, 1)->p;
+    ck_program *p = ck_lua_pin_program(L, 1, 1)->p;
     lua_newtable(L);
     int k = 0;
     for (int t = 0; t < p->g->nt; t++) {
@@ -1564,7 +1490,7 @@ static int l_state_tensors(lua_State *L)
 
 static int l_program_index(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = ck_lua_check_program(L, 1)->p;
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "steps") == 0) lua_pushinteger(L, p->grp->step);
     else if (strcmp(k, "updates") == 0) lua_pushinteger(L, p->grp->updates);
@@ -1584,7 +1510,7 @@ static int l_program_index(lua_State *L)
 
 static int l_program_newindex(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = ck_lua_check_program(L, 1)->p;
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "lr") == 0) p->opt.lr = (float)luaL_checknumber(L, 3);
     else if (strcmp(k, "training") == 0) { /* torch's train()/eval(): whether forward passes apply dropout */
@@ -1633,7 +1559,7 @@ static int l_randn(lua_State *L)
  * numbers one process gives those samples. */
 static int l_fill_randn(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = ck_lua_check_program(L, 1)->p;
     int id = ck_lua_program_tensor(L, p, 2);
     uint64_t key = (uint64_t)luaL_checkinteger(L, 3);
     float scale = (float)luaL_optnumber(L, 4, 1.0);
@@ -1733,7 +1659,7 @@ static int l_device_layout(lua_State *L)
 
 static int l_program_device(lua_State *L)
 {
-    ck_program *p = check_program(L, 1)->p;
+    ck_program *p = ck_lua_check_program(L, 1)->p;
     lua_pushstring(L, p->be->name);
     lua_pushinteger(L, (lua_Integer)p->be->fixed_bytes);
     lua_pushinteger(L, (lua_Integer)(p->be->granule > 1 ? p->be->granule : 1));
@@ -1746,7 +1672,7 @@ static int l_program_device(lua_State *L)
  * all 0 where lists are not captured (the CPU, compile{cuda_graph = false}) */
 static int l_program_graphs(lua_State *L)
 {
-    const ck_program *p = check_program(L, 1)->p;
+    const ck_program *p = ck_lua_check_program(L, 1)->p;
     lua_createtable(L, 0, 3);
     lua_pushinteger(L, (lua_Integer)p->graphs.captures);
     lua_setfield(L, -2, "captures");
@@ -1816,7 +1742,11 @@ static const luaL_Reg program_methods[] = {
 };
 
 /* the one name ck.so exports (libck.so hides it: cmake/libck.map) */
-__attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
+/* The module's core (vm/lua/lua_init.c calls these): the module table with
+ * the op constructors, the graph and tensor metatables, then the program
+ * metatable with its method table left on the stack for the other binding
+ * files to add to; its index is returned. */
+int ck_lua_core_open(lua_State *L)
 {
     luaL_newlib(L, op_funcs);
     int lib = lua_gettop(L);
@@ -1828,7 +1758,7 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     lua_setfield(L, -2, "__gc");
     lua_pop(L, 1);
 
-    luaL_newmetatable(L, TENSOR_MT);
+    luaL_newmetatable(L, CK_TENSOR_MT);
     lua_pushvalue(L, lib);
     lua_pushcclosure(L, l_tensor_index, 1);
     lua_setfield(L, -2, "__index");
@@ -1844,15 +1774,16 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     lua_setfield(L, -2, "__unm");
     lua_pop(L, 1);
 
-    luaL_newmetatable(L, PROGRAM_MT);
+    luaL_newmetatable(L, CK_PROGRAM_MT);
     luaL_newlib(L, program_methods);
-    ck_lua_st_register(L, lib, lua_gettop(L));
-    ck_lua_text_register(L, lib);
-    ck_lua_spm_register(L, lib);
-    ck_lua_toml_register(L, lib);
-    ck_lua_log_register(L, lib, lua_gettop(L));
-    ck_lua_graph_register(L, lua_gettop(L));
-    ck_lua_array_register(L, lib, lua_gettop(L));
+    return lib;
+}
+
+/* The program metatable finished (its method table, on the stack, as its
+ * __index's upvalue) and popped; the graph, device and version fields of the
+ * module table at lib. */
+void ck_lua_core_close(lua_State *L, int lib)
+{
     lua_pushcclosure(L, l_program_index, 1);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_program_newindex);
@@ -1860,11 +1791,6 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     lua_pushcfunction(L, l_program_gc);
     lua_setfield(L, -2, "__gc");
     lua_pushcfunction(L, l_program_close);
-    lua_setfield(L, -2, "__close");
-    lua_pop(L, 1);
-
-    luaL_newmetatable(L, PIN_MT);
-    lua_pushcfunction(L, l_pin_release);
     lua_setfield(L, -2, "__close");
     lua_pop(L, 1);
 
@@ -1883,34 +1809,6 @@ __attribute__((visibility("default"))) int luaopen_ck(lua_State *L)
     const ck_host *host = ck_host_of(L);
     lua_pushstring(L, host ? host->device : ck_default_device());
     lua_setfield(L, lib, "device");
-    ck_lua_fs_register(L, lib);
-    ck_lua_lock_register(L, lib);
-    ck_lua_json_register(L, lib);
-    ck_lua_hash_register(L, lib);
-    ck_lua_image_register(L, lib);
-    ck_lua_dist_register(L, lib);
     lua_pushstring(L, CK_VERSION);
     lua_setfield(L, lib, "version");
-    /* the host's plan request (ckrun --plan ...); nil without one */
-    if (host && host->planning) {
-        lua_pushboolean(L, host->plan_only);
-        lua_setfield(L, lib, "plan_mode");
-        lua_pushboolean(L, host->json);
-        lua_setfield(L, lib, "json");
-        lua_pushstring(L, host->plan_policies);
-        lua_setfield(L, lib, "plan_policies");
-        lua_pushstring(L, host->plan_svg);
-        lua_setfield(L, lib, "plan_svg");
-        lua_pushstring(L, host->plan_export_graph);
-        lua_setfield(L, lib, "plan_export_graph");
-        if (host->plan_max_batch > 0) {
-            lua_pushnumber(L, host->plan_max_batch);
-            lua_setfield(L, lib, "plan_max_batch");
-        }
-        if (host->plan_world_size > 0) {
-            lua_pushinteger(L, host->plan_world_size);
-            lua_setfield(L, lib, "plan_world_size");
-        }
-    }
-    return 1;
 }

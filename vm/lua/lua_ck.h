@@ -11,8 +11,41 @@
 
 #include <lua.h>
 
+/* vm/lua/lua_handles.c: the handles the binding files share. A tensor
+ * handle (uservalue 1: its graph) and a program handle. A binding that runs
+ * Lua code while it uses a program (a metamethod of its options, a
+ * __tostring) pins it: a close meanwhile (a `<close>` variable of the
+ * program, in that Lua code) is deferred until the last pin goes, and the
+ * program reads as closed from then on. */
+#define CK_TENSOR_MT "ck.tensor"
+#define CK_PROGRAM_MT "ck.program"
+#define CK_PIN_MT "ck.program_pin"
+typedef struct ck_lua_tensor {
+    int id;
+} ck_lua_tensor;
+typedef struct ck_lua_prog {
+    ck_program *p;
+    int pins;    /* bindings using p now */
+    int closing; /* closed while pinned: freed when the last pin goes */
+} ck_lua_prog;
+/* The tensor handle at stack index i (raises if it is not one), and its id. */
+ck_lua_tensor *ck_lua_check_tensor(lua_State *L, int i);
+int ck_lua_tensor_id(lua_State *L, int i);
+/* The program handle at stack index i (raises if it is not one or is closed). */
+ck_lua_prog *ck_lua_check_program(lua_State *L, int i);
+/* Pins the program at index i until the calling binding returns or raises
+ * (see ck_lua_program_pinned). */
+ck_lua_prog *ck_lua_pin_program(lua_State *L, int i, int nargs);
+/* The pins' metatable. */
+void ck_lua_handles_register(lua_State *L);
 /* The program at stack index i (raises if it is not one or is closed). */
 ck_program *ck_lua_program(lua_State *L, int i);
+/* vm/lua/lua_ck.c: the module's core, for the registrar (vm/lua/lua_init.c):
+ * open leaves the module table (its index returned), then the program
+ * metatable and its method table, on the stack; close finishes and pops the
+ * metatable and sets the module's graph, device and version fields. */
+int ck_lua_core_open(lua_State *L);
+void ck_lua_core_close(lua_State *L, int lib);
 /* The same, pinned until the calling binding returns or raises: for bindings
  * that run Lua code (a metamethod, a collection step) while they use the
  * program. A close meanwhile is deferred to then. Cuts the stack to the

@@ -287,7 +287,6 @@ static int consider_peak(const ck_decide_ctx *c, ck_evaluator *ev, const unsigne
     size_t peak;
     double flops;
     if (ck_evaluate(ev, mark, 1, &peak, &flops)) return -1;
-    if (getenv("CK_DBG")) fprintf(stderr, "consider: peak %zu budget %zu over %lld flops %.6g\n", peak, budget, (long long)peak - (long long)budget, flops);
     if (placed) *placed = peak;
     if (!b->floor || peak < b->floor) b->floor = peak;
     if (peak > budget) return 0;

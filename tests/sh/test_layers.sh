@@ -81,6 +81,26 @@ if [ -d "$objs/vm" ] && command -v nm > /dev/null; then
         else if (rank[t] <= rank[d]) print "vm/" d " calls " s ", defined in vm/" t " (not below " d ")"
       }
     }')
+  # inside a folder too, the files' calls go one way: no file calls a file
+  # that calls it back, directly or round a circle (nm of each object: what
+  # it calls that another file of its folder defines), as Lua's lvm.c and
+  # ldo.c sit above lobject.c and not beside it in a loop
+  for dir in "$objs"/vm/*/; do
+    d=$(basename "$dir")
+    calls=$(mktemp)
+    for o in "$dir"*.o; do
+      f=$(basename "$o" .o)
+      nm --defined-only -g "$o" 2> /dev/null | awk -v f="$f" 'NF == 3 && $2 ~ /[TDBRC]/ {print "D", $3, f}'
+      nm -u "$o" 2> /dev/null | awk -v f="$f" 'NF >= 2 {print "U", $NF, f}'
+    done | awk '$1 == "D" {def[$2] = $3; next} {use[++m] = $2; by[m] = $3}
+                END {for (k = 1; k <= m; k++) {t = def[use[k]]; if (t != "" && t != by[k]) print by[k], t}}' |
+      sort -u > "$calls"
+    if ! loop=$(tsort "$calls" 2>&1 > /dev/null); then
+      echo "FAIL the files of vm/$d call one another in a circle:"; printf '%s\n' "$loop" | grep -v 'input contains a loop'
+      fail=1
+    fi
+    rm -f "$calls"
+  done
 else
   echo "FAIL no objects under $objs to read symbols from (CK_BUILD: the build folder)"; fail=1
 fi

@@ -348,13 +348,6 @@ static int exact(const osearch *s, const unsigned char *mark, size_t *peak, doub
     return rc;
 }
 
-/* diffusers' blocks in every family (as vm/plan/policy.c's): a UNet's, a Flux transformer's */
-static const char *const diffusers_blocks[] = {
-    "*.*.resnets.*", "mid_block.resnets.*", "*.*.attentions.*.transformer_blocks.*",
-    "mid_block.attentions.*.transformer_blocks.*", "transformer_blocks.*", "single_transformer_blocks.*",
-};
-#define NDIFFUSERS ((int)(sizeof diffusers_blocks / sizeof *diffusers_blocks))
-
 /* the starts offered for a budget (with the fragmentation s->frag assumed) */
 static int starts(osearch *s, const unsigned char *budget_answer, int have_answer, unsigned char *mark, keyed *order)
 {
@@ -382,7 +375,7 @@ static int starts(osearch *s, const unsigned char *budget_answer, int have_answe
     }
     /* the fixed policies, alone and with what they keep offloaded, improved */
     const ck_policy fixed[] = {
-        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS, .any_pattern = 1},
+        ck_policy_diffusers(),
         {.kind = CK_POLICY_SQRT_N},
         {.kind = CK_POLICY_SELECTIVE},
     };
@@ -400,7 +393,7 @@ static int starts(osearch *s, const unsigned char *budget_answer, int have_answe
         char ignore[256];
         if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
         memset(R, 0, (size_t)nt);
-        if (ck_policy_decide(&pol, &plain, R, ignore, sizeof ignore)) continue;
+        if (ck_policy_fixed(&pol, &plain, R, ignore, sizeof ignore)) continue;
         memcpy(mark, R, (size_t)nt);
         if (judge_mark(s, mark, R, &live, &time) || offer(s, mark, live, time, names[f])) goto out;
         if (offload_run(s, R, mark, order, 0, run[f]) || improve(s, mark, less[f])) goto out;
@@ -496,7 +489,7 @@ static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsi
                                             "recompute (the budget search), all it keeps offloaded"};
     const ck_policy fixed[] = {
         {.kind = CK_POLICY_NONE},
-        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS, .any_pattern = 1},
+        ck_policy_diffusers(),
         {.kind = CK_POLICY_SQRT_N},
         {.kind = CK_POLICY_EVERY_N, .n = 1},
         {.kind = CK_POLICY_EVERY_N, .n = 2},
@@ -518,7 +511,7 @@ static int fixed_choices(osearch *s, const unsigned char *answer, int have, unsi
             ck_policy pol = fixed[f];
             char ignore[256];
             if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
-            if (ck_policy_decide(&pol, &plain, R, ignore, sizeof ignore)) continue; /* e.g. no block matches */
+            if (ck_policy_fixed(&pol, &plain, R, ignore, sizeof ignore)) continue; /* e.g. no block matches */
         }
         const int n = crossing(s, R, order, 0);
         if (n < 0) goto out;

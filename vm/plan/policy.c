@@ -8,8 +8,6 @@
  * policies and a greedy order, so it is never worse than any of them. */
 #include "plan/policy.h"
 #include "plan/evaluate.h"
-#include "plan/offload.h"
-#include "plan/optimal.h"
 #include "util/text.h"
 
 #include <math.h>
@@ -252,6 +250,31 @@ static int decide_selective(const unsigned char *ops, const ck_decide_ctx *c, un
     return 0;
 }
 
+ck_policy ck_policy_diffusers(void)
+{
+    return (ck_policy){.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS,
+                       .any_pattern = 1};
+}
+
+int ck_policy_fixed(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen)
+{
+    switch (pol->kind) {
+    case CK_POLICY_NONE: return 0;
+    case CK_POLICY_BLOCKS:
+    case CK_POLICY_EVERY_N:
+    case CK_POLICY_SQRT_N: return decide_regions(pol, c, recompute, err, errlen);
+    case CK_POLICY_SELECTIVE:
+        if (decide_selective(pol->ops, c, recompute)) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        return 0;
+    default: break;
+    }
+    snprintf(err, errlen, "policy kind %d is not a fixed policy", (int)pol->kind);
+    return -1;
+}
+
 /* ---- budget
  *
  * The search, for the least recompute FLOPs whose placed peak fits:
@@ -411,7 +434,7 @@ static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, starts *ss)
     const ck_graph *g = c->g;
     const ck_policy fixed[] = {
         {.kind = CK_POLICY_NONE},
-        {.kind = CK_POLICY_BLOCKS, .patterns = diffusers_blocks, .npatterns = NDIFFUSERS, .any_pattern = 1},
+        ck_policy_diffusers(),
         {.kind = CK_POLICY_SQRT_N},
         {.kind = CK_POLICY_SELECTIVE},
     };
@@ -427,7 +450,7 @@ static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, starts *ss)
         ck_policy pol = fixed[f];
         if (pol.kind == CK_POLICY_SELECTIVE) ck_policy_selective_default(pol.ops);
         memset(mark, 0, (size_t)g->nt);
-        if (ck_policy_decide(&pol, c, mark, ignore, sizeof ignore)) continue;
+        if (ck_policy_fixed(&pol, c, mark, ignore, sizeof ignore)) continue;
         start *s = add_start(ss);
         if (!s || !(s->cand = malloc((size_t)(c->ncand ? c->ncand : 1)))) goto out;
         for (int k = 0; k < c->ncand; k++) s->cand[k] = mark[c->cand[k]];
@@ -836,43 +859,6 @@ out:
     return rc;
 }
 
-static int decide_budget(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, unsigned char *recompute,
-                         const char *what, char *err, size_t errlen)
-{
-    best b = {calloc((size_t)c->g->nt, 1), 0, 0, 0, 0};
-    if (!b.mark) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    int rc = search(c, ev, budget, &b, err, errlen);
-    if (rc == 0 && !b.found) {
-        /* the smallest peak rounded up, so that as a budget it fits */
-        snprintf(err, errlen, "%s: nothing fits in %.1f MiB; the smallest peak ckrun can plan is %.1f MiB (%zu bytes)",
-                 what, budget / 1048576.0, ceil(b.floor / 104857.6) / 10, b.floor);
-        /* offload not allowed: what it would reach, after the figure without */
-        const size_t with = c->offload ? 0 : ck_offload_floor(c, ev);
-        if (c->report) {
-            c->report->floor = b.floor;
-            c->report->floor_offload = with;
-        }
-        if (with && with < b.floor) {
-            const size_t at = strlen(err);
-            snprintf(err + at, errlen - at, "; with offload (--offload auto), %.1f MiB (%zu bytes)",
-                     ceil(with / 104857.6) / 10, with);
-        }
-        rc = -1;
-    }
-    if (rc == 0) {
-        for (int k = 0; k < c->ncand; k++) recompute[c->cand[k]] = b.mark[c->cand[k]];
-        /* the plan reuses the placement of the decision placed last: the answer's */
-        size_t peak;
-        double flops;
-        if (!ck_evaluator_placed(ev, b.mark) && ck_evaluate(ev, b.mark, 1, &peak, &flops)) rc = -1;
-    }
-    free(b.mark);
-    return rc;
-}
-
 int ck_policy_budget_search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, unsigned char *mark,
                             size_t *floor, char *err, size_t errlen)
 {
@@ -886,57 +872,4 @@ int ck_policy_budget_search(const ck_decide_ctx *c, ck_evaluator *ev, size_t bud
     *floor = b.floor;
     free(b.mark);
     return rc < 0 ? -1 : b.found;
-}
-
-int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen)
-{
-    switch (pol->kind) {
-    case CK_POLICY_NONE: return 0;
-    case CK_POLICY_BLOCKS:
-    case CK_POLICY_EVERY_N:
-    case CK_POLICY_SQRT_N: return decide_regions(pol, c, recompute, err, errlen);
-    case CK_POLICY_SELECTIVE:
-        if (decide_selective(pol->ops, c, recompute)) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-        return 0;
-    case CK_POLICY_BUDGET:
-    case CK_POLICY_AUTO: {
-        ck_evaluator *own = c->ev ? NULL : ck_evaluator_new(c), *ev = c->ev ? c->ev : own;
-        size_t none = 0;
-        double f;
-        int rc = ev ? 0 : -1;
-        /* none's placed peak where the answer needs it: a budget that is a
-         * share of it, or auto where none's live peak does not rule it out */
-        if (ev && pol->kind == CK_POLICY_BUDGET && pol->budget_fraction > 0) rc = ck_evaluate(ev, NULL, 1, &none, &f);
-        const double fit = pol->device * (1.0 - pol->headroom);
-        /* auto places none when it may fit, or when its caller asks what none needs */
-        if (ev && pol->kind == CK_POLICY_AUTO) {
-            rc = ck_evaluate(ev, NULL, 0, &none, &f);
-            if (!rc && ((double)none <= fit || c->report)) rc = ck_evaluate(ev, NULL, 1, &none, &f);
-        }
-        if (!rc && c->report && (pol->kind == CK_POLICY_AUTO || pol->budget_fraction > 0)) c->report->none_peak = none;
-        if (rc) {
-            ck_evaluator_free(own);
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-        /* offload allowed: the joint search of vm/plan/offsearch.c */
-        int (*decide)(const ck_decide_ctx *, ck_evaluator *, size_t, unsigned char *, const char *, char *, size_t) =
-            c->offload ? ck_offload_decide : decide_budget;
-        const double room = pol->kind == CK_POLICY_AUTO ? fit
-                            : pol->budget_fraction > 0 ? pol->budget_fraction * (double)none : pol->budget;
-        if (c->report) c->report->budget = (size_t)room;
-        const size_t aim = (double)c->cut < room ? (size_t)(room - (double)c->cut) : 0;
-        if (pol->kind == CK_POLICY_BUDGET || none > aim)
-            rc = decide(c, ev, aim, recompute, pol->kind == CK_POLICY_BUDGET ? "budget" : "auto", err, errlen);
-        ck_evaluator_free(own);
-        return rc;
-    }
-    case CK_POLICY_OPTIMAL:
-        return ck_optimal_decide(c, pol->budget, pol->budget_fraction, pol->seconds, recompute, err, errlen);
-    }
-    snprintf(err, errlen, "unknown policy kind %d", (int)pol->kind);
-    return -1;
 }

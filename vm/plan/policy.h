@@ -29,7 +29,7 @@ typedef struct ck_policy {
     double seconds;                 /* optimal: the solver's time limit (0: CK_OPTIMAL_SECONDS); its budget as budget's */
 } ck_policy;
 
-/* Fills recompute for the candidates of c. Errors name the policy and what is
+/* vm/plan/decide.c: fills recompute for the candidates of c. Errors name the policy and what is
  * wrong: a pattern that matches no scope, a budget nothing fits (with the
  * smallest peak found). */
 int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err,
@@ -42,6 +42,13 @@ int ck_policy_decide(const ck_policy *pol, const ck_decide_ctx *c, unsigned char
 struct ck_evaluator;
 int ck_policy_budget_search(const ck_decide_ctx *c, struct ck_evaluator *ev, size_t budget, unsigned char *mark,
                             size_t *floor, char *err, size_t errlen);
+
+/* A fixed policy's decision (none, blocks, every_n, sqrt_n, selective: no
+ * search); -1 with err for another kind, or a pattern that matches no scope. */
+int ck_policy_fixed(const ck_policy *pol, const ck_decide_ctx *c, unsigned char *recompute, char *err, size_t errlen);
+/* diffusers' gradient checkpointing as a blocks policy: the blocks it
+ * recomputes in every family ckrun knows (a UNet's, a Flux transformer's). */
+ck_policy ck_policy_diffusers(void);
 
 /* The selective policy's default op kinds: cheap to recompute (norms,
  * activations, softmax, elementwise, layout), not matmul, conv or attention. */

@@ -136,6 +136,7 @@ typedef struct ck_program {
     /* steps taken (grp->step), optimizer updates applied (grp->updates: steps
      * taken less those a guard skipped): counted for the whole group */
     int eval_mode;     /* forward passes evaluate (no dropout); steps always train */
+    unsigned stat_groups; /* the statistics' groups its logging lists compute (CK_STATS_*) */
     /* gradient accumulation (opt.accumulate > 1): the sums (persistent, zeroed
      * after each update), the graph nodes that add into them (the first
      * entries of the optimizer's tail), and the steps summed since the update */
@@ -149,7 +150,6 @@ typedef struct ck_program {
      * n == 0 where not built), the statistics and the block names they use */
     ck_plan logplan[CK_STATS_ALL + 1];
     ck_stat_set st;
-    unsigned stat_groups;
     /* when non-NULL, seconds spent per op kind (CK_OP_COUNT entries): ck_exec adds to it */
     double *profile;
     /* the ranges of its lists captured as graphs (a backend with capture, opt.no_cuda_graph == 0) */

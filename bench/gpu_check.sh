@@ -34,6 +34,11 @@
 #      (out/gpu_check/steps.md). A policy that fails or runs out of time, or a
 #      measured arena peak that differs from the plan, fails the script once
 #      the table is written.
+#   7. offload, when time is left (else run alone: bash bench/gpu_offload.sh):
+#      what --checkpoint auto:CARD --offload auto chooses for full SDXL LoRA
+#      1024 on cards of 8, 12, 16 and 24 GiB and for flux-tiny, planned and
+#      run: planned device bytes against those the run holds, predicted step
+#      time against the measured one (out/gpu_check/offload.md).
 #
 #   bash bench/gpu_check.sh            # writes out/gpu_check/*
 #   GPU_CHECK_SECONDS=470              # the time budget step 4 keeps to (from the start)
@@ -76,7 +81,7 @@ export CK_GPU_NAME="$(head -1 "$out/gpu.txt" | cut -d, -f1)"
 leave_results() {
     [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
     tar czf "$OUT/gpu_check.tar.gz" -C out gpu_check 2>/dev/null || true
-    for f in steps.md speed.md cuda_ops.md whole_run.md; do [ ! -f "$out/$f" ] || cp "$out/$f" "$OUT/"; done
+    for f in steps.md speed.md cuda_ops.md whole_run.md offload.md; do [ ! -f "$out/$f" ] || cp "$out/$f" "$OUT/"; done
 }
 trap leave_results EXIT
 
@@ -346,6 +351,16 @@ echo
     echo
     python3 bench/gpu_step_torch.py --table "${tables[@]}"
 } | tee "$out/steps.md" || fail "the training-step table (bench/gpu_step_torch.py --table)"
+
+
+# ---- offload planned and run (bench/gpu_offload.sh), in what is left
+left=$(limit 600 0)
+if [ "$left" -ge 90 ]; then
+    GPU_OFFLOAD_SECONDS=$(( left - 60 )) timeout -k 10 "$left" bash bench/gpu_offload.sh cuda 4 ||
+        fail "offload: bench/gpu_offload.sh (see $out/offload.md and $out/offload.jsonl)"
+else
+    echo "offload: not run (${left} s left; run bash bench/gpu_offload.sh alone)"
+fi
 
 echo
 echo "gpu_check: done in $(( $(date +%s) - start )) s; results in $out/"

@@ -31,7 +31,7 @@ _Static_assert(sizeof backward_ops / sizeof backward_ops[0] == CK_OP_COUNT, "a b
 #define CK_PREC_F32_BF16 (CK_PREC_MASK_F32 | CK_PREC_MASK_BF16)
 #define CK_PREC_F32_BF16_F16 (CK_PREC_MASK_F32 | CK_PREC_MASK_BF16 | CK_PREC_MASK_F16)
 static const unsigned char precisions[][2] = {
-#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, cpu, cuda, ...) [CK_OP_##E] = {CK_PREC_##cpu, CK_PREC_##cuda},
+#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, autocast, cpu, cuda, ...) [CK_OP_##E] = {CK_PREC_##cpu, CK_PREC_##cuda},
 #include "ops.def"
 };
 _Static_assert(sizeof precisions / sizeof precisions[0] == CK_OP_COUNT, "precisions for every op in ops.def");
@@ -826,12 +826,13 @@ size_t ck_op_workspace_cpu_bf16(enum ck_op op, const ck_op_params *p, const ck_s
     return b + own;
 }
 
-int ck_op_autocast(enum ck_op op)
-{
-    return op == CK_OP_MATMUL || op == CK_OP_LINEAR || op == CK_OP_LINEAR_GEGLU || op == CK_OP_CONV2D ||
-           op == CK_OP_CONV2D_BWD_DATA ||
-           op == CK_OP_CONV2D_BWD_FILTER;
-}
+static const unsigned char autocasts[] = {
+#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, autocast, ...) [CK_OP_##E] = autocast,
+#include "ops.def"
+};
+_Static_assert(sizeof autocasts / sizeof autocasts[0] == CK_OP_COUNT, "autocast for every op in ops.def");
+
+int ck_op_autocast(enum ck_op op) { return (unsigned)op < CK_OP_COUNT && autocasts[op]; }
 
 unsigned ck_op_f32_inputs(enum ck_op op) { return op == CK_OP_ROPE ? 1u << 1 : 0u; }
 

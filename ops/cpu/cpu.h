@@ -117,7 +117,7 @@ extern const ck_kernel_fn ck_cpu_kernels_f16[CK_OP_COUNT];
 #define CK_CPU_DECL_F32(id) CK_CPU_KERNEL(ck_cpu_##id);
 #define CK_CPU_DECL_F32_BF16(id) CK_CPU_DECL_F32(id) CK_CPU_KERNEL(ck_cpu_##id##_bf16);
 #define CK_CPU_DECL_F32_BF16_F16(id) CK_CPU_DECL_F32_BF16(id) CK_CPU_KERNEL(ck_cpu_##id##_f16);
-#define CK_OP(E, id, nin_lo, nin_hi, nout, infer, grad, bwd, cheap, cpu, cuda, lua) CK_CPU_DECL_##cpu(id)
+#define CK_OP(E, id, nin_lo, nin_hi, nout, infer, grad, bwd, cheap, autocast, cpu, cuda, lua) CK_CPU_DECL_##cpu(id)
 #include "../ops.def"
 
 #endif

@@ -171,7 +171,7 @@ extern const ck_kernel_fn ck_cuda_kernels_f16[CK_OP_COUNT];
 #define CK_CUDA_DECL_F32(id) CK_CUDA_KERNEL(ck_cuda_##id);
 #define CK_CUDA_DECL_F32_BF16(id) CK_CUDA_DECL_F32(id) CK_CUDA_KERNEL(ck_cuda_##id##_bf16);
 #define CK_CUDA_DECL_F32_BF16_F16(id) CK_CUDA_DECL_F32_BF16(id) CK_CUDA_KERNEL(ck_cuda_##id##_f16);
-#define CK_OP(E, id, nin_lo, nin_hi, nout, infer, grad, bwd, cheap, cpu, cuda, lua) CK_CUDA_DECL_##cuda(id)
+#define CK_OP(E, id, nin_lo, nin_hi, nout, infer, grad, bwd, cheap, autocast, cpu, cuda, lua) CK_CUDA_DECL_##cuda(id)
 #include "../ops.def"
 
 #ifdef __cplusplus

@@ -130,9 +130,27 @@ static void f32_inputs_are_slots_of_16bit_ops(void)
     if (ck_op_f32_inputs(CK_OP_ROPE) != 2u) fail("rope's table (input 1) is read as fp32", CK_OP_ROPE);
 }
 
+/* the autocast column: the products and convolutions PyTorch's autocast runs
+ * in 16 bits (its lower-precision list: mm, linear, conv and their
+ * backward), each with 16-bit kernels on both backends, and nothing else */
+static void autocast_is_torchs_list(void)
+{
+    static const enum ck_op cast[] = {CK_OP_MATMUL,          CK_OP_LINEAR,           CK_OP_LINEAR_GEGLU,
+                                      CK_OP_CONV2D,          CK_OP_CONV2D_BWD_DATA,  CK_OP_CONV2D_BWD_FILTER};
+    for (int op = 0; op < CK_OP_COUNT; op++) {
+        int listed = 0;
+        for (size_t k = 0; k < sizeof cast / sizeof cast[0]; k++) listed |= (int)cast[k] == op;
+        if (ck_op_autocast((enum ck_op)op) != listed) fail(listed ? "autocast: not marked" : "autocast: marked", op);
+        for (int cuda = 0; listed && cuda < 2; cuda++)
+            if (!(ck_op_precisions((enum ck_op)op, cuda) & CK_PREC_MASK_BF16)) fail("autocast without bf16 kernels", op);
+    }
+    if (ck_op_autocast(CK_OP_COUNT) || ck_op_autocast((enum ck_op)-1)) fail("autocast of no op", CK_OP_COUNT);
+}
+
 int main(void)
 {
     op_numbers_never_change();
+    autocast_is_torchs_list();
     names_are_unique();
     backward_ops_run_where_their_forward_runs();
     f32_inputs_are_slots_of_16bit_ops();

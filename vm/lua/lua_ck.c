@@ -1607,14 +1607,14 @@ static int l_fill_randn(lua_State *L)
 #define LUA_FN_custom(E, id)
 #define LUA_FN_unary(E, id) \
     static int l_##id(lua_State *L) { return unary(L, CK_OP_##E); }
-#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, cpu, cuda, lua) LUA_FN_##lua(E, id)
+#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, autocast, cpu, cuda, lua) LUA_FN_##lua(E, id)
 #include "../../ops/ops.def"
 
 #define LUA_REG_no(id)
 #define LUA_REG_custom(id) {#id, l_##id},
 #define LUA_REG_unary(id) {#id, l_##id},
 static const luaL_Reg op_funcs[] = {
-#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, cpu, cuda, lua) LUA_REG_##lua(id)
+#define CK_OP(E, id, lo, hi, nout, infer, grad, bwd, cheap, autocast, cpu, cuda, lua) LUA_REG_##lua(id)
 #include "../../ops/ops.def"
     {"freeze", l_freeze},
     {"random", l_random},

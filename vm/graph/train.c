@@ -327,11 +327,17 @@ out:
     return rc;
 }
 
+int ck_train_has_params(const ck_graph *g)
+{
+    for (int t = 0; t < g->nt; t++)
+        if (g->t[t].kind == CK_KIND_PARAM) return 1;
+    return 0;
+}
+
 int ck_train_graph(ck_graph *g, const ck_train_opts *o, ck_train_ids *ids, char *err, size_t errlen)
 {
     *ids = (ck_train_ids){.scale_t = -1, .tracker_t = -1, .inv_t = -1};
-    int trains = 0;
-    for (int t = 0; t < g->nt; t++) trains |= g->t[t].kind == CK_KIND_PARAM;
+    const int trains = ck_train_has_params(g);
     if (o->loss >= 0 && trains && o->scaler.on) {
         if (o->fused_backward) {
             snprintf(err, errlen, "loss scaling checks every gradient for an overflow before any update, so it cannot "

@@ -52,6 +52,8 @@ typedef struct ck_train_ids {
     int nowner;
 } ck_train_ids;
 
+/* 1 when g has a trainable parameter */
+int ck_train_has_params(const ck_graph *g);
 /* Appends the training step to g when o->loss names a tensor and g has a
  * trainable parameter (else changes nothing): loss scaling's tensors (when
  * on), each dropout's rank and world (data parallel), the gradients, and,

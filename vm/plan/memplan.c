@@ -79,16 +79,20 @@ size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dt
     return b;
 }
 
-size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+/* the workspace of entry i (not a transfer) whose kernel runs in kt */
+static size_t workspace_in(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be, ck_dtype kt)
 {
-    if (pl->ops[i].xfer) return 0;
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
-    const ck_dtype kt = ck_entry_kernel_type(pl, g, i, be);
     size_t conv = ck_entry_convert_bytes(pl, g, i, kt);
     const ck_workspace_fn rule = ck_backend_workspace(be, kt);
     return conv + rule(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
+}
+
+size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+{
+    return pl->ops[i].xfer ? 0 : workspace_in(pl, g, i, be, ck_entry_kernel_type(pl, g, i, be));
 }
 
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)
@@ -269,11 +273,12 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     ck_place_buf *bufs = ck_big_alloc(sizeof *bufs * (size_t)(nt + n + 1));
     if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
-    for (int i = 0; i < n; i++) pl->ops[i].kt = ck_entry_kernel_type(pl, g, i, be);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        pl->ops[i].kt = ck_entry_kernel_type(pl, g, i, be);
         pl->ws_bytes[i] = pl->ops[i].xfer ? 0
                           : known && known->ws_node ? known->ws_node[pl->ops[i].node]
-                                                    : ck_plan_entry_workspace(pl, g, i, be);
+                                                    : workspace_in(pl, g, i, be, pl->ops[i].kt);
+    }
 
     int nb = 0, nh = 0;
     for (int t = 0; t < nt; t++) {

@@ -288,13 +288,6 @@ static int weights_region(ck_program *p, char *err, size_t errlen)
     return 0;
 }
 
-static int trains(const ck_graph *g)
-{
-    for (int t = 0; t < g->nt; t++)
-        if (g->t[t].kind == CK_KIND_PARAM) return 1;
-    return 0;
-}
-
 static int oom(char *err, size_t errlen) { return ck_errf(err, errlen, "out of memory while compiling"); }
 
 /* A program for src under o: its options, its backend and its copy of the
@@ -343,7 +336,7 @@ static ck_program *program_new(const ck_graph *src, const ck_compile_opts *o, ch
  * this process's rank (its communicator opens at the first step) */
 static int job_check(ck_program *p, const ck_compile_opts *o, char *err, size_t errlen)
 {
-    if (!data_parallel(o) || o->loss < 0 || !trains(p->g) || o->optim == CK_OPTIM_NONE) return 0;
+    if (!data_parallel(o) || o->loss < 0 || !ck_train_has_params(p->g) || o->optim == CK_OPTIM_NONE) return 0;
     if (o->fused_backward)
         return ck_errf(err, errlen, "fused updates run inside backward, before the ranks' gradients are summed: data "
                        "parallel training refuses them (compile without fused_backward)");
@@ -362,9 +355,11 @@ static int job_check(ck_program *p, const ck_compile_opts *o, char *err, size_t 
 /* the training step's graph transforms (graph/train.c), what they made kept */
 static int train_graph(ck_program *p, const ck_compile_opts *o, char *err, size_t errlen)
 {
-    const ck_train_opts to = {o->loss, o->optim, o->beta1, o->beta2, o->eps, o->weight_decay, o->max_grad_norm,
-                              o->accumulate, o->fused_backward, o->scaler, data_parallel(o), o->world, o->rank,
-                              o->shard, o->bucket_bytes};
+    const ck_train_opts to = {.loss = o->loss, .optim = o->optim, .beta1 = o->beta1, .beta2 = o->beta2,
+                              .eps = o->eps, .weight_decay = o->weight_decay, .max_grad_norm = o->max_grad_norm,
+                              .accumulate = o->accumulate, .fused_backward = o->fused_backward, .scaler = o->scaler,
+                              .data_parallel = data_parallel(o), .world = o->world, .rank = o->rank,
+                              .shard = o->shard, .bucket_bytes = o->bucket_bytes};
     ck_train_ids ids;
     const int rc = ck_train_graph(p->g, &to, &ids, err, errlen);
     p->scale_t = ids.scale_t, p->tracker_t = ids.tracker_t, p->inv_t = ids.inv_t;
@@ -473,15 +468,17 @@ static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t er
 static int plan_lists(ck_program *p, const ck_compile_opts *o, char *err, size_t errlen)
 {
     const ck_graph *g = p->g;
-    const ck_plan_in in = {g, p->poff, p->persistent, p->retain, p->streamed, p->be, o->decide, o->decide_ud,
-                           o->report, o->offload, o->prefetch > 0 ? o->prefetch : CK_PREFETCH_DEFAULT, o->speed,
-                           p->budget};
+    const ck_plan_in in = {.g = g, .poff = p->poff, .persistent = p->persistent, .retain = p->retain,
+                           .streamed = p->streamed, .be = p->be, .decide = o->decide, .decide_ud = o->decide_ud,
+                           .report = o->report, .offload = o->offload,
+                           .prefetch = o->prefetch > 0 ? o->prefetch : CK_PREFETCH_DEFAULT, .speed = o->speed,
+                           .budget = p->budget};
     int *sinks = malloc(sizeof(int) * (size_t)(g->nn + o->noutputs + 2)), ns = 0, rc = 0;
     if (!sinks) return oom(err, errlen);
     for (int i = 0; i < o->noutputs; i++) sinks[ns++] = g->t[o->outputs[i]].node;
     if (o->loss >= 0) sinks[ns++] = g->t[o->loss].node;
     const int nsinks = ns; /* the forward pass's */
-    if (o->loss >= 0 && trains(g)) {
+    if (o->loss >= 0 && ck_train_has_params(g)) {
         for (int t = 0; t < g->nt; t++) {
             if (g->t[t].kind != CK_KIND_PARAM) continue;
             int gt = g->t[t].grad;
@@ -624,9 +621,8 @@ void ck_program_free(ck_program *p)
     ck_plan_free(&p->train);
     ck_plan_free(&p->eval);
     for (int k = 0; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
-    for (int b = 0; b < p->st.nblocks; b++) free(p->st.blocks[b]);
+    ck_stat_set_truncate(&p->st, 0);
     free(p->st.blocks);
-    free(p->st.stats);
     free(p->profile);
     ck_graph_free(p->g);
     free(p->retain);
@@ -925,10 +921,7 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
     r->loss_scale = 1.0f;
     if (!runnable(p)) return -1;
     /* data parallel: the communicator, a collective of every rank, opens at the first step */
-    if (p->comm == 1) {
-        if (ck_exec_comm_open(p->be, p->err, sizeof p->err)) return -1;
-        p->comm = 2;
-    }
+    if (p->comm && ck_exec_comm_open(p->be, p->err, sizeof p->err)) return -1;
     if (p->train.n == 0) {
         snprintf(p->err, sizeof p->err, "this program has nothing to train (no loss or no trainable parameter)");
         return -1;

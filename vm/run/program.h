@@ -178,7 +178,8 @@ typedef struct ck_program {
      * updates applied since it last changed, and 1/scale, which the update
      * multiplies the gradients by (an input the step writes); -1 without */
     int scale_t, tracker_t, inv_t;
-    /* data parallel, runnable: 1 until its communicator is open (at the first step), then 2; 0 otherwise */
+    /* data parallel and runnable: each step opens the backend's communicator
+     * if it is not open yet (once per process, ck_exec_comm_open) */
     int comm;
     /* ZeRO-1 (opt.shard): per tensor below nowner, the rank owning a
      * parameter's optimizer state (-1 for other tensors); NULL unsharded */

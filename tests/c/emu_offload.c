@@ -17,7 +17,11 @@
  *    blocks' weights in from pinned memory is bitwise the kept training,
  *    graphs on and off; the high-water mark is the plan's peak and the pinned
  *    memory held is the plan's (the weights' bytes); a weight's copy read
- *    before its wait trains differently.
+ *    before its wait trains differently;
+ *  - trained weights and optimizer state streamed (stream_trainable,
+ *    offload_optimizer): bitwise the kept training, graphs on and off, the
+ *    high-water mark and pinned memory the plan's; an update moved after
+ *    its copy out is done trains differently.
  * Built against the emulator only (cmake/cuda.cmake). */
 #include "cuda/cuda.h"
 #include "plan/offload.h"
@@ -175,6 +179,8 @@ static ck_graph *chain(int *loss)
 
 static const char *const streamed_blocks[] = {"blocks.0", "blocks.1"};
 
+/* stream: 0 kept, 1 the blocks' frozen weights streamed, 2 their trained
+ * biases too and every optimizer state in pinned memory */
 static ck_program *compile_streamed(const ck_graph *g, int loss, const ck_backend *be, int stream, int graphs,
                                     char *err)
 {
@@ -188,6 +194,7 @@ static ck_program *compile_streamed(const ck_graph *g, int loss, const ck_backen
     o.no_cuda_graph = !graphs;
     o.be = be;
     if (stream) o.stream = streamed_blocks, o.nstream = 2;
+    o.stream_trainable = o.offload_optimizer = stream == 2;
     return ck_compile(g, &o, err, 512);
 }
 
@@ -316,6 +323,61 @@ int main(void)
                  p->train.host_peak);
         check(name, hw == p->train.peak && pinned == p->grp->weight_bytes + p->train.host_peak && pinned == 2 * 512 && /* two bf16 weights of 16x16 */
                         p->persistent + 2 * 512 == p0->persistent, 0);
+        free(got);
+        ck_program_free(p);
+    }
+    /* trained weights and optimizer state streamed: each update's copy in and out */
+    for (int graphs = 0; graphs < 2; graphs++) {
+        ck_program *p = compile_streamed(g, loss, be, 2, graphs, err);
+        if (!p) {
+            printf("FAIL compile: %s\n", err);
+            return 1;
+        }
+        const size_t pinned = ck_emu_pinned_used();
+        size_t n, hw, moved = 0;
+        for (int t = 0; t < p->g->nt; t++)
+            if (p->streamed[t]) moved += (ck_tensor_bytes(&p->g->t[t]) + 63) / 64 * 64;
+        unsigned char *got = trained(p, &hw, &n);
+        char name[300];
+        snprintf(name, sizeof name, "updates streaming their weights and state train bitwise as kept on the emulated "
+                 "device (graphs %s); high-water %zu is the plan's %zu; pinned %zu the plan's weights %zu + host "
+                 "region %zu", graphs ? "on" : "off", hw, p->train.peak, pinned, p->grp->weight_bytes,
+                 p->train.host_peak);
+        /* two frozen weights (bf16 16x16), two biases and six moments (fp32 16 each), at 64 bytes apiece */
+        check(name, kept && got && n == n0 && !memcmp(got, kept, n) && hw == p->train.peak &&
+                        pinned == p->grp->weight_bytes + p->train.host_peak && moved == p->grp->weight_bytes &&
+                        moved == 2 * 512 + 8 * 64 && p->persistent + moved == p0->persistent,
+              0);
+        free(got);
+        ck_program_free(p);
+    }
+    {
+        /* an update moved after its weight's copy out and that copy's wait:
+         * the host keeps the old values */
+        ck_program *p = compile_streamed(g, loss, be, 2, 0, err);
+        int moved = 0;
+        for (int i = 1; p && i < p->train.n && !moved; i++) {
+            if (p->train.ops[i].xfer != CK_XFER_OUT || p->train.ops[i - 1].xfer ||
+                p->g->t[p->train.ops[i].out[0]].kind != CK_KIND_PARAM)
+                continue;
+            int w = i + 1;
+            while (w < p->train.n && !(p->train.ops[w].xfer == CK_XFER_OUT_WAIT && p->train.ops[w].slot == p->train.ops[i].slot)) w++;
+            if (w == p->train.n) break;
+            const ck_op_ref k = p->train.ops[i - 1];
+            const int64_t ko = p->train.ws_off[i - 1];
+            const size_t kb = p->train.ws_bytes[i - 1];
+            for (int j = i - 1; j < w; j++) {
+                p->train.ops[j] = p->train.ops[j + 1];
+                p->train.ws_off[j] = p->train.ws_off[j + 1];
+                p->train.ws_bytes[j] = p->train.ws_bytes[j + 1];
+            }
+            p->train.ops[w] = k, p->train.ws_off[w] = ko, p->train.ws_bytes[w] = kb;
+            moved = 1;
+        }
+        size_t n, hw;
+        unsigned char *got = p ? trained(p, &hw, &n) : NULL;
+        check("a list that copies a trained weight out before its update is done does not train as the kept one",
+              moved && (!got || memcmp(got, kept, n0) != 0), 0);
         free(got);
         ck_program_free(p);
     }

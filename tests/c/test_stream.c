@@ -19,7 +19,15 @@
  *    and a value written trains as it does kept;
  *  - a_program_sharing_the_group_streams_what_the_group_streams: its forward
  *    list brings the group's streamed weights in, and computes what a kept
- *    one computes. */
+ *    one computes;
+ *  - updates_stream_their_weights_and_state: with stream_trainable the
+ *    streamed blocks' trainable weights and their optimizer state, with
+ *    offload_optimizer every optimizer state, live in pinned memory; each
+ *    group of uses (forward, backward, the update) reads a device copy, and
+ *    an update's copy is written back after it and held until that copy's
+ *    wait; three AdamW steps (recompute, bf16 over fp8, fused updates) leave
+ *    the parameters and optimizer state bitwise where keeping them leaves
+ *    them, the high-water mark the plan's; refused with data parallel. */
 #include "plan/offload.h"
 #include "run/program.h"
 
@@ -81,7 +89,10 @@ static const char *const streamed_blocks[] = {"blocks.0", "blocks.2"};
 typedef struct how {
     int stream, recompute;
     ck_dtype storage, frozen;
-    int stats; /* the logging lists of every statistic, planned into the arena */
+    int stats;     /* the logging lists of every statistic, planned into the arena */
+    int trainable; /* the streamed blocks' trainable weights too (stream_trainable) */
+    int optim;     /* every optimizer state in pinned memory (offload_optimizer) */
+    int fused;     /* updates inside backward */
 } how;
 
 static const char *const stat_blocks[] = {"blocks.*"};
@@ -98,6 +109,7 @@ static ck_program *compile(const ck_graph *g, int loss, how h, char *err)
     if (h.recompute) o.decide = recompute_all;
     if (h.stream) o.stream = streamed_blocks, o.nstream = 2;
     if (h.stats) o.stats = CK_STATS_ALL, o.stat_blocks = stat_blocks, o.nstat_blocks = 1;
+    o.stream_trainable = h.trainable, o.offload_optimizer = h.optim, o.fused_backward = h.fused;
     return ck_compile(g, &o, err, 512);
 }
 
@@ -147,11 +159,67 @@ static int uses_sound(const ck_plan *pl, const ck_program *p, int *copies)
                 for (int j = 0; j < pl->ops[k].nin; j++) read |= pl->ops[k].in[j] == c;
             ok &= read;
         }
-        ok &= pl->loc[t] == CK_LOC_HOST && fwd == 1 && later <= 1;
+        /* a frozen weight comes in for the forward part and once after it; a trainable one for the forward
+         * part, backward and its update; an optimizer state for its update alone */
+        const ck_kind kind = g->t[t].kind;
+        if (!ins && kind == CK_KIND_OPTSTATE) continue; /* a forward pass reads no optimizer state */
+        ok &= pl->loc && pl->loc[t] == CK_LOC_HOST && fwd == (kind != CK_KIND_OPTSTATE) &&
+              later <= (kind == CK_KIND_PARAM ? 2 : 1);
         total += ins;
     }
     *copies = total;
     return ok;
+}
+
+/* every streamed tensor the list writes (an update, in place) is written
+ * in a device copy, which is copied out to it after its last write and
+ * held until the wait for that copy: no kernel entry writes a streamed
+ * tensor, or touches the copy after its copy out. *outs: the copies out. */
+static int writes_sound(const ck_plan *pl, const ck_program *p, int *outs)
+{
+    const ck_graph *g = p->g;
+    int ok = 1, total = 0;
+    for (int t = 0; t < g->nt; t++) {
+        if (!p->streamed || !p->streamed[t]) continue;
+        int written = 0, nout = 0;
+        for (int i = 0; i < pl->n && ok; i++) {
+            const ck_op_ref *r = &pl->ops[i];
+            if (!r->xfer) {
+                for (int j = 0; j < r->nout; j++) ok &= r->out[j] != t;
+                for (int j = 0; j < r->nout; j++) written |= r->out[j] >= 0 && pl->origin[r->out[j]] == t;
+                continue;
+            }
+            if (r->xfer != CK_XFER_OUT || r->out[0] != t) continue;
+            nout++;
+            const int c = r->in[0];
+            ok &= pl->origin[c] == t && pl->loc[c] == CK_LOC_BACK && written;
+            int w = i + 1;
+            for (; w < pl->n && !(pl->ops[w].xfer == CK_XFER_OUT_WAIT && pl->ops[w].slot == r->slot); w++)
+                for (int j = 0; j < pl->ops[w].nin + pl->ops[w].nout; j++)
+                    ok &= (j < pl->ops[w].nin ? pl->ops[w].in[j] : pl->ops[w].out[j - pl->ops[w].nin]) != c;
+            ok &= w < pl->n && pl->ops[w].in[0] == c;
+        }
+        ok &= nout == written;
+        total += nout;
+    }
+    *outs = total;
+    return ok;
+}
+
+/* the bytes of every tensor of a kind (parameters, optimizer state), read back in graph order */
+static unsigned char *tensors_of(ck_program *p, ck_kind kind, size_t *n)
+{
+    size_t total = 0;
+    for (int t = 0; t < p->g->nt; t++)
+        if (p->g->t[t].kind == kind) total += ck_tensor_bytes(&p->g->t[t]);
+    unsigned char *out = malloc(total ? total : 1), *at = out;
+    for (int t = 0; t < p->g->nt; t++) {
+        if (p->g->t[t].kind != kind) continue;
+        memcpy(at, ck_program_read(p, t), ck_tensor_bytes(&p->g->t[t]));
+        at += ck_tensor_bytes(&p->g->t[t]);
+    }
+    *n = total;
+    return out;
 }
 
 int main(void)
@@ -159,11 +227,11 @@ int main(void)
     char err[512];
     int loss, out;
     ck_graph *g = chain(&loss, &out);
-    const how kept_f32 = {0, 0, CK_F32, CK_F32, 0};
+    const how kept_f32 = {0, 0, CK_F32, CK_F32, 0, 0, 0, 0};
 
     /* where the streamed weights live */
     {
-        ck_program *k = compile(g, loss, kept_f32, err), *s = compile(g, loss, (how){1, 0, CK_F32, CK_F32, 0}, err);
+        ck_program *k = compile(g, loss, kept_f32, err), *s = compile(g, loss, (how){1, 0, CK_F32, CK_F32, 0, 0, 0, 0}, err);
         if (!k || !s) {
             printf("FAIL compile: %s\n", err);
             return 1;
@@ -193,10 +261,10 @@ int main(void)
 
     /* bitwise, measured */
     const how cases[4][2] = {
-        {{0, 0, CK_F32, CK_F32, 0}, {1, 0, CK_F32, CK_F32, 0}},
-        {{0, 1, CK_F32, CK_F32, 0}, {1, 1, CK_F32, CK_F32, 0}},
-        {{0, 0, CK_BF16, CK_F8E4M3, 0}, {1, 0, CK_BF16, CK_F8E4M3, 0}},
-        {{0, 1, CK_BF16, CK_F8E4M3, 0}, {1, 1, CK_BF16, CK_F8E4M3, 0}},
+        {{0, 0, CK_F32, CK_F32, 0, 0, 0, 0}, {1, 0, CK_F32, CK_F32, 0, 0, 0, 0}},
+        {{0, 1, CK_F32, CK_F32, 0, 0, 0, 0}, {1, 1, CK_F32, CK_F32, 0, 0, 0, 0}},
+        {{0, 0, CK_BF16, CK_F8E4M3, 0, 0, 0, 0}, {1, 0, CK_BF16, CK_F8E4M3, 0, 0, 0, 0}},
+        {{0, 1, CK_BF16, CK_F8E4M3, 0, 0, 0, 0}, {1, 1, CK_BF16, CK_F8E4M3, 0, 0, 0, 0}},
     };
     for (int c = 0; c < 4; c++) {
         ck_program *k = compile(g, loss, cases[c][0], err), *s = compile(g, loss, cases[c][1], err);
@@ -259,6 +327,77 @@ int main(void)
         free(b);
         ck_program_free(k);
         ck_program_free(s);
+    }
+
+    /* trainable weights and optimizer state streamed: each update brings its
+     * weight and state in and copies them back out; training is bitwise
+     * what keeping them trains, and the high-water mark is the plan */
+    {
+        static const struct {
+            const char *what;
+            how kept, moved;
+            int streamed, outs; /* tensors streamed, copies out per step */
+        } tc[] = {
+            /* blocks.0 and .2: frozen weight, bias and its two moments each (8); 3 copies out per block */
+            {"stream_trainable", {0, 0, CK_F32, CK_F32, 0, 0, 0, 0}, {1, 0, CK_F32, CK_F32, 0, 1, 0, 0}, 8, 6},
+            /* the three biases' moments (6), each copied out once */
+            {"offload_optimizer", {0, 0, CK_F32, CK_F32, 0, 0, 0, 0}, {0, 0, CK_F32, CK_F32, 0, 0, 1, 0}, 6, 6},
+            {"both, recompute", {0, 1, CK_F32, CK_F32, 0, 0, 0, 0}, {1, 1, CK_F32, CK_F32, 0, 1, 1, 0}, 10, 8},
+            {"both, bf16 over fp8", {0, 0, CK_BF16, CK_F8E4M3, 0, 0, 0, 0}, {1, 0, CK_BF16, CK_F8E4M3, 0, 1, 1, 0}, 10, 8},
+            {"both, fused updates", {0, 0, CK_F32, CK_F32, 0, 0, 0, 1}, {1, 0, CK_F32, CK_F32, 0, 1, 1, 1}, 10, 8},
+        };
+        for (size_t c = 0; c < sizeof tc / sizeof tc[0]; c++) {
+            ck_program *k = compile(g, loss, tc[c].kept, err), *s = compile(g, loss, tc[c].moved, err);
+            int ran = k && s, nstreamed = 0, outs = 0, copies = 0;
+            if (!ran) printf("     %s\n", err);
+            size_t moved = 0;
+            for (int t = 0; s && t < s->g->nt; t++)
+                if (s->streamed && s->streamed[t]) nstreamed++, moved += (ck_tensor_bytes(&s->g->t[t]) + 63) / 64 * 64;
+            const int planned = ran && writes_sound(&s->train, s, &outs) && uses_sound(&s->train, s, &copies) &&
+                                uses_sound(&s->eval, s, &copies) && s->persistent + moved == k->persistent &&
+                                s->grp->weight_bytes == moved;
+            size_t hwk = 0, hws = 0;
+            for (int step = 0; ran && step < 3; step++)
+                ran = !ck_program_step_measured(k, &hwk) && !ck_program_step_measured(s, &hws);
+            if (!ran && k && s) printf("     %s\n", k->err[0] ? k->err : s->err);
+            size_t n[4] = {0};
+            unsigned char *a = ran ? tensors_of(k, CK_KIND_PARAM, &n[0]) : NULL;
+            unsigned char *b = ran ? tensors_of(s, CK_KIND_PARAM, &n[1]) : NULL;
+            unsigned char *sa = ran ? tensors_of(k, CK_KIND_OPTSTATE, &n[2]) : NULL;
+            unsigned char *sb = ran ? tensors_of(s, CK_KIND_OPTSTATE, &n[3]) : NULL;
+            char name[300];
+            snprintf(name, sizeof name,
+                     "updates_stream_their_weights_and_state (%s): %d streamed, %d copies out; bitwise as kept; "
+                     "high-water %zu of plan %zu (kept %zu of %zu)", tc[c].what, nstreamed, outs, hws,
+                     s ? s->train.peak : 0, hwk, k ? k->train.peak : 0);
+            check(name, planned && ran && nstreamed == tc[c].streamed && outs == tc[c].outs && n[0] == n[1] &&
+                            !memcmp(a, b, n[0]) && n[2] == n[3] && n[2] > 0 && !memcmp(sa, sb, n[2]) &&
+                            hws <= s->train.peak && s->train.peak - hws == k->train.peak - hwk &&
+                            (c != 1 || hws == s->train.peak),
+                  0);
+            free(a), free(b), free(sa), free(sb);
+            ck_program_free(k);
+            ck_program_free(s);
+        }
+    }
+
+    /* data parallel keeps each rank's updates on its device: refused at compile, naming the option */
+    {
+        ck_compile_opts o = {0};
+        o.loss = loss;
+        o.optim = CK_OPTIM_ADAMW;
+        o.lr = 1e-2f, o.beta1 = 0.9f, o.beta2 = 0.999f, o.eps = 1e-8f;
+        o.world = 2, o.plan_only = 1;
+        o.offload_optimizer = 1;
+        ck_program *p = ck_compile(g, &o, err, sizeof err);
+        int ok = !p && strstr(err, "offloading the optimizer state is not for data parallel training");
+        ck_program_free(p);
+        o.offload_optimizer = 0;
+        p = ck_compile(g, &o, err, sizeof err); /* the same without it compiles */
+        ok = ok && p;
+        check("offload_optimizer with data parallel: refused at compile, naming it", ok, 0);
+        if (!ok) printf("     %s\n", err);
+        ck_program_free(p);
     }
 
     /* host reads and writes of a streamed weight */

@@ -6,9 +6,11 @@
  * copy out, its host copy lives in the host region from the copy out to the
  * copy back, and the copy back holds its device bytes from the entry that
  * starts it. So the memory plan states device and host bytes exactly, and a
- * captured graph replays the copies with the kernels. A frozen weight marked
- * CK_OFFLOAD (kohya's block swap) is streamed through the same entries: it
- * lives in pinned host memory and comes in once per group of its uses. */
+ * captured graph replays the copies with the kernels. A weight or optimizer
+ * state marked CK_OFFLOAD (kohya's block swap, DeepSpeed's optimizer
+ * offload) is streamed through the same entries: it lives in pinned host
+ * memory, comes in once per group of its uses, and an update's copy goes
+ * back out. */
 #include "plan/offload.h"
 
 #include <stdlib.h>
@@ -224,38 +226,62 @@ out:
     return rc;
 }
 
-/* A frozen weight marked CK_OFFLOAD is streamed: its values live in pinned
- * host memory (its persistent offset is one in the host weights' region, not
- * the arena's), and each group of its uses (the forward part; the entries
- * after it: recompute and backward, which reads a block's weights where it
- * recomputes that block) reads a device copy of its own. The copy comes in
- * prefetch entries before the group's first use (not before the group
- * starts), the wait right before that use, and the copy's bytes are free
- * after the group's last use. Returns the groups streamed, or -1 out of
- * memory (pl unchanged). */
+/* A persistent tensor marked CK_OFFLOAD is streamed: its values live in
+ * pinned host memory (its persistent offset is one in the host weights'
+ * region, not the arena's), and each group of its uses reads a device copy
+ * of its own. A frozen weight's groups are the forward part and the entries
+ * after it (recompute and backward, which reads a block's weights where it
+ * recomputes that block); a trainable weight's or an optimizer state's are
+ * the forward part, the entries after it but the optimizer's, and the
+ * optimizer's entries, so that the updates bring the weights and states in
+ * one at a time. The copy comes in prefetch entries before the group's first
+ * use (not before the group starts), the wait right before that use; a group
+ * that writes the tensor (an update, in place) copies it back out after its
+ * last use and waits for that prefetch entries later (not past the list's
+ * end); the copy's bytes are free after its last use, or after that wait. A
+ * group that writes is the tensor's last in the list (the optimizer's).
+ * Returns the groups streamed, or -1 out of memory (pl unchanged). */
+enum { GROUPS = 3 };
+
+static int use_group(const ck_graph *g, const ck_plan *pl, int t, int i, int turn)
+{
+    if (i < turn) return 0;
+    return g->t[t].kind != CK_KIND_FROZEN && pl->ops[i].phase == CK_PHASE_OPTIMIZER ? 2 : 1;
+}
+
+/* a group's transfers run in its phase: an interrupt that stops a step
+ * before its updates leaves no update's copy half made */
+static const ck_phase group_phase[GROUPS] = {CK_PHASE_FORWARD, CK_PHASE_BACKWARD, CK_PHASE_OPTIMIZER};
+
 static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *mark, int prefetch)
 {
     const int n = pl->n, nt0 = pl->ntensors, nt = g->nt;
     int turn = 0;
     while (turn < n && pl->ops[turn].phase == CK_PHASE_FORWARD) turn++;
-    int *first = malloc(sizeof(int) * 2 * (size_t)(nt ? nt : 1)), *copy = malloc(sizeof(int) * 2 * (size_t)(nt ? nt : 1));
-    int *grp_t = NULL, *grp_of = NULL;
-    anchors in_at = {0}, wait_at = {0};
+    const size_t nx = (size_t)GROUPS * (size_t)(nt ? nt : 1);
+    int *first = malloc(sizeof(int) * nx), *copy = malloc(sizeof(int) * nx), *last = malloc(sizeof(int) * nx);
+    unsigned char *writes = calloc(nx, 1);
+    int *grp_t = NULL, *grp_of = NULL, *out_slot = NULL;
+    anchors in_at = {0}, wait_at = {0}, out_at = {0}, wait_out_at = {0};
     ck_op_ref *ops = NULL;
     int *origin = NULL;
     unsigned char *loc = NULL;
     int rc = -1;
-    if (!first || !copy) goto out;
-    for (int x = 0; x < 2 * nt; x++) first[x] = copy[x] = -1;
-    int k = 0;
+    if (!first || !copy || !last || !writes) goto out;
+    for (size_t x = 0; x < nx; x++) first[x] = copy[x] = last[x] = -1;
+    int k = 0, kw = 0;
     for (int i = 0; i < n; i++) {
         const ck_op_ref *r = &pl->ops[i];
         if (r->xfer) continue;
-        for (int j = 0; j < r->nin; j++) {
-            const int t = r->in[j];
-            if (t < 0 || t >= nt || mark[t] != CK_OFFLOAD || g->t[t].kind != CK_KIND_FROZEN) continue;
-            const int x = 2 * t + (i >= turn);
+        for (int j = 0; j < r->nin + r->nout; j++) {
+            const int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
+            if (t < 0 || t >= nt || mark[t] != CK_OFFLOAD || !ck_is_persistent(g->t[t].kind) ||
+                g->t[t].kind == CK_KIND_INPUT)
+                continue;
+            const int x = GROUPS * t + use_group(g, pl, t, i, turn);
             if (first[x] < 0) first[x] = i, k++;
+            last[x] = i;
+            if (j >= r->nin && !writes[x]) writes[x] = 1, kw++;
         }
     }
     if (k == 0) {
@@ -264,26 +290,27 @@ static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *m
     }
     grp_t = malloc(sizeof(int) * (size_t)k);
     grp_of = malloc(sizeof(int) * (size_t)k);
-    ops = malloc(sizeof *ops * (size_t)(n + 2 * k));
+    out_slot = malloc(sizeof(int) * (size_t)k);
+    ops = malloc(sizeof *ops * (size_t)(n + 2 * k + 2 * kw));
     origin = malloc(sizeof(int) * (size_t)(nt0 + k));
     loc = calloc((size_t)(nt0 + k), 1);
-    anchors *all[2] = {&in_at, &wait_at};
-    for (int q = 0; q < 2; q++) {
+    anchors *all[4] = {&in_at, &wait_at, &out_at, &wait_out_at};
+    for (int q = 0; q < 4; q++) {
         all[q]->head = malloc(sizeof(int) * (size_t)(n ? n : 1));
         all[q]->tail = malloc(sizeof(int) * (size_t)(n ? n : 1));
         all[q]->next = malloc(sizeof(int) * (size_t)k);
         if (!all[q]->head || !all[q]->tail || !all[q]->next) goto out;
         for (int i = 0; i < n; i++) all[q]->head[i] = all[q]->tail[i] = -1;
     }
-    if (!grp_t || !grp_of || !ops || !origin || !loc) goto out;
+    if (!grp_t || !grp_of || !out_slot || !ops || !origin || !loc) goto out;
     memcpy(origin, pl->origin, sizeof(int) * (size_t)nt0);
     if (pl->loc) memcpy(loc, pl->loc, (size_t)nt0);
     int m = 0, ids = nt0;
     size_t streamed = 0;
-    for (int x = 0; x < 2 * nt; x++) {
+    for (size_t x = 0; x < nx; x++) {
         if (first[x] < 0) continue;
-        const int t = x / 2, later = x % 2;
-        grp_t[m] = t, grp_of[m] = x;
+        const int t = (int)(x / GROUPS), later = x % GROUPS != 0;
+        grp_t[m] = t, grp_of[m] = (int)x;
         copy[x] = ids;
         origin[ids] = t, loc[ids] = CK_LOC_BACK;
         loc[t] = CK_LOC_HOST;
@@ -293,32 +320,51 @@ static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *m
         if (start < (later ? turn : 0)) start = later ? turn : 0;
         anchor(&in_at, start, m);
         anchor(&wait_at, first[x], m);
+        if (writes[x]) {
+            anchor(&out_at, last[x], m);
+            anchor(&wait_out_at, last[x] + prefetch < n ? last[x] + prefetch : n - 1, m);
+        }
         m++;
     }
     int e = 0, slot = pl->nslots;
     int *slot_of = first; /* each group's first use is anchored: its slot in its place */
     for (int i = 0; i < n; i++) {
         for (int y = in_at.head[i]; y >= 0; y = in_at.next[y]) {
-            const int x = grp_of[y], later = x % 2;
-            ck_op_ref r = xfer_entry(g, 0, later ? CK_PHASE_BACKWARD : CK_PHASE_FORWARD, CK_XFER_IN, grp_t[y], copy[x],
-                                     slot);
+            const int x = grp_of[y];
+            ck_op_ref r = xfer_entry(g, 0, group_phase[x % GROUPS], CK_XFER_IN, grp_t[y], copy[x], slot);
             r.node = pl->ops[first[x]].node; /* a weight has no producer: its first reader names it */
             slot_of[x] = slot++;
             ops[e++] = r;
         }
         for (int y = wait_at.head[i]; y >= 0; y = wait_at.next[y]) {
             const int x = grp_of[y];
-            ck_op_ref r = xfer_entry(g, 0, x % 2 ? CK_PHASE_BACKWARD : CK_PHASE_FORWARD, CK_XFER_IN_WAIT, copy[x], -1,
-                                     slot_of[x]);
+            ck_op_ref r = xfer_entry(g, 0, group_phase[x % GROUPS], CK_XFER_IN_WAIT, copy[x], -1, slot_of[x]);
             r.node = pl->ops[i].node;
             ops[e++] = r;
         }
         ck_op_ref r = pl->ops[i];
-        if (!r.xfer)
-            for (int j = 0; j < r.nin; j++)
-                if (r.in[j] >= 0 && r.in[j] < nt && copy[2 * r.in[j] + (i >= turn)] >= 0)
-                    r.in[j] = copy[2 * r.in[j] + (i >= turn)];
+        if (!r.xfer) {
+            for (int j = 0; j < r.nin + r.nout; j++) {
+                int *id = j < r.nin ? &r.in[j] : &r.out[j - r.nin];
+                if (*id >= 0 && *id < nt && copy[GROUPS * *id + use_group(g, pl, *id, i, turn)] >= 0)
+                    *id = copy[GROUPS * *id + use_group(g, pl, *id, i, turn)];
+            }
+        }
         ops[e++] = r;
+        /* an update's copy back: it writes the tensor's host values, and holds the copy until its wait */
+        for (int y = out_at.head[i]; y >= 0; y = out_at.next[y]) {
+            const int x = grp_of[y];
+            ck_op_ref o = xfer_entry(g, 0, group_phase[x % GROUPS], CK_XFER_OUT, copy[x], grp_t[y], slot);
+            o.node = pl->ops[i].node;
+            out_slot[y] = slot++;
+            ops[e++] = o;
+        }
+        for (int y = wait_out_at.head[i]; y >= 0; y = wait_out_at.next[y]) {
+            const int x = grp_of[y];
+            ck_op_ref o = xfer_entry(g, 0, group_phase[x % GROUPS], CK_XFER_OUT_WAIT, copy[x], -1, out_slot[y]);
+            o.node = pl->ops[last[x]].node;
+            ops[e++] = o;
+        }
     }
     free(pl->ops);
     free(pl->origin);
@@ -334,11 +380,12 @@ static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *m
     ops = NULL, origin = NULL, loc = NULL;
     rc = k;
 out:
-    for (int q = 0; q < 2; q++) {
-        anchors *a = q == 0 ? &in_at : &wait_at;
+    for (int q = 0; q < 4; q++) {
+        anchors *a = q == 0 ? &in_at : q == 1 ? &wait_at : q == 2 ? &out_at : &wait_out_at;
         free(a->head), free(a->tail), free(a->next);
     }
-    free(first), free(copy), free(grp_t), free(grp_of), free(ops), free(origin), free(loc);
+    free(first), free(copy), free(last), free(writes), free(grp_t), free(grp_of), free(out_slot), free(ops), free(origin),
+        free(loc);
     return rc;
 }
 
@@ -368,7 +415,7 @@ size_t ck_offload_stream_copies_most(const ck_plan *pl, const ck_graph *g)
         for (int j = 0; j < r->nout; j++) ids[k++] = r->out[j];
         for (int j = 0; j < k; j++) {
             const int id = ids[j];
-            if (id < 0 || pl->loc[id] != CK_LOC_BACK || g->t[pl->origin[id]].kind != CK_KIND_FROZEN) continue;
+            if (id < 0 || pl->loc[id] != CK_LOC_BACK || !ck_is_persistent(g->t[pl->origin[id]].kind)) continue;
             if (first[id] < 0) first[id] = i;
             last[id] = i;
         }

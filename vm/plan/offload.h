@@ -21,12 +21,16 @@
  * from it, as recompute does). A buffer no later entry reads, or that is
  * retained, stays. pl->loc, nslots, offload_bytes and prefetch are set; the
  * memory plan (ck_plan_memory) places the host ids in the host region.
- * A frozen weight marked CK_OFFLOAD is streamed: it stays in pinned host
- * memory (the caller gives it a persistent offset there, not in the arena),
- * and each group of its uses, the forward part and the entries after it,
- * reads a device copy brought in prefetch entries before the group's first
- * use (not before the group starts) and freed after its last; forward-only
- * lists stream too. pl->stream_bytes gets the bytes brought in per run.
+ * A persistent tensor marked CK_OFFLOAD (a frozen or trainable weight, an
+ * optimizer state) is streamed: it stays in pinned host memory (the caller
+ * gives it a persistent offset there, not in the arena), and each group of
+ * its uses (the forward part and the entries after it; a trainable weight's
+ * and an optimizer state's updates a group of their own) reads a device copy
+ * brought in prefetch entries before the group's first use (not before the
+ * group starts) and freed after its last; a group that writes it (an update)
+ * copies it back out after its last use and holds the copy until that
+ * copy's wait; forward-only lists stream too. pl->stream_bytes gets the
+ * bytes brought in per run.
  * Returns the buffers offloaded and weight copies made, or -1 out of memory
  * (pl unchanged where the failing part began). */
 int ck_offload_schedule(ck_plan *pl, const ck_graph *g, const unsigned char *mark, const int *retain, int prefetch);

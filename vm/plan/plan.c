@@ -26,8 +26,9 @@ ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
 {
     if (id >= g->nt) {
         if (!pl->loc || pl->loc[id] == CK_LOC_DEVICE) return CK_CAT_RECOMPUTED;
-        /* a device copy of a streamed weight is still a frozen weight's bytes */
-        return g->t[pl->origin[id]].kind == CK_KIND_FROZEN ? CK_CAT_FROZEN : CK_CAT_ACTIVATIONS;
+        /* a device copy of a streamed tensor is still its tensor's bytes */
+        if (!ck_is_persistent(g->t[pl->origin[id]].kind)) return CK_CAT_ACTIVATIONS;
+        id = pl->origin[id];
     }
     const ck_tensor *t = &g->t[id];
     switch (t->kind) {

@@ -124,10 +124,12 @@ static int run_xfer(const ck_exec_env *p, const ck_plan *pl, int i, char *err, s
     if (r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_IN) {
         const int from = r->in[0], to = r->out[0];
         const size_t bytes = ck_plan_tensor_bytes(pl, p->g, from);
-        /* a graph tensor brought in is a streamed frozen weight, in the weights' pinned memory */
-        unsigned char *in_host = from < p->g->nt ? p->weights : p->host;
-        unsigned char *src = r->xfer == CK_XFER_OUT ? p->arena + pl->off[from] : in_host + pl->off[from];
-        unsigned char *dst = r->xfer == CK_XFER_OUT ? p->host + pl->off[to] : p->arena + pl->off[to];
+        /* a graph tensor on the host is a streamed one, in the weights' pinned
+         * memory: brought in, or an update's copy written back */
+        const int host_id = r->xfer == CK_XFER_OUT ? to : from;
+        unsigned char *on_host = (host_id < p->g->nt ? p->weights : p->host) + pl->off[host_id];
+        unsigned char *src = r->xfer == CK_XFER_OUT ? p->arena + pl->off[from] : on_host;
+        unsigned char *dst = r->xfer == CK_XFER_OUT ? on_host : p->arena + pl->off[to];
         rc = be->xfer_start(dst, src, bytes, (int)r->slot);
     } else {
         rc = be->xfer_wait((int)r->slot);
@@ -135,9 +137,12 @@ static int run_xfer(const ck_exec_env *p, const ck_plan *pl, int i, char *err, s
     if (!rc) return 0;
     const ck_node *n = &p->g->n[r->node];
     const int w = pl->origin[r->in[0]];
-    if (w < p->g->nt && p->g->t[w].kind == CK_KIND_FROZEN) {
-        snprintf(err, errlen, "%s: the copy in of streamed weight '%s' for %s in %s on %s: %s", n->where,
-                 p->g->t[w].name ? p->g->t[w].name : "?", ck_op_name(n->op), scope_of(n), be->name, be->error());
+    if (w < p->g->nt && ck_is_persistent(p->g->t[w].kind)) {
+        const int out = r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_OUT_WAIT;
+        snprintf(err, errlen, "%s: the copy %s of streamed %s '%s' %s %s in %s on %s: %s", n->where, out ? "out" : "in",
+                 p->g->t[w].kind == CK_KIND_OPTSTATE ? "optimizer state" : "weight",
+                 p->g->t[w].name ? p->g->t[w].name : "?", out ? "after" : "for", ck_op_name(n->op), scope_of(n),
+                 be->name, be->error());
         be->clear_error();
         return -1;
     }

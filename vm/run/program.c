@@ -133,11 +133,11 @@ static void become_actor(ck_program *p)
     p->grp->serial++;
 }
 
-/* whether t is a streamed frozen weight: its poff is in grp->weights */
+/* whether t is a streamed weight or optimizer state: its poff is in grp->weights */
 static int is_streamed(const ck_program *p, int t) { return p->streamed && p->streamed[t]; }
 
-/* whether frozen weight name is one of the blocks o streams: the name of
- * one, or one's name and a dot before the rest */
+/* whether weight name is one of the blocks o streams: the name of one, or
+ * one's name and a dot before the rest */
 static int stream_match(const ck_compile_opts *o, const char *name)
 {
     for (int k = 0; name && k < o->nstream; k++) {
@@ -145,6 +145,38 @@ static int stream_match(const ck_compile_opts *o, const char *name)
         if (n && !strncmp(name, o->stream[k], n) && (name[n] == 0 || name[n] == '.')) return 1;
     }
     return 0;
+}
+
+/* Whether o streams persistent tensor t of g (a graph with no group to
+ * follow): a frozen weight of a named block; with stream_trainable, a
+ * trainable one too; an optimizer state whose parameter is streamed, or
+ * any with offload_optimizer. owner: per tensor, the parameter an update
+ * keeps an optimizer state for (-1: none). */
+static int streams(const ck_compile_opts *o, const ck_graph *g, const int *owner, int t)
+{
+    switch (g->t[t].kind) {
+    case CK_KIND_FROZEN: return stream_match(o, g->t[t].name);
+    case CK_KIND_PARAM: return o->stream_trainable && stream_match(o, g->t[t].name);
+    case CK_KIND_OPTSTATE: return owner[t] >= 0 && (o->offload_optimizer || streams(o, g, owner, owner[t]));
+    default: return 0;
+    }
+}
+
+/* per tensor, the parameter whose update keeps it as optimizer state (the
+ * update's outputs after the parameter), else -1; NULL out of memory */
+static int *state_owners(const ck_graph *g)
+{
+    int *owner = malloc(sizeof(int) * (size_t)(g->nt ? g->nt : 1));
+    if (!owner) return NULL;
+    for (int t = 0; t < g->nt; t++) owner[t] = -1;
+    for (int i = 0; i < g->nn; i++) {
+        const ck_node *n = &g->n[i];
+        if (n->phase != CK_PHASE_OPTIMIZER || n->nout < 1 || n->out[0] < 0 || g->t[n->out[0]].kind != CK_KIND_PARAM)
+            continue;
+        for (int k = 1; k < n->nout; k++)
+            if (n->out[k] >= 0 && g->t[n->out[k]].kind == CK_KIND_OPTSTATE) owner[n->out[k]] = n->out[0];
+    }
+    return owner;
 }
 
 /* p's own frozen weights are as they were written: no other member has run or
@@ -267,7 +299,7 @@ static int host_region(ck_program *p, char *err, size_t errlen)
     return 0;
 }
 
-/* The pinned host memory of the group's streamed frozen weights (its first
+/* The pinned host memory of the group's streamed weights and optimizer state (its first
  * program's), refused before the first step, naming its bytes, when it
  * cannot be had. */
 static int weights_region(ck_program *p, char *err, size_t errlen)
@@ -277,13 +309,13 @@ static int weights_region(ck_program *p, char *err, size_t errlen)
     const ck_backend *be = p->be;
     char what[200], size[64];
     ck_mem_text(gr->weight_bytes, size, sizeof size);
-    snprintf(what, sizeof what, "the streamed frozen weights (%s of %shost memory)", size, be->host ? "" : "pinned ");
+    snprintf(what, sizeof what, "the streamed weights (%s of %shost memory)", size, be->host ? "" : "pinned ");
     if (ck_mem_take(p->budget, gr->weight_bytes, what, err, errlen)) return -1;
     gr->weight_charged = gr->weight_bytes;
     be->enter();
     gr->weights = be->pinned_alloc(gr->weight_bytes);
     if (!gr->weights)
-        return ck_errf(err, errlen, "cannot allocate %zu bytes (%s) of %shost memory for the streamed frozen weights%s%s",
+        return ck_errf(err, errlen, "cannot allocate %zu bytes (%s) of %shost memory for the streamed weights%s%s",
                      gr->weight_bytes, size, be->host ? "" : "pinned ", be->error()[0] ? ": " : "", be->error());
     return 0;
 }
@@ -387,16 +419,28 @@ static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t er
     for (int i = 0; i < o->noutputs; i++) p->retain[o->outputs[i]] = 1;
     if (o->loss >= 0) p->retain[o->loss] = 1;
     if (join_group(p, o->share, err, errlen)) return -1;
-    if (o->nstream || (o->share && o->share->streamed)) {
+    if ((o->stream_trainable || o->offload_optimizer) && data_parallel(o))
+        return ck_errf(err, errlen, "%s is not for data parallel training: each rank's updates keep their state "
+                       "on its device", o->offload_optimizer ? "offloading the optimizer state" :
+                       "streaming trainable weights");
+    if (o->nstream || o->offload_optimizer || (o->share && o->share->streamed)) {
         if (take_own(p, ck_malloc_chunk((size_t)g->nt), "the program's tensor tables", err, errlen)) return -1;
         if (!(p->streamed = calloc((size_t)g->nt, 1))) return oom(err, errlen);
+    }
+    if (p->streamed && !o->share) { /* what this program streams (a member of a group: what the group streams) */
+        int *owner = o->stream_trainable || o->offload_optimizer ? state_owners(g) : NULL;
+        if ((o->stream_trainable || o->offload_optimizer) && !owner) return oom(err, errlen);
+        for (int t = 0; t < g->nt; t++)
+            p->streamed[t] = (unsigned char)(owner ? streams(o, g, owner, t)
+                                                   : g->t[t].kind == CK_KIND_FROZEN && stream_match(o, g->t[t].name));
+        free(owner);
     }
     size_t off = p->grp->shared, woff = 0;
     for (int t = 0; t < g->nt; t++) {
         p->poff[t] = -1;
         if (!ck_is_persistent(g->t[t].kind)) continue;
-        if (o->share && g->t[t].kind == CK_KIND_FROZEN && o->share->streamed) {
-            /* a weight the group streams: streamed here too, from the group's pinned copy */
+        if (o->share && g->t[t].kind != CK_KIND_INPUT && o->share->streamed) {
+            /* what the group streams: streamed here too, from the group's pinned copy */
             const int s = g->t[t].name ? ck_graph_find(o->share->g, g->t[t].name) : -1;
             const ck_tensor *u = s >= 0 ? &o->share->g->t[s] : NULL;
             int same = u && is_streamed(o->share, s) && u->kind == g->t[t].kind && u->dtype == g->t[t].dtype &&
@@ -408,9 +452,8 @@ static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t er
                 continue;
             }
         }
-        if (!o->share && g->t[t].kind == CK_KIND_FROZEN && stream_match(o, g->t[t].name)) {
+        if (!o->share && is_streamed(p, t)) {
             p->poff[t] = (int64_t)woff; /* in the pinned weights, not the arena */
-            p->streamed[t] = 1;
             woff += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
             continue;
         }

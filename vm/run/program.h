@@ -82,6 +82,14 @@ typedef struct ck_compile_opts {
      * keeps its own frozen weights on the device. */
     const char *const *stream;
     int nstream;
+    /* stream_trainable: the named blocks' trainable weights are streamed
+     * too, with their optimizer state (as kohya's --blocks_to_swap in a full
+     * fine-tune); offload_optimizer: every parameter's optimizer state (the
+     * update's moments) lives in the pinned weights region, brought in for
+     * its update and copied back after it (DeepSpeed's offload_optimizer;
+     * the update still runs on the device). Not with data parallel. */
+    int stream_trainable;
+    int offload_optimizer;
     /* the statistics logging steps will compute (CK_STATS_*, as
      * ck_program_add_stats takes them), so that the one arena is sized for
      * the logging lists too */
@@ -124,7 +132,7 @@ typedef struct ck_program {
     ck_plan eval;      /* forward only: the loss and the outputs */
     size_t persistent; /* bytes of parameters, inputs and optimizer state */
     int64_t *poff;     /* per tensor: offset of a persistent tensor, -1 otherwise */
-    /* per tensor: 1 for a streamed frozen weight, whose poff is its offset in
+    /* per tensor: 1 for a streamed weight or optimizer state, whose poff is its offset in
      * grp->weights (pinned host memory), not in the arena; NULL: none */
     unsigned char *streamed;
     const ck_backend *be;

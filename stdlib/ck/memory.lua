@@ -48,7 +48,7 @@ function M.outside(p, programs)
   }
   if pinned > 0 then -- planned, but outside the arena: host memory (pinned on a GPU)
     rows[#rows + 1] = {"pinned", "pinned host memory", pinned,
-      "the plan's: offloaded activations' host region and streamed frozen weights"}
+      "the plan's: offloaded activations' host region and streamed weights and optimizer state"}
   end
   local host = 0
   for _, r in ipairs(rows) do host = host + r[3] end

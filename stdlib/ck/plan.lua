@@ -133,6 +133,7 @@ function M.summary(p)
     transfers = pl.transfers, prefetch = pl.prefetch, decision = pl.decision,
     -- streamed frozen weights: their pinned bytes, and the bytes a step brings in
     weights_host_bytes = pl.weights_host_bytes, stream_bytes = pl.stream_bytes,
+    streamed_trained_bytes = pl.streamed_trained_bytes, streamed_state_bytes = pl.streamed_state_bytes,
   }
 end
 
@@ -490,6 +491,9 @@ local function print_json(o, rows, limit, svg)
         {"predicted_on_assumed", s.speed_assumed},
         {"pinned_host_bytes", s.host_bytes and s.host_bytes + (s.weights_host_bytes or 0)},
         {"streamed_weights_bytes", s.weights_host_bytes}, {"stream_bytes", s.stream_bytes},
+        -- of the streamed bytes, the trained weights' (--full) and the optimizer state's, where there are any
+        {"streamed_trained_bytes", (s.streamed_trained_bytes or 0) > 0 and s.streamed_trained_bytes or nil},
+        {"streamed_optimizer_state_bytes", (s.streamed_state_bytes or 0) > 0 and s.streamed_state_bytes or nil},
         {"offload_bytes", s.offload_bytes}, {"transfers", s.transfers},
         {"offload_decision", s.decision},
         {"fit", r.auto}} do
@@ -559,9 +563,20 @@ local function print_text(o, rows, limit, svg)
         M.fmt_bytes(s.host_bytes), lbl, M.fmt_bytes(s.offload_bytes), s.transfers, s.prefetch))
     end
     if s.weights_host_bytes and s.weights_host_bytes > 0 then
-      print(string.format("%-24s %s of frozen weights in pinned host memory%s: %s brought in a step, prefetch %d " ..
-        "entries", "streamed weights", M.fmt_bytes(s.weights_host_bytes), lbl, M.fmt_bytes(s.stream_bytes),
-        s.prefetch))
+      -- the group's streamed bytes: frozen weights, trained weights (--full) and optimizer state
+      local trained, state = s.streamed_trained_bytes or 0, s.streamed_state_bytes or 0
+      local parts = {}
+      for _, p in ipairs{{"frozen weights", s.weights_host_bytes - trained - state}, {"trained weights", trained},
+                         {"optimizer state", state}} do
+        if p[2] > 0 then parts[#parts + 1] = {M.fmt_bytes(p[2]), p[1]} end
+      end
+      local what = parts[1][2]
+      if #parts > 1 then
+        for k, p in ipairs(parts) do parts[k] = p[1] .. " " .. p[2] end
+        what = "weights and optimizer state (" .. table.concat(parts, ", ") .. ")"
+      end
+      print(string.format("%-24s %s of %s in pinned host memory%s: %s brought in a step, prefetch %d entries",
+        "streamed weights", M.fmt_bytes(s.weights_host_bytes), what, lbl, M.fmt_bytes(s.stream_bytes), s.prefetch))
     end
     if s.decision then print(string.format("%-24s %s", "offload", s.decision)) end
   end

@@ -139,12 +139,19 @@ function M.options(f)
     {"offload", "choice", function() return ck.device == "cuda" and "auto" or "none" end,
      "saved activations in pinned host memory between their forward and backward uses: none; activations (all " ..
      "the policy keeps, kohya's --cpu_offload_checkpointing); auto (--checkpoint auto and budget: choose keep, " ..
-     "recompute or offload per tensor by predicted step time); weights (every block's frozen weights streamed from " ..
-     "pinned host memory, activations kept as the policy says)",
+     "recompute or offload per tensor by predicted step time; where nothing fits, with --full the optimizer " ..
+     "state offloaded, then the fewest blocks streamed); weights (every block's frozen weights streamed from " ..
+     "pinned host memory, with --full its trained weights and their optimizer state too; activations kept as the " ..
+     "policy says)",
      choices = {"none", "weights", "activations", "auto"}, shown = "auto on a CUDA device, else none"},
     {"blocks-to-swap", "integer", 0, "the frozen weights of the last N blocks live in pinned host memory and are " ..
      "streamed in before each use (kohya's --blocks_to_swap; Flux: N // 2 double and (N - N // 2) * 2 single " ..
-     "blocks; SDXL: the last N of its 7 top-level blocks); combines with any --offload", min = 0},
+     "blocks; SDXL: the last N of its 7 top-level blocks); with --full their trained weights and optimizer state " ..
+     "too, brought in for backward and for each update and written back after it; combines with any --offload",
+     min = 0},
+    {"offload-optimizer", "flag", false, "the optimizer's state (AdamW's two moments) lives in pinned host memory " ..
+     "and is brought in for each parameter's update and written back after it (DeepSpeed's offload_optimizer; " ..
+     "the update still runs on the device)"},
     {"gpu", "string", nil, "the card whose figures predict step times (the cost model's table: H100, A100, 4090, " ..
      "3090, ...; default: H100's on a CUDA device, the CPU's on the CPU)", arg = "NAME"},
     {"mixed-precision", "choice", "no", "bf16 or fp16: activations, their gradients and frozen weights stored in 16 " ..
@@ -454,15 +461,21 @@ local function describe(t)
   local swap = o["blocks-to-swap"]
   if o.offload == "weights" or swap > 0 then
     if not f.swap_blocks then error("--blocks-to-swap: the " .. f.name .. " family names no blocks to stream") end
-    if t.full then
-      error((o.offload == "weights" and "--offload weights" or "--blocks-to-swap") .. " streams frozen weights, and " ..
-        "--full trains every weight of the " .. f.noun .. ": ckrun does not stream trainable weights")
-    end
     local names, why = f.swap_blocks(t.m, o.offload ~= "weights" and swap or nil)
     if not names then error("--blocks-to-swap " .. swap .. ": " .. why) end
     t.stream = names
   end
   t.offload = o.offload == "weights" and "none" or o.offload
+  -- the optimizer's state in pinned host memory; with --full, the streamed blocks' trained weights and state too
+  t.offload_optimizer = o["offload-optimizer"]
+  if t.offload_optimizer and t.world > 1 then
+    error("--offload-optimizer keeps one process's optimizer state in its host memory: not with data parallel " ..
+      "training (" .. t.world .. " ranks)")
+  end
+  if t.full and t.stream and t.world > 1 then
+    error("--full streams the trained weights of the blocks --blocks-to-swap names: not with data parallel " ..
+      "training (" .. t.world .. " ranks)")
+  end
   -- the frozen base in fp8 (e4m3, as kohya's --fp8_base): a quarter of fp32's bytes
   t.fp8_base = o["fp8-base"]
   -- what the logger will compute on its logging steps, planned into the arena
@@ -481,7 +494,8 @@ local function build(t, b, pol, plan_only, shape, share)
                plan_only = plan_only, precision = t.precision, frozen = t.fp8_base and "fp8" or nil,
                max_grad_norm = t.max_grad_norm, accumulate = t.accumulate, fused_backward = o["fused-backward"],
                stats = t.log_stats, share = share, world_size = t.world,
-               shard_optimizer = o["shard-optimizer"] or nil, offload = t.offload, gpu = o.gpu, stream = t.stream},
+               shard_optimizer = o["shard-optimizer"] or nil, offload = t.offload, gpu = o.gpu, stream = t.stream,
+               stream_trainable = t.full and t.stream ~= nil, offload_optimizer = t.offload_optimizer},
   })
 end
 
@@ -528,8 +542,23 @@ local function fit_to_memory(t)
   -- copies to its budget, but ck.fit's search of budgets does not always
   -- find a fit where one exists, so N is the fewest that fits only where
   -- one more block never makes it miss.
+  -- A full fine-tune (--full) that does not fit first moves the optimizer's
+  -- state to pinned host memory (--offload-optimizer): for AdamW that is
+  -- twice the trained weights' bytes, each state used once a step.
   local f = t.family
-  if not c and t.offload == "auto" and not t.stream and not t.full and f.swap_blocks then
+  local optim_said = "; the optimizer state in pinned host memory (--offload-optimizer)"
+  local optim_auto = false -- auto moved it: the fit line says so
+  if not c and t.offload == "auto" and t.full and not t.offload_optimizer and t.world == 1 then
+    t.offload_optimizer, optim_auto = true, true
+    local got, refused = choose()
+    if got then
+      c = got
+    else
+      no.refusal = string.format("%s; with the optimizer state in pinned host memory (--offload-optimizer), %s",
+        no.refusal, refused.refusal)
+    end
+  end
+  if not c and t.offload == "auto" and not t.stream and (not t.full or t.world == 1) and f.swap_blocks then
     local most = 0
     while f.swap_blocks(t.m, most + 1) do most = most + 1 end
     local function with(n)
@@ -546,8 +575,8 @@ local function fit_to_memory(t)
       end
       t.stream = f.swap_blocks(t.m, hi)
       c = got
-      c.reason = string.format("%s; streaming the frozen weights of the last %d blocks (--blocks-to-swap %d, " ..
-        "found by bisection)", c.reason, hi, hi)
+      c.reason = string.format("%s; streaming the %s weights of the last %d blocks (--blocks-to-swap %d, " ..
+        "found by bisection)", c.reason, t.full and "trained and frozen" or "frozen", hi, hi)
     else
       t.stream = nil
       no.refusal = string.format("%s; streaming every block's frozen weights (--blocks-to-swap %d), %s", no.refusal,
@@ -555,6 +584,7 @@ local function fit_to_memory(t)
     end
   end
   if not c then error(no.what .. ": " .. no.refusal, 2) end
+  if optim_auto then c.reason = c.reason .. optim_said end
   t.checkpoint, t.batch, t.fit_reason, t.fit_run = c.checkpoint, c.batch, c.reason, c.run
   if not ck.plan_mode then print(t.fit_reason) end
 end

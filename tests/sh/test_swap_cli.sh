@@ -7,7 +7,9 @@
 # with --cpu_offload_checkpointing both happen; a budget holds the plan with
 # the weights' device copies. --checkpoint auto with
 # --offload auto streams blocks (a bisection over their count) when nothing
-# fits otherwise. Bad values are one line naming the option. Run: two steps streaming train the adapter bitwise as
+# fits otherwise. With --full the blocks' trained weights and their optimizer
+# state stream too, --offload-optimizer moves every optimizer state to
+# pinned memory, and auto does that first. Bad values are one line naming the option. Run: two steps streaming train the adapter bitwise as
 # keeping the weights, on flux-tiny and sdxl-tiny, and one step on the
 # emulated CUDA device for flux-tiny.
 set -u
@@ -50,8 +52,53 @@ assert k["persistent_bytes"] - s["persistent_bytes"] == s["streamed_weights_byte
 assert s["peak_bytes"] < k["peak_bytes"], (s["peak_bytes"], k["peak_bytes"])
 EOF
 
-for args in "$S --blocks-to-swap 8" "$S --blocks-to-swap -1" "$S --blocks-to-swap two" "$F --blocks_to_swap 5" \
-            "$S --full --blocks-to-swap 2"; do
+# --full: the streamed blocks' trained weights and their optimizer state
+# stream too; --offload-optimizer moves every optimizer state to pinned memory
+"$CKRUN" --plan --json $S --full > "$dir/u0.json"; r0=$?
+"$CKRUN" --plan --json $S --full --offload-optimizer > "$dir/uo.json"; ro=$?
+"$CKRUN" --plan --json $S --full --blocks-to-swap 3 > "$dir/u3.json"; r3=$?
+"$CKRUN" --plan --json $S --full --blocks-to-swap 3 --offload-optimizer > "$dir/u3o.json"; r3o=$?
+python3 - "$dir/u0.json" "$dir/uo.json" "$dir/u3.json" "$dir/u3o.json" <<'EOF'; ok $? "sdxl-tiny --full: --offload-optimizer streams every optimizer state, --blocks-to-swap 3 the blocks' trained weights and their state; out of the persistent region, lower peaks (rc $r0 $ro $r3 $r3o)"
+import json, sys
+k, o, s, so = (json.load(open(p))["policies"][0] for p in sys.argv[1:5])
+assert not k.get("streamed_weights_bytes"), k
+# every moment of AdamW, in the pinned region alone
+assert o["streamed_weights_bytes"] == o["streamed_optimizer_state_bytes"] > 0 and "streamed_trained_bytes" not in o, o
+assert k["persistent_bytes"] - o["persistent_bytes"] == o["streamed_weights_bytes"], (k["persistent_bytes"], o)
+assert o["at_peak"]["optimizer_state"] == 0 < k["at_peak"]["optimizer_state"], (o["at_peak"], k["at_peak"])
+assert s["streamed_trained_bytes"] > 0 and 0 < s["streamed_optimizer_state_bytes"] < o["streamed_optimizer_state_bytes"], s
+assert s["streamed_weights_bytes"] == s["streamed_trained_bytes"] + s["streamed_optimizer_state_bytes"], s
+assert k["persistent_bytes"] - s["persistent_bytes"] == s["streamed_weights_bytes"], (k["persistent_bytes"], s)
+assert so["streamed_trained_bytes"] == s["streamed_trained_bytes"], (so, s)
+assert so["streamed_optimizer_state_bytes"] == o["streamed_optimizer_state_bytes"], (so, o)
+assert so["peak_bytes"] < s["peak_bytes"] < k["peak_bytes"] and o["peak_bytes"] < k["peak_bytes"], \
+    [x["peak_bytes"] for x in (k, o, s, so)]
+EOF
+"$CKRUN" --plan $S --full --offload-optimizer > "$dir/uo.txt" 2>&1
+grep -qE "^streamed weights +[0-9.]+ [KMG]iB of optimizer state in pinned host memory: " "$dir/uo.txt" &&
+  "$CKRUN" --plan $S --full --offload-optimizer --blocks-to-swap 2 2>&1 | grep -qE "^streamed weights +[0-9.]+ [KMG]iB of weights and optimizer state \([0-9.]+ [KMG]iB trained weights, [0-9.]+ [KMG]iB optimizer state\) in pinned host memory: "
+ok $? "--plan says what the streamed bytes are: optimizer state, trained weights"
+# --checkpoint auto with --offload auto: a full fine-tune that does not fit moves the optimizer state first
+"$CKRUN" --plan --json $S --full --checkpoint auto:100MiB --offload auto > "$dir/ua.json"; r1=$?
+"$CKRUN" --plan --json $S --full --checkpoint auto:70MiB --offload auto > "$dir/ub.json"; r2=$?
+python3 - "$dir/ua.json" "$dir/ub.json" <<'EOF'; ok $? "sdxl-tiny --full, auto:100MiB --offload auto: the optimizer state offloaded, said in the fit line; auto:70MiB: blocks streamed too (rc $r1 $r2)"
+import json, re, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+pa, pb = a["policies"][0], b["policies"][0]
+assert a["fit"].endswith("; the optimizer state in pinned host memory (--offload-optimizer)"), a["fit"]
+assert "streaming" not in a["fit"] and pa["streamed_optimizer_state_bytes"] > 0 and "streamed_trained_bytes" not in pa, pa
+assert pa["device_bytes"] <= 100 * 2**20 * 0.9, pa
+assert re.search(r"; streaming the trained and frozen weights of the last (\d+) blocks \(--blocks-to-swap \1, found by "
+                 r"bisection\); the optimizer state in pinned host memory \(--offload-optimizer\)$", b["fit"]), b["fit"]
+assert pb["streamed_trained_bytes"] > 0 and pb["device_bytes"] <= 70 * 2**20 * 0.9, pb
+EOF
+# not with data parallel: one line naming the option
+"$CKRUN" --plan --world-size 2 $S --full --offload-optimizer > "$dir/dp.out" 2>&1; rc=$?
+[ $rc != 0 ] && [ "$(wc -l < "$dir/dp.out")" = 1 ] && grep -q -- "--offload-optimizer" "$dir/dp.out"
+ok $? "--offload-optimizer planned for 2 ranks: refused in one line naming the option ($(cat "$dir/dp.out"))"
+
+for args in "$S --blocks-to-swap 8" "$S --blocks-to-swap -1" "$S --blocks-to-swap two" "$F --blocks_to_swap 5"; do
+
   "$CKRUN" --plan $args > "$dir/bad.out" 2>&1; rc=$?
   [ $rc != 0 ] && [ "$(wc -l < "$dir/bad.out")" = 1 ] && grep -q -- "--blocks-to-swap" "$dir/bad.out"
   ok $? "$args: refused in one line naming the option ($(cat "$dir/bad.out"))"
@@ -112,8 +159,23 @@ ok $? "flux-tiny: 2 steps at 64 px streaming 2 blocks train the adapter bitwise 
 [ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/ss.safetensors" "$dir/sk.safetensors"
 ok $? "sdxl-tiny: 2 steps at 64 px streaming 3 blocks train the adapter bitwise as keeping the weights (rc $r1 $r2)"
 
+# --full: each update brings its weight and state in and writes them back
+"$CKRUN" $S --full --steps 2 --resolution 64 --checkpoint diffusers --offload-optimizer --blocks-to-swap 3 \
+  --out "$dir/us.safetensors" --log-dir "$dir/l7" > /dev/null 2>&1; r1=$?
+"$CKRUN" $S --full --steps 2 --resolution 64 --checkpoint diffusers --out "$dir/uk.safetensors" --log-dir "$dir/l8" \
+  > /dev/null 2>&1; r2=$?
+[ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/us.safetensors" "$dir/uk.safetensors"
+ok $? "sdxl-tiny --full: 2 steps at 64 px with the optimizer state offloaded and 3 blocks' trained weights streamed write the UNet bitwise as keeping them (rc $r1 $r2)"
+
 emu="${CK_BUILD:-build}/libck_cuda_emu.so"
 if [ -f "$emu" ]; then
+  CK_CUDA_MODULE="$emu" "$CKRUN" --device cuda $S --full --steps 1 --resolution 64 --checkpoint diffusers \
+    --offload-optimizer --blocks-to-swap 3 --out "$dir/eu.safetensors" --log-dir "$dir/l9" > /dev/null 2>&1; r1=$?
+  CK_CUDA_MODULE="$emu" "$CKRUN" --device cuda $S --full --steps 1 --resolution 64 --checkpoint diffusers \
+    --out "$dir/euk.safetensors" --log-dir "$dir/l10" > /dev/null 2>&1; r2=$?
+  [ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/eu.safetensors" "$dir/euk.safetensors"
+  ok $? "emulated CUDA, sdxl-tiny --full: a step at 64 px with the optimizer state offloaded and 3 blocks streamed is bitwise the kept step (rc $r1 $r2)"
+
   CK_CUDA_MODULE="$emu" "$CKRUN" --device cuda $F --steps 1 --resolution 64 --checkpoint diffusers --blocks-to-swap 2 \
     --out "$dir/es.safetensors" --log-dir "$dir/l5" > /dev/null 2>&1; r1=$?
   CK_CUDA_MODULE="$emu" "$CKRUN" --device cuda $F --steps 1 --resolution 64 --checkpoint diffusers \

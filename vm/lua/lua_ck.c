@@ -794,6 +794,8 @@ static void report_out(lua_State *L, const ck_decide_report *rep)
  *           frozen="fp8"|"bf16", checkpoint=, device="cpu"|"cuda"|"auto",
  *           offload="none"|"activations"|"auto", prefetch=N, gpu=NAME (the cost model's device: vm/plan/cost.c),
  *           stream={block names} (their frozen weights streamed from pinned host memory: vm/plan/offload.c),
+ *           stream_trainable= (their trainable weights and optimizer state too),
+ *           offload_optimizer= (every optimizer state in pinned host memory, brought in for its update),
  *           stats={grads=, acts=, blocks={patterns}} (what logging steps compute, planned into the one arena),
  *           share=program (weights, optimizer state, counters and arena shared with that program's group)} */
 static int l_compile(lua_State *L)
@@ -1025,6 +1027,17 @@ static int l_compile(lua_State *L)
     } else {
         lua_pop(L, 1);
     }
+    /* stream_trainable: the streamed blocks' trainable weights and their
+     * optimizer state too; offload_optimizer: every optimizer state in
+     * pinned host memory, brought in for its update */
+    o.stream_trainable = opt_bool(L, 2, "stream_trainable", 0);
+    o.offload_optimizer = opt_bool(L, 2, "offload_optimizer", 0);
+    if (o.stream_trainable && !o.nstream)
+        return ck_lua_raise(L, "compile: stream_trainable streams the trainable weights of the blocks stream names: "
+                            "give stream");
+    if (o.offload_optimizer && o.optim == CK_OPTIM_NONE)
+        return ck_lua_raise(L, "compile: offload_optimizer moves the optimizer's state to host memory: it needs an "
+                            "optimizer (optimizer = \"none\" here)");
     rawfield(L, 2, "gpu");
     if (!lua_isnil(L, -1)) {
         const char *gpu = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
@@ -1364,8 +1377,18 @@ static int l_plan(lua_State *L)
     /* offload: the host region's bytes, the bytes a step moves each way, the
      * transfers, the prefetch distance; and what the joint search said */
     set_int(L, "host_bytes", (lua_Integer)pl->host_peak);
-    /* streamed frozen weights: their pinned bytes (the group's) and the bytes a run brings in */
+    /* streamed weights and optimizer state: their pinned bytes (the group's;
+     * of them, the trained weights' and the optimizer state's) and the bytes
+     * a run brings in */
     set_int(L, "weights_host_bytes", (lua_Integer)p->grp->weight_bytes);
+    size_t trained = 0, state = 0;
+    for (int t = 0; p->streamed && t < p->g->nt; t++) {
+        const size_t b = p->streamed[t] ? (ck_tensor_bytes(&p->g->t[t]) + 63) / 64 * 64 : 0;
+        if (p->g->t[t].kind == CK_KIND_PARAM) trained += b;
+        if (p->g->t[t].kind == CK_KIND_OPTSTATE) state += b;
+    }
+    set_int(L, "streamed_trained_bytes", (lua_Integer)trained);
+    set_int(L, "streamed_state_bytes", (lua_Integer)state);
     set_int(L, "stream_bytes", (lua_Integer)pl->stream_bytes);
     set_int(L, "offload_bytes", (lua_Integer)pl->offload_bytes);
     set_int(L, "transfers", pl->nslots);

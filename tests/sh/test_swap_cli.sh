@@ -167,6 +167,17 @@ ok $? "sdxl-tiny: 2 steps at 64 px streaming 3 blocks train the adapter bitwise 
 [ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/us.safetensors" "$dir/uk.safetensors"
 ok $? "sdxl-tiny --full: 2 steps at 64 px with the optimizer state offloaded and 3 blocks' trained weights streamed write the UNet bitwise as keeping them (rc $r1 $r2)"
 
+# a training state saved with the optimizer state offloaded resumes kept (and the run is the kept run)
+U="$S --full --resolution 64 --checkpoint diffusers"
+"$CKRUN" $U --steps 4 --offload-optimizer --blocks-to-swap 3 --save-every 2 --state-dir "$dir/ust" \
+  --out "$dir/u4s.safetensors" --log-dir "$dir/l11" > /dev/null 2>&1; r1=$?
+"$CKRUN" $U --steps 4 --resume "$dir/ust" --state-dir "$dir/ust" --out "$dir/u4r.safetensors" --log-dir "$dir/l12" \
+  > "$dir/u4r.out" 2>&1; r2=$?
+"$CKRUN" $U --steps 4 --out "$dir/u4k.safetensors" --log-dir "$dir/l13" > /dev/null 2>&1; r3=$?
+[ $r1 = 0 ] && [ $r2 = 0 ] && [ $r3 = 0 ] && grep -q "resumed from .*state-000000002.safetensors at step 2" "$dir/u4r.out" &&
+  same "$dir/u4s.safetensors" "$dir/u4k.safetensors" && same "$dir/u4r.safetensors" "$dir/u4k.safetensors"
+ok $? "sdxl-tiny --full: a state saved at step 2 with the optimizer state offloaded resumes with it kept; 4 steps either way are the kept run's (rc $r1 $r2 $r3)"
+
 emu="${CK_BUILD:-build}/libck_cuda_emu.so"
 if [ -f "$emu" ]; then
   CK_CUDA_MODULE="$emu" "$CKRUN" --device cuda $S --full --steps 1 --resolution 64 --checkpoint diffusers \

@@ -3,7 +3,8 @@
 # or offload: plans per card"): `--plan --device cuda` (no GPU, no weights)
 # with --checkpoint auto:CARD --offload auto at batch 1, the cost model's
 # figures of a card of that size (--gpu), for full SDXL's LoRA at 1024 pixels
-# (fp32 and bf16) and FLUX.1-dev's LoRA (--mixed-precision bf16, bf16 or fp8
+# (fp32 and bf16), the full SDXL UNet trained (--full, bf16, with and without
+# --fused-backward) and FLUX.1-dev's LoRA (--mixed-precision bf16, bf16 or fp8
 # base, 512 and 1024 pixels). One line per plan: what auto chose, the peak,
 # the predicted step (a prediction from the cost model's table, not a
 # measurement) beside recompute alone's at the same budget, the pinned host
@@ -36,9 +37,11 @@ dec = p.get("offload_decision") or ""
 alone = re.search(r"recompute alone: ([0-9.e+-]+) s", dec)
 chose = re.match(r"(?:budget|auto): ([^;]*);", dec)
 what = "none" if d["checkpoint"] == "none" else (chose.group(1) if chose else d["checkpoint"])
-swap = re.search(r"streaming the frozen weights of the last (\d+) blocks", d.get("fit", ""))
+swap = re.search(r"streaming the (?:trained and )?frozen weights of the last (\d+) blocks", d.get("fit", ""))
 if swap:
     what += " (--blocks-to-swap %s)" % swap.group(1)
+if "(--offload-optimizer)" in d.get("fit", ""):
+    what += " (--offload-optimizer)"
 print("%-5s %-22s %-6s | %s, peak %.2f GiB (device %.2f), %.1f%% recomputed, step %.3g s%s, pinned %.2f GiB" % (
     card + "GB", label, gpu, what, p["peak_bytes"] / G, p["device_bytes"] / G, p["recompute_pct"],
     p["predicted_step_seconds"], " (recompute alone %s s)" % alone.group(1) if alone else "",
@@ -49,6 +52,10 @@ printf '%-5s %-22s %-6s | %s\n' card model figures "what auto chose, peak, recom
 for card in 8 12 16 24 48 80; do
   row $card "SDXL LoRA 1024 fp32" scripts/train_sdxl_lora.lua --size full --resolution 1024
   row $card "SDXL LoRA 1024 bf16" scripts/train_sdxl_lora.lua --size full --resolution 1024 --mixed-precision bf16
+  # the whole UNet trained (fp32 weights, AdamW): the optimizer state offloaded, then blocks streamed, where needed
+  row $card "SDXL full 1024 bf16" scripts/train_sdxl_lora.lua --size full --resolution 1024 --mixed-precision bf16 --full
+  row $card "SDXL full 1024 bf16 fused" scripts/train_sdxl_lora.lua --size full --resolution 1024 \
+    --mixed-precision bf16 --full --fused-backward
   for base in bf16 fp8; do
     for px in 512 1024; do
       fp=; [ $base = fp8 ] && fp=--fp8-base

@@ -25,7 +25,7 @@
  *    offload_optimizer every optimizer state, live in pinned memory; each
  *    group of uses (forward, backward, the update) reads a device copy, and
  *    an update's copy is written back after it and held until that copy's
- *    wait; three AdamW steps (recompute, bf16 over fp8, fused updates) leave
+ *    wait (fused updates share the copy backward read); three AdamW steps (recompute, bf16 over fp8, fused updates) leave
  *    the parameters and optimizer state bitwise where keeping them leaves
  *    them, the high-water mark the plan's; refused with data parallel. */
 #include "plan/offload.h"
@@ -206,6 +206,19 @@ static int writes_sound(const ck_plan *pl, const ck_program *p, int *outs)
     return ok;
 }
 
+/* copies in of streamed trainable weights after the forward part: per
+ * weight, one for backward and one for its update, or one for both where
+ * the update runs inside backward (fused updates) */
+static int later_param_copies(const ck_plan *pl, const ck_program *p)
+{
+    int turn = 0, n = 0;
+    while (turn < pl->n && pl->ops[turn].phase == CK_PHASE_FORWARD) turn++;
+    for (int i = turn; i < pl->n; i++)
+        n += pl->ops[i].xfer == CK_XFER_IN && pl->ops[i].in[0] < p->g->nt &&
+             p->g->t[pl->ops[i].in[0]].kind == CK_KIND_PARAM;
+    return n;
+}
+
 /* the bytes of every tensor of a kind (parameters, optimizer state), read back in graph order */
 static unsigned char *tensors_of(ck_program *p, ck_kind kind, size_t *n)
 {
@@ -337,14 +350,19 @@ int main(void)
             const char *what;
             how kept, moved;
             int streamed, outs; /* tensors streamed, copies out per step */
+            int later;          /* copies in of the trainable weights after the forward part */
         } tc[] = {
-            /* blocks.0 and .2: frozen weight, bias and its two moments each (8); 3 copies out per block */
-            {"stream_trainable", {0, 0, CK_F32, CK_F32, 0, 0, 0, 0}, {1, 0, CK_F32, CK_F32, 0, 1, 0, 0}, 8, 6},
+            /* blocks.0 and .2: frozen weight, bias and its two moments each (8); 3 copies out per block;
+             * each bias in for its update (backward does not read a bias; recompute does) */
+            {"stream_trainable", {0, 0, CK_F32, CK_F32, 0, 0, 0, 0}, {1, 0, CK_F32, CK_F32, 0, 1, 0, 0}, 8, 6, 2},
             /* the three biases' moments (6), each copied out once */
-            {"offload_optimizer", {0, 0, CK_F32, CK_F32, 0, 0, 0, 0}, {0, 0, CK_F32, CK_F32, 0, 0, 1, 0}, 6, 6},
-            {"both, recompute", {0, 1, CK_F32, CK_F32, 0, 0, 0, 0}, {1, 1, CK_F32, CK_F32, 0, 1, 1, 0}, 10, 8},
-            {"both, bf16 over fp8", {0, 0, CK_BF16, CK_F8E4M3, 0, 0, 0, 0}, {1, 0, CK_BF16, CK_F8E4M3, 0, 1, 1, 0}, 10, 8},
-            {"both, fused updates", {0, 0, CK_F32, CK_F32, 0, 0, 0, 1}, {1, 0, CK_F32, CK_F32, 0, 1, 1, 1}, 10, 8},
+            {"offload_optimizer", {0, 0, CK_F32, CK_F32, 0, 0, 0, 0}, {0, 0, CK_F32, CK_F32, 0, 0, 1, 0}, 6, 6, 0},
+            {"both, recompute", {0, 1, CK_F32, CK_F32, 0, 0, 0, 0}, {1, 1, CK_F32, CK_F32, 0, 1, 1, 0}, 10, 8, 4},
+            {"both, bf16 over fp8", {0, 0, CK_BF16, CK_F8E4M3, 0, 0, 0, 0}, {1, 0, CK_BF16, CK_F8E4M3, 0, 1, 1, 0}, 10, 8,
+             2},
+            /* an update inside backward shares the copy its weight's recompute read: one each, not two */
+            {"both, fused updates, recompute", {0, 1, CK_F32, CK_F32, 0, 0, 0, 1}, {1, 1, CK_F32, CK_F32, 0, 1, 1, 1}, 10,
+             8, 2},
         };
         for (size_t c = 0; c < sizeof tc / sizeof tc[0]; c++) {
             ck_program *k = compile(g, loss, tc[c].kept, err), *s = compile(g, loss, tc[c].moved, err);
@@ -355,7 +373,7 @@ int main(void)
                 if (s->streamed && s->streamed[t]) nstreamed++, moved += (ck_tensor_bytes(&s->g->t[t]) + 63) / 64 * 64;
             const int planned = ran && writes_sound(&s->train, s, &outs) && uses_sound(&s->train, s, &copies) &&
                                 uses_sound(&s->eval, s, &copies) && s->persistent + moved == k->persistent &&
-                                s->grp->weight_bytes == moved;
+                                s->grp->weight_bytes == moved && later_param_copies(&s->train, s) == tc[c].later;
             size_t hwk = 0, hws = 0;
             for (int step = 0; ran && step < 3; step++)
                 ran = !ck_program_step_measured(k, &hwk) && !ck_program_step_measured(s, &hws);
@@ -368,8 +386,9 @@ int main(void)
             char name[300];
             snprintf(name, sizeof name,
                      "updates_stream_their_weights_and_state (%s): %d streamed, %d copies out; bitwise as kept; "
-                     "high-water %zu of plan %zu (kept %zu of %zu)", tc[c].what, nstreamed, outs, hws,
-                     s ? s->train.peak : 0, hwk, k ? k->train.peak : 0);
+                     "high-water %zu of plan %zu (kept %zu of %zu); %d copies in of trained weights after the forward "
+                     "part", tc[c].what, nstreamed, outs, hws,
+                     s ? s->train.peak : 0, hwk, k ? k->train.peak : 0, s ? later_param_copies(&s->train, s) : 0);
             check(name, planned && ran && nstreamed == tc[c].streamed && outs == tc[c].outs && n[0] == n[1] &&
                             !memcmp(a, b, n[0]) && n[2] == n[3] && n[2] > 0 && !memcmp(sa, sb, n[2]) &&
                             hws <= s->train.peak && s->train.peak - hws == k->train.peak - hwk &&

@@ -232,9 +232,9 @@ out:
  * of its own. A frozen weight's groups are the forward part and the entries
  * after it (recompute and backward, which reads a block's weights where it
  * recomputes that block); a trainable weight's or an optimizer state's are
- * the forward part, the entries after it but the optimizer's, and the
- * optimizer's entries, so that the updates bring the weights and states in
- * one at a time. The copy comes in prefetch entries before the group's first
+ * the forward part, backward (with fused updates, the updates inside it),
+ * and the optimizer's tail, so that the updates bring the weights and states
+ * in one at a time. The copy comes in prefetch entries before the group's first
  * use (not before the group starts), the wait right before that use; a group
  * that writes the tensor (an update, in place) copies it back out after its
  * last use and waits for that prefetch entries later (not past the list's
@@ -243,10 +243,10 @@ out:
  * Returns the groups streamed, or -1 out of memory (pl unchanged). */
 enum { GROUPS = 3 };
 
-static int use_group(const ck_graph *g, const ck_plan *pl, int t, int i, int turn)
+static int use_group(const ck_graph *g, int t, int i, int turn, int tail)
 {
     if (i < turn) return 0;
-    return g->t[t].kind != CK_KIND_FROZEN && pl->ops[i].phase == CK_PHASE_OPTIMIZER ? 2 : 1;
+    return g->t[t].kind != CK_KIND_FROZEN && i >= tail ? 2 : 1;
 }
 
 /* a group's transfers run in its phase: an interrupt that stops a step
@@ -256,8 +256,18 @@ static const ck_phase group_phase[GROUPS] = {CK_PHASE_FORWARD, CK_PHASE_BACKWARD
 static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *mark, int prefetch)
 {
     const int n = pl->n, nt0 = pl->ntensors, nt = g->nt;
-    int turn = 0;
+    int turn = 0, tail = 0;
     while (turn < n && pl->ops[turn].phase == CK_PHASE_FORWARD) turn++;
+    /* the optimizer's tail: after the last backward or recompute entry; none
+     * where updates run inside backward (fused), where a weight's update
+     * shares the copy its backward read */
+    int last_bwd = -1, fused = 0;
+    for (int i = 0; i < n; i++)
+        if (!pl->ops[i].xfer && (pl->ops[i].phase == CK_PHASE_BACKWARD || pl->ops[i].phase == CK_PHASE_RECOMPUTE))
+            last_bwd = i;
+    for (int i = 0; i < last_bwd && !fused; i++) fused = !pl->ops[i].xfer && pl->ops[i].phase == CK_PHASE_OPTIMIZER;
+    tail = fused ? n : last_bwd + 1;
+    if (tail < turn) tail = turn;
     const size_t nx = (size_t)GROUPS * (size_t)(nt ? nt : 1);
     int *first = malloc(sizeof(int) * nx), *copy = malloc(sizeof(int) * nx), *last = malloc(sizeof(int) * nx);
     unsigned char *writes = calloc(nx, 1);
@@ -278,7 +288,7 @@ static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *m
             if (t < 0 || t >= nt || mark[t] != CK_OFFLOAD || !ck_is_persistent(g->t[t].kind) ||
                 g->t[t].kind == CK_KIND_INPUT)
                 continue;
-            const int x = GROUPS * t + use_group(g, pl, t, i, turn);
+            const int x = GROUPS * t + use_group(g, t, i, turn, tail);
             if (first[x] < 0) first[x] = i, k++;
             last[x] = i;
             if (j >= r->nin && !writes[x]) writes[x] = 1, kw++;
@@ -346,8 +356,8 @@ static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *m
         if (!r.xfer) {
             for (int j = 0; j < r.nin + r.nout; j++) {
                 int *id = j < r.nin ? &r.in[j] : &r.out[j - r.nin];
-                if (*id >= 0 && *id < nt && copy[GROUPS * *id + use_group(g, pl, *id, i, turn)] >= 0)
-                    *id = copy[GROUPS * *id + use_group(g, pl, *id, i, turn)];
+                if (*id >= 0 && *id < nt && copy[GROUPS * *id + use_group(g, *id, i, turn, tail)] >= 0)
+                    *id = copy[GROUPS * *id + use_group(g, *id, i, turn, tail)];
             }
         }
         ops[e++] = r;

@@ -579,9 +579,13 @@ local function fit_to_memory(t)
         "found by bisection)", c.reason, t.full and "trained and frozen" or "frozen", hi, hi)
     else
       t.stream = nil
-      no.refusal = string.format("%s; streaming every block's frozen weights (--blocks-to-swap %d), %s", no.refusal,
-        most, refused.refusal)
+      no.refusal = string.format("%s; streaming every block's %s weights (--blocks-to-swap %d), %s", no.refusal,
+        t.full and "trained and frozen" or "frozen", most, refused.refusal)
     end
+  end
+  if not c and t.full and not t.o["fused-backward"] then -- every gradient lives until the updates
+    no.refusal = no.refusal .. "; --fused-backward updates each weight as soon as its gradient is complete, so " ..
+      "that the gradients of the whole model are not held at once"
   end
   if not c then error(no.what .. ": " .. no.refusal, 2) end
   if optim_auto then c.reason = c.reason .. optim_said end

@@ -36,9 +36,11 @@
 #      the table is written.
 #   7. offload, when time is left (else run alone: bash bench/gpu_offload.sh):
 #      what --checkpoint auto:CARD --offload auto chooses for full SDXL LoRA
-#      1024 on cards of 8, 12, 16 and 24 GiB and for flux-tiny, planned and
-#      run: planned device bytes against those the run holds, predicted step
-#      time against the measured one (out/gpu_check/offload.md).
+#      1024 on cards of 8, 12, 16 and 24 GiB, for flux-tiny, for the full SDXL
+#      UNet trained whole (24 and 16 GiB) and, as time allows, FLUX.1-dev's
+#      LoRA over an fp8 base (24, 16, 12 GiB), planned and run: planned
+#      device bytes against those the run holds, predicted step time against
+#      the measured one (out/gpu_check/offload.md).
 #
 #   bash bench/gpu_check.sh            # writes out/gpu_check/*
 #   GPU_CHECK_SECONDS=470              # the time budget step 4 keeps to (from the start)

@@ -231,6 +231,22 @@ static unsigned char *trained(ck_program *p, size_t *hw, size_t *n)
     return out;
 }
 
+/* entry from of pl moved to position to, the entries between shifted by one
+ * (with their workspaces): a list made wrong on purpose */
+static void move_entry(ck_plan *pl, int from, int to)
+{
+    const ck_op_ref r = pl->ops[from];
+    const int64_t wo = pl->ws_off[from];
+    const size_t wb = pl->ws_bytes[from];
+    const int step = to > from ? 1 : -1;
+    for (int j = from; j != to; j += step) {
+        pl->ops[j] = pl->ops[j + step];
+        pl->ws_off[j] = pl->ws_off[j + step];
+        pl->ws_bytes[j] = pl->ws_bytes[j + step];
+    }
+    pl->ops[to] = r, pl->ws_off[to] = wo, pl->ws_bytes[to] = wb;
+}
+
 int main(void)
 {
     char err[512];
@@ -271,13 +287,7 @@ int main(void)
         int moved = 0;
         for (int i = 0; p && i + 1 < p->train.n && !moved; i++)
             if (p->train.ops[i].xfer == CK_XFER_IN_WAIT && !p->train.ops[i + 1].xfer) {
-                const ck_op_ref w = p->train.ops[i];
-                p->train.ops[i] = p->train.ops[i + 1];
-                p->train.ops[i + 1] = w;
-                const int64_t wo = p->train.ws_off[i];
-                p->train.ws_off[i] = p->train.ws_off[i + 1], p->train.ws_off[i + 1] = wo;
-                const size_t wb = p->train.ws_bytes[i];
-                p->train.ws_bytes[i] = p->train.ws_bytes[i + 1], p->train.ws_bytes[i + 1] = wb;
+                move_entry(&p->train, i, i + 1);
                 moved = 1;
             }
         size_t n, hw;
@@ -363,15 +373,7 @@ int main(void)
             int w = i + 1;
             while (w < p->train.n && !(p->train.ops[w].xfer == CK_XFER_OUT_WAIT && p->train.ops[w].slot == p->train.ops[i].slot)) w++;
             if (w == p->train.n) break;
-            const ck_op_ref k = p->train.ops[i - 1];
-            const int64_t ko = p->train.ws_off[i - 1];
-            const size_t kb = p->train.ws_bytes[i - 1];
-            for (int j = i - 1; j < w; j++) {
-                p->train.ops[j] = p->train.ops[j + 1];
-                p->train.ws_off[j] = p->train.ws_off[j + 1];
-                p->train.ws_bytes[j] = p->train.ws_bytes[j + 1];
-            }
-            p->train.ops[w] = k, p->train.ws_off[w] = ko, p->train.ws_bytes[w] = kb;
+            move_entry(&p->train, i - 1, w);
             moved = 1;
         }
         size_t n, hw;
@@ -388,13 +390,7 @@ int main(void)
         for (int i = 0; p && i + 1 < p->train.n && !moved; i++)
             if (p->train.ops[i].xfer == CK_XFER_IN_WAIT && !p->train.ops[i + 1].xfer &&
                 p->g->t[p->train.origin[p->train.ops[i].in[0]]].kind == CK_KIND_FROZEN) {
-                const ck_op_ref w = p->train.ops[i];
-                p->train.ops[i] = p->train.ops[i + 1];
-                p->train.ops[i + 1] = w;
-                const int64_t wo = p->train.ws_off[i];
-                p->train.ws_off[i] = p->train.ws_off[i + 1], p->train.ws_off[i + 1] = wo;
-                const size_t wb = p->train.ws_bytes[i];
-                p->train.ws_bytes[i] = p->train.ws_bytes[i + 1], p->train.ws_bytes[i + 1] = wb;
+                move_entry(&p->train, i, i + 1);
                 moved = 1;
             }
         size_t n, hw;

@@ -113,14 +113,15 @@ static ck_program *compile(const ck_graph *g, int loss, how h, char *err)
     return ck_compile(g, &o, err, 512);
 }
 
-static unsigned char *params_of(ck_program *p, size_t *n)
+/* the bytes of every tensor of a kind (parameters, optimizer state), read back in graph order */
+static unsigned char *tensors_of(ck_program *p, ck_kind kind, size_t *n)
 {
     size_t total = 0;
     for (int t = 0; t < p->g->nt; t++)
-        if (p->g->t[t].kind == CK_KIND_PARAM) total += ck_tensor_bytes(&p->g->t[t]);
-    unsigned char *out = malloc(total), *at = out;
+        if (p->g->t[t].kind == kind) total += ck_tensor_bytes(&p->g->t[t]);
+    unsigned char *out = malloc(total ? total : 1), *at = out;
     for (int t = 0; t < p->g->nt; t++) {
-        if (p->g->t[t].kind != CK_KIND_PARAM) continue;
+        if (p->g->t[t].kind != kind) continue;
         memcpy(at, ck_program_read(p, t), ck_tensor_bytes(&p->g->t[t]));
         at += ck_tensor_bytes(&p->g->t[t]);
     }
@@ -219,22 +220,6 @@ static int later_param_copies(const ck_plan *pl, const ck_program *p)
     return n;
 }
 
-/* the bytes of every tensor of a kind (parameters, optimizer state), read back in graph order */
-static unsigned char *tensors_of(ck_program *p, ck_kind kind, size_t *n)
-{
-    size_t total = 0;
-    for (int t = 0; t < p->g->nt; t++)
-        if (p->g->t[t].kind == kind) total += ck_tensor_bytes(&p->g->t[t]);
-    unsigned char *out = malloc(total ? total : 1), *at = out;
-    for (int t = 0; t < p->g->nt; t++) {
-        if (p->g->t[t].kind != kind) continue;
-        memcpy(at, ck_program_read(p, t), ck_tensor_bytes(&p->g->t[t]));
-        at += ck_tensor_bytes(&p->g->t[t]);
-    }
-    *n = total;
-    return out;
-}
-
 int main(void)
 {
     char err[512];
@@ -285,7 +270,8 @@ int main(void)
         int ran = k && s;
         for (int step = 0; ran && step < 3; step++)
             ran = !ck_program_step_measured(k, &hwk) && !ck_program_step_measured(s, &hws);
-        unsigned char *a = ran ? params_of(k, &nk) : NULL, *b = ran ? params_of(s, &ns) : NULL;
+        unsigned char *a = ran ? tensors_of(k, CK_KIND_PARAM, &nk) : NULL;
+        unsigned char *b = ran ? tensors_of(s, CK_KIND_PARAM, &ns) : NULL;
         char name[240];
         snprintf(name, sizeof name,
                  "streamed_training_is_bitwise_kept_training (%s%s): high-water %zu of plan %zu; kept %zu of %zu",
@@ -317,7 +303,8 @@ int main(void)
         for (int step = 0; ok && step < 2; step++)
             ok = !ck_program_run(k, &ro, &rk) && !ck_program_run(s, &ro, &rs);
         size_t nk = 0, ns = 0;
-        unsigned char *a = ok ? params_of(k, &nk) : NULL, *b = ok ? params_of(s, &ns) : NULL;
+        unsigned char *a = ok ? tensors_of(k, CK_KIND_PARAM, &nk) : NULL;
+        unsigned char *b = ok ? tensors_of(s, CK_KIND_PARAM, &ns) : NULL;
         /* every statistic's values, as kept */
         for (int i = 0; ok && i < s->st.nstats; i++) {
             const int o = s->st.stats[i].out;
@@ -435,7 +422,8 @@ int main(void)
             same = x && !ck_program_write_end(p, w) && !ck_program_step(p);
         }
         size_t nk = 0, ns = 0;
-        unsigned char *a = same ? params_of(k, &nk) : NULL, *b = same ? params_of(s, &ns) : NULL;
+        unsigned char *a = same ? tensors_of(k, CK_KIND_PARAM, &nk) : NULL;
+        unsigned char *b = same ? tensors_of(s, CK_KIND_PARAM, &ns) : NULL;
         same = same && nk == ns && !memcmp(a, b, nk);
         float *ak = malloc(bytes);
         if (same) memcpy(ak, ck_program_read(k, w), bytes);

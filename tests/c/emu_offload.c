@@ -231,6 +231,17 @@ static unsigned char *trained(ck_program *p, size_t *hw, size_t *n)
     return out;
 }
 
+/* whether p (freed here) trains unlike the kept parameters (or fails) */
+static int trains_unlike(ck_program *p, const unsigned char *kept, size_t n0)
+{
+    size_t n, hw;
+    unsigned char *got = p ? trained(p, &hw, &n) : NULL;
+    const int unlike = !got || memcmp(got, kept, n0) != 0;
+    free(got);
+    ck_program_free(p);
+    return unlike;
+}
+
 /* entry from of pl moved to position to, the entries between shifted by one
  * (with their workspaces): a list made wrong on purpose */
 static void move_entry(ck_plan *pl, int from, int to)
@@ -290,12 +301,8 @@ int main(void)
                 move_entry(&p->train, i, i + 1);
                 moved = 1;
             }
-        size_t n, hw;
-        unsigned char *got = p ? trained(p, &hw, &n) : NULL;
-        check("a list whose copy back is read before its wait does not train as the kept one",
-              moved && (!got || memcmp(got, kept, n0) != 0), 0);
-        free(got);
-        ck_program_free(p);
+        const int unlike = trains_unlike(p, kept, n0);
+        check("a list whose copy back is read before its wait does not train as the kept one", moved && unlike, 0);
     }
     {
         /* pinned memory the system will not lock: refused at compile, naming the bytes */
@@ -376,12 +383,8 @@ int main(void)
             move_entry(&p->train, i - 1, w);
             moved = 1;
         }
-        size_t n, hw;
-        unsigned char *got = p ? trained(p, &hw, &n) : NULL;
-        check("a list that copies a trained weight out before its update is done does not train as the kept one",
-              moved && (!got || memcmp(got, kept, n0) != 0), 0);
-        free(got);
-        ck_program_free(p);
+        const int unlike = trains_unlike(p, kept, n0);
+        check("a list that copies a trained weight out before its update is done does not train as the kept one", moved && unlike, 0);
     }
     {
         /* a weight's copy read before its wait: poison in the product */
@@ -393,12 +396,8 @@ int main(void)
                 move_entry(&p->train, i, i + 1);
                 moved = 1;
             }
-        size_t n, hw;
-        unsigned char *got = p ? trained(p, &hw, &n) : NULL;
-        check("a list that reads a streamed weight's copy before its wait does not train as the kept one",
-              moved && (!got || memcmp(got, kept, n0) != 0), 0);
-        free(got);
-        ck_program_free(p);
+        const int unlike = trains_unlike(p, kept, n0);
+        check("a list that reads a streamed weight's copy before its wait does not train as the kept one", moved && unlike, 0);
     }
     free(kept);
     ck_program_free(p0);

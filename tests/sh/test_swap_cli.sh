@@ -159,13 +159,18 @@ ok $? "flux-tiny: 2 steps at 64 px streaming 2 blocks train the adapter bitwise 
 [ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/ss.safetensors" "$dir/sk.safetensors"
 ok $? "sdxl-tiny: 2 steps at 64 px streaming 3 blocks train the adapter bitwise as keeping the weights (rc $r1 $r2)"
 
-# --full: each update brings its weight and state in and writes them back
+# --full: each update brings its weight and state in and writes them back;
+# the sampler's program streams the group's trained weights too
+echo 'a cat --n blurry --s 2 --w 64 --h 64' > "$dir/prompts.txt"
+mkdir -p "$dir/us" "$dir/uk"
 "$CKRUN" $S --full --steps 2 --resolution 64 --checkpoint diffusers --offload-optimizer --blocks-to-swap 3 \
-  --out "$dir/us.safetensors" --log-dir "$dir/l7" > /dev/null 2>&1; r1=$?
-"$CKRUN" $S --full --steps 2 --resolution 64 --checkpoint diffusers --out "$dir/uk.safetensors" --log-dir "$dir/l8" \
-  > /dev/null 2>&1; r2=$?
-[ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/us.safetensors" "$dir/uk.safetensors"
-ok $? "sdxl-tiny --full: 2 steps at 64 px with the optimizer state offloaded and 3 blocks' trained weights streamed write the UNet bitwise as keeping them (rc $r1 $r2)"
+  --sample-every 2 --sample-prompts "$dir/prompts.txt" --out "$dir/us/u.safetensors" --log-dir "$dir/l7" \
+  > /dev/null 2>&1; r1=$?
+"$CKRUN" $S --full --steps 2 --resolution 64 --checkpoint diffusers --sample-every 2 --sample-prompts "$dir/prompts.txt" \
+  --out "$dir/uk/u.safetensors" --log-dir "$dir/l8" > /dev/null 2>&1; r2=$?
+[ $r1 = 0 ] && [ $r2 = 0 ] && same "$dir/us/u.safetensors" "$dir/uk/u.safetensors" &&
+  same "$dir/us/samples/u_000002_00.png" "$dir/uk/samples/u_000002_00.png"
+ok $? "sdxl-tiny --full: 2 steps at 64 px with the optimizer state offloaded and 3 blocks' trained weights streamed write the UNet and render the sample bitwise as keeping them (rc $r1 $r2)"
 
 # a training state saved with the optimizer state offloaded resumes kept (and the run is the kept run)
 U="$S --full --resolution 64 --checkpoint diffusers"

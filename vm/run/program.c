@@ -428,11 +428,9 @@ static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t er
         if (!(p->streamed = calloc((size_t)g->nt, 1))) return oom(err, errlen);
     }
     if (p->streamed && !o->share) { /* what this program streams (a member of a group: what the group streams) */
-        int *owner = o->stream_trainable || o->offload_optimizer ? state_owners(g) : NULL;
-        if ((o->stream_trainable || o->offload_optimizer) && !owner) return oom(err, errlen);
-        for (int t = 0; t < g->nt; t++)
-            p->streamed[t] = (unsigned char)(owner ? streams(o, g, owner, t)
-                                                   : g->t[t].kind == CK_KIND_FROZEN && stream_match(o, g->t[t].name));
+        int *owner = state_owners(g);
+        if (!owner) return oom(err, errlen);
+        for (int t = 0; t < g->nt; t++) p->streamed[t] = (unsigned char)streams(o, g, owner, t);
         free(owner);
     }
     size_t off = p->grp->shared, woff = 0;

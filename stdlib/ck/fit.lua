@@ -104,10 +104,14 @@ function M.cheapest(build, batch, limit, device, keep)
     none = device_bytes((report.none_peak or pl.peak) + above)
     if pl.device_bytes <= limit then
       local c = {needs = pl.device_bytes, none = none, flops = pl.recompute_flops}
+      -- what the run compiles: this trial's decision at this room, so that
+      -- every program of the run (each bucket's shape, not only the square)
+      -- decides under the same room and fits it; named as what it chose here
+      c.checkpoint = policy.auto{device = b, headroom = 0}
       if pl.recompute_flops == 0 and pl.offload_bytes == 0 then
-        c.checkpoint = policy.none()
+        c.checkpoint.shown = "none"
       else
-        c.checkpoint, c.budget = policy.budget(b), b
+        c.checkpoint.shown, c.budget = policy.name(policy.budget(b)), b
         c.recompute_pct = 100 * pl.recompute_flops / math.max(pl.step_flops - pl.recompute_flops, 1)
         c.offload, c.pinned = pl.offload_bytes, pl.host_bytes + (pl.weights_host_bytes or 0) -- streamed weights too
       end

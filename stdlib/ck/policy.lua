@@ -126,6 +126,7 @@ end
 -- a short name for tables and reports
 function M.name(p)
   if type(p) == "function" then return "function" end
+  if p.shown then return p.shown end -- ck.fit's choice: a decision at a room, named as what it chose
   if p.kind == "budget" then return "budget:" .. p.label end
   if p.kind == "optimal" then return "optimal:" .. p.label end
   if p.kind == "every_n" then return "every_n:" .. p.n end

@@ -2,7 +2,8 @@
 -- decision choose on that graph: none where none fits, else the budget
 -- search at the room the limit leaves; the kept trial is the program a fresh
 -- compile under the chosen policy plans, to the byte; a refusal builds none
--- once more to say what it needs. (sdxl-tiny at 256 px, plan only.)
+-- once more to say what it needs; the choice, compiled at another shape (a
+-- bucket's), decides under the same room. (sdxl-tiny at 256 px, plan only.)
 package.path = "tests/lua/?.lua;" .. package.path
 local ck = require "ck"
 local T = require "check"
@@ -26,7 +27,7 @@ reset()
 -- room for none: one build, none chosen
 local c = fit.choose{build = build, checkpoint = policy.auto{device = 2 * none.device_bytes}, batch = 1, keep = true}
 T.ok(builds == 1 and policies[1] == "auto", "room for none: one build, under auto (" .. builds .. ")")
-T.ok(c.checkpoint.kind == "none" and c.reason:match("none fits"), "room for none: none (" .. c.reason .. ")")
+T.ok(policy.name(c.checkpoint) == "none" and c.reason:match("none fits"), "room for none: none (" .. c.reason .. ")")
 T.ok(c.run and c.run.program:plan().device_bytes == none.device_bytes, "the kept run is none's plan")
 
 -- less room: one build, a budget whose whole run fits, and the kept program
@@ -37,13 +38,29 @@ c = fit.choose{build = build, checkpoint = policy.auto{device = size}, batch = 1
 local limit = math.floor(size * (1 - fit.HEADROOM))
 local kept = c.run.program:plan()
 T.ok(builds == 1, "a budget needed: one build (" .. builds .. ")")
-T.ok(c.checkpoint.kind == "budget" and kept.recompute_flops > 0 and kept.device_bytes <= limit,
+T.ok(policy.name(c.checkpoint):match("^budget:%d+$") and kept.recompute_flops > 0 and kept.device_bytes <= limit,
      string.format("a budget that recomputes, its whole run within %d bytes (%d)", limit, kept.device_bytes))
 T.ok(kept.none_peak == none.peak, "the decision placed none and says its peak (" .. tostring(kept.none_peak) .. ")")
 T.ok(c.reason:match("none needs"), "the reason names what none needs (" .. c.reason .. ")")
 local fresh = build(1, c.checkpoint).program:plan()
 T.ok(fresh.layout_digest == kept.layout_digest and fresh.peak == kept.peak and
      fresh.recompute_flops == kept.recompute_flops, "the kept program plans as a fresh compile at the chosen budget")
+
+-- the choice holds for the run's other shapes (a bucket's latents): where
+-- none fits the square's room, a larger bucket compiled under the choice
+-- still fits it (under none itself it would not)
+reset()
+local wide = function(pol)
+  return sdxl.training_step{config = unet.config("sdxl-tiny"), batch = 1, latent = {32, 40},
+                            lora = {rank = 4, alpha = 4}, compile = {checkpoint = pol, plan_only = true}}.program:plan()
+end
+local room = math.floor(none.device_bytes * 1.05 / (1 - fit.HEADROOM))
+c = fit.choose{build = build, checkpoint = policy.auto{device = room}, batch = 1}
+local under_none, under_choice = wide(policy.none()), wide(c.checkpoint)
+T.ok(policy.name(c.checkpoint) == "none" and under_none.device_bytes > room * (1 - fit.HEADROOM) and
+     under_choice.device_bytes <= room * (1 - fit.HEADROOM) and under_choice.recompute_flops > 0,
+     string.format("a wider bucket under the choice ('none' at the square) fits the room: %d of %d (none: %d)",
+                   under_choice.device_bytes, math.floor(room * (1 - fit.HEADROOM)), under_none.device_bytes))
 
 -- without keep, nothing is held
 reset()

@@ -128,9 +128,10 @@ int ck_plan_step(const ck_plan_in *in, const int *sinks, int nsinks, ck_plan *pl
     if (n < 0) goto oom;
     /* with a policy, one evaluator for its trials and the plan: the
      * decision it placed last is not placed again */
-    ck_decide_ctx dc = {g, list, n, NULL, 0, in->poff, in->persistent, in->retain, in->be, NULL,
-                        in->offload == CK_OFFLOAD_AUTO, in->prefetch, in->speed ? in->speed : ck_backend_speed(in->be),
-                        info->why, sizeof info->why, in->report ? in->report : &report, 0};
+    ck_decide_ctx dc = {.g = g, .nodes = list, .n = n, .poff = in->poff, .persistent = in->persistent,
+                        .retain = in->retain, .be = in->be, .offload = in->offload == CK_OFFLOAD_AUTO,
+                        .prefetch = in->prefetch, .speed = in->speed ? in->speed : ck_backend_speed(in->be),
+                        .why = info->why, .whylen = sizeof info->why, .report = in->report ? in->report : &report};
     if (in->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
     if (in->decide || in->offload == CK_OFFLOAD_ACTIVATIONS || in->streamed) {
         recompute = calloc((size_t)g->nt, 1);

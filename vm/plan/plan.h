@@ -112,8 +112,8 @@ typedef struct ck_decide_ctx {
     /* what a budget or auto decision says beside its marks (NULL: not wanted) */
     struct ck_decide_report *report;
     /* bytes a budget's or auto's room is cut by: what the list the decision
-     * sees lacks at the planned list's peak (the streamed frozen weights'
-     * device copies: vm/run/program.c decides again with them cut when the
+     * sees lacks at the planned list's peak (the streamed weights'
+     * device copies: ck_plan_step, vm/plan/compile.c, decides again with them cut when the
      * plan passes the budget) */
     size_t cut;
 } ck_decide_ctx;

@@ -31,18 +31,16 @@ local checkpoint = require "ck.checkpoint"
 
 local M = {}
 
-local Sampler = {}
-Sampler.__index = Sampler
-
-function M.new(o)
-  local s = setmetatable({}, Sampler)
-  for k, v in pairs(o) do s[k] = v end
-  s.unets, s.vaes, s.order = {}, {}, {}
-  return s
-end
+-- What every family's sampler shares (SDXL's below, Flux's in
+-- ck.family.flux): per size asked for, a denoiser program (self.denoisers,
+-- named self.denoiser in --plan) and the VAE's decoder, made by the
+-- family's programs_for; and the prompts' PNGs written and logged.
+local Base = {}
+Base.__index = Base
+M.Base = Base
 
 -- the sizes the prompts ask for, each once: {w, h, key}
-function Sampler:sizes()
+function Base:sizes()
   local seen, out = {}, {}
   for _, e in ipairs(self.prompts) do
     local key = e.width .. "x" .. e.height
@@ -52,6 +50,69 @@ function Sampler:sizes()
     end
   end
   return out
+end
+
+-- The programs at every size, joined to p's group (plan_only: planned, not
+-- allocated), kept by the sampler.
+function Base:compile(p, plan_only)
+  self.denoisers, self.vaes, self.order = self:programs_for(p, plan_only)
+end
+
+-- every program made, for ck.memory
+function Base:programs()
+  local out = {}
+  for _, key in ipairs(self.order) do
+    out[#out + 1] = self.denoisers[key].program
+    out[#out + 1] = self.vaes[key].program
+  end
+  return out
+end
+
+-- the --plan lines: each size's two programs' arenas
+function Base:plan_info(fmt)
+  local info = {}
+  for _, key in ipairs(self.order) do
+    info[#info + 1] = {"sample_" .. self.denoiser .. "_" .. key, fmt(self.denoisers[key].program:plan().arena)}
+    info[#info + 1] = {"sample_vae_decoder_" .. key, fmt(self.vaes[key].program:plan().arena)}
+  end
+  return info
+end
+
+local function png_bytes(path)
+  local f = assert(io.open(path, "rb"))
+  local b = f:read("a")
+  f:close()
+  return b
+end
+
+-- Every prompt at this step, each made by generate(i, prompt) (the image,
+-- its parameters text): DIR/STEM_SSSSSS_II.png (the step, the prompt's
+-- index from 0) with the text; one log record with sample_time (seconds
+-- since t0, for them all), each image as sample/II and the files as
+-- sample_files. Returns the seconds and the files.
+function Base:write(step, logger, t0, generate)
+  assert(ck.mkdir(self.dir))
+  local images, files = {}, {}
+  for i, e in ipairs(self.prompts) do
+    local image, parameters = generate(i, e)
+    local path = string.format("%s/%s_%06d_%02d.png", self.dir, self.stem, step, i - 1)
+    ck.write_png(path, image, {text = {parameters = parameters}})
+    images[string.format("%02d", i - 1)] = ck.log_image(png_bytes(path), e.width, e.height)
+    files[i] = path
+  end
+  local secs = ck.now() - t0
+  if logger then logger:write{step = step, sample_time = secs, sample = images, sample_files = files} end
+  return secs, files
+end
+
+local Sampler = setmetatable({}, {__index = Base})
+Sampler.__index = Sampler
+
+function M.new(o)
+  local s = setmetatable({denoiser = "unet"}, Sampler)
+  for k, v in pairs(o) do s[k] = v end
+  s.denoisers, s.vaes, s.order = {}, {}, {}
+  return s
 end
 
 -- Each prompt's embeddings (pipe:encode_prompts' four lists), by one text
@@ -67,14 +128,9 @@ function Sampler:encode()
   return bound
 end
 
--- The UNet at batch 2 and the VAE's decoder at every size, joined to p's
--- group (plan_only: planned, not allocated), kept by the sampler.
-function Sampler:compile(p, plan_only)
-  self.unets, self.vaes, self.order = self:programs_for(p, plan_only)
-end
-
--- The same programs for p's group, returned (unets, vaes by "WxH", the keys
--- in order), not kept: a plan-only group's arena grows to them all the same
+-- The UNet at batch 2 and the VAE's decoder at every size for p's group,
+-- returned (UNets, decoders by "WxH", the keys in order), not kept: a
+-- plan-only group's arena grows to them all the same (compile keeps them)
 function Sampler:programs_for(p, plan_only)
   local c = self.config
   local unets, vaes, order = {}, {}, {}
@@ -103,26 +159,6 @@ function Sampler:programs_for(p, plan_only)
   return unets, vaes, order
 end
 
--- every program made, for ck.memory
-function Sampler:programs()
-  local out = {}
-  for _, key in ipairs(self.order) do
-    out[#out + 1] = self.unets[key].program
-    out[#out + 1] = self.vaes[key].program
-  end
-  return out
-end
-
--- the --plan lines: each size's two programs' arenas
-function Sampler:plan_info(fmt)
-  local info = {}
-  for _, key in ipairs(self.order) do
-    info[#info + 1] = {"sample_unet_" .. key, fmt(self.unets[key].program:plan().arena)}
-    info[#info + 1] = {"sample_vae_decoder_" .. key, fmt(self.vaes[key].program:plan().arena)}
-  end
-  return info
-end
-
 -- the decoder at a size, its own weights as they were loaded (training ran
 -- over them in the group's arena since the last decode)
 function Sampler:decoder(w, h)
@@ -136,41 +172,20 @@ function Sampler:decoder(w, h)
   return r
 end
 
-local function png_bytes(path)
-  local f = assert(io.open(path, "rb"))
-  local b = f:read("a")
-  f:close()
-  return b
-end
-
--- Every prompt at this step: DIR/STEM_SSSSSS_II.png (the step, the prompt's
--- index from 0), with A1111's parameters text; one log record with
--- sample_time (seconds for them all), each image as sample/II and the files
--- as sample_files. Returns the seconds taken and the files.
+-- Every prompt at this step (Base:write), with A1111's parameters text.
 function Sampler:render(step, logger)
   local t0 = ck.now()
   if not self.pipe then
     self.pipe = pipeline.new{models = self.models, unet_config = self.config, name = self.name,
-      unet = function(w, h) return self.unets[w .. "x" .. h] end,
+      unet = function(w, h) return self.denoisers[w .. "x" .. h] end,
       vae = function(w, h) return self:decoder(w, h) end}
   end
-  assert(ck.mkdir(self.dir))
-  local images, files = {}, {}
-  for i, e in ipairs(self.prompts) do
+  return self:write(step, logger, t0, function(i, e)
     local image, st = self.pipe:generate{prompt = e.prompt, negative_prompt = e.negative_prompt, width = e.width,
       height = e.height, steps = e.steps, cfg = e.cfg, seed = e.seed, sampler = e.sampler,
       prediction = self.prediction, embeddings = self.embeddings[i]}
-    local name = string.format("%s_%06d_%02d.png", self.stem, step, i - 1)
-    local path = self.dir .. "/" .. name
-    ck.write_png(path, image, {text = {parameters = pipeline.parameters(st)}})
-    images[string.format("%02d", i - 1)] = ck.log_image(png_bytes(path), e.width, e.height)
-    files[i] = path
-  end
-  local secs = ck.now() - t0
-  if logger then
-    logger:write{step = step, sample_time = secs, sample = images, sample_files = files}
-  end
-  return secs, files
+    return image, pipeline.parameters(st)
+  end)
 end
 
 return M

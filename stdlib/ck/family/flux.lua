@@ -601,7 +601,7 @@ function F.prompts(m, path, o)
   return list
 end
 
-local Sampler = {}
+local Sampler = setmetatable({}, {__index = require("ck.sampling").Base})
 Sampler.__index = Sampler
 
 -- The sampler: o = {prompts, encoders, lora (flux_lora.attach's options or
@@ -611,22 +611,9 @@ Sampler.__index = Sampler
 -- group's arena above the shared ones, loaded again before each decode.
 function F.sampler(m, o)
   local s = setmetatable({m = m, prompts = o.prompts, enc = o.encoders, lora = o.lora, compile_opts = o.compile_opts,
-                          dir = o.dir, stem = o.stem}, Sampler)
-  s.transformers, s.vaes, s.order = {}, {}, {}
+                          dir = o.dir, stem = o.stem, denoiser = "transformer"}, Sampler)
+  s.denoisers, s.vaes, s.order = {}, {}, {}
   return s
-end
-
--- the sizes the prompts ask for, each once: {w, h, key}
-function Sampler:sizes()
-  local seen, out = {}, {}
-  for _, e in ipairs(self.prompts) do
-    local key = e.width .. "x" .. e.height
-    if not seen[key] then
-      seen[key] = true
-      out[#out + 1] = {e.width, e.height, key}
-    end
-  end
-  return out
 end
 
 -- Each prompt's T5 states and pooled vector (and mask) by one text program
@@ -644,13 +631,8 @@ function Sampler:encode()
   return bound
 end
 
--- The transformer and the VAE's decoder at every size, joined to p's group
--- (plan_only: planned, not allocated), kept by the sampler.
-function Sampler:compile(p, plan_only)
-  self.transformers, self.vaes, self.order = self:programs_for(p, plan_only)
-end
-
--- The same programs for p's group, returned, not kept
+-- The transformer and the VAE's decoder at every size for p's group,
+-- returned, not kept (Base:compile keeps them)
 function Sampler:programs_for(p, plan_only)
   local m = self.m
   local vc = m.pipe.vae.config
@@ -684,44 +666,14 @@ function Sampler:programs_for(p, plan_only)
   return trs, vaes, order
 end
 
--- every program made, for ck.memory
-function Sampler:programs()
-  local out = {}
-  for _, key in ipairs(self.order) do
-    out[#out + 1] = self.transformers[key].program
-    out[#out + 1] = self.vaes[key].program
-  end
-  return out
-end
-
--- the --plan lines: each size's two programs' arenas
-function Sampler:plan_info(fmt)
-  local info = {}
-  for _, key in ipairs(self.order) do
-    info[#info + 1] = {"sample_transformer_" .. key, fmt(self.transformers[key].program:plan().arena)}
-    info[#info + 1] = {"sample_vae_decoder_" .. key, fmt(self.vaes[key].program:plan().arena)}
-  end
-  return info
-end
-
-local function png_bytes(path)
-  local f = assert(io.open(path, "rb"))
-  local b = f:read("a")
-  f:close()
-  return b
-end
-
--- Every prompt at this step: DIR/STEM_SSSSSS_II.png (the step, the prompt's
--- index from 0) with Forge's parameters text; one log record with
--- sample_time, each image as sample/II and the files as sample_files.
--- Returns the seconds taken and the files.
+-- Every prompt at this step (sampling's Base:write), with Forge's parameters text.
 function Sampler:render(step, logger)
   local t0 = ck.now()
   local fp = require "ck.flux_pipeline"
   if not self.pipe then
     self.pipe = fp.new{model = self.m.pipe, name = self.m.title, t5_max_length = self.m.tokens,
       transformer = function(w, h)
-        local r = self.transformers[w .. "x" .. h]
+        local r = self.denoisers[w .. "x" .. h]
         -- the program's constants, set again: training ran in the group's arena since
         r.program:set(r.inputs.rope, r.rope)
         if r.inputs.t5_attn_mask then
@@ -736,20 +688,12 @@ function Sampler:render(step, logger)
         return r
       end}
   end
-  assert(ck.mkdir(self.dir))
-  local images, files = {}, {}
-  for i, e in ipairs(self.prompts) do
+  return self:write(step, logger, t0, function(i, e)
     self.current = i
     local image, st = self.pipe:generate{prompt = e.prompt, width = e.width, height = e.height, steps = e.steps,
       guidance = e.guidance, seed = e.seed, embeddings = self.embeddings[i]}
-    local path = string.format("%s/%s_%06d_%02d.png", self.dir, self.stem, step, i - 1)
-    ck.write_png(path, image, {text = {parameters = fp.parameters(st)}})
-    images[string.format("%02d", i - 1)] = ck.log_image(png_bytes(path), e.width, e.height)
-    files[i] = path
-  end
-  local secs = ck.now() - t0
-  if logger then logger:write{step = step, sample_time = secs, sample = images, sample_files = files} end
-  return secs, files
+    return image, fp.parameters(st)
+  end)
 end
 
 return F

@@ -93,7 +93,9 @@ cmake_args=()
 arch=$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
 arch=${arch/-pc-/-}
 if [ ! -f /usr/include/lua5.4/lua.h ] || [ ! -e "/usr/lib/$arch/openblas-openmp/libopenblas.so" ] ||
-    [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/sentencepiece_processor.h ] || [ ! -f /usr/include/toml++/toml.h ]; then
+    [ ! -f /usr/include/jansson.h ] || [ ! -f /usr/include/sentencepiece_processor.h ] || [ ! -f /usr/include/toml++/toml.h ] ||
+    [ ! -f /usr/include/unicode/uchar.h ] || [ ! -f /usr/include/zlib.h ] || [ ! -f /usr/include/png.h ] ||
+    [ ! -f /usr/include/jpeglib.h ] || [ ! -f /usr/include/webp/decode.h ]; then
     compgen -G ".gpu_deps/*.deb" >/dev/null ||
         die "Lua 5.4, OpenBLAS (OpenMP), jansson, libsentencepiece or toml++ is missing here and .gpu_deps/ holds no packages: run bash bench/gpu_deps.sh where apt works and carry .gpu_deps"
     deps=/tmp/ck_gpu_deps

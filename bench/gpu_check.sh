@@ -82,7 +82,9 @@ export CK_GPU_NAME="$(head -1 "$out/gpu.txt" | cut -d, -f1)"
 # the results, also where the device tool collects them (at most 8 files)
 leave_results() {
     [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
-    tar czf "$OUT/gpu_check.tar.gz" -C out gpu_check 2>/dev/null || true
+    # the logs and tables, each under 2 MiB, so that the archive comes back (the tool takes 16 MiB a file)
+    (cd out && find gpu_check -type f -size -2M \( -name '*.txt' -o -name '*.md' -o -name '*.json' -o -name '*.jsonl' \) |
+        tar czf "$OUT/gpu_check.tar.gz" -T -) 2>/dev/null || true
     for f in steps.md speed.md cuda_ops.md whole_run.md offload.md; do [ ! -f "$out/$f" ] || cp "$out/$f" "$OUT/"; done
 }
 trap leave_results EXIT

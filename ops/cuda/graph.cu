@@ -51,7 +51,8 @@ extern "C" int ck_cuda_capture_begin(void)
 }
 
 /* Ends the capture even when a kernel failed during it (the stream must leave
- * capture mode), keeping the first failure. */
+ * capture mode), keeping the first failure, and leaves the runtime with no
+ * pending error. */
 extern "C" void *ck_cuda_capture_end(void)
 {
     ck_cuda_ctx *c = ck_cuda_current();
@@ -64,6 +65,10 @@ extern "C" void *ck_cuda_capture_end(void)
     const int ended = CK_CU("capture", cudaStreamEndCapture(c->stream, &g));
     if (!ended || ck_cuda_failed()) {
         if (g) CK_CU("capture", cudaGraphDestroy(g));
+        /* the failure is kept as ckrun's; the runtime's own last error (an
+         * invalidated capture's, which the failing calls and the end left)
+         * is reset, or the next eager launch's check would report it */
+        (void)cudaGetLastError();
         return NULL;
     }
     cudaGraphExec_t exec = NULL;

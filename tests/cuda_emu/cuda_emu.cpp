@@ -426,6 +426,12 @@ cudaError_t cudaGetLastError(void)
     return e;
 }
 
+cudaError_t ck_emu_error(cudaError_t e)
+{
+    if (e != cudaSuccess) last_error = e;
+    return e;
+}
+
 cudaError_t cudaGetDeviceCount(int *n)
 {
     *n = 1;

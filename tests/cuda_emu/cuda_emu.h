@@ -127,6 +127,9 @@ enum cudaMemcpyKind {
 
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaGetLastError(void);
+/* e, recorded as the last error where it is one: a runtime call that fails
+ * leaves its error for cudaGetLastError, which returns and resets it */
+cudaError_t ck_emu_error(cudaError_t e);
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaSetDevice(int d);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);

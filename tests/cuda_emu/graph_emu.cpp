@@ -74,11 +74,11 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
     const cudaError_t joined = ck_emu_streams_end_capture(s);
     if (!ok) {
         capturing.reset();
-        return cudaErrorStreamCaptureInvalidated;
+        return ck_emu_error(cudaErrorStreamCaptureInvalidated);
     }
     if (joined != cudaSuccess) { /* a second stream's work left outside the graph's end */
         capturing.reset();
-        return joined;
+        return ck_emu_error(joined);
     }
     *graph = capturing.release();
     counts.captures++;

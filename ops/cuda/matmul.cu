@@ -4,7 +4,8 @@
  * products none). bf16 and fp16 storage through cuBLASLt on tensor cores: A,
  * B and D of the storage type (CUDA_R_16BF, CUDA_R_16F), fp32 accumulation
  * (CUBLAS_COMPUTE_32F), the bias added in the epilogue, in the workspace the
- * plan gave the op (ck_op_workspace_cuda_bf16, the same for either type).
+ * plan gave the op (ck_op_workspace_cuda_bf16, the same for either type)
+ * from its first 256-byte boundary.
  * Row-major operands are handed to column-major cuBLAS as their transposes:
  * C^T = op(B)^T op(A)^T. One stream and a fixed workspace per op keep results
  * bitwise reproducible. */
@@ -114,7 +115,18 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
     const int32_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const uint32_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     const int32_t nb = (int32_t)batch;
-    const uint64_t max_ws = ws ? ws_bytes : 0;
+    /* cuBLASLt takes a workspace aligned to 256 bytes (else
+     * CUBLAS_STATUS_INVALID_VALUE); the plan aligns to 64, so the product
+     * uses the planned region from its first 256-byte boundary */
+    const size_t skip = (size_t)(-(uintptr_t)ws & 255);
+    if (ws && ws_bytes > skip) {
+        ws = (char *)ws + skip;
+        ws_bytes -= skip;
+    } else {
+        ws = NULL;
+        ws_bytes = 0;
+    }
+    const uint64_t max_ws = ws_bytes;
     /* what the heuristic may assume of each operand's alignment (it assumes
      * 256 bytes unless told): its pointer's and, batched, its stride's */
     const uint32_t al_a = lt_align(B, sb, batch), al_b = lt_align(A, sa, batch);

@@ -214,6 +214,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     if (s) return s;
     if (!algo || algo->data[0] != 1) return CUBLAS_STATUS_INVALID_VALUE;
     if (ws_bytes < ck_emu_lt_ws || (ck_emu_lt_ws && !ws)) return CUBLAS_STATUS_INVALID_VALUE;
+    /* the workspace, when one is given, aligned to 256 bytes (cuBLAS's
+     * documented requirement of a user workspace; an H200 answered a 64-byte
+     * aligned one with CUBLAS_STATUS_INVALID_VALUE) */
+    if (ws && ws_bytes && (uintptr_t)ws % 256) return CUBLAS_STATUS_INVALID_VALUE;
     /* each operand, and each batch entry of it, as aligned as the algorithm needs */
     const struct {
         const void *p;

@@ -3,7 +3,8 @@
  * what the preference says of the operands' alignment (256 bytes unless told
  * less, as documented) and offers an algorithm that needs min(that, 16)
  * bytes; cublasLtMatmul refuses operands (and batch strides) less aligned
- * than its algorithm needs, as a GPU kernel would fault. A matmul is a naive
+ * than its algorithm needs, as a GPU kernel would fault, and a workspace not
+ * aligned to 256 bytes, as cuBLAS does. A matmul is a naive
  * loop: bf16 inputs read exactly (widened to fp32), products accumulated in
  * fp32 as CUBLAS_COMPUTE_32F does (in double here: a bound, not a rounding
  * model), alpha and beta applied in fp32, the bias added in the epilogue, D

@@ -95,6 +95,30 @@ static size_t ws_need(const conv_desc *k, dir d, int algo)
     return s == CUDNN_STATUS_SUCCESS ? bytes : SIZE_MAX;
 }
 
+/* A convolution call's status; on failure one message with what a fix needs:
+ * the geometry, the algorithm, the workspace given against the algorithm's
+ * need for these descriptors, the pointers' alignment and whether the stream
+ * was capturing. */
+static int conv_ok(cudnnStatus_t s, const char *op, const char *call, ck_cuda_ctx *c, const conv_desc *k, dir d,
+                   const conv_geom *g, int algo, const void *ws, size_t ws_bytes, const void *a, const void *b,
+                   const void *out)
+{
+    if (s == CUDNN_STATUS_SUCCESS) return 1;
+    const size_t need = ws_need(k, d, algo);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess) (void)cudaGetLastError();
+    return ck_cuda_fail(op,
+                        "%s: %s (N %lld, C %lld, %lldx%lld -> O %lld, %lldx%lld; kernel %lldx%lld, stride %lld, "
+                        "pad %lld; algorithm %d needs %lld bytes, given %zu at %u mod 256; operands at %u, %u, %u "
+                        "mod 256%s)",
+                        call, cudnnGetErrorString(s), (long long)g->N, (long long)g->C, (long long)g->H,
+                        (long long)g->W, (long long)g->O, (long long)g->HO, (long long)g->WO, (long long)g->KH,
+                        (long long)g->KW, (long long)g->sh, (long long)g->ph, algo,
+                        need == SIZE_MAX ? -1LL : (long long)need, ws_bytes, (unsigned)((uintptr_t)ws & 255),
+                        (unsigned)((uintptr_t)a & 255), (unsigned)((uintptr_t)b & 255),
+                        (unsigned)((uintptr_t)out & 255), cap == cudaStreamCaptureStatusNone ? "" : "; capturing");
+}
+
 /* One algorithm as a search reported it. */
 struct algo_perf {
     int algo, ok, det, tensor;
@@ -230,7 +254,8 @@ static int searcher_for(ck_cuda_ctx *c, const char *op)
 
 /* The shape's algorithm list: searched on first use (with the search's own
  * handle and descriptors) under the context's cap, then kept. A shape cuDNN
- * refuses records the failure and gives an empty list, not kept. */
+ * refuses records the failure and gives an empty list, not kept; so does a
+ * first use under a graph capture. */
 static conv_search search(ck_cuda_ctx *c, const char *op, dir d, const conv_geom *g, ck_dtype st)
 {
     conv_search s;
@@ -242,6 +267,14 @@ static conv_search search(ck_cuda_ctx *c, const char *op, dir d, const conv_geom
         if (o.device == s.device && o.dir == s.dir && o.st == s.st && o.tf32 == s.tf32 && o.cap == s.cap &&
             !memcmp(o.key, s.key, sizeof s.key))
             return o;
+    /* a capture forbids the search's allocation and timing runs (they would
+     * end it); its range then runs op by op, which searches and keeps the list */
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess) (void)cudaGetLastError();
+    if (cap != cudaStreamCaptureStatusNone) {
+        ck_cuda_fail(op, "convolution algorithms are searched outside a CUDA graph capture");
+        return s;
+    }
     if (!searcher_for(c, op) || !describe(c, op, g, st, &searcher)) return s;
     if (!timed(&searcher, d, g, st, s.cap, &s) && !heuristic(&searcher, d, &s)) s.n = 0;
     searches.push_back(s);
@@ -475,8 +508,10 @@ static void conv_fwd(const ck_kctx *ctx, const ck_op_params *p, ck_view *out, co
         const int algo = choose(c, op, FWD, &g, st, ctx->ws_bytes);
         const float one = 1.0f, beta = bias ? 1.0f : 0.0f;
         if (algo >= 0)
-            CK_DNN(op, cudnnConvolutionForward(c->dnn, &one, c->tx, in[0].data, c->fw, in[1].data, c->conv,
-                                               (cudnnConvolutionFwdAlgo_t)algo, ctx->ws, ctx->ws_bytes, &beta, c->ty, y));
+            conv_ok(cudnnConvolutionForward(c->dnn, &one, c->tx, in[0].data, c->fw, in[1].data, c->conv,
+                                            (cudnnConvolutionFwdAlgo_t)algo, ctx->ws, ctx->ws_bytes, &beta, c->ty, y),
+                    op, "cudnnConvolutionForward", c, &kd, FWD, &g, algo, ctx->ws, ctx->ws_bytes, in[0].data,
+                    in[1].data, y);
         else if (no_algo(op, st, ctx->ws_bytes))
             ;
         else if (const int64_t chunk = chunk_of(op, &g, ctx->ws_bytes))
@@ -501,9 +536,11 @@ static void conv_bwd_data(const ck_kctx *ctx, const ck_op_params *p, ck_view *ou
         const int algo = choose(c, op, BWD_DATA, &g, st, ctx->ws_bytes);
         const float one = 1.0f, zero = 0.0f;
         if (algo >= 0)
-            CK_DNN(op, cudnnConvolutionBackwardData(c->dnn, &one, c->fw, in[1].data, c->ty, in[0].data, c->conv,
-                                                    (cudnnConvolutionBwdDataAlgo_t)algo, ctx->ws, ctx->ws_bytes, &zero,
-                                                    c->tx, dx));
+            conv_ok(cudnnConvolutionBackwardData(c->dnn, &one, c->fw, in[1].data, c->ty, in[0].data, c->conv,
+                                                 (cudnnConvolutionBwdDataAlgo_t)algo, ctx->ws, ctx->ws_bytes, &zero,
+                                                 c->tx, dx),
+                    op, "cudnnConvolutionBackwardData", c, &kd, BWD_DATA, &g, algo, ctx->ws, ctx->ws_bytes,
+                    in[1].data, in[0].data, dx);
         else if (no_algo(op, st, ctx->ws_bytes))
             ;
         else if (const int64_t chunk = chunk_of(op, &g, ctx->ws_bytes))
@@ -544,9 +581,11 @@ static void conv_bwd_filter(const ck_kctx *ctx, const ck_op_params *p, ck_view *
             const int algo = choose(c, op, BWD_FILTER, &g, st, ctx->ws_bytes);
             const float one = 1.0f, zero = 0.0f;
             if (algo >= 0)
-                CK_DNN(op, cudnnConvolutionBackwardFilter(c->dnn, &one, c->tx, in[1].data, c->ty, in[0].data, c->conv,
-                                                          (cudnnConvolutionBwdFilterAlgo_t)algo, ctx->ws,
-                                                          ctx->ws_bytes, &zero, c->fw, dw));
+                conv_ok(cudnnConvolutionBackwardFilter(c->dnn, &one, c->tx, in[1].data, c->ty, in[0].data, c->conv,
+                                                       (cudnnConvolutionBwdFilterAlgo_t)algo, ctx->ws, ctx->ws_bytes,
+                                                       &zero, c->fw, dw),
+                        op, "cudnnConvolutionBackwardFilter", c, &kd, BWD_FILTER, &g, algo, ctx->ws, ctx->ws_bytes,
+                        in[1].data, in[0].data, dw);
             else if (no_algo(op, st, ctx->ws_bytes))
                 ;
             else if (const int64_t chunk = chunk_of(op, &g, ctx->ws_bytes))

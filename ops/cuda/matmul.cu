@@ -116,16 +116,8 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
     const uint32_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     const int32_t nb = (int32_t)batch;
     /* cuBLASLt takes a workspace aligned to 256 bytes (else
-     * CUBLAS_STATUS_INVALID_VALUE); the plan aligns to 64, so the product
-     * uses the planned region from its first 256-byte boundary */
-    const size_t skip = (size_t)(-(uintptr_t)ws & 255);
-    if (ws && ws_bytes > skip) {
-        ws = (char *)ws + skip;
-        ws_bytes -= skip;
-    } else {
-        ws = NULL;
-        ws_bytes = 0;
-    }
+     * CUBLAS_STATUS_INVALID_VALUE); the plan aligns to 64 */
+    ck_cuda_ws256(&ws, &ws_bytes);
     const uint64_t max_ws = ws_bytes;
     /* what the heuristic may assume of each operand's alignment (it assumes
      * 256 bytes unless told): its pointer's and, batched, its stride's */

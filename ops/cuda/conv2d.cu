@@ -277,6 +277,16 @@ static conv_search search(ck_cuda_ctx *c, const char *op, dir d, const conv_geom
     }
     if (!searcher_for(c, op) || !describe(c, op, g, st, &searcher)) return s;
     if (!timed(&searcher, d, g, st, s.cap, &s) && !heuristic(&searcher, d, &s)) s.n = 0;
+    /* each algorithm's need under the math type the kernels set: a search
+     * reports what it ran, which may be another math type's (on an H200 a
+     * bf16 algorithm listed at 0 bytes needed 5264 under tensor-op math) */
+    for (int i = 0; i < s.n; i++) {
+        const size_t need = ws_need(&searcher, d, s.perf[i].algo);
+        if (need == SIZE_MAX)
+            s.perf[i].ok = 0;
+        else if (need > s.perf[i].mem)
+            s.perf[i].mem = need;
+    }
     searches.push_back(s);
     return s;
 }

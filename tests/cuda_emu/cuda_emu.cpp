@@ -599,7 +599,7 @@ struct ck_emu_tensor {
     cudnnDataType_t type; /* fp32 or bf16 storage; the arithmetic is fp32 either way */
 };
 struct ck_emu_conv {
-    int set, ph, pw, sh, sw, dh, dw, mode;
+    int set, ph, pw, sh, sw, dh, dw, mode, math;
 };
 
 size_t ck_emu_conv_ws[3][8] = {
@@ -610,7 +610,27 @@ size_t ck_emu_conv_ws[3][8] = {
     /* bwd filter */
     {0, 1024, 1u << 30, 0, 1u << 30, 1u << 30, 1u << 30, 1u << 30},
 };
+/* What an algorithm needs beyond ck_emu_conv_ws under tensor-op math with
+ * 16-bit storage: an H200 asked 5264 bytes more of a bf16 algorithm than its
+ * search had listed (the search reports the math it ran, see
+ * cudnn_find_emu.cpp) */
+size_t ck_emu_conv_tensor_ws[3][8] = {{0, 5264}, {0, 5264}, {0, 5264}};
 int ck_emu_last_algo[3] = {-1, -1, -1};
+
+/* an algorithm's workspace under the descriptor's math and the storage type t */
+static size_t conv_need(int dir, int algo, const ck_emu_conv *cv, cudnnDataType_t t)
+{
+    const size_t extra = cv->math == CUDNN_TENSOR_OP_MATH && t != CUDNN_DATA_FLOAT ? ck_emu_conv_tensor_ws[dir][algo] : 0;
+    return ck_emu_conv_ws[dir][algo] + extra;
+}
+
+cudnnConvolutionDescriptor_t ck_emu_conv_default_math(cudnnConvolutionDescriptor_t cv)
+{
+    static thread_local ck_emu_conv copy;
+    copy = *cv;
+    copy.math = CUDNN_DEFAULT_MATH;
+    return &copy;
+}
 
 const char *cudnnGetErrorString(cudnnStatus_t s)
 {
@@ -675,10 +695,14 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
                                               int dw, cudnnConvolutionMode_t mode, cudnnDataType_t)
 {
     if (ph < 0 || pw < 0 || u <= 0 || v <= 0 || dh <= 0 || dw <= 0) return CUDNN_STATUS_BAD_PARAM;
-    *d = {1, ph, pw, u, v, dh, dw, (int)mode};
+    *d = {1, ph, pw, u, v, dh, dw, (int)mode, d->math};
     return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t, cudnnMathType_t) { return CUDNN_STATUS_SUCCESS; }
+cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t d, cudnnMathType_t m)
+{
+    d->math = (int)m;
+    return CUDNN_STATUS_SUCCESS;
+}
 
 /* x, w and y agree with the convolution; the output size is computed */
 static cudnnStatus_t geometry(const ck_emu_conv *cv, const ck_emu_tensor *x, const ck_emu_tensor *w,
@@ -714,7 +738,7 @@ cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnn
 {
     cudnnStatus_t s = geometry(cv, x, w, y);
     if (s) return s;
-    *bytes = ck_emu_conv_ws[0][algo];
+    *bytes = conv_need(0, algo, cv, x->type);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t, const cudnnFilterDescriptor_t w,
@@ -725,7 +749,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t, const 
 {
     cudnnStatus_t s = geometry(cv, dx, w, dy);
     if (s) return s;
-    *bytes = ck_emu_conv_ws[1][algo];
+    *bytes = conv_need(1, algo, cv, dx->type);
     return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t x,
@@ -736,7 +760,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t, cons
 {
     cudnnStatus_t s = geometry(cv, x, dw, dy);
     if (s) return s;
-    *bytes = ck_emu_conv_ws[2][algo];
+    *bytes = conv_need(2, algo, cv, x->type);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -859,7 +883,8 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, const 
 {
     cudnnStatus_t s = geometry(cv, xd, wd, yd);
     if (s) return s;
-    if (!h || ws_bytes < ck_emu_conv_ws[0][algo] || (ck_emu_conv_ws[0][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
+    const size_t need = conv_need(0, algo, cv, xd->type);
+    if (!h || ws_bytes < need || (need && !ws)) return CUDNN_STATUS_BAD_PARAM;
     CAPTURE_CONV(cudnnConvolutionForward(h, &al, &d1, x, &d2, w, &dc, algo, ws, ws_bytes, &be, &d3, y), xd, wd, yd);
     ck_emu_last_algo[0] = algo;
     conv_loops(FWD, cv, xd, wd, yd, x, w, NULL, y, *(const float *)alpha, *(const float *)beta);
@@ -873,7 +898,8 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
 {
     cudnnStatus_t s = geometry(cv, dxd, wd, dyd);
     if (s) return s;
-    if (!h || ws_bytes < ck_emu_conv_ws[1][algo] || (ck_emu_conv_ws[1][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
+    const size_t need = conv_need(1, algo, cv, dxd->type);
+    if (!h || ws_bytes < need || (need && !ws)) return CUDNN_STATUS_BAD_PARAM;
     CAPTURE_CONV(cudnnConvolutionBackwardData(h, &al, &d1, w, &d2, dy, &dc, algo, ws, ws_bytes, &be, &d3, dx), wd, dyd,
                  dxd);
     ck_emu_last_algo[1] = algo;
@@ -888,7 +914,8 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
 {
     cudnnStatus_t s = geometry(cv, xd, dwd, dyd);
     if (s) return s;
-    if (!h || ws_bytes < ck_emu_conv_ws[2][algo] || (ck_emu_conv_ws[2][algo] && !ws)) return CUDNN_STATUS_BAD_PARAM;
+    const size_t need = conv_need(2, algo, cv, xd->type);
+    if (!h || ws_bytes < need || (need && !ws)) return CUDNN_STATUS_BAD_PARAM;
     CAPTURE_CONV(cudnnConvolutionBackwardFilter(h, &al, &d1, x, &d2, dy, &dc, algo, ws, ws_bytes, &be, &d3, dw), xd, dyd,
                  dwd);
     ck_emu_last_algo[2] = algo;

@@ -322,6 +322,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
 /* Test hooks: the workspace each emulated algorithm claims (to exercise the
  * fitting logic), and the algorithms the last calls ran. */
 extern size_t ck_emu_conv_ws[3][8];
+extern size_t ck_emu_conv_tensor_ws[3][8]; /* more under tensor-op math with 16-bit storage */
 extern int ck_emu_last_algo[3];
 
 #include "cudnn_find_emu.h"

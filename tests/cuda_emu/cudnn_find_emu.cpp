@@ -1,6 +1,8 @@
 /* cudnnFind*AlgorithmEx on the CPU emulator: every algorithm of a direction,
- * its workspace as cudnnGet*WorkspaceSize reports it, a made-up time, sorted
- * as cuDNN sorts them (those that ran by time, then those that could not). */
+ * its workspace as cudnnGet*WorkspaceSize reports it under the default math
+ * (what the search ran; under the descriptor's tensor-op math a 16-bit
+ * algorithm may need more, as on an H200), a made-up time, sorted as cuDNN
+ * sorts them (those that ran by time, then those that could not). */
 #include "cuda_emu.h"
 
 #include <algorithm>
@@ -65,7 +67,7 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t h, const cudn
     if (!h) return CUDNN_STATUS_BAD_PARAM;
     return find<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
         0, x, w, y, requested, returned, perf, ws, ws_bytes, [&](cudnnConvolutionFwdAlgo_t a, size_t *b) {
-            return cudnnGetConvolutionForwardWorkspaceSize(h, xd, wd, conv, yd, a, b);
+            return cudnnGetConvolutionForwardWorkspaceSize(h, xd, wd, ck_emu_conv_default_math(conv), yd, a, b);
         });
 }
 
@@ -80,7 +82,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t h, const
     if (!h) return CUDNN_STATUS_BAD_PARAM;
     return find<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
         1, dy, w, dx, requested, returned, perf, ws, ws_bytes, [&](cudnnConvolutionBwdDataAlgo_t a, size_t *b) {
-            return cudnnGetConvolutionBackwardDataWorkspaceSize(h, wd, dyd, conv, dxd, a, b);
+            return cudnnGetConvolutionBackwardDataWorkspaceSize(h, wd, dyd, ck_emu_conv_default_math(conv), dxd, a, b);
         });
 }
 
@@ -95,6 +97,6 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t h, con
     if (!h) return CUDNN_STATUS_BAD_PARAM;
     return find<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
         2, x, dy, dw, requested, returned, perf, ws, ws_bytes, [&](cudnnConvolutionBwdFilterAlgo_t a, size_t *b) {
-            return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, xd, dyd, conv, dwd, a, b);
+            return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, xd, dyd, ck_emu_conv_default_math(conv), dwd, a, b);
         });
 }

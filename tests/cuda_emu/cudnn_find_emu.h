@@ -34,5 +34,8 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t h, con
  * filter), and how many searches have run (a cache shows as no new ones). */
 extern float ck_emu_conv_ms[3][8];
 extern int ck_emu_find_calls;
+/* A copy of cv under the default math (thread-local, valid until the next
+ * call): what the search reports each algorithm's workspace under. */
+cudnnConvolutionDescriptor_t ck_emu_conv_default_math(cudnnConvolutionDescriptor_t cv);
 
 #endif

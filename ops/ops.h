@@ -128,7 +128,7 @@ size_t ck_op_workspace_cuda_bf16(enum ck_op op, const ck_op_params *p, const ck_
  * mixed precision keeps fp32 (ck.rope refuses any other kind). The planner
  * picks an op's 16-bit kernel only where every other tensor has that type, so
  * today a 16-bit x with an fp32 table runs the fp32 kernel through copies
- * (vm/plan/memplan.c, ck_entry_kernel_type); these kernels are tested on
+ * (vm/plan/memplan.c, ck_plan_entry_kernel_type); these kernels are tested on
  * their own (test_kernels_bf16, test_cuda_ops). */
 unsigned ck_op_f32_inputs(enum ck_op op);
 /* MODULATE_BWD's and GATE_BWD's sums over the M rows of a sample (the dims

@@ -345,12 +345,12 @@ int main(void)
         ck_graph *g = random_model(2, 24, &loss);
         decision d = {42, 0};
         ck_program *p = compile(g, loss, &d, CK_OFFLOAD_ACTIVATIONS, err); /* all that is kept goes out */
-        const ck_device_speed *cpu = ck_device_speed_find("cpu"), *h100 = ck_device_speed_find("NVIDIA H100 80GB HBM3");
+        const ck_device_speed *cpu = ck_cost_device_find("cpu"), *h100 = ck_cost_device_find("NVIDIA H100 80GB HBM3");
         ck_step_time st;
         ck_plan_step_time(&p->train, p->g, cpu, &st);
         const double link = 2.0 * (double)p->train.offload_bytes / (cpu->link_bw * 0.8);
         check("the table finds a device by a substring of its full name (H100 in NVIDIA H100 80GB HBM3)",
-              h100 && !strcmp(h100->name, "H100") && !ck_device_speed_find("no such card"), 0);
+              h100 && !strcmp(h100->name, "H100") && !ck_cost_device_find("no such card"), 0);
         check("a step is its compute plus its stalls, and its copies take their bytes over the link",
               p->train.nslots > 0 && st.step >= st.compute && st.step <= st.compute + st.stalled + st.copies + 1e-12 &&
                   st.copies > 0.999 * link && st.copies < 1.001 * link,
@@ -376,15 +376,15 @@ int main(void)
             size_t persistent = 0;
             for (int t = 0; t < g->nt; t++) {
                 poff[t] = -1;
-                if (ck_is_persistent(g->t[t].kind)) {
+                if (ck_plan_is_persistent(g->t[t].kind)) {
                     poff[t] = (int64_t)persistent;
                     persistent += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
                 }
                 retain[t] = next() % 16 == 0;
             }
-            const int ncand = ck_saved_activations(g, cand);
+            const int ncand = ck_plan_saved_activations(g, cand);
             ck_decide_ctx c = {g, nodes, g->nn, cand, ncand, poff, persistent, retain, ck_backend_cpu(), NULL,
-                               1, 1 + (int)(next() % 5), ck_device_speed_find(round % 2 ? "4090" : "cpu"), NULL, 0, NULL, 0};
+                               1, 1 + (int)(next() % 5), ck_cost_device_find(round % 2 ? "4090" : "cpu"), NULL, 0, NULL, 0};
             ck_evaluator *ev = ck_evaluator_new(&c);
             for (int trial = 0; ev && trial < 6; trial++) {
                 for (int k = 0; k < ncand; k++) {
@@ -441,15 +441,15 @@ int main(void)
             size_t persistent = 0;
             for (int t = 0; t < g->nt; t++) {
                 poff[t] = -1;
-                if (ck_is_persistent(g->t[t].kind)) {
+                if (ck_plan_is_persistent(g->t[t].kind)) {
                     poff[t] = (int64_t)persistent;
                     persistent += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
                 }
             }
             char why[256] = "";
-            const int ncand = ck_saved_activations(g, cand);
+            const int ncand = ck_plan_saved_activations(g, cand);
             ck_decide_ctx c = {g, nodes, g->nn, cand, ncand, poff, persistent, retain, ck_backend_cpu(), NULL,
-                               1, 1 + (int)(next() % 4), ck_device_speed_find(round % 2 ? "4090" : "H100"), why,
+                               1, 1 + (int)(next() % 4), ck_cost_device_find(round % 2 ? "4090" : "H100"), why,
                                sizeof why, NULL, 0};
             size_t none_peak, with = 0, without = 0;
             double none_time;

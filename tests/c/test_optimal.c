@@ -40,7 +40,7 @@ static int64_t *list_memory(const ck_decide_ctx *c, const unsigned char *mark, i
             if (pl.ops[i].in[j] < c->g->nt) touched[pl.ops[i].in[j]] = 1;
     }
     for (int t = 0; t < c->g->nt; t++)
-        if (touched[t] && ck_is_persistent(c->g->t[t].kind)) fixed += (int64_t)ck_tensor_bytes(&c->g->t[t]);
+        if (touched[t] && ck_plan_is_persistent(c->g->t[t].kind)) fixed += (int64_t)ck_tensor_bytes(&c->g->t[t]);
     *n = 0;
     for (int i = 0; i < pl.n; i++) {
         if (pl.ops[i].phase == CK_PHASE_RECOMPUTE) continue;
@@ -79,13 +79,13 @@ int main(void)
         size_t persistent = 0;
         for (int t = 0; t < g->nt; t++) {
             poff[t] = -1;
-            if (ck_is_persistent(g->t[t].kind)) {
+            if (ck_plan_is_persistent(g->t[t].kind)) {
                 poff[t] = (int64_t)persistent;
                 persistent += (ck_tensor_bytes(&g->t[t]) + 63) / 64 * 64;
             }
             retain[t] = next() % 16 == 0;
         }
-        const int ncand = ck_saved_activations(g, cand);
+        const int ncand = ck_plan_saved_activations(g, cand);
         const ck_backend *be = round % 2 ? ck_backend_cpu() : ck_backend_cuda_plan();
         ck_decide_ctx c = {.g = g, .nodes = nodes, .n = g->nn, .cand = cand, .ncand = ncand, .poff = poff,
                            .persistent = persistent, .retain = round % 3 ? retain : NULL, .be = be};

@@ -752,9 +752,9 @@ ck_vm *ck_open_plan(const ck_options *opt, const ck_plan_request *plan)
     /* a device named outright opens now, so that a missing one fails here;
      * auto only looks (the GPU opens when a program first compiles for it) */
     if (!o.device || !strcmp(o.device, "auto")) {
-        snprintf(vm->host.device, sizeof vm->host.device, "%s", ck_default_device());
+        snprintf(vm->host.device, sizeof vm->host.device, "%s", ck_program_default_device());
     } else {
-        const ck_backend *be = ck_backend_find(o.device, h->plan_only, msg, sizeof msg);
+        const ck_backend *be = ck_program_backend_find(o.device, h->plan_only, msg, sizeof msg);
         if (!be) return dead(vm, CK_EARG, msg);
         snprintf(vm->host.device, sizeof vm->host.device, "%s", be->name);
     }

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t ck_utf8_valid(const char *str, size_t n)
+size_t ck_json_utf8_valid(const char *str, size_t n)
 {
     const unsigned char *s = (const unsigned char *)str;
     size_t i = 0;
@@ -39,7 +39,7 @@ static char *repair(const char *s, size_t n, size_t *out_len)
     if (!d) return NULL;
     size_t o = 0;
     while (n) {
-        size_t ok = ck_utf8_valid(s, n);
+        size_t ok = ck_json_utf8_valid(s, n);
         memcpy(d + o, s, ok);
         o += ok;
         if (ok == n) break;
@@ -55,7 +55,7 @@ static char *repair(const char *s, size_t n, size_t *out_len)
 
 json_t *ck_json_text(const char *s, size_t n)
 {
-    if (ck_utf8_valid(s, n) == n) return json_stringn_nocheck(s, n);
+    if (ck_json_utf8_valid(s, n) == n) return json_stringn_nocheck(s, n);
     size_t m;
     char *d = repair(s, n, &m);
     if (!d) return NULL;
@@ -67,7 +67,7 @@ json_t *ck_json_text(const char *s, size_t n)
 int ck_json_set(json_t *obj, const char *key, size_t klen, json_t *v)
 {
     if (!v) return -1;
-    if (ck_utf8_valid(key, klen) == klen) return json_object_setn_new_nocheck(obj, key, klen, v);
+    if (ck_json_utf8_valid(key, klen) == klen) return json_object_setn_new_nocheck(obj, key, klen, v);
     size_t m;
     char *d = repair(key, klen, &m);
     if (!d) {

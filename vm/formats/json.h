@@ -26,7 +26,7 @@ json_t *ck_json_text(const char *s, size_t n);
  * -1 when out of memory or v is NULL. */
 int ck_json_set(json_t *obj, const char *key, size_t klen, json_t *v);
 /* The length of the valid UTF-8 prefix of s[0..n): n when all of it is. */
-size_t ck_utf8_valid(const char *s, size_t n);
+size_t ck_json_utf8_valid(const char *s, size_t n);
 /* n bytes appended to *out (malloc'd, grown; NUL-terminated after *len).
  * 0, or -1 when out of memory. */
 int ck_json_put(const char *s, size_t n, char **out, size_t *len, size_t *cap);

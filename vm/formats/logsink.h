@@ -70,8 +70,8 @@ void ck_log_counts(ck_logger *lg, uint64_t *submitted, uint64_t *written);
 
 /* vm/formats/logtb.c: TensorBoard's file format. CRC-32C (Castagnoli) and TFRecord's
  * masked form of it. */
-uint32_t ck_crc32c(const void *data, size_t n);
-uint32_t ck_crc32c_masked(const void *data, size_t n);
+uint32_t ck_tb_crc32c(const void *data, size_t n);
+uint32_t ck_tb_crc32c_masked(const void *data, size_t n);
 /* One TFRecord holding an Event: wall_time, step, and either file_version
  * (when given) or a Summary with a simple_value per number in r and an image
  * (Summary.Image: height, width, colorspace from the PNG's header, the PNG

@@ -29,7 +29,7 @@ static void crc_init(void)
         for (int i = 0; i < 256; i++) crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
 }
 
-uint32_t ck_crc32c(const void *data, size_t n)
+uint32_t ck_tb_crc32c(const void *data, size_t n)
 {
     pthread_once(&crc_once, crc_init);
     const unsigned char *p = data;
@@ -43,9 +43,9 @@ uint32_t ck_crc32c(const void *data, size_t n)
     return c ^ 0xFFFFFFFFu;
 }
 
-uint32_t ck_crc32c_masked(const void *data, size_t n)
+uint32_t ck_tb_crc32c_masked(const void *data, size_t n)
 {
-    uint32_t c = ck_crc32c(data, n);
+    uint32_t c = ck_tb_crc32c(data, n);
     return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
 
@@ -285,9 +285,9 @@ int ck_tb_event(const ck_log_rec *r, const char *file_version, unsigned char **o
     unsigned char head[8];
     for (int i = 0; i < 8; i++) head[i] = (unsigned char)((uint64_t)ev.len >> (8 * i));
     put(&o, head, 8);
-    put_le(&o, ck_crc32c_masked(head, 8), 4);
+    put_le(&o, ck_tb_crc32c_masked(head, 8), 4);
     put(&o, ev.p, ev.len);
-    put_le(&o, ck_crc32c_masked(ev.p, ev.len), 4);
+    put_le(&o, ck_tb_crc32c_masked(ev.p, ev.len), 4);
     free(ev.p);
     *out = o.p;
     *len = o.len;
@@ -460,14 +460,14 @@ int ck_tb_read(const unsigned char *data, size_t n, int (*fn)(void *ud, const ck
         const unsigned char *h = data + at;
         uint64_t len = 0;
         for (int i = 0; i < 8; i++) len |= (uint64_t)h[i] << (8 * i);
-        if (rd32(h + 8) != ck_crc32c_masked(h, 8)) {
+        if (rd32(h + 8) != ck_tb_crc32c_masked(h, 8)) {
             snprintf(err, errlen, "record %d at byte %zu: the length's CRC does not match", k + 1, at);
             rc = -1;
             break;
         }
         if (len > n - at - 12 || n - at - 12 - len < 4) break; /* cut: a partial record */
         const unsigned char *d = h + 12;
-        if (rd32(d + len) != ck_crc32c_masked(d, (size_t)len)) {
+        if (rd32(d + len) != ck_tb_crc32c_masked(d, (size_t)len)) {
             snprintf(err, errlen, "record %d at byte %zu: the data's CRC does not match", k + 1, at);
             rc = -1;
             break;

@@ -529,7 +529,7 @@ static int parse_meta(parser *p)
 static int parse_header(parser *p)
 {
     int seen_meta = 0;
-    size_t badu = ck_utf8_valid((const char *)p->s, p->n);
+    size_t badu = ck_json_utf8_valid((const char *)p->s, p->n);
     if (badu < p->n) return bad(p, "header is not valid UTF-8 (byte %zu)", badu);
     if (p->n == 0 || p->s[0] != '{') return bad(p, "header is not a JSON object (it must start with '{')");
     p->pos = 1;
@@ -1001,7 +1001,7 @@ static char *dupstr(const char *s)
 static int valid_utf8(const char *s)
 {
     size_t n = strlen(s);
-    return ck_utf8_valid(s, n) == n;
+    return ck_json_utf8_valid(s, n) == n;
 }
 
 ck_st_writer *ck_st_writer_new(void)

@@ -465,7 +465,7 @@ int ck_toml_scan_text(const char *s, size_t n, int (*poll)(void *ud, long long w
     }
     const char *nul = memchr(s, 0, n);
     if (nul) return fail_at(&c, (size_t)(nul - s), "a NUL byte (TOML text holds none)");
-    const size_t ok = ck_utf8_valid(s, n);
+    const size_t ok = ck_json_utf8_valid(s, n);
     if (ok < n) return fail_at(&c, ok, "not valid UTF-8 (byte 0x%02X)", (unsigned char)s[ok]);
     if (n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) c.i = 3; /* a byte order mark, which toml++ skips */
     int rc;

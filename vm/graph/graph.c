@@ -39,8 +39,8 @@ static int names_grown(const ck_graph *g, size_t *bytes)
     int cap = g->names_cap;
     while (2 * (g->named + 1) > cap) cap = cap ? 2 * cap : 64;
     *bytes = cap == g->names_cap ? 0
-                                 : ck_malloc_chunk(sizeof(int) * (size_t)cap) -
-                                       (g->names_cap ? ck_malloc_chunk(sizeof(int) * (size_t)g->names_cap) : 0);
+                                 : ck_graph_malloc_chunk(sizeof(int) * (size_t)cap) -
+                                       (g->names_cap ? ck_graph_malloc_chunk(sizeof(int) * (size_t)g->names_cap) : 0);
     return cap;
 }
 
@@ -136,13 +136,13 @@ ck_graph *ck_graph_clone(const ck_graph *g)
     return c;
 }
 
-size_t ck_malloc_chunk(size_t n)
+size_t ck_graph_malloc_chunk(size_t n)
 {
     const size_t c = (n + 8 + 15) / 16 * 16;
     return c < 32 ? 32 : c;
 }
 
-static size_t str_bytes(const char *s) { return s ? ck_malloc_chunk(strlen(s) + 1) : 0; }
+static size_t str_bytes(const char *s) { return s ? ck_graph_malloc_chunk(strlen(s) + 1) : 0; }
 
 static size_t intern_bytes(const ck_graph *g, const char *s)
 {
@@ -154,8 +154,8 @@ static size_t intern_bytes(const ck_graph *g, const char *s)
     size_t b = str_bytes(s);
     if (2 * (g->nstrs + 1) > g->strs_cap) {
         const int cap = g->strs_cap ? 2 * g->strs_cap : 64;
-        b += ck_malloc_chunk(sizeof *g->strs * (size_t)cap) -
-             (g->strs_cap ? ck_malloc_chunk(sizeof *g->strs * (size_t)g->strs_cap) : 0);
+        b += ck_graph_malloc_chunk(sizeof *g->strs * (size_t)cap) -
+             (g->strs_cap ? ck_graph_malloc_chunk(sizeof *g->strs * (size_t)g->strs_cap) : 0);
     }
     return b;
 }
@@ -166,7 +166,8 @@ static int grown(int n, int cap, int more, size_t elem, size_t *bytes)
 {
     int c = cap;
     while (n + more > c) c = c ? 2 * c : 64;
-    *bytes = c == cap ? 0 : ck_malloc_chunk(elem * (size_t)c) - (cap ? ck_malloc_chunk(elem * (size_t)cap) : 0);
+    *bytes = c == cap ? 0
+                      : ck_graph_malloc_chunk(elem * (size_t)c) - (cap ? ck_graph_malloc_chunk(elem * (size_t)cap) : 0);
     return c;
 }
 
@@ -193,12 +194,13 @@ static int charge(ck_graph *g, size_t n, int nodes, int tensors)
 size_t ck_graph_host_bytes(const ck_graph *g)
 {
     if (!g) return 0;
-    size_t b = ck_malloc_chunk(sizeof *g) + ck_malloc_chunk(sizeof *g->t * (size_t)(g->capt ? g->capt : 1)) +
-               ck_malloc_chunk(sizeof *g->n * (size_t)(g->capn ? g->capn : 1)) + str_bytes(g->scope);
+    size_t b = ck_graph_malloc_chunk(sizeof *g) +
+               ck_graph_malloc_chunk(sizeof *g->t * (size_t)(g->capt ? g->capt : 1)) +
+               ck_graph_malloc_chunk(sizeof *g->n * (size_t)(g->capn ? g->capn : 1)) + str_bytes(g->scope);
     for (int i = 0; i < g->nt; i++) b += str_bytes(g->t[i].name);
     for (int i = 0; i < g->strs_cap; i++) b += str_bytes(g->strs[i]);
-    if (g->strs_cap) b += ck_malloc_chunk(sizeof *g->strs * (size_t)g->strs_cap);
-    if (g->names_cap) b += ck_malloc_chunk(sizeof(int) * (size_t)g->names_cap);
+    if (g->strs_cap) b += ck_graph_malloc_chunk(sizeof *g->strs * (size_t)g->strs_cap);
+    if (g->names_cap) b += ck_graph_malloc_chunk(sizeof(int) * (size_t)g->names_cap);
     return b;
 }
 
@@ -259,14 +261,14 @@ static int new_tensor(ck_graph *g, const ck_shape *s, ck_kind kind, const char *
     return g->nt++;
 }
 
-const char *ck_kind_name(ck_kind k)
+const char *ck_graph_kind_name(ck_kind k)
 {
     static const char *const names[CK_KIND_COUNT] = {"activation", "input", "param", "frozen", "grad",
                                                      "optimizer_state"};
     return (unsigned)k < CK_KIND_COUNT ? names[k] : "?";
 }
 
-const char *ck_phase_name(ck_phase ph)
+const char *ck_graph_phase_name(ck_phase ph)
 {
     static const char *const names[] = {"forward", "backward", "optimizer", "recompute"};
     return (unsigned)ph < sizeof names / sizeof *names ? names[ph] : "?";

@@ -23,8 +23,8 @@ typedef enum ck_phase { CK_PHASE_FORWARD = 0, CK_PHASE_BACKWARD, CK_PHASE_OPTIMI
 
 /* the names scripts and files use: "activation", "input", "param", "frozen",
  * "grad", "optimizer_state"; "forward", "backward", "optimizer", "recompute" */
-const char *ck_kind_name(ck_kind k);
-const char *ck_phase_name(ck_phase ph);
+const char *ck_graph_kind_name(ck_kind k);
+const char *ck_graph_phase_name(ck_phase ph);
 
 /* A graph holds hundreds of thousands of tensors and nodes (the planner's
  * memory is mostly theirs): the small fields are bit-fields packed in one
@@ -101,7 +101,7 @@ void ck_graph_free(ck_graph *g);
 size_t ck_graph_host_bytes(const ck_graph *g);
 /* A malloc of n bytes as the C library takes it: a chunk of at least 32
  * bytes, n plus its 8-byte header rounded up to 16 (glibc on 64 bits). */
-size_t ck_malloc_chunk(size_t n);
+size_t ck_graph_malloc_chunk(size_t n);
 
 /* Removes the tensors from nt on and the nodes from nn on (the last ones
  * added: a step that failed part way undone), names and all. */

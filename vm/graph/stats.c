@@ -112,7 +112,7 @@ out:
     return rc;
 }
 
-void ck_stat_set_truncate(ck_stat_set *s, int nb)
+void ck_graph_stat_set_truncate(ck_stat_set *s, int nb)
 {
     for (int b = nb; b < s->nblocks; b++) free(s->blocks[b]);
     if (nb < s->nblocks) s->nblocks = nb;

@@ -39,6 +39,6 @@ typedef struct ck_stat_set {
  * memory (what was appended stays, for the caller to take back). */
 int ck_graph_add_stats(ck_graph *g, ck_stat_set *s, unsigned groups, const char *const *pats, int np, int mean_grads);
 /* Frees what s holds from its block nb and its statistics (all of them). */
-void ck_stat_set_truncate(ck_stat_set *s, int nb);
+void ck_graph_stat_set_truncate(ck_stat_set *s, int nb);
 
 #endif

@@ -525,7 +525,7 @@ static int l_rope(lua_State *L)
     lua_pop(L, 1);
     if (k != CK_KIND_INPUT)
         return ck_lua_raise(L, "rope: the table must be a graph input (g:input), which stays fp32 under mixed "
-                            "precision; this one is of kind '%s'", ck_kind_name(k));
+                            "precision; this one is of kind '%s'", ck_graph_kind_name(k));
     p.i[0] = opt_bool(L, 3, "inverse", 0);
     return record(L, CK_OP_ROPE, a, 2, &p, NULL);
 }
@@ -683,7 +683,7 @@ static int l_tensor_index(lua_State *L)
     else if (strcmp(k, "name") == 0) lua_pushstring(L, t->name);
     else if (strcmp(k, "scope") == 0) lua_pushstring(L, t->scope);
     else if (strcmp(k, "where") == 0) lua_pushstring(L, t->where);
-    else if (strcmp(k, "kind") == 0) lua_pushstring(L, ck_kind_name(t->kind));
+    else if (strcmp(k, "kind") == 0) lua_pushstring(L, ck_graph_kind_name(t->kind));
     else if (strcmp(k, "id") == 0) lua_pushinteger(L, lt->id);
     else if (strcmp(k, "graph") == 0) lua_pushvalue(L, -1 - 0);
     else {
@@ -700,7 +700,7 @@ static int l_tensor_tostring(lua_State *L)
     const ck_tensor *t = &lg->g->t[lt->id];
     char s[128];
     lua_pushfstring(L, "ck.tensor(%s %s, %s)", t->name ? t->name : "#", ck_shape_str(&t->shape, s, sizeof s),
-                    ck_kind_name(t->kind));
+                    ck_graph_kind_name(t->kind));
     return 1;
 }
 
@@ -969,7 +969,7 @@ static int l_compile(lua_State *L)
     rawfield(L, 2, "device");
     const char *device = luaL_optstring(L, -1, host ? host->device : "auto");
     char derr[512];
-    o.be = ck_backend_find(device, o.plan_only, derr, sizeof derr);
+    o.be = ck_program_backend_find(device, o.plan_only, derr, sizeof derr);
     if (!o.be) return ck_lua_raise(L, "compile: %s", derr);
     lua_pop(L, 1);
     /* what logging steps will compute: planned now, so the arena is sized once */
@@ -1041,9 +1041,9 @@ static int l_compile(lua_State *L)
     rawfield(L, 2, "gpu");
     if (!lua_isnil(L, -1)) {
         const char *gpu = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-        if (!gpu || !(o.speed = ck_device_speed_find(gpu))) {
+        if (!gpu || !(o.speed = ck_cost_device_find(gpu))) {
             char names[512] = "";
-            for (const ck_device_speed *d = ck_device_speed_table(); d->name; d++)
+            for (const ck_device_speed *d = ck_cost_device_table(); d->name; d++)
                 snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", names[0] ? ", " : "", d->name);
             return ck_lua_raise(L, "compile: gpu '%s' is not in the cost model's table (%s)", gpu ? gpu : "?", names);
         }
@@ -1358,7 +1358,7 @@ static int l_plan(lua_State *L)
     set_int(L, "bucket_bytes", (lua_Integer)p->bucket_total);
     set_int(L, "shared", (lua_Integer)p->grp->shared);
     set_int(L, "group_id", (lua_Integer)(uintptr_t)p->grp); /* equal for the members of one group */
-    set_int(L, "device_bytes", (lua_Integer)ck_device_bytes(p->be, p->grp->need)); /* the group's one arena */
+    set_int(L, "device_bytes", (lua_Integer)ck_program_device_bytes(p->be, p->grp->need)); /* the group's one arena */
     set_int(L, "ops", pl->n);
     set_int(L, "recompute_ops", nrec);
     set_int(L, "conv_workspace", (lua_Integer)conv_ws);
@@ -1369,7 +1369,7 @@ static int l_plan(lua_State *L)
     set_num(L, "step_flops", pl->step_flops);
     set_num(L, "recompute_flops", pl->recompute_flops);
     lua_newtable(L);
-    for (int c = 0; c < CK_CAT_COUNT; c++) set_int(L, ck_cat_names[c], (lua_Integer)pl->at_peak[c]);
+    for (int c = 0; c < CK_CAT_COUNT; c++) set_int(L, ck_plan_cat_names[c], (lua_Integer)pl->at_peak[c]);
     lua_setfield(L, -2, "at_peak");
     set_num(L, "decide_seconds", p->decide_seconds);
     set_num(L, "plan_seconds", p->plan_seconds);
@@ -1399,9 +1399,9 @@ static int l_plan(lua_State *L)
     }
     /* the cost model's step time for the device it was given (gpu=, or the
      * CPU's figures; a GPU not named is taken as an H100, as the joint search takes it) */
-    const ck_device_speed *dev = p->opt.speed ? p->opt.speed : ck_backend_speed(p->be);
+    const ck_device_speed *dev = p->opt.speed ? p->opt.speed : ck_cost_backend_speed(p->be);
     if (!dev) {
-        dev = ck_device_speed_find("H100");
+        dev = ck_cost_device_find("H100");
         lua_pushboolean(L, 1);
         lua_setfield(L, -2, "speed_assumed");
     }
@@ -1477,7 +1477,7 @@ static int l_timeline(lua_State *L)
     lua_createtable(L, pl->n, 0);
     for (int i = 0; i < pl->n; i++) {
         POLL(L, i);
-        lua_pushstring(L, ck_phase_name(pl->ops[i].phase));
+        lua_pushstring(L, ck_graph_phase_name(pl->ops[i].phase));
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "phase");
@@ -1488,7 +1488,7 @@ static int l_timeline(lua_State *L)
             lua_pushinteger(L, (lua_Integer)cat[(size_t)i * CK_CAT_COUNT + c]);
             lua_rawseti(L, -2, i + 1);
         }
-        lua_setfield(L, -2, ck_cat_names[c]);
+        lua_setfield(L, -2, ck_plan_cat_names[c]);
     }
     return 1;
 }
@@ -1672,7 +1672,7 @@ static int l_device_layout(lua_State *L)
     const ck_host *host = ck_host_of(L);
     const char *name = luaL_optstring(L, 1, host ? host->device : "auto");
     char err[512];
-    const ck_backend *be = ck_backend_find(name, 1, err, sizeof err);
+    const ck_backend *be = ck_program_backend_find(name, 1, err, sizeof err);
     if (!be) return ck_lua_raise(L, "device_layout: %s", err);
     lua_pushstring(L, be->name);
     lua_pushinteger(L, (lua_Integer)be->fixed_bytes);
@@ -1712,7 +1712,7 @@ static int l_devices(lua_State *L)
     lua_createtable(L, 2, 0);
     lua_pushstring(L, "cpu");
     lua_rawseti(L, -2, 1);
-    if (!strcmp(ck_default_device(), "cuda")) {
+    if (!strcmp(ck_program_default_device(), "cuda")) {
         lua_pushstring(L, "cuda");
         lua_rawseti(L, -2, 2);
     }
@@ -1830,7 +1830,7 @@ void ck_lua_core_close(lua_State *L, int lib)
     /* ck.device: where programs compile to by default (--device; in a stock
      * lua5.4, cuda when a device is present, else cpu) */
     const ck_host *host = ck_host_of(L);
-    lua_pushstring(L, host ? host->device : ck_default_device());
+    lua_pushstring(L, host ? host->device : ck_program_default_device());
     lua_setfield(L, lib, "device");
     lua_pushstring(L, CK_VERSION);
     lua_setfield(L, lib, "version");

@@ -140,7 +140,7 @@ static int l_program_graph(lua_State *L)
         set_str(L, "op", ck_op_name(nd->op));
         set_str(L, "scope", nd->scope ? nd->scope : "");
         set_str(L, "where", nd->where);
-        set_str(L, "phase", ck_phase_name(r->phase));
+        set_str(L, "phase", ck_graph_phase_name(r->phase));
         lua_pushnumber(L, ck_plan_op_flops(pl, g, i));
         lua_setfield(L, -2, "flops");
         size_t out_bytes = 0;
@@ -165,10 +165,10 @@ static int l_program_graph(lua_State *L)
         lua_createtable(L, 0, 14);
         set_int(L, "id", t);
         if (t >= g->nt) set_int(L, "origin", o);
-        set_str(L, "kind", t >= g->nt ? "recomputed" : ck_kind_name(tt->kind));
-        set_str(L, "category", ck_cat_names[ck_tensor_cat(pl, g, t)]);
+        set_str(L, "kind", t >= g->nt ? "recomputed" : ck_graph_kind_name(tt->kind));
+        set_str(L, "category", ck_plan_cat_names[ck_plan_tensor_cat(pl, g, t)]);
         set_int(L, "bytes", (lua_Integer)ck_plan_tensor_bytes(pl, g, t));
-        lua_pushboolean(L, t < g->nt && ck_is_persistent(tt->kind));
+        lua_pushboolean(L, t < g->nt && ck_plan_is_persistent(tt->kind));
         lua_setfield(L, -2, "persistent");
         lua_pushboolean(L, p->retain && t < g->nt && p->retain[t]);
         lua_setfield(L, -2, "retained");

@@ -195,7 +195,7 @@ static void attach(enc *e, json_t *parent, const char *key, size_t klen, json_t 
 static const char *check_key(enc *e, int idx, size_t *klen)
 {
     const char *k = lua_tolstring(e->L, idx, klen);
-    if (ck_utf8_valid(k, *klen) != *klen) enc_fail(e, "json_encode: a key in %s is not valid UTF-8%s", "");
+    if (ck_json_utf8_valid(k, *klen) != *klen) enc_fail(e, "json_encode: a key in %s is not valid UTF-8%s", "");
     return k;
 }
 
@@ -352,7 +352,7 @@ static void encode(enc *e, int idx, int depth, json_t *parent, const char *key, 
     case LUA_TSTRING: {
         size_t n;
         const char *s = lua_tolstring(L, idx, &n);
-        size_t ok = ck_utf8_valid(s, n);
+        size_t ok = ck_json_utf8_valid(s, n);
         if (ok != n) {
             char what[32];
             snprintf(what, sizeof what, "%zu", ok + 1);

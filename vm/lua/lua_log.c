@@ -597,7 +597,7 @@ int ck_lua_log_step(lua_State *L, ck_program *p)
             lua_setfield(L, -2, "scope");
             lua_pushstring(L, n->where ? n->where : "?");
             lua_setfield(L, -2, "where");
-            lua_pushstring(L, ck_phase_name(e->phase));
+            lua_pushstring(L, ck_graph_phase_name(e->phase));
             lua_setfield(L, -2, "phase");
             lua_pushinteger(L, r.bad_entry + 1);
             lua_setfield(L, -2, "entry");
@@ -714,8 +714,8 @@ static int l_crc32c(lua_State *L)
 {
     size_t n;
     const char *s = luaL_checklstring(L, 1, &n);
-    lua_pushinteger(L, (lua_Integer)ck_crc32c(s, n));
-    lua_pushinteger(L, (lua_Integer)ck_crc32c_masked(s, n));
+    lua_pushinteger(L, (lua_Integer)ck_tb_crc32c(s, n));
+    lua_pushinteger(L, (lua_Integer)ck_tb_crc32c_masked(s, n));
     return 2;
 }
 

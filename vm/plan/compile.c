@@ -13,7 +13,7 @@ void ck_plan_precision(ck_graph *g, ck_dtype storage, ck_dtype frozen, int loss)
 {
     if (storage == CK_F32 && frozen == CK_F32) return;
     /* Kernels compute in fp32: the executor converts narrow operands around
-     * an op unless the backend has a 16-bit kernel for it (ck_entry_kernel_type). */
+     * an op unless the backend has a 16-bit kernel for it (ck_plan_entry_kernel_type). */
     for (int t = 0; t < g->nt; t++) {
         ck_kind k = g->t[t].kind;
         int nd = g->t[t].node;
@@ -130,7 +130,7 @@ int ck_plan_step(const ck_plan_in *in, const int *sinks, int nsinks, ck_plan *pl
      * decision it placed last is not placed again */
     ck_decide_ctx dc = {.g = g, .nodes = list, .n = n, .poff = in->poff, .persistent = in->persistent,
                         .retain = in->retain, .be = in->be, .offload = in->offload == CK_OFFLOAD_AUTO,
-                        .prefetch = in->prefetch, .speed = in->speed ? in->speed : ck_backend_speed(in->be),
+                        .prefetch = in->prefetch, .speed = in->speed ? in->speed : ck_cost_backend_speed(in->be),
                         .why = info->why, .whylen = sizeof info->why, .report = in->report ? in->report : &report};
     if (in->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
     if (in->decide || in->offload == CK_OFFLOAD_ACTIVATIONS || in->streamed) {
@@ -138,7 +138,7 @@ int ck_plan_step(const ck_plan_in *in, const int *sinks, int nsinks, ck_plan *pl
         cand = malloc(sizeof(int) * (size_t)g->nt);
         if (!recompute || !cand) goto oom;
         dc.cand = cand;
-        dc.ncand = ck_saved_activations(g, cand);
+        dc.ncand = ck_plan_saved_activations(g, cand);
     }
     /* the streamed frozen weights' device copies are not in the list a
      * decision sees: where the plan with them passes the budget the

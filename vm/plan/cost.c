@@ -48,7 +48,7 @@ static const ck_device_speed table[] = {
     {NULL, 0, 0, 0, 0, 0},
 };
 
-const ck_device_speed *ck_device_speed_table(void) { return table; }
+const ck_device_speed *ck_cost_device_table(void) { return table; }
 
 static int contains(const char *hay, const char *needle)
 {
@@ -61,7 +61,7 @@ static int contains(const char *hay, const char *needle)
     return 0;
 }
 
-const ck_device_speed *ck_device_speed_find(const char *name)
+const ck_device_speed *ck_cost_device_find(const char *name)
 {
     if (!name || !*name) return NULL;
     for (const ck_device_speed *d = table; d->name; d++)
@@ -69,9 +69,9 @@ const ck_device_speed *ck_device_speed_find(const char *name)
     return NULL;
 }
 
-const ck_device_speed *ck_backend_speed(const ck_backend *be)
+const ck_device_speed *ck_cost_backend_speed(const ck_backend *be)
 {
-    return be && be->host ? ck_device_speed_find("cpu") : NULL;
+    return be && be->host ? ck_cost_device_find("cpu") : NULL;
 }
 
 /* products, convolutions and attention run on tensor cores in 16-bit storage */
@@ -102,7 +102,7 @@ static double entry_time(const ck_plan *pl, const ck_graph *g, int i, const ck_d
     return seconds(g->n[r->node].op, ck_plan_op_flops(pl, g, i), bytes, half, dev);
 }
 
-double ck_node_seconds(const ck_graph *g, int v, double flops, const ck_device_speed *dev)
+double ck_cost_node_seconds(const ck_graph *g, int v, double flops, const ck_device_speed *dev)
 {
     const ck_node *nd = &g->n[v];
     double bytes = 0;
@@ -116,7 +116,10 @@ double ck_node_seconds(const ck_graph *g, int v, double flops, const ck_device_s
     return seconds(nd->op, flops, bytes, half, dev);
 }
 
-double ck_copy_seconds(size_t bytes, const ck_device_speed *dev) { return (double)bytes / (dev->link_bw * EFF_LINK); }
+double ck_cost_copy_seconds(size_t bytes, const ck_device_speed *dev)
+{
+    return (double)bytes / (dev->link_bw * EFF_LINK);
+}
 
 void ck_plan_step_time(const ck_plan *pl, const ck_graph *g, const ck_device_speed *dev, ck_step_time *out)
 {
@@ -133,7 +136,7 @@ void ck_plan_step_time(const ck_plan *pl, const ck_graph *g, const ck_device_spe
     for (int i = 0; i < pl->n; i++) {
         const ck_op_ref *r = &pl->ops[i];
         if (r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_IN) {
-            const double d = ck_copy_seconds(ck_plan_tensor_bytes(pl, g, r->in[0]), dev);
+            const double d = ck_cost_copy_seconds(ck_plan_tensor_bytes(pl, g, r->in[0]), dev);
             tx = (tx > tc ? tx : tc) + d;
             slot_done[r->slot] = tx;
             out->copies += d;

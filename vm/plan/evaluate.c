@@ -500,7 +500,7 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
     for (int t = 0; t < g->nt; t++) {
         const ck_tensor *x = &g->t[t];
         e->bytes[t] = (int64_t)ck_tensor_bytes(x);
-        e->persistent[t] = (unsigned char)ck_is_persistent(x->kind);
+        e->persistent[t] = (unsigned char)ck_plan_is_persistent(x->kind);
         e->markable[t] = x->node >= 0 && g->n[x->node].phase == CK_PHASE_FORWARD;
     }
     /* an entry's workspace and FLOPs depend on its node alone (a recomputed

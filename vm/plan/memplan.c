@@ -27,7 +27,7 @@ static void shapes_of(const ck_plan *pl, const ck_graph *g, int i, ck_shape *ins
 
 static ck_dtype dtype_of(const ck_plan *pl, const ck_graph *g, int id) { return g->t[pl->origin[id]].dtype; }
 
-ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
+ck_dtype ck_plan_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
     const ck_op_ref *r = &pl->ops[i];
     if (r->xfer) return CK_F32; /* a copy of bytes, of no type */
@@ -57,14 +57,14 @@ ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const
     return !cast || act16 ? half : CK_F32;
 }
 
-ck_dtype ck_entry_copy_type(enum ck_op op, int input, ck_dtype dt, ck_dtype kt)
+ck_dtype ck_plan_entry_copy_type(enum ck_op op, int input, ck_dtype dt, ck_dtype kt)
 {
     if (input >= 0 && ck_op_f32_inputs(op) >> input & 1) kt = CK_F32; /* read in fp32 by every kernel */
     if (kt != CK_F32) return dt == CK_F32 || dt == CK_F8E4M3 ? kt : dt;
     return ck_dtype_copied(dt) ? CK_F32 : dt;
 }
 
-size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dtype kt)
+size_t ck_plan_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dtype kt)
 {
     const ck_op_ref *r = &pl->ops[i];
     const enum ck_op op = g->n[r->node].op;
@@ -72,7 +72,7 @@ size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dt
     for (int j = 0; j < r->nin + r->nout; j++) {
         int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
         if (t < 0) continue;
-        const ck_dtype dt = dtype_of(pl, g, t), ct = ck_entry_copy_type(op, j < r->nin ? j : -1, dt, kt);
+        const ck_dtype dt = dtype_of(pl, g, t), ct = ck_plan_entry_copy_type(op, j < r->nin ? j : -1, dt, kt);
         if (ct != dt)
             b += (size_t)align_up(ck_shape_numel(&g->t[pl->origin[t]].shape) * (int64_t)ck_dtype_bytes(ct));
     }
@@ -85,14 +85,14 @@ static size_t workspace_in(const ck_plan *pl, const ck_graph *g, int i, const ck
     const ck_node *nd = &g->n[pl->ops[i].node];
     ck_shape ins[CK_MAX_IN], outs[CK_MAX_OUT];
     shapes_of(pl, g, i, ins, outs);
-    size_t conv = ck_entry_convert_bytes(pl, g, i, kt);
+    size_t conv = ck_plan_entry_convert_bytes(pl, g, i, kt);
     const ck_workspace_fn rule = ck_backend_workspace(be, kt);
     return conv + rule(nd->op, &nd->p, ins, pl->ops[i].nin, outs, be->nthreads);
 }
 
 size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be)
 {
-    return pl->ops[i].xfer ? 0 : workspace_in(pl, g, i, be, ck_entry_kernel_type(pl, g, i, be));
+    return pl->ops[i].xfer ? 0 : workspace_in(pl, g, i, be, ck_plan_entry_kernel_type(pl, g, i, be));
 }
 
 double ck_plan_op_flops(const ck_plan *pl, const ck_graph *g, int i)
@@ -145,8 +145,8 @@ static size_t sweep(ck_plan *pl, const ck_graph *g, size_t persistent, const int
     int64_t *delta = calloc((size_t)(n + 2) * (size_t)nc, sizeof(int64_t));
     if (!delta) return 0;
     for (int t = 0; t < pl->ntensors; t++) {
-        if (first[t] < 0 || (t < g->nt && ck_is_persistent(g->t[t].kind)) || on_host(pl, t)) continue;
-        const int c = cat ? (int)ck_tensor_cat(pl, g, t) : 0;
+        if (first[t] < 0 || (t < g->nt && ck_plan_is_persistent(g->t[t].kind)) || on_host(pl, t)) continue;
+        const int c = cat ? (int)ck_plan_tensor_cat(pl, g, t) : 0;
         const int64_t b = (int64_t)ck_plan_tensor_bytes(pl, g, t);
         delta[(size_t)first[t] * (size_t)nc + (size_t)c] += b;
         delta[(size_t)(last[t] + 1) * (size_t)nc + (size_t)c] -= b;
@@ -182,9 +182,9 @@ static void live_at(const ck_plan *pl, const ck_graph *g, const int *first, cons
 {
     memset(out, 0, sizeof(size_t) * CK_CAT_COUNT);
     for (int t = 0; t < pl->ntensors; t++)
-        if (first[t] >= 0 && first[t] <= i && i <= last[t] && !(t < g->nt && ck_is_persistent(g->t[t].kind)) &&
+        if (first[t] >= 0 && first[t] <= i && i <= last[t] && !(t < g->nt && ck_plan_is_persistent(g->t[t].kind)) &&
             !on_host(pl, t))
-            out[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
+            out[ck_plan_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
     if (i < pl->n) out[CK_CAT_WORKSPACE] += ws[i];
 }
 
@@ -218,8 +218,8 @@ size_t *ck_plan_timeline(const ck_plan *pl, const ck_graph *g, size_t persistent
         sweep((ck_plan *)pl, g, persistent, first, last, ws, cat, NULL);
         size_t fixed[CK_CAT_COUNT] = {0};
         for (int t = 0; t < g->nt; t++)
-            if (first[t] >= 0 && ck_is_persistent(g->t[t].kind) && !on_host(pl, t))
-                fixed[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
+            if (first[t] >= 0 && ck_plan_is_persistent(g->t[t].kind) && !on_host(pl, t))
+                fixed[ck_plan_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
         for (int i = 0; i < pl->n; i++)
             for (int c = 0; c < CK_CAT_COUNT; c++) cat[(size_t)i * CK_CAT_COUNT + c] += fixed[c];
     } else {
@@ -274,7 +274,7 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     if (!pl->off || !pl->ws_off || !pl->ws_bytes || !first || !last || !root || !bufs) goto out;
     liveness(pl, g, retain, first, last, root);
     for (int i = 0; i < n; i++) {
-        pl->ops[i].kt = ck_entry_kernel_type(pl, g, i, be);
+        pl->ops[i].kt = ck_plan_entry_kernel_type(pl, g, i, be);
         pl->ws_bytes[i] = pl->ops[i].xfer ? 0
                           : known && known->ws_node ? known->ws_node[pl->ops[i].node]
                                                     : workspace_in(pl, g, i, be, pl->ops[i].kt);
@@ -284,7 +284,7 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     for (int t = 0; t < nt; t++) {
         pl->off[t] = -1;
         if (first[t] < 0) continue;
-        if (t < g->nt && ck_is_persistent(g->t[t].kind)) {
+        if (t < g->nt && ck_plan_is_persistent(g->t[t].kind)) {
             pl->off[t] = poff[t];
             continue;
         }
@@ -318,7 +318,8 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     if (nh) { /* bufs is free again: placed is known's, or bufs read above */
         int k = 0;
         for (int t = 0; t < nt; t++)
-            if (first[t] >= 0 && on_host(pl, t) && !(t < g->nt && ck_is_persistent(g->t[t].kind))) /* not a streamed weight */
+            /* not a streamed weight */
+            if (first[t] >= 0 && on_host(pl, t) && !(t < g->nt && ck_plan_is_persistent(g->t[t].kind)))
                 bufs[k++] = (ck_place_buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t, 0};
         const int64_t htop = ck_place(bufs, k, n + 1, ALIGN);
         if (htop < 0) goto out;
@@ -333,8 +334,9 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     pl->live_peak = sweep(pl, g, persistent, first, last, pl->ws_bytes, NULL, &pl->peak_at);
     if (n) live_at(pl, g, first, last, pl->ws_bytes, pl->peak_at, pl->at_peak);
     for (int t = 0; t < g->nt && t < nt; t++)
-        if (first[t] >= 0 && ck_is_persistent(g->t[t].kind) && !on_host(pl, t)) /* streamed weights: in host memory */
-            pl->at_peak[ck_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
+        /* streamed weights: in host memory */
+        if (first[t] >= 0 && ck_plan_is_persistent(g->t[t].kind) && !on_host(pl, t))
+            pl->at_peak[ck_plan_tensor_cat(pl, g, t)] += ck_plan_tensor_bytes(pl, g, t);
 
     /* forward activations still live when the first non-forward op runs */
     int turn = n;
@@ -345,7 +347,7 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
         }
     pl->activation_bytes = 0;
     for (int t = 0; t < g->nt; t++)
-        if (first[t] >= 0 && first[t] < turn && last[t] >= turn && ck_tensor_cat(pl, g, t) == CK_CAT_ACTIVATIONS)
+        if (first[t] >= 0 && first[t] < turn && last[t] >= turn && ck_plan_tensor_cat(pl, g, t) == CK_CAT_ACTIVATIONS)
             pl->activation_bytes += ck_plan_tensor_bytes(pl, g, t);
     pl->step_flops = pl->recompute_flops = 0;
     for (int i = 0; i < n; i++) {

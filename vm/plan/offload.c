@@ -285,7 +285,7 @@ static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *m
         if (r->xfer) continue;
         for (int j = 0; j < r->nin + r->nout; j++) {
             const int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
-            if (t < 0 || t >= nt || mark[t] != CK_OFFLOAD || !ck_is_persistent(g->t[t].kind) ||
+            if (t < 0 || t >= nt || mark[t] != CK_OFFLOAD || !ck_plan_is_persistent(g->t[t].kind) ||
                 g->t[t].kind == CK_KIND_INPUT)
                 continue;
             const int x = GROUPS * t + use_group(g, t, i, turn, tail);
@@ -425,7 +425,7 @@ size_t ck_offload_stream_copies_most(const ck_plan *pl, const ck_graph *g)
         for (int j = 0; j < r->nout; j++) ids[k++] = r->out[j];
         for (int j = 0; j < k; j++) {
             const int id = ids[j];
-            if (id < 0 || pl->loc[id] != CK_LOC_BACK || !ck_is_persistent(g->t[pl->origin[id]].kind)) continue;
+            if (id < 0 || pl->loc[id] != CK_LOC_BACK || !ck_plan_is_persistent(g->t[pl->origin[id]].kind)) continue;
             if (first[id] < 0) first[id] = i;
             last[id] = i;
         }

@@ -52,13 +52,13 @@ typedef struct ck_device_speed {
 
 /* The table's entry whose name is a case-insensitive substring of name
  * ("NVIDIA H100 80GB HBM3" finds "H100"), or NULL. */
-const ck_device_speed *ck_device_speed_find(const char *name);
+const ck_device_speed *ck_cost_device_find(const char *name);
 /* The table itself, ended by an entry with a NULL name. */
-const ck_device_speed *ck_device_speed_table(void);
+const ck_device_speed *ck_cost_device_table(void);
 /* The speeds of the device a backend runs on as far as the plan knows them:
  * the CPU's fixed figures on the CPU backend; NULL on a GPU (its name picks
  * an entry: compile{gpu = NAME}). */
-const ck_device_speed *ck_backend_speed(const struct ck_backend *be);
+const ck_device_speed *ck_cost_backend_speed(const struct ck_backend *be);
 
 /* The predicted times of one list, by a simulation of two streams: the
  * compute stream runs the entries in order, each for the longer of its
@@ -77,8 +77,8 @@ typedef struct ck_step_time {
 void ck_plan_step_time(const ck_plan *pl, const ck_graph *g, const ck_device_speed *dev, ck_step_time *out);
 /* The model's time of graph node v's entry (flops: its FLOPs), and of a
  * copy of bytes over the link: what ck_plan_step_time adds up. */
-double ck_node_seconds(const ck_graph *g, int v, double flops, const ck_device_speed *dev);
-double ck_copy_seconds(size_t bytes, const ck_device_speed *dev);
+double ck_cost_node_seconds(const ck_graph *g, int v, double flops, const ck_device_speed *dev);
+double ck_cost_copy_seconds(size_t bytes, const ck_device_speed *dev);
 
 /* ---- the joint search (vm/plan/offsearch.c) */
 

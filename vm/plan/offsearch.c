@@ -124,14 +124,14 @@ static int judge(osearch *s, const unsigned char *R, size_t *live, double *time)
     double tc = 0, tx = 0;
     for (int i = 0; i < pos; i++) {
         for (int k = s->head[KINDS * i + K_IN]; k >= 0; k = s->nxt[KINDS * k + K_IN]) {
-            tx = (tx > tc ? tx : tc) + ck_copy_seconds((size_t)e->bytes[s->list[k]], s->dev);
+            tx = (tx > tc ? tx : tc) + ck_cost_copy_seconds((size_t)e->bytes[s->list[k]], s->dev);
             s->done[k] = tx;
         }
         for (int k = s->head[KINDS * i + K_WIN]; k >= 0; k = s->nxt[KINDS * k + K_WIN])
             if (s->done[k] > tc) tc = s->done[k];
         tc += s->tnode[e->at[i]];
         for (int k = s->head[KINDS * i + K_OUT]; k >= 0; k = s->nxt[KINDS * k + K_OUT]) {
-            tx = (tx > tc ? tx : tc) + ck_copy_seconds((size_t)e->bytes[s->list[k]], s->dev);
+            tx = (tx > tc ? tx : tc) + ck_cost_copy_seconds((size_t)e->bytes[s->list[k]], s->dev);
             s->done[k] = tx;
         }
         for (int k = s->head[KINDS * i + K_WOUT]; k >= 0; k = s->nxt[KINDS * k + K_WOUT])
@@ -422,7 +422,7 @@ static int osearch_init(osearch *s, const ck_decide_ctx *c, ck_evaluator *ev, si
     s->e = ev;
     s->budget = budget;
     s->d = c->prefetch > 0 ? c->prefetch : CK_PREFETCH_DEFAULT;
-    s->dev = c->speed ? c->speed : ck_device_speed_find("H100");
+    s->dev = c->speed ? c->speed : ck_cost_device_find("H100");
     s->tnode = malloc(sizeof *s->tnode * (size_t)(g->nn ? g->nn : 1));
     s->ok = calloc((size_t)nt, 1);
     s->off = calloc((size_t)nt, 1);
@@ -436,7 +436,8 @@ static int osearch_init(osearch *s, const ck_decide_ctx *c, ck_evaluator *ev, si
         osearch_free(s);
         return -1;
     }
-    for (int i = 0; i < c->n; i++) s->tnode[c->nodes[i]] = ck_node_seconds(g, c->nodes[i], ev->flops[c->nodes[i]], s->dev);
+    for (int i = 0; i < c->n; i++)
+        s->tnode[c->nodes[i]] = ck_cost_node_seconds(g, c->nodes[i], ev->flops[c->nodes[i]], s->dev);
     /* the buffers ck_offload_schedule can move: forward activations' roots, not retained */
     for (int k = 0; k < c->ncand; k++) {
         const int b = ev->root0[c->cand[k]];

@@ -250,7 +250,7 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
     for (int t = 0; c->retain && t < g->nt; t++)
         if (c->retain[t] && first[root[t]] >= 0) last[root[t]] = P, cand[root[t]] |= 2;
     for (int t = 0; t < g->nt; t++) {
-        if (t != root[t] || first[t] < 0 || ck_is_persistent(g->t[t].kind)) continue;
+        if (t != root[t] || first[t] < 0 || ck_plan_is_persistent(g->t[t].kind)) continue;
         const int64_t b = (int64_t)ck_tensor_bytes(&g->t[t]);
         delta[first[t]] += b;
         delta[last[t] + 1] -= b;
@@ -273,7 +273,7 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
     }
     for (int t = 0; t < g->nt; t++) {
         if (t != root[t] || gidx[t] == -2 || first[t] < 0 || first[t] >= pos0 || (cand[t] & 2) ||
-            ck_is_persistent(g->t[t].kind) || g->t[t].node < 0 || (firstb[t] < 0 && !links))
+            ck_plan_is_persistent(g->t[t].kind) || g->t[t].node < 0 || (firstb[t] < 0 && !links))
             continue;
         gidx[t] = ng++;
     }
@@ -422,7 +422,8 @@ ck_optimal_model *ck_optimal_model_new(const ck_decide_ctx *c, ck_evaluator *ev,
                 if (nd->in[j] < 0) continue;
                 const int ru = root[nd->in[j]];
                 if (nd->out[0] >= 0 && root[nd->out[0]] == ru) continue; /* a view */
-                if (first[ru] < 0 || first[ru] >= pos0 || ck_is_persistent(g->t[ru].kind) || (cand[ru] & 2)) continue;
+                if (first[ru] < 0 || first[ru] >= pos0 || ck_plan_is_persistent(g->t[ru].kind) || (cand[ru] & 2))
+                    continue;
                 if (uidx[ru] < 0) {
                     const int u = m->nu++;
                     uidx[ru] = u;

@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const ck_cat_names[CK_CAT_COUNT] = {"frozen", "trainable", "gradients", "optimizer_state", "inputs",
+const char *const ck_plan_cat_names[CK_CAT_COUNT] = {"frozen", "trainable", "gradients", "optimizer_state", "inputs",
                                                 "activations", "recomputed", "workspace"};
 
-int ck_is_persistent(ck_kind k)
+int ck_plan_is_persistent(ck_kind k)
 {
     return k == CK_KIND_PARAM || k == CK_KIND_FROZEN || k == CK_KIND_INPUT || k == CK_KIND_OPTSTATE;
 }
@@ -22,12 +22,12 @@ size_t ck_plan_tensor_bytes(const ck_plan *pl, const ck_graph *g, int id)
     return ck_tensor_bytes(&g->t[pl->origin[id]]);
 }
 
-ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
+ck_cat ck_plan_tensor_cat(const ck_plan *pl, const ck_graph *g, int id)
 {
     if (id >= g->nt) {
         if (!pl->loc || pl->loc[id] == CK_LOC_DEVICE) return CK_CAT_RECOMPUTED;
         /* a device copy of a streamed tensor is still its tensor's bytes */
-        if (!ck_is_persistent(g->t[pl->origin[id]].kind)) return CK_CAT_ACTIVATIONS;
+        if (!ck_plan_is_persistent(g->t[pl->origin[id]].kind)) return CK_CAT_ACTIVATIONS;
         id = pl->origin[id];
     }
     const ck_tensor *t = &g->t[id];
@@ -47,9 +47,9 @@ size_t ck_plan_host_bytes(const ck_plan *pl)
 {
     if (!pl->ops) return 0;
     const size_t n = (size_t)(pl->n ? pl->n : 1), nt = (size_t)(pl->ntensors ? pl->ntensors : 1);
-    return ck_malloc_chunk(sizeof *pl->ops * n) + ck_malloc_chunk(sizeof *pl->origin * nt) +
-           ck_malloc_chunk(sizeof *pl->off * nt) + ck_malloc_chunk(sizeof *pl->ws_off * n) +
-           ck_malloc_chunk(sizeof *pl->ws_bytes * n) + (pl->loc ? ck_malloc_chunk(nt) : 0);
+    return ck_graph_malloc_chunk(sizeof *pl->ops * n) + ck_graph_malloc_chunk(sizeof *pl->origin * nt) +
+           ck_graph_malloc_chunk(sizeof *pl->off * nt) + ck_graph_malloc_chunk(sizeof *pl->ws_off * n) +
+           ck_graph_malloc_chunk(sizeof *pl->ws_bytes * n) + (pl->loc ? ck_graph_malloc_chunk(nt) : 0);
 }
 
 uint64_t ck_plan_digest(const ck_plan *pl, uint64_t h)

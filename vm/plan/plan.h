@@ -20,7 +20,7 @@
 typedef struct ck_op_ref {
     int node;
     ck_phase phase : 8;
-    /* the type its kernel runs in (ck_entry_kernel_type), set by the memory
+    /* the type its kernel runs in (ck_plan_entry_kernel_type), set by the memory
      * plan for the backend it plans for: the executor runs that kernel */
     ck_dtype kt : 8;
     int nin, nout;
@@ -49,7 +49,7 @@ typedef enum ck_cat {
     CK_CAT_ACTIVATIONS, CK_CAT_RECOMPUTED, CK_CAT_WORKSPACE, CK_CAT_COUNT
 } ck_cat;
 
-extern const char *const ck_cat_names[CK_CAT_COUNT];
+extern const char *const ck_plan_cat_names[CK_CAT_COUNT];
 
 /* One op list and where each tensor it touches lives in the arena. */
 typedef struct ck_plan {
@@ -84,11 +84,11 @@ typedef struct ck_plan {
     size_t stream_bytes;
 } ck_plan;
 
-/* The host memory pl's arrays hold (ck_malloc_chunk of each). */
+/* The host memory pl's arrays hold (ck_graph_malloc_chunk of each). */
 size_t ck_plan_host_bytes(const ck_plan *pl);
 
 /* What a checkpoint policy sees: the differentiated graph, the training list
- * before scheduling, and the candidates (ck_saved_activations). It can
+ * before scheduling, and the candidates (ck_plan_saved_activations). It can
  * evaluate trial decisions with vm/plan/evaluate.h. */
 typedef struct ck_decide_ctx {
     const ck_graph *g;
@@ -144,7 +144,7 @@ int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const u
  * backward reads frees it after the forward pass; marking one that only a
  * recomputation reads lets that recomputation make it again instead of
  * holding it. Returns their count; ids into out (g->nt entries at most). */
-int ck_saved_activations(const ck_graph *g, int *out);
+int ck_plan_saved_activations(const ck_graph *g, int *out);
 /* A copy of planned list src whose recomputed copies are renumbered after the
  * graph grew from base_nt to g_nt tensors (ck_program_add_stats appends stat
  * nodes): copies move above g_nt and the new graph tensors are not in the
@@ -184,8 +184,8 @@ void ck_plan_free(ck_plan *pl);
 /* h continued over pl's entries, offsets, workspaces and peak (FNV-1a,
  * vm/util/hash.h): equal for two plans the same to the byte */
 uint64_t ck_plan_digest(const ck_plan *pl, uint64_t h);
-int ck_is_persistent(ck_kind k);
-ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
+int ck_plan_is_persistent(ck_kind k);
+ck_cat ck_plan_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
 /* 16-bit storage: the type of the kernel list entry i runs: CK_BF16 or CK_F16
  * when the backend has that type's kernel (ck_backend_kernels16) and every
  * operand is of it (but the inputs every kernel reads in fp32,
@@ -195,14 +195,14 @@ ck_cat ck_tensor_cat(const ck_plan *pl, const ck_graph *g, int id);
  * (16-bit kt: kt copies of its fp32 and fp8 operands; else fp32 copies of its
  * 16- and 8-bit ones), placed at the start of its workspace (inputs, then
  * outputs, each rounded up to 64 bytes) */
-ck_dtype ck_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
-size_t ck_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dtype kt);
+ck_dtype ck_plan_entry_kernel_type(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
+size_t ck_plan_entry_convert_bytes(const ck_plan *pl, const ck_graph *g, int i, ck_dtype kt);
 /* the type an operand of dtype dt (input slot input of op, or -1 for an
  * output) is copied into for a kernel of type kt, or dt itself when the
  * kernel reads it as it is (ck_op_f32_inputs: slots every kernel reads in
  * fp32, such as ROPE's table, are copied to fp32 if at all) */
-ck_dtype ck_entry_copy_type(enum ck_op op, int input, ck_dtype dt, ck_dtype kt);
-/* the workspace list entry i needs: the copies ck_entry_convert_bytes counts,
+ck_dtype ck_plan_entry_copy_type(enum ck_op op, int input, ck_dtype dt, ck_dtype kt);
+/* the workspace list entry i needs: the copies ck_plan_entry_convert_bytes counts,
  * then the kernel's own (the backend's rule) */
 size_t ck_plan_entry_workspace(const ck_plan *pl, const ck_graph *g, int i, const ck_backend *be);
 /* FLOPs of list entry i */

@@ -208,7 +208,7 @@ fail:
     return -1;
 }
 
-int ck_saved_activations(const ck_graph *g, int *out)
+int ck_plan_saved_activations(const ck_graph *g, int *out)
 {
     int k = 0;
     for (int t = 0; t < g->nt; t++)

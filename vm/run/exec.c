@@ -137,7 +137,7 @@ static int run_xfer(const ck_exec_env *p, const ck_plan *pl, int i, char *err, s
     if (!rc) return 0;
     const ck_node *n = &p->g->n[r->node];
     const int w = pl->origin[r->in[0]];
-    if (w < p->g->nt && ck_is_persistent(p->g->t[w].kind)) {
+    if (w < p->g->nt && ck_plan_is_persistent(p->g->t[w].kind)) {
         const int out = r->xfer == CK_XFER_OUT || r->xfer == CK_XFER_OUT_WAIT;
         snprintf(err, errlen, "%s: the copy %s of streamed %s '%s' %s %s in %s on %s: %s", n->where, out ? "out" : "in",
                  p->g->t[w].kind == CK_KIND_OPTSTATE ? "optimizer state" : "weight",
@@ -197,14 +197,15 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
     /* operands not in the kernel's type (16-bit ones of an fp32 kernel, fp32
      * ones of a 16-bit product): copies in its type at the workspace's start */
     unsigned char *ws = pl->ws_off[i] >= 0 ? p->arena + pl->ws_off[i] : NULL;
-    size_t conv = ck_entry_convert_bytes(pl, p->g, i, kt);
+    size_t conv = ck_plan_entry_convert_bytes(pl, p->g, i, kt);
     void *stored[CK_MAX_OUT] = {0};
     if (conv) {
         unsigned char *slot = ws;
         for (int j = 0; j < r->nin + r->nout; j++) {
             int t = j < r->nin ? r->in[j] : r->out[j - r->nin];
             if (t < 0) continue;
-            ck_dtype dt = p->g->t[pl->origin[t]].dtype, ct = ck_entry_copy_type(n->op, j < r->nin ? j : -1, dt, kt);
+            const ck_dtype dt = p->g->t[pl->origin[t]].dtype;
+            const ck_dtype ct = ck_plan_entry_copy_type(n->op, j < r->nin ? j : -1, dt, kt);
             if (ct == dt) continue;
             ck_view *v = j < r->nin ? &in[j] : &out[j - r->nin];
             int64_t ne = ck_view_numel(v);
@@ -232,7 +233,7 @@ static int run_entry(const ck_exec_env *p, const ck_plan *pl, int i, ck_kctx *ct
     }
     for (int j = 0; j < r->nout; j++)
         if (stored[j] && be->convert(stored[j], p->g->t[pl->origin[r->out[j]]].dtype, out[j].data,
-                                     ck_entry_copy_type(n->op, -1, p->g->t[pl->origin[r->out[j]]].dtype, kt),
+                                     ck_plan_entry_copy_type(n->op, -1, p->g->t[pl->origin[r->out[j]]].dtype, kt),
                                      ck_view_numel(&out[j])))
             return entry_failed(p, pl, i, err, errlen);
     /* kernels record failures instead of returning them (the CPU's never fail) */
@@ -435,7 +436,7 @@ int ck_exec_find_nonfinite(const ck_exec_env *p, const ck_plan *pl, int to, int 
 /* a NaN with a payload no kernel writes */
 #define SENTINEL 0x7fa5a5a5u
 
-int ck_arena_fill_sentinel(const ck_exec_env *p, char *err, size_t errlen)
+int ck_exec_arena_fill_sentinel(const ck_exec_env *p, char *err, size_t errlen)
 {
     p->be->enter();
     if (!p->be->fill_u32(p->arena + p->persistent, SENTINEL, (p->arena_bytes - p->persistent) / 4)) return 0;
@@ -444,7 +445,7 @@ int ck_arena_fill_sentinel(const ck_exec_env *p, char *err, size_t errlen)
     return -1;
 }
 
-int ck_arena_high_water(const ck_exec_env *p, size_t *high_water, char *err, size_t errlen)
+int ck_exec_arena_high_water(const ck_exec_env *p, size_t *high_water, char *err, size_t errlen)
 {
     size_t top = 0;
     p->be->enter();

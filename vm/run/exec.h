@@ -74,7 +74,7 @@ int ck_exec_sync(const ck_backend *be, char *err, size_t errlen);
 int ck_exec_tensor_finite(const ck_exec_env *e, const ck_plan *pl, int t, int *finite, char *err, size_t errlen);
 /* The sentinel fill of the transient region and the scan for the last byte
  * written since (the measured peak). 0, or -1 with err. */
-int ck_arena_fill_sentinel(const ck_exec_env *e, char *err, size_t errlen);
-int ck_arena_high_water(const ck_exec_env *e, size_t *high_water, char *err, size_t errlen);
+int ck_exec_arena_fill_sentinel(const ck_exec_env *e, char *err, size_t errlen);
+int ck_exec_arena_high_water(const ck_exec_env *e, size_t *high_water, char *err, size_t errlen);
 
 #endif

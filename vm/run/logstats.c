@@ -40,7 +40,7 @@ static void roll_back(ck_program *p, int base_nt, int base_nn, int base_nblocks)
 {
     ck_graph_truncate(p->g, base_nt, base_nn);
     for (int k = 1; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
-    ck_stat_set_truncate(&p->st, base_nblocks);
+    ck_graph_stat_set_truncate(&p->st, base_nblocks);
     p->stat_groups = 0;
 }
 

@@ -78,13 +78,14 @@ int ck_program_param_state(const ck_program *p, int t, char names[2][CK_STATE_NA
 static size_t own_bytes(const ck_program *p)
 {
     const size_t nt = (size_t)(p->g->nt ? p->g->nt : 1);
-    size_t b = ck_malloc_chunk(sizeof *p) + ck_plan_host_bytes(&p->train) + ck_plan_host_bytes(&p->eval) +
-               (p->retain ? ck_malloc_chunk(sizeof *p->retain * nt) : 0) +
-               (p->poff ? ck_malloc_chunk(sizeof *p->poff * nt) : 0) + (p->streamed ? ck_malloc_chunk(nt) : 0);
+    size_t b = ck_graph_malloc_chunk(sizeof *p) + ck_plan_host_bytes(&p->train) + ck_plan_host_bytes(&p->eval) +
+               (p->retain ? ck_graph_malloc_chunk(sizeof *p->retain * nt) : 0) +
+               (p->poff ? ck_graph_malloc_chunk(sizeof *p->poff * nt) : 0) +
+               (p->streamed ? ck_graph_malloc_chunk(nt) : 0);
     for (int k = 1; k <= CK_STATS_ALL; k++) b += ck_plan_host_bytes(&p->logplan[k]);
-    if (p->st.nstats) b += ck_malloc_chunk(sizeof *p->st.stats * (size_t)p->st.nstats);
-    for (int k = 0; k < p->st.nblocks; k++) b += ck_malloc_chunk(strlen(p->st.blocks[k]) + 1);
-    if (p->accums) b += ck_malloc_chunk(sizeof *p->accums * (size_t)p->naccum);
+    if (p->st.nstats) b += ck_graph_malloc_chunk(sizeof *p->st.stats * (size_t)p->st.nstats);
+    for (int k = 0; k < p->st.nblocks; k++) b += ck_graph_malloc_chunk(strlen(p->st.blocks[k]) + 1);
+    if (p->accums) b += ck_graph_malloc_chunk(sizeof *p->accums * (size_t)p->naccum);
     return b;
 }
 
@@ -216,7 +217,7 @@ static int group_grow(ck_program *p, char *err, size_t errlen)
     ck_group *gr = p->grp;
     if (gr->bytes >= p->arena_bytes) return 0;
     const ck_backend *be = p->be;
-    const size_t bytes = ck_device_bytes(be, p->arena_bytes);
+    const size_t bytes = ck_program_device_bytes(be, p->arena_bytes);
     char what[200], size[64];
     ck_mem_text(p->arena_bytes, size, sizeof size);
     snprintf(what, sizeof what, "the arena of programs that share weights, grown to %s", size);
@@ -409,8 +410,8 @@ static int train_graph(ck_program *p, const ck_compile_opts *o, char *err, size_
 static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t errlen)
 {
     const ck_graph *g = p->g;
-    if (take_own(p, ck_malloc_chunk(sizeof *p) + ck_malloc_chunk(sizeof(int) * (size_t)g->nt) +
-                        ck_malloc_chunk(sizeof(int64_t) * (size_t)g->nt),
+    if (take_own(p, ck_graph_malloc_chunk(sizeof *p) + ck_graph_malloc_chunk(sizeof(int) * (size_t)g->nt) +
+                        ck_graph_malloc_chunk(sizeof(int64_t) * (size_t)g->nt),
                  "the program's tensor tables", err, errlen))
         return -1;
     p->retain = calloc((size_t)g->nt, sizeof(int));
@@ -424,7 +425,7 @@ static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t er
                        "on its device", o->offload_optimizer ? "offloading the optimizer state" :
                        "streaming trainable weights");
     if (o->nstream || o->offload_optimizer || (o->share && o->share->streamed)) {
-        if (take_own(p, ck_malloc_chunk((size_t)g->nt), "the program's tensor tables", err, errlen)) return -1;
+        if (take_own(p, ck_graph_malloc_chunk((size_t)g->nt), "the program's tensor tables", err, errlen)) return -1;
         if (!(p->streamed = calloc((size_t)g->nt, 1))) return oom(err, errlen);
     }
     if (p->streamed && !o->share) { /* what this program streams (a member of a group: what the group streams) */
@@ -436,7 +437,7 @@ static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t er
     size_t off = p->grp->shared, woff = 0;
     for (int t = 0; t < g->nt; t++) {
         p->poff[t] = -1;
-        if (!ck_is_persistent(g->t[t].kind)) continue;
+        if (!ck_plan_is_persistent(g->t[t].kind)) continue;
         if (o->share && g->t[t].kind != CK_KIND_INPUT && o->share->streamed) {
             /* what the group streams: streamed here too, from the group's pinned copy */
             const int s = g->t[t].name ? ck_graph_find(o->share->g, g->t[t].name) : -1;
@@ -473,7 +474,7 @@ static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t er
                 return -1;
             }
             if (g->t[t].kind == CK_KIND_FROZEN && !p->own_at) {
-                if (take_own(p, ck_malloc_chunk(sizeof(uint64_t) * (size_t)g->nt), "the program's tensor tables",
+                if (take_own(p, ck_graph_malloc_chunk(sizeof(uint64_t) * (size_t)g->nt), "the program's tensor tables",
                              err, errlen))
                     return -1;
                 p->own_at = calloc((size_t)g->nt, sizeof(uint64_t));
@@ -491,7 +492,8 @@ static int lay_out(ck_program *p, const ck_compile_opts *o, char *err, size_t er
             p->bucket_total += (size_t)(p->poff[last] - p->poff[first]) + ck_tensor_bytes(&g->t[last]);
         }
     if (p->nbuckets) {
-        if (take_own(p, ck_malloc_chunk(sizeof *p->reqs * (size_t)p->nbuckets), "the buckets' requests", err, errlen))
+        if (take_own(p, ck_graph_malloc_chunk(sizeof *p->reqs * (size_t)p->nbuckets), "the buckets' requests", err,
+                     errlen))
             return -1;
         p->reqs = calloc((size_t)p->nbuckets, sizeof *p->reqs);
         if (!p->reqs) return oom(err, errlen);
@@ -567,7 +569,7 @@ static int allocate(ck_program *p, char *err, size_t errlen)
         p->budget->add_device = 0;
     }
     char what[200], size[64], dev[64];
-    const size_t bytes = ck_device_bytes(be, p->arena_bytes);
+    const size_t bytes = ck_program_device_bytes(be, p->arena_bytes);
     ck_mem_text(p->arena_bytes, size, sizeof size);
     ck_mem_text(bytes, dev, sizeof dev);
     if (be->host || bytes == p->arena_bytes)
@@ -615,11 +617,11 @@ fail:
     return NULL;
 }
 
-const char *ck_default_device(void) { return ck_cuda_devices() > 0 ? "cuda" : "cpu"; }
+const char *ck_program_default_device(void) { return ck_cuda_devices() > 0 ? "cuda" : "cpu"; }
 
-const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, size_t errlen)
+const ck_backend *ck_program_backend_find(const char *name, int plan_only, char *err, size_t errlen)
 {
-    if (!name || !strcmp(name, "auto")) name = ck_default_device();
+    if (!name || !strcmp(name, "auto")) name = ck_program_default_device();
     if (!strcmp(name, "cpu")) return ck_backend_cpu();
     if (!strcmp(name, "cuda")) {
         const ck_backend *be = ck_backend_cuda(err, errlen);
@@ -629,7 +631,7 @@ const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, si
     return NULL;
 }
 
-size_t ck_device_bytes(const ck_backend *be, size_t arena)
+size_t ck_program_device_bytes(const ck_backend *be, size_t arena)
 {
     const size_t g = be->granule > 1 ? be->granule : 1;
     return (arena + g - 1) / g * g + be->fixed_bytes;
@@ -647,7 +649,7 @@ size_t ck_program_stage_bound(const ck_program *p)
         const size_t b = f32 + (tt->dtype == CK_F32 ? 0 : ck_tensor_bytes(tt));
         if (b > most) most = b;
     }
-    return most ? ck_malloc_chunk(most) : 0;
+    return most ? ck_graph_malloc_chunk(most) : 0;
 }
 
 void ck_program_free(ck_program *p)
@@ -662,7 +664,7 @@ void ck_program_free(ck_program *p)
     ck_plan_free(&p->train);
     ck_plan_free(&p->eval);
     for (int k = 0; k <= CK_STATS_ALL; k++) ck_plan_free(&p->logplan[k]);
-    ck_stat_set_truncate(&p->st, 0);
+    ck_graph_stat_set_truncate(&p->st, 0);
     free(p->st.blocks);
     free(p->profile);
     ck_graph_free(p->g);
@@ -842,7 +844,7 @@ static int run_overlapped(ck_program *p, const ck_run_opts *o, ck_run_info *r, c
         p->grp->updates++;
     }
     if (ck_exec_sync(p->be, p->err, sizeof p->err)) return -1;
-    if (o->measure && ck_arena_high_water(e, &r->high_water, p->err, sizeof p->err)) return -1;
+    if (o->measure && ck_exec_arena_high_water(e, &r->high_water, p->err, sizeof p->err)) return -1;
     return 0;
 }
 
@@ -983,7 +985,7 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
     p->last = pl;
     r->plan = pl;
     const ck_exec_env e = exec_env(p, pl);
-    if (o->measure && ck_arena_fill_sentinel(&e, p->err, sizeof p->err)) {
+    if (o->measure && ck_exec_arena_fill_sentinel(&e, p->err, sizeof p->err)) {
         p->grp->step--;
         return -1;
     }
@@ -1003,7 +1005,7 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
             return -1;
         }
         if (ck_exec_sync(p->be, p->err, sizeof p->err)) return -1;
-        if (o->measure && ck_arena_high_water(&e, &r->high_water, p->err, sizeof p->err)) return -1;
+        if (o->measure && ck_exec_arena_high_water(&e, &r->high_water, p->err, sizeof p->err)) return -1;
         return 0;
     }
     if (p->g->comm_overlap && p->nbuckets) return run_overlapped(p, o, r, pl, &e, k);
@@ -1046,7 +1048,7 @@ int ck_program_run(ck_program *p, const ck_run_opts *o, ck_run_info *r)
         if (u < pl->n) p->grp->updates++; /* the list had updates, and they were applied */
     }
     if (ck_exec_sync(p->be, p->err, sizeof p->err)) return -1;
-    if (o->measure && ck_arena_high_water(&e, &r->high_water, p->err, sizeof p->err)) return -1;
+    if (o->measure && ck_exec_arena_high_water(&e, &r->high_water, p->err, sizeof p->err)) return -1;
     return 0;
 }
 
@@ -1119,7 +1121,7 @@ static float *host_of(ck_program *p, int t, float *x, int keep)
     if (f32 + raw > p->stage_bytes) {
         /* the stage grows to the largest tensor read or written: charged
          * before it is allocated, the old one given back once it is freed */
-        const size_t bytes = ck_malloc_chunk(f32 + raw ? f32 + raw : 1);
+        const size_t bytes = ck_graph_malloc_chunk(f32 + raw ? f32 + raw : 1);
         char what[200], size[64];
         ck_mem_text(bytes, size, sizeof size);
         snprintf(what, sizeof what, "a host copy of '%s' (%s)", tt->name ? tt->name : "a tensor", size);

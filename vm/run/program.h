@@ -198,20 +198,21 @@ typedef struct ck_program {
 
 /* Charges g's budget (g->budget) before each allocation it makes: its copy of
  * the graph and what autodiff adds, its op lists and plans, and the arena (the
- * device bytes its plan states, ck_device_bytes) before the backend allocates
+ * device bytes its plan states, ck_program_device_bytes) before the backend allocates
  * it; one that would pass the limit fails with err saying what and by how much
  * (ck_mem_take). */
 ck_program *ck_compile(const ck_graph *g, const ck_compile_opts *o, char *err, size_t errlen);
 /* What "auto" means: "cuda" when a CUDA device is present, else "cpu" (looks,
  * opens nothing). */
-const char *ck_default_device(void);
-/* The backend called "cpu" or "cuda"; "auto" (or NULL): ck_default_device(). plan_only: "cuda" without a device is its
- * rules alone (ck_backend_cuda_plan). NULL with the reason in err. */
-const ck_backend *ck_backend_find(const char *name, int plan_only, char *err, size_t errlen);
+const char *ck_program_default_device(void);
+/* The backend called "cpu" or "cuda"; "auto" (or NULL): ck_program_default_device().
+ * plan_only: "cuda" without a device is its rules alone (ck_backend_cuda_plan).
+ * NULL with the reason in err. */
+const ck_backend *ck_program_backend_find(const char *name, int plan_only, char *err, size_t errlen);
 /* The device memory a program with an arena of `arena` bytes takes on be: the
  * arena rounded up to the allocator's pages, plus the backend's fixed bytes
  * (the arena alone on the CPU). */
-size_t ck_device_bytes(const ck_backend *be, size_t arena);
+size_t ck_program_device_bytes(const ck_backend *be, size_t arena);
 void ck_program_free(ck_program *p);
 /* Host memory outside the arena that p takes, for the plan's statement of
  * what it does not plan: its graph and op lists (every plan, the statistics

@@ -62,10 +62,14 @@ typedef struct ck_backend {
      * (capture_end: NULL on failure, with error()), graph_launch queues it,
      * graph_free destroys it. capturable: whether op's kernel can be captured
      * (it reads nothing back to the host mid-list), 0 for every op when
-     * graphs are turned off. 0, or -1 with error(). */
+     * graphs are turned off. 0, or -1 with error(). capture_later (after
+     * capture_end failed, may be NULL): 1 when the capture met work that an
+     * op-by-op run does once (an algorithm search), so that the same list
+     * may be captured after such a run. */
     int (*set_step)(const ck_kctx *ctx);
     int (*capture_begin)(void);
     void *(*capture_end)(void);
+    int (*capture_later)(void);
     int (*graph_launch)(void *graph);
     void (*graph_free)(void *graph);
     int (*capturable)(enum ck_op op);

@@ -106,6 +106,7 @@ static ck_backend be = {
     .set_step = ck_cuda_set_step,
     .capture_begin = ck_cuda_capture_begin,
     .capture_end = ck_cuda_capture_end,
+    .capture_later = ck_cuda_capture_later,
     .graph_launch = ck_cuda_graph_launch,
     .graph_free = ck_cuda_graph_free,
     .capturable = ck_cuda_capturable,

@@ -54,6 +54,7 @@ struct ck_cuda_ctx {
     int step_set;
     int graphs;    /* lists may be captured as graphs (CK_CUDA_GRAPH=0 turns it off) */
     int capturing; /* between ck_cuda_capture_begin and _end */
+    int capture_later; /* the capture met work an op-by-op run does once (conv2d.cu's algorithm search) */
     struct ck_cuda_xfer *xfer; /* offload.cu: the copy stream and its events (NULL until xfer_open) */
 };
 

@@ -268,10 +268,12 @@ static conv_search search(ck_cuda_ctx *c, const char *op, dir d, const conv_geom
             !memcmp(o.key, s.key, sizeof s.key))
             return o;
     /* a capture forbids the search's allocation and timing runs (they would
-     * end it); its range then runs op by op, which searches and keeps the list */
+     * end it); its range then runs op by op, which searches and keeps the
+     * list, and is captured at a later run (ck_cuda_capture_later) */
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess) (void)cudaGetLastError();
     if (cap != cudaStreamCaptureStatusNone) {
+        c->capture_later = 1;
         ck_cuda_fail(op, "convolution algorithms are searched outside a CUDA graph capture");
         return s;
     }

@@ -128,10 +128,14 @@ void ck_cuda_comm_close(void);
  * queues as one launch and ck_cuda_graph_free destroys. ck_cuda_capturable:
  * whether op's kernel can be captured (0 for every op when graphs are off:
  * CK_CUDA_GRAPH=0, or CK_CUDA_SYNC=1; and for the kernels that read a result
- * back to the host). 0, or -1 with ck_cuda_last_error(). */
+ * back to the host). 0, or -1 with ck_cuda_last_error(). After _end failed,
+ * ck_cuda_capture_later: 1 when the capture met work that an op-by-op run
+ * does once (a convolution's first algorithm search), so that a capture of
+ * the same kernels after such a run may succeed. */
 int ck_cuda_set_step(const ck_kctx *ctx);
 int ck_cuda_capture_begin(void);
 void *ck_cuda_capture_end(void);
+int ck_cuda_capture_later(void);
 int ck_cuda_graph_launch(void *graph);
 void ck_cuda_graph_free(void *graph);
 int ck_cuda_capturable(enum ck_op op);

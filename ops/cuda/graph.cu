@@ -47,6 +47,7 @@ extern "C" int ck_cuda_capture_begin(void)
     /* thread-local: calls that capture prohibits fail on this thread only */
     if (!CK_CU("capture", cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal))) return -1;
     c->capturing = 1;
+    c->capture_later = 0;
     return 0;
 }
 
@@ -89,6 +90,12 @@ extern "C" int ck_cuda_graph_launch(void *graph)
     if (!CK_CU("graph_launch", cudaGraphLaunch((cudaGraphExec_t)graph, c->stream))) return -1;
     if (c->sync_each) CK_CU("graph_launch", cudaStreamSynchronize(c->stream));
     return ck_cuda_failed() ? -1 : 0;
+}
+
+extern "C" int ck_cuda_capture_later(void)
+{
+    const ck_cuda_ctx *c = ck_cuda_current();
+    return c && c->capture_later;
 }
 
 extern "C" void ck_cuda_graph_free(void *graph)

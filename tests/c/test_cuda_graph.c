@@ -189,6 +189,44 @@ static void library_call(enum ck_op op, const char *what, const ck_shape *shapes
     ck_cuda_free(dy), ck_cuda_free(base.ws), free(want), free(got);
 }
 
+/* A convolution met first inside a capture: its algorithm search (an
+ * allocation and timing runs) is not done there, the capture is refused with
+ * ck_cuda_capture_later set, and after an eager run (which searches) the same
+ * kernels capture and replay bitwise. */
+static void search_refused_then_captured(void)
+{
+    const ck_shape sh[2] = {{4, {1, 3, 5, 5}}, {4, {2, 3, 3, 3}}};
+    const ck_op_params p = {.i = {1, 1, 1, 1}};
+    float x[75], w[54], want[50], got[50];
+    randoms(x, 75, 31, -1, 1);
+    randoms(w, 54, 32, -1, 1);
+    float *dx = dev(x, 75), *dw = dev(w, 54), *dy = dev(NULL, 50);
+    const ck_kctx ctx = {.seed = 1, .step = 1, .lr = 1e-3f, .update = 1, .ws = ck_cuda_alloc(1 << 16),
+                         .ws_bytes = 1 << 16};
+    ck_view in[2] = {{.data = dx, .ndim = 4}, {.data = dw, .ndim = 4}};
+    memcpy(in[0].shape, sh[0].d, sizeof sh[0].d);
+    memcpy(in[1].shape, sh[1].d, sizeof sh[1].d);
+    ck_view out = {.data = dy, .ndim = 4, .shape = {1, 2, 5, 5}};
+    void *g = capture(CK_OP_CONV2D, &ctx, &p, &out, 1, in, 2);
+    const int later = ck_cuda_capture_later();
+    const int named = strstr(ck_cuda_last_error(), "searched outside a CUDA graph capture") != NULL;
+    ck_cuda_clear_error();
+    check(!g && later && named, "a convolution's first algorithm search inside a capture refuses it, to be captured later");
+    ck_cuda_kernels[CK_OP_CONV2D](&ctx, &p, &out, 1, in, 2);
+    const int eager = !ck_cuda_failed() && !ck_cuda_sync();
+    get(want, dy, 50);
+    g = capture(CK_OP_CONV2D, &ctx, &p, &out, 1, in, 2);
+    const int again = g != NULL && !ck_cuda_capture_later();
+    ck_cuda_upload(dy, (float[50]){0}, sizeof got);
+    const int rc = g ? replay(g, &ctx) : -1;
+    get(got, dy, 50);
+    check(eager && again && !rc && !memcmp(got, want, sizeof got),
+          "after an eager run searched it, the same convolution captures and replays bitwise the eager result");
+    ck_cuda_graph_free(g);
+    ck_cuda_clear_error();
+    ck_cuda_free(dx), ck_cuda_free(dw), ck_cuda_free(dy), ck_cuda_free(ctx.ws);
+}
+
 static void host_reads_refused(void)
 {
     float ids[4] = {0, 2, 1, 2}, table[3 * 5], got[4 * 5];
@@ -254,6 +292,7 @@ int main(void)
     library_call(CK_OP_MATMUL, "a cuBLAS product [2,5,7] x [7,4]", mm, 2, &(ck_op_params){.i = {0}});
     const ck_shape cv[3] = {{4, {2, 3, 7, 6}}, {4, {4, 3, 3, 3}}, {1, {4}}};
     library_call(CK_OP_CONV2D, "a cuDNN 3x3 convolution with bias", cv, 3, &(ck_op_params){.i = {1, 1, 1, 1}});
+    search_refused_then_captured();
     host_reads_refused();
     step_change_in_capture_refused();
     ck_cuda_set_sync_each_op(c, 1);

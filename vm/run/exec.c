@@ -313,7 +313,9 @@ static int run_graph(const ck_exec_env *p, const ck_plan *pl, int from, int to, 
         }
         if (!x->graph) { /* what failed in the capture fails again op by op, if it fails at all */
             if (errlen) err[0] = 0;
-            if (p->interrupt && *p->interrupt) gs->n--; /* stopped, not refused: a later run captures it */
+            /* stopped, not refused, or refused for work the op-by-op run
+             * does once (an algorithm search): a later run captures it */
+            if ((p->interrupt && *p->interrupt) || (be->capture_later && be->capture_later())) gs->n--;
             return 1;
         }
         gs->captures++;

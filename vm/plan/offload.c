@@ -256,7 +256,7 @@ static const ck_phase group_phase[GROUPS] = {CK_PHASE_FORWARD, CK_PHASE_BACKWARD
 static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *mark, int prefetch)
 {
     const int n = pl->n, nt0 = pl->ntensors, nt = g->nt;
-    int turn = 0, tail = 0;
+    int turn = 0;
     while (turn < n && pl->ops[turn].phase == CK_PHASE_FORWARD) turn++;
     /* the optimizer's tail: after the last backward or recompute entry; none
      * where updates run inside backward (fused), where a weight's update
@@ -266,7 +266,7 @@ static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *m
         if (!pl->ops[i].xfer && (pl->ops[i].phase == CK_PHASE_BACKWARD || pl->ops[i].phase == CK_PHASE_RECOMPUTE))
             last_bwd = i;
     for (int i = 0; i < last_bwd && !fused; i++) fused = !pl->ops[i].xfer && pl->ops[i].phase == CK_PHASE_OPTIMIZER;
-    tail = fused ? n : last_bwd + 1;
+    int tail = fused ? n : last_bwd + 1;
     if (tail < turn) tail = turn;
     const size_t nx = (size_t)GROUPS * (size_t)(nt ? nt : 1);
     int *first = malloc(sizeof(int) * nx), *copy = malloc(sizeof(int) * nx), *last = malloc(sizeof(int) * nx);
@@ -356,8 +356,9 @@ static int stream_weights(ck_plan *pl, const ck_graph *g, const unsigned char *m
         if (!r.xfer) {
             for (int j = 0; j < r.nin + r.nout; j++) {
                 int *id = j < r.nin ? &r.in[j] : &r.out[j - r.nin];
-                if (*id >= 0 && *id < nt && copy[GROUPS * *id + use_group(g, *id, i, turn, tail)] >= 0)
-                    *id = copy[GROUPS * *id + use_group(g, *id, i, turn, tail)];
+                if (*id < 0 || *id >= nt) continue;
+                const int c = copy[GROUPS * *id + use_group(g, *id, i, turn, tail)];
+                if (c >= 0) *id = c;
             }
         }
         ops[e++] = r;

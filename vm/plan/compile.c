@@ -111,6 +111,110 @@ static int plan_marked(const ck_plan_in *in, const int *list, int n, const unsig
     return bad ? -1 : 0;
 }
 
+/* The decision into recompute (its thread time and none's peak into info):
+ * 0, or 1 refused (err says why). */
+static int decide_marks(const ck_plan_in *in, ck_decide_ctx *dc, unsigned char *recompute, ck_step_info *info,
+                        char *err, size_t errlen)
+{
+    const double t0 = thread_seconds();
+    dc->report->budget = 0;
+    if (in->decide(in->decide_ud, dc, recompute, err, errlen)) return 1;
+    info->decide_seconds += thread_seconds() - t0;
+    info->none_peak = dc->report->none_peak;
+    return 0;
+}
+
+/* A refusal's figures are the list's: err says what the streamed weights'
+ * device copies took from the budget, or add under none. 0, or -1 out of memory. */
+static int refusal_note(const ck_plan_in *in, const ck_decide_ctx *dc, const int *list, int n, char *err,
+                        size_t errlen)
+{
+    const size_t at = strlen(err);
+    if (dc->cut) {
+        snprintf(err + at, errlen - at, " (the budget less %.1f MiB for the streamed weights' device copies)",
+                 dc->cut / 1048576.0);
+    } else if (in->streamed) {
+        const size_t most = none_copies(in, list, n);
+        if (most == (size_t)-1) return -1;
+        char size[64];
+        ck_mem_text(most, size, sizeof size);
+        snprintf(err + at, errlen - at, " (the streamed weights' device copies not counted: under none they hold %s "
+                 "at once)", size);
+    }
+    return 0;
+}
+
+/* The transfers the marks ask for: offloaded activations (what the policy
+ * keeps goes to host memory between its uses; what no later entry reads
+ * stays: ck_offload_schedule) and the streamed weights. The entries the
+ * marks add into *extra, the offloaded ones into *offloads. */
+static void mark_transfers(const ck_plan_in *in, const ck_decide_ctx *dc, unsigned char *recompute, int *extra,
+                           int *offloads)
+{
+    for (int k = 0; in->offload == CK_OFFLOAD_ACTIVATIONS && k < dc->ncand; k++)
+        if (!recompute[dc->cand[k]]) recompute[dc->cand[k]] = CK_OFFLOAD;
+    if (in->streamed) mark_streamed(in, recompute);
+    *extra = *offloads = 0;
+    for (int t = 0; recompute && t < in->g->nt; t++) {
+        *extra += recompute[t] != 0;
+        *offloads += recompute[t] == CK_OFFLOAD;
+    }
+}
+
+/* The list with the marks scheduled, its transfers and placed, into tried:
+ * from the decision's evaluator (which reuses the placement it made last),
+ * else (offloads, or no decision) in full. The evaluator is freed. 0, or -1
+ * out of memory. */
+static int plan_list(const ck_plan_in *in, ck_decide_ctx *dc, const int *list, int n, const unsigned char *recompute,
+                     int offloads, ck_plan *tried, ck_step_info *info)
+{
+    const double t0 = thread_seconds();
+    if (offloads) {
+        ck_evaluator_free(dc->ev);
+        dc->ev = NULL;
+    }
+    const int rc = dc->ev ? ck_evaluator_plan(dc->ev, recompute, tried)
+                          : plan_marked(in, list, n, recompute, offloads, tried);
+    info->plan_seconds += thread_seconds() - t0;
+    ck_evaluator_free(dc->ev);
+    dc->ev = NULL;
+    return rc;
+}
+
+/* The streamed weights' device copies are not in the list a decision sees:
+ * where the plan with them passes the budget the decision aimed under,
+ * ck_plan_step decides again with that budget cut by the excess, or by the
+ * most the copies hold at once where that is more, then between the largest
+ * cut that missed and the smallest that fit; the plan is the last that fit. */
+typedef struct cuts {
+    int have;           /* the plan holds a plan that fits */
+    size_t missed, fit; /* cuts: the largest that missed, the smallest that fit (have) */
+    size_t aim, over;   /* the budget aimed under; the last plan's peak that passed it */
+} cuts;
+
+/* tried, made under the cut, against the budget aimed under (none: it
+ * fits): kept as *pl where it fits, else freed, with the next cut (the
+ * excess, or the most the copies hold at once where that is more) in
+ * *next. 0, or -1 out of memory. */
+static int judge_cut(cuts *k, size_t cut, const ck_graph *g, ck_plan *tried, ck_plan *pl, size_t *next)
+{
+    if (!k->aim || tried->peak <= k->aim) {
+        ck_plan_free(pl);
+        *pl = *tried;
+        k->have = 1;
+        k->fit = cut;
+        return 0;
+    }
+    k->missed = cut;
+    k->over = tried->peak;
+    *next = cut + (tried->peak - k->aim);
+    const size_t most = ck_offload_stream_copies_most(tried, g);
+    ck_plan_free(tried);
+    if (most == (size_t)-1) return -1;
+    if (most > *next) *next = most;
+    return 0;
+}
+
 int ck_plan_step(const ck_plan_in *in, const int *sinks, int nsinks, ck_plan *pl, ck_step_info *info, size_t *held,
                  char *err, size_t errlen)
 {
@@ -118,8 +222,8 @@ int ck_plan_step(const ck_plan_in *in, const int *sinks, int nsinks, ck_plan *pl
     const ck_graph *g = in->g;
     int *list = malloc(sizeof(int) * (size_t)(g->nn + 1)), *cand = NULL;
     unsigned char *recompute = NULL;
-    ck_evaluator *ev = NULL;
     ck_decide_report report = {0};
+    ck_decide_ctx dc = {0};
     int rc = -1;
     *pl = (ck_plan){0};
     *info = (ck_step_info){0};
@@ -128,11 +232,11 @@ int ck_plan_step(const ck_plan_in *in, const int *sinks, int nsinks, ck_plan *pl
     if (n < 0) goto oom;
     /* with a policy, one evaluator for its trials and the plan: the
      * decision it placed last is not placed again */
-    ck_decide_ctx dc = {.g = g, .nodes = list, .n = n, .poff = in->poff, .persistent = in->persistent,
-                        .retain = in->retain, .be = in->be, .offload = in->offload == CK_OFFLOAD_AUTO,
-                        .prefetch = in->prefetch, .speed = in->speed ? in->speed : ck_cost_backend_speed(in->be),
-                        .why = info->why, .whylen = sizeof info->why, .report = in->report ? in->report : &report};
-    if (in->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
+    dc = (ck_decide_ctx){.g = g, .nodes = list, .n = n, .poff = in->poff, .persistent = in->persistent,
+                         .retain = in->retain, .be = in->be, .offload = in->offload == CK_OFFLOAD_AUTO,
+                         .prefetch = in->prefetch, .speed = in->speed ? in->speed : ck_cost_backend_speed(in->be),
+                         .why = info->why, .whylen = sizeof info->why, .report = in->report ? in->report : &report};
+    if (in->decide && !(dc.ev = ck_evaluator_new(&dc))) goto oom;
     if (in->decide || in->offload == CK_OFFLOAD_ACTIVATIONS || in->streamed) {
         recompute = calloc((size_t)g->nt, 1);
         cand = malloc(sizeof(int) * (size_t)g->nt);
@@ -140,89 +244,36 @@ int ck_plan_step(const ck_plan_in *in, const int *sinks, int nsinks, ck_plan *pl
         dc.cand = cand;
         dc.ncand = ck_plan_saved_activations(g, cand);
     }
-    /* the streamed frozen weights' device copies are not in the list a
-     * decision sees: where the plan with them passes the budget the
-     * decision aimed under, it decides again with that budget cut by
-     * the excess, or by the most the copies hold at once where that is
-     * more, then between the largest cut that missed and the smallest
-     * that fit; the plan is the last that fit */
-    int have = 0;               /* pl holds a plan that fits */
-    size_t missed = 0, fit = 0; /* cuts: the largest that missed, the smallest that fit (have) */
-    size_t aim = 0, over = 0;   /* the budget aimed under; the last plan's peak that passed it */
+    cuts k = {0};
     for (int tries = 1;; tries++) {
-        if (in->decide) {
-            const double t0 = thread_seconds();
-            dc.report->budget = 0;
-            if (in->decide(in->decide_ud, &dc, recompute, err, errlen)) {
-                if (have) break; /* a larger cut fit: its plan */
-                const size_t at = strlen(err);
-                if (dc.cut) {
-                    snprintf(err + at, errlen - at, " (the budget less %.1f MiB for the streamed weights' device "
-                             "copies)", dc.cut / 1048576.0);
-                } else if (in->streamed) { /* the figures are the list's: say what the copies add */
-                    const size_t most = none_copies(in, list, n);
-                    if (most == (size_t)-1) goto oom;
-                    char size[64];
-                    ck_mem_text(most, size, sizeof size);
-                    snprintf(err + at, errlen - at, " (the streamed weights' device copies not counted: under none "
-                             "they hold %s at once)", size);
-                }
-                goto fail;
-            }
-            info->decide_seconds += thread_seconds() - t0;
-            info->none_peak = dc.report->none_peak;
+        if (in->decide && decide_marks(in, &dc, recompute, info, err, errlen)) {
+            if (k.have) break; /* a larger cut fit: its plan */
+            if (refusal_note(in, &dc, list, n, err, errlen)) goto oom;
+            goto fail;
         }
-        /* offload activations: what the policy keeps goes to host memory
-         * between its uses (what no later entry reads stays: ck_offload_schedule) */
-        for (int k = 0; in->offload == CK_OFFLOAD_ACTIVATIONS && k < dc.ncand; k++)
-            if (!recompute[cand[k]]) recompute[cand[k]] = CK_OFFLOAD;
-        if (in->streamed) mark_streamed(in, recompute);
-        int extra = 0, offloads = 0;
-        for (int t = 0; recompute && t < g->nt; t++) {
-            extra += recompute[t] != 0;
-            offloads += recompute[t] == CK_OFFLOAD;
-        }
+        int extra, offloads;
+        mark_transfers(in, &dc, recompute, &extra, &offloads);
         if (ck_mem_hold(in->budget, held, *held + plan_estimate(n, g->nt, (offloads ? 4 : 2) * extra), what, err,
                         errlen))
             goto fail;
         ck_plan tried = {0};
-        const double t0 = thread_seconds();
-        if (offloads) { /* the list as the recompute marks make it, then the transfers; placed in full */
-            ck_evaluator_free(ev);
-            ev = dc.ev = NULL;
-        }
-        if (ev ? ck_evaluator_plan(ev, recompute, &tried) : plan_marked(in, list, n, recompute, offloads, &tried)) goto oom;
-        info->plan_seconds += thread_seconds() - t0;
-        ck_evaluator_free(ev);
-        ev = dc.ev = NULL;
-        aim = in->decide && in->streamed ? dc.report->budget : 0;
+        if (plan_list(in, &dc, list, n, recompute, offloads, &tried, info)) goto oom;
+        k.aim = in->decide && in->streamed ? dc.report->budget : 0;
         size_t next = 0;
-        if (!aim || tried.peak <= aim) {
-            ck_plan_free(pl);
-            *pl = tried;
-            have = 1;
-            fit = dc.cut;
-        } else {
-            missed = dc.cut;
-            over = tried.peak;
-            next = dc.cut + (tried.peak - aim);
-            const size_t most = ck_offload_stream_copies_most(&tried, g);
-            ck_plan_free(&tried);
-            if (most == (size_t)-1) goto oom;
-            if (most > next) next = most;
-        }
+        if (judge_cut(&k, dc.cut, g, &tried, pl, &next)) goto oom;
         if (ck_mem_hold(in->budget, held, ck_plan_host_bytes(pl), what, err, errlen)) goto fail;
         /* done: no budget to meet, it fits uncut, out of tries, or the cuts
          * that missed and fit are within 1/128 of the budget */
-        if (!aim || (have && !fit) || tries == CK_STREAM_TRIES || (have && fit - missed <= aim / 128)) break;
-        dc.cut = have ? missed + (fit - missed) / 2 : next;
+        if (!k.aim || (k.have && !k.fit) || tries == CK_STREAM_TRIES || (k.have && k.fit - k.missed <= k.aim / 128))
+            break;
+        dc.cut = k.have ? k.missed + (k.fit - k.missed) / 2 : next;
         memset(recompute, 0, (size_t)g->nt);
-        if (in->decide && !(ev = dc.ev = ck_evaluator_new(&dc))) goto oom;
+        if (in->decide && !(dc.ev = ck_evaluator_new(&dc))) goto oom;
     }
-    if (!have) {
-        snprintf(err, errlen, "the plan with the streamed weights' device copies peaks at %.1f MiB (%zu bytes), over the "
-                 "%.1f MiB it aimed under, after %d decisions, each with the budget cut by what the copies added",
-                 over / 1048576.0, over, aim / 1048576.0, CK_STREAM_TRIES);
+    if (!k.have) {
+        snprintf(err, errlen, "the plan with the streamed weights' device copies peaks at %.1f MiB (%zu bytes), over "
+                 "the %.1f MiB it aimed under, after %d decisions, each with the budget cut by what the copies added",
+                 k.over / 1048576.0, k.over, k.aim / 1048576.0, CK_STREAM_TRIES);
         goto fail;
     }
     rc = 0;
@@ -233,7 +284,7 @@ fail:
     ck_plan_free(pl);
     ck_mem_hold(in->budget, held, 0, what, err, errlen);
 done:
-    ck_evaluator_free(ev);
+    ck_evaluator_free(dc.ev);
     free(list);
     free(cand);
     free(recompute);

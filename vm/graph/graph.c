@@ -4,6 +4,7 @@
  * tensors and nodes share, are held once by the graph. A clone is a deep copy. */
 #include "graph/graph.h"
 #include "util/memory.h"
+#include "util/hash.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -19,12 +20,7 @@ static char *dupstr(const char *s)
     return d;
 }
 
-static uint32_t name_hash(const char *s)
-{
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
-    return h;
-}
+static uint32_t name_hash(const char *s) { return (uint32_t)ck_fnv1a(CK_FNV_OFFSET, s, strlen(s)); }
 
 static void names_put(int *tab, int cap, const ck_tensor *t, int id)
 {

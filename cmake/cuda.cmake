@@ -166,6 +166,11 @@ if(CK_CUDA_EMU)
     target_link_libraries(test_offload_emu PRIVATE ck_cuda_emu ck_static)
     set_target_properties(test_offload_emu PROPERTIES LINKER_LANGUAGE CXX)
     add_test(NAME test_offload_emu COMMAND test_offload_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    # a program's lists captured after the first run searched its convolutions (tests/c/emu_capture.c)
+    add_executable(test_capture_emu ${CMAKE_SOURCE_DIR}/tests/c/emu_capture.c)
+    target_link_libraries(test_capture_emu PRIVATE ck_cuda_emu ck_static)
+    set_target_properties(test_capture_emu PROPERTIES LINKER_LANGUAGE CXX)
+    add_test(NAME test_capture_emu COMMAND test_capture_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
 
     # libck_cuda_emu.so: the CUDA backend on the emulator, for
     # CK_CUDA_MODULE=...: the executor, the plans and the Lua API on device

@@ -318,6 +318,12 @@ static int choose(ck_cuda_ctx *c, const char *op, dir d, const conv_geom *g, ck_
 
 extern "C" void ck_cuda_set_conv_workspace_cap(ck_cuda_ctx *c, size_t bytes) { c->conv_ws_cap = bytes; }
 
+extern "C" void ck_cuda_conv_forget(void)
+{
+    std::lock_guard<std::mutex> hold(searches_lock);
+    searches.clear();
+}
+
 /* ---- the im2col path ----
  * Per image, the columns (output pixels) in chunks that fit the workspace:
  * im2col of a chunk, one cuBLAS product against it, and for the data gradient

@@ -59,6 +59,9 @@ void ck_cuda_set_conv_im2col(ck_cuda_ctx *c, int on);
  * CK_CUDA_CONV_WS_CAP): the per-shape choice below stays within it. */
 #define CK_CUDA_CONV_WS_CAP ((size_t)256 << 20)
 void ck_cuda_set_conv_workspace_cap(ck_cuda_ctx *c, size_t bytes);
+/* Tests: forget every convolution's algorithm list, so that the next use
+ * of a shape searches again (as where no plan searched it first). */
+void ck_cuda_conv_forget(void);
 /* The workspace a convolution op (CONV2D, CONV2D_BWD_DATA, CONV2D_BWD_FILTER)
  * takes on the current context, in storage st (CK_F32, CK_BF16, CK_F16; the
  * search is keyed by it): the workspace of the

@@ -8,6 +8,7 @@
  * policies and a greedy order, so it is never worse than any of them. */
 #include "plan/policy.h"
 #include "plan/evaluate.h"
+#include "util/memory.h"
 #include "util/text.h"
 
 #include <math.h>
@@ -516,28 +517,19 @@ static int try_keep(ck_tracker *tr, int t, size_t frag, size_t budget)
     return ck_tracker_flip(tr, t) ? -1 : 0;
 }
 
-/* *a holds at least n ints (grown by doubling); -1 out of memory */
-static int grow(int **a, int *cap, int n)
-{
-    if (n <= *cap) return 0;
-    const int want = 2 * n + 16;
-    int *p = realloc(*a, sizeof *p * (size_t)want);
-    if (!p) return -1;
-    *a = p;
-    *cap = want;
-    return 0;
-}
-
 /* The changes made to a start, in order, in steps (a repair, a pruning, an
  * exchange): the tensors each step flipped are flips[ends[k - 1] .. ends[k] - 1]. */
 typedef struct steps {
     int *flips, *ends;
-    int nflips, n, cflips, cends;
+    int nflips, n;
+    size_t cflips, cends;
 } steps;
 
 static int step_add(steps *L, const int *t, int n)
 {
-    if (grow(&L->flips, &L->cflips, L->nflips + n) || grow(&L->ends, &L->cends, L->n + 1)) return -1;
+    if (ck_grow(&L->flips, &L->cflips, (size_t)(L->nflips + n), sizeof *L->flips, 16) ||
+        ck_grow(&L->ends, &L->cends, (size_t)L->n + 1, sizeof *L->ends, 16))
+        return -1;
     memcpy(L->flips + L->nflips, t, sizeof *t * (size_t)n);
     L->nflips += n;
     L->ends[L->n++] = L->nflips;

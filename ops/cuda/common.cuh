@@ -77,22 +77,6 @@ int ck_cuda_ok(cudaError_t e, const char *op, const char *what);
 int ck_cuda_blas_ok(cublasStatus_t s, const char *op, const char *what);
 int ck_cuda_dnn_ok(cudnnStatus_t s, const char *op, const char *what);
 
-/* The part of a planned workspace (aligned to 64 bytes) from its first
- * 256-byte boundary, the alignment cuBLASLt requires of a workspace (and
- * what cudaMalloc gives cuDNN's algorithm search); NULL and 0 when nothing
- * is left. */
-static inline void ck_cuda_ws256(void **ws, size_t *bytes)
-{
-    const size_t skip = (size_t)(-(uintptr_t)*ws & 255);
-    if (*ws && *bytes > skip) {
-        *ws = (char *)*ws + skip;
-        *bytes -= skip;
-    } else {
-        *ws = NULL;
-        *bytes = 0;
-    }
-}
-
 /* Each returns 1 on success, else records the failure (op and call) and returns 0. */
 #define CK_CU(op, call) ck_cuda_ok((call), (op), #call)
 #define CK_BLAS(op, call) ck_cuda_blas_ok((call), (op), #call)

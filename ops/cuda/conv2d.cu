@@ -105,8 +105,6 @@ static int conv_ok(cudnnStatus_t s, const char *op, const char *call, ck_cuda_ct
 {
     if (s == CUDNN_STATUS_SUCCESS) return 1;
     const size_t need = ws_need(k, d, algo);
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess) (void)cudaGetLastError();
     return ck_cuda_fail(op,
                         "%s: %s (N %lld, C %lld, %lldx%lld -> O %lld, %lldx%lld; kernel %lldx%lld, stride %lld, "
                         "pad %lld; algorithm %d needs %lld bytes, given %zu at %u mod 256; operands at %u, %u, %u "
@@ -116,7 +114,7 @@ static int conv_ok(cudnnStatus_t s, const char *op, const char *call, ck_cuda_ct
                         (long long)g->KW, (long long)g->sh, (long long)g->ph, algo,
                         need == SIZE_MAX ? -1LL : (long long)need, ws_bytes, (unsigned)((uintptr_t)ws & 255),
                         (unsigned)((uintptr_t)a & 255), (unsigned)((uintptr_t)b & 255),
-                        (unsigned)((uintptr_t)out & 255), cap == cudaStreamCaptureStatusNone ? "" : "; capturing");
+                        (unsigned)((uintptr_t)out & 255), c->capturing ? "; capturing" : "");
 }
 
 /* One algorithm as a search reported it. */
@@ -270,9 +268,7 @@ static conv_search search(ck_cuda_ctx *c, const char *op, dir d, const conv_geom
     /* a capture forbids the search's allocation and timing runs (they would
      * end it); its range then runs op by op, which searches and keeps the
      * list, and is captured at a later run (ck_cuda_capture_later) */
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess) (void)cudaGetLastError();
-    if (cap != cudaStreamCaptureStatusNone) {
+    if (c->capturing) {
         c->capture_later = 1;
         ck_cuda_fail(op, "convolution algorithms are searched outside a CUDA graph capture");
         return s;

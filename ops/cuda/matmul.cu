@@ -97,6 +97,21 @@ static uint32_t lt_align(const void *p, int64_t stride, int64_t batch)
     return (uint32_t)(a & (~a + 1));
 }
 
+/* The part of a planned workspace (aligned to 64 bytes) from its first
+ * 256-byte boundary, which cuBLASLt requires of a workspace; NULL and 0 when
+ * nothing is left. */
+static void ws256(void **ws, size_t *bytes)
+{
+    const size_t skip = (size_t)(-(uintptr_t)*ws & 255);
+    if (*ws && *bytes > skip) {
+        *ws = (char *)*ws + skip;
+        *bytes -= skip;
+    } else {
+        *ws = NULL;
+        *bytes = 0;
+    }
+}
+
 /* Row-major D = op(A) op(B) (+ bias per column of D) over `batch` matrices, A,
  * B, D and the bias of the 16-bit type dt (CUDA_R_16BF or CUDA_R_16F), fp32
  * accumulation, in the workspace given (the heuristic is offered
@@ -117,7 +132,7 @@ static int gemm_lt(ck_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, in
     const int32_t nb = (int32_t)batch;
     /* cuBLASLt takes a workspace aligned to 256 bytes (else
      * CUBLAS_STATUS_INVALID_VALUE); the plan aligns to 64 */
-    ck_cuda_ws256(&ws, &ws_bytes);
+    ws256(&ws, &ws_bytes);
     const uint64_t max_ws = ws_bytes;
     /* what the heuristic may assume of each operand's alignment (it assumes
      * 256 bytes unless told): its pointer's and, batched, its stride's */

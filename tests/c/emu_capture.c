@@ -77,17 +77,20 @@ static ck_program *compile(const ck_graph *g, int loss, const ck_backend *be, in
     return ck_compile(g, &o, err, 512);
 }
 
-/* the parameters' bytes after a step (appended to *buf) */
-static size_t params(const ck_program *p, unsigned char *buf)
+/* the parameters' bytes, one after another, in *n of them */
+static unsigned char *params(ck_program *p, size_t *n)
 {
-    size_t at = 0;
-    for (int t = 0; t < p->g->nt; t++) {
+    size_t total = 0;
+    for (int t = 0; t < p->g->nt; t++)
+        if (p->g->t[t].kind == CK_KIND_PARAM) total += ck_tensor_bytes(&p->g->t[t]);
+    unsigned char *out = malloc(total ? total : 1), *at = out;
+    for (int t = 0; out && t < p->g->nt; t++) {
         if (p->g->t[t].kind != CK_KIND_PARAM) continue;
-        const size_t n = ck_tensor_bytes(&p->g->t[t]);
-        memcpy(buf + at, ck_program_read((ck_program *)p, t), n);
-        at += n;
+        memcpy(at, ck_program_read(p, t), ck_tensor_bytes(&p->g->t[t]));
+        at += ck_tensor_bytes(&p->g->t[t]);
     }
-    return at;
+    *n = total;
+    return out;
 }
 
 int main(void)
@@ -123,12 +126,9 @@ int main(void)
           (long long)before_last.op_by_op);
     CHECK(before_last.op_by_op > 0, "the first run's searches refused its captures (%lld ranges op by op)",
           (long long)before_last.op_by_op);
-    size_t bytes = 0;
-    for (int t = 0; t < g->nt; t++)
-        if (g->t[t].kind == CK_KIND_PARAM) bytes += ck_tensor_bytes(&g->t[t]);
-    unsigned char *a = malloc(bytes), *b = malloc(bytes);
-    const size_t na = params(pg, a), nb = params(pe, b);
-    CHECK(na == nb && !memcmp(a, b, na), "the parameters after three steps are bitwise those of graphs off");
+    size_t na, nb;
+    unsigned char *a = params(pg, &na), *b = params(pe, &nb);
+    CHECK(a && b && na == nb && !memcmp(a, b, na), "the parameters after three steps are bitwise those of graphs off");
     free(a), free(b);
     ck_program_free(pg), ck_program_free(pe);
     ck_graph_free(g);

@@ -21,7 +21,8 @@
 #      SDXL at 1024x1024, ckrun --mixed-precision bf16 against PyTorch's bf16
 #      autocast with SDPA and torch.utils.checkpoint: LoRA rank 16 at batch 1
 #      and 4 under none and diffusers, full fine-tuning with 8-bit AdamW and
-#      fused updates, and torch.compile's step when time is left (speed.md);
+#      fused updates, and torch.compile's step when time is left after
+#      step 6 (speed.md);
 #   6. time a training step, LoRA rank 4 on to_q/to_k/to_v/to_out.0 of a frozen
 #      base, AdamW, fp32, batch 1: sdxl-tiny at 64x64 latents and full SDXL at
 #      1024x1024 pixels (128x128 latents; 512x512 when none's plan does not fit
@@ -138,6 +139,8 @@ cmake --build build -j "$jobs" --target ck_cuda > "$out/build_cuda.txt" 2>&1 || 
 t1=$(date +%s.%N)
 cmake --build build -j "$jobs" > "$out/build.txt" 2>&1 || die "build (see $out/build.txt)"
 cmake --build build -j "$jobs" --target bench_cuda_ops >> "$out/build.txt" 2>&1 || die "building bench_cuda_ops"
+# the library path the build runs with, for bench/gpu_offload.sh run alone later
+echo "${LD_LIBRARY_PATH:-}" > "$out/ld_library_path.txt"
 awk -v a="$t0" -v b="$t1" -v j="$jobs" 'BEGIN { printf "CUDA backend compile (ck_cuda, %s jobs): %.1f s\n", j, b - a }'
 # --build-only: stop here (a further command on the machine then runs build/ckrun
 # with LD_LIBRARY_PATH as printed)
@@ -244,7 +247,8 @@ fi
 # torch.utils.checkpoint; LoRA rank 16 at batch 1 and 4 under none and
 # diffusers, and full fine-tuning with 8-bit AdamW and fused updates (PyTorch:
 # bitsandbytes' AdamW8bit, else fused AdamW); torch.compile's step time for the
-# batch-1 LoRA row when it compiles within 3 minutes and time is left. The
+# batch-1 LoRA row (after the fp32 steps below) when it compiles within 3
+# minutes and time is left. The
 # pairs go to bench/results/gpu_check.json (ckrun_ms, torch_ms, peaks, date,
 # device) and out/gpu_check/speed.md.
 speed_rows() {
@@ -260,18 +264,15 @@ speed_rows() {
     if [ $torch_cuda -eq 1 ]; then
         run_part speed_torch "$(limit 150 120)" python3 bench/gpu_step_torch.py "$out/speed_ckrun.jsonl"
         files+=("$out/speed_torch.jsonl")
-        if [ "$(limit 180 100)" -ge 60 ]; then
-            run_part speed_torch_compile "$(limit 180 100)" python3 bench/gpu_step_torch.py --compile --policy none \
-                "$out/speed_lora_b1.jsonl"
-            files+=("$out/speed_torch_compile.jsonl")
-        else
-            echo "torch.compile: not run (too little of the time budget left)"
-        fi
     fi
+    speed_table "${files[@]}"
+}
+# the mixed-precision table from the files given (bench/results/gpu_check.json, speed.md)
+speed_table() {
     mkdir -p bench/results
-    python3 bench/gpu_step_torch.py --results bench/results/gpu_check.json "${files[@]}" | tee "$out/speed.md" ||
+    python3 bench/gpu_step_torch.py --results bench/results/gpu_check.json "$@" | tee "$out/speed.md" ||
         fail "bench/results/gpu_check.json (bench/gpu_step_torch.py --results)"
-    { echo; python3 bench/gpu_step_torch.py --table "${files[@]}"; } >> "$out/speed.md" || true
+    { echo; python3 bench/gpu_step_torch.py --table "$@"; } >> "$out/speed.md" || true
 }
 speed_rows
 
@@ -368,7 +369,10 @@ if grep -q '"peak_match": false' "$out/steps_ckrun.jsonl"; then
     fail "ckrun: a measured arena high-water mark differs from the planned peak (see $out/steps_ckrun.jsonl)"
 fi
 tables=("$out/steps_ckrun.jsonl")
-if [ $torch_cuda -eq 1 ]; then
+if [ $torch_cuda -eq 1 ] && [ ! -s "$out/steps_ckrun.jsonl" ]; then
+    echo "steps_torch: not run (ckrun measured no step to compare with)"
+    rm -f "$out/steps_torch.jsonl" "$out/steps_torch.txt"
+elif [ $torch_cuda -eq 1 ]; then
     run_part steps_torch "$(limit 150 5)" python3 bench/gpu_step_torch.py "$out/steps_ckrun.jsonl"
     tables+=("$out/steps_torch.jsonl")
 else
@@ -382,6 +386,15 @@ echo
     python3 bench/gpu_step_torch.py --table "${tables[@]}"
 } | tee "$out/steps.md" || fail "the training-step table (bench/gpu_step_torch.py --table)"
 
+# ---- torch.compile's step for the bf16 batch-1 LoRA row, after the fp32
+# steps (it can take minutes to compile), added to the mixed-precision table
+if [ $torch_cuda -eq 1 ] && [ -s "$out/speed_lora_b1.jsonl" ] && [ "$(limit 180 100)" -ge 60 ]; then
+    run_part speed_torch_compile "$(limit 180 100)" python3 bench/gpu_step_torch.py --compile --policy none \
+        "$out/speed_lora_b1.jsonl"
+    speed_table "$out/speed_ckrun.jsonl" "$out/speed_torch.jsonl" "$out/speed_torch_compile.jsonl"
+else
+    echo "torch.compile: not run (no torch with CUDA, no bf16 row, or too little of the time budget left)"
+fi
 
 # ---- offload planned and run (bench/gpu_offload.sh), in what is left
 left=$(limit 600 0)

@@ -34,6 +34,12 @@ out=out/gpu_check
 mkdir -p "$out"
 : > "$out/offload.jsonl"
 ckrun=${CKRUN:-build/ckrun}
+# run alone after bench/gpu_check.sh: the library path its build runs with
+# (the dependencies it unpacked from .gpu_deps, cuDNN from python3's wheel)
+if [ -s "$out/ld_library_path.txt" ]; then
+    LD_LIBRARY_PATH=$(cat "$out/ld_library_path.txt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export LD_LIBRARY_PATH
+fi
 start=$(date +%s)
 failures=""
 fail() { failures="$failures

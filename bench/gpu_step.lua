@@ -31,7 +31,8 @@
 -- plan), predicted_total (the arena in the driver's 2 MiB pages + fixed), cuda_free_before,
 -- cuda_free_after, cuda_total, cuda_used (free before minus free after: the
 -- arena and whatever the step's libraries loaded), measured_total (cuda_used
--- + fixed), step_flops, recompute_flops, recompute_share (recompute FLOPs over
+-- + fixed), graph_captures, graph_launches, graph_op_by_op (p:graphs() after
+-- the steps: the lists' ranges captured, replayed, or run op by op), step_flops, recompute_flops, recompute_share (recompute FLOPs over
 -- the step's FLOPs without recompute), recompute_ops, losses,
 -- same_losses_as_none, error. Exits non-zero when a policy failed (its line
 -- says why).
@@ -243,6 +244,10 @@ for _, name in ipairs(names) do
       row.measured_total = row.cuda_used + fixed
     end
     row.step_ms, row.step_ms_all = median(times), times
+    -- the lists' ranges over all the steps: captured as CUDA graphs and
+    -- replayed, or run op by op
+    local g = p:graphs()
+    row.graph_captures, row.graph_launches, row.graph_op_by_op = g.captures, g.launches, g.op_by_op
     row.losses = losses
     if name == "none" then none_losses = losses end
     if none_losses and name ~= "none" then
@@ -250,8 +255,10 @@ for _, name in ipairs(names) do
       for i = 1, #losses do same = same and losses[i] == none_losses[i] end
       row.same_losses_as_none = same
     end
-    log("%s: step %.2f ms (median of %d), measured peak %d (%s), device bytes used %s", name, row.step_ms, steps,
-        row.measured_peak, row.peak_match and "= plan" or "PLAN SAYS " .. pl.peak, tostring(row.cuda_used))
+    log("%s: step %.2f ms (median of %d), measured peak %d (%s), device bytes used %s; CUDA graphs: %d captures, " ..
+        "%d launches, %d ranges op by op", name, row.step_ms, steps, row.measured_peak,
+        row.peak_match and "= plan" or "PLAN SAYS " .. pl.peak, tostring(row.cuda_used), row.graph_captures,
+        row.graph_launches, row.graph_op_by_op)
   end
   local ok, err = pcall(run)
   if not ok then
@@ -271,7 +278,8 @@ for _, name in ipairs(names) do
     {"measured_peak", row.measured_peak}, {"peak_match", row.peak_match}, {"fixed", row.fixed},
     {"predicted_total", row.predicted_total}, {"cuda_free_before", row.cuda_free_before},
     {"cuda_free_after", row.cuda_free_after}, {"cuda_total", row.cuda_total}, {"cuda_used", row.cuda_used},
-    {"measured_total", row.measured_total}, {"step_flops", row.step_flops}, {"recompute_flops", row.recompute_flops},
+    {"measured_total", row.measured_total}, {"graph_captures", row.graph_captures},
+    {"graph_launches", row.graph_launches}, {"graph_op_by_op", row.graph_op_by_op}, {"step_flops", row.step_flops}, {"recompute_flops", row.recompute_flops},
     {"recompute_share", row.recompute_share}, {"recompute_ops", row.recompute_ops}, {"losses", row.losses},
     {"same_losses_as_none", row.same_losses_as_none}, {"error", row.error},
   }))

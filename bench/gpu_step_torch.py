@@ -451,7 +451,7 @@ def table(lines):
           "memory before the model was built minus after the steps (the allocator's cache included). Device "
           "figures leave out the CUDA context on both sides. budget has no PyTorch counterpart.")
     for p in pt.values():
-        c = next((r for r in ck if (r["case"], r["latent"]) == (p["case"], p["latent"]) and r.get("params")), None)
+        c = next((r for r in ck if case_key(r) == case_key(p) and r.get("params")), None)
         if c and p.get("params") and c["params"] != p["params"]:
             notes.append("parameter counts differ for %s: ckrun %d, PyTorch %d" % (
                 case_label(p), c["params"], p["params"]))

@@ -50,7 +50,7 @@ elif [ -f "$emu" ]; then
   ok $? "gpu_step.lua on the emulated GPU ($(tail -1 "$dir/emu.txt"))"
   grep -q "warm-up step (none)" "$dir/emu.txt"
   ok $? "on cuda one untimed step loads the kernel modules before any memory is measured"
-  python3 - "$dir/emu.jsonl" <<'PY'; ok $? "emulated GPU: the fallback to 4x4 latents said why, fixed bytes and device memory reported, peaks exact, none's losses"
+  python3 - "$dir/emu.jsonl" <<'PY'; ok $? "emulated GPU: the fallback to 4x4 latents said why, fixed bytes and device memory reported, peaks exact, the lists replayed as CUDA graphs, none's losses"
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 rows = {r["policy"]: r for r in lines[1:]}
@@ -62,6 +62,9 @@ for name, r in rows.items():
     assert r["fixed"] > 0 and r["predicted_total"] == -(-r["arena"] // page) * page + r["fixed"], name
     assert r["cuda_total"] > 0 and r["cuda_free_before"] > 0, name
     assert r["peak_match"] is True, name
+    # the steps' lists captured as CUDA graphs and replayed, none op by op
+    assert r["graph_captures"] > 0 and r["graph_launches"] >= r["graph_captures"], name
+    assert r["graph_op_by_op"] == 0, name
 assert rows["diffusers"]["same_losses_as_none"] is True
 PY
 else

@@ -13,6 +13,7 @@
 #   bash bench/gpu_offload.sh                 # on the GPU: the cases below, cuda
 #   bash bench/gpu_offload.sh cpu 3           # DEVICE STEPS: the small cases on the CPU
 #   GPU_OFFLOAD_SECONDS=300                   # stop starting cases after this long
+#   GPU_OFFLOAD_CASES=Flux-dev                # only the cases whose label holds this text
 #
 # The cases on a GPU: full SDXL LoRA at 1024 px in fp32 on cards of 8, 12, 16
 # and 24 GiB (kohya's table for SDXL LoRA: 12 GB with gradient checkpointing,
@@ -62,6 +63,7 @@ field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); p=d["poli
 
 for c in "${cases[@]}"; do
     IFS='|' read -r label args sizes <<< "$c"
+    [ -z "${GPU_OFFLOAD_CASES:-}" ] || [[ "$label" == *"$GPU_OFFLOAD_CASES"* ]] || continue
     # none's device bytes, for the percentage cards
     none_json=$(mktemp)
     $ckrun --device "$device" --plan --json $args --checkpoint none --offload none > "$none_json" 2>&1 ||

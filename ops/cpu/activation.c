@@ -81,32 +81,6 @@ static inline float mish_grad(float x)
     return n / d + xc * (4.0f * (n + 1.0f) / (d * d)) * (e / (1.0f + e));
 }
 
-/* Sum in double over interleaved lanes: vectorizes without reassociating, and
- * the order is fixed by the index alone. */
-static double sum_f(const float *x, int64_t n)
-{
-    double acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += x[i + l];
-    double s = 0;
-    for (; i < n; i++) s += x[i];
-    for (int l = 0; l < 8; l++) s += acc[l];
-    return s;
-}
-
-static double dot_f(const float *a, const float *b, int64_t n)
-{
-    double acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += (double)a[i + l] * b[i + l];
-    double s = 0;
-    for (; i < n; i++) s += (double)a[i] * b[i];
-    for (int l = 0; l < 8; l++) s += acc[l];
-    return s;
-}
-
 // x is any shape; y is like x.
 CK_CPU_KERNEL(ck_cpu_silu)
 {
@@ -257,7 +231,7 @@ CK_CPU_KERNEL(ck_cpu_softmax)
         const float mx = max_c(xr, C);
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) yr[c] = exp_c(xr[c] - mx);
-        const float inv = (float)(1.0 / sum_f(yr, C));
+        const float inv = (float)(1.0 / ck_cpu_dot8(yr, NULL, C));
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) yr[c] *= inv;
     }
@@ -276,7 +250,7 @@ CK_CPU_KERNEL(ck_cpu_softmax_bwd)
     for (int64_t r = 0; r < R; r++) {
         const float *dyr = dy + r * C, *yr = y + r * C;
         float *dxr = dx + r * C;
-        const float s = (float)dot_f(dyr, yr, C);
+        const float s = (float)ck_cpu_dot8(dyr, yr, C);
 #pragma omp simd
         for (int64_t c = 0; c < C; c++) dxr[c] = yr[c] * (dyr[c] - s);
     }
@@ -456,7 +430,7 @@ static void softmax_16(ck_dtype st, const ck_op_params *p, ck_view *out, const c
             ck_cpu_load16(st, b, xr + j, m);
 #pragma omp simd
             for (int64_t c = 0; c < m; c++) b[c] = exp_c(b[c] - mx);
-            sum += sum_f(b, m);
+            sum += ck_cpu_dot8(b, NULL, m);
         }
         const float inv = (float)(1.0 / sum);
         for (int64_t j = 0; j < C; j += BLK) {
@@ -487,7 +461,7 @@ static void softmax_bwd_16(ck_dtype st, const ck_op_params *p, ck_view *out, con
             const int64_t m = C - j < BLK ? C - j : BLK;
             ck_cpu_load16(st, a, dyr + j, m);
             ck_cpu_load16(st, b, yr + j, m);
-            s += dot_f(a, b, m);
+            s += ck_cpu_dot8(a, b, m);
         }
         const float sf = (float)s;
         for (int64_t j = 0; j < C; j += BLK) {

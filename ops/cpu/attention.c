@@ -42,32 +42,13 @@ static att_geom geom(const ck_op_params *p, const ck_view *q, const ck_view *k)
     return g;
 }
 
-/* Sum of a[i] * b[i] (of a[i] when b is NULL) in double over interleaved lanes:
- * vectorizes without reassociating, in an order fixed by the index alone. */
-static double dot_f(const float *a, const float *b, int64_t n)
-{
-    double acc[8] = {0}, s = 0;
-    int64_t i = 0;
-    if (!b) {
-        for (; i + 8 <= n; i += 8)
-            for (int l = 0; l < 8; l++) acc[l] += a[i + l];
-        for (; i < n; i++) s += a[i];
-    } else {
-        for (; i + 8 <= n; i += 8)
-            for (int l = 0; l < 8; l++) acc[l] += (double)a[i + l] * b[i + l];
-        for (; i < n; i++) s += (double)a[i] * b[i];
-    }
-    for (int l = 0; l < 8; l++) s += acc[l];
-    return s;
-}
-
 /* r := exp(r - max r); returns 1 / sum of the exponentials. */
 static float exp_row(float *r, int64_t n)
 {
     const float mx = max_c(r, n);
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) r[j] = exp_c(r[j] - mx);
-    return (float)(1.0 / dot_f(r, NULL, n));
+    return (float)(1.0 / ck_cpu_dot8(r, NULL, n));
 }
 
 static void softmax_row(float *r, int64_t n)
@@ -80,7 +61,7 @@ static void softmax_row(float *r, int64_t n)
 /* Row r of dS (holding dP on entry) := scale * P * (dP - sum(dP * P)). */
 static void dsoftmax_row(float *dr, const float *pr, int64_t n, float scale)
 {
-    const float t = (float)dot_f(dr, pr, n);
+    const float t = (float)ck_cpu_dot8(dr, pr, n);
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) dr[j] = scale * pr[j] * (dr[j] - t);
 }

@@ -195,18 +195,6 @@ CK_CPU_KERNEL(ck_cpu_conv2d_bwd_data)
     }
 }
 
-/* Sum of n floats in a fixed order: eight interleaved double lanes (so the
- * loop pipelines and vectorizes) folded pairwise at the end. */
-static double sum_fixed(const float *v, int64_t n)
-{
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += (double)v[i + j];
-    for (int j = 0; i < n; i++, j++) acc[j] += (double)v[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 // dy is (N,O,HO,WO), x is (N,C,H,W); out dw is (O,C,KH,KW), db is (O); either may be unwanted.
 // Each thread owns a fixed range of rows of the column matrix (columns of dw)
 // and of db. It builds its rows image by image and accumulates its columns of
@@ -242,7 +230,7 @@ CK_CPU_KERNEL(ck_cpu_conv2d_bwd_filter)
             // each channel summed image by image in a fixed order
             for (int64_t o = g.O * t / T; o < g.O * (t + 1) / T; o++) {
                 double s = 0.0;
-                for (int64_t n = 0; n < g.N; n++) s += sum_fixed(dy + (n * g.O + o) * g.howo, g.howo);
+                for (int64_t n = 0; n < g.N; n++) s += ck_cpu_sum8(dy + (n * g.O + o) * g.howo, g.howo);
                 db[o] = (float)s;
             }
         const int64_t r0 = g.ckk * t / T, r1 = g.ckk * (t + 1) / T, nr = r1 - r0;

@@ -53,9 +53,8 @@ static inline void ck_cpu_store16(ck_dtype st, uint16_t *dst, const float *src, 
     }
 
 /* A float run's sum in double, in eight lanes combined pairwise: vectorizes
- * without reassociating anything, and the order depends on n alone. (The
- * Mish and other activation kernels combine their lanes in index order:
- * their sums are theirs.) */
+ * without reassociating anything, and the order depends on n alone. The
+ * reductions (loss, mean, sum, a convolution's bias gradient) sum so. */
 static inline double ck_cpu_lanes8(const double *s, double tail)
 {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
@@ -70,6 +69,28 @@ static inline double ck_cpu_sum8(const float *x, int64_t n)
     double t = 0;
     for (; i < n; i++) t += (double)x[i];
     return ck_cpu_lanes8(s, t);
+}
+
+/* A float run's sum (b NULL) or its dot product with b, in double over eight
+ * interleaved lanes, the n % 8 values at the end summed first and the lanes
+ * added to them in index order: as ck_cpu_sum8 vectorizes without
+ * reassociating, in an order fixed by n alone, but its own order. The
+ * softmax, attention and normalization rows sum so. */
+static inline double ck_cpu_dot8(const float *a, const float *b, int64_t n)
+{
+    double acc[8] = {0}, s = 0;
+    int64_t i = 0;
+    if (!b) {
+        for (; i + 8 <= n; i += 8)
+            for (int l = 0; l < 8; l++) acc[l] += a[i + l];
+        for (; i < n; i++) s += a[i];
+    } else {
+        for (; i + 8 <= n; i += 8)
+            for (int l = 0; l < 8; l++) acc[l] += (double)a[i + l] * b[i + l];
+        for (; i < n; i++) s += (double)a[i] * b[i];
+    }
+    for (int l = 0; l < 8; l++) s += acc[l];
+    return s;
 }
 
 /* How many fixed segments a reduction of n elements is cut into: one at or

@@ -54,14 +54,6 @@ static void lanes_sumsq_dev(const float *x, int64_t n, float m, double *acc, dou
     }
 }
 
-static double sum_f(const float *x, int64_t n)
-{
-    double acc[LANES] = {0}, s = 0;
-    lanes_sum(x, n, acc, &s);
-    for (int l = 0; l < LANES; l++) s += acc[l];
-    return s;
-}
-
 static double sumsq_dev(const float *x, int64_t n, float m)
 {
     double acc[LANES] = {0}, s = 0;
@@ -105,7 +97,7 @@ static void silu_grad_of_norm(float *dh, const float *dy, const float *x, int64_
  * (x - mean) every caller forms in float is the same quantity the statistics saw. */
 static void stats(const float *x, int64_t n, float eps, float *mean, float *rstd)
 {
-    const float m = (float)(sum_f(x, n) / (double)n);
+    const float m = (float)(ck_cpu_dot8(x, NULL, n) / (double)n);
     const double var = sumsq_dev(x, n, m) / (double)n;
     *mean = m;
     *rstd = (float)(1.0 / sqrt(var + (double)eps));

@@ -344,9 +344,9 @@ static int get_field(rd *r, int *field, int *wire, uint64_t *v, const unsigned c
 /* the reader's arrays, reused from event to event */
 typedef struct rd_bufs {
     ck_tb_value *vals;
-    int vcap;
+    size_t vcap;
     ck_tb_image *imgs;
-    int icap;
+    size_t icap;
 } rd_bufs;
 
 /* Image { height = 1, width = 2, colorspace = 3, encoded_image_string = 4 }
@@ -394,24 +394,12 @@ static int parse_value(const unsigned char *p, size_t n, ck_tb_read_event *e, rd
         }
     }
     if (is_image) {
-        if (e->nimages == bufs->icap) {
-            int nc = bufs->icap ? 2 * bufs->icap : 16;
-            ck_tb_image *ni = realloc(bufs->imgs, sizeof *ni * (size_t)nc);
-            if (!ni) return -2;
-            bufs->imgs = ni;
-            bufs->icap = nc;
-        }
+        if (ck_grow(&bufs->imgs, &bufs->icap, (size_t)e->nimages + 1, sizeof *bufs->imgs, 16)) return -2;
         e->images = bufs->imgs;
         e->images[e->nimages++] = im;
         return 0;
     }
-    if (e->nvalues == bufs->vcap) {
-        int nc = bufs->vcap ? 2 * bufs->vcap : 64;
-        ck_tb_value *nv = realloc(bufs->vals, sizeof *nv * (size_t)nc);
-        if (!nv) return -2;
-        bufs->vals = nv;
-        bufs->vcap = nc;
-    }
+    if (ck_grow(&bufs->vals, &bufs->vcap, (size_t)e->nvalues + 1, sizeof *bufs->vals, 64)) return -2;
     e->values = bufs->vals;
     e->values[e->nvalues++] = tv;
     return 0;

@@ -13,6 +13,7 @@
 
 #include "text/clip_bpe.h"
 #include "text/text_file.h"
+#include "util/memory.h"
 
 #include <jansson.h>
 #include <lauxlib.h>
@@ -410,13 +411,7 @@ static int emit_cb(void *ud, int32_t id, const char *tok, size_t n)
         return 0;
     }
     box *b = c->b;
-    if (b->nids == b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        int32_t *p = realloc(b->ids, cap * sizeof *p);
-        if (!p) luaL_error(c->L, "clip tokenizer: out of memory");
-        b->ids = p;
-        b->cap = cap;
-    }
+    if (ck_grow(&b->ids, &b->cap, b->nids + 1, sizeof *b->ids, 256)) luaL_error(c->L, "clip tokenizer: out of memory");
     b->ids[b->nids++] = id;
     return c->stop && b->nids >= c->stop;
 }

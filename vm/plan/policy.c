@@ -58,7 +58,8 @@ void ck_policy_selective_default(unsigned char *ops)
 typedef struct regions {
     int *of_node;   /* per graph node: region id, 0 for none */
     char **names;   /* region instance names, index id - 1 */
-    int n, cap;
+    int n;
+    size_t cap;
     int last;       /* the id found last (nodes of a block come together) */
 } regions;
 
@@ -77,13 +78,7 @@ static int region_id(regions *r, const char *name, size_t len)
     if (r->last && same_name(r->names[r->last - 1], name, len)) return r->last;
     for (int i = r->n - 1; i >= 0; i--)
         if (same_name(r->names[i], name, len)) return r->last = i + 1;
-    if (r->n == r->cap) {
-        int cap = r->cap ? 2 * r->cap : 32;
-        char **nm = realloc(r->names, sizeof(char *) * (size_t)cap);
-        if (!nm) return -1;
-        r->names = nm;
-        r->cap = cap;
-    }
+    if (ck_grow(&r->names, &r->cap, (size_t)r->n + 1, sizeof *r->names, 32)) return -1;
     r->names[r->n] = malloc(len + 1);
     if (!r->names[r->n]) return -1;
     memcpy(r->names[r->n], name, len);

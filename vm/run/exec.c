@@ -3,6 +3,7 @@
 #include "run/exec.h"
 
 #include "dist/dist.h"
+#include "util/memory.h"
 
 #include "../../ops/bf16.h"
 #include "../../ops/fp16.h"
@@ -275,12 +276,7 @@ static ck_exec_graph *graph_of(ck_exec_graphs *gs, const ck_exec_env *p, const c
         if (x->pl == pl && x->ops == pl->ops && x->n == pl->n && x->from == from && x->to == to && x->arena == p->arena)
             return x;
     }
-    if (gs->n == gs->cap) {
-        const int cap = gs->cap ? 2 * gs->cap : 8;
-        ck_exec_graph *g = realloc(gs->g, sizeof *g * (size_t)cap);
-        if (!g) return NULL;
-        gs->g = g, gs->cap = cap;
-    }
+    if (ck_grow(&gs->g, &gs->cap, (size_t)gs->n + 1, sizeof *gs->g, 8)) return NULL;
     ck_exec_graph *x = &gs->g[gs->n++];
     *x = (ck_exec_graph){.pl = pl, .ops = pl->ops, .n = pl->n, .from = from, .to = to, .arena = p->arena, .graph = NULL};
     return x;

@@ -19,7 +19,8 @@ typedef struct ck_exec_graph {
 
 typedef struct ck_exec_graphs {
     ck_exec_graph *g;
-    int n, cap;
+    int n;
+    size_t cap;
     /* ranges captured, graph launches, and ranges run op by op although
      * graphs were on (profiling, collectives, host reads, an interrupt) */
     int64_t captures, launches, op_by_op;

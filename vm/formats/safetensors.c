@@ -11,6 +11,7 @@
 #include "formats/json.h"
 #include "util/atomic.h"
 #include "util/budget.h"
+#include "util/memory.h"
 #include "util/text.h"
 #include "../../ops/bf16.h"
 #include "../../ops/fp8.h"
@@ -974,9 +975,11 @@ typedef struct wmeta { char *key, *value; } wmeta;
 
 struct ck_st_writer {
     wtensor *t;
-    int n, capt;
+    int n;
+    size_t capt;
     wmeta *m;
-    int nm, capm;
+    int nm;
+    size_t capm;
     char failed[256]; /* first bad add or meta call; empty if none */
 };
 
@@ -1031,13 +1034,8 @@ int ck_st_writer_meta(ck_st_writer *w, const char *key, const char *value)
     if (!key || !value) return werr(w, "__metadata__ key or value is NULL");
     if (!valid_utf8(key) || !valid_utf8(value))
         return werr(w, "__metadata__ entry '%s' is not valid UTF-8", show(key).s);
-    if (w->nm == w->capm) {
-        int cap = w->capm ? w->capm * 2 : 16;
-        wmeta *m = realloc(w->m, sizeof *m * (size_t)cap);
-        if (!m) return werr(w, "out of memory adding __metadata__ '%s'", show(key).s);
-        w->m = m;
-        w->capm = cap;
-    }
+    if (ck_grow(&w->m, &w->capm, (size_t)w->nm + 1, sizeof *w->m, 16))
+        return werr(w, "out of memory adding __metadata__ '%s'", show(key).s);
     wmeta e = {dupstr(key), dupstr(value)};
     if (!e.key || !e.value) {
         free(e.key);
@@ -1086,15 +1084,9 @@ static int describe(ck_st_writer *w, const char *name, ck_st_dtype dtype, int nd
 /* Appends e with its name copied; on failure e's copy is freed. */
 static int push(ck_st_writer *w, const char *name, wtensor *e)
 {
-    if (w->n == w->capt) {
-        int cap = w->capt ? w->capt * 2 : 64;
-        wtensor *t = realloc(w->t, sizeof *t * (size_t)cap);
-        if (!t) {
-            free(e->copy);
-            return werr(w, "out of memory adding tensor '%s'", show(name).s);
-        }
-        w->t = t;
-        w->capt = cap;
+    if (ck_grow(&w->t, &w->capt, (size_t)w->n + 1, sizeof *w->t, 64)) {
+        free(e->copy);
+        return werr(w, "out of memory adding tensor '%s'", show(name).s);
     }
     if (!(e->name = dupstr(name))) {
         free(e->copy);

@@ -11,6 +11,7 @@
  * (the graph's comm_overlap) moves each gradient's accumulation and each
  * bucket's ALLREDUCE_START the same way. */
 #include "plan/plan.h"
+#include "util/memory.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -19,19 +20,13 @@ typedef struct sched {
     const ck_graph *g;
     const unsigned char *recompute;
     ck_plan *pl;
-    int cap_ops, cap_t;
+    size_t cap_ops, cap_t;
     int *copy; /* per graph tensor: its recomputed copy, -1 */
 } sched;
 
 static int push(sched *s, const ck_op_ref *r)
 {
-    if (s->pl->n == s->cap_ops) {
-        int cap = s->cap_ops ? 2 * s->cap_ops : 256;
-        ck_op_ref *ops = realloc(s->pl->ops, sizeof *ops * (size_t)cap);
-        if (!ops) return -1;
-        s->pl->ops = ops;
-        s->cap_ops = cap;
-    }
+    if (ck_grow(&s->pl->ops, &s->cap_ops, (size_t)s->pl->n + 1, sizeof *s->pl->ops, 256)) return -1;
     s->pl->ops[s->pl->n++] = *r;
     return 0;
 }
@@ -45,13 +40,7 @@ static int marked(const sched *s, int t)
 static int new_copy(sched *s, int origin)
 {
     ck_plan *pl = s->pl;
-    if (pl->ntensors == s->cap_t) {
-        int cap = 2 * s->cap_t;
-        int *o = realloc(pl->origin, sizeof(int) * (size_t)cap);
-        if (!o) return -1;
-        pl->origin = o;
-        s->cap_t = cap;
-    }
+    if (ck_grow(&pl->origin, &s->cap_t, (size_t)pl->ntensors + 1, sizeof *pl->origin, 64)) return -1;
     pl->origin[pl->ntensors] = origin;
     return pl->ntensors++;
 }
@@ -178,7 +167,7 @@ int ck_schedule(ck_plan *pl, const ck_graph *g, const int *nodes, int n, const u
 {
     sched s = {g, recompute, pl, 0, 0, NULL};
     memset(pl, 0, sizeof *pl);
-    s.cap_t = g->nt + 64;
+    s.cap_t = (size_t)g->nt + 64;
     pl->ntensors = g->nt;
     pl->origin = malloc(sizeof(int) * (size_t)s.cap_t);
     s.copy = malloc(sizeof(int) * (size_t)(g->nt ? g->nt : 1));

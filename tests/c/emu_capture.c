@@ -10,6 +10,7 @@
 #include "run/program.h"
 
 #include "check.h"
+#include "program_tensors.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -77,22 +78,6 @@ static ck_program *compile(const ck_graph *g, int loss, const ck_backend *be, in
     return ck_compile(g, &o, err, 512);
 }
 
-/* the parameters' bytes, one after another, in *n of them */
-static unsigned char *params(ck_program *p, size_t *n)
-{
-    size_t total = 0;
-    for (int t = 0; t < p->g->nt; t++)
-        if (p->g->t[t].kind == CK_KIND_PARAM) total += ck_tensor_bytes(&p->g->t[t]);
-    unsigned char *out = malloc(total ? total : 1), *at = out;
-    for (int t = 0; out && t < p->g->nt; t++) {
-        if (p->g->t[t].kind != CK_KIND_PARAM) continue;
-        memcpy(at, ck_program_read(p, t), ck_tensor_bytes(&p->g->t[t]));
-        at += ck_tensor_bytes(&p->g->t[t]);
-    }
-    *n = total;
-    return out;
-}
-
 int main(void)
 {
     char err[512];
@@ -127,7 +112,7 @@ int main(void)
     CHECK(before_last.op_by_op > 0, "the first run's searches refused its captures (%lld ranges op by op)",
           (long long)before_last.op_by_op);
     size_t na, nb;
-    unsigned char *a = params(pg, &na), *b = params(pe, &nb);
+    unsigned char *a = tensors_of(pg, CK_KIND_PARAM, &na), *b = tensors_of(pe, CK_KIND_PARAM, &nb);
     CHECK(a && b && na == nb && !memcmp(a, b, na), "the parameters after three steps are bitwise those of graphs off");
     free(a), free(b);
     ck_program_free(pg), ck_program_free(pe);

@@ -30,6 +30,7 @@
 #include "run/program.h"
 
 #include "check.h"
+#include "program_tensors.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -235,23 +236,6 @@ static ck_program *compile(const ck_graph *g, int loss, decision *d, int offload
     return ck_compile(g, &o, err, 512);
 }
 
-/* every parameter's bytes, one after another */
-static unsigned char *params_of(ck_program *p, size_t *n)
-{
-    size_t total = 0;
-    for (int t = 0; t < p->g->nt; t++)
-        if (p->g->t[t].kind == CK_KIND_PARAM) total += ck_tensor_bytes(&p->g->t[t]);
-    unsigned char *out = malloc(total ? total : 1), *at = out;
-    for (int t = 0; t < p->g->nt; t++) {
-        if (p->g->t[t].kind != CK_KIND_PARAM) continue;
-        const float *x = ck_program_read(p, t);
-        memcpy(at, x, ck_tensor_bytes(&p->g->t[t]));
-        at += ck_tensor_bytes(&p->g->t[t]);
-    }
-    *n = total;
-    return out;
-}
-
 /* decision mark's list (its recompute, then its transfers at prefetch)
  * placed: its peak and its predicted step on dev; 0, or -1 */
 static int exact_of(const ck_decide_ctx *c, const unsigned char *mark, size_t *peak, double *time)
@@ -318,7 +302,7 @@ int main(void)
             }
         }
         size_t na, nb;
-        unsigned char *a = params_of(pa, &na), *b = params_of(pb, &nb);
+        unsigned char *a = tensors_of(pa, CK_KIND_PARAM, &na), *b = tensors_of(pb, CK_KIND_PARAM, &nb);
         if (na != nb || memcmp(a, b, na)) {
             if (bitwise) {
                 snprintf(name, sizeof name, "round %d: parameters differ after offloaded steps", round);

@@ -32,6 +32,7 @@
 #include "run/program.h"
 
 #include "check.h"
+#include "program_tensors.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -114,21 +115,6 @@ static ck_program *compile(const ck_graph *g, int loss, how h, char *err)
 }
 
 /* the bytes of every tensor of a kind (parameters, optimizer state), read back in graph order */
-static unsigned char *tensors_of(ck_program *p, ck_kind kind, size_t *n)
-{
-    size_t total = 0;
-    for (int t = 0; t < p->g->nt; t++)
-        if (p->g->t[t].kind == kind) total += ck_tensor_bytes(&p->g->t[t]);
-    unsigned char *out = malloc(total ? total : 1), *at = out;
-    for (int t = 0; t < p->g->nt; t++) {
-        if (p->g->t[t].kind != kind) continue;
-        memcpy(at, ck_program_read(p, t), ck_tensor_bytes(&p->g->t[t]));
-        at += ck_tensor_bytes(&p->g->t[t]);
-    }
-    *n = total;
-    return out;
-}
-
 /* the list's transfers of streamed weights against what ck_offload_schedule states:
  * *copies gets the copies in of all streamed weights */
 static int uses_sound(const ck_plan *pl, const ck_program *p, int *copies)

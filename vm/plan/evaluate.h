@@ -78,7 +78,7 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t);
  * it). A guide for searches: the change itself says what it does. */
 int64_t ck_tracker_mark_gain(ck_tracker *tr, int t);
 /* Lays the list's keys out evenly again, as a flip does when a gap fills
- * (for tests: a flip never needs it called). 0, or -1 out of memory. */
-int ck_tracker_relabel(ck_tracker *tr);
+ * (for tests: a flip never needs it called). */
+void ck_tracker_relabel(ck_tracker *tr);
 
 #endif

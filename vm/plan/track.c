@@ -337,14 +337,14 @@ static int pull_all(ck_tracker *tr)
 #define SPACING ((uint64_t)1 << 36)
 #define STEP ((uint64_t)1 << 20)
 
-static int relabel(ck_tracker *tr)
+/* new keys in list order: the treap's shape and maxima stay as they are */
+static void relabel(ck_tracker *tr)
 {
     uint64_t k = 0;
     for (int x = tr->head; x != NONE; x = tr->next[x]) {
         tr->t[x].key = k;
         k += SPACING;
     }
-    return pull_all(tr);
 }
 
 /* ---- buffers */
@@ -525,7 +525,7 @@ static int insert_entry(ck_tracker *tr, int f, int at)
     const int v = tr->fwd[f], x = tr->nf + tr->nb + f;
     const ck_pnode *nd = &tr->e->nodes[v];
     const int left = tr->prev[at];
-    if (key_of(tr, at) - key_of(tr, left) < 2 && relabel(tr)) return -1;
+    if (key_of(tr, at) - key_of(tr, left) < 2) relabel(tr);
     const uint64_t gap = key_of(tr, at) - key_of(tr, left);
     tnode *n = &tr->t[x];
     n->l = n->r = NONE;
@@ -998,7 +998,7 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
     return tr->c->persistent + (size_t)(m > 0 ? m : 0);
 }
 
-int ck_tracker_relabel(ck_tracker *tr) { return relabel(tr); }
+void ck_tracker_relabel(ck_tracker *tr) { relabel(tr); }
 
 
 

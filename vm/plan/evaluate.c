@@ -251,6 +251,8 @@ static int placed_for(const ck_evaluator *e, const unsigned char *mark)
     return 1;
 }
 
+size_t ck_evaluator_least_frag(const ck_evaluator *e) { return e->least_frag; }
+
 int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark) { return !e->fallback && placed_for(e, mark); }
 
 void ck_evaluator_forget(ck_evaluator *e, int keep)
@@ -374,6 +376,8 @@ int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *p
     /* as ck_plan_memory: the transient region starts aligned above the persistent one */
     const size_t base = (e->c->persistent + ALIGN - 1) / ALIGN * ALIGN;
     *peak = top > 0 || e->pos ? base + (size_t)top : e->c->persistent;
+    const size_t live = e->c->persistent + (size_t)sweep(e);
+    if (*peak >= live && *peak - live < e->least_frag) e->least_frag = *peak - live;
     return 0;
 }
 
@@ -458,6 +462,7 @@ ck_evaluator *ck_evaluator_new(const ck_decide_ctx *c)
     const ck_graph *g = c->g;
     e->c = c;
     e->nt = g->nt;
+    e->least_frag = SIZE_MAX;
     e->fallback = g->fused_updates || g->comm_overlap;
     if (e->fallback) return e;
     /* a list holds each node once and each forward node at most once more,

@@ -36,6 +36,9 @@ void ck_evaluator_rest(ck_evaluator *e);
  * again); with keep, all but its offsets (8 bytes a buffer), from which an
  * exact evaluation of the same buffers restores it without placing. */
 void ck_evaluator_forget(ck_evaluator *e, int keep);
+/* The least fragmentation (placed peak less live peak) an exact evaluation
+ * has shown, SIZE_MAX before one. */
+size_t ck_evaluator_least_frag(const ck_evaluator *e);
 /* 1 when the last exact evaluation was of decision mark. */
 int ck_evaluator_placed(const ck_evaluator *e, const unsigned char *mark);
 

@@ -47,6 +47,7 @@ struct ck_evaluator {
      * kept when bufs are forgotten (known) */
     int placed, known, nplaced;
     int64_t top;
+    size_t least_frag;  /* the least placed peak less live peak of the exact evaluations, SIZE_MAX before one */
     uint64_t digest[2];
     unsigned char *placed_mark;
     /* the turn to backward: the buffers made by forward entries that a later

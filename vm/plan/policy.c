@@ -280,7 +280,9 @@ int ck_policy_fixed(const ck_policy *pol, const ck_decide_ctx *c, unsigned char 
  *    whose live peak fits, and longer ones;
  *  - in order of their FLOPs, the first start that fits when placed is
  *    pruned: the marked tensors that cost the most to recompute are kept,
- *    one at a time, while the live peak plus the start's fragmentation fits;
+ *    one at a time, while the live peak plus the start's fragmentation fits
+ *    (a start's placed peak less its live peak; once a start has missed, or
+ *    is taken to, the least any placement showed, none's included);
  *  - all the prunings placed, or failing that the longest run of them that
  *    fits;
  *  - exchanges from that answer: kept tensors whose marking lowers the live
@@ -805,10 +807,15 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
         if (k == c->ncand) break;
     }
     if (ss.n > 1) qsort(ss.s, (size_t)ss.n, sizeof *ss.s, by_flops);
-    /* the first start whose live peak fits is placed; once one has missed
-     * the budget by its fragmentation, the next whose live peak fits with
-     * that fragmentation is descended from without being placed (a start
-     * that does not is placed, as it may fit all the same) */
+    /* the first start whose live peak fits is placed, unless it is a greedy
+     * prefix (the shortest that fits sits at the budget by its making) whose
+     * live peak plus the least fragmentation a placement has shown (none's,
+     * where the budget is a share of it) passes the budget: that one is taken
+     * to miss unplaced (a fixed policy's start is always placed: the answer
+     * recomputes no more than any that fits). Once one has missed, the next
+     * whose live peak fits with that least fragmentation is descended from
+     * without being placed (a start that does not is placed, as it may fit
+     * all the same) */
     size_t shown = SIZE_MAX;
     for (int i = 0; i < ss.n && !b->found; i++) {
         start *s = &ss.s[i];
@@ -820,10 +827,15 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
             if (descend(c, ev, from, 0, budget, shown, b, mark, order, 0)) goto out;
             continue;
         }
+        const size_t least = ck_evaluator_least_frag(ev);
+        if (s->prefix >= 0 && least != SIZE_MAX && s->live + least > budget) {
+            shown = least;
+            continue;
+        }
         size_t peak;
         const int fit = consider_peak(c, ev, from, budget, b, &peak);
         if (fit < 0 || (fit && descend(c, ev, from, 1, budget, peak - s->live, b, mark, order, 0))) goto out;
-        if (!fit) shown = peak - s->live;
+        if (!fit) shown = ck_evaluator_least_frag(ev);
     }
     /* nothing fits: the error names the smallest peak, so place every start
      * in order of its lower bounds while one may be below it */

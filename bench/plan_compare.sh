@@ -48,6 +48,8 @@ SDXL 1024 px, budget:80%|bench/plan_scale.lua --size full --checkpoint budget:80
 SDXL 1024 px, auto:16GiB|bench/plan_scale.lua --size full --checkpoint auto:16GiB
 SDXL 1024 px depth x4, budget:80%|bench/plan_scale.lua --size full --depth-mult 4 --checkpoint budget:80%
 sdxl-tiny 256 px depth x32, budget:80%|bench/plan_scale.lua --size tiny --depth-mult 32 --checkpoint budget:80%
+SDXL 1024 px depth x3, budget:70%|bench/plan_scale.lua --size full --depth-mult 3 --checkpoint budget:70%
+sdxl-tiny 256 px depth x32, budget:62%|bench/plan_scale.lua --size tiny --depth-mult 32 --checkpoint budget:62%
 train_sdxl_lora --size full --checkpoint budget:80% (--plan)|--plan scripts/train_sdxl_lora.lua --size full --checkpoint budget:80%
 train_sdxl_lora --size full, cuda, auto:12GiB (--plan, joint)|--plan --device cuda scripts/train_sdxl_lora.lua --size full --checkpoint auto:12GiB
 train_flux_lora --size dev 1024, cuda, auto:80GiB (--plan, joint)|--plan --device cuda scripts/train_flux_lora.lua --size dev --resolution 1024 --checkpoint auto:80GiB

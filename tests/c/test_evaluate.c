@@ -24,7 +24,7 @@
 int main(void)
 {
     int searches = 0, searched_big = 0, search_found = 1, search_fits = 1, search_beats = 1, fixed_fits = 0;
-    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1, floor_ok = 1, floors = 0;
+    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, frag_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1, floor_ok = 1, floors = 0;
     char name[160];
     for (int round = 0; round < 60; round++) {
         int loss = -1;
@@ -54,6 +54,7 @@ int main(void)
         ck_decide_ctx c = {.g = g, .nodes = nodes, .n = g->nn, .cand = cand, .ncand = ncand, .poff = poff,
                            .persistent = persistent, .retain = round % 3 ? retain : NULL, .be = be};
         ck_evaluator *ev = ck_evaluator_new(&c);
+        size_t least = SIZE_MAX; /* the least placed peak less live peak of the decisions below */
         for (int trial = 0; ev && trial < 12; trial++) {
             const int density = (int)(next() % 4);
             memset(mark, 0, (size_t)g->nt);
@@ -78,6 +79,13 @@ int main(void)
                          pl.peak);
                 check(name, 0, 0);
             }
+            if (pl.peak - live < least) least = pl.peak - live;
+            if (ck_evaluator_least_frag(ev) != least && frag_ok) {
+                snprintf(name, sizeof name, "round %d trial %d: least fragmentation %zu, the plans' %zu", round, trial,
+                         ck_evaluator_least_frag(ev), least);
+                check(name, 0, 0);
+            }
+            frag_ok &= ck_evaluator_least_frag(ev) == least;
             /* the plan made from an evaluator that placed the decision last
              * (its placement reused; its last use) is the plan */
             ck_plan ep;
@@ -217,6 +225,9 @@ int main(void)
     check(name, live_ok && trials >= 600, trials);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the exact peak is the placed plan's", trials, graphs);
     check(name, exact_ok && trials >= 600, trials);
+    snprintf(name, sizeof name, "%d decisions on %d graphs: the least fragmentation is the placed plans' least", trials,
+             graphs);
+    check(name, frag_ok && trials >= 600, trials);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the recompute FLOPs are the list's", trials, graphs);
     check(name, flops_ok && trials >= 600, trials);
     snprintf(name, sizeof name, "%d one-tensor changes on %d graphs: the tracked live peak is the walk's", tracked,

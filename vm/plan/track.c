@@ -115,7 +115,7 @@ struct ck_tracker {
     /* the readers of each graph tensor among the list's nodes (CSR) */
     int *rstart;
     int *readers;
-    /* the list: a treap by place (keys spread out, 2^32 apart when laid
+    /* the list: a treap by place (keys spread out, SPACING apart when laid
      * out, a new entry taking the middle of its gap), and a linked list */
     tnode *t;
     int root, head, *prev, *next;
@@ -312,7 +312,8 @@ static void range_add(ck_tracker *tr, int from, int to, int64_t d)
     add_keys(tr, tr->root, key_of(tr, from), key_of(tr, to), d);
 }
 
-/* every node's bounds again, children before parents (after keys changed) */
+/* every node's maxima from its own value and its children's, children before
+ * parents (after the values were set at a reset) */
 static int pull_all(ck_tracker *tr)
 {
     int *order = ck_big_alloc(sizeof(int) * 2 * (size_t)tr->nent), n = 0, sp = 0;

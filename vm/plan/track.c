@@ -124,6 +124,7 @@ struct ck_tracker {
     int (*child)[CK_MAX_IN];   /* per later and recompute entry (CHILD) */
     int *parent, *pslot;       /* per recompute entry (PARENT, PSLOT) */
     int (*rin)[CK_MAX_IN];     /* per forward index: the ids its recompute entry reads (RIN) */
+    unsigned char *io;         /* per forward index: its node's input count, and bit 3 + o set where output o is a tensor */
     unsigned char *in_r;       /* per forward index: its recompute entry is in the list */
     double rflops;
     long work;                 /* entries moved and ranges changed since reset */
@@ -963,7 +964,7 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
     if (first_back > from)
         for (int i = 0; i < nback; i++) {
             const int x = tr->nf + tr->nb + backs[i];
-            for (int j = 0; j < tr->e->nodes[tr->fwd[backs[i]]].nin; j++) {
+            for (int j = 0; j < (tr->io[backs[i]] & 7); j++) {
                 const int r = root_of(tr, RIN(tr, x)[j]);
                 if (tr->is_dirty[r]) continue;
                 tr->is_dirty[r] = 1; /* stays: not freed */
@@ -976,11 +977,10 @@ size_t ck_tracker_unmark_floor(ck_tracker *tr, int t)
         if (i < 0) {
             if (copy != NONE) ids[n++] = copy;
         } else {
-            const int x = tr->list[i], f = x - tr->nf - tr->nb;
-            const ck_pnode *nd = &tr->e->nodes[tr->fwd[f]];
-            for (int j = 0; j < nd->nin; j++) ids[n++] = RIN(tr, x)[j];
-            for (int o = 0; o < nd->nout; o++)
-                if (nd->out[o] >= 0) ids[n++] = tr->nt + tr->cbase[f] + o;
+            const int x = tr->list[i], f = x - tr->nf - tr->nb, io = tr->io[f];
+            for (int j = 0; j < (io & 7); j++) ids[n++] = RIN(tr, x)[j];
+            for (int o = 0; o < CK_MAX_OUT; o++)
+                if (io & (8 << o)) ids[n++] = tr->nt + tr->cbase[f] + o;
         }
         for (int j = 0; j < n; j++) {
             const int r = root_of(tr, ids[j]);
@@ -1203,6 +1203,7 @@ void ck_tracker_free(ck_tracker *tr)
     ck_big_free(tr->parent);
     ck_big_free(tr->pslot);
     ck_big_free(tr->rin);
+    ck_big_free(tr->io);
     ck_big_free(tr->in_r);
     ck_big_free(tr->alias);
     ck_big_free(tr->rf);
@@ -1251,11 +1252,16 @@ ck_tracker *ck_tracker_new(ck_evaluator *e)
     tr->nent = tr->nf + tr->nb + tr->nf + 1;
     tr->end = tr->nent - 1;
     tr->cbase = ck_big_alloc(sizeof(int) * (size_t)(tr->nf + 1));
-    if (!tr->cbase) goto oom;
+    tr->io = ck_big_alloc((size_t)(tr->nf ? tr->nf : 1));
+    if (!tr->cbase || !tr->io) goto oom;
     int nc = 0;
     for (int f = 0; f < tr->nf; f++) {
+        const ck_pnode *nd = &e->nodes[tr->fwd[f]];
         tr->cbase[f] = nc;
-        nc += e->nodes[tr->fwd[f]].nout;
+        nc += nd->nout;
+        tr->io[f] = (unsigned char)nd->nin;
+        for (int o = 0; o < nd->nout; o++)
+            if (nd->out[o] >= 0) tr->io[f] |= (unsigned char)(8 << o);
     }
     tr->cbase[tr->nf] = nc;
     tr->nids = g->nt + nc;

@@ -156,6 +156,7 @@ struct ck_tracker {
 };
 
 #define RIN(tr, x) (tr)->rin[(x) - (tr)->nf - (tr)->nb]
+_Static_assert(CK_MAX_IN < 8 && CK_MAX_OUT <= 5, "a forward index's io byte holds its input count in 3 bits, its outputs in 5");
 /* the first and last forward entry touching buffer root id (its aliases' uses
  * folded in by the evaluator's forward walk), NONE: forward entries never move */
 #define FF(tr, id) ((id) < (tr)->nt && (tr)->e->root0[id] == (id) ? (tr)->e->first0[id] : NONE)

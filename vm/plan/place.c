@@ -158,11 +158,31 @@ static int insert(tree *t, int v, int lo, int hi, int first, int last, unit a, u
  * of the smallest gap that holds it, or the union's end (an exact fit ends the
  * look at once). The sets are merged by their ranges' starts (a heap of each
  * set's next range, its start kept beside it so that the heap's comparisons
- * read no set). */
+ * read no set); a set's ranges that end inside the part of the union already
+ * merged (at most at) cannot bound a gap, and are stepped over by a galloping
+ * search rather than merged one by one. */
 typedef struct head {
     unit lo;
     int q;
 } head;
+
+/* the first of v[i .. n - 1] that ends after at (n where none does) */
+static uint32_t past(const span *v, uint32_t i, uint32_t n, unit at)
+{
+    if (i >= n || v[i].hi > at) return i;
+    uint32_t step = 1, lo = i + 1; /* v[i .. lo - 1] end at or before at */
+    while (lo + step - 1 < n && v[lo + step - 1].hi <= at) {
+        lo += step;
+        step *= 2;
+    }
+    uint32_t hi = lo + step - 1 < n ? lo + step - 1 : n; /* v[hi] ends after at, or hi == n */
+    while (lo < hi) {
+        const uint32_t m = lo + (hi - lo) / 2;
+        if (v[m].hi <= at) lo = m + 1;
+        else hi = m;
+    }
+    return lo;
+}
 
 static unit best_fit(const tree *t, unit need)
 {
@@ -185,7 +205,7 @@ static unit best_fit(const tree *t, unit need)
     int found = 0;
     while (hn) {
         const int q = heap[0].q;
-        const span s = v[f[q].at + pos[q]++];
+        const span s = v[f[q].at + pos[q]];
         if (s.lo >= at && s.lo - at >= need && (!found || s.lo - at < best_gap)) {
             best = at;
             best_gap = s.lo - at;
@@ -193,6 +213,7 @@ static unit best_fit(const tree *t, unit need)
             if (best_gap == need) break; /* no gap is smaller, and later ones lie higher */
         }
         if (s.hi > at) at = s.hi;
+        pos[q] = past(v + f[q].at, pos[q] + 1, f[q].n, at);
         head h;
         if (pos[q] < f[q].n) {
             h = (head){v[f[q].at + pos[q]].lo, q};

@@ -156,11 +156,13 @@ static int insert(tree *t, int v, int lo, int hi, int first, int last, unit a, u
 
 /* The best fit for need units among the found sets' union: the lowest offset
  * of the smallest gap that holds it, or the union's end (an exact fit ends the
- * look at once). The sets are merged by their ranges' starts (a heap of each
- * set's next range, its start kept beside it so that the heap's comparisons
- * read no set); a set's ranges that end inside the part of the union already
- * merged (at most at) cannot bound a gap, and are stepped over by a galloping
- * search rather than merged one by one. */
+ * look at once). A gap of the union lies inside a gap of every set, so each
+ * set is read as runs of its ranges with no gap of need units between them
+ * (the union's gaps that can hold need units stay as they are), and a set's
+ * ranges that end inside the part of the union already merged (at most at)
+ * are stepped over by a galloping search. The sets' runs are merged by their
+ * starts (a heap of each set's next run, its start kept beside it so that the
+ * heap's comparisons read no set). */
 typedef struct head {
     unit lo;
     int q;
@@ -184,16 +186,31 @@ static uint32_t past(const span *v, uint32_t i, uint32_t n, unit at)
     return lo;
 }
 
+/* the next run of v[*i .. n - 1] that ends after at, *i moved past it; 0 where none is left */
+static int next_run(const span *v, uint32_t *i, uint32_t n, unit at, unit need, span *run)
+{
+    uint32_t j = past(v, *i, n, at);
+    if (j == n) return 0;
+    run->lo = v[j].lo;
+    unit hi = v[j].hi;
+    while (++j < n && v[j].lo - hi < need) hi = v[j].hi;
+    run->hi = hi;
+    *i = j;
+    return 1;
+}
+
 static unit best_fit(const tree *t, unit need)
 {
     head heap[4 * 32];
-    int hn = 0;
+    span cur[4 * 32];
     uint32_t pos[4 * 32];
+    int hn = 0;
     const span *v = t->pool.v;
     const spans *f = t->found;
     for (int q = 0; q < t->nfound; q++) {
         pos[q] = 0;
-        const unit lo = v[f[q].at].lo;
+        next_run(v + f[q].at, &pos[q], f[q].n, 0, need, &cur[q]); /* a found set has a range */
+        const unit lo = cur[q].lo;
         int x = hn++;
         while (x && heap[(x - 1) / 2].lo > lo) {
             heap[x] = heap[(x - 1) / 2];
@@ -205,7 +222,7 @@ static unit best_fit(const tree *t, unit need)
     int found = 0;
     while (hn) {
         const int q = heap[0].q;
-        const span s = v[f[q].at + pos[q]];
+        const span s = cur[q];
         if (s.lo >= at && s.lo - at >= need && (!found || s.lo - at < best_gap)) {
             best = at;
             best_gap = s.lo - at;
@@ -213,10 +230,9 @@ static unit best_fit(const tree *t, unit need)
             if (best_gap == need) break; /* no gap is smaller, and later ones lie higher */
         }
         if (s.hi > at) at = s.hi;
-        pos[q] = past(v + f[q].at, pos[q] + 1, f[q].n, at);
         head h;
-        if (pos[q] < f[q].n) {
-            h = (head){v[f[q].at + pos[q]].lo, q};
+        if (next_run(v + f[q].at, &pos[q], f[q].n, at, need, &cur[q])) {
+            h = (head){cur[q].lo, q};
         } else {
             if (--hn == 0) break;
             h = heap[hn];

@@ -24,7 +24,7 @@
 int main(void)
 {
     int searches = 0, searched_big = 0, search_found = 1, search_fits = 1, search_beats = 1, fixed_fits = 0;
-    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, frag_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1, floor_ok = 1, floors = 0;
+    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, frag_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1, floor_ok = 1, floors = 0, under_ok = 1, unders = 0;
     char name[160];
     for (int round = 0; round < 60; round++) {
         int loss = -1;
@@ -55,6 +55,8 @@ int main(void)
                            .persistent = persistent, .retain = round % 3 ? retain : NULL, .be = be};
         ck_evaluator *ev = ck_evaluator_new(&c);
         size_t least = SIZE_MAX; /* the least placed peak less live peak of the decisions below */
+        ck_evaluator *uev = ck_evaluator_new(&c);
+        size_t uleast = SIZE_MAX; /* uev's: of those placed to the end */
         for (int trial = 0; ev && trial < 12; trial++) {
             const int density = (int)(next() % 4);
             memset(mark, 0, (size_t)g->nt);
@@ -86,6 +88,31 @@ int main(void)
                 check(name, 0, 0);
             }
             frag_ok &= ck_evaluator_least_frag(ev) == least;
+            /* placed under a limit by an evaluator whose last placement was
+             * another decision's: the exact peak where it is at most the limit;
+             * else above the limit and at most the exact peak, and the least
+             * fragmentation as it was; then placed exactly (limits not drawn
+             * from next(), whose sequence the tests below follow) */
+            {
+                const size_t span = (pl.peak - live) * 2 + 2; /* from the live peak to past the exact one */
+                const size_t limit = live + span * (size_t)((round * 12 + trial) % 7) / 6;
+                size_t upeak, again;
+                double uflops;
+                if (!uev || ck_evaluate_under(uev, mark, limit, &upeak, &uflops)) break;
+                int good = pl.peak <= limit ? upeak == pl.peak : upeak > limit && upeak <= pl.peak;
+                if (pl.peak <= limit && pl.peak - live < uleast) uleast = pl.peak - live;
+                good &= ck_evaluator_least_frag(uev) == uleast;
+                if (ck_evaluate(uev, mark, 1, &again, &uflops)) break;
+                good &= again == pl.peak;
+                if (pl.peak - live < uleast) uleast = pl.peak - live;
+                if (!good && under_ok) {
+                    snprintf(name, sizeof name, "round %d trial %d: peak %zu under limit %zu, exact %zu (then %zu)", round,
+                             trial, upeak, limit, pl.peak, again);
+                    check(name, 0, 0);
+                }
+                under_ok &= good;
+                unders += pl.peak > limit;
+            }
             /* the plan made from an evaluator that placed the decision last
              * (its placement reused; its last use) is the plan */
             ck_plan ep;
@@ -145,6 +172,11 @@ int main(void)
                     /* a marked tensor's bound on the peak once unmarked, found
                      * without a change: never above the peak the change makes */
                     const size_t before = ck_tracker_peak(tr), floor = mark[t] ? ck_tracker_unmark_floor(tr, t) : 0;
+                    if (ck_tracker_peak(tr) != before && floor_ok) {
+                        snprintf(name, sizeof name, "round %d trial %d step %d: the peak %zu moved to %zu by the floor's look",
+                                 round, trial, step, before, ck_tracker_peak(tr));
+                        check(name, 0, 0);
+                    }
                     floor_ok &= ck_tracker_peak(tr) == before;
                     if (ck_tracker_flip(tr, t)) break;
                     mark[t] ^= 1;
@@ -213,6 +245,7 @@ int main(void)
         free(ans);
         free(fx);
         ck_evaluator_free(ev);
+        ck_evaluator_free(uev);
         free(nodes);
         free(cand);
         free(poff);
@@ -228,6 +261,9 @@ int main(void)
     snprintf(name, sizeof name, "%d decisions on %d graphs: the least fragmentation is the placed plans' least", trials,
              graphs);
     check(name, frag_ok && trials >= 600, trials);
+    snprintf(name, sizeof name, "%d decisions placed under a limit (%d past it): the exact peak under it, a bound above", trials,
+             unders);
+    check(name, under_ok && unders >= 100 && unders < trials, unders);
     snprintf(name, sizeof name, "%d decisions on %d graphs: the recompute FLOPs are the list's", trials, graphs);
     check(name, flops_ok && trials >= 600, trials);
     snprintf(name, sizeof name, "%d one-tensor changes on %d graphs: the tracked live peak is the walk's", tracked,

@@ -122,7 +122,7 @@ int main(void)
         ck_place_buf *a = malloc(sizeof *a * (size_t)nb), *r = malloc(sizeof *r * (size_t)nb);
         make(a, nb, npos, round % 3 == 0);
         memcpy(r, a, sizeof *a * (size_t)nb);
-        const int64_t top = ck_place(a, nb, npos, ALIGN), rtop = reference(r, nb);
+        const int64_t top = ck_place(a, nb, npos, ALIGN, INT64_MAX), rtop = reference(r, nb);
         qsort(a, (size_t)nb, sizeof *a, by_id);
         qsort(r, (size_t)nb, sizeof *r, by_id);
         ok &= valid(a, nb, top);
@@ -137,6 +137,36 @@ int main(void)
         free(a);
         free(r);
     }
+    /* a placement told to stop: the whole one's high-water where that is at
+     * most the limit; otherwise a mark above the limit and at most the whole
+     * one's, every buffer placed before it as the whole placement did */
+    int stops = 0, stop_ok = 1;
+    for (int round = 0; round < 300; round++) {
+        const int nb = 1 + (int)(next() % 200), npos = 1 + (int)(next() % 100);
+        ck_place_buf *a = malloc(sizeof *a * (size_t)nb), *w = malloc(sizeof *w * (size_t)nb);
+        make(a, nb, npos, round % 3 == 0);
+        memcpy(w, a, sizeof *a * (size_t)nb);
+        const int64_t whole = ck_place(w, nb, npos, ALIGN, INT64_MAX);
+        const int64_t limit = (int64_t)(next() % (uint64_t)(whole + whole / 4 + 1));
+        for (int i = 0; i < nb; i++) a[i].off = -1;
+        const int64_t top = ck_place(a, nb, npos, ALIGN, limit);
+        if (whole <= limit) {
+            stop_ok &= top == whole;
+        } else {
+            stops++;
+            stop_ok &= top > limit && top <= whole;
+            int i = 0; /* the same order: the buffers placed agree until the stop */
+            while (i < nb && a[i].off >= 0) {
+                stop_ok &= a[i].off == w[i].off && a[i].id == w[i].id;
+                i++;
+            }
+            stop_ok &= i > 0 && (i == nb || a[i - 1].off + a[i - 1].size == top);
+        }
+        free(a);
+        free(w);
+    }
+    snprintf(name, sizeof name, "300 placements with a limit (%d stopped): exact under it, above it and no more than the whole once past", stops);
+    check(name, stop_ok && stops > 30, (double)stops);
     snprintf(name, sizeof name, "%d random placements: no overlap in space and time, aligned, high-water exact", cases);
     check(name, ok, 0);
     snprintf(name, sizeof name, "%d random placements equal the quadratic best fit to the byte", cases);
@@ -146,7 +176,7 @@ int main(void)
     {
         ck_place_buf b[100];
         for (int i = 0; i < 100; i++) b[i] = (ck_place_buf){ALIGN * (i % 7 + 1), -1, 0, 0, i, 0};
-        const int64_t top = ck_place(b, 100, 1, ALIGN);
+        const int64_t top = ck_place(b, 100, 1, ALIGN, INT64_MAX);
         int64_t sum = 0;
         for (int i = 0; i < 100; i++) sum += ALIGN * (i % 7 + 1);
         check("buffers live at once stack up: the high-water is the sum of their sizes", valid(b, 100, top) && top == sum,
@@ -156,7 +186,7 @@ int main(void)
     {
         ck_place_buf b[50];
         for (int i = 0; i < 50; i++) b[i] = (ck_place_buf){1000 + 10 * i, -1, i, i, i, 0};
-        const int64_t top = ck_place(b, 50, 50, ALIGN);
+        const int64_t top = ck_place(b, 50, 50, ALIGN, INT64_MAX);
         int zero = 1;
         for (int i = 0; i < 50; i++) zero &= b[i].off == 0;
         check("buffers never live at once all sit at offset 0", zero && top == 1490, (double)top);
@@ -169,7 +199,7 @@ int main(void)
             {1024, -1, 0, 10, 2, 0}, /* above both */
             {512, -1, 5, 10, 3, 0},  /* after 2: fits the 2048 gap */
         };
-        ck_place(b, 4, 11, ALIGN);
+        ck_place(b, 4, 11, ALIGN, INT64_MAX);
         qsort(b, 4, sizeof *b, by_id);
         check("a gap left by a buffer no longer live is reused", b[0].off == 0 && b[1].off == 4096 &&
               b[2].off == 6144 && b[3].off == 4096, (double)b[3].off);

@@ -212,8 +212,9 @@ static int restore(ck_evaluator *e)
 }
 
 /* the arena's high-water mark above the persistent region, as ck_plan_memory
- * places the same list (the same buffers, ids and order) */
-static int64_t place(ck_evaluator *e)
+ * places the same list (the same buffers, ids and order); once it passes stop,
+ * the mark so far (the placement is then not kept) */
+static int64_t place(ck_evaluator *e, int64_t stop)
 {
     /* buffers the same as the last placement's (decisions that differ only
      * where the list does not) place the same: not placed again */
@@ -233,7 +234,11 @@ static int64_t place(ck_evaluator *e)
     }
     for (int i = 0; i < e->pos; i++)
         if (e->ws[e->at[i]]) e->bufs[nb++] = (ck_place_buf){(int64_t)e->ws[e->at[i]], 0, i, i, -1, 0};
-    e->top = ck_place(e->bufs, nb, e->pos + 1, ALIGN);
+    e->top = ck_place(e->bufs, nb, e->pos + 1, ALIGN, stop);
+    if (e->top > stop) { /* stopped: not a placement of the list */
+        e->placed = e->known = 0;
+        return e->top;
+    }
     e->placed = e->known = e->top >= 0;
     e->digest[0] = d[0];
     e->digest[1] = d[1];
@@ -361,7 +366,9 @@ int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes)
     return k;
 }
 
-int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops)
+/* ck_evaluate, exact where limit is SIZE_MAX; otherwise the placement stops
+ * once the peak passes limit */
+static int evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t limit, size_t *peak, double *flops)
 {
     if (e->fallback) return evaluate_listed(e->c, mark, exact, peak, flops);
     if (e->released || scratch(e)) return -1;
@@ -371,14 +378,26 @@ int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *p
         *peak = e->c->persistent + (size_t)sweep(e);
         return 0;
     }
-    const int64_t top = place(e);
-    if (top < 0) return -1;
     /* as ck_plan_memory: the transient region starts aligned above the persistent one */
     const size_t base = (e->c->persistent + ALIGN - 1) / ALIGN * ALIGN;
+    const int64_t stop = limit == SIZE_MAX || limit < base ? INT64_MAX : (int64_t)(limit - base);
+    const int64_t top = place(e, stop);
+    if (top < 0) return -1;
     *peak = top > 0 || e->pos ? base + (size_t)top : e->c->persistent;
+    if (top > stop) return 0; /* stopped: above limit, and no fragmentation known */
     const size_t live = e->c->persistent + (size_t)sweep(e);
     if (*peak >= live && *peak - live < e->least_frag) e->least_frag = *peak - live;
     return 0;
+}
+
+int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops)
+{
+    return evaluate(e, mark, exact, SIZE_MAX, peak, flops);
+}
+
+int ck_evaluate_under(ck_evaluator *e, const unsigned char *mark, size_t limit, size_t *peak, double *flops)
+{
+    return evaluate(e, mark, 1, limit, peak, flops);
 }
 
 void ck_evaluator_free(ck_evaluator *e)

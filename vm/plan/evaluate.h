@@ -17,6 +17,10 @@ void ck_evaluator_free(ck_evaluator *e);
  * arena's high-water mark as ck_plan_memory would place it; otherwise the most
  * bytes live at once (ck_plan_live_peak), a lower bound. 0, or -1 out of memory. */
 int ck_evaluate(ck_evaluator *e, const unsigned char *mark, int exact, size_t *peak, double *flops);
+/* ck_evaluate's exact peak where it is at most limit; otherwise a peak above
+ * limit that may be below the exact one (the placement stopped once it passed
+ * limit: not kept, and its fragmentation not counted in the least one). */
+int ck_evaluate_under(ck_evaluator *e, const unsigned char *mark, size_t limit, size_t *peak, double *flops);
 
 /* A lower bound of ck_evaluate's live peak for mark, found without walking
  * the list: the persistent bytes and the buffers forward entries make that

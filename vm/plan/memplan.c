@@ -305,7 +305,7 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
     if (same_buffers(known, pl, g, nb, first, last)) {
         placed = known->placed;
         top = known->top;
-    } else if ((top = ck_place(bufs, nb, n + 1, ALIGN)) < 0) {
+    } else if ((top = ck_place(bufs, nb, n + 1, ALIGN, INT64_MAX)) < 0) {
         goto out;
     }
     const int64_t base = align_up((int64_t)persistent);
@@ -321,7 +321,7 @@ int ck_plan_memory_known(ck_plan *pl, const ck_graph *g, const int64_t *poff, si
             /* not a streamed weight */
             if (first[t] >= 0 && on_host(pl, t) && !(t < g->nt && ck_plan_is_persistent(g->t[t].kind)))
                 bufs[k++] = (ck_place_buf){(int64_t)ck_plan_tensor_bytes(pl, g, t), 0, first[t], last[t], t, 0};
-        const int64_t htop = ck_place(bufs, k, n + 1, ALIGN);
+        const int64_t htop = ck_place(bufs, k, n + 1, ALIGN, INT64_MAX);
         if (htop < 0) goto out;
         for (int b = 0; b < k; b++) pl->off[bufs[b].id] = bufs[b].off;
         pl->host_peak = (size_t)htop;

@@ -262,7 +262,7 @@ static int by_size(const void *pa, const void *pb)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align)
+int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align, int64_t stop)
 {
     int64_t total = 0; /* the most any offset can be */
     for (int b = 0; b < nb; b++) total += align_up(bufs[b].size, align);
@@ -288,6 +288,7 @@ int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align)
         bufs[b].off = (int64_t)off * grid;
         /* the high-water mark counts the bytes used, not the alignment after them */
         if (bufs[b].off + bufs[b].size > top) top = bufs[b].off + bufs[b].size;
+        if (top > stop) break;
         if (insert(&t, 0, 0, npos - 1, bufs[b].first, bufs[b].last, off, off + need)) {
             top = -1;
             break;

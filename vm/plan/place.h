@@ -18,7 +18,10 @@ typedef struct ck_place_buf {
  * that holds its aligned size, or above them all; a buffer of no bytes at 0.
  * Positions are 0 .. npos-1 and offsets multiples of align (of a power of two
  * times align, when the buffers together pass 2^32 times align). Returns the
- * high-water mark (the end of the highest byte used), or -1 out of memory. */
-int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align);
+ * high-water mark (the end of the highest byte used), or -1 out of memory;
+ * once the high-water mark passes stop (INT64_MAX: never), the placement ends
+ * there and returns the mark so far, above stop and at most the whole
+ * placement's (the buffers after it have no offsets). */
+int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align, int64_t stop);
 
 #endif

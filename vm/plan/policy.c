@@ -301,14 +301,19 @@ typedef struct best {
 } best;
 
 /* Evaluates a marking exactly and keeps it if it fits with fewer FLOPs (at
- * equal FLOPs, a lower peak). 1 if it fits, 0 if not, -1 on error. */
-static int consider_peak(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b,
-                         size_t *placed)
+ * equal FLOPs, a lower peak). 1 if it fits, 0 if not, -1 on error. Where
+ * bounded, the placement stops once it passes the budget (a miss then has
+ * no exact peak: *placed is only above the budget, and the floor is not
+ * lowered). */
+static int consider_under(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b,
+                          size_t *placed, int bounded)
 {
     size_t peak;
     double flops;
-    if (ck_evaluate(ev, mark, 1, &peak, &flops)) return -1;
+    if ((bounded ? ck_evaluate_under(ev, mark, budget, &peak, &flops) : ck_evaluate(ev, mark, 1, &peak, &flops)))
+        return -1;
     if (placed) *placed = peak;
+    if (bounded && peak > budget) return 0;
     if (!b->floor || peak < b->floor) b->floor = peak;
     if (peak > budget) return 0;
     if (!b->found || flops < b->flops || (flops == b->flops && peak < b->peak)) {
@@ -320,9 +325,15 @@ static int consider_peak(const ck_decide_ctx *c, ck_evaluator *ev, const unsigne
     return 1;
 }
 
+static int consider_peak(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b,
+                         size_t *placed)
+{
+    return consider_under(c, ev, mark, budget, b, placed, 0);
+}
+
 static int consider(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b)
 {
-    return consider_peak(c, ev, mark, budget, b, NULL);
+    return consider_under(c, ev, mark, budget, b, NULL, 0);
 }
 
 typedef struct scored {
@@ -815,7 +826,10 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
      * recomputes no more than any that fits). Once one has missed, the next
      * whose live peak fits with that least fragmentation is descended from
      * without being placed (a start that does not is placed, as it may fit
-     * all the same) */
+     * all the same). A start whose live peak fits with that least
+     * fragmentation to spare is placed only until it passes the budget: where
+     * it misses, its fragmentation is more than the least and is not needed
+     * (the smallest peak for the error where nothing fits is found below) */
     size_t shown = SIZE_MAX;
     for (int i = 0; i < ss.n && !b->found; i++) {
         start *s = &ss.s[i];
@@ -833,7 +847,7 @@ static int search(const ck_decide_ctx *c, ck_evaluator *ev, size_t budget, best 
             continue;
         }
         size_t peak;
-        const int fit = consider_peak(c, ev, from, budget, b, &peak);
+        const int fit = consider_under(c, ev, from, budget, b, &peak, least != SIZE_MAX && s->live + least <= budget);
         if (fit < 0 || (fit && descend(c, ev, from, 1, budget, peak - s->live, b, mark, order, 0))) goto out;
         if (!fit) shown = ck_evaluator_least_frag(ev);
     }

@@ -24,7 +24,7 @@
 int main(void)
 {
     int searches = 0, searched_big = 0, search_found = 1, search_fits = 1, search_beats = 1, fixed_fits = 0;
-    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, frag_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1, floor_ok = 1, floors = 0, under_ok = 1, unders = 0;
+    int graphs = 0, trials = 0, live_ok = 1, exact_ok = 1, frag_ok = 1, flops_ok = 1, plan_ok = 1, turn_ok = 1, turn_some = 0, track_ok = 1, tracked = 0, built = 1, floor_ok = 1, floors = 0, under_ok = 1, unders = 0, multiples_ok = 1, multiples_some = 0;
     char name[160];
     for (int round = 0; round < 60; round++) {
         int loss = -1;
@@ -151,6 +151,34 @@ int main(void)
             ck_plan_free(&ep);
             const size_t turn = ck_evaluate_turn(ev, mark);
             turn_ok &= turn <= live;
+            /* the turns of the markings by multiples of a region, in one pass:
+             * each that of its marking (regions past the count of markings too) */
+            {
+                enum { NM = 6 };
+                int *region = calloc((size_t)g->nt, sizeof *region);
+                unsigned char *by = calloc((size_t)g->nt, 1);
+                size_t turns[NM + 1];
+                if (!region || !by || ck_evaluate_turn_multiples(ev, region, NM, turns)) {
+                    free(region);
+                    free(by);
+                    break;
+                }
+                multiples_ok &= turns[1] == ck_evaluate_turn(ev, NULL);
+                for (int k = 0; k < ncand; k++) region[cand[k]] = (int)((round * 7 + trial * 5 + k * 3) % 10);
+                if (ck_evaluate_turn_multiples(ev, region, NM, turns)) {
+                    free(region);
+                    free(by);
+                    break;
+                }
+                for (int m = 1; m <= NM; m++) {
+                    for (int t = 0; t < g->nt; t++) by[t] = region[t] > 0 && region[t] % m == 0;
+                    const size_t want = ck_evaluate_turn(ev, by);
+                    multiples_ok &= turns[m] == want;
+                    multiples_some += want != ck_evaluate_turn(ev, NULL);
+                }
+                free(region);
+                free(by);
+            }
             turn_some += turn > persistent;
             live_ok &= elive == live;
             exact_ok &= epeak == pl.peak;
@@ -261,6 +289,9 @@ int main(void)
     snprintf(name, sizeof name, "%d decisions on %d graphs: the least fragmentation is the placed plans' least", trials,
              graphs);
     check(name, frag_ok && trials >= 600, trials);
+    snprintf(name, sizeof name, "%d decisions on %d graphs: the turns of the markings by regions' multiples are theirs (%d below none's)",
+             trials, graphs, multiples_some);
+    check(name, multiples_ok && multiples_some >= 100, multiples_some);
     snprintf(name, sizeof name, "%d decisions placed under a limit (%d past it): the exact peak under it, a bound above", trials,
              unders);
     check(name, under_ok && unders >= 100 && unders < trials, unders);

@@ -356,6 +356,55 @@ size_t ck_evaluate_turn(ck_evaluator *e, const unsigned char *mark)
     return live;
 }
 
+static long gcd_of(long a, long b)
+{
+    while (b) {
+        const long r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+int ck_evaluate_turn_multiples(ck_evaluator *e, const int *region, int n, size_t *turn)
+{
+    for (int m = 1; m <= n; m++) turn[m] = e->c->persistent;
+    if (e->fallback || e->released || n < 1) return 0;
+    /* a buffer stays out of marking m's turn when every tensor it holds is
+     * marked there: each has a region, a multiple of m, so m divides their
+     * greatest common divisor d (0 where one has none) */
+    int64_t *by_d = calloc((size_t)n + 1, sizeof *by_d), *out = calloc((size_t)n + 1, sizeof *out);
+    if (!by_d || !out) {
+        free(by_d);
+        free(out);
+        return -1;
+    }
+    int64_t all = 0;
+    for (int k = 0; k < e->nturn; k++) {
+        const int64_t bytes = e->bytes[e->turn_root[k]];
+        long d = 0;
+        for (int j = e->turn_start[k]; j < e->turn_start[k + 1]; j++) {
+            const int t = e->turn_t[j];
+            if (t < 0 || t >= e->nt || region[t] <= 0 || !e->markable[t]) {
+                d = 0;
+                break;
+            }
+            d = gcd_of(d, region[t]);
+        }
+        all += bytes;
+        if (d > 0 && d <= n) by_d[d] += bytes;
+        for (long m = 1; d > n && m <= n; m++) /* out for the divisors of d up to n */
+            if (d % m == 0) out[m] += bytes;
+    }
+    for (int m = 1; m <= n; m++) {
+        for (int d = m; d <= n; d += m) out[m] += by_d[d];
+        turn[m] += (size_t)(all - out[m]);
+    }
+    free(by_d);
+    free(out);
+    return 0;
+}
+
 double ck_evaluator_flops(const ck_evaluator *e, int v) { return e->fallback ? 0 : e->flops[v]; }
 
 int ck_evaluator_recomputed(const ck_evaluator *e, int *nodes)

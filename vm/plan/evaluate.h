@@ -27,6 +27,10 @@ int ck_evaluate_under(ck_evaluator *e, const unsigned char *mark, size_t limit, 
  * must outlive the turn to backward (a later entry reads one of the tensors
  * they hold, and it is not marked, or one is retained). */
 size_t ck_evaluate_turn(ck_evaluator *e, const unsigned char *mark);
+/* ck_evaluate_turn of each marking "the tensors whose region (per graph
+ * tensor; 0: none) is a multiple of m", for m = 1 .. n, into turn[1 .. n],
+ * in one pass over the turn's buffers. 0, or -1 out of memory. */
+int ck_evaluate_turn_multiples(ck_evaluator *e, const int *region, int n, size_t *turn);
 /* The FLOPs of node v's entry. */
 double ck_evaluator_flops(const ck_evaluator *e, int v);
 /* The nodes the last ck_evaluate recomputed, in list order, into nodes

@@ -436,7 +436,8 @@ static int walk_start(const ck_decide_ctx *c, ck_evaluator *ev, const starts *ss
  * (beyond it every_n is none) from the regions: a block's candidates are
  * recomputed from inside it alone, so every_n's FLOPs are the sum of its
  * blocks' (taken from one walk of every_n:1), and its marking is the
- * candidates of the blocks whose number n divides. A policy the model has
+ * candidates of the blocks whose number n divides (the turns of all of them
+ * from one pass over the turn's buffers). A policy the model has
  * nothing for (no diffusers blocks) is left out. */
 static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, starts *ss)
 {
@@ -450,6 +451,8 @@ static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, starts *ss)
     unsigned char *mark = calloc((size_t)g->nt, 1);
     int *nodes = malloc(sizeof(int) * (size_t)(g->nn ? g->nn : 1));
     double *flops = NULL;
+    size_t *turns = NULL;
+    int *region = NULL;
     regions seq = {0};
     char ignore[256];
     int rc = -1;
@@ -474,7 +477,11 @@ static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, starts *ss)
         size_t live;
         double all;
         flops = calloc((size_t)seq.n + 1, sizeof *flops);
-        if (!flops || ck_evaluate(ev, mark, 0, &live, &all)) goto out;
+        turns = malloc(sizeof *turns * ((size_t)seq.n + 1));
+        region = calloc((size_t)g->nt, sizeof *region); /* per tensor */
+        if (!flops || !turns || !region || ck_evaluate(ev, mark, 0, &live, &all)) goto out;
+        for (int k = 0; k < c->ncand; k++) region[c->cand[k]] = ss->region[k];
+        if (ck_evaluate_turn_multiples(ev, region, seq.n, turns)) goto out;
         const int nrec = ck_evaluator_recomputed(ev, nodes);
         for (int i = 0; i < nrec; i++) flops[seq.of_node[nodes[i]]] += ck_evaluator_flops(ev, nodes[i]);
         for (int n = 1; n <= seq.n; n++) {
@@ -482,8 +489,7 @@ static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, starts *ss)
             if (!s) goto out;
             s->every_n = n;
             for (int r = n; r <= seq.n; r += n) s->flops += flops[r];
-            start_mark(c, ss, s, mark);
-            s->turn = ck_evaluate_turn(ev, mark);
+            s->turn = turns[n];
             if (n == 1) {
                 s->live = live;
                 s->flops = all;
@@ -494,6 +500,8 @@ static int fixed_starts(const ck_decide_ctx *c, ck_evaluator *ev, starts *ss)
     rc = 0;
 out:
     regions_free(&seq);
+    free(turns);
+    free(region);
     free(flops);
     free(nodes);
     free(mark);

@@ -161,13 +161,8 @@ static int insert(tree *t, int v, int lo, int hi, int first, int last, unit a, u
  * (the union's gaps that can hold need units stay as they are), and a set's
  * ranges that end inside the part of the union already merged (at most at)
  * are stepped over by a galloping search. The sets' runs are merged by their
- * starts (a heap of each set's next run, its start kept beside it so that the
- * heap's comparisons read no set). */
-typedef struct head {
-    unit lo;
-    int q;
-} head;
-
+ * starts: a tournament of each set's next run (its start kept beside it, so
+ * that a match reads no set), a run taken replaying only its set's matches. */
 /* the first of v[i .. n - 1] that ends after at (n where none does) */
 static uint32_t past(const span *v, uint32_t i, uint32_t n, unit at)
 {
@@ -201,27 +196,33 @@ static int next_run(const span *v, uint32_t *i, uint32_t n, unit at, unit need, 
 
 static unit best_fit(const tree *t, unit need)
 {
-    head heap[4 * 32];
-    span cur[4 * 32];
-    uint32_t pos[4 * 32];
-    int hn = 0;
+    enum { MAXF = 4 * 32 };
+    const unit NONE_LEFT = UINT32_MAX; /* no run starts there: ranges end below 2^32 units */
+    unit key[MAXF];                    /* each set's next run's start; NONE_LEFT once it has none */
+    int loser[MAXF], win[2 * MAXF];    /* a tournament over the sets: each match's loser; the winner at 0 */
+    span cur[MAXF];
+    uint32_t pos[MAXF];
     const span *v = t->pool.v;
     const spans *f = t->found;
-    for (int q = 0; q < t->nfound; q++) {
+    const int nf = t->nfound;
+    int p = 1;
+    while (p < nf) p *= 2;
+    for (int q = 0; q < p; q++) {
         pos[q] = 0;
-        next_run(v + f[q].at, &pos[q], f[q].n, 0, need, &cur[q]); /* a found set has a range */
-        const unit lo = cur[q].lo;
-        int x = hn++;
-        while (x && heap[(x - 1) / 2].lo > lo) {
-            heap[x] = heap[(x - 1) / 2];
-            x = (x - 1) / 2;
-        }
-        heap[x] = (head){lo, q};
+        key[q] = q < nf && next_run(v + f[q].at, &pos[q], f[q].n, 0, need, &cur[q]) ? cur[q].lo : NONE_LEFT;
+        win[p + q] = q;
     }
+    for (int x = p - 1; x >= 1; x--) {
+        const int a = win[2 * x], b = win[2 * x + 1];
+        win[x] = key[b] < key[a] ? b : a;
+        loser[x] = key[b] < key[a] ? a : b;
+    }
+    loser[0] = win[1];
     unit at = 0, best = 0, best_gap = 0;
     int found = 0;
-    while (hn) {
-        const int q = heap[0].q;
+    for (;;) {
+        int q = loser[0];
+        if (key[q] == NONE_LEFT) break;
         const span s = cur[q];
         if (s.lo >= at && s.lo - at >= need && (!found || s.lo - at < best_gap)) {
             best = at;
@@ -230,23 +231,14 @@ static unit best_fit(const tree *t, unit need)
             if (best_gap == need) break; /* no gap is smaller, and later ones lie higher */
         }
         if (s.hi > at) at = s.hi;
-        head h;
-        if (next_run(v + f[q].at, &pos[q], f[q].n, at, need, &cur[q])) {
-            h = (head){cur[q].lo, q};
-        } else {
-            if (--hn == 0) break;
-            h = heap[hn];
-        }
-        int i = 0;
-        for (;;) {
-            int c = 2 * i + 1;
-            if (c >= hn) break;
-            if (c + 1 < hn && heap[c + 1].lo < heap[c].lo) c++;
-            if (heap[c].lo >= h.lo) break;
-            heap[i] = heap[c];
-            i = c;
-        }
-        heap[i] = h;
+        key[q] = next_run(v + f[q].at, &pos[q], f[q].n, at, need, &cur[q]) ? cur[q].lo : NONE_LEFT;
+        for (int x = (p + q) / 2; x >= 1; x /= 2) /* q's matches played again */
+            if (key[loser[x]] < key[q]) {
+                const int w = loser[x];
+                loser[x] = q;
+                q = w;
+            }
+        loser[0] = q;
     }
     return found ? best : at;
 }

@@ -154,15 +154,6 @@ static int insert(tree *t, int v, int lo, int hi, int first, int last, unit a, u
     return insert(t, v + 1, lo, mid, first, last, a, b) || insert(t, v + 2 * (mid - lo + 1), mid + 1, hi, first, last, a, b);
 }
 
-/* The best fit for need units among the found sets' union: the lowest offset
- * of the smallest gap that holds it, or the union's end (an exact fit ends the
- * look at once). A gap of the union lies inside a gap of every set, so each
- * set is read as runs of its ranges with no gap of need units between them
- * (the union's gaps that can hold need units stay as they are), and a set's
- * ranges that end inside the part of the union already merged (at most at)
- * are stepped over by a galloping search. The sets' runs are merged by their
- * starts: a tournament of each set's next run (its start kept beside it, so
- * that a match reads no set), a run taken replaying only its set's matches. */
 /* the first of v[i .. n - 1] that ends after at (n where none does) */
 static uint32_t past(const span *v, uint32_t i, uint32_t n, unit at)
 {
@@ -194,6 +185,15 @@ static int next_run(const span *v, uint32_t *i, uint32_t n, unit at, unit need, 
     return 1;
 }
 
+/* The best fit for need units among the found sets' union: the lowest offset
+ * of the smallest gap that holds it, or the union's end (an exact fit ends the
+ * look at once). A gap of the union lies inside a gap of every set, so each
+ * set is read as runs of its ranges with no gap of need units between them
+ * (the union's gaps that can hold need units stay as they are), and a set's
+ * ranges that end inside the part of the union already merged (at most at)
+ * are stepped over by a galloping search. The sets' runs are merged by their
+ * starts: a tournament of each set's next run (its start kept beside it, so
+ * that a match reads no set), a run taken replaying only its set's matches. */
 static unit best_fit(const tree *t, unit need)
 {
     enum { MAXF = 4 * 32 };

@@ -21,7 +21,7 @@ typedef struct ck_place_buf {
  * high-water mark (the end of the highest byte used), or -1 out of memory;
  * once the high-water mark passes stop (INT64_MAX: never), the placement ends
  * there and returns the mark so far, above stop and at most the whole
- * placement's (the buffers after it have no offsets). */
+ * placement's (the buffers after it in the order are not placed). */
 int64_t ck_place(ck_place_buf *bufs, int nb, int npos, int64_t align, int64_t stop);
 
 #endif

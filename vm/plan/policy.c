@@ -325,12 +325,6 @@ static int consider_under(const ck_decide_ctx *c, ck_evaluator *ev, const unsign
     return 1;
 }
 
-static int consider_peak(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b,
-                         size_t *placed)
-{
-    return consider_under(c, ev, mark, budget, b, placed, 0);
-}
-
 static int consider(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char *mark, size_t budget, best *b)
 {
     return consider_under(c, ev, mark, budget, b, NULL, 0);
@@ -757,7 +751,7 @@ static int descend(const ck_decide_ctx *c, ck_evaluator *ev, const unsigned char
     size_t peak, live;
     double flops;
     steps_apply(c, &L, from, L.n, mark);
-    int fit = consider_peak(c, ev, mark, budget, b, &peak);
+    int fit = consider_under(c, ev, mark, budget, b, &peak, 0);
     if (fit < 0 || ck_evaluate(ev, mark, 0, &live, &flops)) {
         rc = -1;
     } else if (fit) {

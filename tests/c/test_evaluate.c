@@ -98,11 +98,17 @@ int main(void)
                 const size_t limit = live + span * (size_t)((round * 12 + trial) % 7) / 6;
                 size_t upeak, again;
                 double uflops;
-                if (!uev || ck_evaluate_under(uev, mark, limit, &upeak, &uflops)) break;
+                if (!uev || ck_evaluate_under(uev, mark, limit, &upeak, &uflops)) {
+                    ck_plan_free(&pl);
+                    break;
+                }
                 int good = pl.peak <= limit ? upeak == pl.peak : upeak > limit && upeak <= pl.peak;
                 if (pl.peak <= limit && pl.peak - live < uleast) uleast = pl.peak - live;
                 good &= ck_evaluator_least_frag(uev) == uleast;
-                if (ck_evaluate(uev, mark, 1, &again, &uflops)) break;
+                if (ck_evaluate(uev, mark, 1, &again, &uflops)) {
+                    ck_plan_free(&pl);
+                    break;
+                }
                 good &= again == pl.peak;
                 if (pl.peak - live < uleast) uleast = pl.peak - live;
                 if (!good && under_ok) {
@@ -161,6 +167,7 @@ int main(void)
                 if (!region || !by || ck_evaluate_turn_multiples(ev, region, NM, turns)) {
                     free(region);
                     free(by);
+                    ck_plan_free(&pl);
                     break;
                 }
                 multiples_ok &= turns[1] == ck_evaluate_turn(ev, NULL);
@@ -168,6 +175,7 @@ int main(void)
                 if (ck_evaluate_turn_multiples(ev, region, NM, turns)) {
                     free(region);
                     free(by);
+                    ck_plan_free(&pl);
                     break;
                 }
                 for (int m = 1; m <= NM; m++) {
